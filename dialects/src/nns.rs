@@ -1,0 +1,440 @@
+//! The `nns` dialect: meshes, layouts, split directives, placement, collectives and
+//! planner constraints.
+//!
+//! Attribute spellings (all MLIR opaque dialect attributes, so upstream tools parse them):
+//!
+//! * mesh axes: `#nns.axes<dp = 2, tp = 4>` on `"nns.mesh"() {sym_name = "world", axes = ...}`;
+//! * layout: `#nns.layout<@world, dp = D(0), tp = V(sum)>`, per named mesh axis one of
+//!   `R` (replicated), `V(sum)` / `V(max)` (partial values with that reduction), `D(n)`
+//!   (split along tensor dim n); axes left out are `R`;
+//! * split directive: `#nns.split<b = dp, n = tp>`, binding annotation identifiers of the op
+//!   to mesh axes; several axes split one id as `n = (dp, tp)` (outer first); an optional
+//!   leading `@mesh,` names the mesh when the module has more than one.
+
+use std::fmt;
+
+/// A named mesh axis and its size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Axis {
+    /// Axis name.
+    pub name: String,
+    /// Number of devices along it.
+    pub size: i64,
+}
+
+/// A device mesh: named axes, devices numbered row-major.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mesh {
+    /// Symbol name.
+    pub name: String,
+    /// Axes, outermost first.
+    pub axes: Vec<Axis>,
+}
+
+impl Mesh {
+    /// Size of axis `name`.
+    pub fn axis(&self, name: &str) -> Option<i64> {
+        self.axes.iter().find(|a| a.name == name).map(|a| a.size)
+    }
+
+    /// Total number of devices.
+    pub fn devices(&self) -> i64 {
+        self.axes.iter().map(|a| a.size).product()
+    }
+}
+
+fn is_ident(s: &str) -> bool {
+    let mut c = s.chars();
+    matches!(c.next(), Some(x) if x.is_ascii_alphabetic() || x == '_')
+        && c.all(|x| x.is_ascii_alphanumeric() || x == '_')
+}
+
+/// Splits `body` at top-level commas (not inside parentheses).
+fn top_level_items(body: &str) -> Vec<String> {
+    let (mut items, mut cur, mut depth) = (Vec::new(), String::new(), 0i32);
+    for c in body.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(cur.trim().to_string());
+                cur.clear();
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    if !cur.trim().is_empty() || !items.is_empty() {
+        items.push(cur.trim().to_string());
+    }
+    items
+}
+
+/// Parses the body of `#nns.axes<dp = 2, tp = 4>`.
+pub fn parse_axes(body: &str) -> Result<Vec<Axis>, String> {
+    let mut axes: Vec<Axis> = Vec::new();
+    for item in top_level_items(body) {
+        let Some((name, size)) = item.split_once('=') else {
+            return Err(format!("mesh axis '{item}' must be written 'name = size'"));
+        };
+        let (name, size) = (name.trim(), size.trim());
+        if !is_ident(name) {
+            return Err(format!("'{name}' is not a valid axis name"));
+        }
+        let size: i64 = size
+            .parse()
+            .ok()
+            .filter(|&s| s > 0)
+            .ok_or(format!("axis '{name}' has size '{size}'; sizes are positive integers"))?;
+        if axes.iter().any(|a| a.name == name) {
+            return Err(format!("axis '{name}' is declared twice"));
+        }
+        axes.push(Axis {
+            name: name.to_string(),
+            size,
+        });
+    }
+    if axes.is_empty() {
+        return Err("a mesh needs at least one axis".into());
+    }
+    Ok(axes)
+}
+
+/// How a value is laid out along one mesh axis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AxisLayout {
+    /// Every device along the axis holds the whole value.
+    R,
+    /// Every device holds a partial value; the whole is their reduction.
+    V(Reduce),
+    /// The value is split along tensor dimension `n`.
+    D(usize),
+}
+
+/// A reduction kind for partial values and collectives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduce {
+    /// Sum.
+    Sum,
+    /// Maximum.
+    Max,
+}
+
+impl Reduce {
+    /// Parses `sum` / `max`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "sum" => Some(Reduce::Sum),
+            "max" => Some(Reduce::Max),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Reduce {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Reduce::Sum => "sum",
+            Reduce::Max => "max",
+        })
+    }
+}
+
+/// A layout: per mesh axis, R, V or D.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// The mesh symbol.
+    pub mesh: String,
+    /// Non-replicated axes with their layout, in written order.
+    pub axes: Vec<(String, AxisLayout)>,
+}
+
+impl Layout {
+    /// Parses the body of `#nns.layout<@world, dp = D(0), tp = V(sum)>`.
+    pub fn parse(body: &str) -> Result<Self, String> {
+        let items = top_level_items(body);
+        let Some(mesh) = items.first().and_then(|m| m.strip_prefix('@')) else {
+            return Err(format!(
+                "layout '{body}' must start with the mesh symbol, e.g. '@world, dp = D(0)'"
+            ));
+        };
+        let mut axes: Vec<(String, AxisLayout)> = Vec::new();
+        for item in &items[1..] {
+            let Some((axis, l)) = item.split_once('=') else {
+                return Err(format!("layout entry '{item}' must be written 'axis = R|V(sum)|D(n)'"));
+            };
+            let (axis, l) = (axis.trim(), l.trim().replace(' ', ""));
+            let parsed = if l == "R" {
+                AxisLayout::R
+            } else if let Some(r) = l.strip_prefix("V(").and_then(|r| r.strip_suffix(')')) {
+                AxisLayout::V(Reduce::parse(r).ok_or(format!(
+                    "unknown reduction '{r}' for axis '{axis}' (expected sum or max)"
+                ))?)
+            } else if let Some(d) = l.strip_prefix("D(").and_then(|d| d.strip_suffix(')')) {
+                AxisLayout::D(d.parse().map_err(|_| {
+                    format!("'D({d})' for axis '{axis}' must name a tensor dimension")
+                })?)
+            } else {
+                return Err(format!(
+                    "'{l}' for axis '{axis}' is not R, V(sum), V(max) or D(n)"
+                ));
+            };
+            if axes.iter().any(|(a, _)| a == axis) {
+                return Err(format!("axis '{axis}' appears twice in the layout"));
+            }
+            axes.push((axis.to_string(), parsed));
+        }
+        Ok(Layout {
+            mesh: mesh.trim().to_string(),
+            axes,
+        })
+    }
+
+    /// Checks the layout against its mesh and a tensor shape: axes exist, D dims are in
+    /// range, and each split dim is divisible by the product of the axes splitting it.
+    pub fn check(&self, mesh: &Mesh, shape: &[i64]) -> Result<(), String> {
+        for (axis, l) in &self.axes {
+            if mesh.axis(axis).is_none() {
+                return Err(format!("mesh '@{}' has no axis '{axis}'", mesh.name));
+            }
+            if let AxisLayout::D(d) = l {
+                if *d >= shape.len() {
+                    return Err(format!(
+                        "axis '{axis}' splits dim {d} but the tensor has rank {}",
+                        shape.len()
+                    ));
+                }
+            }
+        }
+        for (d, &len) in shape.iter().enumerate() {
+            let parts: i64 = self
+                .axes
+                .iter()
+                .filter(|(_, l)| *l == AxisLayout::D(d))
+                .map(|(a, _)| mesh.axis(a).unwrap_or(1))
+                .product();
+            if len % parts != 0 {
+                return Err(format!(
+                    "dim {d} of length {len} cannot be split {parts} ways"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "@{}", self.mesh)?;
+        for (a, l) in &self.axes {
+            match l {
+                AxisLayout::R => write!(f, ", {a} = R")?,
+                AxisLayout::V(r) => write!(f, ", {a} = V({r})")?,
+                AxisLayout::D(d) => write!(f, ", {a} = D({d})")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A split directive: annotation identifiers bound to mesh axes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Split {
+    /// The mesh, when written.
+    pub mesh: Option<String>,
+    /// (identifier, axes splitting it, outer first).
+    pub binds: Vec<(String, Vec<String>)>,
+}
+
+impl Split {
+    /// Parses the body of `#nns.split<b = dp, n = (dp, tp)>`.
+    pub fn parse(body: &str) -> Result<Self, String> {
+        let mut items = top_level_items(body);
+        let mut mesh = None;
+        if let Some(m) = items.first().and_then(|m| m.strip_prefix('@')) {
+            mesh = Some(m.trim().to_string());
+            items.remove(0);
+        }
+        let mut binds: Vec<(String, Vec<String>)> = Vec::new();
+        for item in items {
+            let Some((id, axes)) = item.split_once('=') else {
+                return Err(format!("split entry '{item}' must be written 'id = axis'"));
+            };
+            let id = id.trim();
+            let axes = axes.trim();
+            let axes: Vec<String> = match axes.strip_prefix('(').and_then(|a| a.strip_suffix(')')) {
+                Some(inner) => inner.split(',').map(|a| a.trim().to_string()).collect(),
+                None => vec![axes.to_string()],
+            };
+            if !is_ident(id) && !(id.starts_with('*') && id[1..].parse::<usize>().is_ok()) {
+                return Err(format!("'{id}' is not an annotation identifier"));
+            }
+            if let Some(a) = axes.iter().find(|a| !is_ident(a)) {
+                return Err(format!("'{a}' is not a mesh axis name"));
+            }
+            if binds.iter().any(|(i, _)| i == id) {
+                return Err(format!("identifier '{id}' has two split directives"));
+            }
+            for a in &axes {
+                if let Some((other, _)) = binds.iter().find(|(_, v)| v.contains(a)) {
+                    return Err(format!(
+                        "mesh axis '{a}' splits both '{other}' and '{id}'"
+                    ));
+                }
+            }
+            binds.push((id.to_string(), axes));
+        }
+        Ok(Split { mesh, binds })
+    }
+}
+
+impl fmt::Display for Split {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut items = Vec::new();
+        if let Some(m) = &self.mesh {
+            items.push(format!("@{m}"));
+        }
+        for (id, axes) in &self.binds {
+            if axes.len() == 1 {
+                items.push(format!("{id} = {}", axes[0]));
+            } else {
+                items.push(format!("{id} = ({})", axes.join(", ")));
+            }
+        }
+        f.write_str(&items.join(", "))
+    }
+}
+
+/// The collective and data-movement ops of the `nns` dialect, with what each needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CollectiveSpec {
+    /// Full op name.
+    pub name: &'static str,
+    /// One line for the docs.
+    pub summary: &'static str,
+    /// Integer attributes naming tensor dims that the op requires.
+    pub dim_attrs: &'static [&'static str],
+    /// Whether it takes a `reduce` attribute ("sum" by default).
+    pub reduces: bool,
+    /// A generic-form example.
+    pub example: &'static str,
+}
+
+/// Every collective (they keep global shapes until `--localize`).
+pub static COLLECTIVES: &[CollectiveSpec] = &[
+    CollectiveSpec {
+        name: "nns.all_reduce",
+        summary: "V -> R: reduces partial values across the axes",
+        dim_attrs: &[],
+        reduces: true,
+        example: r#"%1 = "nns.all_reduce"(%0) {axes = ["tp"], reduce = "sum"} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
+    },
+    CollectiveSpec {
+        name: "nns.all_gather",
+        summary: "D(dim) -> R: concatenates the shards along dim",
+        dim_attrs: &["dim"],
+        reduces: false,
+        example: r#"%1 = "nns.all_gather"(%0) {axes = ["tp"], dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
+    },
+    CollectiveSpec {
+        name: "nns.reduce_scatter",
+        summary: "V -> D(dim): reduces and leaves each device one shard",
+        dim_attrs: &["dim"],
+        reduces: true,
+        example: r#"%1 = "nns.reduce_scatter"(%0) {axes = ["dp", "tp"], dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
+    },
+    CollectiveSpec {
+        name: "nns.all_to_all",
+        summary: "D(concat_dim) -> D(split_dim): re-splits a value along another dim",
+        dim_attrs: &["split_dim", "concat_dim"],
+        reduces: false,
+        example: r#"%1 = "nns.all_to_all"(%0) {axes = ["tp"], split_dim = 0 : i64, concat_dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
+    },
+    CollectiveSpec {
+        name: "nns.broadcast",
+        summary: "Copies the value of device `root` (index along the axes) to all",
+        dim_attrs: &[],
+        reduces: false,
+        example: r#"%1 = "nns.broadcast"(%0) {axes = ["dp"], root = 0 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
+    },
+    CollectiveSpec {
+        name: "nns.slice",
+        summary: "R -> D(dim): each device keeps its shard, no communication",
+        dim_attrs: &["dim"],
+        reduces: false,
+        example: r#"%1 = "nns.slice"(%0) {axes = ["tp"], dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
+    },
+    CollectiveSpec {
+        name: "nns.transfer",
+        summary: "Moves a value from pipeline stage `from` to stage `to` (send/recv pair)",
+        dim_attrs: &[],
+        reduces: false,
+        example: r#"%1 = "nns.transfer"(%0) {from = 0 : i64, to = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
+    },
+    CollectiveSpec {
+        name: "nns.relayout",
+        summary: "Changes a value's layout to `to`; --lower-relayouts turns it into collectives",
+        dim_attrs: &[],
+        reduces: false,
+        example: r#"%1 = "nns.relayout"(%0) {to = #nns.layout<@world, tp = D(1)>} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
+    },
+];
+
+/// Looks up a collective by full name.
+pub fn collective(name: &str) -> Option<&'static CollectiveSpec> {
+    COLLECTIVES.iter().find(|c| c.name == name)
+}
+
+/// Attributes in the `nns.` namespace that any op may carry.
+pub static OP_ATTRS: &[(&str, &str)] = &[
+    ("nns.split", "split directive: #nns.split<id = axis, ...> (op-trans)"),
+    ("nns.stage", "pipeline stage of the op, an integer >= 0 (op-assign)"),
+    ("nns.layouts", "layouts of the op's results: [#nns.layout<...>, ...]"),
+    ("nns.pin", "constraint: the planner must use this split: #nns.split<...>"),
+    ("nns.forbid", "constraint: the planner must not split these ids on these axes"),
+    ("nns.colocate", "constraint: ops with the same string run on the same devices"),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mesh() -> Mesh {
+        Mesh {
+            name: "world".into(),
+            axes: parse_axes("dp = 2, tp = 4").unwrap(),
+        }
+    }
+
+    #[test]
+    fn axes() {
+        assert_eq!(mesh().devices(), 8);
+        assert!(parse_axes("dp = 0").unwrap_err().contains("positive"));
+        assert!(parse_axes("dp = 2, dp = 2").unwrap_err().contains("twice"));
+        assert!(parse_axes("").unwrap_err().contains("at least one"));
+    }
+
+    #[test]
+    fn layouts_round_trip_and_check() {
+        let l = Layout::parse("@world, dp = D(0), tp = V(sum)").unwrap();
+        assert_eq!(l.to_string(), "@world, dp = D(0), tp = V(sum)");
+        assert!(l.check(&mesh(), &[4, 8]).is_ok());
+        assert!(l.check(&mesh(), &[3, 8]).unwrap_err().contains("cannot be split 2 ways"));
+        let l = Layout::parse("@world, pp = R").unwrap();
+        assert!(l.check(&mesh(), &[4]).unwrap_err().contains("no axis 'pp'"));
+        let l = Layout::parse("@world, tp = D(2)").unwrap();
+        assert!(l.check(&mesh(), &[4, 8]).unwrap_err().contains("rank 2"));
+        assert!(Layout::parse("dp = R").is_err());
+        assert!(Layout::parse("@w, dp = X").unwrap_err().contains("not R"));
+    }
+
+    #[test]
+    fn splits() {
+        let s = Split::parse("b = dp, n = (dp2, tp)").unwrap();
+        assert_eq!(s.to_string(), "b = dp, n = (dp2, tp)");
+        assert!(Split::parse("b = dp, b = tp").unwrap_err().contains("two split directives"));
+        assert!(Split::parse("b = dp, n = dp").unwrap_err().contains("splits both"));
+        assert_eq!(Split::parse("@m, *0 = dp").unwrap().mesh.as_deref(), Some("m"));
+    }
+}

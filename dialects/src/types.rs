@@ -1,0 +1,335 @@
+//! Tensor types and attribute values as plain Rust data, read from and written to MLIR text.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Element type of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Elem {
+    /// 32-bit float.
+    F32,
+    /// 16-bit float.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// 64-bit float.
+    F64,
+    /// 64-bit signless integer (token ids, targets).
+    I64,
+    /// 32-bit signless integer.
+    I32,
+    /// Boolean.
+    I1,
+}
+
+impl Elem {
+    /// Parses `f32`, `i64`, ...
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "f32" => Elem::F32,
+            "f16" => Elem::F16,
+            "bf16" => Elem::BF16,
+            "f64" => Elem::F64,
+            "i64" => Elem::I64,
+            "i32" => Elem::I32,
+            "i1" => Elem::I1,
+            _ => return None,
+        })
+    }
+
+    /// Size in bytes of one element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Elem::F64 | Elem::I64 => 8,
+            Elem::F32 | Elem::I32 => 4,
+            Elem::F16 | Elem::BF16 => 2,
+            Elem::I1 => 1,
+        }
+    }
+
+    /// Whether this is a floating-point type.
+    pub fn is_float(self) -> bool {
+        matches!(self, Elem::F32 | Elem::F16 | Elem::BF16 | Elem::F64)
+    }
+}
+
+impl fmt::Display for Elem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Elem::F32 => "f32",
+            Elem::F16 => "f16",
+            Elem::BF16 => "bf16",
+            Elem::F64 => "f64",
+            Elem::I64 => "i64",
+            Elem::I32 => "i32",
+            Elem::I1 => "i1",
+        })
+    }
+}
+
+/// A ranked tensor type with static shape: `tensor<2x3xf32>`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorType {
+    /// Dimension lengths, outermost first.
+    pub shape: Vec<i64>,
+    /// Element type.
+    pub elem: Elem,
+}
+
+impl TensorType {
+    /// A tensor type.
+    pub fn new(shape: &[i64], elem: Elem) -> Self {
+        Self {
+            shape: shape.to_vec(),
+            elem,
+        }
+    }
+
+    /// Parses the printed form `tensor<2x3xf32>`; `None` for anything else (dynamic or
+    /// unranked tensors, other types).
+    pub fn parse(text: &str) -> Option<Self> {
+        let body = text.strip_prefix("tensor<")?.strip_suffix('>')?;
+        let mut parts: Vec<&str> = body.split('x').collect();
+        let elem = Elem::parse(parts.pop()?)?;
+        let shape = parts
+            .iter()
+            .map(|p| p.parse::<i64>().ok())
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self { shape, elem })
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().map(|&d| d.max(0) as u64).product()
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.numel() * self.elem.bytes()
+    }
+
+    /// Rank.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+}
+
+impl fmt::Display for TensorType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("tensor<")?;
+        for d in &self.shape {
+            write!(f, "{d}x")?;
+        }
+        write!(f, "{}>", self.elem)
+    }
+}
+
+/// An attribute value as plain data. Read from MLIR's printed attribute text, so that
+/// every pass sees typed values and nobody parses attribute strings by hand.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttrValue {
+    /// `unit`.
+    Unit,
+    /// `true` / `false`.
+    Bool(bool),
+    /// `3 : i64`.
+    Int(i64),
+    /// `1.0e-05 : f32`.
+    Float(f64),
+    /// `"text"`.
+    Str(String),
+    /// `array<i64: 1, 2>` (or an array of integers `[1, 2]`).
+    Ints(Vec<i64>),
+    /// `["a", "b"]`: an array of strings.
+    Strs(Vec<String>),
+    /// `#nns.kind<body>`: an nns attribute, parsed further by [`crate::nns`].
+    Nns {
+        /// `split`, `layout`, `axes`, ...
+        kind: String,
+        /// The text between the angle brackets.
+        body: String,
+    },
+    /// Anything else, as printed.
+    Other(String),
+}
+
+impl AttrValue {
+    /// Interprets MLIR's printed form of an attribute.
+    pub fn from_mlir_text(text: &str) -> Self {
+        let t = text.trim();
+        match t {
+            "unit" => return AttrValue::Unit,
+            "true" => return AttrValue::Bool(true),
+            "false" => return AttrValue::Bool(false),
+            _ => {}
+        }
+        if let Some(s) = t.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
+            return AttrValue::Str(unescape(s));
+        }
+        if let Some(rest) = t.strip_prefix("#nns.") {
+            if let Some((kind, body)) = rest.split_once('<') {
+                if let Some(body) = body.strip_suffix('>') {
+                    return AttrValue::Nns {
+                        kind: kind.to_string(),
+                        body: body.to_string(),
+                    };
+                }
+            }
+        }
+        if let Some(body) = t.strip_prefix("array<i64").and_then(|s| s.strip_suffix('>')) {
+            let body = body.trim_start_matches(':').trim();
+            if body.is_empty() {
+                return AttrValue::Ints(Vec::new());
+            }
+            if let Some(v) = parse_int_list(body) {
+                return AttrValue::Ints(v);
+            }
+        }
+        if let Some(body) = t.strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
+            if body.trim().is_empty() {
+                return AttrValue::Ints(Vec::new());
+            }
+            if let Some(v) = parse_int_list(body) {
+                return AttrValue::Ints(v);
+            }
+            if let Some(v) = parse_str_list(body) {
+                return AttrValue::Strs(v);
+            }
+        }
+        let (num, ty) = match t.split_once(':') {
+            Some((n, ty)) => (n.trim(), ty.trim()),
+            None => (t, "i64"),
+        };
+        if ty.starts_with('i') || ty == "index" {
+            if let Ok(n) = num.parse::<i64>() {
+                return AttrValue::Int(n);
+            }
+        }
+        if ty.starts_with('f') || ty.starts_with("bf") {
+            if let Ok(x) = num.parse::<f64>() {
+                return AttrValue::Float(x);
+            }
+        }
+        AttrValue::Other(t.to_string())
+    }
+
+    /// MLIR text for this value (parsed back with `Attribute::parse`).
+    pub fn to_mlir_text(&self) -> String {
+        match self {
+            AttrValue::Unit => "unit".into(),
+            AttrValue::Bool(b) => b.to_string(),
+            AttrValue::Int(n) => format!("{n} : i64"),
+            AttrValue::Float(x) => format!("{} : f64", float_text(*x)),
+            AttrValue::Str(s) => format!("\"{}\"", escape(s)),
+            AttrValue::Ints(v) => {
+                let items: Vec<String> = v.iter().map(i64::to_string).collect();
+                if items.is_empty() {
+                    "array<i64>".into()
+                } else {
+                    format!("array<i64: {}>", items.join(", "))
+                }
+            }
+            AttrValue::Strs(v) => {
+                let items: Vec<String> = v.iter().map(|s| format!("\"{}\"", escape(s))).collect();
+                format!("[{}]", items.join(", "))
+            }
+            AttrValue::Nns { kind, body } => format!("#nns.{kind}<{body}>"),
+            AttrValue::Other(t) => t.clone(),
+        }
+    }
+
+    /// A short name of the value's kind, for error messages.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            AttrValue::Unit => "unit",
+            AttrValue::Bool(_) => "bool",
+            AttrValue::Int(_) => "integer",
+            AttrValue::Float(_) => "float",
+            AttrValue::Str(_) => "string",
+            AttrValue::Ints(_) => "integer array",
+            AttrValue::Strs(_) => "string array",
+            AttrValue::Nns { .. } => "nns attribute",
+            AttrValue::Other(_) => "attribute",
+        }
+    }
+}
+
+/// Prints a float so that it reads back exactly and always looks like a float.
+fn float_text(x: f64) -> String {
+    let s = format!("{x:e}");
+    // `1e-5` is not MLIR float syntax; MLIR wants a mantissa with a dot: `1.0e-5`.
+    match s.split_once('e') {
+        Some((m, e)) if !m.contains('.') => format!("{m}.0e{e}"),
+        _ => s,
+    }
+}
+
+fn parse_int_list(body: &str) -> Option<Vec<i64>> {
+    body.split(',')
+        .map(|p| {
+            let p = p.trim();
+            let p = p.split_once(':').map(|(n, _)| n.trim()).unwrap_or(p);
+            p.parse::<i64>().ok()
+        })
+        .collect()
+}
+
+fn parse_str_list(body: &str) -> Option<Vec<String>> {
+    body.split(',')
+        .map(|p| {
+            let p = p.trim();
+            p.strip_prefix('"')
+                .and_then(|p| p.strip_suffix('"'))
+                .filter(|p| !p.contains('"'))
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("\\\"", "\"").replace("\\\\", "\\")
+}
+
+/// Named attributes of one op.
+pub type Attrs = BTreeMap<String, AttrValue>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensor_types_round_trip() {
+        let t = TensorType::parse("tensor<2x3xf32>").unwrap();
+        assert_eq!(t.shape, vec![2, 3]);
+        assert_eq!(t.to_string(), "tensor<2x3xf32>");
+        assert_eq!(TensorType::parse("tensor<f32>").unwrap().rank(), 0);
+        assert!(TensorType::parse("tensor<?x3xf32>").is_none());
+        assert_eq!(TensorType::parse("tensor<4xi64>").unwrap().bytes(), 32);
+    }
+
+    #[test]
+    fn attribute_text() {
+        use AttrValue::*;
+        assert_eq!(AttrValue::from_mlir_text("3 : i64"), Int(3));
+        assert_eq!(AttrValue::from_mlir_text("-3"), Int(-3));
+        assert_eq!(AttrValue::from_mlir_text("1.000000e-05 : f32"), Float(1e-5));
+        assert_eq!(AttrValue::from_mlir_text("array<i64: 1, 2>"), Ints(vec![1, 2]));
+        assert_eq!(AttrValue::from_mlir_text("array<i64>"), Ints(vec![]));
+        assert_eq!(AttrValue::from_mlir_text("[1 : i64, 2]"), Ints(vec![1, 2]));
+        assert_eq!(AttrValue::from_mlir_text("\"a\\\"b\""), Str("a\"b".into()));
+        assert_eq!(
+            AttrValue::from_mlir_text("#nns.split<b = dp>"),
+            Nns {
+                kind: "split".into(),
+                body: "b = dp".into()
+            }
+        );
+        assert_eq!(AttrValue::from_mlir_text(r#"["dp", "tp"]"#), Strs(vec!["dp".into(), "tp".into()]));
+        assert_eq!(Float(1e-5).to_mlir_text(), "1.0e-5 : f64");
+        assert_eq!(Float(0.5).to_mlir_text(), "5.0e-1 : f64");
+    }
+}

@@ -1,0 +1,454 @@
+//! The `dnn`/`nns` verifier: checks every op against its spec and every `nns` attribute
+//! against the module's meshes, and reports all problems with their locations.
+
+use crate::annotation::DimKind;
+use crate::diag::{Diagnostics, SrcLoc};
+use crate::nns::{self, Layout, Mesh, Split};
+use crate::spec::OpCtx;
+use crate::types::{AttrValue, Attrs, TensorType};
+use crate::view::{walk_nested, FuncView, OpView};
+use crate::{dnn, view};
+use melior::ir::{Module, OperationRef};
+
+/// The meshes declared in a module.
+#[derive(Clone, Debug, Default)]
+pub struct Meshes(pub Vec<Mesh>);
+
+impl Meshes {
+    /// Collects the `nns.mesh` ops of `module`, reporting malformed ones.
+    pub fn collect(module: &Module<'_>, diags: &mut Diagnostics) -> Self {
+        let mut meshes = Vec::new();
+        walk_nested(&module.as_operation(), &mut |op: &OperationRef<'_, '_>| {
+            let v = OpView::of(op);
+            if v.name != "nns.mesh" {
+                return;
+            }
+            let name = match v.attrs.get("sym_name") {
+                Some(AttrValue::Str(s)) => s.clone(),
+                _ => {
+                    diags.error(&v.loc, "'nns.mesh' requires a string 'sym_name'");
+                    return;
+                }
+            };
+            let axes = match v.attrs.get("axes") {
+                Some(AttrValue::Nns { kind, body }) if kind == "axes" => nns::parse_axes(body),
+                _ => Err("requires 'axes = #nns.axes<name = size, ...>'".to_string()),
+            };
+            match axes {
+                Ok(axes) => {
+                    if meshes.iter().any(|m: &Mesh| m.name == name) {
+                        diags.error(&v.loc, format!("mesh '@{name}' is declared twice"));
+                    }
+                    meshes.push(Mesh { name, axes })
+                }
+                Err(e) => diags.error(&v.loc, format!("'nns.mesh' @{name}: {e}")),
+            }
+            if !v.operands.is_empty() || !v.results.is_empty() {
+                diags.error(&v.loc, "'nns.mesh' takes no operands and has no results");
+            }
+        });
+        Meshes(meshes)
+    }
+
+    /// The mesh named `name`, or the only mesh when `name` is `None`.
+    pub fn resolve(&self, name: Option<&str>) -> Result<&Mesh, String> {
+        match name {
+            Some(n) => self
+                .0
+                .iter()
+                .find(|m| m.name == n)
+                .ok_or(format!("no mesh named '@{n}' in the module")),
+            None => match self.0.as_slice() {
+                [m] => Ok(m),
+                [] => Err("the module declares no 'nns.mesh'".into()),
+                _ => Err("the module declares several meshes; name one with '@mesh'".into()),
+            },
+        }
+    }
+}
+
+/// Verifies every op of `module`. Returns all problems found (empty when valid).
+pub fn verify_module(module: &Module<'_>) -> Diagnostics {
+    let mut diags = Diagnostics::default();
+    let meshes = Meshes::collect(module, &mut diags);
+    walk_nested(&module.as_operation(), &mut |op: &OperationRef<'_, '_>| {
+        if let Some(f) = FuncView::of(op) {
+            verify_func_signature(&f, &meshes, &mut diags);
+            return;
+        }
+        let v = OpView::of(op);
+        if let Err(msg) = verify_op(&v, &meshes, &mut diags) {
+            diags.error(&v.loc, format!("'{}' {msg}", v.name));
+        }
+    });
+    diags
+}
+
+fn verify_func_signature(f: &FuncView, meshes: &Meshes, diags: &mut Diagnostics) {
+    let entries = f
+        .arg_attrs
+        .iter()
+        .zip(&f.args)
+        .enumerate()
+        .map(|(i, (a, t))| (format!("argument {i}"), a, t))
+        .chain(
+            f.result_attrs
+                .iter()
+                .zip(&f.results)
+                .enumerate()
+                .map(|(i, (a, t))| (format!("result {i}"), a, t)),
+        );
+    let mut names: Vec<&str> = Vec::new();
+    for (what, attrs, ty) in entries {
+        for (k, v) in attrs.iter().filter(|(k, _)| k.starts_with("nns.")) {
+            let r = match (k.as_str(), v) {
+                ("nns.name", AttrValue::Str(s)) => {
+                    if names.contains(&s.as_str()) {
+                        Err(format!("name \"{s}\" is used twice"))
+                    } else {
+                        names.push(s);
+                        Ok(())
+                    }
+                }
+                ("nns.param", AttrValue::Unit) => Ok(()),
+                ("nns.layout", AttrValue::Nns { kind, body }) if kind == "layout" => {
+                    check_layout(body, ty.as_ref(), meshes)
+                }
+                ("nns.name" | "nns.param" | "nns.layout", _) => Err(format!(
+                    "'{k}' has the wrong kind of value ({})",
+                    v.kind_name()
+                )),
+                _ => Err(format!("unknown attribute '{k}'")),
+            };
+            if let Err(e) = r {
+                diags.error(&f.loc, format!("@{} {what}: {e}", f.name));
+            }
+        }
+    }
+}
+
+fn check_layout(body: &str, ty: Option<&TensorType>, meshes: &Meshes) -> Result<(), String> {
+    let l = Layout::parse(body)?;
+    let mesh = meshes.resolve(Some(&l.mesh))?;
+    let shape = ty.map(|t| t.shape.as_slice()).unwrap_or(&[]);
+    l.check(mesh, shape)
+        .map_err(|e| format!("layout <{l}> does not fit the value: {e}"))
+}
+
+fn verify_op(v: &OpView, meshes: &Meshes, diags: &mut Diagnostics) -> Result<(), String> {
+    let ctx = OpCtx {
+        operands: &v.operands,
+        attrs: &v.attrs,
+    };
+    if let Some(spec) = v.name.strip_prefix("dnn.").map(|_| dnn::spec(&v.name)) {
+        let spec = spec.ok_or("is not a dnn op (see `nnscaler-opt --list-ops`)")?;
+        let (expected, anno, binding) = spec.check(&ctx)?;
+        if expected.len() != v.results.len() {
+            return Err(format!(
+                "must have {} result(s) but has {}",
+                expected.len(),
+                v.results.len()
+            ));
+        }
+        for (i, (want, got)) in expected.iter().zip(&v.results).enumerate() {
+            if got.as_ref() != Some(want) {
+                return Err(format!(
+                    "result {i} has type {} but its operands give {want}",
+                    v.result_text[i]
+                ));
+            }
+        }
+        for key in ["nns.split", "nns.pin", "nns.forbid"] {
+            let Some(attr) = v.attrs.get(key) else { continue };
+            let AttrValue::Nns { kind, body } = attr else {
+                return Err(format!("'{key}' must be a #nns.split<...> attribute"));
+            };
+            if kind != "split" {
+                return Err(format!("'{key}' must be a #nns.split<...> attribute, not #nns.{kind}"));
+            }
+            let split = Split::parse(body).map_err(|e| format!("{key}: {e}"))?;
+            let mesh = meshes.resolve(split.mesh.as_deref()).map_err(|e| format!("{key}: {e}"))?;
+            let choices = anno.split_choices(&binding);
+            for (id, axes) in &split.binds {
+                let known = anno.kinds.contains_key(id) || binding.len(id).is_some();
+                if !known {
+                    return Err(format!(
+                        "{key}: the op has no dimension '{id}' (its annotation is '{anno}')"
+                    ));
+                }
+                if anno.kind(id) == DimKind::Frozen {
+                    return Err(format!(
+                        "{key}: dimension '{id}' is frozen ('{id}^' in '{anno}') and cannot be split"
+                    ));
+                }
+                if !choices.iter().any(|c| &c.id == id) {
+                    return Err(format!(
+                        "{key}: dimension '{id}' cannot be split (an inner part of a compound dimension, or of length 1) in '{anno}'"
+                    ));
+                }
+                let mut parts = 1;
+                for a in axes {
+                    parts *= mesh.axis(a).ok_or(format!(
+                        "{key}: mesh '@{}' has no axis '{a}'",
+                        mesh.name
+                    ))?;
+                }
+                let len = binding.len(id).unwrap_or(1);
+                if len % parts != 0 {
+                    return Err(format!(
+                        "{key}: dimension '{id}' has length {len}, which {} (size {parts}) does not divide",
+                        axes.join("*")
+                    ));
+                }
+            }
+        }
+        check_common_attrs(v, meshes, diags);
+        return Ok(());
+    }
+    if let Some(rest) = v.name.strip_prefix("nns.") {
+        if rest == "mesh" {
+            return Ok(()); // checked by Meshes::collect
+        }
+        let spec = nns::collective(&v.name).ok_or("is not an nns op")?;
+        verify_collective(v, spec, meshes)?;
+        check_common_attrs(v, meshes, diags);
+        return Ok(());
+    }
+    check_common_attrs(v, meshes, diags);
+    Ok(())
+}
+
+/// Checks the `nns.*` attributes any op may carry (other than the split directives).
+fn check_common_attrs(v: &OpView, meshes: &Meshes, diags: &mut Diagnostics) {
+    for (k, val) in v.attrs.iter().filter(|(k, _)| k.starts_with("nns.")) {
+        let r = match (k.as_str(), val) {
+            ("nns.split" | "nns.pin" | "nns.forbid", _) if v.name.starts_with("dnn.") => Ok(()),
+            ("nns.split" | "nns.pin" | "nns.forbid", _) => {
+                Err(format!("'{k}' applies to dnn ops only"))
+            }
+            ("nns.stage", AttrValue::Int(s)) if *s >= 0 => Ok(()),
+            ("nns.stage", _) => Err("'nns.stage' must be an integer >= 0".to_string()),
+            ("nns.colocate", AttrValue::Str(_)) => Ok(()),
+            ("nns.colocate", _) => Err("'nns.colocate' must be a string".to_string()),
+            ("nns.layouts", AttrValue::Other(text)) => check_layouts(text, v, meshes),
+            ("nns.layouts", _) => Err("'nns.layouts' must be an array of #nns.layout".into()),
+            _ => Err(format!("unknown attribute '{k}'")),
+        };
+        if let Err(e) = r {
+            diags.error(&v.loc, format!("'{}' {e}", v.name));
+        }
+    }
+}
+
+fn check_layouts(text: &str, v: &OpView, meshes: &Meshes) -> Result<(), String> {
+    let body = text
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .ok_or("'nns.layouts' must be an array")?;
+    let items = view::split_commas(body);
+    if items.len() != v.results.len() {
+        return Err(format!(
+            "'nns.layouts' has {} entries for {} results",
+            items.len(),
+            v.results.len()
+        ));
+    }
+    for (i, item) in items.iter().enumerate() {
+        match AttrValue::from_mlir_text(item) {
+            AttrValue::Nns { kind, body } if kind == "layout" => {
+                check_layout(&body, v.results[i].as_ref(), meshes)
+                    .map_err(|e| format!("result {i}: {e}"))?
+            }
+            _ => return Err(format!("'nns.layouts' entry {i} is not a #nns.layout")),
+        }
+    }
+    Ok(())
+}
+
+fn verify_collective(v: &OpView, spec: &nns::CollectiveSpec, meshes: &Meshes) -> Result<(), String> {
+    if v.operands.len() != 1 || v.results.len() != 1 {
+        return Err(format!(
+            "takes one operand and one result, has {} and {}",
+            v.operands.len(),
+            v.results.len()
+        ));
+    }
+    let Some(t) = &v.operands[0] else {
+        return Err("operand must be a ranked tensor with a static shape".into());
+    };
+    if v.results[0].as_ref() != Some(t) {
+        return Err(format!(
+            "result type {} differs from operand type {t}; collectives keep global shapes until --localize",
+            v.result_text[0]
+        ));
+    }
+    if spec.name == "nns.transfer" {
+        for k in ["from", "to"] {
+            match v.attrs.get(k) {
+                Some(AttrValue::Int(s)) if *s >= 0 => {}
+                _ => return Err(format!("requires a stage '{k}' (integer >= 0)")),
+            }
+        }
+        return Ok(());
+    }
+    if spec.name == "nns.relayout" {
+        return match v.attrs.get("to") {
+            Some(AttrValue::Nns { kind, body }) if kind == "layout" => {
+                check_layout(body, Some(t), meshes).map_err(|e| format!("'to': {e}"))
+            }
+            _ => Err("requires 'to = #nns.layout<...>'".into()),
+        };
+    }
+    let mesh_name = match v.attrs.get("mesh") {
+        Some(AttrValue::Other(s)) => Some(s.trim_start_matches('@').to_string()),
+        _ => None,
+    };
+    let mesh = meshes.resolve(mesh_name.as_deref())?;
+    let axes = match v.attrs.get("axes") {
+        Some(AttrValue::Strs(a)) if !a.is_empty() => a.clone(),
+        _ => return Err("requires 'axes', a non-empty array of mesh axis names".into()),
+    };
+    let mut parts = 1;
+    for (i, a) in axes.iter().enumerate() {
+        if axes[..i].contains(a) {
+            return Err(format!("names axis '{a}' twice"));
+        }
+        parts *= mesh
+            .axis(a)
+            .ok_or(format!("mesh '@{}' has no axis '{a}'", mesh.name))?;
+    }
+    for k in spec.dim_attrs {
+        let d = match v.attrs.get(*k) {
+            Some(AttrValue::Int(d)) => *d,
+            _ => return Err(format!("requires integer attribute '{k}'")),
+        };
+        if d < 0 || d as usize >= t.rank() {
+            return Err(format!("'{k}' = {d} is out of range for rank {}", t.rank()));
+        }
+        if t.shape[d as usize] % parts != 0 {
+            return Err(format!(
+                "dim {d} of length {} cannot be split {parts} ways over {}",
+                t.shape[d as usize],
+                axes.join(", ")
+            ));
+        }
+    }
+    if spec.reduces {
+        if let Some(r) = v.attrs.get("reduce") {
+            match r {
+                AttrValue::Str(s) if nns::Reduce::parse(s).is_some() => {}
+                _ => return Err("'reduce' must be \"sum\" or \"max\"".into()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Parameters: (name, type) of every `nns.param` argument of `f`.
+pub fn params(f: &FuncView) -> Vec<(String, Option<TensorType>)> {
+    f.arg_attrs
+        .iter()
+        .zip(&f.args)
+        .enumerate()
+        .filter(|(_, (a, _))| a.contains_key("nns.param"))
+        .map(|(i, (a, t))| {
+            let name = match a.get("nns.name") {
+                Some(AttrValue::Str(s)) => s.clone(),
+                _ => format!("arg{i}"),
+            };
+            (name, t.clone())
+        })
+        .collect()
+}
+
+/// Location helper for callers without an op.
+pub fn file_loc(file: &str) -> SrcLoc {
+    SrcLoc {
+        file: file.to_string(),
+        ..SrcLoc::default()
+    }
+}
+
+/// Attributes from a dictionary body (`a = 1 : i64, b`), as the verifier sees them.
+pub fn parse_attr_dict(body: &str) -> Attrs {
+    view::parse_dict(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::IrContext;
+
+    fn verify(src: &str) -> Vec<String> {
+        let ctx = IrContext::new();
+        let m = ctx.parse(src, "t.mlir").unwrap_or_else(|d| panic!("{d}"));
+        verify_module(&m).0.iter().map(|d| d.to_string()).collect()
+    }
+
+    fn func(body: &str, args: &str) -> String {
+        format!("func.func @f({args}) {{\n{body}\n  return\n}}\n")
+    }
+
+    #[test]
+    fn every_example_verifies() {
+        let mesh = r#""nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()"#;
+        let examples = dnn::SPECS
+            .iter()
+            .map(|s| s.example)
+            .chain(nns::COLLECTIVES.iter().map(|c| c.example));
+        for ex in examples {
+            // Give every %N operand a function argument of the right type.
+            let (lhs, tys) = ex.rsplit_once(" : ").unwrap();
+            let ins = tys.split_once(" -> ").unwrap().0;
+            let ins = ins.trim_matches(|c| c == '(' || c == ')');
+            let types: Vec<&str> = if ins.is_empty() { vec![] } else { view_split(ins) };
+            let args: Vec<String> = types.iter().enumerate().map(|(i, t)| format!("%a{i}: {t}")).collect();
+            let mut line = lhs.to_string();
+            for i in (0..types.len()).rev() {
+                line = line.replace(&format!("%{i})"), &format!("%a{i})")).replace(&format!("%{i},"), &format!("%a{i},"));
+            }
+            let src = format!("{mesh}\n{}", func(&format!("  {line} : {tys}"), &args.join(", ")));
+            assert_eq!(verify(&src), Vec::<String>::new(), "{ex}\n{src}");
+        }
+    }
+
+    fn view_split(s: &str) -> Vec<&str> {
+        s.split(", ").collect()
+    }
+
+    #[test]
+    fn reports_every_error_with_location() {
+        let src = func(
+            r#"  %0 = "dnn.matmul"(%a, %b) : (tensor<4x8xf32>, tensor<7x16xf32>) -> tensor<4x16xf32>
+  %1 = "dnn.bogus"(%a) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %2 = "dnn.relu"(%a) : (tensor<4x8xf32>) -> tensor<4x9xf32>"#,
+            "%a: tensor<4x8xf32>, %b: tensor<7x16xf32>",
+        );
+        let errs = verify(&src);
+        assert_eq!(errs.len(), 3, "{errs:?}");
+        assert!(errs[0].starts_with("t.mlir:2:8: error: 'dnn.matmul' operands do not match"), "{}", errs[0]);
+        assert!(errs[0].contains("dimension 'k' is 8 in operand 0 dim 1 but 7 in operand 1 dim 0"));
+        assert!(errs[1].contains("t.mlir:3:8: error: 'dnn.bogus' is not a dnn op"));
+        assert!(errs[2].contains("result 0 has type tensor<4x9xf32> but its operands give tensor<4x8xf32>"));
+    }
+
+    #[test]
+    fn split_directives() {
+        let mesh = r#""nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()"#;
+        let op = |split: &str| {
+            format!(
+                "{mesh}\n{}",
+                func(
+                    &format!(r#"  %0 = "dnn.softmax"(%a) {{nns.split = #nns.split<{split}>}} : (tensor<6x8xf32>) -> tensor<6x8xf32>"#),
+                    "%a: tensor<6x8xf32>"
+                )
+            )
+        };
+        assert!(verify(&op("a = dp")).is_empty());
+        assert!(verify(&op("b = tp"))[0].contains("dimension 'b' is frozen"));
+        assert!(verify(&op("a = tp"))[0].contains("length 6, which tp (size 4) does not divide"));
+        assert!(verify(&op("a = pp"))[0].contains("no axis 'pp'"));
+        assert!(verify(&op("z = dp"))[0].contains("has no dimension 'z'"));
+        assert!(verify(&op("a = dp, a = tp"))[0].contains("two split directives"));
+    }
+}
