@@ -170,6 +170,10 @@ pub struct OpSpec {
     pub operands: &'static [&'static str],
     /// The last operand may repeat (one or more times).
     pub variadic: bool,
+    /// How many trailing operands may be left out (e.g. `linear`'s bias).
+    pub optional: usize,
+    /// Data-movement ops take tensors of any element type (the checks below are skipped).
+    pub any_elem: bool,
     /// Operand indices that must hold integers (token ids, targets); the others must be
     /// floats.
     pub int_operands: &'static [usize],
@@ -179,8 +183,8 @@ pub struct OpSpec {
     pub attrs: &'static [AttrSpec],
     /// The dim annotation for given operands.
     pub annotation: AnnotationRule,
-    /// Result types; `None` derives them from the annotation with operand 0's element type
-    /// (the first float operand's, for ops with integer operands).
+    /// Result types; `None` derives them from the annotation, with the element type of the
+    /// first float operand (or of operand 0 when none is a float).
     pub result_types: Option<ResultRule>,
     /// FLOPs of one execution.
     pub flops: FlopRule,
@@ -196,12 +200,17 @@ impl OpSpec {
     pub fn check(&self, ctx: &OpCtx<'_>) -> Result<(Vec<TensorType>, Annotation, Binding), String> {
         let n = ctx.operands.len();
         let want = self.operands.len();
-        if (self.variadic && n < want) || (!self.variadic && n != want) {
+        let min = want - self.optional;
+        if (self.variadic && n < want) || (!self.variadic && (n < min || n > want)) {
             let names = self.operands.join(", ");
-            let more = if self.variadic { " or more" } else { "" };
-            return Err(format!(
-                "expects {want}{more} operand(s) ({names}) but has {n}"
-            ));
+            let count = if self.variadic {
+                format!("{want} or more")
+            } else if min < want {
+                format!("{min} to {want}")
+            } else {
+                want.to_string()
+            };
+            return Err(format!("expects {count} operand(s) ({names}) but has {n}"));
         }
         for (i, t) in ctx.operands.iter().enumerate() {
             let Some(t) = t else {
@@ -215,6 +224,9 @@ impl OpSpec {
                     "operand {i} ({}) has a dimension of length {d}; lengths must be positive",
                     self.operand_name(i)
                 ));
+            }
+            if self.any_elem {
+                continue;
             }
             let want_int = self.int_operands.contains(&i);
             if want_int && t.elem.is_float() {
@@ -266,12 +278,11 @@ impl OpSpec {
         let results = match self.result_types {
             Some(rule) => rule(ctx)?,
             None => {
-                let elem = ctx
-                    .operands
-                    .iter()
-                    .flatten()
-                    .map(|t| t.elem)
+                let mut elems = ctx.operands.iter().flatten().map(|t| t.elem);
+                let first = ctx.operands.first().cloned().flatten().map(|t| t.elem);
+                let elem = elems
                     .find(|e| e.is_float())
+                    .or(first)
                     .unwrap_or(Elem::F32);
                 binding
                     .output_shapes()
