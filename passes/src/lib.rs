@@ -1,1 +1,8 @@
-pub fn x(){}
+//! nnscaler's passes and the pass registry.
+//!
+//! Each pass is one file with a thin driver; [`registry`] is the single name table that the
+//! `nnscaler-opt` flags, `--list-passes`, `--help` and `--pass-pipeline` are generated from.
+
+pub mod pipeline;
+pub mod print_stats;
+pub mod registry;

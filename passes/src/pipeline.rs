@@ -1,0 +1,169 @@
+//! Pass options, pipelines (`--pass-pipeline=...`) and the runner that verifies the IR
+//! after every pass.
+
+use crate::registry::{self, Factory, PassInfo};
+use melior::ir::Module;
+use melior::pass::PassManager;
+use nnscaler_dialects::context::IrContext;
+use nnscaler_dialects::diag::Diagnostics;
+use nnscaler_dialects::verify::{file_loc, verify_module};
+use std::collections::BTreeMap;
+
+/// A pass of ours: transforms or analyses a module, reporting problems as diagnostics.
+pub trait Pass {
+    /// Runs the pass on `module`.
+    fn run(&mut self, ir: &IrContext, module: &mut Module<'_>) -> Result<(), Diagnostics>;
+}
+
+/// Options of one pass instance: `key=value` pairs, checked against the pass's declared
+/// options.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassOptions(pub BTreeMap<String, String>);
+
+impl PassOptions {
+    /// Parses MLIR-style options `key=value key2=value2` for pass `info`.
+    pub fn parse(info: &PassInfo, text: &str) -> Result<Self, String> {
+        let mut map = BTreeMap::new();
+        for item in text.split_whitespace() {
+            let (k, v) = item.split_once('=').unwrap_or((item, "true"));
+            if !info.options.iter().any(|o| o.name == k) {
+                let known: Vec<&str> = info.options.iter().map(|o| o.name).collect();
+                return Err(format!(
+                    "pass '{}' has no option '{k}' (options: {})",
+                    info.name,
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ));
+            }
+            map.insert(k.to_string(), v.to_string());
+        }
+        Ok(PassOptions(map))
+    }
+
+    /// The value of option `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+}
+
+/// One step of a pipeline: a registered pass with its options.
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// The pass.
+    pub info: &'static PassInfo,
+    /// Its options.
+    pub options: PassOptions,
+}
+
+impl Step {
+    /// A step for pass `name` with option text `opts` (`key=value ...`).
+    pub fn new(name: &str, opts: &str) -> Result<Self, String> {
+        let info = registry::lookup(name)
+            .ok_or(format!("unknown pass '{name}' (see --list-passes)"))?;
+        Ok(Step {
+            info,
+            options: PassOptions::parse(info, opts)?,
+        })
+    }
+}
+
+/// Parses `builtin.module(a, b{k=v})` or `a,b{k=v}` into steps.
+pub fn parse_pipeline(text: &str) -> Result<Vec<Step>, String> {
+    let mut t = text.trim();
+    if let Some(inner) = t
+        .strip_prefix("builtin.module(")
+        .and_then(|s| s.strip_suffix(')'))
+    {
+        t = inner;
+    }
+    let (mut steps, mut cur, mut depth) = (Vec::new(), String::new(), 0i32);
+    let mut flush = |cur: &mut String| -> Result<(), String> {
+        let item = cur.trim();
+        if item.is_empty() {
+            return Ok(());
+        }
+        let (name, opts) = match item.split_once('{') {
+            Some((n, o)) => (
+                n.trim(),
+                o.strip_suffix('}')
+                    .ok_or(format!("unbalanced '{{' in pipeline element '{item}'"))?,
+            ),
+            None => (item, ""),
+        };
+        steps.push(Step::new(name, opts)?);
+        cur.clear();
+        Ok(())
+    };
+    for c in t.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                flush(&mut cur)?;
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    flush(&mut cur)?;
+    Ok(steps)
+}
+
+/// Runs `steps` in order on `module`, verifying after each; `after` is called with the
+/// pass name after each pass (for `--mlir-print-ir-after-all`).
+pub fn run(
+    ir: &IrContext,
+    module: &mut Module<'_>,
+    steps: &[Step],
+    after: &mut dyn FnMut(&str, &Module<'_>),
+    file: &str,
+) -> Result<(), Diagnostics> {
+    for step in steps {
+        match step.info.factory {
+            Factory::Native(make) => {
+                let mut pass = make(&step.options).map_err(|e| {
+                    let mut d = Diagnostics::default();
+                    d.error(&file_loc(file), e);
+                    d
+                })?;
+                pass.run(ir, module)?;
+            }
+            Factory::Upstream(make) => {
+                ir.take_diagnostics();
+                let pm = PassManager::new(ir.context());
+                pm.add_pass(make());
+                if pm.run(module).is_err() {
+                    let mut d = ir.take_diagnostics();
+                    if !d.has_errors() {
+                        d.error(&file_loc(file), format!("pass '{}' failed", step.info.name));
+                    }
+                    return Err(d);
+                }
+            }
+        }
+        let d = verify_module(module);
+        if d.has_errors() {
+            return Err(d);
+        }
+        after(step.info.name, module);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pipelines_parse() {
+        let s = parse_pipeline("builtin.module(print-stats{func=train}, cse)").unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].options.get("func"), Some("train"));
+        assert!(parse_pipeline("nope").unwrap_err().contains("unknown pass 'nope'"));
+        assert!(parse_pipeline("cse{x=1}").unwrap_err().contains("has no option 'x'"));
+    }
+}

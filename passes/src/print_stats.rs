@@ -1,0 +1,217 @@
+//! `--print-stats`: ops by kind, parameter count, FLOPs per training step and activation
+//! bytes of every function, from the ops' specs. The seed of the cost model.
+//!
+//! FLOPs come from each op's `OpSpec`. A function without backward ops is a forward: its
+//! training step is counted as forward + backward with backward = 2x forward (the standard
+//! estimate: each matmul has two gradient matmuls). A function that has backward ops is
+//! counted as written. Activation bytes are the bytes of every value forward ops produce —
+//! what a step keeps alive for backward when nothing is recomputed.
+
+use crate::pipeline::{Pass, PassOptions};
+use melior::ir::Module;
+use nnscaler_dialects::context::IrContext;
+use nnscaler_dialects::diag::Diagnostics;
+use nnscaler_dialects::dnn;
+use nnscaler_dialects::spec::OpCtx;
+use nnscaler_dialects::verify::params;
+use nnscaler_dialects::view::{top_level_ops, walk_nested, FuncView, OpView};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// The statistics of one function.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FuncStats {
+    /// Function name.
+    pub name: String,
+    /// Op count by op name.
+    pub ops: BTreeMap<String, u64>,
+    /// Parameter tensors.
+    pub param_tensors: u64,
+    /// Parameter elements.
+    pub params: u64,
+    /// Parameter bytes.
+    pub param_bytes: u64,
+    /// FLOPs of forward ops.
+    pub forward_flops: f64,
+    /// FLOPs of backward ops present in the IR.
+    pub backward_flops: f64,
+    /// Whether the function has backward ops.
+    pub has_backward: bool,
+    /// Bytes of the values forward ops produce.
+    pub activation_bytes: u64,
+}
+
+impl FuncStats {
+    /// FLOPs of one training step (see the module docs for the estimate).
+    pub fn step_flops(&self) -> f64 {
+        if self.has_backward {
+            self.forward_flops + self.backward_flops
+        } else {
+            3.0 * self.forward_flops
+        }
+    }
+
+    /// The human-readable report.
+    pub fn report(&self) -> String {
+        let mut s = String::new();
+        let total: u64 = self.ops.values().sum();
+        let _ = writeln!(s, "=== nnscaler stats: @{} ===", self.name);
+        let _ = writeln!(s, "ops: {total}");
+        let mut by_count: Vec<(&String, &u64)> = self.ops.iter().collect();
+        by_count.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        for (name, n) in by_count {
+            let _ = writeln!(s, "  {name:<24} {n}");
+        }
+        let _ = writeln!(
+            s,
+            "parameters: {} ({}) in {} tensors",
+            group(self.params),
+            bytes(self.param_bytes),
+            self.param_tensors
+        );
+        let how = if self.has_backward {
+            "forward + backward ops in the IR"
+        } else {
+            "forward x 3: backward estimated as 2x forward"
+        };
+        let _ = writeln!(
+            s,
+            "flops per training step: {:.4e} ({how}; forward {:.4e})",
+            self.step_flops(),
+            self.forward_flops
+        );
+        let _ = writeln!(
+            s,
+            "activation bytes: {} ({}, values produced by forward ops)",
+            group(self.activation_bytes),
+            bytes(self.activation_bytes)
+        );
+        s
+    }
+}
+
+/// `1234567` -> `1,234,567`.
+fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn bytes(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = n as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < units.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    format!("{x:.2} {}", units[u])
+}
+
+/// Computes the statistics of every function of `module`.
+pub fn module_stats(module: &Module<'_>) -> Vec<FuncStats> {
+    let mut out = Vec::new();
+    top_level_ops(module, &mut |op| {
+        let Some(f) = FuncView::of(op) else { return };
+        let mut st = FuncStats {
+            name: f.name.clone(),
+            ..FuncStats::default()
+        };
+        for (_, t) in params(&f) {
+            st.param_tensors += 1;
+            if let Some(t) = t {
+                st.params += t.numel();
+                st.param_bytes += t.bytes();
+            }
+        }
+        walk_nested(op, &mut |inner| {
+            let v = OpView::of(inner);
+            if v.name == "func.return" {
+                return;
+            }
+            *st.ops.entry(v.name.clone()).or_default() += 1;
+            let Some(spec) = dnn::spec(&v.name) else { return };
+            let results: Vec<_> = v.results.iter().flatten().cloned().collect();
+            let ctx = OpCtx {
+                operands: &v.operands,
+                attrs: &v.attrs,
+            };
+            let flops = (spec.flops)(&ctx, &results);
+            if spec.grad_of.is_some() {
+                st.has_backward = true;
+                st.backward_flops += flops;
+            } else {
+                st.forward_flops += flops;
+                st.activation_bytes += results.iter().map(|t| t.bytes()).sum::<u64>();
+            }
+        });
+        out.push(st);
+    });
+    out
+}
+
+/// The `--print-stats` pass.
+#[derive(Debug)]
+pub struct PrintStats {
+    func: Option<String>,
+}
+
+impl PrintStats {
+    /// From pass options (`func=NAME`).
+    pub fn new(options: &PassOptions) -> Result<Self, String> {
+        Ok(Self {
+            func: options.get("func").map(str::to_string),
+        })
+    }
+}
+
+impl Pass for PrintStats {
+    fn run(&mut self, _ir: &IrContext, module: &mut Module<'_>) -> Result<(), Diagnostics> {
+        let stats = module_stats(module);
+        let mut found = false;
+        for st in stats {
+            if self.func.as_deref().is_some_and(|f| f != st.name) {
+                continue;
+            }
+            found = true;
+            eprint!("{}", st.report());
+        }
+        if let (Some(f), false) = (&self.func, found) {
+            let mut d = Diagnostics::default();
+            d.error(&Default::default(), format!("print-stats: no function named '@{f}'"));
+            return Err(d);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mlp_stats_are_exact() {
+        let ir = IrContext::new();
+        let src = r#"func.func @train(%x: tensor<8x16xf32> {nns.name = "x"}, %w: tensor<4x16xf32> {nns.name = "w", nns.param}) -> tensor<8x4xf32> {
+  %0 = "dnn.linear"(%x, %w) : (tensor<8x16xf32>, tensor<4x16xf32>) -> tensor<8x4xf32>
+  %1 = "dnn.relu"(%0) : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  return %1 : tensor<8x4xf32>
+}"#;
+        let m = ir.parse(src, "s.mlir").unwrap();
+        let st = &module_stats(&m)[0];
+        assert_eq!(st.params, 64);
+        assert_eq!(st.param_tensors, 1);
+        // linear 2*8*4*16 = 1024, relu 32 -> forward 1056, step 3x.
+        assert_eq!(st.forward_flops, 1056.0);
+        assert_eq!(st.step_flops(), 3168.0);
+        assert_eq!(st.activation_bytes, 2 * 8 * 4 * 4);
+        assert_eq!(st.ops["dnn.linear"], 1);
+        assert_eq!(group(1234567), "1,234,567");
+    }
+}

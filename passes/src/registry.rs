@@ -1,0 +1,66 @@
+//! The single table of passes: name (= flag = file = test folder), summary, options.
+
+use crate::pipeline::{Pass, PassOptions};
+use crate::print_stats::PrintStats;
+use melior::pass::transform::{create_canonicalizer, create_cse};
+
+/// One option of a pass.
+#[derive(Clone, Copy, Debug)]
+pub struct OptionInfo {
+    /// Option name, as in `--pass="name=value"`.
+    pub name: &'static str,
+    /// One line for `--help`.
+    pub help: &'static str,
+}
+
+/// How a pass is made.
+#[derive(Clone, Copy, Debug)]
+pub enum Factory {
+    /// One of ours.
+    Native(fn(&PassOptions) -> Result<Box<dyn Pass>, String>),
+    /// An upstream MLIR pass.
+    Upstream(fn() -> melior::pass::Pass),
+}
+
+/// A registered pass.
+#[derive(Clone, Copy, Debug)]
+pub struct PassInfo {
+    /// Kebab-case name: the flag (`--print-stats`), the file and the test folder.
+    pub name: &'static str,
+    /// One line for `--list-passes` and `--help`.
+    pub summary: &'static str,
+    /// Its options.
+    pub options: &'static [OptionInfo],
+    /// Constructor.
+    pub factory: Factory,
+}
+
+/// Every pass nnscaler-opt knows, in `--help` order.
+pub static PASSES: &[PassInfo] = &[
+    PassInfo {
+        name: "print-stats",
+        summary: "Print ops by kind, parameters, FLOPs per training step and activation bytes (to stderr)",
+        options: &[OptionInfo {
+            name: "func",
+            help: "only this function (default: every function)",
+        }],
+        factory: Factory::Native(|o| Ok(Box::new(PrintStats::new(o)?))),
+    },
+    PassInfo {
+        name: "canonicalize",
+        summary: "Upstream MLIR canonicalizer (folds and simplifies upstream ops)",
+        options: &[],
+        factory: Factory::Upstream(create_canonicalizer),
+    },
+    PassInfo {
+        name: "cse",
+        summary: "Upstream MLIR common-subexpression elimination",
+        options: &[],
+        factory: Factory::Upstream(create_cse),
+    },
+];
+
+/// Looks up a pass by name.
+pub fn lookup(name: &str) -> Option<&'static PassInfo> {
+    PASSES.iter().find(|p| p.name == name)
+}
