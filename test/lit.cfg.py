@@ -1,0 +1,15 @@
+# lit configuration for nnscaler's FileCheck tests. Run through `cargo test` (tools/tests/lit.rs),
+# which puts the freshly built nnscaler-opt and nnscaler first on PATH.
+import os
+import lit.formats
+
+config.name = "nnscaler"
+config.test_format = lit.formats.ShTest(True)
+config.suffixes = [".mlir", ".test"]
+config.test_source_root = os.path.dirname(__file__)
+config.environment["PATH"] = os.environ["PATH"]
+config.excludes = ["lit.cfg.py", "Inputs"]
+llvm_bin = "/usr/lib/llvm-19/bin"
+config.substitutions.append(("FileCheck", os.path.join(llvm_bin, "FileCheck")))
+config.substitutions.append(("%not", os.path.join(llvm_bin, "not")))
+config.substitutions.append(("mlir-opt", "mlir-opt-19"))
