@@ -149,7 +149,12 @@ impl FuncBuilder {
         Ok(outs)
     }
 
-    fn one(&mut self, name: &str, operands: &[&Val], attrs: &[(&str, AttrValue)]) -> Result<Val, BuildError> {
+    fn one(
+        &mut self,
+        name: &str,
+        operands: &[&Val],
+        attrs: &[(&str, AttrValue)],
+    ) -> Result<Val, BuildError> {
         Ok(self.op(name, operands, attrs)?.remove(0))
     }
 
@@ -186,12 +191,20 @@ impl FuncBuilder {
     /// GELU, exact or tanh-approximated.
     pub fn gelu(&mut self, x: &Val, tanh: bool) -> Result<Val, BuildError> {
         let a = if tanh { "tanh" } else { "none" };
-        self.one("dnn.gelu", &[x], &[("approximate", AttrValue::Str(a.into()))])
+        self.one(
+            "dnn.gelu",
+            &[x],
+            &[("approximate", AttrValue::Str(a.into()))],
+        )
     }
 
     /// Layer norm over the last dim.
     pub fn layer_norm(&mut self, x: &Val, w: &Val, b: &Val, eps: f64) -> Result<Val, BuildError> {
-        self.one("dnn.layer_norm", &[x, w, b], &[("eps", AttrValue::Float(eps))])
+        self.one(
+            "dnn.layer_norm",
+            &[x, w, b],
+            &[("eps", AttrValue::Float(eps))],
+        )
     }
 
     /// RMS norm over the last dim.
@@ -206,17 +219,35 @@ impl FuncBuilder {
 
     /// Reshape.
     pub fn reshape(&mut self, x: &Val, shape: &[i64]) -> Result<Val, BuildError> {
-        self.one("dnn.reshape", &[x], &[("shape", AttrValue::Ints(shape.to_vec()))])
+        self.one(
+            "dnn.reshape",
+            &[x],
+            &[("shape", AttrValue::Ints(shape.to_vec()))],
+        )
     }
 
     /// Transpose by `perm`.
     pub fn transpose(&mut self, x: &Val, perm: &[i64]) -> Result<Val, BuildError> {
-        self.one("dnn.transpose", &[x], &[("perm", AttrValue::Ints(perm.to_vec()))])
+        self.one(
+            "dnn.transpose",
+            &[x],
+            &[("perm", AttrValue::Ints(perm.to_vec()))],
+        )
     }
 
     /// Scaled dot-product attention.
-    pub fn attention(&mut self, q: &Val, k: &Val, v: &Val, causal: bool) -> Result<Val, BuildError> {
-        self.one("dnn.attention", &[q, k, v], &[("causal", AttrValue::Bool(causal))])
+    pub fn attention(
+        &mut self,
+        q: &Val,
+        k: &Val,
+        v: &Val,
+        causal: bool,
+    ) -> Result<Val, BuildError> {
+        self.one(
+            "dnn.attention",
+            &[q, k, v],
+            &[("causal", AttrValue::Bool(causal))],
+        )
     }
 
     /// Rotary position embedding.
@@ -240,7 +271,11 @@ impl FuncBuilder {
 
     /// Mean over `dims`.
     pub fn mean(&mut self, x: &Val, dims: &[i64]) -> Result<Val, BuildError> {
-        self.one("dnn.mean", &[x], &[("dims", AttrValue::Ints(dims.to_vec()))])
+        self.one(
+            "dnn.mean",
+            &[x],
+            &[("dims", AttrValue::Ints(dims.to_vec()))],
+        )
     }
 
     /// The finished function returning `results`, each with an `nns.name`.
@@ -261,7 +296,13 @@ impl FuncBuilder {
             .collect();
         let rets: Vec<String> = results
             .iter()
-            .map(|(v, n)| format!("{} {{nns.name = {}}}", v.ty, AttrValue::Str(n.to_string()).to_mlir_text()))
+            .map(|(v, n)| {
+                format!(
+                    "{} {{nns.name = {}}}",
+                    v.ty,
+                    AttrValue::Str(n.to_string()).to_mlir_text()
+                )
+            })
             .collect();
         let names: Vec<&str> = results.iter().map(|(v, _)| v.name.as_str()).collect();
         let types: Vec<String> = results.iter().map(|(v, _)| v.ty.to_string()).collect();
@@ -294,7 +335,9 @@ mod tests {
         assert_eq!(l.shape(), &[] as &[i64]);
         let text = format!("module {{\n{}}}\n", b.finish(&[(&l, "loss")]));
         let ctx = IrContext::new();
-        let m = ctx.parse(&text, "b.mlir").unwrap_or_else(|d| panic!("{d}\n{text}"));
+        let m = ctx
+            .parse(&text, "b.mlir")
+            .unwrap_or_else(|d| panic!("{d}\n{text}"));
         assert!(verify_module(&m).is_empty());
     }
 

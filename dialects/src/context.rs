@@ -86,7 +86,11 @@ impl IrContext {
         self.take_diagnostics();
         match self.parse_single(source, buffer_name) {
             Ok(m) => Ok(m),
-            Err(d) if d.0.iter().any(|d| d.message.contains("single top-level operation")) => {
+            Err(d)
+                if d.0
+                    .iter()
+                    .any(|d| d.message.contains("single top-level operation")) =>
+            {
                 // Several top-level ops: wrap them in a module as mlir-opt does. The wrapper
                 // opens on line 1 so line numbers stay true; columns of line 1 move right by
                 // the wrapper's width, which diagnostics undo.

@@ -60,7 +60,15 @@ impl SrcLoc {
 impl fmt::Display for SrcLoc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.line == 0 {
-            write!(f, "{}", if self.file.is_empty() { "<unknown>" } else { &self.file })
+            write!(
+                f,
+                "{}",
+                if self.file.is_empty() {
+                    "<unknown>"
+                } else {
+                    &self.file
+                }
+            )
         } else {
             write!(f, "{}:{}:{}", self.file, self.line, self.col)
         }
@@ -200,6 +208,9 @@ mod tests {
             severity: Severity::Error,
             message: "bad".into(),
         };
-        assert_eq!(d.render(Some("one\n  two\n")), "f:2:3: error: bad\n  two\n  ^");
+        assert_eq!(
+            d.render(Some("one\n  two\n")),
+            "f:2:3: error: bad\n  two\n  ^"
+        );
     }
 }

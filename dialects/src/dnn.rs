@@ -21,7 +21,10 @@ const LETTERS: &[&str] = &[
 
 /// Identifier for dimension `i` (`a`, `b`, ...; `x16`, ... past the alphabet slice).
 fn id(i: usize) -> String {
-    LETTERS.get(i).map(|s| s.to_string()).unwrap_or(format!("x{i}"))
+    LETTERS
+        .get(i)
+        .map(|s| s.to_string())
+        .unwrap_or(format!("x{i}"))
 }
 
 fn join(v: &[String]) -> String {
@@ -65,8 +68,16 @@ fn broadcast(a: &[i64], b: &[i64]) -> Result<Vec<i64>, String> {
     let r = a.len().max(b.len());
     let mut out = vec![0; r];
     for i in 0..r {
-        let x = if i + a.len() >= r { a[i + a.len() - r] } else { 1 };
-        let y = if i + b.len() >= r { b[i + b.len() - r] } else { 1 };
+        let x = if i + a.len() >= r {
+            a[i + a.len() - r]
+        } else {
+            1
+        };
+        let y = if i + b.len() >= r {
+            b[i + b.len() - r]
+        } else {
+            1
+        };
         out[i] = match (x, y) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -89,7 +100,11 @@ fn binary(ctx: &OpCtx<'_>) -> Result<String, String> {
         let mut v = Vec::new();
         for (k, &len) in s.iter().enumerate() {
             let o = k + r - s.len();
-            v.push(if len == 1 && out[o] != 1 { "1".into() } else { id(o) });
+            v.push(if len == 1 && out[o] != 1 {
+                "1".into()
+            } else {
+                id(o)
+            });
         }
         join(&v)
     };
@@ -122,10 +137,26 @@ fn matmul_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
             format!("{} ", join(v))
         }
     };
-    let lhs = if ctx.bool_or("transpose_a", false) { "k+ m" } else { "m k+" };
-    let rhs = if ctx.bool_or("transpose_b", false) { "n k+" } else { "k+ n" };
-    let rb = if b.len() == 2 { String::new() } else { pre(&bids) };
-    Ok(format!("{}{lhs}, {rb}{rhs} -> {}m n", pre(&bids), pre(&bids)))
+    let lhs = if ctx.bool_or("transpose_a", false) {
+        "k+ m"
+    } else {
+        "m k+"
+    };
+    let rhs = if ctx.bool_or("transpose_b", false) {
+        "n k+"
+    } else {
+        "k+ n"
+    };
+    let rb = if b.len() == 2 {
+        String::new()
+    } else {
+        pre(&bids)
+    };
+    Ok(format!(
+        "{}{lhs}, {rb}{rhs} -> {}m n",
+        pre(&bids),
+        pre(&bids)
+    ))
 }
 
 fn matmul_flops(ctx: &OpCtx<'_>, r: &[TensorType]) -> f64 {
@@ -147,7 +178,11 @@ fn linear_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
 }
 
 fn linear_flops(ctx: &OpCtx<'_>, r: &[TensorType]) -> f64 {
-    let k = ctx.shape(0).ok().and_then(|s| s.last().copied()).unwrap_or(1);
+    let k = ctx
+        .shape(0)
+        .ok()
+        .and_then(|s| s.last().copied())
+        .unwrap_or(1);
     2.0 * numel(&r[0]) * k as f64
 }
 
@@ -402,7 +437,10 @@ fn split_results(ctx: &OpCtx<'_>) -> Result<Vec<TensorType>, String> {
         .map(|&n| {
             let mut shape = s.to_vec();
             shape[d] = n;
-            TensorType::new(&shape, ctx.operands[0].as_ref().map_or(Elem::F32, |t| t.elem))
+            TensorType::new(
+                &shape,
+                ctx.operands[0].as_ref().map_or(Elem::F32, |t| t.elem),
+            )
         })
         .collect())
 }
@@ -545,12 +583,18 @@ fn attention_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
 
 fn attention_grad_flops(ctx: &OpCtx<'_>, _: &[TensorType]) -> f64 {
     // Recomputes the scores and does two matmuls per forward one: ~2.5x forward.
-    let sub = [ctx.operands[1].clone(), ctx.operands[2].clone(), ctx.operands[3].clone()];
+    let sub = [
+        ctx.operands[1].clone(),
+        ctx.operands[2].clone(),
+        ctx.operands[3].clone(),
+    ];
     let fctx = OpCtx {
         operands: &sub,
         attrs: ctx.attrs,
     };
-    let out = ctx.operands[0].clone().unwrap_or(TensorType::new(&[1], Elem::F32));
+    let out = ctx.operands[0]
+        .clone()
+        .unwrap_or(TensorType::new(&[1], Elem::F32));
     2.5 * attention_flops(&fctx, &[out])
 }
 
@@ -617,14 +661,39 @@ fn gelu_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     gelu_anno(ctx).map(|_| "*, * -> *".into())
 }
 
-const EPS: AttrSpec = attr("eps", AttrKind::Float, false, "added to the variance (default 1e-5)");
-const DIM: AttrSpec = attr("dim", AttrKind::Int, false, "the normalized dimension (default -1)");
+const EPS: AttrSpec = attr(
+    "eps",
+    AttrKind::Float,
+    false,
+    "added to the variance (default 1e-5)",
+);
+const DIM: AttrSpec = attr(
+    "dim",
+    AttrKind::Int,
+    false,
+    "the normalized dimension (default -1)",
+);
 const DIMS: AttrSpec = attr("dims", AttrKind::Ints, true, "the reduced dimensions");
-const KEEPDIM: AttrSpec = attr("keepdim", AttrKind::Bool, false, "keep reduced dims as length 1");
+const KEEPDIM: AttrSpec = attr(
+    "keepdim",
+    AttrKind::Bool,
+    false,
+    "keep reduced dims as length 1",
+);
 const CAUSAL: AttrSpec = attr("causal", AttrKind::Bool, false, "mask future positions");
-const SCALE: AttrSpec = attr("scale", AttrKind::Float, false, "score scale (default 1/sqrt(d))");
+const SCALE: AttrSpec = attr(
+    "scale",
+    AttrKind::Float,
+    false,
+    "score scale (default 1/sqrt(d))",
+);
 const THETA: AttrSpec = attr("theta", AttrKind::Float, false, "RoPE base (default 10000)");
-const APPROX: AttrSpec = attr("approximate", AttrKind::Str, false, "\"none\" (erf) or \"tanh\"");
+const APPROX: AttrSpec = attr(
+    "approximate",
+    AttrKind::Str,
+    false,
+    "\"none\" (erf) or \"tanh\"",
+);
 
 macro_rules! elementwise {
     ($name:literal, $summary:literal, $flops:ident, $ex:literal) => {
@@ -1283,12 +1352,19 @@ mod tests {
     use super::*;
     use crate::types::{AttrValue, Attrs};
 
-    fn check(name: &str, shapes: &[&[i64]], attrs: &[(&str, AttrValue)]) -> Result<Vec<Vec<i64>>, String> {
+    fn check(
+        name: &str,
+        shapes: &[&[i64]],
+        attrs: &[(&str, AttrValue)],
+    ) -> Result<Vec<Vec<i64>>, String> {
         let ops: Vec<Option<TensorType>> = shapes
             .iter()
             .map(|s| Some(TensorType::new(s, Elem::F32)))
             .collect();
-        let attrs: Attrs = attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        let attrs: Attrs = attrs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
         let ctx = OpCtx {
             operands: &ops,
             attrs: &attrs,
@@ -1303,47 +1379,95 @@ mod tests {
             };
             spec = &tmp;
         }
-        spec.check(&ctx).map(|(r, _, _)| r.into_iter().map(|t| t.shape).collect())
+        spec.check(&ctx)
+            .map(|(r, _, _)| r.into_iter().map(|t| t.shape).collect())
     }
 
     #[test]
     fn matmul_shapes_and_transposes() {
-        assert_eq!(check("dnn.matmul", &[&[4, 8], &[8, 16]], &[]), Ok(vec![vec![4, 16]]));
         assert_eq!(
-            check("dnn.matmul", &[&[2, 8, 4], &[16, 8]], &[("transpose_a", AttrValue::Bool(true)), ("transpose_b", AttrValue::Bool(true))]),
+            check("dnn.matmul", &[&[4, 8], &[8, 16]], &[]),
+            Ok(vec![vec![4, 16]])
+        );
+        assert_eq!(
+            check(
+                "dnn.matmul",
+                &[&[2, 8, 4], &[16, 8]],
+                &[
+                    ("transpose_a", AttrValue::Bool(true)),
+                    ("transpose_b", AttrValue::Bool(true))
+                ]
+            ),
             Ok(vec![vec![2, 4, 16]])
         );
         let e = check("dnn.matmul", &[&[4, 8], &[7, 16]], &[]).unwrap_err();
-        assert!(e.contains("'k' is 8 in operand 0 dim 1 but 7 in operand 1 dim 0"), "{e}");
+        assert!(
+            e.contains("'k' is 8 in operand 0 dim 1 but 7 in operand 1 dim 0"),
+            "{e}"
+        );
     }
 
     #[test]
     fn broadcasting() {
-        assert_eq!(check("dnn.add", &[&[2, 3], &[3]], &[]), Ok(vec![vec![2, 3]]));
-        assert_eq!(check("dnn.mul", &[&[2, 1], &[1, 3]], &[]), Ok(vec![vec![2, 3]]));
-        assert!(check("dnn.add", &[&[2, 3], &[4]], &[]).unwrap_err().contains("do not broadcast"));
+        assert_eq!(
+            check("dnn.add", &[&[2, 3], &[3]], &[]),
+            Ok(vec![vec![2, 3]])
+        );
+        assert_eq!(
+            check("dnn.mul", &[&[2, 1], &[1, 3]], &[]),
+            Ok(vec![vec![2, 3]])
+        );
+        assert!(check("dnn.add", &[&[2, 3], &[4]], &[])
+            .unwrap_err()
+            .contains("do not broadcast"));
     }
 
     #[test]
     fn reshape_annotations() {
         let attrs = |s: &[i64]| vec![("shape", AttrValue::Ints(s.to_vec()))];
-        assert_eq!(check("dnn.reshape", &[&[2, 3, 8]], &attrs(&[2, 3, 2, 4])), Ok(vec![vec![2, 3, 2, 4]]));
-        assert_eq!(check("dnn.reshape", &[&[2, 3, 8]], &attrs(&[6, 8])), Ok(vec![vec![6, 8]]));
-        assert_eq!(check("dnn.reshape", &[&[6, 4]], &attrs(&[4, 6])), Ok(vec![vec![4, 6]]));
-        assert_eq!(check("dnn.reshape", &[&[1, 6]], &attrs(&[6, 1])), Ok(vec![vec![6, 1]]));
-        assert!(check("dnn.reshape", &[&[6]], &attrs(&[4])).unwrap_err().contains("cannot reshape"));
+        assert_eq!(
+            check("dnn.reshape", &[&[2, 3, 8]], &attrs(&[2, 3, 2, 4])),
+            Ok(vec![vec![2, 3, 2, 4]])
+        );
+        assert_eq!(
+            check("dnn.reshape", &[&[2, 3, 8]], &attrs(&[6, 8])),
+            Ok(vec![vec![6, 8]])
+        );
+        assert_eq!(
+            check("dnn.reshape", &[&[6, 4]], &attrs(&[4, 6])),
+            Ok(vec![vec![4, 6]])
+        );
+        assert_eq!(
+            check("dnn.reshape", &[&[1, 6]], &attrs(&[6, 1])),
+            Ok(vec![vec![6, 1]])
+        );
+        assert!(check("dnn.reshape", &[&[6]], &attrs(&[4]))
+            .unwrap_err()
+            .contains("cannot reshape"));
         let ops = [Some(TensorType::new(&[2, 3, 8], Elem::F32))];
         let a: Attrs = [("shape".to_string(), AttrValue::Ints(vec![2, 3, 2, 4]))].into();
-        let ctx = OpCtx { operands: &ops, attrs: &a };
+        let ctx = OpCtx {
+            operands: &ops,
+            attrs: &a,
+        };
         assert_eq!(reshape_anno(&ctx).unwrap(), "r0 r1 (r2 4) -> r0 r1 r2 4");
     }
 
     #[test]
     fn gqa_attention() {
         assert_eq!(
-            check("dnn.attention", &[&[1, 8, 16, 4], &[1, 2, 16, 4], &[1, 2, 16, 4]], &[]),
+            check(
+                "dnn.attention",
+                &[&[1, 8, 16, 4], &[1, 2, 16, 4], &[1, 2, 16, 4]],
+                &[]
+            ),
             Ok(vec![vec![1, 8, 16, 4]])
         );
-        assert!(check("dnn.attention", &[&[1, 6, 16, 4], &[1, 4, 16, 4], &[1, 4, 16, 4]], &[]).is_err());
+        assert!(check(
+            "dnn.attention",
+            &[&[1, 6, 16, 4], &[1, 4, 16, 4], &[1, 4, 16, 4]],
+            &[]
+        )
+        .is_err());
     }
 }

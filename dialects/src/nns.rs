@@ -82,11 +82,9 @@ pub fn parse_axes(body: &str) -> Result<Vec<Axis>, String> {
         if !is_ident(name) {
             return Err(format!("'{name}' is not a valid axis name"));
         }
-        let size: i64 = size
-            .parse()
-            .ok()
-            .filter(|&s| s > 0)
-            .ok_or(format!("axis '{name}' has size '{size}'; sizes are positive integers"))?;
+        let size: i64 = size.parse().ok().filter(|&s| s > 0).ok_or(format!(
+            "axis '{name}' has size '{size}'; sizes are positive integers"
+        ))?;
         if axes.iter().any(|a| a.name == name) {
             return Err(format!("axis '{name}' is declared twice"));
         }
@@ -162,7 +160,9 @@ impl Layout {
         let mut axes: Vec<(String, AxisLayout)> = Vec::new();
         for item in &items[1..] {
             let Some((axis, l)) = item.split_once('=') else {
-                return Err(format!("layout entry '{item}' must be written 'axis = R|V(sum)|D(n)'"));
+                return Err(format!(
+                    "layout entry '{item}' must be written 'axis = R|V(sum)|D(n)'"
+                ));
             };
             let (axis, l) = (axis.trim(), l.trim().replace(' ', ""));
             let parsed = if l == "R" {
@@ -267,7 +267,8 @@ impl Split {
                 Some(inner) => inner.split(',').map(|a| a.trim().to_string()).collect(),
                 None => vec![axes.to_string()],
             };
-            if !is_ident(id) && !(id.starts_with('*') && id[1..].parse::<usize>().is_ok()) {
+            let star_id = id.starts_with('*') && id[1..].parse::<usize>().is_ok();
+            if !(is_ident(id) || star_id) {
                 return Err(format!("'{id}' is not an annotation identifier"));
             }
             if let Some(a) = axes.iter().find(|a| !is_ident(a)) {
@@ -278,9 +279,7 @@ impl Split {
             }
             for a in &axes {
                 if let Some((other, _)) = binds.iter().find(|(_, v)| v.contains(a)) {
-                    return Err(format!(
-                        "mesh axis '{a}' splits both '{other}' and '{id}'"
-                    ));
+                    return Err(format!("mesh axis '{a}' splits both '{other}' and '{id}'"));
                 }
             }
             binds.push((id.to_string(), axes));
@@ -388,12 +387,30 @@ pub fn collective(name: &str) -> Option<&'static CollectiveSpec> {
 
 /// Attributes in the `nns.` namespace that any op may carry.
 pub static OP_ATTRS: &[(&str, &str)] = &[
-    ("nns.split", "split directive: #nns.split<id = axis, ...> (op-trans)"),
-    ("nns.stage", "pipeline stage of the op, an integer >= 0 (op-assign)"),
-    ("nns.layouts", "layouts of the op's results: [#nns.layout<...>, ...]"),
-    ("nns.pin", "constraint: the planner must use this split: #nns.split<...>"),
-    ("nns.forbid", "constraint: the planner must not split these ids on these axes"),
-    ("nns.colocate", "constraint: ops with the same string run on the same devices"),
+    (
+        "nns.split",
+        "split directive: #nns.split<id = axis, ...> (op-trans)",
+    ),
+    (
+        "nns.stage",
+        "pipeline stage of the op, an integer >= 0 (op-assign)",
+    ),
+    (
+        "nns.layouts",
+        "layouts of the op's results: [#nns.layout<...>, ...]",
+    ),
+    (
+        "nns.pin",
+        "constraint: the planner must use this split: #nns.split<...>",
+    ),
+    (
+        "nns.forbid",
+        "constraint: the planner must not split these ids on these axes",
+    ),
+    (
+        "nns.colocate",
+        "constraint: ops with the same string run on the same devices",
+    ),
 ];
 
 #[cfg(test)]
@@ -420,7 +437,10 @@ mod tests {
         let l = Layout::parse("@world, dp = D(0), tp = V(sum)").unwrap();
         assert_eq!(l.to_string(), "@world, dp = D(0), tp = V(sum)");
         assert!(l.check(&mesh(), &[4, 8]).is_ok());
-        assert!(l.check(&mesh(), &[3, 8]).unwrap_err().contains("cannot be split 2 ways"));
+        assert!(l
+            .check(&mesh(), &[3, 8])
+            .unwrap_err()
+            .contains("cannot be split 2 ways"));
         let l = Layout::parse("@world, pp = R").unwrap();
         assert!(l.check(&mesh(), &[4]).unwrap_err().contains("no axis 'pp'"));
         let l = Layout::parse("@world, tp = D(2)").unwrap();
@@ -433,8 +453,15 @@ mod tests {
     fn splits() {
         let s = Split::parse("b = dp, n = (dp2, tp)").unwrap();
         assert_eq!(s.to_string(), "b = dp, n = (dp2, tp)");
-        assert!(Split::parse("b = dp, b = tp").unwrap_err().contains("two split directives"));
-        assert!(Split::parse("b = dp, n = dp").unwrap_err().contains("splits both"));
-        assert_eq!(Split::parse("@m, *0 = dp").unwrap().mesh.as_deref(), Some("m"));
+        assert!(Split::parse("b = dp, b = tp")
+            .unwrap_err()
+            .contains("two split directives"));
+        assert!(Split::parse("b = dp, n = dp")
+            .unwrap_err()
+            .contains("splits both"));
+        assert_eq!(
+            Split::parse("@m, *0 = dp").unwrap().mesh.as_deref(),
+            Some("m")
+        );
     }
 }

@@ -74,7 +74,9 @@ impl<'a> OpCtx<'a> {
     pub fn shape(&self, i: usize) -> Result<&'a [i64], String> {
         match self.operands.get(i) {
             Some(Some(t)) => Ok(&t.shape),
-            _ => Err(format!("operand {i} must be a ranked tensor with a static shape")),
+            _ => Err(format!(
+                "operand {i} must be a ranked tensor with a static shape"
+            )),
         }
     }
 
@@ -87,7 +89,9 @@ impl<'a> OpCtx<'a> {
     pub fn elem(&self, i: usize) -> Result<Elem, String> {
         match self.operands.get(i) {
             Some(Some(t)) => Ok(t.elem),
-            _ => Err(format!("operand {i} must be a ranked tensor with a static shape")),
+            _ => Err(format!(
+                "operand {i} must be a ranked tensor with a static shape"
+            )),
         }
     }
 
@@ -247,11 +251,7 @@ impl OpSpec {
         for a in self.attrs {
             match ctx.attrs.get(a.name) {
                 None if a.required => {
-                    return Err(format!(
-                        "requires {} attribute '{}'",
-                        a.kind.name(),
-                        a.name
-                    ))
+                    return Err(format!("requires {} attribute '{}'", a.kind.name(), a.name))
                 }
                 Some(v) if !a.kind.accepts(v) => {
                     return Err(format!(
@@ -280,10 +280,7 @@ impl OpSpec {
             None => {
                 let mut elems = ctx.operands.iter().flatten().map(|t| t.elem);
                 let first = ctx.operands.first().cloned().flatten().map(|t| t.elem);
-                let elem = elems
-                    .find(|e| e.is_float())
-                    .or(first)
-                    .unwrap_or(Elem::F32);
+                let elem = elems.find(|e| e.is_float()).or(first).unwrap_or(Elem::F32);
                 binding
                     .output_shapes()
                     .into_iter()

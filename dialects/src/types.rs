@@ -176,7 +176,10 @@ impl AttrValue {
                 }
             }
         }
-        if let Some(body) = t.strip_prefix("array<i64").and_then(|s| s.strip_suffix('>')) {
+        if let Some(body) = t
+            .strip_prefix("array<i64")
+            .and_then(|s| s.strip_suffix('>'))
+        {
             let body = body.trim_start_matches(':').trim();
             if body.is_empty() {
                 return AttrValue::Ints(Vec::new());
@@ -317,7 +320,10 @@ mod tests {
         assert_eq!(AttrValue::from_mlir_text("3 : i64"), Int(3));
         assert_eq!(AttrValue::from_mlir_text("-3"), Int(-3));
         assert_eq!(AttrValue::from_mlir_text("1.000000e-05 : f32"), Float(1e-5));
-        assert_eq!(AttrValue::from_mlir_text("array<i64: 1, 2>"), Ints(vec![1, 2]));
+        assert_eq!(
+            AttrValue::from_mlir_text("array<i64: 1, 2>"),
+            Ints(vec![1, 2])
+        );
         assert_eq!(AttrValue::from_mlir_text("array<i64>"), Ints(vec![]));
         assert_eq!(AttrValue::from_mlir_text("[1 : i64, 2]"), Ints(vec![1, 2]));
         assert_eq!(AttrValue::from_mlir_text("\"a\\\"b\""), Str("a\"b".into()));
@@ -328,7 +334,10 @@ mod tests {
                 body: "b = dp".into()
             }
         );
-        assert_eq!(AttrValue::from_mlir_text(r#"["dp", "tp"]"#), Strs(vec!["dp".into(), "tp".into()]));
+        assert_eq!(
+            AttrValue::from_mlir_text(r#"["dp", "tp"]"#),
+            Strs(vec!["dp".into(), "tp".into()])
+        );
         assert_eq!(Float(1e-5).to_mlir_text(), "1.0e-5 : f64");
         assert_eq!(Float(0.5).to_mlir_text(), "5.0e-1 : f64");
     }

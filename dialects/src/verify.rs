@@ -159,15 +159,21 @@ fn verify_op(v: &OpView, meshes: &Meshes, diags: &mut Diagnostics) -> Result<(),
             }
         }
         for key in ["nns.split", "nns.pin", "nns.forbid"] {
-            let Some(attr) = v.attrs.get(key) else { continue };
+            let Some(attr) = v.attrs.get(key) else {
+                continue;
+            };
             let AttrValue::Nns { kind, body } = attr else {
                 return Err(format!("'{key}' must be a #nns.split<...> attribute"));
             };
             if kind != "split" {
-                return Err(format!("'{key}' must be a #nns.split<...> attribute, not #nns.{kind}"));
+                return Err(format!(
+                    "'{key}' must be a #nns.split<...> attribute, not #nns.{kind}"
+                ));
             }
             let split = Split::parse(body).map_err(|e| format!("{key}: {e}"))?;
-            let mesh = meshes.resolve(split.mesh.as_deref()).map_err(|e| format!("{key}: {e}"))?;
+            let mesh = meshes
+                .resolve(split.mesh.as_deref())
+                .map_err(|e| format!("{key}: {e}"))?;
             let choices = anno.split_choices(&binding);
             for (id, axes) in &split.binds {
                 let known = anno.kinds.contains_key(id) || binding.len(id).is_some();
@@ -188,10 +194,9 @@ fn verify_op(v: &OpView, meshes: &Meshes, diags: &mut Diagnostics) -> Result<(),
                 }
                 let mut parts = 1;
                 for a in axes {
-                    parts *= mesh.axis(a).ok_or(format!(
-                        "{key}: mesh '@{}' has no axis '{a}'",
-                        mesh.name
-                    ))?;
+                    parts *= mesh
+                        .axis(a)
+                        .ok_or(format!("{key}: mesh '@{}' has no axis '{a}'", mesh.name))?;
                 }
                 let len = binding.len(id).unwrap_or(1);
                 if len % parts != 0 {
@@ -265,7 +270,11 @@ fn check_layouts(text: &str, v: &OpView, meshes: &Meshes) -> Result<(), String> 
     Ok(())
 }
 
-fn verify_collective(v: &OpView, spec: &nns::CollectiveSpec, meshes: &Meshes) -> Result<(), String> {
+fn verify_collective(
+    v: &OpView,
+    spec: &nns::CollectiveSpec,
+    meshes: &Meshes,
+) -> Result<(), String> {
     if v.operands.len() != 1 || v.results.len() != 1 {
         return Err(format!(
             "takes one operand and one result, has {} and {}",
@@ -391,7 +400,8 @@ mod tests {
 
     #[test]
     fn every_example_verifies() {
-        let mesh = r#""nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()"#;
+        let mesh =
+            r#""nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()"#;
         let examples = dnn::SPECS
             .iter()
             .map(|s| s.example)
@@ -401,13 +411,26 @@ mod tests {
             let (lhs, tys) = ex.rsplit_once(" : ").unwrap();
             let ins = tys.split_once(" -> ").unwrap().0;
             let ins = ins.trim_matches(|c| c == '(' || c == ')');
-            let types: Vec<&str> = if ins.is_empty() { vec![] } else { view_split(ins) };
-            let args: Vec<String> = types.iter().enumerate().map(|(i, t)| format!("%a{i}: {t}")).collect();
+            let types: Vec<&str> = if ins.is_empty() {
+                vec![]
+            } else {
+                view_split(ins)
+            };
+            let args: Vec<String> = types
+                .iter()
+                .enumerate()
+                .map(|(i, t)| format!("%a{i}: {t}"))
+                .collect();
             let mut line = lhs.to_string();
             for i in (0..types.len()).rev() {
-                line = line.replace(&format!("%{i})"), &format!("%a{i})")).replace(&format!("%{i},"), &format!("%a{i},"));
+                line = line
+                    .replace(&format!("%{i})"), &format!("%a{i})"))
+                    .replace(&format!("%{i},"), &format!("%a{i},"));
             }
-            let src = format!("{mesh}\n{}", func(&format!("  {line} : {tys}"), &args.join(", ")));
+            let src = format!(
+                "{mesh}\n{}",
+                func(&format!("  {line} : {tys}"), &args.join(", "))
+            );
             assert_eq!(verify(&src), Vec::<String>::new(), "{ex}\n{src}");
         }
     }
@@ -426,20 +449,28 @@ mod tests {
         );
         let errs = verify(&src);
         assert_eq!(errs.len(), 3, "{errs:?}");
-        assert!(errs[0].starts_with("t.mlir:2:8: error: 'dnn.matmul' operands do not match"), "{}", errs[0]);
+        assert!(
+            errs[0].starts_with("t.mlir:2:8: error: 'dnn.matmul' operands do not match"),
+            "{}",
+            errs[0]
+        );
         assert!(errs[0].contains("dimension 'k' is 8 in operand 0 dim 1 but 7 in operand 1 dim 0"));
         assert!(errs[1].contains("t.mlir:3:8: error: 'dnn.bogus' is not a dnn op"));
-        assert!(errs[2].contains("result 0 has type tensor<4x9xf32> but its operands give tensor<4x8xf32>"));
+        assert!(errs[2]
+            .contains("result 0 has type tensor<4x9xf32> but its operands give tensor<4x8xf32>"));
     }
 
     #[test]
     fn split_directives() {
-        let mesh = r#""nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()"#;
+        let mesh =
+            r#""nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()"#;
         let op = |split: &str| {
             format!(
                 "{mesh}\n{}",
                 func(
-                    &format!(r#"  %0 = "dnn.softmax"(%a) {{nns.split = #nns.split<{split}>}} : (tensor<6x8xf32>) -> tensor<6x8xf32>"#),
+                    &format!(
+                        r#"  %0 = "dnn.softmax"(%a) {{nns.split = #nns.split<{split}>}} : (tensor<6x8xf32>) -> tensor<6x8xf32>"#
+                    ),
                     "%a: tensor<6x8xf32>"
                 )
             )

@@ -187,13 +187,34 @@ pub fn family_default(family: &str) -> Option<ModelConfig> {
 /// Every preset name with a one-line description.
 pub const PRESETS: &[(&str, &str)] = &[
     ("mlp-tiny", "MLP 16 -> 32 x 2 -> 10, batch 8"),
-    ("gpt-tiny", "GPT 2 layers, 2 heads, width 16, block 8, vocab 11, batch 2"),
-    ("nanogpt-cpu", "nanoGPT CPU config: 4 layers, 4 heads, width 128, block 64, vocab 65, batch 12"),
-    ("gpt2-124m", "GPT-2 small: 12 layers, 12 heads, width 768, block 1024, vocab 50257, batch 12"),
-    ("gpt3-175b", "GPT-3: 96 layers, 96 heads, width 12288, block 2048, vocab 50257, batch 1"),
-    ("llama-tiny", "Llama 2 layers, 4 heads / 2 kv, width 16, ffn 32, seq 8, vocab 11, batch 2"),
-    ("llama3-8b", "Llama 3 8B: 32 layers, 32 heads / 8 kv, width 4096, ffn 14336, seq 8192, vocab 128256"),
-    ("llama3-70b", "Llama 3 70B: 80 layers, 64 heads / 8 kv, width 8192, ffn 28672, seq 8192, vocab 128256"),
+    (
+        "gpt-tiny",
+        "GPT 2 layers, 2 heads, width 16, block 8, vocab 11, batch 2",
+    ),
+    (
+        "nanogpt-cpu",
+        "nanoGPT CPU config: 4 layers, 4 heads, width 128, block 64, vocab 65, batch 12",
+    ),
+    (
+        "gpt2-124m",
+        "GPT-2 small: 12 layers, 12 heads, width 768, block 1024, vocab 50257, batch 12",
+    ),
+    (
+        "gpt3-175b",
+        "GPT-3: 96 layers, 96 heads, width 12288, block 2048, vocab 50257, batch 1",
+    ),
+    (
+        "llama-tiny",
+        "Llama 2 layers, 4 heads / 2 kv, width 16, ffn 32, seq 8, vocab 11, batch 2",
+    ),
+    (
+        "llama3-8b",
+        "Llama 3 8B: 32 layers, 32 heads / 8 kv, width 4096, ffn 14336, seq 8192, vocab 128256",
+    ),
+    (
+        "llama3-70b",
+        "Llama 3 70B: 80 layers, 64 heads / 8 kv, width 8192, ffn 28672, seq 8192, vocab 128256",
+    ),
 ];
 
 /// A named preset.
@@ -439,8 +460,15 @@ mod tests {
         );
         let mut c = preset("llama-tiny").unwrap();
         c.set("kv-heads", "3").unwrap();
-        assert!(build_module(&c).unwrap_err().message.contains("--kv-heads 3"));
+        assert!(build_module(&c)
+            .unwrap_err()
+            .message
+            .contains("--kv-heads 3"));
         assert!(c.set("ffn", "x").unwrap_err().contains("positive integer"));
-        assert!(preset("mlp-tiny").unwrap().set("heads", "2").unwrap_err().contains("does not apply"));
+        assert!(preset("mlp-tiny")
+            .unwrap()
+            .set("heads", "2")
+            .unwrap_err()
+            .contains("does not apply"));
     }
 }

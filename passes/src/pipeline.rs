@@ -61,8 +61,8 @@ pub struct Step {
 impl Step {
     /// A step for pass `name` with option text `opts` (`key=value ...`).
     pub fn new(name: &str, opts: &str) -> Result<Self, String> {
-        let info = registry::lookup(name)
-            .ok_or(format!("unknown pass '{name}' (see --list-passes)"))?;
+        let info =
+            registry::lookup(name).ok_or(format!("unknown pass '{name}' (see --list-passes)"))?;
         Ok(Step {
             info,
             options: PassOptions::parse(info, opts)?,
@@ -163,7 +163,11 @@ mod tests {
         let s = parse_pipeline("builtin.module(print-stats{func=train}, cse)").unwrap();
         assert_eq!(s.len(), 2);
         assert_eq!(s[0].options.get("func"), Some("train"));
-        assert!(parse_pipeline("nope").unwrap_err().contains("unknown pass 'nope'"));
-        assert!(parse_pipeline("cse{x=1}").unwrap_err().contains("has no option 'x'"));
+        assert!(parse_pipeline("nope")
+            .unwrap_err()
+            .contains("unknown pass 'nope'"));
+        assert!(parse_pipeline("cse{x=1}")
+            .unwrap_err()
+            .contains("has no option 'x'"));
     }
 }

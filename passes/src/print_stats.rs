@@ -95,7 +95,7 @@ fn group(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -136,7 +136,9 @@ pub fn module_stats(module: &Module<'_>) -> Vec<FuncStats> {
                 return;
             }
             *st.ops.entry(v.name.clone()).or_default() += 1;
-            let Some(spec) = dnn::spec(&v.name) else { return };
+            let Some(spec) = dnn::spec(&v.name) else {
+                return;
+            };
             let results: Vec<_> = v.results.iter().flatten().cloned().collect();
             let ctx = OpCtx {
                 operands: &v.operands,
@@ -184,7 +186,10 @@ impl Pass for PrintStats {
         }
         if let (Some(f), false) = (&self.func, found) {
             let mut d = Diagnostics::default();
-            d.error(&Default::default(), format!("print-stats: no function named '@{f}'"));
+            d.error(
+                &Default::default(),
+                format!("print-stats: no function named '@{f}'"),
+            );
             return Err(d);
         }
         Ok(())

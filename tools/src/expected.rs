@@ -48,10 +48,15 @@ pub fn parse(source: &str, file: &str) -> Result<Vec<Expected>, Diagnostic> {
             };
             let rest = rest.trim_start();
             let (target, rest) = if let Some(r) = rest.strip_prefix('@') {
-                let spec: String = r.chars().take_while(|c| !c.is_whitespace() && *c != '{').collect();
+                let spec: String = r
+                    .chars()
+                    .take_while(|c| !c.is_whitespace() && *c != '{')
+                    .collect();
                 let r = &r[spec.len()..];
                 let t = match spec.as_str() {
-                    "below" => (lineno..lines.len()).find(|&j| is_code(lines[j])).map(|j| j + 1),
+                    "below" => (lineno..lines.len())
+                        .find(|&j| is_code(lines[j]))
+                        .map(|j| j + 1),
                     "above" => (0..i).rev().find(|&j| is_code(lines[j])).map(|j| j + 1),
                     s => {
                         let off: i64 = s
@@ -62,7 +67,10 @@ pub fn parse(source: &str, file: &str) -> Result<Vec<Expected>, Diagnostic> {
                         Some((lineno as i64 + off).max(1) as usize)
                     }
                 };
-                (t.ok_or_else(|| bad(&format!("no code line for '@{spec}'")))?, r)
+                (
+                    t.ok_or_else(|| bad(&format!("no code line for '@{spec}'")))?,
+                    r,
+                )
             } else {
                 (lineno, rest)
             };
@@ -90,7 +98,10 @@ pub fn check(file: &str, want: &[Expected], got: &[Diagnostic]) -> Vec<Diagnosti
     let mut problems = Vec::new();
     for w in want {
         let hit = got.iter().enumerate().position(|(i, d)| {
-            !used[i] && d.severity == w.severity && d.loc.line == w.line && d.message.contains(&w.text)
+            !used[i]
+                && d.severity == w.severity
+                && d.loc.line == w.line
+                && d.message.contains(&w.text)
         });
         match hit {
             Some(i) => used[i] = true,

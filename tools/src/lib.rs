@@ -15,7 +15,10 @@ pub fn write_output(path: &str, data: &str) -> Result<(), String> {
             .map_err(|e| format!("cannot write to stdout: {e}"));
     }
     let p = Path::new(path);
-    let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = p
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let tmp = dir.join(format!(
         ".{}.tmp{}",
         p.file_name().and_then(|n| n.to_str()).unwrap_or("out"),

@@ -10,7 +10,11 @@ fn lit_tests() {
         .expect("binary directory")
         .to_path_buf();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../test");
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let lit = "/usr/lib/llvm-19/build/utils/lit/lit.py";
     assert!(
         Path::new(lit).exists(),

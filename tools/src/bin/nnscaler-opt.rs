@@ -88,9 +88,9 @@ fn parse_args(argv: &[String]) -> Result<Option<Args>, String> {
             "--verify-diagnostics" => a.verify_diagnostics = true,
             "--mlir-print-ir-after-all" => a.print_ir_after_all = true,
             "-" => a.input = "-".into(),
-            s if s.starts_with("--pass-pipeline=") => {
-                a.steps.extend(pipeline::parse_pipeline(&s["--pass-pipeline=".len()..])?)
-            }
+            s if s.starts_with("--pass-pipeline=") => a
+                .steps
+                .extend(pipeline::parse_pipeline(&s["--pass-pipeline=".len()..])?),
             s if s.starts_with("--") => {
                 let (name, opts) = s[2..].split_once('=').unwrap_or((&s[2..], ""));
                 let opts = opts.trim_matches('"');
@@ -102,7 +102,10 @@ fn parse_args(argv: &[String]) -> Result<Option<Args>, String> {
             s if s.starts_with('-') => return Err(format!("unknown option '{s}' (see --help)")),
             s => {
                 if !a.input.is_empty() {
-                    return Err(format!("more than one input file ('{}' and '{s}')", a.input));
+                    return Err(format!(
+                        "more than one input file ('{}' and '{s}')",
+                        a.input
+                    ));
                 }
                 a.input = s.to_string();
             }
@@ -122,9 +125,8 @@ fn chunks(source: &str, split: bool) -> Vec<String> {
     }
     let mut out = Vec::new();
     let mut cur = String::new();
-    let mut line = 0;
     let mut start = 0;
-    for l in source.split_inclusive('\n') {
+    for (line, l) in source.split_inclusive('\n').enumerate() {
         if l.trim_end() == "// -----" {
             out.push(format!("{}{cur}", "\n".repeat(start)));
             cur.clear();
@@ -132,7 +134,6 @@ fn chunks(source: &str, split: bool) -> Vec<String> {
         } else {
             cur.push_str(l);
         }
-        line += 1;
     }
     out.push(format!("{}{cur}", "\n".repeat(start)));
     out
@@ -152,7 +153,10 @@ fn process(ir: &IrContext, src: &str, name: &str, args: &Args) -> Result<String,
         &args.steps,
         &mut |pass, m| {
             if print_after {
-                eprintln!("// -----// IR Dump After {pass} //----- //\n{}", m.as_operation());
+                eprintln!(
+                    "// -----// IR Dump After {pass} //----- //\n{}",
+                    m.as_operation()
+                );
             }
         },
         name,
@@ -177,7 +181,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let name = if args.input == "-" { "<stdin>" } else { args.input.as_str() };
+    let name = if args.input == "-" {
+        "<stdin>"
+    } else {
+        args.input.as_str()
+    };
     let ir = IrContext::new();
     let mut outputs = Vec::new();
     let mut failed = false;

@@ -49,8 +49,9 @@ fn import(argv: &[String]) -> Result<(), String> {
             let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
             format!("unknown preset '{p}' (presets: {})", names.join(", "))
         })?,
-        (None, Some(f)) => family_default(f)
-            .ok_or(format!("unknown model '{f}' (models: mlp, gpt, llama)"))?,
+        (None, Some(f)) => {
+            family_default(f).ok_or(format!("unknown model '{f}' (models: mlp, gpt, llama)"))?
+        }
         (None, None) => return Err("import needs a model (mlp, gpt, llama) or --preset".into()),
     };
     if let (Some(f), Some(p)) = (&family, &preset_name) {
