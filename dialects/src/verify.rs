@@ -5,7 +5,7 @@ use crate::annotation::DimKind;
 use crate::diag::{Diagnostics, SrcLoc};
 use crate::nns::{self, Layout, Mesh, Split};
 use crate::spec::OpCtx;
-use crate::types::{AttrValue, Attrs, TensorType};
+use crate::types::{AttrValue, TensorType};
 use crate::view::{walk_nested, FuncView, OpView};
 use crate::{dnn, view};
 use melior::ir::{Module, OperationRef};
@@ -376,11 +376,6 @@ pub fn file_loc(file: &str) -> SrcLoc {
         file: file.to_string(),
         ..SrcLoc::default()
     }
-}
-
-/// Attributes from a dictionary body (`a = 1 : i64, b`), as the verifier sees them.
-pub fn parse_attr_dict(body: &str) -> Attrs {
-    view::parse_dict(body)
 }
 
 #[cfg(test)]
