@@ -299,3 +299,10 @@ impl OpSpec {
             .unwrap_or("operand")
     }
 }
+
+impl OpSpec {
+    /// The op's VJP rule (`None` for backward ops: second-order gradients are not supported).
+    pub fn vjp(&self) -> Option<crate::vjp::VjpRule> {
+        crate::vjp::rule(self.name)
+    }
+}

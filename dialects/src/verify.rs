@@ -111,10 +111,11 @@ fn verify_func_signature(f: &FuncView, meshes: &Meshes, diags: &mut Diagnostics)
                     }
                 }
                 ("nns.param", AttrValue::Unit) => Ok(()),
+                ("nns.init", AttrValue::Str(s)) => crate::nns::Init::parse(s).map(|_| ()),
                 ("nns.layout", AttrValue::Nns { kind, body }) if kind == "layout" => {
                     check_layout(body, ty.as_ref(), meshes)
                 }
-                ("nns.name" | "nns.param" | "nns.layout", _) => Err(format!(
+                ("nns.name" | "nns.param" | "nns.layout" | "nns.init", _) => Err(format!(
                     "'{k}' has the wrong kind of value ({})",
                     v.kind_name()
                 )),

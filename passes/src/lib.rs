@@ -3,6 +3,8 @@
 //! Each pass is one file with a thin driver; [`registry`] is the single name table that the
 //! `nnscaler-opt` flags, `--list-passes`, `--help` and `--pass-pipeline` are generated from.
 
+pub mod autodiff;
 pub mod pipeline;
 pub mod print_stats;
 pub mod registry;
+pub mod rewrite;

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 /// A pass of ours: transforms or analyses a module, reporting problems as diagnostics.
 pub trait Pass {
     /// Runs the pass on `module`.
-    fn run(&mut self, ir: &IrContext, module: &mut Module<'_>) -> Result<(), Diagnostics>;
+    fn run<'c>(&mut self, ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics>;
 }
 
 /// Options of one pass instance: `key=value` pairs, checked against the pass's declared
@@ -115,9 +115,9 @@ pub fn parse_pipeline(text: &str) -> Result<Vec<Step>, String> {
 
 /// Runs `steps` in order on `module`, verifying after each; `after` is called with the
 /// pass name after each pass (for `--mlir-print-ir-after-all`).
-pub fn run(
-    ir: &IrContext,
-    module: &mut Module<'_>,
+pub fn run<'c>(
+    ir: &'c IrContext,
+    module: &mut Module<'c>,
     steps: &[Step],
     after: &mut dyn FnMut(&str, &Module<'_>),
     file: &str,

@@ -174,7 +174,7 @@ impl PrintStats {
 }
 
 impl Pass for PrintStats {
-    fn run(&mut self, _ir: &IrContext, module: &mut Module<'_>) -> Result<(), Diagnostics> {
+    fn run<'c>(&mut self, _ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
         let stats = module_stats(module);
         let mut found = false;
         for st in stats {

@@ -1,5 +1,6 @@
 //! The single table of passes: name (= flag = file = test folder), summary, options.
 
+use crate::autodiff::Autodiff;
 use crate::pipeline::{Pass, PassOptions};
 use crate::print_stats::PrintStats;
 use melior::pass::transform::{create_canonicalizer, create_cse};
@@ -37,6 +38,15 @@ pub struct PassInfo {
 
 /// Every pass nnscaler-opt knows, in `--help` order.
 pub static PASSES: &[PassInfo] = &[
+    PassInfo {
+        name: "autodiff",
+        summary: "Append the backward graph: explicit VJP ops, summed gradients of reused values, and a grad.<name> result for every nns.param",
+        options: &[OptionInfo {
+            name: "func",
+            help: "only this function (default: every function)",
+        }],
+        factory: Factory::Native(|o| Ok(Box::new(Autodiff::new(o)?))),
+    },
     PassInfo {
         name: "print-stats",
         summary: "Print ops by kind, parameters, FLOPs per training step and activation bytes (to stderr)",

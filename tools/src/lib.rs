@@ -1,6 +1,7 @@
 //! Shared pieces of the nnscaler command-line tools.
 
 pub mod expected;
+pub mod run;
 
 use std::io::Write;
 use std::path::Path;
@@ -8,10 +9,15 @@ use std::path::Path;
 /// Writes `data` to `path` atomically (a temporary file in the same directory, then a
 /// rename), so a failed run never leaves a half-written output; `-` writes to stdout.
 pub fn write_output(path: &str, data: &str) -> Result<(), String> {
+    write_output_bytes(path, data.as_bytes())
+}
+
+/// [`write_output`] for binary data.
+pub fn write_output_bytes(path: &str, data: &[u8]) -> Result<(), String> {
     if path == "-" {
         let mut out = std::io::stdout().lock();
         return out
-            .write_all(data.as_bytes())
+            .write_all(data)
             .map_err(|e| format!("cannot write to stdout: {e}"));
     }
     let p = Path::new(path);

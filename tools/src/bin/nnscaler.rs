@@ -1,4 +1,4 @@
-//! `nnscaler`: the user CLI. Today: `import` (model zoo -> MLIR) and `presets`.
+//! `nnscaler`: the user CLI: `import` (model zoo -> MLIR), `run` (CPU runtime) and `presets`.
 
 use nnscaler_frontends::{build_module, family_default, preset, PRESETS};
 use nnscaler_tools::write_output;
@@ -73,6 +73,7 @@ fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let result = match argv.first().map(String::as_str) {
         Some("import") => import(&argv[1..]),
+        Some("run") => nnscaler_tools::run::main(&argv[1..]),
         Some("presets") => {
             for (n, d) in PRESETS {
                 println!("{n:<14} {d}");
@@ -80,7 +81,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         Some("-h" | "--help") | None => {
-            print!("{HELP}");
+            print!("{HELP}{}", nnscaler_tools::run::HELP);
             Ok(())
         }
         Some(other) => Err(format!("unknown command '{other}' (see nnscaler --help)")),

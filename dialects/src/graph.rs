@@ -1,0 +1,475 @@
+//! A `func.func` of tensor ops as an SSA graph in plain Rust data.
+//!
+//! The interpreter executes a [`Graph`]; analysis-heavy passes (autodiff, and later the
+//! partitioner) read one, extend it with new ops whose result types come from the ops'
+//! [`crate::spec::OpSpec`]s, and write it back as MLIR text that replaces the function.
+//! Every op keeps its source location through the round trip (`loc(...)` is printed).
+
+use crate::diag::SrcLoc;
+use crate::dnn;
+use crate::spec::OpCtx;
+use crate::types::{AttrValue, Attrs, TensorType};
+use crate::view::{FuncView, OpView};
+use melior::ir::OperationRef;
+use mlir_sys::{
+    mlirBlockGetArgument, mlirBlockGetFirstOperation, mlirBlockGetNumArguments,
+    mlirOperationGetNextInBlock, mlirOperationGetNumOperands, mlirOperationGetNumRegions,
+    mlirOperationGetNumResults, mlirOperationGetOperand, mlirOperationGetRegion,
+    mlirOperationGetResult, mlirRegionGetFirstBlock,
+};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+/// Index of a value in [`Graph::values`].
+pub type ValueId = usize;
+
+/// A function argument.
+#[derive(Clone, Debug)]
+pub struct Arg {
+    /// The value it defines.
+    pub value: ValueId,
+    /// Its attributes (`nns.name`, `nns.param`, ...).
+    pub attrs: Attrs,
+}
+
+impl Arg {
+    /// The `nns.name` of the argument, if any.
+    pub fn name(&self) -> Option<&str> {
+        match self.attrs.get("nns.name") {
+            Some(AttrValue::Str(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Whether the argument is a trainable parameter (`nns.param`).
+    pub fn is_param(&self) -> bool {
+        matches!(
+            self.attrs.get("nns.param"),
+            Some(AttrValue::Unit | AttrValue::Bool(true))
+        )
+    }
+}
+
+/// One operation: its name, operands, results, attributes and location.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// Full op name (`dnn.matmul`).
+    pub op: String,
+    /// Operand values.
+    pub inputs: Vec<ValueId>,
+    /// Result values.
+    pub outputs: Vec<ValueId>,
+    /// Attributes.
+    pub attrs: Attrs,
+    /// Source location.
+    pub loc: SrcLoc,
+}
+
+/// A function result.
+#[derive(Clone, Debug)]
+pub struct Output {
+    /// The returned value.
+    pub value: ValueId,
+    /// Its attributes (`nns.name`).
+    pub attrs: Attrs,
+}
+
+impl Output {
+    /// The `nns.name` of the result, if any.
+    pub fn name(&self) -> Option<&str> {
+        match self.attrs.get("nns.name") {
+            Some(AttrValue::Str(s)) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// A function as an SSA graph. Nodes are in program order: every input of a node is an
+/// argument or the output of an earlier node.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    /// Symbol name (without `@`).
+    pub name: String,
+    /// Location of the `func.func`.
+    pub loc: SrcLoc,
+    /// The type of every value.
+    pub values: Vec<TensorType>,
+    /// Arguments in order.
+    pub args: Vec<Arg>,
+    /// Operations in program order.
+    pub nodes: Vec<Node>,
+    /// Results in order.
+    pub outputs: Vec<Output>,
+}
+
+/// Why a function cannot be read as a graph: a message and where.
+#[derive(Clone, Debug)]
+pub struct GraphError {
+    /// Where the problem is.
+    pub loc: SrcLoc,
+    /// What it is.
+    pub message: String,
+}
+
+impl Graph {
+    /// Reads a `func.func` whose body is one block of ops on static tensors.
+    pub fn from_func(op: &OperationRef<'_, '_>) -> Result<Graph, GraphError> {
+        let fv = FuncView::of(op).ok_or_else(|| GraphError {
+            loc: SrcLoc::from_location(op.location()),
+            message: "expected a func.func".into(),
+        })?;
+        let err = |loc: &SrcLoc, message: String| GraphError {
+            loc: loc.clone(),
+            message,
+        };
+        let mut g = Graph {
+            name: fv.name.clone(),
+            loc: fv.loc.clone(),
+            ..Graph::default()
+        };
+        let mut ids: HashMap<usize, ValueId> = HashMap::new();
+        let raw = op.to_raw();
+        // SAFETY: `op` is a live func.func; we only read its region, block, args and ops.
+        unsafe {
+            if mlirOperationGetNumRegions(raw) != 1 {
+                return Err(err(&fv.loc, "function must have one region".into()));
+            }
+            let block = mlirRegionGetFirstBlock(mlirOperationGetRegion(raw, 0));
+            if block.ptr.is_null() {
+                return Err(err(&fv.loc, "function has no body".into()));
+            }
+            let nargs = mlirBlockGetNumArguments(block) as usize;
+            for i in 0..nargs {
+                let ty = fv.args.get(i).cloned().flatten().ok_or_else(|| {
+                    err(
+                        &fv.loc,
+                        format!("argument {i} must be a ranked tensor with a static shape"),
+                    )
+                })?;
+                let v = mlirBlockGetArgument(block, i as isize);
+                let id = g.new_value(ty);
+                ids.insert(v.ptr as usize, id);
+                g.args.push(Arg {
+                    value: id,
+                    attrs: fv.arg_attrs.get(i).cloned().unwrap_or_default(),
+                });
+            }
+            let mut cur = mlirBlockGetFirstOperation(block);
+            while !cur.ptr.is_null() {
+                let opref = OperationRef::from_raw(cur);
+                let view = OpView::of(&opref);
+                let mut inputs = Vec::new();
+                for k in 0..mlirOperationGetNumOperands(cur) {
+                    let v = mlirOperationGetOperand(cur, k);
+                    let id = ids.get(&(v.ptr as usize)).copied().ok_or_else(|| {
+                        err(
+                            &view.loc,
+                            format!(
+                                "operand {k} of '{}' is not defined in this function",
+                                view.name
+                            ),
+                        )
+                    })?;
+                    inputs.push(id);
+                }
+                if view.name == "func.return" {
+                    for (k, &value) in inputs.iter().enumerate() {
+                        g.outputs.push(Output {
+                            value,
+                            attrs: fv.result_attrs.get(k).cloned().unwrap_or_default(),
+                        });
+                    }
+                    break;
+                }
+                if mlirOperationGetNumRegions(cur) != 0 {
+                    return Err(err(
+                        &view.loc,
+                        format!(
+                            "'{}' has regions; only straight-line functions run",
+                            view.name
+                        ),
+                    ));
+                }
+                let mut outputs = Vec::new();
+                for k in 0..mlirOperationGetNumResults(cur) {
+                    let ty = view.results[k as usize].clone().ok_or_else(|| {
+                        err(
+                            &view.loc,
+                            format!(
+                                "result {k} of '{}' must be a ranked tensor with a static shape, not {}",
+                                view.name, view.result_text[k as usize]
+                            ),
+                        )
+                    })?;
+                    let v = mlirOperationGetResult(cur, k);
+                    let id = g.new_value(ty);
+                    ids.insert(v.ptr as usize, id);
+                    outputs.push(id);
+                }
+                g.nodes.push(Node {
+                    op: view.name,
+                    inputs,
+                    outputs,
+                    attrs: view.attrs,
+                    loc: view.loc,
+                });
+                cur = mlirOperationGetNextInBlock(cur);
+            }
+        }
+        Ok(g)
+    }
+
+    /// Adds a value of type `ty`.
+    pub fn new_value(&mut self, ty: TensorType) -> ValueId {
+        self.values.push(ty);
+        self.values.len() - 1
+    }
+
+    /// Appends op `op` on `inputs` with `attrs`; its result types come from the op's spec
+    /// (which also checks the operands and attributes).
+    pub fn add(
+        &mut self,
+        op: &str,
+        inputs: &[ValueId],
+        attrs: Attrs,
+        loc: &SrcLoc,
+    ) -> Result<Vec<ValueId>, String> {
+        let spec = dnn::spec(op).ok_or_else(|| format!("unknown op '{op}'"))?;
+        let operands: Vec<Option<TensorType>> = inputs
+            .iter()
+            .map(|&v| Some(self.values[v].clone()))
+            .collect();
+        let ctx = OpCtx {
+            operands: &operands,
+            attrs: &attrs,
+        };
+        let (types, _, _) = spec.check(&ctx).map_err(|e| format!("'{op}' {e}"))?;
+        let outputs: Vec<ValueId> = types.into_iter().map(|t| self.new_value(t)).collect();
+        self.nodes.push(Node {
+            op: op.to_string(),
+            inputs: inputs.to_vec(),
+            outputs: outputs.clone(),
+            attrs,
+            loc: loc.clone(),
+        });
+        Ok(outputs)
+    }
+
+    /// [`Graph::add`] for a single-result op.
+    pub fn add1(
+        &mut self,
+        op: &str,
+        inputs: &[ValueId],
+        attrs: Attrs,
+        loc: &SrcLoc,
+    ) -> Result<ValueId, String> {
+        let out = self.add(op, inputs, attrs, loc)?;
+        match out.as_slice() {
+            [v] => Ok(*v),
+            _ => Err(format!("'{op}' has {} results, expected one", out.len())),
+        }
+    }
+
+    /// How many times each value is used (by nodes and by the return).
+    pub fn use_counts(&self) -> Vec<usize> {
+        let mut n = vec![0; self.values.len()];
+        for node in &self.nodes {
+            for &v in &node.inputs {
+                n[v] += 1;
+            }
+        }
+        for o in &self.outputs {
+            n[o.value] += 1;
+        }
+        n
+    }
+
+    /// The function as MLIR text (generic op form, locations kept).
+    pub fn to_mlir(&self) -> String {
+        let mut names: Vec<String> = vec![String::new(); self.values.len()];
+        for (i, a) in self.args.iter().enumerate() {
+            names[a.value] = format!("%arg{i}");
+        }
+        for (k, n) in self.nodes.iter().enumerate() {
+            if n.outputs.len() == 1 {
+                names[n.outputs[0]] = format!("%{k}");
+            } else {
+                for (j, &o) in n.outputs.iter().enumerate() {
+                    names[o] = format!("%{k}#{j}");
+                }
+            }
+        }
+        let mut s = String::new();
+        let args: Vec<String> = self
+            .args
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("%arg{i}: {}{}", self.values[a.value], dict(&a.attrs)))
+            .collect();
+        let results: Vec<String> = self
+            .outputs
+            .iter()
+            .map(|o| format!("{}{}", self.values[o.value], dict(&o.attrs)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "func.func @{}({}) -> ({}) {{",
+            self.name,
+            args.join(", "),
+            results.join(", ")
+        );
+        for (k, n) in self.nodes.iter().enumerate() {
+            let lhs = match n.outputs.len() {
+                0 => String::new(),
+                1 => format!("%{k} = "),
+                m => format!("%{k}:{m} = "),
+            };
+            let ins: Vec<&str> = n.inputs.iter().map(|&v| names[v].as_str()).collect();
+            let in_tys: Vec<String> = n
+                .inputs
+                .iter()
+                .map(|&v| self.values[v].to_string())
+                .collect();
+            let out_tys: Vec<String> = n
+                .outputs
+                .iter()
+                .map(|&v| self.values[v].to_string())
+                .collect();
+            let attrs = if n.attrs.is_empty() {
+                String::new()
+            } else {
+                let items: Vec<String> = n
+                    .attrs
+                    .iter()
+                    .map(|(k, v)| format!("{} = {}", attr_key(k), v.to_mlir_text()))
+                    .collect();
+                format!(" {{{}}}", items.join(", "))
+            };
+            let outs = if out_tys.len() == 1 {
+                out_tys[0].clone()
+            } else {
+                format!("({})", out_tys.join(", "))
+            };
+            let _ = writeln!(
+                s,
+                "  {lhs}\"{}\"({}){attrs} : ({}) -> {outs}{}",
+                n.op,
+                ins.join(", "),
+                in_tys.join(", "),
+                loc_suffix(&n.loc)
+            );
+        }
+        let rets: Vec<&str> = self
+            .outputs
+            .iter()
+            .map(|o| names[o.value].as_str())
+            .collect();
+        let ret_tys: Vec<String> = self
+            .outputs
+            .iter()
+            .map(|o| self.values[o.value].to_string())
+            .collect();
+        if rets.is_empty() {
+            let _ = writeln!(s, "  return");
+        } else {
+            let _ = writeln!(s, "  return {} : {}", rets.join(", "), ret_tys.join(", "));
+        }
+        let _ = writeln!(s, "}}{}", loc_suffix(&self.loc));
+        s
+    }
+}
+
+fn attr_key(k: &str) -> String {
+    if k.chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '$')
+    {
+        k.to_string()
+    } else {
+        format!("\"{k}\"")
+    }
+}
+
+fn dict(attrs: &Attrs) -> String {
+    if attrs.is_empty() {
+        return String::new();
+    }
+    let items: Vec<String> = attrs
+        .iter()
+        .map(|(k, v)| match v {
+            AttrValue::Unit => attr_key(k),
+            v => format!("{} = {}", attr_key(k), v.to_mlir_text()),
+        })
+        .collect();
+    format!(" {{{}}}", items.join(", "))
+}
+
+fn loc_suffix(loc: &SrcLoc) -> String {
+    if loc.line == 0 {
+        String::new()
+    } else {
+        format!(
+            " loc(\"{}\":{}:{})",
+            loc.file.replace('\\', "\\\\").replace('"', "\\\""),
+            loc.line,
+            loc.col
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::IrContext;
+    use crate::view::top_level_ops;
+
+    const SRC: &str = r#"func.func @f(%arg0: tensor<2x3xf32> {nns.name = "x"}, %arg1: tensor<4x3xf32> {nns.name = "w", nns.param}) -> (tensor<f32> {nns.name = "loss"}) {
+  %0 = "dnn.linear"(%arg0, %arg1) : (tensor<2x3xf32>, tensor<4x3xf32>) -> tensor<2x4xf32>
+  %1:2 = "dnn.split"(%0) {dim = 1 : i64, sizes = array<i64: 1, 3>} : (tensor<2x4xf32>) -> (tensor<2x1xf32>, tensor<2x3xf32>)
+  %2 = "dnn.sum"(%1#1) {dims = array<i64: 0, 1>} : (tensor<2x3xf32>) -> tensor<f32>
+  return %2 : tensor<f32>
+}
+"#;
+
+    fn graph_of(ir: &IrContext, src: &str) -> Graph {
+        let m = ir.parse(src, "g.mlir").expect("parses");
+        let mut g = None;
+        top_level_ops(&m, &mut |op| {
+            if g.is_none() {
+                g = Some(Graph::from_func(op).expect("reads"));
+            }
+        });
+        g.expect("has a func")
+    }
+
+    #[test]
+    fn reads_and_round_trips() {
+        let ir = IrContext::new();
+        let g = graph_of(&ir, SRC);
+        assert_eq!(g.args.len(), 2);
+        assert_eq!(g.args[0].name(), Some("x"));
+        assert!(g.args[1].is_param() && !g.args[0].is_param());
+        assert_eq!(g.nodes.len(), 3);
+        assert_eq!(g.nodes[1].outputs.len(), 2);
+        assert_eq!(g.nodes[2].inputs, vec![g.nodes[1].outputs[1]]);
+        assert_eq!(g.outputs[0].name(), Some("loss"));
+        assert_eq!(g.nodes[0].loc.line, 2);
+        let text = g.to_mlir();
+        let g2 = graph_of(&ir, &text);
+        assert_eq!(g2.to_mlir(), text);
+        assert_eq!(g2.nodes[2].loc, g.nodes[2].loc, "locations survive");
+    }
+
+    #[test]
+    fn add_infers_types_and_checks() {
+        let ir = IrContext::new();
+        let mut g = graph_of(&ir, SRC);
+        let x = g.args[0].value;
+        let y = g
+            .add1("dnn.relu", &[x], Attrs::new(), &SrcLoc::default())
+            .unwrap();
+        assert_eq!(g.values[y].shape, vec![2, 3]);
+        let w = g.args[1].value;
+        let e = g.add("dnn.matmul", &[x, w], Attrs::new(), &SrcLoc::default());
+        assert!(e.unwrap_err().contains("dnn.matmul"));
+    }
+}

@@ -1,0 +1,233 @@
+//! The interpreter: executes a [`Graph`] op by op on the CPU kernels.
+
+use crate::io::Stored;
+use crate::kernels::{kernel, Ctx};
+use crate::tensor::{supported, Data, Tensor};
+use crate::{init, tensor};
+use nnscaler_dialects::diag::SrcLoc;
+use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::types::Elem;
+use std::collections::BTreeMap;
+
+/// A failed execution: what went wrong and at which op.
+#[derive(Clone, Debug)]
+pub struct RunError {
+    /// Location of the failing op (or of the function for argument errors).
+    pub loc: SrcLoc,
+    /// The message.
+    pub message: String,
+}
+
+/// Execution options.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// Stop at the first op whose results contain NaN or infinity, naming it.
+    pub check_finite: bool,
+}
+
+/// Runs `g` on `inputs` (one per argument, in order) and returns its results.
+pub fn run(g: &Graph, inputs: Vec<Tensor>, opts: &Options) -> Result<Vec<Tensor>, RunError> {
+    let fail = |loc: &SrcLoc, message: String| RunError {
+        loc: loc.clone(),
+        message,
+    };
+    if inputs.len() != g.args.len() {
+        return Err(fail(
+            &g.loc,
+            format!(
+                "@{} takes {} arguments, got {}",
+                g.name,
+                g.args.len(),
+                inputs.len()
+            ),
+        ));
+    }
+    let mut last_use = vec![usize::MAX; g.values.len()];
+    for (k, n) in g.nodes.iter().enumerate() {
+        for &v in &n.inputs {
+            last_use[v] = k;
+        }
+    }
+    for o in &g.outputs {
+        last_use[o.value] = usize::MAX;
+    }
+    let mut vals: Vec<Option<Tensor>> = vec![None; g.values.len()];
+    for (i, (a, t)) in g.args.iter().zip(inputs).enumerate() {
+        let ty = &g.values[a.value];
+        if !t.matches(ty) {
+            return Err(fail(
+                &g.loc,
+                format!(
+                    "argument {i}{} is {ty} but got {}",
+                    a.name().map(|n| format!(" '{n}'")).unwrap_or_default(),
+                    t.describe()
+                ),
+            ));
+        }
+        vals[a.value] = Some(t);
+    }
+    for (k, n) in g.nodes.iter().enumerate() {
+        let f = kernel(&n.op).ok_or_else(|| {
+            fail(
+                &n.loc,
+                format!("the CPU runtime has no kernel for '{}'", n.op),
+            )
+        })?;
+        let ins: Vec<&Tensor> = n
+            .inputs
+            .iter()
+            .map(|&v| vals[v].as_ref().expect("inputs are computed before use"))
+            .collect();
+        let out_types: Vec<_> = n.outputs.iter().map(|&v| g.values[v].clone()).collect();
+        let ctx = Ctx {
+            attrs: &n.attrs,
+            out: &out_types,
+        };
+        let outs = f(&ctx, &ins).map_err(|e| fail(&n.loc, format!("'{}': {e}", n.op)))?;
+        if outs.len() != n.outputs.len() {
+            return Err(fail(
+                &n.loc,
+                format!(
+                    "'{}' kernel returned {} results for {} declared",
+                    n.op,
+                    outs.len(),
+                    n.outputs.len()
+                ),
+            ));
+        }
+        for (j, (t, ty)) in outs.iter().zip(&out_types).enumerate() {
+            if !t.matches(ty) {
+                return Err(fail(
+                    &n.loc,
+                    format!(
+                        "'{}' result {j} is declared {ty} but the kernel produced {}",
+                        n.op,
+                        t.describe()
+                    ),
+                ));
+            }
+            if opts.check_finite {
+                if let Data::F32(v) = &t.data {
+                    if let Some(p) = v.iter().position(|x| !x.is_finite()) {
+                        return Err(fail(
+                            &n.loc,
+                            format!(
+                                "'{}' result {j} has a non-finite value ({}) at element {p}",
+                                n.op, v[p]
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        for &v in &n.inputs {
+            if last_use[v] == k {
+                vals[v] = None;
+            }
+        }
+        for (&v, t) in n.outputs.iter().zip(outs) {
+            vals[v] = Some(t);
+        }
+    }
+    Ok(g.outputs
+        .iter()
+        .map(|o| vals[o.value].clone().expect("results are computed"))
+        .collect())
+}
+
+/// Where parameter values come from.
+#[derive(Clone, Debug)]
+pub enum ParamSource {
+    /// Tensors read from a file (named by the file name in messages).
+    File(String, Vec<Stored>),
+    /// Drawn with the init rules under this seed.
+    Seed(u64),
+}
+
+/// Matches named tensors to the arguments of `g`: inputs from `inputs` (file name
+/// `inputs_file`), parameters from `params`. Every missing, extra or mis-typed tensor is an
+/// error naming it and the file.
+pub fn bind(
+    g: &Graph,
+    inputs_file: &str,
+    inputs: Vec<Stored>,
+    params: &ParamSource,
+) -> Result<Vec<Tensor>, String> {
+    let mut ins: BTreeMap<String, Stored> =
+        inputs.into_iter().map(|s| (s.name.clone(), s)).collect();
+    let mut ps: BTreeMap<String, Stored> = match params {
+        ParamSource::File(_, v) => v.iter().cloned().map(|s| (s.name.clone(), s)).collect(),
+        ParamSource::Seed(_) => BTreeMap::new(),
+    };
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for (i, a) in g.args.iter().enumerate() {
+        let ty = &g.values[a.value];
+        if !supported(ty.elem) {
+            problems.push(format!(
+                "argument {i} has element type {}; the CPU runtime supports f32, i64 and i32",
+                ty.elem
+            ));
+            continue;
+        }
+        let name = a
+            .name()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("arg{i}"));
+        let (pool, file) = match (a.is_param(), params) {
+            (true, ParamSource::Seed(seed)) => {
+                out.push(init::init_param(g, i, *seed)?);
+                continue;
+            }
+            (true, ParamSource::File(f, _)) => (&mut ps, f.as_str()),
+            (false, _) => (&mut ins, inputs_file),
+        };
+        let Some(s) = pool.remove(&name) else {
+            problems.push(format!("{file}: missing tensor '{name}' ({ty})"));
+            continue;
+        };
+        let want_dtype = match ty.elem {
+            Elem::F32 => Elem::F32,
+            e => e,
+        };
+        if s.elem != want_dtype || tensor::dims(ty) != s.tensor.shape {
+            problems.push(format!(
+                "{file}: tensor '{name}' is {} but argument {i} is {ty}",
+                stored_type(&s)
+            ));
+            continue;
+        }
+        out.push(s.tensor);
+    }
+    for (pool, file) in [(&ins, inputs_file), (&ps, param_file(params))] {
+        for (name, s) in pool {
+            problems.push(format!(
+                "{file}: unexpected tensor '{name}' ({}): @{} has no {} of that name",
+                stored_type(s),
+                g.name,
+                if std::ptr::eq(pool, &ins) {
+                    "input"
+                } else {
+                    "parameter"
+                }
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+fn param_file(p: &ParamSource) -> &str {
+    match p {
+        ParamSource::File(f, _) => f,
+        ParamSource::Seed(_) => "",
+    }
+}
+
+fn stored_type(s: &Stored) -> String {
+    let dims: String = s.tensor.shape.iter().map(|d| format!("{d}x")).collect();
+    format!("tensor<{dims}{}>", s.elem)
+}

@@ -1,0 +1,244 @@
+//! Elementwise kernels: broadcasting arithmetic, activations and their gradients, dropout,
+//! fill and broadcast_to.
+
+use super::Ctx;
+use crate::rng;
+use crate::tensor::{numel, strides, Data, Tensor};
+
+/// Strides of `shape` (right-aligned in an `out_rank` space) with 0 on broadcast dims.
+fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let s = strides(shape);
+    let off = out.len() - shape.len();
+    (0..out.len())
+        .map(|i| {
+            if i < off || shape[i - off] == 1 {
+                0
+            } else {
+                s[i - off]
+            }
+        })
+        .collect()
+}
+
+/// Calls `f(out_index, a_offset, b_offset)` for every element of `out`, in order.
+fn for_each_broadcast(
+    out: &[usize],
+    sa: &[usize],
+    sb: &[usize],
+    mut f: impl FnMut(usize, usize, usize, usize, usize, usize),
+) {
+    let r = out.len();
+    if r == 0 {
+        f(0, 0, 0, 1, 0, 0);
+        return;
+    }
+    let inner = out[r - 1];
+    let (ia, ib) = (sa[r - 1], sb[r - 1]);
+    let rows = numel(&out[..r - 1]);
+    let mut idx = vec![0usize; r - 1];
+    let (mut oa, mut ob) = (0usize, 0usize);
+    for row in 0..rows {
+        f(row * inner, oa, ob, inner, ia, ib);
+        // advance the odometer over the leading dims
+        for d in (0..r - 1).rev() {
+            idx[d] += 1;
+            oa += sa[d];
+            ob += sb[d];
+            if idx[d] < out[d] {
+                break;
+            }
+            oa -= sa[d] * out[d];
+            ob -= sb[d] * out[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+fn binary(
+    ctx: &Ctx<'_>,
+    x: &[&Tensor],
+    f: impl Fn(f32, f32) -> f32 + Copy,
+) -> Result<Vec<Tensor>, String> {
+    let (a, b) = (x[0].f()?, x[1].f()?);
+    let out = ctx.out_shape(0);
+    if x[0].shape == out && x[1].shape == out {
+        let v = a.iter().zip(b).map(|(&p, &q)| f(p, q)).collect();
+        return Ok(vec![Tensor::f32(&out, v)]);
+    }
+    if x[0].shape == out && b.len() == 1 {
+        let q = b[0];
+        return Ok(vec![Tensor::f32(
+            &out,
+            a.iter().map(|&p| f(p, q)).collect(),
+        )]);
+    }
+    let sa = broadcast_strides(&x[0].shape, &out);
+    let sb = broadcast_strides(&x[1].shape, &out);
+    let mut v = vec![0.0f32; numel(&out)];
+    for_each_broadcast(&out, &sa, &sb, |o, oa, ob, n, ia, ib| {
+        for j in 0..n {
+            v[o + j] = f(a[oa + j * ia], b[ob + j * ib]);
+        }
+    });
+    Ok(vec![Tensor::f32(&out, v)])
+}
+
+pub(super) fn add(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    binary(c, x, |p, q| p + q)
+}
+pub(super) fn sub(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    binary(c, x, |p, q| p - q)
+}
+pub(super) fn mul(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    binary(c, x, |p, q| p * q)
+}
+pub(super) fn div(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    binary(c, x, |p, q| p / q)
+}
+
+fn unary(x: &Tensor, f: impl Fn(f32) -> f32) -> Result<Vec<Tensor>, String> {
+    let v = x.f()?.iter().map(|&p| f(p)).collect();
+    Ok(vec![Tensor::f32(&x.shape, v)])
+}
+
+/// `dy`-weighted elementwise derivative: `dx = dy * f(x)`.
+fn grad(dy: &Tensor, x: &Tensor, f: impl Fn(f32, f32) -> f32) -> Result<Vec<Tensor>, String> {
+    let v = dy.f()?.iter().zip(x.f()?).map(|(&d, &p)| f(d, p)).collect();
+    Ok(vec![Tensor::f32(&x.shape, v)])
+}
+
+pub(super) fn neg(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    unary(x[0], |p| -p)
+}
+pub(super) fn exp(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    unary(x[0], f32::exp)
+}
+pub(super) fn log(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    unary(x[0], f32::ln)
+}
+pub(super) fn sqrt(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    unary(x[0], f32::sqrt)
+}
+pub(super) fn rsqrt(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    unary(x[0], |p| 1.0 / p.sqrt())
+}
+pub(super) fn tanh(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    unary(x[0], f32::tanh)
+}
+pub(super) fn relu(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    unary(x[0], |p| p.max(0.0))
+}
+
+fn sigmoid(p: f32) -> f32 {
+    1.0 / (1.0 + (-p).exp())
+}
+
+pub(super) fn silu(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    unary(x[0], |p| p * sigmoid(p))
+}
+
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+const GELU_C: f32 = 0.044_715;
+
+pub(super) fn gelu(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    if c.string("approximate", "none") == "tanh" {
+        unary(x[0], |p| {
+            0.5 * p * (1.0 + (SQRT_2_OVER_PI * (p + GELU_C * p * p * p)).tanh())
+        })
+    } else {
+        unary(x[0], |p| {
+            0.5 * p * (1.0 + libm::erff(p * std::f32::consts::FRAC_1_SQRT_2))
+        })
+    }
+}
+
+pub(super) fn gelu_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    if c.string("approximate", "none") == "tanh" {
+        grad(x[0], x[1], |d, p| {
+            let t = (SQRT_2_OVER_PI * (p + GELU_C * p * p * p)).tanh();
+            let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * p * p);
+            d * (0.5 * (1.0 + t) + 0.5 * p * (1.0 - t * t) * du)
+        })
+    } else {
+        const INV_SQRT_2PI: f32 = 0.398_942_3;
+        grad(x[0], x[1], |d, p| {
+            let cdf = 0.5 * (1.0 + libm::erff(p * std::f32::consts::FRAC_1_SQRT_2));
+            let pdf = INV_SQRT_2PI * (-0.5 * p * p).exp();
+            d * (cdf + p * pdf)
+        })
+    }
+}
+
+pub(super) fn silu_grad(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    grad(x[0], x[1], |d, p| {
+        let s = sigmoid(p);
+        d * s * (1.0 + p * (1.0 - s))
+    })
+}
+
+pub(super) fn relu_grad(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    grad(x[0], x[1], |d, p| if p > 0.0 { d } else { 0.0 })
+}
+
+pub(super) fn tanh_grad(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    grad(x[0], x[1], |d, y| d * (1.0 - y * y))
+}
+
+pub(super) fn dropout(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    let p = c.float("p", 0.0);
+    let seed = c.int("seed", 0) as u64;
+    let scale = (1.0 / (1.0 - p)) as f32;
+    let v = x[0]
+        .f()?
+        .iter()
+        .enumerate()
+        .map(|(i, &q)| {
+            if rng::dropout_keep(seed, i as u64, p) {
+                q * scale
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    Ok(vec![Tensor::f32(&x[0].shape, v)])
+}
+
+pub(super) fn fill(c: &Ctx<'_>, _: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    let shape = c.out_shape(0);
+    let value = c.float("value", 0.0);
+    let float = c.out.first().is_none_or(|t| t.elem.is_float());
+    Ok(vec![if float {
+        Tensor::f32(&shape, vec![value as f32; numel(&shape)])
+    } else {
+        if value.fract() != 0.0 {
+            return Err(format!("value {value} is not an integer"));
+        }
+        Tensor::i64(&shape, vec![value as i64; numel(&shape)])
+    }])
+}
+
+pub(super) fn broadcast_to(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    let out = c.out_shape(0);
+    let sa = broadcast_strides(&x[0].shape, &out);
+    let zero = vec![0; out.len()];
+    match &x[0].data {
+        Data::F32(a) => {
+            let mut v = vec![0.0f32; numel(&out)];
+            for_each_broadcast(&out, &sa, &zero, |o, oa, _, n, ia, _| {
+                for j in 0..n {
+                    v[o + j] = a[oa + j * ia];
+                }
+            });
+            Ok(vec![Tensor::f32(&out, v)])
+        }
+        Data::I64(a) => {
+            let mut v = vec![0i64; numel(&out)];
+            for_each_broadcast(&out, &sa, &zero, |o, oa, _, n, ia, _| {
+                for j in 0..n {
+                    v[o + j] = a[oa + j * ia];
+                }
+            });
+            Ok(vec![Tensor::i64(&out, v)])
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! CPU kernels for every `dnn` op, forward and backward, keyed by op name.
+//!
+//! A kernel receives its operands and a [`Ctx`] (the op's attributes and the result types
+//! the IR declares) and returns its results. Kernels trust the verifier for structure
+//! (operand counts, attribute kinds, shapes) and check data-dependent facts themselves
+//! (token ids inside the table, targets inside the vocabulary).
+
+mod elementwise;
+mod linalg;
+mod nn;
+mod shape;
+
+use crate::tensor::{dims, Tensor};
+use nnscaler_dialects::types::{AttrValue, Attrs, TensorType};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub use linalg::gemm;
+
+/// What a kernel knows about its op besides the operands.
+#[derive(Clone, Copy, Debug)]
+pub struct Ctx<'a> {
+    /// The op's attributes.
+    pub attrs: &'a Attrs,
+    /// The result types the IR declares.
+    pub out: &'a [TensorType],
+}
+
+/// A kernel: operands in, results out; errors are messages without location.
+pub type Kernel = fn(&Ctx<'_>, &[&Tensor]) -> Result<Vec<Tensor>, String>;
+
+static THREADS: AtomicUsize = AtomicUsize::new(1);
+
+/// Sets how many threads the matrix products use (default 1).
+pub fn set_threads(n: usize) {
+    THREADS.store(n.max(1), Ordering::Relaxed);
+}
+
+pub(crate) fn threads() -> usize {
+    THREADS.load(Ordering::Relaxed)
+}
+
+impl Ctx<'_> {
+    pub(crate) fn int(&self, name: &str, default: i64) -> i64 {
+        match self.attrs.get(name) {
+            Some(AttrValue::Int(n)) => *n,
+            _ => default,
+        }
+    }
+
+    pub(crate) fn float(&self, name: &str, default: f64) -> f64 {
+        match self.attrs.get(name) {
+            Some(AttrValue::Float(x)) => *x,
+            Some(AttrValue::Int(n)) => *n as f64,
+            _ => default,
+        }
+    }
+
+    pub(crate) fn flag(&self, name: &str) -> bool {
+        matches!(
+            self.attrs.get(name),
+            Some(AttrValue::Bool(true) | AttrValue::Unit)
+        )
+    }
+
+    pub(crate) fn string<'s>(&'s self, name: &str, default: &'s str) -> &'s str {
+        match self.attrs.get(name) {
+            Some(AttrValue::Str(s)) => s,
+            _ => default,
+        }
+    }
+
+    pub(crate) fn ints(&self, name: &str) -> Vec<i64> {
+        match self.attrs.get(name) {
+            Some(AttrValue::Ints(v)) => v.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Shape of result `i`.
+    pub(crate) fn out_shape(&self, i: usize) -> Vec<usize> {
+        self.out.get(i).map(dims).unwrap_or_default()
+    }
+
+    /// Attribute `name` as a dimension of a rank-`rank` tensor (negative counts from the end).
+    pub(crate) fn dim(&self, name: &str, default: i64, rank: usize) -> usize {
+        norm_dim(self.int(name, default), rank)
+    }
+
+    /// The `dims` attribute, normalized and sorted.
+    pub(crate) fn dims(&self, rank: usize) -> Vec<usize> {
+        let mut v: Vec<usize> = self
+            .ints("dims")
+            .into_iter()
+            .map(|d| norm_dim(d, rank))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+pub(crate) fn norm_dim(d: i64, rank: usize) -> usize {
+    if d < 0 {
+        (d + rank as i64).max(0) as usize
+    } else {
+        d as usize
+    }
+}
+
+/// `(outer, n, inner)`: the shape seen as `[outer, n, inner]` around dimension `dim`.
+pub(crate) fn around(shape: &[usize], dim: usize) -> (usize, usize, usize) {
+    let outer = shape[..dim].iter().product();
+    let inner = shape[dim + 1..].iter().product();
+    (outer, shape[dim], inner)
+}
+
+/// The kernel of op `name`, if the runtime has one.
+pub fn kernel(name: &str) -> Option<Kernel> {
+    use elementwise as e;
+    Some(match name {
+        "dnn.matmul" => linalg::matmul,
+        "dnn.linear" => linalg::linear,
+        "dnn.attention" => linalg::attention,
+        "dnn.attention_grad" => linalg::attention_grad,
+        "dnn.add" => e::add,
+        "dnn.sub" => e::sub,
+        "dnn.mul" => e::mul,
+        "dnn.div" => e::div,
+        "dnn.neg" => e::neg,
+        "dnn.exp" => e::exp,
+        "dnn.log" => e::log,
+        "dnn.sqrt" => e::sqrt,
+        "dnn.rsqrt" => e::rsqrt,
+        "dnn.tanh" => e::tanh,
+        "dnn.gelu" => e::gelu,
+        "dnn.silu" => e::silu,
+        "dnn.relu" => e::relu,
+        "dnn.gelu_grad" => e::gelu_grad,
+        "dnn.silu_grad" => e::silu_grad,
+        "dnn.relu_grad" => e::relu_grad,
+        "dnn.tanh_grad" => e::tanh_grad,
+        "dnn.dropout" => e::dropout,
+        "dnn.fill" => e::fill,
+        "dnn.broadcast_to" => e::broadcast_to,
+        "dnn.softmax" => nn::softmax,
+        "dnn.log_softmax" => nn::log_softmax,
+        "dnn.softmax_grad" => nn::softmax_grad,
+        "dnn.log_softmax_grad" => nn::log_softmax_grad,
+        "dnn.layer_norm" => nn::layer_norm,
+        "dnn.layer_norm_grad" => nn::layer_norm_grad,
+        "dnn.rms_norm" => nn::rms_norm,
+        "dnn.rms_norm_grad" => nn::rms_norm_grad,
+        "dnn.embedding" => nn::embedding,
+        "dnn.embedding_grad" => nn::embedding_grad,
+        "dnn.rotary" => nn::rotary,
+        "dnn.rotary_grad" => nn::rotary_grad,
+        "dnn.cross_entropy" => nn::cross_entropy,
+        "dnn.cross_entropy_grad" => nn::cross_entropy_grad,
+        "dnn.reshape" => shape::reshape,
+        "dnn.transpose" => shape::transpose,
+        "dnn.slice" => shape::slice,
+        "dnn.pad" => shape::pad,
+        "dnn.concat" => shape::concat,
+        "dnn.split" => shape::split,
+        "dnn.sum" => shape::sum,
+        "dnn.mean" => shape::mean,
+        "dnn.max" => shape::max,
+        "dnn.max_grad" => shape::max_grad,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_dnn_op_has_a_kernel() {
+        let missing: Vec<&str> = nnscaler_dialects::dnn::SPECS
+            .iter()
+            .map(|s| s.name)
+            .filter(|n| super::kernel(n).is_none())
+            .collect();
+        assert!(missing.is_empty(), "ops without a CPU kernel: {missing:?}");
+    }
+}

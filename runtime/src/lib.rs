@@ -1,0 +1,18 @@
+//! The CPU reference runtime of nnscaler.
+//!
+//! * [`tensor`]: owned row-major tensors (f32 floats, i64 integers);
+//! * [`kernels`]: a CPU kernel for every `dnn` op, forward and backward, keyed by op name
+//!   (matrix products through the `gemm` crate);
+//! * [`interp`]: executes a [`nnscaler_dialects::graph::Graph`], binds named tensors to
+//!   arguments;
+//! * [`io`]: safetensors files; [`init`] and [`rng`]: seeded, order-independent random
+//!   numbers for parameters and dropout.
+pub mod init;
+pub mod interp;
+pub mod io;
+pub mod kernels;
+pub mod rng;
+pub mod tensor;
+
+pub use interp::{run, Options, RunError};
+pub use tensor::Tensor;

@@ -1,0 +1,215 @@
+//! `nnscaler run`: executes a function of a model on the CPU runtime, with tensors from and
+//! to safetensors files.
+
+use crate::{read_input, write_output_bytes};
+use nnscaler_dialects::context::IrContext;
+use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
+use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::types::Elem;
+use nnscaler_dialects::verify::verify_module;
+use nnscaler_dialects::view::top_level_ops;
+use nnscaler_passes::autodiff::differentiate;
+use nnscaler_runtime::interp::{bind, ParamSource};
+use nnscaler_runtime::{io, kernels, Options};
+use std::path::Path;
+
+/// Help text of `nnscaler run`.
+pub const HELP: &str = "\
+\x20 nnscaler run MODEL.mlir [--inputs IN.safetensors] [--params P.safetensors | --init-seed S]\n\
+\x20              -o OUT.safetensors [--func NAME] [--autodiff] [--save-params FILE]\n\
+\x20              [--check-finite] [--threads N]\n\
+\x20     Execute a function on the CPU reference runtime. Arguments are read by their\n\
+\x20     nns.name: inputs from --inputs, nns.param arguments from --params or drawn with\n\
+\x20     --init-seed (normal(0, 0.02); norm weights 1, biases 0; nns.init overrides).\n\
+\x20     Results are written under their nns.name (or out0, out1, ...).\n\
+\x20       --func NAME        the function to run (default: the only one, or @train)\n\
+\x20       --autodiff         differentiate first (as nnscaler-opt --autodiff): the results\n\
+\x20                          then include grad.<param> for every parameter\n\
+\x20       --save-params FILE write the parameters used (e.g. drawn with --init-seed)\n\
+\x20       --check-finite     stop at the first op producing NaN or Inf, naming it\n\
+\x20       --threads N        threads for matrix products (default 1)\n";
+
+#[derive(Debug, Default)]
+struct Args {
+    model: Option<String>,
+    inputs: Option<String>,
+    params: Option<String>,
+    seed: Option<u64>,
+    output: Option<String>,
+    func: Option<String>,
+    save_params: Option<String>,
+    autodiff: bool,
+    check_finite: bool,
+}
+
+fn parse_args(argv: &[String]) -> Result<Args, String> {
+    let mut a = Args::default();
+    let mut i = 0;
+    while i < argv.len() {
+        let flag = argv[i].clone();
+        i += 1;
+        let mut value = || -> Result<String, String> {
+            let v = argv
+                .get(i)
+                .cloned()
+                .ok_or(format!("{flag} needs a value"))?;
+            i += 1;
+            Ok(v)
+        };
+        match flag.as_str() {
+            "--inputs" => a.inputs = Some(value()?),
+            "--params" => a.params = Some(value()?),
+            "--init-seed" => {
+                let v = value()?;
+                a.seed =
+                    Some(v.parse().map_err(|_| {
+                        format!("--init-seed takes a non-negative integer, not '{v}'")
+                    })?);
+            }
+            "-o" | "--output" => a.output = Some(value()?),
+            "--func" => a.func = Some(value()?),
+            "--save-params" => a.save_params = Some(value()?),
+            "--autodiff" => a.autodiff = true,
+            "--check-finite" => a.check_finite = true,
+            "--threads" => {
+                let v = value()?;
+                let n: usize = v
+                    .parse()
+                    .map_err(|_| format!("--threads takes a positive integer, not '{v}'"))?;
+                kernels::set_threads(n);
+            }
+            s if s.starts_with('-') && s != "-" => {
+                return Err(format!("unknown option '{s}' (see nnscaler --help)"))
+            }
+            s if a.model.is_none() => a.model = Some(s.to_string()),
+            s => return Err(format!("unexpected argument '{s}'")),
+        }
+    }
+    if a.params.is_some() && a.seed.is_some() {
+        return Err("give either --params or --init-seed, not both".into());
+    }
+    Ok(a)
+}
+
+/// Runs `nnscaler run` with `argv` (after the subcommand). Errors are complete messages.
+pub fn main(argv: &[String]) -> Result<(), String> {
+    let a = parse_args(argv)?;
+    let model = a
+        .model
+        .clone()
+        .ok_or("run needs a model file (see nnscaler --help)")?;
+    let output = a.output.clone().ok_or("run needs -o OUT.safetensors")?;
+    let source = read_input(&model)?;
+    let ir = IrContext::new();
+    let render = |d: Diagnostics| -> String {
+        d.0.iter()
+            .map(|x| x.render(Some(&source)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let module = ir.parse(&source, &model).map_err(render)?;
+    let d = verify_module(&module);
+    if d.has_errors() {
+        return Err(render(d));
+    }
+    let mut funcs: Vec<Result<Graph, (SrcLoc, String)>> = Vec::new();
+    top_level_ops(&module, &mut |op| {
+        if op.name().as_string_ref().as_str() == Ok("func.func") {
+            funcs.push(Graph::from_func(op).map_err(|e| (e.loc, e.message)));
+        }
+    });
+    let name_of = |f: &Result<Graph, (SrcLoc, String)>| match f {
+        Ok(g) => g.name.clone(),
+        Err(_) => String::new(),
+    };
+    let names: Vec<String> = funcs.iter().map(name_of).collect();
+    let pick = match &a.func {
+        Some(f) => names.iter().position(|n| n == f).ok_or_else(|| {
+            format!(
+                "{model}: no function @{f} (functions: {})",
+                names.join(", ")
+            )
+        })?,
+        None if funcs.len() == 1 => 0,
+        None => names.iter().position(|n| n == "train").ok_or_else(|| {
+            format!(
+                "{model}: several functions ({}); choose one with --func",
+                names.join(", ")
+            )
+        })?,
+    };
+    let mut g = funcs.swap_remove(pick).map_err(|(loc, m)| {
+        let mut d = Diagnostics::default();
+        d.error(&loc, m);
+        render(d)
+    })?;
+    if a.autodiff {
+        g = differentiate(&g).map_err(|(loc, m)| {
+            let mut d = Diagnostics::default();
+            d.error(&loc, m);
+            render(d)
+        })?;
+    }
+    let has_params = g.args.iter().any(|x| x.is_param());
+    let params = match (&a.params, a.seed) {
+        (Some(p), _) => ParamSource::File(p.clone(), io::load(Path::new(p))?),
+        (None, Some(s)) => ParamSource::Seed(s),
+        (None, None) if has_params => {
+            return Err(format!(
+                "@{} has parameters: give --params FILE or --init-seed S",
+                g.name
+            ))
+        }
+        (None, None) => ParamSource::Seed(0),
+    };
+    let (inputs_file, stored) = match &a.inputs {
+        Some(f) => (f.clone(), io::load(Path::new(f))?),
+        None => ("(no --inputs)".to_string(), Vec::new()),
+    };
+    let values = bind(&g, &inputs_file, stored, &params)?;
+    if let Some(path) = &a.save_params {
+        let named: Vec<(String, Elem, &nnscaler_runtime::Tensor)> = g
+            .args
+            .iter()
+            .zip(&values)
+            .filter(|(x, _)| x.is_param())
+            .map(|(x, t)| {
+                (
+                    x.name().unwrap_or("").to_string(),
+                    g.values[x.value].elem,
+                    t,
+                )
+            })
+            .collect();
+        write_output_bytes(path, &io::to_bytes(&named)?)?;
+    }
+    let outs = nnscaler_runtime::run(
+        &g,
+        values,
+        &Options {
+            check_finite: a.check_finite,
+        },
+    )
+    .map_err(|e| {
+        let mut d = Diagnostics::default();
+        d.error(&e.loc, e.message);
+        render(d)
+    })?;
+    let named: Vec<(String, Elem, &nnscaler_runtime::Tensor)> = g
+        .outputs
+        .iter()
+        .zip(&outs)
+        .enumerate()
+        .map(|(i, (o, t))| {
+            (
+                o.name()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| format!("out{i}")),
+                g.values[o.value].elem,
+                t,
+            )
+        })
+        .collect();
+    write_output_bytes(&output, &io::to_bytes(&named)?)?;
+    Ok(())
+}
