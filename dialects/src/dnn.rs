@@ -331,7 +331,17 @@ fn reshape_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
             outs.extend(gj.iter().map(i64::to_string));
         }
     }
-    Ok(format!("{} -> {}", join(&ins), join(&outs)))
+    Ok(format!("{} -> {}", operand(&ins), join(&outs)))
+}
+
+/// A single operand's annotation entry: its identifiers, or `?` for a scalar (an operand
+/// that is never split; an empty entry would read as "no operands").
+fn operand(ids: &[String]) -> String {
+    if ids.is_empty() {
+        "?".into()
+    } else {
+        join(ids)
+    }
 }
 
 fn transpose_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
@@ -530,7 +540,7 @@ fn broadcast_to_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
             }
         })
         .collect();
-    Ok(format!("{} -> {}", join(&ins), join(&outs)))
+    Ok(format!("{} -> {}", operand(&ins), join(&outs)))
 }
 
 /// Attention over `[b, h, s, d]` queries and `[b, g, t, d]` keys/values; `g` divides `h`

@@ -219,6 +219,13 @@ impl Graph {
         Ok(g)
     }
 
+    /// Appends an argument of type `ty` with `attrs`.
+    pub fn add_arg(&mut self, ty: TensorType, attrs: Attrs) -> ValueId {
+        let value = self.new_value(ty);
+        self.args.push(Arg { value, attrs });
+        value
+    }
+
     /// Adds a value of type `ty`.
     pub fn new_value(&mut self, ty: TensorType) -> ValueId {
         self.values.push(ty);

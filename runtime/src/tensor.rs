@@ -150,6 +150,30 @@ impl Tensor {
         s
     }
 
+    /// `max |a - b| / max |b|`: the error relative to the reference's largest magnitude
+    /// (0 when both are all zeros); `None` if the shapes or kinds differ.
+    pub fn rel_err(&self, reference: &Tensor) -> Option<f64> {
+        if self.shape != reference.shape {
+            return None;
+        }
+        match (&self.data, &reference.data) {
+            (Data::F32(a), Data::F32(b)) => {
+                let scale = b.iter().map(|x| f64::from(x.abs())).fold(0.0, f64::max);
+                let diff = a
+                    .iter()
+                    .zip(b)
+                    .map(|(x, y)| {
+                        let d = f64::from(*x) - f64::from(*y);
+                        if d.is_nan() { f64::INFINITY } else { d.abs() }
+                    })
+                    .fold(0.0, f64::max);
+                Some(if diff == 0.0 { 0.0 } else { diff / scale.max(f64::MIN_POSITIVE) })
+            }
+            (Data::I64(a), Data::I64(b)) => Some(if a == b { 0.0 } else { f64::INFINITY }),
+            _ => None,
+        }
+    }
+
     /// The largest `|a - b| / max(|b|, floor)` over all elements, with `floor` guarding
     /// near-zero references; `None` if the shapes or kinds differ.
     pub fn max_rel_err(&self, reference: &Tensor, floor: f32) -> Option<f32> {

@@ -27,7 +27,7 @@ def load(path):
 def save(path, tensors):
     header, blobs, off = {}, [], 0
     for name in sorted(tensors):
-        arr = np.ascontiguousarray(tensors[name])
+        arr = np.asarray(tensors[name])
         data = arr.tobytes()
         header[name] = {
             "dtype": _NAME[arr.dtype],
