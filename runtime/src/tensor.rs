@@ -164,10 +164,18 @@ impl Tensor {
                     .zip(b)
                     .map(|(x, y)| {
                         let d = f64::from(*x) - f64::from(*y);
-                        if d.is_nan() { f64::INFINITY } else { d.abs() }
+                        if d.is_nan() {
+                            f64::INFINITY
+                        } else {
+                            d.abs()
+                        }
                     })
                     .fold(0.0, f64::max);
-                Some(if diff == 0.0 { 0.0 } else { diff / scale.max(f64::MIN_POSITIVE) })
+                Some(if diff == 0.0 {
+                    0.0
+                } else {
+                    diff / scale.max(f64::MIN_POSITIVE)
+                })
             }
             (Data::I64(a), Data::I64(b)) => Some(if a == b { 0.0 } else { f64::INFINITY }),
             _ => None,

@@ -62,14 +62,38 @@ const P: Gen = Gen::Positive;
 fn cases() -> Vec<Case> {
     let mut v = vec![
         case("dnn.matmul", &[(&[3, 5], N), (&[5, 7], N)], &[]),
-        case("dnn.matmul", &[(&[5, 3], N), (&[5, 7], N)], &[("transpose_a", b(true))]),
-        case("dnn.matmul", &[(&[3, 5], N), (&[7, 5], N)], &[("transpose_b", b(true))]),
+        case(
+            "dnn.matmul",
+            &[(&[5, 3], N), (&[5, 7], N)],
+            &[("transpose_a", b(true))],
+        ),
+        case(
+            "dnn.matmul",
+            &[(&[3, 5], N), (&[7, 5], N)],
+            &[("transpose_b", b(true))],
+        ),
         case("dnn.matmul", &[(&[2, 3, 5], N), (&[2, 5, 4], N)], &[]),
         case("dnn.matmul", &[(&[2, 3, 5], N), (&[5, 4], N)], &[]),
-        case("dnn.matmul", &[(&[2, 5, 3], N), (&[2, 4, 5], N)], &[("transpose_a", b(true)), ("transpose_b", b(true))]),
-        case("dnn.matmul", &[(&[2, 5, 3], N), (&[5, 4], N)], &[("transpose_a", b(true))]),
-        case("dnn.matmul", &[(&[2, 3, 5], N), (&[4, 5], N)], &[("transpose_b", b(true))]),
-        case("dnn.linear", &[(&[2, 3, 5], N), (&[7, 5], N), (&[7], N)], &[]),
+        case(
+            "dnn.matmul",
+            &[(&[2, 5, 3], N), (&[2, 4, 5], N)],
+            &[("transpose_a", b(true)), ("transpose_b", b(true))],
+        ),
+        case(
+            "dnn.matmul",
+            &[(&[2, 5, 3], N), (&[5, 4], N)],
+            &[("transpose_a", b(true))],
+        ),
+        case(
+            "dnn.matmul",
+            &[(&[2, 3, 5], N), (&[4, 5], N)],
+            &[("transpose_b", b(true))],
+        ),
+        case(
+            "dnn.linear",
+            &[(&[2, 3, 5], N), (&[7, 5], N), (&[7], N)],
+            &[],
+        ),
         case("dnn.linear", &[(&[4, 5], N), (&[3, 5], N)], &[]),
         case("dnn.add", &[(&[2, 3], N), (&[3], N)], &[]),
         case("dnn.add", &[(&[2, 1, 4], N), (&[3, 1], N)], &[]),
@@ -84,32 +108,116 @@ fn cases() -> Vec<Case> {
         case("dnn.softmax", &[(&[2, 3, 5], N)], &[("dim", i(1))]),
         case("dnn.log_softmax", &[(&[4, 3], N)], &[("dim", i(0))]),
         case("dnn.log_softmax", &[(&[2, 9], N)], &[]),
-        case("dnn.layer_norm", &[(&[2, 3, 8], N), (&[8], N), (&[8], N)], &[("eps", f(1e-5))]),
-        case("dnn.rms_norm", &[(&[3, 6], N), (&[6], N)], &[("eps", f(1e-6))]),
-        case("dnn.embedding", &[(&[2, 3], Gen::Below(11)), (&[11, 4], N)], &[]),
-        case("dnn.reshape", &[(&[2, 3, 4], N)], &[("shape", ints(&[6, 4]))]),
-        case("dnn.transpose", &[(&[2, 3, 4], N)], &[("perm", ints(&[2, 0, 1]))]),
+        case(
+            "dnn.layer_norm",
+            &[(&[2, 3, 8], N), (&[8], N), (&[8], N)],
+            &[("eps", f(1e-5))],
+        ),
+        case(
+            "dnn.rms_norm",
+            &[(&[3, 6], N), (&[6], N)],
+            &[("eps", f(1e-6))],
+        ),
+        case(
+            "dnn.embedding",
+            &[(&[2, 3], Gen::Below(11)), (&[11, 4], N)],
+            &[],
+        ),
+        case(
+            "dnn.reshape",
+            &[(&[2, 3, 4], N)],
+            &[("shape", ints(&[6, 4]))],
+        ),
+        case(
+            "dnn.transpose",
+            &[(&[2, 3, 4], N)],
+            &[("perm", ints(&[2, 0, 1]))],
+        ),
         case("dnn.transpose", &[(&[3, 5], N)], &[("perm", ints(&[1, 0]))]),
-        case("dnn.slice", &[(&[3, 5], N)], &[("dim", i(1)), ("start", i(1)), ("end", i(4))]),
-        case("dnn.slice", &[(&[4, 2, 3], N)], &[("dim", i(0)), ("start", i(0)), ("end", i(3))]),
-        case("dnn.pad", &[(&[2, 3], N)], &[("dim", i(1)), ("before", i(1)), ("after", i(2))]),
-        case("dnn.concat", &[(&[2, 3], N), (&[2, 2], N)], &[("dim", i(1))]),
-        case("dnn.concat", &[(&[1, 3], N), (&[2, 3], N), (&[3, 3], N)], &[("dim", i(0))]),
-        case("dnn.split", &[(&[5, 4], N)], &[("dim", i(0)), ("sizes", ints(&[2, 3]))]),
-        case("dnn.split", &[(&[2, 6, 3], N)], &[("dim", i(1)), ("sizes", ints(&[1, 2, 3]))]),
+        case(
+            "dnn.slice",
+            &[(&[3, 5], N)],
+            &[("dim", i(1)), ("start", i(1)), ("end", i(4))],
+        ),
+        case(
+            "dnn.slice",
+            &[(&[4, 2, 3], N)],
+            &[("dim", i(0)), ("start", i(0)), ("end", i(3))],
+        ),
+        case(
+            "dnn.pad",
+            &[(&[2, 3], N)],
+            &[("dim", i(1)), ("before", i(1)), ("after", i(2))],
+        ),
+        case(
+            "dnn.concat",
+            &[(&[2, 3], N), (&[2, 2], N)],
+            &[("dim", i(1))],
+        ),
+        case(
+            "dnn.concat",
+            &[(&[1, 3], N), (&[2, 3], N), (&[3, 3], N)],
+            &[("dim", i(0))],
+        ),
+        case(
+            "dnn.split",
+            &[(&[5, 4], N)],
+            &[("dim", i(0)), ("sizes", ints(&[2, 3]))],
+        ),
+        case(
+            "dnn.split",
+            &[(&[2, 6, 3], N)],
+            &[("dim", i(1)), ("sizes", ints(&[1, 2, 3]))],
+        ),
         case("dnn.sum", &[(&[2, 3, 4], N)], &[("dims", ints(&[1]))]),
-        case("dnn.sum", &[(&[2, 3, 4], N)], &[("dims", ints(&[0, 2])), ("keepdim", b(true))]),
-        case("dnn.mean", &[(&[3, 5], N)], &[("dims", ints(&[1])), ("keepdim", b(true))]),
+        case(
+            "dnn.sum",
+            &[(&[2, 3, 4], N)],
+            &[("dims", ints(&[0, 2])), ("keepdim", b(true))],
+        ),
+        case(
+            "dnn.mean",
+            &[(&[3, 5], N)],
+            &[("dims", ints(&[1])), ("keepdim", b(true))],
+        ),
         case("dnn.mean", &[(&[3, 5], N)], &[("dims", ints(&[0, 1]))]),
         case("dnn.max", &[(&[3, 5], N)], &[("dims", ints(&[1]))]),
-        case("dnn.max", &[(&[2, 3, 4], N)], &[("dims", ints(&[0, 2])), ("keepdim", b(true))]),
-        case("dnn.broadcast_to", &[(&[3, 1], N)], &[("shape", ints(&[2, 3, 4]))]),
-        case("dnn.attention", &[(&[2, 2, 5, 4], N), (&[2, 2, 5, 4], N), (&[2, 2, 5, 3], N)], &[]),
-        case("dnn.attention", &[(&[2, 2, 5, 4], N), (&[2, 2, 7, 4], N), (&[2, 2, 7, 3], N)], &[("causal", b(true))]),
-        case("dnn.attention", &[(&[1, 4, 6, 4], N), (&[1, 2, 6, 4], N), (&[1, 2, 6, 4], N)], &[("causal", b(true)), ("scale", f(0.3))]),
+        case(
+            "dnn.max",
+            &[(&[2, 3, 4], N)],
+            &[("dims", ints(&[0, 2])), ("keepdim", b(true))],
+        ),
+        case(
+            "dnn.broadcast_to",
+            &[(&[3, 1], N)],
+            &[("shape", ints(&[2, 3, 4]))],
+        ),
+        case(
+            "dnn.attention",
+            &[(&[2, 2, 5, 4], N), (&[2, 2, 5, 4], N), (&[2, 2, 5, 3], N)],
+            &[],
+        ),
+        case(
+            "dnn.attention",
+            &[(&[2, 2, 5, 4], N), (&[2, 2, 7, 4], N), (&[2, 2, 7, 3], N)],
+            &[("causal", b(true))],
+        ),
+        case(
+            "dnn.attention",
+            &[(&[1, 4, 6, 4], N), (&[1, 2, 6, 4], N), (&[1, 2, 6, 4], N)],
+            &[("causal", b(true)), ("scale", f(0.3))],
+        ),
         case("dnn.rotary", &[(&[1, 2, 5, 6], N)], &[]),
-        case("dnn.rotary", &[(&[2, 1, 7, 8], N)], &[("theta", f(500000.0))]),
-        case("dnn.cross_entropy", &[(&[7, 5], N), (&[7], Gen::Below(5))], &[]),
+        case(
+            "dnn.rotary",
+            &[(&[2, 1, 7, 8], N)],
+            &[("theta", f(500000.0))],
+        ),
+        case(
+            "dnn.cross_entropy",
+            &[(&[7, 5], N), (&[7], Gen::Below(5))],
+            &[],
+        ),
     ];
     for op in ["dnn.neg", "dnn.exp", "dnn.tanh", "dnn.silu", "dnn.relu"] {
         v.push(case(op, &[(&[3, 7], N)], &[]));
@@ -125,12 +233,17 @@ fn gen(shape: &[i64], g: Gen, seed: u64, stream: u64) -> Tensor {
     let t = common::normal(&dims, seed, stream);
     match g {
         Gen::Normal => t,
-        Gen::Positive => Tensor::f32(&dims, t.f().unwrap().iter().map(|x| x.abs() + 0.5).collect()),
+        Gen::Positive => Tensor::f32(
+            &dims,
+            t.f().unwrap().iter().map(|x| x.abs() + 0.5).collect(),
+        ),
         Gen::Below(n) => {
             let count: usize = dims.iter().product();
             Tensor::i64(
                 &dims,
-                (0..count as u64).map(|k| (rng::bits(seed, stream, k) % n as u64) as i64).collect(),
+                (0..count as u64)
+                    .map(|k| (rng::bits(seed, stream, k) % n as u64) as i64)
+                    .collect(),
             )
         }
     }
@@ -158,8 +271,14 @@ fn build(c: &Case) -> (Graph, usize) {
         let elem = if float { Elem::F32 } else { Elem::I64 };
         xs.push(g.add_arg(TensorType::new(shape, elem), named(&format!("x{k}"), float)));
     }
-    let attrs: Attrs = c.attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-    let ys = g.add(c.op, &xs, attrs, &loc).unwrap_or_else(|e| panic!("{}: {e}", c.op));
+    let attrs: Attrs = c
+        .attrs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    let ys = g
+        .add(c.op, &xs, attrs, &loc)
+        .unwrap_or_else(|e| panic!("{}: {e}", c.op));
     let mut loss: Option<ValueId> = None;
     for (k, &y) in ys.iter().enumerate() {
         let ty = g.values[y].clone();
@@ -169,7 +288,10 @@ fn build(c: &Case) -> (Graph, usize) {
             p
         } else {
             let mut a = Attrs::new();
-            a.insert("dims".into(), AttrValue::Ints((0..ty.shape.len() as i64).collect()));
+            a.insert(
+                "dims".into(),
+                AttrValue::Ints((0..ty.shape.len() as i64).collect()),
+            );
             g.add1("dnn.sum", &[p], a, &loc).unwrap()
         };
         loss = Some(match loss {
@@ -177,9 +299,15 @@ fn build(c: &Case) -> (Graph, usize) {
             Some(l) => g.add1("dnn.add", &[l, sc], Attrs::new(), &loc).unwrap(),
         });
     }
-    g.outputs.push(Output { value: loss.unwrap(), attrs: named("loss", false) });
+    g.outputs.push(Output {
+        value: loss.unwrap(),
+        attrs: named("loss", false),
+    });
     for (k, &y) in ys.iter().enumerate() {
-        g.outputs.push(Output { value: y, attrs: named(&format!("y{k}"), false) });
+        g.outputs.push(Output {
+            value: y,
+            attrs: named(&format!("y{k}"), false),
+        });
     }
     (g, ys.len())
 }
@@ -212,9 +340,15 @@ fn finite_differences(c: &Case, fwd: &Graph, inputs: &[Tensor], grads: &[(usize,
     let mut worst = 0.0f64;
     for (arg, grad) in grads {
         let gv = grad.f().unwrap();
-        let scale = gv.iter().map(|x| f64::from(x.abs())).fold(0.0, f64::max).max(1e-3);
+        let scale = gv
+            .iter()
+            .map(|x| f64::from(x.abs()))
+            .fold(0.0, f64::max)
+            .max(1e-3);
         let n = gv.len();
-        let picks: Vec<usize> = (0..n.min(5)).map(|j| (rng::bits(9, *arg as u64, j as u64) % n as u64) as usize).collect();
+        let picks: Vec<usize> = (0..n.min(5))
+            .map(|j| (rng::bits(9, *arg as u64, j as u64) % n as u64) as usize)
+            .collect();
         for j in picks {
             let x = inputs[*arg].f().unwrap()[j];
             let h = 1e-2f32 * x.abs().max(1.0);
@@ -236,7 +370,9 @@ fn finite_differences(c: &Case, fwd: &Graph, inputs: &[Tensor], grads: &[(usize,
             assert!(
                 err < 2e-2,
                 "{} {:?}: d loss / d x{arg}[{j}]: finite difference {fd}, autodiff {}",
-                c.op, c.attrs, gv[j]
+                c.op,
+                c.attrs,
+                gv[j]
             );
             worst = worst.max(err);
         }
@@ -266,7 +402,10 @@ fn ops_match_pytorch_and_finite_differences() {
             .collect();
         let grads: Vec<(usize, Tensor)> = named
             .iter()
-            .filter_map(|(n, t)| n.strip_prefix("grad.x").map(|k| (k.parse().unwrap(), t.clone())))
+            .filter_map(|(n, t)| {
+                n.strip_prefix("grad.x")
+                    .map(|k| (k.parse().unwrap(), t.clone()))
+            })
             .collect();
         fd_worst = fd_worst.max(finite_differences(c, &fwd, &inputs, &grads));
         let files: Vec<(String, Elem, &Tensor)> = fwd
@@ -275,7 +414,11 @@ fn ops_match_pytorch_and_finite_differences() {
             .zip(&inputs)
             .map(|(a, t)| (a.name().unwrap().to_string(), fwd.values[a.value].elem, t))
             .collect();
-        std::fs::write(dir.join(format!("case{id}.in.safetensors")), io::to_bytes(&files).unwrap()).unwrap();
+        std::fs::write(
+            dir.join(format!("case{id}.in.safetensors")),
+            io::to_bytes(&files).unwrap(),
+        )
+        .unwrap();
         let attrs: serde_json::Map<String, serde_json::Value> = c
             .attrs
             .iter()
@@ -291,10 +434,16 @@ fn ops_match_pytorch_and_finite_differences() {
                 (k.to_string(), j)
             })
             .collect();
-        manifest.push(serde_json::json!({"id": id, "op": c.op, "attrs": attrs, "operands": c.operands.len()}));
+        manifest.push(
+            serde_json::json!({"id": id, "op": c.op, "attrs": attrs, "operands": c.operands.len()}),
+        );
         ours.push(named);
     }
-    std::fs::write(dir.join("manifest.json"), serde_json::to_string(&manifest).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("manifest.json"),
+        serde_json::to_string(&manifest).unwrap(),
+    )
+    .unwrap();
     common::run_oracle("ops.py", &[&dir]);
     let mut worst = (0.0f64, String::new());
     let mut failures = Vec::new();
@@ -306,13 +455,21 @@ fn ops_match_pytorch_and_finite_differences() {
                 .find(|s| &s.name == name)
                 .unwrap_or_else(|| panic!("{}: torch did not produce '{name}'", c.op));
             let err = t.rel_err(&r.tensor).unwrap_or_else(|| {
-                panic!("{} {name}: ours {} vs torch {}", c.op, t.describe(), r.tensor.describe())
+                panic!(
+                    "{} {name}: ours {} vs torch {}",
+                    c.op,
+                    t.describe(),
+                    r.tensor.describe()
+                )
             });
             if err > worst.0 {
                 worst = (err, format!("{} {:?} {name}", c.op, c.attrs));
             }
             if err > 1e-5 {
-                failures.push(format!("{} {:?} {name}: relative error {err:.2e}", c.op, c.attrs));
+                failures.push(format!(
+                    "{} {:?} {name}: relative error {err:.2e}",
+                    c.op, c.attrs
+                ));
             }
         }
     }
@@ -323,12 +480,20 @@ fn ops_match_pytorch_and_finite_differences() {
         worst.1,
         fd_worst
     );
-    assert!(failures.is_empty(), "ops disagree with PyTorch:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "ops disagree with PyTorch:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
 fn dropout_is_seeded_scaled_and_differentiates_with_its_mask() {
-    let c = case("dnn.dropout", &[(&[64, 50], N)], &[("p", f(0.25)), ("seed", i(7))]);
+    let c = case(
+        "dnn.dropout",
+        &[(&[64, 50], N)],
+        &[("p", f(0.25)), ("seed", i(7))],
+    );
     let (fwd, _) = build(&c);
     let bwd = differentiate(&fwd).unwrap();
     let inputs = inputs_for(&c, &fwd, 5);
@@ -343,7 +508,10 @@ fn dropout_is_seeded_scaled_and_differentiates_with_its_mask() {
         if y[k] != 0.0 {
             kept += 1;
             assert!((y[k] - x[k] / 0.75).abs() < 1e-6);
-            assert!((g[k] - w[k] / 0.75).abs() < 1e-6, "kept elements pass dy / (1 - p)");
+            assert!(
+                (g[k] - w[k] / 0.75).abs() < 1e-6,
+                "kept elements pass dy / (1 - p)"
+            );
         } else {
             assert_eq!(g[k], 0.0, "dropped elements get no gradient");
         }

@@ -62,6 +62,8 @@ pub fn normal(shape: &[usize], seed: u64, stream: u64) -> Tensor {
     let n: usize = shape.iter().product();
     Tensor::f32(
         shape,
-        (0..n as u64).map(|i| rng::normal(seed, stream, i) as f32).collect(),
+        (0..n as u64)
+            .map(|i| rng::normal(seed, stream, i) as f32)
+            .collect(),
     )
 }

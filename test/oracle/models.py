@@ -1,0 +1,113 @@
+"""PyTorch implementations of the zoo models (MLP, GPT, Llama), written independently of
+nnscaler, for the whole-model oracle test.
+
+usage: models.py DIR   (DIR/config.json: {"family": ..., sizes...}; DIR/params.safetensors
+and DIR/inputs.safetensors hold the weights and the batch). Writes DIR/torch.safetensors
+with "loss" and "grad.<param>" for every parameter.
+"""
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st  # noqa: E402
+
+
+def mlp(p, inp, c):
+    h = inp["x"]
+    for i in range(c["layers"]):
+        h = F.relu(F.linear(h, p[f"layers.{i}.weight"], p[f"layers.{i}.bias"]))
+    logits = F.linear(h, p["head.weight"], p["head.bias"])
+    return F.cross_entropy(logits, inp["labels"])
+
+
+def causal_attention(q, k, v):
+    t = q.shape[-2]
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    mask = torch.ones(t, t, dtype=torch.bool).tril()
+    return s.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+
+
+def gpt(p, inp, c):
+    tok = inp["tokens"]
+    b, t = tok.shape
+    nh = c["heads"]
+    x = F.embedding(tok, p["wte"]) + p["wpe"]
+    for i in range(c["layers"]):
+        q = lambda n: p[f"h.{i}.{n}"]  # noqa: E731
+        h = F.layer_norm(x, x.shape[-1:], q("ln_1.weight"), q("ln_1.bias"), 1e-5)
+        heads = []
+        for n in "qkv":
+            y = F.linear(h, q(f"attn.{n}.weight"), q(f"attn.{n}.bias"))
+            heads.append(y.view(b, t, nh, -1).transpose(1, 2))
+        a = causal_attention(*heads).transpose(1, 2).reshape(b, t, -1)
+        x = x + F.linear(a, q("attn.proj.weight"), q("attn.proj.bias"))
+        h = F.layer_norm(x, x.shape[-1:], q("ln_2.weight"), q("ln_2.bias"), 1e-5)
+        h = F.gelu(F.linear(h, q("mlp.fc.weight"), q("mlp.fc.bias")))
+        x = x + F.linear(h, q("mlp.proj.weight"), q("mlp.proj.bias"))
+    x = F.layer_norm(x, x.shape[-1:], p["ln_f.weight"], p["ln_f.bias"], 1e-5)
+    logits = F.linear(x, p["wte"])
+    return F.cross_entropy(logits.reshape(b * t, -1), inp["targets"].reshape(-1))
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, theta):
+    t, d = x.shape[-2], x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None, :]
+    emb = torch.cat([ang, ang], dim=-1)
+    cos, sin = emb.cos().float(), emb.sin().float()
+    half = d // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rot * sin
+
+
+def llama(p, inp, c):
+    tok = inp["tokens"]
+    b, t = tok.shape
+    nh, nkv, eps, theta = c["heads"], c["kv_heads"], c["norm_eps"], c["rope_theta"]
+    x = F.embedding(tok, p["embed_tokens.weight"])
+    for i in range(c["layers"]):
+        q = lambda n: p[f"layers.{i}.{n}"]  # noqa: E731
+        h = rms_norm(x, q("input_layernorm.weight"), eps)
+        qs = F.linear(h, q("self_attn.q_proj.weight")).view(b, t, nh, -1).transpose(1, 2)
+        ks = F.linear(h, q("self_attn.k_proj.weight")).view(b, t, nkv, -1).transpose(1, 2)
+        vs = F.linear(h, q("self_attn.v_proj.weight")).view(b, t, nkv, -1).transpose(1, 2)
+        qs, ks = rope(qs, theta), rope(ks, theta)
+        ks = ks.repeat_interleave(nh // nkv, dim=1)
+        vs = vs.repeat_interleave(nh // nkv, dim=1)
+        a = causal_attention(qs, ks, vs).transpose(1, 2).reshape(b, t, -1)
+        x = x + F.linear(a, q("self_attn.o_proj.weight"))
+        h = rms_norm(x, q("post_attention_layernorm.weight"), eps)
+        g = F.silu(F.linear(h, q("mlp.gate_proj.weight")))
+        x = x + F.linear(g * F.linear(h, q("mlp.up_proj.weight")), q("mlp.down_proj.weight"))
+    x = rms_norm(x, p["norm.weight"], eps)
+    logits = F.linear(x, p["lm_head.weight"])
+    return F.cross_entropy(logits.reshape(b * t, -1), inp["targets"].reshape(-1))
+
+
+def main(d):
+    with open(os.path.join(d, "config.json")) as f:
+        c = json.load(f)
+    torch.set_num_threads(1)
+    params = {k: torch.from_numpy(v).requires_grad_(True)
+              for k, v in st.load(os.path.join(d, "params.safetensors")).items()}
+    inputs = {k: torch.from_numpy(v) for k, v in st.load(os.path.join(d, "inputs.safetensors")).items()}
+    loss = {"mlp": mlp, "gpt": gpt, "llama": llama}[c["family"]](params, inputs, c)
+    names = sorted(params)
+    grads = torch.autograd.grad(loss, [params[n] for n in names])
+    out = {"loss": loss.detach().numpy()}
+    for n, g in zip(names, grads):
+        out[f"grad.{n}"] = g.numpy()
+    st.save(os.path.join(d, "torch.safetensors"), out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
