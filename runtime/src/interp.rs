@@ -25,8 +25,54 @@ pub struct Options {
     pub check_finite: bool,
 }
 
+/// Time spent per op name, accumulated over runs.
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    /// `(op name, calls, seconds)`, in first-seen order.
+    pub ops: Vec<(String, usize, f64)>,
+}
+
+impl Profile {
+    fn add(&mut self, op: &str, secs: f64) {
+        match self.ops.iter_mut().find(|(n, _, _)| n == op) {
+            Some(e) => {
+                e.1 += 1;
+                e.2 += secs;
+            }
+            None => self.ops.push((op.to_string(), 1, secs)),
+        }
+    }
+
+    /// A table of ops by total time, largest first.
+    pub fn report(&self) -> String {
+        let mut v = self.ops.clone();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2));
+        let total: f64 = v.iter().map(|e| e.2).sum();
+        let mut s = format!("{:<26} {:>7} {:>10} {:>6}\n", "op", "calls", "ms", "%");
+        for (n, c, t) in v {
+            s += &format!(
+                "{n:<26} {c:>7} {:>10.3} {:>5.1}%\n",
+                t * 1e3,
+                100.0 * t / total.max(1e-12)
+            );
+        }
+        s += &format!("{:<26} {:>7} {:>10.3}\n", "total", "", total * 1e3);
+        s
+    }
+}
+
 /// Runs `g` on `inputs` (one per argument, in order) and returns its results.
 pub fn run(g: &Graph, inputs: Vec<Tensor>, opts: &Options) -> Result<Vec<Tensor>, RunError> {
+    run_profiled(g, inputs, opts, None)
+}
+
+/// [`run`], adding each op's time to `profile` when given.
+pub fn run_profiled(
+    g: &Graph,
+    inputs: Vec<Tensor>,
+    opts: &Options,
+    mut profile: Option<&mut Profile>,
+) -> Result<Vec<Tensor>, RunError> {
     let fail = |loc: &SrcLoc, message: String| RunError {
         loc: loc.clone(),
         message,
@@ -67,6 +113,14 @@ pub fn run(g: &Graph, inputs: Vec<Tensor>, opts: &Options) -> Result<Vec<Tensor>
         vals[a.value] = Some(t);
     }
     for (k, n) in g.nodes.iter().enumerate() {
+        if n.op == "dnn.reshape" && last_use[n.inputs[0]] == k {
+            // The input dies here: reuse its buffer instead of copying it.
+            let t = vals[n.inputs[0]]
+                .take()
+                .expect("inputs are computed before use");
+            vals[n.outputs[0]] = Some(t.reshaped(&tensor::dims(&g.values[n.outputs[0]])));
+            continue;
+        }
         let f = kernel(&n.op).ok_or_else(|| {
             fail(
                 &n.loc,
@@ -83,7 +137,11 @@ pub fn run(g: &Graph, inputs: Vec<Tensor>, opts: &Options) -> Result<Vec<Tensor>
             attrs: &n.attrs,
             out: &out_types,
         };
+        let start = profile.as_ref().map(|_| std::time::Instant::now());
         let outs = f(&ctx, &ins).map_err(|e| fail(&n.loc, format!("'{}': {e}", n.op)))?;
+        if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
+            p.add(&n.op, t.elapsed().as_secs_f64());
+        }
         if outs.len() != n.outputs.len() {
             return Err(fail(
                 &n.loc,

@@ -14,5 +14,5 @@ pub mod kernels;
 pub mod rng;
 pub mod tensor;
 
-pub use interp::{run, Options, RunError};
+pub use interp::{run, run_profiled, Options, Profile, RunError};
 pub use tensor::Tensor;

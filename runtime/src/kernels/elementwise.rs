@@ -62,8 +62,7 @@ fn binary(
     let (a, b) = (x[0].f()?, x[1].f()?);
     let out = ctx.out_shape(0);
     if x[0].shape == out && x[1].shape == out {
-        let v = a.iter().zip(b).map(|(&p, &q)| f(p, q)).collect();
-        return Ok(vec![Tensor::f32(&out, v)]);
+        return Ok(vec![Tensor::f32(&out, map2(a, b, f))]);
     }
     if x[0].shape == out && b.len() == 1 {
         let q = b[0];
@@ -96,22 +95,24 @@ pub(super) fn div(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     binary(c, x, |p, q| p / q)
 }
 
-fn unary(x: &Tensor, f: impl Fn(f32) -> f32) -> Result<Vec<Tensor>, String> {
-    let v = x.f()?.iter().map(|&p| f(p)).collect();
-    Ok(vec![Tensor::f32(&x.shape, v)])
+fn unary(x: &Tensor, f: impl Fn(f32) -> f32 + Copy) -> Result<Vec<Tensor>, String> {
+    Ok(vec![Tensor::f32(&x.shape, map1(x.f()?, f))])
 }
 
 /// `dy`-weighted elementwise derivative: `dx = dy * f(x)`.
-fn grad(dy: &Tensor, x: &Tensor, f: impl Fn(f32, f32) -> f32) -> Result<Vec<Tensor>, String> {
-    let v = dy.f()?.iter().zip(x.f()?).map(|(&d, &p)| f(d, p)).collect();
-    Ok(vec![Tensor::f32(&x.shape, v)])
+fn grad(
+    dy: &Tensor,
+    x: &Tensor,
+    f: impl Fn(f32, f32) -> f32 + Copy,
+) -> Result<Vec<Tensor>, String> {
+    Ok(vec![Tensor::f32(&x.shape, map2(dy.f()?, x.f()?, f))])
 }
 
 pub(super) fn neg(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     unary(x[0], |p| -p)
 }
 pub(super) fn exp(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
-    unary(x[0], f32::exp)
+    unary(x[0], fast_exp)
 }
 pub(super) fn log(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     unary(x[0], f32::ln)
@@ -129,15 +130,14 @@ pub(super) fn relu(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     unary(x[0], |p| p.max(0.0))
 }
 
-fn sigmoid(p: f32) -> f32 {
-    1.0 / (1.0 + (-p).exp())
-}
+use super::math::{erf_and_gauss, exp as fast_exp, map1, map2, sigmoid};
 
 pub(super) fn silu(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     unary(x[0], |p| p * sigmoid(p))
 }
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+
 const GELU_C: f32 = 0.044_715;
 
 pub(super) fn gelu(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
@@ -147,7 +147,7 @@ pub(super) fn gelu(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         })
     } else {
         unary(x[0], |p| {
-            0.5 * p * (1.0 + libm::erff(p * std::f32::consts::FRAC_1_SQRT_2))
+            0.5 * p * (1.0 + erf_and_gauss(p * std::f32::consts::FRAC_1_SQRT_2).0)
         })
     }
 }
@@ -162,9 +162,9 @@ pub(super) fn gelu_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, Strin
     } else {
         const INV_SQRT_2PI: f32 = 0.398_942_3;
         grad(x[0], x[1], |d, p| {
-            let cdf = 0.5 * (1.0 + libm::erff(p * std::f32::consts::FRAC_1_SQRT_2));
-            let pdf = INV_SQRT_2PI * (-0.5 * p * p).exp();
-            d * (cdf + p * pdf)
+            // erf(p / sqrt 2) and exp(-p^2 / 2) from one exponential.
+            let (e, g) = erf_and_gauss(p * std::f32::consts::FRAC_1_SQRT_2);
+            d * (0.5 * (1.0 + e) + p * INV_SQRT_2PI * g)
         })
     }
 }

@@ -1,5 +1,6 @@
 //! Matrix products (through the `gemm` crate) and scaled-dot-product attention.
 
+use super::math::exp;
 use super::{threads, Ctx};
 use crate::tensor::{numel, Tensor};
 
@@ -205,7 +206,7 @@ impl Attn {
             let mx = row[..lim].iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0f32;
             for x in &mut row[..lim] {
-                *x = (*x - mx).exp();
+                *x = exp(*x - mx);
                 sum += *x;
             }
             let inv = 1.0 / sum;

@@ -6,7 +6,8 @@
 //! (token ids inside the table, targets inside the vocabulary).
 
 mod elementwise;
-mod linalg;
+pub mod linalg;
+pub mod math;
 mod nn;
 mod shape;
 

@@ -1,6 +1,7 @@
 //! Neural-network kernels: softmax family, normalizations, embedding, rotary position
 //! embedding and cross-entropy, each with its gradient.
 
+use super::math::exp;
 use super::{around, Ctx};
 use crate::tensor::Tensor;
 
@@ -45,7 +46,7 @@ fn softmax_line(x: &[f32], y: &mut [f32]) {
     let mx = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f32;
     for (o, &v) in y.iter_mut().zip(x) {
-        *o = (v - mx).exp();
+        *o = exp(v - mx);
         sum += *o;
     }
     let inv = 1.0 / sum;
@@ -54,7 +55,7 @@ fn softmax_line(x: &[f32], y: &mut [f32]) {
 
 fn log_softmax_line(x: &[f32], y: &mut [f32]) {
     let mx = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = mx + x.iter().map(|&v| (v - mx).exp()).sum::<f32>().ln();
+    let lse = mx + x.iter().map(|&v| exp(v - mx)).sum::<f32>().ln();
     for (o, &v) in y.iter_mut().zip(x) {
         *o = v - lse;
     }
@@ -92,7 +93,7 @@ pub(super) fn log_softmax_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>
         let (dy, y) = (i[0], i[1]);
         let sum: f32 = dy.iter().sum();
         for ((o, &d), &ly) in o.iter_mut().zip(dy).zip(y) {
-            *o = d - ly.exp() * sum;
+            *o = d - exp(ly) * sum;
         }
     });
     Ok(vec![Tensor::f32(&x[0].shape, v)])
