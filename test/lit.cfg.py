@@ -13,3 +13,6 @@ llvm_bin = "/usr/lib/llvm-19/bin"
 config.substitutions.append(("FileCheck", os.path.join(llvm_bin, "FileCheck")))
 config.substitutions.append(("%not", os.path.join(llvm_bin, "not")))
 config.substitutions.append(("mlir-opt", "mlir-opt-19"))
+# A Python with numpy (Debian's python3-numpy), for tests that write safetensors inputs.
+config.substitutions.append(("%python", os.environ.get("NNSCALER_PYTHON", "/usr/bin/python3")))
+config.substitutions.append(("%oracle", os.path.join(config.test_source_root, "oracle")))

@@ -4,7 +4,8 @@
 //! FLOPs come from each op's `OpSpec`. A function without backward ops is a forward: its
 //! training step is counted as forward + backward with backward = 2x forward (the standard
 //! estimate: each matmul has two gradient matmuls). A function that has backward ops is
-//! counted as written. Activation bytes are the bytes of every value forward ops produce —
+//! counted as written; an op is backward when it is a backward op or consumes the result of
+//! one (so the matmuls autodiff emits count as backward). Activation bytes are the bytes of every value forward ops produce —
 //! what a step keeps alive for backward when nothing is recomputed.
 
 use crate::pipeline::{Pass, PassOptions};
@@ -12,7 +13,9 @@ use melior::ir::Module;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::dnn;
-use nnscaler_dialects::spec::OpCtx;
+use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::spec::{OpCtx, OpSpec};
+use nnscaler_dialects::types::{Attrs, TensorType};
 use nnscaler_dialects::verify::params;
 use nnscaler_dialects::view::{top_level_ops, walk_nested, FuncView, OpView};
 use std::collections::BTreeMap;
@@ -130,32 +133,70 @@ pub fn module_stats(module: &Module<'_>) -> Vec<FuncStats> {
                 st.param_bytes += t.bytes();
             }
         }
-        walk_nested(op, &mut |inner| {
-            let v = OpView::of(inner);
-            if v.name == "func.return" {
-                return;
+        if let Ok(g) = Graph::from_func(op) {
+            // An op is backward if it is a backward op or consumes a value computed by one:
+            // this also counts the plain matmuls and sums that autodiff emits.
+            let mut bwd = vec![false; g.values.len()];
+            for n in &g.nodes {
+                *st.ops.entry(n.op.clone()).or_default() += 1;
+                let Some(spec) = dnn::spec(&n.op) else {
+                    continue;
+                };
+                let is_bwd = spec.grad_of.is_some() || n.inputs.iter().any(|&v| bwd[v]);
+                for &o in &n.outputs {
+                    bwd[o] = is_bwd;
+                }
+                let operands: Vec<_> = n
+                    .inputs
+                    .iter()
+                    .map(|&v| Some(g.values[v].clone()))
+                    .collect();
+                let results: Vec<_> = n.outputs.iter().map(|&v| g.values[v].clone()).collect();
+                count(&mut st, spec, &operands, &results, &n.attrs, is_bwd);
             }
-            *st.ops.entry(v.name.clone()).or_default() += 1;
-            let Some(spec) = dnn::spec(&v.name) else {
-                return;
-            };
-            let results: Vec<_> = v.results.iter().flatten().cloned().collect();
-            let ctx = OpCtx {
-                operands: &v.operands,
-                attrs: &v.attrs,
-            };
-            let flops = (spec.flops)(&ctx, &results);
-            if spec.grad_of.is_some() {
-                st.has_backward = true;
-                st.backward_flops += flops;
-            } else {
-                st.forward_flops += flops;
-                st.activation_bytes += results.iter().map(|t| t.bytes()).sum::<u64>();
-            }
-        });
+        } else {
+            walk_nested(op, &mut |inner| {
+                let v = OpView::of(inner);
+                if v.name == "func.return" {
+                    return;
+                }
+                *st.ops.entry(v.name.clone()).or_default() += 1;
+                let Some(spec) = dnn::spec(&v.name) else {
+                    return;
+                };
+                let results: Vec<_> = v.results.iter().flatten().cloned().collect();
+                count(
+                    &mut st,
+                    spec,
+                    &v.operands,
+                    &results,
+                    &v.attrs,
+                    spec.grad_of.is_some(),
+                );
+            });
+        }
         out.push(st);
     });
     out
+}
+
+fn count(
+    st: &mut FuncStats,
+    spec: &OpSpec,
+    operands: &[Option<TensorType>],
+    results: &[TensorType],
+    attrs: &Attrs,
+    backward: bool,
+) {
+    let ctx = OpCtx { operands, attrs };
+    let flops = (spec.flops)(&ctx, results);
+    if backward {
+        st.has_backward = true;
+        st.backward_flops += flops;
+    } else {
+        st.forward_flops += flops;
+        st.activation_bytes += results.iter().map(|t| t.bytes()).sum::<u64>();
+    }
 }
 
 /// The `--print-stats` pass.

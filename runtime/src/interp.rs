@@ -6,7 +6,6 @@ use crate::tensor::{supported, Data, Tensor};
 use crate::{init, tensor};
 use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::graph::Graph;
-use nnscaler_dialects::types::Elem;
 use std::collections::BTreeMap;
 
 /// A failed execution: what went wrong and at which op.
@@ -244,11 +243,7 @@ pub fn bind(
             problems.push(format!("{file}: missing tensor '{name}' ({ty})"));
             continue;
         };
-        let want_dtype = match ty.elem {
-            Elem::F32 => Elem::F32,
-            e => e,
-        };
-        if s.elem != want_dtype || tensor::dims(ty) != s.tensor.shape {
+        if s.elem != ty.elem || tensor::dims(ty) != s.tensor.shape {
             problems.push(format!(
                 "{file}: tensor '{name}' is {} but argument {i} is {ty}",
                 stored_type(&s)

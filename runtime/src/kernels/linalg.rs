@@ -36,11 +36,10 @@ impl<'a> Mat<'a> {
     }
 }
 
-/// `c[m x n] = beta * c + alpha * a[m x k] · b[k x n]` (`c` row-major; `beta` is 0 or 1).
+/// `c[m x n] = beta * c + alpha * a[m x k] · b[k x n]` (`c` row-major; `beta` is 0 or 1);
+/// the first argument is `(m, n, k)`.
 pub fn gemm(
-    m: usize,
-    n: usize,
-    k: usize,
+    (m, n, k): (usize, usize, usize),
     c: &mut [f32],
     a: Mat<'_>,
     b: Mat<'_>,
@@ -118,7 +117,14 @@ pub(super) fn matmul(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> 
     let bmat = |d| if tb { Mat::t(d, k) } else { Mat::rows(d, n) };
     if rb == 2 && !ta {
         // One product with the batch folded into the rows.
-        gemm(batch * m, n, k, &mut v, Mat::rows(a, k), bmat(b), 1.0, 0.0);
+        gemm(
+            (batch * m, n, k),
+            &mut v,
+            Mat::rows(a, k),
+            bmat(b),
+            1.0,
+            0.0,
+        );
     } else {
         for i in 0..batch {
             let bs = if rb == 2 {
@@ -127,9 +133,7 @@ pub(super) fn matmul(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> 
                 &b[i * k * n..(i + 1) * k * n]
             };
             gemm(
-                m,
-                n,
-                k,
+                (m, n, k),
                 &mut v[i * m * n..(i + 1) * m * n],
                 amat(&a[i * m * k..(i + 1) * m * k]),
                 bmat(bs),
@@ -157,7 +161,14 @@ pub(super) fn linear(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> 
     } else {
         0.0
     };
-    gemm(rows, n, k, &mut v, Mat::rows(a, k), Mat::t(w, k), 1.0, beta);
+    gemm(
+        (rows, n, k),
+        &mut v,
+        Mat::rows(a, k),
+        Mat::t(w, k),
+        1.0,
+        beta,
+    );
     Ok(vec![Tensor::f32(&out, v)])
 }
 
@@ -199,7 +210,7 @@ impl Attn {
     /// The attention probabilities `P[s x t]` of one head into `p`.
     fn probs(&self, q: &[f32], k: &[f32], p: &mut [f32]) {
         let (s, t, d) = (self.s, self.t, self.d);
-        gemm(s, t, d, p, Mat::rows(q, d), Mat::t(k, d), self.scale, 0.0);
+        gemm((s, t, d), p, Mat::rows(q, d), Mat::t(k, d), self.scale, 0.0);
         for i in 0..s {
             let row = &mut p[i * t..(i + 1) * t];
             let lim = if self.causal { (i + 1).min(t) } else { t };
@@ -233,9 +244,7 @@ pub(super) fn attention(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, Strin
                 &mut p,
             );
             gemm(
-                s,
-                e,
-                t,
+                (s, e, t),
                 &mut out[qh * s * e..(qh + 1) * s * e],
                 Mat::rows(&p, t),
                 Mat::rows(&v[kh * t * e..(kh + 1) * t * e], e),
@@ -268,9 +277,7 @@ pub(super) fn attention_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, 
             a.probs(&q[qs.clone()], &k[ks.clone()], &mut p);
             // dV += P^T dO ; dP = dO V^T
             gemm(
-                t,
-                e,
-                s,
+                (t, e, s),
                 &mut dv[vs.clone()],
                 Mat::t(&p, t),
                 Mat::rows(dos, e),
@@ -278,9 +285,7 @@ pub(super) fn attention_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, 
                 1.0,
             );
             gemm(
-                s,
-                t,
-                e,
+                (s, t, e),
                 &mut dp,
                 Mat::rows(dos, e),
                 Mat::t(&v[vs], e),
@@ -297,9 +302,7 @@ pub(super) fn attention_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, 
             }
             // dQ = dS K ; dK += dS^T Q
             gemm(
-                s,
-                d,
-                t,
+                (s, d, t),
                 &mut dq[qs.clone()],
                 Mat::rows(&dp, t),
                 Mat::rows(&k[ks.clone()], d),
@@ -307,9 +310,7 @@ pub(super) fn attention_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, 
                 0.0,
             );
             gemm(
-                t,
-                d,
-                s,
+                (t, d, s),
                 &mut dk[ks],
                 Mat::t(&dp, t),
                 Mat::rows(&q[qs], d),
@@ -347,9 +348,7 @@ mod tests {
         let want = naive(m, n, k, &a, &b);
         let mut c = vec![0.0; m * n];
         gemm(
-            m,
-            n,
-            k,
+            (m, n, k),
             &mut c,
             Mat::rows(&a, k),
             Mat::rows(&b, n),
@@ -362,7 +361,14 @@ mod tests {
         // b^T stored as [n, k]
         let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
         let mut c2 = vec![1.0; m * n];
-        gemm(m, n, k, &mut c2, Mat::rows(&a, k), Mat::t(&bt, k), 2.0, 1.0);
+        gemm(
+            (m, n, k),
+            &mut c2,
+            Mat::rows(&a, k),
+            Mat::t(&bt, k),
+            2.0,
+            1.0,
+        );
         for (x, y) in c2.iter().zip(&want) {
             assert!((x - (1.0 + 2.0 * y)).abs() < 1e-5);
         }

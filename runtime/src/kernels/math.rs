@@ -53,38 +53,6 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exp_matches_libm() {
-        let mut worst = 0.0f64;
-        for i in -870_000..=887_000 {
-            let x = i as f32 * 1e-4;
-            let want = libm::exp(f64::from(x));
-            let got = f64::from(exp(x));
-            worst = worst.max((got - want).abs() / want);
-        }
-        assert!(worst < 3e-7, "worst relative error {worst}");
-        assert_eq!(exp(-110.0), 0.0);
-        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp(100.0), f32::INFINITY);
-        assert_eq!(exp(0.0), 1.0);
-    }
-
-    #[test]
-    fn erf_matches_libm() {
-        let mut worst = 0.0f64;
-        for i in -6000..=6000 {
-            let x = i as f32 * 1e-3;
-            let (e, _) = erf_and_gauss(x);
-            worst = worst.max((f64::from(e) - libm::erf(f64::from(x))).abs());
-        }
-        assert!(worst < 1e-6, "worst {worst}");
-    }
-}
-
 /// `f` over every element, in a loop compiled for AVX2 when the CPU has it (8 lanes instead
 /// of SSE2's 4; the baseline x86-64 target only promises SSE2).
 pub fn map1(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> Vec<f32> {
@@ -137,4 +105,36 @@ unsafe fn map1_avx2(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) {
 #[target_feature(enable = "avx2")]
 unsafe fn map2_avx2(a: &[f32], b: &[f32], out: &mut [f32], f: impl Fn(f32, f32) -> f32) {
     map2_any(a, b, out, f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_matches_libm() {
+        let mut worst = 0.0f64;
+        for i in -870_000..=887_000 {
+            let x = i as f32 * 1e-4;
+            let want = libm::exp(f64::from(x));
+            let got = f64::from(exp(x));
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(worst < 3e-7, "worst relative error {worst}");
+        assert_eq!(exp(-110.0), 0.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(100.0), f32::INFINITY);
+        assert_eq!(exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn erf_matches_libm() {
+        let mut worst = 0.0f64;
+        for i in -6000..=6000 {
+            let x = i as f32 * 1e-3;
+            let (e, _) = erf_and_gauss(x);
+            worst = worst.max((f64::from(e) - libm::erf(f64::from(x))).abs());
+        }
+        assert!(worst < 1e-6, "worst {worst}");
+    }
 }

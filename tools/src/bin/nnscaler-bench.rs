@@ -27,9 +27,7 @@ fn gemm_times(n: usize, reps: usize) -> Vec<f64> {
         .collect();
     let mut c = vec![0.0f32; n * n];
     gemm(
-        n,
-        n,
-        n,
+        (n, n, n),
         &mut c,
         Mat::rows(&a, n),
         Mat::rows(&b, n),
@@ -40,9 +38,7 @@ fn gemm_times(n: usize, reps: usize) -> Vec<f64> {
         .map(|_| {
             let t = Instant::now();
             gemm(
-                n,
-                n,
-                n,
+                (n, n, n),
                 &mut c,
                 Mat::rows(&a, n),
                 Mat::rows(&b, n),
