@@ -167,22 +167,26 @@ pub fn main(argv: &[String]) -> Result<(), String> {
         None => ("(no --inputs)".to_string(), Vec::new()),
     };
     let values = bind(&g, &inputs_file, stored, &params)?;
-    if let Some(path) = &a.save_params {
-        let named: Vec<(String, Elem, &nnscaler_runtime::Tensor)> = g
-            .args
-            .iter()
-            .zip(&values)
-            .filter(|(x, _)| x.is_param())
-            .map(|(x, t)| {
-                (
-                    x.name().unwrap_or("").to_string(),
-                    g.values[x.value].elem,
-                    t,
-                )
-            })
-            .collect();
-        write_output_bytes(path, &io::to_bytes(&named)?)?;
-    }
+    // Serialized now (run consumes the values), written only once the run succeeded.
+    let saved_params = match &a.save_params {
+        Some(path) => {
+            let named: Vec<(String, Elem, &nnscaler_runtime::Tensor)> = g
+                .args
+                .iter()
+                .zip(&values)
+                .filter(|(x, _)| x.is_param())
+                .map(|(x, t)| {
+                    (
+                        x.name().unwrap_or("").to_string(),
+                        g.values[x.value].elem,
+                        t,
+                    )
+                })
+                .collect();
+            Some((path.clone(), io::to_bytes(&named)?))
+        }
+        None => None,
+    };
     let outs = nnscaler_runtime::run(
         &g,
         values,
@@ -210,6 +214,10 @@ pub fn main(argv: &[String]) -> Result<(), String> {
             )
         })
         .collect();
-    write_output_bytes(&output, &io::to_bytes(&named)?)?;
+    let results = io::to_bytes(&named)?;
+    if let Some((path, bytes)) = saved_params {
+        write_output_bytes(&path, &bytes)?;
+    }
+    write_output_bytes(&output, &results)?;
     Ok(())
 }
