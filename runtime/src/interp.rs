@@ -72,6 +72,7 @@ pub fn run_profiled(
     opts: &Options,
     mut profile: Option<&mut Profile>,
 ) -> Result<Vec<Tensor>, RunError> {
+    crate::alloc::keep_freed_memory();
     let fail = |loc: &SrcLoc, message: String| RunError {
         loc: loc.clone(),
         message,

@@ -7,6 +7,7 @@
 //!   arguments;
 //! * [`io`]: safetensors files; [`init`] and [`rng`]: seeded, order-independent random
 //!   numbers for parameters and dropout.
+pub mod alloc;
 pub mod init;
 pub mod interp;
 pub mod io;

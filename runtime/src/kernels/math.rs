@@ -20,7 +20,8 @@ pub fn exp(x: f32) -> f32 {
                     + r * (1.0 / 24.0
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
     // 2^n in two factors, so that n from -150 to 128 never leaves the normal exponents.
-    let ni = n as i32;
+    // SAFETY: `c` is clamped to [-104, 88.72], so `n` is an integer in [-151, 128].
+    let ni: i32 = unsafe { n.to_int_unchecked() };
     let n1 = ni >> 1;
     let s1 = f32::from_bits(((n1 + 127) << 23) as u32);
     let s2 = f32::from_bits(((ni - n1 + 127) << 23) as u32);

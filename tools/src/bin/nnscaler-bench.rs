@@ -19,6 +19,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 fn gemm_times(n: usize, reps: usize) -> Vec<f64> {
+    nnscaler_runtime::alloc::keep_freed_memory();
     let a: Vec<f32> = (0..n * n)
         .map(|i| rng::normal(1, 0, i as u64) as f32)
         .collect();
