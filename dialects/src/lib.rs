@@ -17,6 +17,7 @@ pub mod diag;
 pub mod dnn;
 pub mod graph;
 pub mod nns;
+pub mod sharding;
 pub mod spec;
 pub mod types;
 pub mod verify;

@@ -111,7 +111,7 @@ pub enum AxisLayout {
 }
 
 /// A reduction kind for partial values and collectives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reduce {
     /// Sum.
     Sum,

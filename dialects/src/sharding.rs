@@ -1,0 +1,658 @@
+//! The layout algebra: R/V/D per named mesh axis in canonical form, which piece of a
+//! tensor each device holds, and the cheapest sequence of collectives between two layouts.
+//!
+//! A [`Sharding`] is a [`Layout`] resolved against its mesh and the tensor's rank: for every
+//! tensor dim, the mesh axes splitting it (outer first), and for every mesh axis whether its
+//! devices hold partial values. Device `d` has mesh coordinates by row-major numbering; a dim
+//! split by axes `a1 (outer), a2` is cut into `|a1|·|a2|` blocks and the device with
+//! coordinates `(c1, c2)` holds block `c1·|a2| + c2`.
+//!
+//! [`TransitionSearch`] finds the cheapest way from one sharding to another over the same
+//! mesh: a shortest path over sharding states whose edges are single-axis collectives
+//! (all_reduce V→R, reduce_scatter V→D, all_gather D→R, all_to_all D(i)→D(j), local slice
+//! R→D). An edge costs the bytes each device sends (ring algorithms) plus a fixed per-hop
+//! penalty, so that among equally cheap paths the shorter wins. Results are cached.
+
+use crate::nns::{AxisLayout, Layout, Mesh, Reduce};
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::fmt;
+use std::ops::Range;
+
+/// A layout in canonical form over one mesh, for a tensor of known rank.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Sharding {
+    /// Per tensor dim: the mesh axes (indices into the mesh) splitting it, outer first.
+    pub split: Vec<Vec<usize>>,
+    /// Per mesh axis: `Some(reduce)` when devices along it hold partial values.
+    pub partial: Vec<Option<Reduce>>,
+}
+
+/// What one mesh axis does to a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AxisState {
+    /// Replicated.
+    R,
+    /// Partial values with this reduction.
+    V(Reduce),
+    /// Split along this tensor dim.
+    D(usize),
+}
+
+impl Sharding {
+    /// Fully replicated over a mesh of `axes` axes, for a rank-`rank` tensor.
+    pub fn replicated(rank: usize, axes: usize) -> Self {
+        Sharding {
+            split: vec![Vec::new(); rank],
+            partial: vec![None; axes],
+        }
+    }
+
+    /// Resolves a written layout against its mesh and the tensor rank.
+    pub fn from_layout(layout: &Layout, mesh: &Mesh, rank: usize) -> Result<Self, String> {
+        let mut s = Sharding::replicated(rank, mesh.axes.len());
+        for (name, l) in &layout.axes {
+            let a = mesh
+                .axes
+                .iter()
+                .position(|x| &x.name == name)
+                .ok_or_else(|| format!("mesh '@{}' has no axis '{name}'", mesh.name))?;
+            match l {
+                AxisLayout::R => {}
+                AxisLayout::V(r) => s.partial[a] = Some(*r),
+                AxisLayout::D(d) => {
+                    if *d >= rank {
+                        return Err(format!(
+                            "axis '{name}' splits dim {d} but the tensor has rank {rank}"
+                        ));
+                    }
+                    s.split[*d].push(a);
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    /// The written form (axes splitting one dim appear outer first).
+    pub fn to_layout(&self, mesh: &Mesh) -> Layout {
+        let mut axes = Vec::new();
+        for (a, _) in mesh.axes.iter().enumerate() {
+            if let Some(r) = self.partial[a] {
+                axes.push((a, AxisLayout::V(r)));
+            }
+        }
+        for (d, v) in self.split.iter().enumerate() {
+            for &a in v {
+                axes.push((a, AxisLayout::D(d)));
+            }
+        }
+        // Mesh order, except that axes splitting the same dim keep their nesting order.
+        let mut out: Vec<(String, AxisLayout)> = Vec::new();
+        let mut placed = vec![false; axes.len()];
+        for a in 0..mesh.axes.len() {
+            if let Some(i) = axes.iter().position(|(x, _)| *x == a) {
+                if placed[i] {
+                    continue;
+                }
+                if let AxisLayout::D(d) = axes[i].1 {
+                    for &b in &self.split[d] {
+                        let j = axes.iter().position(|(x, _)| *x == b).unwrap_or(i);
+                        placed[j] = true;
+                        out.push((mesh.axes[b].name.clone(), AxisLayout::D(d)));
+                    }
+                } else {
+                    placed[i] = true;
+                    out.push((mesh.axes[a].name.clone(), axes[i].1.clone()));
+                }
+            }
+        }
+        Layout {
+            mesh: mesh.name.clone(),
+            axes: out,
+        }
+    }
+
+    /// What mesh axis `a` does.
+    pub fn axis_state(&self, a: usize) -> AxisState {
+        if let Some(r) = self.partial[a] {
+            return AxisState::V(r);
+        }
+        for (d, v) in self.split.iter().enumerate() {
+            if v.contains(&a) {
+                return AxisState::D(d);
+            }
+        }
+        AxisState::R
+    }
+
+    /// Checks that every split dim divides evenly; `sizes` are the mesh axis sizes.
+    pub fn check(&self, shape: &[i64], sizes: &[i64]) -> Result<(), String> {
+        for (d, v) in self.split.iter().enumerate() {
+            let parts: i64 = v.iter().map(|&a| sizes[a]).product();
+            if shape[d] % parts != 0 {
+                return Err(format!(
+                    "dim {d} of length {} cannot be split {parts} ways",
+                    shape[d]
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The local shape each device holds.
+    pub fn local_shape(&self, shape: &[i64], sizes: &[i64]) -> Vec<i64> {
+        shape
+            .iter()
+            .zip(&self.split)
+            .map(|(&len, v)| len / v.iter().map(|&a| sizes[a]).product::<i64>())
+            .collect()
+    }
+
+    /// The piece device `device` holds: an index range per dim, and for each partial axis
+    /// its coordinate (which partial term the device holds).
+    pub fn shard(&self, shape: &[i64], sizes: &[i64], device: usize) -> Shard {
+        let coords = coords(sizes, device);
+        let local = self.local_shape(shape, sizes);
+        let ranges = self
+            .split
+            .iter()
+            .zip(&local)
+            .map(|(v, &len)| {
+                let mut block = 0i64;
+                for &a in v {
+                    block = block * sizes[a] + coords[a] as i64;
+                }
+                (block * len) as usize..((block + 1) * len) as usize
+            })
+            .collect();
+        let partial = self
+            .partial
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.is_some())
+            .map(|(a, _)| (a, coords[a]))
+            .collect();
+        Shard { ranges, partial }
+    }
+}
+
+/// The piece of a tensor one device holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// Index range along each dim.
+    pub ranges: Vec<Range<usize>>,
+    /// For each partial axis: (axis, this device's coordinate along it).
+    pub partial: Vec<(usize, usize)>,
+}
+
+/// Row-major mesh coordinates of device `device`.
+pub fn coords(sizes: &[i64], device: usize) -> Vec<usize> {
+    let mut c = vec![0; sizes.len()];
+    let mut rest = device;
+    for a in (0..sizes.len()).rev() {
+        c[a] = rest % sizes[a] as usize;
+        rest /= sizes[a] as usize;
+    }
+    c
+}
+
+/// One step of a transition: a collective over one mesh axis (or several, once merged).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// V → R: reduce partial values.
+    AllReduce {
+        /// Mesh axes.
+        axes: Vec<usize>,
+        /// Reduction.
+        reduce: Reduce,
+    },
+    /// V → D(dim): reduce and keep one shard.
+    ReduceScatter {
+        /// Mesh axis.
+        axis: usize,
+        /// The dim it then splits (innermost).
+        dim: usize,
+        /// Reduction.
+        reduce: Reduce,
+    },
+    /// D(dim) → R: concatenate the shards.
+    AllGather {
+        /// Mesh axis (the innermost splitter of `dim`).
+        axis: usize,
+        /// The dim.
+        dim: usize,
+    },
+    /// D(concat_dim) → D(split_dim).
+    AllToAll {
+        /// Mesh axis.
+        axis: usize,
+        /// The dim split afterwards.
+        split_dim: usize,
+        /// The dim joined (no longer split by `axis`).
+        concat_dim: usize,
+    },
+    /// R → D(dim): keep the local shard, no communication.
+    Slice {
+        /// Mesh axis.
+        axis: usize,
+        /// The dim it then splits (innermost).
+        dim: usize,
+    },
+}
+
+impl Step {
+    /// The `nns` op this step becomes.
+    pub fn op_name(&self) -> &'static str {
+        match self {
+            Step::AllReduce { .. } => "nns.all_reduce",
+            Step::ReduceScatter { .. } => "nns.reduce_scatter",
+            Step::AllGather { .. } => "nns.all_gather",
+            Step::AllToAll { .. } => "nns.all_to_all",
+            Step::Slice { .. } => "nns.slice",
+        }
+    }
+
+    /// A short description with axis names, for tests and messages.
+    pub fn describe(&self, mesh: &Mesh) -> String {
+        let n = |a: &usize| mesh.axes[*a].name.clone();
+        match self {
+            Step::AllReduce { axes, reduce } => {
+                let v: Vec<String> = axes.iter().map(n).collect();
+                format!("all_reduce({}, {reduce})", v.join(" "))
+            }
+            Step::ReduceScatter { axis, dim, reduce } => {
+                format!("reduce_scatter({}, {dim}, {reduce})", n(axis))
+            }
+            Step::AllGather { axis, dim } => format!("all_gather({}, {dim})", n(axis)),
+            Step::AllToAll {
+                axis,
+                split_dim,
+                concat_dim,
+            } => format!("all_to_all({}, {concat_dim}->{split_dim})", n(axis)),
+            Step::Slice { axis, dim } => format!("slice({}, {dim})", n(axis)),
+        }
+    }
+}
+
+/// The bytes-equivalent of one extra hop (collective launch and latency): 64 KiB.
+pub const HOP_BYTES: f64 = 65536.0;
+
+/// A planned transition: its steps and the bytes each device sends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transition {
+    /// Collectives in order (consecutive all_reduces merged into one).
+    pub steps: Vec<Step>,
+    /// Bytes each device sends over all steps.
+    pub bytes: f64,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+struct Cost(f64);
+
+impl Eq for Cost {}
+
+impl PartialOrd for Cost {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Cost {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// Shortest paths between shardings, cached by (from, to, shape, element bytes, mesh sizes).
+#[derive(Debug, Default)]
+pub struct TransitionSearch {
+    cache: HashMap<(Sharding, Sharding, Vec<i64>, u64, Vec<i64>), Option<Transition>>,
+}
+
+impl TransitionSearch {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The cheapest transition from `from` to `to` for a tensor of `shape` with
+    /// `elem_bytes`-byte elements on a mesh of axis `sizes`; `None` when there is none
+    /// (e.g. the target is partial but the source is not).
+    pub fn find(
+        &mut self,
+        from: &Sharding,
+        to: &Sharding,
+        shape: &[i64],
+        elem_bytes: u64,
+        sizes: &[i64],
+    ) -> Option<Transition> {
+        let key = (
+            from.clone(),
+            to.clone(),
+            shape.to_vec(),
+            elem_bytes,
+            sizes.to_vec(),
+        );
+        if let Some(t) = self.cache.get(&key) {
+            return t.clone();
+        }
+        let t = search(from, to, shape, elem_bytes, sizes);
+        self.cache.insert(key, t.clone());
+        t
+    }
+}
+
+fn local_bytes(s: &Sharding, shape: &[i64], elem_bytes: u64, sizes: &[i64]) -> f64 {
+    s.local_shape(shape, sizes)
+        .iter()
+        .map(|&d| d as f64)
+        .product::<f64>()
+        * elem_bytes as f64
+}
+
+/// The moves out of `s`: (step, next state, bytes sent per device).
+fn moves(
+    s: &Sharding,
+    shape: &[i64],
+    elem_bytes: u64,
+    sizes: &[i64],
+) -> Vec<(Step, Sharding, f64)> {
+    let mut out = Vec::new();
+    let here = local_bytes(s, shape, elem_bytes, sizes);
+    let rank = shape.len();
+    let divides = |n: &Sharding| n.check(shape, sizes).is_ok();
+    for a in 0..sizes.len() {
+        let n = sizes[a] as f64;
+        if sizes[a] == 1 {
+            continue;
+        }
+        let frac = (n - 1.0) / n;
+        match s.axis_state(a) {
+            AxisState::V(reduce) => {
+                let mut r = s.clone();
+                r.partial[a] = None;
+                out.push((
+                    Step::AllReduce {
+                        axes: vec![a],
+                        reduce,
+                    },
+                    r.clone(),
+                    2.0 * frac * here,
+                ));
+                for dim in 0..rank {
+                    let mut d = r.clone();
+                    d.split[dim].push(a);
+                    if divides(&d) {
+                        out.push((
+                            Step::ReduceScatter {
+                                axis: a,
+                                dim,
+                                reduce,
+                            },
+                            d,
+                            frac * here,
+                        ));
+                    }
+                }
+            }
+            AxisState::R => {
+                for dim in 0..rank {
+                    let mut d = s.clone();
+                    d.split[dim].push(a);
+                    if divides(&d) {
+                        out.push((Step::Slice { axis: a, dim }, d, 0.0));
+                    }
+                }
+            }
+            AxisState::D(dim) => {
+                if s.split[dim].last() != Some(&a) {
+                    continue; // only the innermost splitter of a dim can be undone
+                }
+                let mut r = s.clone();
+                r.split[dim].pop();
+                let after = local_bytes(&r, shape, elem_bytes, sizes);
+                out.push((Step::AllGather { axis: a, dim }, r.clone(), frac * after));
+                for to in (0..rank).filter(|&t| t != dim) {
+                    let mut d = r.clone();
+                    d.split[to].push(a);
+                    if divides(&d) {
+                        out.push((
+                            Step::AllToAll {
+                                axis: a,
+                                split_dim: to,
+                                concat_dim: dim,
+                            },
+                            d,
+                            frac * here,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn search(
+    from: &Sharding,
+    to: &Sharding,
+    shape: &[i64],
+    elem_bytes: u64,
+    sizes: &[i64],
+) -> Option<Transition> {
+    if from == to {
+        return Some(Transition {
+            steps: Vec::new(),
+            bytes: 0.0,
+        });
+    }
+    // Dijkstra over sharding states (a handful of axes and dims: small).
+    let mut best: BTreeMap<Sharding, f64> = BTreeMap::new();
+    let mut prev: BTreeMap<Sharding, (Sharding, Step, f64)> = BTreeMap::new();
+    let mut heap = BinaryHeap::new();
+    best.insert(from.clone(), 0.0);
+    heap.push(std::cmp::Reverse((Cost(0.0), from.clone())));
+    while let Some(std::cmp::Reverse((Cost(c), s))) = heap.pop() {
+        if best.get(&s).is_some_and(|&b| c > b) {
+            continue;
+        }
+        if &s == to {
+            break;
+        }
+        for (step, next, bytes) in moves(&s, shape, elem_bytes, sizes) {
+            let nc = c + bytes + HOP_BYTES;
+            if best.get(&next).is_none_or(|&b| nc < b) {
+                best.insert(next.clone(), nc);
+                prev.insert(next.clone(), (s.clone(), step, bytes));
+                heap.push(std::cmp::Reverse((Cost(nc), next)));
+            }
+        }
+    }
+    best.get(to)?;
+    let mut steps = Vec::new();
+    let mut bytes = 0.0;
+    let mut cur = to.clone();
+    while &cur != from {
+        let (p, step, b) = prev.get(&cur)?.clone();
+        steps.push(step);
+        bytes += b;
+        cur = p;
+    }
+    steps.reverse();
+    Some(Transition {
+        steps: merge(steps),
+        bytes,
+    })
+}
+
+/// Merges consecutive all_reduces with the same reduction into one over several axes.
+fn merge(steps: Vec<Step>) -> Vec<Step> {
+    let mut out: Vec<Step> = Vec::new();
+    for s in steps {
+        if let (
+            Some(Step::AllReduce { axes, reduce }),
+            Step::AllReduce {
+                axes: more,
+                reduce: r2,
+            },
+        ) = (out.last_mut(), &s)
+        {
+            if reduce == r2 {
+                axes.extend(more);
+                continue;
+            }
+        }
+        out.push(s);
+    }
+    out
+}
+
+impl fmt::Display for Sharding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut items = Vec::new();
+        for (a, p) in self.partial.iter().enumerate() {
+            if let Some(r) = p {
+                items.push(format!("#{a}=V({r})"));
+            }
+        }
+        for (d, v) in self.split.iter().enumerate() {
+            for a in v {
+                items.push(format!("#{a}=D({d})"));
+            }
+        }
+        write!(f, "{{{}}}", items.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nns::{parse_axes, Layout};
+
+    fn mesh(axes: &str) -> Mesh {
+        Mesh {
+            name: "world".into(),
+            axes: parse_axes(axes).unwrap(),
+        }
+    }
+
+    fn sh(m: &Mesh, layout: &str, rank: usize) -> Sharding {
+        let body = if layout.is_empty() {
+            "@world".to_string()
+        } else {
+            format!("@world, {layout}")
+        };
+        Sharding::from_layout(&Layout::parse(&body).unwrap(), m, rank).unwrap()
+    }
+
+    fn sizes(m: &Mesh) -> Vec<i64> {
+        m.axes.iter().map(|a| a.size).collect()
+    }
+
+    /// The steps from `a` to `b` for a 64x64 f32 tensor, as text.
+    fn path(m: &Mesh, a: &str, b: &str) -> String {
+        let mut ts = TransitionSearch::new();
+        let t = ts
+            .find(&sh(m, a, 2), &sh(m, b, 2), &[64, 64], 4, &sizes(m))
+            .expect("a transition exists");
+        let v: Vec<String> = t.steps.iter().map(|s| s.describe(m)).collect();
+        v.join("; ")
+    }
+
+    #[test]
+    fn transition_table() {
+        let m = mesh("dp = 2, tp = 4");
+        let table: &[(&str, &str, &str)] = &[
+            ("", "", ""),
+            ("tp = V(sum)", "", "all_reduce(tp, sum)"),
+            ("tp = D(0)", "", "all_gather(tp, 0)"),
+            ("tp = V(sum)", "tp = D(0)", "reduce_scatter(tp, 0, sum)"),
+            ("", "tp = D(1)", "slice(tp, 1)"),
+            ("tp = D(0)", "tp = D(1)", "all_to_all(tp, 0->1)"),
+            ("dp = V(sum), tp = V(sum)", "", "all_reduce(dp tp, sum)"),
+            (
+                "dp = D(0), tp = D(0)",
+                "",
+                "all_gather(tp, 0); all_gather(dp, 0)",
+            ),
+            ("dp = D(0), tp = D(1)", "dp = D(0)", "all_gather(tp, 1)"),
+            (
+                "dp = V(sum)",
+                "dp = D(0), tp = D(0)",
+                "reduce_scatter(dp, 0, sum); slice(tp, 0)",
+            ),
+            ("tp = V(max)", "", "all_reduce(tp, max)"),
+            (
+                "dp = D(0), tp = V(sum)",
+                "dp = D(0), tp = D(1)",
+                "reduce_scatter(tp, 1, sum)",
+            ),
+        ];
+        for (a, b, want) in table {
+            assert_eq!(path(&m, a, b), *want, "{a:?} -> {b:?}");
+        }
+    }
+
+    #[test]
+    fn no_way_back_to_partial() {
+        let m = mesh("tp = 2");
+        let mut ts = TransitionSearch::new();
+        let t = ts.find(&sh(&m, "", 2), &sh(&m, "tp = V(sum)", 2), &[4, 4], 4, &[2]);
+        assert!(t.is_none());
+    }
+
+    #[test]
+    fn indivisible_splits_are_avoided() {
+        // dim 0 has length 6: splitting it 4 ways is impossible, so D(1) -> R -> no D(0).
+        let m = mesh("tp = 4");
+        let mut ts = TransitionSearch::new();
+        let t = ts.find(
+            &sh(&m, "tp = D(1)", 2),
+            &sh(&m, "tp = D(0)", 2),
+            &[6, 8],
+            4,
+            &[4],
+        );
+        assert!(t.is_none());
+        let t = ts
+            .find(&sh(&m, "tp = D(1)", 2), &sh(&m, "", 2), &[6, 8], 4, &[4])
+            .unwrap();
+        assert_eq!(t.steps, vec![Step::AllGather { axis: 0, dim: 1 }]);
+        assert_eq!(t.bytes, 0.75 * 6.0 * 8.0 * 4.0);
+    }
+
+    #[test]
+    fn shards_follow_row_major_coordinates_and_nesting() {
+        let m = mesh("dp = 2, tp = 2");
+        let s = sh(&m, "tp = D(0), dp = D(0)", 2); // tp outer, dp inner on dim 0
+        let sz = sizes(&m);
+        // device 1 = (dp 0, tp 1): block tp*2 + dp = 2 of 4 -> rows 4..6
+        assert_eq!(s.shard(&[8, 3], &sz, 1).ranges, vec![4..6, 0..3]);
+        // device 2 = (dp 1, tp 0): block 1 -> rows 2..4
+        assert_eq!(s.shard(&[8, 3], &sz, 2).ranges, vec![2..4, 0..3]);
+        let v = sh(&m, "dp = V(sum), tp = D(1)", 2);
+        let piece = v.shard(&[8, 4], &sz, 3);
+        assert_eq!(piece.ranges, vec![0..8, 2..4]);
+        assert_eq!(piece.partial, vec![(0, 1)]);
+    }
+
+    #[test]
+    fn layouts_round_trip() {
+        let m = mesh("dp = 2, tp = 4, pp = 2");
+        for text in [
+            "@world",
+            "@world, dp = V(sum), tp = D(1)",
+            "@world, tp = D(0), dp = D(0)",
+            "@world, pp = V(max)",
+        ] {
+            let l = Layout::parse(text).unwrap();
+            let s = Sharding::from_layout(&l, &m, 2).unwrap();
+            let back = s.to_layout(&m);
+            assert_eq!(
+                Sharding::from_layout(&back, &m, 2).unwrap(),
+                s,
+                "{text} -> {back}"
+            );
+        }
+    }
+}
