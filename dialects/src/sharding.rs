@@ -303,10 +303,13 @@ impl Ord for Cost {
     }
 }
 
-/// Shortest paths between shardings, cached by (from, to, shape, element bytes, mesh sizes).
+/// A transition query: (from, to, shape, element bytes, mesh axis sizes).
+type Query = (Sharding, Sharding, Vec<i64>, u64, Vec<i64>);
+
+/// Shortest paths between shardings, cached by query.
 #[derive(Debug, Default)]
 pub struct TransitionSearch {
-    cache: HashMap<(Sharding, Sharding, Vec<i64>, u64, Vec<i64>), Option<Transition>>,
+    cache: HashMap<Query, Option<Transition>>,
 }
 
 impl TransitionSearch {
