@@ -262,6 +262,26 @@ impl Graph {
         Ok(outputs)
     }
 
+    /// Appends an op that has no spec (an `nns` op) with the given result types.
+    pub fn add_raw(
+        &mut self,
+        op: &str,
+        inputs: &[ValueId],
+        types: Vec<TensorType>,
+        attrs: Attrs,
+        loc: &SrcLoc,
+    ) -> Vec<ValueId> {
+        let outputs: Vec<ValueId> = types.into_iter().map(|t| self.new_value(t)).collect();
+        self.nodes.push(Node {
+            op: op.to_string(),
+            inputs: inputs.to_vec(),
+            outputs: outputs.clone(),
+            attrs,
+            loc: loc.clone(),
+        });
+        outputs
+    }
+
     /// [`Graph::add`] for a single-result op.
     pub fn add1(
         &mut self,

@@ -13,6 +13,7 @@
 //! R→D). An edge costs the bytes each device sends (ring algorithms) plus a fixed per-hop
 //! penalty, so that among equally cheap paths the shorter wins. Results are cached.
 
+use crate::annotation::{Annotation, Binding, DimKind, TensorAnno};
 use crate::nns::{AxisLayout, Layout, Mesh, Reduce};
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -510,6 +511,241 @@ fn merge(steps: Vec<Step>) -> Vec<Step> {
     out
 }
 
+/// The layouts an op needs for its operands and produces for its results, under a split
+/// directive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpLayouts {
+    /// Per operand (`None` for a `?` operand, always replicated).
+    pub inputs: Vec<Option<Sharding>>,
+    /// Per result.
+    pub outputs: Vec<Sharding>,
+}
+
+/// A split directive resolved against a mesh: (annotation identifier, mesh axes, outer
+/// first).
+pub type Binds = Vec<(String, Vec<usize>)>;
+
+/// What an op with annotation `anno` (bound as `binding`) reads and writes when the
+/// identifiers in `binds` are split over their mesh axes: a dim carrying a split id is
+/// D on those axes in every tensor that has it; a summed id leaves each result that lacks
+/// it partial (V(sum)) on its axes; everything else is replicated.
+pub fn op_layouts(
+    anno: &Annotation,
+    binding: &Binding,
+    binds: &[(String, Vec<usize>)],
+    mesh_axes: usize,
+    in_ranks: &[usize],
+    out_ranks: &[usize],
+) -> Result<OpLayouts, String> {
+    let mut inputs: Vec<Option<Sharding>> = anno
+        .inputs
+        .iter()
+        .zip(in_ranks)
+        .map(|(t, &r)| match t {
+            TensorAnno::NonTensor => None,
+            TensorAnno::Tensor { .. } => Some(Sharding::replicated(r, mesh_axes)),
+        })
+        .collect();
+    let mut outputs: Vec<Sharding> = out_ranks
+        .iter()
+        .map(|&r| Sharding::replicated(r, mesh_axes))
+        .collect();
+    let choices = anno.split_choices(binding);
+    for (id, axes) in binds {
+        let c = choices
+            .iter()
+            .find(|c| &c.id == id)
+            .ok_or_else(|| format!("dimension '{id}' cannot be split in '{anno}'"))?;
+        let mut in_outputs = vec![false; outputs.len()];
+        for p in &c.positions {
+            let t = if p.output {
+                in_outputs[p.tensor] = true;
+                Some(&mut outputs[p.tensor])
+            } else {
+                inputs[p.tensor].as_mut()
+            };
+            if let Some(t) = t {
+                t.split[p.dim].extend(axes.iter().copied());
+            }
+        }
+        if c.kind == DimKind::Summed {
+            for (j, o) in outputs.iter_mut().enumerate() {
+                if !in_outputs[j] {
+                    for &a in axes {
+                        o.partial[a] = Some(Reduce::Sum);
+                    }
+                }
+            }
+        }
+    }
+    Ok(OpLayouts { inputs, outputs })
+}
+
+/// Split binds that make an op without a directive follow its operands: for each operand
+/// (in order) and each of its split dims, the identifier annotating that dim is bound to
+/// the same axes, unless the identifier or the axes are already taken. Partial operands
+/// propose nothing (they are reduced before the op).
+pub fn infer_binds(anno: &Annotation, binding: &Binding, operands: &[Option<&Sharding>]) -> Binds {
+    let choices = anno.split_choices(binding);
+    let mut binds: Binds = Vec::new();
+    for (i, s) in operands.iter().enumerate() {
+        let Some(s) = s else { continue };
+        for (d, axes) in s.split.iter().enumerate() {
+            if axes.is_empty() {
+                continue;
+            }
+            let Some(c) = choices.iter().find(|c| {
+                c.positions
+                    .iter()
+                    .any(|p| !p.output && p.tensor == i && p.dim == d)
+            }) else {
+                continue;
+            };
+            let taken = binds
+                .iter()
+                .any(|(id, v)| id == &c.id || v.iter().any(|a| axes.contains(a)));
+            if !taken {
+                binds.push((c.id.clone(), axes.clone()));
+            }
+        }
+    }
+    binds
+}
+
+/// In which operands an op is linear, for letting partial values flow through it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Linearity {
+    /// Not linear in any operand.
+    No,
+    /// Jointly linear in these operands: all of them partial, the others replicated.
+    Joint(&'static [usize]),
+    /// Linear in each of these operands: exactly one partial, the others replicated.
+    Each(&'static [usize]),
+}
+
+fn linearity(op: &str, operands: usize) -> Linearity {
+    use Linearity::*;
+    match op {
+        "dnn.add" | "dnn.sub" => Joint(&[0, 1]),
+        "dnn.concat" => Joint(&[0, 1, 2, 3, 4, 5, 6, 7]),
+        "dnn.neg"
+        | "dnn.reshape"
+        | "dnn.transpose"
+        | "dnn.sum"
+        | "dnn.mean"
+        | "dnn.slice"
+        | "dnn.pad"
+        | "dnn.split"
+        | "dnn.broadcast_to"
+        | "dnn.dropout"
+        | "dnn.div"
+        | "dnn.rotary"
+        | "dnn.rotary_grad"
+        | "dnn.gelu_grad"
+        | "dnn.silu_grad"
+        | "dnn.relu_grad"
+        | "dnn.tanh_grad"
+        | "dnn.softmax_grad"
+        | "dnn.log_softmax_grad"
+        | "dnn.layer_norm_grad"
+        | "dnn.rms_norm_grad"
+        | "dnn.embedding_grad"
+        | "dnn.attention_grad"
+        | "dnn.cross_entropy_grad"
+        | "dnn.max_grad" => Joint(&[0]),
+        "dnn.mul" | "dnn.matmul" => Each(&[0, 1]),
+        "dnn.linear" if operands == 2 => Each(&[0, 1]),
+        _ => No,
+    }
+}
+
+/// The mesh axes (not split by the op's directive, `bound`) along which partial operands
+/// may flow through op `op` unreduced: the op is linear in them and every other operand is
+/// replicated along the axis. Returns (axis, reduction) pairs; only sums flow.
+pub fn partial_passthrough(
+    op: &str,
+    operands: &[Option<&Sharding>],
+    bound: &[usize],
+) -> Vec<(usize, Reduce)> {
+    let Some(first) = operands.iter().flatten().next() else {
+        return Vec::new();
+    };
+    let lin = linearity(op, operands.len());
+    let mut out = Vec::new();
+    for a in 0..first.partial.len() {
+        if bound.contains(&a) {
+            continue;
+        }
+        let state = |s: &Option<&Sharding>| s.map(|s| s.axis_state(a));
+        let is_v = |s: &Option<&Sharding>| state(s) == Some(AxisState::V(Reduce::Sum));
+        let is_r = |s: &Option<&Sharding>| matches!(state(s), Some(AxisState::R) | None);
+        let ok = match lin {
+            Linearity::No => false,
+            Linearity::Joint(set) => {
+                let mut any = false;
+                let mut fine = true;
+                for (i, s) in operands.iter().enumerate() {
+                    if set.contains(&i) {
+                        any |= is_v(s);
+                        fine &= is_v(s);
+                    } else {
+                        fine &= is_r(s);
+                    }
+                }
+                any && fine
+            }
+            Linearity::Each(set) => {
+                let vs = operands
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, s)| set.contains(i) && is_v(s))
+                    .count();
+                vs == 1 && operands.iter().all(|s| is_v(s) || is_r(s))
+            }
+        };
+        if ok {
+            out.push((a, Reduce::Sum));
+        }
+    }
+    out
+}
+
+/// Resolves the axis names of a directive against a mesh.
+pub fn resolve_binds(split: &crate::nns::Split, mesh: &Mesh) -> Result<Binds, String> {
+    split
+        .binds
+        .iter()
+        .map(|(id, axes)| {
+            let v = axes
+                .iter()
+                .map(|a| {
+                    mesh.axes
+                        .iter()
+                        .position(|x| &x.name == a)
+                        .ok_or_else(|| format!("mesh '@{}' has no axis '{a}'", mesh.name))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((id.clone(), v))
+        })
+        .collect()
+}
+
+/// The directive text of resolved binds: `id = axis` / `id = (a, b)`.
+pub fn binds_to_split(binds: &[(String, Vec<usize>)], mesh: &Mesh) -> crate::nns::Split {
+    crate::nns::Split {
+        mesh: None,
+        binds: binds
+            .iter()
+            .map(|(id, v)| {
+                (
+                    id.clone(),
+                    v.iter().map(|&a| mesh.axes[a].name.clone()).collect(),
+                )
+            })
+            .collect(),
+    }
+}
+
 impl fmt::Display for Sharding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut items = Vec::new();
@@ -637,6 +873,42 @@ mod tests {
         let piece = v.shard(&[8, 4], &sz, 3);
         assert_eq!(piece.ranges, vec![0..8, 2..4]);
         assert_eq!(piece.partial, vec![(0, 1)]);
+    }
+
+    #[test]
+    fn op_layouts_from_directives() {
+        let m = mesh("dp = 2, tp = 4");
+        let anno = Annotation::parse("m k+, k+ n -> m n").unwrap();
+        let binding = anno.bind(&[Some(&[8, 16]), Some(&[16, 4])]).unwrap();
+        // Row-parallel: k over tp -> inputs split on k, result partial on tp.
+        let l = op_layouts(
+            &anno,
+            &binding,
+            &[("k".into(), vec![1]), ("m".into(), vec![0])],
+            2,
+            &[2, 2],
+            &[2],
+        )
+        .unwrap();
+        assert_eq!(
+            l.inputs[0].as_ref().unwrap().to_layout(&m).to_string(),
+            "@world, dp = D(0), tp = D(1)"
+        );
+        assert_eq!(
+            l.inputs[1].as_ref().unwrap().to_layout(&m).to_string(),
+            "@world, tp = D(0)"
+        );
+        assert_eq!(
+            l.outputs[0].to_layout(&m).to_string(),
+            "@world, dp = D(0), tp = V(sum)"
+        );
+        // Inference follows the first operand's split.
+        let x = l.inputs[0].clone().unwrap();
+        let binds = infer_binds(&anno, &binding, &[Some(&x), None]);
+        assert_eq!(
+            binds,
+            vec![("m".to_string(), vec![0]), ("k".to_string(), vec![1])]
+        );
     }
 
     #[test]

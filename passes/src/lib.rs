@@ -4,7 +4,11 @@
 //! `nnscaler-opt` flags, `--list-passes`, `--help` and `--pass-pipeline` are generated from.
 
 pub mod autodiff;
+pub mod layouts;
+pub mod lower_relayouts;
 pub mod pipeline;
 pub mod print_stats;
+pub mod propagate_layouts;
 pub mod registry;
 pub mod rewrite;
+pub mod split_tensor;

@@ -1,8 +1,11 @@
 //! The single table of passes: name (= flag = file = test folder), summary, options.
 
 use crate::autodiff::Autodiff;
+use crate::lower_relayouts::LowerRelayouts;
 use crate::pipeline::{Pass, PassOptions};
 use crate::print_stats::PrintStats;
+use crate::propagate_layouts::PropagateLayouts;
+use crate::split_tensor::SplitTensor;
 use melior::pass::transform::{create_canonicalizer, create_cse};
 
 /// One option of a pass.
@@ -55,6 +58,24 @@ pub static PASSES: &[PassInfo] = &[
             help: "only this function (default: every function)",
         }],
         factory: Factory::Native(|o| Ok(Box::new(PrintStats::new(o)?))),
+    },
+    PassInfo {
+        name: "propagate-layouts",
+        summary: "Give every value a layout: arguments' nns.layout, ops' split directives, and ops without one following their operands (writes nns.split, nns.layouts and result nns.layout)",
+        options: &[],
+        factory: Factory::Native(|o| Ok(Box::new(PropagateLayouts::new(o)?))),
+    },
+    PassInfo {
+        name: "split-tensor",
+        summary: "Insert nns.relayout wherever an operand's layout differs from what its consumer's split needs (and before results whose layout differs from their nns.layout)",
+        options: &[],
+        factory: Factory::Native(|o| Ok(Box::new(SplitTensor::new(o)?))),
+    },
+    PassInfo {
+        name: "lower-relayouts",
+        summary: "Turn each nns.relayout into the cheapest sequence of collectives (all_reduce, reduce_scatter, all_gather, all_to_all, slice)",
+        options: &[],
+        factory: Factory::Native(|o| Ok(Box::new(LowerRelayouts::new(o)?))),
     },
     PassInfo {
         name: "canonicalize",

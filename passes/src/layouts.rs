@@ -1,0 +1,228 @@
+//! What the layout passes share: finding the mesh, reading and writing layouts on values,
+//! and the layouts an op needs under its split directive.
+
+use melior::ir::Module;
+use nnscaler_dialects::annotation::{Annotation, Binding};
+use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
+use nnscaler_dialects::dnn;
+use nnscaler_dialects::graph::{Graph, Node};
+use nnscaler_dialects::nns::{Layout, Mesh, Split};
+use nnscaler_dialects::sharding::{
+    op_layouts, partial_passthrough, resolve_binds, Binds, OpLayouts, Sharding,
+};
+use nnscaler_dialects::spec::OpCtx;
+use nnscaler_dialects::types::{AttrValue, Attrs};
+use nnscaler_dialects::verify::{file_loc, Meshes};
+use nnscaler_dialects::view;
+
+/// The module's one mesh (the layout passes support a single mesh today).
+pub fn the_mesh(module: &Module<'_>, pass: &str) -> Result<Mesh, Diagnostics> {
+    let mut d = Diagnostics::default();
+    let meshes = Meshes::collect(module, &mut d);
+    if d.has_errors() {
+        return Err(d);
+    }
+    match meshes.0.as_slice() {
+        [m] => Ok(m.clone()),
+        [] => {
+            d.error(
+                &file_loc(""),
+                format!(
+                    "{pass}: the module has no nns.mesh (add one, or run --plan with mesh sizes)"
+                ),
+            );
+            Err(d)
+        }
+        _ => {
+            d.error(
+                &file_loc(""),
+                format!("{pass}: the module has several meshes; only one is supported"),
+            );
+            Err(d)
+        }
+    }
+}
+
+/// A located error as diagnostics.
+pub fn error(loc: &SrcLoc, msg: impl Into<String>) -> Diagnostics {
+    let mut d = Diagnostics::default();
+    d.error(loc, msg);
+    d
+}
+
+/// The annotation of a `dnn` node, bound to its operand shapes.
+pub fn annotation(g: &Graph, n: &Node) -> Result<(Annotation, Binding), String> {
+    let spec = dnn::spec(&n.op).ok_or_else(|| format!("'{}' is not a dnn op", n.op))?;
+    let operands: Vec<_> = n
+        .inputs
+        .iter()
+        .map(|&v| Some(g.values[v].clone()))
+        .collect();
+    let ctx = OpCtx {
+        operands: &operands,
+        attrs: &n.attrs,
+    };
+    let (_, a, b) = spec.check(&ctx).map_err(|e| format!("'{}' {e}", n.op))?;
+    Ok((a, b))
+}
+
+/// The node's split directive resolved against `mesh` (`None` when it has none).
+pub fn directive(n: &Node, mesh: &Mesh) -> Result<Option<Binds>, String> {
+    match n.attrs.get("nns.split") {
+        None => Ok(None),
+        Some(AttrValue::Nns { kind, body }) if kind == "split" => {
+            let s = Split::parse(body)?;
+            resolve_binds(&s, mesh).map(Some)
+        }
+        Some(_) => Err("'nns.split' must be a #nns.split<...> attribute".into()),
+    }
+}
+
+/// The layouts a `dnn` node needs and produces under `binds`, given its operands' current
+/// layouts: partial sums flow through ops linear in them instead of being reduced first.
+pub fn node_layouts(
+    g: &Graph,
+    n: &Node,
+    mesh: &Mesh,
+    binds: &Binds,
+    operands: &[Option<&Sharding>],
+) -> Result<OpLayouts, String> {
+    let (anno, binding) = annotation(g, n)?;
+    let in_ranks: Vec<usize> = n.inputs.iter().map(|&v| g.values[v].rank()).collect();
+    let out_ranks: Vec<usize> = n.outputs.iter().map(|&v| g.values[v].rank()).collect();
+    let mut l = op_layouts(
+        &anno,
+        &binding,
+        binds,
+        mesh.axes.len(),
+        &in_ranks,
+        &out_ranks,
+    )?;
+    let bound: Vec<usize> = binds.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+    for (a, r) in partial_passthrough(&n.op, operands, &bound) {
+        for (want, have) in l.inputs.iter_mut().zip(operands) {
+            if let (Some(w), Some(h)) = (want, have) {
+                if h.partial[a].is_some() {
+                    w.partial[a] = Some(r);
+                }
+            }
+        }
+        for o in &mut l.outputs {
+            o.partial[a] = Some(r);
+        }
+    }
+    Ok(l)
+}
+
+/// Reads a layout attribute value (`#nns.layout<...>`).
+pub fn read_layout(v: &AttrValue, mesh: &Mesh, rank: usize) -> Result<Sharding, String> {
+    match v {
+        AttrValue::Nns { kind, body } if kind == "layout" => {
+            let l = Layout::parse(body)?;
+            if l.mesh != mesh.name {
+                return Err(format!(
+                    "layout names mesh '@{}', not '@{}'",
+                    l.mesh, mesh.name
+                ));
+            }
+            Sharding::from_layout(&l, mesh, rank)
+        }
+        _ => Err("expected a #nns.layout<...> attribute".into()),
+    }
+}
+
+/// The attribute value of a layout.
+pub fn layout_attr(s: &Sharding, mesh: &Mesh) -> AttrValue {
+    AttrValue::Nns {
+        kind: "layout".into(),
+        body: s.to_layout(mesh).to_string(),
+    }
+}
+
+/// The `nns.layouts` attribute value of several results.
+pub fn layouts_attr(v: &[Sharding], mesh: &Mesh) -> AttrValue {
+    let items: Vec<String> = v
+        .iter()
+        .map(|s| layout_attr(s, mesh).to_mlir_text())
+        .collect();
+    AttrValue::Other(format!("[{}]", items.join(", ")))
+}
+
+/// Reads `nns.layouts` of a node.
+pub fn read_layouts(
+    attrs: &Attrs,
+    mesh: &Mesh,
+    ranks: &[usize],
+) -> Result<Option<Vec<Sharding>>, String> {
+    let Some(v) = attrs.get("nns.layouts") else {
+        return Ok(None);
+    };
+    let AttrValue::Other(text) = v else {
+        return Err("'nns.layouts' must be an array of #nns.layout".into());
+    };
+    let body = text
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .ok_or("'nns.layouts' must be an array")?;
+    let items = view::split_commas(body);
+    if items.len() != ranks.len() {
+        return Err(format!(
+            "'nns.layouts' has {} entries for {} results",
+            items.len(),
+            ranks.len()
+        ));
+    }
+    items
+        .iter()
+        .zip(ranks)
+        .map(|(t, &r)| read_layout(&AttrValue::from_mlir_text(t), mesh, r))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// The layout of every value as written: arguments' `nns.layout` (replicated when absent),
+/// nodes' `nns.layouts`, relayouts' `to`. `None` for values with no layout written.
+pub fn value_layouts(g: &Graph, mesh: &Mesh) -> Result<Vec<Option<Sharding>>, Diagnostics> {
+    let mut out: Vec<Option<Sharding>> = vec![None; g.values.len()];
+    for (i, a) in g.args.iter().enumerate() {
+        let r = g.values[a.value].rank();
+        out[a.value] = Some(match a.attrs.get("nns.layout") {
+            Some(v) => read_layout(v, mesh, r)
+                .map_err(|e| error(&g.loc, format!("@{} argument {i}: {e}", g.name)))?,
+            None => Sharding::replicated(r, mesh.axes.len()),
+        });
+    }
+    for n in &g.nodes {
+        let ranks: Vec<usize> = n.outputs.iter().map(|&v| g.values[v].rank()).collect();
+        let ls = if n.op == "nns.relayout" {
+            n.attrs
+                .get("to")
+                .map(|v| read_layout(v, mesh, ranks[0]).map(|s| vec![s]))
+                .transpose()
+        } else {
+            read_layouts(&n.attrs, mesh, &ranks)
+        };
+        if let Some(ls) = ls.map_err(|e| error(&n.loc, format!("'{}': {e}", n.op)))? {
+            for (&v, s) in n.outputs.iter().zip(ls) {
+                out[v] = Some(s);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The layout each function result must have: its `nns.layout`, or replicated.
+pub fn result_layouts(g: &Graph, mesh: &Mesh) -> Result<Vec<Sharding>, Diagnostics> {
+    g.outputs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let r = g.values[o.value].rank();
+            match o.attrs.get("nns.layout") {
+                Some(v) => read_layout(v, mesh, r)
+                    .map_err(|e| error(&g.loc, format!("@{} result {i}: {e}", g.name))),
+                None => Ok(Sharding::replicated(r, mesh.axes.len())),
+            }
+        })
+        .collect()
+}

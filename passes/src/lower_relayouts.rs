@@ -1,0 +1,151 @@
+//! `--lower-relayouts`: turns each `nns.relayout` into the cheapest sequence of collectives
+//! from its operand's layout to its target (`sharding::TransitionSearch`: all_reduce,
+//! reduce_scatter, all_gather, all_to_all, local slice). Every collective records the
+//! layout it produces in `nns.layouts`. A relayout with no route (e.g. to a partial
+//! layout) is an error at its location.
+
+use crate::layouts::{error, layouts_attr, the_mesh, value_layouts};
+use crate::pipeline::{Pass, PassOptions};
+use crate::rewrite::rewrite_funcs;
+use melior::ir::Module;
+use nnscaler_dialects::context::IrContext;
+use nnscaler_dialects::diag::Diagnostics;
+use nnscaler_dialects::graph::{Graph, ValueId};
+use nnscaler_dialects::nns::Mesh;
+use nnscaler_dialects::sharding::{Sharding, Step, TransitionSearch};
+use nnscaler_dialects::types::{AttrValue, Attrs};
+
+/// The pass.
+#[derive(Debug)]
+pub struct LowerRelayouts;
+
+impl LowerRelayouts {
+    /// No options.
+    pub fn new(_: &PassOptions) -> Result<Self, String> {
+        Ok(LowerRelayouts)
+    }
+}
+
+impl Pass for LowerRelayouts {
+    fn run<'c>(&mut self, ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
+        let mesh = the_mesh(module, "lower-relayouts")?;
+        let mut search = TransitionSearch::new();
+        rewrite_funcs(ir, module, &mut |g| lower(g, &mesh, &mut search).map(Some))
+    }
+}
+
+fn step_attrs(step: &Step, mesh: &Mesh) -> Attrs {
+    let names =
+        |v: &[usize]| AttrValue::Strs(v.iter().map(|&a| mesh.axes[a].name.clone()).collect());
+    let mut a = Attrs::new();
+    let int = |x: usize| AttrValue::Int(x as i64);
+    match step {
+        Step::AllReduce { axes, reduce } => {
+            a.insert("axes".into(), names(axes));
+            a.insert("reduce".into(), AttrValue::Str(reduce.to_string()));
+        }
+        Step::ReduceScatter { axis, dim, reduce } => {
+            a.insert("axes".into(), names(&[*axis]));
+            a.insert("dim".into(), int(*dim));
+            a.insert("reduce".into(), AttrValue::Str(reduce.to_string()));
+        }
+        Step::AllGather { axis, dim } | Step::Slice { axis, dim } => {
+            a.insert("axes".into(), names(&[*axis]));
+            a.insert("dim".into(), int(*dim));
+        }
+        Step::AllToAll {
+            axis,
+            split_dim,
+            concat_dim,
+        } => {
+            a.insert("axes".into(), names(&[*axis]));
+            a.insert("split_dim".into(), int(*split_dim));
+            a.insert("concat_dim".into(), int(*concat_dim));
+        }
+    }
+    a
+}
+
+/// The sharding after applying `step` to `s`.
+pub fn apply(s: &Sharding, step: &Step) -> Sharding {
+    let mut s = s.clone();
+    match step {
+        Step::AllReduce { axes, .. } => axes.iter().for_each(|&a| s.partial[a] = None),
+        Step::ReduceScatter { axis, dim, .. } => {
+            s.partial[*axis] = None;
+            s.split[*dim].push(*axis);
+        }
+        Step::AllGather { dim, .. } => {
+            s.split[*dim].pop();
+        }
+        Step::AllToAll {
+            axis,
+            split_dim,
+            concat_dim,
+        } => {
+            s.split[*concat_dim].pop();
+            s.split[*split_dim].push(*axis);
+        }
+        Step::Slice { axis, dim } => s.split[*dim].push(*axis),
+    }
+    s
+}
+
+/// Lowers every relayout of `g`.
+pub fn lower(
+    mut g: Graph,
+    mesh: &Mesh,
+    search: &mut TransitionSearch,
+) -> Result<Graph, Diagnostics> {
+    let mut layouts = value_layouts(&g, mesh)?;
+    let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
+    let old = std::mem::take(&mut g.nodes);
+    let mut replace: Vec<Option<ValueId>> = vec![None; g.values.len()];
+    let subst =
+        |replace: &[Option<ValueId>], v: ValueId| replace.get(v).copied().flatten().unwrap_or(v);
+    for mut n in old {
+        for v in &mut n.inputs {
+            *v = subst(&replace, *v);
+        }
+        if n.op != "nns.relayout" {
+            g.nodes.push(n);
+            continue;
+        }
+        let src = n.inputs[0];
+        let (Some(from), Some(to)) = (layouts[src].clone(), layouts[n.outputs[0]].clone()) else {
+            return Err(error(&n.loc, "lower-relayouts: the relayout's operand has no layout; run --propagate-layouts first"));
+        };
+        let ty = g.values[src].clone();
+        let t = search
+            .find(&from, &to, &ty.shape, ty.elem.bytes(), &sizes)
+            .ok_or_else(|| {
+                error(
+                    &n.loc,
+                    format!(
+                        "lower-relayouts: no collective sequence turns {} into {}",
+                        from.to_layout(mesh),
+                        to.to_layout(mesh)
+                    ),
+                )
+            })?;
+        let mut cur = src;
+        let mut state = from;
+        for step in &t.steps {
+            state = apply(&state, step);
+            let mut attrs = step_attrs(step, mesh);
+            attrs.insert(
+                "nns.layouts".into(),
+                layouts_attr(std::slice::from_ref(&state), mesh),
+            );
+            cur = g.add_raw(step.op_name(), &[cur], vec![ty.clone()], attrs, &n.loc)[0];
+            layouts.resize(g.values.len(), None);
+            layouts[cur] = Some(state.clone());
+        }
+        replace.resize(g.values.len(), None);
+        replace[n.outputs[0]] = Some(cur);
+    }
+    for o in &mut g.outputs {
+        o.value = subst(&replace, o.value);
+    }
+    Ok(g)
+}

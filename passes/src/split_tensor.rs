@@ -1,0 +1,102 @@
+//! `--split-tensor`: makes every op's operands arrive in the layout its split needs.
+//!
+//! With every value's layout known (`--propagate-layouts`), each operand whose layout
+//! differs from what the consuming op's directive requires gets an
+//! `nns.relayout {to = ...}` in front of the consumer (one per value and target layout);
+//! so does each function result whose layout differs from its `nns.layout` — which is how
+//! the gradients of replicated parameters get reduced across the axes they are replicated
+//! on while sharded parameters' gradients stay sharded. Shapes stay global.
+
+use crate::layouts::{
+    directive, error, layout_attr, node_layouts, result_layouts, the_mesh, value_layouts,
+};
+use crate::pipeline::{Pass, PassOptions};
+use crate::rewrite::rewrite_funcs;
+use melior::ir::Module;
+use nnscaler_dialects::context::IrContext;
+use nnscaler_dialects::diag::Diagnostics;
+use nnscaler_dialects::graph::{Graph, Node, ValueId};
+use nnscaler_dialects::nns::Mesh;
+use nnscaler_dialects::sharding::Sharding;
+use nnscaler_dialects::types::Attrs;
+use std::collections::HashMap;
+
+/// The pass.
+#[derive(Debug)]
+pub struct SplitTensor;
+
+impl SplitTensor {
+    /// No options.
+    pub fn new(_: &PassOptions) -> Result<Self, String> {
+        Ok(SplitTensor)
+    }
+}
+
+impl Pass for SplitTensor {
+    fn run<'c>(&mut self, ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
+        let mesh = the_mesh(module, "split-tensor")?;
+        rewrite_funcs(ir, module, &mut |g| split(g, &mesh).map(Some))
+    }
+}
+
+/// Inserts the relayouts `g` needs (see the module docs).
+pub fn split(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
+    let mut layouts = value_layouts(&g, mesh)?;
+    let old = std::mem::take(&mut g.nodes);
+    let mut made: HashMap<(ValueId, Sharding), ValueId> = HashMap::new();
+    let mut relayout = |g: &mut Graph,
+                        layouts: &mut Vec<Option<Sharding>>,
+                        v: ValueId,
+                        want: &Sharding,
+                        n: &Node|
+     -> ValueId {
+        if layouts[v].as_ref() == Some(want) {
+            return v;
+        }
+        if let Some(&r) = made.get(&(v, want.clone())) {
+            return r;
+        }
+        let mut attrs = Attrs::new();
+        attrs.insert("to".into(), layout_attr(want, mesh));
+        let ty = g.values[v].clone();
+        let r = g.add_raw("nns.relayout", &[v], vec![ty], attrs, &n.loc)[0];
+        layouts.resize(g.values.len(), None);
+        layouts[r] = Some(want.clone());
+        made.insert((v, want.clone()), r);
+        r
+    };
+    for mut n in old {
+        if n.op.starts_with("dnn.") {
+            let fail = |e: String| error(&n.loc, format!("split-tensor: '{}': {e}", n.op));
+            if !n.attrs.contains_key("nns.layouts") {
+                return Err(fail("has no layouts; run --propagate-layouts first".into()));
+            }
+            let binds = directive(&n, mesh).map_err(fail)?.unwrap_or_default();
+            let have: Vec<Option<Sharding>> =
+                n.inputs.iter().map(|&v| layouts[v].clone()).collect();
+            let refs: Vec<Option<&Sharding>> = have.iter().map(Option::as_ref).collect();
+            let l = node_layouts(&g, &n, mesh, &binds, &refs).map_err(fail)?;
+            let inputs = n.inputs.clone();
+            for (i, &v) in inputs.iter().enumerate() {
+                if let Some(want) = &l.inputs[i] {
+                    n.inputs[i] = relayout(&mut g, &mut layouts, v, want, &n);
+                }
+            }
+        }
+        g.nodes.push(n);
+    }
+    let want = result_layouts(&g, mesh)?;
+    let ret_loc = g.loc.clone();
+    for (i, w) in want.iter().enumerate() {
+        let v = g.outputs[i].value;
+        let marker = Node {
+            op: "func.return".into(),
+            inputs: vec![],
+            outputs: vec![],
+            attrs: Attrs::new(),
+            loc: ret_loc.clone(),
+        };
+        g.outputs[i].value = relayout(&mut g, &mut layouts, v, w, &marker);
+    }
+    Ok(g)
+}
