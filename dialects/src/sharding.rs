@@ -623,6 +623,8 @@ enum Linearity {
     Each(&'static [usize]),
 }
 
+/// Norm gradients are linear in `dy` too, but are left out: reducing `dy` before them (as
+/// Megatron does) keeps their weight gradients replicated instead of partial.
 fn linearity(op: &str, operands: usize) -> Linearity {
     use Linearity::*;
     match op {
@@ -647,8 +649,6 @@ fn linearity(op: &str, operands: usize) -> Linearity {
         | "dnn.tanh_grad"
         | "dnn.softmax_grad"
         | "dnn.log_softmax_grad"
-        | "dnn.layer_norm_grad"
-        | "dnn.rms_norm_grad"
         | "dnn.embedding_grad"
         | "dnn.attention_grad"
         | "dnn.cross_entropy_grad"

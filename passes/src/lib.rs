@@ -7,6 +7,7 @@ pub mod autodiff;
 pub mod layouts;
 pub mod lower_relayouts;
 pub mod pipeline;
+pub mod plan;
 pub mod print_stats;
 pub mod propagate_layouts;
 pub mod registry;

@@ -24,8 +24,14 @@ impl PassOptions {
     /// Parses MLIR-style options `key=value key2=value2` for pass `info`.
     pub fn parse(info: &PassInfo, text: &str) -> Result<Self, String> {
         let mut map = BTreeMap::new();
+        let positional = info.options.iter().any(|o| o.name == "policy");
         for item in text.split_whitespace() {
-            let (k, v) = item.split_once('=').unwrap_or((item, "true"));
+            let (k, v) = match item.split_once('=') {
+                Some(kv) => kv,
+                // A pass with a `policy` option takes it unnamed: `--plan=dp`.
+                None if positional => ("policy", item),
+                None => (item, "true"),
+            };
             if !info.options.iter().any(|o| o.name == k) {
                 let known: Vec<&str> = info.options.iter().map(|o| o.name).collect();
                 return Err(format!(

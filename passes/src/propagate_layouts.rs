@@ -3,10 +3,13 @@
 //! Arguments keep their `nns.layout` (replicated when absent). In program order, each `dnn`
 //! op takes the split of its directive (`nns.split`); an op without one follows its
 //! operands: the identifier annotating each split operand dim is split over the same mesh
-//! axes (see `sharding::infer_binds`), and the inferred directive is written. The op's
+//! axes (see `sharding::infer_binds`), and the inferred directive is written; an op with a
+//! directive gets the inferred binds for the ids and axes its directive leaves free. The op's
 //! result layouts follow from its annotation (`nns.layouts`). Each function result gets the
 //! layout it must end with (`nns.layout`): a `grad.<p>` result that of parameter `p`,
-//! anything else replicated, unless one is written.
+//! anything else replicated, unless one is written. A `linear` whose directive splits its
+//! summed dim is first cut into `linear` + `add` of the bias, so the bias is added once,
+//! after the reduction.
 
 use crate::layouts::{
     annotation, directive, error, layout_attr, layouts_attr, node_layouts, the_mesh, value_layouts,
@@ -14,12 +17,13 @@ use crate::layouts::{
 use crate::pipeline::{Pass, PassOptions};
 use crate::rewrite::rewrite_funcs;
 use melior::ir::Module;
+use nnscaler_dialects::annotation::DimKind;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::Diagnostics;
-use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::graph::{Graph, Node};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::sharding::{binds_to_split, infer_binds, Sharding};
-use nnscaler_dialects::types::AttrValue;
+use nnscaler_dialects::types::{AttrValue, Attrs};
 
 /// The pass.
 #[derive(Debug)]
@@ -39,11 +43,48 @@ impl Pass for PropagateLayouts {
     }
 }
 
+/// A `linear` with a bias whose directive splits the summed dim `k` would add the bias on
+/// every device of a partial sum. It becomes `linear` without bias (partial) followed by
+/// `add` of the bias, which propagation then places after the reduction.
+fn split_bias(g: &mut Graph, k: usize, mesh: &Mesh) -> Result<(), Diagnostics> {
+    let n = &g.nodes[k];
+    if n.op != "dnn.linear" || n.inputs.len() != 3 {
+        return Ok(());
+    }
+    let fail = |e: String| error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op));
+    let Some(binds) = directive(n, mesh).map_err(fail)? else {
+        return Ok(());
+    };
+    let (anno, _) = annotation(g, n).map_err(fail)?;
+    if !binds.iter().any(|(id, _)| anno.kind(id) == DimKind::Summed) {
+        return Ok(());
+    }
+    let mut lin = n.clone();
+    let bias = lin.inputs.pop().unwrap_or_default();
+    let y = lin.outputs[0];
+    let partial = g.new_value(g.values[y].clone());
+    lin.outputs = vec![partial];
+    let add = Node {
+        op: "dnn.add".into(),
+        inputs: vec![partial, bias],
+        outputs: vec![y],
+        attrs: Attrs::new(),
+        loc: lin.loc.clone(),
+    };
+    g.nodes[k] = lin;
+    g.nodes.insert(k + 1, add);
+    Ok(())
+}
+
 /// Propagates layouts through `g` (see the module docs).
 pub fn propagate(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
     let mut layouts = value_layouts(&g, mesh)?;
-    for k in 0..g.nodes.len() {
+    let mut k = 0;
+    while k < g.nodes.len() {
+        split_bias(&mut g, k, mesh)?;
+        layouts.resize(g.values.len(), None);
         let n = g.nodes[k].clone();
+        k += 1;
         let ranks: Vec<usize> = n.outputs.iter().map(|&v| g.values[v].rank()).collect();
         if !n.op.starts_with("dnn.") {
             // nns ops: their layouts are written (relayouts) or replicated.
@@ -55,25 +96,31 @@ pub fn propagate(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
             continue;
         }
         let fail = |e: String| error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op));
-        let binds = match directive(&n, mesh).map_err(fail)? {
-            Some(b) => b,
-            None => {
-                let (anno, binding) = annotation(&g, &n).map_err(fail)?;
-                let ops: Vec<Option<&Sharding>> =
-                    n.inputs.iter().map(|&v| layouts[v].as_ref()).collect();
-                let b = infer_binds(&anno, &binding, &ops);
-                if !b.is_empty() {
-                    g.nodes[k].attrs.insert(
-                        "nns.split".into(),
-                        AttrValue::Nns {
-                            kind: "split".into(),
-                            body: binds_to_split(&b, mesh).to_string(),
-                        },
-                    );
-                }
-                b
+        let k = k - 1;
+        // The directive's binds first; inference from the operands fills in the ids and
+        // mesh axes the directive leaves free (a `n = tp` directive under data
+        // parallelism keeps the batch split on dp).
+        let written = directive(&n, mesh).map_err(fail)?;
+        let (anno, binding) = annotation(&g, &n).map_err(fail)?;
+        let ops: Vec<Option<&Sharding>> = n.inputs.iter().map(|&v| layouts[v].as_ref()).collect();
+        let mut binds = written.clone().unwrap_or_default();
+        for (id, axes) in infer_binds(&anno, &binding, &ops) {
+            let taken = binds
+                .iter()
+                .any(|(i, v)| *i == id || v.iter().any(|a| axes.contains(a)));
+            if !taken {
+                binds.push((id, axes));
             }
-        };
+        }
+        if !binds.is_empty() && written.as_ref() != Some(&binds) {
+            g.nodes[k].attrs.insert(
+                "nns.split".into(),
+                AttrValue::Nns {
+                    kind: "split".into(),
+                    body: binds_to_split(&binds, mesh).to_string(),
+                },
+            );
+        }
         let ops: Vec<Option<&Sharding>> = n.inputs.iter().map(|&v| layouts[v].as_ref()).collect();
         let l = node_layouts(&g, &n, mesh, &binds, &ops).map_err(fail)?;
         g.nodes[k]

@@ -3,6 +3,7 @@
 use crate::autodiff::Autodiff;
 use crate::lower_relayouts::LowerRelayouts;
 use crate::pipeline::{Pass, PassOptions};
+use crate::plan::Plan;
 use crate::print_stats::PrintStats;
 use crate::propagate_layouts::PropagateLayouts;
 use crate::split_tensor::SplitTensor;
@@ -58,6 +59,25 @@ pub static PASSES: &[PassInfo] = &[
             help: "only this function (default: every function)",
         }],
         factory: Factory::Native(|o| Ok(Box::new(PrintStats::new(o)?))),
+    },
+    PassInfo {
+        name: "plan",
+        summary: "Write a named policy's split directives and layouts: dp (data parallel), megatron (column->row tensor parallel), dp-megatron (both); --plan=\"dp-megatron dp=2 tp=4\"",
+        options: &[
+            OptionInfo {
+                name: "policy",
+                help: "dp | megatron | dp-megatron (may be written alone: --plan=dp)",
+            },
+            OptionInfo {
+                name: "dp",
+                help: "size of mesh axis dp when the module has no mesh",
+            },
+            OptionInfo {
+                name: "tp",
+                help: "size of mesh axis tp when the module has no mesh",
+            },
+        ],
+        factory: Factory::Native(|o| Ok(Box::new(Plan::new(o)?))),
     },
     PassInfo {
         name: "propagate-layouts",

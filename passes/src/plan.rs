@@ -1,0 +1,290 @@
+//! `--plan=<policy>`: writes the split directives and parameter layouts of a named
+//! parallelization policy; `--propagate-layouts` derives everything else.
+//!
+//! * `dp` — data parallel: every data input (non-parameter argument) is split on its first
+//!   dim over mesh axis `dp`; parameters stay replicated, so their gradients are reduced.
+//! * `megatron` — Megatron-LM tensor parallelism over axis `tp`: a `linear` whose result
+//!   reaches another `linear` through only reshapes, transposes, attention, rotary,
+//!   activations and products is column-parallel (`n = tp`, weight and bias split on their
+//!   first dim); the `linear`s it reaches are row-parallel (`k = tp`, weight split on its
+//!   second dim). Attention heads and the MLP hidden dim are then split by propagation, and
+//!   each row-parallel result is all-reduced before the residual add.
+//! * `dp-megatron` — both, on a `dp x tp` mesh.
+//!
+//! The mesh is the module's (`@world` with axes `dp`/`tp`), or made from the `dp=` / `tp=`
+//! options when the module has none.
+
+use crate::layouts::error;
+use crate::pipeline::{Pass, PassOptions};
+use crate::rewrite::rewrite_funcs;
+use melior::ir::Module;
+use nnscaler_dialects::context::IrContext;
+use nnscaler_dialects::diag::Diagnostics;
+use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::nns::{AxisLayout, Layout, Mesh};
+use nnscaler_dialects::types::AttrValue;
+use nnscaler_dialects::verify::{file_loc, Meshes};
+
+/// A named policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Data parallel.
+    Dp,
+    /// Megatron tensor parallel.
+    Megatron,
+    /// Both.
+    DpMegatron,
+}
+
+impl Policy {
+    fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "dp" => Ok(Policy::Dp),
+            "megatron" => Ok(Policy::Megatron),
+            "dp-megatron" => Ok(Policy::DpMegatron),
+            "megatron-sp" => Err("policy 'megatron-sp' is not implemented yet".into()),
+            other => Err(format!(
+                "unknown policy '{other}' (policies: dp, megatron, dp-megatron)"
+            )),
+        }
+    }
+
+    fn axes(self) -> &'static [&'static str] {
+        match self {
+            Policy::Dp => &["dp"],
+            Policy::Megatron => &["tp"],
+            Policy::DpMegatron => &["dp", "tp"],
+        }
+    }
+}
+
+/// The pass.
+#[derive(Debug)]
+pub struct Plan {
+    policy: Policy,
+    sizes: Vec<(&'static str, Option<i64>)>,
+}
+
+impl Plan {
+    /// Options: `policy` (also written alone: `--plan=dp`), `dp=N`, `tp=N`.
+    pub fn new(o: &PassOptions) -> Result<Self, String> {
+        let policy = Policy::parse(
+            o.get("policy")
+                .ok_or("plan needs a policy, e.g. --plan=dp")?,
+        )?;
+        let size = |k: &str| -> Result<Option<i64>, String> {
+            o.get(k)
+                .map(|v| {
+                    v.parse::<i64>()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or(format!("plan: '{k}={v}' must be a positive integer"))
+                })
+                .transpose()
+        };
+        let sizes = policy
+            .axes()
+            .iter()
+            .map(|&a| size(a).map(|s| (a, s)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Plan { policy, sizes })
+    }
+}
+
+impl Pass for Plan {
+    fn run<'c>(&mut self, ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
+        let mut d = Diagnostics::default();
+        let meshes = Meshes::collect(module, &mut d);
+        if d.has_errors() {
+            return Err(d);
+        }
+        let mesh = match meshes.0.as_slice() {
+            [] => {
+                let mut axes = Vec::new();
+                for (a, s) in &self.sizes {
+                    let s = s.ok_or_else(|| {
+                        error(
+                            &file_loc(""),
+                            format!("plan: the module has no mesh; give its size, e.g. --plan=\"{} {a}=4\"", policy_name(self.policy)),
+                        )
+                    })?;
+                    axes.push(format!("{a} = {s}"));
+                }
+                let text = format!(
+                    "module {{\n\"nns.mesh\"() {{sym_name = \"world\", axes = #nns.axes<{}>}} : () -> ()\n{}\n}}\n",
+                    axes.join(", "),
+                    body_text(module)
+                );
+                *module = ir.parse(&text, "<plan>")?;
+                let mut d = Diagnostics::default();
+                Meshes::collect(module, &mut d).0[0].clone()
+            }
+            [m] => {
+                for (a, s) in &self.sizes {
+                    match (m.axis(a), s) {
+                        (None, _) => {
+                            return Err(error(
+                                &file_loc(""),
+                                format!(
+                                    "plan: policy '{}' needs mesh axis '{a}', which '@{}' lacks",
+                                    policy_name(self.policy),
+                                    m.name
+                                ),
+                            ))
+                        }
+                        (Some(have), Some(want)) if have != *want => return Err(error(
+                            &file_loc(""),
+                            format!(
+                                "plan: '{a}={want}' disagrees with mesh '@{}' where {a} = {have}",
+                                m.name
+                            ),
+                        )),
+                        _ => {}
+                    }
+                }
+                m.clone()
+            }
+            _ => {
+                return Err(error(
+                    &file_loc(""),
+                    "plan: the module has several meshes; only one is supported",
+                ))
+            }
+        };
+        let policy = self.policy;
+        rewrite_funcs(ir, module, &mut |g| plan(g, policy, &mesh).map(Some))
+    }
+}
+
+fn policy_name(p: Policy) -> &'static str {
+    match p {
+        Policy::Dp => "dp",
+        Policy::Megatron => "megatron",
+        Policy::DpMegatron => "dp-megatron",
+    }
+}
+
+/// The module's top-level ops as text.
+fn body_text(module: &Module<'_>) -> String {
+    let mut out = Vec::new();
+    nnscaler_dialects::view::top_level_ops(module, &mut |op| out.push(op.to_string()));
+    out.join("\n")
+}
+
+fn set_layout(g: &mut Graph, arg: usize, mesh: &Mesh, axes: Vec<(String, AxisLayout)>) {
+    let l = Layout {
+        mesh: mesh.name.clone(),
+        axes,
+    };
+    g.args[arg].attrs.insert(
+        "nns.layout".into(),
+        AttrValue::Nns {
+            kind: "layout".into(),
+            body: l.to_string(),
+        },
+    );
+}
+
+/// Writes the policy's directives into `g`.
+pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnostics> {
+    if matches!(policy, Policy::Dp | Policy::DpMegatron) {
+        let n = mesh.axis("dp").unwrap_or(1);
+        for i in 0..g.args.len() {
+            let a = &g.args[i];
+            let ty = &g.values[a.value];
+            if a.is_param() || ty.shape.is_empty() || a.attrs.contains_key("nns.layout") {
+                continue;
+            }
+            if ty.shape[0] % n != 0 {
+                return Err(error(
+                    &g.loc,
+                    format!(
+                        "plan: argument {i}{} has batch dim {}, which dp = {n} does not divide",
+                        a.name().map(|s| format!(" '{s}'")).unwrap_or_default(),
+                        ty.shape[0]
+                    ),
+                ));
+            }
+            set_layout(&mut g, i, mesh, vec![("dp".into(), AxisLayout::D(0))]);
+        }
+    }
+    if matches!(policy, Policy::Megatron | Policy::DpMegatron) {
+        megatron(&mut g, mesh);
+    }
+    Ok(g)
+}
+
+/// Ops a column-parallel result may pass through on its way to the row-parallel linear.
+const THROUGH: &[&str] = &[
+    "dnn.reshape",
+    "dnn.transpose",
+    "dnn.attention",
+    "dnn.rotary",
+    "dnn.gelu",
+    "dnn.silu",
+    "dnn.relu",
+    "dnn.tanh",
+    "dnn.mul",
+    "dnn.dropout",
+];
+
+fn megatron(g: &mut Graph, mesh: &Mesh) {
+    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); g.values.len()];
+    for (k, n) in g.nodes.iter().enumerate() {
+        for (i, &v) in n.inputs.iter().enumerate() {
+            users[v].push((k, i));
+        }
+    }
+    let linears: Vec<usize> = (0..g.nodes.len())
+        .filter(|&k| g.nodes[k].op == "dnn.linear")
+        .collect();
+    let mut column = Vec::new();
+    let mut row = Vec::new();
+    for &l in &linears {
+        let mut stack = vec![g.nodes[l].outputs[0]];
+        let mut seen = vec![false; g.values.len()];
+        let mut reached = Vec::new();
+        while let Some(v) = stack.pop() {
+            if std::mem::replace(&mut seen[v], true) {
+                continue;
+            }
+            for &(k, i) in &users[v] {
+                let n = &g.nodes[k];
+                if n.op == "dnn.linear" && i == 0 {
+                    reached.push(k);
+                } else if THROUGH.contains(&n.op.as_str()) {
+                    stack.extend(n.outputs.iter().copied());
+                }
+            }
+        }
+        if !reached.is_empty() {
+            column.push(l);
+            row.extend(reached);
+        }
+    }
+    let param_arg = |g: &Graph, v| g.args.iter().position(|a| a.value == v && a.is_param());
+    let split = |id: &str| AttrValue::Nns {
+        kind: "split".into(),
+        body: format!("{id} = tp"),
+    };
+    for &k in &column {
+        if row.contains(&k) || g.nodes[k].attrs.contains_key("nns.split") {
+            continue;
+        }
+        g.nodes[k].attrs.insert("nns.split".into(), split("n"));
+        for &v in &g.nodes[k].inputs[1..].to_vec() {
+            if let Some(a) = param_arg(g, v) {
+                set_layout(g, a, mesh, vec![("tp".into(), AxisLayout::D(0))]);
+            }
+        }
+    }
+    for &k in &row {
+        if column.contains(&k) || g.nodes[k].attrs.contains_key("nns.split") {
+            continue;
+        }
+        g.nodes[k].attrs.insert("nns.split".into(), split("k"));
+        if let Some(a) = param_arg(g, g.nodes[k].inputs[1]) {
+            set_layout(g, a, mesh, vec![("tp".into(), AxisLayout::D(1))]);
+        }
+    }
+}
