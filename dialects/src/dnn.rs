@@ -690,6 +690,12 @@ const KEEPDIM: AttrSpec = attr(
     false,
     "keep reduced dims as length 1",
 );
+const COUNT: AttrSpec = attr(
+    "count",
+    AttrKind::Int,
+    false,
+    "divide by this many elements instead of the local count (set by --localize when the reduced dim is split)",
+);
 const CAUSAL: AttrSpec = attr("causal", AttrKind::Bool, false, "mask future positions");
 const SCALE: AttrSpec = attr(
     "scale",
@@ -1025,7 +1031,7 @@ pub static SPECS: &[OpSpec] = &[
         any_elem: false,
         int_operands: &[],
         results: &["y"],
-        attrs: &[DIMS, KEEPDIM],
+        attrs: &[DIMS, KEEPDIM, COUNT],
         annotation: sum_anno,
         result_types: None,
         flops: zero_flops,
@@ -1089,7 +1095,7 @@ pub static SPECS: &[OpSpec] = &[
         any_elem: false,
         int_operands: &[1],
         results: &["loss"],
-        attrs: &[],
+        attrs: &[COUNT],
         annotation: cross_entropy_anno,
         result_types: None,
         flops: |ctx, _| ctx.operands[0].as_ref().map_or(0.0, |t| 6.0 * numel(t)),
@@ -1291,7 +1297,7 @@ pub static SPECS: &[OpSpec] = &[
         any_elem: false,
         int_operands: &[2],
         results: &["dlogits"],
-        attrs: &[],
+        attrs: &[COUNT],
         annotation: cross_entropy_grad_anno,
         result_types: None,
         flops: flops_x4,

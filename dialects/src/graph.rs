@@ -100,6 +100,9 @@ pub struct Graph {
     pub nodes: Vec<Node>,
     /// Results in order.
     pub outputs: Vec<Output>,
+    /// Attributes of the function itself (other than its name, type and argument/result
+    /// attributes), e.g. `nns.localized`.
+    pub func_attrs: Attrs,
 }
 
 /// Why a function cannot be read as a graph: a message and where.
@@ -122,9 +125,19 @@ impl Graph {
             loc: loc.clone(),
             message,
         };
+        let own = OpView::of(op).attrs;
         let mut g = Graph {
             name: fv.name.clone(),
             loc: fv.loc.clone(),
+            func_attrs: own
+                .into_iter()
+                .filter(|(k, _)| {
+                    !matches!(
+                        k.as_str(),
+                        "sym_name" | "function_type" | "arg_attrs" | "res_attrs" | "sym_visibility"
+                    )
+                })
+                .collect(),
             ..Graph::default()
         };
         let mut ids: HashMap<usize, ValueId> = HashMap::new();
@@ -297,6 +310,11 @@ impl Graph {
         }
     }
 
+    /// Whether `--localize` produced this function (its shapes are per-device).
+    pub fn is_localized(&self) -> bool {
+        self.func_attrs.contains_key("nns.localized")
+    }
+
     /// How many times each value is used (by nodes and by the return).
     pub fn use_counts(&self) -> Vec<usize> {
         let mut n = vec![0; self.values.len()];
@@ -338,9 +356,14 @@ impl Graph {
             .iter()
             .map(|o| format!("{}{}", self.values[o.value], dict(&o.attrs)))
             .collect();
+        let fattrs = if self.func_attrs.is_empty() {
+            String::new()
+        } else {
+            format!(" attributes{}", dict(&self.func_attrs))
+        };
         let _ = writeln!(
             s,
-            "func.func @{}({}) -> ({}) {{",
+            "func.func @{}({}) -> ({}){fattrs} {{",
             self.name,
             args.join(", "),
             results.join(", ")

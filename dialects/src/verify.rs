@@ -71,12 +71,24 @@ impl Meshes {
 pub fn verify_module(module: &Module<'_>) -> Diagnostics {
     let mut diags = Diagnostics::default();
     let meshes = Meshes::collect(module, &mut diags);
+    // Inside a localized function shapes are per device: layouts, split directives and
+    // collective shapes describe the global program and are not checked against them.
+    let mut localized = false;
     walk_nested(&module.as_operation(), &mut |op: &OperationRef<'_, '_>| {
         if let Some(f) = FuncView::of(op) {
-            verify_func_signature(&f, &meshes, &mut diags);
+            localized = OpView::of(op).attrs.contains_key("nns.localized");
+            if !localized {
+                verify_func_signature(&f, &meshes, &mut diags);
+            }
             return;
         }
         let v = OpView::of(op);
+        if localized {
+            if let Err(msg) = verify_local_op(&v) {
+                diags.error(&v.loc, format!("'{}' {msg}", v.name));
+            }
+            return;
+        }
         if let Err(msg) = verify_op(&v, &meshes, &mut diags) {
             diags.error(&v.loc, format!("'{}' {msg}", v.name));
         }
@@ -134,6 +146,28 @@ fn check_layout(body: &str, ty: Option<&TensorType>, meshes: &Meshes) -> Result<
     let shape = ty.map(|t| t.shape.as_slice()).unwrap_or(&[]);
     l.check(mesh, shape)
         .map_err(|e| format!("layout <{l}> does not fit the value: {e}"))
+}
+
+/// An op of a localized function: `dnn` ops must still type-check (on local shapes).
+fn verify_local_op(v: &OpView) -> Result<(), String> {
+    let Some(spec) = v.name.strip_prefix("dnn.").map(|_| dnn::spec(&v.name)) else {
+        return Ok(());
+    };
+    let spec = spec.ok_or("is not a dnn op (see `nnscaler-opt --list-ops`)")?;
+    let ctx = OpCtx {
+        operands: &v.operands,
+        attrs: &v.attrs,
+    };
+    let (expected, _, _) = spec.check(&ctx)?;
+    for (i, (want, got)) in expected.iter().zip(&v.results).enumerate() {
+        if got.as_ref() != Some(want) {
+            return Err(format!(
+                "result {i} has type {} but its (local) operands give {want}",
+                v.result_text[i]
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn verify_op(v: &OpView, meshes: &Meshes, diags: &mut Diagnostics) -> Result<(), String> {

@@ -5,6 +5,7 @@
 
 pub mod autodiff;
 pub mod layouts;
+pub mod localize;
 pub mod lower_relayouts;
 pub mod pipeline;
 pub mod plan;

@@ -132,13 +132,15 @@ impl Pass for Plan {
                                 ),
                             ))
                         }
-                        (Some(have), Some(want)) if have != *want => return Err(error(
-                            &file_loc(""),
-                            format!(
+                        (Some(have), Some(want)) if have != *want => {
+                            return Err(error(
+                                &file_loc(""),
+                                format!(
                                 "plan: '{a}={want}' disagrees with mesh '@{}' where {a} = {have}",
                                 m.name
                             ),
-                        )),
+                            ))
+                        }
                         _ => {}
                     }
                 }
@@ -278,8 +280,9 @@ fn megatron(g: &mut Graph, mesh: &Mesh) {
             }
         }
     }
+    // A linear both reached and reaching (a deeper MLP) reads a split activation: row.
     for &k in &row {
-        if column.contains(&k) || g.nodes[k].attrs.contains_key("nns.split") {
+        if g.nodes[k].attrs.contains_key("nns.split") {
             continue;
         }
         g.nodes[k].attrs.insert("nns.split".into(), split("k"));

@@ -17,12 +17,12 @@ use crate::layouts::{
 use crate::pipeline::{Pass, PassOptions};
 use crate::rewrite::rewrite_funcs;
 use melior::ir::Module;
-use nnscaler_dialects::annotation::DimKind;
+use nnscaler_dialects::annotation::{Annotation, DimKind};
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::{Graph, Node};
 use nnscaler_dialects::nns::Mesh;
-use nnscaler_dialects::sharding::{binds_to_split, infer_binds, Sharding};
+use nnscaler_dialects::sharding::{binds_to_split, infer_binds, Binds, Sharding};
 use nnscaler_dialects::types::{AttrValue, Attrs};
 
 /// The pass.
@@ -46,18 +46,13 @@ impl Pass for PropagateLayouts {
 /// A `linear` with a bias whose directive splits the summed dim `k` would add the bias on
 /// every device of a partial sum. It becomes `linear` without bias (partial) followed by
 /// `add` of the bias, which propagation then places after the reduction.
-fn split_bias(g: &mut Graph, k: usize, mesh: &Mesh) -> Result<(), Diagnostics> {
+fn split_bias(g: &mut Graph, k: usize, anno: &Annotation, binds: &Binds) -> bool {
     let n = &g.nodes[k];
     if n.op != "dnn.linear" || n.inputs.len() != 3 {
-        return Ok(());
+        return false;
     }
-    let fail = |e: String| error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op));
-    let Some(binds) = directive(n, mesh).map_err(fail)? else {
-        return Ok(());
-    };
-    let (anno, _) = annotation(g, n).map_err(fail)?;
     if !binds.iter().any(|(id, _)| anno.kind(id) == DimKind::Summed) {
-        return Ok(());
+        return false;
     }
     let mut lin = n.clone();
     let bias = lin.inputs.pop().unwrap_or_default();
@@ -73,7 +68,7 @@ fn split_bias(g: &mut Graph, k: usize, mesh: &Mesh) -> Result<(), Diagnostics> {
     };
     g.nodes[k] = lin;
     g.nodes.insert(k + 1, add);
-    Ok(())
+    true
 }
 
 /// Propagates layouts through `g` (see the module docs).
@@ -81,10 +76,7 @@ pub fn propagate(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
     let mut layouts = value_layouts(&g, mesh)?;
     let mut k = 0;
     while k < g.nodes.len() {
-        split_bias(&mut g, k, mesh)?;
-        layouts.resize(g.values.len(), None);
-        let n = g.nodes[k].clone();
-        k += 1;
+        let mut n = g.nodes[k].clone();
         let ranks: Vec<usize> = n.outputs.iter().map(|&v| g.values[v].rank()).collect();
         if !n.op.starts_with("dnn.") {
             // nns ops: their layouts are written (relayouts) or replicated.
@@ -93,10 +85,10 @@ pub fn propagate(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
                     layouts[v] = Some(Sharding::replicated(ranks[j], mesh.axes.len()));
                 }
             }
+            k += 1;
             continue;
         }
         let fail = |e: String| error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op));
-        let k = k - 1;
         // The directive's binds first; inference from the operands fills in the ids and
         // mesh axes the directive leaves free (a `n = tp` directive under data
         // parallelism keeps the batch split on dp).
@@ -121,14 +113,20 @@ pub fn propagate(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
                 },
             );
         }
+        if split_bias(&mut g, k, &anno, &binds) {
+            layouts.resize(g.values.len(), None);
+            n = g.nodes[k].clone();
+        }
         let ops: Vec<Option<&Sharding>> = n.inputs.iter().map(|&v| layouts[v].as_ref()).collect();
-        let l = node_layouts(&g, &n, mesh, &binds, &ops).map_err(fail)?;
+        let l = node_layouts(&g, &n, mesh, &binds, &ops)
+            .map_err(|e| error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op)))?;
         g.nodes[k]
             .attrs
             .insert("nns.layouts".into(), layouts_attr(&l.outputs, mesh));
         for (&v, s) in n.outputs.iter().zip(l.outputs) {
             layouts[v] = Some(s);
         }
+        k += 1;
     }
     let params: Vec<(String, Option<Sharding>)> = g
         .args

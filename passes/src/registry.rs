@@ -1,6 +1,7 @@
 //! The single table of passes: name (= flag = file = test folder), summary, options.
 
 use crate::autodiff::Autodiff;
+use crate::localize::Localize;
 use crate::lower_relayouts::LowerRelayouts;
 use crate::pipeline::{Pass, PassOptions};
 use crate::plan::Plan;
@@ -96,6 +97,12 @@ pub static PASSES: &[PassInfo] = &[
         summary: "Turn each nns.relayout into the cheapest sequence of collectives (all_reduce, reduce_scatter, all_gather, all_to_all, slice)",
         options: &[],
         factory: Factory::Native(|o| Ok(Box::new(LowerRelayouts::new(o)?))),
+    },
+    PassInfo {
+        name: "localize",
+        summary: "Make the per-device (SPMD) program: local shapes, shape attributes and mean denominators fixed; marks the function nns.localized",
+        options: &[],
+        factory: Factory::Native(|o| Ok(Box::new(Localize::new(o)?))),
     },
     PassInfo {
         name: "canonicalize",

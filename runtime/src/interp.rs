@@ -70,7 +70,18 @@ pub fn run_profiled(
     g: &Graph,
     inputs: Vec<Tensor>,
     opts: &Options,
+    profile: Option<&mut Profile>,
+) -> Result<Vec<Tensor>, RunError> {
+    run_on(g, inputs, opts, profile, None)
+}
+
+/// [`run_profiled`] as simulated device `device` (which runs the `nns` collectives).
+pub fn run_on(
+    g: &Graph,
+    inputs: Vec<Tensor>,
+    opts: &Options,
     mut profile: Option<&mut Profile>,
+    device: Option<&crate::spmd::Device<'_>>,
 ) -> Result<Vec<Tensor>, RunError> {
     crate::alloc::keep_freed_memory();
     let fail = |loc: &SrcLoc, message: String| RunError {
@@ -119,6 +130,33 @@ pub fn run_profiled(
                 .take()
                 .expect("inputs are computed before use");
             vals[n.outputs[0]] = Some(t.reshaped(&tensor::dims(&g.values[n.outputs[0]])));
+            continue;
+        }
+        if n.op.starts_with("nns.") {
+            let dev = device.ok_or_else(|| {
+                fail(&n.loc, format!("'{}' needs simulated devices: localize the function and run it on its mesh", n.op))
+            })?;
+            let x = vals[n.inputs[0]]
+                .as_ref()
+                .expect("inputs are computed before use");
+            let t = dev
+                .collective(k, n, x)
+                .map_err(|e| fail(&n.loc, format!("'{}': {e}", n.op)))?;
+            if !t.matches(&g.values[n.outputs[0]]) {
+                return Err(fail(
+                    &n.loc,
+                    format!(
+                        "'{}' produced {} but the IR declares {}",
+                        n.op,
+                        t.describe(),
+                        g.values[n.outputs[0]]
+                    ),
+                ));
+            }
+            if last_use[n.inputs[0]] == k {
+                vals[n.inputs[0]] = None;
+            }
+            vals[n.outputs[0]] = Some(t);
             continue;
         }
         let f = kernel(&n.op).ok_or_else(|| {

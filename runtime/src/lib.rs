@@ -13,6 +13,7 @@ pub mod interp;
 pub mod io;
 pub mod kernels;
 pub mod rng;
+pub mod spmd;
 pub mod tensor;
 
 pub use interp::{run, run_profiled, Options, Profile, RunError};

@@ -285,9 +285,19 @@ pub(super) fn rotary_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, Str
     rotate(c, x[0], -1.0)
 }
 
-pub(super) fn cross_entropy(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+/// The mean's denominator: the `count` attribute (the global token count of a split op)
+/// or the local count.
+fn count(c: &Ctx<'_>, local: usize) -> usize {
+    match c.int("count", 0) {
+        0 => local,
+        k => k as usize,
+    }
+}
+
+pub(super) fn cross_entropy(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let (l, t) = (x[0].f()?, x[1].ints()?);
-    let (n, v) = (x[0].shape[0], x[0].shape[1]);
+    let v = x[0].shape[1];
+    let n = count(c, x[0].shape[0]);
     let mut total = 0.0f64;
     for (i, (row, &target)) in l.chunks_exact(v).zip(t).enumerate() {
         let k = check_index(target, v, "target", i)?;
@@ -303,9 +313,10 @@ pub(super) fn cross_entropy(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, S
     Ok(vec![Tensor::scalar((total / n as f64) as f32)])
 }
 
-pub(super) fn cross_entropy_grad(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+pub(super) fn cross_entropy_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let (dl, l, t) = (x[0].f()?[0], x[1].f()?, x[2].ints()?);
-    let (n, v) = (x[1].shape[0], x[1].shape[1]);
+    let v = x[1].shape[1];
+    let n = count(c, x[1].shape[0]);
     let scale = dl / n as f32;
     let mut out = vec![0.0f32; l.len()];
     for (i, ((row, o), &target)) in l

@@ -292,7 +292,11 @@ pub(super) fn sum(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
 
 pub(super) fn mean(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let dims = c.dims(x[0].shape.len());
-    let n: usize = dims.iter().map(|&d| x[0].shape[d]).product();
+    let local: usize = dims.iter().map(|&d| x[0].shape[d]).product();
+    let n = match c.int("count", 0) {
+        0 => local,
+        k => k as usize,
+    };
     let acc = reduce(x[0].f()?, &x[0].shape, &dims, 0.0f64, |a, v| {
         a + f64::from(v)
     });

@@ -1,0 +1,143 @@
+//! `--localize`: turns the global-shape program (every value with a layout, every
+//! relayout lowered) into the program each device runs.
+//!
+//! The result is one SPMD function marked `nns.localized`: every type becomes the shape of
+//! the piece one device holds; attributes that spell shapes follow (`reshape`,
+//! `broadcast_to`, `fill` shapes; `embedding_grad`'s vocabulary); means whose reduced dim is
+//! split divide by the global count (`count` on `mean`, `cross_entropy` and its gradient).
+//! Collectives keep their mesh axes: the device group of a device along axes A is the set of
+//! devices that share its coordinates on every other axis. Arguments and results keep their
+//! `nns.layout`, which says how whole tensors are cut into, and assembled from, the pieces.
+
+use crate::layouts::{error, the_mesh, value_layouts};
+use crate::pipeline::{Pass, PassOptions};
+use crate::rewrite::rewrite_funcs;
+use melior::ir::Module;
+use nnscaler_dialects::context::IrContext;
+use nnscaler_dialects::diag::Diagnostics;
+use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::nns::Mesh;
+use nnscaler_dialects::types::AttrValue;
+
+/// The pass.
+#[derive(Debug)]
+pub struct Localize;
+
+impl Localize {
+    /// No options.
+    pub fn new(_: &PassOptions) -> Result<Self, String> {
+        Ok(Localize)
+    }
+}
+
+impl Pass for Localize {
+    fn run<'c>(&mut self, ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
+        let mesh = the_mesh(module, "localize")?;
+        rewrite_funcs(ir, module, &mut |g| {
+            if g.is_localized() {
+                return Ok(None);
+            }
+            localize(g, &mesh).map(Some)
+        })
+    }
+}
+
+/// Localizes `g` (see the module docs).
+pub fn localize(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
+    let layouts = value_layouts(&g, mesh)?;
+    let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
+    // Where each value is defined, for messages.
+    let mut def_loc = vec![g.loc.clone(); g.values.len()];
+    for n in &g.nodes {
+        if n.op == "nns.relayout" {
+            return Err(error(
+                &n.loc,
+                "localize: relayouts remain; run --lower-relayouts first",
+            ));
+        }
+        for &o in &n.outputs {
+            def_loc[o] = n.loc.clone();
+        }
+    }
+    let mut local = Vec::with_capacity(g.values.len());
+    for (v, ty) in g.values.iter().enumerate() {
+        let Some(l) = &layouts[v] else {
+            return Err(error(
+                &def_loc[v],
+                "localize: a value has no layout; run --propagate-layouts first",
+            ));
+        };
+        l.check(&ty.shape, &sizes)
+            .map_err(|e| error(&def_loc[v], format!("localize: {e}")))?;
+        let mut t = ty.clone();
+        t.shape = l.local_shape(&ty.shape, &sizes);
+        local.push(t);
+    }
+    let split = |v: usize, dim: usize| {
+        layouts[v]
+            .as_ref()
+            .is_some_and(|l| !l.split[dim].is_empty())
+    };
+    for n in &mut g.nodes {
+        let fail = |m: String| error(&n.loc, format!("localize: '{}': {m}", n.op));
+        let out = |i: usize| AttrValue::Ints(local[n.outputs[i]].shape.clone());
+        match n.op.as_str() {
+            "dnn.reshape" | "dnn.broadcast_to" | "dnn.fill" => {
+                let v = out(0);
+                n.attrs.insert("shape".into(), v);
+            }
+            "dnn.embedding_grad" => {
+                let v = local[n.outputs[0]].shape[0];
+                n.attrs.insert("vocab".into(), AttrValue::Int(v));
+            }
+            "dnn.embedding" if split(n.inputs[1], 0) => {
+                return Err(fail("a vocabulary-parallel embedding (table split on its rows) is not supported yet".into()));
+            }
+            "dnn.cross_entropy" | "dnn.cross_entropy_grad" => {
+                let logits = if n.op == "dnn.cross_entropy" {
+                    n.inputs[0]
+                } else {
+                    n.inputs[1]
+                };
+                if split(logits, 0) && !n.attrs.contains_key("count") {
+                    n.attrs
+                        .insert("count".into(), AttrValue::Int(g.values[logits].shape[0]));
+                }
+                if split(logits, 1) {
+                    return Err(fail(
+                        "a vocabulary-parallel cross-entropy is not supported yet".into(),
+                    ));
+                }
+            }
+            "dnn.mean" => {
+                let x = n.inputs[0];
+                let rank = g.values[x].rank() as i64;
+                let dims: Vec<usize> = match n.attrs.get("dims") {
+                    Some(AttrValue::Ints(d)) => d
+                        .iter()
+                        .map(|&d| (if d < 0 { d + rank } else { d }) as usize)
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                if dims.iter().any(|&d| split(x, d)) && !n.attrs.contains_key("count") {
+                    let count: i64 = dims.iter().map(|&d| g.values[x].shape[d]).product();
+                    n.attrs.insert("count".into(), AttrValue::Int(count));
+                }
+            }
+            "dnn.dropout" => {
+                let p = match n.attrs.get("p") {
+                    Some(AttrValue::Float(p)) => *p,
+                    _ => 0.0,
+                };
+                let x = n.inputs[0];
+                if p > 0.0 && (0..g.values[x].rank()).any(|d| split(x, d)) {
+                    return Err(fail("dropout on a split tensor is not supported yet (its mask is indexed by the local element)".into()));
+                }
+            }
+            _ => {}
+        }
+    }
+    g.values = local;
+    g.func_attrs.insert("nns.localized".into(), AttrValue::Unit);
+    Ok(g)
+}

@@ -1,0 +1,460 @@
+//! Simulated devices: runs a localized (SPMD) function on every device of its mesh, one
+//! thread each, with in-process collectives.
+//!
+//! Whole input tensors are cut into each device's piece by the arguments' `nns.layout`;
+//! results are assembled from the devices' pieces by the results' `nns.layout` (replicated
+//! copies must agree exactly, which catches plans that compute different values on
+//! devices meant to be replicas). A collective exchanges whole local tensors among its
+//! group (the devices that share every coordinate off the collective's axes); each member
+//! then computes the result itself in member order, so reductions are deterministic and
+//! identical on every member.
+
+use crate::interp::{run_on, Options, RunError};
+use crate::tensor::{numel, Data, Tensor};
+use nnscaler_dialects::diag::SrcLoc;
+use nnscaler_dialects::graph::{Graph, Node};
+use nnscaler_dialects::nns::{Layout, Mesh};
+use nnscaler_dialects::sharding::{coords, Sharding};
+use nnscaler_dialects::types::AttrValue;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Condvar, Mutex};
+
+/// One collective in flight: each member's deposit, and how many have read them.
+type Slot = (Vec<Option<Tensor>>, usize);
+
+#[derive(Default)]
+struct State {
+    slots: HashMap<(usize, usize), Slot>,
+    failed: bool,
+}
+
+/// Where the devices of one run meet for collectives.
+#[derive(Default)]
+pub struct Exchange {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl std::fmt::Debug for Exchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Exchange")
+    }
+}
+
+impl Exchange {
+    /// Deposits `t` as member `member` of a `size`-member group at `key`, waits for the
+    /// others, and returns every member's tensor in member order.
+    fn all(
+        &self,
+        key: (usize, usize),
+        member: usize,
+        size: usize,
+        t: Tensor,
+    ) -> Result<Vec<Tensor>, String> {
+        let mut st = self.state.lock().map_err(|_| "a device thread panicked")?;
+        {
+            let slot = st.slots.entry(key).or_insert_with(|| (vec![None; size], 0));
+            slot.0[member] = Some(t);
+        }
+        self.cv.notify_all();
+        loop {
+            if st.failed {
+                return Err("another device failed".into());
+            }
+            let full = st
+                .slots
+                .get(&key)
+                .is_some_and(|s| s.0.iter().all(Option::is_some));
+            if full {
+                break;
+            }
+            st = self.cv.wait(st).map_err(|_| "a device thread panicked")?;
+        }
+        let slot = st
+            .slots
+            .get_mut(&key)
+            .expect("slot exists while members read it");
+        let parts: Vec<Tensor> = slot.0.iter().map(|p| p.clone().expect("full")).collect();
+        slot.1 += 1;
+        if slot.1 == size {
+            st.slots.remove(&key);
+        }
+        Ok(parts)
+    }
+
+    fn fail(&self) {
+        if let Ok(mut st) = self.state.lock() {
+            st.failed = true;
+        }
+        self.cv.notify_all();
+    }
+}
+
+/// One simulated device: its mesh coordinates and the run's exchange.
+#[derive(Debug)]
+pub struct Device<'a> {
+    /// The mesh.
+    pub mesh: &'a Mesh,
+    /// This device's coordinates (row-major numbering).
+    pub coords: Vec<usize>,
+    /// Shared with the other devices.
+    pub exchange: &'a Exchange,
+}
+
+impl Device<'_> {
+    fn axes(&self, n: &Node) -> Result<Vec<usize>, String> {
+        let names = match n.attrs.get("axes") {
+            Some(AttrValue::Strs(v)) => v.clone(),
+            _ => return Err("requires 'axes'".into()),
+        };
+        names
+            .iter()
+            .map(|a| {
+                self.mesh
+                    .axes
+                    .iter()
+                    .position(|x| &x.name == a)
+                    .ok_or_else(|| format!("mesh '@{}' has no axis '{a}'", self.mesh.name))
+            })
+            .collect()
+    }
+
+    /// (group id, member index, group size) of this device for collectives over `axes`.
+    fn group(&self, axes: &[usize]) -> (usize, usize, usize) {
+        let (mut gid, mut member, mut size) = (0, 0, 1);
+        for (a, ax) in self.mesh.axes.iter().enumerate() {
+            let n = ax.size as usize;
+            if axes.contains(&a) {
+                continue;
+            }
+            gid = gid * n + self.coords[a];
+        }
+        for &a in axes {
+            let n = self.mesh.axes[a].size as usize;
+            member = member * n + self.coords[a];
+            size *= n;
+        }
+        (gid, member, size)
+    }
+
+    /// Executes collective node `k` on this device's piece `x`.
+    pub fn collective(&self, k: usize, n: &Node, x: &Tensor) -> Result<Tensor, String> {
+        let axes = self.axes(n)?;
+        let (gid, me, size) = self.group(&axes);
+        let int = |key: &str| match n.attrs.get(key) {
+            Some(AttrValue::Int(v)) => Ok(*v as usize),
+            _ => Err(format!("requires integer attribute '{key}'")),
+        };
+        let reduce_max = matches!(n.attrs.get("reduce"), Some(AttrValue::Str(r)) if r == "max");
+        match n.op.as_str() {
+            "nns.all_reduce" => {
+                let parts = self.exchange.all((k, gid), me, size, x.clone())?;
+                reduce(&parts, reduce_max)
+            }
+            "nns.all_gather" => {
+                let parts = self.exchange.all((k, gid), me, size, x.clone())?;
+                concat(&parts, int("dim")?)
+            }
+            "nns.reduce_scatter" => {
+                let parts = self.exchange.all((k, gid), me, size, x.clone())?;
+                let r = reduce(&parts, reduce_max)?;
+                piece(&r, int("dim")?, size, me)
+            }
+            "nns.all_to_all" => {
+                let (split, cat) = (int("split_dim")?, int("concat_dim")?);
+                let parts = self.exchange.all((k, gid), me, size, x.clone())?;
+                let mine = parts
+                    .iter()
+                    .map(|p| piece(p, split, size, me))
+                    .collect::<Result<Vec<_>, _>>()?;
+                concat(&mine, cat)
+            }
+            "nns.slice" => piece(x, int("dim")?, size, me),
+            other => Err(format!("the simulated devices cannot run '{other}' yet")),
+        }
+    }
+}
+
+fn reduce(parts: &[Tensor], max: bool) -> Result<Tensor, String> {
+    let mut acc = parts[0].f()?.to_vec();
+    for p in &parts[1..] {
+        for (a, &b) in acc.iter_mut().zip(p.f()?) {
+            *a = if max { a.max(b) } else { *a + b };
+        }
+    }
+    Ok(Tensor::f32(&parts[0].shape, acc))
+}
+
+/// `(outer, n, inner)` around `dim`.
+fn around(shape: &[usize], dim: usize) -> (usize, usize, usize) {
+    (
+        shape[..dim].iter().product(),
+        shape[dim],
+        shape[dim + 1..].iter().product(),
+    )
+}
+
+fn gather_rows<T: Copy>(
+    x: &[T],
+    (outer, n, inner): (usize, usize, usize),
+    r: Range<usize>,
+) -> Vec<T> {
+    let mut out = Vec::with_capacity(outer * r.len() * inner);
+    for o in 0..outer {
+        out.extend_from_slice(&x[(o * n + r.start) * inner..(o * n + r.end) * inner]);
+    }
+    out
+}
+
+/// The range `r` of dimension `dim`.
+fn narrow(t: &Tensor, dim: usize, r: Range<usize>) -> Tensor {
+    let g = around(&t.shape, dim);
+    let mut shape = t.shape.clone();
+    shape[dim] = r.len();
+    match &t.data {
+        Data::F32(v) => Tensor::f32(&shape, gather_rows(v, g, r)),
+        Data::I64(v) => Tensor::i64(&shape, gather_rows(v, g, r)),
+    }
+}
+
+/// Piece `i` of `n` equal pieces along `dim`.
+fn piece(t: &Tensor, dim: usize, n: usize, i: usize) -> Result<Tensor, String> {
+    let len = t.shape[dim];
+    if !len.is_multiple_of(n) {
+        return Err(format!("dim {dim} of length {len} does not split {n} ways"));
+    }
+    let k = len / n;
+    Ok(narrow(t, dim, i * k..(i + 1) * k))
+}
+
+fn concat(parts: &[Tensor], dim: usize) -> Result<Tensor, String> {
+    let mut shape = parts[0].shape.clone();
+    shape[dim] = parts.iter().map(|p| p.shape[dim]).sum();
+    let outer: usize = shape[..dim].iter().product();
+    let inner: usize = shape[dim + 1..].iter().product();
+    macro_rules! cat {
+        ($get:ident, $mk:ident) => {{
+            let mut out = Vec::with_capacity(numel(&shape));
+            for o in 0..outer {
+                for p in parts {
+                    let n = p.shape[dim];
+                    out.extend_from_slice(&p.$get()?[o * n * inner..(o + 1) * n * inner]);
+                }
+            }
+            Tensor::$mk(&shape, out)
+        }};
+    }
+    Ok(if parts[0].is_float() {
+        cat!(f, f32)
+    } else {
+        cat!(ints, i64)
+    })
+}
+
+/// The piece of `t` given by per-dim ranges.
+fn cut(t: &Tensor, ranges: &[Range<usize>]) -> Tensor {
+    let mut cur = t.clone();
+    for (d, r) in ranges.iter().enumerate() {
+        if r.len() != cur.shape[d] {
+            cur = narrow(&cur, d, r.clone());
+        }
+    }
+    cur
+}
+
+fn layout_of(
+    attrs: &nnscaler_dialects::types::Attrs,
+    mesh: &Mesh,
+    rank: usize,
+) -> Result<Sharding, String> {
+    match attrs.get("nns.layout") {
+        None => Ok(Sharding::replicated(rank, mesh.axes.len())),
+        Some(AttrValue::Nns { kind, body }) if kind == "layout" => {
+            Sharding::from_layout(&Layout::parse(body)?, mesh, rank)
+        }
+        Some(_) => Err("'nns.layout' must be a #nns.layout<...>".into()),
+    }
+}
+
+/// Runs localized `g` on every device of `mesh`: `inputs` are whole tensors, one per
+/// argument; the results come back whole.
+pub fn run_spmd(
+    g: &Graph,
+    mesh: &Mesh,
+    inputs: Vec<Tensor>,
+    opts: &Options,
+) -> Result<Vec<Tensor>, RunError> {
+    let fail = |m: String| RunError {
+        loc: g.loc.clone(),
+        message: m,
+    };
+    let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
+    let devices = mesh.devices() as usize;
+    if inputs.len() != g.args.len() {
+        return Err(fail(format!(
+            "@{} takes {} arguments, got {}",
+            g.name,
+            g.args.len(),
+            inputs.len()
+        )));
+    }
+    let mut arg_layouts = Vec::new();
+    for (i, (a, t)) in g.args.iter().zip(&inputs).enumerate() {
+        let l = layout_of(&a.attrs, mesh, t.shape.len())
+            .map_err(|e| fail(format!("argument {i}: {e}")))?;
+        if l.partial.iter().any(Option::is_some) {
+            return Err(fail(format!(
+                "argument {i} has a partial layout; inputs must be whole"
+            )));
+        }
+        let shape: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+        l.check(&shape, &sizes)
+            .map_err(|e| fail(format!("argument {i}: {e}")))?;
+        arg_layouts.push(l);
+    }
+    let exchange = Exchange::default();
+    let results: Vec<Result<Vec<Tensor>, RunError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..devices)
+            .map(|d| {
+                let local: Vec<Tensor> = inputs
+                    .iter()
+                    .zip(&arg_layouts)
+                    .map(|(t, l)| {
+                        let shape: Vec<i64> = t.shape.iter().map(|&x| x as i64).collect();
+                        cut(t, &l.shard(&shape, &sizes, d).ranges)
+                    })
+                    .collect();
+                let exchange = &exchange;
+                let c = coords(&sizes, d);
+                s.spawn(move || {
+                    let dev = Device {
+                        mesh,
+                        coords: c,
+                        exchange,
+                    };
+                    let r = run_on(g, local, opts, None, Some(&dev));
+                    if r.is_err() {
+                        exchange.fail();
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(RunError {
+                        loc: SrcLoc::default(),
+                        message: "a device thread panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    let mut per_device = Vec::with_capacity(devices);
+    let mut first_err: Option<RunError> = None;
+    for (d, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(v) => per_device.push(v),
+            Err(e) => {
+                let real = e.message != "another device failed";
+                if first_err.is_none()
+                    || real
+                        && first_err
+                            .as_ref()
+                            .is_some_and(|f| f.message.contains("another device failed"))
+                {
+                    first_err = Some(RunError {
+                        loc: e.loc,
+                        message: format!("device {d}: {}", e.message),
+                    });
+                }
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    // Assemble each result from the pieces.
+    let mut out = Vec::new();
+    for (j, o) in g.outputs.iter().enumerate() {
+        let local_ty = &g.values[o.value];
+        let l = layout_of(&o.attrs, mesh, local_ty.rank())
+            .map_err(|e| fail(format!("result {j}: {e}")))?;
+        if l.partial.iter().any(Option::is_some) {
+            return Err(fail(format!(
+                "result {j} is partial; its layout must not contain V"
+            )));
+        }
+        let global: Vec<i64> = local_ty
+            .shape
+            .iter()
+            .zip(&l.split)
+            .map(|(&n, axes)| n * axes.iter().map(|&a| sizes[a]).product::<i64>())
+            .collect();
+        let gshape: Vec<usize> = global.iter().map(|&d| d as usize).collect();
+        let mut whole: Option<Tensor> = None;
+        let mut written = vec![false; numel(&gshape)];
+        for (d, outs) in per_device.iter().enumerate() {
+            let piece = &outs[j];
+            let ranges = l.shard(&global, &sizes, d).ranges;
+            let w = whole.get_or_insert_with(|| {
+                if piece.is_float() {
+                    Tensor::zeros(&gshape)
+                } else {
+                    Tensor::i64(&gshape, vec![0; numel(&gshape)])
+                }
+            });
+            place(w, piece, &ranges, &mut written).map_err(|e| {
+                fail(format!(
+                    "result {j}{}: device {d}: {e}",
+                    o.name().map(|n| format!(" '{n}'")).unwrap_or_default()
+                ))
+            })?;
+        }
+        out.push(whole.unwrap_or_else(|| Tensor::zeros(&gshape)));
+    }
+    Ok(out)
+}
+
+/// Writes `piece` into the region `ranges` of `whole`; where the region was written
+/// before (a replica), the values must be identical.
+fn place(
+    whole: &mut Tensor,
+    piece: &Tensor,
+    ranges: &[Range<usize>],
+    written: &mut [bool],
+) -> Result<(), String> {
+    let gs = crate::tensor::strides(&whole.shape);
+    let ls = crate::tensor::strides(&piece.shape);
+    let n = piece.numel();
+    for i in 0..n {
+        let mut rem = i;
+        let mut off = 0;
+        for (d, r) in ranges.iter().enumerate() {
+            let c = rem / ls[d];
+            rem %= ls[d];
+            off += (r.start + c) * gs[d];
+        }
+        let same = match (&mut whole.data, &piece.data) {
+            (Data::F32(w), Data::F32(p)) => {
+                let ok = !written[off] || w[off].to_bits() == p[i].to_bits();
+                w[off] = p[i];
+                ok
+            }
+            (Data::I64(w), Data::I64(p)) => {
+                let ok = !written[off] || w[off] == p[i];
+                w[off] = p[i];
+                ok
+            }
+            _ => return Err("element kinds differ between devices".into()),
+        };
+        if !same {
+            return Err(format!("replicas disagree at element {off}"));
+        }
+        written[off] = true;
+    }
+    Ok(())
+}
