@@ -310,6 +310,39 @@ impl Graph {
         }
     }
 
+    /// How parameter argument `arg` is initialized: its `nns.init`, or the default from how
+    /// it is used — ones for the weight of `layer_norm`/`rms_norm`, zeros for the bias of
+    /// `linear`/`layer_norm`, normal(0, 0.02) otherwise (GPT-2 and Llama conventions).
+    pub fn init_rule(&self, arg: usize) -> Result<crate::nns::Init, String> {
+        use crate::nns::Init;
+        let a = &self.args[arg];
+        if let Some(v) = a.attrs.get("nns.init") {
+            return match v {
+                AttrValue::Str(s) => Init::parse(s),
+                other => Err(format!(
+                    "'nns.init' must be a string, not {}",
+                    other.kind_name()
+                )),
+            };
+        }
+        for n in &self.nodes {
+            for (i, &v) in n.inputs.iter().enumerate() {
+                if v != a.value {
+                    continue;
+                }
+                match (n.op.as_str(), i) {
+                    ("dnn.layer_norm" | "dnn.rms_norm", 1) => return Ok(Init::Const(1.0)),
+                    ("dnn.layer_norm" | "dnn.linear", 2) => return Ok(Init::Const(0.0)),
+                    _ => {}
+                }
+            }
+        }
+        Ok(Init::Normal {
+            mean: 0.0,
+            std: 0.02,
+        })
+    }
+
     /// Whether `--localize` produced this function (its shapes are per-device).
     pub fn is_localized(&self) -> bool {
         self.func_attrs.contains_key("nns.localized")

@@ -487,6 +487,18 @@ pub enum Init {
     },
 }
 
+impl fmt::Display for Init {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Init::Const(v) if *v == 0.0 => f.write_str("zeros"),
+            Init::Const(v) if *v == 1.0 => f.write_str("ones"),
+            Init::Const(v) => write!(f, "const({v})"),
+            Init::Normal { mean, std } => write!(f, "normal({mean}, {std})"),
+            Init::Uniform { lo, hi } => write!(f, "uniform({lo}, {hi})"),
+        }
+    }
+}
+
 impl Init {
     /// Parses `zeros`, `ones`, `const(v)`, `normal(mean, std)` or `uniform(lo, hi)`.
     pub fn parse(text: &str) -> Result<Init, String> {

@@ -169,7 +169,9 @@ fn policy_name(p: Policy) -> &'static str {
 /// The module's top-level ops as text.
 fn body_text(module: &Module<'_>) -> String {
     let mut out = Vec::new();
-    nnscaler_dialects::view::top_level_ops(module, &mut |op| out.push(op.to_string()));
+    nnscaler_dialects::view::top_level_ops(module, &mut |op| {
+        out.push(nnscaler_dialects::view::op_text_with_locs(op))
+    });
     out.join("\n")
 }
 

@@ -56,6 +56,17 @@ fn split_bias(g: &mut Graph, k: usize, anno: &Annotation, binds: &Binds) -> bool
     }
     let mut lin = n.clone();
     let bias = lin.inputs.pop().unwrap_or_default();
+    // The bias stops being a `linear` operand: pin the init rule that usage implied, so
+    // seeded initialization draws the same values before and after partitioning.
+    if let Some(a) = g.args.iter().position(|a| a.value == bias && a.is_param()) {
+        if !g.args[a].attrs.contains_key("nns.init") {
+            if let Ok(rule) = g.init_rule(a) {
+                g.args[a]
+                    .attrs
+                    .insert("nns.init".into(), AttrValue::Str(rule.to_string()));
+            }
+        }
+    }
     let y = lin.outputs[0];
     let partial = g.new_value(g.values[y].clone());
     lin.outputs = vec![partial];

@@ -23,7 +23,7 @@ pub fn rewrite_funcs<'c>(
     top_level_ops(module, &mut |op| {
         let is_func = op.name().as_string_ref().as_str() == Ok("func.func");
         if !is_func {
-            pieces.push(op.to_string());
+            pieces.push(nnscaler_dialects::view::op_text_with_locs(op));
             return;
         }
         match Graph::from_func(op) {

@@ -11,37 +11,10 @@ use crate::rng;
 use crate::tensor::{dims, numel, Tensor};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Init;
-use nnscaler_dialects::types::AttrValue;
 
-/// The init rule of parameter argument `arg` of `g`: its `nns.init`, or the default from how
-/// the parameter is used.
+/// The init rule of parameter argument `arg` of `g` (see [`Graph::init_rule`]).
 pub fn rule(g: &Graph, arg: usize) -> Result<Init, String> {
-    let a = &g.args[arg];
-    if let Some(v) = a.attrs.get("nns.init") {
-        return match v {
-            AttrValue::Str(s) => Init::parse(s),
-            other => Err(format!(
-                "'nns.init' must be a string, not {}",
-                other.kind_name()
-            )),
-        };
-    }
-    for n in &g.nodes {
-        for (i, &v) in n.inputs.iter().enumerate() {
-            if v != a.value {
-                continue;
-            }
-            match (n.op.as_str(), i) {
-                ("dnn.layer_norm" | "dnn.rms_norm", 1) => return Ok(Init::Const(1.0)),
-                ("dnn.layer_norm" | "dnn.linear", 2) => return Ok(Init::Const(0.0)),
-                _ => {}
-            }
-        }
-    }
-    Ok(Init::Normal {
-        mean: 0.0,
-        std: 0.02,
-    })
+    g.init_rule(arg)
 }
 
 /// Draws parameter argument `arg` of `g` under `seed`.

@@ -277,6 +277,22 @@ fn layout_of(
     }
 }
 
+/// `g` with its arguments' types made whole again (local shape times the split factors of
+/// each argument's layout): the view that tensor files and parameter init bind against.
+pub fn global_view(g: &Graph, mesh: &Mesh) -> Result<Graph, String> {
+    let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
+    let mut v = g.clone();
+    for (i, a) in g.args.iter().enumerate() {
+        let ty = &g.values[a.value];
+        let l = layout_of(&a.attrs, mesh, ty.rank()).map_err(|e| format!("argument {i}: {e}"))?;
+        let t = &mut v.values[a.value];
+        for (d, axes) in l.split.iter().enumerate() {
+            t.shape[d] *= axes.iter().map(|&x| sizes[x]).product::<i64>();
+        }
+    }
+    Ok(v)
+}
+
 /// Runs localized `g` on every device of `mesh`: `inputs` are whole tensors, one per
 /// argument; the results come back whole.
 pub fn run_spmd(

@@ -6,10 +6,11 @@ use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::types::Elem;
-use nnscaler_dialects::verify::verify_module;
+use nnscaler_dialects::verify::{verify_module, Meshes};
 use nnscaler_dialects::view::top_level_ops;
 use nnscaler_passes::autodiff::differentiate;
 use nnscaler_runtime::interp::{bind, ParamSource};
+use nnscaler_runtime::spmd::{global_view, run_spmd};
 use nnscaler_runtime::{io, kernels, Options};
 use std::path::Path;
 
@@ -27,7 +28,11 @@ pub const HELP: &str = "\
 \x20                          then include grad.<param> for every parameter\n\
 \x20       --save-params FILE write the parameters used (e.g. drawn with --init-seed)\n\
 \x20       --check-finite     stop at the first op producing NaN or Inf, naming it\n\
-\x20       --threads N        threads for matrix products (default 1)\n";
+\x20       --threads N        threads for matrix products (default 1)\n\
+\x20       --devices N        expect N simulated devices. A function made by --localize runs\n\
+\x20                          on every device of its mesh (a thread each, in-process\n\
+\x20                          collectives): inputs are cut and results assembled by their\n\
+\x20                          nns.layout, so the tensor files are the same as on one device\n";
 
 #[derive(Debug, Default)]
 struct Args {
@@ -40,6 +45,7 @@ struct Args {
     save_params: Option<String>,
     autodiff: bool,
     check_finite: bool,
+    devices: Option<i64>,
 }
 
 fn parse_args(argv: &[String]) -> Result<Args, String> {
@@ -70,6 +76,15 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             "--func" => a.func = Some(value()?),
             "--save-params" => a.save_params = Some(value()?),
             "--autodiff" => a.autodiff = true,
+            "--devices" => {
+                let v = value()?;
+                a.devices = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|&n: &i64| n > 0)
+                        .ok_or(format!("--devices takes a positive integer, not '{v}'"))?,
+                );
+            }
             "--check-finite" => a.check_finite = true,
             "--threads" => {
                 let v = value()?;
@@ -166,7 +181,22 @@ pub fn main(argv: &[String]) -> Result<(), String> {
         Some(f) => (f.clone(), io::load(Path::new(f))?),
         None => ("(no --inputs)".to_string(), Vec::new()),
     };
-    let values = bind(&g, &inputs_file, stored, &params)?;
+    // A localized function takes whole tensors: bind against its global view.
+    let mut d = Diagnostics::default();
+    let meshes = Meshes::collect(&module, &mut d);
+    let view = if g.is_localized() {
+        if a.autodiff {
+            return Err(format!(
+                "--autodiff: @{} is localized; differentiate before partitioning",
+                g.name
+            ));
+        }
+        let mesh = meshes.resolve(None).map_err(|e| format!("{model}: {e}"))?;
+        global_view(&g, mesh).map_err(|e| format!("{model}: @{}: {e}", g.name))?
+    } else {
+        g.clone()
+    };
+    let values = bind(&view, &inputs_file, stored, &params)?;
     // Serialized now (run consumes the values), written only once the run succeeded.
     let saved_params = match &a.save_params {
         Some(path) => {
@@ -187,13 +217,31 @@ pub fn main(argv: &[String]) -> Result<(), String> {
         }
         None => None,
     };
-    let outs = nnscaler_runtime::run(
-        &g,
-        values,
-        &Options {
-            check_finite: a.check_finite,
-        },
-    )
+    let opts = Options {
+        check_finite: a.check_finite,
+    };
+    let outs = if g.is_localized() {
+        let mesh = meshes.resolve(None).map_err(|e| format!("{model}: {e}"))?;
+        if let Some(n) = a.devices {
+            if n != mesh.devices() {
+                return Err(format!(
+                    "--devices {n}, but @{} runs on mesh '@{}' of {} devices",
+                    g.name,
+                    mesh.name,
+                    mesh.devices()
+                ));
+            }
+        }
+        run_spmd(&g, mesh, values, &opts)
+    } else {
+        if let Some(n) = a.devices.filter(|&n| n > 1) {
+            return Err(format!(
+                "--devices {n}: @{} is a single-device function; partition it first (nnscaler-opt --plan=... --propagate-layouts --split-tensor --lower-relayouts --localize)",
+                g.name
+            ));
+        }
+        nnscaler_runtime::run(&g, values, &opts)
+    }
     .map_err(|e| {
         let mut d = Diagnostics::default();
         d.error(&e.loc, e.message);
