@@ -252,6 +252,14 @@ fn parse_dict_array(text: &str) -> Vec<Attrs> {
     split_commas(body).iter().map(|d| parse_dict(d)).collect()
 }
 
+/// `op` printed with its source locations (`loc(...)`), so that text re-parsed after a
+/// rewrite keeps pointing at the user's file.
+pub fn op_text_with_locs(op: &OperationRef<'_, '_>) -> String {
+    let flags = melior::ir::operation::OperationPrintingFlags::new().enable_debug_info(true, false);
+    op.to_string_with_flags(flags)
+        .unwrap_or_else(|_| op.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,12 +276,4 @@ mod tests {
         let (i, o) = split_function_type("() -> ()");
         assert!(i.is_empty() && o.is_empty());
     }
-}
-
-/// `op` printed with its source locations (`loc(...)`), so that text re-parsed after a
-/// rewrite keeps pointing at the user's file.
-pub fn op_text_with_locs(op: &OperationRef<'_, '_>) -> String {
-    let flags = melior::ir::operation::OperationPrintingFlags::new().enable_debug_info(true, false);
-    op.to_string_with_flags(flags)
-        .unwrap_or_else(|_| op.to_string())
 }
