@@ -15,8 +15,8 @@ use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::spec::{OpCtx, OpSpec};
-use nnscaler_dialects::types::{Attrs, TensorType};
-use nnscaler_dialects::verify::params;
+use nnscaler_dialects::types::{AttrValue, Attrs, TensorType};
+use nnscaler_dialects::verify::{params, Meshes};
 use nnscaler_dialects::view::{top_level_ops, walk_nested, FuncView, OpView};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -42,6 +42,13 @@ pub struct FuncStats {
     pub has_backward: bool,
     /// Bytes of the values forward ops produce.
     pub activation_bytes: u64,
+    /// For a localized function: the mesh (name, device count); every figure above is
+    /// then per device.
+    pub devices: Option<(String, i64)>,
+    /// Bytes of the `grad.*` results.
+    pub grad_bytes: u64,
+    /// Per collective kind: (ops, bytes each device sends per step; ring algorithms).
+    pub comm: BTreeMap<String, (u64, f64)>,
 }
 
 impl FuncStats {
@@ -89,6 +96,28 @@ impl FuncStats {
             group(self.activation_bytes),
             bytes(self.activation_bytes)
         );
+        if let Some((mesh, n)) = &self.devices {
+            let _ = writeln!(
+                s,
+                "per device: the figures above are one device's share (localized on mesh '@{mesh}', {n} devices)"
+            );
+            let _ = writeln!(
+                s,
+                "gradient bytes: {} ({})",
+                group(self.grad_bytes),
+                bytes(self.grad_bytes)
+            );
+            let total: f64 = self.comm.values().map(|c| c.1).sum();
+            let _ = writeln!(
+                s,
+                "communication per step: {} ({}) sent by each device",
+                group(total as u64),
+                bytes(total as u64)
+            );
+            for (k, (ops, b)) in &self.comm {
+                let _ = writeln!(s, "  {k:<24} {ops} ops, {} bytes", group(*b as u64));
+            }
+        }
         s
     }
 }
@@ -120,6 +149,8 @@ fn bytes(n: u64) -> String {
 /// Computes the statistics of every function of `module`.
 pub fn module_stats(module: &Module<'_>) -> Vec<FuncStats> {
     let mut out = Vec::new();
+    let mut ignored = Diagnostics::default();
+    let meshes = Meshes::collect(module, &mut ignored);
     top_level_ops(module, &mut |op| {
         let Some(f) = FuncView::of(op) else { return };
         let mut st = FuncStats {
@@ -134,6 +165,9 @@ pub fn module_stats(module: &Module<'_>) -> Vec<FuncStats> {
             }
         }
         if let Ok(g) = Graph::from_func(op) {
+            if g.is_localized() {
+                collect_comm(&mut st, &g, &meshes);
+            }
             // An op is backward if it is a backward op or consumes a value computed by one:
             // this also counts the plain matmuls and sums that autodiff emits.
             let mut bwd = vec![false; g.values.len()];
@@ -178,6 +212,44 @@ pub fn module_stats(module: &Module<'_>) -> Vec<FuncStats> {
         out.push(st);
     });
     out
+}
+
+/// Per-device gradient bytes and communication of a localized function: each collective
+/// over axes of `n` devices in all moves, per device, `2(n-1)/n` of its buffer
+/// (all_reduce), `(n-1)/n` of its result (all_gather) or of its operand (reduce_scatter,
+/// all_to_all); a slice moves nothing.
+fn collect_comm(st: &mut FuncStats, g: &Graph, meshes: &Meshes) {
+    let Ok(mesh) = meshes.resolve(None) else {
+        return;
+    };
+    st.devices = Some((mesh.name.clone(), mesh.devices()));
+    for o in &g.outputs {
+        if o.name().is_some_and(|n| n.starts_with("grad.")) {
+            st.grad_bytes += g.values[o.value].bytes();
+        }
+    }
+    for n in &g.nodes {
+        if !n.op.starts_with("nns.") {
+            continue;
+        }
+        let group: i64 = match n.attrs.get("axes") {
+            Some(AttrValue::Strs(v)) => v.iter().map(|a| mesh.axis(a).unwrap_or(1)).product(),
+            _ => 1,
+        };
+        let k = group as f64;
+        let frac = (k - 1.0) / k;
+        let input = n.inputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
+        let output = n.outputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
+        let sent = match n.op.as_str() {
+            "nns.all_reduce" => 2.0 * frac * input,
+            "nns.all_gather" => frac * output,
+            "nns.reduce_scatter" | "nns.all_to_all" => frac * input,
+            _ => 0.0,
+        };
+        let e = st.comm.entry(n.op.clone()).or_default();
+        e.0 += 1;
+        e.1 += sent;
+    }
 }
 
 fn count(
