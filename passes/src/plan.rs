@@ -10,6 +10,10 @@
 //!   second dim). Attention heads and the MLP hidden dim are then split by propagation, and
 //!   each row-parallel result is all-reduced before the residual add.
 //! * `dp-megatron` — both, on a `dp x tp` mesh.
+//! * `megatron-sp` — Megatron with sequence parallelism: data inputs are also split on
+//!   their sequence dim (1) over `tp`, so norms, residual adds and the embedding run on a
+//!   sequence shard, with all_gather before column-parallel linears and reduce_scatter
+//!   after row-parallel ones in place of all_reduce.
 //!
 //! The mesh is the module's (`@world` with axes `dp`/`tp`), or made from the `dp=` / `tp=`
 //! options when the module has none.
@@ -34,6 +38,8 @@ pub enum Policy {
     Megatron,
     /// Both.
     DpMegatron,
+    /// Megatron with sequence parallelism.
+    MegatronSp,
 }
 
 impl Policy {
@@ -42,9 +48,9 @@ impl Policy {
             "dp" => Ok(Policy::Dp),
             "megatron" => Ok(Policy::Megatron),
             "dp-megatron" => Ok(Policy::DpMegatron),
-            "megatron-sp" => Err("policy 'megatron-sp' is not implemented yet".into()),
+            "megatron-sp" => Ok(Policy::MegatronSp),
             other => Err(format!(
-                "unknown policy '{other}' (policies: dp, megatron, dp-megatron)"
+                "unknown policy '{other}' (policies: dp, megatron, dp-megatron, megatron-sp)"
             )),
         }
     }
@@ -54,6 +60,7 @@ impl Policy {
             Policy::Dp => &["dp"],
             Policy::Megatron => &["tp"],
             Policy::DpMegatron => &["dp", "tp"],
+            Policy::MegatronSp => &["tp"],
         }
     }
 }
@@ -163,6 +170,7 @@ fn policy_name(p: Policy) -> &'static str {
         Policy::Dp => "dp",
         Policy::Megatron => "megatron",
         Policy::DpMegatron => "dp-megatron",
+        Policy::MegatronSp => "megatron-sp",
     }
 }
 
@@ -212,8 +220,36 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
             set_layout(&mut g, i, mesh, vec![("dp".into(), AxisLayout::D(0))]);
         }
     }
-    if matches!(policy, Policy::Megatron | Policy::DpMegatron) {
+    if matches!(
+        policy,
+        Policy::Megatron | Policy::DpMegatron | Policy::MegatronSp
+    ) {
         megatron(&mut g, mesh);
+    }
+    if policy == Policy::MegatronSp {
+        // The residual stream is split on the sequence: data inputs [batch, seq, ...] cut
+        // on dim 1. Propagation then keeps norms and residual adds sequence-split; a
+        // row-parallel result meets the split stream through a reduce_scatter, and a
+        // column-parallel linear gathers its input with an all_gather.
+        let n = mesh.axis("tp").unwrap_or(1);
+        for i in 0..g.args.len() {
+            let a = &g.args[i];
+            let ty = &g.values[a.value];
+            if a.is_param() || ty.shape.len() < 2 || a.attrs.contains_key("nns.layout") {
+                continue;
+            }
+            if ty.shape[1] % n != 0 {
+                return Err(error(
+                    &g.loc,
+                    format!(
+                        "plan: argument {i}{} has sequence dim {}, which tp = {n} does not divide",
+                        a.name().map(|s| format!(" '{s}'")).unwrap_or_default(),
+                        ty.shape[1]
+                    ),
+                ));
+            }
+            set_layout(&mut g, i, mesh, vec![("tp".into(), AxisLayout::D(1))]);
+        }
     }
     Ok(g)
 }

@@ -63,11 +63,11 @@ pub static PASSES: &[PassInfo] = &[
     },
     PassInfo {
         name: "plan",
-        summary: "Write a named policy's split directives and layouts: dp (data parallel), megatron (column->row tensor parallel), dp-megatron (both); --plan=\"dp-megatron dp=2 tp=4\"",
+        summary: "Write a named policy's split directives and layouts: dp (data parallel), megatron (column->row tensor parallel), dp-megatron (both), megatron-sp (with sequence parallelism); --plan=\"dp-megatron dp=2 tp=4\"",
         options: &[
             OptionInfo {
                 name: "policy",
-                help: "dp | megatron | dp-megatron (may be written alone: --plan=dp)",
+                help: "dp | megatron | dp-megatron | megatron-sp (may be written alone: --plan=dp)",
             },
             OptionInfo {
                 name: "dp",

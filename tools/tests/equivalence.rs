@@ -3,7 +3,8 @@
 //! single-device program (CPU runtime, same random weights and batch).
 //!
 //! Models: MLP, GPT and Llama at tiny sizes (batch 4, and head counts that 4-way tensor
-//! parallelism divides). Plans: dp2, dp4, tp2, tp4, dp2 x tp2. Tolerance: 1e-5 relative to
+//! parallelism divides). Plans: dp2, dp4, tp2, tp4, dp2 x tp2, and Megatron sequence
+//! parallelism on 2. Tolerance: 1e-5 relative to
 //! each tensor's largest magnitude.
 
 mod common;
@@ -154,6 +155,7 @@ const PLANS: &[&str] = &[
     "megatron tp=2",
     "megatron tp=4",
     "dp-megatron dp=2 tp=2",
+    "megatron-sp tp=2",
 ];
 
 #[test]

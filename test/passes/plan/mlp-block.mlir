@@ -3,6 +3,7 @@
 // RUN: nnscaler-opt --autodiff --plan="megatron tp=2" --propagate-layouts --split-tensor --lower-relayouts %s | FileCheck %s --check-prefix=TP
 // RUN: nnscaler-opt --autodiff --plan="dp dp=2" --propagate-layouts --split-tensor --lower-relayouts %s | FileCheck %s --check-prefix=DP
 // RUN: nnscaler-opt --autodiff --plan="dp-megatron dp=2 tp=2" --propagate-layouts --split-tensor --lower-relayouts %s | FileCheck %s --check-prefix=HYBRID
+// RUN: nnscaler-opt --autodiff --plan="megatron-sp tp=2" --propagate-layouts --split-tensor --lower-relayouts %s | FileCheck %s --check-prefix=SP
 
 // Megatron: the weights are sharded, exactly one all_reduce in forward (before the
 // residual add) and one in backward (the input gradient, before the layer norm's VJP).
@@ -33,6 +34,18 @@
 // HYBRID: "nns.all_reduce"{{.*}}axes = ["tp"]
 // HYBRID-NOT: "nns.all_gather"
 // HYBRID: return
+
+// Sequence parallel: the layer norm and the residual add run on a sequence shard; the
+// column-parallel linear gathers its input; in backward the row-parallel input gradient
+// is reduce-scattered onto the sequence. (The row-parallel bias is added after a full
+// all_reduce and sliced back, not after a reduce_scatter: see docs/architecture.md.)
+// SP{LITERAL}: %arg0: tensor<4x8x16xf32> {nns.layout = #nns.layout<@world, tp = D(1)>, nns.name = "x"}
+// SP: "dnn.layer_norm"{{.*}}#nns.layout<@world, tp = D(1)>
+// SP: "nns.all_gather"{{.*}}axes = ["tp"], dim = 1
+// SP: "dnn.linear"{{.*}}nns.split = #nns.split<n = tp>
+// SP: "dnn.linear"{{.*}}nns.split = #nns.split<k = tp>
+// SP: "dnn.add"{{.*}}#nns.layout<@world, tp = D(1)>
+// SP: "nns.reduce_scatter"{{.*}}axes = ["tp"], dim = 1
 
 func.func @train(%x: tensor<4x8x16xf32> {nns.name = "x"}, %y: tensor<32xi64> {nns.name = "labels"},
                  %fw: tensor<64x16xf32> {nns.name = "fc.weight", nns.param}, %fb: tensor<64xf32> {nns.name = "fc.bias", nns.param},
