@@ -349,7 +349,17 @@ pub fn run_spmd(
                         coords: c,
                         exchange,
                     };
-                    let r = run_on(g, local, opts, None, Some(&dev));
+                    // A panicking kernel must not leave the other devices waiting forever
+                    // at a collective: catch it and wake them.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run_on(g, local, opts, None, Some(&dev))
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(RunError {
+                            loc: SrcLoc::default(),
+                            message: "the device's thread panicked (a kernel bug)".into(),
+                        })
+                    });
                     if r.is_err() {
                         exchange.fail();
                     }
