@@ -242,6 +242,31 @@ pub enum Step {
 }
 
 impl Step {
+    /// The sharding after this step.
+    pub fn apply(&self, s: &Sharding) -> Sharding {
+        let mut s = s.clone();
+        match self {
+            Step::AllReduce { axes, .. } => axes.iter().for_each(|&a| s.partial[a] = None),
+            Step::ReduceScatter { axis, dim, .. } => {
+                s.partial[*axis] = None;
+                s.split[*dim].push(*axis);
+            }
+            Step::AllGather { dim, .. } => {
+                s.split[*dim].pop();
+            }
+            Step::AllToAll {
+                axis,
+                split_dim,
+                concat_dim,
+            } => {
+                s.split[*concat_dim].pop();
+                s.split[*split_dim].push(*axis);
+            }
+            Step::Slice { axis, dim } => s.split[*dim].push(*axis),
+        }
+        s
+    }
+
     /// The `nns` op this step becomes.
     pub fn op_name(&self) -> &'static str {
         match self {
@@ -829,6 +854,13 @@ mod tests {
         ];
         for (a, b, want) in table {
             assert_eq!(path(&m, a, b), *want, "{a:?} -> {b:?}");
+            // Applying the steps reaches the target.
+            let mut ts = TransitionSearch::new();
+            let t = ts
+                .find(&sh(&m, a, 2), &sh(&m, b, 2), &[64, 64], 4, &sizes(&m))
+                .unwrap();
+            let end = t.steps.iter().fold(sh(&m, a, 2), |s, step| step.apply(&s));
+            assert_eq!(end, sh(&m, b, 2), "{a:?} -> {b:?}");
         }
     }
 

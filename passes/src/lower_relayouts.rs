@@ -12,7 +12,7 @@ use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::nns::Mesh;
-use nnscaler_dialects::sharding::{Sharding, Step, TransitionSearch};
+use nnscaler_dialects::sharding::{Step, TransitionSearch};
 use nnscaler_dialects::types::{AttrValue, Attrs};
 
 /// The pass.
@@ -66,31 +66,6 @@ fn step_attrs(step: &Step, mesh: &Mesh) -> Attrs {
     a
 }
 
-/// The sharding after applying `step` to `s`.
-pub fn apply(s: &Sharding, step: &Step) -> Sharding {
-    let mut s = s.clone();
-    match step {
-        Step::AllReduce { axes, .. } => axes.iter().for_each(|&a| s.partial[a] = None),
-        Step::ReduceScatter { axis, dim, .. } => {
-            s.partial[*axis] = None;
-            s.split[*dim].push(*axis);
-        }
-        Step::AllGather { dim, .. } => {
-            s.split[*dim].pop();
-        }
-        Step::AllToAll {
-            axis,
-            split_dim,
-            concat_dim,
-        } => {
-            s.split[*concat_dim].pop();
-            s.split[*split_dim].push(*axis);
-        }
-        Step::Slice { axis, dim } => s.split[*dim].push(*axis),
-    }
-    s
-}
-
 /// Lowers every relayout of `g`.
 pub fn lower(
     mut g: Graph,
@@ -131,7 +106,7 @@ pub fn lower(
         let mut cur = src;
         let mut state = from;
         for step in &t.steps {
-            state = apply(&state, step);
+            state = step.apply(&state);
             let mut attrs = step_attrs(step, mesh);
             attrs.insert(
                 "nns.layouts".into(),
