@@ -9,7 +9,10 @@
 //!   (split along tensor dim n); axes left out are `R`;
 //! * split directive: `#nns.split<b = dp, n = tp>`, binding annotation identifiers of the op
 //!   to mesh axes; several axes split one id as `n = (dp, tp)` (outer first); an optional
-//!   leading `@mesh,` names the mesh when the module has more than one.
+//!   leading `@mesh,` names the mesh when the module has more than one;
+//! * planner constraints: `nns.pin` / `nns.forbid` (splits), `nns.colocate`,
+//!   `nns.stage_bounds = array<i64: lo, hi>` on ops, and `memory_cap = <bytes> : i64` on
+//!   `nns.mesh` (the memory each device may use).
 
 use std::fmt;
 
@@ -29,6 +32,8 @@ pub struct Mesh {
     pub name: String,
     /// Axes, outermost first.
     pub axes: Vec<Axis>,
+    /// Constraint for the planner: bytes of memory each device may use (`memory_cap`).
+    pub memory_cap: Option<i64>,
 }
 
 impl Mesh {
@@ -411,6 +416,10 @@ pub static OP_ATTRS: &[(&str, &str)] = &[
         "nns.colocate",
         "constraint: ops with the same string run on the same devices",
     ),
+    (
+        "nns.stage_bounds",
+        "constraint: the op may only be placed in stages lo..=hi: array<i64: lo, hi>",
+    ),
 ];
 
 #[cfg(test)]
@@ -421,6 +430,7 @@ mod tests {
         Mesh {
             name: "world".into(),
             axes: parse_axes("dp = 2, tp = 4").unwrap(),
+            memory_cap: None,
         }
     }
 

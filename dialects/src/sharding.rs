@@ -797,6 +797,7 @@ mod tests {
         Mesh {
             name: "world".into(),
             axes: parse_axes(axes).unwrap(),
+            memory_cap: None,
         }
     }
 

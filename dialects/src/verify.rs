@@ -34,12 +34,35 @@ impl Meshes {
                 Some(AttrValue::Nns { kind, body }) if kind == "axes" => nns::parse_axes(body),
                 _ => Err("requires 'axes = #nns.axes<name = size, ...>'".to_string()),
             };
+            let memory_cap = match v.attrs.get("memory_cap") {
+                None => None,
+                Some(AttrValue::Int(n)) if *n > 0 => Some(*n),
+                Some(_) => {
+                    diags.error(
+                        &v.loc,
+                        format!("'nns.mesh' @{name}: 'memory_cap' must be a positive integer (bytes per device)"),
+                    );
+                    None
+                }
+            };
+            for k in v.attrs.keys() {
+                if !matches!(k.as_str(), "sym_name" | "axes" | "memory_cap") {
+                    diags.error(
+                        &v.loc,
+                        format!("'nns.mesh' @{name}: unknown attribute '{k}'"),
+                    );
+                }
+            }
             match axes {
                 Ok(axes) => {
                     if meshes.iter().any(|m: &Mesh| m.name == name) {
                         diags.error(&v.loc, format!("mesh '@{name}' is declared twice"));
                     }
-                    meshes.push(Mesh { name, axes })
+                    meshes.push(Mesh {
+                        name,
+                        axes,
+                        memory_cap,
+                    })
                 }
                 Err(e) => diags.error(&v.loc, format!("'nns.mesh' @{name}: {e}")),
             }
@@ -269,6 +292,20 @@ fn check_common_attrs(v: &OpView, meshes: &Meshes, diags: &mut Diagnostics) {
             ("nns.stage", AttrValue::Int(s)) if *s >= 0 => Ok(()),
             ("nns.stage", _) => Err("'nns.stage' must be an integer >= 0".to_string()),
             ("nns.colocate", AttrValue::Str(_)) => Ok(()),
+            ("nns.stage_bounds", AttrValue::Ints(b)) => match b.as_slice() {
+                [lo, hi] if 0 <= *lo && lo <= hi => match v.attrs.get("nns.stage") {
+                    Some(AttrValue::Int(s)) if s < lo || s > hi => Err(format!(
+                        "'nns.stage' {s} is outside its 'nns.stage_bounds' [{lo}, {hi}]"
+                    )),
+                    _ => Ok(()),
+                },
+                _ => Err(format!(
+                    "'nns.stage_bounds' must be array<i64: lo, hi> with 0 <= lo <= hi, got {b:?}"
+                )),
+            },
+            ("nns.stage_bounds", _) => {
+                Err("'nns.stage_bounds' must be array<i64: lo, hi>".to_string())
+            }
             ("nns.colocate", _) => Err("'nns.colocate' must be a string".to_string()),
             ("nns.layouts", AttrValue::Other(text)) => check_layouts(text, v, meshes),
             ("nns.layouts", _) => Err("'nns.layouts' must be an array of #nns.layout".into()),

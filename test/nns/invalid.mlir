@@ -156,3 +156,19 @@ func.func @negative_stage(%a: tensor<8x8xf32>) {
 func.func @dup(%a: tensor<8xf32> {nns.name = "x"}, %b: tensor<8xf32> {nns.name = "x"}) {
   return
 }
+
+// -----
+
+func.func @stage_bounds(%a: tensor<8x8xf32>) {
+  // expected-error @+1 {{'nns.stage_bounds' must be array<i64: lo, hi> with 0 <= lo <= hi, got [3, 1]}}
+  %0 = "dnn.relu"(%a) {nns.stage_bounds = array<i64: 3, 1>} : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  // expected-error @+1 {{'nns.stage' 5 is outside its 'nns.stage_bounds' [0, 2]}}
+  %1 = "dnn.relu"(%0) {nns.stage = 5 : i64, nns.stage_bounds = array<i64: 0, 2>} : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  return
+}
+
+// -----
+
+// expected-error @+2 {{'nns.mesh' @capped: 'memory_cap' must be a positive integer (bytes per device)}}
+// expected-error @+1 {{'nns.mesh' @capped: unknown attribute 'speed'}}
+"nns.mesh"() {sym_name = "capped", axes = #nns.axes<dp = 2>, memory_cap = 0 : i64, speed = 3 : i64} : () -> ()
