@@ -370,6 +370,14 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         example: r#"%1 = "nns.slice"(%0) {axes = ["tp"], dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
     CollectiveSpec {
+        name: "nns.partition",
+        summary:
+            "R -> V(sum): each device keeps value / n (n devices along the axes), no communication",
+        dim_attrs: &[],
+        reduces: false,
+        example: r#"%1 = "nns.partition"(%0) {axes = ["tp"]} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
+    },
+    CollectiveSpec {
         name: "nns.transfer",
         summary: "Moves a value from pipeline stage `from` to stage `to` (send/recv pair)",
         dim_attrs: &[],

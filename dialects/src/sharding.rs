@@ -232,6 +232,12 @@ pub enum Step {
         /// The dim joined (no longer split by `axis`).
         concat_dim: usize,
     },
+    /// R → V(sum): every device keeps `value / n`, no communication. Lets a replicated
+    /// value join partial sums (a bias added to a partial result) without reducing them.
+    Partition {
+        /// Mesh axis.
+        axis: usize,
+    },
     /// R → D(dim): keep the local shard, no communication.
     Slice {
         /// Mesh axis.
@@ -263,6 +269,7 @@ impl Step {
                 s.split[*split_dim].push(*axis);
             }
             Step::Slice { axis, dim } => s.split[*dim].push(*axis),
+            Step::Partition { axis } => s.partial[*axis] = Some(Reduce::Sum),
         }
         s
     }
@@ -275,6 +282,7 @@ impl Step {
             Step::AllGather { .. } => "nns.all_gather",
             Step::AllToAll { .. } => "nns.all_to_all",
             Step::Slice { .. } => "nns.slice",
+            Step::Partition { .. } => "nns.partition",
         }
     }
 
@@ -296,6 +304,7 @@ impl Step {
                 concat_dim,
             } => format!("all_to_all({}, {concat_dim}->{split_dim})", n(axis)),
             Step::Slice { axis, dim } => format!("slice({}, {dim})", n(axis)),
+            Step::Partition { axis } => format!("partition({})", n(axis)),
         }
     }
 }
@@ -425,6 +434,9 @@ fn moves(
                 }
             }
             AxisState::R => {
+                let mut v = s.clone();
+                v.partial[a] = Some(Reduce::Sum);
+                out.push((Step::Partition { axis: a }, v, 0.0));
                 for dim in 0..rank {
                     let mut d = s.clone();
                     d.split[dim].push(a);
@@ -684,6 +696,18 @@ fn linearity(op: &str, operands: usize) -> Linearity {
     }
 }
 
+/// The operands that must all be partial together for a partial sum to flow through op
+/// `op` (replicated ones among them are partitioned to join): add, sub, concat.
+pub fn partial_joint(op: &str) -> &'static [usize] {
+    match op {
+        "dnn.add" | "dnn.sub" | "dnn.concat" => match linearity(op, 2) {
+            Linearity::Joint(set) => set,
+            _ => &[],
+        },
+        _ => &[],
+    }
+}
+
 /// The mesh axes (not split by the op's directive, `bound`) along which partial operands
 /// may flow through op `op` unreduced: the op is linear in them and every other operand is
 /// replicated along the axis. Returns (axis, reduction) pairs; only sums flow.
@@ -707,12 +731,14 @@ pub fn partial_passthrough(
         let ok = match lin {
             Linearity::No => false,
             Linearity::Joint(set) => {
+                // Replicated operands in the set join the partial ones through a local
+                // partition (value / n), so the sum stays partial.
                 let mut any = false;
                 let mut fine = true;
                 for (i, s) in operands.iter().enumerate() {
                     if set.contains(&i) {
                         any |= is_v(s);
-                        fine &= is_v(s);
+                        fine &= is_v(s) || is_r(s);
                     } else {
                         fine &= is_r(s);
                     }
@@ -866,10 +892,15 @@ mod tests {
     }
 
     #[test]
-    fn no_way_back_to_partial() {
+    fn replicated_becomes_partial_locally_but_max_partials_are_unreachable() {
         let m = mesh("tp = 2");
         let mut ts = TransitionSearch::new();
-        let t = ts.find(&sh(&m, "", 2), &sh(&m, "tp = V(sum)", 2), &[4, 4], 4, &[2]);
+        let t = ts
+            .find(&sh(&m, "", 2), &sh(&m, "tp = V(sum)", 2), &[4, 4], 4, &[2])
+            .unwrap();
+        assert_eq!(t.steps, vec![Step::Partition { axis: 0 }]);
+        assert_eq!(t.bytes, 0.0);
+        let t = ts.find(&sh(&m, "", 2), &sh(&m, "tp = V(max)", 2), &[4, 4], 4, &[2]);
         assert!(t.is_none());
     }
 

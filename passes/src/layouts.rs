@@ -8,7 +8,7 @@ use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node};
 use nnscaler_dialects::nns::{Layout, Mesh, Split};
 use nnscaler_dialects::sharding::{
-    op_layouts, partial_passthrough, resolve_binds, Binds, OpLayouts, Sharding,
+    op_layouts, partial_joint, partial_passthrough, resolve_binds, Binds, OpLayouts, Sharding,
 };
 use nnscaler_dialects::spec::OpCtx;
 use nnscaler_dialects::types::{AttrValue, Attrs};
@@ -99,10 +99,13 @@ pub fn node_layouts(
         &out_ranks,
     )?;
     let bound: Vec<usize> = binds.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+    let joint = partial_joint(&n.op);
     for (a, r) in partial_passthrough(&n.op, operands, &bound) {
-        for (want, have) in l.inputs.iter_mut().zip(operands) {
+        for (i, (want, have)) in l.inputs.iter_mut().zip(operands).enumerate() {
             if let (Some(w), Some(h)) = (want, have) {
-                if h.partial[a].is_some() {
+                // Partial operands stay partial; replicated ones of a jointly linear op
+                // (add, sub, concat) are partitioned to join them.
+                if h.partial[a].is_some() || joint.contains(&i) {
                     w.partial[a] = Some(r);
                 }
             }

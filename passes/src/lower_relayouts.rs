@@ -49,6 +49,9 @@ fn step_attrs(step: &Step, mesh: &Mesh) -> Attrs {
             a.insert("dim".into(), int(*dim));
             a.insert("reduce".into(), AttrValue::Str(reduce.to_string()));
         }
+        Step::Partition { axis } => {
+            a.insert("axes".into(), names(&[*axis]));
+        }
         Step::AllGather { axis, dim } | Step::Slice { axis, dim } => {
             a.insert("axes".into(), names(&[*axis]));
             a.insert("dim".into(), int(*dim));

@@ -5,8 +5,8 @@
 // RUN: nnscaler-opt --autodiff --plan="dp-megatron dp=2 tp=2" --propagate-layouts --split-tensor --lower-relayouts %s | FileCheck %s --check-prefix=HYBRID
 // RUN: nnscaler-opt --autodiff --plan="megatron-sp tp=2" --propagate-layouts --split-tensor --lower-relayouts %s | FileCheck %s --check-prefix=SP
 
-// Megatron: the weights are sharded, exactly one all_reduce in forward (before the
-// residual add) and one in backward (the input gradient, before the layer norm's VJP).
+// Megatron: the weights are sharded, exactly one all_reduce in forward and one in
+// backward (the input gradient, before the layer norm's VJP).
 // TP: "nns.mesh"() {axes = #nns.axes<tp = 2>, sym_name = "world"}
 // TP-LABEL: func.func @train
 // TP-SAME{LITERAL}: %arg2: tensor<64x16xf32> {nns.layout = #nns.layout<@world, tp = D(0)>, nns.name = "fc.weight", nns.param}
@@ -15,9 +15,15 @@
 // TP: "dnn.linear"{{.*}}nns.split = #nns.split<n = tp>
 // TP: "dnn.gelu"{{.*}}#nns.layout<@world, tp = D(2)>
 // TP: %[[P:.*]] = "dnn.linear"{{.*}}nns.split = #nns.split<k = tp>
-// TP: %[[R:.*]] = "nns.all_reduce"(%[[P]]) {axes = ["tp"]
-// TP: "dnn.add"(%[[R]], %arg5)
-// TP: "dnn.cross_entropy"
+// The bias and the residual join the partial sum locally (value / 2 on each device)...
+// TP: %[[B:.*]] = "nns.partition"(%arg5) {axes = ["tp"]
+// TP: "dnn.add"(%[[P]], %[[B]])
+// TP-NOT: "nns.all_reduce"
+// TP: "nns.partition"(%arg0)
+// ...and one all_reduce makes the result whole before the loss.
+// TP: %[[R:.*]] = "nns.all_reduce"
+// TP-NOT: "nns.all_reduce"
+// TP: "dnn.cross_entropy"(%[[R]], %arg1)
 // TP: "nns.all_reduce"{{.*}}axes = ["tp"]
 // TP: "dnn.layer_norm_grad"
 // TP-NOT: nns.all_reduce
@@ -36,15 +42,17 @@
 // HYBRID: return
 
 // Sequence parallel: the layer norm and the residual add run on a sequence shard; the
-// column-parallel linear gathers its input; in backward the row-parallel input gradient
-// is reduce-scattered onto the sequence. (The row-parallel bias is added after a full
-// all_reduce and sliced back, not after a reduce_scatter: see docs/architecture.md.)
+// column-parallel linear gathers its input; the row-parallel result (with its bias joined
+// through a local nns.partition) is reduce-scattered back onto the sequence.
 // SP{LITERAL}: %arg0: tensor<4x8x16xf32> {nns.layout = #nns.layout<@world, tp = D(1)>, nns.name = "x"}
 // SP: "dnn.layer_norm"{{.*}}#nns.layout<@world, tp = D(1)>
 // SP: "nns.all_gather"{{.*}}axes = ["tp"], dim = 1
 // SP: "dnn.linear"{{.*}}nns.split = #nns.split<n = tp>
-// SP: "dnn.linear"{{.*}}nns.split = #nns.split<k = tp>
-// SP: "dnn.add"{{.*}}#nns.layout<@world, tp = D(1)>
+// SP: %[[P:.*]] = "dnn.linear"{{.*}}nns.split = #nns.split<k = tp>
+// SP: %[[B:.*]] = "nns.partition"(%arg5)
+// SP: %[[S:.*]] = "dnn.add"(%[[P]], %[[B]]) {{.*}}tp = V(sum)
+// SP: %[[RS:.*]] = "nns.reduce_scatter"(%[[S]]) {axes = ["tp"], dim = 1
+// SP: "dnn.add"(%[[RS]], %arg0) {{.*}}#nns.layout<@world, tp = D(1)>
 // SP: "nns.reduce_scatter"{{.*}}axes = ["tp"], dim = 1
 
 func.func @train(%x: tensor<4x8x16xf32> {nns.name = "x"}, %y: tensor<32xi64> {nns.name = "labels"},
