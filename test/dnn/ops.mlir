@@ -443,6 +443,15 @@ func.func @nns_slice(%a0: tensor<4x8xf32>) {
 // -----
 
 "nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()
+// CHECK-LABEL: func.func @nns_partition
+// CHECK: "nns.partition"({{.*}}) {{.*}}: (tensor<4x8xf32>) -> tensor<4x8xf32>
+func.func @nns_partition(%a0: tensor<4x8xf32>) {
+  %1 = "nns.partition"(%a0) {axes = ["tp"]} : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  return
+}
+// -----
+
+"nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()
 // CHECK-LABEL: func.func @nns_transfer
 // CHECK: "nns.transfer"({{.*}}) {{.*}}: (tensor<4x8xf32>) -> tensor<4x8xf32>
 func.func @nns_transfer(%a0: tensor<4x8xf32>) {
