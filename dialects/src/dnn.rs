@@ -490,12 +490,14 @@ fn sum_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     ))
 }
 
+/// Reduced dims are marked `+`: splitting one leaves partial maxima (V(max)), which an
+/// all_reduce(max) completes (the layout algebra knows `dnn.max` reduces by max).
 fn max_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     let r = ctx.rank(0)?;
     let dims = reduce_dims(ctx, r)?;
     Ok(format!(
         "{} -> {}",
-        join(&ids_with(r, &dims, "^")),
+        join(&ids_with(r, &dims, "+")),
         join(&reduce_out(ctx, r, &dims))
     ))
 }

@@ -548,6 +548,16 @@ fn merge(steps: Vec<Step>) -> Vec<Step> {
     out
 }
 
+/// How an op's summed (`+`) dims combine across devices: `dnn.max` by maximum, every
+/// other op by sum.
+pub fn partial_kind(op: &str) -> Reduce {
+    if op == "dnn.max" {
+        Reduce::Max
+    } else {
+        Reduce::Sum
+    }
+}
+
 /// The layouts an op needs for its operands and produces for its results, under a split
 /// directive.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -569,6 +579,7 @@ pub type Binds = Vec<(String, Vec<usize>)>;
 pub fn op_layouts(
     anno: &Annotation,
     binding: &Binding,
+    reduce: Reduce,
     binds: &[(String, Vec<usize>)],
     mesh_axes: usize,
     in_ranks: &[usize],
@@ -609,7 +620,7 @@ pub fn op_layouts(
             for (j, o) in outputs.iter_mut().enumerate() {
                 if !in_outputs[j] {
                     for &a in axes {
-                        o.partial[a] = Some(Reduce::Sum);
+                        o.partial[a] = Some(reduce);
                     }
                 }
             }
@@ -948,6 +959,7 @@ mod tests {
         let l = op_layouts(
             &anno,
             &binding,
+            Reduce::Sum,
             &[("k".into(), vec![1]), ("m".into(), vec![0])],
             2,
             &[2, 2],

@@ -8,7 +8,8 @@ use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node};
 use nnscaler_dialects::nns::{Layout, Mesh, Split};
 use nnscaler_dialects::sharding::{
-    op_layouts, partial_joint, partial_passthrough, resolve_binds, Binds, OpLayouts, Sharding,
+    op_layouts, partial_joint, partial_kind, partial_passthrough, resolve_binds, Binds, OpLayouts,
+    Sharding,
 };
 use nnscaler_dialects::spec::OpCtx;
 use nnscaler_dialects::types::{AttrValue, Attrs};
@@ -93,6 +94,7 @@ pub fn node_layouts(
     let mut l = op_layouts(
         &anno,
         &binding,
+        partial_kind(&n.op),
         binds,
         mesh.axes.len(),
         &in_ranks,
