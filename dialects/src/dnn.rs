@@ -637,6 +637,33 @@ fn cross_entropy_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     Ok(", n v^, n -> n v^".into())
 }
 
+fn pick_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
+    if ctx.rank(0)? != 2 {
+        return Err(format!(
+            "logits must have rank 2 [tokens, classes], got rank {}",
+            ctx.rank(0)?
+        ));
+    }
+    Ok("n v+, n -> n".into())
+}
+
+fn pick_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
+    let classes = ctx.int("classes")?;
+    if classes <= 0 {
+        return Err(format!(
+            "attribute 'classes' must be positive, got {classes}"
+        ));
+    }
+    Ok(format!("n, n -> n {classes}"))
+}
+
+fn softmax_xent_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
+    if ctx.rank(0)? != 0 || ctx.rank(1)? != 2 {
+        return Err("expects a scalar dloss and rank-2 logits [tokens, classes]".into());
+    }
+    Ok(", n v, n, n 1 -> n v".into())
+}
+
 fn dropout_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     let p = ctx.float_or("p", 0.0);
     if !(0.0..1.0).contains(&p) {
@@ -1105,6 +1132,22 @@ pub static SPECS: &[OpSpec] = &[
         example: r#"%2 = "dnn.cross_entropy"(%0, %1) : (tensor<6x65xf32>, tensor<6xi64>) -> tensor<f32>"#,
     },
     OpSpec {
+        name: "dnn.pick",
+        summary: "logits[i, targets[i]] for every row i (the target logit of cross-entropy); on a class shard, rows whose target lies elsewhere give 0",
+        operands: &["logits", "targets"],
+        variadic: false,
+        optional: 0,
+        any_elem: false,
+        int_operands: &[1],
+        results: &["y"],
+        attrs: &[],
+        annotation: pick_anno,
+        result_types: None,
+        flops: zero_flops,
+        grad_of: None,
+        example: r#"%2 = "dnn.pick"(%0, %1) : (tensor<6x5xf32>, tensor<6xi64>) -> tensor<6xf32>"#,
+    },
+    OpSpec {
         name: "dnn.dropout",
         summary: "Zeroes elements with probability p and scales the rest by 1/(1-p); the mask is a function of (seed, element index)",
         operands: &["x"],
@@ -1305,6 +1348,38 @@ pub static SPECS: &[OpSpec] = &[
         flops: flops_x4,
         grad_of: Some("dnn.cross_entropy"),
         example: r#"%3 = "dnn.cross_entropy_grad"(%0, %1, %2) : (tensor<f32>, tensor<6x65xf32>, tensor<6xi64>) -> tensor<6x65xf32>"#,
+    },
+    OpSpec {
+        name: "dnn.pick_grad",
+        summary: "Scatters dy[i] into column targets[i] of row i of a [tokens, classes] zero tensor",
+        operands: &["dy", "targets"],
+        variadic: false,
+        optional: 0,
+        any_elem: false,
+        int_operands: &[1],
+        results: &["dlogits"],
+        attrs: &[attr("classes", AttrKind::Int, true, "number of columns")],
+        annotation: pick_grad_anno,
+        result_types: None,
+        flops: zero_flops,
+        grad_of: Some("dnn.pick"),
+        example: r#"%2 = "dnn.pick_grad"(%0, %1) {classes = 5 : i64} : (tensor<6xf32>, tensor<6xi64>) -> tensor<6x5xf32>"#,
+    },
+    OpSpec {
+        name: "dnn.softmax_xent_grad",
+        summary: "Cross-entropy backward from a known log-sum-exp: dloss * (exp(logits - lse) - onehot(targets)) / count; runs on a class shard (vocabulary parallelism)",
+        operands: &["dloss", "logits", "targets", "lse"],
+        variadic: false,
+        optional: 0,
+        any_elem: false,
+        int_operands: &[2],
+        results: &["dlogits"],
+        attrs: &[COUNT],
+        annotation: softmax_xent_grad_anno,
+        result_types: None,
+        flops: flops_x4,
+        grad_of: Some("dnn.cross_entropy"),
+        example: r#"%4 = "dnn.softmax_xent_grad"(%0, %1, %2, %3) : (tensor<f32>, tensor<6x5xf32>, tensor<6xi64>, tensor<6x1xf32>) -> tensor<6x5xf32>"#,
     },
     OpSpec {
         name: "dnn.broadcast_to",

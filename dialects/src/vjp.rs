@@ -418,6 +418,14 @@ pub fn rule(op: &str) -> Option<VjpRule> {
             let a = c.keep(&["p", "seed"]);
             Ok(vec![Some(c.emit("dnn.dropout", &[d], &a)?)])
         },
+        "dnn.pick" => |c| {
+            let (d, t) = (c.dy(0)?, c.x(1));
+            let classes = c.shape(c.x(0))[1];
+            Ok(vec![
+                Some(c.emit("dnn.pick_grad", &[d, t], &[("classes", int(classes))])?),
+                None,
+            ])
+        },
         "dnn.fill" => |_| Ok(vec![]),
         _ => return None,
     })

@@ -84,6 +84,11 @@ pub fn run_on(
     device: Option<&crate::spmd::Device<'_>>,
 ) -> Result<Vec<Tensor>, RunError> {
     crate::alloc::keep_freed_memory();
+    let device_info = device.map(|d| crate::kernels::DeviceInfo {
+        names: d.mesh.axes.iter().map(|a| a.name.clone()).collect(),
+        sizes: d.mesh.axes.iter().map(|a| a.size as usize).collect(),
+        coords: d.coords.clone(),
+    });
     let fail = |loc: &SrcLoc, message: String| RunError {
         loc: loc.clone(),
         message,
@@ -174,6 +179,7 @@ pub fn run_on(
         let ctx = Ctx {
             attrs: &n.attrs,
             out: &out_types,
+            device: device_info.as_ref(),
         };
         let start = profile.as_ref().map(|_| std::time::Instant::now());
         let outs = f(&ctx, &ins).map_err(|e| fail(&n.loc, format!("'{}': {e}", n.op)))?;

@@ -356,6 +356,30 @@ func.func @dnn_rotary_grad(%a0: tensor<2x4x16x8xf32>) {
 }
 // -----
 
+// CHECK-LABEL: func.func @dnn_pick
+// CHECK: "dnn.pick"({{.*}}) {{.*}}: (tensor<6x5xf32>, tensor<6xi64>) -> tensor<6xf32>
+func.func @dnn_pick(%a0: tensor<6x5xf32>, %a1: tensor<6xi64>) {
+  %2 = "dnn.pick"(%a0, %a1) : (tensor<6x5xf32>, tensor<6xi64>) -> tensor<6xf32>
+  return
+}
+// -----
+
+// CHECK-LABEL: func.func @dnn_pick_grad
+// CHECK: "dnn.pick_grad"({{.*}}) {{.*}}: (tensor<6xf32>, tensor<6xi64>) -> tensor<6x5xf32>
+func.func @dnn_pick_grad(%a0: tensor<6xf32>, %a1: tensor<6xi64>) {
+  %2 = "dnn.pick_grad"(%a0, %a1) {classes = 5 : i64} : (tensor<6xf32>, tensor<6xi64>) -> tensor<6x5xf32>
+  return
+}
+// -----
+
+// CHECK-LABEL: func.func @dnn_softmax_xent_grad
+// CHECK: "dnn.softmax_xent_grad"({{.*}}) {{.*}}: (tensor<f32>, tensor<6x5xf32>, tensor<6xi64>, tensor<6x1xf32>) -> tensor<6x5xf32>
+func.func @dnn_softmax_xent_grad(%a0: tensor<f32>, %a1: tensor<6x5xf32>, %a2: tensor<6xi64>, %a3: tensor<6x1xf32>) {
+  %4 = "dnn.softmax_xent_grad"(%a0, %a1, %a2, %a3) : (tensor<f32>, tensor<6x5xf32>, tensor<6xi64>, tensor<6x1xf32>) -> tensor<6x5xf32>
+  return
+}
+// -----
+
 // CHECK-LABEL: func.func @dnn_cross_entropy_grad
 // CHECK: "dnn.cross_entropy_grad"({{.*}}) {{.*}}: (tensor<f32>, tensor<6x65xf32>, tensor<6xi64>) -> tensor<6x65xf32>
 func.func @dnn_cross_entropy_grad(%a0: tensor<f32>, %a1: tensor<6x65xf32>, %a2: tensor<6xi64>) {

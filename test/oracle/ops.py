@@ -100,6 +100,8 @@ def apply(op, a, x):
         return [rotary(x[0], g("theta", 10000.0))]
     if op == "cross_entropy":
         return [F.cross_entropy(x[0], x[1])]
+    if op == "pick":
+        return [x[0].gather(1, x[1][:, None])[:, 0]]
     raise SystemExit(f"ops.py: no reference for dnn.{op}")
 
 

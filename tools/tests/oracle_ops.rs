@@ -218,6 +218,7 @@ fn cases() -> Vec<Case> {
             &[(&[7, 5], N), (&[7], Gen::Below(5))],
             &[],
         ),
+        case("dnn.pick", &[(&[7, 5], N), (&[7], Gen::Below(5))], &[]),
     ];
     for op in ["dnn.neg", "dnn.exp", "dnn.tanh", "dnn.silu", "dnn.relu"] {
         v.push(case(op, &[(&[3, 7], N)], &[]));

@@ -24,6 +24,20 @@ pub struct Ctx<'a> {
     pub attrs: &'a Attrs,
     /// The result types the IR declares.
     pub out: &'a [TensorType],
+    /// The simulated device running the op, if any.
+    pub device: Option<&'a DeviceInfo>,
+}
+
+/// A device's place in its mesh, for the ops of a localized program whose local
+/// computation depends on which shard the device holds (`row_axes`, `offset_axes`).
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// Mesh axis names.
+    pub names: Vec<String>,
+    /// Mesh axis sizes.
+    pub sizes: Vec<usize>,
+    /// This device's coordinates.
+    pub coords: Vec<usize>,
 }
 
 /// A kernel: operands in, results out; errors are messages without location.
@@ -75,6 +89,30 @@ impl Ctx<'_> {
             Some(AttrValue::Ints(v)) => v.clone(),
             _ => Vec::new(),
         }
+    }
+
+    /// The global index where this device's shard of a dim starts: the dim is split over
+    /// the axes named by string-array attribute `attr` (outer first) into blocks of
+    /// `local_len`; 0 when the attribute is absent (an unsplit op).
+    pub(crate) fn block_offset(&self, attr: &str, local_len: usize) -> Result<usize, String> {
+        let axes = match self.attrs.get(attr) {
+            None => return Ok(0),
+            Some(AttrValue::Strs(v)) => v,
+            Some(_) => return Err(format!("'{attr}' must be an array of mesh axis names")),
+        };
+        let dev = self.device.ok_or_else(|| {
+            format!("'{attr}' needs a simulated device (run the localized program on its mesh)")
+        })?;
+        let mut block = 0;
+        for a in axes {
+            let i = dev
+                .names
+                .iter()
+                .position(|n| n == a)
+                .ok_or_else(|| format!("'{attr}' names unknown mesh axis '{a}'"))?;
+            block = block * dev.sizes[i] + dev.coords[i];
+        }
+        Ok(block * local_len)
     }
 
     /// Shape of result `i`.
@@ -156,6 +194,9 @@ pub fn kernel(name: &str) -> Option<Kernel> {
         "dnn.rotary_grad" => nn::rotary_grad,
         "dnn.cross_entropy" => nn::cross_entropy,
         "dnn.cross_entropy_grad" => nn::cross_entropy_grad,
+        "dnn.pick" => nn::pick,
+        "dnn.pick_grad" => nn::pick_grad,
+        "dnn.softmax_xent_grad" => nn::softmax_xent_grad,
         "dnn.reshape" => shape::reshape,
         "dnn.transpose" => shape::transpose,
         "dnn.slice" => shape::slice,

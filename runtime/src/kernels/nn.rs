@@ -224,11 +224,78 @@ pub(super) fn embedding(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, Strin
     let (ids, table) = (x[0].ints()?, x[1].f()?);
     let (v, e) = (x[1].shape[0], x[1].shape[1]);
     let mut out = vec![0.0f32; ids.len() * e];
+    if c.attrs.contains_key("row_axes") {
+        // A shard of the table's rows (vocabulary parallelism): ids of other shards give
+        // zero rows, and the sum over shards is the lookup.
+        let off = c.block_offset("row_axes", v)? as i64;
+        for (&id, o) in ids.iter().zip(out.chunks_exact_mut(e)) {
+            let r = id - off;
+            if (0..v as i64).contains(&r) {
+                let r = r as usize;
+                o.copy_from_slice(&table[r * e..(r + 1) * e]);
+            }
+        }
+        return Ok(vec![Tensor::f32(&c.out_shape(0), out)]);
+    }
     for (p, (&id, o)) in ids.iter().zip(out.chunks_exact_mut(e)).enumerate() {
         let r = check_index(id, v, "token id", p)?;
         o.copy_from_slice(&table[r * e..(r + 1) * e]);
     }
     Ok(vec![Tensor::f32(&c.out_shape(0), out)])
+}
+
+pub(super) fn pick(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    let (l, t) = (x[0].f()?, x[1].ints()?);
+    let v = x[0].shape[1];
+    let sharded = c.attrs.contains_key("offset_axes");
+    let off = c.block_offset("offset_axes", v)? as i64;
+    let mut out = vec![0.0f32; t.len()];
+    for (i, (o, &target)) in out.iter_mut().zip(t).enumerate() {
+        if sharded {
+            let k = target - off;
+            if (0..v as i64).contains(&k) {
+                *o = l[i * v + k as usize];
+            }
+        } else {
+            *o = l[i * v + check_index(target, v, "target", i)?];
+        }
+    }
+    Ok(vec![Tensor::f32(&x[1].shape, out)])
+}
+
+pub(super) fn pick_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    let (dy, t) = (x[0].f()?, x[1].ints()?);
+    let shape = c.out_shape(0);
+    let v = shape[1];
+    let mut out = vec![0.0f32; t.len() * v];
+    for (i, (&d, &target)) in dy.iter().zip(t).enumerate() {
+        out[i * v + check_index(target, v, "target", i)?] = d;
+    }
+    Ok(vec![Tensor::f32(&shape, out)])
+}
+
+pub(super) fn softmax_xent_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    let (dl, l, t, lse) = (x[0].f()?[0], x[1].f()?, x[2].ints()?, x[3].f()?);
+    let v = x[1].shape[1];
+    let n = count(c, x[1].shape[0]);
+    let off = c.block_offset("offset_axes", v)? as i64;
+    let scale = dl / n as f32;
+    let mut out = vec![0.0f32; l.len()];
+    for (i, ((row, o), &target)) in l
+        .chunks_exact(v)
+        .zip(out.chunks_exact_mut(v))
+        .zip(t)
+        .enumerate()
+    {
+        for (z, &li) in o.iter_mut().zip(row) {
+            *z = exp(li - lse[i]) * scale;
+        }
+        let k = target - off;
+        if (0..v as i64).contains(&k) {
+            o[k as usize] -= scale;
+        }
+    }
+    Ok(vec![Tensor::f32(&x[1].shape, out)])
 }
 
 pub(super) fn embedding_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
@@ -331,4 +398,45 @@ pub(super) fn cross_entropy_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tenso
         o.iter_mut().for_each(|z| *z *= scale);
     }
     Ok(vec![Tensor::f32(&x[1].shape, out)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nnscaler_dialects::types::{Attrs, Elem, TensorType};
+
+    #[test]
+    fn softmax_xent_grad_equals_cross_entropy_grad() {
+        let (n, v) = (5usize, 7usize);
+        let l = Tensor::f32(
+            &[n, v],
+            (0..n * v)
+                .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.3)
+                .collect(),
+        );
+        let t = Tensor::i64(&[n], vec![0, 6, 3, 3, 1]);
+        let dl = Tensor::scalar(1.7);
+        let lse: Vec<f32> = l
+            .f()
+            .unwrap()
+            .chunks_exact(v)
+            .map(|r| {
+                let m = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                m + r.iter().map(|&z| (z - m).exp()).sum::<f32>().ln()
+            })
+            .collect();
+        let lse = Tensor::f32(&[n, 1], lse);
+        let attrs = Attrs::new();
+        let out = [TensorType::new(&[n as i64, v as i64], Elem::F32)];
+        let c = Ctx {
+            attrs: &attrs,
+            out: &out,
+            device: None,
+        };
+        let a = softmax_xent_grad(&c, &[&dl, &l, &t, &lse]).unwrap();
+        let b = cross_entropy_grad(&c, &[&dl, &l, &t]).unwrap();
+        assert!(a[0].rel_err(&b[0]).unwrap() < 1e-6);
+        let p = pick(&c, &[&l, &t]).unwrap();
+        assert_eq!(p[0].f().unwrap()[1], l.f().unwrap()[v + 6]);
+    }
 }
