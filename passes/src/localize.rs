@@ -4,7 +4,10 @@
 //! The result is one SPMD function marked `nns.localized`: every type becomes the shape of
 //! the piece one device holds; attributes that spell shapes follow (`reshape`,
 //! `broadcast_to`, `fill` shapes; `embedding_grad`'s vocabulary); means whose reduced dim is
-//! split divide by the global count (`count` on `mean`, `cross_entropy` and its gradient).
+//! split divide by the global count (`count` on `mean`, `cross_entropy` and its gradient);
+//! ops reading a shard of a dim that indexes (an embedding table's rows, the classes of
+//! `pick` and `softmax_xent_grad`) learn which axes split it (`row_axes`, `offset_axes`),
+//! from which each device computes where its block starts.
 //! Collectives keep their mesh axes: the device group of a device along axes A is the set of
 //! devices that share its coordinates on every other axis. Arguments and results keep their
 //! `nns.layout`, which says how whole tensors are cut into, and assembled from, the pieces.
@@ -40,6 +43,23 @@ impl Pass for Localize {
             localize(g, &mesh).map(Some)
         })
     }
+}
+
+/// The names of the mesh axes splitting dim `dim` (outer first), as an attribute.
+fn axis_names(
+    l: Option<&nnscaler_dialects::sharding::Sharding>,
+    dim: usize,
+    mesh: &Mesh,
+) -> AttrValue {
+    AttrValue::Strs(
+        l.map(|l| {
+            l.split[dim]
+                .iter()
+                .map(|&a| mesh.axes[a].name.clone())
+                .collect()
+        })
+        .unwrap_or_default(),
+    )
 }
 
 /// Localizes `g` (see the module docs).
@@ -91,7 +111,25 @@ pub fn localize(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
                 n.attrs.insert("vocab".into(), AttrValue::Int(v));
             }
             "dnn.embedding" if split(n.inputs[1], 0) => {
-                return Err(fail("a vocabulary-parallel embedding (table split on its rows) is not supported yet".into()));
+                // Each device holds a block of rows: it looks up the ids in its block.
+                let axes = axis_names(layouts[n.inputs[1]].as_ref(), 0, mesh);
+                n.attrs.insert("row_axes".into(), axes);
+            }
+            "dnn.pick" | "dnn.softmax_xent_grad" => {
+                let l = if n.op == "dnn.pick" {
+                    n.inputs[0]
+                } else {
+                    n.inputs[1]
+                };
+                if split(l, 1) {
+                    let axes = axis_names(layouts[l].as_ref(), 1, mesh);
+                    n.attrs.insert("offset_axes".into(), axes);
+                }
+                if n.op == "dnn.softmax_xent_grad" && split(l, 0) && !n.attrs.contains_key("count")
+                {
+                    n.attrs
+                        .insert("count".into(), AttrValue::Int(g.values[l].shape[0]));
+                }
             }
             "dnn.cross_entropy" | "dnn.cross_entropy_grad" => {
                 let logits = if n.op == "dnn.cross_entropy" {

@@ -9,6 +9,8 @@
 //!   first dim); the `linear`s it reaches are row-parallel (`k = tp`, weight split on its
 //!   second dim). Attention heads and the MLP hidden dim are then split by propagation, and
 //!   each row-parallel result is all-reduced before the residual add.
+//!   Embedding tables are split on their rows and the LM head on its classes when `tp`
+//!   divides the vocabulary (the cross-entropy then runs vocabulary-parallel).
 //! * `dp-megatron` — both, on a `dp x tp` mesh.
 //! * `megatron-sp` — Megatron with sequence parallelism: data inputs are also split on
 //!   their sequence dim (1) over `tp`, so norms, residual adds and the embedding run on a
@@ -254,6 +256,66 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
     Ok(g)
 }
 
+/// Vocabulary parallelism: embedding tables split on their rows, and an LM head (a
+/// `linear` whose result reaches a cross-entropy's logits through reshapes) split on its
+/// output classes, when `tp` divides the vocabulary. Propagation then turns the
+/// cross-entropy into its vocabulary-parallel form.
+fn vocab_parallel(g: &mut Graph, mesh: &Mesh, users: &[Vec<(usize, usize)>]) {
+    let tp = mesh.axis("tp").unwrap_or(1);
+    let param_arg = |g: &Graph, v| g.args.iter().position(|a| a.value == v && a.is_param());
+    for k in 0..g.nodes.len() {
+        let n = &g.nodes[k];
+        if n.op == "dnn.embedding" {
+            let table = n.inputs[1];
+            if g.values[table].shape[0] % tp == 0 {
+                if let Some(a) = param_arg(g, table) {
+                    if !g.args[a].attrs.contains_key("nns.layout") {
+                        set_layout(g, a, mesh, vec![("tp".into(), AxisLayout::D(0))]);
+                    }
+                }
+            }
+            continue;
+        }
+        if n.op != "dnn.linear" || n.attrs.contains_key("nns.split") {
+            continue;
+        }
+        // Does the result reach a cross-entropy's logits through reshapes only?
+        let mut v = n.outputs[0];
+        let head = loop {
+            let mut next = None;
+            let mut found = false;
+            for &(u, i) in &users[v] {
+                match (g.nodes[u].op.as_str(), i) {
+                    ("dnn.cross_entropy", 0) => found = true,
+                    ("dnn.reshape", 0) => next = Some(g.nodes[u].outputs[0]),
+                    _ => {}
+                }
+            }
+            match (found, next) {
+                (true, _) => break true,
+                (false, Some(w)) => v = w,
+                (false, None) => break false,
+            }
+        };
+        let classes = g.values[n.inputs[1]].shape[0];
+        if !head || classes % tp != 0 {
+            continue;
+        }
+        g.nodes[k].attrs.insert(
+            "nns.split".into(),
+            AttrValue::Nns {
+                kind: "split".into(),
+                body: "n = tp".into(),
+            },
+        );
+        for &w in &g.nodes[k].inputs[1..].to_vec() {
+            if let Some(a) = param_arg(g, w) {
+                set_layout(g, a, mesh, vec![("tp".into(), AxisLayout::D(0))]);
+            }
+        }
+    }
+}
+
 /// Ops a column-parallel result may pass through on its way to the row-parallel linear.
 const THROUGH: &[&str] = &[
     "dnn.reshape",
@@ -319,6 +381,7 @@ fn megatron(g: &mut Graph, mesh: &Mesh) {
         }
     }
     // A linear both reached and reaching (a deeper MLP) reads a split activation: row.
+    vocab_parallel(g, mesh, &users);
     for &k in &row {
         if g.nodes[k].attrs.contains_key("nns.split") {
             continue;

@@ -82,6 +82,85 @@ fn split_bias(g: &mut Graph, k: usize, anno: &Annotation, binds: &Binds) -> bool
     true
 }
 
+/// Whether the logits of a cross-entropy (or its gradient) arrive split on the class dim.
+fn vocab_split(n: &Node, layouts: &[Option<Sharding>]) -> bool {
+    let logits = if n.op == "dnn.cross_entropy" {
+        n.inputs[0]
+    } else {
+        n.inputs[1]
+    };
+    layouts[logits]
+        .as_ref()
+        .is_some_and(|l| l.split.get(1).is_some_and(|a| !a.is_empty()))
+}
+
+/// Replaces node `k`, a cross-entropy (or its gradient) whose logits are split on the
+/// class dim, by ops that run on class shards with explicit reductions (Megatron's
+/// vocabulary-parallel cross-entropy):
+/// `m = max(l)` (partial maxima, all_reduce(max)); `lse = log(sum(exp(l - m))) + m`
+/// (partial sums, all_reduce); forward `loss = mean(lse - pick(l, t))` (`pick` gives 0 on
+/// shards without the target: partial sums); backward
+/// `softmax_xent_grad(dloss, l, t, lse)`, which needs no communication.
+fn vocab_parallel_cross_entropy(g: &mut Graph, k: usize) -> Result<(), String> {
+    let n = g.nodes[k].clone();
+    let forward = n.op == "dnn.cross_entropy";
+    let (l, t) = if forward {
+        (n.inputs[0], n.inputs[1])
+    } else {
+        (n.inputs[1], n.inputs[2])
+    };
+    let rows = g.values[l].shape[0];
+    let count = n.attrs.get("count").cloned();
+    let start = g.nodes.len();
+    let loc = n.loc.clone();
+    let attrs = |kv: &[(&str, AttrValue)]| -> Attrs {
+        kv.iter().map(|(a, b)| (a.to_string(), b.clone())).collect()
+    };
+    let dims1 = || {
+        attrs(&[
+            ("dims", AttrValue::Ints(vec![1])),
+            ("keepdim", AttrValue::Bool(true)),
+        ])
+    };
+    let m = g.add1("dnn.max", &[l], dims1(), &loc)?;
+    let z = g.add1("dnn.sub", &[l, m], Attrs::new(), &loc)?;
+    let e = g.add1("dnn.exp", &[z], Attrs::new(), &loc)?;
+    let s = g.add1("dnn.sum", &[e], dims1(), &loc)?;
+    let ls = g.add1("dnn.log", &[s], Attrs::new(), &loc)?;
+    let lse = g.add1("dnn.add", &[ls, m], Attrs::new(), &loc)?;
+    let last = if forward {
+        let lse1 = g.add1(
+            "dnn.reshape",
+            &[lse],
+            attrs(&[("shape", AttrValue::Ints(vec![rows]))]),
+            &loc,
+        )?;
+        let p = g.add1("dnn.pick", &[l, t], Attrs::new(), &loc)?;
+        let d = g.add1("dnn.sub", &[lse1, p], Attrs::new(), &loc)?;
+        let mut a = attrs(&[("dims", AttrValue::Ints(vec![0]))]);
+        if let Some(c) = count {
+            a.insert("count".into(), c);
+        }
+        g.add1("dnn.mean", &[d], a, &loc)?
+    } else {
+        let c = count.unwrap_or(AttrValue::Int(rows));
+        g.add1(
+            "dnn.softmax_xent_grad",
+            &[n.inputs[0], l, t, lse],
+            attrs(&[("count", c)]),
+            &loc,
+        )?
+    };
+    // The last new op defines the replaced op's result, so its users are unchanged.
+    let mut new: Vec<Node> = g.nodes.drain(start..).collect();
+    if let Some(tail) = new.last_mut() {
+        tail.outputs = vec![n.outputs[0]];
+    }
+    let _ = last;
+    g.nodes.splice(k..=k, new);
+    Ok(())
+}
+
 /// Propagates layouts through `g` (see the module docs).
 pub fn propagate(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
     let mut layouts = value_layouts(&g, mesh)?;
@@ -98,6 +177,14 @@ pub fn propagate(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
             }
             k += 1;
             continue;
+        }
+        if (n.op == "dnn.cross_entropy" || n.op == "dnn.cross_entropy_grad")
+            && vocab_split(&n, &layouts)
+        {
+            vocab_parallel_cross_entropy(&mut g, k)
+                .map_err(|e| error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op)))?;
+            layouts.resize(g.values.len(), None);
+            continue; // propagate through the ops that replaced it
         }
         let fail = |e: String| error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op));
         // The directive's binds first; inference from the operands fills in the ids and

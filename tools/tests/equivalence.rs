@@ -2,10 +2,10 @@
 //! localized computes, on simulated devices, the same loss and gradients as the
 //! single-device program (CPU runtime, same random weights and batch).
 //!
-//! Models: MLP, GPT and Llama at tiny sizes (batch 4, and head counts that 4-way tensor
-//! parallelism divides). Plans: dp2, dp4, tp2, tp4, dp2 x tp2, and Megatron sequence
-//! parallelism on 2. Tolerance: 1e-5 relative to
-//! each tensor's largest magnitude.
+//! Models: MLP, GPT and Llama at tiny sizes (batch 4, vocabulary 12, and head counts that
+//! 4-way tensor parallelism divides, so Megatron plans shard heads and vocabulary).
+//! Plans: dp2, dp4, tp2, tp4, dp2 x tp2, and Megatron sequence parallelism on 2.
+//! Tolerance: 1e-5 relative to each tensor's largest magnitude.
 
 mod common;
 
@@ -23,13 +23,14 @@ fn model(name: &str) -> String {
     let mut c = preset(name).unwrap();
     let sets: &[(&str, &str)] = match name {
         "mlp-tiny" => &[("batch", "8")],
-        "gpt-tiny" => &[("batch", "4"), ("heads", "4")],
+        "gpt-tiny" => &[("batch", "4"), ("heads", "4"), ("vocab", "12")],
         _ => &[
             ("batch", "4"),
             ("heads", "8"),
             ("kv-heads", "4"),
             ("width", "32"),
             ("ffn", "64"),
+            ("vocab", "12"),
         ],
     };
     for (k, v) in sets {
@@ -119,7 +120,7 @@ fn check(name: &str, plan: &str) -> f64 {
             .any(|(l, s)| local.values[l.value].shape != single.values[s.value].shape),
         "{name} {plan}: no argument is split"
     );
-    let vocab = if name == "mlp-tiny" { 10 } else { 11 };
+    let vocab = if name == "mlp-tiny" { 10 } else { 12 };
     let ins = inputs(&single, vocab);
     let want =
         run(&single, ins.clone(), &Options::default()).unwrap_or_else(|e| panic!("{}", e.message));
