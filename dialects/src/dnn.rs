@@ -725,6 +725,18 @@ const COUNT: AttrSpec = attr(
     false,
     "divide by this many elements instead of the local count (set by --localize when the reduced dim is split)",
 );
+const ROW_AXES: AttrSpec = attr(
+    "row_axes",
+    AttrKind::Strs,
+    false,
+    "set by --localize: the mesh axes splitting the table's rows; ids outside this device's block give zero rows",
+);
+const OFFSET_AXES: AttrSpec = attr(
+    "offset_axes",
+    AttrKind::Strs,
+    false,
+    "set by --localize: the mesh axes splitting the classes; targets are global class ids",
+);
 const CAUSAL: AttrSpec = attr("causal", AttrKind::Bool, false, "mask future positions");
 const SCALE: AttrSpec = attr(
     "scale",
@@ -941,7 +953,7 @@ pub static SPECS: &[OpSpec] = &[
         any_elem: false,
         int_operands: &[0],
         results: &["y"],
-        attrs: &[],
+        attrs: &[ROW_AXES],
         annotation: embedding_anno,
         result_types: None,
         flops: zero_flops,
@@ -1140,7 +1152,7 @@ pub static SPECS: &[OpSpec] = &[
         any_elem: false,
         int_operands: &[1],
         results: &["y"],
-        attrs: &[],
+        attrs: &[OFFSET_AXES],
         annotation: pick_anno,
         result_types: None,
         flops: zero_flops,
@@ -1159,6 +1171,8 @@ pub static SPECS: &[OpSpec] = &[
         attrs: &[
             attr("p", AttrKind::Float, true, "drop probability in [0, 1)"),
             attr("seed", AttrKind::Int, true, "mask seed"),
+            attr("global_shape", AttrKind::Ints, false, "set by --localize on a shard: the whole tensor's shape (the mask is indexed globally)"),
+            attr("dim_axes", AttrKind::Strs, false, "set by --localize on a shard: per dim, the comma-separated mesh axes splitting it"),
         ],
         annotation: dropout_anno,
         result_types: None,
@@ -1374,7 +1388,7 @@ pub static SPECS: &[OpSpec] = &[
         any_elem: false,
         int_operands: &[2],
         results: &["dlogits"],
-        attrs: &[COUNT],
+        attrs: &[COUNT, OFFSET_AXES],
         annotation: softmax_xent_grad_anno,
         result_types: None,
         flops: flops_x4,

@@ -20,6 +20,8 @@ pub enum AttrKind {
     Str,
     /// An integer array.
     Ints,
+    /// A string array (mesh axis names).
+    Strs,
 }
 
 impl AttrKind {
@@ -31,6 +33,7 @@ impl AttrKind {
                 | (AttrKind::Bool, AttrValue::Bool(_))
                 | (AttrKind::Str, AttrValue::Str(_))
                 | (AttrKind::Ints, AttrValue::Ints(_))
+                | (AttrKind::Strs, AttrValue::Strs(_))
         )
     }
 
@@ -42,6 +45,7 @@ impl AttrKind {
             AttrKind::Bool => "bool",
             AttrKind::Str => "string",
             AttrKind::Ints => "integer array",
+            AttrKind::Strs => "string array",
         }
     }
 }

@@ -7,7 +7,9 @@
 //! split divide by the global count (`count` on `mean`, `cross_entropy` and its gradient);
 //! ops reading a shard of a dim that indexes (an embedding table's rows, the classes of
 //! `pick` and `softmax_xent_grad`) learn which axes split it (`row_axes`, `offset_axes`),
-//! from which each device computes where its block starts.
+//! from which each device computes where its block starts; `dropout` on a shard learns the
+//! whole shape and the axes splitting each dim (`global_shape`, `dim_axes`), so its mask
+//! is the single-device mask.
 //! Collectives keep their mesh axes: the device group of a device along axes A is the set of
 //! devices that share its coordinates on every other axis. Arguments and results keep their
 //! `nns.layout`, which says how whole tensors are cut into, and assembled from, the pieces.
@@ -163,13 +165,22 @@ pub fn localize(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
                 }
             }
             "dnn.dropout" => {
-                let p = match n.attrs.get("p") {
-                    Some(AttrValue::Float(p)) => *p,
-                    _ => 0.0,
-                };
+                // The mask is indexed by the element's place in the whole tensor.
                 let x = n.inputs[0];
-                if p > 0.0 && (0..g.values[x].rank()).any(|d| split(x, d)) {
-                    return Err(fail("dropout on a split tensor is not supported yet (its mask is indexed by the local element)".into()));
+                let rank = g.values[x].rank();
+                if (0..rank).any(|d| split(x, d)) {
+                    let l = layouts[x].as_ref();
+                    let axes: Vec<String> = (0..rank)
+                        .map(|d| match axis_names(l, d, mesh) {
+                            AttrValue::Strs(v) => v.join(","),
+                            _ => String::new(),
+                        })
+                        .collect();
+                    n.attrs.insert(
+                        "global_shape".into(),
+                        AttrValue::Ints(g.values[x].shape.clone()),
+                    );
+                    n.attrs.insert("dim_axes".into(), AttrValue::Strs(axes));
                 }
             }
             _ => {}

@@ -20,7 +20,14 @@ use nnscaler_runtime::tensor::{dims, Tensor};
 use nnscaler_runtime::{init, rng, run, Options};
 
 fn model(name: &str) -> String {
+    let (name, dropout) = match name.strip_suffix("+dropout") {
+        Some(base) => (base, true),
+        None => (name, false),
+    };
     let mut c = preset(name).unwrap();
+    if dropout {
+        c.set("dropout", "0.2").unwrap();
+    }
     let sets: &[(&str, &str)] = match name {
         "mlp-tiny" => &[("batch", "8")],
         "gpt-tiny" => &[("batch", "4"), ("heads", "4"), ("vocab", "12")],
@@ -120,7 +127,7 @@ fn check(name: &str, plan: &str) -> f64 {
             .any(|(l, s)| local.values[l.value].shape != single.values[s.value].shape),
         "{name} {plan}: no argument is split"
     );
-    let vocab = if name == "mlp-tiny" { 10 } else { 12 };
+    let vocab = if name.starts_with("mlp") { 10 } else { 12 };
     let ins = inputs(&single, vocab);
     let want =
         run(&single, ins.clone(), &Options::default()).unwrap_or_else(|e| panic!("{}", e.message));
@@ -222,4 +229,13 @@ fn a_missing_all_reduce_is_caught() {
             .any(|(g, w)| g.rel_err(w).unwrap_or(f64::INFINITY) > 1e-3),
     };
     assert!(differs, "dropping an all_reduce went unnoticed");
+}
+
+/// Dropout masks are functions of the element's place in the whole tensor, so a split
+/// dropout drops exactly what the single-device program drops.
+#[test]
+fn gpt_with_dropout_matches_one_device() {
+    for p in ["dp dp=2", "megatron tp=2", "megatron-sp tp=2"] {
+        check("gpt-tiny+dropout", p);
+    }
 }

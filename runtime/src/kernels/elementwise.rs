@@ -188,12 +188,13 @@ pub(super) fn dropout(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String>
     let p = c.float("p", 0.0);
     let seed = c.int("seed", 0) as u64;
     let scale = (1.0 / (1.0 - p)) as f32;
-    let v = x[0]
-        .f()?
+    let xs = x[0].f()?;
+    let index = global_index(c, &x[0].shape)?;
+    let v = xs
         .iter()
         .enumerate()
         .map(|(i, &q)| {
-            if rng::dropout_keep(seed, i as u64, p) {
+            if rng::dropout_keep(seed, index(i), p) {
                 q * scale
             } else {
                 0.0
@@ -201,6 +202,54 @@ pub(super) fn dropout(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String>
         })
         .collect();
     Ok(vec![Tensor::f32(&x[0].shape, v)])
+}
+
+/// Maps a local flat index to the element's flat index in the whole tensor. A localized
+/// op on a shard carries `global_shape` and, per dim, the mesh axes splitting it
+/// (`dim_axes`, comma-separated names, empty when whole); without them the tensor is
+/// whole and the map is the identity.
+fn global_index(c: &Ctx<'_>, local: &[usize]) -> Result<Box<dyn Fn(usize) -> u64>, String> {
+    use nnscaler_dialects::types::AttrValue;
+    let (Some(AttrValue::Ints(global)), Some(AttrValue::Strs(axes))) =
+        (c.attrs.get("global_shape"), c.attrs.get("dim_axes"))
+    else {
+        return Ok(Box::new(|i| i as u64));
+    };
+    if global.len() != local.len() || axes.len() != local.len() {
+        return Err("'global_shape' and 'dim_axes' must have one entry per dim".into());
+    }
+    let mut offsets = Vec::with_capacity(local.len());
+    for (d, names) in axes.iter().enumerate() {
+        let mut attrs = nnscaler_dialects::types::Attrs::new();
+        let list: Vec<String> = names
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        attrs.insert("a".into(), AttrValue::Strs(list));
+        let sub = Ctx {
+            attrs: &attrs,
+            out: c.out,
+            device: c.device,
+        };
+        offsets.push(sub.block_offset("a", local[d])? as u64);
+    }
+    let lstrides = crate::tensor::strides(local);
+    let gstrides: Vec<u64> =
+        crate::tensor::strides(&global.iter().map(|&g| g as usize).collect::<Vec<_>>())
+            .into_iter()
+            .map(|s| s as u64)
+            .collect();
+    Ok(Box::new(move |i| {
+        let mut rest = i;
+        let mut g = 0u64;
+        for d in 0..lstrides.len() {
+            let k = rest / lstrides[d];
+            rest %= lstrides[d];
+            g += (offsets[d] + k as u64) * gstrides[d];
+        }
+        g
+    }))
 }
 
 pub(super) fn fill(c: &Ctx<'_>, _: &[&Tensor]) -> Result<Vec<Tensor>, String> {
