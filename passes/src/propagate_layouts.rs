@@ -128,7 +128,7 @@ fn vocab_parallel_cross_entropy(g: &mut Graph, k: usize) -> Result<(), String> {
     let s = g.add1("dnn.sum", &[e], dims1(), &loc)?;
     let ls = g.add1("dnn.log", &[s], Attrs::new(), &loc)?;
     let lse = g.add1("dnn.add", &[ls, m], Attrs::new(), &loc)?;
-    let last = if forward {
+    if forward {
         let lse1 = g.add1(
             "dnn.reshape",
             &[lse],
@@ -141,7 +141,7 @@ fn vocab_parallel_cross_entropy(g: &mut Graph, k: usize) -> Result<(), String> {
         if let Some(c) = count {
             a.insert("count".into(), c);
         }
-        g.add1("dnn.mean", &[d], a, &loc)?
+        g.add1("dnn.mean", &[d], a, &loc)?;
     } else {
         let c = count.unwrap_or(AttrValue::Int(rows));
         g.add1(
@@ -149,14 +149,13 @@ fn vocab_parallel_cross_entropy(g: &mut Graph, k: usize) -> Result<(), String> {
             &[n.inputs[0], l, t, lse],
             attrs(&[("count", c)]),
             &loc,
-        )?
-    };
+        )?;
+    }
     // The last new op defines the replaced op's result, so its users are unchanged.
     let mut new: Vec<Node> = g.nodes.drain(start..).collect();
     if let Some(tail) = new.last_mut() {
         tail.outputs = vec![n.outputs[0]];
     }
-    let _ = last;
     g.nodes.splice(k..=k, new);
     Ok(())
 }
