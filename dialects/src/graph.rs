@@ -10,7 +10,7 @@ use crate::dnn;
 use crate::spec::OpCtx;
 use crate::types::{AttrValue, Attrs, TensorType};
 use crate::view::{FuncView, OpView};
-use melior::ir::OperationRef;
+use melior::ir::{Module, OperationRef};
 use mlir_sys::{
     mlirBlockGetArgument, mlirBlockGetFirstOperation, mlirBlockGetNumArguments,
     mlirOperationGetNextInBlock, mlirOperationGetNumOperands, mlirOperationGetNumRegions,
@@ -22,6 +22,13 @@ use std::fmt::Write as _;
 
 /// Index of a value in [`Graph::values`].
 pub type ValueId = usize;
+
+fn nns_name(attrs: &Attrs) -> Option<&str> {
+    match attrs.get("nns.name") {
+        Some(AttrValue::Str(s)) => Some(s),
+        _ => None,
+    }
+}
 
 /// A function argument.
 #[derive(Clone, Debug)]
@@ -35,10 +42,7 @@ pub struct Arg {
 impl Arg {
     /// The `nns.name` of the argument, if any.
     pub fn name(&self) -> Option<&str> {
-        match self.attrs.get("nns.name") {
-            Some(AttrValue::Str(s)) => Some(s),
-            _ => None,
-        }
+        nns_name(&self.attrs)
     }
 
     /// Whether the argument is a trainable parameter (`nns.param`).
@@ -77,10 +81,7 @@ pub struct Output {
 impl Output {
     /// The `nns.name` of the result, if any.
     pub fn name(&self) -> Option<&str> {
-        match self.attrs.get("nns.name") {
-            Some(AttrValue::Str(s)) => Some(s),
-            _ => None,
-        }
+        nns_name(&self.attrs)
     }
 }
 
@@ -237,6 +238,17 @@ impl Graph {
         let value = self.new_value(ty);
         self.args.push(Arg { value, attrs });
         value
+    }
+
+    /// Every `func.func` of `module`, in order, each read as a graph (or why it cannot be).
+    pub fn all_in(module: &Module<'_>) -> Vec<Result<Graph, GraphError>> {
+        let mut out = Vec::new();
+        crate::view::top_level_ops(module, &mut |op| {
+            if op.name().as_string_ref().as_str() == Ok("func.func") {
+                out.push(Graph::from_func(op));
+            }
+        });
+        out
     }
 
     /// Adds a value of type `ty`.

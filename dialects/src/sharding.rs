@@ -15,6 +15,7 @@
 
 use crate::annotation::{Annotation, Binding, DimKind, TensorAnno};
 use crate::nns::{AxisLayout, Layout, Mesh, Reduce};
+use crate::types::AttrValue;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt;
@@ -76,40 +77,45 @@ impl Sharding {
 
     /// The written form (axes splitting one dim appear outer first).
     pub fn to_layout(&self, mesh: &Mesh) -> Layout {
-        let mut axes = Vec::new();
-        for (a, _) in mesh.axes.iter().enumerate() {
-            if let Some(r) = self.partial[a] {
-                axes.push((a, AxisLayout::V(r)));
-            }
-        }
-        for (d, v) in self.split.iter().enumerate() {
-            for &a in v {
-                axes.push((a, AxisLayout::D(d)));
-            }
-        }
-        // Mesh order, except that axes splitting the same dim keep their nesting order.
-        let mut out: Vec<(String, AxisLayout)> = Vec::new();
-        let mut placed = vec![false; axes.len()];
+        // Mesh order, except that axes splitting the same dim are written together in
+        // their nesting order (where the first of them falls).
+        let mut axes: Vec<(String, AxisLayout)> = Vec::new();
+        let mut written = vec![false; mesh.axes.len()];
         for a in 0..mesh.axes.len() {
-            if let Some(i) = axes.iter().position(|(x, _)| *x == a) {
-                if placed[i] {
-                    continue;
-                }
-                if let AxisLayout::D(d) = axes[i].1 {
+            if written[a] {
+                continue;
+            }
+            match self.axis_state(a) {
+                AxisState::R => {}
+                AxisState::V(r) => axes.push((mesh.axes[a].name.clone(), AxisLayout::V(r))),
+                AxisState::D(d) => {
                     for &b in &self.split[d] {
-                        let j = axes.iter().position(|(x, _)| *x == b).unwrap_or(i);
-                        placed[j] = true;
-                        out.push((mesh.axes[b].name.clone(), AxisLayout::D(d)));
+                        written[b] = true;
+                        axes.push((mesh.axes[b].name.clone(), AxisLayout::D(d)));
                     }
-                } else {
-                    placed[i] = true;
-                    out.push((mesh.axes[a].name.clone(), axes[i].1.clone()));
                 }
             }
         }
         Layout {
             mesh: mesh.name.clone(),
-            axes: out,
+            axes,
+        }
+    }
+
+    /// Reads a layout attribute value (`#nns.layout<...>`) written for `mesh`.
+    pub fn from_attr(v: &AttrValue, mesh: &Mesh, rank: usize) -> Result<Self, String> {
+        match v {
+            AttrValue::Nns { kind, body } if kind == "layout" => {
+                let l = Layout::parse(body)?;
+                if l.mesh != mesh.name {
+                    return Err(format!(
+                        "layout names mesh '@{}', not '@{}'",
+                        l.mesh, mesh.name
+                    ));
+                }
+                Sharding::from_layout(&l, mesh, rank)
+            }
+            _ => Err("expected a #nns.layout<...> attribute".into()),
         }
     }
 

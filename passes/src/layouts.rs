@@ -6,7 +6,7 @@ use nnscaler_dialects::annotation::{Annotation, Binding};
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node};
-use nnscaler_dialects::nns::{Layout, Mesh, Split};
+use nnscaler_dialects::nns::{Mesh, Split};
 use nnscaler_dialects::sharding::{
     op_layouts, partial_joint, partial_kind, partial_passthrough, resolve_binds, Binds, OpLayouts,
     Sharding,
@@ -119,23 +119,6 @@ pub fn node_layouts(
     Ok(l)
 }
 
-/// Reads a layout attribute value (`#nns.layout<...>`).
-pub fn read_layout(v: &AttrValue, mesh: &Mesh, rank: usize) -> Result<Sharding, String> {
-    match v {
-        AttrValue::Nns { kind, body } if kind == "layout" => {
-            let l = Layout::parse(body)?;
-            if l.mesh != mesh.name {
-                return Err(format!(
-                    "layout names mesh '@{}', not '@{}'",
-                    l.mesh, mesh.name
-                ));
-            }
-            Sharding::from_layout(&l, mesh, rank)
-        }
-        _ => Err("expected a #nns.layout<...> attribute".into()),
-    }
-}
-
 /// The attribute value of a layout.
 pub fn layout_attr(s: &Sharding, mesh: &Mesh) -> AttrValue {
     AttrValue::Nns {
@@ -180,7 +163,7 @@ pub fn read_layouts(
     items
         .iter()
         .zip(ranks)
-        .map(|(t, &r)| read_layout(&AttrValue::from_mlir_text(t), mesh, r))
+        .map(|(t, &r)| Sharding::from_attr(&AttrValue::from_mlir_text(t), mesh, r))
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
 }
@@ -192,7 +175,7 @@ pub fn value_layouts(g: &Graph, mesh: &Mesh) -> Result<Vec<Option<Sharding>>, Di
     for (i, a) in g.args.iter().enumerate() {
         let r = g.values[a.value].rank();
         out[a.value] = Some(match a.attrs.get("nns.layout") {
-            Some(v) => read_layout(v, mesh, r)
+            Some(v) => Sharding::from_attr(v, mesh, r)
                 .map_err(|e| error(&g.loc, format!("@{} argument {i}: {e}", g.name)))?,
             None => Sharding::replicated(r, mesh.axes.len()),
         });
@@ -202,7 +185,7 @@ pub fn value_layouts(g: &Graph, mesh: &Mesh) -> Result<Vec<Option<Sharding>>, Di
         let ls = if n.op == "nns.relayout" {
             n.attrs
                 .get("to")
-                .map(|v| read_layout(v, mesh, ranks[0]).map(|s| vec![s]))
+                .map(|v| Sharding::from_attr(v, mesh, ranks[0]).map(|s| vec![s]))
                 .transpose()
         } else {
             read_layouts(&n.attrs, mesh, &ranks)
@@ -224,7 +207,7 @@ pub fn result_layouts(g: &Graph, mesh: &Mesh) -> Result<Vec<Sharding>, Diagnosti
         .map(|(i, o)| {
             let r = g.values[o.value].rank();
             match o.attrs.get("nns.layout") {
-                Some(v) => read_layout(v, mesh, r)
+                Some(v) => Sharding::from_attr(v, mesh, r)
                     .map_err(|e| error(&g.loc, format!("@{} result {i}: {e}", g.name))),
                 None => Ok(Sharding::replicated(r, mesh.axes.len())),
             }

@@ -14,8 +14,8 @@ use crate::pipeline::{Pass, PassOptions};
 use crate::rewrite::rewrite_funcs;
 use melior::ir::Module;
 use nnscaler_dialects::context::IrContext;
-use nnscaler_dialects::diag::Diagnostics;
-use nnscaler_dialects::graph::{Graph, Node, ValueId};
+use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
+use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::sharding::Sharding;
 use nnscaler_dialects::types::Attrs;
@@ -48,7 +48,7 @@ pub fn split(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
                         layouts: &mut Vec<Option<Sharding>>,
                         v: ValueId,
                         want: &Sharding,
-                        n: &Node|
+                        loc: &SrcLoc|
      -> ValueId {
         if layouts[v].as_ref() == Some(want) {
             return v;
@@ -59,7 +59,7 @@ pub fn split(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
         let mut attrs = Attrs::new();
         attrs.insert("to".into(), layout_attr(want, mesh));
         let ty = g.values[v].clone();
-        let r = g.add_raw("nns.relayout", &[v], vec![ty], attrs, &n.loc)[0];
+        let r = g.add_raw("nns.relayout", &[v], vec![ty], attrs, loc)[0];
         layouts.resize(g.values.len(), None);
         layouts[r] = Some(want.clone());
         made.insert((v, want.clone()), r);
@@ -79,7 +79,7 @@ pub fn split(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
             let inputs = n.inputs.clone();
             for (i, &v) in inputs.iter().enumerate() {
                 if let Some(want) = &l.inputs[i] {
-                    n.inputs[i] = relayout(&mut g, &mut layouts, v, want, &n);
+                    n.inputs[i] = relayout(&mut g, &mut layouts, v, want, &n.loc);
                 }
             }
         }
@@ -89,14 +89,7 @@ pub fn split(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
     let ret_loc = g.loc.clone();
     for (i, w) in want.iter().enumerate() {
         let v = g.outputs[i].value;
-        let marker = Node {
-            op: "func.return".into(),
-            inputs: vec![],
-            outputs: vec![],
-            attrs: Attrs::new(),
-            loc: ret_loc.clone(),
-        };
-        g.outputs[i].value = relayout(&mut g, &mut layouts, v, w, &marker);
+        g.outputs[i].value = relayout(&mut g, &mut layouts, v, w, &ret_loc);
     }
     Ok(g)
 }

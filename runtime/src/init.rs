@@ -12,11 +12,6 @@ use crate::tensor::{dims, numel, Tensor};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Init;
 
-/// The init rule of parameter argument `arg` of `g` (see [`Graph::init_rule`]).
-pub fn rule(g: &Graph, arg: usize) -> Result<Init, String> {
-    g.init_rule(arg)
-}
-
 /// Draws parameter argument `arg` of `g` under `seed`.
 pub fn init_param(g: &Graph, arg: usize, seed: u64) -> Result<Tensor, String> {
     let a = &g.args[arg];
@@ -24,7 +19,7 @@ pub fn init_param(g: &Graph, arg: usize, seed: u64) -> Result<Tensor, String> {
     let shape = dims(&g.values[a.value]);
     let stream = rng::name_stream(name);
     let n = numel(&shape) as u64;
-    let v: Vec<f32> = match rule(g, arg)? {
+    let v: Vec<f32> = match g.init_rule(arg)? {
         Init::Const(c) => vec![c as f32; n as usize],
         Init::Normal { mean, std } => (0..n)
             .map(|i| (mean + std * rng::normal(seed, stream, i)) as f32)

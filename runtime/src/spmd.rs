@@ -13,7 +13,7 @@ use crate::interp::{run_on, Options, RunError};
 use crate::tensor::{numel, Data, Tensor};
 use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::graph::{Graph, Node};
-use nnscaler_dialects::nns::{Layout, Mesh};
+use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::sharding::{coords, Sharding};
 use nnscaler_dialects::types::AttrValue;
 use std::collections::HashMap;
@@ -277,10 +277,7 @@ fn layout_of(
 ) -> Result<Sharding, String> {
     match attrs.get("nns.layout") {
         None => Ok(Sharding::replicated(rank, mesh.axes.len())),
-        Some(AttrValue::Nns { kind, body }) if kind == "layout" => {
-            Sharding::from_layout(&Layout::parse(body)?, mesh, rank)
-        }
-        Some(_) => Err("'nns.layout' must be a #nns.layout<...>".into()),
+        Some(v) => Sharding::from_attr(v, mesh, rank),
     }
 }
 

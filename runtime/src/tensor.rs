@@ -181,34 +181,6 @@ impl Tensor {
             _ => None,
         }
     }
-
-    /// The largest `|a - b| / max(|b|, floor)` over all elements, with `floor` guarding
-    /// near-zero references; `None` if the shapes or kinds differ.
-    pub fn max_rel_err(&self, reference: &Tensor, floor: f32) -> Option<f32> {
-        if self.shape != reference.shape {
-            return None;
-        }
-        match (&self.data, &reference.data) {
-            (Data::F32(a), Data::F32(b)) => Some(
-                a.iter()
-                    .zip(b)
-                    .map(|(x, y)| {
-                        if x.is_nan() || y.is_nan() {
-                            if x.is_nan() && y.is_nan() {
-                                0.0
-                            } else {
-                                f32::INFINITY
-                            }
-                        } else {
-                            (x - y).abs() / y.abs().max(floor)
-                        }
-                    })
-                    .fold(0.0, f32::max),
-            ),
-            (Data::I64(a), Data::I64(b)) => Some(if a == b { 0.0 } else { f32::INFINITY }),
-            _ => None,
-        }
-    }
 }
 
 /// The shape of an IR tensor type as `usize`s.

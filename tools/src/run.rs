@@ -7,7 +7,6 @@ use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::types::Elem;
 use nnscaler_dialects::verify::{verify_module, Meshes};
-use nnscaler_dialects::view::top_level_ops;
 use nnscaler_passes::autodiff::differentiate;
 use nnscaler_runtime::interp::{bind, ParamSource};
 use nnscaler_runtime::spmd::{global_view, run_spmd};
@@ -127,12 +126,10 @@ pub fn main(argv: &[String]) -> Result<(), String> {
     if d.has_errors() {
         return Err(render(d));
     }
-    let mut funcs: Vec<Result<Graph, (SrcLoc, String)>> = Vec::new();
-    top_level_ops(&module, &mut |op| {
-        if op.name().as_string_ref().as_str() == Ok("func.func") {
-            funcs.push(Graph::from_func(op).map_err(|e| (e.loc, e.message)));
-        }
-    });
+    let mut funcs: Vec<Result<Graph, (SrcLoc, String)>> = Graph::all_in(&module)
+        .into_iter()
+        .map(|f| f.map_err(|e| (e.loc, e.message)))
+        .collect();
     let name_of = |f: &Result<Graph, (SrcLoc, String)>| match f {
         Ok(g) => g.name.clone(),
         Err(_) => String::new(),

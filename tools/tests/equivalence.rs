@@ -12,7 +12,6 @@ mod common;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::verify::Meshes;
-use nnscaler_dialects::view::top_level_ops;
 use nnscaler_frontends::{build_module, preset};
 use nnscaler_passes::pipeline::{self, Step};
 use nnscaler_runtime::spmd::run_spmd;
@@ -58,13 +57,10 @@ fn graph_of(
         .unwrap_or_else(|d| panic!("{d}"));
     let mut d = Default::default();
     let mesh = Meshes::collect(&m, &mut d).0.first().cloned();
-    let mut gs = Vec::new();
-    top_level_ops(&m, &mut |op| {
-        if let Ok(g) = Graph::from_func(op) {
-            gs.push(g)
-        }
-    });
-    (gs.remove(0), mesh)
+    let g = Graph::all_in(&m)
+        .remove(0)
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    (g, mesh)
 }
 
 fn inputs(g: &Graph, vocab: u64) -> Vec<Tensor> {

@@ -9,7 +9,6 @@ mod common;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::types::Elem;
-use nnscaler_dialects::view::top_level_ops;
 use nnscaler_frontends::{build_module, preset, ModelConfig};
 use nnscaler_passes::autodiff::differentiate;
 use nnscaler_runtime::tensor::{dims, Tensor};
@@ -39,11 +38,9 @@ fn check_model(name: &str) -> f64 {
     let text = build_module(&cfg).unwrap();
     let ir = IrContext::new();
     let module = ir.parse(&text, name).unwrap_or_else(|d| panic!("{d}"));
-    let mut graphs = Vec::new();
-    top_level_ops(&module, &mut |op| {
-        graphs.push(Graph::from_func(op).unwrap())
-    });
-    let fwd = graphs.remove(0);
+    let fwd = Graph::all_in(&module)
+        .remove(0)
+        .unwrap_or_else(|e| panic!("{}", e.message));
     let g = differentiate(&fwd).unwrap_or_else(|(_, m)| panic!("{m}"));
     // Weights: the default init, made less symmetric (matrices x5, vectors perturbed) so
     // that every gradient is far from zero.

@@ -9,7 +9,6 @@
 
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::graph::Graph;
-use nnscaler_dialects::view::top_level_ops;
 use nnscaler_frontends::{build_module, preset};
 use nnscaler_passes::autodiff::differentiate;
 use nnscaler_runtime::kernels::{gemm, linalg::Mat};
@@ -56,9 +55,7 @@ fn step_times(name: &str, reps: usize) -> Result<Vec<f64>, String> {
     let text = build_module(&cfg).map_err(|e| e.to_string())?;
     let ir = IrContext::new();
     let module = ir.parse(&text, name).map_err(|d| d.to_string())?;
-    let mut graphs = Vec::new();
-    top_level_ops(&module, &mut |op| graphs.push(Graph::from_func(op)));
-    let fwd = graphs.remove(0).map_err(|e| e.message)?;
+    let fwd = Graph::all_in(&module).remove(0).map_err(|e| e.message)?;
     let g = differentiate(&fwd).map_err(|(_, m)| m)?;
     let vocab = match &cfg {
         nnscaler_frontends::ModelConfig::Gpt(c) => c.vocab,
