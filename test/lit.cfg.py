@@ -8,6 +8,8 @@ config.test_format = lit.formats.ShTest(True)
 config.suffixes = [".mlir", ".test"]
 config.test_source_root = os.path.dirname(__file__)
 config.environment["PATH"] = os.environ["PATH"]
+# Tests must leave the tree clean: no __pycache__ next to test/oracle/*.py.
+config.environment["PYTHONDONTWRITEBYTECODE"] = "1"
 config.excludes = ["lit.cfg.py", "Inputs"]
 llvm_bin = "/usr/lib/llvm-19/bin"
 config.substitutions.append(("FileCheck", os.path.join(llvm_bin, "FileCheck")))

@@ -8,7 +8,7 @@ use melior::ir::Location;
 use std::fmt;
 
 /// A position in a source buffer. `line` and `col` are 1-based; 0 means unknown.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct SrcLoc {
     /// The buffer name (the file path, or `-` for standard input).
     pub file: String,
@@ -76,7 +76,7 @@ impl fmt::Display for SrcLoc {
 }
 
 /// How serious a diagnostic is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Severity {
     /// Attached to another diagnostic.
     Note,
@@ -97,7 +97,7 @@ impl fmt::Display for Severity {
 }
 
 /// One located message.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Diagnostic {
     /// Where.
     pub loc: SrcLoc,
@@ -114,15 +114,43 @@ impl Diagnostic {
         let mut out = format!("{}: {}: {}", self.loc, self.severity, self.message);
         if let (Some(src), true) = (source, self.loc.line > 0) {
             if let Some(line) = src.lines().nth(self.loc.line - 1) {
+                let (shown, caret) = window(line, self.loc.col.saturating_sub(1));
                 out.push('\n');
-                out.push_str(line);
+                out.push_str(&shown);
                 out.push('\n');
-                out.push_str(&" ".repeat(self.loc.col.saturating_sub(1)));
+                out.push_str(&" ".repeat(caret));
                 out.push('^');
             }
         }
         out
     }
+}
+
+/// How many characters of a source line a diagnostic shows; longer lines (a 70B model's
+/// function signature is one line of ~100 kB) are cut to a window around the column.
+const MAX_SHOWN: usize = 120;
+
+/// The part of `line` to show for a caret at character `col` (0-based), and the caret's
+/// column in it. Long lines are cut to [`MAX_SHOWN`] characters, marked with `...`.
+fn window(line: &str, col: usize) -> (String, usize) {
+    let chars: Vec<char> = line.chars().collect();
+    if chars.len() <= MAX_SHOWN {
+        return (line.to_string(), col);
+    }
+    let col = col.min(chars.len());
+    let start = col.saturating_sub(MAX_SHOWN / 3);
+    let end = (start + MAX_SHOWN).min(chars.len());
+    let mut shown = String::new();
+    let mut caret = col - start;
+    if start > 0 {
+        shown.push_str("...");
+        caret += 3;
+    }
+    shown.extend(&chars[start..end]);
+    if end < chars.len() {
+        shown.push_str("...");
+    }
+    (shown, caret)
 }
 
 impl fmt::Display for Diagnostic {
@@ -173,6 +201,58 @@ impl Diagnostics {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    /// Names `file` in every diagnostic that has no location (a module-level problem), so
+    /// that no message reads `<unknown>:`.
+    pub fn in_file(mut self, file: &str) -> Self {
+        for d in &mut self.0 {
+            if d.loc.file.is_empty() {
+                d.loc.file = file.to_string();
+            }
+        }
+        self
+    }
+
+    /// Renders the diagnostics for a terminal, in the order they were found (the first cause
+    /// first): repeated diagnostics (same place, severity and message) are shown once, notes
+    /// stay with the error or warning they follow, and after `limit` errors (0: no limit)
+    /// the rest are counted in a last line, `... and N more errors (--error-limit=0 shows
+    /// all)`. `source` (the whole buffer) adds the source line and a caret.
+    pub fn render_limited(&self, source: Option<&str>, limit: usize) -> String {
+        let mut seen = std::collections::HashSet::new();
+        let mut lines: Vec<String> = Vec::new();
+        let (mut errors, mut hidden) = (0usize, 0usize);
+        // Whether the diagnostic a note would attach to was shown.
+        let mut parent_shown = true;
+        for d in &self.0 {
+            if d.severity == Severity::Note {
+                if parent_shown && seen.insert(d) {
+                    lines.push(d.render(source));
+                }
+                continue;
+            }
+            parent_shown = false;
+            if !seen.insert(d) {
+                continue;
+            }
+            if d.severity == Severity::Error {
+                if limit > 0 && errors >= limit {
+                    hidden += 1;
+                    continue;
+                }
+                errors += 1;
+            }
+            parent_shown = true;
+            lines.push(d.render(source));
+        }
+        if hidden > 0 {
+            lines.push(format!(
+                "... and {hidden} more error{} (--error-limit=0 shows all)",
+                if hidden == 1 { "" } else { "s" }
+            ));
+        }
+        lines.join("\n")
+    }
 }
 
 impl fmt::Display for Diagnostics {
@@ -195,6 +275,49 @@ mod tests {
         let l = SrcLoc::from_location_text(r#"loc("name"("x.mlir":10:2))"#);
         assert_eq!(l.to_string(), "x.mlir:10:2");
         assert_eq!(SrcLoc::from_location_text("loc(unknown)").line, 0);
+    }
+
+    #[test]
+    fn repeated_errors_are_shown_once_and_capped() {
+        let at = |line| SrcLoc {
+            file: "f".into(),
+            line,
+            col: 1,
+        };
+        let mut d = Diagnostics::default();
+        d.error(&at(1), "first cause");
+        d.note(&at(1), "why");
+        for i in 0..5 {
+            d.error(&at(2), "same");
+            d.error(&at(3 + i), format!("other {i}"));
+        }
+        let text = d.render_limited(None, 3);
+        assert_eq!(
+            text,
+            "f:1:1: error: first cause\nf:1:1: note: why\nf:2:1: error: same\nf:3:1: error: other 0\n\
+             ... and 4 more errors (--error-limit=0 shows all)"
+        );
+        assert_eq!(d.render_limited(None, 0).lines().count(), 8);
+    }
+
+    #[test]
+    fn long_lines_are_cut_around_the_caret() {
+        let line = format!("{}HERE{}", "a".repeat(500), "b".repeat(500));
+        let d = Diagnostic {
+            loc: SrcLoc {
+                file: "f".into(),
+                line: 1,
+                col: 501,
+            },
+            severity: Severity::Error,
+            message: "bad".into(),
+        };
+        let text = d.render(Some(&line));
+        let shown: Vec<&str> = text.lines().collect();
+        assert!(shown[1].len() <= MAX_SHOWN + 6, "{}", shown[1].len());
+        assert!(shown[1].starts_with("...") && shown[1].ends_with("..."));
+        let caret = shown[2].len() - 1;
+        assert_eq!(&shown[1][caret..caret + 4], "HERE");
     }
 
     #[test]

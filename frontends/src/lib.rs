@@ -162,6 +162,12 @@ impl ModelConfig {
                         c.kv_heads, c.heads
                     ));
                 }
+                if !(c.rope_theta.is_finite() && c.rope_theta > 0.0) {
+                    return Err(format!(
+                        "--rope-theta {} must be a positive number",
+                        c.rope_theta
+                    ));
+                }
                 if (c.width / c.heads) % 2 != 0 {
                     return Err(format!(
                         "head dim {} must be even for rotary embeddings",

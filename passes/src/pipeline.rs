@@ -30,7 +30,13 @@ impl PassOptions {
                 Some(kv) => kv,
                 // A pass with a `policy` option takes it unnamed: `--plan=dp`.
                 None if positional => ("policy", item),
-                None => (item, "true"),
+                None if info.options.iter().any(|o| o.name == item) => {
+                    return Err(format!(
+                        "option '{item}' of pass '{}' needs a value ({item}=...)",
+                        info.name
+                    ))
+                }
+                None => (item, ""),
             };
             if !info.options.iter().any(|o| o.name == k) {
                 let known: Vec<&str> = info.options.iter().map(|o| o.name).collect();
@@ -44,7 +50,18 @@ impl PassOptions {
                     }
                 ));
             }
-            map.insert(k.to_string(), v.to_string());
+            if v.is_empty() {
+                return Err(format!(
+                    "option '{k}' of pass '{}' has an empty value",
+                    info.name
+                ));
+            }
+            if map.insert(k.to_string(), v.to_string()).is_some() {
+                return Err(format!(
+                    "option '{k}' of pass '{}' is given twice",
+                    info.name
+                ));
+            }
         }
         Ok(PassOptions(map))
     }
@@ -76,7 +93,8 @@ impl Step {
     }
 }
 
-/// Parses `builtin.module(a, b{k=v})` or `a,b{k=v}` into steps.
+/// Parses `builtin.module(a, b{k=v})` or `a,b{k=v}` into steps. An empty pipeline or an
+/// empty element (`a,,b`) is an error.
 pub fn parse_pipeline(text: &str) -> Result<Vec<Step>, String> {
     let mut t = text.trim();
     if let Some(inner) = t
@@ -85,11 +103,16 @@ pub fn parse_pipeline(text: &str) -> Result<Vec<Step>, String> {
     {
         t = inner;
     }
+    if t.trim().is_empty() {
+        return Err(format!(
+            "the pass pipeline '{text}' names no pass (write e.g. 'builtin.module(autodiff,cse)')"
+        ));
+    }
     let (mut steps, mut cur, mut depth) = (Vec::new(), String::new(), 0i32);
     let mut flush = |cur: &mut String| -> Result<(), String> {
         let item = cur.trim();
         if item.is_empty() {
-            return Ok(());
+            return Err(format!("the pass pipeline '{text}' has an empty element"));
         }
         let (name, opts) = match item.split_once('{') {
             Some((n, o)) => (
@@ -106,6 +129,7 @@ pub fn parse_pipeline(text: &str) -> Result<Vec<Step>, String> {
     for c in t.chars() {
         match c {
             '{' => depth += 1,
+            '}' if depth == 0 => return Err(format!("unbalanced '}}' in pass pipeline '{text}'")),
             '}' => depth -= 1,
             ',' if depth == 0 => {
                 flush(&mut cur)?;
@@ -175,5 +199,23 @@ mod tests {
         assert!(parse_pipeline("cse{x=1}")
             .unwrap_err()
             .contains("has no option 'x'"));
+        for bad in [
+            "",
+            "builtin.module()",
+            "builtin.module(,,)",
+            "cse,,cse",
+            "cse,",
+        ] {
+            assert!(parse_pipeline(bad).is_err(), "{bad:?} is accepted");
+        }
+        assert!(parse_pipeline("plan{dp dp=2 dp=4}")
+            .unwrap_err()
+            .contains("option 'dp' of pass 'plan' is given twice"));
+        assert!(parse_pipeline("autodiff{func}")
+            .unwrap_err()
+            .contains("needs a value"));
+        assert!(parse_pipeline("autodiff{func=}")
+            .unwrap_err()
+            .contains("empty value"));
     }
 }

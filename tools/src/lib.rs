@@ -1,41 +1,11 @@
 //! Shared pieces of the nnscaler command-line tools.
 
+pub mod cli;
 pub mod expected;
+pub mod output;
 pub mod run;
 
-use std::io::Write;
-use std::path::Path;
-
-/// Writes `data` to `path` atomically (a temporary file in the same directory, then a
-/// rename), so a failed run never leaves a half-written output; `-` writes to stdout.
-pub fn write_output(path: &str, data: &str) -> Result<(), String> {
-    write_output_bytes(path, data.as_bytes())
-}
-
-/// [`write_output`] for binary data.
-pub fn write_output_bytes(path: &str, data: &[u8]) -> Result<(), String> {
-    if path == "-" {
-        let mut out = std::io::stdout().lock();
-        return out
-            .write_all(data)
-            .map_err(|e| format!("cannot write to stdout: {e}"));
-    }
-    let p = Path::new(path);
-    let dir = p
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        p.file_name().and_then(|n| n.to_str()).unwrap_or("out"),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, data).map_err(|e| format!("cannot write '{path}': {e}"))?;
-    std::fs::rename(&tmp, p).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("cannot write '{path}': {e}")
-    })
-}
+pub use output::{write_one, Outputs};
 
 /// Reads `path` (`-` for stdin), naming the path in the error.
 pub fn read_input(path: &str) -> Result<String, String> {

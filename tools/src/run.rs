@@ -1,7 +1,7 @@
 //! `nnscaler run`: executes a function of a model on the CPU runtime, with tensors from and
 //! to safetensors files.
 
-use crate::{read_input, write_output_bytes};
+use crate::{read_input, Outputs};
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::Graph;
@@ -13,114 +13,70 @@ use nnscaler_runtime::spmd::{global_view, run_spmd};
 use nnscaler_runtime::{io, kernels, Options};
 use std::path::Path;
 
-/// Help text of `nnscaler run`.
-pub const HELP: &str = "\
-\x20 nnscaler run MODEL.mlir [--inputs IN.safetensors] [--params P.safetensors | --init-seed S]\n\
-\x20              -o OUT.safetensors [--func NAME] [--autodiff] [--save-params FILE]\n\
-\x20              [--check-finite] [--threads N]\n\
-\x20     Execute a function on the CPU reference runtime. Arguments are read by their\n\
-\x20     nns.name: inputs from --inputs, nns.param arguments from --params or drawn with\n\
-\x20     --init-seed (normal(0, 0.02); norm weights 1, biases 0; nns.init overrides).\n\
-\x20     Results are written under their nns.name (or out0, out1, ...).\n\
-\x20       --func NAME        the function to run (default: the only one, or @train)\n\
-\x20       --autodiff         differentiate first (as nnscaler-opt --autodiff): the results\n\
-\x20                          then include grad.<param> for every parameter\n\
-\x20       --save-params FILE write the parameters used (e.g. drawn with --init-seed)\n\
-\x20       --check-finite     stop at the first op producing NaN or Inf, naming it\n\
-\x20       --threads N        threads for matrix products (default 1)\n\
-\x20       --devices N        expect N simulated devices. A function made by --localize runs\n\
-\x20                          on every device of its mesh (a thread each, in-process\n\
-\x20                          collectives): inputs are cut and results assembled by their\n\
-\x20                          nns.layout, so the tensor files are the same as on one device\n";
-
-#[derive(Debug, Default)]
-struct Args {
-    model: Option<String>,
-    inputs: Option<String>,
-    params: Option<String>,
-    seed: Option<u64>,
-    output: Option<String>,
-    func: Option<String>,
-    save_params: Option<String>,
-    autodiff: bool,
-    check_finite: bool,
-    devices: Option<i64>,
+/// `nnscaler run`'s command line.
+#[derive(clap::Args, Debug, Default)]
+#[command(
+    about = "Execute a function on the CPU reference runtime",
+    long_about = "Execute a function on the CPU reference runtime.\n\n\
+        Arguments are read by their nns.name: inputs from --inputs, nns.param arguments from \
+        --params or drawn with --init-seed (normal(0, 0.02); norm weights 1, biases 0; nns.init \
+        overrides). Results are written under their nns.name (or out0, out1, ...). Outputs are \
+        written only when the whole run succeeded.\n\n\
+        A function made by --localize runs on every device of its mesh (a thread each, \
+        in-process collectives): inputs are cut and results assembled by their nns.layout, so \
+        the tensor files are the same as on one device."
+)]
+pub struct RunArgs {
+    /// The model (MLIR file).
+    #[arg(value_name = "MODEL.mlir")]
+    pub model: String,
+    /// Where the results go (safetensors).
+    #[arg(short = 'o', long = "output", value_name = "OUT.safetensors")]
+    pub output: String,
+    /// Input tensors (safetensors), matched to arguments by nns.name.
+    #[arg(long, value_name = "IN.safetensors")]
+    pub inputs: Option<String>,
+    /// Parameters (safetensors), matched to nns.param arguments by nns.name.
+    #[arg(long, value_name = "P.safetensors", conflicts_with = "init_seed")]
+    pub params: Option<String>,
+    /// Draw the parameters from seed S instead.
+    #[arg(long, value_name = "S")]
+    pub init_seed: Option<u64>,
+    /// The function to run (default: the only one, or @train).
+    #[arg(long, value_name = "NAME")]
+    pub func: Option<String>,
+    /// Differentiate first (as nnscaler-opt --autodiff): the results then include
+    /// grad.<param> for every parameter.
+    #[arg(long)]
+    pub autodiff: bool,
+    /// Also write the parameters used (e.g. drawn with --init-seed).
+    #[arg(long, value_name = "FILE")]
+    pub save_params: Option<String>,
+    /// Stop at the first op producing NaN or Inf, naming it.
+    #[arg(long)]
+    pub check_finite: bool,
+    /// Threads for matrix products.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: u16,
+    /// Expect N simulated devices (the mesh of a localized function).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..))]
+    pub devices: Option<i64>,
+    /// Refuse to start when the run is estimated to need more memory than this (e.g. 8G;
+    /// default: the memory this process may still use: available memory, cgroup and
+    /// address-space limits).
+    #[arg(long, value_name = "BYTES", value_parser = crate::cli::parse_bytes)]
+    pub memory_limit: Option<u64>,
 }
 
-fn parse_args(argv: &[String]) -> Result<Args, String> {
-    let mut a = Args::default();
-    let mut i = 0;
-    while i < argv.len() {
-        let flag = argv[i].clone();
-        i += 1;
-        let mut value = || -> Result<String, String> {
-            let v = argv
-                .get(i)
-                .cloned()
-                .ok_or(format!("{flag} needs a value"))?;
-            i += 1;
-            Ok(v)
-        };
-        match flag.as_str() {
-            "--inputs" => a.inputs = Some(value()?),
-            "--params" => a.params = Some(value()?),
-            "--init-seed" => {
-                let v = value()?;
-                a.seed =
-                    Some(v.parse().map_err(|_| {
-                        format!("--init-seed takes a non-negative integer, not '{v}'")
-                    })?);
-            }
-            "-o" | "--output" => a.output = Some(value()?),
-            "--func" => a.func = Some(value()?),
-            "--save-params" => a.save_params = Some(value()?),
-            "--autodiff" => a.autodiff = true,
-            "--devices" => {
-                let v = value()?;
-                a.devices = Some(
-                    v.parse()
-                        .ok()
-                        .filter(|&n: &i64| n > 0)
-                        .ok_or(format!("--devices takes a positive integer, not '{v}'"))?,
-                );
-            }
-            "--check-finite" => a.check_finite = true,
-            "--threads" => {
-                let v = value()?;
-                let n: usize = v
-                    .parse()
-                    .map_err(|_| format!("--threads takes a positive integer, not '{v}'"))?;
-                kernels::set_threads(n);
-            }
-            s if s.starts_with('-') && s != "-" => {
-                return Err(format!("unknown option '{s}' (see nnscaler --help)"))
-            }
-            s if a.model.is_none() => a.model = Some(s.to_string()),
-            s => return Err(format!("unexpected argument '{s}'")),
-        }
-    }
-    if a.params.is_some() && a.seed.is_some() {
-        return Err("give either --params or --init-seed, not both".into());
-    }
-    Ok(a)
-}
-
-/// Runs `nnscaler run` with `argv` (after the subcommand). Errors are complete messages.
-pub fn main(argv: &[String]) -> Result<(), String> {
-    let a = parse_args(argv)?;
-    let model = a
-        .model
-        .clone()
-        .ok_or("run needs a model file (see nnscaler --help)")?;
-    let output = a.output.clone().ok_or("run needs -o OUT.safetensors")?;
+/// Runs `nnscaler run`. Errors are complete messages (at most `error_limit` errors).
+pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
+    kernels::set_threads(usize::from(a.threads));
+    let model = a.model.clone();
     let source = read_input(&model)?;
     let ir = IrContext::new();
-    let render = |d: Diagnostics| -> String {
-        d.0.iter()
-            .map(|x| x.render(Some(&source)))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
+    let render =
+        |d: Diagnostics| -> String { d.in_file(&model).render_limited(Some(&source), error_limit) };
     let module = ir.parse(&source, &model).map_err(render)?;
     let d = verify_module(&module);
     if d.has_errors() {
@@ -135,6 +91,9 @@ pub fn main(argv: &[String]) -> Result<(), String> {
         Err(_) => String::new(),
     };
     let names: Vec<String> = funcs.iter().map(name_of).collect();
+    if funcs.is_empty() {
+        return Err(format!("{model}: the module has no function to run"));
+    }
     let pick = match &a.func {
         Some(f) => names.iter().position(|n| n == f).ok_or_else(|| {
             format!(
@@ -163,7 +122,7 @@ pub fn main(argv: &[String]) -> Result<(), String> {
         })?;
     }
     let has_params = g.args.iter().any(|x| x.is_param());
-    let params = match (&a.params, a.seed) {
+    let params = match (&a.params, a.init_seed) {
         (Some(p), _) => ParamSource::File(p.clone(), io::load(Path::new(p))?),
         (None, Some(s)) => ParamSource::Seed(s),
         (None, None) if has_params => {
@@ -260,9 +219,10 @@ pub fn main(argv: &[String]) -> Result<(), String> {
         })
         .collect();
     let results = io::to_bytes(&named)?;
+    let mut outputs = Outputs::new();
     if let Some((path, bytes)) = saved_params {
-        write_output_bytes(&path, &bytes)?;
+        outputs.stage(&path, bytes)?;
     }
-    write_output_bytes(&output, &results)?;
-    Ok(())
+    outputs.stage(&a.output, results)?;
+    outputs.commit()
 }

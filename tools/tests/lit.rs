@@ -24,6 +24,7 @@ fn lit_tests() {
         .args([lit, "-v", "--no-progress-bar"])
         .arg(&root)
         .env("PATH", path)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .expect("run lit");
     let text = format!(

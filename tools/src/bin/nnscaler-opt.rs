@@ -1,120 +1,136 @@
 //! `nnscaler-opt`: the pass driver, with mlir-opt's conventions.
 
+use clap::parser::ValueSource;
+use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory, FromArgMatches, Parser};
 use nnscaler_dialects::context::IrContext;
-use nnscaler_dialects::diag::{Diagnostic, Diagnostics, Severity, SrcLoc};
+use nnscaler_dialects::diag::{Diagnostic, Diagnostics};
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::nns;
 use nnscaler_dialects::verify::verify_module;
 use nnscaler_passes::pipeline::{self, Step};
 use nnscaler_passes::registry::PASSES;
-use nnscaler_tools::{expected, read_input, write_output};
+use nnscaler_tools::{expected, read_input, write_one};
 use std::process::ExitCode;
 
-struct Args {
+/// The fixed options; pass flags are added from the registry (see [`command`]).
+#[derive(Parser, Debug)]
+#[command(
+    name = "nnscaler-opt",
+    version,
+    about = "Run nnscaler passes on MLIR files (dnn/nns dialects)",
+    long_about = "Run nnscaler passes on MLIR files (dnn/nns dialects).\n\n\
+        The input is parsed and verified, every pass runs in command-line order and is followed \
+        by the verifier, and the result is printed. Errors are reported as \
+        file:line:col: error: ... on stderr with exit code 1, nothing on stdout and no output \
+        file.\n\n\
+        Pass options use MLIR's spelling: --plan=\"dp-megatron dp=2 tp=2\", or \
+        --pass-pipeline='builtin.module(autodiff,plan{dp dp=2},cse)'.",
+    after_help = "Passes run in the order their flags are given; see --list-passes."
+)]
+struct Cli {
+    /// Input file ('-' reads standard input).
+    #[arg(value_name = "INPUT", default_value = "-")]
     input: String,
+    /// Write the output to FILE ('-': standard output); written only on success.
+    #[arg(short = 'o', value_name = "FILE", default_value = "-")]
     output: String,
+    /// Treat '// -----' lines as separators of independent inputs.
+    #[arg(long)]
     split_input_file: bool,
+    /// Check diagnostics against expected-error/warning/note comments.
+    #[arg(long)]
     verify_diagnostics: bool,
+    /// Print the IR to stderr after every pass.
+    #[arg(long = "mlir-print-ir-after-all")]
     print_ir_after_all: bool,
-    steps: Vec<Step>,
+    /// Run passes given as a pipeline, 'builtin.module(a,b{opt=v})'.
+    #[arg(long, value_name = "PIPELINE", action = ArgAction::Append)]
+    pass_pipeline: Vec<String>,
+    /// List the registered passes and exit.
+    #[arg(long)]
+    list_passes: bool,
+    /// List the dnn and nns ops and exit.
+    #[arg(long)]
+    list_ops: bool,
+    /// Show at most N errors (0: all); repeated errors are shown once.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    error_limit: usize,
 }
 
-fn help() -> String {
-    let mut s = String::from(
-        "nnscaler-opt: run nnscaler passes on MLIR files (dnn/nns dialects)\n\n\
-         USAGE: nnscaler-opt [options] [passes] <input.mlir | ->\n\n\
-         The input is parsed and verified, every pass runs in command-line order and is\n\
-         followed by the verifier, and the result is printed. Errors are reported as\n\
-         file:line:col: error: ... on stderr with exit code 1 and nothing on stdout.\n\n\
-         OPTIONS:\n\
-         \x20 -o <file>                    write the output there (default: stdout); written only on success\n\
-         \x20 --split-input-file           treat '// -----' lines as separators of independent inputs\n\
-         \x20 --verify-diagnostics         check diagnostics against expected-error/warning/note comments\n\
-         \x20 --pass-pipeline=<pipeline>   run passes given as 'builtin.module(a,b{opt=v})'\n\
-         \x20 --mlir-print-ir-after-all    print the IR to stderr after every pass\n\
-         \x20 --list-passes                list the registered passes\n\
-         \x20 --list-ops                   list the dnn and nns ops\n\
-         \x20 --help                       this text\n\n\
-         PASSES (each a flag; options as --pass=\"key=value ...\"):\n",
-    );
+/// Marks a pass flag given without '=' (argv never holds a NUL, so no user value equals it).
+const NO_OPTIONS: &str = "\0";
+
+/// The command line: the fixed options plus one flag per registered pass.
+fn command() -> Command {
+    let mut cmd = Cli::command().next_help_heading("Passes");
     for p in PASSES {
-        s.push_str(&format!("  --{:<27} {}\n", p.name, p.summary));
-        for o in p.options {
-            s.push_str(&format!("      {:<25} {}\n", o.name, o.help));
+        let mut long = format!("{}.", p.summary);
+        if !p.options.is_empty() {
+            long.push_str("\nOptions:");
+            for o in p.options {
+                long.push_str(&format!("\n  {}: {}", o.name, o.help));
+            }
         }
+        let arg = Arg::new(p.name)
+            .long(p.name)
+            .help(p.summary)
+            .long_help(long);
+        cmd = cmd.arg(if p.options.is_empty() {
+            arg.num_args(0)
+                .default_missing_value(NO_OPTIONS)
+                .action(ArgAction::Append)
+        } else {
+            arg.value_name("OPTIONS")
+                .num_args(0..=1)
+                .require_equals(true)
+                .default_missing_value(NO_OPTIONS)
+                .action(ArgAction::Append)
+        });
     }
-    s
+    cmd
 }
 
-fn parse_args(argv: &[String]) -> Result<Option<Args>, String> {
-    let mut a = Args {
-        input: String::new(),
-        output: "-".into(),
-        split_input_file: false,
-        verify_diagnostics: false,
-        print_ir_after_all: false,
-        steps: Vec::new(),
-    };
-    let mut i = 0;
-    while i < argv.len() {
-        let arg = &argv[i];
-        i += 1;
-        match arg.as_str() {
-            "-h" | "--help" => {
-                print!("{}", help());
-                return Ok(None);
+/// The steps of the command line, in the order they were given.
+fn steps(m: &ArgMatches) -> Result<Vec<Step>, String> {
+    let mut at: Vec<(usize, Vec<Step>)> = Vec::new();
+    for p in PASSES {
+        if m.value_source(p.name) != Some(ValueSource::CommandLine) {
+            continue;
+        }
+        let Some(idx) = m.indices_of(p.name) else {
+            continue;
+        };
+        if p.options.is_empty() {
+            for i in idx {
+                at.push((i, vec![Step::new(p.name, "")?]));
             }
-            "--list-passes" => {
-                for p in PASSES {
-                    println!("{:<16} {}", p.name, p.summary);
-                }
-                return Ok(None);
-            }
-            "--list-ops" => {
-                for s in dnn::SPECS {
-                    println!("{:<24} {}", s.name, s.summary);
-                }
-                println!("{:<24} declares a device mesh", "nns.mesh");
-                for c in nns::COLLECTIVES {
-                    println!("{:<24} {}", c.name, c.summary);
-                }
-                return Ok(None);
-            }
-            "-o" => {
-                a.output = argv.get(i).cloned().ok_or("-o needs a file name")?;
-                i += 1;
-            }
-            "--split-input-file" => a.split_input_file = true,
-            "--verify-diagnostics" => a.verify_diagnostics = true,
-            "--mlir-print-ir-after-all" => a.print_ir_after_all = true,
-            "-" => a.input = "-".into(),
-            s if s.starts_with("--pass-pipeline=") => a
-                .steps
-                .extend(pipeline::parse_pipeline(&s["--pass-pipeline=".len()..])?),
-            s if s.starts_with("--") => {
-                let (name, opts) = s[2..].split_once('=').unwrap_or((&s[2..], ""));
-                let opts = opts.trim_matches('"');
-                if nnscaler_passes::registry::lookup(name).is_none() {
-                    return Err(format!("unknown option '{s}' (see --help)"));
-                }
-                a.steps.push(Step::new(name, opts)?);
-            }
-            s if s.starts_with('-') => return Err(format!("unknown option '{s}' (see --help)")),
-            s => {
-                if !a.input.is_empty() {
+            continue;
+        }
+        let values = m.get_many::<String>(p.name).into_iter().flatten();
+        for (v, i) in values.zip(idx) {
+            let opts = match v.as_str() {
+                NO_OPTIONS => "",
+                "" => {
                     return Err(format!(
-                        "more than one input file ('{}' and '{s}')",
-                        a.input
-                    ));
+                        "--{}= has no options; write --{} alone or --{}=\"key=value ...\"",
+                        p.name, p.name, p.name
+                    ))
                 }
-                a.input = s.to_string();
-            }
+                v => v,
+            };
+            at.push((i, vec![Step::new(p.name, opts)?]));
         }
     }
-    if a.input.is_empty() {
-        a.input = "-".into();
+    if let (Some(texts), Some(idx)) = (
+        m.get_many::<String>("pass_pipeline"),
+        m.indices_of("pass_pipeline"),
+    ) {
+        for (text, i) in texts.zip(idx) {
+            at.push((i, pipeline::parse_pipeline(text)?));
+        }
     }
-    Ok(Some(a))
+    at.sort_by_key(|(i, _)| *i);
+    Ok(at.into_iter().flat_map(|(_, s)| s).collect())
 }
 
 /// Splits at `// -----` lines; each chunk is padded with empty lines so that line numbers
@@ -140,17 +156,23 @@ fn chunks(source: &str, split: bool) -> Vec<String> {
 }
 
 /// Processes one buffer: parse, verify, passes. Returns the printed IR or diagnostics.
-fn process(ir: &IrContext, src: &str, name: &str, args: &Args) -> Result<String, Diagnostics> {
+fn process(
+    ir: &IrContext,
+    src: &str,
+    name: &str,
+    cli: &Cli,
+    steps: &[Step],
+) -> Result<String, Diagnostics> {
     let mut module = ir.parse(src, name)?;
     let d = verify_module(&module);
     if d.has_errors() {
         return Err(d);
     }
-    let print_after = args.print_ir_after_all;
+    let print_after = cli.print_ir_after_all;
     pipeline::run(
         ir,
         &mut module,
-        &args.steps,
+        steps,
         &mut |pass, m| {
             if print_after {
                 eprintln!(
@@ -165,33 +187,58 @@ fn process(ir: &IrContext, src: &str, name: &str, args: &Args) -> Result<String,
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let args = match parse_args(&argv) {
-        Ok(Some(a)) => a,
-        Ok(None) => return ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("nnscaler-opt: error: {e}");
-            return ExitCode::FAILURE;
-        }
+    nnscaler_tools::cli::default_sigpipe();
+    let mut matches = match command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => return nnscaler_tools::cli::clap_exit(e),
     };
-    let source = match read_input(&args.input) {
+    // Read before `from_arg_matches_mut`, which takes the values it knows out of `matches`.
+    let steps = steps(&matches);
+    let cli = match Cli::from_arg_matches_mut(&mut matches) {
+        Ok(c) => c,
+        Err(e) => return nnscaler_tools::cli::clap_exit(e),
+    };
+    let fail = |e: String| {
+        eprintln!("nnscaler-opt: error: {e}");
+        ExitCode::FAILURE
+    };
+    if cli.list_passes {
+        let text: String = PASSES
+            .iter()
+            .map(|p| format!("{:<18} {}\n", p.name, p.summary))
+            .collect();
+        return print_or_fail(&text);
+    }
+    if cli.list_ops {
+        let mut text = String::new();
+        for s in dnn::SPECS {
+            text.push_str(&format!("{:<24} {}\n", s.name, s.summary));
+        }
+        text.push_str(&format!("{:<24} declares a device mesh\n", "nns.mesh"));
+        for c in nns::COLLECTIVES {
+            text.push_str(&format!("{:<24} {}\n", c.name, c.summary));
+        }
+        return print_or_fail(&text);
+    }
+    let steps = match steps {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("nnscaler-opt: error: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return fail(e),
     };
-    let name = if args.input == "-" {
+    let source = match read_input(&cli.input) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let name = if cli.input == "-" {
         "<stdin>"
     } else {
-        args.input.as_str()
+        cli.input.as_str()
     };
     let ir = IrContext::new();
     let mut outputs = Vec::new();
     let mut failed = false;
-    for chunk in chunks(&source, args.split_input_file) {
-        let result = process(&ir, &chunk, name, &args);
-        if args.verify_diagnostics {
+    for chunk in chunks(&source, cli.split_input_file) {
+        let result = process(&ir, &chunk, name, &cli, &steps).map_err(|d| d.in_file(name));
+        if cli.verify_diagnostics {
             let got: Vec<Diagnostic> = match &result {
                 Ok(_) => Vec::new(),
                 Err(d) => d.0.clone(),
@@ -200,10 +247,13 @@ fn main() -> ExitCode {
                 Ok(want) => expected::check(name, &want, &got),
                 Err(bad) => vec![bad],
             };
-            for p in &problems {
-                eprintln!("{}", p.render(Some(&source)));
+            if !problems.is_empty() {
+                eprintln!(
+                    "{}",
+                    Diagnostics(problems).render_limited(Some(&source), cli.error_limit)
+                );
+                failed = true;
             }
-            failed |= !problems.is_empty();
             if let Ok(out) = result {
                 outputs.push(out);
             }
@@ -213,9 +263,7 @@ fn main() -> ExitCode {
             Ok(out) => outputs.push(out),
             Err(d) => {
                 failed = true;
-                for x in &d.0 {
-                    eprintln!("{}", x.render(Some(&source)));
-                }
+                eprintln!("{}", d.render_limited(Some(&source), cli.error_limit));
             }
         }
     }
@@ -223,14 +271,19 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let text = outputs.join("// -----\n");
-    if let Err(e) = write_output(&args.output, &text) {
-        let d = Diagnostic {
-            loc: SrcLoc::default(),
-            severity: Severity::Error,
-            message: e,
-        };
-        eprintln!("nnscaler-opt: {}", d.message);
-        return ExitCode::FAILURE;
+    match write_one(&cli.output, text.into_bytes()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
     }
-    ExitCode::SUCCESS
+}
+
+/// Prints a listing; a closed pipe (`| head`) ends the program quietly, as for any Unix tool.
+fn print_or_fail(text: &str) -> ExitCode {
+    match write_one("-", text.as_bytes().to_vec()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nnscaler-opt: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

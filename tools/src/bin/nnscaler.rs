@@ -1,50 +1,101 @@
 //! `nnscaler`: the user CLI: `import` (model zoo -> MLIR), `run` (CPU runtime) and `presets`.
 
+use clap::{Parser, Subcommand};
 use nnscaler_frontends::{build_module, family_default, preset, PRESETS};
-use nnscaler_tools::write_output;
+use nnscaler_tools::cli::{clap_exit, default_sigpipe};
+use nnscaler_tools::run::RunArgs;
+use nnscaler_tools::write_one;
 use std::process::ExitCode;
 
-const HELP: &str = "nnscaler: compile single-device training programs for many devices\n\n\
-USAGE:\n\
-\x20 nnscaler import [mlp|gpt|llama] [--preset NAME] [size flags] [-o FILE]\n\
-\x20     Build a zoo model's training forward (ending in a scalar loss) as dnn IR.\n\
-\x20     Size flags override the preset (or the family default):\n\
-\x20       mlp:   --batch --inputs --hidden --layers --classes\n\
-\x20       gpt:   --batch --block --vocab --layers --heads --width --dropout\n\
-\x20       llama: --batch --seq --vocab --layers --heads --kv-heads --width --ffn --rope-theta\n\
-\x20     Output goes to FILE (written only on success) or stdout.\n\
-\x20 nnscaler presets\n\
-\x20     List the presets.\n";
+#[derive(Parser, Debug)]
+#[command(
+    name = "nnscaler",
+    version,
+    about = "Compile single-device training programs for many devices",
+    after_help = "Partition a model with nnscaler-opt (see nnscaler-opt --help), run it with \
+                  'nnscaler run'."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+    /// Show at most N errors (0: all); repeated errors are shown once.
+    #[arg(long, value_name = "N", default_value_t = 20, global = true)]
+    error_limit: usize,
+}
 
-fn import(argv: &[String]) -> Result<(), String> {
-    let mut family: Option<String> = None;
-    let mut preset_name: Option<String> = None;
-    let mut sizes: Vec<(String, String)> = Vec::new();
-    let mut output = "-".to_string();
-    let mut i = 0;
-    while i < argv.len() {
-        let a = &argv[i];
-        i += 1;
-        let mut value = || -> Result<String, String> {
-            let v = argv.get(i).cloned().ok_or(format!("{a} needs a value"))?;
-            i += 1;
-            Ok(v)
-        };
-        match a.as_str() {
-            "-o" => output = value()?,
-            "--preset" => preset_name = Some(value()?),
-            s if s.starts_with("--") => {
-                let (k, v) = match s[2..].split_once('=') {
-                    Some((k, v)) => (k.to_string(), v.to_string()),
-                    None => (s[2..].to_string(), value()?),
-                };
-                sizes.push((k, v));
-            }
-            s if family.is_none() && !s.starts_with('-') => family = Some(s.to_string()),
-            s => return Err(format!("unexpected argument '{s}'")),
-        }
-    }
-    let mut config = match (&preset_name, &family) {
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    Import(ImportArgs),
+    Run(RunArgs),
+    /// List the model presets.
+    Presets,
+}
+
+/// `nnscaler import`: size flags override the preset (or the family's default).
+#[derive(clap::Args, Debug)]
+#[command(
+    about = "Build a zoo model's training forward (ending in a scalar loss) as dnn IR",
+    long_about = "Build a zoo model's training forward (ending in a scalar loss) as dnn IR.\n\n\
+        Size flags override the preset (or the family's default: mlp-tiny, nanogpt-cpu, \
+        llama-tiny). They apply by family:\n  \
+        mlp:   --batch --inputs --hidden --layers --classes\n  \
+        gpt:   --batch --block --vocab --layers --heads --width --dropout\n  \
+        llama: --batch --seq --vocab --layers --heads --kv-heads --width --ffn --rope-theta\n\
+        The output is written only on success."
+)]
+struct ImportArgs {
+    /// Model family.
+    #[arg(value_parser = ["mlp", "gpt", "llama"])]
+    family: Option<String>,
+    /// Start from a preset (see 'nnscaler presets').
+    #[arg(long, value_name = "NAME")]
+    preset: Option<String>,
+    /// Write the module to FILE ('-': standard output).
+    #[arg(short = 'o', long = "output", value_name = "FILE", default_value = "-")]
+    output: String,
+    /// Samples (sequences) per step.
+    #[arg(long, value_name = "N")]
+    batch: Option<String>,
+    /// mlp: input features.
+    #[arg(long, value_name = "N")]
+    inputs: Option<String>,
+    /// mlp: hidden width.
+    #[arg(long, value_name = "N")]
+    hidden: Option<String>,
+    /// Layers (mlp: hidden layers; gpt, llama: transformer blocks).
+    #[arg(long, value_name = "N")]
+    layers: Option<String>,
+    /// mlp: output classes.
+    #[arg(long, value_name = "N")]
+    classes: Option<String>,
+    /// gpt, llama: tokens per sequence.
+    #[arg(long, visible_alias = "seq", value_name = "N")]
+    block: Option<String>,
+    /// gpt, llama: vocabulary size.
+    #[arg(long, value_name = "N")]
+    vocab: Option<String>,
+    /// gpt, llama: attention heads.
+    #[arg(long, value_name = "N")]
+    heads: Option<String>,
+    /// llama: key/value heads.
+    #[arg(long, value_name = "N")]
+    kv_heads: Option<String>,
+    /// gpt, llama: model width.
+    #[arg(long, value_name = "N")]
+    width: Option<String>,
+    /// llama: SwiGLU hidden width.
+    #[arg(long, value_name = "N")]
+    ffn: Option<String>,
+    /// gpt: dropout probability in [0, 1).
+    #[arg(long, value_name = "P")]
+    dropout: Option<String>,
+    /// llama: RoPE base (positive).
+    #[arg(long, value_name = "THETA", allow_hyphen_values = true)]
+    rope_theta: Option<String>,
+}
+
+fn import(a: &ImportArgs) -> Result<(), String> {
+    let mut config = match (&a.preset, &a.family) {
         (Some(p), _) => preset(p).ok_or_else(|| {
             let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
             format!("unknown preset '{p}' (presets: {})", names.join(", "))
@@ -54,7 +105,7 @@ fn import(argv: &[String]) -> Result<(), String> {
         }
         (None, None) => return Err("import needs a model (mlp, gpt, llama) or --preset".into()),
     };
-    if let (Some(f), Some(p)) = (&family, &preset_name) {
+    if let (Some(f), Some(p)) = (&a.family, &a.preset) {
         if config.family() != f {
             return Err(format!(
                 "preset '{p}' is a {} model, not {f}",
@@ -62,29 +113,46 @@ fn import(argv: &[String]) -> Result<(), String> {
             ));
         }
     }
-    for (k, v) in &sizes {
-        config.set(k, v)?;
+    let sizes = [
+        ("batch", &a.batch),
+        ("inputs", &a.inputs),
+        ("hidden", &a.hidden),
+        ("layers", &a.layers),
+        ("classes", &a.classes),
+        ("block", &a.block),
+        ("vocab", &a.vocab),
+        ("heads", &a.heads),
+        ("kv-heads", &a.kv_heads),
+        ("width", &a.width),
+        ("ffn", &a.ffn),
+        ("dropout", &a.dropout),
+        ("rope-theta", &a.rope_theta),
+    ];
+    for (k, v) in sizes {
+        if let Some(v) = v {
+            config.set(k, v)?;
+        }
     }
     let text = build_module(&config).map_err(|e| e.to_string())?;
-    write_output(&output, &text)
+    write_one(&a.output, text.into_bytes())
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let result = match argv.first().map(String::as_str) {
-        Some("import") => import(&argv[1..]),
-        Some("run") => nnscaler_tools::run::main(&argv[1..]),
-        Some("presets") => {
-            for (n, d) in PRESETS {
-                println!("{n:<14} {d}");
-            }
-            Ok(())
+    default_sigpipe();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => return clap_exit(e),
+    };
+    let result = match &cli.command {
+        Cmd::Import(a) => import(a),
+        Cmd::Run(a) => nnscaler_tools::run::main(a, cli.error_limit),
+        Cmd::Presets => {
+            let text: String = PRESETS
+                .iter()
+                .map(|(n, d)| format!("{n:<14} {d}\n"))
+                .collect();
+            write_one("-", text.into_bytes())
         }
-        Some("-h" | "--help") | None => {
-            print!("{HELP}{}", nnscaler_tools::run::HELP);
-            Ok(())
-        }
-        Some(other) => Err(format!("unknown command '{other}' (see nnscaler --help)")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

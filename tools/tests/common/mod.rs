@@ -39,6 +39,8 @@ pub fn run_oracle(script: &str, args: &[&Path]) {
         .arg(&path)
         .args(args)
         .env("OMP_NUM_THREADS", "1")
+        // Running the tests must not dirty the tree with __pycache__.
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .expect("python runs");
     assert!(
