@@ -325,6 +325,10 @@ impl Graph {
     /// How parameter argument `arg` is initialized: its `nns.init`, or the default from how
     /// it is used — ones for the weight of `layer_norm`/`rms_norm`, zeros for the bias of
     /// `linear`/`layer_norm`, normal(0, 0.02) otherwise (GPT-2 and Llama conventions).
+    /// Uses are followed through `nns` ops (relayouts and collectives move a value, they do
+    /// not change what it is), so a partitioned program draws the single-device values. A
+    /// parameter whose uses ask for different rules (a norm weight that is also a bias) is
+    /// an error asking for an `nns.init`: no plan may decide which use wins.
     pub fn init_rule(&self, arg: usize) -> Result<crate::nns::Init, String> {
         use crate::nns::Init;
         let a = &self.args[arg];
@@ -337,22 +341,44 @@ impl Graph {
                 )),
             };
         }
+        let mut aliases = vec![false; self.values.len()];
+        aliases[a.value] = true;
+        // (rule, what the use is), first use of each rule.
+        let mut found: Vec<(Init, String)> = Vec::new();
         for n in &self.nodes {
             for (i, &v) in n.inputs.iter().enumerate() {
-                if v != a.value {
+                if !aliases[v] {
                     continue;
                 }
-                match (n.op.as_str(), i) {
-                    ("dnn.layer_norm" | "dnn.rms_norm", 1) => return Ok(Init::Const(1.0)),
-                    ("dnn.layer_norm" | "dnn.linear", 2) => return Ok(Init::Const(0.0)),
-                    _ => {}
+                if n.op.starts_with("nns.") {
+                    for &o in &n.outputs {
+                        aliases[o] = true;
+                    }
+                    continue;
+                }
+                let (rule, what) = match (n.op.as_str(), i) {
+                    ("dnn.layer_norm" | "dnn.rms_norm", 1) => (Init::Const(1.0), "weight"),
+                    ("dnn.layer_norm" | "dnn.linear", 2) => (Init::Const(0.0), "bias"),
+                    _ => continue,
+                };
+                if !found.iter().any(|(r, _)| *r == rule) {
+                    let op = n.op.trim_start_matches("dnn.");
+                    found.push((rule, format!("a {op} {what} (at {})", n.loc)));
                 }
             }
         }
-        Ok(Init::Normal {
-            mean: 0.0,
-            std: 0.02,
-        })
+        match found.as_slice() {
+            [] => Ok(Init::Normal {
+                mean: 0.0,
+                std: 0.02,
+            }),
+            [(rule, _)] => Ok(*rule),
+            [(r0, w0), (r1, w1), ..] => Err(format!(
+                "parameter '{}' is used as {w0}, initialized to {r0}, and as {w1}, initialized \
+                 to {r1}; give it an explicit nns.init",
+                a.name().unwrap_or("?")
+            )),
+        }
     }
 
     /// Whether `--localize` produced this function (its shapes are per-device).

@@ -46,13 +46,15 @@ impl Pass for PropagateLayouts {
 /// A `linear` with a bias whose directive splits the summed dim `k` would add the bias on
 /// every device of a partial sum. It becomes `linear` without bias (partial) followed by
 /// `add` of the bias, which propagation then places after the reduction.
-fn split_bias(g: &mut Graph, k: usize, anno: &Annotation, binds: &Binds) -> bool {
+///
+/// Returns whether it cut; an error when the bias's init rule is ambiguous.
+fn split_bias(g: &mut Graph, k: usize, anno: &Annotation, binds: &Binds) -> Result<bool, String> {
     let n = &g.nodes[k];
     if n.op != "dnn.linear" || n.inputs.len() != 3 {
-        return false;
+        return Ok(false);
     }
     if !binds.iter().any(|(id, _)| anno.kind(id) == DimKind::Summed) {
-        return false;
+        return Ok(false);
     }
     let mut lin = n.clone();
     let bias = lin.inputs.pop().unwrap_or_default();
@@ -60,11 +62,10 @@ fn split_bias(g: &mut Graph, k: usize, anno: &Annotation, binds: &Binds) -> bool
     // seeded initialization draws the same values before and after partitioning.
     if let Some(a) = g.args.iter().position(|a| a.value == bias && a.is_param()) {
         if !g.args[a].attrs.contains_key("nns.init") {
-            if let Ok(rule) = g.init_rule(a) {
-                g.args[a]
-                    .attrs
-                    .insert("nns.init".into(), AttrValue::Str(rule.to_string()));
-            }
+            let rule = g.init_rule(a)?;
+            g.args[a]
+                .attrs
+                .insert("nns.init".into(), AttrValue::Str(rule.to_string()));
         }
     }
     let y = lin.outputs[0];
@@ -79,7 +80,7 @@ fn split_bias(g: &mut Graph, k: usize, anno: &Annotation, binds: &Binds) -> bool
     };
     g.nodes[k] = lin;
     g.nodes.insert(k + 1, add);
-    true
+    Ok(true)
 }
 
 /// Whether the logits of a cross-entropy (or its gradient) arrive split on the class dim.
@@ -210,7 +211,9 @@ pub fn propagate(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
                 },
             );
         }
-        if split_bias(&mut g, k, &anno, &binds) {
+        let cut = split_bias(&mut g, k, &anno, &binds)
+            .map_err(|e| error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op)))?;
+        if cut {
             layouts.resize(g.values.len(), None);
             n = g.nodes[k].clone();
         }

@@ -95,15 +95,23 @@ impl Ctx<'_> {
     /// the axes named by string-array attribute `attr` (outer first) into blocks of
     /// `local_len`; 0 when the attribute is absent (an unsplit op).
     pub(crate) fn block_offset(&self, attr: &str, local_len: usize) -> Result<usize, String> {
+        Ok(self.block(attr, local_len)?.0)
+    }
+
+    /// Where this device's shard of a dim starts and how long the whole dim is (see
+    /// [`Ctx::block_offset`]); `(0, local_len)` when the attribute is absent. Kernels check
+    /// indices against the whole length, so an index no shard holds is an error on every
+    /// device, as it is on one.
+    pub(crate) fn block(&self, attr: &str, local_len: usize) -> Result<(usize, usize), String> {
         let axes = match self.attrs.get(attr) {
-            None => return Ok(0),
+            None => return Ok((0, local_len)),
             Some(AttrValue::Strs(v)) => v,
             Some(_) => return Err(format!("'{attr}' must be an array of mesh axis names")),
         };
         let dev = self.device.ok_or_else(|| {
             format!("'{attr}' needs a simulated device (run the localized program on its mesh)")
         })?;
-        let mut block = 0;
+        let (mut block, mut blocks) = (0, 1);
         for a in axes {
             let i = dev
                 .names
@@ -111,8 +119,9 @@ impl Ctx<'_> {
                 .position(|n| n == a)
                 .ok_or_else(|| format!("'{attr}' names unknown mesh axis '{a}'"))?;
             block = block * dev.sizes[i] + dev.coords[i];
+            blocks *= dev.sizes[i];
         }
-        Ok(block * local_len)
+        Ok((block * local_len, blocks * local_len))
     }
 
     /// Shape of result `i`.

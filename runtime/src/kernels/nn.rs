@@ -227,9 +227,10 @@ pub(super) fn embedding(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, Strin
     if c.attrs.contains_key("row_axes") {
         // A shard of the table's rows (vocabulary parallelism): ids of other shards give
         // zero rows, and the sum over shards is the lookup.
-        let off = c.block_offset("row_axes", v)? as i64;
-        for (&id, o) in ids.iter().zip(out.chunks_exact_mut(e)) {
-            let r = id - off;
+        let (off, whole) = c.block("row_axes", v)?;
+        for (p, (&id, o)) in ids.iter().zip(out.chunks_exact_mut(e)).enumerate() {
+            check_index(id, whole, "token id", p)?;
+            let r = id - off as i64;
             if (0..v as i64).contains(&r) {
                 let r = r as usize;
                 o.copy_from_slice(&table[r * e..(r + 1) * e]);
@@ -247,17 +248,13 @@ pub(super) fn embedding(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, Strin
 pub(super) fn pick(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let (l, t) = (x[0].f()?, x[1].ints()?);
     let v = x[0].shape[1];
-    let sharded = c.attrs.contains_key("offset_axes");
-    let off = c.block_offset("offset_axes", v)? as i64;
+    let (off, whole) = c.block("offset_axes", v)?;
     let mut out = vec![0.0f32; t.len()];
     for (i, (o, &target)) in out.iter_mut().zip(t).enumerate() {
-        if sharded {
-            let k = target - off;
-            if (0..v as i64).contains(&k) {
-                *o = l[i * v + k as usize];
-            }
-        } else {
-            *o = l[i * v + check_index(target, v, "target", i)?];
+        // On a shard of the classes, targets of other shards give 0 (partial sums).
+        let k = check_index(target, whole, "target", i)?.wrapping_sub(off);
+        if k < v {
+            *o = l[i * v + k];
         }
     }
     Ok(vec![Tensor::f32(&x[1].shape, out)])
@@ -278,7 +275,7 @@ pub(super) fn softmax_xent_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor
     let (dl, l, t, lse) = (x[0].f()?[0], x[1].f()?, x[2].ints()?, x[3].f()?);
     let v = x[1].shape[1];
     let n = count(c, x[1].shape[0]);
-    let off = c.block_offset("offset_axes", v)? as i64;
+    let (off, whole) = c.block("offset_axes", v)?;
     let scale = dl / n as f32;
     let mut out = vec![0.0f32; l.len()];
     for (i, ((row, o), &target)) in l
@@ -290,9 +287,9 @@ pub(super) fn softmax_xent_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor
         for (z, &li) in o.iter_mut().zip(row) {
             *z = exp(li - lse[i]) * scale;
         }
-        let k = target - off;
-        if (0..v as i64).contains(&k) {
-            o[k as usize] -= scale;
+        let k = check_index(target, whole, "target", i)?.wrapping_sub(off);
+        if k < v {
+            o[k] -= scale;
         }
     }
     Ok(vec![Tensor::f32(&x[1].shape, out)])
