@@ -76,6 +76,10 @@ fn top_level_items(body: &str) -> Vec<String> {
     items
 }
 
+/// The most devices a mesh may have (2^20): beyond any cluster, and small enough that a
+/// device count times a tensor size never overflows.
+pub const MAX_DEVICES: i64 = 1 << 20;
+
 /// Parses the body of `#nns.axes<dp = 2, tp = 4>`.
 pub fn parse_axes(body: &str) -> Result<Vec<Axis>, String> {
     let mut axes: Vec<Axis> = Vec::new();
@@ -100,6 +104,15 @@ pub fn parse_axes(body: &str) -> Result<Vec<Axis>, String> {
     }
     if axes.is_empty() {
         return Err("a mesh needs at least one axis".into());
+    }
+    let devices = axes
+        .iter()
+        .try_fold(1i64, |n, a| n.checked_mul(a.size))
+        .filter(|&n| n <= MAX_DEVICES);
+    if devices.is_none() {
+        return Err(format!(
+            "the mesh has more than {MAX_DEVICES} devices (2^20), the most nnscaler handles"
+        ));
     }
     Ok(axes)
 }

@@ -98,14 +98,27 @@ impl TensorType {
         Some(Self { shape, elem })
     }
 
-    /// Number of elements.
+    /// Number of elements (saturating at `u64::MAX`; the verifier rejects types larger than
+    /// [`MAX_TENSOR_BYTES`]).
     pub fn numel(&self) -> u64 {
-        self.shape.iter().map(|&d| d.max(0) as u64).product()
+        self.shape
+            .iter()
+            .fold(1u64, |n, &d| n.saturating_mul(d.max(0) as u64))
     }
 
-    /// Size in bytes.
+    /// Size in bytes (saturating).
     pub fn bytes(&self) -> u64 {
-        self.numel() * self.elem.bytes()
+        self.numel().saturating_mul(self.elem.bytes())
+    }
+
+    /// Checks the size limit: at most [`MAX_TENSOR_BYTES`].
+    pub fn check_size(&self) -> Result<(), String> {
+        if self.bytes() > MAX_TENSOR_BYTES {
+            return Err(format!(
+                "{self} is larger than 2^50 bytes (1 PiB), the largest tensor nnscaler handles"
+            ));
+        }
+        Ok(())
     }
 
     /// Rank.
@@ -123,6 +136,11 @@ impl fmt::Display for TensorType {
         write!(f, "{}>", self.elem)
     }
 }
+
+/// The largest tensor type the verifier accepts, in bytes (2^50, 1 PiB): far above any
+/// real model's tensors, and small enough that sizes, products with mesh sizes and byte
+/// counts never overflow an `i64`.
+pub const MAX_TENSOR_BYTES: u64 = 1 << 50;
 
 /// An attribute value as plain data. Read from MLIR's printed attribute text, so that
 /// every pass sees typed values and nobody parses attribute strings by hand.

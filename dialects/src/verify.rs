@@ -94,32 +94,82 @@ impl Meshes {
 pub fn verify_module(module: &Module<'_>) -> Diagnostics {
     let mut diags = Diagnostics::default();
     let meshes = Meshes::collect(module, &mut diags);
-    // Inside a localized function shapes are per device: layouts, split directives and
-    // collective shapes describe the global program and are not checked against them.
+    if diags.has_errors() {
+        // Everything else refers to the meshes: report their problems alone, not the
+        // cascade of "no mesh named ..." that would follow.
+        return diags;
+    }
+    // Inside a localized function shapes are per device: layouts and collectives are checked
+    // against the local shapes, split directives not at all.
     let mut localized = false;
     walk_nested(&module.as_operation(), &mut |op: &OperationRef<'_, '_>| {
         if let Some(f) = FuncView::of(op) {
-            localized = OpView::of(op).attrs.contains_key("nns.localized");
-            if !localized {
-                verify_func_signature(&f, &meshes, &mut diags);
+            let attrs = OpView::of(op).attrs;
+            localized = attrs.contains_key("nns.localized");
+            if localized {
+                if let Err(e) = check_localized_mark(&attrs, &meshes) {
+                    diags.error(&f.loc, format!("@{}: {e}", f.name));
+                }
             }
+            verify_func_signature(&f, &meshes, localized, &mut diags);
             return;
         }
         let v = OpView::of(op);
-        if localized {
-            if let Err(msg) = verify_local_op(&v) {
-                diags.error(&v.loc, format!("'{}' {msg}", v.name));
+        for (i, t) in v.results.iter().enumerate() {
+            if let Some(Err(e)) = t.as_ref().map(TensorType::check_size) {
+                diags.error(&v.loc, format!("'{}' result {i}: {e}", v.name));
+                return;
             }
-            return;
         }
-        if let Err(msg) = verify_op(&v, &meshes, &mut diags) {
+        let r = if localized {
+            verify_local_op(&v, &meshes)
+        } else {
+            verify_op(&v, &meshes, &mut diags)
+        };
+        if let Err(msg) = r {
             diags.error(&v.loc, format!("'{}' {msg}", v.name));
         }
     });
     diags
 }
 
-fn verify_func_signature(f: &FuncView, meshes: &Meshes, diags: &mut Diagnostics) {
+/// The axes of the mesh the function was localized for (`nns.localized = #nns.axes<...>`,
+/// written by `--localize`) must be the mesh's: local shapes, mean denominators and shard
+/// offsets were computed from them, and an edited mesh would silently change what the
+/// program computes.
+fn check_localized_mark(attrs: &crate::types::Attrs, meshes: &Meshes) -> Result<(), String> {
+    let recorded = match attrs.get("nns.localized") {
+        Some(AttrValue::Nns { kind, body }) if kind == "axes" => {
+            nns::parse_axes(body).map_err(|e| format!("'nns.localized': {e}"))?
+        }
+        _ => {
+            return Err(
+                "'nns.localized' must record the mesh the function was localized for \
+                 (#nns.axes<...>, as --localize writes it)"
+                    .into(),
+            )
+        }
+    };
+    let mesh = meshes.resolve(None)?;
+    if recorded != mesh.axes {
+        let show = |axes: &[nns::Axis]| {
+            axes.iter()
+                .map(|a| format!("{} = {}", a.name, a.size))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Err(format!(
+            "was localized for a mesh <{}>, but mesh '@{}' is <{}>; localize the global \
+             program again for this mesh",
+            show(&recorded),
+            mesh.name,
+            show(&mesh.axes)
+        ));
+    }
+    Ok(())
+}
+
+fn verify_func_signature(f: &FuncView, meshes: &Meshes, local: bool, diags: &mut Diagnostics) {
     let entries = f
         .arg_attrs
         .iter()
@@ -135,6 +185,9 @@ fn verify_func_signature(f: &FuncView, meshes: &Meshes, diags: &mut Diagnostics)
         );
     let mut names: Vec<&str> = Vec::new();
     for (what, attrs, ty) in entries {
+        if let Some(Err(e)) = ty.as_ref().map(TensorType::check_size) {
+            diags.error(&f.loc, format!("@{} {what}: {e}", f.name));
+        }
         for (k, v) in attrs.iter().filter(|(k, _)| k.starts_with("nns.")) {
             let r = match (k.as_str(), v) {
                 ("nns.name", AttrValue::Str(s)) => {
@@ -147,6 +200,9 @@ fn verify_func_signature(f: &FuncView, meshes: &Meshes, diags: &mut Diagnostics)
                 }
                 ("nns.param", AttrValue::Unit) => Ok(()),
                 ("nns.init", AttrValue::Str(s)) => crate::nns::Init::parse(s).map(|_| ()),
+                ("nns.layout", AttrValue::Nns { kind, body }) if kind == "layout" && local => {
+                    check_local_layout(body, ty.as_ref(), meshes)
+                }
                 ("nns.layout", AttrValue::Nns { kind, body }) if kind == "layout" => {
                     check_layout(body, ty.as_ref(), meshes)
                 }
@@ -171,8 +227,35 @@ fn check_layout(body: &str, ty: Option<&TensorType>, meshes: &Meshes) -> Result<
         .map_err(|e| format!("layout <{l}> does not fit the value: {e}"))
 }
 
-/// An op of a localized function: `dnn` ops must still type-check (on local shapes).
-fn verify_local_op(v: &OpView) -> Result<(), String> {
+/// A layout on a per-device (local) type: its mesh and axes exist and its split dims are
+/// inside the rank; any local length fits (the whole length is the local one times the
+/// parts).
+fn check_local_layout(body: &str, ty: Option<&TensorType>, meshes: &Meshes) -> Result<(), String> {
+    let l = Layout::parse(body)?;
+    let mesh = meshes.resolve(Some(&l.mesh))?;
+    let rank = ty.map(TensorType::rank).unwrap_or(0);
+    for (axis, a) in &l.axes {
+        if mesh.axis(axis).is_none() {
+            return Err(format!("mesh '@{}' has no axis '{axis}'", mesh.name));
+        }
+        if let nns::AxisLayout::D(d) = a {
+            if *d >= rank {
+                return Err(format!(
+                    "layout <{l}>: axis '{axis}' splits dim {d} but the value has rank {rank}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An op of a localized function: `dnn` ops must still type-check (on local shapes), and
+/// collectives must turn their operand's local shape into their result's.
+fn verify_local_op(v: &OpView, meshes: &Meshes) -> Result<(), String> {
+    if v.name.starts_with("nns.") && v.name != "nns.mesh" {
+        let spec = nns::collective(&v.name).ok_or("is not an nns op")?;
+        return verify_collective(v, spec, meshes, true);
+    }
     let Some(spec) = v.name.strip_prefix("dnn.").map(|_| dnn::spec(&v.name)) else {
         return Ok(());
     };
@@ -182,6 +265,13 @@ fn verify_local_op(v: &OpView) -> Result<(), String> {
         attrs: &v.attrs,
     };
     let (expected, _, _) = spec.check(&ctx)?;
+    if expected.len() != v.results.len() {
+        return Err(format!(
+            "must have {} result(s) but has {}",
+            expected.len(),
+            v.results.len()
+        ));
+    }
     for (i, (want, got)) in expected.iter().zip(&v.results).enumerate() {
         if got.as_ref() != Some(want) {
             return Err(format!(
@@ -273,7 +363,7 @@ fn verify_op(v: &OpView, meshes: &Meshes, diags: &mut Diagnostics) -> Result<(),
             return Ok(()); // checked by Meshes::collect
         }
         let spec = nns::collective(&v.name).ok_or("is not an nns op")?;
-        verify_collective(v, spec, meshes)?;
+        verify_collective(v, spec, meshes, false)?;
         check_common_attrs(v, meshes, diags);
         return Ok(());
     }
@@ -342,10 +432,14 @@ fn check_layouts(text: &str, v: &OpView, meshes: &Meshes) -> Result<(), String> 
     Ok(())
 }
 
+/// Checks a collective. Before `--localize` (`local` false) it keeps its operand's global
+/// type; in a localized function its result is the operand's local shape changed as the
+/// collective changes it (an all_gather multiplies its dim by the group size, ...).
 fn verify_collective(
     v: &OpView,
     spec: &nns::CollectiveSpec,
     meshes: &Meshes,
+    local: bool,
 ) -> Result<(), String> {
     if v.operands.len() != 1 || v.results.len() != 1 {
         return Err(format!(
@@ -357,12 +451,23 @@ fn verify_collective(
     let Some(t) = &v.operands[0] else {
         return Err("operand must be a ranked tensor with a static shape".into());
     };
-    if v.results[0].as_ref() != Some(t) {
-        return Err(format!(
-            "result type {} differs from operand type {t}; collectives keep global shapes until --localize",
-            v.result_text[0]
-        ));
-    }
+    let Some(r) = &v.results[0] else {
+        return Err("result must be a ranked tensor with a static shape".into());
+    };
+    let same_type = || {
+        if r != t {
+            let why = if local {
+                "this collective keeps the local shape"
+            } else {
+                "collectives keep global shapes until --localize"
+            };
+            return Err(format!(
+                "result type {} differs from operand type {t}; {why}",
+                v.result_text[0]
+            ));
+        }
+        Ok(())
+    };
     if spec.name == "nns.transfer" {
         for k in ["from", "to"] {
             match v.attrs.get(k) {
@@ -370,9 +475,16 @@ fn verify_collective(
                 _ => return Err(format!("requires a stage '{k}' (integer >= 0)")),
             }
         }
-        return Ok(());
+        return same_type();
     }
     if spec.name == "nns.relayout" {
+        if local {
+            return Err(
+                "cannot appear in a localized function (run --lower-relayouts before --localize)"
+                    .into(),
+            );
+        }
+        same_type()?;
         return match v.attrs.get("to") {
             Some(AttrValue::Nns { kind, body }) if kind == "layout" => {
                 check_layout(body, Some(t), meshes).map_err(|e| format!("'to': {e}"))
@@ -398,6 +510,7 @@ fn verify_collective(
             .axis(a)
             .ok_or(format!("mesh '@{}' has no axis '{a}'", mesh.name))?;
     }
+    let mut dims = Vec::new();
     for k in spec.dim_attrs {
         let d = match v.attrs.get(*k) {
             Some(AttrValue::Int(d)) => *d,
@@ -406,21 +519,56 @@ fn verify_collective(
         if d < 0 || d as usize >= t.rank() {
             return Err(format!("'{k}' = {d} is out of range for rank {}", t.rank()));
         }
-        if t.shape[d as usize] % parts != 0 {
-            return Err(format!(
-                "dim {d} of length {} cannot be split {parts} ways over {}",
-                t.shape[d as usize],
-                axes.join(", ")
-            ));
-        }
+        dims.push(d as usize);
     }
     if spec.reduces {
-        if let Some(r) = v.attrs.get("reduce") {
-            match r {
+        if let Some(red) = v.attrs.get("reduce") {
+            match red {
                 AttrValue::Str(s) if nns::Reduce::parse(s).is_some() => {}
                 _ => return Err("'reduce' must be \"sum\" or \"max\"".into()),
             }
         }
+    }
+    // The dims each device cuts (`split`) and the dims it gathers (`grow`).
+    let (split, grow): (&[usize], &[usize]) = match (spec.name, dims.as_slice()) {
+        ("nns.all_gather", [d]) => (&[], std::slice::from_ref(d)),
+        ("nns.reduce_scatter" | "nns.slice", [d]) => (std::slice::from_ref(d), &[]),
+        ("nns.all_to_all", [s, c]) => (std::slice::from_ref(s), std::slice::from_ref(c)),
+        _ => (&[], &[]),
+    };
+    if !local {
+        for &d in split.iter().chain(grow) {
+            if t.shape[d] % parts != 0 {
+                return Err(format!(
+                    "dim {d} of length {} cannot be split {parts} ways over {}",
+                    t.shape[d],
+                    axes.join(", ")
+                ));
+            }
+        }
+        return same_type();
+    }
+    let mut want = t.clone();
+    for &d in split {
+        if want.shape[d] % parts != 0 {
+            return Err(format!(
+                "dim {d} of local length {} cannot be split {parts} ways over {}",
+                want.shape[d],
+                axes.join(", ")
+            ));
+        }
+        want.shape[d] /= parts;
+    }
+    for &d in grow {
+        want.shape[d] *= parts;
+    }
+    if r != &want {
+        return Err(format!(
+            "result type {} does not follow from the local operand {t}: over {} ({parts} \
+             devices) it is {want}",
+            v.result_text[0],
+            axes.join(", ")
+        ));
     }
     Ok(())
 }

@@ -187,6 +187,18 @@ pub fn localize(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
         }
     }
     g.values = local;
-    g.func_attrs.insert("nns.localized".into(), AttrValue::Unit);
+    // The mesh it was localized for: the verifier refuses the program if the mesh changes.
+    let axes: Vec<String> = mesh
+        .axes
+        .iter()
+        .map(|a| format!("{} = {}", a.name, a.size))
+        .collect();
+    g.func_attrs.insert(
+        "nns.localized".into(),
+        AttrValue::Nns {
+            kind: "axes".into(),
+            body: axes.join(", "),
+        },
+    );
     Ok(g)
 }

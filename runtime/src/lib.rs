@@ -5,6 +5,7 @@
 //!   (matrix products through the `gemm` crate);
 //! * [`interp`]: executes a [`nnscaler_dialects::graph::Graph`], binds named tensors to
 //!   arguments;
+//! * [`memory`]: the memory a run needs, checked against what the process may use;
 //! * [`io`]: safetensors files; [`init`] and [`rng`]: seeded, order-independent random
 //!   numbers for parameters and dropout.
 pub mod alloc;
@@ -12,6 +13,7 @@ pub mod init;
 pub mod interp;
 pub mod io;
 pub mod kernels;
+pub mod memory;
 pub mod rng;
 pub mod spmd;
 pub mod tensor;

@@ -10,7 +10,7 @@ use nnscaler_dialects::verify::{verify_module, Meshes};
 use nnscaler_passes::autodiff::differentiate;
 use nnscaler_runtime::interp::{bind, ParamSource};
 use nnscaler_runtime::spmd::{global_view, run_spmd};
-use nnscaler_runtime::{io, kernels, Options};
+use nnscaler_runtime::{io, kernels, memory, Options};
 use std::path::Path;
 
 /// `nnscaler run`'s command line.
@@ -121,6 +121,48 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
             render(d)
         })?;
     }
+    // A localized function takes whole tensors: bind against its global view.
+    let mut d = Diagnostics::default();
+    let meshes = Meshes::collect(&module, &mut d);
+    let mesh = if g.is_localized() {
+        if a.autodiff {
+            return Err(format!(
+                "--autodiff: @{} is localized; differentiate before partitioning",
+                g.name
+            ));
+        }
+        let mesh = meshes.resolve(None).map_err(|e| format!("{model}: {e}"))?;
+        if let Some(n) = a.devices.filter(|&n| n != mesh.devices()) {
+            return Err(format!(
+                "--devices {n}, but @{} runs on mesh '@{}' of {} devices",
+                g.name,
+                mesh.name,
+                mesh.devices()
+            ));
+        }
+        Some(mesh)
+    } else {
+        if let Some(n) = a.devices.filter(|&n| n > 1) {
+            return Err(format!(
+                "--devices {n}: @{} is a single-device function; partition it first (nnscaler-opt --plan=... --propagate-layouts --split-tensor --lower-relayouts --localize)",
+                g.name
+            ));
+        }
+        None
+    };
+    let view = match mesh {
+        Some(mesh) => global_view(&g, mesh).map_err(|e| format!("{model}: @{}: {e}", g.name))?,
+        None => g.clone(),
+    };
+    // Before anything is read or drawn: refuse a run that cannot fit in memory.
+    let devices = mesh.map_or(1, |m| m.devices() as u64);
+    let mut need = memory::estimate(&g, &view, devices);
+    if a.save_params.is_some() {
+        need.results = need.results.saturating_add(need.params);
+    }
+    let threads = if devices > 1 { devices } else { 0 } + u64::from(a.threads) - 1;
+    memory::check(&need, a.memory_limit, threads)
+        .map_err(|e| format!("{model}: @{}: {e}", g.name))?;
     let has_params = g.args.iter().any(|x| x.is_param());
     let params = match (&a.params, a.init_seed) {
         (Some(p), _) => ParamSource::File(p.clone(), io::load(Path::new(p))?),
@@ -136,21 +178,6 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     let (inputs_file, stored) = match &a.inputs {
         Some(f) => (f.clone(), io::load(Path::new(f))?),
         None => ("(no --inputs)".to_string(), Vec::new()),
-    };
-    // A localized function takes whole tensors: bind against its global view.
-    let mut d = Diagnostics::default();
-    let meshes = Meshes::collect(&module, &mut d);
-    let view = if g.is_localized() {
-        if a.autodiff {
-            return Err(format!(
-                "--autodiff: @{} is localized; differentiate before partitioning",
-                g.name
-            ));
-        }
-        let mesh = meshes.resolve(None).map_err(|e| format!("{model}: {e}"))?;
-        global_view(&g, mesh).map_err(|e| format!("{model}: @{}: {e}", g.name))?
-    } else {
-        g.clone()
     };
     let values = bind(&view, &inputs_file, stored, &params)?;
     // Serialized now (run consumes the values), written only once the run succeeded.
@@ -176,27 +203,9 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     let opts = Options {
         check_finite: a.check_finite,
     };
-    let outs = if g.is_localized() {
-        let mesh = meshes.resolve(None).map_err(|e| format!("{model}: {e}"))?;
-        if let Some(n) = a.devices {
-            if n != mesh.devices() {
-                return Err(format!(
-                    "--devices {n}, but @{} runs on mesh '@{}' of {} devices",
-                    g.name,
-                    mesh.name,
-                    mesh.devices()
-                ));
-            }
-        }
-        run_spmd(&g, mesh, values, &opts)
-    } else {
-        if let Some(n) = a.devices.filter(|&n| n > 1) {
-            return Err(format!(
-                "--devices {n}: @{} is a single-device function; partition it first (nnscaler-opt --plan=... --propagate-layouts --split-tensor --lower-relayouts --localize)",
-                g.name
-            ));
-        }
-        nnscaler_runtime::run(&g, values, &opts)
+    let outs = match mesh {
+        Some(mesh) => run_spmd(&g, mesh, values, &opts),
+        None => nnscaler_runtime::run(&g, values, &opts),
     }
     .map_err(|e| {
         let mut d = Diagnostics::default();

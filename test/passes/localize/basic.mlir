@@ -6,7 +6,7 @@
 // divides by the global token count, shape attributes follow the local shapes.
 // CHECK-LABEL: func.func @train
 // CHECK-SAME: %arg0: tensor<2x4xf32> {nns.layout = #nns.layout<@world, dp = D(0)>, nns.name = "x"}
-// CHECK-SAME: attributes {nns.localized}
+// CHECK-SAME: attributes {nns.localized = #nns.axes<dp = 2>}
 // CHECK: "dnn.linear"{{.*}} -> tensor<2x3xf32>
 // CHECK: "dnn.reshape"{{.*}}shape = array<i64: 6>{{.*}} -> tensor<6xf32>
 // CHECK: "dnn.mean"{{.*}}count = 12 : i64{{.*}} -> tensor<f32>

@@ -1,0 +1,306 @@
+//! How much memory a run needs, estimated before anything is allocated, and how much this
+//! process may use. `nnscaler run` compares the two and refuses a run that cannot fit with
+//! a message naming both, instead of aborting halfway on a failed allocation.
+//!
+//! The estimate follows the interpreter: arguments stay alive for the whole run (and the
+//! tensors read from files exist twice while they are parsed), every other value from the op
+//! that makes it to its last use (results to the end), and the largest result of any op is
+//! counted once more for kernels' scratch space; then the results' serialized bytes.
+//! On simulated devices the whole inputs, every device's shards and its peak are counted.
+//! The figure is an upper bound of the tensors' memory, not a prediction.
+
+use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::types::{Elem, TensorType};
+use std::fmt;
+
+/// Bytes the CPU runtime keeps for a tensor of `ty` (floats as f32, integers as i64).
+pub fn runtime_bytes(ty: &TensorType) -> u64 {
+    let per = match ty.elem {
+        Elem::F32 | Elem::F16 | Elem::BF16 | Elem::F64 => 4,
+        _ => 8,
+    };
+    ty.numel().saturating_mul(per)
+}
+
+/// The memory a run is estimated to need.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Estimate {
+    /// Parameters (whole), bytes.
+    pub params: u64,
+    /// Other inputs (whole), bytes.
+    pub inputs: u64,
+    /// The largest set of intermediate values alive at once, over all devices, bytes.
+    pub activations: u64,
+    /// Results (whole) and their serialized copy, bytes.
+    pub results: u64,
+    /// Simulated devices (1 on one device).
+    pub devices: u64,
+}
+
+impl Estimate {
+    /// Everything together.
+    pub fn total(&self) -> u64 {
+        self.params
+            .saturating_mul(2)
+            .saturating_add(self.inputs.saturating_mul(2))
+            .saturating_add(self.activations)
+            .saturating_add(self.results)
+    }
+}
+
+impl fmt::Display for Estimate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (parameters {}, inputs {}, activations {}{}, results {})",
+            human(self.total()),
+            human(self.params),
+            human(self.inputs),
+            human(self.activations),
+            if self.devices > 1 {
+                format!(" over {} devices", self.devices)
+            } else {
+                String::new()
+            },
+            human(self.results)
+        )
+    }
+}
+
+/// A byte count for people: `1.5 GiB`.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// The peak bytes of the values of `g` other than arguments alive at once while the
+/// interpreter runs it (results stay alive to the end), plus the largest op result once
+/// more (kernels' scratch).
+fn peak_intermediates(g: &Graph) -> u64 {
+    // `None`: never used; `Some(usize::MAX)`: a result, alive to the end.
+    let mut last_use: Vec<Option<usize>> = vec![None; g.values.len()];
+    for (k, n) in g.nodes.iter().enumerate() {
+        for &v in &n.inputs {
+            last_use[v] = Some(k);
+        }
+    }
+    for o in &g.outputs {
+        last_use[o.value] = Some(usize::MAX);
+    }
+    let mut is_arg = vec![false; g.values.len()];
+    for a in &g.args {
+        is_arg[a.value] = true;
+    }
+    let (mut live, mut peak, mut scratch) = (0u64, 0u64, 0u64);
+    for (k, n) in g.nodes.iter().enumerate() {
+        for &o in &n.outputs {
+            let b = runtime_bytes(&g.values[o]);
+            live = live.saturating_add(b);
+            scratch = scratch.max(b);
+        }
+        peak = peak.max(live);
+        let mut dead: Vec<usize> = n
+            .inputs
+            .iter()
+            .copied()
+            .filter(|&v| !is_arg[v] && last_use[v] == Some(k))
+            .collect();
+        dead.sort_unstable();
+        dead.dedup();
+        dead.extend(n.outputs.iter().copied().filter(|&o| last_use[o].is_none()));
+        for v in dead {
+            live = live.saturating_sub(runtime_bytes(&g.values[v]));
+        }
+    }
+    peak.saturating_add(scratch)
+}
+
+/// The estimate for running `g` (whose arguments have the types of `whole`, the same graph
+/// on one device or its global view when localized) on `devices` simulated devices.
+pub fn estimate(g: &Graph, whole: &Graph, devices: u64) -> Estimate {
+    let (mut params, mut inputs) = (0u64, 0u64);
+    for a in &whole.args {
+        let b = runtime_bytes(&whole.values[a.value]);
+        if a.is_param() {
+            params = params.saturating_add(b);
+        } else {
+            inputs = inputs.saturating_add(b);
+        }
+    }
+    // The serialized copy, and on devices the whole tensors assembled from the shards
+    // (the result tensors themselves are alive to the end of the run: activations).
+    let results: u64 = whole
+        .outputs
+        .iter()
+        .map(|o| runtime_bytes(&whole.values[o.value]))
+        .fold(0u64, u64::saturating_add)
+        .saturating_mul(if devices > 1 { 2 } else { 1 });
+    let mut activations = peak_intermediates(g).saturating_mul(devices);
+    if devices > 1 {
+        // Each device holds its shards of the arguments besides the whole tensors.
+        let shards: u64 = g
+            .args
+            .iter()
+            .map(|a| runtime_bytes(&g.values[a.value]))
+            .fold(0u64, u64::saturating_add);
+        activations = activations.saturating_add(shards.saturating_mul(devices));
+    }
+    Estimate {
+        params,
+        inputs,
+        activations,
+        results,
+        devices,
+    }
+}
+
+/// The memory this process may still allocate, and which limit says so: the smallest of
+/// the system's available memory (`MemAvailable`), the cgroup's `memory.max` less its
+/// current use, and the address-space limit (`ulimit -v`) less the address space in use.
+/// `None` when none can be read (not Linux).
+pub fn available() -> Option<(u64, &'static str)> {
+    let mut best: Option<(u64, &'static str)> = None;
+    let mut consider = |bytes: Option<u64>, what: &'static str| {
+        if let Some(b) = bytes {
+            if best.is_none_or(|(x, _)| b < x) {
+                best = Some((b, what));
+            }
+        }
+    };
+    consider(
+        meminfo_available(),
+        "available system memory (MemAvailable)",
+    );
+    consider(cgroup_available(), "the cgroup's memory limit (memory.max)");
+    consider(
+        address_space_available(),
+        "the address-space limit (ulimit -v)",
+    );
+    best
+}
+
+fn read(path: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
+
+/// `key:   123 kB` from a /proc file, in bytes.
+fn proc_kb(text: &str, key: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let kb: u64 = line[key.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb.saturating_mul(1024))
+}
+
+fn meminfo_available() -> Option<u64> {
+    proc_kb(&read("/proc/meminfo")?, "MemAvailable:")
+}
+
+fn cgroup_available() -> Option<u64> {
+    // cgroup v2: the process's group is the line `0::/path` of /proc/self/cgroup.
+    let group = read("/proc/self/cgroup")?
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_string))?;
+    let dir = format!("/sys/fs/cgroup{}", group.trim_end_matches('/'));
+    let max: u64 = read(&format!("{dir}/memory.max"))?.trim().parse().ok()?;
+    let current: u64 = read(&format!("{dir}/memory.current"))
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    Some(max.saturating_sub(current))
+}
+
+fn address_space_available() -> Option<u64> {
+    let limits = read("/proc/self/limits")?;
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max address space"))?;
+    let soft = line.split_whitespace().nth(3)?;
+    let soft: u64 = soft.parse().ok()?; // "unlimited" does not parse: no limit
+    let used = proc_kb(&read("/proc/self/status")?, "VmSize:").unwrap_or(0);
+    Some(soft.saturating_sub(used))
+}
+
+/// Address space each extra thread reserves besides tensors (its stack, 2 MiB, and the
+/// malloc arena glibc gives it, 64 MiB): counts against `ulimit -v`, not against memory.
+pub const THREAD_RESERVE: u64 = 66 << 20;
+
+/// Checks that `need` fits in `limit` (a given byte count) or in what [`available`] finds;
+/// `threads` is how many threads the run adds (simulated devices and matrix-product
+/// threads), which reserve address space. The error names the estimate and the limit.
+pub fn check(need: &Estimate, limit: Option<u64>, threads: u64) -> Result<(), String> {
+    let (limit, what) = match limit {
+        Some(l) => (l, "--memory-limit"),
+        None => match available() {
+            Some(x) => x,
+            None => return Ok(()),
+        },
+    };
+    let mut total = need.total();
+    if what.contains("ulimit -v") {
+        total = total.saturating_add(threads.saturating_mul(THREAD_RESERVE));
+    }
+    if total > limit {
+        return Err(format!(
+            "the run needs an estimated {need}, but {what} leaves {}; use fewer or smaller \
+             tensors (a smaller --batch), more devices, or a machine with more memory",
+            human(limit)
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nnscaler_dialects::context::IrContext;
+    use nnscaler_dialects::graph::Graph;
+
+    fn graph(src: &str) -> Graph {
+        let ir = IrContext::new();
+        let m = ir.parse(src, "t.mlir").unwrap();
+        Graph::all_in(&m).remove(0).unwrap()
+    }
+
+    #[test]
+    fn counts_arguments_live_values_and_results() {
+        // a: 4 KiB input, w: 4 KiB param; %0 and %1 are 4 KiB each and %0 dies at %1.
+        let g = graph(
+            r#"func.func @f(%a: tensor<32x32xf32> {nns.name = "a"}, %w: tensor<32x32xf32> {nns.name = "w", nns.param}) -> (tensor<f32> {nns.name = "r"}) {
+  %0 = "dnn.matmul"(%a, %w) : (tensor<32x32xf32>, tensor<32x32xf32>) -> tensor<32x32xf32>
+  %1 = "dnn.relu"(%0) : (tensor<32x32xf32>) -> tensor<32x32xf32>
+  %2 = "dnn.sum"(%1) {dims = array<i64: 0, 1>} : (tensor<32x32xf32>) -> tensor<f32>
+  return %2 : tensor<f32>
+}"#,
+        );
+        let e = estimate(&g, &g, 1);
+        assert_eq!((e.params, e.inputs, e.results), (4096, 4096, 4));
+        // Peak: %0 and %1 alive together (8 KiB), plus the largest result as scratch.
+        assert_eq!(e.activations, 8192 + 4096);
+        assert_eq!(e.total(), 2 * 4096 + 2 * 4096 + e.activations + 4);
+        let err = check(&e, Some(1000), 0).unwrap_err();
+        assert!(err.contains("needs an estimated 28.0 KiB"), "{err}");
+        assert!(err.contains("parameters 4.0 KiB, inputs 4.0 KiB"), "{err}");
+        assert!(err.contains("--memory-limit leaves 1000 B"), "{err}");
+        assert!(check(&e, Some(1 << 20), 0).is_ok());
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(12), "12 B");
+        assert_eq!(human(3 << 30), "3.0 GiB");
+        assert_eq!(human(1 << 42), "4.0 TiB");
+    }
+}
