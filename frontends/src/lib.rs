@@ -207,7 +207,7 @@ pub const PRESETS: &[(&str, &str)] = &[
     ),
     (
         "gpt3-175b",
-        "GPT-3: 96 layers, 96 heads, width 12288, block 2048, vocab 50257, batch 1",
+        "GPT-3: 96 layers, 96 heads, width 12288, block 2048, vocab 50257, batch 8",
     ),
     (
         "llama-tiny",
@@ -215,11 +215,11 @@ pub const PRESETS: &[(&str, &str)] = &[
     ),
     (
         "llama3-8b",
-        "Llama 3 8B: 32 layers, 32 heads / 8 kv, width 4096, ffn 14336, seq 8192, vocab 128256",
+        "Llama 3 8B: 32 layers, 32 heads / 8 kv, width 4096, ffn 14336, seq 8192, vocab 128256, batch 8",
     ),
     (
         "llama3-70b",
-        "Llama 3 70B: 80 layers, 64 heads / 8 kv, width 8192, ffn 28672, seq 8192, vocab 128256",
+        "Llama 3 70B: 80 layers, 64 heads / 8 kv, width 8192, ffn 28672, seq 8192, vocab 128256, batch 8",
     ),
 ];
 
@@ -261,10 +261,12 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
         "gpt-tiny" => gpt(2, 8, 11, 2, 2, 16),
         "nanogpt-cpu" => gpt(12, 64, 65, 4, 4, 128),
         "gpt2-124m" => gpt(12, 1024, 50257, 12, 12, 768),
-        "gpt3-175b" => gpt(1, 2048, 50257, 96, 96, 12288),
+        // The large presets take 8 sequences, so that the usual meshes (dp = 2, 4, 8) divide
+        // the batch; they are for planning, not for the CPU runtime.
+        "gpt3-175b" => gpt(8, 2048, 50257, 96, 96, 12288),
         "llama-tiny" => llama(2, 8, 11, 2, 4, 2, 16, 32),
-        "llama3-8b" => llama(1, 8192, 128256, 32, 32, 8, 4096, 14336),
-        "llama3-70b" => llama(1, 8192, 128256, 80, 64, 8, 8192, 28672),
+        "llama3-8b" => llama(8, 8192, 128256, 32, 32, 8, 4096, 14336),
+        "llama3-70b" => llama(8, 8192, 128256, 80, 64, 8, 8192, 28672),
         _ => return None,
     })
 }

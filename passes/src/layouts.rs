@@ -69,13 +69,19 @@ pub fn annotation(g: &Graph, n: &Node) -> Result<(Annotation, Binding), String> 
 
 /// The node's split directive resolved against `mesh` (`None` when it has none).
 pub fn directive(n: &Node, mesh: &Mesh) -> Result<Option<Binds>, String> {
-    match n.attrs.get("nns.split") {
+    constraint(n, "nns.split", mesh)
+}
+
+/// The binds of split-valued attribute `key` of `n` (`nns.split`, `nns.pin`,
+/// `nns.forbid`), if it has one.
+pub fn constraint(n: &Node, key: &str, mesh: &Mesh) -> Result<Option<Binds>, String> {
+    match n.attrs.get(key) {
         None => Ok(None),
         Some(AttrValue::Nns { kind, body }) if kind == "split" => {
             let s = Split::parse(body)?;
             resolve_binds(&s, mesh).map(Some)
         }
-        Some(_) => Err("'nns.split' must be a #nns.split<...> attribute".into()),
+        Some(_) => Err(format!("'{key}' must be a #nns.split<...> attribute")),
     }
 }
 

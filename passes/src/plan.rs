@@ -91,6 +91,21 @@ impl Plan {
                 })
                 .transpose()
         };
+        for axis in ["dp", "tp"] {
+            if o.get(axis).is_some() && !policy.axes().contains(&axis) {
+                return Err(format!(
+                    "plan: policy '{}' uses mesh axis {} only, so '{axis}={}' would be ignored{}",
+                    policy_name(policy),
+                    policy.axes().join(", "),
+                    o.get(axis).unwrap_or_default(),
+                    if policy == Policy::MegatronSp {
+                        ""
+                    } else {
+                        "; --plan=\"dp-megatron dp=... tp=...\" uses both"
+                    }
+                ));
+            }
+        }
         let sizes = policy
             .axes()
             .iter()
@@ -213,7 +228,7 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
                 return Err(error(
                     &g.loc,
                     format!(
-                        "plan: argument {i}{} has batch dim {}, which dp = {n} does not divide",
+                        "plan: argument {i}{} has batch dim {}, which dp = {n} does not divide; give the model a batch dp divides (nnscaler import --batch N)",
                         a.name().map(|s| format!(" '{s}'")).unwrap_or_default(),
                         ty.shape[0]
                     ),
@@ -228,6 +243,7 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
     ) {
         megatron(&mut g, mesh);
     }
+    check_param_layouts(&g, policy, mesh)?;
     if policy == Policy::MegatronSp {
         // The residual stream is split on the sequence: data inputs [batch, seq, ...] cut
         // on dim 1. Propagation then keeps norms and residual adds sequence-split; a
@@ -254,6 +270,57 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
         }
     }
     Ok(g)
+}
+
+/// Checks what the policy asks of the parameters before anything else sees it: every
+/// parameter layout it wrote must divide the dims it splits. The first parameter that
+/// cannot be split is the error, naming the model dimension; the others are counted in a
+/// note (they usually fail for the same reason, once per layer).
+fn check_param_layouts(g: &Graph, policy: Policy, mesh: &Mesh) -> Result<(), Diagnostics> {
+    let mut failures: Vec<String> = Vec::new();
+    for (i, a) in g.args.iter().enumerate() {
+        let Some(AttrValue::Nns { kind, body }) = a.attrs.get("nns.layout") else {
+            continue;
+        };
+        if kind != "layout" || !a.is_param() {
+            continue;
+        }
+        let Ok(l) = Layout::parse(body) else {
+            continue;
+        };
+        let ty = &g.values[a.value];
+        for (axis, al) in &l.axes {
+            let AxisLayout::D(d) = al else { continue };
+            let parts = mesh.axis(axis).unwrap_or(1);
+            let len = ty.shape.get(*d).copied().unwrap_or(1);
+            if len % parts != 0 {
+                failures.push(format!(
+                    "plan: policy '{}' splits parameter {} ({ty}) on dim {d}, of length {len}, \
+                     over {axis} = {parts}, which does not divide it",
+                    policy_name(policy),
+                    a.name()
+                        .map(|n| format!("'{n}'"))
+                        .unwrap_or_else(|| format!("{i}")),
+                ));
+            }
+        }
+    }
+    let Some(first) = failures.first() else {
+        return Ok(());
+    };
+    let mut d = Diagnostics::default();
+    d.error(&g.loc, first.clone());
+    if failures.len() > 1 {
+        d.note(
+            &g.loc,
+            format!(
+                "{} more parameters cannot be split either; choose mesh sizes that divide \
+                 the model's dimensions",
+                failures.len() - 1
+            ),
+        );
+    }
+    Err(d)
 }
 
 /// Vocabulary parallelism: embedding tables split on their rows, and an LM head (a

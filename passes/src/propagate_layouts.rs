@@ -12,12 +12,13 @@
 //! after the reduction.
 
 use crate::layouts::{
-    annotation, directive, error, layout_attr, layouts_attr, node_layouts, the_mesh, value_layouts,
+    annotation, constraint, directive, error, layout_attr, layouts_attr, node_layouts, the_mesh,
+    value_layouts,
 };
 use crate::pipeline::{Pass, PassOptions};
 use crate::rewrite::rewrite_funcs;
 use melior::ir::Module;
-use nnscaler_dialects::annotation::{Annotation, DimKind};
+use nnscaler_dialects::annotation::{Annotation, Binding, DimKind};
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::{Graph, Node};
@@ -81,6 +82,81 @@ fn split_bias(g: &mut Graph, k: usize, anno: &Annotation, binds: &Binds) -> Resu
     g.nodes[k] = lin;
     g.nodes.insert(k + 1, add);
     Ok(true)
+}
+
+/// Checks an op's final binds before they are written: every split divides its dim (the
+/// first op that cannot be split is the error, not every op after it), the op's `nns.pin`
+/// is kept and its `nns.forbid` respected. Messages say whether a split was written (by
+/// `--plan` or the input) or inferred from the operands.
+fn check_binds(
+    binds: &Binds,
+    written: Option<&Binds>,
+    pin: Option<&Binds>,
+    forbid: Option<&Binds>,
+    anno: &Annotation,
+    binding: &Binding,
+    mesh: &Mesh,
+) -> Result<(), String> {
+    let names = |axes: &[usize]| {
+        axes.iter()
+            .map(|&a| mesh.axes[a].name.as_str())
+            .collect::<Vec<_>>()
+            .join("*")
+    };
+    let origin = |id: &str| {
+        if written.is_some_and(|w| w.iter().any(|(i, _)| i == id)) {
+            "its split directive (nns.split or nns.pin)"
+        } else {
+            "the layouts of its operands"
+        }
+    };
+    let choices = anno.split_choices(binding);
+    for (id, axes) in binds {
+        let parts: i64 = axes.iter().map(|&a| mesh.axes[a].size).product();
+        let len = binding.len(id).unwrap_or(1);
+        if len % parts != 0 {
+            // Where the dim is, as a result dim when it has one (the value users know).
+            let at = choices
+                .iter()
+                .find(|c| &c.id == id)
+                .and_then(|c| {
+                    c.positions
+                        .iter()
+                        .find(|p| p.output)
+                        .or(c.positions.first())
+                })
+                .map(|p| format!(" ({p})"))
+                .unwrap_or_default();
+            return Err(format!(
+                "dimension '{id}'{at} has length {len}, but {} split it over {} ({parts} \
+                 devices), which does not divide it; the mesh sizes must divide this dimension",
+                origin(id),
+                names(axes)
+            ));
+        }
+    }
+    for (id, axes) in pin.into_iter().flatten() {
+        if !binds.iter().any(|(i, a)| i == id && a == axes) {
+            return Err(format!(
+                "its nns.pin requires '{id}' split over {}, but {} decide otherwise",
+                names(axes),
+                origin(id)
+            ));
+        }
+    }
+    for (id, axes) in forbid.into_iter().flatten() {
+        if let Some((_, used)) = binds
+            .iter()
+            .find(|(i, a)| i == id && a.iter().any(|x| axes.contains(x)))
+        {
+            return Err(format!(
+                "{} split '{id}' over {}, which its nns.forbid forbids",
+                origin(id),
+                names(used)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether the logits of a cross-entropy (or its gradient) arrive split on the class dim.
@@ -190,7 +266,11 @@ pub fn propagate(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
         // The directive's binds first; inference from the operands fills in the ids and
         // mesh axes the directive leaves free (a `n = tp` directive under data
         // parallelism keeps the batch split on dp).
-        let written = directive(&n, mesh).map_err(fail)?;
+        let pin = constraint(&n, "nns.pin", mesh).map_err(fail)?;
+        let forbid = constraint(&n, "nns.forbid", mesh).map_err(fail)?;
+        // A pinned op without a directive takes its pin as the directive.
+        let split_attr = directive(&n, mesh).map_err(fail)?;
+        let written = split_attr.clone().or_else(|| pin.clone());
         let (anno, binding) = annotation(&g, &n).map_err(fail)?;
         let ops: Vec<Option<&Sharding>> = n.inputs.iter().map(|&v| layouts[v].as_ref()).collect();
         let mut binds = written.clone().unwrap_or_default();
@@ -202,7 +282,17 @@ pub fn propagate(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
                 binds.push((id, axes));
             }
         }
-        if !binds.is_empty() && written.as_ref() != Some(&binds) {
+        check_binds(
+            &binds,
+            written.as_ref(),
+            pin.as_ref(),
+            forbid.as_ref(),
+            &anno,
+            &binding,
+            mesh,
+        )
+        .map_err(fail)?;
+        if !binds.is_empty() && split_attr.as_ref() != Some(&binds) {
             g.nodes[k].attrs.insert(
                 "nns.split".into(),
                 AttrValue::Nns {

@@ -25,8 +25,60 @@ fn elem_of(d: Dtype) -> Option<Elem> {
     })
 }
 
+/// The names in the header of safetensors `bytes` that occur more than once. JSON parsers
+/// (the safetensors crate's among them) keep the last of duplicate keys, so a file naming a
+/// tensor twice would silently lose one.
+fn duplicate_names(bytes: &[u8]) -> Vec<String> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct Keys;
+    impl<'de> Visitor<'de> for Keys {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut keys = Vec::new();
+            while let Some(k) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                keys.push(k);
+            }
+            Ok(keys)
+        }
+    }
+    let Some(len) = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+    else {
+        return Vec::new();
+    };
+    let Some(header) = usize::try_from(len)
+        .ok()
+        .and_then(|n| bytes.get(8..8usize.checked_add(n)?))
+    else {
+        return Vec::new();
+    };
+    let mut de = serde_json::Deserializer::from_slice(header);
+    let Ok(mut keys) = de.deserialize_map(Keys) else {
+        return Vec::new(); // malformed: the safetensors parser reports it
+    };
+    keys.sort_unstable();
+    let mut dups: Vec<String> = keys
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| w[0].clone())
+        .collect();
+    dups.dedup();
+    dups
+}
+
 /// Parses safetensors bytes; `what` (the file name) starts every error message.
 pub fn parse(bytes: &[u8], what: &str) -> Result<Vec<Stored>, String> {
+    if let Some(name) = duplicate_names(bytes).first() {
+        return Err(format!(
+            "{what}: not a valid safetensors file (the header names tensor '{name}' twice)"
+        ));
+    }
     let st = SafeTensors::deserialize(bytes)
         .map_err(|e| format!("{what}: not a valid safetensors file ({e})"))?;
     let mut names: Vec<&str> = st.names();
@@ -82,6 +134,11 @@ pub fn load(path: &Path) -> Result<Vec<Stored>, String> {
 
 /// Serializes named tensors (each with the element type to store it as: f32, i64 or i32).
 pub fn to_bytes(tensors: &[(String, Elem, &Tensor)]) -> Result<Vec<u8>, String> {
+    let mut names: Vec<&str> = tensors.iter().map(|(n, _, _)| n.as_str()).collect();
+    names.sort_unstable();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(format!("two tensors are named '{}'", w[0]));
+    }
     let mut bufs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, elem, t) in tensors {
         let (dtype, bytes) = match (&t.data, elem) {
@@ -129,5 +186,12 @@ mod tests {
         );
         let e = parse(b"garbage", "g.safetensors").unwrap_err();
         assert!(e.contains("g.safetensors"), "{e}");
+        // A header naming a tensor twice.
+        let header = br#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
+        let mut dup = (header.len() as u64).to_le_bytes().to_vec();
+        dup.extend_from_slice(header);
+        dup.extend_from_slice(&[0; 8]);
+        let e = parse(&dup, "d.safetensors").unwrap_err();
+        assert!(e.contains("names tensor 'a' twice"), "{e}");
     }
 }

@@ -12,7 +12,7 @@ func.func @frozen(%a: tensor<6x8xf32>) {
 
 "nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()
 func.func @not_dividing(%a: tensor<6x8xf32>, %b: tensor<8x16xf32>) {
-  // expected-error @+1 {{dimension 'm' has length 6, which tp (size 4) does not divide}}
+  // expected-error @+1 {{dimension 'm' (result 0 dim 0) has length 6, which tp (size 4) does not divide}}
   %0 = "dnn.matmul"(%a, %b) {nns.split = #nns.split<m = tp>} : (tensor<6x8xf32>, tensor<8x16xf32>) -> tensor<6x16xf32>
   return
 }

@@ -14,7 +14,7 @@ func.func @f(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
 func.func @g(%x: tensor<6x4xf32>) -> tensor<6x4xf32> {
   // expected-error@+1 {{'dnn.softmax' nns.split: dimension 'b' is frozen}}
   %0 = "dnn.softmax"(%x) {nns.split = #nns.split<b = tp>} : (tensor<6x4xf32>) -> tensor<6x4xf32>
-  // expected-error@+1 {{'dnn.exp' nns.split: dimension '*0' has length 6, which tp (size 4) does not divide}}
+  // expected-error@+1 {{'dnn.exp' nns.split: dimension '*0' (result 0 dim 0) has length 6, which tp (size 4) does not divide}}
   %1 = "dnn.exp"(%0) {nns.split = #nns.split<*0 = tp>} : (tensor<6x4xf32>) -> tensor<6x4xf32>
   return %1 : tensor<6x4xf32>
 }
