@@ -683,7 +683,8 @@ impl Binding {
                                 Atom::Num(n) => *n,
                                 Atom::Id(id) => self.lens[id],
                             })
-                            .product(),
+                            // Saturating: an absurd length then fails the type check.
+                            .fold(1i64, i64::saturating_mul),
                     );
                 }
                 shape

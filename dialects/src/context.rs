@@ -29,6 +29,13 @@ impl Default for IrContext {
 impl IrContext {
     /// Creates a context with the upstream dialects registered.
     pub fn new() -> Self {
+        Self::with_observer(|_| {})
+    }
+
+    /// [`IrContext::new`], also calling `observe` on every diagnostic as MLIR reports it
+    /// (before any later step can fail): how a process that may not survive the parse
+    /// passes its diagnostics on.
+    pub fn with_observer(mut observe: impl FnMut(&Diagnostic) + 'static) -> Self {
         let context = Context::new();
         let registry = DialectRegistry::new();
         register_all_dialects(&registry);
@@ -45,14 +52,18 @@ impl IrContext {
                 _ => Severity::Note,
             };
             let mut sink = sink.borrow_mut();
-            sink.push(Diagnostic {
+            let mut push = |x: Diagnostic| {
+                observe(&x);
+                sink.push(x);
+            };
+            push(Diagnostic {
                 loc: SrcLoc::from_location(d.location()),
                 severity,
                 message: d.to_string(),
             });
             for i in 0..d.note_count() {
                 if let Ok(n) = d.note(i) {
-                    sink.push(Diagnostic {
+                    push(Diagnostic {
                         loc: SrcLoc::from_location(n.location()),
                         severity: Severity::Note,
                         message: n.to_string(),

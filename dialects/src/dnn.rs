@@ -271,10 +271,7 @@ fn embedding_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
 /// frozen on input and fixed on output.
 fn reshape_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     let a = ctx.shape(0)?;
-    let b = ctx.ints("shape")?;
-    if let Some(d) = b.iter().find(|&&d| d <= 0) {
-        return Err(format!("attribute 'shape' has a non-positive length {d}"));
-    }
+    let b = ctx.shape_attr("shape")?;
     let (pa, pb): (i64, i64) = (a.iter().product(), b.iter().product());
     if pa != pb {
         return Err(format!(
@@ -514,7 +511,7 @@ fn max_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
 
 fn broadcast_to_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     let s = ctx.shape(0)?;
-    let target = ctx.ints("shape")?;
+    let target = ctx.shape_attr("shape")?;
     let out = broadcast(s, target)?;
     if out != target {
         return Err(format!("cannot broadcast {s:?} to {target:?}"));
@@ -673,10 +670,7 @@ fn dropout_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
 }
 
 fn fill_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
-    let shape = ctx.ints("shape")?;
-    if let Some(d) = shape.iter().find(|&&d| d <= 0) {
-        return Err(format!("attribute 'shape' has a non-positive length {d}"));
-    }
+    let shape = ctx.shape_attr("shape")?;
     let v: Vec<String> = shape.iter().map(i64::to_string).collect();
     Ok(format!(" -> {}", join(&v)))
 }
@@ -684,7 +678,7 @@ fn fill_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
 fn fill_results(ctx: &OpCtx<'_>) -> Result<Vec<TensorType>, String> {
     let dtype = ctx.str_or("dtype", "f32");
     let elem = Elem::parse(dtype).ok_or(format!("unknown dtype '{dtype}'"))?;
-    Ok(vec![TensorType::new(ctx.ints("shape")?, elem)])
+    Ok(vec![TensorType::new(ctx.shape_attr("shape")?, elem)])
 }
 
 fn gelu_anno(ctx: &OpCtx<'_>) -> Result<String, String> {

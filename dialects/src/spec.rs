@@ -149,6 +149,25 @@ impl<'a> OpCtx<'a> {
         }
     }
 
+    /// Integer array attribute `name` read as a tensor shape: every length positive and
+    /// the whole no larger than the verifier's tensor limit (so products never overflow).
+    pub fn shape_attr(&self, name: &str) -> Result<&'a [i64], String> {
+        let v = self.ints(name)?;
+        if let Some(d) = v.iter().find(|&&d| d <= 0) {
+            return Err(format!("attribute '{name}' has a non-positive length {d}"));
+        }
+        let fits = v
+            .iter()
+            .try_fold(1i64, |n, &d| n.checked_mul(d))
+            .is_some_and(|n| n as u64 <= crate::types::MAX_TENSOR_BYTES);
+        if !fits {
+            return Err(format!(
+                "attribute '{name}' = {v:?} describes a tensor larger than the 2^50 elements nnscaler handles"
+            ));
+        }
+        Ok(v)
+    }
+
     /// Normalizes a possibly negative dimension index against `rank`.
     pub fn norm_dim(&self, dim: i64, rank: usize) -> Result<usize, String> {
         let r = rank as i64;

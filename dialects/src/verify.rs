@@ -115,6 +115,12 @@ pub fn verify_module(module: &Module<'_>) -> Diagnostics {
             return;
         }
         let v = OpView::of(op);
+        // Sizes first: the checks below multiply dims. (Operands are results of ops checked
+        // already, or arguments; an oversized one was reported there, and this op is
+        // skipped quietly.)
+        if v.operands.iter().flatten().any(|t| t.check_size().is_err()) {
+            return;
+        }
         for (i, t) in v.results.iter().enumerate() {
             if let Some(Err(e)) = t.as_ref().map(TensorType::check_size) {
                 diags.error(&v.loc, format!("'{}' result {i}: {e}", v.name));

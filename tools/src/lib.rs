@@ -2,7 +2,9 @@
 
 pub mod cli;
 pub mod expected;
+pub mod fuzz;
 pub mod output;
+pub mod parse_guard;
 pub mod run;
 
 pub use output::{write_one, Outputs};

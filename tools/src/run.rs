@@ -77,6 +77,7 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     let ir = IrContext::new();
     let render =
         |d: Diagnostics| -> String { d.in_file(&model).render_limited(Some(&source), error_limit) };
+    crate::parse_guard::check_parses(&source, &model).map_err(render)?;
     let module = ir.parse(&source, &model).map_err(render)?;
     let d = verify_module(&module);
     if d.has_errors() {

@@ -163,6 +163,7 @@ fn process(
     cli: &Cli,
     steps: &[Step],
 ) -> Result<String, Diagnostics> {
+    nnscaler_tools::parse_guard::check_parses(src, name)?;
     let mut module = ir.parse(src, name)?;
     let d = verify_module(&module);
     if d.has_errors() {
