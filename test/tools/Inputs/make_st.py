@@ -22,3 +22,15 @@ with open(os.path.join(d, "in.safetensors"), "rb") as f:
     raw = f.read()
 with open(os.path.join(d, "truncated.safetensors"), "wb") as f:
     f.write(raw[: len(raw) - 10])
+# A header naming tensor 'x' twice (JSON parsers would keep the second silently).
+xb, lb = x.tobytes(), labels.tobytes()
+entry = lambda a, b, shape, dt: '{"dtype":"%s","shape":%s,"data_offsets":[%d,%d]}' % (dt, shape, a, b)
+n = len(xb)
+header = '{"labels":%s,"x":%s,"x":%s}' % (
+    entry(0, len(lb), "[8]", "I64"),
+    entry(len(lb), len(lb) + n, "[8,16]", "F32"),
+    entry(len(lb) + n, len(lb) + 2 * n, "[8,16]", "F32"),
+)
+header += " " * (-len(header) % 8)
+with open(os.path.join(d, "dupkey.safetensors"), "wb") as f:
+    f.write(len(header).to_bytes(8, "little") + header.encode() + lb + xb + xb)
