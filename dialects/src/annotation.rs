@@ -514,6 +514,23 @@ impl Annotation {
         })
     }
 
+    /// Where identifier `id` sits, for messages: ` (result 0 dim 2)` — a result dim when it
+    /// has one (the value users know), else its first operand dim; empty when it is not
+    /// splittable.
+    pub fn where_is(&self, binding: &Binding, id: &str) -> String {
+        self.split_choices(binding)
+            .iter()
+            .find(|c| c.id == id)
+            .and_then(|c| {
+                c.positions
+                    .iter()
+                    .find(|p| p.output)
+                    .or(c.positions.first())
+            })
+            .map(|p| format!(" ({p})"))
+            .unwrap_or_default()
+    }
+
     /// Every legal split of the op: one entry per splittable identifier, listing all
     /// operand and result dimensions it splits. Frozen identifiers, numbers and non-first
     /// parts of compounds are never splittable. `binding` tells which compound parts have

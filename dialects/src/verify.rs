@@ -354,17 +354,7 @@ fn verify_op(v: &OpView, meshes: &Meshes, diags: &mut Diagnostics) -> Result<(),
                 }
                 let len = binding.len(id).unwrap_or(1);
                 if len % parts != 0 {
-                    let at = choices
-                        .iter()
-                        .find(|c| &c.id == id)
-                        .and_then(|c| {
-                            c.positions
-                                .iter()
-                                .find(|p| p.output)
-                                .or(c.positions.first())
-                        })
-                        .map(|p| format!(" ({p})"))
-                        .unwrap_or_default();
+                    let at = anno.where_is(&binding, id);
                     return Err(format!(
                         "{key}: dimension '{id}'{at} has length {len}, which {} (size {parts}) does not divide",
                         axes.join("*")

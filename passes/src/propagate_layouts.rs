@@ -110,23 +110,11 @@ fn check_binds(
             "the layouts of its operands"
         }
     };
-    let choices = anno.split_choices(binding);
     for (id, axes) in binds {
         let parts: i64 = axes.iter().map(|&a| mesh.axes[a].size).product();
         let len = binding.len(id).unwrap_or(1);
         if len % parts != 0 {
-            // Where the dim is, as a result dim when it has one (the value users know).
-            let at = choices
-                .iter()
-                .find(|c| &c.id == id)
-                .and_then(|c| {
-                    c.positions
-                        .iter()
-                        .find(|p| p.output)
-                        .or(c.positions.first())
-                })
-                .map(|p| format!(" ({p})"))
-                .unwrap_or_default();
+            let at = anno.where_is(binding, id);
             return Err(format!(
                 "dimension '{id}'{at} has length {len}, but {} split it over {} ({parts} \
                  devices), which does not divide it; the mesh sizes must divide this dimension",
