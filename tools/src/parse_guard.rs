@@ -5,14 +5,19 @@
 //! redefinition; upstream `mlir-opt-19` aborts on the same file). So the command-line tools
 //! parse each input once in a forked child first. The child passes every diagnostic to the
 //! parent as soon as MLIR reports it; when the child dies, the parent reports what it got
-//! plus a note, exits 1, and never runs the parse that would crash it. A valid input is then
-//! parsed again in the tool itself (parsing is a small part of any run).
+//! plus a note, exits 1, and never runs the parse that would crash it. MLIR 19 also accepts
+//! some attribute spellings it cannot print (`array<i1: 0, 1>` segfaults its printer), so
+//! the child then prints every attribute and type, announcing each first; a crash there is
+//! reported at the op and attribute. A valid input is then parsed again in the tool itself
+//! (parsing is a small part of any run).
 //!
 //! Only the tools do this, before they start any thread; the library's
 //! [`IrContext::parse`] is unchanged for embedders.
 
+use melior::ir::ValueLike;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::{Diagnostic, Diagnostics, Severity, SrcLoc};
+use nnscaler_dialects::view::walk_nested;
 
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
@@ -36,6 +41,26 @@ fn unescape(s: &str) -> String {
         }
     }
     out
+}
+
+/// A progress record: the child is about to print attribute `key` ("" for types) of the op
+/// at `loc`.
+fn progress(loc: &SrcLoc, key: &str) -> String {
+    format!(
+        "P\t{}\t{}\t{}\t{}\n",
+        escape(&loc.file),
+        loc.line,
+        loc.col,
+        escape(key)
+    )
+}
+
+/// A second writer on the child's pipe (the first belongs to the diagnostic observer).
+#[cfg(unix)]
+fn writer_for_walk(fd: i32) -> std::fs::File {
+    use std::os::fd::FromRawFd;
+    // SAFETY: dup gives a new descriptor of the pipe that this File then owns.
+    unsafe { std::fs::File::from_raw_fd(libc::dup(fd)) }
 }
 
 /// One diagnostic as a line: severity, file, line, column, message.
@@ -110,7 +135,33 @@ pub fn check_parses(source: &str, name: &str) -> Result<(), Diagnostics> {
             let ir = IrContext::with_observer(move |d| {
                 let _ = writer.borrow_mut().write_all(encode(d).as_bytes());
             });
-            let code = if ir.parse(source, name).is_ok() { 0 } else { 1 };
+            let code = match ir.parse(source, name) {
+                Ok(module) => {
+                    // Print every attribute and type once, saying first where: MLIR also
+                    // accepts some spellings it then cannot print.
+                    let mut w = writer_for_walk(fds[1]);
+                    let mut print_op = |op: &melior::ir::OperationRef<'_, '_>| {
+                        let loc = SrcLoc::from_location(op.location());
+                        for (k, v) in op.attributes() {
+                            let key = k.as_string_ref().as_str().unwrap_or("?").to_string();
+                            let _ = w.write_all(progress(&loc, &key).as_bytes());
+                            let _ = v.to_string();
+                        }
+                        let _ = w.write_all(progress(&loc, "").as_bytes());
+                        for r in op.results() {
+                            let _ = r.r#type().to_string();
+                        }
+                        for o in op.operands() {
+                            let _ = o.r#type().to_string();
+                        }
+                    };
+                    let top = module.as_operation();
+                    print_op(&top);
+                    walk_nested(&top, &mut print_op);
+                    0
+                }
+                Err(_) => 1,
+            };
             // SAFETY: _exit ends the child without running the parent's atexit handlers
             // or destructors twice.
             unsafe { libc::_exit(code) };
@@ -128,6 +179,27 @@ pub fn check_parses(source: &str, name: &str) -> Result<(), Diagnostics> {
         let mut diags = Diagnostics(text.lines().filter_map(decode).collect());
         if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
             return Ok(());
+        }
+        let printing = text.lines().last().and_then(|l| l.strip_prefix("P\t"));
+        if let (true, Some(p)) = (libc::WIFSIGNALED(status), printing) {
+            // The parse succeeded and MLIR crashed printing an op's attribute or types.
+            let mut f = p.splitn(4, '\t');
+            let file = unescape(f.next().unwrap_or_default());
+            let line = f.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+            let col = f.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+            let what = match unescape(f.next().unwrap_or_default()).as_str() {
+                "" => "the types of this op".to_string(),
+                k => format!("attribute '{k}' of this op"),
+            };
+            let mut d = Diagnostics::default();
+            d.error(
+                &SrcLoc { file, line, col },
+                format!(
+                    "MLIR crashes printing {what} (an MLIR 19 bug: it accepts some spellings \
+                     it cannot print, such as array<i1: 0, 1>; write array<i1: false, true>)"
+                ),
+            );
+            return Err(d);
         }
         if libc::WIFSIGNALED(status) {
             let file = SrcLoc {
@@ -182,6 +254,22 @@ mod tests {
         let e = check_parses("func.func @f() {\n  %0 = \n}\n", "bad.mlir").unwrap_err();
         assert_eq!(e.0[0].loc.file, "bad.mlir");
         assert_eq!((e.0[0].loc.line, e.0[0].loc.col), (2, 7));
+    }
+
+    #[test]
+    fn an_attribute_mlir_cannot_print_is_an_error_at_its_op() {
+        let src = "func.func @h() {\n  \"x.y\"() {d = array<i1: 0, 1>} : () -> ()\n  return\n}\n";
+        let e = check_parses(src, "arr.mlir").unwrap_err();
+        let d = &e.0[0];
+        assert_eq!(
+            (d.loc.file.as_str(), d.loc.line, d.loc.col),
+            ("arr.mlir", 2, 3),
+            "{e}"
+        );
+        assert!(
+            d.message.contains("MLIR crashes printing attribute 'd'"),
+            "{e}"
+        );
     }
 
     #[test]
