@@ -281,17 +281,35 @@ fn layout_of(
     }
 }
 
-/// `g` with its arguments' types made whole again (local shape times the split factors of
-/// each argument's layout): the view that tensor files and parameter init bind against.
+/// `g` with its arguments' and results' types made whole again (local shape times the
+/// split factors of each one's layout): the view that tensor files and parameter init bind
+/// against, and that the memory estimate counts. Lengths saturate instead of overflowing
+/// (the estimate then refuses the run).
 pub fn global_view(g: &Graph, mesh: &Mesh) -> Result<Graph, String> {
     let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
     let mut v = g.clone();
-    for (i, a) in g.args.iter().enumerate() {
-        let ty = &g.values[a.value];
-        let l = layout_of(&a.attrs, mesh, ty.rank()).map_err(|e| format!("argument {i}: {e}"))?;
-        let t = &mut v.values[a.value];
+    let mut done = vec![false; g.values.len()];
+    let ends = g
+        .args
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (format!("argument {i}"), a.value, &a.attrs))
+        .chain(
+            g.outputs
+                .iter()
+                .enumerate()
+                .map(|(i, o)| (format!("result {i}"), o.value, &o.attrs)),
+        );
+    for (what, value, attrs) in ends {
+        if std::mem::replace(&mut done[value], true) {
+            continue;
+        }
+        let ty = &g.values[value];
+        let l = layout_of(attrs, mesh, ty.rank()).map_err(|e| format!("{what}: {e}"))?;
+        let t = &mut v.values[value];
         for (d, axes) in l.split.iter().enumerate() {
-            t.shape[d] *= axes.iter().map(|&x| sizes[x]).product::<i64>();
+            let parts = axes.iter().fold(1i64, |n, &x| n.saturating_mul(sizes[x]));
+            t.shape[d] = t.shape[d].saturating_mul(parts);
         }
     }
     Ok(v)
