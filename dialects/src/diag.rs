@@ -111,7 +111,13 @@ impl Diagnostic {
     /// Renders `file:line:col: error: message`, then the source line and a caret when
     /// `source` (the whole buffer) is given and the location is known.
     pub fn render(&self, source: Option<&str>) -> String {
-        let mut out = format!("{}: {}: {}", self.loc, self.severity, self.message);
+        // A diagnostic without any location reads `error: ...`, never `<unknown>: error:`
+        // (the tools name their input file in such diagnostics first: `in_file`).
+        let mut out = if self.loc.file.is_empty() && self.loc.line == 0 {
+            format!("{}: {}", self.severity, self.message)
+        } else {
+            format!("{}: {}: {}", self.loc, self.severity, self.message)
+        };
         if let (Some(src), true) = (source, self.loc.line > 0) {
             if let Some(line) = src.lines().nth(self.loc.line - 1) {
                 let (shown, caret) = window(line, self.loc.col.saturating_sub(1));
