@@ -450,6 +450,42 @@ pub fn mutate_text(rng: &mut Rng, text: &str, other: &str) -> String {
     lines.join("\n")
 }
 
+/// Differentiates `from` and partitions it over a dp x tp mesh of 2 x 2 into `to`.
+fn localize(cfg: &Config, from: &Path, to: &Path) -> Result<(), String> {
+    let o = spawn(
+        Command::new(&cfg.opt)
+            .args(PIPELINES[5])
+            .arg(from)
+            .arg("-o")
+            .arg(to),
+        cfg.timeout,
+    );
+    match o.code {
+        Some(0) => Ok(()),
+        _ => Err(format!("cannot partition {}: {}", from.display(), o.stderr)),
+    }
+}
+
+/// The `.mlir` files under `dir`, recursively, sorted (lit's `Output` folders skipped).
+pub fn mlir_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for p in entries.flatten().map(|e| e.path()) {
+            if p.is_dir() && p.file_name().is_some_and(|n| n != "Output") {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "mlir") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 /// The seed corpus: zoo models, single-device and partitioned, and the given files.
 fn corpus(cfg: &Config) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
@@ -472,20 +508,12 @@ fn corpus(cfg: &Config) -> Result<Vec<(String, String)>, String> {
             return Err(format!("cannot build the corpus: {}", o.stderr));
         }
         let local = work.join(format!("{name}-local.mlir"));
-        let o = spawn(
-            Command::new(&cfg.opt)
-                .args(PIPELINES[5])
-                .arg(&path)
-                .arg("-o")
-                .arg(&local),
-            cfg.timeout,
-        );
+        localize(cfg, &path, &local)?;
         for p in [path, local] {
             if let Ok(t) = std::fs::read_to_string(&p) {
                 out.push((p.display().to_string(), t));
             }
         }
-        let _ = o;
     }
     for p in &cfg.corpus {
         if let Ok(t) = std::fs::read_to_string(p) {
@@ -761,30 +789,16 @@ fn run_base(cfg: &Config, rng: &mut Rng) -> Result<RunBase, String> {
     let model = dir.join("mlp.mlir");
     let local = dir.join("mlp-local.mlir");
     let params = dir.join("params.safetensors");
-    let steps: &[&[String]] = &[&[
-        "import".into(),
-        "--preset".into(),
-        "mlp-tiny".into(),
-        "-o".into(),
-        model.display().to_string(),
-    ]];
-    for s in steps {
-        let o = spawn(Command::new(&cfg.cli).args(*s), cfg.timeout);
-        if o.code != Some(0) {
-            return Err(o.stderr);
-        }
-    }
     let o = spawn(
-        Command::new(&cfg.opt)
-            .args(PIPELINES[5])
-            .arg(&model)
-            .arg("-o")
-            .arg(&local),
+        Command::new(&cfg.cli)
+            .args(["import", "--preset", "mlp-tiny", "-o"])
+            .arg(&model),
         cfg.timeout,
     );
     if o.code != Some(0) {
         return Err(o.stderr);
     }
+    localize(cfg, &model, &local)?;
     let inputs = random_inputs(&model, 10, false, rng)?;
     let in_path = dir.join("in.safetensors");
     std::fs::write(&in_path, &inputs).map_err(|e| e.to_string())?;

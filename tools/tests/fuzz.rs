@@ -5,23 +5,10 @@ use nnscaler_tools::fuzz::{self, Config};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-fn mlir_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).expect("test directory").flatten() {
-        let p = e.path();
-        if p.is_dir() && p.file_name().is_some_and(|n| n != "Output") {
-            mlir_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "mlir") {
-            out.push(p);
-        }
-    }
-}
-
 #[test]
 fn fuzz_the_tools() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut corpus = Vec::new();
-    mlir_files(&root.join("test"), &mut corpus);
-    corpus.sort();
+    let corpus = fuzz::mlir_files(&root.join("test"));
     let cfg = Config {
         opt: PathBuf::from(env!("CARGO_BIN_EXE_nnscaler-opt")),
         cli: PathBuf::from(env!("CARGO_BIN_EXE_nnscaler")),

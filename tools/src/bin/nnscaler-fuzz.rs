@@ -41,20 +41,6 @@ struct Cli {
     corpus: Option<PathBuf>,
 }
 
-fn mlir_files(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        if p.is_dir() && p.file_name().is_some_and(|n| n != "Output") {
-            mlir_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "mlir") {
-            out.push(p);
-        }
-    }
-}
-
 fn main() -> ExitCode {
     default_sigpipe();
     let cli = match Cli::try_parse() {
@@ -65,11 +51,11 @@ fn main() -> ExitCode {
         .ok()
         .and_then(|p| p.parent().map(PathBuf::from))
         .unwrap_or_default();
-    let mut corpus = Vec::new();
-    if let Some(d) = &cli.corpus {
-        mlir_files(d, &mut corpus);
-        corpus.sort();
-    }
+    let corpus = cli
+        .corpus
+        .as_deref()
+        .map(fuzz::mlir_files)
+        .unwrap_or_default();
     let cfg = Config {
         opt: bin.join("nnscaler-opt"),
         cli: bin.join("nnscaler"),
