@@ -7,8 +7,25 @@
 use melior::ir::Location;
 use std::fmt;
 
+/// The MLIR location a [`SrcLoc`] was read from, kept so that ops made from it (a backward
+/// op from its forward op, a split op from the original) get the exact location back —
+/// fused, name and call-site locations included — when a pass writes IR in place.
+///
+/// A handle into the `MlirContext` that produced it, valid while that context lives. It is
+/// only read by the thread writing IR into that context (never dereferenced elsewhere),
+/// which is why it may be sent with the diagnostics and graphs that carry it.
+#[derive(Clone, Copy, Debug)]
+pub struct RawLoc(pub mlir_sys::MlirLocation);
+
+// SAFETY: see the type's docs: the handle is an opaque, immutable (uniqued) MLIR location
+// that other threads only copy, never use.
+unsafe impl Send for RawLoc {}
+// SAFETY: as above.
+unsafe impl Sync for RawLoc {}
+
 /// A position in a source buffer. `line` and `col` are 1-based; 0 means unknown.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+/// Equality and hashing look at the position only, not at [`SrcLoc::raw`].
+#[derive(Clone, Debug, Default)]
 pub struct SrcLoc {
     /// The buffer name (the file path, or `-` for standard input).
     pub file: String,
@@ -16,13 +33,43 @@ pub struct SrcLoc {
     pub line: usize,
     /// 1-based column, 0 when unknown.
     pub col: usize,
+    /// The MLIR location it was read from, when it was read from IR.
+    pub raw: Option<RawLoc>,
+}
+
+impl PartialEq for SrcLoc {
+    fn eq(&self, o: &Self) -> bool {
+        (&self.file, self.line, self.col) == (&o.file, o.line, o.col)
+    }
+}
+
+impl Eq for SrcLoc {}
+
+impl std::hash::Hash for SrcLoc {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (&self.file, self.line, self.col).hash(h);
+    }
 }
 
 impl SrcLoc {
+    /// A position in `file`.
+    pub fn at(file: &str, line: usize, col: usize) -> Self {
+        SrcLoc {
+            file: file.to_string(),
+            line,
+            col,
+            raw: None,
+        }
+    }
+
     /// Extracts the first `"file":line:col` from an MLIR location (file-line-col, name,
-    /// call-site and fused locations all carry one); unknown locations give line 0.
+    /// call-site and fused locations all carry one); unknown locations give line 0. The
+    /// location itself is kept in [`SrcLoc::raw`].
     pub fn from_location(loc: Location<'_>) -> Self {
-        Self::from_location_text(&loc.to_string())
+        SrcLoc {
+            raw: Some(RawLoc(loc.to_raw())),
+            ..Self::from_location_text(&loc.to_string())
+        }
     }
 
     /// Like [`SrcLoc::from_location`], from the printed form `loc("f.mlir":3:7)`.
@@ -40,11 +87,7 @@ impl SrcLoc {
                 if let Some(after) = after.strip_prefix(':') {
                     let col: String = after.chars().take_while(|c| c.is_ascii_digit()).collect();
                     if let (Ok(line), Ok(col)) = (line.parse(), col.parse()) {
-                        return SrcLoc {
-                            file: text[start + 1..end].to_string(),
-                            line,
-                            col,
-                        };
+                        return SrcLoc::at(&text[start + 1..end], line, col);
                     }
                 }
             }
@@ -285,11 +328,7 @@ mod tests {
 
     #[test]
     fn repeated_errors_are_shown_once_and_capped() {
-        let at = |line| SrcLoc {
-            file: "f".into(),
-            line,
-            col: 1,
-        };
+        let at = |line| SrcLoc::at("f", line, 1);
         let mut d = Diagnostics::default();
         d.error(&at(1), "first cause");
         d.note(&at(1), "why");
@@ -310,11 +349,7 @@ mod tests {
     fn long_lines_are_cut_around_the_caret() {
         let line = format!("{}HERE{}", "a".repeat(500), "b".repeat(500));
         let d = Diagnostic {
-            loc: SrcLoc {
-                file: "f".into(),
-                line: 1,
-                col: 501,
-            },
+            loc: SrcLoc::at("f", 1, 501),
             severity: Severity::Error,
             message: "bad".into(),
         };
@@ -329,11 +364,7 @@ mod tests {
     #[test]
     fn renders_caret() {
         let d = Diagnostic {
-            loc: SrcLoc {
-                file: "f".into(),
-                line: 2,
-                col: 3,
-            },
+            loc: SrcLoc::at("f", 2, 3),
             severity: Severity::Error,
             message: "bad".into(),
         };

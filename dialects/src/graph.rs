@@ -7,15 +7,19 @@
 
 use crate::diag::SrcLoc;
 use crate::dnn;
+use crate::rewriter::{self, Builder};
 use crate::spec::OpCtx;
 use crate::types::{AttrValue, Attrs, TensorType};
 use crate::view::{FuncView, OpView};
 use melior::ir::{Module, OperationRef};
 use mlir_sys::{
-    mlirBlockGetArgument, mlirBlockGetFirstOperation, mlirBlockGetNumArguments,
+    mlirArrayAttrGet, mlirBlockAddArgument, mlirBlockGetArgument, mlirBlockGetFirstOperation,
+    mlirBlockGetNumArguments, mlirBlockGetTerminator, mlirDictionaryAttrGet, mlirFunctionTypeGet,
+    mlirIdentifierStr, mlirOperationGetContext, mlirOperationGetLocation, mlirOperationGetName,
     mlirOperationGetNextInBlock, mlirOperationGetNumOperands, mlirOperationGetNumRegions,
     mlirOperationGetNumResults, mlirOperationGetOperand, mlirOperationGetRegion,
-    mlirOperationGetResult, mlirRegionGetFirstBlock,
+    mlirOperationGetResult, mlirOperationSetOperands, mlirRegionGetFirstBlock, mlirTypeAttrGet,
+    mlirValueSetType, MlirAttribute, MlirOperation, MlirValue,
 };
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -67,6 +71,9 @@ pub struct Node {
     pub attrs: Attrs,
     /// Source location.
     pub loc: SrcLoc,
+    /// The op of the IR this node was read from (an index into the graph's source), kept
+    /// by clones: writing the graph back updates that op in place instead of making one.
+    pub origin: Option<usize>,
 }
 
 /// A function result.
@@ -104,6 +111,41 @@ pub struct Graph {
     /// Attributes of the function itself (other than its name, type and argument/result
     /// attributes), e.g. `nns.localized`.
     pub func_attrs: Attrs,
+    /// The IR the graph was read from, for writing it back in place ([`Graph::write_back`]).
+    pub source: Option<std::sync::Arc<Source>>,
+}
+
+/// The `func.func` a [`Graph`] was read from, and what it held then: writing the graph back
+/// compares against this to change only what a pass changed.
+///
+/// Holds handles into the module's MLIR context; they are only used by the thread that
+/// writes the graph back (the graph itself may be shared with interpreter threads, which
+/// never look at its source).
+#[derive(Debug)]
+pub struct Source {
+    func: MlirOperation,
+    arg_types: Vec<TensorType>,
+    arg_attrs: Vec<Attrs>,
+    result_attrs: Vec<Attrs>,
+    result_types: Vec<TensorType>,
+    func_attrs: Attrs,
+    /// The body's ops (not the return) with their attributes and result types.
+    ops: Vec<(MlirOperation, Attrs, Vec<TensorType>)>,
+}
+
+// SAFETY: see the type's docs: the handles are only dereferenced by `Graph::write_back`, on
+// the thread that owns the context.
+unsafe impl Send for Source {}
+// SAFETY: as above.
+unsafe impl Sync for Source {}
+
+/// The name of `op` (`dnn.matmul`).
+///
+/// # Safety
+/// `op` must be live.
+unsafe fn op_name(op: MlirOperation) -> String {
+    // SAFETY: guaranteed by the caller; the identifier's string is owned by the context.
+    unsafe { rewriter::string_of(mlirIdentifierStr(mlirOperationGetName(op))) }
 }
 
 /// Why a function cannot be read as a graph: a message and where.
@@ -142,6 +184,7 @@ impl Graph {
             ..Graph::default()
         };
         let mut ids: HashMap<usize, ValueId> = HashMap::new();
+        let mut ops = Vec::new();
         let raw = op.to_raw();
         // SAFETY: `op` is a live func.func; we only read its region, block, args and ops.
         unsafe {
@@ -205,6 +248,7 @@ impl Graph {
                     ));
                 }
                 let mut outputs = Vec::new();
+                let mut result_types = Vec::new();
                 for k in 0..mlirOperationGetNumResults(cur) {
                     let ty = view.results[k as usize].clone().ok_or_else(|| {
                         err(
@@ -216,21 +260,246 @@ impl Graph {
                         )
                     })?;
                     let v = mlirOperationGetResult(cur, k);
+                    result_types.push(ty.clone());
                     let id = g.new_value(ty);
                     ids.insert(v.ptr as usize, id);
                     outputs.push(id);
                 }
+                ops.push((cur, view.attrs.clone(), result_types));
                 g.nodes.push(Node {
                     op: view.name,
                     inputs,
                     outputs,
                     attrs: view.attrs,
                     loc: view.loc,
+                    origin: Some(ops.len() - 1),
                 });
                 cur = mlirOperationGetNextInBlock(cur);
             }
         }
+        g.source = Some(std::sync::Arc::new(Source {
+            func: raw,
+            arg_types: g.args.iter().map(|a| g.values[a.value].clone()).collect(),
+            arg_attrs: g.args.iter().map(|a| a.attrs.clone()).collect(),
+            result_attrs: g.outputs.iter().map(|o| o.attrs.clone()).collect(),
+            result_types: g
+                .outputs
+                .iter()
+                .map(|o| g.values[o.value].clone())
+                .collect(),
+            func_attrs: g.func_attrs.clone(),
+            ops,
+        }));
         Ok(g)
+    }
+
+    /// Writes the graph back into the `func.func` it was read from, in place: ops it kept
+    /// are updated (operands, result types, only the attributes that changed) and moved into
+    /// the graph's order, new ops are created with the location of what they came from, ops
+    /// it dropped are erased, and the signature (argument and result types and attributes,
+    /// function attributes) is brought up to date. Attributes, locations and ops the pass did
+    /// not change stay the very same MLIR objects.
+    pub fn write_back(&self) -> Result<(), String> {
+        let src = self
+            .source
+            .as_ref()
+            .ok_or("internal error: the graph was not read from IR")?;
+        // SAFETY: `src.func` is the live func.func this graph was read from (the caller runs
+        // the pass that read it and has not changed the function since); every handle used
+        // below belongs to it and to its context.
+        unsafe { self.write_into(src) }
+    }
+
+    unsafe fn write_into(&self, src: &Source) -> Result<(), String> {
+        let func = src.func;
+        // SAFETY (whole function): see `write_back`.
+        unsafe {
+            let mut b = Builder::for_op(func);
+            let func_loc = mlirOperationGetLocation(func);
+            let block = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
+            let ret = mlirBlockGetTerminator(block);
+            let nargs = mlirBlockGetNumArguments(block) as usize;
+            if self.args.len() < nargs {
+                return Err(format!(
+                    "@{}: a pass removed arguments, which writing back does not support",
+                    self.name
+                ));
+            }
+            let mut vals: Vec<Option<MlirValue>> = vec![None; self.values.len()];
+            for (i, a) in self.args.iter().enumerate() {
+                let ty = &self.values[a.value];
+                let v = if i < nargs {
+                    let v = mlirBlockGetArgument(block, i as isize);
+                    if src.arg_types.get(i) != Some(ty) {
+                        mlirValueSetType(v, b.tensor_type(ty)?);
+                    }
+                    v
+                } else {
+                    mlirBlockAddArgument(block, b.tensor_type(ty)?, func_loc)
+                };
+                vals[a.value] = Some(v);
+            }
+            let value = |vals: &[Option<MlirValue>], v: ValueId| {
+                vals[v].ok_or_else(|| {
+                    format!(
+                        "internal error: @{}: a value is used before it is defined",
+                        self.name
+                    )
+                })
+            };
+            let mut reused = vec![false; src.ops.len()];
+            let mut prev = MlirOperation {
+                ptr: std::ptr::null_mut(),
+            };
+            for n in &self.nodes {
+                let operands: Vec<MlirValue> = n
+                    .inputs
+                    .iter()
+                    .map(|&v| value(&vals, v))
+                    .collect::<Result<_, _>>()?;
+                let keep = n.origin.filter(|&k| {
+                    let (op, _, results) = &src.ops[k];
+                    !reused[k] && results.len() == n.outputs.len() && op_name(*op) == n.op
+                });
+                let op = match keep {
+                    Some(k) => {
+                        reused[k] = true;
+                        let (op, old_attrs, old_types) = &src.ops[k];
+                        let op = *op;
+                        mlirOperationSetOperands(op, operands.len() as isize, operands.as_ptr());
+                        for (j, &o) in n.outputs.iter().enumerate() {
+                            if old_types[j] != self.values[o] {
+                                let r = mlirOperationGetResult(op, j as isize);
+                                mlirValueSetType(r, b.tensor_type(&self.values[o])?);
+                            }
+                        }
+                        for (key, v) in &n.attrs {
+                            if old_attrs.get(key) != Some(v) {
+                                rewriter::set_attr(op, key, b.attribute(v)?);
+                            }
+                        }
+                        for key in old_attrs.keys().filter(|k| !n.attrs.contains_key(*k)) {
+                            rewriter::remove_attr(op, key);
+                        }
+                        rewriter::place_after(block, op, prev);
+                        op
+                    }
+                    None => {
+                        let types = n
+                            .outputs
+                            .iter()
+                            .map(|&o| b.tensor_type(&self.values[o]))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        let attrs = n
+                            .attrs
+                            .iter()
+                            .map(|(k, v)| Ok(b.named(k, b.attribute(v)?)))
+                            .collect::<Result<Vec<_>, String>>()?;
+                        let loc = b.location(&n.loc, func_loc);
+                        let op = b.create_op(&n.op, &operands, &types, &attrs, loc);
+                        rewriter::insert_after(block, op, prev);
+                        op
+                    }
+                };
+                for (j, &o) in n.outputs.iter().enumerate() {
+                    vals[o] = Some(mlirOperationGetResult(op, j as isize));
+                }
+                prev = op;
+            }
+            let rets: Vec<MlirValue> = self
+                .outputs
+                .iter()
+                .map(|o| value(&vals, o.value))
+                .collect::<Result<_, _>>()?;
+            mlirOperationSetOperands(ret, rets.len() as isize, rets.as_ptr());
+            for (k, (op, _, _)) in src.ops.iter().enumerate().rev() {
+                if !reused[k] {
+                    rewriter::erase(*op)?;
+                }
+            }
+            self.write_signature(src, &mut b)
+        }
+    }
+
+    /// The signature part of [`Graph::write_back`].
+    unsafe fn write_signature(&self, src: &Source, b: &mut Builder) -> Result<(), String> {
+        let func = src.func;
+        // SAFETY (whole function): see `write_back`.
+        unsafe {
+            let ctx = mlirOperationGetContext(func);
+            let arg_types: Vec<TensorType> = self
+                .args
+                .iter()
+                .map(|a| self.values[a.value].clone())
+                .collect();
+            let res_types: Vec<TensorType> = self
+                .outputs
+                .iter()
+                .map(|o| self.values[o.value].clone())
+                .collect();
+            if arg_types != src.arg_types || res_types != src.result_types {
+                let ins = arg_types
+                    .iter()
+                    .map(|t| b.tensor_type(t))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let outs = res_types
+                    .iter()
+                    .map(|t| b.tensor_type(t))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let fty = mlirFunctionTypeGet(
+                    ctx,
+                    ins.len() as isize,
+                    ins.as_ptr(),
+                    outs.len() as isize,
+                    outs.as_ptr(),
+                );
+                rewriter::set_attr(func, "function_type", mlirTypeAttrGet(fty));
+            }
+            let args: Vec<&Attrs> = self.args.iter().map(|a| &a.attrs).collect();
+            let results: Vec<&Attrs> = self.outputs.iter().map(|o| &o.attrs).collect();
+            for (key, new, old) in [
+                ("arg_attrs", args, &src.arg_attrs),
+                ("res_attrs", results, &src.result_attrs),
+            ] {
+                let same = new.len() == old.len() && new.iter().zip(old).all(|(a, b)| *a == b);
+                if same {
+                    continue;
+                }
+                if new.iter().all(|a| a.is_empty()) {
+                    rewriter::remove_attr(func, key);
+                    continue;
+                }
+                let dicts = new
+                    .iter()
+                    .map(|attrs| {
+                        let named = attrs
+                            .iter()
+                            .map(|(k, v)| Ok(b.named(k, b.attribute(v)?)))
+                            .collect::<Result<Vec<_>, String>>()?;
+                        Ok(mlirDictionaryAttrGet(
+                            ctx,
+                            named.len() as isize,
+                            named.as_ptr(),
+                        ))
+                    })
+                    .collect::<Result<Vec<MlirAttribute>, String>>()?;
+                let array = mlirArrayAttrGet(ctx, dicts.len() as isize, dicts.as_ptr());
+                rewriter::set_attr(func, key, array);
+            }
+            for (key, v) in &self.func_attrs {
+                if src.func_attrs.get(key) != Some(v) {
+                    rewriter::set_attr(func, key, b.attribute(v)?);
+                }
+            }
+            for key in src
+                .func_attrs
+                .keys()
+                .filter(|k| !self.func_attrs.contains_key(*k))
+            {
+                rewriter::remove_attr(func, key);
+            }
+        }
+        Ok(())
     }
 
     /// Appends an argument of type `ty` with `attrs`.
@@ -283,6 +552,7 @@ impl Graph {
             outputs: outputs.clone(),
             attrs,
             loc: loc.clone(),
+            origin: None,
         });
         Ok(outputs)
     }
@@ -303,6 +573,7 @@ impl Graph {
             outputs: outputs.clone(),
             attrs,
             loc: loc.clone(),
+            origin: None,
         });
         outputs
     }

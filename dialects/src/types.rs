@@ -85,6 +85,45 @@ impl TensorType {
         }
     }
 
+    /// Reads an MLIR type through the C API (no printing): `None` for anything but a ranked
+    /// tensor of static shape, without encoding, of one of the [`Elem`] types.
+    pub fn from_type(t: mlir_sys::MlirType) -> Option<Self> {
+        use mlir_sys::*;
+        // SAFETY: `t` is a live type (callers read it from live IR); only queries are made.
+        unsafe {
+            if t.ptr.is_null()
+                || !mlirTypeIsARankedTensor(t)
+                || !mlirShapedTypeHasStaticShape(t)
+                || !mlirRankedTensorTypeGetEncoding(t).ptr.is_null()
+            {
+                return None;
+            }
+            let e = mlirShapedTypeGetElementType(t);
+            let elem = if mlirTypeIsAF32(e) {
+                Elem::F32
+            } else if mlirTypeIsAF16(e) {
+                Elem::F16
+            } else if mlirTypeIsABF16(e) {
+                Elem::BF16
+            } else if mlirTypeIsAF64(e) {
+                Elem::F64
+            } else if mlirTypeIsAInteger(e) && mlirIntegerTypeIsSignless(e) {
+                match mlirIntegerTypeGetWidth(e) {
+                    64 => Elem::I64,
+                    32 => Elem::I32,
+                    1 => Elem::I1,
+                    _ => return None,
+                }
+            } else {
+                return None;
+            };
+            let shape = (0..mlirShapedTypeGetRank(t))
+                .map(|d| mlirShapedTypeGetDimSize(t, d as isize))
+                .collect();
+            Some(TensorType { shape, elem })
+        }
+    }
+
     /// Parses the printed form `tensor<2x3xf32>`; `None` for anything else (dynamic or
     /// unranked tensors, other types).
     pub fn parse(text: &str) -> Option<Self> {
@@ -172,6 +211,85 @@ pub enum AttrValue {
 }
 
 impl AttrValue {
+    /// Reads an MLIR attribute through the C API: the kinds nnscaler uses are read
+    /// directly (no printing); anything else is printed into [`AttrValue::Other`]. A bool
+    /// array (`array<i1: ...>`) is never printed: MLIR 19 accepts spellings of it that its
+    /// printer crashes on.
+    pub fn from_attribute(a: mlir_sys::MlirAttribute) -> Self {
+        use mlir_sys::*;
+        // SAFETY: the strings are owned by the attribute's context, alive during the call.
+        let text = |r: MlirStringRef| unsafe { crate::rewriter::string_of(r) };
+        // SAFETY: `a` is a live attribute (read from live IR); only queries are made.
+        unsafe {
+            if mlirAttributeIsAUnit(a) {
+                return AttrValue::Unit;
+            }
+            if mlirAttributeIsABool(a) {
+                return AttrValue::Bool(mlirBoolAttrGetValue(a));
+            }
+            if mlirAttributeIsAInteger(a) {
+                let t = mlirAttributeGetType(a);
+                if mlirTypeIsAInteger(t) && mlirIntegerTypeIsUnsigned(t) {
+                    return AttrValue::Int(mlirIntegerAttrGetValueUInt(a) as i64);
+                }
+                return AttrValue::Int(mlirIntegerAttrGetValueInt(a));
+            }
+            if mlirAttributeIsAFloat(a) {
+                return AttrValue::Float(mlirFloatAttrGetValueDouble(a));
+            }
+            if mlirAttributeIsAString(a) {
+                return AttrValue::Str(text(mlirStringAttrGetValue(a)));
+            }
+            if mlirAttributeIsADenseI64Array(a) {
+                let n = mlirDenseArrayGetNumElements(a);
+                return AttrValue::Ints(
+                    (0..n).map(|i| mlirDenseI64ArrayGetElement(a, i)).collect(),
+                );
+            }
+            if mlirAttributeIsADenseBoolArray(a) {
+                return AttrValue::Other("array<i1: ...>".into());
+            }
+            if mlirAttributeIsAArray(a) {
+                let items: Vec<MlirAttribute> = (0..mlirArrayAttrGetNumElements(a))
+                    .map(|i| mlirArrayAttrGetElement(a, i))
+                    .collect();
+                if items
+                    .iter()
+                    .all(|&x| mlirAttributeIsAInteger(x) && !mlirAttributeIsABool(x))
+                {
+                    return AttrValue::Ints(
+                        items
+                            .iter()
+                            .map(|&x| mlirIntegerAttrGetValueInt(x))
+                            .collect(),
+                    );
+                }
+                if items.iter().all(|&x| mlirAttributeIsAString(x)) {
+                    return AttrValue::Strs(
+                        items
+                            .iter()
+                            .map(|&x| text(mlirStringAttrGetValue(x)))
+                            .collect(),
+                    );
+                }
+            }
+            if mlirAttributeIsAOpaque(a) && text(mlirOpaqueAttrGetDialectNamespace(a)) == "nns" {
+                let data = text(mlirOpaqueAttrGetData(a));
+                if let Some((kind, body)) = data.split_once('<') {
+                    if let Some(body) = body.strip_suffix('>') {
+                        return AttrValue::Nns {
+                            kind: kind.to_string(),
+                            body: body.to_string(),
+                        };
+                    }
+                }
+            }
+            AttrValue::from_mlir_text(&crate::rewriter::print_with(|cb, ud| {
+                mlirAttributePrint(a, cb, ud)
+            }))
+        }
+    }
+
     /// Interprets MLIR's printed form of an attribute.
     pub fn from_mlir_text(text: &str) -> Self {
         let t = text.trim();

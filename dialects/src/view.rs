@@ -3,10 +3,17 @@
 
 use crate::diag::SrcLoc;
 use crate::types::{AttrValue, Attrs, TensorType};
-use melior::ir::{Module, OperationRef, Value, ValueLike};
+use melior::ir::{
+    attribute::AttributeLike, r#type::TypeLike, Module, OperationRef, Value, ValueLike,
+};
 use mlir_sys::{
-    mlirBlockGetFirstOperation, mlirBlockGetNextInRegion, mlirOperationGetNextInBlock,
-    mlirOperationGetNumRegions, mlirOperationGetRegion, mlirRegionGetFirstBlock, MlirOperation,
+    mlirArrayAttrGetElement, mlirArrayAttrGetNumElements, mlirAttributeIsAArray,
+    mlirAttributeIsADictionary, mlirBlockGetFirstOperation, mlirBlockGetNextInRegion,
+    mlirDictionaryAttrGetElement, mlirDictionaryAttrGetNumElements, mlirFunctionTypeGetInput,
+    mlirFunctionTypeGetNumInputs, mlirFunctionTypeGetNumResults, mlirFunctionTypeGetResult,
+    mlirIdentifierStr, mlirOperationGetAttributeByName, mlirOperationGetNextInBlock,
+    mlirOperationGetNumRegions, mlirOperationGetRegion, mlirRegionGetFirstBlock,
+    mlirTypeAttrGetValue, mlirTypeIsAFunction, MlirOperation,
 };
 
 /// One operation, as data.
@@ -28,9 +35,17 @@ pub struct OpView {
     pub attrs: Attrs,
 }
 
+/// A value's type through the C API; its text is printed only when it is not a tensor
+/// type nnscaler reads (the text is for messages).
 fn value_type(v: Value<'_, '_>) -> (Option<TensorType>, String) {
-    let text = v.r#type().to_string();
-    (TensorType::parse(&text), text)
+    let t = v.r#type();
+    match TensorType::from_type(t.to_raw()) {
+        Some(tt) => {
+            let text = tt.to_string();
+            (Some(tt), text)
+        }
+        None => (None, t.to_string()),
+    }
 }
 
 impl OpView {
@@ -49,7 +64,7 @@ impl OpView {
             .map(|(k, v)| {
                 (
                     k.as_string_ref().as_str().unwrap_or("").to_string(),
-                    AttrValue::from_mlir_text(&v.to_string()),
+                    AttrValue::from_attribute(v.to_raw()),
                 )
             })
             .collect();
@@ -129,64 +144,63 @@ impl FuncView {
             Some(AttrValue::Str(s)) => s.clone(),
             _ => String::new(),
         };
-        let fty = match view.attrs.get("function_type") {
-            Some(AttrValue::Other(t)) => t.clone(),
-            _ => String::new(),
-        };
-        let (ins, outs) = split_function_type(&fty);
-        let dicts = |key: &str, n: usize| -> Vec<Attrs> {
-            let mut v = match view.attrs.get(key) {
-                Some(AttrValue::Other(t)) => parse_dict_array(t),
-                _ => Vec::new(),
+        let raw = op.to_raw();
+        // SAFETY: `op` is a live func.func; its attributes are only read.
+        let (args, results, arg_attrs, result_attrs) = unsafe {
+            let fty = mlirTypeAttrGetValue(mlirOperationGetAttributeByName(
+                raw,
+                crate::rewriter::sref("function_type"),
+            ));
+            let (nin, nout) = if !fty.ptr.is_null() && mlirTypeIsAFunction(fty) {
+                (
+                    mlirFunctionTypeGetNumInputs(fty),
+                    mlirFunctionTypeGetNumResults(fty),
+                )
+            } else {
+                (0, 0)
             };
-            v.resize(n, Attrs::new());
-            v
+            let args: Vec<Option<TensorType>> = (0..nin)
+                .map(|i| TensorType::from_type(mlirFunctionTypeGetInput(fty, i)))
+                .collect();
+            let results: Vec<Option<TensorType>> = (0..nout)
+                .map(|i| TensorType::from_type(mlirFunctionTypeGetResult(fty, i)))
+                .collect();
+            let dicts = |key: &str, n: isize| -> Vec<Attrs> {
+                let arr = mlirOperationGetAttributeByName(raw, crate::rewriter::sref(key));
+                let mut v: Vec<Attrs> = Vec::new();
+                if !arr.ptr.is_null() && mlirAttributeIsAArray(arr) {
+                    for i in 0..mlirArrayAttrGetNumElements(arr) {
+                        let d = mlirArrayAttrGetElement(arr, i);
+                        let mut attrs = Attrs::new();
+                        if mlirAttributeIsADictionary(d) {
+                            for j in 0..mlirDictionaryAttrGetNumElements(d) {
+                                let na = mlirDictionaryAttrGetElement(d, j);
+                                let k = crate::rewriter::string_of(mlirIdentifierStr(na.name));
+                                attrs.insert(k, AttrValue::from_attribute(na.attribute));
+                            }
+                        }
+                        v.push(attrs);
+                    }
+                }
+                v.resize(n as usize, Attrs::new());
+                v
+            };
+            (
+                args,
+                results,
+                dicts("arg_attrs", nin),
+                dicts("res_attrs", nout),
+            )
         };
         Some(FuncView {
             name,
             loc: view.loc,
-            arg_attrs: dicts("arg_attrs", ins.len()),
-            result_attrs: dicts("res_attrs", outs.len()),
-            args: ins.iter().map(|t| TensorType::parse(t)).collect(),
-            results: outs.iter().map(|t| TensorType::parse(t)).collect(),
+            arg_attrs,
+            result_attrs,
+            args,
+            results,
         })
     }
-}
-
-/// Splits `(t1, t2) -> (t3)` / `(t1) -> t3` into input and output type texts.
-fn split_function_type(text: &str) -> (Vec<String>, Vec<String>) {
-    let Some((ins, outs)) = split_top(text, "->") else {
-        return (Vec::new(), Vec::new());
-    };
-    let list = |s: &str| -> Vec<String> {
-        let s = s.trim();
-        let s = s
-            .strip_prefix('(')
-            .and_then(|x| x.strip_suffix(')'))
-            .unwrap_or(s);
-        split_commas(s)
-            .into_iter()
-            .filter(|x| !x.is_empty())
-            .collect()
-    };
-    (list(ins), list(outs))
-}
-
-fn split_top<'a>(text: &'a str, sep: &str) -> Option<(&'a str, &'a str)> {
-    let mut depth = 0i32;
-    let bytes = text.as_bytes();
-    for i in 0..bytes.len() {
-        match bytes[i] {
-            b'(' | b'<' | b'[' | b'{' => depth += 1,
-            b')' | b']' | b'}' => depth -= 1,
-            b'>' if i == 0 || bytes[i - 1] != b'-' => depth -= 1,
-            _ => {}
-        }
-        if depth == 0 && text[i..].starts_with(sep) {
-            return Some((&text[..i], &text[i + sep.len()..]));
-        }
-    }
-    None
 }
 
 /// Splits at top-level commas, respecting brackets and quoted strings.
@@ -222,36 +236,6 @@ pub fn split_commas(text: &str) -> Vec<String> {
     out
 }
 
-/// Parses a printed dictionary `{a = 1 : i64, b}` into attributes.
-pub fn parse_dict(text: &str) -> Attrs {
-    let body = text
-        .trim()
-        .strip_prefix('{')
-        .and_then(|t| t.strip_suffix('}'))
-        .unwrap_or(text);
-    split_commas(body)
-        .into_iter()
-        .filter(|e| !e.is_empty())
-        .map(|entry| match split_top(&entry, "=") {
-            Some((k, v)) => (
-                k.trim().trim_matches('"').to_string(),
-                AttrValue::from_mlir_text(v),
-            ),
-            None => (entry.trim().trim_matches('"').to_string(), AttrValue::Unit),
-        })
-        .collect()
-}
-
-/// Parses `[{...}, {...}]` into one attribute map per entry.
-fn parse_dict_array(text: &str) -> Vec<Attrs> {
-    let body = text
-        .trim()
-        .strip_prefix('[')
-        .and_then(|t| t.strip_suffix(']'))
-        .unwrap_or("");
-    split_commas(body).iter().map(|d| parse_dict(d)).collect()
-}
-
 /// `op` printed with its source locations (`loc(...)`), so that text re-parsed after a
 /// rewrite keeps pointing at the user's file.
 pub fn op_text_with_locs(op: &OperationRef<'_, '_>) -> String {
@@ -263,17 +247,56 @@ pub fn op_text_with_locs(op: &OperationRef<'_, '_>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::context::IrContext;
 
     #[test]
-    fn dicts_and_function_types() {
-        let d = parse_dict(r#"{nns.name = "a, b", nns.param, k = array<i64: 1, 2>}"#);
-        assert_eq!(d["nns.name"], AttrValue::Str("a, b".into()));
-        assert_eq!(d["nns.param"], AttrValue::Unit);
-        assert_eq!(d["k"], AttrValue::Ints(vec![1, 2]));
-        let (i, o) = split_function_type("(tensor<2x3xf32>, tensor<3xi64>) -> tensor<f32>");
-        assert_eq!(i, vec!["tensor<2x3xf32>", "tensor<3xi64>"]);
-        assert_eq!(o, vec!["tensor<f32>"]);
-        let (i, o) = split_function_type("() -> ()");
-        assert!(i.is_empty() && o.is_empty());
+    fn functions_and_attributes_are_read_through_the_c_api() {
+        let ir = IrContext::new();
+        let m = ir
+            .parse(
+                r#"func.func @f(%a: tensor<2x3xf32> {nns.name = "a, b", nns.param, nns.k = array<i64: 1, 2>}, %i: index) -> (tensor<f32>, tensor<3xi64> {nns.layout = #nns.layout<@world, tp = D(0)>}) {
+  %0 = "x.y"() {s = ["p", "q"], n = 7 : i32, f = 2.5 : f32, u, l = [1, 2], e = "a\nb"} : () -> tensor<f32>
+  %1 = "x.z"() : () -> tensor<3xi64>
+  return %0, %1 : tensor<f32>, tensor<3xi64>
+}"#,
+                "t.mlir",
+            )
+            .unwrap();
+        let mut funcs = Vec::new();
+        let mut ops = Vec::new();
+        walk_nested(&m.as_operation(), &mut |op| match FuncView::of(op) {
+            Some(f) => funcs.push(f),
+            None => ops.push(OpView::of(op)),
+        });
+        let f = &funcs[0];
+        assert_eq!(f.name, "f");
+        assert_eq!(
+            f.args[0],
+            Some(TensorType::new(&[2, 3], crate::types::Elem::F32))
+        );
+        assert_eq!(f.args[1], None, "index is not a tensor");
+        assert_eq!(
+            f.results[1],
+            Some(TensorType::new(&[3], crate::types::Elem::I64))
+        );
+        assert_eq!(f.arg_attrs[0]["nns.name"], AttrValue::Str("a, b".into()));
+        assert_eq!(f.arg_attrs[0]["nns.param"], AttrValue::Unit);
+        assert_eq!(f.arg_attrs[0]["nns.k"], AttrValue::Ints(vec![1, 2]));
+        assert!(f.arg_attrs[1].is_empty() && f.result_attrs[0].is_empty());
+        assert_eq!(
+            f.result_attrs[1]["nns.layout"],
+            AttrValue::Nns {
+                kind: "layout".into(),
+                body: "@world, tp = D(0)".into()
+            }
+        );
+        let y = &ops[0];
+        assert_eq!(y.attrs["s"], AttrValue::Strs(vec!["p".into(), "q".into()]));
+        assert_eq!(y.attrs["n"], AttrValue::Int(7));
+        assert_eq!(y.attrs["f"], AttrValue::Float(2.5));
+        assert_eq!(y.attrs["u"], AttrValue::Unit);
+        assert_eq!(y.attrs["l"], AttrValue::Ints(vec![1, 2]));
+        assert_eq!(y.attrs["e"], AttrValue::Str("a\nb".into()));
+        assert_eq!(y.result_text[0], "tensor<f32>");
     }
 }

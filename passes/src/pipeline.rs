@@ -143,16 +143,28 @@ pub fn parse_pipeline(text: &str) -> Result<Vec<Step>, String> {
     Ok(steps)
 }
 
-/// Runs `steps` in order on `module`, verifying after each; `after` is called with the
-/// pass name after each pass (for `--mlir-print-ir-after-all`).
+/// What one step of a pipeline did, for `--mlir-print-ir-after-all` and `--mlir-timing`.
+#[derive(Clone, Debug)]
+pub struct StepDone {
+    /// The pass's name.
+    pub name: &'static str,
+    /// Time the pass took.
+    pub pass: std::time::Duration,
+    /// Time the verifier took after it.
+    pub verify: std::time::Duration,
+}
+
+/// Runs `steps` in order on `module`, verifying after each; `after` is called after each
+/// pass (for `--mlir-print-ir-after-all` and `--mlir-timing`).
 pub fn run<'c>(
     ir: &'c IrContext,
     module: &mut Module<'c>,
     steps: &[Step],
-    after: &mut dyn FnMut(&str, &Module<'_>),
+    after: &mut dyn FnMut(&StepDone, &Module<'_>),
     file: &str,
 ) -> Result<(), Diagnostics> {
     for step in steps {
+        let start = std::time::Instant::now();
         match step.info.factory {
             Factory::Native(make) => {
                 let mut pass = make(&step.options).map_err(|e| {
@@ -175,11 +187,17 @@ pub fn run<'c>(
                 }
             }
         }
+        let pass = start.elapsed();
         let d = verify_module(module);
         if d.has_errors() {
             return Err(d);
         }
-        after(step.info.name, module);
+        let done = StepDone {
+            name: step.info.name,
+            pass,
+            verify: start.elapsed() - pass,
+        };
+        after(&done, module);
     }
     Ok(())
 }

@@ -28,6 +28,7 @@ use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::{AxisLayout, Layout, Mesh};
+use nnscaler_dialects::rewriter::Builder;
 use nnscaler_dialects::types::AttrValue;
 use nnscaler_dialects::verify::{file_loc, Meshes};
 
@@ -134,12 +135,11 @@ impl Pass for Plan {
                     })?;
                     axes.push(format!("{a} = {s}"));
                 }
-                let text = format!(
-                    "module {{\n\"nns.mesh\"() {{sym_name = \"world\", axes = #nns.axes<{}>}} : () -> ()\n{}\n}}\n",
-                    axes.join(", "),
-                    body_text(module)
-                );
-                *module = ir.parse(&text, "<plan>")?;
+                let axes_attr = AttrValue::Nns {
+                    kind: "axes".into(),
+                    body: axes.join(", "),
+                };
+                insert_mesh(module, &axes_attr).map_err(|e| error(&file_loc(""), e))?;
                 let mut d = Diagnostics::default();
                 Meshes::collect(module, &mut d).0[0].clone()
             }
@@ -191,13 +191,23 @@ fn policy_name(p: Policy) -> &'static str {
     }
 }
 
-/// The module's top-level ops as text.
-fn body_text(module: &Module<'_>) -> String {
-    let mut out = Vec::new();
-    nnscaler_dialects::view::top_level_ops(module, &mut |op| {
-        out.push(nnscaler_dialects::view::op_text_with_locs(op))
-    });
-    out.join("\n")
+/// Inserts `"nns.mesh"() {sym_name = "world", axes = ...}` first in `module`'s body, in
+/// place, located at the module.
+fn insert_mesh(module: &Module<'_>, axes: &AttrValue) -> Result<(), String> {
+    let raw = module.as_operation().to_raw();
+    // SAFETY: `module` is live; the new op is built in its context and handed to its body.
+    unsafe {
+        let b = Builder::for_op(raw);
+        let attrs = [
+            b.named("sym_name", b.attribute(&AttrValue::Str("world".into()))?),
+            b.named("axes", b.attribute(axes)?),
+        ];
+        let loc = mlir_sys::mlirOperationGetLocation(raw);
+        let op = b.create_op("nns.mesh", &[], &[], &attrs, loc);
+        let body = module.body().to_raw();
+        mlir_sys::mlirBlockInsertOwnedOperation(body, 0, op);
+    }
+    Ok(())
 }
 
 fn set_layout(g: &mut Graph, arg: usize, mesh: &Mesh, axes: Vec<(String, AxisLayout)>) {

@@ -78,6 +78,7 @@ fn split_bias(g: &mut Graph, k: usize, anno: &Annotation, binds: &Binds) -> Resu
         outputs: vec![y],
         attrs: Attrs::new(),
         loc: lin.loc.clone(),
+        origin: None,
     };
     g.nodes[k] = lin;
     g.nodes.insert(k + 1, add);

@@ -38,11 +38,7 @@ pub fn parse(source: &str, file: &str) -> Result<Vec<Expected>, Diagnostic> {
             let Some(pos) = line.find(key) else { continue };
             let rest = &line[pos + key.len()..];
             let bad = |msg: &str| Diagnostic {
-                loc: SrcLoc {
-                    file: file.into(),
-                    line: lineno,
-                    col: pos + 1,
-                },
+                loc: SrcLoc::at(file, lineno, pos + 1),
                 severity: Severity::Error,
                 message: msg.into(),
             };
@@ -106,11 +102,7 @@ pub fn check(file: &str, want: &[Expected], got: &[Diagnostic]) -> Vec<Diagnosti
         match hit {
             Some(i) => used[i] = true,
             None => problems.push(Diagnostic {
-                loc: SrcLoc {
-                    file: file.into(),
-                    line: w.at,
-                    col: 1,
-                },
+                loc: SrcLoc::at(file, w.at, 1),
                 severity: Severity::Error,
                 message: format!(
                     "expected {} \"{}\" on line {} was not produced",

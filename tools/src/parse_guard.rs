@@ -7,9 +7,10 @@
 //! parent as soon as MLIR reports it; when the child dies, the parent reports what it got
 //! plus a note, exits 1, and never runs the parse that would crash it. MLIR 19 also accepts
 //! some attribute spellings it cannot print (`array<i1: 0, 1>` segfaults its printer), so
-//! the child then prints every attribute and type, announcing each first; a crash there is
-//! reported at the op and attribute. A valid input is then parsed again in the tool itself
-//! (parsing is a small part of any run).
+//! the child then prints the module; if that crashes, a second child prints every attribute
+//! and type, announcing each first, and the crash is reported at the op and attribute. A
+//! valid input is then parsed again in the tool itself (parsing is a small part of any
+//! run).
 //!
 //! Only the tools do this, before they start any thread; the library's
 //! [`IrContext::parse`] is unchanged for embedders.
@@ -91,109 +92,149 @@ fn decode(line: &str) -> Option<Diagnostic> {
     let col = f.next()?.parse().ok()?;
     let message = unescape(f.next()?);
     Some(Diagnostic {
-        loc: SrcLoc {
-            file,
-            line: line_no,
-            col,
-        },
+        loc: SrcLoc::at(&file, line_no, col),
         severity,
         message,
     })
 }
 
-/// Parses `source` (named `name`) in a child process. `Ok` when it parses; the parse's
-/// diagnostics when it does not, or when the parser crashed (then with a last error saying
-/// so). Where processes cannot be forked this does nothing and returns `Ok`.
+/// What the child does after a successful parse.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Print {
+    /// Print the whole module once (fast): does MLIR survive printing it?
+    Module,
+    /// Print every attribute and type, announcing each first: which one kills MLIR?
+    EachAttribute,
+}
+
+/// The marker the child writes before printing the whole module.
+const PRINTING_MODULE: &str = "M\n";
+
+/// Runs the parse (and `print`) in a forked child; returns what it wrote to the pipe and
+/// whether it exited normally with code 0, or `None` when no child could be made.
+#[cfg(unix)]
+fn in_child(source: &str, name: &str, print: Print) -> Option<(String, bool, bool)> {
+    use std::io::{Read, Write};
+    use std::os::fd::FromRawFd;
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe() writes two descriptors into the array it is given.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: the tools call this before they start threads of their own, so the child is
+    // a copy of a process whose locks nobody holds (glibc's malloc is fork-safe), and it
+    // only parses, prints and exits.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        // SAFETY: closing the descriptors pipe() just made.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        return None;
+    }
+    if pid == 0 {
+        // The child: report every diagnostic at once, then exit without unwinding.
+        // SAFETY: closing the read end, which the child does not use.
+        unsafe { libc::close(fds[0]) };
+        // SAFETY: fds[1] is the pipe's write end, owned by this process from here on.
+        let out = unsafe { std::fs::File::from_raw_fd(fds[1]) };
+        let writer = std::cell::RefCell::new(out);
+        let ir = IrContext::with_observer(move |d| {
+            let _ = writer.borrow_mut().write_all(encode(d).as_bytes());
+        });
+        let code = match ir.parse(source, name) {
+            Ok(module) => {
+                let mut w = writer_for_walk(fds[1]);
+                let top = module.as_operation();
+                match print {
+                    Print::Module => {
+                        let _ = w.write_all(PRINTING_MODULE.as_bytes());
+                        let _ = top.to_string();
+                    }
+                    Print::EachAttribute => {
+                        let mut print_op = |op: &melior::ir::OperationRef<'_, '_>| {
+                            let loc = SrcLoc::from_location(op.location());
+                            for (k, v) in op.attributes() {
+                                let key = k.as_string_ref().as_str().unwrap_or("?").to_string();
+                                let _ = w.write_all(progress(&loc, &key).as_bytes());
+                                let _ = v.to_string();
+                            }
+                            let _ = w.write_all(progress(&loc, "").as_bytes());
+                            for r in op.results() {
+                                let _ = r.r#type().to_string();
+                            }
+                            for o in op.operands() {
+                                let _ = o.r#type().to_string();
+                            }
+                        };
+                        print_op(&top);
+                        walk_nested(&top, &mut print_op);
+                    }
+                }
+                0
+            }
+            Err(_) => 1,
+        };
+        // SAFETY: _exit ends the child without running the parent's atexit handlers or
+        // destructors twice.
+        unsafe { libc::_exit(code) };
+    }
+    // The parent.
+    // SAFETY: closing the write end (the child holds its own copy); fds[0] is the read end,
+    // owned by this function from here on.
+    unsafe { libc::close(fds[1]) };
+    let mut input = unsafe { std::fs::File::from_raw_fd(fds[0]) };
+    let mut text = String::new();
+    let _ = input.read_to_string(&mut text);
+    let mut status = 0i32;
+    // SAFETY: waiting for the child forked above.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    Some((text, ok, libc::WIFSIGNALED(status)))
+}
+
+/// Parses `source` (named `name`) in a child process. `Ok` when it parses and prints; the
+/// parse's diagnostics when it does not, or when MLIR crashed (then with an error saying so,
+/// at the op and attribute when printing crashed). Where processes cannot be forked this
+/// does nothing and returns `Ok`.
 pub fn check_parses(source: &str, name: &str) -> Result<(), Diagnostics> {
     #[cfg(unix)]
     {
-        use std::io::{Read, Write};
-        use std::os::fd::FromRawFd;
-        let mut fds = [0i32; 2];
-        // SAFETY: pipe() writes two descriptors into the array it is given.
-        if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        let file = SrcLoc::at(name, 0, 0);
+        let Some((text, ok, crashed)) = in_child(source, name, Print::Module) else {
+            return Ok(());
+        };
+        if ok {
             return Ok(());
         }
-        // SAFETY: the tools call this before they start any thread, so the child is a
-        // copy of a single-threaded process and may allocate and run the parser.
-        let pid = unsafe { libc::fork() };
-        if pid < 0 {
-            // SAFETY: closing the descriptors pipe() just made.
-            unsafe {
-                libc::close(fds[0]);
-                libc::close(fds[1]);
-            }
-            return Ok(());
-        }
-        if pid == 0 {
-            // The child: report every diagnostic at once, then exit without unwinding.
-            // SAFETY: fds[1] is the pipe's write end, owned by this process from here on.
-            let out = unsafe { std::fs::File::from_raw_fd(fds[1]) };
-            // SAFETY: closing the read end, which the child does not use.
-            unsafe { libc::close(fds[0]) };
-            let writer = std::cell::RefCell::new(out);
-            let ir = IrContext::with_observer(move |d| {
-                let _ = writer.borrow_mut().write_all(encode(d).as_bytes());
-            });
-            let code = match ir.parse(source, name) {
-                Ok(module) => {
-                    // Print every attribute and type once, saying first where: MLIR also
-                    // accepts some spellings it then cannot print.
-                    let mut w = writer_for_walk(fds[1]);
-                    let mut print_op = |op: &melior::ir::OperationRef<'_, '_>| {
-                        let loc = SrcLoc::from_location(op.location());
-                        for (k, v) in op.attributes() {
-                            let key = k.as_string_ref().as_str().unwrap_or("?").to_string();
-                            let _ = w.write_all(progress(&loc, &key).as_bytes());
-                            let _ = v.to_string();
-                        }
-                        let _ = w.write_all(progress(&loc, "").as_bytes());
-                        for r in op.results() {
-                            let _ = r.r#type().to_string();
-                        }
-                        for o in op.operands() {
-                            let _ = o.r#type().to_string();
-                        }
+        if crashed && text.ends_with(PRINTING_MODULE) {
+            // The parse succeeded and printing crashed: find the attribute, in a second child.
+            let located = in_child(source, name, Print::EachAttribute)
+                .and_then(|(t, _, crashed)| crashed.then_some(t))
+                .and_then(|t| {
+                    t.lines()
+                        .last()
+                        .and_then(|l| l.strip_prefix("P\t"))
+                        .map(str::to_string)
+                });
+            let (at, what) = match located {
+                Some(p) => {
+                    let mut f = p.splitn(4, '\t');
+                    let file = unescape(f.next().unwrap_or_default());
+                    let line = f.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+                    let col = f.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+                    let what = match unescape(f.next().unwrap_or_default()).as_str() {
+                        "" => "the types of this op".to_string(),
+                        k => format!("attribute '{k}' of this op"),
                     };
-                    let top = module.as_operation();
-                    print_op(&top);
-                    walk_nested(&top, &mut print_op);
-                    0
+                    (SrcLoc::at(&file, line, col), what)
                 }
-                Err(_) => 1,
-            };
-            // SAFETY: _exit ends the child without running the parent's atexit handlers
-            // or destructors twice.
-            unsafe { libc::_exit(code) };
-        }
-        // The parent.
-        // SAFETY: closing the write end (the child holds its own copy); fds[0] is the read
-        // end, owned by this function from here on.
-        unsafe { libc::close(fds[1]) };
-        let mut input = unsafe { std::fs::File::from_raw_fd(fds[0]) };
-        let mut text = String::new();
-        let _ = input.read_to_string(&mut text);
-        let mut status = 0i32;
-        // SAFETY: waiting for the child forked above.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        let mut diags = Diagnostics(text.lines().filter_map(decode).collect());
-        if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-            return Ok(());
-        }
-        let printing = text.lines().last().and_then(|l| l.strip_prefix("P\t"));
-        if let (true, Some(p)) = (libc::WIFSIGNALED(status), printing) {
-            // The parse succeeded and MLIR crashed printing an op's attribute or types.
-            let mut f = p.splitn(4, '\t');
-            let file = unescape(f.next().unwrap_or_default());
-            let line = f.next().and_then(|x| x.parse().ok()).unwrap_or(0);
-            let col = f.next().and_then(|x| x.parse().ok()).unwrap_or(0);
-            let what = match unescape(f.next().unwrap_or_default()).as_str() {
-                "" => "the types of this op".to_string(),
-                k => format!("attribute '{k}' of this op"),
+                None => (file.clone(), "this input".to_string()),
             };
             let mut d = Diagnostics::default();
             d.error(
-                &SrcLoc { file, line, col },
+                &at,
                 format!(
                     "MLIR crashes printing {what} (an MLIR 19 bug: it accepts some spellings \
                      it cannot print, such as array<i1: 0, 1>; write array<i1: false, true>)"
@@ -201,11 +242,8 @@ pub fn check_parses(source: &str, name: &str) -> Result<(), Diagnostics> {
             );
             return Err(d);
         }
-        if libc::WIFSIGNALED(status) {
-            let file = SrcLoc {
-                file: name.to_string(),
-                ..SrcLoc::default()
-            };
+        let mut diags = Diagnostics(text.lines().filter_map(decode).collect());
+        if crashed {
             diags.error(
                 &file,
                 "MLIR's parser crashed on this input (an MLIR 19 bug in its error recovery); \
@@ -213,13 +251,7 @@ pub fn check_parses(source: &str, name: &str) -> Result<(), Diagnostics> {
             );
         }
         if !diags.has_errors() {
-            diags.error(
-                &SrcLoc {
-                    file: name.to_string(),
-                    ..SrcLoc::default()
-                },
-                "could not parse the input",
-            );
+            diags.error(&file, "could not parse the input");
         }
         Err(diags)
     }
@@ -237,11 +269,7 @@ mod tests {
     #[test]
     fn diagnostics_cross_the_pipe_intact() {
         let d = Diagnostic {
-            loc: SrcLoc {
-                file: "a\tb.mlir".into(),
-                line: 3,
-                col: 7,
-            },
+            loc: SrcLoc::at("a\tb.mlir", 3, 7),
             severity: Severity::Error,
             message: "bad \\ thing\nsecond line".into(),
         };

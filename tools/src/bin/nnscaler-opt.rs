@@ -11,6 +11,7 @@ use nnscaler_passes::pipeline::{self, Step};
 use nnscaler_passes::registry::PASSES;
 use nnscaler_tools::{expected, read_input, write_one};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 /// The fixed options; pass flags are added from the registry (see [`command`]).
 #[derive(Parser, Debug)]
@@ -55,6 +56,15 @@ struct Cli {
     /// Show at most N errors (0: all); repeated errors are shown once.
     #[arg(long, value_name = "N", default_value_t = 20)]
     error_limit: usize,
+    /// Print the time of parsing, verifying, every pass and printing (to stderr).
+    #[arg(long = "mlir-timing")]
+    timing: bool,
+    /// Print locations (loc(...)) in the output, as mlir-opt does.
+    #[arg(long = "mlir-print-debuginfo")]
+    print_debuginfo: bool,
+    /// Print without aliases (locations and attributes written where they are used).
+    #[arg(long = "mlir-print-local-scope")]
+    print_local_scope: bool,
 }
 
 /// Marks a pass flag given without '=' (argv never holds a NUL, so no user value equals it).
@@ -163,28 +173,109 @@ fn process(
     cli: &Cli,
     steps: &[Step],
 ) -> Result<String, Diagnostics> {
+    let mut timing = Timing::default();
+    let start = Instant::now();
     nnscaler_tools::parse_guard::check_parses(src, name)?;
+    timing.add("parse (guard: in a child process)", start.elapsed());
+    let start = Instant::now();
     let mut module = ir.parse(src, name)?;
+    timing.add("parse", start.elapsed());
+    let start = Instant::now();
     let d = verify_module(&module);
     if d.has_errors() {
         return Err(d);
     }
+    timing.add("verify", start.elapsed());
     let print_after = cli.print_ir_after_all;
+    let debuginfo = PrintFlags {
+        debuginfo: cli.print_debuginfo,
+        local_scope: cli.print_local_scope,
+    };
     pipeline::run(
         ir,
         &mut module,
         steps,
-        &mut |pass, m| {
+        &mut |done, m| {
+            timing.add(done.name, done.pass);
+            timing.add("verify", done.verify);
             if print_after {
                 eprintln!(
-                    "// -----// IR Dump After {pass} //----- //\n{}",
-                    m.as_operation()
+                    "// -----// IR Dump After {} //----- //\n{}",
+                    done.name,
+                    print(&m.as_operation(), debuginfo)
                 );
             }
         },
         name,
     )?;
-    Ok(module.as_operation().to_string())
+    let start = Instant::now();
+    let text = print(&module.as_operation(), debuginfo);
+    timing.add("print", start.elapsed());
+    if cli.timing {
+        eprint!("{}", timing.report());
+    }
+    Ok(text)
+}
+
+/// How to print the IR: `--mlir-print-debuginfo`, `--mlir-print-local-scope`.
+#[derive(Clone, Copy)]
+struct PrintFlags {
+    debuginfo: bool,
+    local_scope: bool,
+}
+
+/// Prints `op` as the flags say.
+fn print(op: &melior::ir::OperationRef<'_, '_>, f: PrintFlags) -> String {
+    if !f.debuginfo && !f.local_scope {
+        return op.to_string();
+    }
+    let mut flags = melior::ir::operation::OperationPrintingFlags::new();
+    if f.debuginfo {
+        flags = flags.enable_debug_info(true, false);
+    }
+    if f.local_scope {
+        flags = flags.use_local_scope();
+    }
+    op.to_string_with_flags(flags)
+        .unwrap_or_else(|_| op.to_string())
+}
+
+/// Wall-clock time by phase and pass, in first-seen order (`--mlir-timing`).
+#[derive(Default)]
+struct Timing(Vec<(&'static str, Duration, usize)>);
+
+impl Timing {
+    fn add(&mut self, what: &'static str, t: Duration) {
+        match self.0.iter_mut().find(|e| e.0 == what) {
+            Some(e) => {
+                e.1 += t;
+                e.2 += 1;
+            }
+            None => self.0.push((what, t, 1)),
+        }
+    }
+
+    fn report(&self) -> String {
+        let total: Duration = self.0.iter().map(|e| e.1).sum();
+        let mut s = String::from("===-------------------------------------------------------===\n  nnscaler-opt timing (wall clock)\n===-------------------------------------------------------===\n");
+        for (what, t, n) in &self.0 {
+            s.push_str(&format!(
+                "  {:>10.4} s  {:>5.1}%  {what}{}\n",
+                t.as_secs_f64(),
+                100.0 * t.as_secs_f64() / total.as_secs_f64().max(1e-12),
+                if *n > 1 {
+                    format!(" (x{n})")
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        s.push_str(&format!(
+            "  {:>10.4} s  100.0%  total\n",
+            total.as_secs_f64()
+        ));
+        s
+    }
 }
 
 fn main() -> ExitCode {
