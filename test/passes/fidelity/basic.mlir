@@ -21,7 +21,8 @@ module attributes {my.level = 3 : i32, my.flag} {
     return %r : index
   }
 
-  // CHECK-LABEL: func.func @train
+  // Block arguments keep their locations.
+  // CHECK: func.func @train(%arg0: tensor<2x8xf32> {{.*}} loc("{{.*}}basic.mlir":[[@LINE+3]]:20)
   // CHECK-SAME: attributes {my.note = "kept", nns.localized = #nns.axes<dp = 2, tp = 2>}
   func.func @train(%x: tensor<4x8xf32> {nns.name = "x"}, %y: tensor<4xi64> {nns.name = "labels"},
                    %w: tensor<16x8xf32> {nns.name = "fc.weight", nns.param},
@@ -36,11 +37,13 @@ module attributes {my.level = 3 : i32, my.flag} {
     // CHECK: "dnn.linear"{{.*}} loc(callsite("head"("c.mlir":1:1) at "d.mlir":2:2))
     %l = "dnn.linear"(%g, %v) : (tensor<4x16xf32>, tensor<6x16xf32>) -> tensor<4x6xf32> loc(callsite("head"("c.mlir":1:1) at "d.mlir":2:2))
     %c = "dnn.cross_entropy"(%l, %y) : (tensor<4x6xf32>, tensor<4xi64>) -> tensor<f32>
+    // Backward ops carry the exact location of their forward op.
+    // CHECK: "dnn.gelu_grad"{{.*}} loc("gelu"("f.mlir":5:6))
+    // The return keeps its location.
+    // CHECK: return {{.*}} loc("{{.*}}basic.mlir":[[@LINE+1]]:5)
     return %c : tensor<f32>
   }
 }
-// Backward ops carry the exact location of their forward op.
-// CHECK: "dnn.gelu_grad"{{.*}} loc("gelu"("f.mlir":5:6))
 
 // UPSTREAM: module attributes {my.flag, my.level = 3 : i32}
 // UPSTREAM: func.func private @external
