@@ -146,12 +146,29 @@ impl IrContext {
             return Err(diags);
         }
         let op = unsafe { Operation::from_raw(raw) };
-        if op.name().as_string_ref().as_str() == Ok("builtin.module") {
-            return Module::from_operation(op).ok_or_else(|| self.take_diagnostics());
-        }
-        let module = Module::new(op.location());
-        module.body().append_operation(op);
+        let module = if op.name().as_string_ref().as_str() == Ok("builtin.module") {
+            Module::from_operation(op).ok_or_else(|| self.take_diagnostics())?
+        } else {
+            let module = Module::new(op.location());
+            module.body().append_operation(op);
+            module
+        };
+        self.verify_structure(&module)?;
         Ok(module)
+    }
+
+    /// Runs MLIR's own verifier (terminators, dominance, the upstream ops' invariants), as
+    /// mlir-opt does after parsing; our dialect checks are `verify::verify_module`.
+    pub fn verify_structure(&self, module: &Module<'_>) -> Result<(), Diagnostics> {
+        self.take_diagnostics();
+        if module.as_operation().verify() {
+            return Ok(());
+        }
+        let mut d = self.take_diagnostics();
+        if !d.has_errors() {
+            d.error(&SrcLoc::default(), "the module does not verify");
+        }
+        Err(d)
     }
 }
 

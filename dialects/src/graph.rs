@@ -185,6 +185,7 @@ impl Graph {
         };
         let mut ids: HashMap<usize, ValueId> = HashMap::new();
         let mut ops = Vec::new();
+        let mut returned = false;
         let raw = op.to_raw();
         // SAFETY: `op` is a live func.func; we only read its region, block, args and ops.
         unsafe {
@@ -236,6 +237,7 @@ impl Graph {
                             attrs: fv.result_attrs.get(k).cloned().unwrap_or_default(),
                         });
                     }
+                    returned = true;
                     break;
                 }
                 if mlirOperationGetNumRegions(cur) != 0 {
@@ -275,6 +277,12 @@ impl Graph {
                     origin: Some(ops.len() - 1),
                 });
                 cur = mlirOperationGetNextInBlock(cur);
+            }
+            if !returned {
+                return Err(err(
+                    &fv.loc,
+                    "the function does not end with a return".into(),
+                ));
             }
         }
         g.source = Some(std::sync::Arc::new(Source {
@@ -318,6 +326,9 @@ impl Graph {
             let func_loc = mlirOperationGetLocation(func);
             let block = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
             let ret = mlirBlockGetTerminator(block);
+            if ret.ptr.is_null() {
+                return Err(format!("@{}: the function has no terminator", self.name));
+            }
             let nargs = mlirBlockGetNumArguments(block) as usize;
             if self.args.len() < nargs {
                 return Err(format!(

@@ -87,14 +87,43 @@ impl Builder {
         Ok(t)
     }
 
-    /// The MLIR attribute of `v` (built from its canonical spelling: `7 : i64`,
-    /// `array<i64: 1, 2>`, `"s"`, `#nns.layout<...>`, ...).
+    /// The MLIR attribute of `v`, made through the attribute API: `Int` as `i64`, `Float`
+    /// as `f64`, `Ints` as `array<i64: ...>`, `Strs` as an array of strings, `Nns` as the
+    /// opaque `#nns.kind<body>`; only `Other` (text nnscaler does not interpret) is parsed.
     pub fn attribute(&self, v: &AttrValue) -> Result<MlirAttribute, String> {
-        let text = v.to_mlir_text();
-        // SAFETY: as in `tensor_type`.
-        let a = unsafe { mlirAttributeParseGet(self.ctx, sref(&text)) };
+        let ctx = self.ctx;
+        // SAFETY: the context is live; every call only builds uniqued attributes from the
+        // values given, and the slices and strings outlive the calls.
+        let a = unsafe {
+            match v {
+                AttrValue::Unit => mlirUnitAttrGet(ctx),
+                AttrValue::Bool(b) => mlirBoolAttrGet(ctx, i32::from(*b)),
+                AttrValue::Int(n) => mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), *n),
+                AttrValue::Float(x) => mlirFloatAttrDoubleGet(ctx, mlirF64TypeGet(ctx), *x),
+                AttrValue::Str(s) => mlirStringAttrGet(ctx, sref(s)),
+                AttrValue::Ints(v) => mlirDenseI64ArrayGet(ctx, v.len() as isize, v.as_ptr()),
+                AttrValue::Strs(v) => {
+                    let items: Vec<MlirAttribute> =
+                        v.iter().map(|s| mlirStringAttrGet(ctx, sref(s))).collect();
+                    mlirArrayAttrGet(ctx, items.len() as isize, items.as_ptr())
+                }
+                AttrValue::Nns { kind, body } => {
+                    // OpaqueAttr::get, not the parser: the parser's check of the dialect
+                    // namespace compiles a regular expression for every attribute.
+                    let data = format!("{kind}<{body}>");
+                    mlirOpaqueAttrGet(
+                        ctx,
+                        sref("nns"),
+                        data.len() as isize,
+                        data.as_ptr().cast(),
+                        mlirNoneTypeGet(ctx),
+                    )
+                }
+                AttrValue::Other(text) => mlirAttributeParseGet(ctx, sref(text)),
+            }
+        };
         if a.ptr.is_null() {
-            return Err(format!("cannot build the attribute {text}"));
+            return Err(format!("cannot build the attribute {}", v.to_mlir_text()));
         }
         Ok(a)
     }

@@ -19,10 +19,10 @@ impl Meshes {
     pub fn collect(module: &Module<'_>, diags: &mut Diagnostics) -> Self {
         let mut meshes = Vec::new();
         walk_nested(&module.as_operation(), &mut |op: &OperationRef<'_, '_>| {
-            let v = OpView::of(op);
-            if v.name != "nns.mesh" {
+            if op.name().as_string_ref().as_str() != Ok("nns.mesh") {
                 return;
             }
+            let v = OpView::of(op);
             let name = match v.attrs.get("sym_name") {
                 Some(AttrValue::Str(s)) => s.clone(),
                 _ => {

@@ -31,7 +31,8 @@ pub struct OpView {
     pub results: Vec<Option<TensorType>>,
     /// Printed result types.
     pub result_text: Vec<String>,
-    /// Attributes by name.
+    /// Attributes by name (for a `func.func`, not its `function_type`, `arg_attrs` and
+    /// `res_attrs`: see [`FuncView`]).
     pub attrs: Attrs,
 }
 
@@ -59,13 +60,17 @@ impl OpView {
             .to_string();
         let (operands, operand_text) = op.operands().map(value_type).unzip();
         let (results, result_text) = op.results().map(|r| value_type(r.into())).unzip();
+        // A function's type and argument/result attributes are read by `FuncView` (through
+        // the C API); printing them here would cost as much as printing the signature.
+        let is_func = name == "func.func";
         let attrs = op
             .attributes()
-            .map(|(k, v)| {
-                (
-                    k.as_string_ref().as_str().unwrap_or("").to_string(),
-                    AttrValue::from_attribute(v.to_raw()),
-                )
+            .filter_map(|(k, v)| {
+                let k = k.as_string_ref().as_str().unwrap_or("").to_string();
+                if is_func && matches!(k.as_str(), "function_type" | "arg_attrs" | "res_attrs") {
+                    return None;
+                }
+                Some((k, AttrValue::from_attribute(v.to_raw())))
             })
             .collect();
         OpView {
@@ -136,10 +141,10 @@ pub struct FuncView {
 impl FuncView {
     /// Reads a `func.func` (`None` for any other op).
     pub fn of(op: &OperationRef<'_, '_>) -> Option<Self> {
-        let view = OpView::of(op);
-        if view.name != "func.func" {
+        if op.name().as_string_ref().as_str() != Ok("func.func") {
             return None;
         }
+        let view = OpView::of(op);
         let name = match view.attrs.get("sym_name") {
             Some(AttrValue::Str(s)) => s.clone(),
             _ => String::new(),

@@ -188,6 +188,7 @@ pub fn run<'c>(
             }
         }
         let pass = start.elapsed();
+        ir.verify_structure(module)?;
         let d = verify_module(module);
         if d.has_errors() {
             return Err(d);

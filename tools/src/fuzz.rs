@@ -197,9 +197,13 @@ fn check_process(out: &Outcome, output: &Path) -> Result<bool, String> {
     if out.stderr.contains("panicked at") {
         return Err(format!("panic:\n{}", tail(&out.stderr)));
     }
-    let code = out
-        .code
-        .ok_or_else(|| format!("killed by a signal:\n{}", tail(&out.stderr)))?;
+    let code = out.code.ok_or_else(|| {
+        if out.stderr.starts_with("cannot start") {
+            out.stderr.clone() // the binary is missing (rebuilt during a campaign?)
+        } else {
+            format!("killed by a signal:\n{}", tail(&out.stderr))
+        }
+    })?;
     if !out.stdout.is_empty() {
         return Err(format!(
             "wrote {} bytes on stdout with -o given",
