@@ -221,7 +221,7 @@ impl Graph {
                     let v = mlirOperationGetOperand(cur, k);
                     let id = ids.get(&(v.ptr as usize)).copied().ok_or_else(|| {
                         err(
-                            &view.loc,
+                            view.loc(),
                             format!(
                                 "operand {k} of '{}' is not defined in this function",
                                 view.name
@@ -242,7 +242,7 @@ impl Graph {
                 }
                 if mlirOperationGetNumRegions(cur) != 0 {
                     return Err(err(
-                        &view.loc,
+                        view.loc(),
                         format!(
                             "'{}' has regions; only straight-line functions run",
                             view.name
@@ -254,7 +254,7 @@ impl Graph {
                 for k in 0..mlirOperationGetNumResults(cur) {
                     let ty = view.results[k as usize].clone().ok_or_else(|| {
                         err(
-                            &view.loc,
+                            view.loc(),
                             format!(
                                 "result {k} of '{}' must be a ranked tensor with a static shape, not {}",
                                 view.name, view.result_text[k as usize]
@@ -268,12 +268,13 @@ impl Graph {
                     outputs.push(id);
                 }
                 ops.push((cur, view.attrs.clone(), result_types));
+                let loc = view.loc().clone();
                 g.nodes.push(Node {
                     op: view.name,
                     inputs,
                     outputs,
                     attrs: view.attrs,
-                    loc: view.loc,
+                    loc,
                     origin: Some(ops.len() - 1),
                 });
                 cur = mlirOperationGetNextInBlock(cur);

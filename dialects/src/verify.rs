@@ -26,7 +26,7 @@ impl Meshes {
             let name = match v.attrs.get("sym_name") {
                 Some(AttrValue::Str(s)) => s.clone(),
                 _ => {
-                    diags.error(&v.loc, "'nns.mesh' requires a string 'sym_name'");
+                    diags.error(v.loc(), "'nns.mesh' requires a string 'sym_name'");
                     return;
                 }
             };
@@ -39,7 +39,7 @@ impl Meshes {
                 Some(AttrValue::Int(n)) if *n > 0 => Some(*n),
                 Some(_) => {
                     diags.error(
-                        &v.loc,
+                        v.loc(),
                         format!("'nns.mesh' @{name}: 'memory_cap' must be a positive integer (bytes per device)"),
                     );
                     None
@@ -48,7 +48,7 @@ impl Meshes {
             for k in v.attrs.keys() {
                 if !matches!(k.as_str(), "sym_name" | "axes" | "memory_cap") {
                     diags.error(
-                        &v.loc,
+                        v.loc(),
                         format!("'nns.mesh' @{name}: unknown attribute '{k}'"),
                     );
                 }
@@ -56,7 +56,7 @@ impl Meshes {
             match axes {
                 Ok(axes) => {
                     if meshes.iter().any(|m: &Mesh| m.name == name) {
-                        diags.error(&v.loc, format!("mesh '@{name}' is declared twice"));
+                        diags.error(v.loc(), format!("mesh '@{name}' is declared twice"));
                     }
                     meshes.push(Mesh {
                         name,
@@ -64,10 +64,10 @@ impl Meshes {
                         memory_cap,
                     })
                 }
-                Err(e) => diags.error(&v.loc, format!("'nns.mesh' @{name}: {e}")),
+                Err(e) => diags.error(v.loc(), format!("'nns.mesh' @{name}: {e}")),
             }
             if !v.operands.is_empty() || !v.results.is_empty() {
-                diags.error(&v.loc, "'nns.mesh' takes no operands and has no results");
+                diags.error(v.loc(), "'nns.mesh' takes no operands and has no results");
             }
         });
         Meshes(meshes)
@@ -123,7 +123,7 @@ pub fn verify_module(module: &Module<'_>) -> Diagnostics {
         }
         for (i, t) in v.results.iter().enumerate() {
             if let Some(Err(e)) = t.as_ref().map(TensorType::check_size) {
-                diags.error(&v.loc, format!("'{}' result {i}: {e}", v.name));
+                diags.error(v.loc(), format!("'{}' result {i}: {e}", v.name));
                 return;
             }
         }
@@ -133,7 +133,7 @@ pub fn verify_module(module: &Module<'_>) -> Diagnostics {
             verify_op(&v, &meshes, &mut diags)
         };
         if let Err(msg) = r {
-            diags.error(&v.loc, format!("'{}' {msg}", v.name));
+            diags.error(v.loc(), format!("'{}' {msg}", v.name));
         }
     });
     diags
@@ -409,7 +409,7 @@ fn check_common_attrs(v: &OpView, meshes: &Meshes, diags: &mut Diagnostics) {
             _ => Err(format!("unknown attribute '{k}'")),
         };
         if let Err(e) = r {
-            diags.error(&v.loc, format!("'{}' {e}", v.name));
+            diags.error(v.loc(), format!("'{}' {e}", v.name));
         }
     }
 }

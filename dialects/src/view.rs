@@ -21,8 +21,10 @@ use mlir_sys::{
 pub struct OpView {
     /// Full op name (`dnn.matmul`).
     pub name: String,
-    /// Source location.
-    pub loc: SrcLoc,
+    /// The op's location, resolved into [`OpView::loc`] on first use (printing locations
+    /// is a large part of reading IR, and most views never report anything).
+    raw_loc: crate::diag::RawLoc,
+    loc_cell: std::cell::OnceCell<SrcLoc>,
     /// Operand types (`None` if not a static ranked tensor), with their printed type.
     pub operands: Vec<Option<TensorType>>,
     /// Printed operand types.
@@ -75,13 +77,26 @@ impl OpView {
             .collect();
         OpView {
             name,
-            loc: SrcLoc::from_location(op.location()),
+            raw_loc: crate::diag::RawLoc(op.location().to_raw()),
+            loc_cell: std::cell::OnceCell::new(),
             operands,
             operand_text,
             results,
             result_text,
             attrs,
         }
+    }
+}
+
+impl OpView {
+    /// The op's source location. Valid while the IR the view was read from lives (views are
+    /// read and used within one walk).
+    pub fn loc(&self) -> &SrcLoc {
+        self.loc_cell.get_or_init(|| {
+            // SAFETY: the location belongs to the live context of the op this view was read
+            // from (see the method's docs).
+            SrcLoc::from_location(unsafe { melior::ir::Location::from_raw(self.raw_loc.0) })
+        })
     }
 }
 
@@ -199,7 +214,7 @@ impl FuncView {
         };
         Some(FuncView {
             name,
-            loc: view.loc,
+            loc: view.loc().clone(),
             arg_attrs,
             result_attrs,
             args,

@@ -93,8 +93,11 @@ impl Step {
     }
 }
 
-/// Parses `builtin.module(a, b{k=v})` or `a,b{k=v}` into steps. An empty pipeline or an
-/// empty element (`a,,b`) is an error.
+/// Parses `builtin.module(a, b{k=v})` or `a,b{k=v}` into steps. Passes that work function
+/// by function may also be nested as MLIR anchors them, `builtin.module(func.func(a, b))`
+/// (each function is then transformed by `a`, then `b`); a module-level pass (`plan`, which
+/// adds a mesh) inside `func.func(...)` is an error. An empty pipeline or an empty element
+/// (`a,,b`) is an error.
 pub fn parse_pipeline(text: &str) -> Result<Vec<Step>, String> {
     let mut t = text.trim();
     if let Some(inner) = t
@@ -108,11 +111,52 @@ pub fn parse_pipeline(text: &str) -> Result<Vec<Step>, String> {
             "the pass pipeline '{text}' names no pass (write e.g. 'builtin.module(autodiff,cse)')"
         ));
     }
-    let (mut steps, mut cur, mut depth) = (Vec::new(), String::new(), 0i32);
-    let mut flush = |cur: &mut String| -> Result<(), String> {
-        let item = cur.trim();
+    parse_list(t, text, false)
+}
+
+/// The steps of a comma-separated list `t` (inside `func.func(...)` when `in_func`).
+fn parse_list(t: &str, text: &str, in_func: bool) -> Result<Vec<Step>, String> {
+    let mut items: Vec<String> = Vec::new();
+    let (mut cur, mut depth) = (String::new(), 0i32);
+    for c in t.chars() {
+        match c {
+            '{' | '(' => depth += 1,
+            '}' | ')' if depth == 0 => {
+                return Err(format!("unbalanced '{c}' in pass pipeline '{text}'"))
+            }
+            '}' | ')' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(std::mem::take(&mut cur));
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    if depth != 0 {
+        return Err(format!("unbalanced brackets in pass pipeline '{text}'"));
+    }
+    items.push(cur);
+    let mut steps = Vec::new();
+    for item in &items {
+        let item = item.trim();
         if item.is_empty() {
             return Err(format!("the pass pipeline '{text}' has an empty element"));
+        }
+        if let Some(inner) = item
+            .strip_prefix("func.func(")
+            .and_then(|s| s.strip_suffix(')'))
+        {
+            if in_func {
+                return Err(format!("'func.func(...)' is nested in itself in '{text}'"));
+            }
+            if inner.trim().is_empty() {
+                return Err(format!(
+                    "the pass pipeline '{text}' has an empty func.func()"
+                ));
+            }
+            steps.extend(parse_list(inner, text, true)?);
+            continue;
         }
         let (name, opts) = match item.split_once('{') {
             Some((n, o)) => (
@@ -122,24 +166,14 @@ pub fn parse_pipeline(text: &str) -> Result<Vec<Step>, String> {
             ),
             None => (item, ""),
         };
-        steps.push(Step::new(name, opts)?);
-        cur.clear();
-        Ok(())
-    };
-    for c in t.chars() {
-        match c {
-            '{' => depth += 1,
-            '}' if depth == 0 => return Err(format!("unbalanced '}}' in pass pipeline '{text}'")),
-            '}' => depth -= 1,
-            ',' if depth == 0 => {
-                flush(&mut cur)?;
-                continue;
-            }
-            _ => {}
+        let step = Step::new(name, opts)?;
+        if in_func && step.info.anchor == registry::Anchor::Module {
+            return Err(format!(
+                "pass '{name}' works on the whole module; put it outside func.func(...)"
+            ));
         }
-        cur.push(c);
+        steps.push(step);
     }
-    flush(&mut cur)?;
     Ok(steps)
 }
 
@@ -218,12 +252,24 @@ mod tests {
         assert!(parse_pipeline("cse{x=1}")
             .unwrap_err()
             .contains("has no option 'x'"));
+        let nested = parse_pipeline(
+            "builtin.module(plan{dp dp=2},func.func(propagate-layouts,cse{}),localize)",
+        )
+        .unwrap();
+        let names: Vec<&str> = nested.iter().map(|s| s.info.name).collect();
+        assert_eq!(names, ["plan", "propagate-layouts", "cse", "localize"]);
+        assert!(parse_pipeline("builtin.module(func.func(plan{dp dp=2}))")
+            .unwrap_err()
+            .contains("works on the whole module"));
         for bad in [
             "",
             "builtin.module()",
             "builtin.module(,,)",
             "cse,,cse",
             "cse,",
+            "func.func()",
+            "func.func(cse",
+            "func.func(func.func(cse))",
         ] {
             assert!(parse_pipeline(bad).is_err(), "{bad:?} is accepted");
         }

@@ -28,6 +28,15 @@ pub enum Factory {
     Upstream(fn() -> melior::pass::Pass),
 }
 
+/// What a pass works on, as MLIR anchors passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Anchor {
+    /// The whole module (it adds or reads module-level ops).
+    Module,
+    /// One function at a time: may be nested in `func.func(...)`.
+    Function,
+}
+
 /// A registered pass.
 #[derive(Clone, Copy, Debug)]
 pub struct PassInfo {
@@ -37,6 +46,8 @@ pub struct PassInfo {
     pub summary: &'static str,
     /// Its options.
     pub options: &'static [OptionInfo],
+    /// What it works on.
+    pub anchor: Anchor,
     /// Constructor.
     pub factory: Factory,
 }
@@ -50,6 +61,7 @@ pub static PASSES: &[PassInfo] = &[
             name: "func",
             help: "only this function (default: every function)",
         }],
+        anchor: Anchor::Function,
         factory: Factory::Native(|o| Ok(Box::new(Autodiff::new(o)?))),
     },
     PassInfo {
@@ -59,6 +71,7 @@ pub static PASSES: &[PassInfo] = &[
             name: "func",
             help: "only this function (default: every function)",
         }],
+        anchor: Anchor::Function,
         factory: Factory::Native(|o| Ok(Box::new(PrintStats::new(o)?))),
     },
     PassInfo {
@@ -78,42 +91,49 @@ pub static PASSES: &[PassInfo] = &[
                 help: "size of mesh axis tp when the module has no mesh",
             },
         ],
+        anchor: Anchor::Module,
         factory: Factory::Native(|o| Ok(Box::new(Plan::new(o)?))),
     },
     PassInfo {
         name: "propagate-layouts",
         summary: "Give every value a layout: arguments' nns.layout, ops' split directives, and ops without one following their operands (writes nns.split, nns.layouts and result nns.layout)",
         options: &[],
+        anchor: Anchor::Function,
         factory: Factory::Native(|o| Ok(Box::new(PropagateLayouts::new(o)?))),
     },
     PassInfo {
         name: "split-tensor",
         summary: "Insert nns.relayout wherever an operand's layout differs from what its consumer's split needs (and before results whose layout differs from their nns.layout)",
         options: &[],
+        anchor: Anchor::Function,
         factory: Factory::Native(|o| Ok(Box::new(SplitTensor::new(o)?))),
     },
     PassInfo {
         name: "lower-relayouts",
         summary: "Turn each nns.relayout into the cheapest sequence of collectives (all_reduce, reduce_scatter, all_gather, all_to_all, slice)",
         options: &[],
+        anchor: Anchor::Function,
         factory: Factory::Native(|o| Ok(Box::new(LowerRelayouts::new(o)?))),
     },
     PassInfo {
         name: "localize",
         summary: "Make the per-device (SPMD) program: local shapes, shape attributes and mean denominators fixed; marks the function nns.localized",
         options: &[],
+        anchor: Anchor::Function,
         factory: Factory::Native(|o| Ok(Box::new(Localize::new(o)?))),
     },
     PassInfo {
         name: "canonicalize",
         summary: "Upstream MLIR canonicalizer (folds and simplifies upstream ops)",
         options: &[],
+        anchor: Anchor::Function,
         factory: Factory::Upstream(create_canonicalizer),
     },
     PassInfo {
         name: "cse",
         summary: "Upstream MLIR common-subexpression elimination",
         options: &[],
+        anchor: Anchor::Function,
         factory: Factory::Upstream(create_cse),
     },
 ];
