@@ -599,10 +599,7 @@ pub fn params(f: &FuncView) -> Vec<(String, Option<TensorType>)> {
 
 /// Location helper for callers without an op.
 pub fn file_loc(file: &str) -> SrcLoc {
-    SrcLoc {
-        file: file.to_string(),
-        ..SrcLoc::default()
-    }
+    SrcLoc::at(file, 0, 0)
 }
 
 #[cfg(test)]

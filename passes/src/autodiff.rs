@@ -32,10 +32,10 @@ impl Autodiff {
 }
 
 impl Pass for Autodiff {
-    fn run<'c>(&mut self, ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
+    fn run<'c>(&mut self, _ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
         let mut found = false;
         let want = self.func.clone();
-        rewrite_funcs(ir, module, &mut |g| {
+        rewrite_funcs(module, &mut |g| {
             if want.as_deref().is_some_and(|w| w != g.name) {
                 return Ok(None);
             }

@@ -36,9 +36,9 @@ impl Localize {
 }
 
 impl Pass for Localize {
-    fn run<'c>(&mut self, ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
+    fn run<'c>(&mut self, _ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
         let mesh = the_mesh(module, "localize")?;
-        rewrite_funcs(ir, module, &mut |g| {
+        rewrite_funcs(module, &mut |g| {
             if g.is_localized() {
                 return Ok(None);
             }

@@ -27,10 +27,10 @@ impl LowerRelayouts {
 }
 
 impl Pass for LowerRelayouts {
-    fn run<'c>(&mut self, ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
+    fn run<'c>(&mut self, _ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
         let mesh = the_mesh(module, "lower-relayouts")?;
         let mut search = TransitionSearch::new();
-        rewrite_funcs(ir, module, &mut |g| lower(g, &mesh, &mut search).map(Some))
+        rewrite_funcs(module, &mut |g| lower(g, &mesh, &mut search).map(Some))
     }
 }
 

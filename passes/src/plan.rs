@@ -117,7 +117,7 @@ impl Plan {
 }
 
 impl Pass for Plan {
-    fn run<'c>(&mut self, ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
+    fn run<'c>(&mut self, _ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
         let mut d = Diagnostics::default();
         let meshes = Meshes::collect(module, &mut d);
         if d.has_errors() {
@@ -178,7 +178,7 @@ impl Pass for Plan {
             }
         };
         let policy = self.policy;
-        rewrite_funcs(ir, module, &mut |g| plan(g, policy, &mesh).map(Some))
+        rewrite_funcs(module, &mut |g| plan(g, policy, &mesh).map(Some))
     }
 }
 

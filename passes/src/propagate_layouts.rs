@@ -38,9 +38,9 @@ impl PropagateLayouts {
 }
 
 impl Pass for PropagateLayouts {
-    fn run<'c>(&mut self, ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
+    fn run<'c>(&mut self, _ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
         let mesh = the_mesh(module, "propagate-layouts")?;
-        rewrite_funcs(ir, module, &mut |g| propagate(g, &mesh).map(Some))
+        rewrite_funcs(module, &mut |g| propagate(g, &mesh).map(Some))
     }
 }
 

@@ -9,16 +9,14 @@
 //! skipped.
 
 use melior::ir::{Module, RegionLike};
-use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::view::{top_level_ops, walk_nested, FuncView};
 
 /// Calls `f` on every `func.func` of `module` that has a body, as a graph (in order); where
 /// it returns a new graph, that function is rewritten in place.
-pub fn rewrite_funcs<'c>(
-    _ir: &'c IrContext,
-    module: &mut Module<'c>,
+pub fn rewrite_funcs(
+    module: &mut Module<'_>,
     f: &mut dyn FnMut(Graph) -> Result<Option<Graph>, Diagnostics>,
 ) -> Result<(), Diagnostics> {
     let mut diags = Diagnostics::default();

@@ -33,9 +33,9 @@ impl SplitTensor {
 }
 
 impl Pass for SplitTensor {
-    fn run<'c>(&mut self, ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
+    fn run<'c>(&mut self, _ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
         let mesh = the_mesh(module, "split-tensor")?;
-        rewrite_funcs(ir, module, &mut |g| split(g, &mesh).map(Some))
+        rewrite_funcs(module, &mut |g| split(g, &mesh).map(Some))
     }
 }
 
