@@ -524,7 +524,7 @@ impl Graph {
     /// Every `func.func` of `module`, in order, each read as a graph (or why it cannot be).
     pub fn all_in(module: &Module<'_>) -> Vec<Result<Graph, GraphError>> {
         let mut out = Vec::new();
-        crate::view::top_level_ops(module, &mut |op| {
+        crate::view::top_level_ops(&module.as_operation(), &mut |op| {
             if op.name().as_string_ref().as_str() == Ok("func.func") {
                 out.push(Graph::from_func(op));
             }
@@ -837,7 +837,7 @@ mod tests {
     fn graph_of(ir: &IrContext, src: &str) -> Graph {
         let m = ir.parse(src, "g.mlir").expect("parses");
         let mut g = None;
-        top_level_ops(&m, &mut |op| {
+        top_level_ops(&m.as_operation(), &mut |op| {
             if g.is_none() {
                 g = Some(Graph::from_func(op).expect("reads"));
             }

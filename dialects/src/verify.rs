@@ -15,10 +15,11 @@ use melior::ir::{Module, OperationRef};
 pub struct Meshes(pub Vec<Mesh>);
 
 impl Meshes {
-    /// Collects the `nns.mesh` ops of `module`, reporting malformed ones.
-    pub fn collect(module: &Module<'_>, diags: &mut Diagnostics) -> Self {
+    /// Collects the `nns.mesh` ops of the module op `module` (they are symbols in its body;
+    /// the verifier rejects one anywhere else), reporting malformed ones.
+    pub fn collect(module: &OperationRef<'_, '_>, diags: &mut Diagnostics) -> Self {
         let mut meshes = Vec::new();
-        walk_nested(&module.as_operation(), &mut |op: &OperationRef<'_, '_>| {
+        view::top_level_ops(module, &mut |op: &OperationRef<'_, '_>| {
             if op.name().as_string_ref().as_str() != Ok("nns.mesh") {
                 return;
             }
@@ -92,6 +93,11 @@ impl Meshes {
 
 /// Verifies every op of `module`. Returns all problems found (empty when valid).
 pub fn verify_module(module: &Module<'_>) -> Diagnostics {
+    verify_module_op(&module.as_operation())
+}
+
+/// [`verify_module`] on a module op (a host's module, given to a pass as an op).
+pub fn verify_module_op(module: &OperationRef<'_, '_>) -> Diagnostics {
     let mut diags = Diagnostics::default();
     let meshes = Meshes::collect(module, &mut diags);
     if diags.has_errors() {
@@ -99,19 +105,67 @@ pub fn verify_module(module: &Module<'_>) -> Diagnostics {
         // cascade of "no mesh named ..." that would follow.
         return diags;
     }
-    // Inside a localized function shapes are per device: layouts and collectives are checked
-    // against the local shapes, split directives not at all.
-    let mut localized = false;
-    walk_nested(&module.as_operation(), &mut |op: &OperationRef<'_, '_>| {
+    let mut v = TreeVerifier {
+        meshes: &meshes,
+        localized: false,
+        diags: &mut diags,
+    };
+    walk_nested(module, &mut |op| v.visit(op));
+    diags
+}
+
+/// Verifies one `func.func` (what a function pass changed), against the meshes of the
+/// module holding it.
+pub fn verify_function(func: &OperationRef<'_, '_>) -> Diagnostics {
+    let mut diags = Diagnostics::default();
+    // SAFETY: `func` is live; so is its parent, if any.
+    let parent = unsafe { mlir_sys::mlirOperationGetParentOperation(func.to_raw()) };
+    let meshes = if parent.ptr.is_null() {
+        Meshes::default()
+    } else {
+        Meshes::collect(&unsafe { OperationRef::from_raw(parent) }, &mut diags)
+    };
+    if diags.has_errors() {
+        return diags;
+    }
+    let mut v = TreeVerifier {
+        meshes: &meshes,
+        localized: false,
+        diags: &mut diags,
+    };
+    v.visit(func);
+    walk_nested(func, &mut |op| v.visit(op));
+    diags
+}
+
+/// The per-op checks, visiting ops in pre-order. Inside a localized function shapes are per
+/// device: layouts and collectives are checked against the local shapes, split directives
+/// not at all.
+struct TreeVerifier<'a> {
+    meshes: &'a Meshes,
+    localized: bool,
+    diags: &'a mut Diagnostics,
+}
+
+impl TreeVerifier<'_> {
+    fn visit(&mut self, op: &OperationRef<'_, '_>) {
+        let (meshes, diags) = (self.meshes, &mut *self.diags);
         if let Some(f) = FuncView::of(op) {
             let attrs = OpView::of(op).attrs;
-            localized = attrs.contains_key("nns.localized");
-            if localized {
-                if let Err(e) = check_localized_mark(&attrs, &meshes) {
+            self.localized = attrs.contains_key("nns.localized");
+            if self.localized {
+                if let Err(e) = check_localized_mark(&attrs, meshes) {
                     diags.error(&f.loc, format!("@{}: {e}", f.name));
                 }
             }
-            verify_func_signature(&f, &meshes, localized, &mut diags);
+            verify_func_signature(&f, meshes, self.localized, diags);
+            return;
+        }
+        if op.name().as_string_ref().as_str() == Ok("nns.mesh") && !at_top_level(op) {
+            diags.error(
+                OpView::of(op).loc(),
+                "'nns.mesh' must be directly in the module (a mesh is a module-level symbol)",
+            );
             return;
         }
         let v = OpView::of(op);
@@ -127,16 +181,29 @@ pub fn verify_module(module: &Module<'_>) -> Diagnostics {
                 return;
             }
         }
-        let r = if localized {
-            verify_local_op(&v, &meshes)
+        let r = if self.localized {
+            verify_local_op(&v, meshes)
         } else {
-            verify_op(&v, &meshes, &mut diags)
+            verify_op(&v, meshes, diags)
         };
         if let Err(msg) = r {
             diags.error(v.loc(), format!("'{}' {msg}", v.name));
         }
-    });
-    diags
+    }
+}
+
+/// Whether `op`'s parent is a `builtin.module`.
+fn at_top_level(op: &OperationRef<'_, '_>) -> bool {
+    // SAFETY: `op` is live; so is its parent, if any.
+    unsafe {
+        let parent = mlir_sys::mlirOperationGetParentOperation(op.to_raw());
+        !parent.ptr.is_null()
+            && OperationRef::from_raw(parent)
+                .name()
+                .as_string_ref()
+                .as_str()
+                == Ok("builtin.module")
+    }
 }
 
 /// The axes of the mesh the function was localized for (`nns.localized = #nns.axes<...>`,

@@ -3,9 +3,7 @@
 
 use crate::diag::SrcLoc;
 use crate::types::{AttrValue, Attrs, TensorType};
-use melior::ir::{
-    attribute::AttributeLike, r#type::TypeLike, Module, OperationRef, Value, ValueLike,
-};
+use melior::ir::{attribute::AttributeLike, r#type::TypeLike, OperationRef, Value, ValueLike};
 use mlir_sys::{
     mlirArrayAttrGetElement, mlirArrayAttrGetNumElements, mlirAttributeIsAArray,
     mlirAttributeIsADictionary, mlirBlockGetFirstOperation, mlirBlockGetNextInRegion,
@@ -125,10 +123,15 @@ fn walk_raw(op: MlirOperation, f: &mut dyn FnMut(&OperationRef<'_, '_>)) {
     }
 }
 
-/// Calls `f` on every operation directly in the module body.
-pub fn top_level_ops(module: &Module<'_>, f: &mut dyn FnMut(&OperationRef<'_, '_>)) {
+/// Calls `f` on every operation directly in the body of the module op `module`.
+pub fn top_level_ops(module: &OperationRef<'_, '_>, f: &mut dyn FnMut(&OperationRef<'_, '_>)) {
     unsafe {
-        let mut cur = mlirBlockGetFirstOperation(module.body().to_raw());
+        let region = mlirOperationGetRegion(module.to_raw(), 0);
+        let block = mlirRegionGetFirstBlock(region);
+        if block.ptr.is_null() {
+            return;
+        }
+        let mut cur = mlirBlockGetFirstOperation(block);
         while !cur.ptr.is_null() {
             f(&OperationRef::from_raw(cur));
             cur = mlirOperationGetNextInBlock(cur);

@@ -6,10 +6,7 @@
 //! the gradient of every `nns.param` argument, named `grad.<param name>`. Only ops between
 //! the parameters and the loss are differentiated.
 
-use crate::pipeline::{Pass, PassOptions};
-use crate::rewrite::rewrite_funcs;
-use melior::ir::Module;
-use nnscaler_dialects::context::IrContext;
+use crate::pipeline::{FunctionPass, PassOptions};
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Output, ValueId};
@@ -20,6 +17,7 @@ use nnscaler_dialects::vjp::VjpCtx;
 #[derive(Debug)]
 pub struct Autodiff {
     func: Option<String>,
+    found: bool,
 }
 
 impl Autodiff {
@@ -27,29 +25,29 @@ impl Autodiff {
     pub fn new(o: &PassOptions) -> Result<Self, String> {
         Ok(Autodiff {
             func: o.get("func").map(str::to_string),
+            found: false,
         })
     }
 }
 
-impl Pass for Autodiff {
-    fn run<'c>(&mut self, _ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
-        let mut found = false;
-        let want = self.func.clone();
-        rewrite_funcs(module, &mut |g| {
-            if want.as_deref().is_some_and(|w| w != g.name) {
-                return Ok(None);
+impl FunctionPass for Autodiff {
+    fn run_on_function(&mut self, g: Graph) -> Result<Option<Graph>, Diagnostics> {
+        if self.func.as_deref().is_some_and(|w| w != g.name) {
+            return Ok(None);
+        }
+        self.found = true;
+        let mut d = Diagnostics::default();
+        match differentiate(&g) {
+            Ok(new) => Ok(Some(new)),
+            Err((loc, msg)) => {
+                d.error(&loc, msg);
+                Err(d)
             }
-            found = true;
-            let mut d = Diagnostics::default();
-            match differentiate(&g) {
-                Ok(new) => Ok(Some(new)),
-                Err((loc, msg)) => {
-                    d.error(&loc, msg);
-                    Err(d)
-                }
-            }
-        })?;
-        if let (Some(w), false) = (&self.func, found) {
+        }
+    }
+
+    fn finish(&mut self) -> Result<(), Diagnostics> {
+        if let (Some(w), false) = (&self.func, self.found) {
             let mut d = Diagnostics::default();
             d.error(
                 &Default::default(),

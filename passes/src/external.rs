@@ -1,26 +1,27 @@
 //! Our passes as MLIR external passes, for any melior host's `PassManager`.
 //!
-//! `mlir_pass("autodiff", "")` returns a `melior::pass::Pass` on `builtin.module` that runs
-//! the registered pass of that name: it prints the module (with locations), runs the pass
-//! in a private context through the same runner `nnscaler-opt` uses (the IR is verified
-//! afterwards), and re-parses the result into the host's context, replacing the module's
-//! body. Errors are emitted on the module's location (with the file:line:col of the
-//! problem in the message) and fail the pass manager. The host context must allow
-//! unregistered dialects (`dnn`/`nns` ops are unregistered MLIR ops).
+//! `mlir_pass("propagate-layouts", "")` returns a `melior::pass::Pass` that runs the
+//! registered pass of that name on the host's own IR, in place: a function pass is anchored
+//! on `func.func` and must be added to a pass manager nested on `func.func`
+//! (`pm.nested_under("func.func").add_pass(..)`; MLIR aborts the process when an anchored
+//! pass is added at the wrong level), a module pass on `builtin.module`.
+//! [`add_to_pass_manager`] picks the level. Nothing is printed or
+//! re-parsed and nothing replaces the host's module body, so the host's handles to ops the
+//! pass does not erase stay valid. After the pass, our dialect verifier checks what it
+//! changed (the function, or the module); MLIR's verifier runs as the pass manager
+//! verifies. Errors are emitted as MLIR diagnostics at their own locations, naming the pass
+//! and the function, and fail the pass manager. The host context must allow unregistered
+//! dialects (`dnn`/`nns` ops are unregistered MLIR ops).
 
-use crate::pipeline::{self, Step};
-use crate::registry::{Factory, PASSES};
+use crate::pipeline::{Native, Step};
+use crate::registry::{Anchor, Factory, PASSES};
 use melior::ir::r#type::TypeId;
 use melior::ir::OperationRef;
-use melior::pass::{create_external, ExternalPass, RunExternalPass};
+use melior::pass::{create_external, ExternalPass, OperationPassManager, RunExternalPass};
 use melior::ContextRef;
-use mlir_sys::{
-    mlirBlockAppendOwnedOperation, mlirBlockGetFirstOperation, mlirEmitError,
-    mlirOperationCreateParse, mlirOperationDestroy, mlirOperationGetRegion,
-    mlirOperationRemoveFromParent, mlirRegionGetFirstBlock, mlirStringRefCreateFromCString,
-};
-use nnscaler_dialects::context::IrContext;
-use nnscaler_dialects::view::op_text_with_locs;
+use mlir_sys::{mlirEmitError, mlirOperationGetLocation};
+use nnscaler_dialects::diag::{Diagnostics, Severity};
+use nnscaler_dialects::verify::{verify_function, verify_module_op};
 use std::ffi::CString;
 
 /// One distinct address per registered pass: MLIR identifies pass kinds by `TypeId`.
@@ -39,18 +40,16 @@ impl<'c> RunExternalPass<'c> for External {
     fn initialize(&mut self, _context: ContextRef<'c>) {}
 
     fn run(&mut self, operation: OperationRef<'c, '_>, pass: ExternalPass<'_>) {
-        if let Err(msg) = run_via_text(&self.step, &operation) {
-            let text = CString::new(format!("nnscaler {}: {msg}", self.step.info.name))
-                .unwrap_or_default();
-            // SAFETY: the location belongs to the live operation; the message is a C string.
-            unsafe { mlirEmitError(operation.location().to_raw(), text.as_ptr()) };
+        if let Err(d) = run_in_place(&self.step, &operation) {
+            emit(&d, &operation, self.step.info.name);
             pass.signal_failure();
         }
     }
 }
 
-/// The registered pass `name` with options `options` (`key=value ...`) as an MLIR pass.
-/// Upstream passes (`cse`, `canonicalize`) are returned as themselves.
+/// The registered pass `name` with options `options` (`key=value ...`) as an MLIR pass,
+/// anchored as the registry says (`func.func` for function passes, `builtin.module` for
+/// module passes). Upstream passes (`cse`, `canonicalize`) are returned as themselves.
 pub fn mlir_pass(name: &str, options: &str) -> Result<melior::pass::Pass, String> {
     let step = Step::new(name, options)?;
     if let Factory::Upstream(make) = step.info.factory {
@@ -61,71 +60,109 @@ pub fn mlir_pass(name: &str, options: &str) -> Result<melior::pass::Pass, String
         .get(index)
         .ok_or("too many passes for the external-pass id table")?;
     let info = step.info;
+    let anchor = match info.anchor {
+        Anchor::Module => "builtin.module",
+        Anchor::Function => "func.func",
+    };
     Ok(create_external(
         External { step },
         TypeId::create(id),
         info.name,
         info.name,
         info.summary,
-        "builtin.module",
+        anchor,
         &[],
     ))
 }
 
-fn run_via_text(step: &Step, module: &OperationRef<'_, '_>) -> Result<(), String> {
-    let text = op_text_with_locs(module);
-    let ir = IrContext::new();
-    let mut m = ir.parse(&text, "<nnscaler>").map_err(|d| d.to_string())?;
-    pipeline::run(
-        &ir,
-        &mut m,
-        std::slice::from_ref(step),
-        &mut |_, _| {},
-        "<nnscaler>",
-    )
-    .map_err(|d| d.to_string())?;
-    let out = op_text_with_locs(&m.as_operation());
-    let src = CString::new(out).map_err(|_| "the printed module contains a NUL byte")?;
-    let name = CString::new("<nnscaler>").unwrap_or_default();
-    // SAFETY: every handle below is either the live module the pass manager gave us, or an
-    // operation we parsed and own; ops are detached before they are moved or destroyed.
-    unsafe {
-        let ctx = module.context().to_ref().to_raw();
-        let parsed = mlirOperationCreateParse(
-            ctx,
-            mlirStringRefCreateFromCString(src.as_ptr()),
-            mlirStringRefCreateFromCString(name.as_ptr()),
-        );
-        if parsed.ptr.is_null() {
-            return Err("the transformed module does not parse in the host context (does it allow unregistered dialects?)".into());
-        }
-        let host = mlirRegionGetFirstBlock(mlirOperationGetRegion(module.to_raw(), 0));
-        loop {
-            let op = mlirBlockGetFirstOperation(host);
-            if op.ptr.is_null() {
-                break;
-            }
-            mlirOperationDestroy(op);
-        }
-        let body = mlirRegionGetFirstBlock(mlirOperationGetRegion(parsed, 0));
-        loop {
-            let op = mlirBlockGetFirstOperation(body);
-            if op.ptr.is_null() {
-                break;
-            }
-            mlirOperationRemoveFromParent(op);
-            mlirBlockAppendOwnedOperation(host, op);
-        }
-        mlirOperationDestroy(parsed);
+/// Adds the registered pass `name` to `pm`, a pass manager on `builtin.module`: a function
+/// pass is nested under `func.func` (so MLIR runs it on each function), a module pass is
+/// added directly.
+pub fn add_to_pass_manager(
+    pm: &OperationPassManager<'_, '_>,
+    name: &str,
+    options: &str,
+) -> Result<(), String> {
+    let info = crate::registry::lookup(name).ok_or(format!(
+        "unknown pass '{name}' (see nnscaler-opt --list-passes)"
+    ))?;
+    let pass = mlir_pass(name, options)?;
+    match (info.anchor, info.factory) {
+        (Anchor::Function, Factory::Native(_)) => pm.nested_under("func.func").add_pass(pass),
+        _ => pm.add_pass(pass),
     }
     Ok(())
+}
+
+/// Runs `step` on `op` (a module or a function, by the pass's anchor) in place, then
+/// verifies what it changed.
+fn run_in_place(step: &Step, op: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
+    let Factory::Native(make) = step.info.factory else {
+        return Ok(());
+    };
+    let mut native = make(&step.options).map_err(|e| {
+        let mut d = Diagnostics::default();
+        d.error(&Default::default(), e);
+        d
+    })?;
+    let is_func = op.name().as_string_ref().as_str() == Ok("func.func");
+    match (&mut native, is_func) {
+        (Native::Function(p), true) => crate::rewrite::run_on_function(p.as_mut(), op)?,
+        (_, false) => native.run(op)?,
+        (Native::Module(_), true) => {
+            let mut d = Diagnostics::default();
+            d.error(
+                &Default::default(),
+                "works on the whole module; add it outside func.func",
+            );
+            return Err(d);
+        }
+    }
+    let d = if is_func {
+        verify_function(op)
+    } else {
+        verify_module_op(op)
+    };
+    if d.has_errors() {
+        return Err(d);
+    }
+    Ok(())
+}
+
+/// Emits `d` as MLIR diagnostics: each at its own location when it has one, else at `op`'s.
+fn emit(d: &Diagnostics, op: &OperationRef<'_, '_>, pass: &str) {
+    let func = if op.name().as_string_ref().as_str() == Ok("func.func") {
+        op.attribute("sym_name")
+            .ok()
+            .and_then(|a| melior::ir::attribute::StringAttribute::try_from(a).ok())
+            .map(|s| format!(" @{}", s.value()))
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
+    for x in &d.0 {
+        if x.severity != Severity::Error {
+            continue;
+        }
+        let text =
+            CString::new(format!("nnscaler {pass}{func}: {}", x.message)).unwrap_or_default();
+        // SAFETY: locations are uniqued in the op's context, which is alive; the message is
+        // a C string.
+        unsafe {
+            let loc = match &x.loc.raw {
+                Some(raw) => raw.0,
+                None => mlirOperationGetLocation(op.to_raw()),
+            };
+            mlirEmitError(loc, text.as_ptr());
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use melior::dialect::DialectRegistry;
-    use melior::ir::Module;
+    use melior::ir::{BlockLike, Module, RegionLike};
     use melior::pass::PassManager;
     use melior::utility::register_all_dialects;
     use melior::Context;
@@ -148,17 +185,24 @@ mod tests {
         context
     }
 
+    /// The host's pipeline: ours at their anchors, next to upstream ones.
+    fn pipeline(pm: &PassManager<'_>) {
+        let top = pm.as_operation_pass_manager();
+        add_to_pass_manager(&top, "autodiff", "").unwrap();
+        add_to_pass_manager(&top, "cse", "").unwrap();
+        add_to_pass_manager(&top, "plan", "dp dp=2").unwrap();
+        let funcs = pm.nested_under("func.func");
+        funcs.add_pass(mlir_pass("propagate-layouts", "").unwrap());
+        funcs.add_pass(mlir_pass("split-tensor", "").unwrap());
+        funcs.add_pass(mlir_pass("lower-relayouts", "").unwrap());
+    }
+
     #[test]
     fn runs_in_a_melior_pass_manager_with_upstream_passes() {
         let context = host();
         let mut module = Module::parse(&context, SRC).expect("parses");
         let pm = PassManager::new(&context);
-        pm.add_pass(mlir_pass("autodiff", "").unwrap());
-        pm.add_pass(mlir_pass("cse", "").unwrap());
-        pm.add_pass(mlir_pass("plan", "dp dp=2").unwrap());
-        pm.add_pass(mlir_pass("propagate-layouts", "").unwrap());
-        pm.add_pass(mlir_pass("split-tensor", "").unwrap());
-        pm.add_pass(mlir_pass("lower-relayouts", "").unwrap());
+        pipeline(&pm);
         pm.run(&mut module).expect("the pipeline succeeds");
         let text = module.as_operation().to_string();
         assert!(text.contains("grad.w"), "{text}");
@@ -167,11 +211,60 @@ mod tests {
     }
 
     #[test]
+    fn the_hosts_handles_survive_the_passes() {
+        let context = host();
+        let src = SRC.replace(
+            "module {",
+            "module {\n  func.func private @helper(%i: index) -> index {\n    return %i : index\n  }",
+        );
+        let mut module = Module::parse(&context, &src).expect("parses");
+        // Raw handles the host keeps across the pipeline: a function the passes leave
+        // alone, the function they rewrite, and an op inside it that they keep.
+        let (helper, train, linear) = {
+            let body = module.body();
+            let first = body.first_operation().unwrap();
+            let helper = first.to_raw();
+            let train = first.next_in_block().unwrap();
+            let linear = train
+                .region(0)
+                .unwrap()
+                .first_block()
+                .unwrap()
+                .first_operation()
+                .unwrap()
+                .to_raw();
+            (helper, train.to_raw(), linear)
+        };
+        let pm = PassManager::new(&context);
+        pipeline(&pm);
+        pm.run(&mut module).expect("the pipeline succeeds");
+        // SAFETY: what is tested: the ops are still alive, in the same module.
+        let (helper, train, linear) = unsafe {
+            (
+                OperationRef::from_raw(helper),
+                OperationRef::from_raw(train),
+                OperationRef::from_raw(linear),
+            )
+        };
+        assert!(helper.to_string().contains("func.func private @helper"));
+        assert!(
+            train.to_string().contains("grad.w"),
+            "the rewritten function"
+        );
+        let linear = linear.to_string();
+        assert!(linear.starts_with("%0 = \"dnn.linear\""), "{linear}");
+        assert!(
+            linear.contains("nns.split"),
+            "the kept op got its split: {linear}"
+        );
+    }
+
+    #[test]
     fn errors_fail_the_pass_manager() {
         let context = host();
         let mut module = Module::parse(&context, SRC).expect("parses");
         let pm = PassManager::new(&context);
-        pm.add_pass(mlir_pass("propagate-layouts", "").unwrap());
+        add_to_pass_manager(&pm.as_operation_pass_manager(), "propagate-layouts", "").unwrap();
         assert!(pm.run(&mut module).is_err(), "no mesh: the pass must fail");
         assert!(mlir_pass("nope", "").is_err());
     }

@@ -1,7 +1,7 @@
 //! What the layout passes share: finding the mesh, reading and writing layouts on values,
 //! and the layouts an op needs under its split directive.
 
-use melior::ir::Module;
+use melior::ir::OperationRef;
 use nnscaler_dialects::annotation::{Annotation, Binding};
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::dnn;
@@ -17,7 +17,7 @@ use nnscaler_dialects::verify::{file_loc, Meshes};
 use nnscaler_dialects::view;
 
 /// The module's one mesh (the layout passes support a single mesh today).
-pub fn the_mesh(module: &Module<'_>, pass: &str) -> Result<Mesh, Diagnostics> {
+pub fn the_mesh(module: &OperationRef<'_, '_>, pass: &str) -> Result<Mesh, Diagnostics> {
     let mut d = Diagnostics::default();
     let meshes = Meshes::collect(module, &mut d);
     if d.has_errors() {

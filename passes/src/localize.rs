@@ -15,35 +15,36 @@
 //! `nns.layout`, which says how whole tensors are cut into, and assembled from, the pieces.
 
 use crate::layouts::{error, the_mesh, value_layouts};
-use crate::pipeline::{Pass, PassOptions};
-use crate::rewrite::rewrite_funcs;
-use melior::ir::Module;
-use nnscaler_dialects::context::IrContext;
+use crate::pipeline::{FunctionPass, PassOptions};
+use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::types::AttrValue;
 
 /// The pass.
-#[derive(Debug)]
-pub struct Localize;
+#[derive(Debug, Default)]
+pub struct Localize {
+    mesh: Option<Mesh>,
+}
 
 impl Localize {
     /// No options.
     pub fn new(_: &PassOptions) -> Result<Self, String> {
-        Ok(Localize)
+        Ok(Localize::default())
     }
 }
 
-impl Pass for Localize {
-    fn run<'c>(&mut self, _ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
-        let mesh = the_mesh(module, "localize")?;
-        rewrite_funcs(module, &mut |g| {
-            if g.is_localized() {
-                return Ok(None);
-            }
-            localize(g, &mesh).map(Some)
-        })
+impl FunctionPass for Localize {
+    fn prepare(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
+        self.mesh = Some(the_mesh(module, "localize")?);
+        Ok(())
+    }
+    fn run_on_function(&mut self, g: Graph) -> Result<Option<Graph>, Diagnostics> {
+        if g.is_localized() {
+            return Ok(None);
+        }
+        localize(g, self.mesh.as_ref().expect("prepare runs first")).map(Some)
     }
 }
 

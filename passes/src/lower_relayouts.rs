@@ -5,10 +5,8 @@
 //! layout) is an error at its location.
 
 use crate::layouts::{error, layouts_attr, the_mesh, value_layouts};
-use crate::pipeline::{Pass, PassOptions};
-use crate::rewrite::rewrite_funcs;
-use melior::ir::Module;
-use nnscaler_dialects::context::IrContext;
+use crate::pipeline::{FunctionPass, PassOptions};
+use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::nns::Mesh;
@@ -16,21 +14,27 @@ use nnscaler_dialects::sharding::{Step, TransitionSearch};
 use nnscaler_dialects::types::{AttrValue, Attrs};
 
 /// The pass.
-#[derive(Debug)]
-pub struct LowerRelayouts;
+#[derive(Debug, Default)]
+pub struct LowerRelayouts {
+    mesh: Option<Mesh>,
+    search: TransitionSearch,
+}
 
 impl LowerRelayouts {
     /// No options.
     pub fn new(_: &PassOptions) -> Result<Self, String> {
-        Ok(LowerRelayouts)
+        Ok(LowerRelayouts::default())
     }
 }
 
-impl Pass for LowerRelayouts {
-    fn run<'c>(&mut self, _ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
-        let mesh = the_mesh(module, "lower-relayouts")?;
-        let mut search = TransitionSearch::new();
-        rewrite_funcs(module, &mut |g| lower(g, &mesh, &mut search).map(Some))
+impl FunctionPass for LowerRelayouts {
+    fn prepare(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
+        self.mesh = Some(the_mesh(module, "lower-relayouts")?);
+        Ok(())
+    }
+    fn run_on_function(&mut self, g: Graph) -> Result<Option<Graph>, Diagnostics> {
+        let mesh = self.mesh.as_ref().expect("prepare runs first");
+        lower(g, mesh, &mut self.search).map(Some)
     }
 }
 

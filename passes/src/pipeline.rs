@@ -2,17 +2,65 @@
 //! after every pass.
 
 use crate::registry::{self, Factory, PassInfo};
-use melior::ir::Module;
+use melior::ir::{Module, OperationRef};
 use melior::pass::PassManager;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::Diagnostics;
+use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::verify::{file_loc, verify_module};
 use std::collections::BTreeMap;
 
-/// A pass of ours: transforms or analyses a module, reporting problems as diagnostics.
-pub trait Pass {
-    /// Runs the pass on `module`.
-    fn run<'c>(&mut self, ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics>;
+/// A pass that works on the whole module (it adds or reads module-level ops), like an MLIR
+/// pass anchored on `builtin.module`.
+pub trait ModulePass {
+    /// Runs the pass on `module` (a `builtin.module` op), editing it in place.
+    fn run(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics>;
+}
+
+/// A pass that transforms one function at a time, like an MLIR pass anchored on
+/// `func.func`: it reads a function as a [`Graph`] and returns the graph to write back in
+/// place (see [`crate::rewrite`]). It may read, never change, the module around the
+/// function ([`FunctionPass::prepare`]).
+pub trait FunctionPass {
+    /// Reads what the pass needs from the module holding the functions (its mesh). Called
+    /// before the first function of a module.
+    fn prepare(&mut self, _module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
+        Ok(())
+    }
+    /// Transforms one function; `None` leaves it untouched.
+    fn run_on_function(&mut self, g: Graph) -> Result<Option<Graph>, Diagnostics>;
+    /// Called after every function of a module was seen (e.g. to report that `func=NAME`
+    /// matched none). Not called when the pass is run on one function alone.
+    fn finish(&mut self) -> Result<(), Diagnostics> {
+        Ok(())
+    }
+}
+
+/// One of our passes, by its anchor.
+pub enum Native {
+    /// A module pass.
+    Module(Box<dyn ModulePass>),
+    /// A function pass.
+    Function(Box<dyn FunctionPass>),
+}
+
+impl std::fmt::Debug for Native {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Native::Module(_) => "Native::Module",
+            Native::Function(_) => "Native::Function",
+        })
+    }
+}
+
+impl Native {
+    /// Runs the pass on the module op `module`, in place.
+    pub fn run(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
+        match self {
+            Native::Module(p) => p.run(module),
+            Native::Function(p) => crate::rewrite::run_on_module(p.as_mut(), module),
+        }
+    }
 }
 
 /// Options of one pass instance: `key=value` pairs, checked against the pass's declared
@@ -206,7 +254,7 @@ pub fn run<'c>(
                     d.error(&file_loc(file), e);
                     d
                 })?;
-                pass.run(ir, module)?;
+                pass.run(&module.as_operation())?;
             }
             Factory::Upstream(make) => {
                 ir.take_diagnostics();

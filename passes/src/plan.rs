@@ -21,10 +21,9 @@
 //! options when the module has none.
 
 use crate::layouts::error;
-use crate::pipeline::{Pass, PassOptions};
+use crate::pipeline::{ModulePass, PassOptions};
 use crate::rewrite::rewrite_funcs;
-use melior::ir::Module;
-use nnscaler_dialects::context::IrContext;
+use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::{AxisLayout, Layout, Mesh};
@@ -116,8 +115,8 @@ impl Plan {
     }
 }
 
-impl Pass for Plan {
-    fn run<'c>(&mut self, _ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
+impl ModulePass for Plan {
+    fn run(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
         let mut d = Diagnostics::default();
         let meshes = Meshes::collect(module, &mut d);
         if d.has_errors() {
@@ -193,8 +192,8 @@ fn policy_name(p: Policy) -> &'static str {
 
 /// Inserts `"nns.mesh"() {sym_name = "world", axes = ...}` first in `module`'s body, in
 /// place, located at the module.
-fn insert_mesh(module: &Module<'_>, axes: &AttrValue) -> Result<(), String> {
-    let raw = module.as_operation().to_raw();
+fn insert_mesh(module: &OperationRef<'_, '_>, axes: &AttrValue) -> Result<(), String> {
+    let raw = module.to_raw();
     // SAFETY: `module` is live; the new op is built in its context and handed to its body.
     unsafe {
         let b = Builder::for_op(raw);
@@ -204,7 +203,7 @@ fn insert_mesh(module: &Module<'_>, axes: &AttrValue) -> Result<(), String> {
         ];
         let loc = mlir_sys::mlirOperationGetLocation(raw);
         let op = b.create_op("nns.mesh", &[], &[], &attrs, loc);
-        let body = module.body().to_raw();
+        let body = mlir_sys::mlirRegionGetFirstBlock(mlir_sys::mlirOperationGetRegion(raw, 0));
         mlir_sys::mlirBlockInsertOwnedOperation(body, 0, op);
     }
     Ok(())

@@ -8,9 +8,8 @@
 //! one (so the matmuls autodiff emits count as backward). Activation bytes are the bytes of every value forward ops produce —
 //! what a step keeps alive for backward when nothing is recomputed.
 
-use crate::pipeline::{Pass, PassOptions};
-use melior::ir::Module;
-use nnscaler_dialects::context::IrContext;
+use crate::pipeline::{ModulePass, PassOptions};
+use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::Graph;
@@ -147,7 +146,7 @@ fn bytes(n: u64) -> String {
 }
 
 /// Computes the statistics of every function of `module`.
-pub fn module_stats(module: &Module<'_>) -> Vec<FuncStats> {
+pub fn module_stats(module: &OperationRef<'_, '_>) -> Vec<FuncStats> {
     let mut out = Vec::new();
     let mut ignored = Diagnostics::default();
     let meshes = Meshes::collect(module, &mut ignored);
@@ -286,8 +285,8 @@ impl PrintStats {
     }
 }
 
-impl Pass for PrintStats {
-    fn run<'c>(&mut self, _ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
+impl ModulePass for PrintStats {
+    fn run(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
         let stats = module_stats(module);
         let mut found = false;
         for st in stats {
@@ -312,6 +311,7 @@ impl Pass for PrintStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nnscaler_dialects::context::IrContext;
 
     #[test]
     fn mlp_stats_are_exact() {
@@ -322,7 +322,7 @@ mod tests {
   return %1 : tensor<8x4xf32>
 }"#;
         let m = ir.parse(src, "s.mlir").unwrap();
-        let st = &module_stats(&m)[0];
+        let st = &module_stats(&m.as_operation())[0];
         assert_eq!(st.params, 64);
         assert_eq!(st.param_tensors, 1);
         // linear 2*8*4*16 = 1024, relu 32 -> forward 1056, step 3x.

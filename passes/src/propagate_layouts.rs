@@ -15,11 +15,9 @@ use crate::layouts::{
     annotation, constraint, directive, error, layout_attr, layouts_attr, node_layouts, the_mesh,
     value_layouts,
 };
-use crate::pipeline::{Pass, PassOptions};
-use crate::rewrite::rewrite_funcs;
-use melior::ir::Module;
+use crate::pipeline::{FunctionPass, PassOptions};
+use melior::ir::OperationRef;
 use nnscaler_dialects::annotation::{Annotation, Binding, DimKind};
-use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::{Graph, Node};
 use nnscaler_dialects::nns::Mesh;
@@ -27,20 +25,25 @@ use nnscaler_dialects::sharding::{binds_to_split, infer_binds, Binds, Sharding};
 use nnscaler_dialects::types::{AttrValue, Attrs};
 
 /// The pass.
-#[derive(Debug)]
-pub struct PropagateLayouts;
+#[derive(Debug, Default)]
+pub struct PropagateLayouts {
+    mesh: Option<Mesh>,
+}
 
 impl PropagateLayouts {
     /// No options.
     pub fn new(_: &PassOptions) -> Result<Self, String> {
-        Ok(PropagateLayouts)
+        Ok(PropagateLayouts::default())
     }
 }
 
-impl Pass for PropagateLayouts {
-    fn run<'c>(&mut self, _ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
-        let mesh = the_mesh(module, "propagate-layouts")?;
-        rewrite_funcs(module, &mut |g| propagate(g, &mesh).map(Some))
+impl FunctionPass for PropagateLayouts {
+    fn prepare(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
+        self.mesh = Some(the_mesh(module, "propagate-layouts")?);
+        Ok(())
+    }
+    fn run_on_function(&mut self, g: Graph) -> Result<Option<Graph>, Diagnostics> {
+        propagate(g, self.mesh.as_ref().expect("prepare runs first")).map(Some)
     }
 }
 

@@ -3,7 +3,7 @@
 use crate::autodiff::Autodiff;
 use crate::localize::Localize;
 use crate::lower_relayouts::LowerRelayouts;
-use crate::pipeline::{Pass, PassOptions};
+use crate::pipeline::{Native, PassOptions};
 use crate::plan::Plan;
 use crate::print_stats::PrintStats;
 use crate::propagate_layouts::PropagateLayouts;
@@ -23,7 +23,7 @@ pub struct OptionInfo {
 #[derive(Clone, Copy, Debug)]
 pub enum Factory {
     /// One of ours.
-    Native(fn(&PassOptions) -> Result<Box<dyn Pass>, String>),
+    Native(fn(&PassOptions) -> Result<Native, String>),
     /// An upstream MLIR pass.
     Upstream(fn() -> melior::pass::Pass),
 }
@@ -62,7 +62,7 @@ pub static PASSES: &[PassInfo] = &[
             help: "only this function (default: every function)",
         }],
         anchor: Anchor::Function,
-        factory: Factory::Native(|o| Ok(Box::new(Autodiff::new(o)?))),
+        factory: Factory::Native(|o| Ok(Native::Function(Box::new(Autodiff::new(o)?)))),
     },
     PassInfo {
         name: "print-stats",
@@ -71,8 +71,8 @@ pub static PASSES: &[PassInfo] = &[
             name: "func",
             help: "only this function (default: every function)",
         }],
-        anchor: Anchor::Function,
-        factory: Factory::Native(|o| Ok(Box::new(PrintStats::new(o)?))),
+        anchor: Anchor::Module,
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(PrintStats::new(o)?)))),
     },
     PassInfo {
         name: "plan",
@@ -92,35 +92,35 @@ pub static PASSES: &[PassInfo] = &[
             },
         ],
         anchor: Anchor::Module,
-        factory: Factory::Native(|o| Ok(Box::new(Plan::new(o)?))),
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(Plan::new(o)?)))),
     },
     PassInfo {
         name: "propagate-layouts",
         summary: "Give every value a layout: arguments' nns.layout, ops' split directives, and ops without one following their operands (writes nns.split, nns.layouts and result nns.layout)",
         options: &[],
         anchor: Anchor::Function,
-        factory: Factory::Native(|o| Ok(Box::new(PropagateLayouts::new(o)?))),
+        factory: Factory::Native(|o| Ok(Native::Function(Box::new(PropagateLayouts::new(o)?)))),
     },
     PassInfo {
         name: "split-tensor",
         summary: "Insert nns.relayout wherever an operand's layout differs from what its consumer's split needs (and before results whose layout differs from their nns.layout)",
         options: &[],
         anchor: Anchor::Function,
-        factory: Factory::Native(|o| Ok(Box::new(SplitTensor::new(o)?))),
+        factory: Factory::Native(|o| Ok(Native::Function(Box::new(SplitTensor::new(o)?)))),
     },
     PassInfo {
         name: "lower-relayouts",
         summary: "Turn each nns.relayout into the cheapest sequence of collectives (all_reduce, reduce_scatter, all_gather, all_to_all, slice)",
         options: &[],
         anchor: Anchor::Function,
-        factory: Factory::Native(|o| Ok(Box::new(LowerRelayouts::new(o)?))),
+        factory: Factory::Native(|o| Ok(Native::Function(Box::new(LowerRelayouts::new(o)?)))),
     },
     PassInfo {
         name: "localize",
         summary: "Make the per-device (SPMD) program: local shapes, shape attributes and mean denominators fixed; marks the function nns.localized",
         options: &[],
         anchor: Anchor::Function,
-        factory: Factory::Native(|o| Ok(Box::new(Localize::new(o)?))),
+        factory: Factory::Native(|o| Ok(Native::Function(Box::new(Localize::new(o)?)))),
     },
     PassInfo {
         name: "canonicalize",

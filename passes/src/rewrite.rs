@@ -1,4 +1,4 @@
-//! Running a graph transformation over the functions of a module, in place.
+//! Running a function pass over the functions of a module, or over one function, in place.
 //!
 //! Each `func.func` with a body is read into a [`Graph`] (an analysis snapshot that remembers
 //! the ops it was read from); where the transformation returns a new graph, the graph is
@@ -8,29 +8,28 @@
 //! that are not ours (no `dnn`/`nns` op, no `nns` attribute on their signature) are
 //! skipped.
 
-use melior::ir::{Module, RegionLike};
+use crate::pipeline::FunctionPass;
+use melior::ir::{OperationRef, RegionLike};
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::view::{top_level_ops, walk_nested, FuncView};
 
-/// Calls `f` on every `func.func` of `module` that has a body, as a graph (in order); where
-/// it returns a new graph, that function is rewritten in place.
-pub fn rewrite_funcs(
-    module: &mut Module<'_>,
-    f: &mut dyn FnMut(Graph) -> Result<Option<Graph>, Diagnostics>,
+/// Runs the function pass `pass` on every function of the module op `module` that is ours
+/// (in order), writing back in place the functions it changes; then calls its `finish`.
+pub fn run_on_module(
+    pass: &mut dyn FunctionPass,
+    module: &OperationRef<'_, '_>,
 ) -> Result<(), Diagnostics> {
+    pass.prepare(module)?;
     let mut diags = Diagnostics::default();
     let mut changed: Vec<Graph> = Vec::new();
     top_level_ops(module, &mut |op| {
-        if op.name().as_string_ref().as_str() != Ok("func.func")
-            || is_declaration(op)
-            || !has_our_ops(op)
-        {
+        if !is_ours(op) {
             return;
         }
         match Graph::from_func(op) {
             Err(e) => diags.error(&e.loc, e.message),
-            Ok(g) => match f(g) {
+            Ok(g) => match pass.run_on_function(g) {
                 Ok(Some(new)) => changed.push(new),
                 Ok(None) => {}
                 Err(d) => diags.extend(d),
@@ -42,13 +41,49 @@ pub fn rewrite_funcs(
     }
     // Written after the walk: the walk holds borrowed handles into the module.
     for g in &changed {
-        g.write_back().map_err(|e| {
-            let mut d = Diagnostics::default();
-            d.error(&g.loc, e);
-            d
-        })?;
+        write_back(g)?;
+    }
+    pass.finish()
+}
+
+/// Runs the function pass `pass` on the one `func.func` op `func` (as an MLIR pass anchored
+/// on `func.func` does): the module around it is read by `prepare`, and the function is
+/// rewritten in place. A function that is not ours is left alone.
+pub fn run_on_function(
+    pass: &mut dyn FunctionPass,
+    func: &OperationRef<'_, '_>,
+) -> Result<(), Diagnostics> {
+    if !is_ours(func) {
+        return Ok(());
+    }
+    // SAFETY: `func` is live; its parent (the module holding it) outlives this call.
+    let parent = unsafe { mlir_sys::mlirOperationGetParentOperation(func.to_raw()) };
+    if !parent.ptr.is_null() {
+        pass.prepare(&unsafe { OperationRef::from_raw(parent) })?;
+    }
+    let g = Graph::from_func(func).map_err(|e| {
+        let mut d = Diagnostics::default();
+        d.error(&e.loc, e.message);
+        d
+    })?;
+    if let Some(new) = pass.run_on_function(g)? {
+        write_back(&new)?;
     }
     Ok(())
+}
+
+fn write_back(g: &Graph) -> Result<(), Diagnostics> {
+    g.write_back().map_err(|e| {
+        let mut d = Diagnostics::default();
+        d.error(&g.loc, e);
+        d
+    })
+}
+
+/// Whether `op` is a function a graph pass works on: a `func.func` with a body that is a
+/// program of ours.
+fn is_ours(op: &OperationRef<'_, '_>) -> bool {
+    op.name().as_string_ref().as_str() == Ok("func.func") && !is_declaration(op) && has_our_ops(op)
 }
 
 /// Whether `func` is a program of ours: it holds a `dnn` or `nns` op, or its arguments or
@@ -79,4 +114,19 @@ fn is_declaration(func: &melior::ir::OperationRef<'_, '_>) -> bool {
     func.region(0)
         .map(|r| r.first_block().is_none())
         .unwrap_or(true)
+}
+
+/// Calls `f` on every function of the module op `module` that is ours, as a graph (in
+/// order); where it returns a new graph, that function is rewritten in place.
+pub fn rewrite_funcs(
+    module: &OperationRef<'_, '_>,
+    f: &mut dyn FnMut(Graph) -> Result<Option<Graph>, Diagnostics>,
+) -> Result<(), Diagnostics> {
+    struct Closure<'a>(&'a mut dyn FnMut(Graph) -> Result<Option<Graph>, Diagnostics>);
+    impl FunctionPass for Closure<'_> {
+        fn run_on_function(&mut self, g: Graph) -> Result<Option<Graph>, Diagnostics> {
+            (self.0)(g)
+        }
+    }
+    run_on_module(&mut Closure(f), module)
 }

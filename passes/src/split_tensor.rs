@@ -10,10 +10,8 @@
 use crate::layouts::{
     directive, error, layout_attr, node_layouts, result_layouts, the_mesh, value_layouts,
 };
-use crate::pipeline::{Pass, PassOptions};
-use crate::rewrite::rewrite_funcs;
-use melior::ir::Module;
-use nnscaler_dialects::context::IrContext;
+use crate::pipeline::{FunctionPass, PassOptions};
+use melior::ir::OperationRef;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::nns::Mesh;
@@ -22,20 +20,25 @@ use nnscaler_dialects::types::Attrs;
 use std::collections::HashMap;
 
 /// The pass.
-#[derive(Debug)]
-pub struct SplitTensor;
+#[derive(Debug, Default)]
+pub struct SplitTensor {
+    mesh: Option<Mesh>,
+}
 
 impl SplitTensor {
     /// No options.
     pub fn new(_: &PassOptions) -> Result<Self, String> {
-        Ok(SplitTensor)
+        Ok(SplitTensor::default())
     }
 }
 
-impl Pass for SplitTensor {
-    fn run<'c>(&mut self, _ir: &'c IrContext, module: &mut Module<'c>) -> Result<(), Diagnostics> {
-        let mesh = the_mesh(module, "split-tensor")?;
-        rewrite_funcs(module, &mut |g| split(g, &mesh).map(Some))
+impl FunctionPass for SplitTensor {
+    fn prepare(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
+        self.mesh = Some(the_mesh(module, "split-tensor")?);
+        Ok(())
+    }
+    fn run_on_function(&mut self, g: Graph) -> Result<Option<Graph>, Diagnostics> {
+        split(g, self.mesh.as_ref().expect("prepare runs first")).map(Some)
     }
 }
 

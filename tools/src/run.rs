@@ -124,7 +124,7 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     }
     // A localized function takes whole tensors: bind against its global view.
     let mut d = Diagnostics::default();
-    let meshes = Meshes::collect(&module, &mut d);
+    let meshes = Meshes::collect(&module.as_operation(), &mut d);
     let mesh = if g.is_localized() {
         if a.autodiff {
             return Err(format!(

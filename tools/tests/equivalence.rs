@@ -56,7 +56,10 @@ fn graph_of(
     pipeline::run(ir, &mut m, steps, &mut |_, _| {}, "model.mlir")
         .unwrap_or_else(|d| panic!("{d}"));
     let mut d = Default::default();
-    let mesh = Meshes::collect(&m, &mut d).0.first().cloned();
+    let mesh = Meshes::collect(&m.as_operation(), &mut d)
+        .0
+        .first()
+        .cloned();
     let g = Graph::all_in(&m)
         .remove(0)
         .unwrap_or_else(|e| panic!("{}", e.message));
