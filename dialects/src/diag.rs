@@ -123,6 +123,8 @@ impl fmt::Display for SrcLoc {
 pub enum Severity {
     /// Attached to another diagnostic.
     Note,
+    /// What a pass decided on its own that the user may want to know (not a problem).
+    Remark,
     /// Suspicious but not fatal.
     Warning,
     /// The input is wrong.
@@ -133,6 +135,7 @@ impl fmt::Display for Severity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Severity::Note => "note",
+            Severity::Remark => "remark",
             Severity::Warning => "warning",
             Severity::Error => "error",
         })
@@ -221,6 +224,11 @@ impl Diagnostics {
     /// Records a warning at `loc`.
     pub fn warning(&mut self, loc: &SrcLoc, message: impl Into<String>) {
         self.push(loc, Severity::Warning, message);
+    }
+
+    /// Records a remark at `loc`.
+    pub fn remark(&mut self, loc: &SrcLoc, message: impl Into<String>) {
+        self.push(loc, Severity::Remark, message);
     }
 
     /// Records a note at `loc`.

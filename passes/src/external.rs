@@ -107,8 +107,10 @@ fn run_in_place(step: &Step, op: &OperationRef<'_, '_>) -> Result<(), Diagnostic
     })?;
     let is_func = op.name().as_string_ref().as_str() == Ok("func.func");
     match (&mut native, is_func) {
-        (Native::Function(p), true) => crate::rewrite::run_on_function(p.as_mut(), op)?,
-        (_, false) => native.run(op)?,
+        // Remarks have no route into a host's diagnostics (MLIR 19's C API emits errors
+        // only); nnscaler-opt prints them.
+        (Native::Function(p), true) => drop(crate::rewrite::run_on_function(p.as_mut(), op)?),
+        (_, false) => drop(native.run(op)?),
         (Native::Module(_), true) => {
             let mut d = Diagnostics::default();
             d.error(

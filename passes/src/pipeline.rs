@@ -29,6 +29,11 @@ pub trait FunctionPass {
     }
     /// Transforms one function; `None` leaves it untouched.
     fn run_on_function(&mut self, g: Graph) -> Result<Option<Graph>, Diagnostics>;
+    /// Takes the remarks made so far (decisions the user may want to know about, such as
+    /// an op without a spec run replicated).
+    fn take_remarks(&mut self) -> Diagnostics {
+        Diagnostics::default()
+    }
     /// Called after every function of a module was seen (e.g. to report that `func=NAME`
     /// matched none). Not called when the pass is run on one function alone.
     fn finish(&mut self) -> Result<(), Diagnostics> {
@@ -54,10 +59,10 @@ impl std::fmt::Debug for Native {
 }
 
 impl Native {
-    /// Runs the pass on the module op `module`, in place.
-    pub fn run(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
+    /// Runs the pass on the module op `module`, in place. Returns its remarks.
+    pub fn run(&mut self, module: &OperationRef<'_, '_>) -> Result<Diagnostics, Diagnostics> {
         match self {
-            Native::Module(p) => p.run(module),
+            Native::Module(p) => p.run(module).map(|()| Diagnostics::default()),
             Native::Function(p) => crate::rewrite::run_on_module(p.as_mut(), module),
         }
     }
@@ -237,14 +242,15 @@ pub struct StepDone {
 }
 
 /// Runs `steps` in order on `module`, verifying after each; `after` is called after each
-/// pass (for `--mlir-print-ir-after-all` and `--mlir-timing`).
+/// pass (for `--mlir-print-ir-after-all` and `--mlir-timing`). Returns the passes' remarks.
 pub fn run<'c>(
     ir: &'c IrContext,
     module: &mut Module<'c>,
     steps: &[Step],
     after: &mut dyn FnMut(&StepDone, &Module<'_>),
     file: &str,
-) -> Result<(), Diagnostics> {
+) -> Result<Diagnostics, Diagnostics> {
+    let mut remarks = Diagnostics::default();
     for step in steps {
         let start = std::time::Instant::now();
         match step.info.factory {
@@ -254,7 +260,7 @@ pub fn run<'c>(
                     d.error(&file_loc(file), e);
                     d
                 })?;
-                pass.run(&module.as_operation())?;
+                remarks.extend(pass.run(&module.as_operation())?);
             }
             Factory::Upstream(make) => {
                 ir.take_diagnostics();
@@ -282,7 +288,7 @@ pub fn run<'c>(
         };
         after(&done, module);
     }
-    Ok(())
+    Ok(remarks)
 }
 
 #[cfg(test)]

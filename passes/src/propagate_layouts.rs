@@ -28,6 +28,7 @@ use nnscaler_dialects::types::{AttrValue, Attrs};
 #[derive(Debug, Default)]
 pub struct PropagateLayouts {
     mesh: Option<Mesh>,
+    remarks: Diagnostics,
 }
 
 impl PropagateLayouts {
@@ -43,7 +44,11 @@ impl FunctionPass for PropagateLayouts {
         Ok(())
     }
     fn run_on_function(&mut self, g: Graph) -> Result<Option<Graph>, Diagnostics> {
-        propagate(g, self.mesh.as_ref().expect("prepare runs first")).map(Some)
+        let mesh = self.mesh.as_ref().expect("prepare runs first");
+        propagate(g, mesh, &mut self.remarks).map(Some)
+    }
+    fn take_remarks(&mut self) -> Diagnostics {
+        std::mem::take(&mut self.remarks)
     }
 }
 
@@ -229,13 +234,43 @@ fn vocab_parallel_cross_entropy(g: &mut Graph, k: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Propagates layouts through `g` (see the module docs).
-pub fn propagate(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
+/// Propagates layouts through `g` (see the module docs). An op of another dialect (no
+/// spec, so no annotation to split by) runs replicated, as MLIR's own spmdization treats
+/// ops without a sharding interface: its result layouts are written replicated (split-tensor
+/// then gathers its operands), and a remark says so.
+pub fn propagate(
+    mut g: Graph,
+    mesh: &Mesh,
+    remarks: &mut Diagnostics,
+) -> Result<Graph, Diagnostics> {
     let mut layouts = value_layouts(&g, mesh)?;
     let mut k = 0;
     while k < g.nodes.len() {
         let mut n = g.nodes[k].clone();
         let ranks: Vec<usize> = n.outputs.iter().map(|&v| g.values[v].rank()).collect();
+        if is_foreign(&n.op) {
+            let rs: Vec<Sharding> = ranks
+                .iter()
+                .map(|&r| Sharding::replicated(r, mesh.axes.len()))
+                .collect();
+            if mesh.devices() > 1 {
+                remarks.remark(
+                    &n.loc,
+                    format!(
+                        "propagate-layouts: '{}' has no dnn spec; it runs replicated (its operands are gathered, its results replicated on every device)",
+                        n.op
+                    ),
+                );
+            }
+            g.nodes[k]
+                .attrs
+                .insert("nns.layouts".into(), layouts_attr(&rs, mesh));
+            for (&v, s) in n.outputs.iter().zip(rs) {
+                layouts[v] = Some(s);
+            }
+            k += 1;
+            continue;
+        }
         if !n.op.starts_with("dnn.") {
             // nns ops: their layouts are written (relayouts) or replicated.
             for (j, &v) in n.outputs.iter().enumerate() {
@@ -337,4 +372,9 @@ pub fn propagate(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
             .insert("nns.layout".into(), layout_attr(&want, mesh));
     }
     Ok(g)
+}
+
+/// An op of another dialect than ours (`arith`, `tensor`, a user's).
+pub fn is_foreign(op: &str) -> bool {
+    !op.starts_with("dnn.") && !op.starts_with("nns.")
 }

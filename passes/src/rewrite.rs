@@ -19,7 +19,7 @@ use nnscaler_dialects::view::{top_level_ops, walk_nested, FuncView};
 pub fn run_on_module(
     pass: &mut dyn FunctionPass,
     module: &OperationRef<'_, '_>,
-) -> Result<(), Diagnostics> {
+) -> Result<Diagnostics, Diagnostics> {
     pass.prepare(module)?;
     let mut diags = Diagnostics::default();
     let mut changed: Vec<Graph> = Vec::new();
@@ -43,7 +43,8 @@ pub fn run_on_module(
     for g in &changed {
         write_back(g)?;
     }
-    pass.finish()
+    pass.finish()?;
+    Ok(pass.take_remarks())
 }
 
 /// Runs the function pass `pass` on the one `func.func` op `func` (as an MLIR pass anchored
@@ -52,9 +53,9 @@ pub fn run_on_module(
 pub fn run_on_function(
     pass: &mut dyn FunctionPass,
     func: &OperationRef<'_, '_>,
-) -> Result<(), Diagnostics> {
+) -> Result<Diagnostics, Diagnostics> {
     if !is_ours(func) {
-        return Ok(());
+        return Ok(Diagnostics::default());
     }
     // SAFETY: `func` is live; its parent (the module holding it) outlives this call.
     let parent = unsafe { mlir_sys::mlirOperationGetParentOperation(func.to_raw()) };
@@ -69,7 +70,7 @@ pub fn run_on_function(
     if let Some(new) = pass.run_on_function(g)? {
         write_back(&new)?;
     }
-    Ok(())
+    Ok(pass.take_remarks())
 }
 
 fn write_back(g: &Graph) -> Result<(), Diagnostics> {
@@ -128,5 +129,5 @@ pub fn rewrite_funcs(
             (self.0)(g)
         }
     }
-    run_on_module(&mut Closure(f), module)
+    run_on_module(&mut Closure(f), module).map(|_| ())
 }

@@ -11,6 +11,7 @@ use crate::layouts::{
     directive, error, layout_attr, node_layouts, result_layouts, the_mesh, value_layouts,
 };
 use crate::pipeline::{FunctionPass, PassOptions};
+use crate::propagate_layouts::is_foreign;
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::{Graph, ValueId};
@@ -83,6 +84,18 @@ pub fn split(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
             for (i, &v) in inputs.iter().enumerate() {
                 if let Some(want) = &l.inputs[i] {
                     n.inputs[i] = relayout(&mut g, &mut layouts, v, want, &n.loc);
+                }
+            }
+        } else if is_foreign(&n.op) {
+            // Replicated (see propagate-layouts): every operand gathered, results R.
+            let inputs = n.inputs.clone();
+            for (i, &v) in inputs.iter().enumerate() {
+                let want = Sharding::replicated(g.values[v].rank(), mesh.axes.len());
+                n.inputs[i] = relayout(&mut g, &mut layouts, v, &want, &n.loc);
+            }
+            for &v in &n.outputs {
+                if layouts[v].is_none() {
+                    layouts[v] = Some(Sharding::replicated(g.values[v].rank(), mesh.axes.len()));
                 }
             }
         }

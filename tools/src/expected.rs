@@ -34,6 +34,7 @@ pub fn parse(source: &str, file: &str) -> Result<Vec<Expected>, Diagnostic> {
             ("expected-error", Severity::Error),
             ("expected-warning", Severity::Warning),
             ("expected-note", Severity::Note),
+            ("expected-remark", Severity::Remark),
         ] {
             let Some(pos) = line.find(key) else { continue };
             let rest = &line[pos + key.len()..];

@@ -70,6 +70,7 @@ fn encode(d: &Diagnostic) -> String {
         Severity::Error => "E",
         Severity::Warning => "W",
         Severity::Note => "N",
+        Severity::Remark => "R",
     };
     format!(
         "{sev}\t{}\t{}\t{}\t{}\n",
@@ -85,6 +86,7 @@ fn decode(line: &str) -> Option<Diagnostic> {
     let severity = match f.next()? {
         "E" => Severity::Error,
         "W" => Severity::Warning,
+        "R" => Severity::Remark,
         _ => Severity::Note,
     };
     let file = unescape(f.next()?);

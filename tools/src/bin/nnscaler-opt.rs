@@ -165,14 +165,15 @@ fn chunks(source: &str, split: bool) -> Vec<String> {
     out
 }
 
-/// Processes one buffer: parse, verify, passes. Returns the printed IR or diagnostics.
+/// Processes one buffer: parse, verify, passes. Returns the printed IR and the passes'
+/// remarks, or the diagnostics that stopped it.
 fn process(
     ir: &IrContext,
     src: &str,
     name: &str,
     cli: &Cli,
     steps: &[Step],
-) -> Result<String, Diagnostics> {
+) -> Result<(String, Diagnostics), Diagnostics> {
     let mut timing = Timing::default();
     let start = Instant::now();
     nnscaler_tools::parse_guard::check_parses(src, name)?;
@@ -191,7 +192,7 @@ fn process(
         debuginfo: cli.print_debuginfo,
         local_scope: cli.print_local_scope,
     };
-    pipeline::run(
+    let remarks = pipeline::run(
         ir,
         &mut module,
         steps,
@@ -214,7 +215,7 @@ fn process(
     if cli.timing {
         eprint!("{}", timing.report());
     }
-    Ok(text)
+    Ok((text, remarks))
 }
 
 /// How to print the IR: `--mlir-print-debuginfo`, `--mlir-print-local-scope`.
@@ -332,7 +333,7 @@ fn main() -> ExitCode {
         let result = process(&ir, &chunk, name, &cli, &steps).map_err(|d| d.in_file(name));
         if cli.verify_diagnostics {
             let got: Vec<Diagnostic> = match &result {
-                Ok(_) => Vec::new(),
+                Ok((_, remarks)) => remarks.0.clone(),
                 Err(d) => d.0.clone(),
             };
             let problems = match expected::parse(&chunk, name) {
@@ -346,13 +347,18 @@ fn main() -> ExitCode {
                 );
                 failed = true;
             }
-            if let Ok(out) = result {
+            if let Ok((out, _)) = result {
                 outputs.push(out);
             }
             continue;
         }
         match result {
-            Ok(out) => outputs.push(out),
+            Ok((out, remarks)) => {
+                if !remarks.is_empty() {
+                    eprintln!("{}", remarks.render_limited(Some(&source), cli.error_limit));
+                }
+                outputs.push(out)
+            }
             Err(d) => {
                 failed = true;
                 eprintln!("{}", d.render_limited(Some(&source), cli.error_limit));
