@@ -257,7 +257,7 @@ impl Graph {
                             view.loc(),
                             format!(
                                 "result {k} of '{}' must be a ranked tensor with a static shape, not {}",
-                                view.name, view.result_text[k as usize]
+                                view.name, view.result_text(k as usize)
                             ),
                         )
                     })?;

@@ -349,7 +349,7 @@ fn verify_local_op(v: &OpView, meshes: &Meshes) -> Result<(), String> {
         if got.as_ref() != Some(want) {
             return Err(format!(
                 "result {i} has type {} but its (local) operands give {want}",
-                v.result_text[i]
+                v.result_text(i)
             ));
         }
     }
@@ -375,7 +375,7 @@ fn verify_op(v: &OpView, meshes: &Meshes, diags: &mut Diagnostics) -> Result<(),
             if got.as_ref() != Some(want) {
                 return Err(format!(
                     "result {i} has type {} but its operands give {want}",
-                    v.result_text[i]
+                    v.result_text(i)
                 ));
             }
         }
@@ -537,7 +537,7 @@ fn verify_collective(
             };
             return Err(format!(
                 "result type {} differs from operand type {t}; {why}",
-                v.result_text[0]
+                v.result_text(0)
             ));
         }
         Ok(())
@@ -640,7 +640,7 @@ fn verify_collective(
         return Err(format!(
             "result type {} does not follow from the local operand {t}: over {} ({parts} \
              devices) it is {want}",
-            v.result_text[0],
+            v.result_text(0),
             axes.join(", ")
         ));
     }

@@ -23,14 +23,14 @@ pub struct OpView {
     /// is a large part of reading IR, and most views never report anything).
     raw_loc: crate::diag::RawLoc,
     loc_cell: std::cell::OnceCell<SrcLoc>,
-    /// Operand types (`None` if not a static ranked tensor), with their printed type.
+    /// Operand types (`None` if not a static ranked tensor).
     pub operands: Vec<Option<TensorType>>,
-    /// Printed operand types.
-    pub operand_text: Vec<String>,
+    /// The printed type of each operand that is not a tensor nnscaler reads.
+    operand_other: Vec<Option<String>>,
     /// Result types (`None` if not a static ranked tensor).
     pub results: Vec<Option<TensorType>>,
-    /// Printed result types.
-    pub result_text: Vec<String>,
+    /// The printed type of each result that is not a tensor nnscaler reads.
+    result_other: Vec<Option<String>>,
     /// Attributes by name (for a `func.func`, not its `function_type`, `arg_attrs` and
     /// `res_attrs`: see [`FuncView`]).
     pub attrs: Attrs,
@@ -38,14 +38,11 @@ pub struct OpView {
 
 /// A value's type through the C API; its text is printed only when it is not a tensor
 /// type nnscaler reads (the text is for messages).
-fn value_type(v: Value<'_, '_>) -> (Option<TensorType>, String) {
+fn value_type(v: Value<'_, '_>) -> (Option<TensorType>, Option<String>) {
     let t = v.r#type();
     match TensorType::from_type(t.to_raw()) {
-        Some(tt) => {
-            let text = tt.to_string();
-            (Some(tt), text)
-        }
-        None => (None, t.to_string()),
+        Some(tt) => (Some(tt), None),
+        None => (None, Some(t.to_string())),
     }
 }
 
@@ -58,8 +55,8 @@ impl OpView {
             .as_str()
             .unwrap_or("<invalid utf-8>")
             .to_string();
-        let (operands, operand_text) = op.operands().map(value_type).unzip();
-        let (results, result_text) = op.results().map(|r| value_type(r.into())).unzip();
+        let (operands, operand_other) = op.operands().map(value_type).unzip();
+        let (results, result_other) = op.results().map(|r| value_type(r.into())).unzip();
         // A function's type and argument/result attributes are read by `FuncView` (through
         // the C API); printing them here would cost as much as printing the signature.
         let is_func = name == "func.func";
@@ -78,11 +75,29 @@ impl OpView {
             raw_loc: crate::diag::RawLoc(op.location().to_raw()),
             loc_cell: std::cell::OnceCell::new(),
             operands,
-            operand_text,
+            operand_other,
             results,
-            result_text,
+            result_other,
             attrs,
         }
+    }
+
+    /// Operand `i`'s type as printed (for messages).
+    pub fn operand_text(&self, i: usize) -> String {
+        type_text(&self.operands, &self.operand_other, i)
+    }
+
+    /// Result `i`'s type as printed (for messages).
+    pub fn result_text(&self, i: usize) -> String {
+        type_text(&self.results, &self.result_other, i)
+    }
+}
+
+fn type_text(tensors: &[Option<TensorType>], other: &[Option<String>], i: usize) -> String {
+    match (tensors.get(i), other.get(i)) {
+        (Some(Some(t)), _) => t.to_string(),
+        (_, Some(Some(s))) => s.clone(),
+        _ => String::new(),
     }
 }
 
@@ -320,6 +335,6 @@ mod tests {
         assert_eq!(y.attrs["u"], AttrValue::Unit);
         assert_eq!(y.attrs["l"], AttrValue::Ints(vec![1, 2]));
         assert_eq!(y.attrs["e"], AttrValue::Str("a\nb".into()));
-        assert_eq!(y.result_text[0], "tensor<f32>");
+        assert_eq!(y.result_text(0), "tensor<f32>");
     }
 }

@@ -146,8 +146,12 @@ fn emit(d: &Diagnostics, op: &OperationRef<'_, '_>, pass: &str) {
         if x.severity != Severity::Error {
             continue;
         }
-        let text =
-            CString::new(format!("nnscaler {pass}{func}: {}", x.message)).unwrap_or_default();
+        let message = x
+            .message
+            .strip_prefix(pass)
+            .and_then(|m| m.strip_prefix(": "))
+            .unwrap_or(&x.message);
+        let text = CString::new(format!("nnscaler {pass}{func}: {message}")).unwrap_or_default();
         // SAFETY: locations are uniqued in the op's context, which is alive; the message is
         // a C string.
         unsafe {

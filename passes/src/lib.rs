@@ -4,6 +4,7 @@
 //! `nnscaler-opt` flags, `--list-passes`, `--help` and `--pass-pipeline` are generated from.
 
 pub mod autodiff;
+pub mod capi;
 pub mod external;
 pub mod layouts;
 pub mod localize;
