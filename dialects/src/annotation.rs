@@ -264,6 +264,28 @@ fn has_star(t: &TensorAnno) -> bool {
 
 impl Annotation {
     /// Parses and checks an annotation such as `m k+, k+ n -> m n`.
+    /// [`Annotation::parse`] through a per-thread cache keyed by the text: op specs build
+    /// the same few annotations for thousands of ops, and parsing them was a tenth of a
+    /// pipeline's time.
+    pub fn parse_cached(text: &str) -> Result<Self, AnnotationError> {
+        thread_local! {
+            static CACHE: std::cell::RefCell<std::collections::HashMap<String, Annotation>> =
+                std::cell::RefCell::default();
+        }
+        if let Some(a) = CACHE.with(|c| c.borrow().get(text).cloned()) {
+            return Ok(a);
+        }
+        let a = Self::parse(text)?;
+        CACHE.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.len() >= 4096 {
+                c.clear(); // bounded: shapes of unusual models may make many distinct texts
+            }
+            c.insert(text.to_string(), a.clone());
+        });
+        Ok(a)
+    }
+
     pub fn parse(text: &str) -> Result<Self, AnnotationError> {
         let Some((lhs, rhs)) = text.split_once("->") else {
             return err(format!("annotation '{text}' has no '->'"));

@@ -288,7 +288,7 @@ impl OpSpec {
             }
         }
         let text = (self.annotation)(ctx)?;
-        let anno = Annotation::parse(&text)
+        let anno = Annotation::parse_cached(&text)
             .map_err(|e| format!("internal annotation '{text}' is invalid: {e}"))?;
         let shapes: Vec<Option<&[i64]>> = ctx
             .operands
