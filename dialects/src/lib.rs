@@ -17,6 +17,7 @@ pub mod context;
 pub mod diag;
 pub mod dnn;
 pub mod graph;
+pub mod irdl;
 pub mod nns;
 pub mod rewriter;
 pub mod sharding;

@@ -53,6 +53,11 @@ struct Cli {
     /// List the dnn and nns ops and exit.
     #[arg(long)]
     list_ops: bool,
+    /// Print the dnn dialect, or both dnn and nns (all), as IRDL for mlir-opt-19
+    /// --irdl-file=... and exit; the committed copies are dialects/irdl/dnn.irdl.mlir and
+    /// dialects/irdl/nnscaler.irdl.mlir.
+    #[arg(long, value_name = "DIALECT", value_parser = ["dnn", "all"])]
+    print_irdl: Option<String>,
     /// Show at most N errors (0: all); repeated errors are shown once.
     #[arg(long, value_name = "N", default_value_t = 20)]
     error_limit: usize,
@@ -300,6 +305,14 @@ fn main() -> ExitCode {
             .iter()
             .map(|p| format!("{:<18} {}\n", p.name, p.summary))
             .collect();
+        return print_or_fail(&text);
+    }
+    if let Some(d) = &cli.print_irdl {
+        let text = if d == "dnn" {
+            nnscaler_dialects::irdl::dnn()
+        } else {
+            nnscaler_dialects::irdl::all()
+        };
         return print_or_fail(&text);
     }
     if cli.list_ops {
