@@ -40,6 +40,8 @@ impl<'c> RunExternalPass<'c> for External {
     fn initialize(&mut self, _context: ContextRef<'c>) {}
 
     fn run(&mut self, operation: OperationRef<'c, '_>, pass: ExternalPass<'_>) {
+        // Remarks have no route into a host's diagnostics through MLIR 19's C API (it emits
+        // errors only); nnscaler-opt and the mlir-opt plugin show them.
         if let Err(d) = run_in_place(&self.step, &operation) {
             emit(&d, &operation, self.step.info.name);
             pass.signal_failure();
@@ -95,10 +97,11 @@ pub fn add_to_pass_manager(
 }
 
 /// Runs `step` on `op` (a module or a function, by the pass's anchor) in place, then
-/// verifies what it changed.
-fn run_in_place(step: &Step, op: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
+/// verifies what it changed. Returns the pass's remarks. (What the external pass, the C API
+/// and the mlir-opt plugin run.)
+pub fn run_in_place(step: &Step, op: &OperationRef<'_, '_>) -> Result<Diagnostics, Diagnostics> {
     let Factory::Native(make) = step.info.factory else {
-        return Ok(());
+        return Ok(Diagnostics::default());
     };
     let mut native = make(&step.options).map_err(|e| {
         let mut d = Diagnostics::default();
@@ -106,11 +109,9 @@ fn run_in_place(step: &Step, op: &OperationRef<'_, '_>) -> Result<(), Diagnostic
         d
     })?;
     let is_func = op.name().as_string_ref().as_str() == Ok("func.func");
-    match (&mut native, is_func) {
-        // Remarks have no route into a host's diagnostics (MLIR 19's C API emits errors
-        // only); nnscaler-opt prints them.
-        (Native::Function(p), true) => drop(crate::rewrite::run_on_function(p.as_mut(), op)?),
-        (_, false) => drop(native.run(op)?),
+    let remarks = match (&mut native, is_func) {
+        (Native::Function(p), true) => crate::rewrite::run_on_function(p.as_mut(), op)?,
+        (_, false) => native.run(op)?,
         (Native::Module(_), true) => {
             let mut d = Diagnostics::default();
             d.error(
@@ -119,7 +120,7 @@ fn run_in_place(step: &Step, op: &OperationRef<'_, '_>) -> Result<(), Diagnostic
             );
             return Err(d);
         }
-    }
+    };
     let d = if is_func {
         verify_function(op)
     } else {
@@ -128,11 +129,12 @@ fn run_in_place(step: &Step, op: &OperationRef<'_, '_>) -> Result<(), Diagnostic
     if d.has_errors() {
         return Err(d);
     }
-    Ok(())
+    Ok(remarks)
 }
 
-/// Emits `d` as MLIR diagnostics: each at its own location when it has one, else at `op`'s.
-fn emit(d: &Diagnostics, op: &OperationRef<'_, '_>, pass: &str) {
+/// Emits the errors of `d` as MLIR diagnostics: each at its own location when it has one,
+/// else at `op`'s, naming the pass and (for a function) the function.
+pub fn emit(d: &Diagnostics, op: &OperationRef<'_, '_>, pass: &str) {
     let func = if op.name().as_string_ref().as_str() == Ok("func.func") {
         op.attribute("sym_name")
             .ok()
