@@ -274,14 +274,6 @@ pub fn split_commas(text: &str) -> Vec<String> {
     out
 }
 
-/// `op` printed with its source locations (`loc(...)`), so that text re-parsed after a
-/// rewrite keeps pointing at the user's file.
-pub fn op_text_with_locs(op: &OperationRef<'_, '_>) -> String {
-    let flags = melior::ir::operation::OperationPrintingFlags::new().enable_debug_info(true, false);
-    op.to_string_with_flags(flags)
-        .unwrap_or_else(|_| op.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
