@@ -23,6 +23,7 @@ pub mod rewriter;
 pub mod sharding;
 pub mod spec;
 pub mod types;
+pub mod userop;
 pub mod verify;
 pub mod view;
 pub mod vjp;

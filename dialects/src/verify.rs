@@ -6,6 +6,7 @@ use crate::diag::{Diagnostics, SrcLoc};
 use crate::nns::{self, Layout, Mesh, Split};
 use crate::spec::OpCtx;
 use crate::types::{AttrValue, TensorType};
+use crate::userop::{UserOp, UserOps};
 use crate::view::{walk_nested, FuncView, OpView};
 use crate::{dnn, view};
 use melior::ir::{Module, OperationRef};
@@ -105,8 +106,10 @@ pub fn verify_module_op(module: &OperationRef<'_, '_>) -> Diagnostics {
         // cascade of "no mesh named ..." that would follow.
         return diags;
     }
+    let user_ops = UserOps::collect(module, &mut diags);
     let mut v = TreeVerifier {
         meshes: &meshes,
+        user_ops: &user_ops,
         localized: false,
         diags: &mut diags,
     };
@@ -120,16 +123,21 @@ pub fn verify_function(func: &OperationRef<'_, '_>) -> Diagnostics {
     let mut diags = Diagnostics::default();
     // SAFETY: `func` is live; so is its parent, if any.
     let parent = unsafe { mlir_sys::mlirOperationGetParentOperation(func.to_raw()) };
-    let meshes = if parent.ptr.is_null() {
-        Meshes::default()
+    let (meshes, user_ops) = if parent.ptr.is_null() {
+        (Meshes::default(), UserOps::default())
     } else {
-        Meshes::collect(&unsafe { OperationRef::from_raw(parent) }, &mut diags)
+        // SAFETY: as above.
+        let module = unsafe { OperationRef::from_raw(parent) };
+        let meshes = Meshes::collect(&module, &mut diags);
+        // Problems of user ops are the module's (reported when it is verified).
+        (meshes, UserOps::collect(&module, &mut Diagnostics::default()))
     };
     if diags.has_errors() {
         return diags;
     }
     let mut v = TreeVerifier {
         meshes: &meshes,
+        user_ops: &user_ops,
         localized: false,
         diags: &mut diags,
     };
@@ -143,6 +151,7 @@ pub fn verify_function(func: &OperationRef<'_, '_>) -> Diagnostics {
 /// not at all.
 struct TreeVerifier<'a> {
     meshes: &'a Meshes,
+    user_ops: &'a UserOps,
     localized: bool,
     diags: &'a mut Diagnostics,
 }
@@ -159,6 +168,17 @@ impl TreeVerifier<'_> {
                 }
             }
             verify_func_signature(&f, meshes, self.localized, diags);
+            for k in attrs.keys().filter(|k| k.starts_with("nns.")) {
+                if !matches!(
+                    k.as_str(),
+                    "nns.localized" | "nns.annotation" | "nns.vjp" | "nns.kernel"
+                ) {
+                    diags.error(
+                        &f.loc,
+                        format!("@{}: unknown function attribute '{k}'", f.name),
+                    );
+                }
+            }
             return;
         }
         if op.name().as_string_ref().as_str() == Ok("nns.mesh") && !at_top_level(op) {
@@ -181,7 +201,9 @@ impl TreeVerifier<'_> {
                 return;
             }
         }
-        let r = if self.localized {
+        let r = if let Some(u) = self.user_ops.of_call(&v.name, &v.attrs) {
+            verify_user_call(&v, u, meshes, self.localized, diags)
+        } else if self.localized {
             verify_local_op(&v, meshes)
         } else {
             verify_op(&v, meshes, diags)
@@ -379,57 +401,8 @@ fn verify_op(v: &OpView, meshes: &Meshes, diags: &mut Diagnostics) -> Result<(),
                 ));
             }
         }
-        for key in ["nns.split", "nns.pin", "nns.forbid"] {
-            let Some(attr) = v.attrs.get(key) else {
-                continue;
-            };
-            let AttrValue::Nns { kind, body } = attr else {
-                return Err(format!("'{key}' must be a #nns.split<...> attribute"));
-            };
-            if kind != "split" {
-                return Err(format!(
-                    "'{key}' must be a #nns.split<...> attribute, not #nns.{kind}"
-                ));
-            }
-            let split = Split::parse(body).map_err(|e| format!("{key}: {e}"))?;
-            let mesh = meshes
-                .resolve(split.mesh.as_deref())
-                .map_err(|e| format!("{key}: {e}"))?;
-            let choices = anno.split_choices(&binding);
-            for (id, axes) in &split.binds {
-                let known = anno.kinds.contains_key(id) || binding.len(id).is_some();
-                if !known {
-                    return Err(format!(
-                        "{key}: the op has no dimension '{id}' (its annotation is '{anno}')"
-                    ));
-                }
-                if anno.kind(id) == DimKind::Frozen {
-                    return Err(format!(
-                        "{key}: dimension '{id}' is frozen ('{id}^' in '{anno}') and cannot be split"
-                    ));
-                }
-                if !choices.iter().any(|c| &c.id == id) {
-                    return Err(format!(
-                        "{key}: dimension '{id}' cannot be split (an inner part of a compound dimension, or of length 1) in '{anno}'"
-                    ));
-                }
-                let mut parts = 1;
-                for a in axes {
-                    parts *= mesh
-                        .axis(a)
-                        .ok_or(format!("{key}: mesh '@{}' has no axis '{a}'", mesh.name))?;
-                }
-                let len = binding.len(id).unwrap_or(1);
-                if len % parts != 0 {
-                    let at = anno.where_is(&binding, id);
-                    return Err(format!(
-                        "{key}: dimension '{id}'{at} has length {len}, which {} (size {parts}) does not divide",
-                        axes.join("*")
-                    ));
-                }
-            }
-        }
-        check_common_attrs(v, meshes, diags);
+        check_directives(v, &anno, &binding, meshes)?;
+        check_common_attrs(v, meshes, false, diags);
         return Ok(());
     }
     if let Some(rest) = v.name.strip_prefix("nns.") {
@@ -438,21 +411,111 @@ fn verify_op(v: &OpView, meshes: &Meshes, diags: &mut Diagnostics) -> Result<(),
         }
         let spec = nns::collective(&v.name).ok_or("is not an nns op")?;
         verify_collective(v, spec, meshes, false)?;
-        check_common_attrs(v, meshes, diags);
+        check_common_attrs(v, meshes, false, diags);
         return Ok(());
     }
-    check_common_attrs(v, meshes, diags);
+    check_common_attrs(v, meshes, false, diags);
+    Ok(())
+}
+
+/// A call of a user op: its directives against the callee's annotation bound to the
+/// call's operands (operand and result types are MLIR's `func.call` verifier's business).
+fn verify_user_call(
+    v: &OpView,
+    u: &UserOp,
+    meshes: &Meshes,
+    localized: bool,
+    diags: &mut Diagnostics,
+) -> Result<(), String> {
+    if !localized {
+        let shapes: Vec<Option<&[i64]>> = v
+            .operands
+            .iter()
+            .map(|t| t.as_ref().map(|t| t.shape.as_slice()))
+            .collect();
+        let binding = u
+            .annotation
+            .bind(&shapes)
+            .map_err(|e| format!("@{}: operands do not match its annotation: {e}", u.name))?;
+        check_directives(v, &u.annotation, &binding, meshes)?;
+    }
+    check_common_attrs(v, meshes, true, diags);
+    Ok(())
+}
+
+/// Checks an op's split directives (`nns.split`, `nns.pin`, `nns.forbid`) against its
+/// annotation bound to its operands: known, splittable ids, mesh axes that exist and divide.
+fn check_directives(
+    v: &OpView,
+    anno: &crate::annotation::Annotation,
+    binding: &crate::annotation::Binding,
+    meshes: &Meshes,
+) -> Result<(), String> {
+    for key in ["nns.split", "nns.pin", "nns.forbid"] {
+        let Some(attr) = v.attrs.get(key) else {
+            continue;
+        };
+        let AttrValue::Nns { kind, body } = attr else {
+            return Err(format!("'{key}' must be a #nns.split<...> attribute"));
+        };
+        if kind != "split" {
+            return Err(format!(
+                "'{key}' must be a #nns.split<...> attribute, not #nns.{kind}"
+            ));
+        }
+        let split = Split::parse(body).map_err(|e| format!("{key}: {e}"))?;
+        let mesh = meshes
+            .resolve(split.mesh.as_deref())
+            .map_err(|e| format!("{key}: {e}"))?;
+        let choices = anno.split_choices(binding);
+        for (id, axes) in &split.binds {
+            let known = anno.kinds.contains_key(id) || binding.len(id).is_some();
+            if !known {
+                return Err(format!(
+                    "{key}: the op has no dimension '{id}' (its annotation is '{anno}')"
+                ));
+            }
+            if anno.kind(id) == DimKind::Frozen {
+                return Err(format!(
+                    "{key}: dimension '{id}' is frozen ('{id}^' in '{anno}') and cannot be split"
+                ));
+            }
+            if !choices.iter().any(|c| &c.id == id) {
+                return Err(format!(
+                    "{key}: dimension '{id}' cannot be split (an inner part of a compound dimension, or of length 1) in '{anno}'"
+                ));
+            }
+            let mut parts = 1;
+            for a in axes {
+                parts *= mesh
+                    .axis(a)
+                    .ok_or(format!("{key}: mesh '@{}' has no axis '{a}'", mesh.name))?;
+            }
+            let len = binding.len(id).unwrap_or(1);
+            if len % parts != 0 {
+                let at = anno.where_is(binding, id);
+                return Err(format!(
+                    "{key}: dimension '{id}'{at} has length {len}, which {} (size {parts}) does not divide",
+                    axes.join("*")
+                ));
+            }
+        }
+    }
     Ok(())
 }
 
 /// Checks the `nns.*` attributes any op may carry (other than the split directives).
-fn check_common_attrs(v: &OpView, meshes: &Meshes, diags: &mut Diagnostics) {
+fn check_common_attrs(v: &OpView, meshes: &Meshes, user_op: bool, diags: &mut Diagnostics) {
     for (k, val) in v.attrs.iter().filter(|(k, _)| k.starts_with("nns.")) {
         let r = match (k.as_str(), val) {
-            ("nns.split" | "nns.pin" | "nns.forbid", _) if v.name.starts_with("dnn.") => Ok(()),
-            ("nns.split" | "nns.pin" | "nns.forbid", _) => {
-                Err(format!("'{k}' applies to dnn ops only"))
+            ("nns.split" | "nns.pin" | "nns.forbid", _)
+                if v.name.starts_with("dnn.") || user_op =>
+            {
+                Ok(())
             }
+            ("nns.split" | "nns.pin" | "nns.forbid", _) => Err(format!(
+                "'{k}' applies to dnn ops and calls of user ops (functions with 'nns.annotation') only"
+            )),
             ("nns.stage", AttrValue::Int(s)) if *s >= 0 => Ok(()),
             ("nns.stage", _) => Err("'nns.stage' must be an integer >= 0".to_string()),
             ("nns.colocate", AttrValue::Str(_)) => Ok(()),
