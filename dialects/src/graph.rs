@@ -21,7 +21,7 @@ use mlir_sys::{
     mlirOperationGetResult, mlirOperationSetOperands, mlirRegionGetFirstBlock, mlirTypeAttrGet,
     mlirValueSetType, MlirAttribute, MlirOperation, MlirValue,
 };
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 /// Index of a value in [`Graph::values`].
@@ -113,6 +113,12 @@ pub struct Graph {
     pub func_attrs: Attrs,
     /// The IR the graph was read from, for writing it back in place ([`Graph::write_back`]).
     pub source: Option<std::sync::Arc<Source>>,
+    /// The user-defined operators of the module the function is in (calls of them are ops
+    /// with an annotation, like `dnn` ops).
+    pub user_ops: std::sync::Arc<crate::userop::UserOps>,
+    /// The functions this one may call, by name, for running it (`func.call` runs the
+    /// callee's graph); filled by whoever runs the graph ([`Graph::link`]).
+    pub callees: std::sync::Arc<BTreeMap<String, Graph>>,
 }
 
 /// The `func.func` a [`Graph`] was read from, and what it held then: writing the graph back
@@ -285,6 +291,15 @@ impl Graph {
                     "the function does not end with a return".into(),
                 ));
             }
+        }
+        // SAFETY: `op` is live; so is its parent module, which is only read.
+        let parent = unsafe { mlir_sys::mlirOperationGetParentOperation(raw) };
+        if !parent.ptr.is_null() {
+            // Problems with user ops are the verifier's to report.
+            let module = unsafe { OperationRef::from_raw(parent) };
+            let ops =
+                crate::userop::UserOps::collect(&module, &mut crate::diag::Diagnostics::default());
+            g.user_ops = std::sync::Arc::new(ops);
         }
         g.source = Some(std::sync::Arc::new(Source {
             func: raw,
@@ -519,6 +534,17 @@ impl Graph {
         let value = self.new_value(ty);
         self.args.push(Arg { value, attrs });
         value
+    }
+
+    /// Gives `self` the functions of `all` (the module's other functions, read as graphs)
+    /// to call when it runs.
+    pub fn link(&mut self, all: &[Graph]) {
+        let map: BTreeMap<String, Graph> = all
+            .iter()
+            .filter(|f| f.name != self.name)
+            .map(|f| (f.name.clone(), f.clone()))
+            .collect();
+        self.callees = std::sync::Arc::new(map);
     }
 
     /// Every `func.func` of `module`, in order, each read as a graph (or why it cannot be).

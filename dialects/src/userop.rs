@@ -90,7 +90,10 @@ impl UserOps {
                 if !names.contains(v) {
                     diags.error(
                         &u.loc,
-                        format!("@{}: 'nns.vjp' names @{v}, which is not a function of this module", u.name),
+                        format!(
+                            "@{}: 'nns.vjp' names @{v}, which is not a function of this module",
+                            u.name
+                        ),
                     );
                 }
             }
@@ -128,8 +131,8 @@ fn read(f: &FuncView, attrs: &Attrs, has_body: bool) -> Result<Option<UserOp>, S
         Some(AttrValue::Str(s)) => s.clone(),
         Some(_) => return Err("'nns.annotation' must be a string".into()),
     };
-    let annotation = Annotation::parse(&text)
-        .map_err(|e| format!("'nns.annotation' \"{text}\": {e}"))?;
+    let annotation =
+        Annotation::parse(&text).map_err(|e| format!("'nns.annotation' \"{text}\": {e}"))?;
     let tensors = |types: &[Option<TensorType>], what: &str| {
         types
             .iter()
@@ -191,9 +194,7 @@ fn read(f: &FuncView, attrs: &Attrs, has_body: bool) -> Result<Option<UserOp>, S
     };
     match (has_body, &kernel) {
         (false, None) => {
-            return Err(
-                "a user op without a body needs 'nns.kernel = \"library:symbol\"'".into(),
-            )
+            return Err("a user op without a body needs 'nns.kernel = \"library:symbol\"'".into())
         }
         (true, Some(_)) => {
             return Err("'nns.kernel' is for declarations; this function has a body".into())
@@ -246,12 +247,18 @@ mod tests {
     #[test]
     fn annotation_errors_are_located_on_the_function() {
         for (anno, want) in [
-            ("m k, k n -> m n", "reduced (it appears in no result) but is not marked"),
+            (
+                "m k, k n -> m n",
+                "reduced (it appears in no result) but is not marked",
+            ),
             ("m k+, k+ n -> m n k", "marked '+' but every result has it"),
             ("m k+, m n -> m n", "does not fit"),
             ("m k+, k+ n -> n m", "gives result 0 the shape [4, 8]"),
             ("m k+ -> m", "has 1 operand(s) but the function takes 2"),
-            ("m k+, k+ n -> m n, m", "has 2 result(s) but the function returns 1"),
+            (
+                "m k+, k+ n -> m n, m",
+                "has 2 result(s) but the function returns 1",
+            ),
         ] {
             let (_, d) = collect(&GEMM.replace("ANNO", anno));
             let e = &d.0[0];
@@ -275,6 +282,10 @@ mod tests {
         assert!(!d.has_errors(), "{d:?}");
         assert_eq!(u.0["k"].kernel.as_deref(), Some("libx.so:k"));
         let (_, d) = collect(&decl.replace("\"n -> n\"", "\"n -> n\", nns.kernel = \"k\""));
-        assert!(d.0[0].message.contains("must be \"library:symbol\""), "{:?}", d.0);
+        assert!(
+            d.0[0].message.contains("must be \"library:symbol\""),
+            "{:?}",
+            d.0
+        );
     }
 }

@@ -130,7 +130,10 @@ pub fn verify_function(func: &OperationRef<'_, '_>) -> Diagnostics {
         let module = unsafe { OperationRef::from_raw(parent) };
         let meshes = Meshes::collect(&module, &mut diags);
         // Problems of user ops are the module's (reported when it is verified).
-        (meshes, UserOps::collect(&module, &mut Diagnostics::default()))
+        (
+            meshes,
+            UserOps::collect(&module, &mut Diagnostics::default()),
+        )
     };
     if diags.has_errors() {
         return diags;

@@ -51,8 +51,20 @@ pub fn error(loc: &SrcLoc, msg: impl Into<String>) -> Diagnostics {
     d
 }
 
-/// The annotation of a `dnn` node, bound to its operand shapes.
+/// The annotation of a `dnn` node or of a call of a user op, bound to its operand shapes.
 pub fn annotation(g: &Graph, n: &Node) -> Result<(Annotation, Binding), String> {
+    if let Some(u) = g.user_ops.of_call(&n.op, &n.attrs) {
+        let shapes: Vec<Option<&[i64]>> = n
+            .inputs
+            .iter()
+            .map(|&v| Some(g.values[v].shape.as_slice()))
+            .collect();
+        let b = u
+            .annotation
+            .bind(&shapes)
+            .map_err(|e| format!("@{}: operands do not match its annotation: {e}", u.name))?;
+        return Ok((u.annotation.clone(), b));
+    }
     let spec = dnn::spec(&n.op).ok_or_else(|| format!("'{}' is not a dnn op", n.op))?;
     let operands: Vec<_> = n
         .inputs

@@ -13,39 +13,202 @@
 //! Collectives keep their mesh axes: the device group of a device along axes A is the set of
 //! devices that share its coordinates on every other axis. Arguments and results keep their
 //! `nns.layout`, which says how whole tensors are cut into, and assembled from, the pieces.
+//!
+//! A call of a user op (a function with `nns.annotation`) calls a specialization of the
+//! callee made for the call's layouts: a private copy, `@<callee>.local<N>`, placed after
+//! the callee, whose arguments and results take the call's operand and result layouts, its
+//! body propagated from them and localized like any function. Its body must compute the
+//! split without communication (that is what the annotation promises): if it needs a
+//! relayout, the annotation allows a split the body does not compute, and that is an error
+//! at the call. Calls with the same callee and layouts share a specialization. Because it
+//! adds functions, `--localize` works on the whole module.
 
-use crate::layouts::{error, the_mesh, value_layouts};
-use crate::pipeline::{FunctionPass, PassOptions};
+use crate::layouts::{error, layout_attr, the_mesh, value_layouts};
+use crate::pipeline::{ModulePass, PassOptions};
+use crate::propagate_layouts::propagate;
+use crate::rewrite::rewrite_funcs;
+use crate::split_tensor::split;
 use melior::ir::OperationRef;
-use nnscaler_dialects::diag::Diagnostics;
+use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::types::AttrValue;
+use nnscaler_dialects::view::{top_level_ops, FuncView};
 
 /// The pass.
 #[derive(Debug, Default)]
-pub struct Localize {
-    mesh: Option<Mesh>,
+pub struct Localize;
+
+/// A specialization of a user op for one set of layouts.
+#[derive(Debug)]
+struct Specialization {
+    callee: String,
+    name: String,
+    /// `nns.layout` of each argument, then of each result.
+    args: Vec<AttrValue>,
+    results: Vec<AttrValue>,
+    /// The first call that needs it (for messages).
+    loc: SrcLoc,
 }
 
 impl Localize {
     /// No options.
     pub fn new(_: &PassOptions) -> Result<Self, String> {
-        Ok(Localize::default())
+        Ok(Localize)
     }
 }
 
-impl FunctionPass for Localize {
-    fn prepare(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
-        self.mesh = Some(the_mesh(module, "localize")?);
+impl ModulePass for Localize {
+    fn run(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
+        let mesh = the_mesh(module, "localize")?;
+        let mut taken: Vec<String> = Vec::new();
+        top_level_ops(module, &mut |op| {
+            if let Some(f) = FuncView::of(op) {
+                taken.push(f.name);
+            }
+        });
+        let mut specs: Vec<Specialization> = Vec::new();
+        rewrite_funcs(module, &mut |mut g| {
+            if g.is_localized() {
+                return Ok(None);
+            }
+            retarget_calls(&mut g, &mesh, &mut specs, &mut taken)?;
+            localize(g, &mesh).map(Some)
+        })?;
+        for s in &specs {
+            specialize(module, &mesh, s)?;
+        }
         Ok(())
     }
-    fn run_on_function(&mut self, g: Graph) -> Result<Option<Graph>, Diagnostics> {
-        if g.is_localized() {
-            return Ok(None);
-        }
-        localize(g, self.mesh.as_ref().expect("prepare runs first")).map(Some)
+}
+
+/// Points every call of a user op in `g` at the specialization for its layouts, recording
+/// the specializations to make.
+fn retarget_calls(
+    g: &mut Graph,
+    mesh: &Mesh,
+    specs: &mut Vec<Specialization>,
+    taken: &mut Vec<String>,
+) -> Result<(), Diagnostics> {
+    if g.user_ops.is_empty() {
+        return Ok(());
     }
+    let layouts = value_layouts(g, mesh)?;
+    for k in 0..g.nodes.len() {
+        let n = &g.nodes[k];
+        let Some(u) = g.user_ops.of_call(&n.op, &n.attrs) else {
+            continue;
+        };
+        let attr = |v: usize| -> Result<AttrValue, Diagnostics> {
+            layouts[v]
+                .as_ref()
+                .map(|l| layout_attr(l, mesh))
+                .ok_or_else(|| {
+                    error(
+                        &n.loc,
+                        "localize: a value has no layout; run --propagate-layouts first",
+                    )
+                })
+        };
+        let args = n
+            .inputs
+            .iter()
+            .map(|&v| attr(v))
+            .collect::<Result<Vec<_>, _>>()?;
+        let results = n
+            .outputs
+            .iter()
+            .map(|&v| attr(v))
+            .collect::<Result<Vec<_>, _>>()?;
+        let existing = specs
+            .iter()
+            .find(|s| s.callee == u.name && s.args == args && s.results == results);
+        let name = match existing {
+            Some(s) => s.name.clone(),
+            None => {
+                let mut i = specs.iter().filter(|s| s.callee == u.name).count();
+                let mut name = format!("{}.local{i}", u.name);
+                while taken.contains(&name) {
+                    i += 1;
+                    name = format!("{}.local{i}", u.name);
+                }
+                taken.push(name.clone());
+                specs.push(Specialization {
+                    callee: u.name.clone(),
+                    name: name.clone(),
+                    args,
+                    results,
+                    loc: n.loc.clone(),
+                });
+                name
+            }
+        };
+        g.nodes[k]
+            .attrs
+            .insert("callee".into(), AttrValue::Other(format!("@{name}")));
+    }
+    Ok(())
+}
+
+/// Makes specialization `s`: a copy of the callee after it, with the call's layouts on its
+/// arguments and results, propagated and localized.
+fn specialize(
+    module: &OperationRef<'_, '_>,
+    mesh: &Mesh,
+    s: &Specialization,
+) -> Result<(), Diagnostics> {
+    let mut callee_op = None;
+    top_level_ops(module, &mut |op| {
+        if FuncView::of(op).is_some_and(|f| f.name == s.callee) {
+            callee_op = Some(op.to_raw());
+        }
+    });
+    let callee_op = callee_op.ok_or_else(|| {
+        error(
+            &s.loc,
+            format!("localize: no function @{} to specialize", s.callee),
+        )
+    })?;
+    // SAFETY: `callee_op` is a live top-level op of `module`; the copy is made in the same
+    // context and handed to the module's body right after it.
+    let copy = unsafe {
+        use nnscaler_dialects::rewriter::{remove_attr, set_attr, Builder};
+        let copy = mlir_sys::mlirOperationClone(callee_op);
+        let b = Builder::for_op(copy);
+        let name = b
+            .attribute(&AttrValue::Str(s.name.clone()))
+            .map_err(|e| error(&s.loc, e))?;
+        set_attr(copy, "sym_name", name);
+        for a in ["nns.annotation", "nns.vjp", "nns.kernel"] {
+            remove_attr(copy, a);
+        }
+        let block = mlir_sys::mlirOperationGetBlock(callee_op);
+        mlir_sys::mlirBlockInsertOwnedOperationAfter(block, callee_op, copy);
+        OperationRef::from_raw(copy)
+    };
+    let mut g = Graph::from_func(&copy).map_err(|e| error(&e.loc, e.message))?;
+    for (a, l) in g.args.iter_mut().zip(&s.args) {
+        a.attrs.insert("nns.layout".into(), l.clone());
+    }
+    for (o, l) in g.outputs.iter_mut().zip(&s.results) {
+        o.attrs.insert("nns.layout".into(), l.clone());
+    }
+    let g = propagate(g, mesh, &mut Diagnostics::default())?;
+    let g = split(g, mesh)?;
+    if let Some(r) = g.nodes.iter().find(|n| n.op == "nns.relayout") {
+        let mut d = Diagnostics::default();
+        d.error(
+            &s.loc,
+            format!(
+                "localize: the body of @{} cannot compute this call's split without communication: its annotation allows a split its body does not compute (check it with 'nnscaler check-op')",
+                s.callee
+            ),
+        );
+        d.note(&r.loc, "this op of the body needs its operand relayouted");
+        return Err(d);
+    }
+    let g = localize(g, mesh)?;
+    g.write_back().map_err(|e| error(&s.loc, e))
 }
 
 /// The names of the mesh axes splitting dim `dim` (outer first), as an attribute.

@@ -248,7 +248,8 @@ pub fn propagate(
     while k < g.nodes.len() {
         let mut n = g.nodes[k].clone();
         let ranks: Vec<usize> = n.outputs.iter().map(|&v| g.values[v].rank()).collect();
-        if is_foreign(&n.op) {
+        let user = g.user_ops.of_call(&n.op, &n.attrs).is_some();
+        if !user && is_foreign(&n.op) {
             let rs: Vec<Sharding> = ranks
                 .iter()
                 .map(|&r| Sharding::replicated(r, mesh.axes.len()))
@@ -271,7 +272,7 @@ pub fn propagate(
             k += 1;
             continue;
         }
-        if !n.op.starts_with("dnn.") {
+        if !user && !n.op.starts_with("dnn.") {
             // nns ops: their layouts are written (relayouts) or replicated.
             for (j, &v) in n.outputs.iter().enumerate() {
                 if layouts[v].is_none() {

@@ -117,10 +117,10 @@ pub static PASSES: &[PassInfo] = &[
     },
     PassInfo {
         name: "localize",
-        summary: "Make the per-device (SPMD) program: local shapes, shape attributes and mean denominators fixed; marks the function nns.localized",
+        summary: "Make the per-device (SPMD) program: local shapes, shape attributes and mean denominators fixed; marks the function nns.localized; calls of user ops call a specialization of the callee for their layouts",
         options: &[],
-        anchor: Anchor::Function,
-        factory: Factory::Native(|o| Ok(Native::Function(Box::new(Localize::new(o)?)))),
+        anchor: Anchor::Module,
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(Localize::new(o)?)))),
     },
     PassInfo {
         name: "canonicalize",

@@ -70,7 +70,7 @@ pub fn split(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
         r
     };
     for mut n in old {
-        if n.op.starts_with("dnn.") {
+        if n.op.starts_with("dnn.") || g.user_ops.of_call(&n.op, &n.attrs).is_some() {
             let fail = |e: String| error(&n.loc, format!("split-tensor: '{}': {e}", n.op));
             if !n.attrs.contains_key("nns.layouts") {
                 return Err(fail("has no layouts; run --propagate-layouts first".into()));

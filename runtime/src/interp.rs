@@ -6,6 +6,7 @@ use crate::tensor::{supported, Data, Tensor};
 use crate::{init, tensor};
 use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::userop::callee;
 use std::collections::BTreeMap;
 
 /// A failed execution: what went wrong and at which op.
@@ -80,8 +81,23 @@ pub fn run_on(
     g: &Graph,
     inputs: Vec<Tensor>,
     opts: &Options,
+    profile: Option<&mut Profile>,
+    device: Option<&crate::spmd::Device<'_>>,
+) -> Result<Vec<Tensor>, RunError> {
+    run_graph(g, &g.callees, inputs, opts, profile, device, 0)
+}
+
+/// How deep calls may nest (a user op calling itself would otherwise never end).
+const MAX_CALL_DEPTH: usize = 64;
+
+fn run_graph(
+    g: &Graph,
+    callees: &BTreeMap<String, Graph>,
+    inputs: Vec<Tensor>,
+    opts: &Options,
     mut profile: Option<&mut Profile>,
     device: Option<&crate::spmd::Device<'_>>,
+    depth: usize,
 ) -> Result<Vec<Tensor>, RunError> {
     crate::alloc::keep_freed_memory();
     let device_info = device.map(|d| crate::kernels::DeviceInfo {
@@ -162,6 +178,60 @@ pub fn run_on(
                 vals[n.inputs[0]] = None;
             }
             vals[n.outputs[0]] = Some(t);
+            continue;
+        }
+        if n.op == "func.call" {
+            // A user op (or any function) whose body is IR: run the callee's graph.
+            let name =
+                callee(&n.attrs).ok_or_else(|| fail(&n.loc, "'func.call' has no callee".into()))?;
+            let f = callees.get(name).ok_or_else(|| {
+                fail(
+                    &n.loc,
+                    format!("@{name} is not a function the runtime can run (a declaration, or not in the module)"),
+                )
+            })?;
+            if depth >= MAX_CALL_DEPTH {
+                return Err(fail(
+                    &n.loc,
+                    format!(
+                        "calls nest more than {MAX_CALL_DEPTH} deep (does @{name} call itself?)"
+                    ),
+                ));
+            }
+            let ins: Vec<Tensor> = n
+                .inputs
+                .iter()
+                .map(|&v| vals[v].clone().expect("inputs are computed before use"))
+                .collect();
+            let outs = run_graph(
+                f,
+                callees,
+                ins,
+                opts,
+                profile.as_deref_mut(),
+                device,
+                depth + 1,
+            )?;
+            for (j, (t, &v)) in outs.iter().zip(&n.outputs).enumerate() {
+                if !t.matches(&g.values[v]) {
+                    return Err(fail(
+                        &n.loc,
+                        format!(
+                            "@{name} result {j} is {} but the call declares {}",
+                            t.describe(),
+                            g.values[v]
+                        ),
+                    ));
+                }
+            }
+            for &v in &n.inputs {
+                if last_use[v] == k {
+                    vals[v] = None;
+                }
+            }
+            for (&v, t) in n.outputs.iter().zip(outs) {
+                vals[v] = Some(t);
+            }
             continue;
         }
         let f = kernel(&n.op).ok_or_else(|| {

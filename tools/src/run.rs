@@ -110,6 +110,10 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
             )
         })?,
     };
+    let all: Vec<Graph> = funcs
+        .iter()
+        .filter_map(|f| f.as_ref().ok().cloned())
+        .collect();
     let mut g = funcs.swap_remove(pick).map_err(|(loc, m)| {
         let mut d = Diagnostics::default();
         d.error(&loc, m);
@@ -122,6 +126,7 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
             render(d)
         })?;
     }
+    g.link(&all);
     // A localized function takes whole tensors: bind against its global view.
     let mut d = Diagnostics::default();
     let meshes = Meshes::collect(&module.as_operation(), &mut d);

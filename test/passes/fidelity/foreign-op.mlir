@@ -4,7 +4,7 @@
 // RUN: nnscaler-opt --plan="dp dp=2" --propagate-layouts --split-tensor --lower-relayouts --localize %s 2>%t.err | FileCheck %s
 // RUN: FileCheck %s --check-prefix=REMARK < %t.err
 // RUN: nnscaler-opt --plan="dp dp=2" --propagate-layouts --verify-diagnostics %s
-// RUN: nnscaler-opt '--pass-pipeline=builtin.module(plan{dp dp=2},func.func(propagate-layouts,split-tensor,lower-relayouts,localize))' %s 2>/dev/null | FileCheck %s
+// RUN: nnscaler-opt '--pass-pipeline=builtin.module(plan{dp dp=2},func.func(propagate-layouts,split-tensor,lower-relayouts),localize)' %s 2>/dev/null | FileCheck %s
 
 // REMARK: foreign-op.mlir:[[@LINE+11]]:8: remark: propagate-layouts: 'arith.addf' has no dnn spec; it runs replicated (its operands are gathered, its results replicated on every device)
 
