@@ -1,7 +1,7 @@
 //===- plugin.cpp - nnscaler's passes as an mlir-opt-19 pass plugin -------===//
 //
 // mlir-opt-19 --load-pass-plugin=libnnscaler_plugin.so \
-//   --pass-pipeline='builtin.module(func.func(autodiff),plan{dp dp=2},...)' in.mlir
+//   --pass-pipeline='builtin.module(autodiff,plan{dp dp=2},...)' in.mlir
 //
 // One MLIR pass per nnscaler pass (names, summaries and anchors from the Rust registry).
 // Options are checked when the pipeline is parsed (a bad one is a pipeline error) and

@@ -372,6 +372,42 @@ impl Annotation {
         })
     }
 
+    /// The annotation of this op's vector-Jacobian product: operands, then the results'
+    /// gradients (shaped like the results) -> one gradient per operand (shaped like it).
+    /// A frozen identifier stays frozen; any other is summed where some operand gradient
+    /// lacks it (splitting it leaves that gradient a partial sum: `m k+, k+ n -> m n` gives
+    /// `m+ k, k n+, m+ n+ -> m k, k n`) and spatial otherwise. This holds whenever the
+    /// op's own annotation does. A `*` that some operand lacks cannot be expressed, and
+    /// neither can a `?` operand (it has no gradient): both are errors.
+    pub fn vjp(&self) -> Result<Annotation, AnnotationError> {
+        if self.inputs.contains(&TensorAnno::NonTensor) {
+            return err("an operand is not a tensor ('?'), so it has no gradient");
+        }
+        let stars = self.inputs.iter().filter(|t| has_star(t)).count();
+        if stars != 0 && stars != self.inputs.len() {
+            return err("'*' is on some operands only: their gradients' partial sums over '*' cannot be written");
+        }
+        let outputs = self.inputs.clone();
+        let mut kinds = BTreeMap::new();
+        for (id, k) in &self.kinds {
+            let kind = match k {
+                DimKind::Frozen => DimKind::Frozen,
+                _ if outputs.iter().all(|t| ids_of(t).contains(&id.as_str())) => DimKind::Spatial,
+                _ => DimKind::Summed,
+            };
+            kinds.insert(id.clone(), kind);
+        }
+        let mut inputs = self.inputs.clone();
+        inputs.extend(self.outputs.iter().cloned());
+        let vjp = Annotation {
+            inputs,
+            outputs,
+            kinds,
+        };
+        // The checks of the language apply to it as to any annotation.
+        Annotation::parse(&vjp.to_string())
+    }
+
     /// The kind of identifier `id` (`*N` ids are spatial).
     pub fn kind(&self, id: &str) -> DimKind {
         self.kinds.get(id).copied().unwrap_or(DimKind::Spatial)
@@ -882,6 +918,22 @@ mod tests {
 
     #[test]
     fn compound_only_first_part_splits() {
+        let v = Annotation::parse("m k+, k+ n -> m n")
+            .unwrap()
+            .vjp()
+            .unwrap();
+        assert_eq!(v.to_string(), "m+ k, k n+, m+ n+ -> m k, k n");
+        let v = Annotation::parse("m k^, n k^ -> m n")
+            .unwrap()
+            .vjp()
+            .unwrap();
+        assert_eq!(v.to_string(), "m+ k^, n+ k^, m+ n+ -> m k, n k");
+        let v = Annotation::parse("* d^ -> * d^").unwrap().vjp().unwrap();
+        assert_eq!(v.to_string(), "* d^, * d^ -> * d");
+        assert!(Annotation::parse("n+ v^, n+, ? -> ")
+            .unwrap()
+            .vjp()
+            .is_err());
         let a = Annotation::parse("(h d) -> h d").unwrap();
         let b = a.bind(&[Some(&[12])]).unwrap_err();
         assert!(b.0.contains("unknown"));

@@ -56,13 +56,13 @@ pub struct PassInfo {
 pub static PASSES: &[PassInfo] = &[
     PassInfo {
         name: "autodiff",
-        summary: "Append the backward graph: explicit VJP ops, summed gradients of reused values, and a grad.<name> result for every nns.param",
+        summary: "Append the backward graph: explicit VJP ops, summed gradients of reused values, and a grad.<name> result for every nns.param; calls of user ops call their nns.vjp or a derived @<op>.vjp function it adds",
         options: &[OptionInfo {
             name: "func",
             help: "only this function (default: every function)",
         }],
-        anchor: Anchor::Function,
-        factory: Factory::Native(|o| Ok(Native::Function(Box::new(Autodiff::new(o)?)))),
+        anchor: Anchor::Module,
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(Autodiff::new(o)?)))),
     },
     PassInfo {
         name: "print-stats",

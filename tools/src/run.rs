@@ -7,7 +7,7 @@ use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::types::Elem;
 use nnscaler_dialects::verify::{verify_module, Meshes};
-use nnscaler_passes::autodiff::differentiate;
+use nnscaler_passes::autodiff::{differentiate_with, vjp_function, vjp_name};
 use nnscaler_runtime::interp::{bind, ParamSource};
 use nnscaler_runtime::spmd::{global_view, run_spmd};
 use nnscaler_runtime::{io, kernels, memory, Options};
@@ -110,7 +110,7 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
             )
         })?,
     };
-    let all: Vec<Graph> = funcs
+    let mut all: Vec<Graph> = funcs
         .iter()
         .filter_map(|f| f.as_ref().ok().cloned())
         .collect();
@@ -120,11 +120,36 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         render(d)
     })?;
     if a.autodiff {
-        g = differentiate(&g).map_err(|(loc, m)| {
+        let located = |(loc, m): (SrcLoc, String)| {
             let mut d = Diagnostics::default();
             d.error(&loc, m);
             render(d)
-        })?;
+        };
+        let mut derive = Vec::new();
+        g = differentiate_with(&g, &mut derive).map_err(located)?;
+        // Derived VJP functions of user ops without `nns.vjp`, made in memory (as the
+        // autodiff pass makes them in the module).
+        let mut done = 0;
+        while done < derive.len() {
+            let name = derive[done].clone();
+            done += 1;
+            if all.iter().any(|f| f.name == vjp_name(&name)) {
+                continue;
+            }
+            let f = all
+                .iter()
+                .find(|f| f.name == name)
+                .cloned()
+                .ok_or_else(|| format!("{model}: no function @{name}"))?;
+            let u = g
+                .user_ops
+                .0
+                .get(&name)
+                .cloned()
+                .ok_or_else(|| format!("{model}: @{name} is not a user op"))?;
+            let v = vjp_function(f, &u, &mut derive).map_err(located)?;
+            all.push(v);
+        }
     }
     g.link(&all);
     // A localized function takes whole tensors: bind against its global view.
