@@ -1,4 +1,5 @@
-//! `nnscaler`: the user CLI: `import` (model zoo -> MLIR), `run` (CPU runtime) and `presets`.
+//! `nnscaler`: the user CLI: `import` (model zoo -> MLIR), `run` (CPU runtime), `check-op`
+//! (a user op's annotation against its body) and `presets`.
 
 use clap::{Parser, Subcommand};
 use nnscaler_frontends::{build_module, family_default, preset, PRESETS};
@@ -27,6 +28,7 @@ struct Cli {
 enum Cmd {
     Import(ImportArgs),
     Run(RunArgs),
+    CheckOp(nnscaler_tools::check_op::CheckOpArgs),
     /// List the model presets.
     Presets,
 }
@@ -146,6 +148,20 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Cmd::Import(a) => import(a),
         Cmd::Run(a) => nnscaler_tools::run::main(a, cli.error_limit),
+        Cmd::CheckOp(a) => match nnscaler_tools::check_op::check_op(a, cli.error_limit) {
+            Ok((report, ok)) => {
+                let written = write_one("-", report.into_bytes());
+                match (written, ok) {
+                    (Err(e), _) => Err(e),
+                    (Ok(()), true) => Ok(()),
+                    (Ok(()), false) => Err(format!(
+                        "{}: the annotation of {} allows a split the op does not compute (see above)",
+                        a.module, a.op
+                    )),
+                }
+            }
+            Err(e) => Err(e),
+        },
         Cmd::Presets => {
             let text: String = PRESETS
                 .iter()
