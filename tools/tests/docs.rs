@@ -99,8 +99,57 @@ fn generate() -> String {
             c.name, c.summary, c.example
         );
     }
+    s.push_str(USER_OPS);
+    let _ = write!(
+        s,
+        "{HAND_WRITTEN_HEAD}\n```mlir\n{HAND_WRITTEN}```\n\n{HAND_WRITTEN_TAIL}"
+    );
     s
 }
+
+const USER_OPS: &str = "## User-defined ops\n\n\
+A function with `nns.annotation` is an op: calls of it (`func.call`) are split, propagated and\n\
+lowered by its annotation like `dnn` ops (see `docs/extending.md`).\n\n\
+- `nns.annotation = \"m k^, n k^ -> m n\"` (function, required): one entry per argument and\n\
+  result; it must bind to the argument shapes and give the result types.\n\
+- `nns.vjp = @f_vjp` (function, optional): the gradient function, taking the operands then the\n\
+  results' gradients, returning one gradient per operand; without it `--autodiff` derives\n\
+  `@f.vjp` from the body.\n\
+- `nns.kernel = \"libmyops.so:my_gemm\"` (declaration): reserved for C kernels (not run yet).\n\
+- on a call: `nns.split` / `nns.pin` / `nns.forbid`, checked against the callee's annotation.\n\n";
+
+const HAND_WRITTEN_HEAD: &str = "## A hand-written program\n\n\
+A two-layer MLP written by hand, split Megatron-style over `tp` and by batch over `dp`:\n\
+`nnscaler-opt --propagate-layouts --split-tensor --lower-relayouts --localize` partitions it\n\
+(no `--plan`: the directives and layouts are written).\n";
+
+/// Checked by `the_hand_written_example_compiles` below.
+const HAND_WRITTEN: &str = r#""nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 2>} : () -> ()
+func.func @train(%x: tensor<8x16xf32> {nns.name = "x", nns.layout = #nns.layout<@world, dp = D(0)>},
+                 %labels: tensor<8xi64> {nns.name = "labels", nns.layout = #nns.layout<@world, dp = D(0)>},
+                 %w1: tensor<32x16xf32> {nns.name = "fc1.weight", nns.param, nns.layout = #nns.layout<@world, tp = D(0)>},
+                 %w2: tensor<4x32xf32> {nns.name = "fc2.weight", nns.param, nns.layout = #nns.layout<@world, tp = D(1)>})
+    -> (tensor<f32> {nns.name = "loss"}) {
+  %h = "dnn.linear"(%x, %w1) {nns.split = #nns.split<n = tp>} : (tensor<8x16xf32>, tensor<32x16xf32>) -> tensor<8x32xf32>
+  %a = "dnn.relu"(%h) : (tensor<8x32xf32>) -> tensor<8x32xf32>
+  %logits = "dnn.linear"(%a, %w2) {nns.split = #nns.split<k = tp>} : (tensor<8x32xf32>, tensor<4x32xf32>) -> tensor<8x4xf32>
+  %loss = "dnn.cross_entropy"(%logits, %labels) : (tensor<8x4xf32>, tensor<8xi64>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+"#;
+
+const HAND_WRITTEN_TAIL: &str =
+    "Which argument layouts a hand-written split needs: a directive fixes how its op is cut (an\n\
+id bound to an axis is `D` on that axis in every operand and result that has it; results\n\
+lacking a summed id are `V(sum)`), and an argument whose `nns.layout` differs from what its\n\
+first user needs gets a relayout, that is communication, from `--split-tensor`. So write\n\
+each argument's layout as its first user needs it: here `x` and `labels` `D(0)` on `dp` (the\n\
+batch, which the ops infer from their operands), the column-parallel weight (`n = tp`, `[out,\n\
+in]` storage) `D(0)` on `tp`, the row-parallel one (`k = tp`) `D(1)`. Arguments without\n\
+`nns.layout` are replicated; results are replicated unless they carry one (`--autodiff`'s\n\
+`grad.<p>` results end in parameter `p`'s layout). The row-parallel linear leaves `V(sum)`\n\
+partial logits, which are reduced (`all_reduce` over `tp`) before the cross-entropy, as it is\n\
+not linear in them.\n";
 
 #[test]
 fn dialect_reference_is_current() {
@@ -115,4 +164,18 @@ fn dialect_reference_is_current() {
         have == want,
         "docs/dialects.md is stale; run NNSCALER_BLESS=1 cargo test -p nnscaler-tools --test docs"
     );
+}
+
+#[test]
+fn the_hand_written_example_compiles() {
+    use nnscaler_passes::pipeline::{self, parse_pipeline};
+    let ir = IrContext::new();
+    let mut m = ir
+        .parse(HAND_WRITTEN, "example")
+        .unwrap_or_else(|d| panic!("{d}"));
+    let steps =
+        parse_pipeline("autodiff,propagate-layouts,split-tensor,lower-relayouts,localize").unwrap();
+    pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, "example").unwrap_or_else(|d| panic!("{d}"));
+    let text = m.as_operation().to_string();
+    assert!(text.contains("nns.localized"), "{text}");
 }
