@@ -52,7 +52,12 @@ pub struct UserOp {
 
 /// The user-defined operators of a module, by function name.
 #[derive(Clone, Debug, Default)]
-pub struct UserOps(pub BTreeMap<String, Arc<UserOp>>);
+pub struct UserOps(pub BTreeMap<String, Arc<UserOp>>, pub Kernels);
+
+/// Every function of a module implemented by a C kernel (`nns.kernel`), by name: user ops'
+/// declarations and their localized specializations.
+#[derive(Clone, Debug, Default)]
+pub struct Kernels(pub BTreeMap<String, String>);
 
 /// The function name a `func.call`'s `callee` attribute names.
 pub fn callee(attrs: &Attrs) -> Option<&str> {
@@ -68,11 +73,15 @@ impl UserOps {
     /// problems with them go to `diags`, located on the function.
     pub fn collect(module: &OperationRef<'_, '_>, diags: &mut Diagnostics) -> Self {
         let mut out = BTreeMap::new();
+        let mut kernels = BTreeMap::new();
         let mut names = Vec::new();
         top_level_ops(module, &mut |op| {
             let Some(f) = FuncView::of(op) else { return };
             names.push(f.name.clone());
             let attrs = OpView::of(op).attrs;
+            if let Some(AttrValue::Str(k)) = attrs.get("nns.kernel") {
+                kernels.insert(f.name.clone(), k.clone());
+            }
             let has_body = op
                 .region(0)
                 .map(|r| r.first_block().is_some())
@@ -98,7 +107,7 @@ impl UserOps {
                 }
             }
         }
-        UserOps(out)
+        UserOps(out, Kernels(kernels))
     }
 
     /// The user op called by a `func.call` with attributes `attrs`.
@@ -120,6 +129,10 @@ use melior::ir::RegionLike;
 /// Reads one function's user-op attributes (`None` when it has no `nns.annotation`).
 fn read(f: &FuncView, attrs: &Attrs, has_body: bool) -> Result<Option<UserOp>, String> {
     let text = match attrs.get("nns.annotation") {
+        // A localized specialization of a kernel op: local types, the same kernel.
+        None if attrs.contains_key("nns.localized") && attrs.contains_key("nns.kernel") => {
+            return Ok(None)
+        }
         None => {
             for k in ["nns.vjp", "nns.kernel"] {
                 if attrs.contains_key(k) {

@@ -28,7 +28,7 @@ use crate::pipeline::{ModulePass, PassOptions};
 use crate::propagate_layouts::propagate;
 use crate::rewrite::rewrite_funcs;
 use crate::split_tensor::split;
-use melior::ir::OperationRef;
+use melior::ir::{OperationRef, RegionLike};
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Mesh;
@@ -179,13 +179,25 @@ fn specialize(
             .attribute(&AttrValue::Str(s.name.clone()))
             .map_err(|e| error(&s.loc, e))?;
         set_attr(copy, "sym_name", name);
-        for a in ["nns.annotation", "nns.vjp", "nns.kernel"] {
+        for a in ["nns.annotation", "nns.vjp"] {
             remove_attr(copy, a);
         }
         let block = mlir_sys::mlirOperationGetBlock(callee_op);
         mlir_sys::mlirBlockInsertOwnedOperationAfter(block, callee_op, copy);
         OperationRef::from_raw(copy)
     };
+    let f = FuncView::of(&copy).ok_or_else(|| error(&s.loc, "localize: not a function"))?;
+    let has_body = copy
+        .region(0)
+        .map(|r| r.first_block().is_some())
+        .unwrap_or(false);
+    if !has_body {
+        // A kernel: the copy is a declaration of the local types, with the same kernel
+        // (kernels take whatever shapes they are given).
+        return declare_local(&copy, &f, mesh, s);
+    }
+    // SAFETY: as above: the copy is live in the module.
+    unsafe { nnscaler_dialects::rewriter::remove_attr(copy.to_raw(), "nns.kernel") };
     let mut g = Graph::from_func(&copy).map_err(|e| error(&e.loc, e.message))?;
     for (a, l) in g.args.iter_mut().zip(&s.args) {
         a.attrs.insert("nns.layout".into(), l.clone());
@@ -209,6 +221,59 @@ fn specialize(
     }
     let g = localize(g, mesh)?;
     g.write_back().map_err(|e| error(&s.loc, e))
+}
+
+/// Gives the declaration `copy` (a kernel op's specialization) the local types of the call's
+/// layouts, and marks it localized.
+fn declare_local(
+    copy: &OperationRef<'_, '_>,
+    f: &FuncView,
+    mesh: &Mesh,
+    s: &Specialization,
+) -> Result<(), Diagnostics> {
+    let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
+    let local = |types: &[Option<nnscaler_dialects::types::TensorType>],
+                 layouts: &[AttrValue]|
+     -> Result<Vec<String>, Diagnostics> {
+        types
+            .iter()
+            .zip(layouts)
+            .map(|(t, l)| {
+                let mut t = t
+                    .clone()
+                    .ok_or_else(|| error(&s.loc, "localize: a kernel op takes tensors"))?;
+                let sh = nnscaler_dialects::sharding::Sharding::from_attr(l, mesh, t.rank())
+                    .map_err(|e| error(&s.loc, format!("localize: {e}")))?;
+                t.shape = sh.local_shape(&t.shape, &sizes);
+                Ok(t.to_string())
+            })
+            .collect()
+    };
+    let args = local(&f.args, &s.args)?;
+    let results = local(&f.results, &s.results)?;
+    let ty = format!("({}) -> ({})", args.join(", "), results.join(", "));
+    let axes: Vec<String> = mesh
+        .axes
+        .iter()
+        .map(|a| format!("{} = {}", a.name, a.size))
+        .collect();
+    // SAFETY: `copy` is a live op of the module; attributes are made in its context.
+    unsafe {
+        use nnscaler_dialects::rewriter::{set_attr, Builder};
+        let b = Builder::for_op(copy.to_raw());
+        let t = b
+            .attribute(&AttrValue::Other(ty))
+            .map_err(|e| error(&s.loc, e))?;
+        set_attr(copy.to_raw(), "function_type", t);
+        let m = b
+            .attribute(&AttrValue::Nns {
+                kind: "axes".into(),
+                body: axes.join(", "),
+            })
+            .map_err(|e| error(&s.loc, e))?;
+        set_attr(copy.to_raw(), "nns.localized", m);
+    }
+    Ok(())
 }
 
 /// The names of the mesh axes splitting dim `dim` (outer first), as an attribute.

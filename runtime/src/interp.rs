@@ -184,10 +184,34 @@ fn run_graph(
             // A user op (or any function) whose body is IR: run the callee's graph.
             let name =
                 callee(&n.attrs).ok_or_else(|| fail(&n.loc, "'func.call' has no callee".into()))?;
+            if let Some(spec) = g.user_ops.1 .0.get(name) {
+                // A user op implemented in C.
+                let ins: Vec<&Tensor> = n
+                    .inputs
+                    .iter()
+                    .map(|&v| vals[v].as_ref().expect("inputs are computed before use"))
+                    .collect();
+                let out_types: Vec<_> = n.outputs.iter().map(|&v| g.values[v].clone()).collect();
+                let start = profile.as_ref().map(|_| std::time::Instant::now());
+                let outs = crate::ckernel::call(spec, name, &ins, &out_types)
+                    .map_err(|e| fail(&n.loc, e))?;
+                if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
+                    p.add(&format!("@{name}"), t.elapsed().as_secs_f64());
+                }
+                for &v in &n.inputs {
+                    if last_use[v] == k {
+                        vals[v] = None;
+                    }
+                }
+                for (&v, t) in n.outputs.iter().zip(outs) {
+                    vals[v] = Some(t);
+                }
+                continue;
+            }
             let f = callees.get(name).ok_or_else(|| {
                 fail(
                     &n.loc,
-                    format!("@{name} is not a function the runtime can run (a declaration, or not in the module)"),
+                    format!("@{name} is not a function the runtime can run (a declaration without 'nns.kernel', or not in the module)"),
                 )
             })?;
             if depth >= MAX_CALL_DEPTH {

@@ -9,6 +9,7 @@
 //! * [`io`]: safetensors files; [`init`] and [`rng`]: seeded, order-independent random
 //!   numbers for parameters and dropout.
 pub mod alloc;
+pub mod ckernel;
 pub mod init;
 pub mod interp;
 pub mod io;

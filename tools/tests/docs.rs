@@ -115,7 +115,8 @@ lowered by its annotation like `dnn` ops (see `docs/extending.md`).\n\n\
 - `nns.vjp = @f_vjp` (function, optional): the gradient function, taking the operands then the\n\
   results' gradients, returning one gradient per operand; without it `--autodiff` derives\n\
   `@f.vjp` from the body.\n\
-- `nns.kernel = \"libmyops.so:my_gemm\"` (declaration): reserved for C kernels (not run yet).\n\
+- `nns.kernel = \"libmyops.so:my_gemm\"` (on a declaration): the op is the C function\n\
+  `my_gemm` of that library (ABI: `runtime/include/nnscaler_kernel.h`).\n\
 - on a call: `nns.split` / `nns.pin` / `nns.forbid`, checked against the callee's annotation.\n\n";
 
 const HAND_WRITTEN_HEAD: &str = "## A hand-written program\n\n\
