@@ -3,7 +3,8 @@
 //! Every op is one [`OpSpec`] in [`SPECS`]. Annotations are computed from operand ranks and
 //! attributes, written in nnScaler's language (see [`crate::annotation`]).
 
-use crate::spec::{AttrKind, AttrSpec, OpCtx, OpSpec};
+use crate::nns::Init;
+use crate::spec::{AttrKind, AttrSpec, Linearity, OpCtx, OpSpec, Traits, TRAITS};
 use crate::types::{Elem, TensorType};
 
 const fn attr(name: &'static str, kind: AttrKind, required: bool, doc: &'static str) -> AttrSpec {
@@ -748,6 +749,9 @@ const APPROX: AttrSpec = attr(
 
 macro_rules! elementwise {
     ($name:literal, $summary:literal, $flops:ident, $ex:literal) => {
+        elementwise!($name, $summary, $flops, $ex, TRAITS)
+    };
+    ($name:literal, $summary:literal, $flops:ident, $ex:literal, $traits:expr) => {
         OpSpec {
             name: $name,
             summary: $summary,
@@ -762,6 +766,7 @@ macro_rules! elementwise {
             result_types: None,
             flops: $flops,
             grad_of: None,
+            traits: $traits,
             example: $ex,
         }
     };
@@ -769,6 +774,9 @@ macro_rules! elementwise {
 
 macro_rules! binary_op {
     ($name:literal, $summary:literal, $ex:literal) => {
+        binary_op!($name, $summary, $ex, TRAITS)
+    };
+    ($name:literal, $summary:literal, $ex:literal, $traits:expr) => {
         OpSpec {
             name: $name,
             summary: $summary,
@@ -783,6 +791,7 @@ macro_rules! binary_op {
             result_types: None,
             flops: out_numel,
             grad_of: None,
+            traits: $traits,
             example: $ex,
         }
     };
@@ -804,6 +813,10 @@ macro_rules! act_grad {
             result_types: None,
             flops: flops_x8,
             grad_of: Some($of),
+            traits: Traits {
+                linear: Linearity::Joint(&[0]),
+                ..TRAITS
+            },
             example: $ex,
         }
     };
@@ -828,6 +841,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: matmul_flops,
         grad_of: None,
+        traits: Traits {
+            linear: Linearity::Each(&[0, 1]),
+            ..TRAITS
+        },
         example: r#"%2 = "dnn.matmul"(%0, %1) : (tensor<4x8xf32>, tensor<8x16xf32>) -> tensor<4x16xf32>"#,
     },
     OpSpec {
@@ -844,18 +861,54 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: linear_flops,
         grad_of: None,
+        traits: Traits {
+            linear: Linearity::EachUpTo(&[0, 1], 2),
+            param_init: &[(2, Init::Const(0.0), "bias")],
+            ..TRAITS
+        },
         example: r#"%3 = "dnn.linear"(%0, %1, %2) : (tensor<2x3x8xf32>, tensor<16x8xf32>, tensor<16xf32>) -> tensor<2x3x16xf32>"#,
     },
-    binary_op!("dnn.add", "Elementwise sum with broadcasting", r#"%2 = "dnn.add"(%0, %1) : (tensor<2x3xf32>, tensor<3xf32>) -> tensor<2x3xf32>"#),
-    binary_op!("dnn.sub", "Elementwise difference with broadcasting", r#"%2 = "dnn.sub"(%0, %1) : (tensor<2x3xf32>, tensor<2x1xf32>) -> tensor<2x3xf32>"#),
-    binary_op!("dnn.mul", "Elementwise product with broadcasting", r#"%2 = "dnn.mul"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#),
-    binary_op!("dnn.div", "Elementwise quotient with broadcasting", r#"%2 = "dnn.div"(%0, %1) : (tensor<2x3xf32>, tensor<f32>) -> tensor<2x3xf32>"#),
-    elementwise!("dnn.neg", "-x", out_numel, r#"%1 = "dnn.neg"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
+    binary_op!("dnn.add", "Elementwise sum with broadcasting", r#"%2 = "dnn.add"(%0, %1) : (tensor<2x3xf32>, tensor<3xf32>) -> tensor<2x3xf32>"#,
+        Traits {
+            linear: Linearity::Joint(&[0, 1]),
+            ..TRAITS
+        }
+    ),
+    binary_op!("dnn.sub", "Elementwise difference with broadcasting", r#"%2 = "dnn.sub"(%0, %1) : (tensor<2x3xf32>, tensor<2x1xf32>) -> tensor<2x3xf32>"#,
+        Traits {
+            linear: Linearity::Joint(&[0, 1]),
+            ..TRAITS
+        }
+    ),
+    binary_op!("dnn.mul", "Elementwise product with broadcasting", r#"%2 = "dnn.mul"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+        Traits {
+            linear: Linearity::Each(&[0, 1]),
+            megatron_through: true,
+            ..TRAITS
+        }
+    ),
+    binary_op!("dnn.div", "Elementwise quotient with broadcasting", r#"%2 = "dnn.div"(%0, %1) : (tensor<2x3xf32>, tensor<f32>) -> tensor<2x3xf32>"#,
+        Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        }
+    ),
+    elementwise!("dnn.neg", "-x", out_numel, r#"%1 = "dnn.neg"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+        Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        }
+    ),
     elementwise!("dnn.exp", "e^x", flops_x4, r#"%1 = "dnn.exp"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
     elementwise!("dnn.log", "Natural logarithm", flops_x4, r#"%1 = "dnn.log"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
     elementwise!("dnn.sqrt", "Square root", flops_x4, r#"%1 = "dnn.sqrt"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
     elementwise!("dnn.rsqrt", "1 / sqrt(x)", flops_x4, r#"%1 = "dnn.rsqrt"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
-    elementwise!("dnn.tanh", "Hyperbolic tangent", flops_x4, r#"%1 = "dnn.tanh"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
+    elementwise!("dnn.tanh", "Hyperbolic tangent", flops_x4, r#"%1 = "dnn.tanh"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+        Traits {
+            megatron_through: true,
+            ..TRAITS
+        }
+    ),
     OpSpec {
         name: "dnn.gelu",
         summary: "Gaussian error linear unit",
@@ -870,10 +923,24 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x8,
         grad_of: None,
+        traits: Traits {
+            megatron_through: true,
+            ..TRAITS
+        },
         example: r#"%1 = "dnn.gelu"(%0) {approximate = "tanh"} : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     },
-    elementwise!("dnn.silu", "x * sigmoid(x)", flops_x4, r#"%1 = "dnn.silu"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
-    elementwise!("dnn.relu", "max(x, 0)", out_numel, r#"%1 = "dnn.relu"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
+    elementwise!("dnn.silu", "x * sigmoid(x)", flops_x4, r#"%1 = "dnn.silu"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+        Traits {
+            megatron_through: true,
+            ..TRAITS
+        }
+    ),
+    elementwise!("dnn.relu", "max(x, 0)", out_numel, r#"%1 = "dnn.relu"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+        Traits {
+            megatron_through: true,
+            ..TRAITS
+        }
+    ),
     OpSpec {
         name: "dnn.softmax",
         summary: "Softmax along one dimension",
@@ -888,6 +955,7 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x4,
         grad_of: None,
+        traits: TRAITS,
         example: r#"%1 = "dnn.softmax"(%0) {dim = -1 : i64} : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     },
     OpSpec {
@@ -904,6 +972,7 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x4,
         grad_of: None,
+        traits: TRAITS,
         example: r#"%1 = "dnn.log_softmax"(%0) {dim = 1 : i64} : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     },
     OpSpec {
@@ -920,6 +989,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x8,
         grad_of: None,
+        traits: Traits {
+            param_init: &[(1, Init::Const(1.0), "weight"), (2, Init::Const(0.0), "bias")],
+            ..TRAITS
+        },
         example: r#"%3 = "dnn.layer_norm"(%0, %1, %2) {eps = 1.0e-5 : f64} : (tensor<2x3x8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<2x3x8xf32>"#,
     },
     OpSpec {
@@ -936,6 +1009,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x4,
         grad_of: None,
+        traits: Traits {
+            param_init: &[(1, Init::Const(1.0), "weight")],
+            ..TRAITS
+        },
         example: r#"%2 = "dnn.rms_norm"(%0, %1) {eps = 1.0e-5 : f64} : (tensor<2x3x8xf32>, tensor<8xf32>) -> tensor<2x3x8xf32>"#,
     },
     OpSpec {
@@ -952,6 +1029,7 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: None,
+        traits: TRAITS,
         example: r#"%2 = "dnn.embedding"(%0, %1) : (tensor<2x3xi64>, tensor<65x8xf32>) -> tensor<2x3x8xf32>"#,
     },
     OpSpec {
@@ -968,6 +1046,11 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: None,
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            megatron_through: true,
+            ..TRAITS
+        },
         example: r#"%1 = "dnn.reshape"(%0) {shape = array<i64: 2, 3, 2, 4>} : (tensor<2x3x8xf32>) -> tensor<2x3x2x4xf32>"#,
     },
     OpSpec {
@@ -984,6 +1067,11 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: None,
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            megatron_through: true,
+            ..TRAITS
+        },
         example: r#"%1 = "dnn.transpose"(%0) {perm = array<i64: 0, 2, 1>} : (tensor<2x3x8xf32>) -> tensor<2x8x3xf32>"#,
     },
     OpSpec {
@@ -1004,6 +1092,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: None,
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%1 = "dnn.slice"(%0) {dim = 1 : i64, start = 1 : i64, end = 3 : i64} : (tensor<2x3xf32>) -> tensor<2x2xf32>"#,
     },
     OpSpec {
@@ -1020,6 +1112,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: None,
+        traits: Traits {
+            linear: Linearity::Joint(&[0, 1, 2, 3, 4, 5, 6, 7]),
+            ..TRAITS
+        },
         example: r#"%2 = "dnn.concat"(%0, %1) {dim = 1 : i64} : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x6xf32>"#,
     },
     OpSpec {
@@ -1039,6 +1135,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: Some(split_results),
         flops: zero_flops,
         grad_of: None,
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%1:2 = "dnn.split"(%0) {dim = 1 : i64, sizes = array<i64: 1, 2>} : (tensor<2x3xf32>) -> (tensor<2x1xf32>, tensor<2x2xf32>)"#,
     },
     OpSpec {
@@ -1055,6 +1155,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: None,
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%1 = "dnn.sum"(%0) {dims = array<i64: 1>} : (tensor<2x3xf32>) -> tensor<2xf32>"#,
     },
     OpSpec {
@@ -1071,6 +1175,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: None,
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%1 = "dnn.mean"(%0) {dims = array<i64: 0, 1>} : (tensor<2x3xf32>) -> tensor<f32>"#,
     },
     OpSpec {
@@ -1087,6 +1195,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: None,
+        traits: Traits {
+            partial_max: true,
+            ..TRAITS
+        },
         example: r#"%1 = "dnn.max"(%0) {dims = array<i64: 1>, keepdim = true} : (tensor<2x3xf32>) -> tensor<2x1xf32>"#,
     },
     OpSpec {
@@ -1103,6 +1215,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: attention_flops,
         grad_of: None,
+        traits: Traits {
+            megatron_through: true,
+            ..TRAITS
+        },
         example: r#"%3 = "dnn.attention"(%0, %1, %2) {causal = true} : (tensor<2x4x16x8xf32>, tensor<2x2x16x8xf32>, tensor<2x2x16x8xf32>) -> tensor<2x4x16x8xf32>"#,
     },
     OpSpec {
@@ -1119,6 +1235,11 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x4,
         grad_of: None,
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            megatron_through: true,
+            ..TRAITS
+        },
         example: r#"%1 = "dnn.rotary"(%0) {theta = 5.0e+5 : f64} : (tensor<2x4x16x8xf32>) -> tensor<2x4x16x8xf32>"#,
     },
     OpSpec {
@@ -1135,6 +1256,7 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: |ctx, _| ctx.operands[0].as_ref().map_or(0.0, |t| 6.0 * numel(t)),
         grad_of: None,
+        traits: TRAITS,
         example: r#"%2 = "dnn.cross_entropy"(%0, %1) : (tensor<6x65xf32>, tensor<6xi64>) -> tensor<f32>"#,
     },
     OpSpec {
@@ -1151,6 +1273,7 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: None,
+        traits: TRAITS,
         example: r#"%2 = "dnn.pick"(%0, %1) : (tensor<6x5xf32>, tensor<6xi64>) -> tensor<6xf32>"#,
     },
     OpSpec {
@@ -1172,6 +1295,11 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x4,
         grad_of: None,
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            megatron_through: true,
+            ..TRAITS
+        },
         example: r#"%1 = "dnn.dropout"(%0) {p = 1.0e-1 : f64, seed = 7 : i64} : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     },
     OpSpec {
@@ -1192,6 +1320,7 @@ pub static SPECS: &[OpSpec] = &[
         result_types: Some(fill_results),
         flops: zero_flops,
         grad_of: None,
+        traits: TRAITS,
         example: r#"%0 = "dnn.fill"() {shape = array<i64: 2, 3>, value = 1.0 : f64} : () -> tensor<2x3xf32>"#,
     },
     // ---- backward ops ----
@@ -1209,6 +1338,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x10,
         grad_of: Some("dnn.gelu"),
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%2 = "dnn.gelu_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     },
     act_grad!("dnn.silu_grad", "dnn.silu", "dy * silu'(x)", r#"%2 = "dnn.silu_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#),
@@ -1227,6 +1360,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x4,
         grad_of: Some("dnn.tanh"),
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%2 = "dnn.tanh_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     },
     OpSpec {
@@ -1243,6 +1380,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x4,
         grad_of: Some("dnn.softmax"),
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%2 = "dnn.softmax_grad"(%0, %1) {dim = -1 : i64} : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     },
     OpSpec {
@@ -1259,6 +1400,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x4,
         grad_of: Some("dnn.log_softmax"),
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%2 = "dnn.log_softmax_grad"(%0, %1) {dim = -1 : i64} : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     },
     OpSpec {
@@ -1275,6 +1420,7 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x10,
         grad_of: Some("dnn.layer_norm"),
+        traits: TRAITS,
         example: r#"%3:3 = "dnn.layer_norm_grad"(%0, %1, %2) : (tensor<2x3x8xf32>, tensor<2x3x8xf32>, tensor<8xf32>) -> (tensor<2x3x8xf32>, tensor<8xf32>, tensor<8xf32>)"#,
     },
     OpSpec {
@@ -1291,6 +1437,7 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x8,
         grad_of: Some("dnn.rms_norm"),
+        traits: TRAITS,
         example: r#"%3:2 = "dnn.rms_norm_grad"(%0, %1, %2) : (tensor<2x3x8xf32>, tensor<2x3x8xf32>, tensor<8xf32>) -> (tensor<2x3x8xf32>, tensor<8xf32>)"#,
     },
     OpSpec {
@@ -1307,6 +1454,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: |ctx, _| ctx.operands[0].as_ref().map_or(0.0, numel),
         grad_of: Some("dnn.embedding"),
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%2 = "dnn.embedding_grad"(%0, %1) {vocab = 65 : i64} : (tensor<2x3x8xf32>, tensor<2x3xi64>) -> tensor<65x8xf32>"#,
     },
     OpSpec {
@@ -1323,6 +1474,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: attention_grad_flops,
         grad_of: Some("dnn.attention"),
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%4:3 = "dnn.attention_grad"(%0, %1, %2, %3) {causal = true} : (tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>) -> (tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>)"#,
     },
     OpSpec {
@@ -1339,6 +1494,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x4,
         grad_of: Some("dnn.rotary"),
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%1 = "dnn.rotary_grad"(%0) : (tensor<2x4x16x8xf32>) -> tensor<2x4x16x8xf32>"#,
     },
     OpSpec {
@@ -1355,6 +1514,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x4,
         grad_of: Some("dnn.cross_entropy"),
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%3 = "dnn.cross_entropy_grad"(%0, %1, %2) : (tensor<f32>, tensor<6x65xf32>, tensor<6xi64>) -> tensor<6x65xf32>"#,
     },
     OpSpec {
@@ -1371,6 +1534,7 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: Some("dnn.pick"),
+        traits: TRAITS,
         example: r#"%2 = "dnn.pick_grad"(%0, %1) {classes = 5 : i64} : (tensor<6xf32>, tensor<6xi64>) -> tensor<6x5xf32>"#,
     },
     OpSpec {
@@ -1387,6 +1551,7 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x4,
         grad_of: Some("dnn.cross_entropy"),
+        traits: TRAITS,
         example: r#"%4 = "dnn.softmax_xent_grad"(%0, %1, %2, %3) : (tensor<f32>, tensor<6x5xf32>, tensor<6xi64>, tensor<6x1xf32>) -> tensor<6x5xf32>"#,
     },
     OpSpec {
@@ -1403,6 +1568,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: Some("dnn.sum"),
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%1 = "dnn.broadcast_to"(%0) {shape = array<i64: 4, 2, 3>} : (tensor<2x1xf32>) -> tensor<4x2x3xf32>"#,
     },
     OpSpec {
@@ -1419,6 +1588,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: Some("dnn.max"),
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%2 = "dnn.max_grad"(%0, %1) {dims = array<i64: 1>} : (tensor<2xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     },
     OpSpec {
@@ -1439,6 +1612,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: Some("dnn.slice"),
+        traits: Traits {
+            linear: Linearity::Joint(&[0]),
+            ..TRAITS
+        },
         example: r#"%1 = "dnn.pad"(%0) {dim = 1 : i64, before = 1 : i64, after = 0 : i64} : (tensor<2x2xf32>) -> tensor<2x3xf32>"#,
     },
 ];

@@ -665,10 +665,11 @@ impl Graph {
                     }
                     continue;
                 }
-                let (rule, what) = match (n.op.as_str(), i) {
-                    ("dnn.layer_norm" | "dnn.rms_norm", 1) => (Init::Const(1.0), "weight"),
-                    ("dnn.layer_norm" | "dnn.linear", 2) => (Init::Const(0.0), "bias"),
-                    _ => continue,
+                let rule = crate::dnn::spec(&n.op).and_then(|s| {
+                    s.traits.param_init.iter().find(|(k, _, _)| *k == i).copied()
+                });
+                let Some((_, rule, what)) = rule else {
+                    continue;
                 };
                 if !found.iter().any(|(r, _)| *r == rule) {
                     let op = n.op.trim_start_matches("dnn.");

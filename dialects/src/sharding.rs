@@ -14,6 +14,7 @@
 //! penalty, so that among equally cheap paths the shorter wins. Results are cached.
 
 use crate::annotation::{Annotation, Binding, DimKind, TensorAnno};
+use crate::spec::Linearity;
 use crate::nns::{AxisLayout, Layout, Mesh, Reduce};
 use crate::types::AttrValue;
 use std::cmp::Ordering;
@@ -554,13 +555,12 @@ fn merge(steps: Vec<Step>) -> Vec<Step> {
     out
 }
 
-/// How an op's summed (`+`) dims combine across devices: `dnn.max` by maximum, every
-/// other op by sum.
+/// How an op's summed (`+`) dims combine across devices: by maximum where its spec says
+/// so (`dnn.max`), else by sum.
 pub fn partial_kind(op: &str) -> Reduce {
-    if op == "dnn.max" {
-        Reduce::Max
-    } else {
-        Reduce::Sum
+    match crate::dnn::spec(op) {
+        Some(s) if s.traits.partial_max => Reduce::Max,
+        _ => Reduce::Sum,
     }
 }
 
@@ -666,61 +666,17 @@ pub fn infer_binds(anno: &Annotation, binding: &Binding, operands: &[Option<&Sha
     binds
 }
 
-/// In which operands an op is linear, for letting partial values flow through it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Linearity {
-    /// Not linear in any operand.
-    No,
-    /// Jointly linear in these operands: all of them partial, the others replicated.
-    Joint(&'static [usize]),
-    /// Linear in each of these operands: exactly one partial, the others replicated.
-    Each(&'static [usize]),
-}
-
-/// Norm gradients are linear in `dy` too, but are left out: reducing `dy` before them (as
-/// Megatron does) keeps their weight gradients replicated instead of partial.
+/// In which operands op `op` (with `operands` operands) is linear: its spec's traits.
 fn linearity(op: &str, operands: usize) -> Linearity {
-    use Linearity::*;
-    match op {
-        "dnn.add" | "dnn.sub" => Joint(&[0, 1]),
-        "dnn.concat" => Joint(&[0, 1, 2, 3, 4, 5, 6, 7]),
-        "dnn.neg"
-        | "dnn.reshape"
-        | "dnn.transpose"
-        | "dnn.sum"
-        | "dnn.mean"
-        | "dnn.slice"
-        | "dnn.pad"
-        | "dnn.split"
-        | "dnn.broadcast_to"
-        | "dnn.dropout"
-        | "dnn.div"
-        | "dnn.rotary"
-        | "dnn.rotary_grad"
-        | "dnn.gelu_grad"
-        | "dnn.silu_grad"
-        | "dnn.relu_grad"
-        | "dnn.tanh_grad"
-        | "dnn.softmax_grad"
-        | "dnn.log_softmax_grad"
-        | "dnn.embedding_grad"
-        | "dnn.attention_grad"
-        | "dnn.cross_entropy_grad"
-        | "dnn.max_grad" => Joint(&[0]),
-        "dnn.mul" | "dnn.matmul" => Each(&[0, 1]),
-        "dnn.linear" if operands == 2 => Each(&[0, 1]),
-        _ => No,
-    }
+    crate::dnn::spec(op).map_or(Linearity::No, |s| s.traits.linear.with_operands(operands))
 }
 
 /// The operands that must all be partial together for a partial sum to flow through op
-/// `op` (replicated ones among them are partitioned to join): add, sub, concat.
+/// `op` (replicated ones among them are partitioned to join): the ops jointly linear in
+/// more than one operand (add, sub, concat).
 pub fn partial_joint(op: &str) -> &'static [usize] {
-    match op {
-        "dnn.add" | "dnn.sub" | "dnn.concat" => match linearity(op, 2) {
-            Linearity::Joint(set) => set,
-            _ => &[],
-        },
+    match linearity(op, 2) {
+        Linearity::Joint(set) if set.len() > 1 => set,
         _ => &[],
     }
 }
@@ -746,7 +702,8 @@ pub fn partial_passthrough(
         let is_v = |s: &Option<&Sharding>| state(s) == Some(AxisState::V(Reduce::Sum));
         let is_r = |s: &Option<&Sharding>| matches!(state(s), Some(AxisState::R) | None);
         let ok = match lin {
-            Linearity::No => false,
+            // `linearity` resolved `EachUpTo` for this operand count.
+            Linearity::No | Linearity::EachUpTo(..) => false,
             Linearity::Joint(set) => {
                 // Replicated operands in the set join the partial ones through a local
                 // partition (value / n), so the sum stays partial.

@@ -186,6 +186,59 @@ pub type AnnotationRule = fn(&OpCtx<'_>) -> Result<String, String>;
 /// FLOPs of one execution, given the op and its result types.
 pub type FlopRule = fn(&OpCtx<'_>, &[TensorType]) -> f64;
 
+/// In which operands an op is linear, so that partial sums may flow through it unreduced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Linearity {
+    /// Not linear in any operand.
+    No,
+    /// Jointly linear in these operands (`add`, `sub`, `concat`): all of them partial, the
+    /// others replicated.
+    Joint(&'static [usize]),
+    /// Linear in each of these operands (`mul`, `matmul`): exactly one partial, the others
+    /// replicated.
+    Each(&'static [usize]),
+    /// [`Linearity::Each`] when the op has at most this many operands (`linear` without its
+    /// bias), else not linear.
+    EachUpTo(&'static [usize], usize),
+}
+
+impl Linearity {
+    /// The linearity of an op used with `operands` operands.
+    pub fn with_operands(self, operands: usize) -> Linearity {
+        match self {
+            Linearity::EachUpTo(set, max) if operands <= max => Linearity::Each(set),
+            Linearity::EachUpTo(..) => Linearity::No,
+            other => other,
+        }
+    }
+}
+
+/// What the passes know about an op besides its annotation, declared with the op (as MLIR
+/// interfaces are), so that no pass keeps a list of op names.
+#[derive(Clone, Copy, Debug)]
+pub struct Traits {
+    /// Where partial sums flow through it (propagation keeps them partial instead of
+    /// reducing first). Norm gradients are linear in `dy` too but are left `No`: reducing
+    /// `dy` before them (as Megatron does) keeps their weight gradients replicated.
+    pub linear: Linearity,
+    /// Its summed (`+`) dims combine across devices by maximum (`max`), not by sum.
+    pub partial_max: bool,
+    /// Megatron's policy lets a column-parallel result pass through it on its way to a
+    /// row-parallel linear (it keeps the feature dim).
+    pub megatron_through: bool,
+    /// The default init of a parameter used as operand `.0`: `.1`, described as `.2` in
+    /// messages (a norm's weight is ones, a bias zeros).
+    pub param_init: &'static [(usize, crate::nns::Init, &'static str)],
+}
+
+/// The traits of an op that declares none.
+pub const TRAITS: Traits = Traits {
+    linear: Linearity::No,
+    partial_max: false,
+    megatron_through: false,
+    param_init: &[],
+};
+
 /// The definition of one op.
 #[derive(Debug)]
 pub struct OpSpec {
@@ -217,6 +270,8 @@ pub struct OpSpec {
     pub flops: FlopRule,
     /// Set for backward ops: the forward op whose gradient they compute.
     pub grad_of: Option<&'static str>,
+    /// What the passes know about it besides its annotation.
+    pub traits: Traits,
     /// A generic-form example, used by the docs and the round-trip tests.
     pub example: &'static str,
 }

@@ -392,19 +392,11 @@ fn vocab_parallel(g: &mut Graph, mesh: &Mesh, users: &[Vec<(usize, usize)>]) {
     }
 }
 
-/// Ops a column-parallel result may pass through on its way to the row-parallel linear.
-const THROUGH: &[&str] = &[
-    "dnn.reshape",
-    "dnn.transpose",
-    "dnn.attention",
-    "dnn.rotary",
-    "dnn.gelu",
-    "dnn.silu",
-    "dnn.relu",
-    "dnn.tanh",
-    "dnn.mul",
-    "dnn.dropout",
-];
+/// Whether a column-parallel result may pass through op `op` on its way to the
+/// row-parallel linear (the op's spec says so).
+fn megatron_through(op: &str) -> bool {
+    nnscaler_dialects::dnn::spec(op).is_some_and(|s| s.traits.megatron_through)
+}
 
 fn megatron(g: &mut Graph, mesh: &Mesh) {
     let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); g.values.len()];
@@ -430,7 +422,7 @@ fn megatron(g: &mut Graph, mesh: &Mesh) {
                 let n = &g.nodes[k];
                 if n.op == "dnn.linear" && i == 0 {
                     reached.push(k);
-                } else if THROUGH.contains(&n.op.as_str()) {
+                } else if megatron_through(&n.op) {
                     stack.extend(n.outputs.iter().copied());
                 }
             }
