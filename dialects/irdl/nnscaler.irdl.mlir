@@ -85,6 +85,13 @@ irdl.dialect @dnn {
     %r_y = irdl.base "!builtin.tensor"
     irdl.results(%r_y)
   }
+  // 1 / (1 + e^-x)
+  irdl.operation @sigmoid {
+    %x = irdl.base "!builtin.tensor"
+    irdl.operands(%x)
+    %r_y = irdl.base "!builtin.tensor"
+    irdl.results(%r_y)
+  }
   // Hyperbolic tangent
   irdl.operation @tanh {
     %x = irdl.base "!builtin.tensor"

@@ -903,6 +903,16 @@ pub static SPECS: &[OpSpec] = &[
     elementwise!("dnn.log", "Natural logarithm", flops_x4, r#"%1 = "dnn.log"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
     elementwise!("dnn.sqrt", "Square root", flops_x4, r#"%1 = "dnn.sqrt"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
     elementwise!("dnn.rsqrt", "1 / sqrt(x)", flops_x4, r#"%1 = "dnn.rsqrt"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
+    elementwise!(
+        "dnn.sigmoid",
+        "1 / (1 + e^-x)",
+        flops_x4,
+        r#"%1 = "dnn.sigmoid"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+        Traits {
+            megatron_through: true,
+            ..TRAITS
+        }
+    ),
     elementwise!("dnn.tanh", "Hyperbolic tangent", flops_x4, r#"%1 = "dnn.tanh"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
         Traits {
             megatron_through: true,

@@ -666,7 +666,11 @@ impl Graph {
                     continue;
                 }
                 let rule = crate::dnn::spec(&n.op).and_then(|s| {
-                    s.traits.param_init.iter().find(|(k, _, _)| *k == i).copied()
+                    s.traits
+                        .param_init
+                        .iter()
+                        .find(|(k, _, _)| *k == i)
+                        .copied()
                 });
                 let Some((_, rule, what)) = rule else {
                     continue;

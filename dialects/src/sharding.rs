@@ -14,8 +14,8 @@
 //! penalty, so that among equally cheap paths the shorter wins. Results are cached.
 
 use crate::annotation::{Annotation, Binding, DimKind, TensorAnno};
-use crate::spec::Linearity;
 use crate::nns::{AxisLayout, Layout, Mesh, Reduce};
+use crate::spec::Linearity;
 use crate::types::AttrValue;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};

@@ -238,6 +238,13 @@ pub fn rule(op: &str) -> Option<VjpRule> {
             let q = c.emit("dnn.div", &[p, x], &[])?;
             Ok(vec![Some(c.scale(q, -0.5)?)])
         },
+        "dnn.sigmoid" => |c| {
+            // dy * y * (1 - y) = dy * y - (dy * y) * y
+            let (d, y) = (c.dy(0)?, c.y(0));
+            let p = c.emit("dnn.mul", &[d, y], &[])?;
+            let q = c.emit("dnn.mul", &[p, y], &[])?;
+            Ok(vec![Some(c.emit("dnn.sub", &[p, q], &[])?)])
+        },
         "dnn.tanh" => |c| {
             let (d, y) = (c.dy(0)?, c.y(0));
             Ok(vec![Some(c.emit("dnn.tanh_grad", &[d, y], &[])?)])

@@ -220,7 +220,14 @@ fn cases() -> Vec<Case> {
         ),
         case("dnn.pick", &[(&[7, 5], N), (&[7], Gen::Below(5))], &[]),
     ];
-    for op in ["dnn.neg", "dnn.exp", "dnn.tanh", "dnn.silu", "dnn.relu"] {
+    for op in [
+        "dnn.neg",
+        "dnn.exp",
+        "dnn.sigmoid",
+        "dnn.tanh",
+        "dnn.silu",
+        "dnn.relu",
+    ] {
         v.push(case(op, &[(&[3, 7], N)], &[]));
     }
     for op in ["dnn.log", "dnn.sqrt", "dnn.rsqrt"] {

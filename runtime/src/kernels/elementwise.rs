@@ -123,6 +123,11 @@ pub(super) fn sqrt(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
 pub(super) fn rsqrt(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     unary(x[0], |p| 1.0 / p.sqrt())
 }
+/// `dnn.sigmoid` (the same branch-free `exp` as silu's).
+pub(super) fn logistic(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    unary(x[0], sigmoid)
+}
+
 pub(super) fn tanh(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     unary(x[0], f32::tanh)
 }

@@ -178,6 +178,7 @@ pub fn kernel(name: &str) -> Option<Kernel> {
         "dnn.log" => e::log,
         "dnn.sqrt" => e::sqrt,
         "dnn.rsqrt" => e::rsqrt,
+        "dnn.sigmoid" => e::logistic,
         "dnn.tanh" => e::tanh,
         "dnn.gelu" => e::gelu,
         "dnn.silu" => e::silu,
