@@ -324,7 +324,7 @@ impl fmt::Display for Split {
 }
 
 /// The collective and data-movement ops of the `nns` dialect, with what each needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub struct CollectiveSpec {
     /// Full op name.
     pub name: &'static str,
@@ -334,6 +334,12 @@ pub struct CollectiveSpec {
     pub dim_attrs: &'static [&'static str],
     /// Whether it takes a `reduce` attribute ("sum" by default).
     pub reduces: bool,
+    /// The communication cost model: bytes each device sends for one call over a group of
+    /// `n` devices, given the bytes of its (local) operand and result. Ring algorithms:
+    /// all_reduce sends `2 (n-1)/n` of its buffer, all_gather `(n-1)/n` of its result,
+    /// reduce_scatter and all_to_all `(n-1)/n` of their operand; local ops nothing. The
+    /// transition search and `--print-stats` both use it.
+    pub sent_bytes: fn(n: f64, operand: f64, result: f64) -> f64,
     /// A generic-form example.
     pub example: &'static str,
 }
@@ -344,6 +350,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         name: "nns.all_reduce",
         summary: "V -> R: reduces partial values across the axes",
         dim_attrs: &[],
+        sent_bytes: |n, x, _| 2.0 * (n - 1.0) / n * x,
         reduces: true,
         example: r#"%1 = "nns.all_reduce"(%0) {axes = ["tp"], reduce = "sum"} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -351,6 +358,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         name: "nns.all_gather",
         summary: "D(dim) -> R: concatenates the shards along dim",
         dim_attrs: &["dim"],
+        sent_bytes: |n, _, y| (n - 1.0) / n * y,
         reduces: false,
         example: r#"%1 = "nns.all_gather"(%0) {axes = ["tp"], dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -358,6 +366,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         name: "nns.reduce_scatter",
         summary: "V -> D(dim): reduces and leaves each device one shard",
         dim_attrs: &["dim"],
+        sent_bytes: |n, x, _| (n - 1.0) / n * x,
         reduces: true,
         example: r#"%1 = "nns.reduce_scatter"(%0) {axes = ["dp", "tp"], dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -365,6 +374,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         name: "nns.all_to_all",
         summary: "D(concat_dim) -> D(split_dim): re-splits a value along another dim",
         dim_attrs: &["split_dim", "concat_dim"],
+        sent_bytes: |n, x, _| (n - 1.0) / n * x,
         reduces: false,
         example: r#"%1 = "nns.all_to_all"(%0) {axes = ["tp"], split_dim = 0 : i64, concat_dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -372,6 +382,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         name: "nns.broadcast",
         summary: "Copies the value of device `root` (index along the axes) to all",
         dim_attrs: &[],
+        sent_bytes: |_, _, _| 0.0,
         reduces: false,
         example: r#"%1 = "nns.broadcast"(%0) {axes = ["dp"], root = 0 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -379,6 +390,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         name: "nns.slice",
         summary: "R -> D(dim): each device keeps its shard, no communication",
         dim_attrs: &["dim"],
+        sent_bytes: |_, _, _| 0.0,
         reduces: false,
         example: r#"%1 = "nns.slice"(%0) {axes = ["tp"], dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -387,6 +399,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         summary:
             "R -> V(sum): each device keeps value / n (n devices along the axes), no communication",
         dim_attrs: &[],
+        sent_bytes: |_, _, _| 0.0,
         reduces: false,
         example: r#"%1 = "nns.partition"(%0) {axes = ["tp"]} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -394,6 +407,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         name: "nns.transfer",
         summary: "Moves a value from pipeline stage `from` to stage `to` (send/recv pair)",
         dim_attrs: &[],
+        sent_bytes: |_, _, _| 0.0,
         reduces: false,
         example: r#"%1 = "nns.transfer"(%0) {from = 0 : i64, to = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -401,6 +415,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         name: "nns.relayout",
         summary: "Changes a value's layout to `to`; --lower-relayouts turns it into collectives",
         dim_attrs: &[],
+        sent_bytes: |_, _, _| 0.0,
         reduces: false,
         example: r#"%1 = "nns.relayout"(%0) {to = #nns.layout<@world, tp = D(1)>} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -585,4 +600,10 @@ mod init_tests {
         assert!(Init::parse("normal(0)").unwrap_err().contains("bad init"));
         assert!(Init::parse("uniform(1, 0)").is_err());
     }
+}
+
+/// Bytes each device sends for collective `op` over a group of `n` devices (see
+/// [`CollectiveSpec::sent_bytes`]); 0 for ops that are not collectives.
+pub fn sent_bytes(op: &str, n: f64, operand: f64, result: f64) -> f64 {
+    collective(op).map_or(0.0, |c| (c.sent_bytes)(n, operand, result))
 }

@@ -411,7 +411,9 @@ fn moves(
         if sizes[a] == 1 {
             continue;
         }
-        let frac = (n - 1.0) / n;
+        // Costs from the collectives' table (one model with --print-stats).
+        let cost =
+            |op: &str, operand: f64, result: f64| crate::nns::sent_bytes(op, n, operand, result);
         match s.axis_state(a) {
             AxisState::V(reduce) => {
                 let mut r = s.clone();
@@ -422,7 +424,7 @@ fn moves(
                         reduce,
                     },
                     r.clone(),
-                    2.0 * frac * here,
+                    cost("nns.all_reduce", here, here),
                 ));
                 for dim in 0..rank {
                     let mut d = r.clone();
@@ -435,7 +437,7 @@ fn moves(
                                 reduce,
                             },
                             d,
-                            frac * here,
+                            cost("nns.reduce_scatter", here, here / n),
                         ));
                     }
                 }
@@ -459,7 +461,11 @@ fn moves(
                 let mut r = s.clone();
                 r.split[dim].pop();
                 let after = local_bytes(&r, shape, elem_bytes, sizes);
-                out.push((Step::AllGather { axis: a, dim }, r.clone(), frac * after));
+                out.push((
+                    Step::AllGather { axis: a, dim },
+                    r.clone(),
+                    cost("nns.all_gather", here, after),
+                ));
                 for to in (0..rank).filter(|&t| t != dim) {
                     let mut d = r.clone();
                     d.split[to].push(a);
@@ -471,7 +477,7 @@ fn moves(
                                 concat_dim: dim,
                             },
                             d,
-                            frac * here,
+                            cost("nns.all_to_all", here, here),
                         ));
                     }
                 }

@@ -13,6 +13,7 @@ use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::nns;
 use nnscaler_dialects::spec::{OpCtx, OpSpec};
 use nnscaler_dialects::types::{AttrValue, Attrs, TensorType};
 use nnscaler_dialects::verify::{params, Meshes};
@@ -235,16 +236,10 @@ fn collect_comm(st: &mut FuncStats, g: &Graph, meshes: &Meshes) {
             Some(AttrValue::Strs(v)) => v.iter().map(|a| mesh.axis(a).unwrap_or(1)).product(),
             _ => 1,
         };
-        let k = group as f64;
-        let frac = (k - 1.0) / k;
         let input = n.inputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
         let output = n.outputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
-        let sent = match n.op.as_str() {
-            "nns.all_reduce" => 2.0 * frac * input,
-            "nns.all_gather" => frac * output,
-            "nns.reduce_scatter" | "nns.all_to_all" => frac * input,
-            _ => 0.0,
-        };
+        // The collectives' cost model, as the transition search uses it.
+        let sent = nns::sent_bytes(&n.op, group as f64, input, output);
         let e = st.comm.entry(n.op.clone()).or_default();
         e.0 += 1;
         e.1 += sent;
