@@ -4,7 +4,8 @@
 //! attributes, written in nnScaler's language (see [`crate::annotation`]).
 
 use crate::nns::Init;
-use crate::spec::{AttrKind, AttrSpec, Linearity, OpCtx, OpSpec, Traits, TRAITS};
+use crate::spec::{AttrKind, AttrSpec, Linearity, LocalCtx, OpCtx, OpSpec, Traits, TRAITS};
+use crate::types::AttrValue;
 use crate::types::{Elem, TensorType};
 
 const fn attr(name: &'static str, kind: AttrKind, required: bool, doc: &'static str) -> AttrSpec {
@@ -822,6 +823,112 @@ macro_rules! act_grad {
     };
 }
 
+// --- What --localize changes besides types (`Traits::localize`). ---
+
+/// `shape` spells the result's shape: the local one.
+fn local_shape_attr(c: &mut LocalCtx<'_>) -> Result<(), String> {
+    let shape = c.results[0].shape.clone();
+    c.attrs.insert("shape".into(), AttrValue::Ints(shape));
+    Ok(())
+}
+
+/// `vocab` is the local number of rows of the gradient table.
+fn local_embedding_grad(c: &mut LocalCtx<'_>) -> Result<(), String> {
+    let v = c.results[0].shape[0];
+    c.attrs.insert("vocab".into(), AttrValue::Int(v));
+    Ok(())
+}
+
+/// Each device holds a block of the table's rows: it looks up the ids in its block.
+fn local_embedding(c: &mut LocalCtx<'_>) -> Result<(), String> {
+    if c.split(1, 0) {
+        let axes = c.axes(1, 0);
+        c.attrs.insert("row_axes".into(), axes);
+    }
+    Ok(())
+}
+
+/// A mean over a split dim divides by the global count.
+fn set_count(c: &mut LocalCtx<'_>, count: i64) {
+    c.attrs
+        .entry("count".into())
+        .or_insert(AttrValue::Int(count));
+}
+
+fn local_pick(c: &mut LocalCtx<'_>) -> Result<(), String> {
+    if c.split(0, 1) {
+        let axes = c.axes(0, 1);
+        c.attrs.insert("offset_axes".into(), axes);
+    }
+    Ok(())
+}
+
+fn local_softmax_xent_grad(c: &mut LocalCtx<'_>) -> Result<(), String> {
+    if c.split(1, 1) {
+        let axes = c.axes(1, 1);
+        c.attrs.insert("offset_axes".into(), axes);
+    }
+    if c.split(1, 0) {
+        let n = c.operands[1].shape[0];
+        set_count(c, n);
+    }
+    Ok(())
+}
+
+fn local_cross_entropy_at(c: &mut LocalCtx<'_>, logits: usize) -> Result<(), String> {
+    if c.split(logits, 0) {
+        let n = c.operands[logits].shape[0];
+        set_count(c, n);
+    }
+    if c.split(logits, 1) {
+        return Err("a vocabulary-parallel cross-entropy is not supported yet".into());
+    }
+    Ok(())
+}
+
+fn local_cross_entropy(c: &mut LocalCtx<'_>) -> Result<(), String> {
+    local_cross_entropy_at(c, 0)
+}
+
+fn local_cross_entropy_grad(c: &mut LocalCtx<'_>) -> Result<(), String> {
+    local_cross_entropy_at(c, 1)
+}
+
+fn local_mean(c: &mut LocalCtx<'_>) -> Result<(), String> {
+    let x = &c.operands[0];
+    let rank = x.rank() as i64;
+    let dims: Vec<usize> = match c.attrs.get("dims") {
+        Some(AttrValue::Ints(d)) => d
+            .iter()
+            .map(|&d| (if d < 0 { d + rank } else { d }) as usize)
+            .collect(),
+        _ => Vec::new(),
+    };
+    if dims.iter().any(|&d| c.split(0, d)) {
+        let count: i64 = dims.iter().map(|&d| x.shape[d]).product();
+        set_count(c, count);
+    }
+    Ok(())
+}
+
+/// The mask is indexed by the element's place in the whole tensor.
+fn local_dropout(c: &mut LocalCtx<'_>) -> Result<(), String> {
+    let rank = c.operands[0].rank();
+    if (0..rank).any(|d| c.split(0, d)) {
+        let axes: Vec<String> = (0..rank)
+            .map(|d| match c.axes(0, d) {
+                AttrValue::Strs(v) => v.join(","),
+                _ => String::new(),
+            })
+            .collect();
+        let shape = c.operands[0].shape.clone();
+        c.attrs
+            .insert("global_shape".into(), AttrValue::Ints(shape));
+        c.attrs.insert("dim_axes".into(), AttrValue::Strs(axes));
+    }
+    Ok(())
+}
+
 /// Every `dnn` op, forward ops first.
 pub static SPECS: &[OpSpec] = &[
     OpSpec {
@@ -1039,7 +1146,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: None,
-        traits: TRAITS,
+        traits: Traits {
+            localize: Some(local_embedding),
+            ..TRAITS
+        },
         example: r#"%2 = "dnn.embedding"(%0, %1) : (tensor<2x3xi64>, tensor<65x8xf32>) -> tensor<2x3x8xf32>"#,
     },
     OpSpec {
@@ -1059,6 +1169,7 @@ pub static SPECS: &[OpSpec] = &[
         traits: Traits {
             linear: Linearity::Joint(&[0]),
             megatron_through: true,
+            localize: Some(local_shape_attr),
             ..TRAITS
         },
         example: r#"%1 = "dnn.reshape"(%0) {shape = array<i64: 2, 3, 2, 4>} : (tensor<2x3x8xf32>) -> tensor<2x3x2x4xf32>"#,
@@ -1187,6 +1298,7 @@ pub static SPECS: &[OpSpec] = &[
         grad_of: None,
         traits: Traits {
             linear: Linearity::Joint(&[0]),
+            localize: Some(local_mean),
             ..TRAITS
         },
         example: r#"%1 = "dnn.mean"(%0) {dims = array<i64: 0, 1>} : (tensor<2x3xf32>) -> tensor<f32>"#,
@@ -1266,7 +1378,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: |ctx, _| ctx.operands[0].as_ref().map_or(0.0, |t| 6.0 * numel(t)),
         grad_of: None,
-        traits: TRAITS,
+        traits: Traits {
+            localize: Some(local_cross_entropy),
+            ..TRAITS
+        },
         example: r#"%2 = "dnn.cross_entropy"(%0, %1) : (tensor<6x65xf32>, tensor<6xi64>) -> tensor<f32>"#,
     },
     OpSpec {
@@ -1283,7 +1398,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: zero_flops,
         grad_of: None,
-        traits: TRAITS,
+        traits: Traits {
+            localize: Some(local_pick),
+            ..TRAITS
+        },
         example: r#"%2 = "dnn.pick"(%0, %1) : (tensor<6x5xf32>, tensor<6xi64>) -> tensor<6xf32>"#,
     },
     OpSpec {
@@ -1308,6 +1426,7 @@ pub static SPECS: &[OpSpec] = &[
         traits: Traits {
             linear: Linearity::Joint(&[0]),
             megatron_through: true,
+            localize: Some(local_dropout),
             ..TRAITS
         },
         example: r#"%1 = "dnn.dropout"(%0) {p = 1.0e-1 : f64, seed = 7 : i64} : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
@@ -1330,7 +1449,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: Some(fill_results),
         flops: zero_flops,
         grad_of: None,
-        traits: TRAITS,
+        traits: Traits {
+            localize: Some(local_shape_attr),
+            ..TRAITS
+        },
         example: r#"%0 = "dnn.fill"() {shape = array<i64: 2, 3>, value = 1.0 : f64} : () -> tensor<2x3xf32>"#,
     },
     // ---- backward ops ----
@@ -1466,6 +1588,7 @@ pub static SPECS: &[OpSpec] = &[
         grad_of: Some("dnn.embedding"),
         traits: Traits {
             linear: Linearity::Joint(&[0]),
+            localize: Some(local_embedding_grad),
             ..TRAITS
         },
         example: r#"%2 = "dnn.embedding_grad"(%0, %1) {vocab = 65 : i64} : (tensor<2x3x8xf32>, tensor<2x3xi64>) -> tensor<65x8xf32>"#,
@@ -1526,6 +1649,7 @@ pub static SPECS: &[OpSpec] = &[
         grad_of: Some("dnn.cross_entropy"),
         traits: Traits {
             linear: Linearity::Joint(&[0]),
+            localize: Some(local_cross_entropy_grad),
             ..TRAITS
         },
         example: r#"%3 = "dnn.cross_entropy_grad"(%0, %1, %2) : (tensor<f32>, tensor<6x65xf32>, tensor<6xi64>) -> tensor<6x65xf32>"#,
@@ -1561,7 +1685,10 @@ pub static SPECS: &[OpSpec] = &[
         result_types: None,
         flops: flops_x4,
         grad_of: Some("dnn.cross_entropy"),
-        traits: TRAITS,
+        traits: Traits {
+            localize: Some(local_softmax_xent_grad),
+            ..TRAITS
+        },
         example: r#"%4 = "dnn.softmax_xent_grad"(%0, %1, %2, %3) : (tensor<f32>, tensor<6x5xf32>, tensor<6xi64>, tensor<6x1xf32>) -> tensor<6x5xf32>"#,
     },
     OpSpec {
@@ -1580,6 +1707,7 @@ pub static SPECS: &[OpSpec] = &[
         grad_of: Some("dnn.sum"),
         traits: Traits {
             linear: Linearity::Joint(&[0]),
+            localize: Some(local_shape_attr),
             ..TRAITS
         },
         example: r#"%1 = "dnn.broadcast_to"(%0) {shape = array<i64: 4, 2, 3>} : (tensor<2x1xf32>) -> tensor<4x2x3xf32>"#,
@@ -1669,6 +1797,53 @@ mod tests {
         }
         spec.check(&ctx)
             .map(|(r, _, _)| r.into_iter().map(|t| t.shape).collect())
+    }
+
+    /// An op whose attributes depend on the shapes `--localize` changes (a shape, a count
+    /// over split dims, indices into a split dim, a mask over the whole tensor) must say in
+    /// its spec how they change: a new op of that kind without a localize rule fails here.
+    #[test]
+    fn ops_with_shape_dependent_attributes_have_localize_rules() {
+        for s in SPECS {
+            let shapey = s.attrs.iter().any(|a| {
+                matches!(
+                    a.name,
+                    "shape" | "vocab" | "count" | "row_axes" | "offset_axes" | "global_shape"
+                )
+            });
+            assert!(
+                !shapey || s.traits.localize.is_some(),
+                "{} has shape-dependent attributes but no Traits::localize rule",
+                s.name
+            );
+        }
+    }
+
+    /// Backward ops are linear in their incoming gradient (operand 0, `dy`); each says so,
+    /// unless listed here with the reason.
+    #[test]
+    fn gradient_ops_declare_their_linearity() {
+        // Norm gradients are linear in dy too, but reducing dy before them keeps their
+        // weight gradients replicated (see `Traits::linear`). `softmax_xent_grad` and
+        // `pick_grad` only appear in the vocabulary-parallel cross-entropy, whose dloss is
+        // replicated; declaring them linear is untested, so they are left out.
+        let exempt = [
+            "dnn.layer_norm_grad",
+            "dnn.rms_norm_grad",
+            "dnn.softmax_xent_grad",
+            "dnn.pick_grad",
+        ];
+        for s in SPECS.iter().filter(|s| s.grad_of.is_some()) {
+            if exempt.contains(&s.name) {
+                continue;
+            }
+            assert_ne!(
+                s.traits.linear,
+                Linearity::No,
+                "{} is a gradient op without a declared linearity",
+                s.name
+            );
+        }
     }
 
     #[test]

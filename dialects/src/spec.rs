@@ -229,7 +229,49 @@ pub struct Traits {
     /// The default init of a parameter used as operand `.0`: `.1`, described as `.2` in
     /// messages (a norm's weight is ones, a bias zeros).
     pub param_init: &'static [(usize, crate::nns::Init, &'static str)],
+    /// What `--localize` changes in the op besides its types, for ops whose attributes
+    /// spell shapes or whose kernel must know where its piece sits.
+    pub localize: Option<LocalizeRule>,
 }
+
+/// What a localize rule sees of one op: its attributes (to change), its operands' global
+/// types, its results' local types, and which mesh axes split each operand dim.
+#[derive(Debug)]
+pub struct LocalCtx<'a> {
+    /// The op's attributes.
+    pub attrs: &'a mut Attrs,
+    /// Global types of the operands.
+    pub operands: &'a [TensorType],
+    /// Local (per-device) types of the results.
+    pub results: &'a [TensorType],
+    /// `split_axes[i][d]`: the names of the mesh axes splitting operand `i`'s dim `d`
+    /// (outer first; empty when the dim is whole on every device).
+    pub split_axes: &'a [Vec<Vec<String>>],
+}
+
+impl LocalCtx<'_> {
+    /// Whether operand `i`'s dim `d` is split.
+    pub fn split(&self, i: usize, d: usize) -> bool {
+        self.split_axes
+            .get(i)
+            .and_then(|v| v.get(d))
+            .is_some_and(|a| !a.is_empty())
+    }
+
+    /// The axes splitting operand `i`'s dim `d`, as a string-array attribute.
+    pub fn axes(&self, i: usize, d: usize) -> AttrValue {
+        AttrValue::Strs(
+            self.split_axes
+                .get(i)
+                .and_then(|v| v.get(d))
+                .cloned()
+                .unwrap_or_default(),
+        )
+    }
+}
+
+/// A localize rule (see [`Traits::localize`]).
+pub type LocalizeRule = fn(&mut LocalCtx<'_>) -> Result<(), String>;
 
 /// The traits of an op that declares none.
 pub const TRAITS: Traits = Traits {
@@ -237,6 +279,7 @@ pub const TRAITS: Traits = Traits {
     partial_max: false,
     megatron_through: false,
     param_init: &[],
+    localize: None,
 };
 
 /// The definition of one op.

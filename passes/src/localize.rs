@@ -324,96 +324,32 @@ pub fn localize(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
         t.shape = l.local_shape(&ty.shape, &sizes);
         local.push(t);
     }
-    let split = |v: usize, dim: usize| {
-        layouts[v]
-            .as_ref()
-            .is_some_and(|l| !l.split[dim].is_empty())
-    };
+    // What each op's spec says to change besides types (`Traits::localize`).
     for n in &mut g.nodes {
-        let fail = |m: String| error(&n.loc, format!("localize: '{}': {m}", n.op));
-        let out = |i: usize| AttrValue::Ints(local[n.outputs[i]].shape.clone());
-        match n.op.as_str() {
-            "dnn.reshape" | "dnn.broadcast_to" | "dnn.fill" => {
-                let v = out(0);
-                n.attrs.insert("shape".into(), v);
-            }
-            "dnn.embedding_grad" => {
-                let v = local[n.outputs[0]].shape[0];
-                n.attrs.insert("vocab".into(), AttrValue::Int(v));
-            }
-            "dnn.embedding" if split(n.inputs[1], 0) => {
-                // Each device holds a block of rows: it looks up the ids in its block.
-                let axes = axis_names(layouts[n.inputs[1]].as_ref(), 0, mesh);
-                n.attrs.insert("row_axes".into(), axes);
-            }
-            "dnn.pick" | "dnn.softmax_xent_grad" => {
-                let l = if n.op == "dnn.pick" {
-                    n.inputs[0]
-                } else {
-                    n.inputs[1]
-                };
-                if split(l, 1) {
-                    let axes = axis_names(layouts[l].as_ref(), 1, mesh);
-                    n.attrs.insert("offset_axes".into(), axes);
-                }
-                if n.op == "dnn.softmax_xent_grad" && split(l, 0) && !n.attrs.contains_key("count")
-                {
-                    n.attrs
-                        .insert("count".into(), AttrValue::Int(g.values[l].shape[0]));
-                }
-            }
-            "dnn.cross_entropy" | "dnn.cross_entropy_grad" => {
-                let logits = if n.op == "dnn.cross_entropy" {
-                    n.inputs[0]
-                } else {
-                    n.inputs[1]
-                };
-                if split(logits, 0) && !n.attrs.contains_key("count") {
-                    n.attrs
-                        .insert("count".into(), AttrValue::Int(g.values[logits].shape[0]));
-                }
-                if split(logits, 1) {
-                    return Err(fail(
-                        "a vocabulary-parallel cross-entropy is not supported yet".into(),
-                    ));
-                }
-            }
-            "dnn.mean" => {
-                let x = n.inputs[0];
-                let rank = g.values[x].rank() as i64;
-                let dims: Vec<usize> = match n.attrs.get("dims") {
-                    Some(AttrValue::Ints(d)) => d
-                        .iter()
-                        .map(|&d| (if d < 0 { d + rank } else { d }) as usize)
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                if dims.iter().any(|&d| split(x, d)) && !n.attrs.contains_key("count") {
-                    let count: i64 = dims.iter().map(|&d| g.values[x].shape[d]).product();
-                    n.attrs.insert("count".into(), AttrValue::Int(count));
-                }
-            }
-            "dnn.dropout" => {
-                // The mask is indexed by the element's place in the whole tensor.
-                let x = n.inputs[0];
-                let rank = g.values[x].rank();
-                if (0..rank).any(|d| split(x, d)) {
-                    let l = layouts[x].as_ref();
-                    let axes: Vec<String> = (0..rank)
-                        .map(|d| match axis_names(l, d, mesh) {
-                            AttrValue::Strs(v) => v.join(","),
-                            _ => String::new(),
-                        })
-                        .collect();
-                    n.attrs.insert(
-                        "global_shape".into(),
-                        AttrValue::Ints(g.values[x].shape.clone()),
-                    );
-                    n.attrs.insert("dim_axes".into(), AttrValue::Strs(axes));
-                }
-            }
-            _ => {}
-        }
+        let Some(rule) = nnscaler_dialects::dnn::spec(&n.op).and_then(|s| s.traits.localize) else {
+            continue;
+        };
+        let operands: Vec<_> = n.inputs.iter().map(|&v| g.values[v].clone()).collect();
+        let results: Vec<_> = n.outputs.iter().map(|&v| local[v].clone()).collect();
+        let split_axes: Vec<Vec<Vec<String>>> = n
+            .inputs
+            .iter()
+            .map(|&v| {
+                (0..g.values[v].rank())
+                    .map(|d| match axis_names(layouts[v].as_ref(), d, mesh) {
+                        AttrValue::Strs(a) => a,
+                        _ => Vec::new(),
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut ctx = nnscaler_dialects::spec::LocalCtx {
+            attrs: &mut n.attrs,
+            operands: &operands,
+            results: &results,
+            split_axes: &split_axes,
+        };
+        rule(&mut ctx).map_err(|m| error(&n.loc, format!("localize: '{}': {m}", n.op)))?;
     }
     g.values = local;
     // The mesh it was localized for: the verifier refuses the program if the mesh changes.
