@@ -332,12 +332,19 @@ pub struct CollectiveSpec {
     pub summary: &'static str,
     /// Integer attributes naming tensor dims that the op requires.
     pub dim_attrs: &'static [&'static str],
+    /// Its effect on a device's local shape, by those attributes: the dims each device
+    /// cuts into `n` pieces (reduce_scatter, slice, all_to_all's `split_dim`) and the dims it
+    /// gathers `n` pieces of (all_gather, all_to_all's `concat_dim`), `n` the group size.
+    pub cuts: &'static [&'static str],
+    /// See `cuts`.
+    pub grows: &'static [&'static str],
     /// Whether it takes a `reduce` attribute ("sum" by default).
     pub reduces: bool,
     /// The communication cost model: bytes each device sends for one call over a group of
     /// `n` devices, given the bytes of its (local) operand and result. Ring algorithms:
     /// all_reduce sends `2 (n-1)/n` of its buffer, all_gather `(n-1)/n` of its result,
-    /// reduce_scatter and all_to_all `(n-1)/n` of their operand; local ops nothing. The
+    /// reduce_scatter and all_to_all `(n-1)/n` of their operand, broadcast (a pipelined
+    /// ring) `(n-1)/n` of its buffer on average; local ops nothing. The
     /// transition search and `--print-stats` both use it.
     pub sent_bytes: fn(n: f64, operand: f64, result: f64) -> f64,
     /// A generic-form example.
@@ -351,6 +358,8 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         summary: "V -> R: reduces partial values across the axes",
         dim_attrs: &[],
         sent_bytes: |n, x, _| 2.0 * (n - 1.0) / n * x,
+        cuts: &[],
+        grows: &[],
         reduces: true,
         example: r#"%1 = "nns.all_reduce"(%0) {axes = ["tp"], reduce = "sum"} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -359,6 +368,8 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         summary: "D(dim) -> R: concatenates the shards along dim",
         dim_attrs: &["dim"],
         sent_bytes: |n, _, y| (n - 1.0) / n * y,
+        cuts: &[],
+        grows: &["dim"],
         reduces: false,
         example: r#"%1 = "nns.all_gather"(%0) {axes = ["tp"], dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -367,6 +378,8 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         summary: "V -> D(dim): reduces and leaves each device one shard",
         dim_attrs: &["dim"],
         sent_bytes: |n, x, _| (n - 1.0) / n * x,
+        cuts: &["dim"],
+        grows: &[],
         reduces: true,
         example: r#"%1 = "nns.reduce_scatter"(%0) {axes = ["dp", "tp"], dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -375,6 +388,8 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         summary: "D(concat_dim) -> D(split_dim): re-splits a value along another dim",
         dim_attrs: &["split_dim", "concat_dim"],
         sent_bytes: |n, x, _| (n - 1.0) / n * x,
+        cuts: &["split_dim"],
+        grows: &["concat_dim"],
         reduces: false,
         example: r#"%1 = "nns.all_to_all"(%0) {axes = ["tp"], split_dim = 0 : i64, concat_dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -382,7 +397,10 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         name: "nns.broadcast",
         summary: "Copies the value of device `root` (index along the axes) to all",
         dim_attrs: &[],
-        sent_bytes: |_, _, _| 0.0,
+        // A pipelined ring: every device but the last forwards the whole buffer.
+        sent_bytes: |n, x, _| (n - 1.0) / n * x,
+        cuts: &[],
+        grows: &[],
         reduces: false,
         example: r#"%1 = "nns.broadcast"(%0) {axes = ["dp"], root = 0 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -391,6 +409,8 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         summary: "R -> D(dim): each device keeps its shard, no communication",
         dim_attrs: &["dim"],
         sent_bytes: |_, _, _| 0.0,
+        cuts: &["dim"],
+        grows: &[],
         reduces: false,
         example: r#"%1 = "nns.slice"(%0) {axes = ["tp"], dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -400,6 +420,8 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
             "R -> V(sum): each device keeps value / n (n devices along the axes), no communication",
         dim_attrs: &[],
         sent_bytes: |_, _, _| 0.0,
+        cuts: &[],
+        grows: &[],
         reduces: false,
         example: r#"%1 = "nns.partition"(%0) {axes = ["tp"]} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -408,6 +430,8 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         summary: "Moves a value from pipeline stage `from` to stage `to` (send/recv pair)",
         dim_attrs: &[],
         sent_bytes: |_, _, _| 0.0,
+        cuts: &[],
+        grows: &[],
         reduces: false,
         example: r#"%1 = "nns.transfer"(%0) {from = 0 : i64, to = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
@@ -416,6 +440,8 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         summary: "Changes a value's layout to `to`; --lower-relayouts turns it into collectives",
         dim_attrs: &[],
         sent_bytes: |_, _, _| 0.0,
+        cuts: &[],
+        grows: &[],
         reduces: false,
         example: r#"%1 = "nns.relayout"(%0) {to = #nns.layout<@world, tp = D(1)>} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },

@@ -830,6 +830,62 @@ mod tests {
         v.join("; ")
     }
 
+    /// The collectives' table and the transition search agree: every step the search
+    /// makes is a collective of the table, every collective (but `relayout`, which the
+    /// search lowers, `transfer`, between pipeline stages, and `broadcast`, which no layout
+    /// transition needs) is a step, each entry's
+    /// shape effect names its own dim attributes, and local steps cost nothing.
+    #[test]
+    fn the_collectives_table_matches_the_steps() {
+        use crate::nns::{collective, COLLECTIVES};
+        let steps = [
+            Step::AllReduce {
+                axes: vec![0],
+                reduce: Reduce::Sum,
+            },
+            Step::ReduceScatter {
+                axis: 0,
+                dim: 0,
+                reduce: Reduce::Sum,
+            },
+            Step::AllGather { axis: 0, dim: 0 },
+            Step::AllToAll {
+                axis: 0,
+                split_dim: 0,
+                concat_dim: 1,
+            },
+            Step::Partition { axis: 0 },
+            Step::Slice { axis: 0, dim: 0 },
+        ];
+        let names: Vec<&str> = steps.iter().map(Step::op_name).collect();
+        for n in &names {
+            assert!(collective(n).is_some(), "step {n} is not in the table");
+        }
+        for c in COLLECTIVES {
+            if !matches!(c.name, "nns.relayout" | "nns.transfer" | "nns.broadcast") {
+                assert!(
+                    names.contains(&c.name),
+                    "{} is no step of the search",
+                    c.name
+                );
+            }
+            for k in c.cuts.iter().chain(c.grows) {
+                assert!(
+                    c.dim_attrs.contains(k),
+                    "{}: '{k}' is not a dim attribute",
+                    c.name
+                );
+            }
+        }
+        for local in ["nns.slice", "nns.partition"] {
+            assert_eq!(crate::nns::sent_bytes(local, 4.0, 100.0, 25.0), 0.0);
+        }
+        assert_eq!(
+            crate::nns::sent_bytes("nns.all_reduce", 4.0, 100.0, 100.0),
+            150.0
+        );
+    }
+
     #[test]
     fn transition_table() {
         let m = mesh("dp = 2, tp = 4");

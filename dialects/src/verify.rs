@@ -650,7 +650,7 @@ fn verify_collective(
             .axis(a)
             .ok_or(format!("mesh '@{}' has no axis '{a}'", mesh.name))?;
     }
-    let mut dims = Vec::new();
+    let mut dim = std::collections::BTreeMap::new();
     for k in spec.dim_attrs {
         let d = match v.attrs.get(*k) {
             Some(AttrValue::Int(d)) => *d,
@@ -659,7 +659,7 @@ fn verify_collective(
         if d < 0 || d as usize >= t.rank() {
             return Err(format!("'{k}' = {d} is out of range for rank {}", t.rank()));
         }
-        dims.push(d as usize);
+        dim.insert(*k, d as usize);
     }
     if spec.reduces {
         if let Some(red) = v.attrs.get("reduce") {
@@ -669,15 +669,19 @@ fn verify_collective(
             }
         }
     }
-    // The dims each device cuts (`split`) and the dims it gathers (`grow`).
-    let (split, grow): (&[usize], &[usize]) = match (spec.name, dims.as_slice()) {
-        ("nns.all_gather", [d]) => (&[], std::slice::from_ref(d)),
-        ("nns.reduce_scatter" | "nns.slice", [d]) => (std::slice::from_ref(d), &[]),
-        ("nns.all_to_all", [s, c]) => (std::slice::from_ref(s), std::slice::from_ref(c)),
-        _ => (&[], &[]),
-    };
+    // The dims each device cuts and the dims it gathers: the collective's table entry.
+    let split: Vec<usize> = spec
+        .cuts
+        .iter()
+        .filter_map(|k| dim.get(k).copied())
+        .collect();
+    let grow: Vec<usize> = spec
+        .grows
+        .iter()
+        .filter_map(|k| dim.get(k).copied())
+        .collect();
     if !local {
-        for &d in split.iter().chain(grow) {
+        for &d in split.iter().chain(&grow) {
             if t.shape[d] % parts != 0 {
                 return Err(format!(
                     "dim {d} of length {} cannot be split {parts} ways over {}",
@@ -689,7 +693,7 @@ fn verify_collective(
         return same_type();
     }
     let mut want = t.clone();
-    for &d in split {
+    for &d in &split {
         if want.shape[d] % parts != 0 {
             return Err(format!(
                 "dim {d} of local length {} cannot be split {parts} ways over {}",
@@ -699,7 +703,7 @@ fn verify_collective(
         }
         want.shape[d] /= parts;
     }
-    for &d in grow {
+    for &d in &grow {
         want.shape[d] *= parts;
     }
     if r != &want {
