@@ -522,6 +522,15 @@ irdl.dialect @nns {
     %a_axes = irdl.base "#builtin.array"
     irdl.attributes {"axes" = %a_axes}
   }
+  // R -> V(sum): each device keeps value / n (n devices along the axes), no communication
+  irdl.operation @partition {
+    %x = irdl.base "!builtin.tensor"
+    irdl.operands(%x)
+    %r_y = irdl.base "!builtin.tensor"
+    irdl.results(%r_y)
+    %a_axes = irdl.base "#builtin.array"
+    irdl.attributes {"axes" = %a_axes}
+  }
   // R -> D(dim): each device keeps its shard, no communication
   irdl.operation @slice {
     %x = irdl.base "!builtin.tensor"
@@ -531,15 +540,6 @@ irdl.dialect @nns {
     %a_axes = irdl.base "#builtin.array"
     %a_dim = irdl.base "#builtin.integer"
     irdl.attributes {"axes" = %a_axes, "dim" = %a_dim}
-  }
-  // R -> V(sum): each device keeps value / n (n devices along the axes), no communication
-  irdl.operation @partition {
-    %x = irdl.base "!builtin.tensor"
-    irdl.operands(%x)
-    %r_y = irdl.base "!builtin.tensor"
-    irdl.results(%r_y)
-    %a_axes = irdl.base "#builtin.array"
-    irdl.attributes {"axes" = %a_axes}
   }
   // Moves a value from pipeline stage `from` to stage `to` (send/recv pair)
   irdl.operation @transfer {

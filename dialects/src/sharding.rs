@@ -395,7 +395,9 @@ fn local_bytes(s: &Sharding, shape: &[i64], elem_bytes: u64, sizes: &[i64]) -> f
         * elem_bytes as f64
 }
 
-/// The moves out of `s`: (step, next state, bytes sent per device).
+/// The moves out of `s`: (step, next state, bytes sent per device). Each collective of the
+/// table offers its own (`CollectiveSpec::moves`) along each mesh axis, in table order, and
+/// costs what its `sent_bytes` says.
 fn moves(
     s: &Sharding,
     shape: &[i64],
@@ -404,87 +406,142 @@ fn moves(
 ) -> Vec<(Step, Sharding, f64)> {
     let mut out = Vec::new();
     let here = local_bytes(s, shape, elem_bytes, sizes);
-    let rank = shape.len();
-    let divides = |n: &Sharding| n.check(shape, sizes).is_ok();
     for a in 0..sizes.len() {
-        let n = sizes[a] as f64;
         if sizes[a] == 1 {
             continue;
         }
-        // Costs from the collectives' table (one model with --print-stats).
-        let cost =
-            |op: &str, operand: f64, result: f64| crate::nns::sent_bytes(op, n, operand, result);
-        match s.axis_state(a) {
-            AxisState::V(reduce) => {
-                let mut r = s.clone();
-                r.partial[a] = None;
-                out.push((
-                    Step::AllReduce {
-                        axes: vec![a],
-                        reduce,
-                    },
-                    r.clone(),
-                    cost("nns.all_reduce", here, here),
-                ));
-                for dim in 0..rank {
-                    let mut d = r.clone();
-                    d.split[dim].push(a);
-                    if divides(&d) {
-                        out.push((
-                            Step::ReduceScatter {
-                                axis: a,
-                                dim,
-                                reduce,
-                            },
-                            d,
-                            cost("nns.reduce_scatter", here, here / n),
-                        ));
-                    }
-                }
-            }
-            AxisState::R => {
-                let mut v = s.clone();
-                v.partial[a] = Some(Reduce::Sum);
-                out.push((Step::Partition { axis: a }, v, 0.0));
-                for dim in 0..rank {
-                    let mut d = s.clone();
-                    d.split[dim].push(a);
-                    if divides(&d) {
-                        out.push((Step::Slice { axis: a, dim }, d, 0.0));
-                    }
-                }
-            }
-            AxisState::D(dim) => {
-                if s.split[dim].last() != Some(&a) {
-                    continue; // only the innermost splitter of a dim can be undone
-                }
-                let mut r = s.clone();
-                r.split[dim].pop();
-                let after = local_bytes(&r, shape, elem_bytes, sizes);
-                out.push((
-                    Step::AllGather { axis: a, dim },
-                    r.clone(),
-                    cost("nns.all_gather", here, after),
-                ));
-                for to in (0..rank).filter(|&t| t != dim) {
-                    let mut d = r.clone();
-                    d.split[to].push(a);
-                    if divides(&d) {
-                        out.push((
-                            Step::AllToAll {
-                                axis: a,
-                                split_dim: to,
-                                concat_dim: dim,
-                            },
-                            d,
-                            cost("nns.all_to_all", here, here),
-                        ));
-                    }
-                }
+        let n = sizes[a] as f64;
+        for c in crate::nns::COLLECTIVES {
+            let Some(rule) = c.moves else { continue };
+            for (step, next) in rule(s, a, shape, sizes) {
+                let after = local_bytes(&next, shape, elem_bytes, sizes);
+                let bytes = (c.sent_bytes)(n, here, after);
+                out.push((step, next, bytes));
             }
         }
     }
     out
+}
+
+/// How a collective changes layouts: the steps it offers from layout `s` along mesh axis
+/// `a`, with the layout each leads to (for a tensor of `shape` on a mesh of axis `sizes`;
+/// only splits that divide are offered).
+pub type MovesRule =
+    fn(s: &Sharding, a: usize, shape: &[i64], sizes: &[i64]) -> Vec<(Step, Sharding)>;
+
+/// V → R.
+pub fn moves_all_reduce(s: &Sharding, a: usize, _: &[i64], _: &[i64]) -> Vec<(Step, Sharding)> {
+    let AxisState::V(reduce) = s.axis_state(a) else {
+        return Vec::new();
+    };
+    let mut r = s.clone();
+    r.partial[a] = None;
+    vec![(
+        Step::AllReduce {
+            axes: vec![a],
+            reduce,
+        },
+        r,
+    )]
+}
+
+/// V → D(dim), for each dim it divides.
+pub fn moves_reduce_scatter(
+    s: &Sharding,
+    a: usize,
+    shape: &[i64],
+    sizes: &[i64],
+) -> Vec<(Step, Sharding)> {
+    let AxisState::V(reduce) = s.axis_state(a) else {
+        return Vec::new();
+    };
+    let mut r = s.clone();
+    r.partial[a] = None;
+    (0..shape.len())
+        .filter_map(|dim| {
+            let mut d = r.clone();
+            d.split[dim].push(a);
+            d.check(shape, sizes).is_ok().then_some((
+                Step::ReduceScatter {
+                    axis: a,
+                    dim,
+                    reduce,
+                },
+                d,
+            ))
+        })
+        .collect()
+}
+
+/// D(dim) → R, when `a` is the innermost splitter of its dim.
+pub fn moves_all_gather(s: &Sharding, a: usize, _: &[i64], _: &[i64]) -> Vec<(Step, Sharding)> {
+    let AxisState::D(dim) = s.axis_state(a) else {
+        return Vec::new();
+    };
+    if s.split[dim].last() != Some(&a) {
+        return Vec::new(); // only the innermost splitter of a dim can be undone
+    }
+    let mut r = s.clone();
+    r.split[dim].pop();
+    vec![(Step::AllGather { axis: a, dim }, r)]
+}
+
+/// D(concat_dim) → D(split_dim), for each other dim it divides.
+pub fn moves_all_to_all(
+    s: &Sharding,
+    a: usize,
+    shape: &[i64],
+    sizes: &[i64],
+) -> Vec<(Step, Sharding)> {
+    let AxisState::D(dim) = s.axis_state(a) else {
+        return Vec::new();
+    };
+    if s.split[dim].last() != Some(&a) {
+        return Vec::new();
+    }
+    let mut r = s.clone();
+    r.split[dim].pop();
+    (0..shape.len())
+        .filter(|&t| t != dim)
+        .filter_map(|to| {
+            let mut d = r.clone();
+            d.split[to].push(a);
+            d.check(shape, sizes).is_ok().then_some((
+                Step::AllToAll {
+                    axis: a,
+                    split_dim: to,
+                    concat_dim: dim,
+                },
+                d,
+            ))
+        })
+        .collect()
+}
+
+/// R → V(sum), locally.
+pub fn moves_partition(s: &Sharding, a: usize, _: &[i64], _: &[i64]) -> Vec<(Step, Sharding)> {
+    if s.axis_state(a) != AxisState::R {
+        return Vec::new();
+    }
+    let mut v = s.clone();
+    v.partial[a] = Some(Reduce::Sum);
+    vec![(Step::Partition { axis: a }, v)]
+}
+
+/// R → D(dim), locally, for each dim it divides.
+pub fn moves_slice(s: &Sharding, a: usize, shape: &[i64], sizes: &[i64]) -> Vec<(Step, Sharding)> {
+    if s.axis_state(a) != AxisState::R {
+        return Vec::new();
+    }
+    (0..shape.len())
+        .filter_map(|dim| {
+            let mut d = s.clone();
+            d.split[dim].push(a);
+            d.check(shape, sizes)
+                .is_ok()
+                .then_some((Step::Slice { axis: a, dim }, d))
+        })
+        .collect()
 }
 
 fn search(
@@ -862,7 +919,9 @@ mod tests {
             assert!(collective(n).is_some(), "step {n} is not in the table");
         }
         for c in COLLECTIVES {
-            if !matches!(c.name, "nns.relayout" | "nns.transfer" | "nns.broadcast") {
+            let exempt = matches!(c.name, "nns.relayout" | "nns.transfer" | "nns.broadcast");
+            assert_eq!(c.moves.is_some(), !exempt, "{}: moves", c.name);
+            if !exempt {
                 assert!(
                     names.contains(&c.name),
                     "{} is no step of the search",
