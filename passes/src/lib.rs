@@ -15,4 +15,5 @@ pub mod print_stats;
 pub mod propagate_layouts;
 pub mod registry;
 pub mod rewrite;
+pub mod schedule;
 pub mod split_tensor;

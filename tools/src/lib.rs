@@ -7,6 +7,7 @@ pub mod fuzz;
 pub mod output;
 pub mod parse_guard;
 pub mod run;
+pub mod schedule_report;
 
 pub use output::{write_one, Outputs};
 

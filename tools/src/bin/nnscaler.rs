@@ -1,5 +1,6 @@
 //! `nnscaler`: the user CLI: `import` (model zoo -> MLIR), `run` (CPU runtime), `check-op`
-//! (a user op's annotation against its body) and `presets`.
+//! (a user op's annotation against its body), `schedule-report` (a pipeline schedule's
+//! timeline) and `presets`.
 
 use clap::{Parser, Subcommand};
 use nnscaler_frontends::{build_module, family_default, preset, PRESETS};
@@ -29,6 +30,7 @@ enum Cmd {
     Import(ImportArgs),
     Run(RunArgs),
     CheckOp(nnscaler_tools::check_op::CheckOpArgs),
+    ScheduleReport(nnscaler_tools::schedule_report::ScheduleArgs),
     /// List the model presets.
     Presets,
 }
@@ -162,6 +164,8 @@ fn main() -> ExitCode {
             }
             Err(e) => Err(e),
         },
+        Cmd::ScheduleReport(a) => nnscaler_tools::schedule_report::main(a)
+            .and_then(|report| write_one("-", report.into_bytes())),
         Cmd::Presets => {
             let text: String = PRESETS
                 .iter()

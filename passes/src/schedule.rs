@@ -1,0 +1,756 @@
+//! Pipeline schedules as data: which device runs which fragment of which micro-batch, in
+//! what order; the generators of the usual schedules; a verifier (completeness, order, and
+//! a deadlock check on the dependency graph with petgraph); and a timeline simulator.
+//!
+//! A schedule places `stages` pipeline stages on `devices` devices (stage `s` on device
+//! `s % devices`: one stage per device, or `stages / devices` chunks per device for the
+//! interleaved schedule) and lists, per device, its actions: `F` (forward), `B` (backward:
+//! the whole backward, or only the input gradient when the schedule splits it) and `W`
+//! (the weight gradient of a split backward). Dependencies: `F(s, i)` after `F(s-1, i)`
+//! (its input is sent by the stage before), `B(s, i)` after `B(s+1, i)` (its gradient is
+//! sent back) and after `F(s, i)`, `W(s, i)` after `B(s, i)`.
+//!
+//! The closed forms these generators meet (unit costs tF = tB = tW per stage, no
+//! communication time; see `../shared/design/REFERENCES.md`): GPipe and 1F1B idle
+//! (p-1)(tF+tB+tW) per device, interleaved with v chunks that divided by v, ZB-H1
+//! (p-1)(tF+tB-tW); 1F1B keeps at most min(p-r, m) micro-batches in flight on device r,
+//! GPipe m.
+
+use petgraph::algo::toposort;
+use petgraph::graph::{DiGraph, NodeIndex};
+use std::collections::HashMap;
+use std::fmt;
+
+/// What a fragment computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// Forward.
+    F,
+    /// Backward: the whole backward, or (when the schedule splits it) the input gradient.
+    B,
+    /// Weight gradient (split backward only).
+    W,
+}
+
+/// One fragment: a kind, a stage and a micro-batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Action {
+    /// The pipeline stage.
+    pub stage: usize,
+    /// What it computes.
+    pub kind: Kind,
+    /// The micro-batch.
+    pub mb: usize,
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{:?}{}", self.stage, self.kind, self.mb)
+    }
+}
+
+/// A pipeline schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// Its name (`1f1b`, ...).
+    pub name: String,
+    /// Devices (pipeline ranks).
+    pub devices: usize,
+    /// Stages (a multiple of `devices`; stage `s` runs on device `s % devices`).
+    pub stages: usize,
+    /// Micro-batches.
+    pub microbatches: usize,
+    /// Whether backward is split into `B` (input gradient) and `W` (weight gradient).
+    pub split_backward: bool,
+    /// Per device, its actions in order.
+    pub actions: Vec<Vec<Action>>,
+}
+
+/// The schedules the generators make.
+pub const NAMES: &[&str] = &["gpipe", "1f1b", "interleaved", "zb-h1"];
+
+fn check_sizes(p: usize, m: usize) -> Result<(), String> {
+    if p == 0 {
+        return Err("a pipeline needs at least one stage".into());
+    }
+    if m == 0 {
+        return Err("a pipeline needs at least one micro-batch".into());
+    }
+    Ok(())
+}
+
+fn action(stage: usize, kind: Kind, mb: usize) -> Action {
+    Action { stage, kind, mb }
+}
+
+/// GPipe: every forward, then every backward.
+pub fn gpipe(p: usize, m: usize) -> Result<Schedule, String> {
+    check_sizes(p, m)?;
+    let actions = (0..p)
+        .map(|r| {
+            let mut a: Vec<Action> = (0..m).map(|i| action(r, Kind::F, i)).collect();
+            a.extend((0..m).map(|i| action(r, Kind::B, i)));
+            a
+        })
+        .collect();
+    Ok(Schedule {
+        name: "gpipe".into(),
+        devices: p,
+        stages: p,
+        microbatches: m,
+        split_backward: false,
+        actions,
+    })
+}
+
+/// 1F1B (PipeDream-flush): device r runs min(p-r-1, m) forwards, then alternates one
+/// forward and one backward, then the remaining backwards.
+pub fn one_f_one_b(p: usize, m: usize) -> Result<Schedule, String> {
+    check_sizes(p, m)?;
+    let actions = (0..p)
+        .map(|r| {
+            let warmup = (p - r - 1).min(m);
+            let mut a = Vec::new();
+            let (mut f, mut b) = (0, 0);
+            while f < warmup {
+                a.push(action(r, Kind::F, f));
+                f += 1;
+            }
+            while f < m {
+                a.push(action(r, Kind::F, f));
+                f += 1;
+                a.push(action(r, Kind::B, b));
+                b += 1;
+            }
+            while b < m {
+                a.push(action(r, Kind::B, b));
+                b += 1;
+            }
+            a
+        })
+        .collect();
+    Ok(Schedule {
+        name: "1f1b".into(),
+        devices: p,
+        stages: p,
+        microbatches: m,
+        split_backward: false,
+        actions,
+    })
+}
+
+/// Interleaved 1F1B (Megatron): `v` chunks per device (device r holds stages r, r+p, ...),
+/// micro-batches in rounds of p. Needs m to be a multiple of p.
+pub fn interleaved(p: usize, v: usize, m: usize) -> Result<Schedule, String> {
+    check_sizes(p, m)?;
+    if v < 2 {
+        return Err("an interleaved schedule needs chunks >= 2 (chunks=1 is 1f1b)".into());
+    }
+    if m % p != 0 {
+        return Err(format!(
+            "the interleaved schedule needs the micro-batches ({m}) to be a multiple of the pipeline devices ({p})"
+        ));
+    }
+    let total = m * v;
+    // The k-th forward of a device: micro-batches in groups of p per chunk.
+    let fwd = |r: usize, k: usize| {
+        let (round, within) = (k / (p * v), k % (p * v));
+        action((within / p) * p + r, Kind::F, round * p + within % p)
+    };
+    let bwd = |r: usize, k: usize| {
+        let (round, within) = (k / (p * v), k % (p * v));
+        action(
+            (v - 1 - within / p) * p + r,
+            Kind::B,
+            round * p + within % p,
+        )
+    };
+    let actions = (0..p)
+        .map(|r| {
+            let warmup = ((v - 1) * p + 2 * (p - 1 - r)).min(total);
+            let mut a = Vec::new();
+            let (mut f, mut b) = (0, 0);
+            while f < warmup {
+                a.push(fwd(r, f));
+                f += 1;
+            }
+            while f < total {
+                a.push(fwd(r, f));
+                f += 1;
+                a.push(bwd(r, b));
+                b += 1;
+            }
+            while b < total {
+                a.push(bwd(r, b));
+                b += 1;
+            }
+            a
+        })
+        .collect();
+    Ok(Schedule {
+        name: "interleaved".into(),
+        devices: p,
+        stages: p * v,
+        microbatches: m,
+        split_backward: false,
+        actions,
+    })
+}
+
+/// ZB-H1 (zero bubble, the memory of 1F1B): 1F1B with the backward split into B (input
+/// gradient, on the critical path) and W (weight gradient), each device deferring its Ws
+/// into what would be its idle time.
+pub fn zb_h1(p: usize, m: usize) -> Result<Schedule, String> {
+    check_sizes(p, m)?;
+    let actions = (0..p)
+        .map(|r| {
+            let warmup = (p - r - 1).min(m);
+            let mut a = Vec::new();
+            let (mut f, mut b, mut w) = (0, 0, 0);
+            let after_b = |a: &mut Vec<Action>, b: usize, w: &mut usize| {
+                // Device r holds r Ws back: they fill the bubbles of its cool-down.
+                if b > r {
+                    a.push(action(r, Kind::W, *w));
+                    *w += 1;
+                }
+            };
+            while f < warmup {
+                a.push(action(r, Kind::F, f));
+                f += 1;
+            }
+            while f < m {
+                a.push(action(r, Kind::F, f));
+                f += 1;
+                a.push(action(r, Kind::B, b));
+                b += 1;
+                after_b(&mut a, b, &mut w);
+            }
+            while b < m {
+                a.push(action(r, Kind::B, b));
+                b += 1;
+                after_b(&mut a, b, &mut w);
+            }
+            while w < m {
+                a.push(action(r, Kind::W, w));
+                w += 1;
+            }
+            a
+        })
+        .collect();
+    Ok(Schedule {
+        name: "zb-h1".into(),
+        devices: p,
+        stages: p,
+        microbatches: m,
+        split_backward: true,
+        actions,
+    })
+}
+
+/// The schedule called `name` for `p` devices, `m` micro-batches and (interleaved) `v`
+/// chunks.
+pub fn by_name(name: &str, p: usize, m: usize, v: usize) -> Result<Schedule, String> {
+    match name {
+        "gpipe" => gpipe(p, m),
+        "1f1b" => one_f_one_b(p, m),
+        "interleaved" => interleaved(p, v, m),
+        "zb-h1" => zb_h1(p, m),
+        _ => Err(format!(
+            "unknown schedule '{name}' (schedules: {})",
+            NAMES.join(", ")
+        )),
+    }
+}
+
+/// A schedule as a text table: one line per device, its actions separated by spaces,
+/// `<stage><F|B|W><micro-batch>` (`0F0 0F1 0B0 ...`). Lines starting with `#` are
+/// comments.
+pub fn to_text(s: &Schedule) -> String {
+    let mut out = format!(
+        "# {}: {} devices, {} stages, {} micro-batches\n",
+        s.name, s.devices, s.stages, s.microbatches
+    );
+    for a in &s.actions {
+        let items: Vec<String> = a.iter().map(Action::to_string).collect();
+        out.push_str(&items.join(" "));
+        out.push('\n');
+    }
+    out
+}
+
+/// Reads a schedule table (see [`to_text`]): one line per device. Stages and
+/// micro-batches are inferred (the largest seen, plus one); the backward is split when a
+/// `W` appears. Errors name the line and the item.
+pub fn parse_text(text: &str, file: &str) -> Result<Schedule, String> {
+    let mut actions = Vec::new();
+    let (mut stages, mut mbs, mut split) = (0, 0, false);
+    for (ln, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut dev = Vec::new();
+        for item in line.split_whitespace() {
+            let bad = || {
+                format!(
+                    "{file}:{}: '{item}' is not an action (write <stage><F|B|W><micro-batch>, e.g. 0F1)",
+                    ln + 1
+                )
+            };
+            let k = item.find(['F', 'B', 'W']).ok_or_else(bad)?;
+            let stage: usize = item[..k].parse().map_err(|_| bad())?;
+            let mb: usize = item[k + 1..].parse().map_err(|_| bad())?;
+            let kind = match &item[k..k + 1] {
+                "F" => Kind::F,
+                "B" => Kind::B,
+                _ => Kind::W,
+            };
+            split |= kind == Kind::W;
+            stages = stages.max(stage + 1);
+            mbs = mbs.max(mb + 1);
+            dev.push(action(stage, kind, mb));
+        }
+        actions.push(dev);
+    }
+    if actions.is_empty() {
+        return Err(format!("{file}: the schedule lists no device"));
+    }
+    Ok(Schedule {
+        name: file.to_string(),
+        devices: actions.len(),
+        stages,
+        microbatches: mbs,
+        split_backward: split,
+        actions,
+    })
+}
+
+/// The actions a fragment waits for (on any device).
+fn deps(a: Action, stages: usize) -> Vec<Action> {
+    match a.kind {
+        Kind::F if a.stage > 0 => vec![action(a.stage - 1, Kind::F, a.mb)],
+        Kind::F => vec![],
+        Kind::B if a.stage + 1 < stages => vec![
+            action(a.stage + 1, Kind::B, a.mb),
+            action(a.stage, Kind::F, a.mb),
+        ],
+        Kind::B => vec![action(a.stage, Kind::F, a.mb)],
+        Kind::W => vec![action(a.stage, Kind::B, a.mb)],
+    }
+}
+
+/// Checks `s`: every stage sits on its device (`stage % devices`), every (stage,
+/// micro-batch) runs F, B and (split) W exactly once, and the order cannot deadlock (the
+/// devices' orders plus the dependencies form no cycle). Errors name the problem.
+pub fn verify(s: &Schedule) -> Result<(), String> {
+    if s.devices == 0 || s.stages % s.devices != 0 {
+        return Err(format!(
+            "{}: {} stages do not spread evenly over {} devices",
+            s.name, s.stages, s.devices
+        ));
+    }
+    let mut seen: HashMap<Action, usize> = HashMap::new();
+    for (d, acts) in s.actions.iter().enumerate() {
+        for a in acts {
+            if a.stage % s.devices != d {
+                return Err(format!(
+                    "{}: {a} is on device {d} but stage {} runs on device {}",
+                    s.name,
+                    a.stage,
+                    a.stage % s.devices
+                ));
+            }
+            if a.kind == Kind::W && !s.split_backward {
+                return Err(format!(
+                    "{}: {a}: W in a schedule without split backward",
+                    s.name
+                ));
+            }
+            if seen.insert(*a, d).is_some() {
+                return Err(format!("{}: {a} runs twice", s.name));
+            }
+        }
+    }
+    let kinds: &[Kind] = if s.split_backward {
+        &[Kind::F, Kind::B, Kind::W]
+    } else {
+        &[Kind::F, Kind::B]
+    };
+    for stage in 0..s.stages {
+        for mb in 0..s.microbatches {
+            for &k in kinds {
+                let a = action(stage, k, mb);
+                if !seen.contains_key(&a) {
+                    return Err(format!(
+                        "{}: micro-batch {mb} skips {k:?} on stage {stage} ({a} is missing)",
+                        s.name
+                    ));
+                }
+            }
+        }
+    }
+    // The dependency graph: each device's order, and each fragment's inputs.
+    let mut g: DiGraph<Action, ()> = DiGraph::new();
+    let idx: HashMap<Action, NodeIndex> = seen.keys().map(|&a| (a, g.add_node(a))).collect();
+    for acts in &s.actions {
+        for w in acts.windows(2) {
+            g.add_edge(idx[&w[0]], idx[&w[1]], ());
+        }
+        for a in acts {
+            for d in deps(*a, s.stages) {
+                g.add_edge(idx[&d], idx[a], ());
+            }
+        }
+    }
+    toposort(&g, None).map(|_| ()).map_err(|cycle| {
+        let a = g[cycle.node_id()];
+        format!(
+            "{}: the schedule deadlocks: {a} (on device {}) waits, through the devices' orders, for itself",
+            s.name,
+            a.stage % s.devices
+        )
+    })
+}
+
+/// Per-stage costs of a fragment.
+#[derive(Clone, Copy, Debug)]
+pub struct Costs {
+    /// Forward of one stage.
+    pub f: f64,
+    /// Input-gradient backward of one stage.
+    pub b: f64,
+    /// Weight-gradient backward of one stage.
+    pub w: f64,
+}
+
+impl Default for Costs {
+    fn default() -> Self {
+        Costs {
+            f: 1.0,
+            b: 1.0,
+            w: 1.0,
+        }
+    }
+}
+
+/// When each fragment ran.
+#[derive(Clone, Debug)]
+pub struct Timeline {
+    /// Per device, its fragments with start and end times, in order.
+    pub runs: Vec<Vec<(Action, f64, f64)>>,
+    /// When the last fragment ends.
+    pub makespan: f64,
+    /// Per device, its busy time.
+    pub busy: Vec<f64>,
+    /// Per device, the most micro-batches it held forward activations of at once (a
+    /// micro-batch's activations of a stage live from its F to its B), in stage units
+    /// (one chunk of an interleaved device counts 1 / chunks).
+    pub peak_in_flight: Vec<f64>,
+}
+
+impl Timeline {
+    /// Per device, its idle time (makespan less busy).
+    pub fn idle(&self) -> Vec<f64> {
+        self.busy.iter().map(|b| self.makespan - b).collect()
+    }
+
+    /// Idle time over all devices' time.
+    pub fn bubble_ratio(&self) -> f64 {
+        let idle: f64 = self.idle().iter().sum();
+        idle / (self.makespan * self.busy.len() as f64)
+    }
+}
+
+/// Simulates `s` (verified first): each device runs its fragments in order, a fragment
+/// starts when its device is free and its inputs are done; communication takes no time.
+/// A stage's costs are `costs` divided by the chunks per device; an unsplit backward
+/// costs `b + w`.
+pub fn simulate(s: &Schedule, costs: Costs) -> Result<Timeline, String> {
+    verify(s)?;
+    let chunks = (s.stages / s.devices) as f64;
+    let cost = |k: Kind| {
+        (match k {
+            Kind::F => costs.f,
+            Kind::B if s.split_backward => costs.b,
+            Kind::B => costs.b + costs.w,
+            Kind::W => costs.w,
+        }) / chunks
+    };
+    let mut done: HashMap<Action, f64> = HashMap::new();
+    let mut next = vec![0usize; s.devices];
+    let mut free = vec![0.0f64; s.devices];
+    let mut runs: Vec<Vec<(Action, f64, f64)>> = vec![Vec::new(); s.devices];
+    let total: usize = s.actions.iter().map(Vec::len).sum();
+    while done.len() < total {
+        let mut progressed = false;
+        for d in 0..s.devices {
+            while let Some(&a) = s.actions[d].get(next[d]) {
+                let inputs: Option<Vec<f64>> = deps(a, s.stages)
+                    .iter()
+                    .map(|x| done.get(x).copied())
+                    .collect();
+                let Some(inputs) = inputs else { break };
+                let start = inputs.into_iter().fold(free[d], f64::max);
+                let end = start + cost(a.kind);
+                done.insert(a, end);
+                runs[d].push((a, start, end));
+                free[d] = end;
+                next[d] += 1;
+                progressed = true;
+            }
+        }
+        if !progressed {
+            return Err(format!("{}: the simulation stalls (a deadlock)", s.name));
+        }
+    }
+    let makespan = free.iter().copied().fold(0.0, f64::max);
+    let busy = runs
+        .iter()
+        .map(|r| r.iter().map(|(_, a, b)| b - a).sum())
+        .collect();
+    // In flight: F done, B not yet started, counted at each fragment boundary.
+    let peak_in_flight = runs
+        .iter()
+        .map(|r| {
+            let (mut cur, mut peak) = (0.0f64, 0.0f64);
+            for (a, _, _) in r {
+                match a.kind {
+                    Kind::F => cur += 1.0 / chunks,
+                    Kind::B => cur -= 1.0 / chunks,
+                    Kind::W => {}
+                }
+                peak = peak.max(cur);
+            }
+            peak
+        })
+        .collect();
+    Ok(Timeline {
+        runs,
+        makespan,
+        busy,
+        peak_in_flight,
+    })
+}
+
+/// A Gantt chart of `t` as SVG: devices as rows, F / B / W coloured, micro-batch numbers
+/// (and stages, when a device holds several) inside the boxes, the time axis below.
+pub fn svg(s: &Schedule, t: &Timeline) -> String {
+    let (unit, row, left, top) = (40.0, 28.0, 70.0, 24.0);
+    let width = left + t.makespan * unit + 20.0;
+    let height = top + row * s.devices as f64 + 40.0;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" font-family=\"sans-serif\" font-size=\"11\">\n<text x=\"4\" y=\"15\">{} — {} devices, {} stages, {} micro-batches, makespan {:.2}, bubble {:.1}%</text>\n",
+        s.name,
+        s.devices,
+        s.stages,
+        s.microbatches,
+        t.makespan,
+        100.0 * t.bubble_ratio()
+    );
+    let chunked = s.stages > s.devices;
+    for (d, r) in t.runs.iter().enumerate() {
+        let y = top + row * d as f64;
+        out.push_str(&format!(
+            "<text x=\"4\" y=\"{:.1}\">device {d}</text>\n",
+            y + row * 0.65
+        ));
+        for (a, s0, s1) in r {
+            let color = match a.kind {
+                Kind::F => "#8ecae6",
+                Kind::B => "#ffb703",
+                Kind::W => "#90be6d",
+            };
+            let x = left + s0 * unit;
+            let w = (s1 - s0) * unit;
+            let label = if chunked {
+                format!("{}{:?}{}", a.stage, a.kind, a.mb)
+            } else {
+                format!("{:?}{}", a.kind, a.mb)
+            };
+            out.push_str(&format!(
+                "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"{color}\" stroke=\"#333\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{label}</text>\n",
+                row - 4.0,
+                x + w / 2.0,
+                y + row * 0.6
+            ));
+        }
+    }
+    let axis_y = top + row * s.devices as f64 + 14.0;
+    let mut tick = 0.0;
+    while tick <= t.makespan + 1e-9 {
+        out.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{axis_y:.1}\" text-anchor=\"middle\">{tick}</text>\n",
+            left + tick * unit
+        ));
+        tick += 1.0;
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// A report of `t`: per device its busy and idle time and peak in-flight micro-batches,
+/// then the makespan and the bubble ratio.
+pub fn report(s: &Schedule, t: &Timeline) -> String {
+    let mut out = format!(
+        "{}: {} devices, {} stages, {} micro-batches{}\n",
+        s.name,
+        s.devices,
+        s.stages,
+        s.microbatches,
+        if s.split_backward {
+            " (backward split into B and W)"
+        } else {
+            ""
+        }
+    );
+    out.push_str("device     busy     idle   peak in flight\n");
+    for (d, (b, i)) in t.busy.iter().zip(t.idle()).enumerate() {
+        out.push_str(&format!(
+            "{d:>6} {b:>8.2} {i:>8.2} {:>16.2}\n",
+            t.peak_in_flight[d]
+        ));
+    }
+    out.push_str(&format!(
+        "makespan {:.2}, bubble ratio {:.1}%\n",
+        t.makespan,
+        100.0 * t.bubble_ratio()
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    /// The closed forms, unit costs, for p in {2, 4, 8} and m in {p, 2p, 4p}.
+    #[test]
+    fn closed_forms() {
+        let c = Costs::default();
+        for p in [2usize, 4, 8] {
+            for m in [p, 2 * p, 4 * p] {
+                let work = 3.0 * m as f64;
+                for (name, idle) in [
+                    ("gpipe", 3.0 * (p - 1) as f64),
+                    ("1f1b", 3.0 * (p - 1) as f64),
+                    ("zb-h1", (p - 1) as f64),
+                ] {
+                    let s = by_name(name, p, m, 1).unwrap();
+                    let t = simulate(&s, c).unwrap();
+                    assert!(
+                        close(t.makespan, work + idle),
+                        "{name} p={p} m={m}: makespan {} != {}",
+                        t.makespan,
+                        work + idle
+                    );
+                    for (r, i) in t.idle().iter().enumerate() {
+                        assert!(close(*i, idle), "{name} p={p} m={m} device {r}: idle {i}");
+                    }
+                }
+                for v in [2usize, 4] {
+                    let s = interleaved(p, v, m).unwrap();
+                    let t = simulate(&s, c).unwrap();
+                    let idle = 3.0 * (p - 1) as f64 / v as f64;
+                    assert!(
+                        close(t.makespan, work + idle),
+                        "interleaved v={v} p={p} m={m}: makespan {} != {}",
+                        t.makespan,
+                        work + idle
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_reference_numbers() {
+        let c = Costs::default();
+        let t = |s: Schedule| simulate(&s, c).unwrap().makespan;
+        assert!(close(t(gpipe(4, 8).unwrap()), 33.0));
+        assert!(close(t(one_f_one_b(4, 8).unwrap()), 33.0));
+        assert!(close(t(zb_h1(4, 8).unwrap()), 27.0));
+        assert!(close(t(interleaved(4, 2, 8).unwrap()), 28.5));
+        // tW = 0.5: 1F1B 27.5, ZB-H1 24.5 = 3 m (tF+tB+tW) ... + (p-1)(tF+tB-tW).
+        let half = Costs {
+            w: 0.5,
+            ..Costs::default()
+        };
+        assert!(close(
+            simulate(&one_f_one_b(4, 8).unwrap(), half)
+                .unwrap()
+                .makespan,
+            27.5
+        ));
+        assert!(close(
+            simulate(&zb_h1(4, 8).unwrap(), half).unwrap().makespan,
+            24.5
+        ));
+    }
+
+    #[test]
+    fn peaks_in_flight() {
+        let c = Costs::default();
+        for p in [2usize, 4, 8] {
+            for m in [1, p - 1, p, 2 * p] {
+                if m == 0 {
+                    continue;
+                }
+                let t = simulate(&one_f_one_b(p, m).unwrap(), c).unwrap();
+                for r in 0..p {
+                    assert!(
+                        close(t.peak_in_flight[r], (p - r).min(m) as f64),
+                        "1f1b p={p} m={m} device {r}: {}",
+                        t.peak_in_flight[r]
+                    );
+                }
+                let t = simulate(&gpipe(p, m).unwrap(), c).unwrap();
+                assert!(t.peak_in_flight.iter().all(|&x| close(x, m as f64)));
+            }
+        }
+    }
+
+    #[test]
+    fn fewer_micro_batches_than_stages_still_work() {
+        for name in ["gpipe", "1f1b", "zb-h1"] {
+            let s = by_name(name, 4, 2, 1).unwrap();
+            simulate(&s, Costs::default()).unwrap();
+        }
+    }
+
+    #[test]
+    fn text_tables_round_trip_and_bad_ones_are_refused() {
+        let s = one_f_one_b(2, 4).unwrap();
+        let text = to_text(&s);
+        assert_eq!(
+            text.lines().nth(1).unwrap(),
+            "0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3"
+        );
+        assert_eq!(
+            text.lines().nth(2).unwrap(),
+            "1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3"
+        );
+        let back = parse_text(&text, "t.txt").unwrap();
+        assert_eq!(back.actions, s.actions);
+        verify(&back).unwrap();
+        // Device 0 runs B of micro-batch 0 before its F, which B waits for: deadlock.
+        let e = verify(&parse_text("0B0 0F0\n1F0 1B0\n", "d.txt").unwrap()).unwrap_err();
+        assert!(e.contains("deadlocks"), "{e}");
+        let e = verify(&parse_text("0F0 0B0\n1F0\n", "s.txt").unwrap()).unwrap_err();
+        assert!(e.contains("micro-batch 0 skips B on stage 1"), "{e}");
+        let e = parse_text("0F0 0X1\n", "x.txt").unwrap_err();
+        assert!(e.contains("x.txt:1: '0X1' is not an action"), "{e}");
+        // One device holding both stages, running stage 1's F first: deadlock too.
+        let e = verify(&parse_text("1F0 0F0 0B0 1B0\n", "o.txt").unwrap()).unwrap_err();
+        assert!(e.contains("deadlocks"), "{e}");
+        let e = verify(&parse_text("1F0 1B0\n0F0 0B0\n", "w.txt").unwrap()).unwrap_err();
+        assert!(
+            e.contains("1F0 is on device 0 but stage 1 runs on device 1"),
+            "{e}"
+        );
+        let e = verify(&parse_text("0F0 0B0 0F0\n1F0 1B0\n", "t.txt").unwrap()).unwrap_err();
+        assert!(e.contains("0F0 runs twice"), "{e}");
+    }
+}
