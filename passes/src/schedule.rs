@@ -146,7 +146,7 @@ pub fn interleaved(p: usize, v: usize, m: usize) -> Result<Schedule, String> {
     if v < 2 {
         return Err("an interleaved schedule needs chunks >= 2 (chunks=1 is 1f1b)".into());
     }
-    if m % p != 0 {
+    if !m.is_multiple_of(p) {
         return Err(format!(
             "the interleaved schedule needs the micro-batches ({m}) to be a multiple of the pipeline devices ({p})"
         ));
@@ -343,7 +343,7 @@ fn deps(a: Action, stages: usize) -> Vec<Action> {
 /// micro-batch) runs F, B and (split) W exactly once, and the order cannot deadlock (the
 /// devices' orders plus the dependencies form no cycle). Errors name the problem.
 pub fn verify(s: &Schedule) -> Result<(), String> {
-    if s.devices == 0 || s.stages % s.devices != 0 {
+    if s.devices == 0 || !s.stages.is_multiple_of(s.devices) {
         return Err(format!(
             "{}: {} stages do not spread evenly over {} devices",
             s.name, s.stages, s.devices
