@@ -75,8 +75,11 @@ impl ModulePass for Localize {
             retarget_calls(&mut g, &mesh, &mut specs, &mut taken)?;
             localize(g, &mesh).map(Some)
         })?;
-        for s in &specs {
-            specialize(module, &mesh, s)?;
+        // Specializations may call user ops in turn, which adds specializations.
+        let mut i = 0;
+        while i < specs.len() {
+            specialize(module, &mesh, i, &mut specs, &mut taken)?;
+            i += 1;
         }
         Ok(())
     }
@@ -155,8 +158,19 @@ fn retarget_calls(
 fn specialize(
     module: &OperationRef<'_, '_>,
     mesh: &Mesh,
-    s: &Specialization,
+    index: usize,
+    specs: &mut Vec<Specialization>,
+    taken: &mut Vec<String>,
 ) -> Result<(), Diagnostics> {
+    let s = &specs[index];
+    let s = Specialization {
+        callee: s.callee.clone(),
+        name: s.name.clone(),
+        args: s.args.clone(),
+        results: s.results.clone(),
+        loc: s.loc.clone(),
+    };
+    let s = &s;
     let mut callee_op = None;
     top_level_ops(module, &mut |op| {
         if FuncView::of(op).is_some_and(|f| f.name == s.callee) {
@@ -219,6 +233,8 @@ fn specialize(
         d.note(&r.loc, "this op of the body needs its operand relayouted");
         return Err(d);
     }
+    let mut g = g;
+    retarget_calls(&mut g, mesh, specs, taken)?;
     let g = localize(g, mesh)?;
     g.write_back().map_err(|e| error(&s.loc, e))
 }

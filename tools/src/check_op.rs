@@ -17,7 +17,7 @@ use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::types::TensorType;
 use nnscaler_dialects::userop::{UserOp, UserOps};
 use nnscaler_dialects::verify::{verify_module, Meshes};
-use nnscaler_dialects::view::{top_level_ops, FuncView, OpView};
+use nnscaler_dialects::view::{top_level_ops, walk_nested, FuncView, OpView};
 use nnscaler_passes::pipeline::{self, parse_pipeline};
 use nnscaler_runtime::spmd::run_spmd;
 use nnscaler_runtime::tensor::{dims, Tensor};
@@ -93,12 +93,36 @@ pub fn check_op(a: &CheckOpArgs, error_limit: usize) -> Result<(String, bool), S
         )
     })?;
     // The user ops' definitions, printed, are the base of every check module.
+    // The op and every function it calls (transitively), printed with their locations so
+    // that a problem in a body points into the user's file.
+    let mut calls: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    top_level_ops(&module.as_operation(), &mut |op| {
+        if let Some(f) = FuncView::of(op) {
+            let mut callees = Vec::new();
+            walk_nested(op, &mut |inner| {
+                let v = OpView::of(inner);
+                if v.name == "func.call" {
+                    if let Some(c) = nnscaler_dialects::userop::callee(&v.attrs) {
+                        callees.push(c.to_string());
+                    }
+                }
+            });
+            calls.insert(f.name, callees);
+        }
+    });
+    let mut needed = vec![name.clone()];
+    let mut i = 0;
+    while i < needed.len() {
+        for c in calls.get(&needed[i]).cloned().unwrap_or_default() {
+            if !needed.contains(&c) {
+                needed.push(c);
+            }
+        }
+        i += 1;
+    }
     let mut defs = String::new();
     top_level_ops(&module.as_operation(), &mut |op| {
-        let is_def =
-            FuncView::of(op).is_some() && OpView::of(op).attrs.contains_key("nns.annotation");
-        if is_def {
-            // With their locations, so a problem in a body points into the user's file.
+        if FuncView::of(op).is_some_and(|f| needed.contains(&f.name)) {
             let flags =
                 melior::ir::operation::OperationPrintingFlags::new().enable_debug_info(true, false);
             defs.push_str(
