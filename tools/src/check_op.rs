@@ -93,7 +93,8 @@ pub fn check_op(a: &CheckOpArgs, error_limit: usize) -> Result<(String, bool), S
         )
     })?;
     // The user ops' definitions, printed, are the base of every check module.
-    // The op and every function it calls (transitively), printed with their locations so
+    // The op and every function it calls or names as its VJP (transitively), printed with
+    // their locations so
     // that a problem in a body points into the user's file.
     let mut calls: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     top_level_ops(&module.as_operation(), &mut |op| {
@@ -107,6 +108,12 @@ pub fn check_op(a: &CheckOpArgs, error_limit: usize) -> Result<(String, bool), S
                     }
                 }
             });
+            // Its VJP function too, which the verifier looks for.
+            if let Some(nnscaler_dialects::types::AttrValue::Other(v)) =
+                OpView::of(op).attrs.get("nns.vjp")
+            {
+                callees.push(v.trim_start_matches('@').to_string());
+            }
             calls.insert(f.name, callees);
         }
     });
