@@ -143,6 +143,7 @@ pub fn differentiate_with(g: &Graph, derive: &mut Vec<String>) -> Result<Graph, 
             attrs: attrs(&[("nns.name", AttrValue::Str(format!("grad.{name}")))]),
         });
     }
+    complete_stages(&mut out);
     Ok(out)
 }
 
@@ -219,6 +220,8 @@ fn backprop(
             continue;
         }
         let fail = |msg: String| (node.loc.clone(), format!("autodiff: '{}': {msg}", node.op));
+        // Backward ops run on their forward op's pipeline stage.
+        let first_new = out.nodes.len();
         let dxs: Vec<Option<ValueId>> = if let Some(u) = g.user_ops.of_call(&node.op, &node.attrs) {
             call_vjp(out, &node, u, &dys, derive).map_err(fail)?
         } else {
@@ -250,8 +253,53 @@ fn backprop(
                     .map_err(fail)?,
             });
         }
+        if let Some(stage) = node.attrs.get("nns.stage") {
+            for n in &mut out.nodes[first_new..] {
+                n.attrs.insert("nns.stage".into(), stage.clone());
+            }
+        }
     }
     Ok(grads)
+}
+
+/// Gives the ops autodiff added outside any forward op (the loss seed, zero gradients) a
+/// stage when the program is placed: the latest stage of their operands' producers, else
+/// the earliest of their users', else 0.
+fn complete_stages(g: &mut Graph) {
+    let stage_of = |n: &nnscaler_dialects::graph::Node| match n.attrs.get("nns.stage") {
+        Some(AttrValue::Int(s)) => Some(*s),
+        _ => None,
+    };
+    if !g.nodes.iter().any(|n| stage_of(n).is_some()) {
+        return;
+    }
+    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
+    for (k, n) in g.nodes.iter().enumerate() {
+        for &o in &n.outputs {
+            producer[o] = Some(k);
+        }
+    }
+    for k in 0..g.nodes.len() {
+        if stage_of(&g.nodes[k]).is_some() {
+            continue;
+        }
+        let from_inputs = g.nodes[k]
+            .inputs
+            .iter()
+            .filter_map(|&v| producer[v].and_then(|p| stage_of(&g.nodes[p])))
+            .max();
+        let outs = g.nodes[k].outputs.clone();
+        let from_users = g
+            .nodes
+            .iter()
+            .filter(|u| u.inputs.iter().any(|v| outs.contains(v)))
+            .filter_map(stage_of)
+            .min();
+        let s = from_inputs.or(from_users).unwrap_or(0);
+        g.nodes[k]
+            .attrs
+            .insert("nns.stage".into(), AttrValue::Int(s));
+    }
 }
 
 /// The backward of a call of user op `u`: a call of its VJP function on the operands and

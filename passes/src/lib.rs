@@ -10,6 +10,7 @@ pub mod layouts;
 pub mod localize;
 pub mod lower_relayouts;
 pub mod pipeline;
+pub mod place;
 pub mod plan;
 pub mod print_stats;
 pub mod propagate_layouts;

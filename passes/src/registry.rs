@@ -4,6 +4,7 @@ use crate::autodiff::Autodiff;
 use crate::localize::Localize;
 use crate::lower_relayouts::LowerRelayouts;
 use crate::pipeline::{Native, PassOptions};
+use crate::place::Place;
 use crate::plan::Plan;
 use crate::print_stats::PrintStats;
 use crate::propagate_layouts::PropagateLayouts;
@@ -93,6 +94,16 @@ pub static PASSES: &[PassInfo] = &[
         ],
         anchor: Anchor::Module,
         factory: Factory::Native(|o| Ok(Native::Module(Box::new(Plan::new(o)?)))),
+    },
+    PassInfo {
+        name: "place",
+        summary: "Assign every op a pipeline stage (nns.stage), contiguous in program order, minimising the slowest stage's FLOPs (exact DP), keeping ops' nns.stage pins and nns.stage_bounds; run before --autodiff",
+        options: &[OptionInfo {
+            name: "stages",
+            help: "the number of pipeline stages (required)",
+        }],
+        anchor: Anchor::Function,
+        factory: Factory::Native(|o| Ok(Native::Function(Box::new(Place::new(o)?)))),
     },
     PassInfo {
         name: "propagate-layouts",
