@@ -13,7 +13,8 @@
  * both; the run then writes nothing.
  *
  * The kernel gets the operands and preallocated results, each a dense row-major tensor with
- * its element type and shape. After partitioning it is called with each device's local
+ * its element type and shape. The CPU runtime computes every float type of the IR in f32
+ * (NNS_F32) and integers in i64 (NNS_I64); operands must not be written. After partitioning it is called with each device's local
  * shapes (the pieces its annotation's split gives), so it must work for any shapes its
  * annotation allows. On simulated devices several threads call it at once: it must be
  * thread-safe (no global mutable state). It returns 0 on success; otherwise it writes a
