@@ -49,6 +49,23 @@ pub struct FuncStats {
     pub grad_bytes: u64,
     /// Per collective kind: (ops, bytes each device sends per step; ring algorithms).
     pub comm: BTreeMap<String, (u64, f64)>,
+    /// Per pipeline stage (`nns.stage` on the ops, from `--place`), when placed.
+    pub stages: BTreeMap<i64, StageStats>,
+}
+
+/// What one pipeline stage holds and computes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StageStats {
+    /// Ops on it.
+    pub ops: u64,
+    /// FLOPs of its forward ops.
+    pub forward_flops: f64,
+    /// FLOPs of its backward ops.
+    pub backward_flops: f64,
+    /// Bytes of the values its forward ops produce (per micro-batch in flight).
+    pub activation_bytes: u64,
+    /// Bytes of the parameters it uses first.
+    pub param_bytes: u64,
 }
 
 impl FuncStats {
@@ -96,6 +113,20 @@ impl FuncStats {
             group(self.activation_bytes),
             bytes(self.activation_bytes)
         );
+        if !self.stages.is_empty() {
+            let _ = writeln!(s, "pipeline stages: {} (nns.stage)", self.stages.len());
+            for (k, st) in &self.stages {
+                let _ = writeln!(
+                    s,
+                    "  stage {k}: {} ops, forward {:.4e} FLOPs, backward {:.4e} FLOPs, parameters {}, activations {}",
+                    st.ops,
+                    st.forward_flops,
+                    st.backward_flops,
+                    bytes(st.param_bytes),
+                    bytes(st.activation_bytes)
+                );
+            }
+        }
         if let Some((mesh, n)) = &self.devices {
             let _ = writeln!(
                 s,
@@ -171,6 +202,17 @@ pub fn module_stats(module: &OperationRef<'_, '_>) -> Vec<FuncStats> {
             // An op is backward if it is a backward op or consumes a value computed by one:
             // this also counts the plain matmuls and sums that autodiff emits.
             let mut bwd = vec![false; g.values.len()];
+            let stage_of = |n: &nnscaler_dialects::graph::Node| match n.attrs.get("nns.stage") {
+                Some(AttrValue::Int(s)) => Some(*s),
+                _ => None,
+            };
+            // A parameter belongs to the stage of its first user.
+            for a in g.args.iter().filter(|a| a.is_param()) {
+                let first = g.nodes.iter().find(|n| n.inputs.contains(&a.value));
+                if let Some(s) = first.and_then(stage_of) {
+                    st.stages.entry(s).or_default().param_bytes += g.values[a.value].bytes();
+                }
+            }
             for n in &g.nodes {
                 *st.ops.entry(n.op.clone()).or_default() += 1;
                 let Some(spec) = dnn::spec(&n.op) else {
@@ -186,6 +228,21 @@ pub fn module_stats(module: &OperationRef<'_, '_>) -> Vec<FuncStats> {
                     .map(|&v| Some(g.values[v].clone()))
                     .collect();
                 let results: Vec<_> = n.outputs.iter().map(|&v| g.values[v].clone()).collect();
+                if let Some(stage) = stage_of(n) {
+                    let ctx = OpCtx {
+                        operands: &operands,
+                        attrs: &n.attrs,
+                    };
+                    let flops = (spec.flops)(&ctx, &results);
+                    let e = st.stages.entry(stage).or_default();
+                    e.ops += 1;
+                    if is_bwd {
+                        e.backward_flops += flops;
+                    } else {
+                        e.forward_flops += flops;
+                        e.activation_bytes += results.iter().map(|t| t.bytes()).sum::<u64>();
+                    }
+                }
                 count(&mut st, spec, &operands, &results, &n.attrs, is_bwd);
             }
         } else {

@@ -2,6 +2,12 @@
 // each backward op its forward op's stage.
 // RUN: nnscaler-opt --place="stages=2" --autodiff %s 2>%t.err | FileCheck %s
 // RUN: FileCheck %s --check-prefix=REMARK < %t.err
+// RUN: nnscaler-opt --place="stages=2" --autodiff --print-stats %s -o /dev/null 2>&1 | FileCheck %s --check-prefix=STATS
+
+// --print-stats breaks a placed program down by stage.
+// STATS: pipeline stages: 2 (nns.stage)
+// STATS-NEXT: stage 0: 2 ops, forward 1.6384e4 FLOPs, backward 1.6384e4 FLOPs, parameters 4.00 KiB, activations 1.00 KiB
+// STATS-NEXT: stage 1: 8 ops, forward 2.4960e3 FLOPs, backward 6.2720e3 FLOPs, parameters 512.00 B
 
 // The first linear (16384 FLOPs) outweighs the rest (2496): it is stage 0 alone.
 // REMARK: remark: place @train: 2 stages; 0: 1 ops, 1.638e4 FLOPs; 1: 3 ops, 2.496e3 FLOPs; slowest / mean = 1.736
