@@ -429,20 +429,61 @@ fn moves(
 pub type MovesRule =
     fn(s: &Sharding, a: usize, shape: &[i64], sizes: &[i64]) -> Vec<(Step, Sharding)>;
 
-/// V → R.
-pub fn moves_all_reduce(s: &Sharding, a: usize, _: &[i64], _: &[i64]) -> Vec<(Step, Sharding)> {
+/// `s` with its partial values along axis `a` reduced, and the reduction, when `s` is
+/// partial along `a`.
+fn reduced(s: &Sharding, a: usize) -> Option<(Sharding, Reduce)> {
     let AxisState::V(reduce) = s.axis_state(a) else {
-        return Vec::new();
+        return None;
     };
     let mut r = s.clone();
     r.partial[a] = None;
-    vec![(
-        Step::AllReduce {
-            axes: vec![a],
-            reduce,
-        },
-        r,
-    )]
+    Some((r, reduce))
+}
+
+/// The dim axis `a` splits and `s` with that split undone, when `a` is the innermost
+/// splitter of its dim (only that one can be undone).
+fn unsplit(s: &Sharding, a: usize) -> Option<(usize, Sharding)> {
+    let AxisState::D(dim) = s.axis_state(a) else {
+        return None;
+    };
+    if s.split[dim].last() != Some(&a) {
+        return None;
+    }
+    let mut r = s.clone();
+    r.split[dim].pop();
+    Some((dim, r))
+}
+
+/// `base` further split along axis `a` on each dim of `dims` where that divides, with the
+/// step that does it.
+fn split_on(
+    base: &Sharding,
+    a: usize,
+    dims: impl Iterator<Item = usize>,
+    shape: &[i64],
+    sizes: &[i64],
+    step: impl Fn(usize) -> Step,
+) -> Vec<(Step, Sharding)> {
+    dims.filter_map(|dim| {
+        let mut d = base.clone();
+        d.split[dim].push(a);
+        d.check(shape, sizes).is_ok().then(|| (step(dim), d))
+    })
+    .collect()
+}
+
+/// V → R.
+pub fn moves_all_reduce(s: &Sharding, a: usize, _: &[i64], _: &[i64]) -> Vec<(Step, Sharding)> {
+    reduced(s, a)
+        .map(|(r, reduce)| {
+            let step = Step::AllReduce {
+                axes: vec![a],
+                reduce,
+            };
+            (step, r)
+        })
+        .into_iter()
+        .collect()
 }
 
 /// V → D(dim), for each dim it divides.
@@ -452,38 +493,24 @@ pub fn moves_reduce_scatter(
     shape: &[i64],
     sizes: &[i64],
 ) -> Vec<(Step, Sharding)> {
-    let AxisState::V(reduce) = s.axis_state(a) else {
+    let Some((r, reduce)) = reduced(s, a) else {
         return Vec::new();
     };
-    let mut r = s.clone();
-    r.partial[a] = None;
-    (0..shape.len())
-        .filter_map(|dim| {
-            let mut d = r.clone();
-            d.split[dim].push(a);
-            d.check(shape, sizes).is_ok().then_some((
-                Step::ReduceScatter {
-                    axis: a,
-                    dim,
-                    reduce,
-                },
-                d,
-            ))
-        })
-        .collect()
+    split_on(&r, a, 0..shape.len(), shape, sizes, |dim| {
+        Step::ReduceScatter {
+            axis: a,
+            dim,
+            reduce,
+        }
+    })
 }
 
 /// D(dim) → R, when `a` is the innermost splitter of its dim.
 pub fn moves_all_gather(s: &Sharding, a: usize, _: &[i64], _: &[i64]) -> Vec<(Step, Sharding)> {
-    let AxisState::D(dim) = s.axis_state(a) else {
-        return Vec::new();
-    };
-    if s.split[dim].last() != Some(&a) {
-        return Vec::new(); // only the innermost splitter of a dim can be undone
-    }
-    let mut r = s.clone();
-    r.split[dim].pop();
-    vec![(Step::AllGather { axis: a, dim }, r)]
+    unsplit(s, a)
+        .map(|(dim, r)| (Step::AllGather { axis: a, dim }, r))
+        .into_iter()
+        .collect()
 }
 
 /// D(concat_dim) → D(split_dim), for each other dim it divides.
@@ -493,29 +520,15 @@ pub fn moves_all_to_all(
     shape: &[i64],
     sizes: &[i64],
 ) -> Vec<(Step, Sharding)> {
-    let AxisState::D(dim) = s.axis_state(a) else {
+    let Some((dim, r)) = unsplit(s, a) else {
         return Vec::new();
     };
-    if s.split[dim].last() != Some(&a) {
-        return Vec::new();
-    }
-    let mut r = s.clone();
-    r.split[dim].pop();
-    (0..shape.len())
-        .filter(|&t| t != dim)
-        .filter_map(|to| {
-            let mut d = r.clone();
-            d.split[to].push(a);
-            d.check(shape, sizes).is_ok().then_some((
-                Step::AllToAll {
-                    axis: a,
-                    split_dim: to,
-                    concat_dim: dim,
-                },
-                d,
-            ))
-        })
-        .collect()
+    let others = (0..shape.len()).filter(move |&t| t != dim);
+    split_on(&r, a, others, shape, sizes, |to| Step::AllToAll {
+        axis: a,
+        split_dim: to,
+        concat_dim: dim,
+    })
 }
 
 /// R → V(sum), locally.
@@ -533,15 +546,10 @@ pub fn moves_slice(s: &Sharding, a: usize, shape: &[i64], sizes: &[i64]) -> Vec<
     if s.axis_state(a) != AxisState::R {
         return Vec::new();
     }
-    (0..shape.len())
-        .filter_map(|dim| {
-            let mut d = s.clone();
-            d.split[dim].push(a);
-            d.check(shape, sizes)
-                .is_ok()
-                .then_some((Step::Slice { axis: a, dim }, d))
-        })
-        .collect()
+    split_on(s, a, 0..shape.len(), shape, sizes, |dim| Step::Slice {
+        axis: a,
+        dim,
+    })
 }
 
 fn search(

@@ -19,33 +19,43 @@ use mlir_sys::{
 use nnscaler_dialects::verify::verify_module_op;
 use std::ffi::c_void;
 
-fn result(ok: bool) -> MlirLogicalResult {
+/// `ok` as an `MlirLogicalResult`. (These helpers are shared with the mlir-opt plugin.)
+pub fn result(ok: bool) -> MlirLogicalResult {
     MlirLogicalResult {
-        value: if ok { 1 } else { 0 },
+        value: i8::from(ok),
+    }
+}
+
+/// `text` as an `MlirStringRef` (valid while `text` lives).
+pub fn string_ref(text: &str) -> MlirStringRef {
+    MlirStringRef {
+        data: text.as_ptr().cast(),
+        length: text.len(),
     }
 }
 
 /// Calls `callback` with `text` (when there is a callback).
-fn say(callback: MlirStringCallback, user_data: *mut c_void, text: &str) {
+///
+/// # Safety
+/// `callback` must be a valid function taking `user_data`, as the host gave them.
+pub unsafe fn say(callback: MlirStringCallback, user_data: *mut c_void, text: &str) {
     if let Some(f) = callback {
-        let s = MlirStringRef {
-            data: text.as_ptr().cast(),
-            length: text.len(),
-        };
-        // SAFETY: the host's callback gets a string that lives for the call, as in MLIR.
-        unsafe { f(s, user_data) };
+        // SAFETY: the caller's contract; the string lives for the call, as in MLIR.
+        unsafe { f(string_ref(text), user_data) };
     }
 }
 
+/// The string `s` holds.
+///
 /// # Safety
 /// `s` must point at `length` readable bytes (or be empty).
-unsafe fn text(s: MlirStringRef) -> Result<String, String> {
+pub unsafe fn text(s: MlirStringRef) -> Result<String, String> {
     if s.length == 0 {
         return Ok(String::new());
     }
     // SAFETY: by the caller's contract.
     let bytes = unsafe { std::slice::from_raw_parts(s.data.cast::<u8>(), s.length) };
-    String::from_utf8(bytes.to_vec()).map_err(|_| "the pipeline is not UTF-8".to_string())
+    String::from_utf8(bytes.to_vec()).map_err(|_| "the text is not UTF-8".to_string())
 }
 
 /// See `nnscalerPrepareContext` in `nnscaler.h`.
@@ -58,13 +68,7 @@ pub unsafe extern "C" fn nnscalerPrepareContext(context: MlirContext) {
     unsafe {
         mlirContextSetAllowUnregisteredDialects(context, true);
         for d in ["func", "arith"] {
-            mlirContextGetOrLoadDialect(
-                context,
-                MlirStringRef {
-                    data: d.as_ptr().cast(),
-                    length: d.len(),
-                },
-            );
+            mlirContextGetOrLoadDialect(context, string_ref(d));
         }
     }
 }
@@ -85,7 +89,8 @@ pub unsafe extern "C" fn nnscalerAddPasses(
     let steps = match steps {
         Ok(s) => s,
         Err(e) => {
-            say(on_error, user_data, &e);
+            // SAFETY: the host\'s callback and data, as it gave them.
+            unsafe { say(on_error, user_data, &e) };
             return result(false);
         }
     };
@@ -99,7 +104,8 @@ pub unsafe extern "C" fn nnscalerAddPasses(
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         if let Err(e) = add_to_pass_manager(&pm, step.info.name, &options.join(" ")) {
-            say(on_error, user_data, &e);
+            // SAFETY: the host\'s callback and data, as it gave them.
+            unsafe { say(on_error, user_data, &e) };
             return result(false);
         }
     }
@@ -120,15 +126,20 @@ pub unsafe extern "C" fn nnscalerVerify(
     let op = unsafe { OperationRef::from_raw(module) };
     let d = verify_module_op(&op);
     for x in &d.0 {
-        say(on_error, user_data, &x.to_string());
+        // SAFETY: the host\'s callback and data, as it gave them.
+        unsafe { say(on_error, user_data, &x.to_string()) };
     }
     result(!d.has_errors())
 }
 
 /// See `nnscalerListPasses` in `nnscaler.h`.
+///
+/// # Safety
+/// `callback` must be a valid function taking `user_data`.
 #[no_mangle]
-pub extern "C" fn nnscalerListPasses(callback: MlirStringCallback, user_data: *mut c_void) {
+pub unsafe extern "C" fn nnscalerListPasses(callback: MlirStringCallback, user_data: *mut c_void) {
     for p in PASSES {
-        say(callback, user_data, &format!("{}: {}", p.name, p.summary));
+        // SAFETY: the host\'s callback and data, as it gave them.
+        unsafe { say(callback, user_data, &format!("{}: {}", p.name, p.summary)) };
     }
 }

@@ -228,12 +228,8 @@ pub fn module_stats(module: &OperationRef<'_, '_>) -> Vec<FuncStats> {
                     .map(|&v| Some(g.values[v].clone()))
                     .collect();
                 let results: Vec<_> = n.outputs.iter().map(|&v| g.values[v].clone()).collect();
+                let flops = count(&mut st, spec, &operands, &results, &n.attrs, is_bwd);
                 if let Some(stage) = stage_of(n) {
-                    let ctx = OpCtx {
-                        operands: &operands,
-                        attrs: &n.attrs,
-                    };
-                    let flops = (spec.flops)(&ctx, &results);
                     let e = st.stages.entry(stage).or_default();
                     e.ops += 1;
                     if is_bwd {
@@ -243,7 +239,6 @@ pub fn module_stats(module: &OperationRef<'_, '_>) -> Vec<FuncStats> {
                         e.activation_bytes += results.iter().map(|t| t.bytes()).sum::<u64>();
                     }
                 }
-                count(&mut st, spec, &operands, &results, &n.attrs, is_bwd);
             }
         } else {
             walk_nested(op, &mut |inner| {
@@ -256,7 +251,7 @@ pub fn module_stats(module: &OperationRef<'_, '_>) -> Vec<FuncStats> {
                     return;
                 };
                 let results: Vec<_> = v.results.iter().flatten().cloned().collect();
-                count(
+                let _ = count(
                     &mut st,
                     spec,
                     &v.operands,
@@ -310,7 +305,7 @@ fn count(
     results: &[TensorType],
     attrs: &Attrs,
     backward: bool,
-) {
+) -> f64 {
     let ctx = OpCtx { operands, attrs };
     let flops = (spec.flops)(&ctx, results);
     if backward {
@@ -320,6 +315,7 @@ fn count(
         st.forward_flops += flops;
         st.activation_bytes += results.iter().map(|t| t.bytes()).sum::<u64>();
     }
+    flops
 }
 
 /// The `--print-stats` pass.

@@ -83,60 +83,64 @@ fn action(stage: usize, kind: Kind, mb: usize) -> Action {
     Action { stage, kind, mb }
 }
 
-/// GPipe: every forward, then every backward.
-pub fn gpipe(p: usize, m: usize) -> Result<Schedule, String> {
+/// A schedule with one stage per device, device `r`'s actions from `order(r)`.
+fn one_stage_per_device(
+    name: &str,
+    p: usize,
+    m: usize,
+    split_backward: bool,
+    order: impl Fn(usize) -> Vec<Action>,
+) -> Result<Schedule, String> {
     check_sizes(p, m)?;
-    let actions = (0..p)
-        .map(|r| {
-            let mut a: Vec<Action> = (0..m).map(|i| action(r, Kind::F, i)).collect();
-            a.extend((0..m).map(|i| action(r, Kind::B, i)));
-            a
-        })
-        .collect();
     Ok(Schedule {
-        name: "gpipe".into(),
+        name: name.into(),
         devices: p,
         stages: p,
         microbatches: m,
-        split_backward: false,
-        actions,
+        split_backward,
+        actions: (0..p).map(order).collect(),
     })
 }
 
-/// 1F1B (PipeDream-flush): device r runs min(p-r-1, m) forwards, then alternates one
-/// forward and one backward, then the remaining backwards.
-pub fn one_f_one_b(p: usize, m: usize) -> Result<Schedule, String> {
-    check_sizes(p, m)?;
-    let actions = (0..p)
-        .map(|r| {
-            let warmup = (p - r - 1).min(m);
-            let mut a = Vec::new();
-            let (mut f, mut b) = (0, 0);
-            while f < warmup {
-                a.push(action(r, Kind::F, f));
-                f += 1;
-            }
-            while f < m {
-                a.push(action(r, Kind::F, f));
-                f += 1;
-                a.push(action(r, Kind::B, b));
-                b += 1;
-            }
-            while b < m {
-                a.push(action(r, Kind::B, b));
-                b += 1;
-            }
-            a
-        })
-        .collect();
-    Ok(Schedule {
-        name: "1f1b".into(),
-        devices: p,
-        stages: p,
-        microbatches: m,
-        split_backward: false,
-        actions,
+/// `warmup` forwards, then one forward and one backward alternately until the forwards
+/// are done, then the remaining backwards (`total` of each; `fwd(k)` / `bwd(k)` the k-th).
+fn warmup_then_alternate(
+    warmup: usize,
+    total: usize,
+    fwd: impl Fn(usize) -> Action,
+    bwd: impl Fn(usize) -> Action,
+) -> Vec<Action> {
+    let mut a: Vec<Action> = (0..warmup).map(&fwd).collect();
+    for k in warmup..total {
+        a.push(fwd(k));
+        a.push(bwd(k - warmup));
+    }
+    a.extend((total - warmup..total).map(bwd));
+    a
+}
+
+/// GPipe: every forward, then every backward.
+pub fn gpipe(p: usize, m: usize) -> Result<Schedule, String> {
+    one_stage_per_device("gpipe", p, m, false, |r| {
+        let f = (0..m).map(|i| action(r, Kind::F, i));
+        f.chain((0..m).map(|i| action(r, Kind::B, i))).collect()
     })
+}
+
+/// Device r's 1F1B order: min(p-r-1, m) forwards, then one forward and one backward
+/// alternately, then the remaining backwards.
+fn one_f_one_b_order(p: usize, m: usize, r: usize) -> Vec<Action> {
+    warmup_then_alternate(
+        (p - r - 1).min(m),
+        m,
+        |i| action(r, Kind::F, i),
+        |i| action(r, Kind::B, i),
+    )
+}
+
+/// 1F1B (PipeDream-flush), see [`one_f_one_b_order`].
+pub fn one_f_one_b(p: usize, m: usize) -> Result<Schedule, String> {
+    one_stage_per_device("1f1b", p, m, false, |r| one_f_one_b_order(p, m, r))
 }
 
 /// Interleaved 1F1B (Megatron): `v` chunks per device (device r holds stages r, r+p, ...),
@@ -152,39 +156,23 @@ pub fn interleaved(p: usize, v: usize, m: usize) -> Result<Schedule, String> {
         ));
     }
     let total = m * v;
-    // The k-th forward of a device: micro-batches in groups of p per chunk.
-    let fwd = |r: usize, k: usize| {
-        let (round, within) = (k / (p * v), k % (p * v));
-        action((within / p) * p + r, Kind::F, round * p + within % p)
-    };
-    let bwd = |r: usize, k: usize| {
-        let (round, within) = (k / (p * v), k % (p * v));
-        action(
-            (v - 1 - within / p) * p + r,
-            Kind::B,
-            round * p + within % p,
-        )
-    };
+    // The k-th forward (backward) of a device: micro-batches in groups of p per chunk,
+    // backwards through the chunks in reverse.
+    let place = |k: usize| (k / (p * v) * p + k % p, (k % (p * v)) / p);
     let actions = (0..p)
         .map(|r| {
-            let warmup = ((v - 1) * p + 2 * (p - 1 - r)).min(total);
-            let mut a = Vec::new();
-            let (mut f, mut b) = (0, 0);
-            while f < warmup {
-                a.push(fwd(r, f));
-                f += 1;
-            }
-            while f < total {
-                a.push(fwd(r, f));
-                f += 1;
-                a.push(bwd(r, b));
-                b += 1;
-            }
-            while b < total {
-                a.push(bwd(r, b));
-                b += 1;
-            }
-            a
+            warmup_then_alternate(
+                ((v - 1) * p + 2 * (p - 1 - r)).min(total),
+                total,
+                |k| {
+                    let (mb, chunk) = place(k);
+                    action(chunk * p + r, Kind::F, mb)
+                },
+                |k| {
+                    let (mb, chunk) = place(k);
+                    action((v - 1 - chunk) * p + r, Kind::B, mb)
+                },
+            )
         })
         .collect();
     Ok(Schedule {
@@ -198,52 +186,24 @@ pub fn interleaved(p: usize, v: usize, m: usize) -> Result<Schedule, String> {
 }
 
 /// ZB-H1 (zero bubble, the memory of 1F1B): 1F1B with the backward split into B (input
-/// gradient, on the critical path) and W (weight gradient), each device deferring its Ws
-/// into what would be its idle time.
+/// gradient, on the critical path) and W (weight gradient); device r holds r Ws back, which
+/// fill the bubbles of its cool-down, and runs the rest at the end.
 pub fn zb_h1(p: usize, m: usize) -> Result<Schedule, String> {
-    check_sizes(p, m)?;
-    let actions = (0..p)
-        .map(|r| {
-            let warmup = (p - r - 1).min(m);
-            let mut a = Vec::new();
-            let (mut f, mut b, mut w) = (0, 0, 0);
-            let after_b = |a: &mut Vec<Action>, b: usize, w: &mut usize| {
-                // Device r holds r Ws back: they fill the bubbles of its cool-down.
+    one_stage_per_device("zb-h1", p, m, true, |r| {
+        let mut a = Vec::new();
+        let (mut b, mut w) = (0, 0);
+        for x in one_f_one_b_order(p, m, r) {
+            a.push(x);
+            if x.kind == Kind::B {
+                b += 1;
                 if b > r {
-                    a.push(action(r, Kind::W, *w));
-                    *w += 1;
+                    a.push(action(r, Kind::W, w));
+                    w += 1;
                 }
-            };
-            while f < warmup {
-                a.push(action(r, Kind::F, f));
-                f += 1;
             }
-            while f < m {
-                a.push(action(r, Kind::F, f));
-                f += 1;
-                a.push(action(r, Kind::B, b));
-                b += 1;
-                after_b(&mut a, b, &mut w);
-            }
-            while b < m {
-                a.push(action(r, Kind::B, b));
-                b += 1;
-                after_b(&mut a, b, &mut w);
-            }
-            while w < m {
-                a.push(action(r, Kind::W, w));
-                w += 1;
-            }
-            a
-        })
-        .collect();
-    Ok(Schedule {
-        name: "zb-h1".into(),
-        devices: p,
-        stages: p,
-        microbatches: m,
-        split_backward: true,
-        actions,
+        }
+        a.extend((w..m).map(|i| action(r, Kind::W, i)));
+        a
     })
 }
 

@@ -21,34 +21,10 @@ use nnscaler_passes::pipeline::{PassOptions, Step};
 use nnscaler_passes::registry::{Anchor, Factory, PassInfo, PASSES};
 use std::ffi::c_void;
 
-pub use nnscaler_passes::capi::*;
+use nnscaler_passes::capi::{result, say, string_ref as sref, text};
 
 /// Called with each remark: its location, its message.
 pub type RemarkCallback = Option<unsafe extern "C" fn(MlirLocation, MlirStringRef, *mut c_void)>;
-
-fn result(ok: bool) -> MlirLogicalResult {
-    MlirLogicalResult {
-        value: i8::from(ok),
-    }
-}
-
-fn sref(s: &str) -> MlirStringRef {
-    MlirStringRef {
-        data: s.as_ptr().cast(),
-        length: s.len(),
-    }
-}
-
-/// # Safety
-/// `s` must point at `length` readable bytes (or be empty).
-unsafe fn text(s: MlirStringRef) -> String {
-    if s.length == 0 {
-        return String::new();
-    }
-    // SAFETY: by the caller's contract.
-    let bytes = unsafe { std::slice::from_raw_parts(s.data.cast::<u8>(), s.length) };
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// The passes the plugin registers: ours (upstream ones are mlir-opt's own).
 fn native(i: usize) -> Option<&'static PassInfo> {
@@ -106,18 +82,16 @@ pub unsafe extern "C" fn nnscalerPluginCheckOptions(
         return result(false);
     };
     // SAFETY: the caller's contract.
-    let options = unsafe { text(options) };
-    let checked = PassOptions::parse(p, &options).and_then(|o| match p.factory {
+    let checked = unsafe { text(options) }.and_then(|options| PassOptions::parse(p, &options));
+    let checked = checked.and_then(|o| match p.factory {
         Factory::Native(make) => make(&o).map(drop),
         Factory::Upstream(_) => Ok(()),
     });
     match checked {
         Ok(()) => result(true),
         Err(e) => {
-            if let Some(f) = on_error {
-                // SAFETY: the callback gets a string that lives for the call.
-                unsafe { f(sref(&e), user_data) };
-            }
+            // SAFETY: the callback and data C++ gave.
+            unsafe { say(on_error, user_data, &e) };
             result(false)
         }
     }
@@ -141,7 +115,7 @@ pub unsafe extern "C" fn nnscalerPluginRun(
     };
     // SAFETY: the caller's contract.
     let (options, op) = unsafe { (text(options), OperationRef::from_raw(op)) };
-    let step = match Step::new(p.name, &options) {
+    let step = match options.and_then(|o| Step::new(p.name, &o)) {
         Ok(s) => s,
         Err(e) => {
             let mut d = nnscaler_dialects::diag::Diagnostics::default();

@@ -180,112 +180,79 @@ fn run_graph(
             vals[n.outputs[0]] = Some(t);
             continue;
         }
-        if n.op == "func.call" {
-            // A user op (or any function) whose body is IR: run the callee's graph.
-            let name =
-                callee(&n.attrs).ok_or_else(|| fail(&n.loc, "'func.call' has no callee".into()))?;
-            if let Some(spec) = g.user_ops.1 .0.get(name) {
-                // A user op implemented in C.
-                let ins: Vec<&Tensor> = n
-                    .inputs
-                    .iter()
-                    .map(|&v| vals[v].as_ref().expect("inputs are computed before use"))
-                    .collect();
-                let out_types: Vec<_> = n.outputs.iter().map(|&v| g.values[v].clone()).collect();
-                let start = profile.as_ref().map(|_| std::time::Instant::now());
-                let outs = crate::ckernel::call(spec, name, &ins, &out_types)
-                    .map_err(|e| fail(&n.loc, e))?;
-                if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
-                    p.add(&format!("@{name}"), t.elapsed().as_secs_f64());
-                }
-                for &v in &n.inputs {
-                    if last_use[v] == k {
-                        vals[v] = None;
-                    }
-                }
-                for (&v, t) in n.outputs.iter().zip(outs) {
-                    vals[v] = Some(t);
-                }
-                continue;
-            }
-            let f = callees.get(name).ok_or_else(|| {
-                fail(
-                    &n.loc,
-                    format!("@{name} is not a function the runtime can run (a declaration without 'nns.kernel', or not in the module)"),
-                )
-            })?;
-            if depth >= MAX_CALL_DEPTH {
-                return Err(fail(
-                    &n.loc,
-                    format!(
-                        "calls nest more than {MAX_CALL_DEPTH} deep (does @{name} call itself?)"
-                    ),
-                ));
-            }
-            let ins: Vec<Tensor> = n
-                .inputs
-                .iter()
-                .map(|&v| vals[v].clone().expect("inputs are computed before use"))
-                .collect();
-            let outs = run_graph(
-                f,
-                callees,
-                ins,
-                opts,
-                profile.as_deref_mut(),
-                device,
-                depth + 1,
-            )?;
-            for (j, (t, &v)) in outs.iter().zip(&n.outputs).enumerate() {
-                if !t.matches(&g.values[v]) {
-                    return Err(fail(
-                        &n.loc,
-                        format!(
-                            "@{name} result {j} is {} but the call declares {}",
-                            t.describe(),
-                            g.values[v]
-                        ),
-                    ));
-                }
-            }
-            for &v in &n.inputs {
-                if last_use[v] == k {
-                    vals[v] = None;
-                }
-            }
-            for (&v, t) in n.outputs.iter().zip(outs) {
-                vals[v] = Some(t);
-            }
-            continue;
-        }
-        let f = kernel(&n.op).ok_or_else(|| {
-            fail(
-                &n.loc,
-                format!("the CPU runtime has no kernel for '{}'", n.op),
-            )
-        })?;
         let ins: Vec<&Tensor> = n
             .inputs
             .iter()
             .map(|&v| vals[v].as_ref().expect("inputs are computed before use"))
             .collect();
         let out_types: Vec<_> = n.outputs.iter().map(|&v| g.values[v].clone()).collect();
-        let ctx = Ctx {
-            attrs: &n.attrs,
-            out: &out_types,
-            device: device_info.as_ref(),
+        // Who computes the op, for the profile and messages, and its results.
+        let (what, outs) = if n.op == "func.call" {
+            let name =
+                callee(&n.attrs).ok_or_else(|| fail(&n.loc, "'func.call' has no callee".into()))?;
+            let what = format!("@{name}");
+            let start = profile.as_ref().map(|_| std::time::Instant::now());
+            let outs = if let Some(spec) = g.user_ops.1 .0.get(name) {
+                // A user op implemented in C.
+                let outs = crate::ckernel::call(spec, name, &ins, &out_types)
+                    .map_err(|e| fail(&n.loc, e))?;
+                if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
+                    p.add(&what, t.elapsed().as_secs_f64());
+                }
+                outs
+            } else {
+                // A user op (or any function) whose body is IR: run the callee's graph
+                // (its ops are profiled one by one).
+                let f = callees.get(name).ok_or_else(|| {
+                    fail(
+                        &n.loc,
+                        format!("@{name} is not a function the runtime can run (a declaration without 'nns.kernel', or not in the module)"),
+                    )
+                })?;
+                if depth >= MAX_CALL_DEPTH {
+                    return Err(fail(
+                        &n.loc,
+                        format!(
+                            "calls nest more than {MAX_CALL_DEPTH} deep (does @{name} call itself?)"
+                        ),
+                    ));
+                }
+                let owned: Vec<Tensor> = ins.iter().map(|&t| t.clone()).collect();
+                run_graph(
+                    f,
+                    callees,
+                    owned,
+                    opts,
+                    profile.as_deref_mut(),
+                    device,
+                    depth + 1,
+                )?
+            };
+            (what, outs)
+        } else {
+            let f = kernel(&n.op).ok_or_else(|| {
+                fail(
+                    &n.loc,
+                    format!("the CPU runtime has no kernel for '{}'", n.op),
+                )
+            })?;
+            let ctx = Ctx {
+                attrs: &n.attrs,
+                out: &out_types,
+                device: device_info.as_ref(),
+            };
+            let start = profile.as_ref().map(|_| std::time::Instant::now());
+            let outs = f(&ctx, &ins).map_err(|e| fail(&n.loc, format!("'{}': {e}", n.op)))?;
+            if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
+                p.add(&n.op, t.elapsed().as_secs_f64());
+            }
+            (format!("'{}'", n.op), outs)
         };
-        let start = profile.as_ref().map(|_| std::time::Instant::now());
-        let outs = f(&ctx, &ins).map_err(|e| fail(&n.loc, format!("'{}': {e}", n.op)))?;
-        if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
-            p.add(&n.op, t.elapsed().as_secs_f64());
-        }
         if outs.len() != n.outputs.len() {
             return Err(fail(
                 &n.loc,
                 format!(
-                    "'{}' kernel returned {} results for {} declared",
-                    n.op,
+                    "{what} returned {} results for {} declared",
                     outs.len(),
                     n.outputs.len()
                 ),
@@ -296,8 +263,7 @@ fn run_graph(
                 return Err(fail(
                     &n.loc,
                     format!(
-                        "'{}' result {j} is declared {ty} but the kernel produced {}",
-                        n.op,
+                        "{what} result {j} is declared {ty} but it produced {}",
                         t.describe()
                     ),
                 ));
@@ -308,8 +274,8 @@ fn run_graph(
                         return Err(fail(
                             &n.loc,
                             format!(
-                                "'{}' result {j} has a non-finite value ({}) at element {p}",
-                                n.op, v[p]
+                                "{what} result {j} has a non-finite value ({}) at element {p}",
+                                v[p]
                             ),
                         ));
                     }

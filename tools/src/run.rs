@@ -110,15 +110,13 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
             )
         })?,
     };
-    let mut all: Vec<Graph> = funcs
-        .iter()
-        .filter_map(|f| f.as_ref().ok().cloned())
-        .collect();
     let mut g = funcs.swap_remove(pick).map_err(|(loc, m)| {
         let mut d = Diagnostics::default();
         d.error(&loc, m);
         render(d)
     })?;
+    // The module's other functions: what @g may call (declarations are not graphs).
+    let mut all: Vec<Graph> = funcs.into_iter().filter_map(Result::ok).collect();
     if a.autodiff {
         let located = |(loc, m): (SrcLoc, String)| {
             let mut d = Diagnostics::default();

@@ -150,20 +150,19 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Cmd::Import(a) => import(a),
         Cmd::Run(a) => nnscaler_tools::run::main(a, cli.error_limit),
-        Cmd::CheckOp(a) => match nnscaler_tools::check_op::check_op(a, cli.error_limit) {
-            Ok((report, ok)) => {
-                let written = write_one("-", report.into_bytes());
-                match (written, ok) {
-                    (Err(e), _) => Err(e),
-                    (Ok(()), true) => Ok(()),
-                    (Ok(()), false) => Err(format!(
+        Cmd::CheckOp(a) => nnscaler_tools::check_op::check_op(a, cli.error_limit).and_then(
+            |(report, ok)| {
+                write_one("-", report.into_bytes())?;
+                if ok {
+                    Ok(())
+                } else {
+                    Err(format!(
                         "{}: the annotation of {} allows a split the op does not compute (see above)",
                         a.module, a.op
-                    )),
+                    ))
                 }
-            }
-            Err(e) => Err(e),
-        },
+            },
+        ),
         Cmd::ScheduleReport(a) => nnscaler_tools::schedule_report::main(a)
             .and_then(|report| write_one("-", report.into_bytes())),
         Cmd::Presets => {
