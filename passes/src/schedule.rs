@@ -69,12 +69,20 @@ pub struct Schedule {
 /// The schedules the generators make.
 pub const NAMES: &[&str] = &["gpipe", "1f1b", "interleaved", "zb-h1"];
 
+/// The most (stage, micro-batch) pairs a schedule may hold (tables are listed in full).
+pub const MAX_FRAGMENTS: usize = 10_000_000;
+
 fn check_sizes(p: usize, m: usize) -> Result<(), String> {
     if p == 0 {
         return Err("a pipeline needs at least one stage".into());
     }
     if m == 0 {
         return Err("a pipeline needs at least one micro-batch".into());
+    }
+    if p.saturating_mul(m) > MAX_FRAGMENTS {
+        return Err(format!(
+            "{p} stages x {m} micro-batches is more than the {MAX_FRAGMENTS} fragments a schedule may list"
+        ));
     }
     Ok(())
 }
@@ -153,6 +161,11 @@ pub fn interleaved(p: usize, v: usize, m: usize) -> Result<Schedule, String> {
     if !m.is_multiple_of(p) {
         return Err(format!(
             "the interleaved schedule needs the micro-batches ({m}) to be a multiple of the pipeline devices ({p})"
+        ));
+    }
+    if p.saturating_mul(v).saturating_mul(m) > MAX_FRAGMENTS {
+        return Err(format!(
+            "{p} devices x {v} chunks x {m} micro-batches is more than the {MAX_FRAGMENTS} fragments a schedule may list"
         ));
     }
     let total = m * v;
