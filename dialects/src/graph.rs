@@ -448,6 +448,71 @@ impl Graph {
         }
     }
 
+    /// Writes the graph as a new `func.func` named `self.name`, inserted into the module
+    /// right after `after` (a top-level op): a copy of function `template` emptied of its
+    /// body and signature, then written like [`Graph::write_back`] (every op made new, with
+    /// its node's location; the function's attributes become `self.func_attrs`). Returns
+    /// the new op.
+    ///
+    /// # Safety
+    /// `template` must be a live `func.func` and `after` a live op in the body of the same
+    /// module; the caller must not hold handles into the new function's body.
+    pub unsafe fn write_as_new_function(
+        &self,
+        template: MlirOperation,
+        after: MlirOperation,
+    ) -> Result<MlirOperation, String> {
+        // SAFETY: see the function's contract; the copy is made in the template's context
+        // and handed to the module's body before anything else reads it.
+        unsafe {
+            let copy = mlir_sys::mlirOperationClone(template);
+            let block = mlirRegionGetFirstBlock(mlirOperationGetRegion(copy, 0));
+            if block.ptr.is_null() {
+                mlir_sys::mlirOperationDestroy(copy);
+                return Err(format!("@{}: the template function has no body", self.name));
+            }
+            let ret = mlirBlockGetTerminator(block);
+            mlirOperationSetOperands(ret, 0, std::ptr::null());
+            let mut ops = Vec::new();
+            let mut op = mlirBlockGetFirstOperation(block);
+            while !op.ptr.is_null() && op.ptr != ret.ptr {
+                ops.push(op);
+                op = mlirOperationGetNextInBlock(op);
+            }
+            for op in ops.into_iter().rev() {
+                mlir_sys::mlirOperationDestroy(op);
+            }
+            while mlirBlockGetNumArguments(block) > 0 {
+                let n = mlirBlockGetNumArguments(block);
+                mlir_sys::mlirBlockEraseArgument(block, (n - 1) as u32);
+            }
+            let ctx = mlirOperationGetContext(copy);
+            let b = Builder::for_op(copy);
+            let fty = mlirFunctionTypeGet(ctx, 0, std::ptr::null(), 0, std::ptr::null());
+            rewriter::set_attr(copy, "function_type", mlirTypeAttrGet(fty));
+            rewriter::remove_attr(copy, "arg_attrs");
+            rewriter::remove_attr(copy, "res_attrs");
+            rewriter::set_attr(
+                copy,
+                "sym_name",
+                b.attribute(&AttrValue::Str(self.name.clone()))?,
+            );
+            let module_block = mlir_sys::mlirOperationGetBlock(after);
+            mlir_sys::mlirBlockInsertOwnedOperationAfter(module_block, after, copy);
+            let shell = Graph::from_func(&OperationRef::from_raw(copy))
+                .map_err(|e| format!("@{}: {}", self.name, e.message))?;
+            let src = shell
+                .source
+                .ok_or("internal error: a function read from IR has no source")?;
+            let mut g = self.clone();
+            for n in &mut g.nodes {
+                n.origin = None;
+            }
+            g.write_into(&src)?;
+            Ok(copy)
+        }
+    }
+
     /// The signature part of [`Graph::write_back`].
     unsafe fn write_signature(&self, src: &Source, b: &mut Builder) -> Result<(), String> {
         let func = src.func;

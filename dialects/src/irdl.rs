@@ -172,6 +172,15 @@ fn nns_dialect() -> String {
                 attrs.push(("to", AttrKind::Int));
             }
             "relayout" => {}
+            "send" | "recv" => {
+                attrs.push(("axis", AttrKind::Str));
+                attrs.push(("peer", AttrKind::Int));
+                attrs.push(("tag", AttrKind::Str));
+            }
+            "microbatch" => {
+                attrs.push(("axes", AttrKind::Strs));
+                attrs.push(("index", AttrKind::Int));
+            }
             _ => attrs.push(("axes", AttrKind::Strs)),
         }
         attrs.extend(c.dim_attrs.iter().map(|d| (*d, AttrKind::Int)));
@@ -180,10 +189,10 @@ fn nns_dialect() -> String {
             &Op {
                 short,
                 summary: c.summary,
-                operands: &["x"],
+                operands: &["x"][..c.arity.0],
                 optional: 0,
                 variadic: false,
-                results: &["y"],
+                results: &["y"][..c.arity.1],
                 variadic_result: false,
                 attrs: &attrs,
             },

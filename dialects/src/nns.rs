@@ -21,8 +21,23 @@ use std::fmt;
 pub struct Axis {
     /// Axis name.
     pub name: String,
-    /// Number of devices along it.
+    /// Number of devices along it (of micro-batches, for a micro-batch axis).
     pub size: i64,
+    /// A micro-batch axis (`mb = 4 (microbatches)`): its coordinates are steps in time on
+    /// the same device, not devices. Splitting the batch dim over it cuts the batch into
+    /// micro-batches; a pipeline schedule runs them one after another and accumulates
+    /// what is partial over it. It must be the mesh's last axis.
+    pub microbatches: bool,
+}
+
+impl fmt::Display for Axis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} = {}", self.name, self.size)?;
+        if self.microbatches {
+            f.write_str(" (microbatches)")?;
+        }
+        Ok(())
+    }
 }
 
 /// A device mesh: named axes, devices numbered row-major.
@@ -42,9 +57,33 @@ impl Mesh {
         self.axes.iter().find(|a| a.name == name).map(|a| a.size)
     }
 
-    /// Total number of devices.
+    /// Total number of devices (micro-batch axes are not devices).
     pub fn devices(&self) -> i64 {
-        self.axes.iter().map(|a| a.size).product()
+        self.axes
+            .iter()
+            .filter(|a| !a.microbatches)
+            .map(|a| a.size)
+            .product()
+    }
+
+    /// The micro-batch axis, if any.
+    pub fn microbatch_axis(&self) -> Option<&Axis> {
+        self.axes.iter().find(|a| a.microbatches)
+    }
+
+    /// The mesh of devices: `self` without its micro-batch axis (the one a pipelined
+    /// program's devices are numbered in).
+    pub fn device_mesh(&self) -> Mesh {
+        Mesh {
+            axes: self.axes.iter().filter(|a| !a.microbatches).cloned().collect(),
+            ..self.clone()
+        }
+    }
+
+    /// The body of the `#nns.axes<...>` attribute spelling the axes.
+    pub fn axes_text(&self) -> String {
+        let items: Vec<String> = self.axes.iter().map(Axis::to_string).collect();
+        items.join(", ")
     }
 }
 
@@ -87,7 +126,20 @@ pub fn parse_axes(body: &str) -> Result<Vec<Axis>, String> {
         let Some((name, size)) = item.split_once('=') else {
             return Err(format!("mesh axis '{item}' must be written 'name = size'"));
         };
-        let (name, size) = (name.trim(), size.trim());
+        let (name, mut size) = (name.trim(), size.trim());
+        let mut microbatches = false;
+        if let Some(rest) = size.strip_suffix(')') {
+            let Some((n, kind)) = rest.split_once('(') else {
+                return Err(format!("mesh axis '{item}': unbalanced parentheses"));
+            };
+            if kind.trim() != "microbatches" {
+                return Err(format!(
+                    "mesh axis '{item}': the only axis kind is '(microbatches)'"
+                ));
+            }
+            microbatches = true;
+            size = n.trim();
+        }
         if !is_ident(name) {
             return Err(format!("'{name}' is not a valid axis name"));
         }
@@ -97,9 +149,15 @@ pub fn parse_axes(body: &str) -> Result<Vec<Axis>, String> {
         if axes.iter().any(|a| a.name == name) {
             return Err(format!("axis '{name}' is declared twice"));
         }
+        if axes.last().is_some_and(|a| a.microbatches) {
+            return Err(format!(
+                "axis '{name}' follows the micro-batch axis; the micro-batch axis must be the last"
+            ));
+        }
         axes.push(Axis {
             name: name.to_string(),
             size,
+            microbatches,
         });
     }
     if axes.is_empty() {
@@ -350,6 +408,8 @@ pub struct CollectiveSpec {
     /// ring) `(n-1)/n` of its buffer on average; local ops nothing. The
     /// transition search and `--print-stats` both use it.
     pub sent_bytes: fn(n: f64, operand: f64, result: f64) -> f64,
+    /// Operands and results (1 and 1, except `send` (1, 0) and `recv` (0, 1)).
+    pub arity: (usize, usize),
     /// A generic-form example.
     pub example: &'static str,
 }
@@ -365,6 +425,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         grows: &[],
         moves: Some(crate::sharding::moves_all_reduce),
         reduces: true,
+        arity: (1, 1),
         example: r#"%1 = "nns.all_reduce"(%0) {axes = ["tp"], reduce = "sum"} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
     CollectiveSpec {
@@ -376,6 +437,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         grows: &["dim"],
         moves: Some(crate::sharding::moves_all_gather),
         reduces: false,
+        arity: (1, 1),
         example: r#"%1 = "nns.all_gather"(%0) {axes = ["tp"], dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
     CollectiveSpec {
@@ -387,6 +449,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         grows: &[],
         moves: Some(crate::sharding::moves_reduce_scatter),
         reduces: true,
+        arity: (1, 1),
         example: r#"%1 = "nns.reduce_scatter"(%0) {axes = ["dp", "tp"], dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
     CollectiveSpec {
@@ -398,6 +461,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         grows: &["concat_dim"],
         moves: Some(crate::sharding::moves_all_to_all),
         reduces: false,
+        arity: (1, 1),
         example: r#"%1 = "nns.all_to_all"(%0) {axes = ["tp"], split_dim = 0 : i64, concat_dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
     CollectiveSpec {
@@ -410,6 +474,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         grows: &[],
         moves: None,
         reduces: false,
+        arity: (1, 1),
         example: r#"%1 = "nns.broadcast"(%0) {axes = ["dp"], root = 0 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
     CollectiveSpec {
@@ -422,6 +487,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         grows: &[],
         moves: Some(crate::sharding::moves_partition),
         reduces: false,
+        arity: (1, 1),
         example: r#"%1 = "nns.partition"(%0) {axes = ["tp"]} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
     CollectiveSpec {
@@ -433,6 +499,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         grows: &[],
         moves: Some(crate::sharding::moves_slice),
         reduces: false,
+        arity: (1, 1),
         example: r#"%1 = "nns.slice"(%0) {axes = ["tp"], dim = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
     CollectiveSpec {
@@ -444,7 +511,44 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         grows: &[],
         moves: None,
         reduces: false,
+        arity: (1, 1),
         example: r#"%1 = "nns.transfer"(%0) {from = 0 : i64, to = 1 : i64} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
+    },
+    CollectiveSpec {
+        name: "nns.microbatch",
+        summary: "R -> D(dim) over the micro-batch axis: micro-batch `index` of the value (a pipelined program's step), no communication",
+        dim_attrs: &["dim"],
+        sent_bytes: |_, _, _| 0.0,
+        cuts: &["dim"],
+        grows: &[],
+        moves: None,
+        reduces: false,
+        arity: (1, 1),
+        example: r#"%1 = "nns.microbatch"(%0) {axes = ["mb"], dim = 0 : i64, index = 1 : i64} : (tensor<8x16xf32>) -> tensor<8x16xf32>"#,
+    },
+    CollectiveSpec {
+        name: "nns.send",
+        summary: "Sends the device's piece of a value to the device at pipeline rank `peer` with the same other coordinates (does not wait); `tag` names the transfer",
+        dim_attrs: &[],
+        sent_bytes: |_, x, _| x,
+        cuts: &[],
+        grows: &[],
+        moves: None,
+        reduces: false,
+        arity: (1, 0),
+        example: r#""nns.send"(%0) {axis = "pp", peer = 1 : i64, tag = "v12.mb0"} : (tensor<4x8xf32>) -> ()"#,
+    },
+    CollectiveSpec {
+        name: "nns.recv",
+        summary: "Receives the piece of a value sent by the device at pipeline rank `peer` with the same other coordinates (waits for it); `tag` must match the send's",
+        dim_attrs: &[],
+        sent_bytes: |_, _, _| 0.0,
+        cuts: &[],
+        grows: &[],
+        moves: None,
+        reduces: false,
+        arity: (0, 1),
+        example: r#"%0 = "nns.recv"() {axis = "pp", peer = 0 : i64, tag = "v12.mb0"} : () -> tensor<4x8xf32>"#,
     },
     CollectiveSpec {
         name: "nns.relayout",
@@ -455,6 +559,7 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
         grows: &[],
         moves: None,
         reduces: false,
+        arity: (1, 1),
         example: r#"%1 = "nns.relayout"(%0) {to = #nns.layout<@world, tp = D(1)>} : (tensor<4x8xf32>) -> tensor<4x8xf32>"#,
     },
 ];
@@ -493,6 +598,14 @@ pub static OP_ATTRS: &[(&str, &str)] = &[
     (
         "nns.stage_bounds",
         "constraint: the op may only be placed in stages lo..=hi: array<i64: lo, hi>",
+    ),
+    (
+        "nns.fragment",
+        "on a call of a pipelined program: the fragment and micro-batch it runs, \"<stage><F|B|W><mb>\"",
+    ),
+    (
+        "nns.accumulate",
+        "on a dnn.add of a pipelined program: sums a micro-batch's partial into the step's (the all_reduce over the micro-batch axis, in time)",
     ),
 ];
 

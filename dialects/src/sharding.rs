@@ -352,12 +352,22 @@ type Query = (Sharding, Sharding, Vec<i64>, u64, Vec<i64>);
 #[derive(Debug, Default)]
 pub struct TransitionSearch {
     cache: HashMap<Query, Option<Transition>>,
+    /// Mesh axes no step may move (a micro-batch axis: its coordinates are steps in time).
+    fixed: Vec<usize>,
 }
 
 impl TransitionSearch {
     /// An empty cache.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty cache for a mesh whose axes `fixed` no collective may use.
+    pub fn with_fixed_axes(fixed: Vec<usize>) -> Self {
+        TransitionSearch {
+            fixed,
+            ..Self::default()
+        }
     }
 
     /// The cheapest transition from `from` to `to` for a tensor of `shape` with
@@ -381,7 +391,7 @@ impl TransitionSearch {
         if let Some(t) = self.cache.get(&key) {
             return t.clone();
         }
-        let t = search(from, to, shape, elem_bytes, sizes);
+        let t = search(from, to, shape, elem_bytes, sizes, &self.fixed);
         self.cache.insert(key, t.clone());
         t
     }
@@ -403,11 +413,14 @@ fn moves(
     shape: &[i64],
     elem_bytes: u64,
     sizes: &[i64],
+    fixed: &[usize],
 ) -> Vec<(Step, Sharding, f64)> {
     let mut out = Vec::new();
     let here = local_bytes(s, shape, elem_bytes, sizes);
     for a in 0..sizes.len() {
-        if sizes[a] == 1 {
+        // An axis of size 1 moves nothing, but its layout still has to change (a partial
+        // sum over one device all_reduced away): its moves cost only the per-hop penalty.
+        if fixed.contains(&a) {
             continue;
         }
         let n = sizes[a] as f64;
@@ -558,6 +571,7 @@ fn search(
     shape: &[i64],
     elem_bytes: u64,
     sizes: &[i64],
+    fixed: &[usize],
 ) -> Option<Transition> {
     if from == to {
         return Some(Transition {
@@ -578,7 +592,7 @@ fn search(
         if &s == to {
             break;
         }
-        for (step, next, bytes) in moves(&s, shape, elem_bytes, sizes) {
+        for (step, next, bytes) in moves(&s, shape, elem_bytes, sizes, fixed) {
             let nc = c + bytes + HOP_BYTES;
             if best.get(&next).is_none_or(|&b| nc < b) {
                 best.insert(next.clone(), nc);

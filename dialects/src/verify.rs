@@ -172,10 +172,13 @@ impl TreeVerifier<'_> {
             }
             verify_func_signature(&f, meshes, self.localized, diags);
             for k in attrs.keys().filter(|k| k.starts_with("nns.")) {
-                if !matches!(
-                    k.as_str(),
-                    "nns.localized" | "nns.annotation" | "nns.vjp" | "nns.kernel"
-                ) {
+                let ok = match (k.as_str(), &attrs[k]) {
+                    ("nns.localized" | "nns.annotation" | "nns.vjp" | "nns.kernel", _) => true,
+                    ("nns.pipeline" | "nns.schedule" | "nns.fragment", AttrValue::Str(_)) => true,
+                    ("nns.pipeline_rank", AttrValue::Int(r)) => *r >= 0,
+                    _ => false,
+                };
+                if !ok {
                     diags.error(
                         &f.loc,
                         format!("@{}: unknown function attribute '{k}'", f.name),
@@ -252,7 +255,7 @@ fn check_localized_mark(attrs: &crate::types::Attrs, meshes: &Meshes) -> Result<
     if recorded != mesh.axes {
         let show = |axes: &[nns::Axis]| {
             axes.iter()
-                .map(|a| format!("{} = {}", a.name, a.size))
+                .map(nns::Axis::to_string)
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -297,6 +300,10 @@ fn verify_func_signature(f: &FuncView, meshes: &Meshes, local: bool, diags: &mut
                     }
                 }
                 ("nns.param", AttrValue::Unit) => Ok(()),
+                ("nns.arg" | "nns.result", AttrValue::Int(i)) if *i >= 0 => Ok(()),
+                ("nns.arg" | "nns.result", _) => Err(format!(
+                    "'{k}' must be the index (>= 0) of an argument or result of the function pipelined"
+                )),
                 ("nns.init", AttrValue::Str(s)) => crate::nns::Init::parse(s).map(|_| ()),
                 ("nns.layout", AttrValue::Nns { kind, body }) if kind == "layout" && local => {
                     check_local_layout(body, ty.as_ref(), meshes)
@@ -539,6 +546,12 @@ fn check_common_attrs(v: &OpView, meshes: &Meshes, user_op: bool, diags: &mut Di
             ("nns.colocate", _) => Err("'nns.colocate' must be a string".to_string()),
             ("nns.layouts", AttrValue::Other(text)) => check_layouts(text, v, meshes),
             ("nns.layouts", _) => Err("'nns.layouts' must be an array of #nns.layout".into()),
+            ("nns.fragment", AttrValue::Str(_)) if v.name == "func.call" => Ok(()),
+            ("nns.fragment", _) => {
+                Err("'nns.fragment' is a string on the calls of a pipelined program".into())
+            }
+            ("nns.accumulate", AttrValue::Unit) if v.name == "dnn.add" => Ok(()),
+            ("nns.accumulate", _) => Err("'nns.accumulate' marks a dnn.add (unit)".into()),
             _ => Err(format!("unknown attribute '{k}'")),
         };
         if let Err(e) = r {
@@ -581,12 +594,41 @@ fn verify_collective(
     meshes: &Meshes,
     local: bool,
 ) -> Result<(), String> {
-    if v.operands.len() != 1 || v.results.len() != 1 {
+    if (v.operands.len(), v.results.len()) != spec.arity {
         return Err(format!(
-            "takes one operand and one result, has {} and {}",
+            "takes {} operand(s) and {} result(s), has {} and {}",
+            spec.arity.0,
+            spec.arity.1,
             v.operands.len(),
             v.results.len()
         ));
+    }
+    if spec.name == "nns.send" || spec.name == "nns.recv" {
+        // Point to point between pipeline ranks: which rank, along which axis, and a tag.
+        let mesh = meshes.resolve(None)?;
+        let axis = match v.attrs.get("axis") {
+            Some(AttrValue::Str(a)) => a.clone(),
+            _ => return Err("requires 'axis', the pipeline axis of the mesh".into()),
+        };
+        let n = mesh
+            .axis(&axis)
+            .ok_or(format!("mesh '@{}' has no axis '{axis}'", mesh.name))?;
+        match v.attrs.get("peer") {
+            Some(AttrValue::Int(p)) if (0..n).contains(p) => {}
+            _ => {
+                return Err(format!(
+                    "requires 'peer', a rank along '{axis}' (0..{n})"
+                ))
+            }
+        }
+        if !matches!(v.attrs.get("tag"), Some(AttrValue::Str(_))) {
+            return Err("requires 'tag', a string naming the transfer".into());
+        }
+        let t = v.operands.first().or(v.results.first());
+        if !matches!(t, Some(Some(_))) {
+            return Err("the value must be a ranked tensor with a static shape".into());
+        }
+        return Ok(());
     }
     let Some(t) = &v.operands[0] else {
         return Err("operand must be a ranked tensor with a static shape".into());
@@ -649,6 +691,12 @@ fn verify_collective(
         parts *= mesh
             .axis(a)
             .ok_or(format!("mesh '@{}' has no axis '{a}'", mesh.name))?;
+    }
+    if spec.name == "nns.microbatch" {
+        match v.attrs.get("index") {
+            Some(AttrValue::Int(i)) if (0..parts).contains(i) => {}
+            _ => return Err(format!("requires 'index', a micro-batch in 0..{parts}")),
+        }
     }
     let mut dim = std::collections::BTreeMap::new();
     for k in spec.dim_attrs {

@@ -9,6 +9,7 @@ pub mod external;
 pub mod layouts;
 pub mod localize;
 pub mod lower_relayouts;
+pub mod mpmd;
 pub mod pipeline;
 pub mod place;
 pub mod plan;

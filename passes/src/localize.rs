@@ -268,11 +268,6 @@ fn declare_local(
     let args = local(&f.args, &s.args)?;
     let results = local(&f.results, &s.results)?;
     let ty = format!("({}) -> ({})", args.join(", "), results.join(", "));
-    let axes: Vec<String> = mesh
-        .axes
-        .iter()
-        .map(|a| format!("{} = {}", a.name, a.size))
-        .collect();
     // SAFETY: `copy` is a live op of the module; attributes are made in its context.
     unsafe {
         use nnscaler_dialects::rewriter::{set_attr, Builder};
@@ -284,7 +279,7 @@ fn declare_local(
         let m = b
             .attribute(&AttrValue::Nns {
                 kind: "axes".into(),
-                body: axes.join(", "),
+                body: mesh.axes_text(),
             })
             .map_err(|e| error(&s.loc, e))?;
         set_attr(copy.to_raw(), "nns.localized", m);
@@ -369,16 +364,11 @@ pub fn localize(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
     }
     g.values = local;
     // The mesh it was localized for: the verifier refuses the program if the mesh changes.
-    let axes: Vec<String> = mesh
-        .axes
-        .iter()
-        .map(|a| format!("{} = {}", a.name, a.size))
-        .collect();
     g.func_attrs.insert(
         "nns.localized".into(),
         AttrValue::Nns {
             kind: "axes".into(),
-            body: axes.join(", "),
+            body: mesh.axes_text(),
         },
     );
     Ok(g)

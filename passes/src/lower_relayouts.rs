@@ -29,7 +29,14 @@ impl LowerRelayouts {
 
 impl FunctionPass for LowerRelayouts {
     fn prepare(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
-        self.mesh = Some(the_mesh(module, "lower-relayouts")?);
+        let mesh = the_mesh(module, "lower-relayouts")?;
+        // Micro-batches are steps in time: no collective runs over them (a --schedule-*
+        // pass turns the reductions over them into accumulation first).
+        let fixed = (0..mesh.axes.len())
+            .filter(|&a| mesh.axes[a].microbatches)
+            .collect();
+        self.search = TransitionSearch::with_fixed_axes(fixed);
+        self.mesh = Some(mesh);
         Ok(())
     }
     fn run_on_function(&mut self, g: Graph) -> Result<Option<Graph>, Diagnostics> {

@@ -77,12 +77,17 @@ impl PassOptions {
     /// Parses MLIR-style options `key=value key2=value2` for pass `info`.
     pub fn parse(info: &PassInfo, text: &str) -> Result<Self, String> {
         let mut map = BTreeMap::new();
-        let positional = info.options.iter().any(|o| o.name == "policy");
+        // A pass with a `policy` or `file` option takes it unnamed: `--plan=dp`,
+        // `--schedule-from=s.txt`.
+        let positional = info
+            .options
+            .iter()
+            .find(|o| o.name == "policy" || o.name == "file")
+            .map(|o| o.name);
         for item in text.split_whitespace() {
             let (k, v) = match item.split_once('=') {
                 Some(kv) => kv,
-                // A pass with a `policy` option takes it unnamed: `--plan=dp`.
-                None if positional => ("policy", item),
+                None if positional.is_some() => (positional.unwrap_or_default(), item),
                 None if info.options.iter().any(|o| o.name == item) => {
                     return Err(format!(
                         "option '{item}' of pass '{}' needs a value ({item}=...)",

@@ -19,6 +19,13 @@
 //!
 //! The mesh is the module's (`@world` with axes `dp`/`tp`), or made from the `dp=` / `tp=`
 //! options when the module has none.
+//!
+//! Pipelines: `pp=P` adds a mesh axis `pp` (outermost) for `P` pipeline stages, and
+//! `microbatches=M` a micro-batch axis `mb = M (microbatches)` (last); every data input's
+//! dim 0 is then split over `mb` too, inside `dp` (each device's batch cut into `M`
+//! micro-batches), so propagation makes every batch-dim value a micro-batch piece and
+//! everything reduced over the batch partial over `mb` — what a `--schedule-*` pass
+//! accumulates.
 
 use crate::layouts::error;
 use crate::pipeline::{ModulePass, PassOptions};
@@ -72,6 +79,10 @@ impl Policy {
 pub struct Plan {
     policy: Policy,
     sizes: Vec<(&'static str, Option<i64>)>,
+    /// Pipeline stages (`pp=`).
+    pp: Option<i64>,
+    /// Micro-batches (`microbatches=`).
+    microbatches: Option<i64>,
 }
 
 impl Plan {
@@ -111,7 +122,12 @@ impl Plan {
             .iter()
             .map(|&a| size(a).map(|s| (a, s)))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Plan { policy, sizes })
+        Ok(Plan {
+            policy,
+            sizes,
+            pp: size("pp")?,
+            microbatches: size("microbatches")?,
+        })
     }
 }
 
@@ -125,6 +141,9 @@ impl ModulePass for Plan {
         let mesh = match meshes.0.as_slice() {
             [] => {
                 let mut axes = Vec::new();
+                if let Some(p) = self.pp {
+                    axes.push(format!("pp = {p}"));
+                }
                 for (a, s) in &self.sizes {
                     let s = s.ok_or_else(|| {
                         error(
@@ -133,6 +152,9 @@ impl ModulePass for Plan {
                         )
                     })?;
                     axes.push(format!("{a} = {s}"));
+                }
+                if let Some(m) = self.microbatches {
+                    axes.push(format!("mb = {m} (microbatches)"));
                 }
                 let axes_attr = AttrValue::Nns {
                     kind: "axes".into(),
@@ -162,6 +184,39 @@ impl ModulePass for Plan {
                                 "plan: '{a}={want}' disagrees with mesh '@{}' where {a} = {have}",
                                 m.name
                             ),
+                            ))
+                        }
+                        _ => {}
+                    }
+                }
+                let have_pp = m.axis("pp");
+                let have_mb = m.microbatch_axis().map(|a| a.size);
+                for (what, have, want, how) in [
+                    ("pp", have_pp, self.pp, "an axis 'pp = N'"),
+                    (
+                        "microbatches",
+                        have_mb,
+                        self.microbatches,
+                        "a micro-batch axis 'mb = N (microbatches)'",
+                    ),
+                ] {
+                    match (have, want) {
+                        (None, Some(w)) => {
+                            return Err(error(
+                                &file_loc(""),
+                                format!(
+                                    "plan: '{what}={w}', but mesh '@{}' has no {how}; add it to the mesh or drop the mesh to let --plan make one",
+                                    m.name
+                                ),
+                            ))
+                        }
+                        (Some(h), Some(w)) if h != w => {
+                            return Err(error(
+                                &file_loc(""),
+                                format!(
+                                    "plan: '{what}={w}' disagrees with mesh '@{}', which has {h}",
+                                    m.name
+                                ),
                             ))
                         }
                         _ => {}
@@ -253,6 +308,9 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
         megatron(&mut g, mesh);
     }
     check_param_layouts(&g, policy, mesh)?;
+    if let Some(mb) = mesh.microbatch_axis() {
+        microbatch_inputs(&mut g, mesh, &mb.name.clone(), mb.size)?;
+    }
     if policy == Policy::MegatronSp {
         // The residual stream is split on the sequence: data inputs [batch, seq, ...] cut
         // on dim 1. Propagation then keeps norms and residual adds sequence-split; a
@@ -279,6 +337,48 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
         }
     }
     Ok(g)
+}
+
+/// Splits every data input's dim 0 over the micro-batch axis `mb` as well (inside the axes
+/// already splitting it): each device's share of the batch is cut into `m` micro-batches.
+fn microbatch_inputs(g: &mut Graph, mesh: &Mesh, mb: &str, m: i64) -> Result<(), Diagnostics> {
+    for i in 0..g.args.len() {
+        let a = &g.args[i];
+        let ty = &g.values[a.value];
+        if a.is_param() || ty.shape.is_empty() {
+            continue;
+        }
+        let mut axes = match a.attrs.get("nns.layout") {
+            Some(AttrValue::Nns { kind, body }) if kind == "layout" => Layout::parse(body)
+                .map_err(|e| error(&g.loc, format!("plan: argument {i}: {e}")))?
+                .axes,
+            _ => Vec::new(),
+        };
+        if axes.iter().any(|(x, _)| x == mb) {
+            continue;
+        }
+        let parts: i64 = axes
+            .iter()
+            .filter(|(_, l)| *l == AxisLayout::D(0))
+            .map(|(x, _)| mesh.axis(x).unwrap_or(1))
+            .product();
+        if ty.shape[0] % (parts * m) != 0 {
+            return Err(error(
+                &g.loc,
+                format!(
+                    "plan: argument {i}{} has batch dim {}, which {} micro-batches{} do not divide; choose microbatches= dividing {}",
+                    a.name().map(|s| format!(" '{s}'")).unwrap_or_default(),
+                    ty.shape[0],
+                    m,
+                    if parts > 1 { format!(" of each of its {parts} data-parallel shards") } else { String::new() },
+                    ty.shape[0] / parts.max(1)
+                ),
+            ));
+        }
+        axes.push((mb.to_string(), AxisLayout::D(0)));
+        set_layout(g, i, mesh, axes);
+    }
+    Ok(())
 }
 
 /// Checks what the policy asks of the parameters before anything else sees it: every

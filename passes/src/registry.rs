@@ -3,6 +3,7 @@
 use crate::autodiff::Autodiff;
 use crate::localize::Localize;
 use crate::lower_relayouts::LowerRelayouts;
+use crate::mpmd::SchedulePass;
 use crate::pipeline::{Native, PassOptions};
 use crate::place::Place;
 use crate::plan::Plan;
@@ -53,6 +54,43 @@ pub struct PassInfo {
     pub factory: Factory,
 }
 
+const SCHEDULE_OPTIONS: &[OptionInfo] = &[
+    OptionInfo {
+        name: "microbatches",
+        help: "the micro-batches (default: the size of the mesh's micro-batch axis, 1 without one; a different number is an error: --plan's microbatches= cuts the batch)",
+    },
+    OptionInfo {
+        name: "axis",
+        help: "the mesh axis of the pipeline ranks (default: pp)",
+    },
+];
+
+const INTERLEAVED_OPTIONS: &[OptionInfo] = &[
+    OptionInfo {
+        name: "chunks",
+        help: "stages per rank (default: 2); the program must be placed in pp x chunks stages, stage s on rank s mod pp",
+    },
+    OptionInfo {
+        name: "microbatches",
+        help: "as for --schedule-1f1b",
+    },
+    OptionInfo {
+        name: "axis",
+        help: "as for --schedule-1f1b",
+    },
+];
+
+const SCHEDULE_FROM_OPTIONS: &[OptionInfo] = &[
+    OptionInfo {
+        name: "file",
+        help: "the schedule: one line per rank of actions <stage><F|B|W><micro-batch> (0F0 0F1 0B0 ...), '#' comments; may be written alone: --schedule-from=FILE",
+    },
+    OptionInfo {
+        name: "axis",
+        help: "as for --schedule-1f1b",
+    },
+];
+
 /// Every pass nnscaler-opt knows, in `--help` order.
 pub static PASSES: &[PassInfo] = &[
     PassInfo {
@@ -91,6 +129,14 @@ pub static PASSES: &[PassInfo] = &[
                 name: "tp",
                 help: "size of mesh axis tp when the module has no mesh",
             },
+            OptionInfo {
+                name: "pp",
+                help: "pipeline stages: a mesh axis pp (outermost) when the module has no mesh; stage s runs on the devices at pp = s",
+            },
+            OptionInfo {
+                name: "microbatches",
+                help: "cut the batch into this many micro-batches: a micro-batch axis mb (last) splitting the data inputs' dim 0 after dp",
+            },
         ],
         anchor: Anchor::Module,
         factory: Factory::Native(|o| Ok(Native::Module(Box::new(Plan::new(o)?)))),
@@ -118,6 +164,41 @@ pub static PASSES: &[PassInfo] = &[
         options: &[],
         anchor: Anchor::Function,
         factory: Factory::Native(|o| Ok(Native::Function(Box::new(SplitTensor::new(o)?)))),
+    },
+    PassInfo {
+        name: "schedule-gpipe",
+        summary: "Pipeline the training step as MPMD programs, one per rank of the pp axis, calling per-stage fragments: GPipe (all forwards, then all backwards); micro-batches from the mesh's micro-batch axis; explicit nns.send/nns.recv, gradients accumulated over micro-batches; checked deadlock-free",
+        options: SCHEDULE_OPTIONS,
+        anchor: Anchor::Module,
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named("gpipe", o)?)))),
+    },
+    PassInfo {
+        name: "schedule-1f1b",
+        summary: "Pipeline the training step as MPMD programs (see --schedule-gpipe): 1F1B (warm-up forwards, then one forward one backward; at most pp - r micro-batches in flight on rank r)",
+        options: SCHEDULE_OPTIONS,
+        anchor: Anchor::Module,
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named("1f1b", o)?)))),
+    },
+    PassInfo {
+        name: "schedule-interleaved",
+        summary: "Pipeline the training step as MPMD programs (see --schedule-gpipe): interleaved 1F1B, chunks stages per rank (bubble divided by chunks)",
+        options: INTERLEAVED_OPTIONS,
+        anchor: Anchor::Module,
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named("interleaved", o)?)))),
+    },
+    PassInfo {
+        name: "schedule-zb-h1",
+        summary: "Pipeline the training step as MPMD programs (see --schedule-gpipe): zero-bubble ZB-H1, the backward split into B (input gradients, what earlier stages wait for) and W (weight gradients), W filling the bubble",
+        options: SCHEDULE_OPTIONS,
+        anchor: Anchor::Module,
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named("zb-h1", o)?)))),
+    },
+    PassInfo {
+        name: "schedule-from",
+        summary: "Pipeline the training step as MPMD programs (see --schedule-gpipe) in the order a schedule file gives (verified: every fragment once, F before B before W, no deadlock)",
+        options: SCHEDULE_FROM_OPTIONS,
+        anchor: Anchor::Module,
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::from_file(o)?)))),
     },
     PassInfo {
         name: "lower-relayouts",

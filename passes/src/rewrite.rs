@@ -84,7 +84,7 @@ fn write_back(g: &Graph) -> Result<(), Diagnostics> {
 /// Whether `op` is a function a graph pass works on: a `func.func` with a body that is a
 /// program of ours. The definition of a user op (a function with `nns.annotation`) is not
 /// a program: passes transform its calls, not its body.
-fn is_ours(op: &OperationRef<'_, '_>) -> bool {
+pub(crate) fn is_ours(op: &OperationRef<'_, '_>) -> bool {
     op.name().as_string_ref().as_str() == Ok("func.func")
         && !is_declaration(op)
         && op.attribute("nns.annotation").is_err()

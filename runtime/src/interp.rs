@@ -157,12 +157,30 @@ fn run_graph(
             let dev = device.ok_or_else(|| {
                 fail(&n.loc, format!("'{}' needs simulated devices: localize the function and run it on its mesh", n.op))
             })?;
+            let here = |e: String| fail(&n.loc, format!("'{}': {e}", n.op));
+            if n.op == "nns.recv" {
+                let t = dev.recv(n).map_err(here)?;
+                if !t.matches(&g.values[n.outputs[0]]) {
+                    return Err(here(format!(
+                        "received {} but the IR declares {}",
+                        t.describe(),
+                        g.values[n.outputs[0]]
+                    )));
+                }
+                vals[n.outputs[0]] = Some(t);
+                continue;
+            }
             let x = vals[n.inputs[0]]
                 .as_ref()
                 .expect("inputs are computed before use");
-            let t = dev
-                .collective(k, n, x)
-                .map_err(|e| fail(&n.loc, format!("'{}': {e}", n.op)))?;
+            if n.op == "nns.send" {
+                dev.send(n, x).map_err(here)?;
+                if last_use[n.inputs[0]] == k {
+                    vals[n.inputs[0]] = None;
+                }
+                continue;
+            }
+            let t = dev.collective(n, x).map_err(here)?;
             if !t.matches(&g.values[n.outputs[0]]) {
                 return Err(fail(
                     &n.loc,

@@ -16,17 +16,32 @@ use nnscaler_dialects::graph::{Graph, Node};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::sharding::{coords, Sharding};
 use nnscaler_dialects::types::AttrValue;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::{Condvar, Mutex};
 
 /// One collective in flight: each member's deposit, and how many have read them.
 type Slot = (Vec<Option<Tensor>>, usize);
 
+/// A collective's meeting place: (its axes, the group, the group's n-th collective over
+/// those axes). Members of a group run the same collectives in the same order, so the
+/// n-th matches however often a function (a pipeline fragment) runs.
+type SlotKey = (Vec<usize>, usize, usize);
+
 #[derive(Default)]
 struct State {
-    slots: HashMap<(usize, usize), Slot>,
+    slots: HashMap<SlotKey, Slot>,
+    /// Point-to-point messages in flight: (from device, to device, tag) → the piece.
+    mail: HashMap<(usize, usize, String), Tensor>,
     failed: bool,
+    /// Why the run stopped, when the exchange itself found out (a deadlock).
+    why: Option<String>,
+    /// Devices still running, and how many of them are waiting.
+    live: usize,
+    waiting: usize,
+    /// Counts every deposit, read, send and receive: a wait that sees no progress for a
+    /// while with every live device waiting is a deadlock.
+    progress: u64,
 }
 
 /// Where the devices of one run meet for collectives.
@@ -43,34 +58,83 @@ impl std::fmt::Debug for Exchange {
 }
 
 impl Exchange {
+    fn with_devices(n: usize) -> Self {
+        let x = Exchange::default();
+        if let Ok(mut st) = x.state.lock() {
+            st.live = n;
+        }
+        x
+    }
+
+    /// Waits on the condition variable until `ready` holds. Fails when another device
+    /// failed, or when every live device has been waiting with no progress for a second
+    /// (a deadlock: the program's sends and receives or collectives do not match).
+    fn wait_until<'a>(
+        &self,
+        mut st: std::sync::MutexGuard<'a, State>,
+        what: &dyn Fn() -> String,
+        ready: &dyn Fn(&State) -> bool,
+    ) -> Result<std::sync::MutexGuard<'a, State>, String> {
+        st.waiting += 1;
+        let mut seen = st.progress;
+        let mut still = 0u32;
+        let out = loop {
+            if st.failed {
+                break Err(st
+                    .why
+                    .clone()
+                    .unwrap_or_else(|| "another device failed".into()));
+            }
+            if ready(&st) {
+                break Ok(());
+            }
+            let (next, _) = self
+                .cv
+                .wait_timeout(st, std::time::Duration::from_millis(50))
+                .map_err(|_| "a device thread panicked")?;
+            st = next;
+            if st.progress != seen {
+                seen = st.progress;
+                still = 0;
+            } else if st.waiting == st.live {
+                still += 1;
+                if still >= 20 {
+                    let why = format!("deadlock: every device is waiting (this one for {})", what());
+                    st.failed = true;
+                    st.why = Some(why.clone());
+                    self.cv.notify_all();
+                    break Err(why);
+                }
+            }
+        };
+        st.waiting -= 1;
+        out.map(|()| st)
+    }
+
     /// Deposits `t` as member `member` of a `size`-member group at `key`, waits for the
     /// others, and returns every member's tensor in member order.
-    fn all(
-        &self,
-        key: (usize, usize),
-        member: usize,
-        size: usize,
-        t: Tensor,
-    ) -> Result<Vec<Tensor>, String> {
+    fn all(&self, key: SlotKey, member: usize, size: usize, t: Tensor) -> Result<Vec<Tensor>, String> {
         let mut st = self.state.lock().map_err(|_| "a device thread panicked")?;
         {
-            let slot = st.slots.entry(key).or_insert_with(|| (vec![None; size], 0));
+            let slot = st
+                .slots
+                .entry(key.clone())
+                .or_insert_with(|| (vec![None; size], 0));
             slot.0[member] = Some(t);
+            st.progress += 1;
         }
         self.cv.notify_all();
-        loop {
-            if st.failed {
-                return Err("another device failed".into());
-            }
-            let full = st
-                .slots
-                .get(&key)
-                .is_some_and(|s| s.0.iter().all(Option::is_some));
-            if full {
-                break;
-            }
-            st = self.cv.wait(st).map_err(|_| "a device thread panicked")?;
-        }
+        let k2 = key.clone();
+        let mut st = self.wait_until(
+            st,
+            &|| "a collective".to_string(),
+            &|st: &State| {
+                st.slots
+                    .get(&k2)
+                    .is_some_and(|s| s.0.iter().all(Option::is_some))
+            },
+        )?;
+        st.progress += 1;
         let slot = st
             .slots
             .get_mut(&key)
@@ -83,12 +147,57 @@ impl Exchange {
         Ok(parts)
     }
 
+    /// Leaves `t` for device `to` under `tag` (does not wait).
+    fn send(&self, from: usize, to: usize, tag: &str, t: Tensor) -> Result<(), String> {
+        let mut st = self.state.lock().map_err(|_| "a device thread panicked")?;
+        if st.mail.insert((from, to, tag.to_string()), t).is_some() {
+            return Err(format!("'{tag}' is sent twice to device {to}"));
+        }
+        st.progress += 1;
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    /// Waits for the message `tag` from device `from` to device `to` and takes it.
+    fn recv(&self, from: usize, to: usize, tag: &str) -> Result<Tensor, String> {
+        let st = self.state.lock().map_err(|_| "a device thread panicked")?;
+        let key = (from, to, tag.to_string());
+        let mut st = self.wait_until(
+            st,
+            &|| format!("'{tag}' from device {from}"),
+            &|st: &State| st.mail.contains_key(&key),
+        )?;
+        st.progress += 1;
+        Ok(st.mail.remove(&key).expect("the message is there"))
+    }
+
+    /// A device is done (its program ended or failed).
+    fn finished(&self) {
+        if let Ok(mut st) = self.state.lock() {
+            st.live = st.live.saturating_sub(1);
+            st.progress += 1;
+        }
+        self.cv.notify_all();
+    }
+
     fn fail(&self) {
         if let Ok(mut st) = self.state.lock() {
             st.failed = true;
         }
         self.cv.notify_all();
     }
+}
+
+/// Where a device sits in a pipeline: the devices' mesh (without the micro-batch axis),
+/// its coordinates there and the pipeline axis.
+#[derive(Debug, Clone)]
+pub struct PipelinePlace {
+    /// Sizes of the device mesh's axes.
+    pub sizes: Vec<i64>,
+    /// This device's coordinates in it.
+    pub coords: Vec<usize>,
+    /// The pipeline axis (an index into `sizes`).
+    pub axis: usize,
 }
 
 /// One simulated device: its mesh coordinates and the run's exchange.
@@ -100,6 +209,12 @@ pub struct Device<'a> {
     pub coords: Vec<usize>,
     /// Shared with the other devices.
     pub exchange: &'a Exchange,
+    /// Its number (row-major over the devices).
+    pub id: usize,
+    /// In a pipelined run, where it sits.
+    pub pipeline: Option<PipelinePlace>,
+    /// How many collectives it has run per (axes, group): the n-th meets the group's n-th.
+    pub seq: std::cell::RefCell<HashMap<(Vec<usize>, usize), usize>>,
 }
 
 impl Device<'_> {
@@ -138,32 +253,85 @@ impl Device<'_> {
         (gid, member, size)
     }
 
-    /// Executes collective node `k` on this device's piece `x`.
-    pub fn collective(&self, k: usize, n: &Node, x: &Tensor) -> Result<Tensor, String> {
-        let axes = self.axes(n)?;
-        let (gid, me, size) = self.group(&axes);
+    /// The device at pipeline rank `rank` with this device's other coordinates.
+    fn peer(&self, n: &Node) -> Result<usize, String> {
+        let p = self
+            .pipeline
+            .as_ref()
+            .ok_or("needs a pipelined run (the programs of a --schedule-* pass)")?;
+        let rank = match n.attrs.get("peer") {
+            Some(AttrValue::Int(r)) if *r >= 0 && *r < p.sizes[p.axis] => *r as usize,
+            _ => return Err("requires 'peer', a pipeline rank".into()),
+        };
+        let mut c = p.coords.clone();
+        c[p.axis] = rank;
+        Ok(c
+            .iter()
+            .zip(&p.sizes)
+            .fold(0, |id, (&x, &n)| id * n as usize + x))
+    }
+
+    fn tag(n: &Node) -> Result<&str, String> {
+        match n.attrs.get("tag") {
+            Some(AttrValue::Str(t)) => Ok(t),
+            _ => Err("requires 'tag'".into()),
+        }
+    }
+
+    /// `nns.send`: leaves this device's piece for its peer.
+    pub fn send(&self, n: &Node, x: &Tensor) -> Result<(), String> {
+        let to = self.peer(n)?;
+        self.exchange.send(self.id, to, Self::tag(n)?, x.clone())
+    }
+
+    /// `nns.recv`: waits for the peer's piece.
+    pub fn recv(&self, n: &Node) -> Result<Tensor, String> {
+        let from = self.peer(n)?;
+        self.exchange.recv(from, self.id, Self::tag(n)?)
+    }
+
+    /// Executes collective node `n` on this device's piece `x`.
+    pub fn collective(&self, n: &Node, x: &Tensor) -> Result<Tensor, String> {
         let int = |key: &str| match n.attrs.get(key) {
             Some(AttrValue::Int(v)) => Ok(*v as usize),
             _ => Err(format!("requires integer attribute '{key}'")),
         };
+        if n.op == "nns.microbatch" {
+            // A step in time, not a group of devices: the piece is given, not looked up.
+            let axes = self.axes(n)?;
+            let parts: usize = axes.iter().map(|&a| self.mesh.axes[a].size as usize).product();
+            let i = int("index")?;
+            if i >= parts {
+                return Err(format!("micro-batch {i} of {parts}"));
+            }
+            return piece(x, int("dim")?, parts, i);
+        }
+        let axes = self.axes(n)?;
+        let (gid, me, size) = self.group(&axes);
+        let k = {
+            let mut seq = self.seq.borrow_mut();
+            let c = seq.entry((axes.clone(), gid)).or_insert(0);
+            *c += 1;
+            (axes.clone(), gid, *c)
+        };
         let reduce_max = matches!(n.attrs.get("reduce"), Some(AttrValue::Str(r)) if r == "max");
         match n.op.as_str() {
             "nns.all_reduce" => {
-                let parts = self.exchange.all((k, gid), me, size, x.clone())?;
+                let parts = self.exchange.all(k.clone(), me, size, x.clone())?;
                 reduce(&parts, reduce_max)
             }
             "nns.all_gather" => {
-                let parts = self.exchange.all((k, gid), me, size, x.clone())?;
+                let parts = self.exchange.all(k.clone(), me, size, x.clone())?;
                 concat(&parts, int("dim")?)
             }
             "nns.reduce_scatter" => {
-                let parts = self.exchange.all((k, gid), me, size, x.clone())?;
+                let parts = self.exchange.all(k.clone(), me, size, x.clone())?;
                 let r = reduce(&parts, reduce_max)?;
                 piece(&r, int("dim")?, size, me)
             }
             "nns.all_to_all" => {
                 let (split, cat) = (int("split_dim")?, int("concat_dim")?);
-                let parts = self.exchange.all((k, gid), me, size, x.clone())?;
+                let parts = self.exchange.all(k.clone(), me, size, x.clone())?;
                 let mine = parts
                     .iter()
                     .map(|p| piece(p, split, size, me))
@@ -351,80 +519,17 @@ pub fn run_spmd(
             .map_err(|e| fail(format!("argument {i}: {e}")))?;
         arg_layouts.push(l);
     }
-    let exchange = Exchange::default();
-    let results: Vec<Result<Vec<Tensor>, RunError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..devices)
-            .map(|d| {
-                let local: Vec<Tensor> = inputs
-                    .iter()
-                    .zip(&arg_layouts)
-                    .map(|(t, l)| {
-                        let shape: Vec<i64> = t.shape.iter().map(|&x| x as i64).collect();
-                        cut(t, &l.shard(&shape, &sizes, d).ranges)
-                    })
-                    .collect();
-                let exchange = &exchange;
-                let c = coords(&sizes, d);
-                s.spawn(move || {
-                    let dev = Device {
-                        mesh,
-                        coords: c,
-                        exchange,
-                    };
-                    // A panicking kernel must not leave the other devices waiting forever
-                    // at a collective: catch it and wake them.
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        run_on(g, local, opts, None, Some(&dev))
-                    }))
-                    .unwrap_or_else(|_| {
-                        Err(RunError {
-                            loc: SrcLoc::default(),
-                            message: "the device's thread panicked (a kernel bug)".into(),
-                        })
-                    });
-                    if r.is_err() {
-                        exchange.fail();
-                    }
-                    r
-                })
+    let per_device = run_devices(devices, |d| {
+        let local: Vec<Tensor> = inputs
+            .iter()
+            .zip(&arg_layouts)
+            .map(|(t, l)| {
+                let shape: Vec<i64> = t.shape.iter().map(|&x| x as i64).collect();
+                cut(t, &l.shard(&shape, &sizes, d).ranges)
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(RunError {
-                        loc: SrcLoc::default(),
-                        message: "a device thread panicked".into(),
-                    })
-                })
-            })
-            .collect()
-    });
-    let mut per_device = Vec::with_capacity(devices);
-    let mut first_err: Option<RunError> = None;
-    for (d, r) in results.into_iter().enumerate() {
-        match r {
-            Ok(v) => per_device.push(v),
-            Err(e) => {
-                let real = e.message != "another device failed";
-                if first_err.is_none()
-                    || real
-                        && first_err
-                            .as_ref()
-                            .is_some_and(|f| f.message.contains("another device failed"))
-                {
-                    first_err = Some(RunError {
-                        loc: e.loc,
-                        message: format!("device {d}: {}", e.message),
-                    });
-                }
-            }
-        }
-    }
-    if let Some(e) = first_err {
-        return Err(e);
-    }
+        (g, local, coords(&sizes, d), None)
+    }, mesh, opts)?;
     // Assemble each result from the pieces.
     let mut out = Vec::new();
     for (j, o) in g.outputs.iter().enumerate() {
@@ -463,6 +568,215 @@ pub fn run_spmd(
             })?;
         }
         out.push(whole.unwrap_or_else(|| Tensor::zeros(&gshape)));
+    }
+    Ok(out)
+}
+
+/// What one device runs: its function, its pieces of the arguments, its coordinates in the
+/// mesh and, in a pipelined run, its place in the pipeline.
+type DeviceJob<'g> = (&'g Graph, Vec<Tensor>, Vec<usize>, Option<PipelinePlace>);
+
+/// Runs `devices` simulated devices, one thread each, device `d` running `job(d)`, and
+/// returns each device's results (or the first real error: a device that stopped because
+/// another failed is not the cause).
+fn run_devices<'g>(
+    devices: usize,
+    job: impl Fn(usize) -> DeviceJob<'g>,
+    mesh: &Mesh,
+    opts: &Options,
+) -> Result<Vec<Vec<Tensor>>, RunError> {
+    let exchange = Exchange::with_devices(devices);
+    let results: Vec<Result<Vec<Tensor>, RunError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..devices)
+            .map(|d| {
+                let (g, local, c, pipeline) = job(d);
+                let exchange = &exchange;
+                s.spawn(move || {
+                    let dev = Device {
+                        mesh,
+                        coords: c,
+                        exchange,
+                        id: d,
+                        pipeline,
+                        seq: Default::default(),
+                    };
+                    // A panicking kernel must not leave the other devices waiting forever
+                    // at a collective: catch it and wake them.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run_on(g, local, opts, None, Some(&dev))
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(RunError {
+                            loc: SrcLoc::default(),
+                            message: "the device's thread panicked (a kernel bug)".into(),
+                        })
+                    });
+                    if r.is_err() {
+                        exchange.fail();
+                    }
+                    exchange.finished();
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(RunError {
+                        loc: SrcLoc::default(),
+                        message: "a device thread panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    let mut per_device = Vec::with_capacity(devices);
+    let mut first_err: Option<RunError> = None;
+    for (d, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(v) => per_device.push(v),
+            Err(e) => {
+                let real = e.message != "another device failed";
+                if first_err.is_none()
+                    || real
+                        && first_err
+                            .as_ref()
+                            .is_some_and(|f| f.message.contains("another device failed"))
+                {
+                    first_err = Some(RunError {
+                        loc: e.loc,
+                        message: format!("device {d}: {}", e.message),
+                    });
+                }
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(per_device),
+    }
+}
+
+/// Runs a pipelined step: `programs[r]` (localized, made by a `--schedule-*` pass) on the
+/// devices at pipeline rank `r` of `mesh`'s pipeline axis `axis`. `inputs` are whole
+/// tensors by the original function's argument index (each program's `nns.arg`); the
+/// results come back whole by the original result index (`nns.result`).
+pub fn run_pipeline(
+    programs: &[Graph],
+    mesh: &Mesh,
+    axis: &str,
+    inputs: &BTreeMap<usize, Tensor>,
+    opts: &Options,
+) -> Result<BTreeMap<usize, Tensor>, RunError> {
+    let loc = programs.first().map(|g| g.loc.clone()).unwrap_or_default();
+    let fail = |m: String| RunError {
+        loc: loc.clone(),
+        message: m,
+    };
+    let dmesh = mesh.device_mesh();
+    let dsizes: Vec<i64> = dmesh.axes.iter().map(|a| a.size).collect();
+    let devices = dmesh.devices() as usize;
+    let ppi = dmesh
+        .axes
+        .iter()
+        .position(|a| a.name == axis)
+        .ok_or_else(|| fail(format!("mesh '@{}' has no pipeline axis '{axis}'", mesh.name)))?;
+    if programs.len() != dsizes[ppi] as usize {
+        return Err(fail(format!(
+            "{} programs for the {} ranks of '{axis}'",
+            programs.len(),
+            dsizes[ppi]
+        )));
+    }
+    let mbi = mesh.axes.iter().position(|a| a.microbatches);
+    let index = |attrs: &nnscaler_dialects::types::Attrs, key: &str| match attrs.get(key) {
+        Some(AttrValue::Int(i)) => Ok(*i as usize),
+        _ => Err(format!("a pipelined program's arguments and results carry '{key}'")),
+    };
+    // Every device's pieces of its program's arguments.
+    let mut locals: Vec<Vec<Tensor>> = Vec::with_capacity(devices);
+    for d in 0..devices {
+        let c = coords(&dsizes, d);
+        let g = &programs[c[ppi]];
+        let mut local = Vec::with_capacity(g.args.len());
+        for (i, a) in g.args.iter().enumerate() {
+            let k = index(&a.attrs, "nns.arg").map_err(&fail)?;
+            let t = inputs
+                .get(&k)
+                .ok_or_else(|| fail(format!("@{}: no input for argument {k}", g.name)))?;
+            let l = layout_of(&a.attrs, &dmesh, t.shape.len())
+                .map_err(|e| fail(format!("@{} argument {i}: {e}", g.name)))?;
+            let shape: Vec<i64> = t.shape.iter().map(|&x| x as i64).collect();
+            l.check(&shape, &dsizes)
+                .map_err(|e| fail(format!("@{} argument {i}: {e}", g.name)))?;
+            local.push(cut(t, &l.shard(&shape, &dsizes, d).ranges));
+        }
+        locals.push(local);
+    }
+    let locals = std::sync::Mutex::new(locals.into_iter().map(Some).collect::<Vec<_>>());
+    let per_device = run_devices(
+        devices,
+        |d| {
+            let c = coords(&dsizes, d);
+            let mut full = c.clone();
+            if let Some(m) = mbi {
+                full.insert(m, 0);
+            }
+            let local = locals
+                .lock()
+                .ok()
+                .and_then(|mut l| l[d].take())
+                .unwrap_or_default();
+            let place = PipelinePlace {
+                sizes: dsizes.clone(),
+                coords: c.clone(),
+                axis: ppi,
+            };
+            (&programs[c[ppi]], local, full, Some(place))
+        },
+        mesh,
+        opts,
+    )?;
+    // Each result from the pieces of the devices of the rank computing it.
+    let mut out = BTreeMap::new();
+    for (r, g) in programs.iter().enumerate() {
+        for (j, o) in g.outputs.iter().enumerate() {
+            let k = index(&o.attrs, "nns.result").map_err(&fail)?;
+            let local_ty = &g.values[o.value];
+            let l = layout_of(&o.attrs, &dmesh, local_ty.rank())
+                .map_err(|e| fail(format!("@{} result {j}: {e}", g.name)))?;
+            let global: Vec<i64> = local_ty
+                .shape
+                .iter()
+                .zip(&l.split)
+                .map(|(&n, axes)| n * axes.iter().map(|&a| dsizes[a]).product::<i64>())
+                .collect();
+            let gshape: Vec<usize> = global.iter().map(|&d| d as usize).collect();
+            let mut whole: Option<Tensor> = None;
+            let mut written = vec![false; numel(&gshape)];
+            for (d, outs) in per_device.iter().enumerate() {
+                if coords(&dsizes, d)[ppi] != r {
+                    continue;
+                }
+                let piece = &outs[j];
+                let ranges = l.shard(&global, &dsizes, d).ranges;
+                let w = whole.get_or_insert_with(|| {
+                    if piece.is_float() {
+                        Tensor::zeros(&gshape)
+                    } else {
+                        Tensor::i64(&gshape, vec![0; numel(&gshape)])
+                    }
+                });
+                place(w, piece, &ranges, &mut written).map_err(|e| {
+                    fail(format!(
+                        "result {k}{}: device {d}: {e}",
+                        o.name().map(|n| format!(" '{n}'")).unwrap_or_default()
+                    ))
+                })?;
+            }
+            out.insert(k, whole.unwrap_or_else(|| Tensor::zeros(&gshape)));
+        }
     }
     Ok(out)
 }

@@ -9,7 +9,7 @@ use nnscaler_dialects::types::Elem;
 use nnscaler_dialects::verify::{verify_module, Meshes};
 use nnscaler_passes::autodiff::{differentiate_with, vjp_function, vjp_name};
 use nnscaler_runtime::interp::{bind, ParamSource};
-use nnscaler_runtime::spmd::{global_view, run_spmd};
+use nnscaler_runtime::spmd::{global_view, run_pipeline, run_spmd};
 use nnscaler_runtime::{io, kernels, memory, Options};
 use std::path::Path;
 
@@ -95,6 +95,30 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     if funcs.is_empty() {
         return Err(format!("{model}: the module has no function to run"));
     }
+    // A pipelined step (the programs of a --schedule-* pass) runs as one function.
+    let pipelines: Vec<String> = {
+        let mut v: Vec<String> = funcs
+            .iter()
+            .filter_map(|f| match f.as_ref().ok()?.func_attrs.get("nns.pipeline") {
+                Some(nnscaler_dialects::types::AttrValue::Str(p)) => Some(p.clone()),
+                _ => None,
+            })
+            .collect();
+        v.dedup();
+        v
+    };
+    let pipeline = match &a.func {
+        Some(f) if pipelines.contains(f) => Some(f.clone()),
+        None if pipelines.iter().any(|p| p == "train") && !names.iter().any(|n| n == "train") => {
+            Some("train".into())
+        }
+        None if pipelines.len() == 1 => pipelines.first().cloned(),
+        _ => None,
+    };
+    if let Some(p) = pipeline {
+        let all: Vec<Graph> = funcs.into_iter().filter_map(Result::ok).collect();
+        return run_pipelined(a, &module, all, &p, &render);
+    }
     let pick = match &a.func {
         Some(f) => names.iter().position(|n| n == f).ok_or_else(|| {
             format!(
@@ -161,6 +185,12 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
             ));
         }
         let mesh = meshes.resolve(None).map_err(|e| format!("{model}: {e}"))?;
+        if let Some(mb) = mesh.microbatch_axis() {
+            return Err(format!(
+                "{model}: @{} is cut into {} micro-batches (mesh axis '{}'), which only a pipeline schedule runs; add a --schedule-* pass (e.g. --schedule-1f1b) before --lower-relayouts",
+                g.name, mb.size, mb.name
+            ));
+        }
         if let Some(n) = a.devices.filter(|&n| n != mesh.devices()) {
             return Err(format!(
                 "--devices {n}, but @{} runs on mesh '@{}' of {} devices",
@@ -241,10 +271,20 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         d.error(&e.loc, e.message);
         render(d)
     })?;
+    write_results(a, &g, &outs, saved_params)
+}
+
+/// Writes the results of `g` (and the parameters, when asked) once everything succeeded.
+fn write_results(
+    a: &RunArgs,
+    g: &Graph,
+    outs: &[nnscaler_runtime::Tensor],
+    saved_params: Option<(String, Vec<u8>)>,
+) -> Result<(), String> {
     let named: Vec<(String, Elem, &nnscaler_runtime::Tensor)> = g
         .outputs
         .iter()
-        .zip(&outs)
+        .zip(outs)
         .enumerate()
         .map(|(i, (o, t))| {
             (
@@ -263,4 +303,140 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     }
     outputs.stage(&a.output, results)?;
     outputs.commit()
+}
+
+/// Runs pipeline `name`: its per-rank programs on the simulated devices of the mesh, with
+/// whole tensors bound to the original function's arguments.
+fn run_pipelined(
+    a: &RunArgs,
+    module: &melior::ir::Module<'_>,
+    all: Vec<Graph>,
+    name: &str,
+    render: &dyn Fn(Diagnostics) -> String,
+) -> Result<(), String> {
+    use nnscaler_dialects::types::AttrValue;
+    let model = &a.model;
+    if a.autodiff {
+        return Err(format!(
+            "--autodiff: @{name} is a pipelined step; differentiate before partitioning"
+        ));
+    }
+    let mut d = Diagnostics::default();
+    let meshes = Meshes::collect(&module.as_operation(), &mut d);
+    let mesh = meshes.resolve(None).map_err(|e| format!("{model}: {e}"))?;
+    if let Some(n) = a.devices.filter(|&n| n != mesh.devices()) {
+        return Err(format!(
+            "--devices {n}, but pipeline @{name} runs on mesh '@{}' of {} devices",
+            mesh.name,
+            mesh.devices()
+        ));
+    }
+    let mut programs: Vec<(i64, Graph)> = Vec::new();
+    for g in &all {
+        if g.func_attrs.get("nns.pipeline") != Some(&AttrValue::Str(name.into())) {
+            continue;
+        }
+        if !g.is_localized() {
+            return Err(format!(
+                "{model}: @{} is not localized; run --lower-relayouts --localize after the --schedule-* pass",
+                g.name
+            ));
+        }
+        let r = match g.func_attrs.get("nns.pipeline_rank") {
+            Some(AttrValue::Int(r)) => *r,
+            _ => return Err(format!("{model}: @{} has no 'nns.pipeline_rank'", g.name)),
+        };
+        let mut p = g.clone();
+        p.link(&all);
+        programs.push((r, p));
+    }
+    programs.sort_by_key(|(r, _)| *r);
+    let programs: Vec<Graph> = programs.into_iter().map(|(_, g)| g).collect();
+    let axis = programs
+        .iter()
+        .flat_map(|g| g.nodes.iter())
+        .find_map(|n| match n.attrs.get("axis") {
+            Some(AttrValue::Str(x)) if n.op == "nns.send" || n.op == "nns.recv" => Some(x.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| "pp".into());
+    if mesh.axis(&axis).is_none() && programs.len() == 1 {
+        return Err(format!("{model}: mesh '@{}' has no pipeline axis '{axis}'", mesh.name));
+    }
+    // The step as one function: the programs' arguments and results, in the original
+    // order (the view files bind against).
+    let dmesh = mesh.device_mesh();
+    let mut step = Graph {
+        name: name.to_string(),
+        ..Graph::default()
+    };
+    let mut arg_slots: std::collections::BTreeMap<usize, (nnscaler_dialects::types::TensorType, nnscaler_dialects::types::Attrs)> = Default::default();
+    let mut res_slots: std::collections::BTreeMap<usize, (nnscaler_dialects::types::TensorType, nnscaler_dialects::types::Attrs)> = Default::default();
+    for p in &programs {
+        let view = global_view(p, &dmesh).map_err(|e| format!("{model}: @{}: {e}", p.name))?;
+        for x in &view.args {
+            if let Some(AttrValue::Int(i)) = x.attrs.get("nns.arg") {
+                arg_slots.insert(*i as usize, (view.values[x.value].clone(), x.attrs.clone()));
+            }
+        }
+        for o in &view.outputs {
+            if let Some(AttrValue::Int(i)) = o.attrs.get("nns.result") {
+                res_slots.insert(*i as usize, (view.values[o.value].clone(), o.attrs.clone()));
+            }
+        }
+    }
+    let arg_index: Vec<usize> = arg_slots.keys().copied().collect();
+    for (ty, attrs) in arg_slots.into_values() {
+        step.add_arg(ty, attrs);
+    }
+    let res_index: Vec<usize> = res_slots.keys().copied().collect();
+    for (ty, attrs) in res_slots.into_values() {
+        let value = step.new_value(ty);
+        step.outputs.push(nnscaler_dialects::graph::Output { value, attrs });
+    }
+    let need = memory::estimate(&step, &step, 1);
+    memory::check(&need, a.memory_limit, mesh.devices() as u64 + u64::from(a.threads) - 1)
+        .map_err(|e| format!("{model}: @{name}: {e}"))?;
+    let has_params = step.args.iter().any(|x| x.is_param());
+    let params = match (&a.params, a.init_seed) {
+        (Some(p), _) => ParamSource::File(p.clone(), io::load(Path::new(p))?),
+        (None, Some(s)) => ParamSource::Seed(s),
+        (None, None) if has_params => {
+            return Err(format!("@{name} has parameters: give --params FILE or --init-seed S"))
+        }
+        (None, None) => ParamSource::Seed(0),
+    };
+    let (inputs_file, stored) = match &a.inputs {
+        Some(f) => (f.clone(), io::load(Path::new(f))?),
+        None => ("(no --inputs)".to_string(), Vec::new()),
+    };
+    let values = bind(&step, &inputs_file, stored, &params)?;
+    let saved_params = match &a.save_params {
+        Some(path) => {
+            let named: Vec<(String, Elem, &nnscaler_runtime::Tensor)> = step
+                .args
+                .iter()
+                .zip(&values)
+                .filter(|(x, _)| x.is_param())
+                .map(|(x, t)| (x.name().unwrap_or("").to_string(), step.values[x.value].elem, t))
+                .collect();
+            Some((path.clone(), io::to_bytes(&named)?))
+        }
+        None => None,
+    };
+    let inputs: std::collections::BTreeMap<usize, nnscaler_runtime::Tensor> =
+        arg_index.iter().copied().zip(values).collect();
+    let opts = Options {
+        check_finite: a.check_finite,
+    };
+    let mut outs = run_pipeline(&programs, mesh, &axis, &inputs, &opts).map_err(|e| {
+        let mut d = Diagnostics::default();
+        d.error(&e.loc, e.message);
+        render(d)
+    })?;
+    let outs: Vec<nnscaler_runtime::Tensor> = res_index
+        .iter()
+        .map(|i| outs.remove(i).expect("every result is assembled"))
+        .collect();
+    write_results(a, &step, &outs, saved_params)
 }
