@@ -702,12 +702,23 @@ fn build(
             let mut attrs = Attrs::new();
             attrs.insert("callee".into(), AttrValue::Other(format!("@{}", frag_name(key))));
             attrs.insert("nns.fragment".into(), AttrValue::Str(a.to_string()));
+            // A result partial over the micro-batches is, in the program, this micro-batch's
+            // contribution to the step's value: its layout there lacks the micro-batch axis.
+            let result_layouts: Vec<Sharding> = f
+                .outputs
+                .iter()
+                .map(|&v| match mbk[v] {
+                    Mb::Partial => drop_mb(&layouts[v], mbi),
+                    _ => layouts[v].clone(),
+                })
+                .collect();
             attrs.insert(
                 "nns.layouts".into(),
-                layouts_attr(f.outputs.iter().map(|&v| &layouts[v]).collect()),
+                crate::layouts::layouts_attr(&result_layouts, mesh),
             );
             let types = f.outputs.iter().map(|&v| g.values[v].clone()).collect();
             let outs = pg.add_raw("func.call", &ins, types, attrs, &g.loc);
+            // Sends first (the next rank waits for them), then the accumulations.
             for (&v, &o) in f.outputs.iter().zip(&outs) {
                 avail.insert((v, j), o);
                 for &to in readers.get(&v).map(Vec::as_slice).unwrap_or(&[]) {
@@ -718,6 +729,8 @@ fn build(
                     let loc = producer[v].map_or(g.loc.clone(), |p| g.nodes[p].loc.clone());
                     pg.add_raw("nns.send", &[o], vec![], attrs, &loc);
                 }
+            }
+            for (&v, &o) in f.outputs.iter().zip(&outs) {
                 let for_post = returned[v] || users[v].iter().any(|&u| post[u]);
                 if !for_post {
                     continue;

@@ -6,12 +6,15 @@
 //! so does each function result whose layout differs from its `nns.layout` — which is how
 //! the gradients of replicated parameters get reduced across the axes they are replicated
 //! on while sharded parameters' gradients stay sharded. Shapes stay global.
+//!
+//! A function without any layout (split directives only) is first given them by
+//! `--propagate-layouts`, with a remark, as an MLIR pipeline runs a pass's prerequisite.
 
 use crate::layouts::{
     directive, error, layout_attr, node_layouts, result_layouts, the_mesh, value_layouts,
 };
 use crate::pipeline::{FunctionPass, PassOptions};
-use crate::propagate_layouts::is_foreign;
+use crate::propagate_layouts::{is_foreign, propagate};
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::{Graph, ValueId};
@@ -24,6 +27,7 @@ use std::collections::HashMap;
 #[derive(Debug, Default)]
 pub struct SplitTensor {
     mesh: Option<Mesh>,
+    remarks: Diagnostics,
 }
 
 impl SplitTensor {
@@ -39,7 +43,27 @@ impl FunctionPass for SplitTensor {
         Ok(())
     }
     fn run_on_function(&mut self, g: Graph) -> Result<Option<Graph>, Diagnostics> {
-        split(g, self.mesh.as_ref().expect("prepare runs first")).map(Some)
+        let mesh = self.mesh.as_ref().expect("prepare runs first");
+        // Its prerequisite, as MLIR pass pipelines add theirs: a function with no layout
+        // at all gets them from --propagate-layouts first.
+        let unlaid = g.nodes.iter().any(|n| n.op.starts_with("dnn."))
+            && !g.nodes.iter().any(|n| n.attrs.contains_key("nns.layouts"));
+        let g = if unlaid {
+            self.remarks.remark(
+                &g.loc,
+                format!(
+                    "split-tensor: @{} has no layouts; running --propagate-layouts first",
+                    g.name
+                ),
+            );
+            propagate(g, mesh, &mut self.remarks)?
+        } else {
+            g
+        };
+        split(g, mesh).map(Some)
+    }
+    fn take_remarks(&mut self) -> Diagnostics {
+        std::mem::take(&mut self.remarks)
     }
 }
 
