@@ -422,18 +422,22 @@ fn build(
     }
     let stage: Vec<usize> = stage.into_iter().map(|s| s.unwrap_or(0)).collect();
     let stages = sched.stages;
-    if let Some(k) = (0..n).find(|&k| stage[k] >= stages) {
-        return Err(fail(
-            &g.nodes[k].loc,
+    let placed = stage.iter().max().map_or(0, |s| s + 1);
+    if placed != stages {
+        let how = if sched.stages != sched.devices {
             format!(
-                "'{}' is in stage {}, but the schedule has {stages} stages{}",
-                g.nodes[k].op,
-                stage[k],
-                if sched.stages != sched.devices {
-                    format!(" ({} ranks x {} chunks)", sched.devices, stages / sched.devices)
-                } else {
-                    String::new()
-                }
+                " ({} ranks x {} chunks per rank)",
+                sched.devices,
+                stages / sched.devices
+            )
+        } else {
+            String::new()
+        };
+        return Err(fail(
+            &g.loc,
+            format!(
+                "@{} is placed in {placed} stages, but schedule '{}' runs {stages}{how}; place it with --place{{stages={stages}}} before --autodiff",
+                g.name, sched.name
             ),
         ));
     }

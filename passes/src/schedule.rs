@@ -364,7 +364,14 @@ pub fn verify(s: &Schedule) -> Result<(), String> {
     }
     // The dependency graph: each device's order, and each fragment's inputs.
     let mut g: DiGraph<Action, ()> = DiGraph::new();
-    let idx: HashMap<Action, NodeIndex> = seen.keys().map(|&a| (a, g.add_node(a))).collect();
+    // Nodes in device order, so the fragment a deadlock is reported at does not depend on
+    // hashing.
+    let idx: HashMap<Action, NodeIndex> = s
+        .actions
+        .iter()
+        .flatten()
+        .map(|&a| (a, g.add_node(a)))
+        .collect();
     for acts in &s.actions {
         for w in acts.windows(2) {
             g.add_edge(idx[&w[0]], idx[&w[1]], ());
@@ -376,11 +383,21 @@ pub fn verify(s: &Schedule) -> Result<(), String> {
         }
     }
     toposort(&g, None).map(|_| ()).map_err(|cycle| {
-        let a = g[cycle.node_id()];
+        // The fragments caught in the cycle: the strongly connected component holding it.
+        let scc = petgraph::algo::kosaraju_scc(&g)
+            .into_iter()
+            .find(|c| c.contains(&cycle.node_id()))
+            .unwrap_or_else(|| vec![cycle.node_id()]);
+        let mut members: Vec<Action> = scc.iter().map(|&i| g[i]).collect();
+        members.sort_by_key(|a| (a.stage % s.devices, a.mb, a.stage, a.kind));
+        let list: Vec<String> = members
+            .iter()
+            .map(|a| format!("{a} (device {})", a.stage % s.devices))
+            .collect();
         format!(
-            "{}: the schedule deadlocks: {a} (on device {}) waits, through the devices' orders, for itself",
+            "{}: the schedule deadlocks: {} wait for each other (each device's order plus what each fragment needs from another)",
             s.name,
-            a.stage % s.devices
+            list.join(", ")
         )
     })
 }
