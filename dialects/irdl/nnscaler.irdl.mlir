@@ -551,6 +551,37 @@ irdl.dialect @nns {
     %a_to = irdl.base "#builtin.integer"
     irdl.attributes {"from" = %a_from, "to" = %a_to}
   }
+  // R -> D(dim) over the micro-batch axis: micro-batch `index` of the value (a pipelined program's step), no communication
+  irdl.operation @microbatch {
+    %x = irdl.base "!builtin.tensor"
+    irdl.operands(%x)
+    %r_y = irdl.base "!builtin.tensor"
+    irdl.results(%r_y)
+    %a_axes = irdl.base "#builtin.array"
+    %a_index = irdl.base "#builtin.integer"
+    %a_dim = irdl.base "#builtin.integer"
+    irdl.attributes {"axes" = %a_axes, "index" = %a_index, "dim" = %a_dim}
+  }
+  // Sends the device's piece of a value to the device at pipeline rank `peer` with the same other coordinates (does not wait); `tag` names the transfer
+  irdl.operation @send {
+    %x = irdl.base "!builtin.tensor"
+    irdl.operands(%x)
+    irdl.results()
+    %a_axis = irdl.base "#builtin.string"
+    %a_peer = irdl.base "#builtin.integer"
+    %a_tag = irdl.base "#builtin.string"
+    irdl.attributes {"axis" = %a_axis, "peer" = %a_peer, "tag" = %a_tag}
+  }
+  // Receives the piece of a value sent by the device at pipeline rank `peer` with the same other coordinates (waits for it); `tag` must match the send's
+  irdl.operation @recv {
+    irdl.operands()
+    %r_y = irdl.base "!builtin.tensor"
+    irdl.results(%r_y)
+    %a_axis = irdl.base "#builtin.string"
+    %a_peer = irdl.base "#builtin.integer"
+    %a_tag = irdl.base "#builtin.string"
+    irdl.attributes {"axis" = %a_axis, "peer" = %a_peer, "tag" = %a_tag}
+  }
   // Changes a value's layout to `to`; --lower-relayouts turns it into collectives
   irdl.operation @relayout {
     %x = irdl.base "!builtin.tensor"

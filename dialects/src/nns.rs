@@ -75,7 +75,12 @@ impl Mesh {
     /// program's devices are numbered in).
     pub fn device_mesh(&self) -> Mesh {
         Mesh {
-            axes: self.axes.iter().filter(|a| !a.microbatches).cloned().collect(),
+            axes: self
+                .axes
+                .iter()
+                .filter(|a| !a.microbatches)
+                .cloned()
+                .collect(),
             ..self.clone()
         }
     }

@@ -941,7 +941,15 @@ mod tests {
             assert!(collective(n).is_some(), "step {n} is not in the table");
         }
         for c in COLLECTIVES {
-            let exempt = matches!(c.name, "nns.relayout" | "nns.transfer" | "nns.broadcast");
+            let exempt = matches!(
+                c.name,
+                "nns.relayout"
+                    | "nns.transfer"
+                    | "nns.broadcast"
+                    | "nns.microbatch"
+                    | "nns.send"
+                    | "nns.recv"
+            );
             assert_eq!(c.moves.is_some(), !exempt, "{}: moves", c.name);
             if !exempt {
                 assert!(

@@ -595,10 +595,15 @@ fn verify_collective(
     local: bool,
 ) -> Result<(), String> {
     if (v.operands.len(), v.results.len()) != spec.arity {
+        let count = |n: usize, what: &str| match n {
+            0 => format!("no {what}"),
+            1 => format!("one {what}"),
+            n => format!("{n} {what}s"),
+        };
         return Err(format!(
-            "takes {} operand(s) and {} result(s), has {} and {}",
-            spec.arity.0,
-            spec.arity.1,
+            "takes {} and {}, has {} and {}",
+            count(spec.arity.0, "operand"),
+            count(spec.arity.1, "result"),
             v.operands.len(),
             v.results.len()
         ));
@@ -615,11 +620,7 @@ fn verify_collective(
             .ok_or(format!("mesh '@{}' has no axis '{axis}'", mesh.name))?;
         match v.attrs.get("peer") {
             Some(AttrValue::Int(p)) if (0..n).contains(p) => {}
-            _ => {
-                return Err(format!(
-                    "requires 'peer', a rank along '{axis}' (0..{n})"
-                ))
-            }
+            _ => return Err(format!("requires 'peer', a rank along '{axis}' (0..{n})")),
         }
         if !matches!(v.attrs.get("tag"), Some(AttrValue::Str(_))) {
             return Err("requires 'tag', a string naming the transfer".into());
@@ -804,8 +805,7 @@ mod tests {
 
     #[test]
     fn every_example_verifies() {
-        let mesh =
-            r#""nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()"#;
+        let mesh = r#""nns.mesh"() {sym_name = "world", axes = #nns.axes<pp = 2, dp = 2, tp = 4, mb = 4 (microbatches)>} : () -> ()"#;
         let examples = dnn::SPECS
             .iter()
             .map(|s| s.example)

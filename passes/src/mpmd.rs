@@ -320,7 +320,9 @@ fn build(
     let layouts: Vec<Sharding> = value_layouts(g, mesh)?
         .into_iter()
         .enumerate()
-        .map(|(v, l)| l.unwrap_or_else(|| Sharding::replicated(g.values[v].rank(), mesh.axes.len())))
+        .map(|(v, l)| {
+            l.unwrap_or_else(|| Sharding::replicated(g.values[v].rank(), mesh.axes.len()))
+        })
         .collect();
     let mbi = mesh.axes.iter().position(|a| a.microbatches);
     let mbk: Vec<Mb> = layouts.iter().map(|l| mb_of(l, mbi)).collect();
@@ -335,8 +337,12 @@ fn build(
             users[i].push(k);
         }
     }
-    let arg_index: HashMap<ValueId, usize> =
-        g.args.iter().enumerate().map(|(i, a)| (a.value, i)).collect();
+    let arg_index: HashMap<ValueId, usize> = g
+        .args
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.value, i))
+        .collect();
 
     // Post ops: from each accumulation (a relayout of a value partial over micro-batches
     // to one that is not) on; they run once per step, after every micro-batch.
@@ -373,9 +379,11 @@ fn build(
         }
         if from_post {
             post[k] = true;
-            if let Some(&v) = node.inputs.iter().find(|&&v| {
-                mbk[v] == Mb::Piece && !producer[v].is_some_and(|p| post[p])
-            }) {
+            if let Some(&v) = node
+                .inputs
+                .iter()
+                .find(|&&v| mbk[v] == Mb::Piece && !producer[v].is_some_and(|p| post[p]))
+            {
                 return Err(fail(
                     &node.loc,
                     format!(
@@ -481,7 +489,10 @@ fn build(
         if !used {
             return Err(fail(
                 &g.loc,
-                format!("stage {s} of @{} has no forward op; place fewer stages", g.name),
+                format!(
+                    "stage {s} of @{} has no forward op; place fewer stages",
+                    g.name
+                ),
             ));
         }
     }
@@ -585,8 +596,7 @@ fn build(
         }
     }
     // The stage of each post op and of each result.
-    let post_stage = |k: usize| stage[k];
-    let value_stage = |v: ValueId| producer[v].map(|p| post_stage(p));
+    let value_stage = |v: ValueId| producer[v].map(|p| stage[p]);
     let mut programs = Vec::new();
     for r in 0..p {
         let mut pg = Graph {
@@ -607,7 +617,7 @@ fn build(
                 }
             }
         }
-        for k in (0..n).filter(|&k| post[k] && rank_of(post_stage(k)) == r) {
+        for k in (0..n).filter(|&k| post[k] && rank_of(stage[k]) == r) {
             for v in &g.nodes[k].inputs {
                 if let Some(&i) = arg_index.get(v) {
                     used_args[i] = true;
@@ -654,7 +664,8 @@ fn build(
             for &v in &f.inputs {
                 let got = if let Some(&av) = arg_val.get(&v) {
                     if mbk[v] == Mb::Piece {
-                        let axis_name = mesh.axes[mbi.expect("a piece needs the axis")].name.clone();
+                        let axis_name =
+                            mesh.axes[mbi.expect("a piece needs the axis")].name.clone();
                         *sliced.entry((v, j)).or_insert_with(|| {
                             let mut attrs = Attrs::new();
                             attrs.insert("axes".into(), AttrValue::Strs(vec![axis_name]));
@@ -680,7 +691,8 @@ fn build(
                 } else if let Some(&have) = avail.get(&(v, j)) {
                     have
                 } else {
-                    let (ps, pk) = def_frag(v).expect("a fragment input is an argument or a fragment's result");
+                    let (ps, pk) = def_frag(v)
+                        .expect("a fragment input is an argument or a fragment's result");
                     let from = rank_of(ps);
                     if from == r {
                         return Err(fail(
@@ -697,14 +709,18 @@ fn build(
                     attrs.insert("tag".into(), AttrValue::Str(format!("v{v}.mb{j}")));
                     attrs.insert("nns.layouts".into(), layouts_attr(vec![&layouts[v]]));
                     let loc = producer[v].map_or(g.loc.clone(), |p| g.nodes[p].loc.clone());
-                    let got = pg.add_raw("nns.recv", &[], vec![g.values[v].clone()], attrs, &loc)[0];
+                    let got =
+                        pg.add_raw("nns.recv", &[], vec![g.values[v].clone()], attrs, &loc)[0];
                     avail.insert((v, j), got);
                     got
                 };
                 ins.push(got);
             }
             let mut attrs = Attrs::new();
-            attrs.insert("callee".into(), AttrValue::Other(format!("@{}", frag_name(key))));
+            attrs.insert(
+                "callee".into(),
+                AttrValue::Other(format!("@{}", frag_name(key))),
+            );
             attrs.insert("nns.fragment".into(), AttrValue::Str(a.to_string()));
             // A result partial over the micro-batches is, in the program, this micro-batch's
             // contribution to the step's value: its layout there lacks the micro-batch axis.
@@ -750,7 +766,13 @@ fn build(
                                     layouts_attr(vec![&drop_mb(&layouts[v], mbi)]),
                                 );
                                 attrs.insert("nns.accumulate".into(), AttrValue::Unit);
-                                pg.add_raw("dnn.add", &[prev, o], vec![g.values[v].clone()], attrs, &g.loc)[0]
+                                pg.add_raw(
+                                    "dnn.add",
+                                    &[prev, o],
+                                    vec![g.values[v].clone()],
+                                    attrs,
+                                    &g.loc,
+                                )[0]
                             }
                         };
                         acc.insert(v, sum);
@@ -763,16 +785,14 @@ fn build(
         }
         // After every micro-batch: the post ops of this rank's stages.
         let mut map: HashMap<ValueId, ValueId> = HashMap::new();
-        let resolve = |v: ValueId,
-                           map: &HashMap<ValueId, ValueId>|
-         -> Option<ValueId> {
+        let resolve = |v: ValueId, map: &HashMap<ValueId, ValueId>| -> Option<ValueId> {
             map.get(&v)
                 .or_else(|| arg_val.get(&v))
                 .or_else(|| acc.get(&v))
                 .or_else(|| last.get(&v))
                 .copied()
         };
-        for k in (0..n).filter(|&k| post[k] && rank_of(post_stage(k)) == r) {
+        for k in (0..n).filter(|&k| post[k] && rank_of(stage[k]) == r) {
             let node = &g.nodes[k];
             let mut inputs = Vec::new();
             for &v in &node.inputs {

@@ -349,9 +349,11 @@ fn microbatch_inputs(g: &mut Graph, mesh: &Mesh, mb: &str, m: i64) -> Result<(),
             continue;
         }
         let mut axes = match a.attrs.get("nns.layout") {
-            Some(AttrValue::Nns { kind, body }) if kind == "layout" => Layout::parse(body)
-                .map_err(|e| error(&g.loc, format!("plan: argument {i}: {e}")))?
-                .axes,
+            Some(AttrValue::Nns { kind, body }) if kind == "layout" => {
+                Layout::parse(body)
+                    .map_err(|e| error(&g.loc, format!("plan: argument {i}: {e}")))?
+                    .axes
+            }
             _ => Vec::new(),
         };
         if axes.iter().any(|(x, _)| x == mb) {

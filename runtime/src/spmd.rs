@@ -99,7 +99,10 @@ impl Exchange {
             } else if st.waiting == st.live {
                 still += 1;
                 if still >= 20 {
-                    let why = format!("deadlock: every device is waiting (this one for {})", what());
+                    let why = format!(
+                        "deadlock: every device is waiting (this one for {})",
+                        what()
+                    );
                     st.failed = true;
                     st.why = Some(why.clone());
                     self.cv.notify_all();
@@ -113,7 +116,13 @@ impl Exchange {
 
     /// Deposits `t` as member `member` of a `size`-member group at `key`, waits for the
     /// others, and returns every member's tensor in member order.
-    fn all(&self, key: SlotKey, member: usize, size: usize, t: Tensor) -> Result<Vec<Tensor>, String> {
+    fn all(
+        &self,
+        key: SlotKey,
+        member: usize,
+        size: usize,
+        t: Tensor,
+    ) -> Result<Vec<Tensor>, String> {
         let mut st = self.state.lock().map_err(|_| "a device thread panicked")?;
         {
             let slot = st
@@ -125,15 +134,11 @@ impl Exchange {
         }
         self.cv.notify_all();
         let k2 = key.clone();
-        let mut st = self.wait_until(
-            st,
-            &|| "a collective".to_string(),
-            &|st: &State| {
-                st.slots
-                    .get(&k2)
-                    .is_some_and(|s| s.0.iter().all(Option::is_some))
-            },
-        )?;
+        let mut st = self.wait_until(st, &|| "a collective".to_string(), &|st: &State| {
+            st.slots
+                .get(&k2)
+                .is_some_and(|s| s.0.iter().all(Option::is_some))
+        })?;
         st.progress += 1;
         let slot = st
             .slots
@@ -265,8 +270,7 @@ impl Device<'_> {
         };
         let mut c = p.coords.clone();
         c[p.axis] = rank;
-        Ok(c
-            .iter()
+        Ok(c.iter()
             .zip(&p.sizes)
             .fold(0, |id, (&x, &n)| id * n as usize + x))
     }
@@ -299,7 +303,10 @@ impl Device<'_> {
         if n.op == "nns.microbatch" {
             // A step in time, not a group of devices: the piece is given, not looked up.
             let axes = self.axes(n)?;
-            let parts: usize = axes.iter().map(|&a| self.mesh.axes[a].size as usize).product();
+            let parts: usize = axes
+                .iter()
+                .map(|&a| self.mesh.axes[a].size as usize)
+                .product();
             let i = int("index")?;
             if i >= parts {
                 return Err(format!("micro-batch {i} of {parts}"));
@@ -519,17 +526,22 @@ pub fn run_spmd(
             .map_err(|e| fail(format!("argument {i}: {e}")))?;
         arg_layouts.push(l);
     }
-    let per_device = run_devices(devices, |d| {
-        let local: Vec<Tensor> = inputs
-            .iter()
-            .zip(&arg_layouts)
-            .map(|(t, l)| {
-                let shape: Vec<i64> = t.shape.iter().map(|&x| x as i64).collect();
-                cut(t, &l.shard(&shape, &sizes, d).ranges)
-            })
-            .collect();
-        (g, local, coords(&sizes, d), None)
-    }, mesh, opts)?;
+    let per_device = run_devices(
+        devices,
+        |d| {
+            let local: Vec<Tensor> = inputs
+                .iter()
+                .zip(&arg_layouts)
+                .map(|(t, l)| {
+                    let shape: Vec<i64> = t.shape.iter().map(|&x| x as i64).collect();
+                    cut(t, &l.shard(&shape, &sizes, d).ranges)
+                })
+                .collect();
+            (g, local, coords(&sizes, d), None)
+        },
+        mesh,
+        opts,
+    )?;
     // Assemble each result from the pieces.
     let mut out = Vec::new();
     for (j, o) in g.outputs.iter().enumerate() {
@@ -681,7 +693,12 @@ pub fn run_pipeline(
         .axes
         .iter()
         .position(|a| a.name == axis)
-        .ok_or_else(|| fail(format!("mesh '@{}' has no pipeline axis '{axis}'", mesh.name)))?;
+        .ok_or_else(|| {
+            fail(format!(
+                "mesh '@{}' has no pipeline axis '{axis}'",
+                mesh.name
+            ))
+        })?;
     if programs.len() != dsizes[ppi] as usize {
         return Err(fail(format!(
             "{} programs for the {} ranks of '{axis}'",
@@ -692,7 +709,9 @@ pub fn run_pipeline(
     let mbi = mesh.axes.iter().position(|a| a.microbatches);
     let index = |attrs: &nnscaler_dialects::types::Attrs, key: &str| match attrs.get(key) {
         Some(AttrValue::Int(i)) => Ok(*i as usize),
-        _ => Err(format!("a pipelined program's arguments and results carry '{key}'")),
+        _ => Err(format!(
+            "a pipelined program's arguments and results carry '{key}'"
+        )),
     };
     // Every device's pieces of its program's arguments.
     let mut locals: Vec<Vec<Tensor>> = Vec::with_capacity(devices);

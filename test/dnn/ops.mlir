@@ -492,6 +492,33 @@ func.func @nns_transfer(%a0: tensor<4x8xf32>) {
 }
 // -----
 
+"nns.mesh"() {sym_name = "world", axes = #nns.axes<pp = 2, dp = 2, mb = 4 (microbatches)>} : () -> ()
+// CHECK-LABEL: func.func @nns_microbatch
+// CHECK: "nns.microbatch"({{.*}}) {{.*}}: (tensor<8x16xf32>) -> tensor<8x16xf32>
+func.func @nns_microbatch(%a0: tensor<8x16xf32>) {
+  %1 = "nns.microbatch"(%a0) {axes = ["mb"], dim = 0 : i64, index = 1 : i64} : (tensor<8x16xf32>) -> tensor<8x16xf32>
+  return
+}
+// -----
+
+"nns.mesh"() {sym_name = "world", axes = #nns.axes<pp = 2, dp = 2>} : () -> ()
+// CHECK-LABEL: func.func @nns_send
+// CHECK: "nns.send"({{.*}}) {{.*}}: (tensor<4x8xf32>) -> ()
+func.func @nns_send(%a0: tensor<4x8xf32>) {
+  "nns.send"(%a0) {axis = "pp", peer = 1 : i64, tag = "v12.mb0"} : (tensor<4x8xf32>) -> ()
+  return
+}
+// -----
+
+"nns.mesh"() {sym_name = "world", axes = #nns.axes<pp = 2, dp = 2>} : () -> ()
+// CHECK-LABEL: func.func @nns_recv
+// CHECK: "nns.recv"() {{.*}}: () -> tensor<4x8xf32>
+func.func @nns_recv() {
+  %0 = "nns.recv"() {axis = "pp", peer = 0 : i64, tag = "v12.mb0"} : () -> tensor<4x8xf32>
+  return
+}
+// -----
+
 "nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()
 // CHECK-LABEL: func.func @nns_relayout
 // CHECK: "nns.relayout"({{.*}}) {{.*}}: (tensor<4x8xf32>) -> tensor<4x8xf32>

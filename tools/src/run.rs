@@ -361,7 +361,10 @@ fn run_pipelined(
         })
         .unwrap_or_else(|| "pp".into());
     if mesh.axis(&axis).is_none() && programs.len() == 1 {
-        return Err(format!("{model}: mesh '@{}' has no pipeline axis '{axis}'", mesh.name));
+        return Err(format!(
+            "{model}: mesh '@{}' has no pipeline axis '{axis}'",
+            mesh.name
+        ));
     }
     // The step as one function: the programs' arguments and results, in the original
     // order (the view files bind against).
@@ -370,8 +373,20 @@ fn run_pipelined(
         name: name.to_string(),
         ..Graph::default()
     };
-    let mut arg_slots: std::collections::BTreeMap<usize, (nnscaler_dialects::types::TensorType, nnscaler_dialects::types::Attrs)> = Default::default();
-    let mut res_slots: std::collections::BTreeMap<usize, (nnscaler_dialects::types::TensorType, nnscaler_dialects::types::Attrs)> = Default::default();
+    let mut arg_slots: std::collections::BTreeMap<
+        usize,
+        (
+            nnscaler_dialects::types::TensorType,
+            nnscaler_dialects::types::Attrs,
+        ),
+    > = Default::default();
+    let mut res_slots: std::collections::BTreeMap<
+        usize,
+        (
+            nnscaler_dialects::types::TensorType,
+            nnscaler_dialects::types::Attrs,
+        ),
+    > = Default::default();
     for p in &programs {
         let view = global_view(p, &dmesh).map_err(|e| format!("{model}: @{}: {e}", p.name))?;
         for x in &view.args {
@@ -392,17 +407,24 @@ fn run_pipelined(
     let res_index: Vec<usize> = res_slots.keys().copied().collect();
     for (ty, attrs) in res_slots.into_values() {
         let value = step.new_value(ty);
-        step.outputs.push(nnscaler_dialects::graph::Output { value, attrs });
+        step.outputs
+            .push(nnscaler_dialects::graph::Output { value, attrs });
     }
     let need = memory::estimate(&step, &step, 1);
-    memory::check(&need, a.memory_limit, mesh.devices() as u64 + u64::from(a.threads) - 1)
-        .map_err(|e| format!("{model}: @{name}: {e}"))?;
+    memory::check(
+        &need,
+        a.memory_limit,
+        mesh.devices() as u64 + u64::from(a.threads) - 1,
+    )
+    .map_err(|e| format!("{model}: @{name}: {e}"))?;
     let has_params = step.args.iter().any(|x| x.is_param());
     let params = match (&a.params, a.init_seed) {
         (Some(p), _) => ParamSource::File(p.clone(), io::load(Path::new(p))?),
         (None, Some(s)) => ParamSource::Seed(s),
         (None, None) if has_params => {
-            return Err(format!("@{name} has parameters: give --params FILE or --init-seed S"))
+            return Err(format!(
+                "@{name} has parameters: give --params FILE or --init-seed S"
+            ))
         }
         (None, None) => ParamSource::Seed(0),
     };
@@ -418,7 +440,13 @@ fn run_pipelined(
                 .iter()
                 .zip(&values)
                 .filter(|(x, _)| x.is_param())
-                .map(|(x, t)| (x.name().unwrap_or("").to_string(), step.values[x.value].elem, t))
+                .map(|(x, t)| {
+                    (
+                        x.name().unwrap_or("").to_string(),
+                        step.values[x.value].elem,
+                        t,
+                    )
+                })
                 .collect();
             Some((path.clone(), io::to_bytes(&named)?))
         }

@@ -286,7 +286,11 @@ fn custom_op_matches_one_device() {
 }
 
 /// A pipelined step: the programs of a `--schedule-*` pass, by rank, and the mesh.
-fn programs_of(ir: &IrContext, text: &str, steps: &[Step]) -> (Vec<Graph>, nnscaler_dialects::nns::Mesh) {
+fn programs_of(
+    ir: &IrContext,
+    text: &str,
+    steps: &[Step],
+) -> (Vec<Graph>, nnscaler_dialects::nns::Mesh) {
     let mut m = ir
         .parse(text, "model.mlir")
         .unwrap_or_else(|d| panic!("{d}"));
@@ -343,15 +347,23 @@ fn check_pipeline(name: &str, batch: &str, stages: usize, plan: &str, schedule: 
     ];
     let (programs, mesh) = programs_of(&ir, &text, &steps);
     assert!(
-        programs.iter().all(|p| p.nodes.iter().any(|n| n.op == "nns.send")),
+        programs
+            .iter()
+            .all(|p| p.nodes.iter().any(|n| n.op == "nns.send")),
         "{name} {plan} {schedule}: a rank sends nothing"
     );
     let ins = inputs(&single, 12);
     let want =
         run(&single, ins.clone(), &Options::default()).unwrap_or_else(|e| panic!("{}", e.message));
     let by_index: std::collections::BTreeMap<usize, Tensor> = ins.into_iter().enumerate().collect();
-    let got = nnscaler_runtime::spmd::run_pipeline(&programs, &mesh, "pp", &by_index, &Options::default())
-        .unwrap_or_else(|e| panic!("{name} {plan} {schedule}: {} at {}", e.message, e.loc));
+    let got = nnscaler_runtime::spmd::run_pipeline(
+        &programs,
+        &mesh,
+        "pp",
+        &by_index,
+        &Options::default(),
+    )
+    .unwrap_or_else(|e| panic!("{name} {plan} {schedule}: {} at {}", e.message, e.loc));
     assert_eq!(got.len(), want.len(), "{name} {plan} {schedule}: results");
     let mut worst = 0.0f64;
     for (k, (o, w)) in single.outputs.iter().zip(&want).enumerate() {
@@ -408,6 +420,18 @@ fn llama_pipelines_match_one_device() {
 /// four ranks, one micro-batch.
 #[test]
 fn fewer_microbatches_than_stages_match_one_device() {
-    check_pipeline("gpt-tiny", "4", 4, "dp dp=1 pp=4 microbatches=1", "schedule-1f1b");
-    check_pipeline("gpt-tiny", "4", 4, "dp dp=1 pp=4 microbatches=2", "schedule-gpipe");
+    check_pipeline(
+        "gpt-tiny",
+        "4",
+        4,
+        "dp dp=1 pp=4 microbatches=1",
+        "schedule-1f1b",
+    );
+    check_pipeline(
+        "gpt-tiny",
+        "4",
+        4,
+        "dp dp=1 pp=4 microbatches=2",
+        "schedule-gpipe",
+    );
 }

@@ -1,10 +1,22 @@
 // RUN: nnscaler-opt --split-tensor --split-input-file --verify-diagnostics %s
 
+// A function with no layout at all gets them from --propagate-layouts first; one that has
+// some but not all was edited after propagation, which is an error.
 "nns.mesh"() {sym_name = "world", axes = #nns.axes<tp = 2>} : () -> ()
+// expected-remark@+1 {{split-tensor: @f has no layouts; running --propagate-layouts first}}
 func.func @f(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
-  // expected-error@+1 {{split-tensor: 'dnn.exp': has no layouts; run --propagate-layouts first}}
   %0 = "dnn.exp"(%x) : (tensor<4x4xf32>) -> tensor<4x4xf32>
   return %0 : tensor<4x4xf32>
+}
+
+// -----
+
+"nns.mesh"() {sym_name = "world", axes = #nns.axes<tp = 2>} : () -> ()
+func.func @f2(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  %0 = "dnn.exp"(%x) {nns.layouts = [#nns.layout<@world>]} : (tensor<4x4xf32>) -> tensor<4x4xf32>
+  // expected-error@+1 {{split-tensor: 'dnn.exp': has no layouts; run --propagate-layouts first}}
+  %1 = "dnn.exp"(%0) : (tensor<4x4xf32>) -> tensor<4x4xf32>
+  return %1 : tensor<4x4xf32>
 }
 
 // -----
