@@ -609,6 +609,14 @@ pub static OP_ATTRS: &[(&str, &str)] = &[
         "on a call of a pipelined program: the fragment and micro-batch it runs, \"<stage><F|B|W><mb>\"",
     ),
     (
+        "nns.layer",
+        "the layer the op belongs to (--recompute's unit; by default from parameter names)",
+    ),
+    (
+        "nns.recompute",
+        "on a forward op's clone in the backward: made by --recompute (unit)",
+    ),
+    (
         "nns.accumulate",
         "on a dnn.add of a pipelined program: sums a micro-batch's partial into the step's (the all_reduce over the micro-batch axis, in time)",
     ),

@@ -550,6 +550,10 @@ fn check_common_attrs(v: &OpView, meshes: &Meshes, user_op: bool, diags: &mut Di
             ("nns.fragment", _) => {
                 Err("'nns.fragment' is a string on the calls of a pipelined program".into())
             }
+            ("nns.recompute", AttrValue::Unit) => Ok(()),
+            ("nns.recompute", _) => Err("'nns.recompute' is a unit attribute".into()),
+            ("nns.layer", AttrValue::Str(_)) => Ok(()),
+            ("nns.layer", _) => Err("'nns.layer' must be a string naming the op's layer".into()),
             ("nns.accumulate", AttrValue::Unit) if v.name == "dnn.add" => Ok(()),
             ("nns.accumulate", _) => Err("'nns.accumulate' marks a dnn.add (unit)".into()),
             _ => Err(format!("unknown attribute '{k}'")),

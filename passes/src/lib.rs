@@ -15,6 +15,7 @@ pub mod place;
 pub mod plan;
 pub mod print_stats;
 pub mod propagate_layouts;
+pub mod recompute;
 pub mod registry;
 pub mod rewrite;
 pub mod schedule;

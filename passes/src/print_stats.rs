@@ -51,6 +51,25 @@ pub struct FuncStats {
     pub comm: BTreeMap<String, (u64, f64)>,
     /// Per pipeline stage (`nns.stage` on the ops, from `--place`), when placed.
     pub stages: BTreeMap<i64, StageStats>,
+    /// For a training step: the bytes forward ops produce that the backward reads (what
+    /// lives from a micro-batch's forward to its backward) — as the program is, and as it
+    /// would be with `--recompute=full` and `--recompute=selective` (the same when the
+    /// program is recomputed already).
+    pub saved: Option<Saved>,
+    /// The pipeline of the module's mesh, when it has one: (ranks, micro-batches).
+    pub pipeline: Option<(i64, i64)>,
+}
+
+/// Bytes kept from the forward for the backward: as is, with full and with selective
+/// recomputation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Saved {
+    /// As the program is.
+    pub now: u64,
+    /// With `--recompute=full`.
+    pub full: u64,
+    /// With `--recompute=selective`.
+    pub selective: u64,
 }
 
 /// What one pipeline stage holds and computes.
@@ -66,6 +85,8 @@ pub struct StageStats {
     pub activation_bytes: u64,
     /// Bytes of the parameters it uses first.
     pub param_bytes: u64,
+    /// Bytes its forward keeps for its backward, per micro-batch (see [`FuncStats::saved`]).
+    pub saved: Saved,
 }
 
 impl FuncStats {
@@ -113,6 +134,15 @@ impl FuncStats {
             group(self.activation_bytes),
             bytes(self.activation_bytes)
         );
+        if let Some(sv) = &self.saved {
+            let _ = writeln!(
+                s,
+                "saved for the backward: {} (values forward ops produce that the backward reads, for this program's batch; with --recompute=full {}, selective {})",
+                bytes(sv.now),
+                bytes(sv.full),
+                bytes(sv.selective)
+            );
+        }
         if !self.stages.is_empty() {
             let _ = writeln!(s, "pipeline stages: {} (nns.stage)", self.stages.len());
             for (k, st) in &self.stages {
@@ -125,6 +155,31 @@ impl FuncStats {
                     bytes(st.param_bytes),
                     bytes(st.activation_bytes)
                 );
+                if self.saved.is_some() {
+                    let sv = st.saved;
+                    let _ = write!(
+                        s,
+                        "    saved for the backward: {} (full recompute {}, selective {})",
+                        bytes(sv.now),
+                        bytes(sv.full),
+                        bytes(sv.selective)
+                    );
+                    if let Some((p, m)) = self.pipeline {
+                        // 1F1B keeps min(p - r, m) micro-batches in flight on rank r, each
+                        // 1/m of the batch this program computes.
+                        let r = *k % p.max(1);
+                        let f = (p - r).min(m).max(1) as u64;
+                        let m = m.max(1) as u64;
+                        let _ = write!(
+                            s,
+                            "; 1F1B keeps {f} of {m} micro-batches in flight: {} (full {}, selective {})",
+                            bytes(sv.now * f / m),
+                            bytes(sv.full * f / m),
+                            bytes(sv.selective * f / m)
+                        );
+                    }
+                    s.push('\n');
+                }
             }
         }
         if let Some((mesh, n)) = &self.devices {
@@ -199,6 +254,15 @@ pub fn module_stats(module: &OperationRef<'_, '_>) -> Vec<FuncStats> {
             if g.is_localized() {
                 collect_comm(&mut st, &g, &meshes);
             }
+            if crate::recompute::has_backward(&g) {
+                saved_bytes(&mut st, &g);
+                if let Ok(mesh) = meshes.resolve(None) {
+                    if let Some(p) = mesh.axis("pp") {
+                        let m = mesh.microbatch_axis().map_or(1, |a| a.size);
+                        st.pipeline = Some((p, m));
+                    }
+                }
+            }
             // An op is backward if it is a backward op or consumes a value computed by one:
             // this also counts the plain matmuls and sums that autodiff emits.
             let mut bwd = vec![false; g.values.len()];
@@ -264,6 +328,69 @@ pub fn module_stats(module: &OperationRef<'_, '_>) -> Vec<FuncStats> {
         out.push(st);
     });
     out
+}
+
+/// What the forward of `g` keeps for its backward (bytes of forward-produced values that a
+/// backward op reads), per stage, by the op's `nns.stage`.
+fn kept(g: &Graph) -> (u64, BTreeMap<i64, u64>) {
+    let fwd = crate::recompute::forward_ops(g);
+    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
+    for (k, n) in g.nodes.iter().enumerate() {
+        for &o in &n.outputs {
+            producer[o] = Some(k);
+        }
+    }
+    let mut read = vec![false; g.values.len()];
+    for (k, n) in g.nodes.iter().enumerate() {
+        if !fwd[k] {
+            for &v in &n.inputs {
+                read[v] = true;
+            }
+        }
+    }
+    let (mut total, mut per) = (0u64, BTreeMap::new());
+    for (v, &r) in read.iter().enumerate() {
+        let Some(p) = producer[v].filter(|&p| r && fwd[p]) else {
+            continue;
+        };
+        let b = g.values[v].bytes();
+        total += b;
+        if let Some(AttrValue::Int(s)) = g.nodes[p].attrs.get("nns.stage") {
+            *per.entry(*s).or_default() += b;
+        }
+    }
+    (total, per)
+}
+
+/// Fills `st.saved` and each stage's: as is, and with each recompute policy (computed on
+/// a copy of the program; a program recomputed already counts as is).
+fn saved_bytes(st: &mut FuncStats, g: &Graph) {
+    use crate::recompute::{recompute, Policy};
+    let done = g
+        .nodes
+        .iter()
+        .any(|n| n.attrs.contains_key("nns.recompute"));
+    let now = kept(g);
+    let with = |p: Policy| {
+        if done {
+            now.clone()
+        } else {
+            kept(&recompute(g, p).0)
+        }
+    };
+    let (full, selective) = (with(Policy::Full), with(Policy::Selective));
+    st.saved = Some(Saved {
+        now: now.0,
+        full: full.0,
+        selective: selective.0,
+    });
+    for (s, b) in &now.1 {
+        st.stages.entry(*s).or_default().saved = Saved {
+            now: *b,
+            full: full.1.get(s).copied().unwrap_or(0),
+            selective: selective.1.get(s).copied().unwrap_or(0),
+        };
+    }
 }
 
 /// Per-device gradient bytes and communication of a localized function: each collective

@@ -9,6 +9,7 @@ use crate::place::Place;
 use crate::plan::Plan;
 use crate::print_stats::PrintStats;
 use crate::propagate_layouts::PropagateLayouts;
+use crate::recompute::Recompute;
 use crate::split_tensor::SplitTensor;
 use melior::pass::transform::{create_canonicalizer, create_cse};
 
@@ -150,6 +151,16 @@ pub static PASSES: &[PassInfo] = &[
         }],
         anchor: Anchor::Function,
         factory: Factory::Native(|o| Ok(Native::Function(Box::new(Place::new(o)?)))),
+    },
+    PassInfo {
+        name: "recompute",
+        summary: "Recompute forward ops inside the backward instead of keeping their results: full (each layer's whole forward, only its inputs kept) or selective (each layer's ops other than matrix products: attention core, norms, activations); layers from nns.layer or parameter names (h.3.*, layers.3.*); run after --autodiff",
+        options: &[OptionInfo {
+            name: "policy",
+            help: "full | selective (default: full; may be written alone: --recompute=selective)",
+        }],
+        anchor: Anchor::Function,
+        factory: Factory::Native(|o| Ok(Native::Function(Box::new(Recompute::new(o)?)))),
     },
     PassInfo {
         name: "propagate-layouts",

@@ -321,7 +321,14 @@ fn programs_of(
 /// `plan` (which has `pp=` and `microbatches=`), pipelined by `schedule` (a pass name with
 /// its options) and localized, on simulated devices; checks every result against the
 /// single-device step.
-fn check_pipeline(name: &str, batch: &str, stages: usize, plan: &str, schedule: &str) -> f64 {
+fn check_pipeline(
+    name: &str,
+    batch: &str,
+    stages: usize,
+    plan: &str,
+    schedule: &str,
+    recompute: Option<&str>,
+) -> f64 {
     let mut c = preset(name).unwrap();
     let sets: &[(&str, &str)] = match name {
         "gpt-tiny" => &[("heads", "4"), ("vocab", "12")],
@@ -335,17 +342,32 @@ fn check_pipeline(name: &str, batch: &str, stages: usize, plan: &str, schedule: 
     let step = |n: &str, o: &str| Step::new(n, o).unwrap();
     let (single, _) = graph_of(&ir, &text, &[step("autodiff", "")]);
     let (sched, opts) = schedule.split_once(' ').unwrap_or((schedule, ""));
-    let steps = [
+    let mut steps = vec![
         step("place", &format!("stages={stages}")),
         step("autodiff", ""),
+    ];
+    if let Some(r) = recompute {
+        steps.push(step("recompute", r));
+    }
+    steps.extend([
         step("plan", plan),
         step("propagate-layouts", ""),
         step("split-tensor", ""),
         step(sched, opts),
         step("lower-relayouts", ""),
         step("localize", ""),
-    ];
+    ]);
     let (programs, mesh) = programs_of(&ir, &text, &steps);
+    if recompute.is_some() {
+        let recomputed = programs.iter().any(|p| {
+            p.callees.values().any(|f| {
+                f.nodes
+                    .iter()
+                    .any(|n| n.attrs.contains_key("nns.recompute"))
+            })
+        });
+        assert!(recomputed, "{name} {plan} {schedule}: nothing recomputed");
+    }
     assert!(
         programs
             .iter()
@@ -376,7 +398,8 @@ fn check_pipeline(name: &str, batch: &str, stages: usize, plan: &str, schedule: 
         worst = worst.max(err);
     }
     println!(
-        "pipeline equivalence: {name} {plan} {schedule}: {} results, worst relative error {worst:.2e}",
+        "pipeline equivalence: {name} {plan} {schedule} recompute {}: {} results, worst relative error {worst:.2e}",
+        recompute.unwrap_or("off"),
         want.len()
     );
     worst
@@ -398,22 +421,25 @@ const SCHEDULES: &[(usize, &str)] = &[
     (4, "schedule-interleaved chunks=2"),
 ];
 
-#[test]
-fn gpt_pipelines_match_one_device() {
+/// Every schedule x recompute (off, full, selective) x plan.
+fn check_pipelines(name: &str) {
     for plan in PIPELINE_PLANS {
         for (stages, s) in SCHEDULES {
-            check_pipeline("gpt-tiny", "8", *stages, plan, s);
+            for r in [None, Some("full"), Some("selective")] {
+                check_pipeline(name, "8", *stages, plan, s, r);
+            }
         }
     }
 }
 
 #[test]
+fn gpt_pipelines_match_one_device() {
+    check_pipelines("gpt-tiny");
+}
+
+#[test]
 fn llama_pipelines_match_one_device() {
-    for plan in PIPELINE_PLANS {
-        for (stages, s) in SCHEDULES {
-            check_pipeline("llama-tiny", "8", *stages, plan, s);
-        }
-    }
+    check_pipelines("llama-tiny");
 }
 
 /// Fewer micro-batches than stages still runs to the end (most ranks idle) and is exact;
@@ -426,6 +452,7 @@ fn fewer_microbatches_than_stages_match_one_device() {
         4,
         "dp dp=1 pp=4 microbatches=1",
         "schedule-1f1b",
+        None,
     );
     check_pipeline(
         "gpt-tiny",
@@ -433,5 +460,6 @@ fn fewer_microbatches_than_stages_match_one_device() {
         4,
         "dp dp=1 pp=4 microbatches=2",
         "schedule-gpipe",
+        None,
     );
 }
