@@ -12,6 +12,7 @@ pub mod lower_relayouts;
 pub mod mpmd;
 pub mod pipeline;
 pub mod place;
+pub mod place_z3;
 pub mod plan;
 pub mod print_stats;
 pub mod propagate_layouts;

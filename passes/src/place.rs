@@ -1,51 +1,142 @@
 //! `--place{stages=N}`: assigns every op of a forward program a pipeline stage
 //! (`nns.stage`), contiguous in program order, so that the slowest stage is as fast as it
-//! can be.
+//! can be, within each stage's memory.
 //!
-//! An op's cost is its FLOPs (the op specs' rule; a call of a user op counts its body's
-//! FLOPs, other ops nothing). Stages are contiguous runs of ops in program order, each
-//! non-empty. Constraints written by the user are kept: an op's `nns.stage` pins it, its
-//! `nns.stage_bounds = array<i64: lo, hi>` bounds it. The optimum is exact: a dynamic
-//! program over (stage, prefix) — [`balanced_partition`]. Run it before `--autodiff`,
-//! which gives each backward op the stage of the forward op it differentiates.
+//! Items: the program is coarsened into layers (`nns.layer`, or the layer its parameters
+//! name — `h.3.*`, `layers.3.*` — as `--recompute` finds them); an op outside any layer,
+//! and an op carrying a user constraint, is an item of its own. An 80-layer model
+//! is then ~82 items, not thousands of ops. An item's cost is its FLOPs (the op specs'
+//! rule; a call of a user op counts its body's FLOPs).
 //!
-//! A remark reports each stage's ops and FLOPs and the balance (slowest / mean).
+//! Constraints kept: an op's `nns.stage` pins it, its `nns.stage_bounds = array<i64: lo,
+//! hi>` bounds it, and with a `memory_cap` on the module's mesh each stage's device must
+//! hold its parameters with their gradients and Adam state (4 x the parameter bytes,
+//! split over `tp`) and its activations for the micro-batches the schedule keeps in flight
+//! on it (1F1B: min(p - r, m) of m on rank r, GPipe: m; split over `dp` x `tp`).
 //!
-//! Not yet: solving with Z3 under memory caps and schedule-dependent activation memory,
-//! layers sharing variables, explicit layer layouts; stages as a mesh axis (`pp`).
+//! Solvers (`solver=`): `z3` (default) — [`crate::place_z3`], a bisection on the slowest
+//! stage's cost with Z3, whose unsat core names the constraints that cannot hold together;
+//! `dp` — an exact dynamic program over (stage, prefix) ([`balanced_partition`], no memory
+//! caps), the oracle the Z3 placement is tested against. `layout=` gives the stages
+//! explicitly, Megatron style: items `E` (the ops before the first layer), `t` (one
+//! layer; `t*20` for twenty), `L` (the ops after the last layer), stages separated by `|`:
+//! `layout="E,t*2|t*2,L"`.
+//!
+//! Run it before `--autodiff`, which gives each backward op the stage of the forward op it
+//! differentiates. A remark reports each stage's ops and FLOPs and the balance (slowest /
+//! mean).
 
 use crate::layouts::error;
 use crate::pipeline::{FunctionPass, PassOptions};
-use nnscaler_dialects::diag::Diagnostics;
+use crate::place_z3::{self, Infeasible, Item, Problem};
+use melior::ir::OperationRef;
+use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::spec::OpCtx;
 use nnscaler_dialects::types::AttrValue;
+
+/// How stages are chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Solver {
+    Z3,
+    Dp,
+    Layout(String),
+}
 
 /// The pass.
 #[derive(Debug)]
 pub struct Place {
     stages: usize,
+    solver: Solver,
+    /// The schedule whose in-flight micro-batches the memory caps count (1f1b, gpipe).
+    schedule: String,
+    microbatches: Option<i64>,
+    mesh: Option<Mesh>,
     remarks: Diagnostics,
 }
 
 impl Place {
-    /// Reads the options (`stages`).
+    /// Reads the options (`stages`, `solver`, `layout`, `schedule`, `microbatches`).
     pub fn new(o: &PassOptions) -> Result<Self, String> {
-        let stages = o
-            .get("stages")
-            .ok_or("place: give the number of stages, e.g. --place=\"stages=4\"")?;
-        let stages: usize = stages.parse().ok().filter(|&s| s >= 1).ok_or(format!(
-            "place: 'stages' must be a positive integer, not '{stages}'"
-        ))?;
+        let layout = o.get("layout").map(str::to_string);
+        let stages =
+            match (o.get("stages"), &layout) {
+                (Some(s), _) => s.parse().ok().filter(|&s: &usize| s >= 1).ok_or(format!(
+                    "place: 'stages' must be a positive integer, not '{s}'"
+                ))?,
+                (None, Some(l)) => l.split('|').count(),
+                (None, None) => return Err(
+                    "place: give the number of stages, e.g. --place=\"stages=4\" (or layout=...)"
+                        .into(),
+                ),
+            };
+        let solver = match (o.get("solver").unwrap_or("z3"), layout) {
+            (_, Some(l)) => {
+                if l.split('|').count() != stages {
+                    return Err(format!(
+                        "place: layout '{l}' has {} stages but stages={stages}",
+                        l.split('|').count()
+                    ));
+                }
+                Solver::Layout(l)
+            }
+            ("z3", None) => Solver::Z3,
+            ("dp", None) => Solver::Dp,
+            (other, None) => {
+                return Err(format!("place: unknown solver '{other}' (solvers: z3, dp)"))
+            }
+        };
+        let schedule = o.get("schedule").unwrap_or("1f1b").to_string();
+        if !matches!(
+            schedule.as_str(),
+            "1f1b" | "gpipe" | "zb-h1" | "interleaved"
+        ) {
+            return Err(format!(
+                "place: unknown schedule '{schedule}' (1f1b, gpipe, zb-h1, interleaved)"
+            ));
+        }
+        let microbatches = o
+            .get("microbatches")
+            .map(|m| {
+                m.parse::<i64>().ok().filter(|&m| m >= 1).ok_or(format!(
+                    "place: 'microbatches' must be a positive integer, not '{m}'"
+                ))
+            })
+            .transpose()?;
         Ok(Place {
             stages,
+            solver,
+            schedule,
+            microbatches,
+            mesh: None,
             remarks: Diagnostics::default(),
         })
     }
 }
 
+/// A run of ops placed together.
+#[derive(Debug)]
+struct Unit {
+    /// Op indices `first..end`.
+    first: usize,
+    end: usize,
+    /// The layer it is (`None`: ops outside any layer).
+    layer: Option<String>,
+    item: Item,
+    /// Where its user constraint is, for messages.
+    loc: Option<SrcLoc>,
+}
+
 impl FunctionPass for Place {
+    fn prepare(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
+        let mut d = Diagnostics::default();
+        let meshes = nnscaler_dialects::verify::Meshes::collect(module, &mut d);
+        self.mesh = meshes.0.first().cloned();
+        Ok(())
+    }
+
     fn run_on_function(&mut self, mut g: Graph) -> Result<Option<Graph>, Diagnostics> {
         if g.is_localized() {
             return Err(error(
@@ -73,47 +164,100 @@ impl FunctionPass for Place {
             ));
         }
         let costs: Vec<f64> = g.nodes.iter().map(|node| op_flops(&g, node)).collect();
-        let mut allowed = Vec::with_capacity(n);
-        for node in &g.nodes {
-            let fail = |m: String| error(&node.loc, format!("place: '{}': {m}", node.op));
-            let (mut lo, mut hi) = (0usize, self.stages - 1);
-            if let Some(AttrValue::Ints(b)) = node.attrs.get("nns.stage_bounds") {
-                if let [l, h] = b.as_slice() {
-                    lo = lo.max(*l as usize);
-                    hi = hi.min(*h as usize);
-                }
+        let units = self.units(&g, &costs)?;
+        let unit_stage = match &self.solver {
+            Solver::Layout(l) => {
+                layout_stages(l, &units).map_err(|m| error(&g.loc, format!("place: {m}")))?
             }
-            if let Some(AttrValue::Int(s)) = node.attrs.get("nns.stage") {
-                let s = *s as usize;
-                if s >= self.stages {
-                    return Err(fail(format!(
-                        "is pinned to stage {s}, but there are {} stages",
-                        self.stages
-                    )));
-                }
-                lo = lo.max(s);
-                hi = hi.min(s);
+            Solver::Dp => {
+                let allowed: Vec<(usize, usize)> =
+                    units.iter().map(|u| (u.item.lo, u.item.hi)).collect();
+                let c: Vec<f64> = units.iter().map(|u| u.item.cost as f64).collect();
+                balanced_partition(&c, self.stages, &allowed).map_err(|(k, why)| {
+                    let loc = units[k]
+                        .loc
+                        .clone()
+                        .unwrap_or_else(|| g.nodes[units[k].first].loc.clone());
+                    error(
+                        &loc,
+                        format!("place: '{}': {why}", g.nodes[units[k].first].op),
+                    )
+                })?
             }
-            if lo > hi {
-                return Err(fail(format!(
-                    "its pin and bounds leave no stage among 0..{}",
-                    self.stages
-                )));
+            Solver::Z3 => {
+                // The dynamic program's optimum (pins and bounds, no memory) bounds Z3's.
+                let allowed: Vec<(usize, usize)> =
+                    units.iter().map(|u| (u.item.lo, u.item.hi)).collect();
+                let c: Vec<f64> = units.iter().map(|u| u.item.cost as f64).collect();
+                let lower_bound = balanced_partition(&c, self.stages, &allowed)
+                    .ok()
+                    .map(|st| {
+                        let mut sums = vec![0u64; self.stages];
+                        for (u, &s) in st.iter().enumerate() {
+                            sums[s] = sums[s].saturating_add(units[u].item.cost);
+                        }
+                        sums.into_iter().max().unwrap_or(0)
+                    });
+                let problem = Problem {
+                    lower_bound,
+                    items: units.iter().map(|u| u.item.clone()).collect(),
+                    stages: self.stages,
+                    cap: self
+                        .mesh
+                        .as_ref()
+                        .and_then(|m| m.memory_cap)
+                        .map(|c| c.max(0) as u64),
+                };
+                place_z3::solve(&problem).map_err(|e| match e {
+                    Infeasible::TooFew => error(
+                        &g.loc,
+                        format!(
+                            "place: @{} has {} placeable items (layers and runs of ops), fewer than the {} stages",
+                            g.name,
+                            units.len(),
+                            self.stages
+                        ),
+                    ),
+                    Infeasible::Conflict(core) => {
+                        let mut d = Diagnostics::default();
+                        let first = units
+                            .iter()
+                            .find(|u| u.item.constraint.as_ref().is_some_and(|c| core.contains(c)))
+                            .and_then(|u| u.loc.clone())
+                            .unwrap_or_else(|| g.loc.clone());
+                        d.error(
+                            &first,
+                            format!(
+                                "place: no placement of @{} in {} stages satisfies these together: {} (stages are contiguous in program order, each non-empty, the first op on stage 0)",
+                                g.name,
+                                self.stages,
+                                if core.is_empty() { "(the stages themselves)".to_string() } else { core.join("; ") }
+                            ),
+                        );
+                        for u in units.iter().filter(|u| {
+                            u.item.constraint.as_ref().is_some_and(|c| core.contains(c))
+                        }) {
+                            if let Some(l) = &u.loc {
+                                if l != &first {
+                                    d.note(l, "a conflicting constraint is here");
+                                }
+                            }
+                        }
+                        d
+                    }
+                })?
             }
-            allowed.push((lo, hi));
-        }
-        let stages = balanced_partition(&costs, self.stages, &allowed).map_err(|(k, why)| {
-            error(
-                &g.nodes[k].loc,
-                format!("place: '{}': {why}", g.nodes[k].op),
-            )
-        })?;
+        };
         let mut per = vec![(0usize, 0.0f64); self.stages];
-        for (k, node) in g.nodes.iter_mut().enumerate() {
-            node.attrs
-                .insert("nns.stage".into(), AttrValue::Int(stages[k] as i64));
-            per[stages[k]].0 += 1;
-            per[stages[k]].1 += costs[k];
+        for (u, unit) in units.iter().enumerate() {
+            let s = unit_stage[u];
+            let ops = &mut g.nodes[unit.first..unit.end];
+            for (node, c) in ops.iter_mut().zip(&costs[unit.first..unit.end]) {
+                node.attrs
+                    .insert("nns.stage".into(), AttrValue::Int(s as i64));
+                per[s].0 += 1;
+                per[s].1 += c;
+            }
         }
         let max = per.iter().map(|p| p.1).fold(0.0, f64::max);
         let mean = per.iter().map(|p| p.1).sum::<f64>() / self.stages as f64;
@@ -138,6 +282,232 @@ impl FunctionPass for Place {
     fn take_remarks(&mut self) -> Diagnostics {
         std::mem::take(&mut self.remarks)
     }
+}
+
+impl Place {
+    /// The items to place: layers, runs of ops outside layers, and constrained ops alone.
+    fn units(&self, g: &Graph, costs: &[f64]) -> Result<Vec<Unit>, Diagnostics> {
+        let n = g.nodes.len();
+        let layer = crate::recompute::layers(g, &vec![true; n]);
+        let stages = self.stages;
+        // Memory model (see the module docs).
+        let axis = |a: &str| {
+            self.mesh
+                .as_ref()
+                .and_then(|m| m.axis(a))
+                .unwrap_or(1)
+                .max(1) as u64
+        };
+        let (dp, tp) = (axis("dp"), axis("tp"));
+        let p = self
+            .mesh
+            .as_ref()
+            .and_then(|m| m.axis("pp"))
+            .map_or(stages as i64, |p| p.max(1));
+        let m = self
+            .microbatches
+            .or_else(|| {
+                self.mesh
+                    .as_ref()
+                    .and_then(|m| m.microbatch_axis())
+                    .map(|a| a.size)
+            })
+            .unwrap_or(1)
+            .max(1);
+        let in_flight: Vec<u64> = (0..stages as i64)
+            .map(|k| match self.schedule.as_str() {
+                "gpipe" => m,
+                _ => (p - k % p).min(m),
+            } as u64)
+            .collect();
+        let mut first_use = vec![false; g.values.len()];
+        let mut units: Vec<Unit> = Vec::new();
+        let mut prev_constrained = false;
+        for (k, node) in g.nodes.iter().enumerate() {
+            let fail = |m: String| error(&node.loc, format!("place: '{}': {m}", node.op));
+            let (mut lo, mut hi) = (0usize, stages - 1);
+            let mut what: Vec<String> = Vec::new();
+            if let Some(AttrValue::Ints(b)) = node.attrs.get("nns.stage_bounds") {
+                if let [l, h] = b.as_slice() {
+                    lo = lo.max(*l as usize);
+                    hi = hi.min(*h as usize);
+                    what.push(format!("stages {l}..={h}"));
+                }
+            }
+            if let Some(AttrValue::Int(s)) = node.attrs.get("nns.stage") {
+                let s = *s as usize;
+                if s >= stages {
+                    return Err(fail(format!(
+                        "is pinned to stage {s}, but there are {stages} stages"
+                    )));
+                }
+                lo = lo.max(s);
+                hi = hi.min(s);
+                what.push(format!("stage {s}"));
+            }
+            if lo > hi {
+                return Err(fail(format!(
+                    "its pin and bounds leave no stage among 0..{stages}"
+                )));
+            }
+            let constrained = !what.is_empty();
+            let mut params = 0u64;
+            for &v in &node.inputs {
+                let is_param = g.args.iter().any(|a| a.value == v && a.is_param());
+                if is_param && !std::mem::replace(&mut first_use[v], true) {
+                    params += g.values[v].bytes();
+                }
+            }
+            let acts: u64 = node.outputs.iter().map(|&o| g.values[o].bytes()).sum();
+            // A layer is one item; an op outside any layer is an item of its own.
+            let fresh = constrained
+                || prev_constrained
+                || layer[k].is_none()
+                || units.last().is_none_or(|u| u.layer != layer[k]);
+            prev_constrained = constrained;
+            if fresh {
+                units.push(Unit {
+                    first: k,
+                    end: k,
+                    layer: layer[k].clone(),
+                    item: Item {
+                        cost: 0,
+                        lo: 0,
+                        hi: stages - 1,
+                        constraint: None,
+                        mem: vec![0; stages],
+                    },
+                    loc: None,
+                });
+            }
+            let u = units.last_mut().expect("a unit was just made");
+            u.end = k + 1;
+            u.item.cost = u.item.cost.saturating_add(costs[k].max(0.0).round() as u64);
+            if constrained {
+                u.item.lo = lo;
+                u.item.hi = hi;
+                u.item.constraint = Some(format!(
+                    "'{}' (line {}) on {}",
+                    node.op,
+                    node.loc.line,
+                    what.join(" and ")
+                ));
+                u.loc = Some(node.loc.clone());
+            }
+            for (st, mem) in u.item.mem.iter_mut().enumerate() {
+                let b = params.saturating_mul(4) / tp
+                    + acts.saturating_mul(in_flight[st]) / (m as u64) / (dp * tp);
+                *mem = mem.saturating_add(b);
+            }
+        }
+        Ok(units)
+    }
+}
+
+/// The stage of each unit under an explicit layout (see the module docs).
+fn layout_stages(layout: &str, units: &[Unit]) -> Result<Vec<usize>, String> {
+    // The model's segments: E (ops before the first layer), one per layer, L (after).
+    #[derive(PartialEq)]
+    enum Seg {
+        E,
+        T,
+        L,
+    }
+    let first_layer = units.iter().position(|u| u.layer.is_some());
+    let last_layer = units.iter().rposition(|u| u.layer.is_some());
+    let mut seg_of = Vec::with_capacity(units.len());
+    let mut segs: Vec<Seg> = Vec::new();
+    for (i, u) in units.iter().enumerate() {
+        let kind = match (first_layer, last_layer) {
+            (Some(f), _) if i < f => Seg::E,
+            (_, Some(l)) if i > l => Seg::L,
+            (None, _) => Seg::E,
+            _ => Seg::T,
+        };
+        let new = match kind {
+            Seg::T => u.layer.is_some() && (i == 0 || units[i - 1].layer != u.layer),
+            _ => segs.last() != Some(&kind),
+        };
+        if new {
+            segs.push(kind);
+        }
+        seg_of.push(segs.len() - 1);
+    }
+    let mut want: Vec<(Seg, usize)> = Vec::new();
+    for (s, stage) in layout.split('|').enumerate() {
+        for item in stage.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (name, count) = match item.split_once('*') {
+                Some((n, c)) => (
+                    n.trim(),
+                    c.trim()
+                        .parse::<usize>()
+                        .map_err(|_| format!("layout item '{item}': the count must be a number"))?,
+                ),
+                None => (item, 1),
+            };
+            let kind = match name {
+                "E" => Seg::E,
+                "t" => Seg::T,
+                "L" => Seg::L,
+                _ => {
+                    return Err(format!(
+                        "layout item '{item}' is not E (before the layers), t (a layer, t*N for N) or L (after the layers)"
+                    ))
+                }
+            };
+            for _ in 0..count {
+                want.push((
+                    match kind {
+                        Seg::E => Seg::E,
+                        Seg::T => Seg::T,
+                        Seg::L => Seg::L,
+                    },
+                    s,
+                ));
+            }
+        }
+    }
+    let show = |v: &[&Seg]| {
+        let t = v.iter().filter(|k| ***k == Seg::T).count();
+        format!(
+            "{}{} layers{}",
+            if v.first().is_some_and(|k| **k == Seg::E) {
+                "E, "
+            } else {
+                ""
+            },
+            t,
+            if v.last().is_some_and(|k| **k == Seg::L) {
+                ", L"
+            } else {
+                ""
+            }
+        )
+    };
+    let have: Vec<&Seg> = segs.iter().collect();
+    let asked: Vec<&Seg> = want.iter().map(|w| &w.0).collect();
+    if have != asked {
+        return Err(format!(
+            "layout '{layout}' lists {} but the program has {}",
+            show(&asked),
+            show(&have)
+        ));
+    }
+    let mut out = Vec::with_capacity(units.len());
+    for (u, unit) in units.iter().enumerate() {
+        let s = want[seg_of[u]].1;
+        if s < unit.item.lo || s > unit.item.hi {
+            return Err(format!(
+                "layout puts {} on stage {s}, outside its constraint",
+                unit.item.constraint.clone().unwrap_or_default()
+            ));
+        }
+        out.push(s);
+    }
+    if (0..layout.split('|').count()).any(|s| !out.contains(&s)) {
+        return Err(format!("layout '{layout}' leaves a stage empty"));
+    }
+    Ok(out)
 }
 
 /// The FLOPs of one op of `g` (0 for ops without a spec).

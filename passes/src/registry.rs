@@ -144,11 +144,29 @@ pub static PASSES: &[PassInfo] = &[
     },
     PassInfo {
         name: "place",
-        summary: "Assign every op a pipeline stage (nns.stage), contiguous in program order, minimising the slowest stage's FLOPs (exact DP), keeping ops' nns.stage pins and nns.stage_bounds; run before --autodiff",
-        options: &[OptionInfo {
-            name: "stages",
-            help: "the number of pipeline stages (required)",
-        }],
+        summary: "Assign every op a pipeline stage (nns.stage), contiguous in program order, minimising the slowest stage's FLOPs with Z3 over layers, keeping ops' nns.stage pins, nns.stage_bounds and the mesh's memory_cap (conflicts named from the unsat core); or an explicit Megatron-style layout; run before --autodiff",
+        options: &[
+            OptionInfo {
+                name: "stages",
+                help: "the number of pipeline stages (required unless layout= gives them)",
+            },
+            OptionInfo {
+                name: "solver",
+                help: "z3 (default: bisection on the slowest stage, memory caps, unsat cores) | dp (exact dynamic program, no memory caps)",
+            },
+            OptionInfo {
+                name: "layout",
+                help: "explicit stages: E (ops before the layers), t (a layer; t*N), L (ops after), items split by ',' and stages by '|', e.g. layout=E,t*2|t*2,L",
+            },
+            OptionInfo {
+                name: "schedule",
+                help: "whose in-flight micro-batches the memory cap counts: 1f1b (default; min(p - r, m) on rank r), gpipe (m), zb-h1, interleaved",
+            },
+            OptionInfo {
+                name: "microbatches",
+                help: "micro-batches for the memory model (default: the mesh's micro-batch axis, else 1)",
+            },
+        ],
         anchor: Anchor::Function,
         factory: Factory::Native(|o| Ok(Native::Function(Box::new(Place::new(o)?)))),
     },

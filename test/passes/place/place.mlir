@@ -7,6 +7,7 @@
 // --print-stats breaks a placed program down by stage.
 // STATS: pipeline stages: 2 (nns.stage)
 // STATS-NEXT: stage 0: 2 ops, forward 1.6384e4 FLOPs, backward 1.6384e4 FLOPs, parameters 4.00 KiB, activations 1.00 KiB
+// STATS-NEXT: saved for the backward: 1.00 KiB (full recompute 1.00 KiB, selective 1.00 KiB)
 // STATS-NEXT: stage 1: 8 ops, forward 2.4960e3 FLOPs, backward 6.2720e3 FLOPs, parameters 512.00 B
 
 // The first linear (16384 FLOPs) outweighs the rest (2496): it is stage 0 alone.

@@ -1,0 +1,290 @@
+//! The placement problem for Z3: items in program order (layers, or runs of ops) placed
+//! on contiguous, non-empty pipeline stages, minimising the slowest stage's cost, under
+//! the user's pins and bounds and each stage's memory cap.
+//!
+//! Encoding: one integer `s_u` per item (its stage); `s_0 = 0`, `s_last = S - 1` and
+//! `0 <= s_u - s_(u-1) <= 1` (contiguous, every stage non-empty). A stage's cost and memory
+//! are sums of `ite(s_u = k, cost_u, 0)`. The objective is found by bisection over the
+//! candidate values (every contiguous run's cost, sorted), each probe a `push` / assert
+//! every stage's cost `<= T` / `check` / `pop` on one `Solver` (faster than `Optimize` on
+//! such problems), starting at a known lower bound (the dynamic program's optimum, which
+//! ignores memory): when the caps do not bind, one probe settles it. User constraints and memory caps are asserted with tracking literals:
+//! when no placement satisfies them together, the unsat core names the conflicting ones.
+
+use z3::ast::{Bool, Int};
+use z3::{SatResult, Solver};
+
+/// One item to place.
+#[derive(Clone, Debug, Default)]
+pub struct Item {
+    /// Its cost (FLOPs).
+    pub cost: u64,
+    /// The stages it may go to (inclusive).
+    pub lo: usize,
+    /// See `lo`.
+    pub hi: usize,
+    /// The user constraint behind `lo..=hi`, described for messages (`None`: no
+    /// constraint).
+    pub constraint: Option<String>,
+    /// The bytes it adds to each stage's device if placed there (activations times the
+    /// micro-batches in flight on that stage differ per stage).
+    pub mem: Vec<u64>,
+}
+
+/// A placement problem.
+#[derive(Clone, Debug, Default)]
+pub struct Problem {
+    /// The items, in program order.
+    pub items: Vec<Item>,
+    /// Pipeline stages.
+    pub stages: usize,
+    /// Bytes each stage's device may hold (`None`: no cap).
+    pub cap: Option<u64>,
+    /// A known lower bound on the optimum (the dynamic program's optimum without memory
+    /// caps): probed first, which settles most problems in one check.
+    pub lower_bound: Option<u64>,
+}
+
+/// Why there is no placement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Infeasible {
+    /// Fewer items than stages.
+    TooFew,
+    /// These constraints (from the unsat core) cannot hold together.
+    Conflict(Vec<String>),
+}
+
+/// The stage of each item in an optimal placement (see the module docs), or why there is
+/// none.
+pub fn solve(p: &Problem) -> Result<Vec<usize>, Infeasible> {
+    let (n, stages) = (p.items.len(), p.stages);
+    if n < stages || stages == 0 {
+        return Err(Infeasible::TooFew);
+    }
+    let solver = Solver::new();
+    let s: Vec<Int> = (0..n).map(|u| Int::new_const(format!("s{u}"))).collect();
+    let int = |v: u64| Int::from_u64(v);
+    let last = (stages - 1) as u64;
+    solver.assert(s[0].eq(int(0)));
+    solver.assert(s[n - 1].eq(int(last)));
+    for u in 1..n {
+        let d = &s[u] - &s[u - 1];
+        solver.assert(d.ge(int(0)));
+        solver.assert(d.le(int(1)));
+    }
+    let mut tracked: Vec<String> = Vec::new();
+    let mut track = |what: String, c: Bool| {
+        let lit = Bool::new_const(format!("c{}", tracked.len()));
+        solver.assert_and_track(c, &lit);
+        tracked.push(what);
+    };
+    for (u, it) in p.items.iter().enumerate() {
+        let range = Bool::and(&[s[u].ge(int(it.lo as u64)), s[u].le(int(it.hi as u64))]);
+        match &it.constraint {
+            Some(what) => track(what.clone(), range),
+            None => solver.assert(range),
+        }
+    }
+    let on = |u: usize, k: usize| s[u].eq(int(k as u64));
+    let sum = |k: usize, value: &dyn Fn(usize) -> u64| -> Int {
+        let terms: Vec<Int> = (0..n)
+            .filter(|&u| value(u) > 0)
+            .map(|u| on(u, k).ite(&int(value(u)), &int(0)))
+            .collect();
+        if terms.is_empty() {
+            int(0)
+        } else {
+            Int::add(&terms)
+        }
+    };
+    if let Some(cap) = p.cap {
+        for k in 0..stages {
+            let m = sum(k, &|u| p.items[u].mem.get(k).copied().unwrap_or(0));
+            track(
+                format!("the memory cap of {cap} bytes per device on stage {k}"),
+                m.le(int(cap)),
+            );
+        }
+    }
+    match solver.check() {
+        SatResult::Sat => {}
+        _ => {
+            let core: Vec<String> = solver
+                .get_unsat_core()
+                .iter()
+                .filter_map(|b| {
+                    let name = b.to_string();
+                    let i: usize = name.trim_start_matches('c').parse().ok()?;
+                    tracked.get(i).cloned()
+                })
+                .collect();
+            return Err(Infeasible::Conflict(core));
+        }
+    }
+    let costs: Vec<Int> = (0..stages).map(|k| sum(k, &|u| p.items[u].cost)).collect();
+    // Candidate objectives: the cost of every contiguous run of items.
+    let mut cand: Vec<u64> = Vec::new();
+    for a in 0..n {
+        let mut c = 0u64;
+        for it in &p.items[a..] {
+            c = c.saturating_add(it.cost);
+            cand.push(c);
+        }
+    }
+    cand.sort_unstable();
+    cand.dedup();
+    let model_of = |solver: &Solver| -> Option<Vec<usize>> {
+        let m = solver.get_model()?;
+        s.iter()
+            .map(|x| m.eval(x, true).and_then(|v| v.as_u64()).map(|v| v as usize))
+            .collect()
+    };
+    // The largest candidate is always feasible (no time limit at all).
+    let mut best = model_of(&solver).ok_or_else(|| Infeasible::Conflict(Vec::new()))?;
+    let (mut lo, mut hi) = (0usize, cand.len() - 1);
+    if let Some(lb) = p.lower_bound {
+        lo = cand.partition_point(|&c| c < lb).min(hi);
+    }
+    let mut first = true;
+    while lo < hi {
+        // The lower bound first: when the caps do not bind, it is the optimum.
+        let mid = if std::mem::take(&mut first) && p.lower_bound.is_some() {
+            lo
+        } else {
+            (lo + hi) / 2
+        };
+        solver.push();
+        for c in &costs {
+            solver.assert(c.le(int(cand[mid])));
+        }
+        let ok = solver.check() == SatResult::Sat;
+        if ok {
+            if let Some(m) = model_of(&solver) {
+                best = m;
+            }
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+        solver.pop(1);
+    }
+    Ok(best)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::place::balanced_partition;
+
+    fn items(costs: &[u64], stages: usize) -> Vec<Item> {
+        costs
+            .iter()
+            .map(|&c| Item {
+                cost: c,
+                lo: 0,
+                hi: stages - 1,
+                constraint: None,
+                mem: vec![0; stages],
+            })
+            .collect()
+    }
+
+    /// Z3's optimum equals the dynamic program's (itself checked against brute force) on
+    /// random instances with pins.
+    #[test]
+    fn z3_equals_the_dynamic_program() {
+        let mut seed = 11u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize
+        };
+        for _ in 0..60 {
+            let n = 1 + next() % 10;
+            let stages = 1 + next() % n.min(4);
+            let costs: Vec<u64> = (0..n).map(|_| (next() % 20) as u64).collect();
+            let mut its = items(&costs, stages);
+            if next() % 2 == 0 {
+                let k = next() % n;
+                let st = next() % stages;
+                its[k].lo = st;
+                its[k].hi = st;
+                its[k].constraint = Some(format!("pin {k}"));
+            }
+            let allowed: Vec<(usize, usize)> = its.iter().map(|i| (i.lo, i.hi)).collect();
+            let fcost: Vec<f64> = costs.iter().map(|&c| c as f64).collect();
+            let dp = balanced_partition(&fcost, stages, &allowed);
+            let z = solve(&Problem {
+                items: its,
+                stages,
+                cap: None,
+                lower_bound: None,
+            });
+            let worst = |st: &[usize]| {
+                let mut sums = vec![0u64; stages];
+                for (k, &s) in st.iter().enumerate() {
+                    sums[s] += costs[k];
+                }
+                sums.into_iter().max().unwrap_or(0)
+            };
+            match (dp, z) {
+                (Ok(a), Ok(b)) => {
+                    assert!(b.windows(2).all(|w| w[0] <= w[1] && w[1] - w[0] <= 1));
+                    assert_eq!(worst(&a), worst(&b), "{costs:?} {stages} {allowed:?}");
+                }
+                (Err(_), Err(_)) => {}
+                (a, b) => panic!("dp {a:?} vs z3 {b:?} on {costs:?} {stages} {allowed:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn conflicting_pins_are_the_core() {
+        // Each pin holds alone; together they put a later item on an earlier stage.
+        let mut its = items(&[1, 1, 1, 1], 2);
+        its[1].lo = 1;
+        its[1].hi = 1;
+        its[1].constraint = Some("pin B".into());
+        its[2].lo = 0;
+        its[2].hi = 0;
+        its[2].constraint = Some("pin C".into());
+        let e = solve(&Problem {
+            items: its,
+            stages: 2,
+            cap: None,
+            lower_bound: None,
+        })
+        .unwrap_err();
+        assert_eq!(
+            e,
+            Infeasible::Conflict(vec!["pin B".into(), "pin C".into()])
+        );
+    }
+
+    #[test]
+    fn memory_caps_move_items() {
+        // Balanced by cost, stage 0 would hold items 0 and 1; item 1's memory does not fit.
+        let mut its = items(&[5, 5, 5, 5], 2);
+        for it in &mut its {
+            it.mem = vec![10, 10];
+        }
+        its[0].mem = vec![25, 25];
+        let p = Problem {
+            items: its,
+            stages: 2,
+            cap: Some(30),
+            lower_bound: None,
+        };
+        let st = solve(&p).unwrap();
+        assert_eq!(st, vec![0, 1, 1, 1]);
+        let mut tight = p.clone();
+        tight.cap = Some(20);
+        match solve(&tight).unwrap_err() {
+            Infeasible::Conflict(c) => {
+                assert!(c.iter().any(|x| x.contains("stage 0")), "{c:?}")
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+}
