@@ -2,9 +2,9 @@
 //! on contiguous, non-empty pipeline stages, minimising the slowest stage's cost, under
 //! the user's pins and bounds and each stage's memory cap.
 //!
-//! Encoding: one integer `s_u` per item (its stage); `s_0 = 0`, `s_last = S - 1` and
-//! `0 <= s_u - s_(u-1) <= 1` (contiguous, every stage non-empty). A stage's cost and memory
-//! are sums of `ite(s_u = k, cost_u, 0)`. The objective is found by bisection over the
+//! Encoding: the stage boundaries are the variables (see [`solve`]); items repeated in a
+//! run (a model's identical layers) share them, so a stage's cost and memory are a few
+//! linear terms however many layers there are. The objective is found by bisection over the
 //! candidate values (every contiguous run's cost, sorted), each probe a `push` / assert
 //! every stage's cost `<= T` / `check` / `pop` on one `Solver` (faster than `Optimize` on
 //! such problems), starting at a known lower bound (the dynamic program's optimum, which
@@ -54,23 +54,51 @@ pub enum Infeasible {
     Conflict(Vec<String>),
 }
 
+/// Maximal runs of consecutive items with the same cost and memory and no constraint
+/// (repeated layers): their items share variables. Returns each run's item range.
+fn runs(items: &[Item]) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    for (u, it) in items.iter().enumerate() {
+        let joins = out.last().is_some_and(|r| {
+            let prev = &items[r.end - 1];
+            r.end == u
+                && it.constraint.is_none()
+                && prev.constraint.is_none()
+                && prev.cost == it.cost
+                && prev.mem == it.mem
+                && (prev.lo, prev.hi) == (it.lo, it.hi)
+        });
+        if joins {
+            out.last_mut().expect("checked").end = u + 1;
+        } else {
+            out.push(u..u + 1);
+        }
+    }
+    out
+}
+
 /// The stage of each item in an optimal placement (see the module docs), or why there is
 /// none.
+///
+/// Variables: the stage boundaries `b_1 < ... < b_(S-1)` (the first item of each stage
+/// after the first; `b_0 = 0`, `b_S = n`). Items repeated in a run (equal cost and memory:
+/// the layers of a model) share them: stage `k` holds `max(0, min(b_(k+1), e) - max(b_k,
+/// s))` items of the run `s..e`, so an 80-layer model is a handful of terms per stage.
 pub fn solve(p: &Problem) -> Result<Vec<usize>, Infeasible> {
     let (n, stages) = (p.items.len(), p.stages);
     if n < stages || stages == 0 {
         return Err(Infeasible::TooFew);
     }
     let solver = Solver::new();
-    let s: Vec<Int> = (0..n).map(|u| Int::new_const(format!("s{u}"))).collect();
     let int = |v: u64| Int::from_u64(v);
-    let last = (stages - 1) as u64;
-    solver.assert(s[0].eq(int(0)));
-    solver.assert(s[n - 1].eq(int(last)));
-    for u in 1..n {
-        let d = &s[u] - &s[u - 1];
-        solver.assert(d.ge(int(0)));
-        solver.assert(d.le(int(1)));
+    let mut b: Vec<Int> = vec![int(0)];
+    for k in 1..stages {
+        b.push(Int::new_const(format!("b{k}")));
+    }
+    b.push(int(n as u64));
+    for k in 0..stages {
+        // Every stage holds at least one item.
+        solver.assert(b[k + 1].ge(&b[k] + int(1)));
     }
     let mut tracked: Vec<String> = Vec::new();
     let mut track = |what: String, c: Bool| {
@@ -78,18 +106,34 @@ pub fn solve(p: &Problem) -> Result<Vec<usize>, Infeasible> {
         solver.assert_and_track(c, &lit);
         tracked.push(what);
     };
-    for (u, it) in p.items.iter().enumerate() {
-        let range = Bool::and(&[s[u].ge(int(it.lo as u64)), s[u].le(int(it.hi as u64))]);
+    let runs = runs(&p.items);
+    for r in &runs {
+        // Item u may be on stages lo..=hi: b_lo <= u < b_(hi+1) (for the whole run).
+        let it = &p.items[r.start];
+        if (it.lo, it.hi) == (0, stages - 1) {
+            continue;
+        }
+        let c = Bool::and(&[
+            b[it.lo].le(int(r.start as u64)),
+            b[it.hi + 1].ge(int(r.end as u64)),
+        ]);
         match &it.constraint {
-            Some(what) => track(what.clone(), range),
-            None => solver.assert(range),
+            Some(what) => track(what.clone(), c),
+            None => solver.assert(c),
         }
     }
-    let on = |u: usize, k: usize| s[u].eq(int(k as u64));
+    let min = |x: &Int, c: u64| x.lt(int(c)).ite(x, &int(c));
+    let max = |x: &Int, c: u64| x.gt(int(c)).ite(x, &int(c));
+    // Items of run r on stage k.
+    let overlap = |k: usize, r: &std::ops::Range<usize>| -> Int {
+        let d = min(&b[k + 1], r.end as u64) - max(&b[k], r.start as u64);
+        d.gt(int(0)).ite(&d, &int(0))
+    };
     let sum = |k: usize, value: &dyn Fn(usize) -> u64| -> Int {
-        let terms: Vec<Int> = (0..n)
-            .filter(|&u| value(u) > 0)
-            .map(|u| on(u, k).ite(&int(value(u)), &int(0)))
+        let terms: Vec<Int> = runs
+            .iter()
+            .filter(|r| value(r.start) > 0)
+            .map(|r| overlap(k, r) * int(value(r.start)))
             .collect();
         if terms.is_empty() {
             int(0)
@@ -106,20 +150,19 @@ pub fn solve(p: &Problem) -> Result<Vec<usize>, Infeasible> {
             );
         }
     }
-    match solver.check() {
-        SatResult::Sat => {}
-        _ => {
-            let core: Vec<String> = solver
-                .get_unsat_core()
-                .iter()
-                .filter_map(|b| {
-                    let name = b.to_string();
-                    let i: usize = name.trim_start_matches('c').parse().ok()?;
-                    tracked.get(i).cloned()
-                })
-                .collect();
-            return Err(Infeasible::Conflict(core));
-        }
+    if solver.check() != SatResult::Sat {
+        // In the order the constraints were made (program order, then memory by stage).
+        let mut core: Vec<usize> = solver
+            .get_unsat_core()
+            .iter()
+            .filter_map(|c| c.to_string().trim_start_matches('c').parse().ok())
+            .collect();
+        core.sort_unstable();
+        let core = core
+            .into_iter()
+            .filter_map(|i| tracked.get(i).cloned())
+            .collect();
+        return Err(Infeasible::Conflict(core));
     }
     let costs: Vec<Int> = (0..stages).map(|k| sum(k, &|u| p.items[u].cost)).collect();
     // Candidate objectives: the cost of every contiguous run of items.
@@ -135,11 +178,17 @@ pub fn solve(p: &Problem) -> Result<Vec<usize>, Infeasible> {
     cand.dedup();
     let model_of = |solver: &Solver| -> Option<Vec<usize>> {
         let m = solver.get_model()?;
-        s.iter()
+        let bounds: Vec<usize> = b[1..stages]
+            .iter()
             .map(|x| m.eval(x, true).and_then(|v| v.as_u64()).map(|v| v as usize))
-            .collect()
+            .collect::<Option<_>>()?;
+        Some(
+            (0..n)
+                .map(|u| bounds.iter().filter(|&&x| x <= u).count())
+                .collect(),
+        )
     };
-    // The largest candidate is always feasible (no time limit at all).
+    // With no limit on time it is feasible (just checked).
     let mut best = model_of(&solver).ok_or_else(|| Infeasible::Conflict(Vec::new()))?;
     let (mut lo, mut hi) = (0usize, cand.len() - 1);
     if let Some(lb) = p.lower_bound {
