@@ -511,7 +511,7 @@ fn layout_stages(layout: &str, units: &[Unit]) -> Result<Vec<usize>, String> {
 }
 
 /// The FLOPs of one op of `g` (0 for ops without a spec).
-fn op_flops(g: &Graph, n: &nnscaler_dialects::graph::Node) -> f64 {
+pub fn op_flops(g: &Graph, n: &nnscaler_dialects::graph::Node) -> f64 {
     let Some(spec) = dnn::spec(&n.op) else {
         return 0.0;
     };

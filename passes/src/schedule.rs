@@ -456,16 +456,23 @@ impl Timeline {
 /// A stage's costs are `costs` divided by the chunks per device; an unsplit backward
 /// costs `b + w`.
 pub fn simulate(s: &Schedule, costs: Costs) -> Result<Timeline, String> {
-    verify(s)?;
-    let chunks = (s.stages / s.devices) as f64;
-    let cost = |k: Kind| {
-        (match k {
+    let chunks = (s.stages / s.devices.max(1)) as f64;
+    let cost = |a: Action| {
+        (match a.kind {
             Kind::F => costs.f,
             Kind::B if s.split_backward => costs.b,
             Kind::B => costs.b + costs.w,
             Kind::W => costs.w,
         }) / chunks
     };
+    simulate_with(s, &cost)
+}
+
+/// [`simulate`] with each fragment's time given by `cost` (e.g. its FLOPs at a device's
+/// speed: `nnscaler schedule-report --program`).
+pub fn simulate_with(s: &Schedule, cost: &dyn Fn(Action) -> f64) -> Result<Timeline, String> {
+    verify(s)?;
+    let chunks = (s.stages / s.devices) as f64;
     let mut done: HashMap<Action, f64> = HashMap::new();
     let mut next = vec![0usize; s.devices];
     let mut free = vec![0.0f64; s.devices];
@@ -481,7 +488,7 @@ pub fn simulate(s: &Schedule, costs: Costs) -> Result<Timeline, String> {
                     .collect();
                 let Some(inputs) = inputs else { break };
                 let start = inputs.into_iter().fold(free[d], f64::max);
-                let end = start + cost(a.kind);
+                let end = start + cost(a);
                 done.insert(a, end);
                 runs[d].push((a, start, end));
                 free[d] = end;
@@ -525,7 +532,12 @@ pub fn simulate(s: &Schedule, costs: Costs) -> Result<Timeline, String> {
 /// A Gantt chart of `t` as SVG: devices as rows, F / B / W coloured, micro-batch numbers
 /// (and stages, when a device holds several) inside the boxes, the time axis below.
 pub fn svg(s: &Schedule, t: &Timeline) -> String {
-    let (unit, row, left, top) = (40.0, 28.0, 70.0, 24.0);
+    // About 1200 pixels across for long schedules, at most 40 per mean fragment.
+    let frags: usize = t.runs.iter().map(Vec::len).sum();
+    let mean = t.runs.iter().flatten().map(|(_, a, b)| b - a).sum::<f64>() / frags.max(1) as f64;
+    let span = t.makespan.max(30.0 * mean);
+    let unit = if span > 0.0 { 1200.0 / span } else { 40.0 };
+    let (row, left, top) = (28.0, 70.0, 24.0);
     let width = left + t.makespan * unit + 20.0;
     let height = top + row * s.devices as f64 + 40.0;
     let mut out = format!(
@@ -566,13 +578,23 @@ pub fn svg(s: &Schedule, t: &Timeline) -> String {
         }
     }
     let axis_y = top + row * s.devices as f64 + 14.0;
-    let mut tick = 0.0;
-    while tick <= t.makespan + 1e-9 {
+    // Ticks at a round step giving about ten of them.
+    let raw = (t.makespan / 10.0).max(f64::MIN_POSITIVE);
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|&x| x >= raw)
+        .unwrap_or(10.0 * mag);
+    let decimals = (-step.log10().floor()).max(0.0) as usize;
+    let mut i = 0u32;
+    while f64::from(i) * step <= t.makespan + step * 1e-9 && t.makespan > 0.0 {
+        let tick = f64::from(i) * step;
         out.push_str(&format!(
-            "<text x=\"{:.1}\" y=\"{axis_y:.1}\" text-anchor=\"middle\">{tick}</text>\n",
-            left + tick * unit
+            "<text x=\"{:.1}\" y=\"{axis_y:.1}\" text-anchor=\"middle\">{tick:.decimals$}</text>\n",
+            left + tick * unit,
         ));
-        tick += 1.0;
+        i += 1;
     }
     out.push_str("</svg>\n");
     out
@@ -581,6 +603,11 @@ pub fn svg(s: &Schedule, t: &Timeline) -> String {
 /// A report of `t`: per device its busy and idle time and peak in-flight micro-batches,
 /// then the makespan and the bubble ratio.
 pub fn report(s: &Schedule, t: &Timeline) -> String {
+    report_scaled(s, t, 1.0, "")
+}
+
+/// [`report`] with times multiplied by `scale` and followed by `unit` (e.g. 1e3, "ms").
+pub fn report_scaled(s: &Schedule, t: &Timeline, scale: f64, unit: &str) -> String {
     let mut out = format!(
         "{}: {} devices, {} stages, {} micro-batches{}\n",
         s.name,
@@ -593,16 +620,30 @@ pub fn report(s: &Schedule, t: &Timeline) -> String {
             ""
         }
     );
-    out.push_str("device     busy     idle   peak in flight\n");
+    let head = if unit.is_empty() {
+        "device     busy     idle   peak in flight\n".to_string()
+    } else {
+        format!("device  busy ({unit})  idle ({unit})   peak in flight\n")
+    };
+    out.push_str(&head);
     for (d, (b, i)) in t.busy.iter().zip(t.idle()).enumerate() {
-        out.push_str(&format!(
-            "{d:>6} {b:>8.2} {i:>8.2} {:>16.2}\n",
-            t.peak_in_flight[d]
-        ));
+        let (b, i) = (b * scale, i * scale);
+        if unit.is_empty() {
+            out.push_str(&format!(
+                "{d:>6} {b:>8.2} {i:>8.2} {:>16.2}\n",
+                t.peak_in_flight[d]
+            ));
+        } else {
+            out.push_str(&format!(
+                "{d:>6} {b:>10.3} {i:>10.3} {:>16.2}\n",
+                t.peak_in_flight[d]
+            ));
+        }
     }
     out.push_str(&format!(
-        "makespan {:.2}, bubble ratio {:.1}%\n",
-        t.makespan,
+        "makespan {:.2}{}{unit}, bubble ratio {:.1}%\n",
+        t.makespan * scale,
+        if unit.is_empty() { "" } else { " " },
         100.0 * t.bubble_ratio()
     ));
     out

@@ -24,13 +24,21 @@ pub struct ScheduleArgs {
     #[arg(
         long,
         value_name = "NAME",
-        required_unless_present = "from",
-        conflicts_with = "from"
+        required_unless_present_any = ["from", "program"],
+        conflicts_with_all = ["from", "program"]
     )]
     pub schedule: Option<String>,
     /// A schedule table to read instead.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "program")]
     pub from: Option<String>,
+    /// A pipelined program (the output of a --schedule-* pass, before or after
+    /// --localize) to read instead: its ranks' orders, and each fragment's time from its
+    /// FLOPs (per device once localized) at --flops.
+    #[arg(long, value_name = "FILE.mlir")]
+    pub program: Option<String>,
+    /// A device's speed for --program, FLOP/s.
+    #[arg(long, value_name = "F", default_value_t = 1e14)]
+    pub flops: f64,
     /// Pipeline devices (one stage each; `chunks` each when interleaved).
     #[arg(long, value_name = "P", default_value_t = 4)]
     pub stages: usize,
@@ -59,6 +67,9 @@ pub struct ScheduleArgs {
 
 /// Runs the command; returns the report.
 pub fn main(a: &ScheduleArgs) -> Result<String, String> {
+    if let Some(p) = &a.program {
+        return program_report(a, p);
+    }
     let s = match (&a.schedule, &a.from) {
         (_, Some(f)) => schedule::parse_text(&read_input(f)?, f)?,
         (Some(name), None) => schedule::by_name(name, a.stages, a.microbatches, a.chunks)?,
@@ -85,6 +96,131 @@ pub fn main(a: &ScheduleArgs) -> Result<String, String> {
     match a.table.as_deref() {
         Some("-") => report.push_str(&schedule::to_text(&s)),
         Some(path) => outputs.stage(path, schedule::to_text(&s).into_bytes())?,
+        None => {}
+    }
+    outputs.commit()?;
+    Ok(report)
+}
+
+/// The timeline of a pipelined program: the schedule its ranks' programs record
+/// (`nns.schedule`), each fragment's time its FLOPs at `--flops`.
+fn program_report(a: &ScheduleArgs, path: &str) -> Result<String, String> {
+    use nnscaler_dialects::context::IrContext;
+    use nnscaler_dialects::graph::Graph;
+    use nnscaler_dialects::types::AttrValue;
+    if !(a.flops.is_finite() && a.flops > 0.0) {
+        return Err(format!("--flops must be a speed > 0, not {}", a.flops));
+    }
+    let text = read_input(path)?;
+    let ir = IrContext::new();
+    let module = ir
+        .parse(&text, path)
+        .map_err(|d| d.in_file(path).render_limited(Some(&text), 20))?;
+    let graphs: Vec<Graph> = Graph::all_in(&module)
+        .into_iter()
+        .filter_map(Result::ok)
+        .collect();
+    let mut ranks: Vec<(i64, String, String)> = Vec::new();
+    for g in &graphs {
+        if let (Some(AttrValue::Str(p)), Some(AttrValue::Int(r)), Some(AttrValue::Str(s))) = (
+            g.func_attrs.get("nns.pipeline"),
+            g.func_attrs.get("nns.pipeline_rank"),
+            g.func_attrs.get("nns.schedule"),
+        ) {
+            ranks.push((*r, p.clone(), s.clone()));
+        }
+    }
+    if ranks.is_empty() {
+        return Err(format!(
+            "{path}: no pipelined program (functions with nns.pipeline, made by a --schedule-* pass)"
+        ));
+    }
+    ranks.sort();
+    let name = ranks[0].1.clone();
+    let sched_name = ranks[0].2.split(':').next().unwrap_or("").to_string();
+    let table: String = ranks
+        .iter()
+        .map(|(_, _, s)| format!("{}\n", s.split_once(':').map_or(s.as_str(), |x| x.1).trim()))
+        .collect();
+    let mut s = schedule::parse_text(&table, path)?;
+    s.name = format!("@{name} ({sched_name})");
+    // Each fragment's FLOPs: @<name>.s<stage>.<F|B|W>.
+    let flops = |stage: usize, kind: &str| -> f64 {
+        graphs
+            .iter()
+            .find(|g| g.name == format!("{name}.s{stage}.{kind}"))
+            .map_or(0.0, |g| {
+                g.nodes
+                    .iter()
+                    .map(|n| nnscaler_passes::place::op_flops(g, n))
+                    .sum()
+            })
+    };
+    // Before --localize a fragment's FLOPs are the whole batch's on all the stage's
+    // devices: one micro-batch on one device is 1/(m x devices per stage) of that (an even
+    // split); after, they are exactly one device's.
+    let localized = graphs
+        .iter()
+        .any(|g| g.name == format!("{name}.s0.F") && g.is_localized());
+    let share = if localized {
+        1.0
+    } else {
+        let mut d = Default::default();
+        let meshes = nnscaler_dialects::verify::Meshes::collect(&module.as_operation(), &mut d);
+        let per_stage = meshes
+            .resolve(None)
+            .map(|m| (m.devices() / s.devices.max(1) as i64).max(1))
+            .unwrap_or(1);
+        1.0 / (s.microbatches as f64 * per_stage as f64)
+    };
+    let mut per: Vec<[f64; 3]> = Vec::new();
+    for st in 0..s.stages {
+        per.push([
+            flops(st, "F") * share,
+            flops(st, "B") * share,
+            flops(st, "W") * share,
+        ]);
+    }
+    let speed = a.flops;
+    let cost = |x: schedule::Action| -> f64 {
+        let [f, b, w] = per[x.stage];
+        (match x.kind {
+            schedule::Kind::F => f,
+            schedule::Kind::B if s.split_backward => b,
+            schedule::Kind::B => b + w,
+            schedule::Kind::W => w,
+        }) / speed
+    };
+    let t = schedule::simulate_with(&s, &cost)?;
+    let mut report = schedule::report_scaled(&s, &t, 1e3, "ms");
+    report.push_str(&format!(
+        "fragment times at {:.3e} FLOP/s per device{}; sends and receives take no time\n",
+        speed,
+        if localized {
+            ""
+        } else {
+            " (not localized: each fragment's FLOPs split evenly over micro-batches and the stage's devices; run after --localize for each device's exact work)"
+        }
+    ));
+    for (st, [f, b, w]) in per.iter().enumerate() {
+        report.push_str(&format!(
+            "  stage {st}: F {:.3} ms, B {:.3} ms{}\n",
+            f / speed * 1e3,
+            b / speed * 1e3,
+            if s.split_backward {
+                format!(", W {:.3} ms", w / speed * 1e3)
+            } else {
+                String::new()
+            }
+        ));
+    }
+    let mut outputs = Outputs::new();
+    if let Some(p) = &a.svg {
+        outputs.stage(p, schedule::svg(&s, &t).into_bytes())?;
+    }
+    match a.table.as_deref() {
+        Some("-") => report.push_str(&schedule::to_text(&s)),
+        Some(p) => outputs.stage(p, schedule::to_text(&s).into_bytes())?,
         None => {}
     }
     outputs.commit()?;
