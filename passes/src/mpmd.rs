@@ -579,7 +579,7 @@ fn build(
 
     // The programs.
     let p = sched.devices;
-    let rank_of = |s: usize| s % p;
+    let rank_of = |s: usize| sched.device_of[s];
     // Which ranks read each value computed in a fragment (besides its own).
     let mut readers: HashMap<ValueId, Vec<usize>> = HashMap::new();
     for (&(s, _), f) in &frags {

@@ -12,7 +12,8 @@
 //! hi>` bounds it, and with a `memory_cap` on the module's mesh each stage's device must
 //! hold its parameters with their gradients and Adam state (4 x the parameter bytes,
 //! split over `tp`) and its activations for the micro-batches the schedule keeps in flight
-//! on it (1F1B: min(p - r, m) of m on rank r, GPipe: m; split over `dp` x `tp`).
+//! on it (1F1B and ZB-H1: min(p - r, m) of m on rank r, ZB-V: min(p, m), GPipe: m; split
+//! over `dp` x `tp`).
 //!
 //! Solvers (`solver=`): `z3` (default) — [`crate::place_z3`], a bisection on the slowest
 //! stage's cost with Z3, whose unsat core names the constraints that cannot hold together;
@@ -91,10 +92,10 @@ impl Place {
         let schedule = o.get("schedule").unwrap_or("1f1b").to_string();
         if !matches!(
             schedule.as_str(),
-            "1f1b" | "gpipe" | "zb-h1" | "interleaved"
+            "1f1b" | "gpipe" | "zb-h1" | "zb-v" | "interleaved"
         ) {
             return Err(format!(
-                "place: unknown schedule '{schedule}' (1f1b, gpipe, zb-h1, interleaved)"
+                "place: unknown schedule '{schedule}' (1f1b, gpipe, zb-h1, zb-v, interleaved)"
             ));
         }
         let microbatches = o
@@ -317,6 +318,8 @@ impl Place {
         let in_flight: Vec<u64> = (0..stages as i64)
             .map(|k| match self.schedule.as_str() {
                 "gpipe" => m,
+                // ZB-V keeps p micro-batches of each of a rank's two stages.
+                "zb-v" => p.min(m),
                 _ => (p - k % p).min(m),
             } as u64)
             .collect();

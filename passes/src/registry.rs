@@ -160,7 +160,7 @@ pub static PASSES: &[PassInfo] = &[
             },
             OptionInfo {
                 name: "schedule",
-                help: "whose in-flight micro-batches the memory cap counts: 1f1b (default; min(p - r, m) on rank r), gpipe (m), zb-h1, interleaved",
+                help: "whose in-flight micro-batches the memory cap counts: 1f1b (default; min(p - r, m) on rank r), gpipe (m), zb-h1 (as 1f1b), zb-v (min(p, m)), interleaved (as 1f1b)",
             },
             OptionInfo {
                 name: "microbatches",
@@ -221,6 +221,13 @@ pub static PASSES: &[PassInfo] = &[
         options: SCHEDULE_OPTIONS,
         anchor: Anchor::Module,
         factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named("zb-h1", o)?)))),
+    },
+    PassInfo {
+        name: "schedule-zb-v",
+        summary: "Pipeline the training step as MPMD programs (see --schedule-gpipe): zero-bubble ZB-V, 2 stages per rank in a V (rank r holds stages r and 2pp-1-r, so the first and last stage share rank 0), backward split into B and W; place 2 x pp stages",
+        options: SCHEDULE_OPTIONS,
+        anchor: Anchor::Module,
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named("zb-v", o)?)))),
     },
     PassInfo {
         name: "schedule-from",

@@ -56,8 +56,11 @@ pub struct Schedule {
     pub name: String,
     /// Devices (pipeline ranks).
     pub devices: usize,
-    /// Stages (a multiple of `devices`; stage `s` runs on device `s % devices`).
+    /// Stages (a multiple of `devices`).
     pub stages: usize,
+    /// The device of each stage: `s % devices` (one stage per device, or interleaved
+    /// chunks), or the V placement of ZB-V (device r holds stages r and 2p - 1 - r).
+    pub device_of: Vec<usize>,
     /// Micro-batches.
     pub microbatches: usize,
     /// Whether backward is split into `B` (input gradient) and `W` (weight gradient).
@@ -67,7 +70,7 @@ pub struct Schedule {
 }
 
 /// The schedules the generators make.
-pub const NAMES: &[&str] = &["gpipe", "1f1b", "interleaved", "zb-h1"];
+pub const NAMES: &[&str] = &["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"];
 
 /// The most (stage, micro-batch) pairs a schedule may hold (tables are listed in full).
 pub const MAX_FRAGMENTS: usize = 10_000_000;
@@ -104,6 +107,7 @@ fn one_stage_per_device(
         name: name.into(),
         devices: p,
         stages: p,
+        device_of: (0..p).collect(),
         microbatches: m,
         split_backward,
         actions: (0..p).map(order).collect(),
@@ -192,6 +196,7 @@ pub fn interleaved(p: usize, v: usize, m: usize) -> Result<Schedule, String> {
         name: "interleaved".into(),
         devices: p,
         stages: p * v,
+        device_of: (0..p * v).map(|k| k % p).collect(),
         microbatches: m,
         split_backward: false,
         actions,
@@ -220,6 +225,95 @@ pub fn zb_h1(p: usize, m: usize) -> Result<Schedule, String> {
     })
 }
 
+/// The V placement: device `r` holds stages `r` and `2p - 1 - r`.
+pub fn v_placement(p: usize) -> Vec<usize> {
+    (0..2 * p)
+        .map(|s| if s < p { s } else { 2 * p - 1 - s })
+        .collect()
+}
+
+/// ZB-V (zero bubble with the V placement, the memory of 1F1B): 2p stages, device r holds
+/// stages r (chunk 0) and 2p - 1 - r (chunk 1), the backward split into B and W. Per
+/// device: 2(p - r) - 1 forwards of chunk 0, then r pairs of forwards (chunk 1, chunk 0),
+/// p - r rounds of chunk 1's F, B, W, then steady rounds of chunk 0's F, B, W and chunk 1's
+/// F, B, W, a cool-down of Bs (r pairs, then chunk 0's B and W), the remaining Ws. Planned
+/// for max(2p - 1, m) micro-batches, those past m dropped.
+pub fn zb_v(p: usize, m: usize) -> Result<Schedule, String> {
+    check_sizes(p, m)?;
+    if p.saturating_mul(2).saturating_mul(m) > MAX_FRAGMENTS {
+        return Err(format!(
+            "{p} devices x 2 chunks x {m} micro-batches is more than the {MAX_FRAGMENTS} fragments a schedule may list"
+        ));
+    }
+    let n = (2 * p - 1).max(m);
+    let actions = (0..p)
+        .map(|r| {
+            let (c0, c1) = (r, 2 * p - 1 - r);
+            let mut a = Vec::new();
+            let (mut f0, mut f1, mut b0, mut b1) = (0, 0, 0, 0);
+            for _ in 0..2 * (p - r) - 1 {
+                a.push(action(c0, Kind::F, f0));
+                f0 += 1;
+            }
+            for _ in 0..r {
+                a.push(action(c1, Kind::F, f1));
+                f1 += 1;
+                a.push(action(c0, Kind::F, f0));
+                f0 += 1;
+            }
+            for _ in 0..p - r {
+                a.push(action(c1, Kind::F, f1));
+                f1 += 1;
+                a.push(action(c1, Kind::B, b1));
+                a.push(action(c1, Kind::W, b1));
+                b1 += 1;
+            }
+            while f1 < f0 || f0 < n {
+                if f0 < n {
+                    a.push(action(c0, Kind::F, f0));
+                    f0 += 1;
+                }
+                a.push(action(c0, Kind::B, b0));
+                a.push(action(c0, Kind::W, b0));
+                b0 += 1;
+                a.push(action(c1, Kind::F, f1));
+                f1 += 1;
+                a.push(action(c1, Kind::B, b1));
+                a.push(action(c1, Kind::W, b1));
+                b1 += 1;
+            }
+            let (mut w0, mut w1) = (b0, b1);
+            for _ in 0..r {
+                a.push(action(c0, Kind::B, b0));
+                b0 += 1;
+                a.push(action(c1, Kind::B, b1));
+                b1 += 1;
+            }
+            for _ in 0..p - r {
+                a.push(action(c0, Kind::B, b0));
+                b0 += 1;
+                a.push(action(c0, Kind::W, w0));
+                w0 += 1;
+            }
+            a.extend((w1..b1).map(|i| action(c1, Kind::W, i)));
+            w1 = b1;
+            a.extend((w0..b0).map(|i| action(c0, Kind::W, i)));
+            let _ = w1;
+            a.retain(|x| x.mb < m);
+            a
+        })
+        .collect();
+    Ok(Schedule {
+        name: "zb-v".into(),
+        devices: p,
+        stages: 2 * p,
+        device_of: v_placement(p),
+        microbatches: m,
+        split_backward: true,
+        actions,
+    })
+}
+
 /// The schedule called `name` for `p` devices, `m` micro-batches and (interleaved) `v`
 /// chunks.
 pub fn by_name(name: &str, p: usize, m: usize, v: usize) -> Result<Schedule, String> {
@@ -228,6 +322,7 @@ pub fn by_name(name: &str, p: usize, m: usize, v: usize) -> Result<Schedule, Str
         "1f1b" => one_f_one_b(p, m),
         "interleaved" => interleaved(p, v, m),
         "zb-h1" => zb_h1(p, m),
+        "zb-v" => zb_v(p, m),
         _ => Err(format!(
             "unknown schedule '{name}' (schedules: {})",
             NAMES.join(", ")
@@ -288,9 +383,29 @@ pub fn parse_text(text: &str, file: &str) -> Result<Schedule, String> {
     if actions.is_empty() {
         return Err(format!("{file}: the schedule lists no device"));
     }
+    // Each stage's device is the line it appears on (the same for all its actions).
+    let mut device_of: Vec<Option<usize>> = vec![None; stages];
+    for (d, acts) in actions.iter().enumerate() {
+        for a in acts {
+            match device_of[a.stage] {
+                None => device_of[a.stage] = Some(d),
+                Some(e) if e != d => return Err(format!(
+                    "{file}: stage {} appears on devices {e} and {d}; a stage runs on one device",
+                    a.stage
+                )),
+                _ => {}
+            }
+        }
+    }
+    let device_of: Vec<usize> = device_of
+        .into_iter()
+        .enumerate()
+        .map(|(s, d)| d.ok_or(format!("{file}: stage {s} appears on no device")))
+        .collect::<Result<_, _>>()?;
     Ok(Schedule {
         name: file.to_string(),
         devices: actions.len(),
+        device_of,
         stages,
         microbatches: mbs,
         split_backward: split,
@@ -312,7 +427,7 @@ fn deps(a: Action, stages: usize) -> Vec<Action> {
     }
 }
 
-/// Checks `s`: every stage sits on its device (`stage % devices`), every (stage,
+/// Checks `s`: every stage sits on its device (`device_of`), every (stage,
 /// micro-batch) runs F, B and (split) W exactly once, and the order cannot deadlock (the
 /// devices' orders plus the dependencies form no cycle). Errors name the problem.
 pub fn verify(s: &Schedule) -> Result<(), String> {
@@ -322,15 +437,23 @@ pub fn verify(s: &Schedule) -> Result<(), String> {
             s.name, s.stages, s.devices
         ));
     }
+    if s.device_of.len() != s.stages || s.device_of.iter().any(|&d| d >= s.devices) {
+        return Err(format!(
+            "{}: the stage placement does not map {} stages onto {} devices",
+            s.name, s.stages, s.devices
+        ));
+    }
     let mut seen: HashMap<Action, usize> = HashMap::new();
     for (d, acts) in s.actions.iter().enumerate() {
         for a in acts {
-            if a.stage % s.devices != d {
+            if s.device_of.get(a.stage) != Some(&d) {
                 return Err(format!(
                     "{}: {a} is on device {d} but stage {} runs on device {}",
                     s.name,
                     a.stage,
-                    a.stage % s.devices
+                    s.device_of
+                        .get(a.stage)
+                        .map_or("none".to_string(), |d| d.to_string())
                 ));
             }
             if a.kind == Kind::W && !s.split_backward {
@@ -389,10 +512,10 @@ pub fn verify(s: &Schedule) -> Result<(), String> {
             .find(|c| c.contains(&cycle.node_id()))
             .unwrap_or_else(|| vec![cycle.node_id()]);
         let mut members: Vec<Action> = scc.iter().map(|&i| g[i]).collect();
-        members.sort_by_key(|a| (a.stage % s.devices, a.mb, a.stage, a.kind));
+        members.sort_by_key(|a| (s.device_of[a.stage], a.mb, a.stage, a.kind));
         let list: Vec<String> = members
             .iter()
-            .map(|a| format!("{a} (device {})", a.stage % s.devices))
+            .map(|a| format!("{a} (device {})", s.device_of[a.stage]))
             .collect();
         format!(
             "{}: the schedule deadlocks: {} wait for each other (each device's order plus what each fragment needs from another)",
@@ -721,6 +844,34 @@ mod tests {
         ));
     }
 
+    /// ZB-V against the reference simulation numbers (tF = tB = tW = 1 per stage, chunks
+    /// cost 1/2): p=4 m=8 makespan 25.5, idle 1.5 per device; p=4 m=16 49.5; p=8 m=32
+    /// 99.5, idle 3.5; p micro-batches in flight on every device; and m < 2p - 1 works.
+    #[test]
+    fn zb_v_reference_numbers() {
+        let c = Costs::default();
+        for (p, m, makespan, idle) in [(4, 8, 25.5, 1.5), (4, 16, 49.5, 1.5), (8, 32, 99.5, 3.5)] {
+            let s = zb_v(p, m).unwrap();
+            assert_eq!(s.device_of, v_placement(p));
+            let t = simulate(&s, c).unwrap();
+            assert!(
+                close(t.makespan, makespan),
+                "zb-v p={p} m={m}: {}",
+                t.makespan
+            );
+            for (r, i) in t.idle().iter().enumerate() {
+                assert!(close(*i, idle), "zb-v p={p} m={m} device {r}: idle {i}");
+            }
+            for (r, x) in t.peak_in_flight.iter().enumerate() {
+                assert!(close(*x, p as f64), "zb-v p={p} m={m} device {r}: peak {x}");
+            }
+        }
+        for m in 1..8 {
+            simulate(&zb_v(4, m).unwrap(), c).unwrap();
+        }
+        assert_eq!(v_placement(3), vec![0, 1, 2, 2, 1, 0]);
+    }
+
     #[test]
     fn peaks_in_flight() {
         let c = Costs::default();
@@ -776,10 +927,17 @@ mod tests {
         // One device holding both stages, running stage 1's F first: deadlock too.
         let e = verify(&parse_text("1F0 0F0 0B0 1B0\n", "o.txt").unwrap()).unwrap_err();
         assert!(e.contains("deadlocks"), "{e}");
-        let e = verify(&parse_text("1F0 1B0\n0F0 0B0\n", "w.txt").unwrap()).unwrap_err();
-        assert!(
-            e.contains("1F0 is on device 0 but stage 1 runs on device 1"),
-            "{e}"
+        // A table places each stage on the device whose line lists it (any placement,
+        // the V one of ZB-V included), but one stage on one device only.
+        let s = parse_text("1F0 1B0\n0F0 0B0\n", "w.txt").unwrap();
+        assert_eq!(s.device_of, vec![1, 0]);
+        verify(&s).unwrap();
+        let e = parse_text("0F0 1B0\n1F0 0B0\n", "w.txt").unwrap_err();
+        assert!(e.contains("stage 1 appears on devices 0 and 1"), "{e}");
+        let v = zb_v(2, 4).unwrap();
+        assert_eq!(
+            parse_text(&to_text(&v), "v.txt").unwrap().device_of,
+            v.device_of
         );
         let e = verify(&parse_text("0F0 0B0 0F0\n1F0 1B0\n", "t.txt").unwrap()).unwrap_err();
         assert!(e.contains("0F0 runs twice"), "{e}");

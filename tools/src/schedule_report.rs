@@ -20,7 +20,7 @@ use nnscaler_passes::schedule::{self, Costs};
         time. Files are written only when everything succeeded."
 )]
 pub struct ScheduleArgs {
-    /// gpipe | 1f1b | interleaved | zb-h1.
+    /// gpipe | 1f1b | interleaved | zb-h1 | zb-v.
     #[arg(
         long,
         value_name = "NAME",

@@ -413,12 +413,13 @@ const PIPELINE_PLANS: &[&str] = &[
     "dp-megatron dp=2 tp=2 pp=2 microbatches=4",
 ];
 
-/// The schedules, each with the stages it places: interleaved runs 2 chunks per rank.
+/// The schedules, each with the stages it places: interleaved and ZB-V run 2 per rank.
 const SCHEDULES: &[(usize, &str)] = &[
     (2, "schedule-gpipe"),
     (2, "schedule-1f1b"),
     (2, "schedule-zb-h1"),
     (4, "schedule-interleaved chunks=2"),
+    (4, "schedule-zb-v"),
 ];
 
 /// Every schedule x recompute (off, full, selective) x plan.
