@@ -389,10 +389,12 @@ pub fn parse_text(text: &str, file: &str) -> Result<Schedule, String> {
         for a in acts {
             match device_of[a.stage] {
                 None => device_of[a.stage] = Some(d),
-                Some(e) if e != d => return Err(format!(
+                Some(e) if e != d => {
+                    return Err(format!(
                     "{file}: stage {} appears on devices {e} and {d}; a stage runs on one device",
                     a.stage
-                )),
+                ))
+                }
                 _ => {}
             }
         }

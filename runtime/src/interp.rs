@@ -6,6 +6,7 @@ use crate::tensor::{supported, Data, Tensor};
 use crate::{init, tensor};
 use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::types::AttrValue;
 use nnscaler_dialects::userop::callee;
 use std::collections::BTreeMap;
 
@@ -103,7 +104,7 @@ fn run_graph(
     let device_info = device.map(|d| crate::kernels::DeviceInfo {
         names: d.mesh.axes.iter().map(|a| a.name.clone()).collect(),
         sizes: d.mesh.axes.iter().map(|a| a.size as usize).collect(),
-        coords: d.coords.clone(),
+        coords: d.current_coords(),
     });
     let fail = |loc: &SrcLoc, message: String| RunError {
         loc: loc.clone(),
@@ -236,7 +237,16 @@ fn run_graph(
                     ));
                 }
                 let owned: Vec<Tensor> = ins.iter().map(|&t| t.clone()).collect();
-                run_graph(
+                // A pipeline fragment runs at its micro-batch's coordinate on the
+                // micro-batch axis (`nns.fragment = "<stage><F|B|W><mb>"`).
+                let mb = match (n.attrs.get("nns.fragment"), device) {
+                    (Some(AttrValue::Str(f)), Some(_)) => f
+                        .rfind(['F', 'B', 'W'])
+                        .and_then(|k| f[k + 1..].parse::<usize>().ok()),
+                    _ => None,
+                };
+                let before = device.map(|d| d.microbatch.replace(mb.or(d.microbatch.get())));
+                let r = run_graph(
                     f,
                     callees,
                     owned,
@@ -244,7 +254,11 @@ fn run_graph(
                     profile.as_deref_mut(),
                     device,
                     depth + 1,
-                )?
+                );
+                if let (Some(d), Some(b)) = (device, before) {
+                    d.microbatch.set(b);
+                }
+                r?
             };
             (what, outs)
         } else {

@@ -220,6 +220,23 @@ pub struct Device<'a> {
     pub pipeline: Option<PipelinePlace>,
     /// How many collectives it has run per (axes, group): the n-th meets the group's n-th.
     pub seq: std::cell::RefCell<HashMap<(Vec<usize>, usize), usize>>,
+    /// While a pipeline fragment of micro-batch `i` runs: `i`, this device's coordinate on
+    /// the micro-batch axis (what dropout's mask offsets by).
+    pub microbatch: std::cell::Cell<Option<usize>>,
+}
+
+impl Device<'_> {
+    /// Its coordinates, the micro-batch axis at the running fragment's micro-batch.
+    pub fn current_coords(&self) -> Vec<usize> {
+        let mut c = self.coords.clone();
+        if let (Some(i), Some(a)) = (
+            self.microbatch.get(),
+            self.mesh.axes.iter().position(|a| a.microbatches),
+        ) {
+            c[a] = i;
+        }
+        c
+    }
 }
 
 impl Device<'_> {
@@ -611,6 +628,7 @@ fn run_devices<'g>(
                         id: d,
                         pipeline,
                         seq: Default::default(),
+                        microbatch: Default::default(),
                     };
                     // A panicking kernel must not leave the other devices waiting forever
                     // at a collective: catch it and wake them.

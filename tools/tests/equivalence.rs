@@ -329,8 +329,15 @@ fn check_pipeline(
     schedule: &str,
     recompute: Option<&str>,
 ) -> f64 {
-    let mut c = preset(name).unwrap();
-    let sets: &[(&str, &str)] = match name {
+    let (base, dropout) = match name.strip_suffix("+dropout") {
+        Some(b) => (b, true),
+        None => (name, false),
+    };
+    let mut c = preset(base).unwrap();
+    if dropout {
+        c.set("dropout", "0.2").unwrap();
+    }
+    let sets: &[(&str, &str)] = match base {
         "gpt-tiny" => &[("heads", "4"), ("vocab", "12")],
         _ => &[("heads", "4"), ("kv-heads", "2"), ("vocab", "12")],
     };
@@ -441,6 +448,21 @@ fn gpt_pipelines_match_one_device() {
 #[test]
 fn llama_pipelines_match_one_device() {
     check_pipelines("llama-tiny");
+}
+
+/// Dropout inside a pipeline: each fragment runs at its micro-batch's coordinate on the
+/// micro-batch axis, so its mask is the single-device mask of those rows (with dp, tp and
+/// recomputation, which redraws the same mask).
+#[test]
+fn pipelined_dropout_matches_one_device() {
+    for plan in [
+        "dp dp=1 pp=2 microbatches=4",
+        "dp-megatron dp=2 tp=2 pp=2 microbatches=4",
+    ] {
+        for r in [None, Some("full")] {
+            check_pipeline("gpt-tiny+dropout", "8", 2, plan, "schedule-1f1b", r);
+        }
+    }
 }
 
 /// Fewer micro-batches than stages still runs to the end (most ranks idle) and is exact;
