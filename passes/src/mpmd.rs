@@ -174,6 +174,9 @@ impl ModulePass for SchedulePass {
             .map_err(|e| error(&here, format!("{flag}: {e}")))?;
         let mut targets = Vec::new();
         let mut problems = Diagnostics::default();
+        // Training steps: functions of ours returning gradients (helpers, user ops and
+        // their VJPs, fragments and programs already made are left alone).
+        let mut forward_only = None;
         top_level_ops(module, &mut |op| {
             if !is_ours(op) {
                 return;
@@ -181,6 +184,9 @@ impl ModulePass for SchedulePass {
             match Graph::from_func(op) {
                 Err(e) => problems.error(&e.loc, e.message),
                 Ok(g) if g.is_localized() || g.func_attrs.contains_key("nns.pipeline") => {}
+                Ok(g) if !crate::recompute::has_backward(&g) => {
+                    forward_only.get_or_insert((g.loc.clone(), g.name.clone()));
+                }
                 Ok(g) => targets.push((op.to_raw(), g)),
             }
         });
@@ -188,10 +194,16 @@ impl ModulePass for SchedulePass {
             return Err(problems);
         }
         if targets.is_empty() {
-            return Err(error(
-                &here,
-                format!("{flag}: the module has no partitioned function to schedule"),
-            ));
+            return Err(match forward_only {
+                Some((loc, name)) => error(
+                    &loc,
+                    format!("{flag}: @{name} has no loss and backward to pipeline; run --autodiff first (before --plan and --split-tensor)"),
+                ),
+                None => error(
+                    &here,
+                    format!("{flag}: the module has no training step to schedule (a function returning grad.* results)"),
+                ),
+            });
         }
         for (raw, g) in targets {
             let made = build(&g, &mesh, &sched, &self.axis, &flag)?;
