@@ -715,10 +715,28 @@ impl Graph {
                 )),
             };
         }
-        let mut aliases = vec![false; self.values.len()];
-        aliases[a.value] = true;
-        // (rule, what the use is), first use of each rule.
         let mut found: Vec<(Init, String)> = Vec::new();
+        self.init_uses(a.value, 0, &mut found);
+        match found.as_slice() {
+            [] => Ok(Init::Normal {
+                mean: 0.0,
+                std: 0.02,
+            }),
+            [(rule, _)] => Ok(*rule),
+            [(r0, w0), (r1, w1), ..] => Err(format!(
+                "parameter '{}' is used as {w0}, initialized to {r0}, and as {w1}, initialized \
+                 to {r1}; give it an explicit nns.init",
+                a.name().unwrap_or("?")
+            )),
+        }
+    }
+
+    /// The init rules the uses of `value` imply (first use of each rule, with what the use
+    /// is), following `nns` ops and calls into the functions `callees` holds (a pipeline's
+    /// fragments, a user op's body).
+    fn init_uses(&self, value: ValueId, depth: usize, found: &mut Vec<(crate::nns::Init, String)>) {
+        let mut aliases = vec![false; self.values.len()];
+        aliases[value] = true;
         for n in &self.nodes {
             for (i, &v) in n.inputs.iter().enumerate() {
                 if !aliases[v] {
@@ -727,6 +745,15 @@ impl Graph {
                 if n.op.starts_with("nns.") {
                     for &o in &n.outputs {
                         aliases[o] = true;
+                    }
+                    continue;
+                }
+                if n.op == "func.call" {
+                    let callee = crate::userop::callee(&n.attrs).and_then(|c| self.callees.get(c));
+                    if let Some(f) = callee.filter(|_| depth < 64) {
+                        if let Some(arg) = f.args.get(i) {
+                            f.init_uses(arg.value, depth + 1, found);
+                        }
                     }
                     continue;
                 }
@@ -745,18 +772,6 @@ impl Graph {
                     found.push((rule, format!("a {op} {what} (at {})", n.loc)));
                 }
             }
-        }
-        match found.as_slice() {
-            [] => Ok(Init::Normal {
-                mean: 0.0,
-                std: 0.02,
-            }),
-            [(rule, _)] => Ok(*rule),
-            [(r0, w0), (r1, w1), ..] => Err(format!(
-                "parameter '{}' is used as {w0}, initialized to {r0}, and as {w1}, initialized \
-                 to {r1}; give it an explicit nns.init",
-                a.name().unwrap_or("?")
-            )),
         }
     }
 

@@ -341,6 +341,24 @@ const PIPELINES: &[&[&str]] = &[
         "--localize",
     ],
     &["--localize"],
+    &[
+        "--place=stages=2",
+        "--autodiff",
+        "--plan=dp dp=2 pp=2 microbatches=2",
+        "--split-tensor",
+        "--schedule-1f1b",
+        "--lower-relayouts",
+        "--localize",
+    ],
+    &[
+        "--place=stages=2",
+        "--autodiff",
+        "--recompute=full",
+        "--plan=megatron tp=2 pp=2 microbatches=2",
+        "--propagate-layouts",
+        "--split-tensor",
+        "--schedule-zb-h1",
+    ],
 ];
 
 /// Positions and lengths of the decimal numbers in `s`.
@@ -911,6 +929,33 @@ fn diff_case(cfg: &Config, rng: &mut Rng, case: usize) -> Result<bool, Failure> 
         "megatron-sp tp=2",
         "megatron tp=3",
     ]);
+    // Half the cases pipeline the plan too: 2 stages, 2 micro-batches, a random schedule
+    // and recompute policy.
+    let pipelined = rng.chance(0.5);
+    let schedule = *rng.pick(&["gpipe", "1f1b", "zb-h1"]);
+    let recompute = *rng.pick(&["", "full", "selective"]);
+    let plan = if pipelined {
+        format!("{plan} pp=2 microbatches=2")
+    } else {
+        plan.to_string()
+    };
+    let plan = plan.as_str();
+    let mut steps: Vec<String> = Vec::new();
+    if pipelined {
+        steps.push("--place=stages=2".into());
+    }
+    steps.push("--autodiff".into());
+    if pipelined && !recompute.is_empty() {
+        steps.push(format!("--recompute={recompute}"));
+    }
+    steps.push(format!("--plan={plan}"));
+    steps.push("--propagate-layouts".into());
+    steps.push("--split-tensor".into());
+    if pipelined {
+        steps.push(format!("--schedule-{schedule}"));
+    }
+    steps.push("--lower-relayouts".into());
+    steps.push("--localize".into());
     let model = dir.join("model.mlir");
     let single = dir.join("single.mlir");
     let part = dir.join("part.mlir");
@@ -920,9 +965,10 @@ fn diff_case(cfg: &Config, rng: &mut Rng, case: usize) -> Result<bool, Failure> 
     let fail = |problem: String| {
         Failure {
         case: format!(
-            "differential case {case}: nnscaler {} -o {}; nnscaler-opt --autodiff --plan=\"{plan}\" ... --localize; nnscaler run --init-seed {seed} (files in {})",
+            "differential case {case}: nnscaler {} -o {}; nnscaler-opt {}; nnscaler run --init-seed {seed} (files in {})",
             import.join(" "),
             model.display(),
+            steps.join(" "),
             dir.display()
         ),
         problem,
@@ -944,14 +990,7 @@ fn diff_case(cfg: &Config, rng: &mut Rng, case: usize) -> Result<bool, Failure> 
     check_process(&o, &single).map_err(&fail)?;
     let o = spawn(
         Command::new(&cfg.opt)
-            .args([
-                "--autodiff",
-                &format!("--plan={plan}"),
-                "--propagate-layouts",
-                "--split-tensor",
-                "--lower-relayouts",
-                "--localize",
-            ])
+            .args(&steps)
             .arg(&model)
             .arg("-o")
             .arg(&part),

@@ -389,9 +389,18 @@ fn run_pipelined(
     > = Default::default();
     for p in &programs {
         let view = global_view(p, &dmesh).map_err(|e| format!("{model}: @{}: {e}", p.name))?;
-        for x in &view.args {
+        for (k, x) in view.args.iter().enumerate() {
             if let Some(AttrValue::Int(i)) = x.attrs.get("nns.arg") {
-                arg_slots.insert(*i as usize, (view.values[x.value].clone(), x.attrs.clone()));
+                let mut attrs = x.attrs.clone();
+                // Seeded init decides a parameter's rule by its uses, which are inside the
+                // fragments the program calls: ask the program, make it explicit.
+                if x.is_param() && !attrs.contains_key("nns.init") {
+                    let rule = p
+                        .init_rule(k)
+                        .map_err(|e| format!("{model}: @{}: {e}", p.name))?;
+                    attrs.insert("nns.init".into(), AttrValue::Str(rule.to_string()));
+                }
+                arg_slots.insert(*i as usize, (view.values[x.value].clone(), attrs));
             }
         }
         for o in &view.outputs {
