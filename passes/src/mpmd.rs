@@ -293,20 +293,16 @@ fn build(
 ) -> Result<Vec<Graph>, Diagnostics> {
     let fail = |loc: &SrcLoc, m: String| error(loc, format!("{flag}: {m}"));
     // What the pass needs: a backward, stages and layouts.
-    let loss = g
+    let has_loss = g
         .outputs
         .iter()
-        .position(|o| !o.name().is_some_and(|n| n.starts_with("grad.")));
-    let has_grads = g
-        .outputs
-        .iter()
-        .any(|o| o.name().is_some_and(|n| n.starts_with("grad.")));
-    let (Some(loss), true) = (loss, has_grads) else {
+        .any(|o| !o.name().is_some_and(|n| n.starts_with("grad.")));
+    if !(has_loss && crate::recompute::has_backward(g)) {
         return Err(fail(
             &g.loc,
             format!("@{} has no loss and backward to pipeline; run --autodiff first (before --plan and --split-tensor)", g.name),
         ));
-    };
+    }
     if let Some(n) = g
         .nodes
         .iter()
@@ -463,18 +459,7 @@ fn build(
     }
 
     // Forward: what the loss depends on.
-    let mut fwd = vec![false; n];
-    let mut stack = vec![g.outputs[loss].value];
-    let mut seen = vec![false; g.values.len()];
-    while let Some(v) = stack.pop() {
-        if std::mem::replace(&mut seen[v], true) {
-            continue;
-        }
-        if let Some(p) = producer[v] {
-            fwd[p] = true;
-            stack.extend(&g.nodes[p].inputs);
-        }
-    }
+    let fwd = crate::recompute::forward_ops(g);
     // Kinds; with a split backward, W is what no other stage waits for.
     let mut kind: Vec<Kind> = (0..n)
         .map(|k| if fwd[k] { Kind::F } else { Kind::B })

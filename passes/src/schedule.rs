@@ -282,7 +282,7 @@ pub fn zb_v(p: usize, m: usize) -> Result<Schedule, String> {
                 a.push(action(c1, Kind::W, b1));
                 b1 += 1;
             }
-            let (mut w0, mut w1) = (b0, b1);
+            let (mut w0, w1) = (b0, b1);
             for _ in 0..r {
                 a.push(action(c0, Kind::B, b0));
                 b0 += 1;
@@ -296,9 +296,7 @@ pub fn zb_v(p: usize, m: usize) -> Result<Schedule, String> {
                 w0 += 1;
             }
             a.extend((w1..b1).map(|i| action(c1, Kind::W, i)));
-            w1 = b1;
             a.extend((w0..b0).map(|i| action(c0, Kind::W, i)));
-            let _ = w1;
             a.retain(|x| x.mb < m);
             a
         })

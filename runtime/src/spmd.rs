@@ -560,45 +560,60 @@ pub fn run_spmd(
         opts,
     )?;
     // Assemble each result from the pieces.
-    let mut out = Vec::new();
-    for (j, o) in g.outputs.iter().enumerate() {
-        let local_ty = &g.values[o.value];
-        let l = layout_of(&o.attrs, mesh, local_ty.rank())
-            .map_err(|e| fail(format!("result {j}: {e}")))?;
-        if l.partial.iter().any(Option::is_some) {
-            return Err(fail(format!(
-                "result {j} is partial; its layout must not contain V"
-            )));
-        }
-        let global: Vec<i64> = local_ty
-            .shape
-            .iter()
-            .zip(&l.split)
-            .map(|(&n, axes)| n * axes.iter().map(|&a| sizes[a]).product::<i64>())
-            .collect();
-        let gshape: Vec<usize> = global.iter().map(|&d| d as usize).collect();
-        let mut whole: Option<Tensor> = None;
-        let mut written = vec![false; numel(&gshape)];
-        for (d, outs) in per_device.iter().enumerate() {
-            let piece = &outs[j];
-            let ranges = l.shard(&global, &sizes, d).ranges;
-            let w = whole.get_or_insert_with(|| {
-                if piece.is_float() {
-                    Tensor::zeros(&gshape)
-                } else {
-                    Tensor::i64(&gshape, vec![0; numel(&gshape)])
-                }
-            });
-            place(w, piece, &ranges, &mut written).map_err(|e| {
-                fail(format!(
-                    "result {j}{}: device {d}: {e}",
-                    o.name().map(|n| format!(" '{n}'")).unwrap_or_default()
-                ))
-            })?;
-        }
-        out.push(whole.unwrap_or_else(|| Tensor::zeros(&gshape)));
+    (0..g.outputs.len())
+        .map(|j| {
+            assemble(
+                g,
+                j,
+                mesh,
+                per_device.iter().enumerate().map(|(d, o)| (d, &o[j])),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(fail)
+}
+
+/// Result `j` of `g` made whole from `pieces` (a device's number and its piece), each
+/// placed by the result's layout on `mesh`; where pieces overlap (replicas) they must agree
+/// bit for bit.
+fn assemble<'t>(
+    g: &Graph,
+    j: usize,
+    mesh: &Mesh,
+    pieces: impl Iterator<Item = (usize, &'t Tensor)>,
+) -> Result<Tensor, String> {
+    let o = &g.outputs[j];
+    let name = o.name().map(|n| format!(" '{n}'")).unwrap_or_default();
+    let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
+    let local_ty = &g.values[o.value];
+    let l = layout_of(&o.attrs, mesh, local_ty.rank()).map_err(|e| format!("result {j}: {e}"))?;
+    if l.partial.iter().any(Option::is_some) {
+        return Err(format!(
+            "result {j} is partial; its layout must not contain V"
+        ));
     }
-    Ok(out)
+    let global: Vec<i64> = local_ty
+        .shape
+        .iter()
+        .zip(&l.split)
+        .map(|(&n, axes)| n * axes.iter().map(|&a| sizes[a]).product::<i64>())
+        .collect();
+    let gshape: Vec<usize> = global.iter().map(|&d| d as usize).collect();
+    let mut whole: Option<Tensor> = None;
+    let mut written = vec![false; numel(&gshape)];
+    for (d, piece) in pieces {
+        let ranges = l.shard(&global, &sizes, d).ranges;
+        let w = whole.get_or_insert_with(|| {
+            if piece.is_float() {
+                Tensor::zeros(&gshape)
+            } else {
+                Tensor::i64(&gshape, vec![0; numel(&gshape)])
+            }
+        });
+        place(w, piece, &ranges, &mut written)
+            .map_err(|e| format!("result {j}{name}: device {d}: {e}"))?;
+    }
+    Ok(whole.unwrap_or_else(|| Tensor::zeros(&gshape)))
 }
 
 /// What one device runs: its function, its pieces of the arguments, its coordinates in the
@@ -780,39 +795,14 @@ pub fn run_pipeline(
     for (r, g) in programs.iter().enumerate() {
         for (j, o) in g.outputs.iter().enumerate() {
             let k = index(&o.attrs, "nns.result").map_err(&fail)?;
-            let local_ty = &g.values[o.value];
-            let l = layout_of(&o.attrs, &dmesh, local_ty.rank())
-                .map_err(|e| fail(format!("@{} result {j}: {e}", g.name)))?;
-            let global: Vec<i64> = local_ty
-                .shape
+            let pieces = per_device
                 .iter()
-                .zip(&l.split)
-                .map(|(&n, axes)| n * axes.iter().map(|&a| dsizes[a]).product::<i64>())
-                .collect();
-            let gshape: Vec<usize> = global.iter().map(|&d| d as usize).collect();
-            let mut whole: Option<Tensor> = None;
-            let mut written = vec![false; numel(&gshape)];
-            for (d, outs) in per_device.iter().enumerate() {
-                if coords(&dsizes, d)[ppi] != r {
-                    continue;
-                }
-                let piece = &outs[j];
-                let ranges = l.shard(&global, &dsizes, d).ranges;
-                let w = whole.get_or_insert_with(|| {
-                    if piece.is_float() {
-                        Tensor::zeros(&gshape)
-                    } else {
-                        Tensor::i64(&gshape, vec![0; numel(&gshape)])
-                    }
-                });
-                place(w, piece, &ranges, &mut written).map_err(|e| {
-                    fail(format!(
-                        "result {k}{}: device {d}: {e}",
-                        o.name().map(|n| format!(" '{n}'")).unwrap_or_default()
-                    ))
-                })?;
-            }
-            out.insert(k, whole.unwrap_or_else(|| Tensor::zeros(&gshape)));
+                .enumerate()
+                .filter(|(d, _)| coords(&dsizes, *d)[ppi] == r)
+                .map(|(d, outs)| (d, &outs[j]));
+            let whole =
+                assemble(g, j, &dmesh, pieces).map_err(|e| fail(format!("@{}: {e}", g.name)))?;
+            out.insert(k, whole);
         }
     }
     Ok(out)

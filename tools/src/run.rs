@@ -222,43 +222,7 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     let threads = if devices > 1 { devices } else { 0 } + u64::from(a.threads) - 1;
     memory::check(&need, a.memory_limit, threads)
         .map_err(|e| format!("{model}: @{}: {e}", g.name))?;
-    let has_params = g.args.iter().any(|x| x.is_param());
-    let params = match (&a.params, a.init_seed) {
-        (Some(p), _) => ParamSource::File(p.clone(), io::load(Path::new(p))?),
-        (None, Some(s)) => ParamSource::Seed(s),
-        (None, None) if has_params => {
-            return Err(format!(
-                "@{} has parameters: give --params FILE or --init-seed S",
-                g.name
-            ))
-        }
-        (None, None) => ParamSource::Seed(0),
-    };
-    let (inputs_file, stored) = match &a.inputs {
-        Some(f) => (f.clone(), io::load(Path::new(f))?),
-        None => ("(no --inputs)".to_string(), Vec::new()),
-    };
-    let values = bind(&view, &inputs_file, stored, &params)?;
-    // Serialized now (run consumes the values), written only once the run succeeded.
-    let saved_params = match &a.save_params {
-        Some(path) => {
-            let named: Vec<(String, Elem, &nnscaler_runtime::Tensor)> = g
-                .args
-                .iter()
-                .zip(&values)
-                .filter(|(x, _)| x.is_param())
-                .map(|(x, t)| {
-                    (
-                        x.name().unwrap_or("").to_string(),
-                        g.values[x.value].elem,
-                        t,
-                    )
-                })
-                .collect();
-            Some((path.clone(), io::to_bytes(&named)?))
-        }
-        None => None,
-    };
+    let (values, saved_params) = bind_all(a, &view)?;
     let opts = Options {
         check_finite: a.check_finite,
     };
@@ -274,12 +238,61 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     write_results(a, &g, &outs, saved_params)
 }
 
+/// The parameters to write (`--save-params`): the path and the serialized tensors.
+type SavedParams = (String, Vec<u8>);
+
+/// Binds the tensor files and parameters (a file, or drawn from the seed) to `view`'s
+/// arguments (whole tensors); with `--save-params`, also the parameters used, serialized
+/// now (the run consumes the values) to be written only once the run succeeded.
+fn bind_all(
+    a: &RunArgs,
+    view: &Graph,
+) -> Result<(Vec<nnscaler_runtime::Tensor>, Option<SavedParams>), String> {
+    let has_params = view.args.iter().any(|x| x.is_param());
+    let params = match (&a.params, a.init_seed) {
+        (Some(p), _) => ParamSource::File(p.clone(), io::load(Path::new(p))?),
+        (None, Some(s)) => ParamSource::Seed(s),
+        (None, None) if has_params => {
+            return Err(format!(
+                "@{} has parameters: give --params FILE or --init-seed S",
+                view.name
+            ))
+        }
+        (None, None) => ParamSource::Seed(0),
+    };
+    let (inputs_file, stored) = match &a.inputs {
+        Some(f) => (f.clone(), io::load(Path::new(f))?),
+        None => ("(no --inputs)".to_string(), Vec::new()),
+    };
+    let values = bind(view, &inputs_file, stored, &params)?;
+    let saved_params = match &a.save_params {
+        Some(path) => {
+            let named: Vec<(String, Elem, &nnscaler_runtime::Tensor)> = view
+                .args
+                .iter()
+                .zip(&values)
+                .filter(|(x, _)| x.is_param())
+                .map(|(x, t)| {
+                    (
+                        x.name().unwrap_or("").to_string(),
+                        view.values[x.value].elem,
+                        t,
+                    )
+                })
+                .collect();
+            Some((path.clone(), io::to_bytes(&named)?))
+        }
+        None => None,
+    };
+    Ok((values, saved_params))
+}
+
 /// Writes the results of `g` (and the parameters, when asked) once everything succeeded.
 fn write_results(
     a: &RunArgs,
     g: &Graph,
     outs: &[nnscaler_runtime::Tensor],
-    saved_params: Option<(String, Vec<u8>)>,
+    saved_params: Option<SavedParams>,
 ) -> Result<(), String> {
     let named: Vec<(String, Elem, &nnscaler_runtime::Tensor)> = g
         .outputs
@@ -426,41 +439,7 @@ fn run_pipelined(
         mesh.devices() as u64 + u64::from(a.threads) - 1,
     )
     .map_err(|e| format!("{model}: @{name}: {e}"))?;
-    let has_params = step.args.iter().any(|x| x.is_param());
-    let params = match (&a.params, a.init_seed) {
-        (Some(p), _) => ParamSource::File(p.clone(), io::load(Path::new(p))?),
-        (None, Some(s)) => ParamSource::Seed(s),
-        (None, None) if has_params => {
-            return Err(format!(
-                "@{name} has parameters: give --params FILE or --init-seed S"
-            ))
-        }
-        (None, None) => ParamSource::Seed(0),
-    };
-    let (inputs_file, stored) = match &a.inputs {
-        Some(f) => (f.clone(), io::load(Path::new(f))?),
-        None => ("(no --inputs)".to_string(), Vec::new()),
-    };
-    let values = bind(&step, &inputs_file, stored, &params)?;
-    let saved_params = match &a.save_params {
-        Some(path) => {
-            let named: Vec<(String, Elem, &nnscaler_runtime::Tensor)> = step
-                .args
-                .iter()
-                .zip(&values)
-                .filter(|(x, _)| x.is_param())
-                .map(|(x, t)| {
-                    (
-                        x.name().unwrap_or("").to_string(),
-                        step.values[x.value].elem,
-                        t,
-                    )
-                })
-                .collect();
-            Some((path.clone(), io::to_bytes(&named)?))
-        }
-        None => None,
-    };
+    let (values, saved_params) = bind_all(a, &step)?;
     let inputs: std::collections::BTreeMap<usize, nnscaler_runtime::Tensor> =
         arg_index.iter().copied().zip(values).collect();
     let opts = Options {

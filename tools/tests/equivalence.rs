@@ -19,6 +19,11 @@ use nnscaler_runtime::tensor::{dims, Tensor};
 use nnscaler_runtime::{init, rng, run, Options};
 
 fn model(name: &str) -> String {
+    model_sized(name, None)
+}
+
+/// `model`, with another batch when given.
+fn model_sized(name: &str, batch: Option<&str>) -> String {
     let (name, dropout) = match name.strip_suffix("+dropout") {
         Some(base) => (base, true),
         None => (name, false),
@@ -41,6 +46,9 @@ fn model(name: &str) -> String {
     };
     for (k, v) in sets {
         c.set(k, v).unwrap();
+    }
+    if let Some(b) = batch {
+        c.set("batch", b).unwrap();
     }
     build_module(&c).unwrap()
 }
@@ -329,22 +337,7 @@ fn check_pipeline(
     schedule: &str,
     recompute: Option<&str>,
 ) -> f64 {
-    let (base, dropout) = match name.strip_suffix("+dropout") {
-        Some(b) => (b, true),
-        None => (name, false),
-    };
-    let mut c = preset(base).unwrap();
-    if dropout {
-        c.set("dropout", "0.2").unwrap();
-    }
-    let sets: &[(&str, &str)] = match base {
-        "gpt-tiny" => &[("heads", "4"), ("vocab", "12")],
-        _ => &[("heads", "4"), ("kv-heads", "2"), ("vocab", "12")],
-    };
-    for (k, v) in sets.iter().chain(&[("batch", batch)]) {
-        c.set(k, v).unwrap();
-    }
-    let text = build_module(&c).unwrap();
+    let text = model_sized(name, Some(batch));
     let ir = IrContext::new();
     let step = |n: &str, o: &str| Step::new(n, o).unwrap();
     let (single, _) = graph_of(&ir, &text, &[step("autodiff", "")]);
