@@ -303,6 +303,44 @@ irdl.dialect @dnn {
     %a_value = irdl.any_of(%a_value_f, %a_value_i)
     irdl.attributes {"shape" = %a_shape, "value" = %a_value}
   }
+  // One AdamW step (torch.optim.AdamW): decoupled weight decay, moments, bias-corrected update; lr and step (from 1) are scalars
+  irdl.operation @adamw {
+    %param = irdl.base "!builtin.tensor"
+    %grad = irdl.base "!builtin.tensor"
+    %m = irdl.base "!builtin.tensor"
+    %v = irdl.base "!builtin.tensor"
+    %lr = irdl.base "!builtin.tensor"
+    %step = irdl.base "!builtin.tensor"
+    irdl.operands(%param, %grad, %m, %v, %lr, %step)
+    %r_param = irdl.base "!builtin.tensor"
+    %r_m = irdl.base "!builtin.tensor"
+    %r_v = irdl.base "!builtin.tensor"
+    irdl.results(%r_param, %r_m, %r_v)
+    %a_beta1_f = irdl.base "#builtin.float"
+    %a_beta1_i = irdl.base "#builtin.integer"
+    %a_beta1 = irdl.any_of(%a_beta1_f, %a_beta1_i)
+    %a_beta2_f = irdl.base "#builtin.float"
+    %a_beta2_i = irdl.base "#builtin.integer"
+    %a_beta2 = irdl.any_of(%a_beta2_f, %a_beta2_i)
+    %a_eps_f = irdl.base "#builtin.float"
+    %a_eps_i = irdl.base "#builtin.integer"
+    %a_eps = irdl.any_of(%a_eps_f, %a_eps_i)
+    %a_weight_decay_f = irdl.base "#builtin.float"
+    %a_weight_decay_i = irdl.base "#builtin.integer"
+    %a_weight_decay = irdl.any_of(%a_weight_decay_f, %a_weight_decay_i)
+    irdl.attributes {"beta1" = %a_beta1, "beta2" = %a_beta2, "eps" = %a_eps, "weight_decay" = %a_weight_decay}
+  }
+  // Gradient clipping's factor (torch clip_grad_norm_): min(1, max_norm / (sqrt(sumsq) + 1e-6)) of the gradients' summed squares
+  irdl.operation @clip_scale {
+    %sumsq = irdl.base "!builtin.tensor"
+    irdl.operands(%sumsq)
+    %r_scale = irdl.base "!builtin.tensor"
+    irdl.results(%r_scale)
+    %a_max_norm_f = irdl.base "#builtin.float"
+    %a_max_norm_i = irdl.base "#builtin.integer"
+    %a_max_norm = irdl.any_of(%a_max_norm_f, %a_max_norm_i)
+    irdl.attributes {"max_norm" = %a_max_norm}
+  }
   // dy * gelu'(x)
   irdl.operation @gelu_grad {
     %dy = irdl.base "!builtin.tensor"

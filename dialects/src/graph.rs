@@ -56,6 +56,12 @@ impl Arg {
             Some(AttrValue::Unit | AttrValue::Bool(true))
         )
     }
+
+    /// Whether the argument is trained state: a parameter, or optimizer state
+    /// (`nns.state_of`). Both come from parameter files or are drawn by their init rule.
+    pub fn is_state(&self) -> bool {
+        self.is_param() || self.attrs.contains_key("nns.state_of")
+    }
 }
 
 /// One operation: its name, operands, results, attributes and location.

@@ -232,6 +232,9 @@ pub struct Traits {
     /// What `--localize` changes in the op besides its types, for ops whose attributes
     /// spell shapes or whose kernel must know where its piece sits.
     pub localize: Option<LocalizeRule>,
+    /// An optimizer op (the update after the backward): never differentiated, counted
+    /// apart by `--print-stats`.
+    pub optimizer: bool,
 }
 
 /// What a localize rule sees of one op: its attributes (to change), its operands' global
@@ -280,6 +283,7 @@ pub const TRAITS: Traits = Traits {
     megatron_through: false,
     param_init: &[],
     localize: None,
+    optimizer: false,
 };
 
 /// The definition of one op.

@@ -300,6 +300,10 @@ fn verify_func_signature(f: &FuncView, meshes: &Meshes, local: bool, diags: &mut
                     }
                 }
                 ("nns.param", AttrValue::Unit) => Ok(()),
+                ("nns.state_of", AttrValue::Str(_)) => Ok(()),
+                ("nns.state_of", _) => Err(
+                    "'nns.state_of' must name the parameter (its nns.name) this optimizer state belongs to".into(),
+                ),
                 ("nns.arg" | "nns.result", AttrValue::Int(i)) if *i >= 0 => Ok(()),
                 ("nns.arg" | "nns.result", _) => Err(format!(
                     "'{k}' must be the index (>= 0) of an argument or result of the function pipelined"

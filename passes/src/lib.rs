@@ -10,6 +10,7 @@ pub mod layouts;
 pub mod localize;
 pub mod lower_relayouts;
 pub mod mpmd;
+pub mod optimizer;
 pub mod pipeline;
 pub mod place;
 pub mod place_z3;

@@ -285,7 +285,11 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
         for i in 0..g.args.len() {
             let a = &g.args[i];
             let ty = &g.values[a.value];
-            if a.is_param() || ty.shape.is_empty() || a.attrs.contains_key("nns.layout") {
+            if a.is_param()
+                || a.attrs.contains_key("nns.state_of")
+                || ty.shape.is_empty()
+                || a.attrs.contains_key("nns.layout")
+            {
                 continue;
             }
             if ty.shape[0] % n != 0 {
@@ -308,6 +312,7 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
         megatron(&mut g, mesh);
     }
     check_param_layouts(&g, policy, mesh)?;
+    state_layouts(&mut g);
     if let Some(mb) = mesh.microbatch_axis() {
         microbatch_inputs(&mut g, mesh, &mb.name.clone(), mb.size)?;
     }
@@ -320,7 +325,11 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
         for i in 0..g.args.len() {
             let a = &g.args[i];
             let ty = &g.values[a.value];
-            if a.is_param() || ty.shape.len() < 2 || a.attrs.contains_key("nns.layout") {
+            if a.is_param()
+                || a.attrs.contains_key("nns.state_of")
+                || ty.shape.len() < 2
+                || a.attrs.contains_key("nns.layout")
+            {
                 continue;
             }
             if ty.shape[1] % n != 0 {
@@ -339,13 +348,34 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
     Ok(g)
 }
 
+/// Optimizer state (`nns.state_of = "<param>"`, from `--optimizer`) takes its parameter's
+/// layout, so the update runs where the parameter lives.
+fn state_layouts(g: &mut Graph) {
+    for i in 0..g.args.len() {
+        let Some(AttrValue::Str(p)) = g.args[i].attrs.get("nns.state_of").cloned() else {
+            continue;
+        };
+        if g.args[i].attrs.contains_key("nns.layout") {
+            continue;
+        }
+        let layout = g
+            .args
+            .iter()
+            .find(|a| a.is_param() && a.name() == Some(p.as_str()))
+            .and_then(|a| a.attrs.get("nns.layout").cloned());
+        if let Some(l) = layout {
+            g.args[i].attrs.insert("nns.layout".into(), l);
+        }
+    }
+}
+
 /// Splits every data input's dim 0 over the micro-batch axis `mb` as well (inside the axes
 /// already splitting it): each device's share of the batch is cut into `m` micro-batches.
 fn microbatch_inputs(g: &mut Graph, mesh: &Mesh, mb: &str, m: i64) -> Result<(), Diagnostics> {
     for i in 0..g.args.len() {
         let a = &g.args[i];
         let ty = &g.values[a.value];
-        if a.is_param() || ty.shape.is_empty() {
+        if a.is_param() || a.attrs.contains_key("nns.state_of") || ty.shape.is_empty() {
             continue;
         }
         let mut axes = match a.attrs.get("nns.layout") {

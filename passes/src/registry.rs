@@ -4,6 +4,7 @@ use crate::autodiff::Autodiff;
 use crate::localize::Localize;
 use crate::lower_relayouts::LowerRelayouts;
 use crate::mpmd::SchedulePass;
+use crate::optimizer::Optimizer;
 use crate::pipeline::{Native, PassOptions};
 use crate::place::Place;
 use crate::plan::Plan;
@@ -113,6 +114,38 @@ pub static PASSES: &[PassInfo] = &[
         }],
         anchor: Anchor::Module,
         factory: Factory::Native(|o| Ok(Native::Module(Box::new(PrintStats::new(o)?)))),
+    },
+    PassInfo {
+        name: "optimizer",
+        summary: "Append the optimizer's update to a training step (after --autodiff): AdamW as in torch.optim.AdamW (dnn.adamw; no weight decay on rank-1 parameters: norms, biases), optional global-norm clipping (dnn.clip_scale); moments, step and lr become arguments and the next parameters and moments results",
+        options: &[
+            OptionInfo {
+                name: "kind",
+                help: "adamw (default; the only kind)",
+            },
+            OptionInfo {
+                name: "beta1",
+                help: "first moment decay (default 0.9)",
+            },
+            OptionInfo {
+                name: "beta2",
+                help: "second moment decay (default 0.999)",
+            },
+            OptionInfo {
+                name: "eps",
+                help: "added to the root of the second moment (default 1e-8)",
+            },
+            OptionInfo {
+                name: "weight_decay",
+                help: "decoupled weight decay of rank >= 2 parameters (default 0.01, torch's)",
+            },
+            OptionInfo {
+                name: "clip",
+                help: "clip the gradients' global norm to this (default 0: no clipping)",
+            },
+        ],
+        anchor: Anchor::Function,
+        factory: Factory::Native(|o| Ok(Native::Function(Box::new(Optimizer::new(o)?)))),
     },
     PassInfo {
         name: "plan",

@@ -368,7 +368,7 @@ pub fn bind(
             .name()
             .map(str::to_string)
             .unwrap_or_else(|| format!("arg{i}"));
-        let (pool, file) = match (a.is_param(), params) {
+        let (pool, file) = match (a.is_state(), params) {
             (true, ParamSource::Seed(seed)) => {
                 out.push(init::init_param(g, i, *seed)?);
                 continue;

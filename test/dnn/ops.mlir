@@ -276,6 +276,22 @@ func.func @dnn_fill() {
 }
 // -----
 
+// CHECK-LABEL: func.func @dnn_adamw
+// CHECK: "dnn.adamw"({{.*}}) {{.*}}: (tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>, tensor<f32>, tensor<f32>) -> (tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>)
+func.func @dnn_adamw(%a0: tensor<2x3xf32>, %a1: tensor<2x3xf32>, %a2: tensor<2x3xf32>, %a4: tensor<f32>) {
+  %3:3 = "dnn.adamw"(%a0, %a1, %a2, %a2, %a4, %a4) {beta1 = 9.0e-01 : f64, beta2 = 9.99e-01 : f64, eps = 1.0e-08 : f64, weight_decay = 1.0e-01 : f64} : (tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>, tensor<f32>, tensor<f32>) -> (tensor<2x3xf32>, tensor<2x3xf32>, tensor<2x3xf32>)
+  return
+}
+// -----
+
+// CHECK-LABEL: func.func @dnn_clip_scale
+// CHECK: "dnn.clip_scale"({{.*}}) {{.*}}: (tensor<f32>) -> tensor<f32>
+func.func @dnn_clip_scale(%a0: tensor<f32>) {
+  %1 = "dnn.clip_scale"(%a0) {max_norm = 1.0 : f64} : (tensor<f32>) -> tensor<f32>
+  return
+}
+// -----
+
 // CHECK-LABEL: func.func @dnn_gelu_grad
 // CHECK: "dnn.gelu_grad"({{.*}}) {{.*}}: (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>
 func.func @dnn_gelu_grad(%a0: tensor<2x3xf32>, %a1: tensor<2x3xf32>) {

@@ -248,7 +248,7 @@ fn bind_all(
     a: &RunArgs,
     view: &Graph,
 ) -> Result<(Vec<nnscaler_runtime::Tensor>, Option<SavedParams>), String> {
-    let has_params = view.args.iter().any(|x| x.is_param());
+    let has_params = view.args.iter().any(|x| x.is_state());
     let params = match (&a.params, a.init_seed) {
         (Some(p), _) => ParamSource::File(p.clone(), io::load(Path::new(p))?),
         (None, Some(s)) => ParamSource::Seed(s),
@@ -271,7 +271,7 @@ fn bind_all(
                 .args
                 .iter()
                 .zip(&values)
-                .filter(|(x, _)| x.is_param())
+                .filter(|(x, _)| x.is_state())
                 .map(|(x, t)| {
                     (
                         x.name().unwrap_or("").to_string(),
@@ -407,7 +407,7 @@ fn run_pipelined(
                 let mut attrs = x.attrs.clone();
                 // Seeded init decides a parameter's rule by its uses, which are inside the
                 // fragments the program calls: ask the program, make it explicit.
-                if x.is_param() && !attrs.contains_key("nns.init") {
+                if x.is_state() && !attrs.contains_key("nns.init") {
                     let rule = p
                         .init_rule(k)
                         .map_err(|e| format!("{model}: @{}: {e}", p.name))?;

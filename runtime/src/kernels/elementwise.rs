@@ -296,3 +296,55 @@ pub(super) fn broadcast_to(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, St
         }
     }
 }
+
+/// One AdamW step, as `torch.optim.AdamW` computes it in f32: `p *= 1 - lr wd`;
+/// `m = b1 m + (1 - b1) g`; `v = b2 v + (1 - b2) g^2`; `p -= (lr / (1 - b1^t)) m /
+/// (sqrt(v) / sqrt(1 - b2^t) + eps)`.
+pub fn adamw(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    let (p, g, m, v) = (x[0].f()?, x[1].f()?, x[2].f()?, x[3].f()?);
+    if g.len() != p.len() || m.len() != p.len() || v.len() != p.len() {
+        return Err("param, grad, m and v must have one shape".into());
+    }
+    let lr = x[4].f()?.first().copied().ok_or("lr must be a scalar")?;
+    let t = x[5].f()?.first().copied().ok_or("step must be a scalar")?;
+    if t < 1.0 {
+        return Err(format!("step counts from 1, got {t}"));
+    }
+    // Scalars in f64, as torch computes them in Python, applied in f32.
+    let (b1, b2) = (c.float("beta1", 0.9), c.float("beta2", 0.999));
+    let (eps, wd) = (c.float("eps", 1e-8) as f32, c.float("weight_decay", 0.0));
+    let (lr, t) = (f64::from(lr), f64::from(t));
+    let bc2_sqrt = (1.0 - b2.powf(t)).sqrt() as f32;
+    let step = (lr / (1.0 - b1.powf(t))) as f32;
+    let decay = (1.0 - lr * wd) as f32;
+    let (a1, a2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
+    let (b1, b2) = (b1 as f32, b2 as f32);
+    let n = p.len();
+    let (mut po, mut mo, mut vo) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for i in 0..n {
+        let mi = b1 * m[i] + a1 * g[i];
+        let vi = b2 * v[i] + a2 * (g[i] * g[i]);
+        let denom = vi.sqrt() / bc2_sqrt + eps;
+        po.push(p[i] * decay - step * (mi / denom));
+        mo.push(mi);
+        vo.push(vi);
+    }
+    let shape = &x[0].shape;
+    Ok(vec![
+        Tensor::f32(shape, po),
+        Tensor::f32(shape, mo),
+        Tensor::f32(shape, vo),
+    ])
+}
+
+/// Gradient clipping's factor: `min(1, max_norm / (sqrt(sumsq) + 1e-6))`.
+pub fn clip_scale(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    let s = x[0].f()?.first().copied().ok_or("sumsq must be a scalar")?;
+    let max = c.float("max_norm", 1.0) as f32;
+    let k = (max / (s.sqrt() + 1e-6)).min(1.0);
+    Ok(vec![Tensor::f32(&[], vec![k])])
+}

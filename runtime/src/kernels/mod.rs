@@ -189,6 +189,8 @@ pub fn kernel(name: &str) -> Option<Kernel> {
         "dnn.tanh_grad" => e::tanh_grad,
         "dnn.dropout" => e::dropout,
         "dnn.fill" => e::fill,
+        "dnn.adamw" => e::adamw,
+        "dnn.clip_scale" => e::clip_scale,
         "dnn.broadcast_to" => e::broadcast_to,
         "dnn.softmax" => nn::softmax,
         "dnn.log_softmax" => nn::log_softmax,
