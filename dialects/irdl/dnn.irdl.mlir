@@ -303,7 +303,7 @@ irdl.dialect @dnn {
     %a_value = irdl.any_of(%a_value_f, %a_value_i)
     irdl.attributes {"shape" = %a_shape, "value" = %a_value}
   }
-  // One AdamW step (torch.optim.AdamW): decoupled weight decay, moments, bias-corrected update; lr and step (from 1) are scalars
+  // One AdamW step (torch.optim.AdamW) on the gradient times scale (clipping's factor; default 1): decoupled weight decay, moments, bias-corrected update; lr, step (from 1) and scale are scalars
   irdl.operation @adamw {
     %param = irdl.base "!builtin.tensor"
     %grad = irdl.base "!builtin.tensor"
@@ -311,7 +311,8 @@ irdl.dialect @dnn {
     %v = irdl.base "!builtin.tensor"
     %lr = irdl.base "!builtin.tensor"
     %step = irdl.base "!builtin.tensor"
-    irdl.operands(%param, %grad, %m, %v, %lr, %step)
+    %scale = irdl.base "!builtin.tensor"
+    irdl.operands(%param, %grad, %m, %v, %lr, %step, optional %scale)
     %r_param = irdl.base "!builtin.tensor"
     %r_m = irdl.base "!builtin.tensor"
     %r_v = irdl.base "!builtin.tensor"

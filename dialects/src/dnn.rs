@@ -630,12 +630,18 @@ fn cross_entropy_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
 }
 
 fn adamw_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
-    for (i, what) in [(4, "lr"), (5, "step")] {
-        if ctx.rank(i)? != 0 {
+    let n = ctx.operands.len();
+    for (i, what) in [(4, "lr"), (5, "step"), (6, "scale")] {
+        if i < n && ctx.rank(i)? != 0 {
             return Err(format!("operand {i} ({what}) must be a scalar"));
         }
     }
-    Ok("*, *, *, *, , -> *, *, *".into())
+    Ok(if n == 7 {
+        "*, *, *, *, , , -> *, *, *"
+    } else {
+        "*, *, *, *, , -> *, *, *"
+    }
+    .into())
 }
 
 fn clip_scale_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
@@ -1474,10 +1480,10 @@ pub static SPECS: &[OpSpec] = &[
     // ---- optimizer ops ----
     OpSpec {
         name: "dnn.adamw",
-        summary: "One AdamW step (torch.optim.AdamW): decoupled weight decay, moments, bias-corrected update; lr and step (from 1) are scalars",
-        operands: &["param", "grad", "m", "v", "lr", "step"],
+        summary: "One AdamW step (torch.optim.AdamW) on the gradient times scale (clipping's factor; default 1): decoupled weight decay, moments, bias-corrected update; lr, step (from 1) and scale are scalars",
+        operands: &["param", "grad", "m", "v", "lr", "step", "scale"],
         variadic: false,
-        optional: 0,
+        optional: 1,
         any_elem: false,
         int_operands: &[],
         results: &["param", "m", "v"],

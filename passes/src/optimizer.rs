@@ -9,9 +9,9 @@
 //!   `nns.init = "zeros"` so a first step starts from zero), then the scalars `step`
 //!   (counting from 1) and `lr` (the learning rate: schedules live in the trainer);
 //! * with `clip=C > 0`, global-norm clipping as `torch.nn.utils.clip_grad_norm_`: the sum
-//!   of every gradient's squares, `dnn.clip_scale` (min(1, C / (norm + 1e-6))), and each
-//!   gradient scaled by it (on sharded gradients the sum's all_reduce comes from the
-//!   layouts, like any reduction);
+//!   of every gradient's squares, `dnn.clip_scale` (min(1, C / (norm + 1e-6))), which
+//!   every update applies to its gradient (`dnn.adamw`'s `scale` operand; on sharded
+//!   gradients the sum's all_reduce comes from the layouts, like any reduction);
 //! * one `dnn.adamw` per parameter (`torch.optim.AdamW`), weight decay only on parameters
 //!   of rank 2 or more (matrices and embeddings; norms and biases get none, as nanoGPT
 //!   groups them);
@@ -155,8 +155,10 @@ impl FunctionPass for Optimizer {
             attrs(&[("nns.name", AttrValue::Str("lr".into()))]),
         );
         let fail = |e: String| error(&loc, format!("optimizer: {e}"));
-        // Clipping.
-        let mut grads: Vec<ValueId> = pairs.iter().map(|p| p.1).collect();
+        // Clipping: the factor goes into each update (`dnn.adamw`'s scale), so a gradient
+        // is read by its square and its update only, both wanting it reduced.
+        let grads: Vec<ValueId> = pairs.iter().map(|p| p.1).collect();
+        let mut scale = None;
         if self.clip > 0.0 {
             let mut total: Option<ValueId> = None;
             for &gv in &grads {
@@ -180,19 +182,15 @@ impl FunctionPass for Optimizer {
                 });
             }
             let total = total.expect("there is a gradient");
-            let scale = out
-                .add1(
+            scale = Some(
+                out.add1(
                     "dnn.clip_scale",
                     &[total],
                     attrs(&[("max_norm", AttrValue::Float(self.clip))]),
                     &loc,
                 )
-                .map_err(&fail)?;
-            for gv in &mut grads {
-                *gv = out
-                    .add1("dnn.mul", &[*gv, scale], Attrs::new(), &loc)
-                    .map_err(&fail)?;
-            }
+                .map_err(&fail)?,
+            );
         }
         // The updates.
         let mut outputs = vec![loss];
@@ -210,9 +208,9 @@ impl FunctionPass for Optimizer {
                 ("eps", AttrValue::Float(self.eps)),
                 ("weight_decay", AttrValue::Float(decay)),
             ]);
-            let r = out
-                .add("dnn.adamw", &[pv, grads[i], m, v, lr, step], a, &loc)
-                .map_err(&fail)?;
+            let mut operands = vec![pv, grads[i], m, v, lr, step];
+            operands.extend(scale);
+            let r = out.add("dnn.adamw", &operands, a, &loc).map_err(&fail)?;
             let p = name_of(arg);
             for (value, name) in [
                 (r[0], format!("next.{p}")),

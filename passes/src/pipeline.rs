@@ -15,6 +15,10 @@ use std::collections::BTreeMap;
 pub trait ModulePass {
     /// Runs the pass on `module` (a `builtin.module` op), editing it in place.
     fn run(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics>;
+    /// Takes the remarks made by the last run (decisions the user may want to know about).
+    fn take_remarks(&mut self) -> Diagnostics {
+        Diagnostics::default()
+    }
 }
 
 /// A pass that transforms one function at a time, like an MLIR pass anchored on
@@ -62,7 +66,7 @@ impl Native {
     /// Runs the pass on the module op `module`, in place. Returns its remarks.
     pub fn run(&mut self, module: &OperationRef<'_, '_>) -> Result<Diagnostics, Diagnostics> {
         match self {
-            Native::Module(p) => p.run(module).map(|()| Diagnostics::default()),
+            Native::Module(p) => p.run(module).map(|()| p.take_remarks()),
             Native::Function(p) => crate::rewrite::run_on_module(p.as_mut(), module),
         }
     }

@@ -83,6 +83,9 @@ pub struct Plan {
     pp: Option<i64>,
     /// Micro-batches (`microbatches=`).
     microbatches: Option<i64>,
+    /// ZeRO stage (`zero=`): 1 shards the optimizer state over `dp`.
+    zero: u8,
+    remarks: Diagnostics,
 }
 
 impl Plan {
@@ -122,11 +125,26 @@ impl Plan {
             .iter()
             .map(|&a| size(a).map(|s| (a, s)))
             .collect::<Result<Vec<_>, _>>()?;
+        let zero = match o.get("zero") {
+            None | Some("0") => 0,
+            Some("1") => 1,
+            Some(z) => return Err(format!(
+                "plan: 'zero={z}' is not supported (0: none, 1: optimizer state sharded over dp)"
+            )),
+        };
+        if zero > 0 && !policy.axes().contains(&"dp") {
+            return Err(format!(
+                "plan: zero={zero} shards the optimizer state over dp, which policy '{}' does not use",
+                policy_name(policy)
+            ));
+        }
         Ok(Plan {
             policy,
             sizes,
             pp: size("pp")?,
             microbatches: size("microbatches")?,
+            zero,
+            remarks: Diagnostics::default(),
         })
     }
 }
@@ -231,9 +249,173 @@ impl ModulePass for Plan {
                 ))
             }
         };
-        let policy = self.policy;
-        rewrite_funcs(module, &mut |g| plan(g, policy, &mesh).map(Some))
+        let (policy, zero) = (self.policy, self.zero);
+        let remarks = &mut self.remarks;
+        rewrite_funcs(module, &mut |g| {
+            let g = plan(g, policy, &mesh)?;
+            Ok(Some(if zero > 0 {
+                zero_state(g, &mesh, remarks)
+            } else {
+                g
+            }))
+        })
     }
+
+    fn take_remarks(&mut self) -> Diagnostics {
+        std::mem::take(&mut self.remarks)
+    }
+}
+
+/// ZeRO-1: each optimizer state argument (and its next value) is split over `dp` on its
+/// first whole dim that `dp` divides, so every data-parallel device updates its
+/// shard: the gradient arrives by reduce_scatter and the next parameter leaves by
+/// all_gather, both from the transition search. The next parameters keep the parameter's
+/// layout. A state no dim of which `dp` divides stays as it was, with a remark.
+fn zero_state(mut g: Graph, mesh: &Mesh, remarks: &mut Diagnostics) -> Graph {
+    let Some(dp) = mesh.axis("dp").filter(|&n| n > 1) else {
+        return g;
+    };
+    let layout_of = |attrs: &nnscaler_dialects::types::Attrs| -> Vec<(String, AxisLayout)> {
+        match attrs.get("nns.layout") {
+            Some(AttrValue::Nns { kind, body }) if kind == "layout" => {
+                Layout::parse(body).map(|l| l.axes).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        }
+    };
+    let mut unsharded = Vec::new();
+    let mut by_name: Vec<(String, AttrValue)> = Vec::new();
+    for i in 0..g.args.len() {
+        if !g.args[i].attrs.contains_key("nns.state_of") {
+            continue;
+        }
+        let name = g.args[i].name().unwrap_or("").to_string();
+        let mut axes = layout_of(&g.args[i].attrs);
+        if axes.iter().any(|(a, _)| a == "dp") {
+            continue;
+        }
+        let shape = g.values[g.args[i].value].shape.clone();
+        let split_by = |d: usize| -> i64 {
+            axes.iter()
+                .filter(|(_, l)| *l == AxisLayout::D(d))
+                .map(|(a, _)| mesh.axis(a).unwrap_or(1))
+                .product()
+        };
+        // A whole dim dp divides (a dim split by an earlier mesh axis would put dp outside
+        // it, which no reduce_scatter of the gradient reaches).
+        let Some(d) = (0..shape.len()).find(|&d| split_by(d) == 1 && shape[d] % dp == 0) else {
+            unsharded.push(name);
+            continue;
+        };
+        axes.push(("dp".into(), AxisLayout::D(d)));
+        set_layout(&mut g, i, mesh, axes);
+        by_name.push((name, g.args[i].attrs["nns.layout"].clone()));
+    }
+    // The next state keeps the sharded layout; the next parameter its parameter's.
+    for o in &mut g.outputs {
+        let Some(n) = o
+            .name()
+            .and_then(|n| n.strip_prefix("next."))
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        if let Some((_, l)) = by_name.iter().find(|(s, _)| *s == n) {
+            o.attrs.insert("nns.layout".into(), l.clone());
+        }
+    }
+    let replicated = AttrValue::Nns {
+        kind: "layout".into(),
+        body: Layout {
+            mesh: mesh.name.clone(),
+            axes: Vec::new(),
+        }
+        .to_string(),
+    };
+    let params: Vec<(String, AttrValue)> = g
+        .args
+        .iter()
+        .filter(|a| a.is_param())
+        .filter_map(|a| {
+            let l = a
+                .attrs
+                .get("nns.layout")
+                .cloned()
+                .unwrap_or(replicated.clone());
+            Some((a.name()?.to_string(), l))
+        })
+        .collect();
+    for o in &mut g.outputs {
+        let Some(n) = o.name().and_then(|n| n.strip_prefix("next.")) else {
+            continue;
+        };
+        if let Some((_, l)) = params.iter().find(|(p, _)| p == n) {
+            o.attrs.insert("nns.layout".into(), l.clone());
+        }
+    }
+    // Clipping squares each gradient before the optimizer uses it: square the dp shard
+    // the update needs (reduce_scatter) instead of the whole gradient (all_reduce); the
+    // sums of squares are then partial, reduced as one scalar.
+    let sharded_dim = |v: usize| -> Option<usize> {
+        let a = g.args.iter().find(|a| a.value == v)?;
+        a.attrs.get("nns.state_of")?;
+        layout_of(&a.attrs).into_iter().find_map(|(x, l)| match l {
+            AxisLayout::D(d) if x == "dp" => Some(d),
+            _ => None,
+        })
+    };
+    let mut directives: Vec<(usize, usize)> = Vec::new();
+    for n in g.nodes.iter().filter(|n| n.op == "dnn.adamw") {
+        let Some(d) = sharded_dim(n.inputs[2]) else {
+            continue;
+        };
+        let grad = n.inputs[1];
+        for (k, u) in g.nodes.iter().enumerate() {
+            if u.op == "dnn.mul" && u.inputs == [grad, grad] {
+                directives.push((k, d));
+            }
+        }
+    }
+    for (k, d) in directives {
+        // The annotation's name of the result's dim d (binary ops name dims a, b, ...).
+        let n = &g.nodes[k];
+        let operands: Vec<Option<nnscaler_dialects::types::TensorType>> = n
+            .inputs
+            .iter()
+            .map(|&v| Some(g.values[v].clone()))
+            .collect();
+        let ctx = nnscaler_dialects::spec::OpCtx {
+            operands: &operands,
+            attrs: &n.attrs,
+        };
+        let id = nnscaler_dialects::dnn::spec(&n.op)
+            .and_then(|s| (s.annotation)(&ctx).ok())
+            .and_then(|a| {
+                a.split("->")
+                    .nth(1)
+                    .and_then(|out| out.split_whitespace().nth(d).map(str::to_string))
+            });
+        if let Some(id) = id {
+            g.nodes[k]
+                .attrs
+                .entry("nns.split".into())
+                .or_insert(AttrValue::Nns {
+                    kind: "split".into(),
+                    body: format!("{id} = dp"),
+                });
+        }
+    }
+    if !unsharded.is_empty() {
+        remarks.remark(
+            &g.loc,
+            format!(
+                "plan: zero=1 leaves {} optimizer state tensor(s) unsharded: no whole dim of theirs divides by dp = {dp} ({})",
+                unsharded.len(),
+                unsharded.join(", ")
+            ),
+        );
+    }
+    g
 }
 
 fn policy_name(p: Policy) -> &'static str {

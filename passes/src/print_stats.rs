@@ -47,6 +47,9 @@ pub struct FuncStats {
     pub devices: Option<(String, i64)>,
     /// Bytes of the `grad.*` results.
     pub grad_bytes: u64,
+    /// Bytes of the optimizer state arguments (`nns.state_of`, from `--optimizer`): per
+    /// device once localized, so ZeRO's saving shows.
+    pub state_bytes: u64,
     /// Per collective kind: (ops, bytes each device sends per step; ring algorithms).
     pub comm: BTreeMap<String, (u64, f64)>,
     /// Per pipeline stage (`nns.stage` on the ops, from `--place`), when placed.
@@ -117,6 +120,19 @@ impl FuncStats {
             bytes(self.param_bytes),
             self.param_tensors
         );
+        if self.state_bytes > 0 {
+            let _ = writeln!(
+                s,
+                "optimizer state: {} ({}, --optimizer's moments{})",
+                group(self.state_bytes),
+                bytes(self.state_bytes),
+                if self.devices.is_some() {
+                    "; one device's share"
+                } else {
+                    ""
+                }
+            );
+        }
         let how = if self.has_backward {
             "forward + backward ops in the IR"
         } else {
@@ -254,6 +270,12 @@ pub fn module_stats(module: &OperationRef<'_, '_>) -> Vec<FuncStats> {
             if g.is_localized() {
                 collect_comm(&mut st, &g, &meshes);
             }
+            st.state_bytes = g
+                .args
+                .iter()
+                .filter(|a| a.attrs.contains_key("nns.state_of"))
+                .map(|a| g.values[a.value].bytes())
+                .sum();
             if crate::recompute::has_backward(&g) {
                 saved_bytes(&mut st, &g);
                 if let Ok(mesh) = meshes.resolve(None) {

@@ -171,6 +171,10 @@ pub static PASSES: &[PassInfo] = &[
                 name: "microbatches",
                 help: "cut the batch into this many micro-batches: a micro-batch axis mb (last) splitting the data inputs' dim 0 after dp",
             },
+            OptionInfo {
+                name: "zero",
+                help: "0 (default) | 1: ZeRO-1, the optimizer state (--optimizer) split over dp, so gradients arrive by reduce_scatter and next parameters leave by all_gather",
+            },
         ],
         anchor: Anchor::Module,
         factory: Factory::Native(|o| Ok(Native::Module(Box::new(Plan::new(o)?)))),

@@ -481,7 +481,7 @@ fn fewer_microbatches_than_stages_match_one_device() {
 }
 
 /// The optimizer step in the IR (`--optimizer`: AdamW with global-norm clipping) partitions
-/// like the rest: dp, tp, dp x tp and sequence parallelism give the single-device loss,
+/// like the rest: dp, tp, dp x tp, sequence parallelism and ZeRO-1 give the single-device loss,
 /// next parameters and next moments within 1e-5. The moments start nonzero (step 5): a
 /// first Adam step is lr x sign(gradient), which turns rounding noise in gradients that are
 /// zero analytically into full-size differences.
@@ -508,11 +508,16 @@ fn optimizer_step_matches_one_device() {
         }
     }
     let want = run(&single, ins.clone(), &Options::default()).unwrap();
+    let mut all_reduced: std::collections::HashMap<&str, usize> = Default::default();
     for plan in [
         "dp dp=2",
+        "dp dp=4",
         "megatron tp=2",
         "dp-megatron dp=2 tp=2",
         "megatron-sp tp=2",
+        "dp dp=2 zero=1",
+        "dp dp=4 zero=1",
+        "dp-megatron dp=2 tp=2 zero=1",
     ] {
         let steps = [
             step("autodiff", ""),
@@ -524,6 +529,33 @@ fn optimizer_step_matches_one_device() {
             step("localize", ""),
         ];
         let (local, mesh) = graph_of(&ir, &text, &steps);
+        // The gradients all_reduced over dp alone (not scalars).
+        let dp_only = nnscaler_dialects::types::AttrValue::Strs(vec!["dp".into()]);
+        let reduced = local
+            .nodes
+            .iter()
+            .filter(|n| n.op == "nns.all_reduce" && n.attrs.get("axes") == Some(&dp_only))
+            .filter(|n| local.values[n.inputs[0]].rank() > 0)
+            .count();
+        if let Some(base) = plan.strip_suffix(" zero=1") {
+            // ZeRO-1: gradients arrive by reduce_scatter and next parameters leave by
+            // all_gather; only the gradients of states with no whole dim dp divides (a
+            // tensor-parallel bias) are still all_reduced.
+            let count = |op: &str| local.nodes.iter().filter(|n| n.op == op).count();
+            assert!(
+                count("nns.reduce_scatter") > 0 && count("nns.all_gather") > 0,
+                "{plan}"
+            );
+            let before = all_reduced[base];
+            assert!(
+                reduced < before,
+                "{plan}: {reduced} gradients all_reduced over dp, {before} without ZeRO"
+            );
+            if base == "dp dp=2" || base == "dp dp=4" {
+                assert_eq!(reduced, 0, "{plan}: a gradient is all_reduced over dp");
+            }
+        }
+        all_reduced.insert(plan, reduced);
         let got = run_spmd(&local, &mesh.unwrap(), ins.clone(), &Options::default())
             .unwrap_or_else(|e| panic!("{plan}: {} at {}", e.message, e.loc));
         let mut worst = 0.0f64;

@@ -297,7 +297,8 @@ pub(super) fn broadcast_to(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, St
     }
 }
 
-/// One AdamW step, as `torch.optim.AdamW` computes it in f32: `p *= 1 - lr wd`;
+/// One AdamW step, as `torch.optim.AdamW` computes it in f32 (on `g x scale` when the
+/// clipping factor is given): `p *= 1 - lr wd`;
 /// `m = b1 m + (1 - b1) g`; `v = b2 v + (1 - b2) g^2`; `p -= (lr / (1 - b1^t)) m /
 /// (sqrt(v) / sqrt(1 - b2^t) + eps)`.
 pub fn adamw(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
@@ -306,6 +307,11 @@ pub fn adamw(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         return Err("param, grad, m and v must have one shape".into());
     }
     let lr = x[4].f()?.first().copied().ok_or("lr must be a scalar")?;
+    // Clipping's factor, applied to the gradient first (as clip_grad_norm_ does in place).
+    let scale = match x.get(6) {
+        Some(s) => Some(s.f()?.first().copied().ok_or("scale must be a scalar")?),
+        None => None,
+    };
     let t = x[5].f()?.first().copied().ok_or("step must be a scalar")?;
     if t < 1.0 {
         return Err(format!("step counts from 1, got {t}"));
@@ -326,8 +332,9 @@ pub fn adamw(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         Vec::with_capacity(n),
     );
     for i in 0..n {
-        let mi = b1 * m[i] + a1 * g[i];
-        let vi = b2 * v[i] + a2 * (g[i] * g[i]);
+        let gi = scale.map_or(g[i], |s| g[i] * s);
+        let mi = b1 * m[i] + a1 * gi;
+        let vi = b2 * v[i] + a2 * (gi * gi);
         let denom = vi.sqrt() / bc2_sqrt + eps;
         po.push(p[i] * decay - step * (mi / denom));
         mo.push(mi);

@@ -19,14 +19,13 @@ func.func @train(%x: tensor<8x16xf32> {nns.name = "x"}, %y: tensor<8xi64> {nns.n
 // CHECK-SAME: %arg4: tensor<4x16xf32> {nns.init = "zeros", nns.name = "adam.m.head.weight", nns.state_of = "head.weight"}
 // CHECK-SAME: %arg7: tensor<4xf32> {nns.init = "zeros", nns.name = "adam.v.head.bias", nns.state_of = "head.bias"}, %arg8: tensor<f32> {nns.name = "step"}, %arg9: tensor<f32> {nns.name = "lr"})
 // CHECK-SAME: -> (tensor<f32> {nns.name = "loss"}, tensor<4x16xf32> {nns.name = "next.head.weight"}, tensor<4x16xf32> {nns.name = "next.adam.m.head.weight"}
-// Clipping: the summed squares of every gradient, the factor, the scaled gradients.
+// Clipping: the summed squares of every gradient, the factor, which each update applies.
 // CHECK: %[[SQ:.*]] = "dnn.mul"(%[[GW:.*]], %[[GW]])
 // CHECK: "dnn.sum"(%[[SQ]]) {dims = array<i64: 0, 1>}
+// CHECK: %[[SQB:.*]] = "dnn.mul"(%[[GB:.*]], %[[GB]])
 // CHECK: %[[S:.*]] = "dnn.clip_scale"({{.*}}) {max_norm = 1.000000e+00 : f64}
-// CHECK: %[[CW:.*]] = "dnn.mul"(%[[GW]], %[[S]])
-// CHECK: %[[CB:.*]] = "dnn.mul"(%{{.*}}, %[[S]])
-// CHECK: "dnn.adamw"(%arg2, %[[CW]], %arg4, %arg5, %arg9, %arg8) {{{.*}}weight_decay = 1.000000e-01 : f64}
-// CHECK: "dnn.adamw"(%arg3, %[[CB]], %arg6, %arg7, %arg9, %arg8) {{{.*}}weight_decay = 0.000000e+00 : f64}
+// CHECK: "dnn.adamw"(%arg2, %[[GW]], %arg4, %arg5, %arg9, %arg8, %[[S]]) {{{.*}}weight_decay = 1.000000e-01 : f64}
+// CHECK: "dnn.adamw"(%arg3, %[[GB]], %arg6, %arg7, %arg9, %arg8, %[[S]]) {{{.*}}weight_decay = 0.000000e+00 : f64}
 
 // The moments take their parameter's layout; the data is split, the scalars are not.
 // PLAN: %arg0: tensor<8x16xf32> {nns.layout = #nns.layout<@world, dp = D(0)>, nns.name = "x"}
