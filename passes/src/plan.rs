@@ -128,9 +128,11 @@ impl Plan {
         let zero = match o.get("zero") {
             None | Some("0") => 0,
             Some("1") => 1,
-            Some(z) => return Err(format!(
+            Some(z) => {
+                return Err(format!(
                 "plan: 'zero={z}' is not supported (0: none, 1: optimizer state sharded over dp)"
-            )),
+            ))
+            }
         };
         if zero > 0 && !policy.axes().contains(&"dp") {
             return Err(format!(

@@ -2,12 +2,14 @@
 
 pub mod check_op;
 pub mod cli;
+pub mod data;
 pub mod expected;
 pub mod fuzz;
 pub mod output;
 pub mod parse_guard;
 pub mod run;
 pub mod schedule_report;
+pub mod train;
 
 pub use output::{write_one, Outputs};
 

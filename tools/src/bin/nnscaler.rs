@@ -1,6 +1,6 @@
 //! `nnscaler`: the user CLI: `import` (model zoo -> MLIR), `run` (CPU runtime), `check-op`
 //! (a user op's annotation against its body), `schedule-report` (a pipeline schedule's
-//! timeline) and `presets`.
+//! timeline), `data` (training data), `train` and `presets`.
 
 use clap::{Parser, Subcommand};
 use nnscaler_frontends::{build_module, family_default, preset, PRESETS};
@@ -31,6 +31,8 @@ enum Cmd {
     Run(RunArgs),
     CheckOp(nnscaler_tools::check_op::CheckOpArgs),
     ScheduleReport(nnscaler_tools::schedule_report::ScheduleArgs),
+    Data(nnscaler_tools::data::DataArgs),
+    Train(nnscaler_tools::train::TrainArgs),
     /// List the model presets.
     Presets,
 }
@@ -163,6 +165,8 @@ fn main() -> ExitCode {
                 }
             },
         ),
+        Cmd::Data(a) => nnscaler_tools::data::main(a).map(|r| print!("{r}")),
+        Cmd::Train(a) => nnscaler_tools::train::main(a).map(|r| print!("{r}")),
         Cmd::ScheduleReport(a) => nnscaler_tools::schedule_report::main(a)
             .and_then(|report| write_one("-", report.into_bytes())),
         Cmd::Presets => {

@@ -1,0 +1,274 @@
+//! `nnscaler data`: training data. `prepare-char` encodes a text as characters the way
+//! nanoGPT's `shakespeare_char/prepare.py` does (the sorted distinct characters are the
+//! vocabulary; the first 90% is `train.bin`, the rest `val.bin`, little-endian `u16`; the
+//! vocabulary in `meta.json`); [`Dataset`] samples random blocks of it into batches; and
+//! `random` writes a random batch for a model's data arguments.
+
+use crate::output::Outputs;
+use crate::read_input;
+use nnscaler_dialects::context::IrContext;
+use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::types::Elem;
+use nnscaler_runtime::tensor::{dims, Tensor};
+use nnscaler_runtime::{io, rng};
+use std::path::Path;
+
+/// `nnscaler data`'s command line.
+#[derive(clap::Args, Debug)]
+#[command(about = "Prepare training data: a character-level corpus, or a random batch")]
+pub struct DataArgs {
+    #[command(subcommand)]
+    cmd: DataCmd,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum DataCmd {
+    /// Encode a text by characters (nanoGPT's shakespeare_char): DIR/train.bin (first
+    /// 90%), DIR/val.bin (the rest), little-endian u16 ids, and DIR/meta.json with the
+    /// vocabulary (the sorted distinct characters).
+    PrepareChar {
+        /// The text (UTF-8), e.g. ../shared/data/tinyshakespeare/input.txt.
+        text: String,
+        /// The directory to write (made if missing; files are written only on success).
+        #[arg(short = 'o', long = "output", value_name = "DIR")]
+        output: String,
+    },
+    /// A random batch for MODEL's data arguments (@train's non-parameter arguments):
+    /// integer ids below the vocabulary (the embedding table's rows, the logits' classes),
+    /// floats from normal(0, 1), as safetensors for `nnscaler run --inputs`.
+    Random {
+        /// The model (.mlir).
+        model: String,
+        /// Where to write the batch.
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: String,
+        /// The random seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+}
+
+/// Runs the command; returns what to print.
+pub fn main(a: &DataArgs) -> Result<String, String> {
+    match &a.cmd {
+        DataCmd::PrepareChar { text, output } => prepare_char(text, output),
+        DataCmd::Random {
+            model,
+            output,
+            seed,
+        } => random(model, output, *seed),
+    }
+}
+
+fn prepare_char(text_path: &str, dir: &str) -> Result<String, String> {
+    let text = read_input(text_path)?;
+    let mut chars: Vec<char> = text.chars().collect();
+    chars.sort_unstable();
+    chars.dedup();
+    if chars.is_empty() {
+        return Err(format!("{text_path}: the text is empty"));
+    }
+    if chars.len() > usize::from(u16::MAX) {
+        return Err(format!(
+            "{text_path}: {} distinct characters do not fit u16 ids",
+            chars.len()
+        ));
+    }
+    let id = |c: char| {
+        chars
+            .binary_search(&c)
+            .expect("every char is in the vocabulary") as u16
+    };
+    let ids: Vec<u16> = text.chars().map(id).collect();
+    let n = ids.len() * 9 / 10;
+    let bytes = |s: &[u16]| -> Vec<u8> { s.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let meta = serde_json::json!({
+        "vocab_size": chars.len(),
+        "chars": chars.iter().collect::<String>(),
+        "source": text_path,
+    });
+    std::fs::create_dir_all(dir).map_err(|e| format!("{dir}: cannot make the directory: {e}"))?;
+    let path = |f: &str| Path::new(dir).join(f).display().to_string();
+    let mut out = Outputs::new();
+    out.stage(&path("train.bin"), bytes(&ids[..n]))?;
+    out.stage(&path("val.bin"), bytes(&ids[n..]))?;
+    out.stage(&path("meta.json"), format!("{meta:#}\n").into_bytes())?;
+    out.commit()?;
+    Ok(format!(
+        "{text_path}: {} characters, vocabulary {}; {dir}/train.bin {} tokens, {dir}/val.bin {} tokens\n",
+        ids.len(),
+        chars.len(),
+        n,
+        ids.len() - n
+    ))
+}
+
+/// A character corpus made by `prepare-char`.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    /// Training ids.
+    pub train: Vec<u16>,
+    /// Validation ids.
+    pub val: Vec<u16>,
+    /// Vocabulary size.
+    pub vocab: usize,
+}
+
+/// Which part of a dataset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// `train.bin`.
+    Train,
+    /// `val.bin`.
+    Val,
+}
+
+impl Dataset {
+    /// Reads `DIR/train.bin`, `DIR/val.bin` and `DIR/meta.json`.
+    pub fn load(dir: &str) -> Result<Self, String> {
+        let read = |f: &str| -> Result<Vec<u16>, String> {
+            let p = Path::new(dir).join(f);
+            let b = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            if b.len() % 2 != 0 {
+                return Err(format!("{}: odd length: not u16 ids", p.display()));
+            }
+            Ok(b.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect())
+        };
+        let meta_path = Path::new(dir).join("meta.json");
+        let meta: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(&meta_path)
+                .map_err(|e| format!("{}: {e}", meta_path.display()))?,
+        )
+        .map_err(|e| format!("{}: {e}", meta_path.display()))?;
+        let vocab = meta["vocab_size"]
+            .as_u64()
+            .ok_or(format!("{}: no vocab_size", meta_path.display()))? as usize;
+        let (train, val) = (read("train.bin")?, read("val.bin")?);
+        if let Some(bad) = train.iter().chain(&val).find(|&&x| usize::from(x) >= vocab) {
+            return Err(format!(
+                "{dir}: id {bad} is outside the vocabulary of {vocab}"
+            ));
+        }
+        Ok(Dataset { train, val, vocab })
+    }
+
+    /// Batch `index` of `split` drawn under `seed`: `batch` blocks of `block + 1` tokens
+    /// at random offsets (a counter-based draw: the same batch for the same arguments, on
+    /// any machine), as inputs (the first `block`) and targets (the last `block`).
+    pub fn batch(
+        &self,
+        split: Split,
+        batch: usize,
+        block: usize,
+        seed: u64,
+        index: u64,
+    ) -> Result<(Tensor, Tensor), String> {
+        let data = match split {
+            Split::Train => &self.train,
+            Split::Val => &self.val,
+        };
+        if data.len() <= block + 1 {
+            return Err(format!(
+                "the {split:?} data has {} tokens, too few for blocks of {block}",
+                data.len()
+            ));
+        }
+        let stream = match split {
+            Split::Train => 1,
+            Split::Val => 2,
+        };
+        let (mut x, mut y) = (
+            Vec::with_capacity(batch * block),
+            Vec::with_capacity(batch * block),
+        );
+        for b in 0..batch {
+            let r = rng::bits(seed, stream, index * batch as u64 + b as u64);
+            let start = (r % (data.len() - block - 1) as u64) as usize;
+            x.extend(data[start..start + block].iter().map(|&t| i64::from(t)));
+            y.extend(
+                data[start + 1..start + block + 1]
+                    .iter()
+                    .map(|&t| i64::from(t)),
+            );
+        }
+        Ok((
+            Tensor::i64(&[batch, block], x),
+            Tensor::i64(&[batch, block], y),
+        ))
+    }
+}
+
+/// The ids an integer argument of `g` may hold: the rows of the embedding table it
+/// indexes, or the classes of the logits it is the target of (followed through reshapes).
+pub fn id_bound(g: &Graph, arg: usize) -> Option<i64> {
+    let mut v = g.args[arg].value;
+    for n in &g.nodes {
+        if !n.inputs.contains(&v) {
+            continue;
+        }
+        match n.op.as_str() {
+            "dnn.reshape" => v = n.outputs[0],
+            "dnn.embedding" if n.inputs[0] == v => {
+                return g.values[n.inputs[1]].shape.first().copied()
+            }
+            "dnn.cross_entropy" | "dnn.pick" if n.inputs.get(1) == Some(&v) => {
+                return g.values[n.inputs[0]].shape.last().copied()
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn random(model: &str, output: &str, seed: u64) -> Result<String, String> {
+    let text = read_input(model)?;
+    let ir = IrContext::new();
+    let m = ir
+        .parse(&text, model)
+        .map_err(|d| d.in_file(model).render_limited(Some(&text), 20))?;
+    let graphs: Vec<Graph> = Graph::all_in(&m)
+        .into_iter()
+        .filter_map(Result::ok)
+        .collect();
+    let g = graphs
+        .iter()
+        .find(|g| g.name == "train")
+        .or(graphs.first())
+        .ok_or(format!("{model}: no function"))?;
+    let mut tensors: Vec<(String, Elem, Tensor)> = Vec::new();
+    for (i, a) in g.args.iter().enumerate() {
+        if a.is_state() {
+            continue;
+        }
+        let ty = &g.values[a.value];
+        let name = a.name().map(str::to_string).unwrap_or(format!("arg{i}"));
+        let shape = dims(ty);
+        let n: usize = shape.iter().product();
+        let stream = rng::name_stream(&name);
+        let t = if ty.elem.is_float() {
+            Tensor::f32(
+                &shape,
+                (0..n as u64)
+                    .map(|k| rng::normal(seed, stream, k) as f32)
+                    .collect(),
+            )
+        } else {
+            let hi = id_bound(g, i).ok_or(format!(
+                "{model}: argument '{name}' holds integers, but no embedding or loss says below what"
+            ))?;
+            Tensor::i64(
+                &shape,
+                (0..n as u64)
+                    .map(|k| (rng::bits(seed, stream, k) % hi as u64) as i64)
+                    .collect(),
+            )
+        };
+        tensors.push((name, ty.elem, t));
+    }
+    let refs: Vec<(String, Elem, &Tensor)> =
+        tensors.iter().map(|(n, e, t)| (n.clone(), *e, t)).collect();
+    crate::write_one(output, io::to_bytes(&refs)?)?;
+    Ok(String::new())
+}

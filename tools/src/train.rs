@@ -1,0 +1,667 @@
+//! `nnscaler train --config FILE.toml [--set key=value ...]`: trains a zoo model on a
+//! character corpus (`nnscaler data prepare-char`), single-device or partitioned over
+//! simulated devices, with the optimizer step compiled into the IR (`--optimizer`).
+//!
+//! Each step: a batch of random blocks of the training data (a counter-based draw from the
+//! seed and the step, so a resumed run sees the same batches), the learning rate of the
+//! schedule (linear warm-up, then cosine to `min_lr`, nanoGPT's), one run of the compiled
+//! step, whose `next.*` results replace the parameters and moments. Every `eval_every`
+//! steps the mean loss over `eval_batches` batches of train and val data (the forward alone,
+//! on one device). Outputs: a progress bar on a terminal, one JSON line per step and per
+//! evaluation in `log`, a loss-curve SVG in `curve`, and checkpoints (all parameters and
+//! moments as whole tensors, with the step) written atomically every `checkpoint.every`
+//! steps and at the end; `--resume` continues from the last one exactly.
+
+use crate::data::{Dataset, Split};
+use crate::output::Outputs;
+use nnscaler_dialects::context::IrContext;
+use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::nns::Mesh;
+use nnscaler_dialects::types::Elem;
+use nnscaler_dialects::verify::Meshes;
+use nnscaler_passes::pipeline::{self, Step};
+use nnscaler_runtime::spmd::{global_view, run_spmd};
+use nnscaler_runtime::tensor::Tensor;
+use nnscaler_runtime::{init, io, kernels, run, Options};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+/// `nnscaler train`'s command line.
+#[derive(clap::Args, Debug)]
+#[command(
+    about = "Train a zoo model on a character corpus, single-device or on simulated devices",
+    long_about = "Train a zoo model on a character corpus (nnscaler data prepare-char), \
+        single-device or partitioned over simulated devices, the AdamW step compiled into \
+        the IR. The config is TOML (see examples/nanogpt/); --set section.key=value \
+        overrides one entry. Unknown keys and bad values are errors naming the key."
+)]
+pub struct TrainArgs {
+    /// The config (TOML).
+    #[arg(long, value_name = "FILE.toml")]
+    pub config: String,
+    /// Override a config entry, e.g. --set train.steps=100 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Continue from the checkpoint in checkpoint.dir (its step, parameters and moments).
+    #[arg(long)]
+    pub resume: bool,
+}
+
+/// The config file.
+#[derive(Deserialize, Serialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The model.
+    pub model: ModelSection,
+    /// The data.
+    pub data: DataSection,
+    /// The plan (absent: one device).
+    #[serde(default)]
+    pub plan: Option<PlanSection>,
+    /// The optimizer and its schedule.
+    pub optimizer: OptimizerSection,
+    /// The loop.
+    pub train: TrainSection,
+    /// Checkpoints.
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointSection>,
+}
+
+/// `[model]`: a zoo preset and size overrides.
+#[derive(Deserialize, Serialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// The preset (`nnscaler presets`).
+    pub preset: String,
+    /// Size overrides by `nnscaler import` flag name (`layers`, `heads`, `width`, `block`,
+    /// `batch`, `dropout`, ...).
+    #[serde(default)]
+    pub sizes: BTreeMap<String, toml::Value>,
+}
+
+/// `[data]`.
+#[derive(Deserialize, Serialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct DataSection {
+    /// A directory made by `nnscaler data prepare-char`.
+    pub dir: String,
+}
+
+/// `[plan]`: a named policy and mesh.
+#[derive(Deserialize, Serialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSection {
+    /// dp | megatron | dp-megatron | megatron-sp.
+    pub policy: String,
+    /// Data-parallel degree.
+    #[serde(default)]
+    pub dp: Option<u32>,
+    /// Tensor-parallel degree.
+    #[serde(default)]
+    pub tp: Option<u32>,
+    /// ZeRO stage (0 or 1).
+    #[serde(default)]
+    pub zero: u8,
+}
+
+/// `[optimizer]`: AdamW and the learning-rate schedule.
+#[derive(Deserialize, Serialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerSection {
+    /// Peak learning rate.
+    pub lr: f64,
+    /// The floor the cosine decays to.
+    pub min_lr: f64,
+    /// Warm-up steps (linear from lr / (warmup + 1)).
+    pub warmup: u64,
+    /// Decay the learning rate until this step (default: train.steps).
+    #[serde(default)]
+    pub decay_steps: Option<u64>,
+    /// AdamW's betas.
+    #[serde(default = "default_beta1")]
+    pub beta1: f64,
+    /// See `beta1`.
+    #[serde(default = "default_beta2")]
+    pub beta2: f64,
+    /// AdamW's eps.
+    #[serde(default = "default_eps")]
+    pub eps: f64,
+    /// Weight decay of rank >= 2 parameters.
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// Global-norm clipping (0: none).
+    #[serde(default)]
+    pub clip: f64,
+}
+
+fn default_beta1() -> f64 {
+    0.9
+}
+fn default_beta2() -> f64 {
+    0.999
+}
+fn default_eps() -> f64 {
+    1e-8
+}
+
+/// `[train]`.
+#[derive(Deserialize, Serialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSection {
+    /// Steps to train.
+    pub steps: u64,
+    /// Evaluate every this many steps (0: only at the end).
+    #[serde(default)]
+    pub eval_every: u64,
+    /// Batches per evaluation.
+    #[serde(default = "default_eval_batches")]
+    pub eval_batches: u64,
+    /// Seed of the initial parameters and the batches.
+    #[serde(default)]
+    pub seed: u64,
+    /// Threads for matrix products.
+    #[serde(default = "default_threads")]
+    pub threads: usize,
+    /// JSON-lines metrics log.
+    #[serde(default)]
+    pub log: Option<String>,
+    /// Loss-curve SVG written at the end.
+    #[serde(default)]
+    pub curve: Option<String>,
+}
+
+fn default_eval_batches() -> u64 {
+    20
+}
+fn default_threads() -> usize {
+    1
+}
+
+/// `[checkpoint]`.
+#[derive(Deserialize, Serialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSection {
+    /// The directory (`checkpoint.safetensors` in it).
+    pub dir: String,
+    /// Write every this many steps (and at the end).
+    pub every: u64,
+}
+
+/// Reads `path` as a config, with `--set` overrides applied to the TOML tree first.
+pub fn load_config(path: &str, sets: &[String]) -> Result<Config, String> {
+    let text = crate::read_input(path)?;
+    let mut value: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| format!("{path}: {e}"))?;
+    for s in sets {
+        let (key, v) = s
+            .split_once('=')
+            .ok_or(format!("--set '{s}': write section.key=value"))?;
+        let parsed: toml::Value = format!("x = {v}")
+            .parse::<toml::Table>()
+            .ok()
+            .and_then(|t| t.get("x").cloned())
+            .unwrap_or_else(|| toml::Value::String(v.to_string()));
+        let parts: Vec<&str> = key.split('.').collect();
+        let (last, sections) = parts
+            .split_last()
+            .ok_or(format!("--set '{s}': empty key"))?;
+        let mut table = &mut value;
+        for p in sections {
+            table = table
+                .entry(p.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .ok_or(format!("--set '{s}': '{p}' is not a section"))?;
+        }
+        table.insert(last.to_string(), parsed);
+    }
+    let c: Config = toml::Value::Table(value)
+        .try_into()
+        .map_err(|e: toml::de::Error| format!("{path}: {}", e.message()))?;
+    if c.train.steps == 0 {
+        return Err(format!("{path}: train.steps must be at least 1"));
+    }
+    if !(c.optimizer.lr > 0.0 && c.optimizer.min_lr >= 0.0 && c.optimizer.min_lr <= c.optimizer.lr)
+    {
+        return Err(format!(
+            "{path}: optimizer.lr must be > 0 and optimizer.min_lr in [0, lr]"
+        ));
+    }
+    if c.checkpoint.as_ref().is_some_and(|k| k.every == 0) {
+        return Err(format!("{path}: checkpoint.every must be at least 1"));
+    }
+    Ok(c)
+}
+
+/// The learning rate at 0-based step `it` (nanoGPT's schedule).
+pub fn learning_rate(o: &OptimizerSection, steps: u64, it: u64) -> f64 {
+    let decay = o.decay_steps.unwrap_or(steps);
+    if it < o.warmup {
+        return o.lr * (it + 1) as f64 / (o.warmup + 1) as f64;
+    }
+    if it > decay {
+        return o.min_lr;
+    }
+    let ratio = (it - o.warmup) as f64 / (decay - o.warmup).max(1) as f64;
+    let coeff = 0.5 * (1.0 + (std::f64::consts::PI * ratio).cos());
+    o.min_lr + coeff * (o.lr - o.min_lr)
+}
+
+/// The compiled programs: the step (maybe partitioned) and the forward for evaluation.
+struct Programs {
+    step: Graph,
+    /// The step's whole-tensor signature (what state and batches bind to).
+    view: Graph,
+    mesh: Option<Mesh>,
+    forward: Graph,
+    batch: usize,
+    block: usize,
+}
+
+fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
+    let mut model = nnscaler_frontends::preset(&c.model.preset)
+        .ok_or(format!("model.preset: unknown preset '{}'", c.model.preset))?;
+    if model.family() != "gpt" && model.family() != "llama" {
+        return Err(format!(
+            "model.preset: '{}' is a {} model; training reads token sequences (gpt, llama)",
+            c.model.preset,
+            model.family()
+        ));
+    }
+    for (k, v) in &c.model.sizes {
+        let v = match v {
+            toml::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        model
+            .set(k, &v)
+            .map_err(|e| format!("model.sizes.{k}: {e}"))?;
+    }
+    model
+        .set("vocab", &vocab.to_string())
+        .map_err(|e| format!("model: {e}"))?;
+    let text = nnscaler_frontends::build_module(&model).map_err(|e| e.to_string())?;
+    let ir = IrContext::new();
+    let step = |name: &str, o: &str| Step::new(name, o).map_err(|e| format!("{name}: {e}"));
+    let o = &c.optimizer;
+    let opt = format!(
+        "beta1={} beta2={} eps={} weight_decay={} clip={}",
+        o.beta1, o.beta2, o.eps, o.weight_decay, o.clip
+    );
+    let mut steps = vec![step("autodiff", "")?, step("optimizer", &opt)?];
+    if let Some(p) = &c.plan {
+        let mut plan = p.policy.clone();
+        for (k, v) in [("dp", p.dp), ("tp", p.tp)] {
+            if let Some(v) = v {
+                plan.push_str(&format!(" {k}={v}"));
+            }
+        }
+        if p.zero > 0 {
+            plan.push_str(&format!(" zero={}", p.zero));
+        }
+        steps.push(step("plan", &plan)?);
+        for s in [
+            "propagate-layouts",
+            "split-tensor",
+            "lower-relayouts",
+            "localize",
+        ] {
+            steps.push(step(s, "")?);
+        }
+    }
+    let compile_with = |steps: &[Step]| -> Result<(Graph, Option<Mesh>), String> {
+        let mut m = ir
+            .parse(&text, "model.mlir")
+            .map_err(|d| d.render_limited(Some(&text), 20))?;
+        pipeline::run(&ir, &mut m, steps, &mut |_, _| {}, "model.mlir")
+            .map_err(|d| d.render_limited(Some(&text), 20))?;
+        let mut d = Default::default();
+        let mesh = Meshes::collect(&m.as_operation(), &mut d)
+            .0
+            .first()
+            .cloned();
+        let all: Vec<Graph> = Graph::all_in(&m)
+            .into_iter()
+            .filter_map(Result::ok)
+            .collect();
+        let mut g = all
+            .iter()
+            .find(|g| g.name == "train")
+            .cloned()
+            .ok_or("the model has no @train")?;
+        g.link(&all);
+        Ok((g, mesh))
+    };
+    let (step_graph, mesh) = compile_with(&steps)?;
+    let (forward, _) = compile_with(&[])?;
+    let view = match &mesh {
+        Some(m) => global_view(&step_graph, m)?,
+        None => step_graph.clone(),
+    };
+    let tokens = view
+        .args
+        .iter()
+        .find(|a| a.name() == Some("tokens"))
+        .ok_or("the model has no 'tokens' input")?;
+    let shape = &view.values[tokens.value].shape;
+    Ok(Programs {
+        batch: shape[0] as usize,
+        block: shape[1] as usize,
+        step: step_graph,
+        view,
+        mesh,
+        forward,
+    })
+}
+
+/// One JSON line of the metrics log.
+#[derive(Serialize)]
+struct Line<'a> {
+    kind: &'a str,
+    step: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    val_loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lr: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tokens_per_s: Option<f64>,
+}
+
+const CHECKPOINT: &str = "checkpoint.safetensors";
+const STEP_TENSOR: &str = "train.step";
+
+/// Runs the command; returns the summary to print.
+pub fn main(a: &TrainArgs) -> Result<String, String> {
+    let c = load_config(&a.config, &a.set)?;
+    kernels::set_threads(c.train.threads.max(1));
+    let data = Dataset::load(&c.data.dir)?;
+    let p = compile(&c, data.vocab)?;
+    // The state: every parameter and moment, whole, by name.
+    let mut state: BTreeMap<String, Tensor> = BTreeMap::new();
+    let mut start = 0u64;
+    let ckpt_path = c
+        .checkpoint
+        .as_ref()
+        .map(|k| Path::new(&k.dir).join(CHECKPOINT));
+    if a.resume {
+        let path = ckpt_path
+            .as_ref()
+            .ok_or("--resume needs [checkpoint] dir in the config")?;
+        let stored = io::load(path)?;
+        for s in stored {
+            if s.name == STEP_TENSOR {
+                start = s.tensor.f()?.first().copied().unwrap_or(0.0) as u64;
+            } else {
+                state.insert(s.name, s.tensor);
+            }
+        }
+        if start == 0 {
+            return Err(format!(
+                "{}: not a training checkpoint (no '{STEP_TENSOR}')",
+                path.display()
+            ));
+        }
+    }
+    for (i, arg) in p.view.args.iter().enumerate() {
+        if !arg.is_state() {
+            continue;
+        }
+        let name = arg.name().unwrap_or("").to_string();
+        let want = nnscaler_runtime::tensor::dims(&p.view.values[arg.value]);
+        match state.get(&name) {
+            Some(t) if t.shape == want => {}
+            Some(t) => {
+                return Err(format!(
+                    "checkpoint: '{name}' is {:?} but the model's is {want:?}",
+                    t.shape
+                ))
+            }
+            None if a.resume => {
+                return Err(format!("checkpoint: no tensor '{name}' for this model"))
+            }
+            None => {
+                state.insert(name, init::init_param(&p.view, i, c.train.seed)?);
+            }
+        }
+    }
+    if start >= c.train.steps {
+        return Err(format!(
+            "the checkpoint is at step {start}, at or past train.steps = {}",
+            c.train.steps
+        ));
+    }
+    let mut log = String::new();
+    let mut curve: Vec<(u64, f64)> = Vec::new();
+    let mut evals: Vec<(u64, f64, f64)> = Vec::new();
+    let opts = Options { check_finite: true };
+    let bar = indicatif::ProgressBar::new(c.train.steps);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
+        )
+        .map_err(|e| e.to_string())?,
+    );
+    bar.set_position(start);
+    let tokens = (p.batch * p.block) as f64;
+    let started = Instant::now();
+    for t in start + 1..=c.train.steps {
+        let lr = learning_rate(&c.optimizer, c.train.steps, t - 1);
+        let (x, y) = data.batch(Split::Train, p.batch, p.block, c.train.seed, t)?;
+        let t0 = Instant::now();
+        let mut inputs = Vec::with_capacity(p.view.args.len());
+        for arg in &p.view.args {
+            let name = arg.name().unwrap_or("");
+            inputs.push(match name {
+                "tokens" => x.clone(),
+                "targets" => y.clone(),
+                "step" => Tensor::f32(&[], vec![t as f32]),
+                "lr" => Tensor::f32(&[], vec![lr as f32]),
+                n => state
+                    .get(n)
+                    .cloned()
+                    .ok_or(format!("no value for the step's argument '{n}'"))?,
+            });
+        }
+        let outs = match &p.mesh {
+            Some(m) => run_spmd(&p.step, m, inputs, &opts),
+            None => run(&p.step, inputs, &opts),
+        }
+        .map_err(|e| format!("step {t}: {}", e.message))?;
+        let mut loss = f64::NAN;
+        for (o, v) in p.view.outputs.iter().zip(outs) {
+            match o.name() {
+                Some("loss") => loss = f64::from(v.f()?[0]),
+                Some(n) => {
+                    if let Some(key) = n.strip_prefix("next.") {
+                        state.insert(key.to_string(), v);
+                    }
+                }
+                None => {}
+            }
+        }
+        let tps = tokens / t0.elapsed().as_secs_f64();
+        curve.push((t, loss));
+        log.push_str(&line(&Line {
+            kind: "step",
+            step: t,
+            loss: Some(loss),
+            val_loss: None,
+            lr: Some(lr),
+            tokens_per_s: Some(tps),
+        })?);
+        bar.set_position(t);
+        bar.set_message(format!("loss {loss:.4} | {tps:.0} tok/s"));
+        let eval_now =
+            t == c.train.steps || (c.train.eval_every > 0 && t % c.train.eval_every == 0);
+        if eval_now {
+            let train_loss = evaluate(&p, &data, &state, Split::Train, &c)?;
+            let val_loss = evaluate(&p, &data, &state, Split::Val, &c)?;
+            evals.push((t, train_loss, val_loss));
+            bar.println(format!(
+                "step {t}: train loss {train_loss:.4}, val loss {val_loss:.4}"
+            ));
+            log.push_str(&line(&Line {
+                kind: "eval",
+                step: t,
+                loss: Some(train_loss),
+                val_loss: Some(val_loss),
+                lr: None,
+                tokens_per_s: None,
+            })?);
+        }
+        let ckpt_now = c
+            .checkpoint
+            .as_ref()
+            .is_some_and(|k| t % k.every == 0 || t == c.train.steps);
+        if ckpt_now {
+            save_checkpoint(&c, &state, t)?;
+        }
+        // The log is appended as it goes (a killed run keeps its lines).
+        if let Some(path) = &c.train.log {
+            append(path, &log, t == start + 1 && start == 0)?;
+            log.clear();
+        }
+    }
+    bar.finish_and_clear();
+    if let Some(path) = &c.train.curve {
+        crate::write_one(path, svg(&curve, &evals).into_bytes())?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let steps = c.train.steps - start;
+    let (last_t, last_train, last_val) = evals.last().copied().unwrap_or((0, f64::NAN, f64::NAN));
+    Ok(format!(
+        "trained steps {}..{} in {secs:.1} s ({:.0} tokens/s); step {last_t}: train loss {last_train:.4}, val loss {last_val:.4}{}\n",
+        start + 1,
+        c.train.steps,
+        tokens * steps as f64 / secs,
+        c.train
+            .curve
+            .as_ref()
+            .map(|p| format!("; loss curve in {p}"))
+            .unwrap_or_default()
+    ))
+}
+
+fn line(l: &Line<'_>) -> Result<String, String> {
+    serde_json::to_string(l)
+        .map(|s| s + "\n")
+        .map_err(|e| e.to_string())
+}
+
+/// Appends `text` to `path` (truncating it first when `fresh`).
+fn append(path: &str, text: &str, fresh: bool) -> Result<(), String> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(!fresh)
+        .write(true)
+        .truncate(fresh)
+        .open(path)
+        .map_err(|e| format!("{path}: {e}"))?;
+    f.write_all(text.as_bytes())
+        .map_err(|e| format!("{path}: {e}"))
+}
+
+/// The mean loss over `eval_batches` batches of `split`, the forward on one device.
+fn evaluate(
+    p: &Programs,
+    data: &Dataset,
+    state: &BTreeMap<String, Tensor>,
+    split: Split,
+    c: &Config,
+) -> Result<f64, String> {
+    let n = c.train.eval_batches.max(1);
+    let mut sum = 0.0;
+    for k in 0..n {
+        // Evaluation batches are drawn from their own seed stream, the same every time.
+        let (x, y) = data.batch(split, p.batch, p.block, c.train.seed ^ 0x5eed_e7a1, k)?;
+        let inputs = p
+            .forward
+            .args
+            .iter()
+            .map(|a| match a.name().unwrap_or("") {
+                "tokens" => Ok(x.clone()),
+                "targets" => Ok(y.clone()),
+                n => state
+                    .get(n)
+                    .cloned()
+                    .ok_or(format!("no parameter '{n}' to evaluate with")),
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let outs = run(&p.forward, inputs, &Options::default())
+            .map_err(|e| format!("evaluation: {}", e.message))?;
+        sum += f64::from(outs[0].f()?[0]);
+    }
+    Ok(sum / n as f64)
+}
+
+/// Writes every parameter and moment (whole) and the step, atomically.
+fn save_checkpoint(c: &Config, state: &BTreeMap<String, Tensor>, t: u64) -> Result<(), String> {
+    let Some(k) = &c.checkpoint else {
+        return Ok(());
+    };
+    std::fs::create_dir_all(&k.dir).map_err(|e| format!("{}: {e}", k.dir))?;
+    let step = Tensor::f32(&[], vec![t as f32]);
+    let mut named: Vec<(String, Elem, &Tensor)> = state
+        .iter()
+        .map(|(n, t)| (n.clone(), Elem::F32, t))
+        .collect();
+    named.push((STEP_TENSOR.into(), Elem::F32, &step));
+    let mut out = Outputs::new();
+    let path = Path::new(&k.dir).join(CHECKPOINT).display().to_string();
+    out.stage(&path, io::to_bytes(&named)?)?;
+    out.commit()
+}
+
+/// The loss curve: each step's loss, and the evaluations' train and val losses.
+fn svg(curve: &[(u64, f64)], evals: &[(u64, f64, f64)]) -> String {
+    let (w, h, l, b) = (720.0, 400.0, 60.0, 40.0);
+    let last = curve.last().map_or(1, |c| c.0).max(1) as f64;
+    let first = curve.first().map_or(0, |c| c.0) as f64;
+    let losses = curve
+        .iter()
+        .map(|c| c.1)
+        .chain(evals.iter().flat_map(|e| [e.1, e.2]));
+    let (lo, hi) = losses
+        .filter(|x| x.is_finite())
+        .fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+    let (lo, hi) = if lo < hi { (lo, hi) } else { (0.0, 1.0) };
+    let x = |s: f64| l + (s - first) / (last - first).max(1.0) * (w - l - 20.0);
+    let y = |v: f64| 20.0 + (hi - v) / (hi - lo) * (h - b - 20.0);
+    let points: Vec<String> = curve
+        .iter()
+        .filter(|c| c.1.is_finite())
+        .map(|c| format!("{:.1},{:.1}", x(c.0 as f64), y(c.1)))
+        .collect();
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n\
+         <polyline fill=\"none\" stroke=\"#8ecae6\" points=\"{}\"/>\n",
+        points.join(" ")
+    );
+    for (t, tr, va) in evals {
+        s.push_str(&format!(
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#219ebc\"/><circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#fb8500\"/>\n",
+            x(*t as f64),
+            y(*tr),
+            x(*t as f64),
+            y(*va)
+        ));
+    }
+    s.push_str(&format!(
+        "<text x=\"4\" y=\"{:.1}\">{hi:.2}</text><text x=\"4\" y=\"{:.1}\">{lo:.2}</text>\n\
+         <text x=\"{l}\" y=\"{:.1}\">step {first}</text><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">step {last}</text>\n\
+         <text x=\"{:.1}\" y=\"14\" text-anchor=\"end\">loss per step (light), eval train (blue) and val (orange)</text>\n</svg>\n",
+        y(hi) + 4.0,
+        y(lo),
+        h - 10.0,
+        w - 20.0,
+        h - 10.0,
+        w - 20.0
+    ));
+    s
+}
