@@ -47,6 +47,10 @@ pub struct TrainArgs {
     /// Continue from the checkpoint in checkpoint.dir (its step, parameters and moments).
     #[arg(long)]
     pub resume: bool,
+    /// Stop after this step (checkpointing there), as if the run were stopped; --resume
+    /// continues it exactly.
+    #[arg(long, value_name = "STEP")]
+    pub until: Option<u64>,
 }
 
 /// The config file.
@@ -218,9 +222,17 @@ pub fn load_config(path: &str, sets: &[String]) -> Result<Config, String> {
         }
         table.insert(last.to_string(), parsed);
     }
-    let c: Config = toml::Value::Table(value)
-        .try_into()
-        .map_err(|e: toml::de::Error| format!("{path}: {}", e.message()))?;
+    // Deserialize from text, so an error shows the line and key: the file itself, or (with
+    // --set) the config as the overrides left it.
+    let (source, what) = if sets.is_empty() {
+        (text, path.to_string())
+    } else {
+        (
+            toml::to_string(&value).map_err(|e| format!("{path}: {e}"))?,
+            format!("{path} (with --set)"),
+        )
+    };
+    let c: Config = toml::from_str(&source).map_err(|e: toml::de::Error| format!("{what}: {e}"))?;
     if c.train.steps == 0 {
         return Err(format!("{path}: train.steps must be at least 1"));
     }
@@ -449,7 +461,11 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
     bar.set_position(start);
     let tokens = (p.batch * p.block) as f64;
     let started = Instant::now();
-    for t in start + 1..=c.train.steps {
+    let end = a.until.unwrap_or(c.train.steps).min(c.train.steps);
+    if end <= start {
+        return Err(format!("--until {end}: the run is already at step {start}"));
+    }
+    for t in start + 1..=end {
         let lr = learning_rate(&c.optimizer, c.train.steps, t - 1);
         let (x, y) = data.batch(Split::Train, p.batch, p.block, c.train.seed, t)?;
         let t0 = Instant::now();
@@ -517,7 +533,7 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
         let ckpt_now = c
             .checkpoint
             .as_ref()
-            .is_some_and(|k| t % k.every == 0 || t == c.train.steps);
+            .is_some_and(|k| t % k.every == 0 || t == end);
         if ckpt_now {
             save_checkpoint(&c, &state, t)?;
         }
@@ -532,12 +548,11 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
         crate::write_one(path, svg(&curve, &evals).into_bytes())?;
     }
     let secs = started.elapsed().as_secs_f64();
-    let steps = c.train.steps - start;
+    let steps = end - start;
     let (last_t, last_train, last_val) = evals.last().copied().unwrap_or((0, f64::NAN, f64::NAN));
     Ok(format!(
-        "trained steps {}..{} in {secs:.1} s ({:.0} tokens/s); step {last_t}: train loss {last_train:.4}, val loss {last_val:.4}{}\n",
+        "trained steps {}..{end} in {secs:.1} s ({:.0} tokens/s); step {last_t}: train loss {last_train:.4}, val loss {last_val:.4}{}\n",
         start + 1,
-        c.train.steps,
         tokens * steps as f64 / secs,
         c.train
             .curve
