@@ -278,10 +278,11 @@ irdl.dialect @dnn {
     %r_y = irdl.base "!builtin.tensor"
     irdl.results(%r_y)
   }
-  // Zeroes elements with probability p and scales the rest by 1/(1-p); the mask is a function of (seed, element index)
+  // Zeroes elements with probability p and scales the rest by 1/(1-p); the mask is a function of (seed, element index), and of the training step when the optional scalar step is given (a new mask each step)
   irdl.operation @dropout {
     %x = irdl.base "!builtin.tensor"
-    irdl.operands(%x)
+    %step = irdl.base "!builtin.tensor"
+    irdl.operands(%x, optional %step)
     %r_y = irdl.base "!builtin.tensor"
     irdl.results(%r_y)
     %a_p_f = irdl.base "#builtin.float"

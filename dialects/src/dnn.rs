@@ -690,6 +690,12 @@ fn dropout_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     if !(0.0..1.0).contains(&p) {
         return Err(format!("attribute 'p' must be in [0, 1), got {p}"));
     }
+    if ctx.operands.len() == 2 {
+        if ctx.rank(1)? != 0 {
+            return Err("operand 1 (the step) must be a scalar".into());
+        }
+        return Ok("*,  -> *".into());
+    }
     Ok("* -> *".into())
 }
 
@@ -1428,10 +1434,10 @@ pub static SPECS: &[OpSpec] = &[
     },
     OpSpec {
         name: "dnn.dropout",
-        summary: "Zeroes elements with probability p and scales the rest by 1/(1-p); the mask is a function of (seed, element index)",
-        operands: &["x"],
+        summary: "Zeroes elements with probability p and scales the rest by 1/(1-p); the mask is a function of (seed, element index), and of the training step when the optional scalar step is given (a new mask each step)",
+        operands: &["x", "step"],
         variadic: false,
-        optional: 0,
+        optional: 1,
         any_elem: false,
         int_operands: &[],
         results: &["y"],

@@ -421,9 +421,15 @@ pub fn rule(op: &str) -> Option<VjpRule> {
         "dnn.dropout" => |c| {
             // The mask is a function of (seed, index): dropout of dy with the same seed
             // applies exactly the forward mask and scale.
+            // With the step operand, the backward reads the same step (no gradient to it).
             let d = c.dy(0)?;
             let a = c.keep(&["p", "seed"]);
-            Ok(vec![Some(c.emit("dnn.dropout", &[d], &a)?)])
+            let mut ins = vec![d];
+            if c.node.inputs.len() == 2 {
+                ins.push(c.x(1));
+                return Ok(vec![Some(c.emit("dnn.dropout", &ins, &a)?), None]);
+            }
+            Ok(vec![Some(c.emit("dnn.dropout", &ins, &a)?)])
         },
         "dnn.pick" => |c| {
             let (d, t) = (c.dy(0)?, c.x(1));

@@ -15,6 +15,8 @@
 //! * one `dnn.adamw` per parameter (`torch.optim.AdamW`), weight decay only on parameters
 //!   of rank 2 or more (matrices and embeddings; norms and biases get none, as nanoGPT
 //!   groups them);
+//! * every `dnn.dropout` (forward and backward) reads `step`, so each step draws a new
+//!   mask;
 //! * results: the loss, then per parameter `next.<p>`, `next.adam.m.<p>`,
 //!   `next.adam.v.<p>` (the gradients are no longer results).
 
@@ -154,6 +156,13 @@ impl FunctionPass for Optimizer {
             scalar(),
             attrs(&[("nns.name", AttrValue::Str("lr".into()))]),
         );
+        // Dropout draws a new mask each step: every dropout (forward and backward, which
+        // must agree) reads the step.
+        for n in &mut out.nodes {
+            if n.op == "dnn.dropout" && n.inputs.len() == 1 {
+                n.inputs.push(step);
+            }
+        }
         let fail = |e: String| error(&loc, format!("optimizer: {e}"));
         // Clipping: the factor goes into each update (`dnn.adamw`'s scale), so a gradient
         // is read by its square and its update only, both wanting it reduced.

@@ -296,6 +296,14 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
         .set("vocab", &vocab.to_string())
         .map_err(|e| format!("model: {e}"))?;
     let text = nnscaler_frontends::build_module(&model).map_err(|e| e.to_string())?;
+    // Evaluation runs the model without dropout (as model.eval() does).
+    let mut eval_model = model.clone();
+    if eval_model.family() == "gpt" {
+        eval_model
+            .set("dropout", "0")
+            .map_err(|e| format!("model: {e}"))?;
+    }
+    let eval_text = nnscaler_frontends::build_module(&eval_model).map_err(|e| e.to_string())?;
     let ir = IrContext::new();
     let step = |name: &str, o: &str| Step::new(name, o).map_err(|e| format!("{name}: {e}"));
     let o = &c.optimizer;
@@ -324,12 +332,12 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
             steps.push(step(s, "")?);
         }
     }
-    let compile_with = |steps: &[Step]| -> Result<(Graph, Option<Mesh>), String> {
+    let compile_with = |text: &str, steps: &[Step]| -> Result<(Graph, Option<Mesh>), String> {
         let mut m = ir
-            .parse(&text, "model.mlir")
-            .map_err(|d| d.render_limited(Some(&text), 20))?;
+            .parse(text, "model.mlir")
+            .map_err(|d| d.render_limited(Some(text), 20))?;
         pipeline::run(&ir, &mut m, steps, &mut |_, _| {}, "model.mlir")
-            .map_err(|d| d.render_limited(Some(&text), 20))?;
+            .map_err(|d| d.render_limited(Some(text), 20))?;
         let mut d = Default::default();
         let mesh = Meshes::collect(&m.as_operation(), &mut d)
             .0
@@ -347,8 +355,8 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
         g.link(&all);
         Ok((g, mesh))
     };
-    let (step_graph, mesh) = compile_with(&steps)?;
-    let (forward, _) = compile_with(&[])?;
+    let (step_graph, mesh) = compile_with(&text, &steps)?;
+    let (forward, _) = compile_with(&eval_text, &[])?;
     let view = match &mesh {
         Some(m) => global_view(&step_graph, m)?,
         None => step_graph.clone(),
@@ -540,8 +548,8 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
         // The log is appended as it goes (a killed run keeps its lines).
         if let Some(path) = &c.train.log {
             append(path, &log, t == start + 1 && start == 0)?;
-            log.clear();
         }
+        log.clear();
     }
     bar.finish_and_clear();
     if let Some(path) = &c.train.curve {

@@ -487,7 +487,18 @@ fn fewer_microbatches_than_stages_match_one_device() {
 /// zero analytically into full-size differences.
 #[test]
 fn optimizer_step_matches_one_device() {
-    let text = model("gpt-tiny");
+    optimizer_step("gpt-tiny");
+}
+
+/// With dropout, `--optimizer` makes every dropout read the step: partitioned steps draw
+/// the single-device masks, and another step draws other masks.
+#[test]
+fn optimizer_step_with_dropout_matches_one_device() {
+    optimizer_step("gpt-tiny+dropout");
+}
+
+fn optimizer_step(name: &str) {
+    let text = model(name);
     let ir = IrContext::new();
     let step = |n: &str, o: &str| Step::new(n, o).unwrap();
     let opt = "clip=1.0 weight_decay=0.1";
@@ -508,6 +519,21 @@ fn optimizer_step_matches_one_device() {
         }
     }
     let want = run(&single, ins.clone(), &Options::default()).unwrap();
+    if name.ends_with("+dropout") {
+        let step = single
+            .args
+            .iter()
+            .position(|a| a.name() == Some("step"))
+            .unwrap();
+        let mut later = ins.clone();
+        later[step] = Tensor::f32(&[], vec![6.0]);
+        let other = run(&single, later, &Options::default()).unwrap();
+        assert_ne!(
+            other[0].f().unwrap(),
+            want[0].f().unwrap(),
+            "step 6 drew step 5's dropout masks"
+        );
+    }
     let mut all_reduced: std::collections::HashMap<&str, usize> = Default::default();
     for plan in [
         "dp dp=2",

@@ -191,7 +191,16 @@ pub(super) fn tanh_grad(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, Strin
 
 pub(super) fn dropout(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let p = c.float("p", 0.0);
-    let seed = c.int("seed", 0) as u64;
+    let mut seed = c.int("seed", 0) as u64;
+    if let Some(step) = x.get(1) {
+        // A new mask each training step: the seed mixed with the step.
+        let t = step
+            .f()?
+            .first()
+            .copied()
+            .ok_or("the step must be a scalar")?;
+        seed = rng::bits(seed, 0x5eed, t as u64);
+    }
     let scale = (1.0 / (1.0 - p)) as f32;
     let xs = x[0].f()?;
     let index = global_index(c, &x[0].shape)?;
