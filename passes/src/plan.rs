@@ -125,13 +125,21 @@ impl Plan {
             .iter()
             .map(|&a| size(a).map(|s| (a, s)))
             .collect::<Result<Vec<_>, _>>()?;
+        // ZeRO-2 needs nothing more than ZeRO-1 here: the gradients reach the sharded
+        // update as reduce_scatter shards, so no device keeps a whole reduced gradient.
         let zero = match o.get("zero") {
             None | Some("0") => 0,
             Some("1") => 1,
+            Some("2") => 2,
+            Some("3") => {
+                return Err(
+                    "plan: 'zero=3' (parameters sharded, gathered before each use) is not supported yet; zero=1 and zero=2 are".into(),
+                )
+            }
             Some(z) => {
                 return Err(format!(
-                "plan: 'zero={z}' is not supported (0: none, 1: optimizer state sharded over dp)"
-            ))
+                    "plan: 'zero={z}' is not a ZeRO stage (0: none, 1: optimizer state sharded over dp, 2: and gradients)"
+                ))
             }
         };
         if zero > 0 && !policy.axes().contains(&"dp") {
