@@ -594,6 +594,19 @@ fn build(
     }
     // The stage of each post op and of each result.
     let value_stage = |v: ValueId| producer[v].map(|p| stage[p]);
+    // Which other ranks' post ops read each post value.
+    let mut post_readers: HashMap<ValueId, Vec<usize>> = HashMap::new();
+    for k in (0..n).filter(|&k| post[k]) {
+        let reader = rank_of(stage[k]);
+        for &v in &g.nodes[k].inputs {
+            if producer[v].is_some_and(|p| post[p] && rank_of(stage[p]) != reader) {
+                let e = post_readers.entry(v).or_default();
+                if !e.contains(&reader) {
+                    e.push(reader);
+                }
+            }
+        }
+    }
     let mut programs = Vec::new();
     for r in 0..p {
         let mut pg = Graph {
@@ -780,7 +793,9 @@ fn build(
                 }
             }
         }
-        // After every micro-batch: the post ops of this rank's stages.
+        // After every micro-batch: the post ops of this rank's stages. A value another
+        // rank's post op reads (a sum of squares for clipping, its factor) is sent as soon
+        // as it is computed and received right before its first use.
         let mut map: HashMap<ValueId, ValueId> = HashMap::new();
         let resolve = |v: ValueId, map: &HashMap<ValueId, ValueId>| -> Option<ValueId> {
             map.get(&v)
@@ -789,32 +804,64 @@ fn build(
                 .or_else(|| last.get(&v))
                 .copied()
         };
+        let transfer = |peer: usize, v: ValueId| {
+            let mut attrs = Attrs::new();
+            attrs.insert("axis".into(), AttrValue::Str(axis.to_string()));
+            attrs.insert("peer".into(), AttrValue::Int(peer as i64));
+            attrs.insert("tag".into(), AttrValue::Str(format!("post.v{v}")));
+            attrs
+        };
         for k in (0..n).filter(|&k| post[k] && rank_of(stage[k]) == r) {
             let node = &g.nodes[k];
             let mut inputs = Vec::new();
             for &v in &node.inputs {
-                let x = resolve(v, &map).ok_or_else(|| {
-                    fail(
-                        &node.loc,
-                        format!(
-                            "'{}' after the micro-batches reads a value computed on another pipeline rank; that is not supported yet",
-                            node.op
-                        ),
-                    )
-                })?;
+                let x = match resolve(v, &map) {
+                    Some(x) => x,
+                    None => {
+                        let from = producer[v]
+                            .filter(|&p| post[p] && rank_of(stage[p]) != r)
+                            .map(|p| rank_of(stage[p]))
+                            .ok_or_else(|| {
+                                fail(
+                                    &node.loc,
+                                    format!(
+                                        "'{}' after the micro-batches reads a value computed per micro-batch on another pipeline rank; that is not supported yet",
+                                        node.op
+                                    ),
+                                )
+                            })?;
+                        let mut attrs = transfer(from, v);
+                        attrs.insert(
+                            "nns.layouts".into(),
+                            crate::layouts::layouts_attr(std::slice::from_ref(&layouts[v]), mesh),
+                        );
+                        let got = pg.add_raw(
+                            "nns.recv",
+                            &[],
+                            vec![g.values[v].clone()],
+                            attrs,
+                            &node.loc,
+                        )[0];
+                        map.insert(v, got);
+                        got
+                    }
+                };
                 inputs.push(x);
             }
             let accumulation = node.op == "nns.relayout"
                 && mbk[node.inputs[0]] == Mb::Partial
                 && drop_mb(&layouts[node.inputs[0]], mbi) == layouts[node.outputs[0]];
-            if accumulation {
-                map.insert(node.outputs[0], inputs[0]);
-                continue;
-            }
-            let types = node.outputs.iter().map(|&o| g.values[o].clone()).collect();
-            let outs = pg.add_raw(&node.op, &inputs, types, node.attrs.clone(), &node.loc);
+            let outs = if accumulation {
+                vec![inputs[0]]
+            } else {
+                let types = node.outputs.iter().map(|&o| g.values[o].clone()).collect();
+                pg.add_raw(&node.op, &inputs, types, node.attrs.clone(), &node.loc)
+            };
             for (&o, &n2) in node.outputs.iter().zip(&outs) {
                 map.insert(o, n2);
+                for &to in post_readers.get(&o).map(Vec::as_slice).unwrap_or(&[]) {
+                    pg.add_raw("nns.send", &[n2], vec![], transfer(to, o), &node.loc);
+                }
             }
         }
         for (i, o) in g.outputs.iter().enumerate() {

@@ -109,11 +109,13 @@ impl FunctionPass for Recompute {
     }
 }
 
-/// Whether `g` is a training step: it returns gradients (`grad.` results).
+/// Whether `g` is a training step: it returns gradients (`grad.` results), or it updates
+/// parameters with them (`--optimizer`'s state arguments).
 pub fn has_backward(g: &Graph) -> bool {
     g.outputs
         .iter()
         .any(|o| o.name().is_some_and(|n| n.starts_with("grad.")))
+        || g.args.iter().any(|a| a.attrs.contains_key("nns.state_of"))
 }
 
 /// Which ops compute the loss (the first result not named `grad.*`): the forward.

@@ -20,7 +20,7 @@ use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::types::Elem;
 use nnscaler_dialects::verify::Meshes;
 use nnscaler_passes::pipeline::{self, Step};
-use nnscaler_runtime::spmd::{global_view, run_spmd};
+use nnscaler_runtime::spmd::{global_view, run_pipeline, run_spmd};
 use nnscaler_runtime::tensor::Tensor;
 use nnscaler_runtime::{init, io, kernels, run, Options};
 use serde::{Deserialize, Serialize};
@@ -105,9 +105,18 @@ pub struct PlanSection {
     /// Tensor-parallel degree.
     #[serde(default)]
     pub tp: Option<u32>,
-    /// ZeRO stage (0 or 1).
+    /// ZeRO stage (0, 1 or 2).
     #[serde(default)]
     pub zero: u8,
+    /// Pipeline ranks (a `pp` axis; the model is placed in stages first).
+    #[serde(default)]
+    pub pp: Option<u32>,
+    /// Micro-batches per step (with `pp`).
+    #[serde(default)]
+    pub microbatches: Option<u32>,
+    /// The pipeline schedule: gpipe | 1f1b | zb-h1 | interleaved | zb-v (default 1f1b).
+    #[serde(default)]
+    pub schedule: Option<String>,
 }
 
 /// `[optimizer]`: AdamW and the learning-rate schedule.
@@ -265,6 +274,9 @@ pub fn learning_rate(o: &OptimizerSection, steps: u64, it: u64) -> f64 {
 /// The compiled programs: the step (maybe partitioned) and the forward for evaluation.
 struct Programs {
     step: Graph,
+    /// A pipelined step: each rank's program (the `step` graph is then the single-device
+    /// step, whose signature the programs' `nns.arg` / `nns.result` index).
+    pipeline: Option<Vec<Graph>>,
     /// The step's whole-tensor signature (what state and batches bind to).
     view: Graph,
     mesh: Option<Mesh>,
@@ -312,9 +324,15 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
         o.beta1, o.beta2, o.eps, o.weight_decay, o.clip
     );
     let mut steps = vec![step("autodiff", "")?, step("optimizer", &opt)?];
+    let mut schedule = None;
     if let Some(p) = &c.plan {
         let mut plan = p.policy.clone();
-        for (k, v) in [("dp", p.dp), ("tp", p.tp)] {
+        for (k, v) in [
+            ("dp", p.dp),
+            ("tp", p.tp),
+            ("pp", p.pp),
+            ("microbatches", p.microbatches),
+        ] {
             if let Some(v) = v {
                 plan.push_str(&format!(" {k}={v}"));
             }
@@ -322,15 +340,28 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
         if p.zero > 0 {
             plan.push_str(&format!(" zero={}", p.zero));
         }
-        steps.push(step("plan", &plan)?);
-        for s in [
-            "propagate-layouts",
-            "split-tensor",
-            "lower-relayouts",
-            "localize",
-        ] {
-            steps.push(step(s, "")?);
+        if let Some(pp) = p.pp {
+            // Pipelines place the forward in stages first (two per rank for the
+            // interleaved and V schedules).
+            let name = p.schedule.clone().unwrap_or("1f1b".into());
+            let per_rank = if matches!(name.as_str(), "interleaved" | "zb-v") {
+                2
+            } else {
+                1
+            };
+            steps.insert(0, step("place", &format!("stages={}", pp * per_rank))?);
+            schedule = Some(name);
+        } else if p.schedule.is_some() || p.microbatches.is_some() {
+            return Err("plan.schedule and plan.microbatches need plan.pp".into());
         }
+        steps.push(step("plan", &plan)?);
+        steps.push(step("propagate-layouts", "")?);
+        steps.push(step("split-tensor", "")?);
+        if let Some(name) = &schedule {
+            steps.push(step(&format!("schedule-{name}"), "")?);
+        }
+        steps.push(step("lower-relayouts", "")?);
+        steps.push(step("localize", "")?);
     }
     let compile_with = |text: &str, steps: &[Step]| -> Result<(Graph, Option<Mesh>), String> {
         let mut m = ir
@@ -355,11 +386,44 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
         g.link(&all);
         Ok((g, mesh))
     };
-    let (step_graph, mesh) = compile_with(&text, &steps)?;
     let (forward, _) = compile_with(&eval_text, &[])?;
-    let view = match &mesh {
-        Some(m) => global_view(&step_graph, m)?,
-        None => step_graph.clone(),
+    let (step_graph, mesh, pipeline_programs) = if schedule.is_some() {
+        // The programs of each rank, and the single-device step whose signature they index.
+        let mut m = ir
+            .parse(&text, "model.mlir")
+            .map_err(|d| d.render_limited(Some(&text), 20))?;
+        pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, "model.mlir")
+            .map_err(|d| d.render_limited(Some(&text), 20))?;
+        let mut d = Default::default();
+        let mesh = Meshes::collect(&m.as_operation(), &mut d)
+            .0
+            .first()
+            .cloned();
+        let all: Vec<Graph> = Graph::all_in(&m)
+            .into_iter()
+            .filter_map(Result::ok)
+            .collect();
+        let mut programs: Vec<Graph> = all
+            .iter()
+            .filter(|g| g.func_attrs.contains_key("nns.pipeline"))
+            .cloned()
+            .collect();
+        programs.sort_by_key(|g| match g.func_attrs.get("nns.pipeline_rank") {
+            Some(nnscaler_dialects::types::AttrValue::Int(r)) => *r,
+            _ => -1,
+        });
+        for p in &mut programs {
+            p.link(&all);
+        }
+        let (single, _) = compile_with(&text, &steps[1..3])?;
+        (single, mesh, Some(programs))
+    } else {
+        let (g, mesh) = compile_with(&text, &steps)?;
+        (g, mesh, None)
+    };
+    let view = match (&mesh, &pipeline_programs) {
+        (Some(m), None) => global_view(&step_graph, m)?,
+        _ => step_graph.clone(),
     };
     let tokens = view
         .args
@@ -370,6 +434,7 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
     Ok(Programs {
         batch: shape[0] as usize,
         block: shape[1] as usize,
+        pipeline: pipeline_programs,
         step: step_graph,
         view,
         mesh,
@@ -491,9 +556,17 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
                     .ok_or(format!("no value for the step's argument '{n}'"))?,
             });
         }
-        let outs = match &p.mesh {
-            Some(m) => run_spmd(&p.step, m, inputs, &opts),
-            None => run(&p.step, inputs, &opts),
+        let outs = match (&p.pipeline, &p.mesh) {
+            (Some(programs), Some(m)) => {
+                let by_index = inputs.into_iter().enumerate().collect();
+                run_pipeline(programs, m, "pp", &by_index, &opts).map(|mut o| {
+                    (0..p.view.outputs.len())
+                        .filter_map(|k| o.remove(&k))
+                        .collect()
+                })
+            }
+            (_, Some(m)) => run_spmd(&p.step, m, inputs, &opts),
+            _ => run(&p.step, inputs, &opts),
         }
         .map_err(|e| format!("step {t}: {}", e.message))?;
         let mut loss = f64::NAN;
