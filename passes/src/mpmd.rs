@@ -607,6 +607,14 @@ fn build(
             }
         }
     }
+    // A send's or receive's attributes: the pipeline axis, the peer rank and the tag.
+    let transfer = |peer: usize, tag: String| {
+        let mut attrs = Attrs::new();
+        attrs.insert("axis".into(), AttrValue::Str(axis.to_string()));
+        attrs.insert("peer".into(), AttrValue::Int(peer as i64));
+        attrs.insert("tag".into(), AttrValue::Str(tag));
+        attrs
+    };
     let mut programs = Vec::new();
     for r in 0..p {
         let mut pg = Graph {
@@ -713,10 +721,7 @@ fn build(
                             ),
                         ));
                     }
-                    let mut attrs = Attrs::new();
-                    attrs.insert("axis".into(), AttrValue::Str(axis.to_string()));
-                    attrs.insert("peer".into(), AttrValue::Int(from as i64));
-                    attrs.insert("tag".into(), AttrValue::Str(format!("v{v}.mb{j}")));
+                    let mut attrs = transfer(from, format!("v{v}.mb{j}"));
                     attrs.insert("nns.layouts".into(), layouts_attr(vec![&layouts[v]]));
                     let loc = producer[v].map_or(g.loc.clone(), |p| g.nodes[p].loc.clone());
                     let got =
@@ -752,12 +757,14 @@ fn build(
             for (&v, &o) in f.outputs.iter().zip(&outs) {
                 avail.insert((v, j), o);
                 for &to in readers.get(&v).map(Vec::as_slice).unwrap_or(&[]) {
-                    let mut attrs = Attrs::new();
-                    attrs.insert("axis".into(), AttrValue::Str(axis.to_string()));
-                    attrs.insert("peer".into(), AttrValue::Int(to as i64));
-                    attrs.insert("tag".into(), AttrValue::Str(format!("v{v}.mb{j}")));
                     let loc = producer[v].map_or(g.loc.clone(), |p| g.nodes[p].loc.clone());
-                    pg.add_raw("nns.send", &[o], vec![], attrs, &loc);
+                    pg.add_raw(
+                        "nns.send",
+                        &[o],
+                        vec![],
+                        transfer(to, format!("v{v}.mb{j}")),
+                        &loc,
+                    );
                 }
             }
             for (&v, &o) in f.outputs.iter().zip(&outs) {
@@ -804,13 +811,6 @@ fn build(
                 .or_else(|| last.get(&v))
                 .copied()
         };
-        let transfer = |peer: usize, v: ValueId| {
-            let mut attrs = Attrs::new();
-            attrs.insert("axis".into(), AttrValue::Str(axis.to_string()));
-            attrs.insert("peer".into(), AttrValue::Int(peer as i64));
-            attrs.insert("tag".into(), AttrValue::Str(format!("post.v{v}")));
-            attrs
-        };
         for k in (0..n).filter(|&k| post[k] && rank_of(stage[k]) == r) {
             let node = &g.nodes[k];
             let mut inputs = Vec::new();
@@ -830,11 +830,8 @@ fn build(
                                     ),
                                 )
                             })?;
-                        let mut attrs = transfer(from, v);
-                        attrs.insert(
-                            "nns.layouts".into(),
-                            crate::layouts::layouts_attr(std::slice::from_ref(&layouts[v]), mesh),
-                        );
+                        let mut attrs = transfer(from, format!("post.v{v}"));
+                        attrs.insert("nns.layouts".into(), layouts_attr(vec![&layouts[v]]));
                         let got = pg.add_raw(
                             "nns.recv",
                             &[],
@@ -860,7 +857,13 @@ fn build(
             for (&o, &n2) in node.outputs.iter().zip(&outs) {
                 map.insert(o, n2);
                 for &to in post_readers.get(&o).map(Vec::as_slice).unwrap_or(&[]) {
-                    pg.add_raw("nns.send", &[n2], vec![], transfer(to, o), &node.loc);
+                    pg.add_raw(
+                        "nns.send",
+                        &[n2],
+                        vec![],
+                        transfer(to, format!("post.v{o}")),
+                        &node.loc,
+                    );
                 }
             }
         }

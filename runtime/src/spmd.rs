@@ -703,6 +703,34 @@ fn run_devices<'g>(
     }
 }
 
+/// The programs of pipeline `name` among `all` (a module's functions, as graphs), by
+/// rank, each linked to `all` (the fragments it calls): the localized functions with
+/// `nns.pipeline = "name"` and `nns.pipeline_rank`. An unlocalized program or one without
+/// its rank is an error naming it.
+pub fn pipeline_programs(all: &[Graph], name: &str) -> Result<Vec<Graph>, String> {
+    let mut programs: Vec<(i64, Graph)> = Vec::new();
+    for g in all {
+        if g.func_attrs.get("nns.pipeline") != Some(&AttrValue::Str(name.into())) {
+            continue;
+        }
+        if !g.is_localized() {
+            return Err(format!(
+                "@{} is not localized; run --lower-relayouts --localize after the --schedule-* pass",
+                g.name
+            ));
+        }
+        let r = match g.func_attrs.get("nns.pipeline_rank") {
+            Some(AttrValue::Int(r)) => *r,
+            _ => return Err(format!("@{} has no 'nns.pipeline_rank'", g.name)),
+        };
+        let mut p = g.clone();
+        p.link(all);
+        programs.push((r, p));
+    }
+    programs.sort_by_key(|(r, _)| *r);
+    Ok(programs.into_iter().map(|(_, g)| g).collect())
+}
+
 /// Runs a pipelined step: `programs[r]` (localized, made by a `--schedule-*` pass) on the
 /// devices at pipeline rank `r` of `mesh`'s pipeline axis `axis`. `inputs` are whole
 /// tensors by the original function's argument index (each program's `nns.arg`); the

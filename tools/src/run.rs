@@ -9,7 +9,7 @@ use nnscaler_dialects::types::Elem;
 use nnscaler_dialects::verify::{verify_module, Meshes};
 use nnscaler_passes::autodiff::{differentiate_with, vjp_function, vjp_name};
 use nnscaler_runtime::interp::{bind, ParamSource};
-use nnscaler_runtime::spmd::{global_view, run_pipeline, run_spmd};
+use nnscaler_runtime::spmd::{global_view, pipeline_programs, run_pipeline, run_spmd};
 use nnscaler_runtime::{io, kernels, memory, Options};
 use std::path::Path;
 
@@ -344,27 +344,7 @@ fn run_pipelined(
             mesh.devices()
         ));
     }
-    let mut programs: Vec<(i64, Graph)> = Vec::new();
-    for g in &all {
-        if g.func_attrs.get("nns.pipeline") != Some(&AttrValue::Str(name.into())) {
-            continue;
-        }
-        if !g.is_localized() {
-            return Err(format!(
-                "{model}: @{} is not localized; run --lower-relayouts --localize after the --schedule-* pass",
-                g.name
-            ));
-        }
-        let r = match g.func_attrs.get("nns.pipeline_rank") {
-            Some(AttrValue::Int(r)) => *r,
-            _ => return Err(format!("{model}: @{} has no 'nns.pipeline_rank'", g.name)),
-        };
-        let mut p = g.clone();
-        p.link(&all);
-        programs.push((r, p));
-    }
-    programs.sort_by_key(|(r, _)| *r);
-    let programs: Vec<Graph> = programs.into_iter().map(|(_, g)| g).collect();
+    let programs = pipeline_programs(&all, name).map_err(|e| format!("{model}: {e}"))?;
     let axis = programs
         .iter()
         .flat_map(|g| g.nodes.iter())

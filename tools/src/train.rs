@@ -20,7 +20,7 @@ use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::types::Elem;
 use nnscaler_dialects::verify::Meshes;
 use nnscaler_passes::pipeline::{self, Step};
-use nnscaler_runtime::spmd::{global_view, run_pipeline, run_spmd};
+use nnscaler_runtime::spmd::{global_view, pipeline_programs, run_pipeline, run_spmd};
 use nnscaler_runtime::tensor::Tensor;
 use nnscaler_runtime::{init, io, kernels, run, Options};
 use serde::{Deserialize, Serialize};
@@ -363,7 +363,8 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
         steps.push(step("lower-relayouts", "")?);
         steps.push(step("localize", "")?);
     }
-    let compile_with = |text: &str, steps: &[Step]| -> Result<(Graph, Option<Mesh>), String> {
+    // A module compiled by `steps`: its functions as graphs, and its mesh.
+    let compile = |text: &str, steps: &[Step]| -> Result<(Vec<Graph>, Option<Mesh>), String> {
         let mut m = ir
             .parse(text, "model.mlir")
             .map_err(|d| d.render_limited(Some(text), 20))?;
@@ -374,52 +375,31 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
             .0
             .first()
             .cloned();
-        let all: Vec<Graph> = Graph::all_in(&m)
+        let all = Graph::all_in(&m)
             .into_iter()
             .filter_map(Result::ok)
             .collect();
+        Ok((all, mesh))
+    };
+    // Its @train, linked to the functions it calls.
+    let train = |all: &[Graph]| -> Result<Graph, String> {
         let mut g = all
             .iter()
             .find(|g| g.name == "train")
             .cloned()
             .ok_or("the model has no @train")?;
-        g.link(&all);
-        Ok((g, mesh))
+        g.link(all);
+        Ok(g)
     };
-    let (forward, _) = compile_with(&eval_text, &[])?;
-    let (step_graph, mesh, pipeline_programs) = if schedule.is_some() {
+    let forward = train(&compile(&eval_text, &[])?.0)?;
+    let (all, mesh) = compile(&text, &steps)?;
+    let (step_graph, pipeline_programs) = if schedule.is_some() {
         // The programs of each rank, and the single-device step whose signature they index.
-        let mut m = ir
-            .parse(&text, "model.mlir")
-            .map_err(|d| d.render_limited(Some(&text), 20))?;
-        pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, "model.mlir")
-            .map_err(|d| d.render_limited(Some(&text), 20))?;
-        let mut d = Default::default();
-        let mesh = Meshes::collect(&m.as_operation(), &mut d)
-            .0
-            .first()
-            .cloned();
-        let all: Vec<Graph> = Graph::all_in(&m)
-            .into_iter()
-            .filter_map(Result::ok)
-            .collect();
-        let mut programs: Vec<Graph> = all
-            .iter()
-            .filter(|g| g.func_attrs.contains_key("nns.pipeline"))
-            .cloned()
-            .collect();
-        programs.sort_by_key(|g| match g.func_attrs.get("nns.pipeline_rank") {
-            Some(nnscaler_dialects::types::AttrValue::Int(r)) => *r,
-            _ => -1,
-        });
-        for p in &mut programs {
-            p.link(&all);
-        }
-        let (single, _) = compile_with(&text, &steps[1..3])?;
-        (single, mesh, Some(programs))
+        let programs = pipeline_programs(&all, "train")?;
+        let single = train(&compile(&text, &steps[1..3])?.0)?;
+        (single, Some(programs))
     } else {
-        let (g, mesh) = compile_with(&text, &steps)?;
-        (g, mesh, None)
+        (train(&all)?, None)
     };
     let view = match (&mesh, &pipeline_programs) {
         (Some(m), None) => global_view(&step_graph, m)?,

@@ -310,18 +310,8 @@ fn programs_of(
         .into_iter()
         .map(|g| g.unwrap_or_else(|e| panic!("{}", e.message)))
         .collect();
-    let mut programs: Vec<Graph> = all
-        .iter()
-        .filter(|g| g.func_attrs.contains_key("nns.pipeline"))
-        .cloned()
-        .collect();
-    programs.sort_by_key(|g| match g.func_attrs.get("nns.pipeline_rank") {
-        Some(nnscaler_dialects::types::AttrValue::Int(r)) => *r,
-        _ => -1,
-    });
-    for p in &mut programs {
-        p.link(&all);
-    }
+    let programs =
+        nnscaler_runtime::spmd::pipeline_programs(&all, "train").unwrap_or_else(|e| panic!("{e}"));
     (programs, mesh)
 }
 
@@ -503,21 +493,7 @@ fn optimizer_step(name: &str) {
     let step = |n: &str, o: &str| Step::new(n, o).unwrap();
     let opt = "clip=1.0 weight_decay=0.1";
     let (single, _) = graph_of(&ir, &text, &[step("autodiff", ""), step("optimizer", opt)]);
-    let mut ins = inputs(&single, 12);
-    for (i, a) in single.args.iter().enumerate() {
-        let n = a.name().unwrap_or("");
-        let shape = dims(&single.values[a.value]);
-        if n.starts_with("adam.m.") {
-            ins[i] = common::normal(&shape, 21, i as u64);
-        } else if n.starts_with("adam.v.") {
-            let t = common::normal(&shape, 22, i as u64);
-            ins[i] = Tensor::f32(&shape, t.f().unwrap().iter().map(|x| 1.0 + x * x).collect());
-        } else if n == "step" {
-            ins[i] = Tensor::f32(&[], vec![5.0]);
-        } else if n == "lr" {
-            ins[i] = Tensor::f32(&[], vec![1e-3]);
-        }
-    }
+    let ins = optimizer_inputs(&single);
     let want = run(&single, ins.clone(), &Options::default()).unwrap();
     if name.ends_with("+dropout") {
         let step = single
@@ -609,21 +585,7 @@ fn pipelined_optimizer_step_matches_one_device() {
     let step = |n: &str, o: &str| Step::new(n, o).unwrap();
     let opt = "clip=1.0 weight_decay=0.1";
     let (single, _) = graph_of(&ir, &text, &[step("autodiff", ""), step("optimizer", opt)]);
-    let mut ins = inputs(&single, 12);
-    for (i, a) in single.args.iter().enumerate() {
-        let n = a.name().unwrap_or("");
-        let shape = dims(&single.values[a.value]);
-        if n.starts_with("adam.m.") {
-            ins[i] = common::normal(&shape, 21, i as u64);
-        } else if n.starts_with("adam.v.") {
-            let t = common::normal(&shape, 22, i as u64);
-            ins[i] = Tensor::f32(&shape, t.f().unwrap().iter().map(|x| 1.0 + x * x).collect());
-        } else if n == "step" {
-            ins[i] = Tensor::f32(&[], vec![5.0]);
-        } else if n == "lr" {
-            ins[i] = Tensor::f32(&[], vec![1e-3]);
-        }
-    }
+    let ins = optimizer_inputs(&single);
     let want = run(&single, ins.clone(), &Options::default()).unwrap();
     let by_index: std::collections::BTreeMap<usize, Tensor> =
         ins.iter().cloned().enumerate().collect();
@@ -660,4 +622,26 @@ fn pipelined_optimizer_step_matches_one_device() {
         }
         println!("equivalence: pipelined optimizer step, {plan} {sched}: worst {worst:.2e}");
     }
+}
+
+/// Inputs of an optimizer step (`--optimizer`): the batch and perturbed parameters, nonzero
+/// moments (step 5: a first Adam step is lr x sign(gradient), which turns rounding noise in
+/// gradients that are zero analytically into full-size differences), lr 1e-3.
+fn optimizer_inputs(single: &Graph) -> Vec<Tensor> {
+    let mut ins = inputs(single, 12);
+    for (i, a) in single.args.iter().enumerate() {
+        let n = a.name().unwrap_or("");
+        let shape = dims(&single.values[a.value]);
+        if n.starts_with("adam.m.") {
+            ins[i] = common::normal(&shape, 21, i as u64);
+        } else if n.starts_with("adam.v.") {
+            let t = common::normal(&shape, 22, i as u64);
+            ins[i] = Tensor::f32(&shape, t.f().unwrap().iter().map(|x| 1.0 + x * x).collect());
+        } else if n == "step" {
+            ins[i] = Tensor::f32(&[], vec![5.0]);
+        } else if n == "lr" {
+            ins[i] = Tensor::f32(&[], vec![1e-3]);
+        }
+    }
+    ins
 }
