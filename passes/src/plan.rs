@@ -131,11 +131,7 @@ impl Plan {
             None | Some("0") => 0,
             Some("1") => 1,
             Some("2") => 2,
-            Some("3") => {
-                return Err(
-                    "plan: 'zero=3' (parameters sharded, gathered before each use) is not supported yet; zero=1 and zero=2 are".into(),
-                )
-            }
+            Some("3") => 3,
             Some(z) => {
                 return Err(format!(
                     "plan: 'zero={z}' is not a ZeRO stage (0: none, 1: optimizer state sharded over dp, 2: and gradients)"
@@ -264,7 +260,7 @@ impl ModulePass for Plan {
         rewrite_funcs(module, &mut |g| {
             let g = plan(g, policy, &mesh)?;
             Ok(Some(if zero > 0 {
-                zero_state(g, &mesh, remarks)
+                zero_state(g, &mesh, zero, remarks)
             } else {
                 g
             }))
@@ -281,7 +277,7 @@ impl ModulePass for Plan {
 /// shard: the gradient arrives by reduce_scatter and the next parameter leaves by
 /// all_gather, both from the transition search. The next parameters keep the parameter's
 /// layout. A state no dim of which `dp` divides stays as it was, with a remark.
-fn zero_state(mut g: Graph, mesh: &Mesh, remarks: &mut Diagnostics) -> Graph {
+fn zero_state(mut g: Graph, mesh: &Mesh, zero: u8, remarks: &mut Diagnostics) -> Graph {
     let Some(dp) = mesh.axis("dp").filter(|&n| n > 1) else {
         return g;
     };
@@ -296,7 +292,9 @@ fn zero_state(mut g: Graph, mesh: &Mesh, remarks: &mut Diagnostics) -> Graph {
     let mut unsharded = Vec::new();
     let mut by_name: Vec<(String, AttrValue)> = Vec::new();
     for i in 0..g.args.len() {
-        if !g.args[i].attrs.contains_key("nns.state_of") {
+        let sharded =
+            g.args[i].attrs.contains_key("nns.state_of") || (zero == 3 && g.args[i].is_param());
+        if !sharded {
             continue;
         }
         let name = g.args[i].name().unwrap_or("").to_string();

@@ -173,7 +173,7 @@ pub static PASSES: &[PassInfo] = &[
             },
             OptionInfo {
                 name: "zero",
-                help: "0 (default) | 1: ZeRO-1, the optimizer state (--optimizer) split over dp, so gradients arrive by reduce_scatter and next parameters leave by all_gather | 2: ZeRO-2, the same layouts (the gradients already reach the update as reduce_scatter shards); 3 is not supported yet",
+                help: "0 (default) | 1: ZeRO-1, the optimizer state (--optimizer) split over dp, so gradients arrive by reduce_scatter and next parameters leave by all_gather | 2: ZeRO-2, the same layouts (the gradients already reach the update as reduce_scatter shards) | 3: ZeRO-3, the parameters split over dp too, gathered for the forward and again for the backward, next parameters left as shards",
             },
         ],
         anchor: Anchor::Module,

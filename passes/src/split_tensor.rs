@@ -15,6 +15,7 @@ use crate::layouts::{
 };
 use crate::pipeline::{FunctionPass, PassOptions};
 use crate::propagate_layouts::{is_foreign, propagate};
+use crate::recompute::{forward_ops, has_backward};
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::{Graph, ValueId};
@@ -70,18 +71,33 @@ impl FunctionPass for SplitTensor {
 /// Inserts the relayouts `g` needs (see the module docs).
 pub fn split(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
     let mut layouts = value_layouts(&g, mesh)?;
+    // A parameter is relayouted (gathered, under ZeRO-3) once for the forward and again
+    // for the backward rather than kept whole in between: the phase is part of the key.
+    let forward = if has_backward(&g) {
+        forward_ops(&g)
+    } else {
+        vec![true; g.nodes.len()]
+    };
+    let params: Vec<ValueId> = g
+        .args
+        .iter()
+        .filter(|a| a.is_param())
+        .map(|a| a.value)
+        .collect();
     let old = std::mem::take(&mut g.nodes);
-    let mut made: HashMap<(ValueId, Sharding), ValueId> = HashMap::new();
+    let mut made: HashMap<(ValueId, Sharding, bool), ValueId> = HashMap::new();
     let mut relayout = |g: &mut Graph,
                         layouts: &mut Vec<Option<Sharding>>,
                         v: ValueId,
                         want: &Sharding,
+                        phase: bool,
                         loc: &SrcLoc|
      -> ValueId {
         if layouts[v].as_ref() == Some(want) {
             return v;
         }
-        if let Some(&r) = made.get(&(v, want.clone())) {
+        let key = (v, want.clone(), phase || !params.contains(&v));
+        if let Some(&r) = made.get(&key) {
             return r;
         }
         let mut attrs = Attrs::new();
@@ -90,10 +106,11 @@ pub fn split(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
         let r = g.add_raw("nns.relayout", &[v], vec![ty], attrs, loc)[0];
         layouts.resize(g.values.len(), None);
         layouts[r] = Some(want.clone());
-        made.insert((v, want.clone()), r);
+        made.insert(key, r);
         r
     };
-    for mut n in old {
+    for (k, mut n) in old.into_iter().enumerate() {
+        let phase = forward[k];
         if n.op.starts_with("dnn.") || g.user_ops.of_call(&n.op, &n.attrs).is_some() {
             let fail = |e: String| error(&n.loc, format!("split-tensor: '{}': {e}", n.op));
             if !n.attrs.contains_key("nns.layouts") {
@@ -107,7 +124,7 @@ pub fn split(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
             let inputs = n.inputs.clone();
             for (i, &v) in inputs.iter().enumerate() {
                 if let Some(want) = &l.inputs[i] {
-                    n.inputs[i] = relayout(&mut g, &mut layouts, v, want, &n.loc);
+                    n.inputs[i] = relayout(&mut g, &mut layouts, v, want, phase, &n.loc);
                 }
             }
         } else if is_foreign(&n.op) {
@@ -115,7 +132,7 @@ pub fn split(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
             let inputs = n.inputs.clone();
             for (i, &v) in inputs.iter().enumerate() {
                 let want = Sharding::replicated(g.values[v].rank(), mesh.axes.len());
-                n.inputs[i] = relayout(&mut g, &mut layouts, v, &want, &n.loc);
+                n.inputs[i] = relayout(&mut g, &mut layouts, v, &want, phase, &n.loc);
             }
             for &v in &n.outputs {
                 if layouts[v].is_none() {
@@ -129,7 +146,7 @@ pub fn split(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
     let ret_loc = g.loc.clone();
     for (i, w) in want.iter().enumerate() {
         let v = g.outputs[i].value;
-        g.outputs[i].value = relayout(&mut g, &mut layouts, v, w, &ret_loc);
+        g.outputs[i].value = relayout(&mut g, &mut layouts, v, w, false, &ret_loc);
     }
     Ok(g)
 }

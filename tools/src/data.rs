@@ -60,7 +60,9 @@ pub fn main(a: &DataArgs) -> Result<String, String> {
     }
 }
 
-fn prepare_char(text_path: &str, dir: &str) -> Result<String, String> {
+/// `nnscaler data prepare-char TEXT -o DIR`: DIR/train.bin and val.bin (u16 ids, the first
+/// 90% and the last 10%) and meta.json (the vocabulary), written atomically; the summary.
+pub fn prepare_char(text_path: &str, dir: &str) -> Result<String, String> {
     let text = read_input(text_path)?;
     let mut chars: Vec<char> = text.chars().collect();
     chars.sort_unstable();

@@ -1,5 +1,6 @@
 //! `nnscaler train --config FILE.toml [--set key=value ...]`: trains a zoo model on a
-//! character corpus (`nnscaler data prepare-char`), single-device or partitioned over
+//! character corpus (`nnscaler data prepare-char`, or `[data] text` to prepare it on the
+//! first run), single-device or partitioned over
 //! simulated devices, with the optimizer step compiled into the IR (`--optimizer`).
 //!
 //! Each step: a batch of random blocks of the training data (a counter-based draw from the
@@ -91,6 +92,10 @@ pub struct ModelSection {
 pub struct DataSection {
     /// A directory made by `nnscaler data prepare-char`.
     pub dir: String,
+    /// A text file to prepare `dir` from (as `nnscaler data prepare-char`) when `dir`
+    /// has no `meta.json` yet.
+    #[serde(default)]
+    pub text: Option<String>,
 }
 
 /// `[plan]`: a named policy and mesh.
@@ -105,7 +110,7 @@ pub struct PlanSection {
     /// Tensor-parallel degree.
     #[serde(default)]
     pub tp: Option<u32>,
-    /// ZeRO stage (0, 1 or 2).
+    /// ZeRO stage (0, 1, 2 or 3).
     #[serde(default)]
     pub zero: u8,
     /// Pipeline ranks (a `pp` axis; the model is placed in stages first).
@@ -444,6 +449,21 @@ const STEP_TENSOR: &str = "train.step";
 pub fn main(a: &TrainArgs) -> Result<String, String> {
     let c = load_config(&a.config, &a.set)?;
     kernels::set_threads(c.train.threads.max(1));
+    // The outputs' directories are made now, so a bad path fails before any training.
+    for path in [&c.train.log, &c.train.curve].into_iter().flatten() {
+        if let Some(dir) = Path::new(path)
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("{path}: cannot make its directory: {e}"))?;
+        }
+    }
+    if let Some(text) = &c.data.text {
+        if !Path::new(&c.data.dir).join("meta.json").exists() {
+            eprint!("{}", crate::data::prepare_char(text, &c.data.dir)?);
+        }
+    }
     let data = Dataset::load(&c.data.dir)?;
     let p = compile(&c, data.vocab)?;
     // The state: every parameter and moment, whole, by name.

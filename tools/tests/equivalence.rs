@@ -520,6 +520,8 @@ fn optimizer_step(name: &str) {
         "dp dp=2 zero=1",
         "dp dp=4 zero=1",
         "dp-megatron dp=2 tp=2 zero=1",
+        "dp dp=2 zero=3",
+        "dp-megatron dp=2 tp=2 zero=3",
     ] {
         let steps = [
             step("autodiff", ""),
@@ -557,6 +559,46 @@ fn optimizer_step(name: &str) {
                 assert_eq!(reduced, 0, "{plan}: a gradient is all_reduced over dp");
             }
         }
+        if plan.ends_with(" zero=3") {
+            // ZeRO-3: every parameter lives as its dp shard and is gathered for the
+            // forward and again for the backward, never kept whole in between; the next
+            // parameters stay shards (no all_gather after the update).
+            let params = local.args.iter().filter(|a| a.is_param()).count();
+            let single_params: Vec<u64> = single
+                .args
+                .iter()
+                .filter(|a| a.is_param())
+                .map(|a| single.values[a.value].numel())
+                .collect();
+            let shards: u64 = local
+                .args
+                .iter()
+                .filter(|a| a.is_param())
+                .map(|a| local.values[a.value].numel())
+                .sum();
+            assert_eq!(params, single_params.len(), "{plan}");
+            assert!(
+                shards < single_params.iter().sum::<u64>(),
+                "{plan}: parameters are not sharded"
+            );
+            let fwd = nnscaler_passes::recompute::forward_ops(&local);
+            let gathers_of_params = |forward: bool| {
+                local
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .filter(|(k, n)| n.op == "nns.all_gather" && fwd[*k] == forward)
+                    .filter(|(_, n)| {
+                        local
+                            .args
+                            .iter()
+                            .any(|a| a.is_param() && a.value == n.inputs[0])
+                    })
+                    .count()
+            };
+            assert!(gathers_of_params(true) > 0, "{plan}: no forward gather");
+            assert!(gathers_of_params(false) > 0, "{plan}: no backward gather");
+        }
         all_reduced.insert(plan, reduced);
         let got = run_spmd(&local, &mesh.unwrap(), ins.clone(), &Options::default())
             .unwrap_or_else(|e| panic!("{plan}: {} at {}", e.message, e.loc));
@@ -592,6 +634,7 @@ fn pipelined_optimizer_step_matches_one_device() {
     for (plan, sched) in [
         ("dp dp=2 pp=2 microbatches=2", "schedule-1f1b"),
         ("megatron tp=2 pp=2 microbatches=2", "schedule-zb-h1"),
+        ("dp dp=2 pp=2 microbatches=2 zero=3", "schedule-1f1b"),
     ] {
         let steps = [
             step("place", "stages=2"),
