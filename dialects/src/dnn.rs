@@ -4,6 +4,7 @@
 //! attributes, written in nnScaler's language (see [`crate::annotation`]).
 
 use crate::nns::Init;
+use crate::scalar;
 use crate::spec::{AttrKind, AttrSpec, Linearity, LocalCtx, OpCtx, OpSpec, Traits, TRAITS};
 use crate::types::AttrValue;
 use crate::types::{Elem, TensorType};
@@ -827,7 +828,7 @@ macro_rules! binary_op {
 }
 
 macro_rules! act_grad {
-    ($name:literal, $of:literal, $summary:literal, $ex:literal) => {
+    ($name:literal, $of:literal, $summary:literal, $rule:path, $ex:literal) => {
         OpSpec {
             name: $name,
             summary: $summary,
@@ -844,6 +845,7 @@ macro_rules! act_grad {
             grad_of: Some($of),
             traits: Traits {
                 linear: Linearity::Joint(&[0]),
+                scalar: Some($rule),
                 ..TRAITS
             },
             example: $ex,
@@ -1006,12 +1008,14 @@ pub static SPECS: &[OpSpec] = &[
     binary_op!("dnn.add", "Elementwise sum with broadcasting", r#"%2 = "dnn.add"(%0, %1) : (tensor<2x3xf32>, tensor<3xf32>) -> tensor<2x3xf32>"#,
         Traits {
             linear: Linearity::Joint(&[0, 1]),
+            scalar: Some(scalar::add),
             ..TRAITS
         }
     ),
     binary_op!("dnn.sub", "Elementwise difference with broadcasting", r#"%2 = "dnn.sub"(%0, %1) : (tensor<2x3xf32>, tensor<2x1xf32>) -> tensor<2x3xf32>"#,
         Traits {
             linear: Linearity::Joint(&[0, 1]),
+            scalar: Some(scalar::sub),
             ..TRAITS
         }
     ),
@@ -1019,25 +1023,48 @@ pub static SPECS: &[OpSpec] = &[
         Traits {
             linear: Linearity::Each(&[0, 1]),
             megatron_through: true,
+            scalar: Some(scalar::mul),
             ..TRAITS
         }
     ),
     binary_op!("dnn.div", "Elementwise quotient with broadcasting", r#"%2 = "dnn.div"(%0, %1) : (tensor<2x3xf32>, tensor<f32>) -> tensor<2x3xf32>"#,
         Traits {
             linear: Linearity::Joint(&[0]),
+            scalar: Some(scalar::div),
             ..TRAITS
         }
     ),
     elementwise!("dnn.neg", "-x", out_numel, r#"%1 = "dnn.neg"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
         Traits {
             linear: Linearity::Joint(&[0]),
+            scalar: Some(scalar::neg),
             ..TRAITS
         }
     ),
-    elementwise!("dnn.exp", "e^x", flops_x4, r#"%1 = "dnn.exp"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
-    elementwise!("dnn.log", "Natural logarithm", flops_x4, r#"%1 = "dnn.log"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
-    elementwise!("dnn.sqrt", "Square root", flops_x4, r#"%1 = "dnn.sqrt"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
-    elementwise!("dnn.rsqrt", "1 / sqrt(x)", flops_x4, r#"%1 = "dnn.rsqrt"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#),
+    elementwise!("dnn.exp", "e^x", flops_x4, r#"%1 = "dnn.exp"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+        Traits {
+            scalar: Some(scalar::exp),
+            ..TRAITS
+        }
+    ),
+    elementwise!("dnn.log", "Natural logarithm", flops_x4, r#"%1 = "dnn.log"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+        Traits {
+            scalar: Some(scalar::log),
+            ..TRAITS
+        }
+    ),
+    elementwise!("dnn.sqrt", "Square root", flops_x4, r#"%1 = "dnn.sqrt"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+        Traits {
+            scalar: Some(scalar::sqrt),
+            ..TRAITS
+        }
+    ),
+    elementwise!("dnn.rsqrt", "1 / sqrt(x)", flops_x4, r#"%1 = "dnn.rsqrt"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+        Traits {
+            scalar: Some(scalar::rsqrt),
+            ..TRAITS
+        }
+    ),
     elementwise!(
         "dnn.sigmoid",
         "1 / (1 + e^-x)",
@@ -1045,12 +1072,14 @@ pub static SPECS: &[OpSpec] = &[
         r#"%1 = "dnn.sigmoid"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
         Traits {
             megatron_through: true,
+            scalar: Some(scalar::sigmoid_op),
             ..TRAITS
         }
     ),
     elementwise!("dnn.tanh", "Hyperbolic tangent", flops_x4, r#"%1 = "dnn.tanh"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
         Traits {
             megatron_through: true,
+            scalar: Some(scalar::tanh),
             ..TRAITS
         }
     ),
@@ -1070,6 +1099,7 @@ pub static SPECS: &[OpSpec] = &[
         grad_of: None,
         traits: Traits {
             megatron_through: true,
+            scalar: Some(scalar::gelu),
             ..TRAITS
         },
         example: r#"%1 = "dnn.gelu"(%0) {approximate = "tanh"} : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
@@ -1077,12 +1107,14 @@ pub static SPECS: &[OpSpec] = &[
     elementwise!("dnn.silu", "x * sigmoid(x)", flops_x4, r#"%1 = "dnn.silu"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
         Traits {
             megatron_through: true,
+            scalar: Some(scalar::silu),
             ..TRAITS
         }
     ),
     elementwise!("dnn.relu", "max(x, 0)", out_numel, r#"%1 = "dnn.relu"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
         Traits {
             megatron_through: true,
+            scalar: Some(scalar::relu),
             ..TRAITS
         }
     ),
@@ -1546,12 +1578,13 @@ pub static SPECS: &[OpSpec] = &[
         grad_of: Some("dnn.gelu"),
         traits: Traits {
             linear: Linearity::Joint(&[0]),
+            scalar: Some(scalar::gelu_grad),
             ..TRAITS
         },
         example: r#"%2 = "dnn.gelu_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     },
-    act_grad!("dnn.silu_grad", "dnn.silu", "dy * silu'(x)", r#"%2 = "dnn.silu_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#),
-    act_grad!("dnn.relu_grad", "dnn.relu", "dy where x > 0, else 0", r#"%2 = "dnn.relu_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#),
+    act_grad!("dnn.silu_grad", "dnn.silu", "dy * silu'(x)", scalar::silu_grad, r#"%2 = "dnn.silu_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#),
+    act_grad!("dnn.relu_grad", "dnn.relu", "dy where x > 0, else 0", scalar::relu_grad, r#"%2 = "dnn.relu_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#),
     OpSpec {
         name: "dnn.tanh_grad",
         summary: "dy * (1 - y^2), given the forward output y",
@@ -1568,6 +1601,7 @@ pub static SPECS: &[OpSpec] = &[
         grad_of: Some("dnn.tanh"),
         traits: Traits {
             linear: Linearity::Joint(&[0]),
+            scalar: Some(scalar::tanh_grad),
             ..TRAITS
         },
         example: r#"%2 = "dnn.tanh_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,

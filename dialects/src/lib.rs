@@ -9,6 +9,7 @@
 //! * [`nns`]: meshes, R/V/D layouts, split directives, collectives;
 //! * [`verify`]: checks a module against all of the above, reporting every problem;
 //! * [`builder`]: typed builders, so no caller writes attribute strings;
+//! * [`scalar`]: elementwise ops' formulas, for kernel generators;
 //! * [`graph`]: a function as an SSA graph, written back in place through [`rewriter`];
 //! * [`context`] and [`diag`]: the MLIR context owner and located diagnostics.
 pub mod annotation;
@@ -20,6 +21,7 @@ pub mod graph;
 pub mod irdl;
 pub mod nns;
 pub mod rewriter;
+pub mod scalar;
 pub mod sharding;
 pub mod spec;
 pub mod types;

@@ -235,6 +235,9 @@ pub struct Traits {
     /// An optimizer op (the update after the backward): never differentiated, counted
     /// apart by `--print-stats`.
     pub optimizer: bool,
+    /// An elementwise op's formula: one result element from the same element of each
+    /// (broadcast) operand. Code generators fuse chains of such ops into one kernel.
+    pub scalar: Option<crate::scalar::ScalarRule>,
 }
 
 /// What a localize rule sees of one op: its attributes (to change), its operands' global
@@ -284,6 +287,7 @@ pub const TRAITS: Traits = Traits {
     param_init: &[],
     localize: None,
     optimizer: false,
+    scalar: None,
 };
 
 /// The definition of one op.
