@@ -1,70 +1,494 @@
-//! What a generated kernel computes, independent of LLVM: elementwise kernels (a fused
-//! chain of ops with scalar formulas, [`nnscaler_dialects::scalar`]), and how a function's
-//! ops group into them ([`fuse`]).
+//! What a generated kernel computes, independent of LLVM, and how ops become kernels.
+//!
+//! A [`Kernel`] is a body over an index space (`len` indices, one GPU thread each, or one
+//! host loop iteration each) reading its input buffers and writing its output buffers.
+//! [`lower`] turns one `dnn` op into kernels, temporaries and launches ([`Lowered`]): most
+//! ops are one launch; the norm gradients are three (row statistics, then the input
+//! gradient by row and the weight gradients by column, so no two threads add into one
+//! element); cross-entropy is two (per-row losses, then their mean in row order, as the
+//! reference sums). [`fuse`] groups a function's elementwise ops into single kernels.
+//!
+//! Every kernel reproduces the CPU runtime's reference arithmetic: the same formulas, the
+//! same accumulation type (f64 where the reference uses it) and order, so results agree
+//! to rounding.
 
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::scalar::Expr;
-use nnscaler_dialects::types::Elem;
+use nnscaler_dialects::types::{AttrValue, Attrs, Elem, TensorType};
 use std::collections::HashMap;
 
-/// An elementwise kernel: `out[i] = expr(inputs[0][b0(i)], inputs[1][b1(i)], ...)` for
-/// every flat index `i` of `out`, where `bk` maps `i` to input `k`'s element by numpy
-/// broadcasting (its shape right-aligned against `out`, size-1 dims repeated).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Elementwise {
-    /// The kernel's symbol (a valid PTX and C identifier).
-    pub name: String,
-    /// The formula over the inputs.
-    pub expr: Expr,
-    /// The inputs' shapes.
-    pub inputs: Vec<Vec<usize>>,
-    /// The result's shape.
-    pub out: Vec<usize>,
+/// A buffer's element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elt {
+    /// f32.
+    F32,
+    /// i64 (token ids, targets).
+    I64,
 }
 
-impl Elementwise {
-    /// Elements of the result: the number of index values a launch covers.
-    pub fn len(&self) -> usize {
-        self.out.iter().product()
-    }
+/// A buffer: a row-major tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Buf {
+    /// Dimension lengths.
+    pub shape: Vec<usize>,
+    /// Element type.
+    pub elt: Elt,
+}
 
-    /// Whether the result is empty.
+impl Buf {
+    /// An f32 buffer.
+    pub fn f32(shape: &[usize]) -> Self {
+        Buf {
+            shape: shape.to_vec(),
+            elt: Elt::F32,
+        }
+    }
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Whether it has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// A single op's kernel (`op` must have a scalar formula).
-    pub fn of_op(
-        name: &str,
-        op: &str,
-        attrs: &nnscaler_dialects::types::Attrs,
-        inputs: Vec<Vec<usize>>,
-        out: Vec<usize>,
-    ) -> Result<Self, String> {
-        let rule = dnn::spec(op)
-            .and_then(|s| s.traits.scalar)
-            .ok_or_else(|| format!("'{op}' is not an elementwise op with a scalar formula"))?;
-        Ok(Elementwise {
-            name: name.into(),
-            expr: rule(attrs)?,
-            inputs,
-            out,
-        })
+    /// The buffer of a tensor type.
+    pub fn of(t: &TensorType) -> Self {
+        Buf {
+            shape: t.shape.iter().map(|&d| d as usize).collect(),
+            elt: if t.elem.is_float() {
+                Elt::F32
+            } else {
+                Elt::I64
+            },
+        }
     }
+}
+
+/// Reductions over dims (`dnn.sum`, `dnn.mean`, `dnn.max`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Reduce {
+    /// Sum, accumulated in f64.
+    Sum,
+    /// Sum in f64 divided by this count.
+    Mean(usize),
+    /// Maximum (NaN ignored, as `f32::max`).
+    Max,
+}
+
+/// Functions of whole lines along one dim (the softmax family).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Line {
+    /// `softmax(x)`.
+    Softmax,
+    /// `log_softmax(x)`.
+    LogSoftmax,
+    /// `y (dy - sum(dy y))` from `dy, y`.
+    SoftmaxGrad,
+    /// `dy - exp(y) sum(dy)` from `dy, y`.
+    LogSoftmaxGrad,
+}
+
+/// What a kernel computes for its index `i`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Body {
+    /// Element `i` of every output: `exprs[k]` over the inputs broadcast (numpy) to
+    /// output 0's shape (all outputs have it).
+    Map(Vec<Expr>),
+    /// Output element `i`: the reduction of the input over `dims` (row-major order).
+    Reduce {
+        /// Which reduction.
+        op: Reduce,
+        /// The reduced dims of the input.
+        dims: Vec<usize>,
+    },
+    /// Line `i` of the input(s) along `dim`.
+    Lines {
+        /// Which function.
+        op: Line,
+        /// The dim.
+        dim: usize,
+    },
+    /// Output element `i`: the input element at the permuted index (`perm[d]` is the
+    /// input dim of output dim `d`).
+    Transpose(Vec<usize>),
+    /// Row `i` of layer norm (`x, w, b`) or RMS norm (`x, w`) over the last dim.
+    Norm {
+        /// RMS norm.
+        rms: bool,
+        /// Epsilon.
+        eps: f64,
+    },
+    /// Row `i` of a norm's backward: `dy, x, w -> dx, stats` (`stats[i] = [mean, rstd]`,
+    /// mean 0 for RMS norm).
+    NormGradRows {
+        /// RMS norm.
+        rms: bool,
+        /// Epsilon.
+        eps: f64,
+    },
+    /// Column `i` of a norm's weight gradients: `dy, x, stats -> dw [, db]`, rows in order.
+    NormGradCols {
+        /// RMS norm (no bias gradient).
+        rms: bool,
+    },
+    /// Output element `i` of an embedding lookup: `ids, table -> out`; `rows_offset` is
+    /// the first row this table shard holds (ids outside it give 0).
+    Embedding {
+        /// First row of the shard.
+        rows_offset: usize,
+    },
+    /// Column `i` of an embedding's gradient: `dy, ids -> table`, tokens in order.
+    EmbeddingGrad,
+    /// Row `i`'s cross-entropy `lse - logit[target]` (f64 sums): `logits, targets -> loss`.
+    XentRows,
+    /// The mean of the row losses (`count` rows), one thread: `loss -> mean`.
+    MeanOf {
+        /// The divisor.
+        count: usize,
+    },
+    /// Row `i` of cross-entropy's gradient: `dloss, logits, targets -> dlogits`.
+    XentGrad {
+        /// Rows the loss averages over.
+        count: usize,
+    },
+    /// Element `i` of one AdamW step: `p, g, m, v, lr, step [, scale] -> p', m', v'`.
+    AdamW {
+        /// beta1.
+        b1: f64,
+        /// beta2.
+        b2: f64,
+        /// eps.
+        eps: f64,
+        /// Weight decay.
+        wd: f64,
+    },
+    /// Clipping's factor `min(1, max_norm / (sqrt(s) + 1e-6))`, one thread.
+    ClipScale {
+        /// max_norm.
+        max_norm: f64,
+    },
+}
+
+/// A kernel: its symbol, body, buffers and index count.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    /// The symbol (a valid PTX and C identifier).
+    pub name: String,
+    /// What index `i` computes.
+    pub body: Body,
+    /// Buffers read.
+    pub inputs: Vec<Buf>,
+    /// Buffers written.
+    pub outputs: Vec<Buf>,
+    /// Indices a launch covers.
+    pub len: usize,
+}
+
+/// A launch's buffer: an op operand, result, or a temporary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// Operand `k` of the op.
+    In(usize),
+    /// Result `k` of the op.
+    Out(usize),
+    /// Temporary `k`.
+    Temp(usize),
+}
+
+/// One op as kernels: launched in order, each on its slots (inputs then outputs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lowered {
+    /// The kernels.
+    pub kernels: Vec<Kernel>,
+    /// Temporaries (live during the op only).
+    pub temps: Vec<Buf>,
+    /// `(kernel, slots)` in launch order.
+    pub launches: Vec<(usize, Vec<Slot>)>,
+}
+
+impl Lowered {
+    fn one(k: Kernel) -> Self {
+        let slots = (0..k.inputs.len())
+            .map(Slot::In)
+            .chain((0..k.outputs.len()).map(Slot::Out))
+            .collect();
+        Lowered {
+            kernels: vec![k],
+            temps: Vec::new(),
+            launches: vec![(0, slots)],
+        }
+    }
+}
+
+fn float(a: &Attrs, name: &str, default: f64) -> f64 {
+    match a.get(name) {
+        Some(AttrValue::Float(v)) => *v,
+        Some(AttrValue::Int(v)) => *v as f64,
+        _ => default,
+    }
+}
+
+fn int(a: &Attrs, name: &str, default: i64) -> i64 {
+    match a.get(name) {
+        Some(AttrValue::Int(v)) => *v,
+        _ => default,
+    }
+}
+
+fn norm_dim(d: i64, rank: usize) -> usize {
+    if d < 0 {
+        (d + rank as i64) as usize
+    } else {
+        d as usize
+    }
+}
+
+/// Whether [`lower`] has kernels for `op` (with `attrs`: a localized op on a shard that
+/// needs its global offset is not covered yet).
+pub fn covered(op: &str, attrs: &Attrs) -> bool {
+    if dnn::spec(op).is_some_and(|s| s.traits.scalar.is_some()) {
+        return true;
+    }
+    match op {
+        "dnn.sum"
+        | "dnn.mean"
+        | "dnn.max"
+        | "dnn.softmax"
+        | "dnn.log_softmax"
+        | "dnn.softmax_grad"
+        | "dnn.log_softmax_grad"
+        | "dnn.transpose"
+        | "dnn.layer_norm"
+        | "dnn.rms_norm"
+        | "dnn.layer_norm_grad"
+        | "dnn.rms_norm_grad"
+        | "dnn.embedding_grad"
+        | "dnn.cross_entropy"
+        | "dnn.cross_entropy_grad"
+        | "dnn.adamw"
+        | "dnn.clip_scale"
+        | "dnn.fill" => true,
+        "dnn.embedding" => !attrs.contains_key("row_axes"),
+        _ => false,
+    }
+}
+
+/// The kernels of one op with operand buffers `ins` and result buffers `outs`.
+pub fn lower(
+    name: &str,
+    op: &str,
+    attrs: &Attrs,
+    ins: &[Buf],
+    outs: &[Buf],
+) -> Result<Lowered, String> {
+    let kernel = |body: Body, len: usize| Kernel {
+        name: name.to_string(),
+        body,
+        inputs: ins.to_vec(),
+        outputs: outs.to_vec(),
+        len,
+    };
+    let out0 = outs
+        .first()
+        .ok_or_else(|| format!("'{op}' has no result"))?;
+    if let Some(rule) = dnn::spec(op).and_then(|s| s.traits.scalar) {
+        if ins.iter().chain(outs).any(|b| b.elt != Elt::F32) {
+            return Err(format!("'{op}': kernels cover f32 only"));
+        }
+        return Ok(Lowered::one(kernel(
+            Body::Map(vec![rule(attrs)?]),
+            out0.len(),
+        )));
+    }
+    let rank = ins.first().map_or(0, |b| b.shape.len());
+    let k = match op {
+        "dnn.fill" => {
+            if out0.elt != Elt::F32 {
+                return Err("'dnn.fill': kernels cover f32 only".into());
+            }
+            kernel(
+                Body::Map(vec![Expr::Const(float(attrs, "value", 0.0) as f32)]),
+                out0.len(),
+            )
+        }
+        "dnn.sum" | "dnn.mean" | "dnn.max" => {
+            // As the reference: `dims` normalized and sorted (none given: none reduced).
+            let mut dims: Vec<usize> = match attrs.get("dims") {
+                Some(AttrValue::Ints(d)) => d.iter().map(|&d| norm_dim(d, rank)).collect(),
+                _ => Vec::new(),
+            };
+            dims.sort_unstable();
+            let reduce = match op {
+                "dnn.sum" => Reduce::Sum,
+                "dnn.max" => Reduce::Max,
+                _ => {
+                    let local: usize = dims.iter().map(|&d| ins[0].shape[d]).product();
+                    Reduce::Mean(match int(attrs, "count", 0) {
+                        0 => local,
+                        c => c as usize,
+                    })
+                }
+            };
+            kernel(Body::Reduce { op: reduce, dims }, out0.len())
+        }
+        "dnn.softmax" | "dnn.log_softmax" | "dnn.softmax_grad" | "dnn.log_softmax_grad" => {
+            let dim = norm_dim(int(attrs, "dim", -1), rank);
+            let line = match op {
+                "dnn.softmax" => Line::Softmax,
+                "dnn.log_softmax" => Line::LogSoftmax,
+                "dnn.softmax_grad" => Line::SoftmaxGrad,
+                _ => Line::LogSoftmaxGrad,
+            };
+            kernel(
+                Body::Lines { op: line, dim },
+                out0.len() / ins[0].shape[dim].max(1),
+            )
+        }
+        "dnn.transpose" => {
+            let perm = match attrs.get("perm") {
+                Some(AttrValue::Ints(p)) => p.iter().map(|&p| p as usize).collect(),
+                _ => return Err("'dnn.transpose' needs 'perm'".into()),
+            };
+            kernel(Body::Transpose(perm), out0.len())
+        }
+        "dnn.layer_norm" | "dnn.rms_norm" => {
+            let h = *ins[1].shape.first().unwrap_or(&1);
+            kernel(
+                Body::Norm {
+                    rms: op == "dnn.rms_norm",
+                    eps: float(attrs, "eps", 1e-5),
+                },
+                ins[0].len() / h.max(1),
+            )
+        }
+        "dnn.layer_norm_grad" | "dnn.rms_norm_grad" => {
+            // dy, x, w -> dx, dw [, db]: statistics and dx by row, then dw (db) by column.
+            let rms = op == "dnn.rms_norm_grad";
+            let eps = float(attrs, "eps", 1e-5);
+            let h = *ins[2].shape.first().unwrap_or(&1);
+            let rows = ins[1].len() / h.max(1);
+            let stats = Buf::f32(&[rows, 2]);
+            let k_rows = Kernel {
+                name: format!("{name}_rows"),
+                body: Body::NormGradRows { rms, eps },
+                inputs: ins.to_vec(),
+                outputs: vec![outs[0].clone(), stats.clone()],
+                len: rows,
+            };
+            let k_cols = Kernel {
+                name: format!("{name}_cols"),
+                body: Body::NormGradCols { rms },
+                inputs: vec![ins[0].clone(), ins[1].clone(), stats.clone()],
+                outputs: outs[1..].to_vec(),
+                len: h,
+            };
+            let mut col_slots = vec![Slot::In(0), Slot::In(1), Slot::Temp(0)];
+            col_slots.extend((1..outs.len()).map(Slot::Out));
+            return Ok(Lowered {
+                kernels: vec![k_rows, k_cols],
+                temps: vec![stats],
+                launches: vec![
+                    (
+                        0,
+                        vec![
+                            Slot::In(0),
+                            Slot::In(1),
+                            Slot::In(2),
+                            Slot::Out(0),
+                            Slot::Temp(0),
+                        ],
+                    ),
+                    (1, col_slots),
+                ],
+            });
+        }
+        "dnn.embedding" => {
+            if attrs.contains_key("row_axes") {
+                return Err("'dnn.embedding' on a row shard (row_axes) has no kernel yet".into());
+            }
+            kernel(Body::Embedding { rows_offset: 0 }, out0.len())
+        }
+        "dnn.embedding_grad" => kernel(Body::EmbeddingGrad, out0.shape[1]),
+        "dnn.cross_entropy" => {
+            let rows = ins[0].shape[0];
+            let count = match int(attrs, "count", 0) {
+                0 => rows,
+                c => c as usize,
+            };
+            let loss = Buf::f32(&[rows]);
+            return Ok(Lowered {
+                kernels: vec![
+                    Kernel {
+                        name: format!("{name}_rows"),
+                        body: Body::XentRows,
+                        inputs: ins.to_vec(),
+                        outputs: vec![loss.clone()],
+                        len: rows,
+                    },
+                    Kernel {
+                        name: format!("{name}_mean"),
+                        body: Body::MeanOf { count },
+                        inputs: vec![loss.clone()],
+                        outputs: outs.to_vec(),
+                        len: 1,
+                    },
+                ],
+                temps: vec![loss],
+                launches: vec![
+                    (0, vec![Slot::In(0), Slot::In(1), Slot::Temp(0)]),
+                    (1, vec![Slot::Temp(0), Slot::Out(0)]),
+                ],
+            });
+        }
+        "dnn.cross_entropy_grad" => {
+            let rows = ins[1].shape[0];
+            let count = match int(attrs, "count", 0) {
+                0 => rows,
+                c => c as usize,
+            };
+            kernel(Body::XentGrad { count }, rows)
+        }
+        "dnn.adamw" => kernel(
+            Body::AdamW {
+                b1: float(attrs, "beta1", 0.9),
+                b2: float(attrs, "beta2", 0.999),
+                eps: float(attrs, "eps", 1e-8),
+                wd: float(attrs, "weight_decay", 0.0),
+            },
+            out0.len(),
+        ),
+        "dnn.clip_scale" => kernel(
+            Body::ClipScale {
+                max_norm: float(attrs, "max_norm", 1.0),
+            },
+            1,
+        ),
+        _ => return Err(format!("no GPU kernel for '{op}' yet")),
+    };
+    Ok(Lowered::one(k))
 }
 
 /// A fused group of a function's elementwise ops: one kernel.
 #[derive(Clone, Debug)]
 pub struct Group {
-    /// The kernel.
-    pub kernel: Elementwise,
+    /// The kernel (a [`Body::Map`] with one formula).
+    pub kernel: Kernel,
     /// The graph's values it reads, in the kernel's input order.
     pub inputs: Vec<ValueId>,
     /// The value it writes.
     pub output: ValueId,
     /// The ops it computes, in program order (indices into the graph's nodes).
     pub nodes: Vec<usize>,
+}
+
+impl Group {
+    fn expr(&self) -> &Expr {
+        match &self.kernel.body {
+            Body::Map(e) => &e[0],
+            _ => unreachable!("groups are elementwise"),
+        }
+    }
 }
 
 /// Most formula nodes one fused kernel may hold (a bound on code size: fusion duplicates a
@@ -121,11 +545,11 @@ pub fn fuse(g: &Graph) -> Result<Vec<Group>, String> {
                 .copied()
                 .filter(|_| uses.get(&v) == Some(&1) && dims(g, v) == shape);
             let part = match producer.and_then(|p| groups[p].as_ref().map(|gr| (p, gr))) {
-                Some((p, gr)) if gr.kernel.expr.size() + own.size() <= MAX_EXPR => {
+                Some((p, gr)) if gr.expr().size() + own.size() <= MAX_EXPR => {
                     let map: Vec<usize> = gr.inputs.iter().map(|&w| slot(&mut inputs, w)).collect();
                     nodes.extend(&gr.nodes);
                     absorbed.push(p);
-                    gr.kernel.expr.substitute(&mut |i| Expr::Input(map[i]))
+                    gr.expr().substitute(&mut |i| Expr::Input(map[i]))
                 }
                 _ => Expr::Input(slot(&mut inputs, v)),
             };
@@ -136,11 +560,13 @@ pub fn fuse(g: &Graph) -> Result<Vec<Group>, String> {
         }
         nodes.push(k);
         let expr = own.substitute(&mut |i| parts[i].clone());
-        let kernel = Elementwise {
+        let len = shape.iter().product();
+        let kernel = Kernel {
             name: String::new(),
-            expr,
-            inputs: inputs.iter().map(|&v| dims(g, v)).collect(),
-            out: shape,
+            body: Body::Map(vec![expr]),
+            inputs: inputs.iter().map(|&v| Buf::f32(&dims(g, v))).collect(),
+            outputs: vec![Buf::f32(&shape)],
+            len,
         };
         open.insert(out, groups.len());
         groups.push(Some(Group {

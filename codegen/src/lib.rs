@@ -9,13 +9,15 @@
 //!   and the PTX and host entry points;
 //! * [`target`]: PTX text for a GPU ([`target::Gpu`]), or host-JIT kernels.
 //!
-//! Not built yet (issue 13): row kernels (reductions, softmax, norms), attention,
-//! embedding, dropout, the optimizer ops, matrix products through cuBLAS, the artifact and
-//! its runtime.
+//! Covered: every elementwise op (fused), reductions, the softmax family, transpose, layer
+//! and RMS norm with their gradients, embedding and its gradient, cross-entropy and its
+//! gradient, AdamW and clipping's factor ([`kernel::covered`]). Not built yet (issue 13):
+//! attention, rotary, dropout, slicing and concatenation, vocabulary-parallel pieces,
+//! matrix products through cuBLAS, the artifact and its runtime.
 
 pub mod kernel;
 pub mod llvm;
 pub mod target;
 
-pub use kernel::{fuse, Elementwise, Group};
-pub use target::{llvm_ir, ptx, Gpu, HostKernels};
+pub use kernel::{covered, fuse, lower, Body, Buf, Elt, Group, Kernel, Lowered, Slot};
+pub use target::{llvm_ir, ptx, Data, Gpu, HostKernels};

@@ -14,14 +14,17 @@
 //! runtime's algorithms: `exp` and `erf` exactly as `runtime/src/kernels/math.rs`; `log`
 //! and `tanh` as Cephes' single-precision `logf` / `tanhf` (within 2 ulp of libm).
 
-use crate::kernel::Elementwise;
+use crate::kernel::{Body, Elt, Kernel, Line, Reduce};
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::intrinsics::Intrinsic;
 use inkwell::module::{Linkage, Module};
-use inkwell::types::BasicMetadataTypeEnum;
-use inkwell::values::{BasicMetadataValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
+use inkwell::types::{BasicMetadataTypeEnum, BasicTypeEnum, FloatType};
+use inkwell::values::{
+    BasicMetadataValueEnum, BasicValue, BasicValueEnum, FloatValue, FunctionValue, IntValue,
+    PointerValue,
+};
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 use nnscaler_dialects::scalar::{Bin, Expr, Un};
 
@@ -420,16 +423,181 @@ impl<'ctx> Gen<'ctx> {
         Ok(acc)
     }
 
-    /// Adds `K.body(i64 i, ptr in..., ptr out)` for an elementwise kernel.
-    pub fn elementwise(&self, k: &Elementwise) -> R<FunctionValue<'ctx>> {
+    // --- Helpers for kernel bodies. ---
+
+    fn i64c(&self, v: usize) -> IntValue<'ctx> {
+        self.ctx.i64_type().const_int(v as u64, false)
+    }
+
+    fn dconst(&self, v: f64) -> FloatValue<'ctx> {
+        self.ctx.f64_type().const_float(v)
+    }
+
+    fn intrinsic_of(&self, name: &str, ty: BasicTypeEnum<'ctx>) -> R<FunctionValue<'ctx>> {
+        Intrinsic::find(name)
+            .and_then(|i| i.get_declaration(&self.module, &[ty]))
+            .ok_or_else(|| format!("LLVM has no intrinsic {name}"))
+    }
+
+    /// A stack slot in the current function's entry block (O3 promotes it to a register),
+    /// set to `init` here.
+    fn var(&self, init: BasicValueEnum<'ctx>) -> R<PointerValue<'ctx>> {
+        let f = self
+            .b
+            .get_insert_block()
+            .and_then(|b| b.get_parent())
+            .ok_or("no function")?;
+        let entry = f.get_first_basic_block().ok_or("no entry block")?;
+        let tmp = self.ctx.create_builder();
+        match entry.get_first_instruction() {
+            Some(i) => tmp.position_before(&i),
+            None => tmp.position_at_end(entry),
+        }
+        let p = e(tmp.build_alloca(init.get_type(), ""))?;
+        e(self.b.build_store(p, init))?;
+        Ok(p)
+    }
+
+    fn getf(&self, p: PointerValue<'ctx>, ty: FloatType<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(e(self.b.build_load(ty, p, ""))?.into_float_value())
+    }
+
+    fn geti(&self, p: PointerValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(e(self.b.build_load(self.ctx.i64_type(), p, ""))?.into_int_value())
+    }
+
+    fn set(&self, p: PointerValue<'ctx>, v: impl BasicValue<'ctx>) -> R<()> {
+        e(self.b.build_store(p, v)).map(|_| ())
+    }
+
+    /// `f(j)` for `j` in `0..n`.
+    fn for_range(
+        &self,
+        n: IntValue<'ctx>,
+        mut f: impl FnMut(&Self, IntValue<'ctx>) -> R<()>,
+    ) -> R<()> {
+        let func = self
+            .b
+            .get_insert_block()
+            .and_then(|b| b.get_parent())
+            .ok_or("no function")?;
+        let idx = self.var(self.i64c(0).into())?;
+        let cond = self.ctx.append_basic_block(func, "for.cond");
+        let body = self.ctx.append_basic_block(func, "for.body");
+        let exit = self.ctx.append_basic_block(func, "for.end");
+        e(self.b.build_unconditional_branch(cond))?;
+        self.b.position_at_end(cond);
+        let j = self.geti(idx)?;
+        let more = e(self.b.build_int_compare(IntPredicate::ULT, j, n, ""))?;
+        e(self.b.build_conditional_branch(more, body, exit))?;
+        self.b.position_at_end(body);
+        f(self, j)?;
+        let next = e(self.b.build_int_add(j, self.i64c(1), ""))?;
+        self.set(idx, next)?;
+        e(self.b.build_unconditional_branch(cond))?;
+        self.b.position_at_end(exit);
+        Ok(())
+    }
+
+    /// Runs `f` only where `c` holds.
+    fn when(&self, c: IntValue<'ctx>, f: impl FnOnce(&Self) -> R<()>) -> R<()> {
+        let func = self
+            .b
+            .get_insert_block()
+            .and_then(|b| b.get_parent())
+            .ok_or("no function")?;
+        let then = self.ctx.append_basic_block(func, "if.then");
+        let done = self.ctx.append_basic_block(func, "if.end");
+        e(self.b.build_conditional_branch(c, then, done))?;
+        self.b.position_at_end(then);
+        f(self)?;
+        e(self.b.build_unconditional_branch(done))?;
+        self.b.position_at_end(done);
+        Ok(())
+    }
+
+    /// The address of element `off` of a buffer of `elt`s.
+    fn at(&self, base: PointerValue<'ctx>, elt: Elt, off: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+        let ty: BasicTypeEnum = match elt {
+            Elt::F32 => self.ctx.f32_type().into(),
+            Elt::I64 => self.ctx.i64_type().into(),
+        };
+        // SAFETY of the generated code: every offset is below its buffer's length by the
+        // index arithmetic of the body that asks for it.
+        e(unsafe { self.b.build_in_bounds_gep(ty, base, &[off], "") })
+    }
+
+    fn ldf(&self, base: PointerValue<'ctx>, off: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
+        self.getf(self.at(base, Elt::F32, off)?, self.ctx.f32_type())
+    }
+
+    fn ldi(&self, base: PointerValue<'ctx>, off: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let v = self.geti(self.at(base, Elt::I64, off)?)?;
+        align8(v.as_instruction_value())?;
+        Ok(v)
+    }
+
+    fn stf(&self, base: PointerValue<'ctx>, off: IntValue<'ctx>, v: FloatValue<'ctx>) -> R<()> {
+        self.set(self.at(base, Elt::F32, off)?, v)
+    }
+
+    fn add_i(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        e(self.b.build_int_add(a, b, ""))
+    }
+    fn mul_i(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        e(self.b.build_int_mul(a, b, ""))
+    }
+    fn div_i(&self, a: IntValue<'ctx>, b: usize) -> R<IntValue<'ctx>> {
+        e(self.b.build_int_unsigned_div(a, self.i64c(b), ""))
+    }
+    fn rem_i(&self, a: IntValue<'ctx>, b: usize) -> R<IntValue<'ctx>> {
+        e(self.b.build_int_unsigned_rem(a, self.i64c(b), ""))
+    }
+    fn ext(&self, v: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        e(self.b.build_float_ext(v, self.ctx.f64_type(), ""))
+    }
+    fn trunc(&self, v: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        e(self.b.build_float_trunc(v, self.ctx.f32_type(), ""))
+    }
+    fn maxf(&self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        self.call(self.intrinsic("llvm.maxnum")?, &[a, b])
+    }
+    fn sqrt_d(&self, v: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        self.call(
+            self.intrinsic_of("llvm.sqrt", self.ctx.f64_type().into())?,
+            &[v],
+        )
+    }
+
+    /// `b^t` in f64 for a whole `t >= 0` (binary powering; within a few f64 ulps of libm's
+    /// `pow`, far below f32 rounding).
+    fn powi_d(&self, b: f64, t: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let acc = self.var(self.dconst(1.0).into())?;
+        let base = self.var(self.dconst(b).into())?;
+        let n = self.var(t.into())?;
+        // 64 rounds cover every i64 exponent; the loop does nothing once n is 0.
+        self.for_range(self.i64c(64), |g, _| {
+            let k = g.geti(n)?;
+            let odd = e(g.b.build_and(k, g.i64c(1), ""))?;
+            let is_odd = e(g.b.build_int_compare(IntPredicate::NE, odd, g.i64c(0), ""))?;
+            let a = g.getf(acc, g.ctx.f64_type())?;
+            let x = g.getf(base, g.ctx.f64_type())?;
+            let ax = g.fmul(a, x)?;
+            let a2 = e(g.b.build_select(is_odd, ax, a, ""))?;
+            g.set(acc, a2)?;
+            g.set(base, g.fmul(x, x)?)?;
+            g.set(n, e(g.b.build_right_shift(k, g.i64c(1), false, ""))?)
+        })?;
+        self.getf(acc, self.ctx.f64_type())
+    }
+
+    /// Adds `K.body(i64 i, ptr buffers...)` for a kernel (inputs, then outputs).
+    pub fn kernel(&self, k: &Kernel) -> R<FunctionValue<'ctx>> {
         let i64t = self.ctx.i64_type();
-        let f32t = self.ctx.f32_type();
         let ptr = self.ctx.ptr_type(AddressSpace::default());
+        let nb = k.inputs.len() + k.outputs.len();
         let mut params: Vec<BasicMetadataTypeEnum> = vec![i64t.into()];
-        params.extend(std::iter::repeat_n(
-            BasicMetadataTypeEnum::from(ptr),
-            k.inputs.len() + 1,
-        ));
+        params.extend(std::iter::repeat_n(BasicMetadataTypeEnum::from(ptr), nb));
         let f = self.module.add_function(
             &format!("{}.body", k.name),
             self.ctx.void_type().fn_type(&params, false),
@@ -442,32 +610,461 @@ impl<'ctx> Gen<'ctx> {
         let entry = self.ctx.append_basic_block(f, "entry");
         self.b.position_at_end(entry);
         let i = f.get_nth_param(0).ok_or("no index")?.into_int_value();
-        let buf = |j: usize| -> R<PointerValue<'ctx>> {
-            Ok(f.get_nth_param(1 + j as u32)
-                .ok_or("missing buffer parameter")?
-                .into_pointer_value())
-        };
-        // Each input read once, where the formula first needs it.
-        let mut loaded: Vec<Option<FloatValue<'ctx>>> = vec![None; k.inputs.len()];
-        let v = self.expr(&k.expr, &mut |g: &Self, j: usize| {
-            if let Some(v) = loaded[j] {
-                return Ok(v);
-            }
-            let off = g.broadcast_offset(i, &k.inputs[j], &k.out)?;
-            // SAFETY of the generated code: `off` < the input's length by construction.
-            let p = e(unsafe { g.b.build_in_bounds_gep(f32t, buf(j)?, &[off], "") })?;
-            let v = e(g.b.build_load(f32t, p, ""))?.into_float_value();
-            loaded[j] = Some(v);
-            Ok(v)
-        })?;
-        // SAFETY of the generated code: `i` < the result's length (the entries check).
-        let p = e(unsafe {
-            self.b
-                .build_in_bounds_gep(f32t, buf(k.inputs.len())?, &[i], "")
-        })?;
-        e(self.b.build_store(p, v))?;
+        let bufs: Vec<PointerValue<'ctx>> = (0..nb)
+            .map(|j| {
+                f.get_nth_param(1 + j as u32)
+                    .map(|p| p.into_pointer_value())
+                    .ok_or_else(|| "missing buffer parameter".to_string())
+            })
+            .collect::<R<_>>()?;
+        let (ins, outs) = bufs.split_at(k.inputs.len());
+        self.body(k, i, ins, outs)?;
         e(self.b.build_return(None))?;
         Ok(f)
+    }
+
+    fn body(
+        &self,
+        k: &Kernel,
+        i: IntValue<'ctx>,
+        ins: &[PointerValue<'ctx>],
+        outs: &[PointerValue<'ctx>],
+    ) -> R<()> {
+        let f32t = self.ctx.f32_type();
+        let f64t = self.ctx.f64_type();
+        match &k.body {
+            Body::Map(exprs) => {
+                let out = &k.outputs[0].shape;
+                let mut loaded: Vec<Option<FloatValue<'ctx>>> = vec![None; k.inputs.len()];
+                let mut vals = Vec::new();
+                for x in exprs {
+                    vals.push(self.expr(x, &mut |g: &Self, j: usize| {
+                        if let Some(v) = loaded[j] {
+                            return Ok(v);
+                        }
+                        let off = g.broadcast_offset(i, &k.inputs[j].shape, out)?;
+                        let v = g.ldf(ins[j], off)?;
+                        loaded[j] = Some(v);
+                        Ok(v)
+                    })?);
+                }
+                for (o, v) in outs.iter().zip(vals) {
+                    self.stf(*o, i, v)?;
+                }
+            }
+            Body::Reduce { op, dims } => {
+                let shape = &k.inputs[0].shape;
+                let st = strides(shape);
+                // The output index over the kept dims, row-major.
+                let mut rem = i;
+                let mut base = self.i64c(0);
+                for d in (0..shape.len()).rev().filter(|d| !dims.contains(d)) {
+                    let c = self.rem_i(rem, shape[d])?;
+                    rem = self.div_i(rem, shape[d])?;
+                    base = self.add_i(base, self.mul_i(c, self.i64c(st[d]))?)?;
+                }
+                let count: usize = dims.iter().map(|&d| shape[d]).product();
+                let off_of = |g: &Self, r: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+                    let mut rem = r;
+                    let mut off = base;
+                    for &d in dims.iter().rev() {
+                        let c = g.rem_i(rem, shape[d])?;
+                        rem = g.div_i(rem, shape[d])?;
+                        off = g.add_i(off, g.mul_i(c, g.i64c(st[d]))?)?;
+                    }
+                    Ok(off)
+                };
+                let v = match op {
+                    Reduce::Max => {
+                        let acc = self.var(self.fconst(f32::NEG_INFINITY).into())?;
+                        self.for_range(self.i64c(count), |g, r| {
+                            let x = g.ldf(ins[0], off_of(g, r)?)?;
+                            g.set(acc, g.maxf(g.getf(acc, f32t)?, x)?)
+                        })?;
+                        self.getf(acc, f32t)?
+                    }
+                    Reduce::Sum | Reduce::Mean(_) => {
+                        let acc = self.var(self.dconst(0.0).into())?;
+                        self.for_range(self.i64c(count), |g, r| {
+                            let x = g.ext(g.ldf(ins[0], off_of(g, r)?)?)?;
+                            g.set(acc, g.fadd(g.getf(acc, f64t)?, x)?)
+                        })?;
+                        let mut s = self.getf(acc, f64t)?;
+                        if let Reduce::Mean(n) = op {
+                            s = self.fdiv(s, self.dconst(*n as f64))?;
+                        }
+                        self.trunc(s)?
+                    }
+                };
+                self.stf(outs[0], i, v)?;
+            }
+            Body::Lines { op, dim } => {
+                let shape = &k.inputs[0].shape;
+                let n: usize = shape[*dim];
+                let inner: usize = shape[dim + 1..].iter().product();
+                let o = self.div_i(i, inner)?;
+                let ii = self.rem_i(i, inner)?;
+                let base = self.add_i(self.mul_i(o, self.i64c(n * inner))?, ii)?;
+                let off = |g: &Self, j: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+                    g.add_i(base, g.mul_i(j, g.i64c(inner))?)
+                };
+                let nn = self.i64c(n);
+                let exp = self.exp_fn()?;
+                match op {
+                    Line::Softmax | Line::LogSoftmax => {
+                        let mx = self.var(self.fconst(f32::NEG_INFINITY).into())?;
+                        self.for_range(nn, |g, j| {
+                            let x = g.ldf(ins[0], off(g, j)?)?;
+                            g.set(mx, g.maxf(g.getf(mx, f32t)?, x)?)
+                        })?;
+                        let m = self.getf(mx, f32t)?;
+                        let sum = self.var(self.fconst(0.0).into())?;
+                        let soft = *op == Line::Softmax;
+                        self.for_range(nn, |g, j| {
+                            let at = off(g, j)?;
+                            let y = g.call(exp, &[g.fsub(g.ldf(ins[0], at)?, m)?])?;
+                            if soft {
+                                g.stf(outs[0], at, y)?;
+                            }
+                            g.set(sum, g.fadd(g.getf(sum, f32t)?, y)?)
+                        })?;
+                        let s = self.getf(sum, f32t)?;
+                        if soft {
+                            let inv = self.fdiv(self.fconst(1.0), s)?;
+                            self.for_range(nn, |g, j| {
+                                let at = off(g, j)?;
+                                g.stf(outs[0], at, g.fmul(g.ldf(outs[0], at)?, inv)?)
+                            })?;
+                        } else {
+                            let lse = self.fadd(m, self.call(self.log_fn()?, &[s])?)?;
+                            self.for_range(nn, |g, j| {
+                                let at = off(g, j)?;
+                                g.stf(outs[0], at, g.fsub(g.ldf(ins[0], at)?, lse)?)
+                            })?;
+                        }
+                    }
+                    Line::SoftmaxGrad | Line::LogSoftmaxGrad => {
+                        let acc = self.var(self.fconst(0.0).into())?;
+                        let dot = *op == Line::SoftmaxGrad;
+                        self.for_range(nn, |g, j| {
+                            let at = off(g, j)?;
+                            let d = g.ldf(ins[0], at)?;
+                            let t = if dot {
+                                g.fmul(d, g.ldf(ins[1], at)?)?
+                            } else {
+                                d
+                            };
+                            g.set(acc, g.fadd(g.getf(acc, f32t)?, t)?)
+                        })?;
+                        let s = self.getf(acc, f32t)?;
+                        self.for_range(nn, |g, j| {
+                            let at = off(g, j)?;
+                            let (d, y) = (g.ldf(ins[0], at)?, g.ldf(ins[1], at)?);
+                            let v = if dot {
+                                g.fmul(y, g.fsub(d, s)?)?
+                            } else {
+                                g.fsub(d, g.fmul(g.call(exp, &[y])?, s)?)?
+                            };
+                            g.stf(outs[0], at, v)
+                        })?;
+                    }
+                }
+            }
+            Body::Transpose(perm) => {
+                let out = &k.outputs[0].shape;
+                let ist = strides(&k.inputs[0].shape);
+                let mut rem = i;
+                let mut src = self.i64c(0);
+                for d in (0..out.len()).rev() {
+                    let c = self.rem_i(rem, out[d])?;
+                    rem = self.div_i(rem, out[d])?;
+                    src = self.add_i(src, self.mul_i(c, self.i64c(ist[perm[d]]))?)?;
+                }
+                let elt = k.inputs[0].elt;
+                let v = e(self.b.build_load(
+                    match elt {
+                        Elt::F32 => BasicTypeEnum::from(f32t),
+                        Elt::I64 => self.ctx.i64_type().into(),
+                    },
+                    self.at(ins[0], elt, src)?,
+                    "",
+                ))?;
+                let st = e(self.b.build_store(self.at(outs[0], elt, i)?, v))?;
+                if elt == Elt::I64 {
+                    align8(v.as_instruction_value())?;
+                    align8(Some(st))?;
+                }
+            }
+            Body::Norm { rms, eps } => {
+                let h = k.inputs[1].shape[0];
+                let base = self.mul_i(i, self.i64c(h))?;
+                let (mean, scale) = self.moments(ins[0], base, h, *rms, *eps)?;
+                self.for_range(self.i64c(h), |g, j| {
+                    let at = g.add_i(base, j)?;
+                    let x = g.ldf(ins[0], at)?;
+                    let w = g.ldf(ins[1], j)?;
+                    let v = if *rms {
+                        g.fmul(g.fmul(x, scale)?, w)?
+                    } else {
+                        let b = g.ldf(ins[2], j)?;
+                        g.fadd(g.fmul(g.fmul(g.fsub(x, mean)?, scale)?, w)?, b)?
+                    };
+                    g.stf(outs[0], at, v)
+                })?;
+            }
+            Body::NormGradRows { rms, eps } => {
+                let h = k.inputs[2].shape[0];
+                let hh = self.i64c(h);
+                let base = self.mul_i(i, hh)?;
+                let (mean, r) = self.moments(ins[1], base, h, *rms, *eps)?;
+                let xhat = |g: &Self, x: FloatValue<'ctx>| g.fmul(g.fsub(x, mean)?, r);
+                let a1 = self.var(self.dconst(0.0).into())?;
+                let a2 = self.var(self.dconst(0.0).into())?;
+                self.for_range(hh, |g, j| {
+                    let at = g.add_i(base, j)?;
+                    let (d, x, w) = (g.ldf(ins[0], at)?, g.ldf(ins[1], at)?, g.ldf(ins[2], j)?);
+                    if *rms {
+                        let t = g.ext(g.fmul(g.fmul(d, w)?, x)?)?;
+                        g.set(a1, g.fadd(g.getf(a1, f64t)?, t)?)
+                    } else {
+                        let gw = g.fmul(d, w)?;
+                        let xh = xhat(g, x)?;
+                        g.set(a1, g.fadd(g.getf(a1, f64t)?, g.ext(gw)?)?)?;
+                        let t = g.ext(g.fmul(gw, xh)?)?;
+                        g.set(a2, g.fadd(g.getf(a2, f64t)?, t)?)
+                    }
+                })?;
+                let hd = self.dconst(h as f64);
+                let m1 = self.trunc(self.fdiv(self.getf(a1, f64t)?, hd)?)?;
+                let m2 = self.trunc(self.fdiv(self.getf(a2, f64t)?, hd)?)?;
+                let kk = if *rms {
+                    self.fmul(self.fmul(m1, r)?, r)?
+                } else {
+                    m1
+                };
+                self.for_range(hh, |g, j| {
+                    let at = g.add_i(base, j)?;
+                    let (d, x, w) = (g.ldf(ins[0], at)?, g.ldf(ins[1], at)?, g.ldf(ins[2], j)?);
+                    let gw = g.fmul(d, w)?;
+                    let v = if *rms {
+                        g.fmul(r, g.fsub(gw, g.fmul(x, kk)?)?)?
+                    } else {
+                        let xh = xhat(g, x)?;
+                        g.fmul(r, g.fsub(g.fsub(gw, m1)?, g.fmul(xh, m2)?)?)?
+                    };
+                    g.stf(outs[0], at, v)
+                })?;
+                let s = self.mul_i(i, self.i64c(2))?;
+                self.stf(outs[1], s, mean)?;
+                self.stf(outs[1], self.add_i(s, self.i64c(1))?, r)?;
+            }
+            Body::NormGradCols { rms } => {
+                let rows = k.inputs[2].shape[0];
+                let h = k.inputs[0].len() / rows.max(1);
+                let dw = self.var(self.dconst(0.0).into())?;
+                let db = self.var(self.dconst(0.0).into())?;
+                self.for_range(self.i64c(rows), |g, row| {
+                    let at = g.add_i(g.mul_i(row, g.i64c(h))?, i)?;
+                    let (d, x) = (g.ldf(ins[0], at)?, g.ldf(ins[1], at)?);
+                    let s = g.mul_i(row, g.i64c(2))?;
+                    let mean = g.ldf(ins[2], s)?;
+                    let r = g.ldf(ins[2], g.add_i(s, g.i64c(1))?)?;
+                    let t = if *rms {
+                        g.fmul(g.fmul(d, x)?, r)?
+                    } else {
+                        g.fmul(d, g.fmul(g.fsub(x, mean)?, r)?)?
+                    };
+                    g.set(dw, g.fadd(g.getf(dw, f64t)?, g.ext(t)?)?)?;
+                    g.set(db, g.fadd(g.getf(db, f64t)?, g.ext(d)?)?)
+                })?;
+                self.stf(outs[0], i, self.trunc(self.getf(dw, f64t)?)?)?;
+                if !rms {
+                    self.stf(outs[1], i, self.trunc(self.getf(db, f64t)?)?)?;
+                }
+            }
+            Body::Embedding { rows_offset } => {
+                let (v, w) = (k.inputs[1].shape[0], k.inputs[1].shape[1]);
+                let t = self.div_i(i, w)?;
+                let c = self.rem_i(i, w)?;
+                let id = self.ldi(ins[0], t)?;
+                let row = e(self.b.build_int_sub(id, self.i64c(*rows_offset), ""))?;
+                // Unsigned: a negative row wraps above v.
+                let inside = e(self
+                    .b
+                    .build_int_compare(IntPredicate::ULT, row, self.i64c(v), ""))?;
+                self.stf(outs[0], i, self.fconst(0.0))?;
+                self.when(inside, |g| {
+                    let at = g.add_i(g.mul_i(row, g.i64c(w))?, c)?;
+                    g.stf(outs[0], i, g.ldf(ins[1], at)?)
+                })?;
+            }
+            Body::EmbeddingGrad => {
+                let (v, w) = (k.outputs[0].shape[0], k.outputs[0].shape[1]);
+                let tokens = k.inputs[1].len();
+                self.for_range(self.i64c(v), |g, r| {
+                    g.stf(outs[0], g.add_i(g.mul_i(r, g.i64c(w))?, i)?, g.fconst(0.0))
+                })?;
+                self.for_range(self.i64c(tokens), |g, t| {
+                    let id = g.ldi(ins[1], t)?;
+                    let inside = e(g.b.build_int_compare(IntPredicate::ULT, id, g.i64c(v), ""))?;
+                    g.when(inside, |g| {
+                        let at = g.add_i(g.mul_i(id, g.i64c(w))?, i)?;
+                        let d = g.ldf(ins[0], g.add_i(g.mul_i(t, g.i64c(w))?, i)?)?;
+                        g.stf(outs[0], at, g.fadd(g.ldf(outs[0], at)?, d)?)
+                    })
+                })?;
+            }
+            Body::XentRows => {
+                let v = k.inputs[0].shape[1];
+                let base = self.mul_i(i, self.i64c(v))?;
+                let exp = self.exp_fn()?;
+                let mx = self.var(self.fconst(f32::NEG_INFINITY).into())?;
+                self.for_range(self.i64c(v), |g, j| {
+                    let z = g.ldf(ins[0], g.add_i(base, j)?)?;
+                    g.set(mx, g.maxf(g.getf(mx, f32t)?, z)?)
+                })?;
+                let m = self.getf(mx, f32t)?;
+                let sum = self.var(self.dconst(0.0).into())?;
+                self.for_range(self.i64c(v), |g, j| {
+                    let z = g.ldf(ins[0], g.add_i(base, j)?)?;
+                    let y = g.ext(g.call(exp, &[g.fsub(z, m)?])?)?;
+                    g.set(sum, g.fadd(g.getf(sum, f64t)?, y)?)
+                })?;
+                // ln of the f64 sum rounded to f32 (>= 1, so 6e-8 absolute at most).
+                let ls = self.call(self.log_fn()?, &[self.trunc(self.getf(sum, f64t)?)?])?;
+                let lse = self.fadd(self.ext(m)?, self.ext(ls)?)?;
+                let target = self.ldi(ins[1], i)?;
+                let inside =
+                    e(self
+                        .b
+                        .build_int_compare(IntPredicate::ULT, target, self.i64c(v), ""))?;
+                // A target outside the vocabulary gives NaN (the reference refuses it).
+                self.stf(outs[0], i, self.fconst(f32::NAN))?;
+                self.when(inside, |g| {
+                    let z = g.ext(g.ldf(ins[0], g.add_i(base, target)?)?)?;
+                    g.stf(outs[0], i, g.trunc(g.fsub(lse, z)?)?)
+                })?;
+            }
+            Body::MeanOf { count } => {
+                let n = k.inputs[0].len();
+                let acc = self.var(self.dconst(0.0).into())?;
+                self.for_range(self.i64c(n), |g, r| {
+                    let x = g.ext(g.ldf(ins[0], r)?)?;
+                    g.set(acc, g.fadd(g.getf(acc, f64t)?, x)?)
+                })?;
+                let m = self.fdiv(self.getf(acc, f64t)?, self.dconst(*count as f64))?;
+                self.stf(outs[0], i, self.trunc(m)?)?;
+            }
+            Body::XentGrad { count } => {
+                let v = k.inputs[1].shape[1];
+                let base = self.mul_i(i, self.i64c(v))?;
+                let exp = self.exp_fn()?;
+                let dl = self.ldf(ins[0], self.i64c(0))?;
+                let scale = self.fdiv(dl, self.fconst(*count as f32))?;
+                let mx = self.var(self.fconst(f32::NEG_INFINITY).into())?;
+                self.for_range(self.i64c(v), |g, j| {
+                    let z = g.ldf(ins[1], g.add_i(base, j)?)?;
+                    g.set(mx, g.maxf(g.getf(mx, f32t)?, z)?)
+                })?;
+                let m = self.getf(mx, f32t)?;
+                let sum = self.var(self.fconst(0.0).into())?;
+                self.for_range(self.i64c(v), |g, j| {
+                    let at = g.add_i(base, j)?;
+                    let y = g.call(exp, &[g.fsub(g.ldf(ins[1], at)?, m)?])?;
+                    g.stf(outs[0], at, y)?;
+                    g.set(sum, g.fadd(g.getf(sum, f32t)?, y)?)
+                })?;
+                let inv = self.fdiv(self.fconst(1.0), self.getf(sum, f32t)?)?;
+                let target = self.ldi(ins[2], i)?;
+                self.for_range(self.i64c(v), |g, j| {
+                    let at = g.add_i(base, j)?;
+                    let y = g.fmul(g.ldf(outs[0], at)?, inv)?;
+                    let hit = e(g.b.build_int_compare(IntPredicate::EQ, j, target, ""))?;
+                    let y = e(g.b.build_select(hit, g.fsub(y, g.fconst(1.0))?, y, ""))?
+                        .into_float_value();
+                    g.stf(outs[0], at, g.fmul(y, scale)?)
+                })?;
+            }
+            Body::AdamW { b1, b2, eps, wd } => {
+                let lr = self.ext(self.ldf(ins[4], self.i64c(0))?)?;
+                let t = self.ldf(ins[5], self.i64c(0))?;
+                let ti = e(self.b.build_float_to_signed_int(t, self.ctx.i64_type(), ""))?;
+                let one = self.dconst(1.0);
+                let bc1 = self.fsub(one, self.powi_d(*b1, ti)?)?;
+                let bc2 = self.fsub(one, self.powi_d(*b2, ti)?)?;
+                let bc2_sqrt = self.trunc(self.sqrt_d(bc2)?)?;
+                let step = self.trunc(self.fdiv(lr, bc1)?)?;
+                let decay = self.trunc(self.fsub(one, self.fmul(lr, self.dconst(*wd))?)?)?;
+                let (a1, a2) = (
+                    self.fconst((1.0 - b1) as f32),
+                    self.fconst((1.0 - b2) as f32),
+                );
+                let (b1f, b2f) = (self.fconst(*b1 as f32), self.fconst(*b2 as f32));
+                let p = self.ldf(ins[0], i)?;
+                let mut gi = self.ldf(ins[1], i)?;
+                if k.inputs.len() > 6 {
+                    gi = self.fmul(gi, self.ldf(ins[6], self.i64c(0))?)?;
+                }
+                let m = self.fadd(self.fmul(b1f, self.ldf(ins[2], i)?)?, self.fmul(a1, gi)?)?;
+                let v = self.fadd(
+                    self.fmul(b2f, self.ldf(ins[3], i)?)?,
+                    self.fmul(a2, self.fmul(gi, gi)?)?,
+                )?;
+                let sq = self.call(self.intrinsic("llvm.sqrt")?, &[v])?;
+                let denom = self.fadd(self.fdiv(sq, bc2_sqrt)?, self.fconst(*eps as f32))?;
+                let p2 = self.fsub(self.fmul(p, decay)?, self.fmul(step, self.fdiv(m, denom)?)?)?;
+                self.stf(outs[0], i, p2)?;
+                self.stf(outs[1], i, m)?;
+                self.stf(outs[2], i, v)?;
+            }
+            Body::ClipScale { max_norm } => {
+                let s = self.ldf(ins[0], self.i64c(0))?;
+                let sq = self.call(self.intrinsic("llvm.sqrt")?, &[s])?;
+                let q = self.fdiv(
+                    self.fconst(*max_norm as f32),
+                    self.fadd(sq, self.fconst(1e-6))?,
+                )?;
+                let k = self.call(self.intrinsic("llvm.minnum")?, &[q, self.fconst(1.0)])?;
+                self.stf(outs[0], i, k)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A row's `(mean, 1/sqrt(var + eps))` (layer norm) or `(0, 1/sqrt(mean(x^2) + eps))`
+    /// (RMS norm), accumulated in f64 in two passes as the reference does.
+    fn moments(
+        &self,
+        x: PointerValue<'ctx>,
+        base: IntValue<'ctx>,
+        h: usize,
+        rms: bool,
+        eps: f64,
+    ) -> R<(FloatValue<'ctx>, FloatValue<'ctx>)> {
+        let f64t = self.ctx.f64_type();
+        let hd = self.dconst(h as f64);
+        let hh = self.i64c(h);
+        let acc = self.var(self.dconst(0.0).into())?;
+        let mean = if rms {
+            self.dconst(0.0)
+        } else {
+            self.for_range(hh, |g, j| {
+                let v = g.ext(g.ldf(x, g.add_i(base, j)?)?)?;
+                g.set(acc, g.fadd(g.getf(acc, f64t)?, v)?)
+            })?;
+            self.fdiv(self.getf(acc, f64t)?, hd)?
+        };
+        let sq = self.var(self.dconst(0.0).into())?;
+        self.for_range(hh, |g, j| {
+            let v = g.fsub(g.ext(g.ldf(x, g.add_i(base, j)?)?)?, mean)?;
+            g.set(sq, g.fadd(g.getf(sq, f64t)?, g.fmul(v, v)?)?)
+        })?;
+        let var = self.fdiv(self.getf(sq, f64t)?, hd)?;
+        let r = self.fdiv(
+            self.dconst(1.0),
+            self.sqrt_d(self.fadd(var, self.dconst(eps))?)?,
+        )?;
+        Ok((self.trunc(mean)?, self.trunc(r)?))
     }
 
     /// Adds the PTX entry of a kernel whose body takes `buffers` pointers.
@@ -577,4 +1174,21 @@ impl<'ctx> Gen<'ctx> {
         e(self.b.build_return(None))?;
         Ok(())
     }
+}
+
+/// Row-major strides of `shape`.
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}
+
+/// Marks an i64 load or store 8-byte aligned (the IR is built before the target's data
+/// layout is set, where i64's default alignment is 4, which NVPTX would split in two).
+fn align8(i: Option<inkwell::values::InstructionValue<'_>>) -> R<()> {
+    i.ok_or("an i64 access is not an instruction")?
+        .set_alignment(8)
+        .map_err(|e| format!("LLVM builder: {e}"))
 }

@@ -1,7 +1,7 @@
 //! Lowering a kernel module: to PTX through LLVM's NVPTX back end, or JIT-compiled for the
 //! host CPU (the same bodies), where tests compare the kernels with the reference ones.
 
-use crate::kernel::Elementwise;
+use crate::kernel::{Elt, Kernel, Lowered, Slot};
 use crate::llvm::{Gen, R};
 use inkwell::context::Context;
 use inkwell::execution_engine::ExecutionEngine;
@@ -29,10 +29,13 @@ impl Default for Gpu {
 }
 
 /// Adds the bodies of `kernels` to a fresh module: the IR both targets start from.
-fn bodies<'ctx>(ctx: &'ctx Context, kernels: &[Elementwise]) -> R<Gen<'ctx>> {
+fn bodies<'ctx>(ctx: &'ctx Context, kernels: &[Kernel]) -> R<Gen<'ctx>> {
     let g = Gen::new(ctx, "nnscaler_kernels");
-    for k in kernels {
-        g.elementwise(k)?;
+    for (j, k) in kernels.iter().enumerate() {
+        if kernels[..j].iter().any(|o| o.name == k.name) {
+            return Err(format!("two kernels are named {}", k.name));
+        }
+        g.kernel(k)?;
     }
     Ok(g)
 }
@@ -47,19 +50,19 @@ fn optimize(module: &Module<'_>, tm: &TargetMachine) -> R<()> {
 }
 
 /// The LLVM IR of `kernels` before any target's entries (for reading and tests).
-pub fn llvm_ir(kernels: &[Elementwise]) -> R<String> {
+pub fn llvm_ir(kernels: &[Kernel]) -> R<String> {
     let ctx = Context::create();
     let g = bodies(&ctx, kernels)?;
     Ok(g.module.print_to_string().to_string())
 }
 
 /// `kernels` as one PTX module for `gpu`.
-pub fn ptx(kernels: &[Elementwise], gpu: Gpu) -> R<String> {
+pub fn ptx(kernels: &[Kernel], gpu: Gpu) -> R<String> {
     Target::initialize_nvptx(&InitializationConfig::default());
     let ctx = Context::create();
     let g = bodies(&ctx, kernels)?;
     for k in kernels {
-        g.ptx_entry(&k.name, k.inputs.len() + 1)?;
+        g.ptx_entry(&k.name, k.inputs.len() + k.outputs.len())?;
     }
     let triple = TargetTriple::create("nvptx64-nvidia-cuda");
     let target = Target::from_triple(&triple).map_err(|e| format!("NVPTX target: {e}"))?;
@@ -88,7 +91,50 @@ pub struct HostKernels {
     // The engine owns the module; both borrow the context, which lives as long (leaked
     // once per `HostKernels`: contexts are small, and tests make a handful).
     engine: ExecutionEngine<'static>,
-    kernels: Vec<Elementwise>,
+    kernels: Vec<Kernel>,
+}
+
+/// A host buffer's contents.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// i64 elements.
+    I64(Vec<i64>),
+}
+
+impl Data {
+    fn zeros(elt: Elt, n: usize) -> Self {
+        match elt {
+            Elt::F32 => Data::F32(vec![0.0; n]),
+            Elt::I64 => Data::I64(vec![0; n]),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            Data::F32(v) => v.len(),
+            Data::I64(v) => v.len(),
+        }
+    }
+    fn elt(&self) -> Elt {
+        match self {
+            Data::F32(_) => Elt::F32,
+            Data::I64(_) => Elt::I64,
+        }
+    }
+    fn ptr(&self) -> *mut u8 {
+        match self {
+            Data::F32(v) => v.as_ptr().cast_mut().cast(),
+            Data::I64(v) => v.as_ptr().cast_mut().cast(),
+        }
+    }
+    /// The f32 elements (an error for i64 data).
+    pub fn f32(&self) -> R<&[f32]> {
+        match self {
+            Data::F32(v) => Ok(v),
+            Data::I64(_) => Err("i64 data where f32 was expected".into()),
+        }
+    }
 }
 
 impl std::fmt::Debug for HostKernels {
@@ -99,17 +145,17 @@ impl std::fmt::Debug for HostKernels {
     }
 }
 
-type HostFn = unsafe extern "C" fn(*const *mut f32, u64);
+type HostFn = unsafe extern "C" fn(*const *mut u8, u64);
 
 impl HostKernels {
     /// Compiles `kernels` for this CPU.
-    pub fn new(kernels: &[Elementwise]) -> R<Self> {
+    pub fn new(kernels: &[Kernel]) -> R<Self> {
         Target::initialize_native(&InitializationConfig::default())
             .map_err(|e| format!("LLVM host target: {e}"))?;
         let ctx: &'static Context = Box::leak(Box::new(Context::create()));
         let g = bodies(ctx, kernels)?;
         for k in kernels {
-            g.host_entry(&k.name, k.inputs.len() + 1)?;
+            g.host_entry(&k.name, k.inputs.len() + k.outputs.len())?;
         }
         let triple = TargetMachine::get_default_triple();
         let target = Target::from_triple(&triple).map_err(|e| format!("host target: {e}"))?;
@@ -137,42 +183,95 @@ impl HostKernels {
         })
     }
 
-    /// Runs kernel `name` on `inputs` (each of its input's length) and returns the result.
-    pub fn run(&self, name: &str, inputs: &[&[f32]]) -> R<Vec<f32>> {
-        let k = self
-            .kernels
+    /// Runs kernel `name` on `inputs` and returns its outputs.
+    pub fn run(&self, name: &str, inputs: &[&Data]) -> R<Vec<Data>> {
+        let k = self.find(name)?;
+        let outs: Vec<Data> = k
+            .outputs
+            .iter()
+            .map(|b| Data::zeros(b.elt, b.len()))
+            .collect();
+        let bufs: Vec<&Data> = inputs.iter().copied().chain(outs.iter()).collect();
+        self.launch(k, &bufs)?;
+        Ok(outs)
+    }
+
+    /// Runs an op's launches ([`Lowered`]; its kernels compiled here) on its operands.
+    pub fn run_lowered(&self, l: &Lowered, inputs: &[&Data]) -> R<Vec<Data>> {
+        let mut outs: Vec<Option<Data>> = Vec::new();
+        let temps: Vec<Data> = l
+            .temps
+            .iter()
+            .map(|b| Data::zeros(b.elt, b.len()))
+            .collect();
+        for (kernel, slots) in &l.launches {
+            let k = self.find(&l.kernels[*kernel].name)?;
+            for (s, b) in slots.iter().zip(k.inputs.iter().chain(&k.outputs)) {
+                if let Slot::Out(j) = *s {
+                    if outs.len() <= j {
+                        outs.resize(j + 1, None);
+                    }
+                    outs[j].get_or_insert_with(|| Data::zeros(b.elt, b.len()));
+                }
+            }
+            let bufs: Vec<&Data> = slots
+                .iter()
+                .map(|s| match *s {
+                    Slot::In(j) => inputs.get(j).copied().ok_or("missing operand".to_string()),
+                    Slot::Out(j) => Ok(outs[j].as_ref().expect("allocated above")),
+                    Slot::Temp(j) => temps.get(j).ok_or("missing temporary".to_string()),
+                })
+                .collect::<R<_>>()?;
+            self.launch(k, &bufs)?;
+        }
+        outs.into_iter()
+            .map(|o| o.ok_or_else(|| "an output no launch writes".to_string()))
+            .collect()
+    }
+
+    fn find(&self, name: &str) -> R<&Kernel> {
+        self.kernels
             .iter()
             .find(|k| k.name == name)
-            .ok_or_else(|| format!("no kernel {name}"))?;
-        if inputs.len() != k.inputs.len() {
+            .ok_or_else(|| format!("no kernel {name}"))
+    }
+
+    /// Launches `k` over its buffers (inputs, then outputs), checking their sizes.
+    fn launch(&self, k: &Kernel, bufs: &[&Data]) -> R<()> {
+        let want: Vec<&crate::kernel::Buf> = k.inputs.iter().chain(&k.outputs).collect();
+        if bufs.len() != want.len() {
             return Err(format!(
-                "{name} takes {} inputs, given {}",
-                k.inputs.len(),
-                inputs.len()
+                "{} takes {} buffers, given {}",
+                k.name,
+                want.len(),
+                bufs.len()
             ));
         }
-        for (j, (x, s)) in inputs.iter().zip(&k.inputs).enumerate() {
-            let want: usize = s.iter().product();
-            if x.len() != want {
+        for (j, (d, b)) in bufs.iter().zip(&want).enumerate() {
+            if d.len() != b.len() || d.elt() != b.elt {
                 return Err(format!(
-                    "{name}: input {j} has {} elements, its shape {s:?} {want}",
-                    x.len()
+                    "{}: buffer {j} holds {} {:?} elements, its shape {:?} needs {} {:?}",
+                    k.name,
+                    d.len(),
+                    d.elt(),
+                    b.shape,
+                    b.len(),
+                    b.elt
                 ));
             }
         }
-        let mut out = vec![0.0f32; k.len()];
-        let mut args: Vec<*mut f32> = inputs.iter().map(|x| x.as_ptr().cast_mut()).collect();
-        args.push(out.as_mut_ptr());
-        // SAFETY: the function was generated with this signature (`host_entry`); it reads
-        // each input within its length (offsets come from the shapes checked above) and
-        // writes `out`'s `k.len()` elements; inputs are only read.
+        let args: Vec<*mut u8> = bufs.iter().map(|d| d.ptr()).collect();
+        // SAFETY: the function was generated with this signature (`host_entry`); its body
+        // reads and writes each buffer within the length its shape gives (checked above),
+        // writing outputs and temporaries only, which the caller owns and nothing else
+        // borrows during the call.
         unsafe {
             let f = self
                 .engine
-                .get_function::<HostFn>(&format!("{name}.host"))
-                .map_err(|e| format!("{name}: {e}"))?;
-            f.call(args.as_ptr(), k.len() as u64);
+                .get_function::<HostFn>(&format!("{}.host", k.name))
+                .map_err(|e| format!("{}: {e}", k.name))?;
+            f.call(args.as_ptr(), k.len as u64);
         }
-        Ok(out)
+        Ok(())
     }
 }

@@ -1,9 +1,11 @@
 //! The generated kernels, JIT-compiled for this CPU, against the CPU runtime's reference
-//! kernels: every op with a scalar formula (with broadcasting and edge values), and every
-//! fused kernel of GPT and Llama training steps (forward + backward + AdamW). And every
-//! generated PTX module passes `ptxas` for sm_90.
+//! kernels: every covered op (elementwise formulas with broadcasting, reductions, the
+//! softmax family, transpose, norms and their gradients, embedding, cross-entropy, AdamW,
+//! clipping), the math functions' edge values, and every fused kernel of GPT and Llama
+//! training steps (forward + backward + AdamW). And every generated PTX module passes
+//! `ptxas` for sm_90.
 
-use nnscaler_codegen::{fuse, ptx, Elementwise, Gpu, Group, HostKernels};
+use nnscaler_codegen::{covered, fuse, lower, ptx, Buf, Data, Gpu, Group, HostKernels, Kernel};
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::Graph;
@@ -69,66 +71,313 @@ fn domain(op: &str) -> (f32, f32) {
     }
 }
 
-#[test]
-fn every_scalar_op_matches_the_reference() {
-    // (kernel name, op, attributes, operand shapes, result shape)
-    type Case = (String, &'static str, Attrs, Vec<Vec<usize>>, Vec<usize>);
-    let mut cases: Vec<Case> = Vec::new();
-    let tanh = Attrs::from([("approximate".to_string(), AttrValue::Str("tanh".into()))]);
+/// Random operands for an op: floats in `lo..hi`, integer operands (ids, targets) below
+/// `bound`.
+fn operand(t: &TensorType, seed: u64, lo: f32, hi: f32, bound: i64) -> Tensor {
+    let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+    let n: usize = shape.iter().product();
+    if t.elem.is_float() {
+        Tensor::f32(&shape, values(n, seed, lo, hi))
+    } else {
+        Tensor::i64(
+            &shape,
+            (0..n as u64)
+                .map(|i| (rng::uniform(seed, 9, i) * bound as f64) as i64)
+                .collect(),
+        )
+    }
+}
+
+fn data(t: &Tensor) -> Data {
+    match t.f() {
+        Ok(v) => Data::F32(v.to_vec()),
+        Err(_) => Data::I64(t.ints().unwrap().to_vec()),
+    }
+}
+
+fn ty(shape: &[i64]) -> TensorType {
+    TensorType::new(shape, Elem::F32)
+}
+
+fn ids(shape: &[i64]) -> TensorType {
+    TensorType::new(shape, Elem::I64)
+}
+
+fn attrs(list: &[(&str, AttrValue)]) -> Attrs {
+    list.iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+/// One case per covered op and form: (op, attributes, operand types).
+type Case = (&'static str, Attrs, Vec<TensorType>);
+
+/// The op cases: every elementwise op with broadcasting shapes, and the others' forms.
+fn op_cases() -> Vec<Case> {
+    use AttrValue::{Float, Int, Ints, Str};
+    let mut cases: Vec<(&str, Attrs, Vec<TensorType>)> = Vec::new();
     for s in dnn::SPECS.iter().filter(|s| s.traits.scalar.is_some()) {
-        let n = s.operands.len();
-        let shapes: Vec<(Vec<Vec<usize>>, Vec<usize>)> = if n == 1 {
-            vec![(vec![vec![7, 129]], vec![7, 129])]
+        let shapes: Vec<Vec<TensorType>> = if s.operands.len() == 1 {
+            vec![vec![ty(&[7, 129])]]
         } else if s.grad_of.is_some() {
-            vec![(vec![vec![7, 129]; 2], vec![7, 129])]
+            vec![vec![ty(&[7, 129]); 2]]
         } else {
             vec![
-                (vec![vec![7, 129], vec![7, 129]], vec![7, 129]),
-                (vec![vec![7, 129], vec![129]], vec![7, 129]),
-                (vec![vec![3, 1, 5], vec![4, 1]], vec![3, 4, 5]),
-                (vec![vec![], vec![6, 2]], vec![6, 2]),
+                vec![ty(&[7, 129]), ty(&[7, 129])],
+                vec![ty(&[7, 129]), ty(&[129])],
+                vec![ty(&[3, 1, 5]), ty(&[4, 1])],
+                vec![ty(&[]), ty(&[6, 2])],
             ]
         };
-        let attrs: Vec<Attrs> = if s.attrs.iter().any(|a| a.name == "approximate") {
-            vec![Attrs::new(), tanh.clone()]
+        let forms: Vec<Attrs> = if s.attrs.iter().any(|a| a.name == "approximate") {
+            vec![Attrs::new(), attrs(&[("approximate", Str("tanh".into()))])]
         } else {
             vec![Attrs::new()]
         };
-        for (j, a) in attrs.iter().enumerate() {
-            for (k, (ins, out)) in shapes.iter().enumerate() {
-                let name = format!("{}_{j}_{k}", s.name.trim_start_matches("dnn."));
-                cases.push((name, s.name, a.clone(), ins.clone(), out.clone()));
+        for a in &forms {
+            for sh in &shapes {
+                cases.push((s.name, a.clone(), sh.clone()));
             }
         }
     }
-    let kernels: Vec<Elementwise> = cases
+    let x3 = ty(&[4, 5, 6]);
+    cases.extend([
+        (
+            "dnn.fill",
+            attrs(&[("shape", Ints(vec![3, 4])), ("value", Float(2.5))]),
+            vec![],
+        ),
+        (
+            "dnn.sum",
+            attrs(&[("dims", Ints(vec![1]))]),
+            vec![x3.clone()],
+        ),
+        (
+            "dnn.sum",
+            attrs(&[("dims", Ints(vec![0, 2]))]),
+            vec![x3.clone()],
+        ),
+        (
+            "dnn.sum",
+            attrs(&[("dims", Ints(vec![0, 1, 2]))]),
+            vec![x3.clone()],
+        ),
+        (
+            "dnn.mean",
+            attrs(&[("dims", Ints(vec![-1])), ("keepdim", AttrValue::Bool(true))]),
+            vec![x3.clone()],
+        ),
+        (
+            "dnn.max",
+            attrs(&[("dims", Ints(vec![0, 1]))]),
+            vec![x3.clone()],
+        ),
+        ("dnn.softmax", attrs(&[("dim", Int(-1))]), vec![x3.clone()]),
+        ("dnn.softmax", attrs(&[("dim", Int(1))]), vec![x3.clone()]),
+        (
+            "dnn.log_softmax",
+            attrs(&[("dim", Int(-1))]),
+            vec![x3.clone()],
+        ),
+        (
+            "dnn.log_softmax",
+            attrs(&[("dim", Int(0))]),
+            vec![x3.clone()],
+        ),
+        (
+            "dnn.softmax_grad",
+            attrs(&[("dim", Int(-1))]),
+            vec![x3.clone(), x3.clone()],
+        ),
+        (
+            "dnn.log_softmax_grad",
+            attrs(&[("dim", Int(1))]),
+            vec![x3.clone(), x3.clone()],
+        ),
+        (
+            "dnn.transpose",
+            attrs(&[("perm", Ints(vec![0, 2, 1, 3]))]),
+            vec![ty(&[2, 3, 4, 5])],
+        ),
+        (
+            "dnn.transpose",
+            attrs(&[("perm", Ints(vec![1, 0]))]),
+            vec![ids(&[3, 7])],
+        ),
+        (
+            "dnn.layer_norm",
+            Attrs::new(),
+            vec![ty(&[6, 32]), ty(&[32]), ty(&[32])],
+        ),
+        (
+            "dnn.rms_norm",
+            attrs(&[("eps", Float(1e-6))]),
+            vec![ty(&[2, 3, 32]), ty(&[32])],
+        ),
+        (
+            "dnn.layer_norm_grad",
+            Attrs::new(),
+            vec![ty(&[6, 32]), ty(&[6, 32]), ty(&[32])],
+        ),
+        (
+            "dnn.rms_norm_grad",
+            Attrs::new(),
+            vec![ty(&[2, 3, 32]), ty(&[2, 3, 32]), ty(&[32])],
+        ),
+        (
+            "dnn.embedding",
+            Attrs::new(),
+            vec![ids(&[2, 5]), ty(&[11, 8])],
+        ),
+        (
+            "dnn.embedding_grad",
+            attrs(&[("vocab", Int(11))]),
+            vec![ty(&[2, 5, 8]), ids(&[2, 5])],
+        ),
+        (
+            "dnn.cross_entropy",
+            Attrs::new(),
+            vec![ty(&[10, 11]), ids(&[10])],
+        ),
+        (
+            "dnn.cross_entropy_grad",
+            Attrs::new(),
+            vec![ty(&[]), ty(&[10, 11]), ids(&[10])],
+        ),
+        (
+            "dnn.adamw",
+            attrs(&[
+                ("beta1", Float(0.9)),
+                ("beta2", Float(0.99)),
+                ("eps", Float(1e-8)),
+                ("weight_decay", Float(0.1)),
+            ]),
+            vec![
+                x3.clone(),
+                x3.clone(),
+                x3.clone(),
+                x3.clone(),
+                ty(&[]),
+                ty(&[]),
+            ],
+        ),
+        (
+            "dnn.adamw",
+            attrs(&[
+                ("beta1", Float(0.8)),
+                ("beta2", Float(0.999)),
+                ("eps", Float(1e-6)),
+                ("weight_decay", Float(0.0)),
+            ]),
+            vec![
+                x3.clone(),
+                x3.clone(),
+                x3.clone(),
+                x3.clone(),
+                ty(&[]),
+                ty(&[]),
+                ty(&[]),
+            ],
+        ),
+        (
+            "dnn.clip_scale",
+            attrs(&[("max_norm", Float(1.0))]),
+            vec![ty(&[])],
+        ),
+        (
+            "dnn.clip_scale",
+            attrs(&[("max_norm", Float(100.0))]),
+            vec![ty(&[])],
+        ),
+    ]);
+    cases
+}
+
+/// The kernels of each case (named `c<case>_<op>`), with its result types.
+fn lower_cases(cases: &[Case]) -> Vec<(nnscaler_codegen::Lowered, Vec<TensorType>)> {
+    cases
         .iter()
-        .map(|(name, op, a, ins, out)| {
-            Elementwise::of_op(name, op, a, ins.clone(), out.clone()).unwrap()
+        .enumerate()
+        .map(|(c, (op, a, tys))| {
+            let spec = dnn::spec(op).unwrap();
+            let opt: Vec<Option<TensorType>> = tys.iter().cloned().map(Some).collect();
+            let ctx = nnscaler_dialects::spec::OpCtx {
+                operands: &opt,
+                attrs: a,
+            };
+            let (outs, _, _) = spec.check(&ctx).unwrap_or_else(|e| panic!("{op}: {e}"));
+            let name = format!("c{c}_{}", op.trim_start_matches("dnn."));
+            let bufs: Vec<Buf> = tys.iter().map(Buf::of).collect();
+            let out_bufs: Vec<Buf> = outs.iter().map(Buf::of).collect();
+            assert!(covered(op, a), "{op} is not covered");
+            let l = lower(&name, op, a, &bufs, &out_bufs).unwrap_or_else(|e| panic!("{op}: {e}"));
+            (l, outs)
         })
-        .collect();
-    let host = HostKernels::new(&kernels).unwrap();
-    let mut worst = 0.0f64;
-    for (c, (name, op, attrs, ins, out)) in cases.iter().enumerate() {
+        .collect()
+}
+
+/// Every covered op: its kernels (lowered, JIT-compiled for the host) against the
+/// reference kernel, on random operands.
+#[test]
+fn every_covered_op_matches_the_reference() {
+    let cases = op_cases();
+    let (lowered, results): (Vec<_>, Vec<Vec<TensorType>>) =
+        lower_cases(&cases).into_iter().unzip();
+    let mut operands = Vec::new();
+    for (c, (op, _, tys)) in cases.iter().enumerate() {
         let (lo, hi) = domain(op);
-        let tensors: Vec<Tensor> = ins
+        let mut ins: Vec<Tensor> = tys
             .iter()
             .enumerate()
-            .map(|(i, s)| {
-                let n: usize = s.iter().product();
-                Tensor::f32(s, values(n, (c * 10 + i) as u64, lo, hi))
-            })
+            .map(|(i, t)| operand(t, (c * 10 + i) as u64, lo, hi, 11))
             .collect();
-        let want = reference(op, attrs, &tensors, out);
-        let slices: Vec<&[f32]> = tensors.iter().map(|t| t.f().unwrap()).collect();
-        let got = host.run(name, &slices).unwrap();
-        let err = error(&got, &want);
-        assert!(err <= 1e-5, "{name} ({op}): relative error {err:.2e}");
-        worst = worst.max(err);
+        if *op == "dnn.adamw" {
+            // v >= 0, lr 1e-3, step 7, a clipping factor below 1.
+            ins[3] = Tensor::f32(&ins[3].shape.clone(), values(120, 5, 0.0, 2.0));
+            ins[4] = Tensor::scalar(1e-3);
+            ins[5] = Tensor::scalar(7.0);
+            if ins.len() > 6 {
+                ins[6] = Tensor::scalar(0.37);
+            }
+        }
+        if *op == "dnn.clip_scale" {
+            ins[0] = Tensor::scalar(23.0);
+        }
+        operands.push(ins);
+    }
+    let kernels: Vec<Kernel> = lowered.iter().flat_map(|l| l.kernels.clone()).collect();
+    let host = HostKernels::new(&kernels).unwrap();
+    let mut worst = 0.0f64;
+    for (c, (op, a, _)) in cases.iter().enumerate() {
+        let f = kernel(op).unwrap();
+        let ctx = Ctx {
+            attrs: a,
+            out: &results[c],
+            device: None,
+        };
+        let refs: Vec<&Tensor> = operands[c].iter().collect();
+        let want = f(&ctx, &refs).unwrap();
+        let ins: Vec<Data> = operands[c].iter().map(data).collect();
+        let ins: Vec<&Data> = ins.iter().collect();
+        let got = host.run_lowered(&lowered[c], &ins).unwrap();
+        assert_eq!(got.len(), want.len(), "{op}: result count");
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            if let Data::I64(g) = g {
+                assert_eq!(g.as_slice(), w.ints().unwrap(), "case {c} {op}: result {k}");
+                continue;
+            }
+            let err = error(g.f32().unwrap(), w.f().unwrap());
+            assert!(
+                err <= 1e-5,
+                "case {c} {op} {a:?} result {k}: relative error {err:.2e}"
+            );
+            worst = worst.max(err);
+        }
     }
     println!(
-        "codegen: {} op kernels (host JIT) equal the reference within {worst:.2e}",
-        cases.len()
+        "codegen: {} op cases ({} kernels, host JIT) equal the reference within {worst:.2e}",
+        cases.len(),
+        kernels.len()
     );
 }
 
@@ -172,17 +421,23 @@ fn math_edges_match_the_reference() {
         "dnn.gelu",
     ];
     let n = edge.len();
-    let kernels: Vec<Elementwise> = ops
+    let kernels: Vec<Kernel> = ops
         .iter()
         .map(|op| {
             let name = format!("edge_{}", op.trim_start_matches("dnn."));
-            Elementwise::of_op(&name, op, &Attrs::new(), vec![vec![n]], vec![n]).unwrap()
+            let b = Buf::f32(&[n]);
+            let one = std::slice::from_ref(&b);
+            lower(&name, op, &Attrs::new(), one, one)
+                .unwrap()
+                .kernels
+                .remove(0)
         })
         .collect();
     let host = HostKernels::new(&kernels).unwrap();
     for (k, op) in kernels.iter().zip(ops) {
         let want = reference(op, &Attrs::new(), &[Tensor::f32(&[n], edge.clone())], &[n]);
-        let got = host.run(&k.name, &[&edge]).unwrap();
+        let got = host.run(&k.name, &[&Data::F32(edge.clone())]).unwrap();
+        let got = got[0].f32().unwrap();
         for i in 0..n {
             let (g, w) = (got[i], want[i]);
             let ok = (g.is_nan() && w.is_nan())
@@ -248,7 +503,7 @@ fn check_step(name: &str) -> (usize, usize) {
         "{name}: every elementwise op is in one kernel"
     );
     assert!(groups.len() < elementwise, "{name}: nothing fused");
-    let kernels: Vec<Elementwise> = groups.iter().map(|gr| gr.kernel.clone()).collect();
+    let kernels: Vec<Kernel> = groups.iter().map(|gr| gr.kernel.clone()).collect();
     let host = HostKernels::new(&kernels).unwrap();
     for (c, gr) in groups.iter().enumerate() {
         // Positive inputs where a log, sqrt or rsqrt could read them directly.
@@ -262,15 +517,18 @@ fn check_step(name: &str) -> (usize, usize) {
             .inputs
             .iter()
             .enumerate()
-            .map(|(i, s)| {
-                let n: usize = s.iter().product();
-                Tensor::f32(s, values(n, (1000 + c * 10 + i) as u64, lo, hi))
+            .map(|(i, b)| {
+                Tensor::f32(
+                    &b.shape,
+                    values(b.len(), (1000 + c * 10 + i) as u64, lo, hi),
+                )
             })
             .collect();
         let want = reference_group(&g, gr, &ins);
-        let slices: Vec<&[f32]> = ins.iter().map(|t| t.f().unwrap()).collect();
-        let got = host.run(&gr.kernel.name, &slices).unwrap();
-        let err = error(&got, &want);
+        let datas: Vec<Data> = ins.iter().map(data).collect();
+        let refs: Vec<&Data> = datas.iter().collect();
+        let got = host.run(&gr.kernel.name, &refs).unwrap();
+        let err = error(got[0].f32().unwrap(), &want);
         assert!(
             err <= 1e-5,
             "{name}: {} differs by {err:.2e}",
@@ -316,7 +574,10 @@ fn ptxas() -> PathBuf {
 
 #[test]
 fn every_ptx_module_passes_ptxas() {
-    let mut kernels: Vec<Elementwise> = Vec::new();
+    let mut kernels: Vec<Kernel> = lower_cases(&op_cases())
+        .into_iter()
+        .flat_map(|(l, _)| l.kernels)
+        .collect();
     for name in ["nanogpt-cpu", "llama-tiny"] {
         let g = training_step(name);
         for mut gr in fuse(&g).unwrap() {
@@ -325,9 +586,16 @@ fn every_ptx_module_passes_ptxas() {
         }
     }
     let text = ptx(&kernels, Gpu::default()).unwrap();
+    if let Some(p) = std::env::var_os("NNSCALER_DUMP_PTX") {
+        std::fs::write(p, &text).unwrap();
+    }
     assert!(text.contains(".target sm_90") && text.contains(".version 8.0"));
     assert_eq!(text.matches(".visible .entry").count(), kernels.len());
     assert!(text.contains("ld.global.f32") && text.contains("st.global.f32"));
+    assert!(
+        text.contains("ld.global.u64"),
+        "i64 ids are read from global memory"
+    );
     assert!(
         !text.contains(".extern"),
         "a kernel calls an external function"
@@ -349,7 +617,7 @@ fn every_ptx_module_passes_ptxas() {
         String::from_utf8_lossy(&out.stderr)
     );
     println!(
-        "codegen: {} fused kernels of nanogpt-cpu and llama-tiny steps: {} lines of PTX, accepted by ptxas for sm_90",
+        "codegen: {} kernels (every op case, the fused kernels of nanogpt-cpu and llama-tiny steps): {} lines of PTX, accepted by ptxas for sm_90",
         kernels.len(),
         text.lines().count()
     );
