@@ -168,6 +168,91 @@ pub enum Body {
         /// max_norm.
         max_norm: f64,
     },
+    /// Element `i` copied (a reshape: same elements, new shape; f32 or i64).
+    Copy,
+    /// Output element `i` of a matrix product (on a GPU, a cuBLAS call replaces it).
+    Gemm(Gemm),
+    /// Query row `i` of scaled dot-product attention: `q, k, v -> out`.
+    Attention(Attn),
+    /// Query row `i` of attention's backward statistics: `dout, q, k, v -> stats`
+    /// (`[max, 1/sum, rowsum(dP * P)]` per row).
+    AttnStats(Attn),
+    /// Query row `i` of `dq`: `dout, q, k, v, stats -> dq`.
+    AttnDq(Attn),
+    /// Key row `i` of `dk` and `dv` (every query head of its group, rows in order):
+    /// `dout, q, k, v, stats -> dk, dv`.
+    AttnDkDv(Attn),
+}
+
+/// A (batched) matrix product `out[b] = A[b] B[b] (+ bias)`, row-major operands; `A` is
+/// `[m, k]` or, transposed, `[k, m]`; `B` is `[k, n]` or, transposed, `[n, k]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gemm {
+    /// Independent products.
+    pub batch: usize,
+    /// Rows of the result.
+    pub m: usize,
+    /// Columns of the result.
+    pub n: usize,
+    /// The summed dimension.
+    pub k: usize,
+    /// `A` is stored transposed.
+    pub ta: bool,
+    /// `B` is stored transposed.
+    pub tb: bool,
+    /// Every product has its own `B` (else one `B` for all).
+    pub b_batched: bool,
+    /// A bias of `n` added to every row (a third input).
+    pub bias: bool,
+}
+
+/// The shape of an attention: `q [b, h, s, d]`, `k [b, g, t, d]`, `v [b, g, t, e]`, query
+/// head `hi` reading key/value head `hi / (h / g)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attn {
+    /// Batch.
+    pub b: usize,
+    /// Query heads.
+    pub h: usize,
+    /// Key/value heads.
+    pub g: usize,
+    /// Query positions.
+    pub s: usize,
+    /// Key positions.
+    pub t: usize,
+    /// Query/key width.
+    pub d: usize,
+    /// Value width.
+    pub e: usize,
+    /// The scores' factor.
+    pub scale: f32,
+    /// Query `i` sees keys `j <= i` only.
+    pub causal: bool,
+}
+
+impl Attn {
+    fn of(attrs: &Attrs, q: &Buf, k: &Buf, v: &Buf) -> Result<Self, String> {
+        for (b, what) in [(q, "query"), (k, "key"), (v, "value")] {
+            if b.shape.len() != 4 {
+                return Err(format!("attention's {what} must be [b, heads, seq, width]"));
+            }
+        }
+        let d = q.shape[3];
+        Ok(Attn {
+            b: q.shape[0],
+            h: q.shape[1],
+            g: k.shape[1],
+            s: q.shape[2],
+            t: k.shape[2],
+            d,
+            e: v.shape[3],
+            scale: float(attrs, "scale", 1.0 / (d as f64).sqrt()) as f32,
+            causal: matches!(
+                attrs.get("causal"),
+                Some(AttrValue::Bool(true) | AttrValue::Unit)
+            ),
+        })
+    }
 }
 
 /// A kernel: its symbol, body, buffers and index count.
@@ -268,7 +353,12 @@ pub fn covered(op: &str, attrs: &Attrs) -> bool {
         | "dnn.cross_entropy_grad"
         | "dnn.adamw"
         | "dnn.clip_scale"
-        | "dnn.fill" => true,
+        | "dnn.fill"
+        | "dnn.reshape"
+        | "dnn.matmul"
+        | "dnn.linear"
+        | "dnn.attention"
+        | "dnn.attention_grad" => true,
         "dnn.embedding" => !attrs.contains_key("row_axes"),
         _ => false,
     }
@@ -464,6 +554,103 @@ pub fn lower(
             },
             1,
         ),
+        "dnn.reshape" => kernel(Body::Copy, out0.len()),
+        "dnn.linear" => {
+            let k = *ins[0].shape.last().unwrap_or(&1);
+            kernel(
+                Body::Gemm(Gemm {
+                    batch: 1,
+                    m: ins[0].len() / k.max(1),
+                    n: ins[1].shape[0],
+                    k,
+                    ta: false,
+                    tb: true,
+                    b_batched: false,
+                    bias: ins.len() > 2,
+                }),
+                out0.len(),
+            )
+        }
+        "dnn.matmul" => {
+            let flag =
+                |n: &str| matches!(attrs.get(n), Some(AttrValue::Bool(true) | AttrValue::Unit));
+            let (ta, tb) = (flag("transpose_a"), flag("transpose_b"));
+            let (sa, sb) = (&ins[0].shape, &ins[1].shape);
+            let (r, rb) = (sa.len(), sb.len());
+            if r < 2 || rb < 2 {
+                return Err("'dnn.matmul' operands must have rank 2 or more".into());
+            }
+            let (m, k) = if ta {
+                (sa[r - 1], sa[r - 2])
+            } else {
+                (sa[r - 2], sa[r - 1])
+            };
+            let n = if tb { sb[rb - 2] } else { sb[rb - 1] };
+            kernel(
+                Body::Gemm(Gemm {
+                    batch: sa[..r - 2].iter().product(),
+                    m,
+                    n,
+                    k,
+                    ta,
+                    tb,
+                    b_batched: rb > 2,
+                    bias: false,
+                }),
+                out0.len(),
+            )
+        }
+        "dnn.attention" => {
+            let a = Attn::of(attrs, &ins[0], &ins[1], &ins[2])?;
+            kernel(Body::Attention(a), a.b * a.h * a.s)
+        }
+        "dnn.attention_grad" => {
+            // dout, q, k, v -> dq, dk, dv: row statistics, then dq by query row and dk, dv
+            // by key row (no two threads add into one element).
+            let a = Attn::of(attrs, &ins[1], &ins[2], &ins[3])?;
+            let rows = a.b * a.h * a.s;
+            let stats = Buf::f32(&[rows, 3]);
+            let mut with_stats = ins.to_vec();
+            with_stats.push(stats.clone());
+            let reads = [
+                Slot::In(0),
+                Slot::In(1),
+                Slot::In(2),
+                Slot::In(3),
+                Slot::Temp(0),
+            ];
+            return Ok(Lowered {
+                kernels: vec![
+                    Kernel {
+                        name: format!("{name}_stats"),
+                        body: Body::AttnStats(a),
+                        inputs: ins.to_vec(),
+                        outputs: vec![stats.clone()],
+                        len: rows,
+                    },
+                    Kernel {
+                        name: format!("{name}_dq"),
+                        body: Body::AttnDq(a),
+                        inputs: with_stats.clone(),
+                        outputs: vec![outs[0].clone()],
+                        len: rows,
+                    },
+                    Kernel {
+                        name: format!("{name}_dkdv"),
+                        body: Body::AttnDkDv(a),
+                        inputs: with_stats,
+                        outputs: vec![outs[1].clone(), outs[2].clone()],
+                        len: a.b * a.g * a.t,
+                    },
+                ],
+                temps: vec![stats],
+                launches: vec![
+                    (0, reads.to_vec()),
+                    (1, [&reads[..], &[Slot::Out(0)]].concat()),
+                    (2, [&reads[..], &[Slot::Out(1), Slot::Out(2)]].concat()),
+                ],
+            });
+        }
         _ => return Err(format!("no GPU kernel for '{op}' yet")),
     };
     Ok(Lowered::one(k))

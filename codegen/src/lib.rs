@@ -7,17 +7,22 @@
 //!   how a function's elementwise ops fuse into kernels;
 //! * [`llvm`]: the IR: one body per kernel, math functions with the runtime's algorithms,
 //!   and the PTX and host entry points;
-//! * [`target`]: PTX text for a GPU ([`target::Gpu`]), or host-JIT kernels.
+//! * [`program`]: a whole function as launches (the launch plan an artifact will carry);
+//! * [`target`]: PTX text for a GPU ([`target::Gpu`]), or host-JIT kernels that run an
+//!   op's or a whole function's launches.
 //!
-//! Covered: every elementwise op (fused), reductions, the softmax family, transpose, layer
-//! and RMS norm with their gradients, embedding and its gradient, cross-entropy and its
-//! gradient, AdamW and clipping's factor ([`kernel::covered`]). Not built yet (issue 13):
-//! attention, rotary, dropout, slicing and concatenation, vocabulary-parallel pieces,
-//! matrix products through cuBLAS, the artifact and its runtime.
+//! Covered: every elementwise op (fused), reductions, the softmax family, transpose,
+//! reshape, matrix products, attention and its gradient, layer and RMS norm with their
+//! gradients, embedding and its gradient, cross-entropy and its gradient, AdamW and
+//! clipping's factor ([`kernel::covered`]). Not built yet (issue 13): rotary, dropout,
+//! slicing and concatenation, vocabulary-parallel pieces, cuBLAS for the matrix products,
+//! the artifact and its runtime.
 
 pub mod kernel;
 pub mod llvm;
+pub mod program;
 pub mod target;
 
 pub use kernel::{covered, fuse, lower, Body, Buf, Elt, Group, Kernel, Lowered, Slot};
+pub use program::{compile, BufId, Launch, Program};
 pub use target::{llvm_ir, ptx, Data, Gpu, HostKernels};

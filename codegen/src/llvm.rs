@@ -14,7 +14,7 @@
 //! runtime's algorithms: `exp` and `erf` exactly as `runtime/src/kernels/math.rs`; `log`
 //! and `tanh` as Cephes' single-precision `logf` / `tanhf` (within 2 ulp of libm).
 
-use crate::kernel::{Body, Elt, Kernel, Line, Reduce};
+use crate::kernel::{Attn, Body, Elt, Kernel, Line, Reduce};
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::builder::Builder;
 use inkwell::context::Context;
@@ -1017,6 +1017,165 @@ impl<'ctx> Gen<'ctx> {
                 self.stf(outs[1], i, m)?;
                 self.stf(outs[2], i, v)?;
             }
+            Body::Copy => {
+                let elt = k.inputs[0].elt;
+                let ty: BasicTypeEnum = match elt {
+                    Elt::F32 => f32t.into(),
+                    Elt::I64 => self.ctx.i64_type().into(),
+                };
+                let v = e(self.b.build_load(ty, self.at(ins[0], elt, i)?, ""))?;
+                let st = e(self.b.build_store(self.at(outs[0], elt, i)?, v))?;
+                if elt == Elt::I64 {
+                    align8(v.as_instruction_value())?;
+                    align8(Some(st))?;
+                }
+            }
+            Body::Gemm(m) => {
+                let (mm, n, kk) = (m.m, m.n, m.k);
+                let bi = self.div_i(i, mm * n)?;
+                let r = self.rem_i(self.div_i(i, n)?, mm)?;
+                let c = self.rem_i(i, n)?;
+                let a0 = self.mul_i(bi, self.i64c(mm * kk))?;
+                let b0 = if m.b_batched {
+                    self.mul_i(bi, self.i64c(kk * n))?
+                } else {
+                    self.i64c(0)
+                };
+                let acc = self.var(self.fconst(0.0).into())?;
+                self.for_range(self.i64c(kk), |g, l| {
+                    let ai = if m.ta {
+                        g.add_i(g.add_i(a0, g.mul_i(l, g.i64c(mm))?)?, r)?
+                    } else {
+                        g.add_i(g.add_i(a0, g.mul_i(r, g.i64c(kk))?)?, l)?
+                    };
+                    let bi = if m.tb {
+                        g.add_i(g.add_i(b0, g.mul_i(c, g.i64c(kk))?)?, l)?
+                    } else {
+                        g.add_i(g.add_i(b0, g.mul_i(l, g.i64c(n))?)?, c)?
+                    };
+                    let p = g.fmul(g.ldf(ins[0], ai)?, g.ldf(ins[1], bi)?)?;
+                    g.set(acc, g.fadd(g.getf(acc, f32t)?, p)?)
+                })?;
+                let mut v = self.getf(acc, f32t)?;
+                if m.bias {
+                    v = self.fadd(v, self.ldf(ins[2], c)?)?;
+                }
+                self.stf(outs[0], i, v)?;
+            }
+            Body::Attention(a) => {
+                let row = self.attn_row(a, i)?;
+                let (mx, inv) = self.attn_softmax(a, &row, ins[0], ins[1])?;
+                let acc = self.array(a.e)?;
+                self.for_range(row.lim, |g, j| {
+                    let p = g.attn_prob(a, &row, ins[0], ins[1], j, mx, inv)?;
+                    let vb = g.mul_i(g.add_i(row.kv_base, j)?, g.i64c(a.e))?;
+                    g.for_range(g.i64c(a.e), |g, c| {
+                        let at = g.at(acc, Elt::F32, c)?;
+                        let v = g.ldf(ins[2], g.add_i(vb, c)?)?;
+                        g.set(at, g.fadd(g.getf(at, f32t)?, g.fmul(p, v)?)?)
+                    })
+                })?;
+                let ob = self.mul_i(row.q_row, self.i64c(a.e))?;
+                self.for_range(self.i64c(a.e), |g, c| {
+                    let v = g.getf(g.at(acc, Elt::F32, c)?, f32t)?;
+                    g.stf(outs[0], g.add_i(ob, c)?, v)
+                })?;
+            }
+            Body::AttnStats(a) => {
+                // ins: dout, q, k, v.
+                let row = self.attn_row(a, i)?;
+                let (mx, inv) = self.attn_softmax(a, &row, ins[1], ins[2])?;
+                let dot = self.var(self.fconst(0.0).into())?;
+                self.for_range(row.lim, |g, j| {
+                    let p = g.attn_prob(a, &row, ins[1], ins[2], j, mx, inv)?;
+                    let dp = g.attn_dp(a, &row, ins[0], ins[3], j)?;
+                    g.set(dot, g.fadd(g.getf(dot, f32t)?, g.fmul(p, dp)?)?)
+                })?;
+                let s = self.mul_i(i, self.i64c(3))?;
+                self.stf(outs[0], s, mx)?;
+                self.stf(outs[0], self.add_i(s, self.i64c(1))?, inv)?;
+                self.stf(outs[0], self.add_i(s, self.i64c(2))?, self.getf(dot, f32t)?)?;
+            }
+            Body::AttnDq(a) => {
+                // ins: dout, q, k, v, stats.
+                let row = self.attn_row(a, i)?;
+                let (mx, inv, dsum) = self.attn_stats(ins[4], row.q_row)?;
+                let acc = self.array(a.d)?;
+                self.for_range(row.lim, |g, j| {
+                    let p = g.attn_prob(a, &row, ins[1], ins[2], j, mx, inv)?;
+                    let dp = g.attn_dp(a, &row, ins[0], ins[3], j)?;
+                    let ds = g.fmul(g.fmul(p, g.fsub(dp, dsum)?)?, g.fconst(a.scale))?;
+                    let kb = g.mul_i(g.add_i(row.kv_base, j)?, g.i64c(a.d))?;
+                    g.for_range(g.i64c(a.d), |g, c| {
+                        let at = g.at(acc, Elt::F32, c)?;
+                        let kv = g.ldf(ins[2], g.add_i(kb, c)?)?;
+                        g.set(at, g.fadd(g.getf(at, f32t)?, g.fmul(ds, kv)?)?)
+                    })
+                })?;
+                let ob = self.mul_i(row.q_row, self.i64c(a.d))?;
+                self.for_range(self.i64c(a.d), |g, c| {
+                    let v = g.getf(g.at(acc, Elt::F32, c)?, f32t)?;
+                    g.stf(outs[0], g.add_i(ob, c)?, v)
+                })?;
+            }
+            Body::AttnDkDv(a) => {
+                // Key row i = (bi, kv head, j); every query head of the group, rows in order.
+                let bi = self.div_i(i, a.g * a.t)?;
+                let kvh = self.rem_i(self.div_i(i, a.t)?, a.g)?;
+                let j = self.rem_i(i, a.t)?;
+                let per = a.h / a.g;
+                let dk = self.array(a.d)?;
+                let dv = self.array(a.e)?;
+                self.for_range(self.i64c(per), |g, hh| {
+                    let hi = g.add_i(g.mul_i(kvh, g.i64c(per))?, hh)?;
+                    g.for_range(g.i64c(a.s), |g, qi| {
+                        let q_row = g.add_i(
+                            g.mul_i(g.add_i(g.mul_i(bi, g.i64c(a.h))?, hi)?, g.i64c(a.s))?,
+                            qi,
+                        )?;
+                        let row = AttnRow {
+                            q_row,
+                            kv_base: g
+                                .mul_i(g.add_i(g.mul_i(bi, g.i64c(a.g))?, kvh)?, g.i64c(a.t))?,
+                            lim: g.i64c(a.t),
+                        };
+                        // Causal: query qi sees key j only when j <= qi.
+                        let seen = if a.causal {
+                            e(g.b.build_int_compare(IntPredicate::ULE, j, qi, ""))?
+                        } else {
+                            g.ctx.bool_type().const_int(1, false)
+                        };
+                        g.when(seen, |g| {
+                            let (mx, inv, dsum) = g.attn_stats(ins[4], q_row)?;
+                            let p = g.attn_prob(a, &row, ins[1], ins[2], j, mx, inv)?;
+                            let dp = g.attn_dp(a, &row, ins[0], ins[3], j)?;
+                            let ds = g.fmul(g.fmul(p, g.fsub(dp, dsum)?)?, g.fconst(a.scale))?;
+                            let ob = g.mul_i(q_row, g.i64c(a.e))?;
+                            g.for_range(g.i64c(a.e), |g, c| {
+                                let at = g.at(dv, Elt::F32, c)?;
+                                let o = g.ldf(ins[0], g.add_i(ob, c)?)?;
+                                g.set(at, g.fadd(g.getf(at, f32t)?, g.fmul(p, o)?)?)
+                            })?;
+                            let qb = g.mul_i(q_row, g.i64c(a.d))?;
+                            g.for_range(g.i64c(a.d), |g, c| {
+                                let at = g.at(dk, Elt::F32, c)?;
+                                let q = g.ldf(ins[1], g.add_i(qb, c)?)?;
+                                g.set(at, g.fadd(g.getf(at, f32t)?, g.fmul(ds, q)?)?)
+                            })
+                        })
+                    })
+                })?;
+                let kb = self.mul_i(i, self.i64c(a.d))?;
+                self.for_range(self.i64c(a.d), |g, c| {
+                    let v = g.getf(g.at(dk, Elt::F32, c)?, f32t)?;
+                    g.stf(outs[0], g.add_i(kb, c)?, v)
+                })?;
+                let vb = self.mul_i(i, self.i64c(a.e))?;
+                self.for_range(self.i64c(a.e), |g, c| {
+                    let v = g.getf(g.at(dv, Elt::F32, c)?, f32t)?;
+                    g.stf(outs[1], g.add_i(vb, c)?, v)
+                })?;
+            }
             Body::ClipScale { max_norm } => {
                 let s = self.ldf(ins[0], self.i64c(0))?;
                 let sq = self.call(self.intrinsic("llvm.sqrt")?, &[s])?;
@@ -1029,6 +1188,141 @@ impl<'ctx> Gen<'ctx> {
             }
         }
         Ok(())
+    }
+
+    /// A zeroed `[n x f32]` array in the entry block (one per thread: local memory on a
+    /// GPU, registers once loops over it are unrolled).
+    fn array(&self, n: usize) -> R<PointerValue<'ctx>> {
+        let f = self
+            .b
+            .get_insert_block()
+            .and_then(|b| b.get_parent())
+            .ok_or("no function")?;
+        let entry = f.get_first_basic_block().ok_or("no entry block")?;
+        let tmp = self.ctx.create_builder();
+        match entry.get_first_instruction() {
+            Some(i) => tmp.position_before(&i),
+            None => tmp.position_at_end(entry),
+        }
+        let p = e(tmp.build_alloca(self.ctx.f32_type().array_type(n as u32), ""))?;
+        self.for_range(self.i64c(n), |g, c| g.stf(p, c, g.fconst(0.0)))?;
+        Ok(p)
+    }
+
+    /// Query row `i` (flat over batch, heads, positions) of an attention.
+    fn attn_row(&self, a: &Attn, i: IntValue<'ctx>) -> R<AttnRow<'ctx>> {
+        let bi = self.div_i(i, a.h * a.s)?;
+        let hi = self.rem_i(self.div_i(i, a.s)?, a.h)?;
+        let qi = self.rem_i(i, a.s)?;
+        let kvh = self.add_i(self.mul_i(bi, self.i64c(a.g))?, self.div_i(hi, a.h / a.g)?)?;
+        let lim = if a.causal {
+            let next = self.add_i(qi, self.i64c(1))?;
+            let small = e(self
+                .b
+                .build_int_compare(IntPredicate::ULT, next, self.i64c(a.t), ""))?;
+            e(self.b.build_select(small, next, self.i64c(a.t), ""))?.into_int_value()
+        } else {
+            self.i64c(a.t)
+        };
+        Ok(AttnRow {
+            q_row: i,
+            kv_base: self.mul_i(kvh, self.i64c(a.t))?,
+            lim,
+        })
+    }
+
+    /// `scale * (q_i . k_j)`.
+    fn attn_score(
+        &self,
+        a: &Attn,
+        row: &AttnRow<'ctx>,
+        q: PointerValue<'ctx>,
+        k: PointerValue<'ctx>,
+        j: IntValue<'ctx>,
+    ) -> R<FloatValue<'ctx>> {
+        let qb = self.mul_i(row.q_row, self.i64c(a.d))?;
+        let kb = self.mul_i(self.add_i(row.kv_base, j)?, self.i64c(a.d))?;
+        let acc = self.var(self.fconst(0.0).into())?;
+        self.for_range(self.i64c(a.d), |g, c| {
+            let p = g.fmul(g.ldf(q, g.add_i(qb, c)?)?, g.ldf(k, g.add_i(kb, c)?)?)?;
+            g.set(acc, g.fadd(g.getf(acc, g.ctx.f32_type())?, p)?)
+        })?;
+        self.fmul(self.fconst(a.scale), self.getf(acc, self.ctx.f32_type())?)
+    }
+
+    /// The row's softmax maximum and `1 / sum`, as the reference's `probs`.
+    fn attn_softmax(
+        &self,
+        a: &Attn,
+        row: &AttnRow<'ctx>,
+        q: PointerValue<'ctx>,
+        k: PointerValue<'ctx>,
+    ) -> R<(FloatValue<'ctx>, FloatValue<'ctx>)> {
+        let f32t = self.ctx.f32_type();
+        let exp = self.exp_fn()?;
+        let mx = self.var(self.fconst(f32::NEG_INFINITY).into())?;
+        self.for_range(row.lim, |g, j| {
+            let s = g.attn_score(a, row, q, k, j)?;
+            g.set(mx, g.maxf(g.getf(mx, f32t)?, s)?)
+        })?;
+        let m = self.getf(mx, f32t)?;
+        let sum = self.var(self.fconst(0.0).into())?;
+        self.for_range(row.lim, |g, j| {
+            let s = g.attn_score(a, row, q, k, j)?;
+            let y = g.call(exp, &[g.fsub(s, m)?])?;
+            g.set(sum, g.fadd(g.getf(sum, f32t)?, y)?)
+        })?;
+        Ok((m, self.fdiv(self.fconst(1.0), self.getf(sum, f32t)?)?))
+    }
+
+    /// `P_ij = exp(score - max) * inv`.
+    #[allow(clippy::too_many_arguments)]
+    fn attn_prob(
+        &self,
+        a: &Attn,
+        row: &AttnRow<'ctx>,
+        q: PointerValue<'ctx>,
+        k: PointerValue<'ctx>,
+        j: IntValue<'ctx>,
+        mx: FloatValue<'ctx>,
+        inv: FloatValue<'ctx>,
+    ) -> R<FloatValue<'ctx>> {
+        let s = self.attn_score(a, row, q, k, j)?;
+        let y = self.call(self.exp_fn()?, &[self.fsub(s, mx)?])?;
+        self.fmul(y, inv)
+    }
+
+    /// `dP_ij = dO_i . V_j`.
+    fn attn_dp(
+        &self,
+        a: &Attn,
+        row: &AttnRow<'ctx>,
+        dout: PointerValue<'ctx>,
+        v: PointerValue<'ctx>,
+        j: IntValue<'ctx>,
+    ) -> R<FloatValue<'ctx>> {
+        let ob = self.mul_i(row.q_row, self.i64c(a.e))?;
+        let vb = self.mul_i(self.add_i(row.kv_base, j)?, self.i64c(a.e))?;
+        let acc = self.var(self.fconst(0.0).into())?;
+        self.for_range(self.i64c(a.e), |g, c| {
+            let p = g.fmul(g.ldf(dout, g.add_i(ob, c)?)?, g.ldf(v, g.add_i(vb, c)?)?)?;
+            g.set(acc, g.fadd(g.getf(acc, g.ctx.f32_type())?, p)?)
+        })?;
+        self.getf(acc, self.ctx.f32_type())
+    }
+
+    /// Row `q_row`'s `(max, 1/sum, rowsum(dP * P))` from the statistics buffer.
+    fn attn_stats(
+        &self,
+        stats: PointerValue<'ctx>,
+        q_row: IntValue<'ctx>,
+    ) -> R<(FloatValue<'ctx>, FloatValue<'ctx>, FloatValue<'ctx>)> {
+        let s = self.mul_i(q_row, self.i64c(3))?;
+        Ok((
+            self.ldf(stats, s)?,
+            self.ldf(stats, self.add_i(s, self.i64c(1))?)?,
+            self.ldf(stats, self.add_i(s, self.i64c(2))?)?,
+        ))
     }
 
     /// A row's `(mean, 1/sqrt(var + eps))` (layer norm) or `(0, 1/sqrt(mean(x^2) + eps))`
@@ -1191,4 +1485,14 @@ fn align8(i: Option<inkwell::values::InstructionValue<'_>>) -> R<()> {
     i.ok_or("an i64 access is not an instruction")?
         .set_alignment(8)
         .map_err(|e| format!("LLVM builder: {e}"))
+}
+
+/// Where one attention query row's data lie.
+struct AttnRow<'ctx> {
+    /// The flat query row (batch, head, position).
+    q_row: IntValue<'ctx>,
+    /// The first key/value row of its key/value head.
+    kv_base: IntValue<'ctx>,
+    /// Keys it sees: `0..lim`.
+    lim: IntValue<'ctx>,
 }

@@ -3,6 +3,7 @@
 
 use crate::kernel::{Elt, Kernel, Lowered, Slot};
 use crate::llvm::{Gen, R};
+use crate::program::{BufId, Program};
 use inkwell::context::Context;
 use inkwell::execution_engine::ExecutionEngine;
 use inkwell::module::Module;
@@ -122,6 +123,15 @@ impl Data {
             Data::I64(_) => Elt::I64,
         }
     }
+    /// A pointer for a kernel to write through.
+    fn ptr_mut(&mut self) -> *mut u8 {
+        match self {
+            Data::F32(v) => v.as_mut_ptr().cast(),
+            Data::I64(v) => v.as_mut_ptr().cast(),
+        }
+    }
+    /// A pointer for a kernel to read through (never written: kernels write outputs and
+    /// temporaries only).
     fn ptr(&self) -> *mut u8 {
         match self {
             Data::F32(v) => v.as_ptr().cast_mut().cast(),
@@ -186,46 +196,107 @@ impl HostKernels {
     /// Runs kernel `name` on `inputs` and returns its outputs.
     pub fn run(&self, name: &str, inputs: &[&Data]) -> R<Vec<Data>> {
         let k = self.find(name)?;
-        let outs: Vec<Data> = k
+        let mut outs: Vec<Data> = k
             .outputs
             .iter()
             .map(|b| Data::zeros(b.elt, b.len()))
             .collect();
-        let bufs: Vec<&Data> = inputs.iter().copied().chain(outs.iter()).collect();
-        self.launch(k, &bufs)?;
+        let mut args: Vec<(*mut u8, usize, Elt)> =
+            inputs.iter().map(|d| (d.ptr(), d.len(), d.elt())).collect();
+        for o in &mut outs {
+            args.push((o.ptr_mut(), o.len(), o.elt()));
+        }
+        self.launch(k, &args)?;
         Ok(outs)
     }
 
     /// Runs an op's launches ([`Lowered`]; its kernels compiled here) on its operands.
     pub fn run_lowered(&self, l: &Lowered, inputs: &[&Data]) -> R<Vec<Data>> {
         let mut outs: Vec<Option<Data>> = Vec::new();
-        let temps: Vec<Data> = l
+        let mut temps: Vec<Data> = l
             .temps
             .iter()
             .map(|b| Data::zeros(b.elt, b.len()))
             .collect();
         for (kernel, slots) in &l.launches {
             let k = self.find(&l.kernels[*kernel].name)?;
+            let mut args = Vec::new();
             for (s, b) in slots.iter().zip(k.inputs.iter().chain(&k.outputs)) {
-                if let Slot::Out(j) = *s {
-                    if outs.len() <= j {
-                        outs.resize(j + 1, None);
+                let d: &mut Data = match *s {
+                    Slot::In(j) => {
+                        let d = inputs.get(j).ok_or("missing operand")?;
+                        args.push((d.ptr(), d.len(), d.elt()));
+                        continue;
                     }
-                    outs[j].get_or_insert_with(|| Data::zeros(b.elt, b.len()));
-                }
+                    Slot::Out(j) => {
+                        if outs.len() <= j {
+                            outs.resize(j + 1, None);
+                        }
+                        outs[j].get_or_insert_with(|| Data::zeros(b.elt, b.len()))
+                    }
+                    Slot::Temp(j) => temps.get_mut(j).ok_or("missing temporary")?,
+                };
+                args.push((d.ptr_mut(), d.len(), d.elt()));
             }
-            let bufs: Vec<&Data> = slots
-                .iter()
-                .map(|s| match *s {
-                    Slot::In(j) => inputs.get(j).copied().ok_or("missing operand".to_string()),
-                    Slot::Out(j) => Ok(outs[j].as_ref().expect("allocated above")),
-                    Slot::Temp(j) => temps.get(j).ok_or("missing temporary".to_string()),
-                })
-                .collect::<R<_>>()?;
-            self.launch(k, &bufs)?;
+            self.launch(k, &args)?;
         }
         outs.into_iter()
             .map(|o| o.ok_or_else(|| "an output no launch writes".to_string()))
+            .collect()
+    }
+
+    /// Runs a whole function's launches ([`Program`]; its kernels compiled here) on its
+    /// arguments; returns its results.
+    pub fn run_program(&self, p: &Program, inputs: Vec<Data>) -> R<Vec<Data>> {
+        if inputs.len() != p.inputs.len() {
+            return Err(format!(
+                "the function takes {} arguments, given {}",
+                p.inputs.len(),
+                inputs.len()
+            ));
+        }
+        let mut values: Vec<Option<Data>> = p
+            .values
+            .iter()
+            .map(|b| b.as_ref().map(|b| Data::zeros(b.elt, b.len())))
+            .collect();
+        for (j, (&v, d)) in p.inputs.iter().zip(inputs).enumerate() {
+            let slot = values[v].as_mut().ok_or("an argument without a buffer")?;
+            if slot.len() != d.len() || slot.elt() != d.elt() {
+                return Err(format!(
+                    "argument {j}: {} {:?} elements where {} {:?} are needed",
+                    d.len(),
+                    d.elt(),
+                    slot.len(),
+                    slot.elt()
+                ));
+            }
+            *slot = d;
+        }
+        let mut temps: Vec<Data> = p
+            .temps
+            .iter()
+            .map(|b| Data::zeros(b.elt, b.len()))
+            .collect();
+        for l in &p.launches {
+            let k = self.find(&p.kernels[l.kernel].name)?;
+            let mut args = Vec::new();
+            for b in &l.bufs {
+                let d = match *b {
+                    BufId::Value(v) => values[v].as_mut().ok_or("a value without a buffer")?,
+                    BufId::Temp(t) => temps.get_mut(t).ok_or("missing temporary")?,
+                };
+                args.push((d.ptr_mut(), d.len(), d.elt()));
+            }
+            self.launch(k, &args)?;
+        }
+        p.outputs
+            .iter()
+            .map(|&v| {
+                values[v]
+                    .clone()
+                    .ok_or_else(|| "a result without a buffer".to_string())
+            })
             .collect()
     }
 
@@ -236,8 +307,9 @@ impl HostKernels {
             .ok_or_else(|| format!("no kernel {name}"))
     }
 
-    /// Launches `k` over its buffers (inputs, then outputs), checking their sizes.
-    fn launch(&self, k: &Kernel, bufs: &[&Data]) -> R<()> {
+    /// Launches `k` over its buffers (inputs, then outputs: pointer, length, element
+    /// type), checking their sizes.
+    fn launch(&self, k: &Kernel, bufs: &[(*mut u8, usize, Elt)]) -> R<()> {
         let want: Vec<&crate::kernel::Buf> = k.inputs.iter().chain(&k.outputs).collect();
         if bufs.len() != want.len() {
             return Err(format!(
@@ -247,24 +319,22 @@ impl HostKernels {
                 bufs.len()
             ));
         }
-        for (j, (d, b)) in bufs.iter().zip(&want).enumerate() {
-            if d.len() != b.len() || d.elt() != b.elt {
+        for (j, ((_, len, elt), b)) in bufs.iter().zip(&want).enumerate() {
+            if *len != b.len() || *elt != b.elt {
                 return Err(format!(
-                    "{}: buffer {j} holds {} {:?} elements, its shape {:?} needs {} {:?}",
+                    "{}: buffer {j} holds {len} {elt:?} elements, its shape {:?} needs {} {:?}",
                     k.name,
-                    d.len(),
-                    d.elt(),
                     b.shape,
                     b.len(),
                     b.elt
                 ));
             }
         }
-        let args: Vec<*mut u8> = bufs.iter().map(|d| d.ptr()).collect();
+        let args: Vec<*mut u8> = bufs.iter().map(|(p, _, _)| *p).collect();
         // SAFETY: the function was generated with this signature (`host_entry`); its body
-        // reads and writes each buffer within the length its shape gives (checked above),
-        // writing outputs and temporaries only, which the caller owns and nothing else
-        // borrows during the call.
+        // reads and writes each buffer within the length its shape gives (checked above)
+        // and writes only the output and temporary buffers, whose pointers come from
+        // exclusive borrows; no reference to any buffer is used during the call.
         unsafe {
             let f = self
                 .engine
