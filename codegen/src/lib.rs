@@ -7,7 +7,9 @@
 //!   how a function's elementwise ops fuse into kernels;
 //! * [`llvm`]: the IR: one body per kernel, math functions with the runtime's algorithms,
 //!   and the PTX and host entry points;
-//! * [`program`]: a whole function as launches (the launch plan an artifact will carry);
+//! * [`program`]: a whole function as launches;
+//! * [`artifact`]: a function compiled to an `.nnsx` artifact (PTX, host shared object,
+//!   launch plan, memory plan) for `nnscaler-rt`;
 //! * [`target`]: PTX text for a GPU ([`target::Gpu`]), or host-JIT kernels that run an
 //!   op's or a whole function's launches.
 //!
@@ -18,11 +20,13 @@
 //! slicing and concatenation, vocabulary-parallel pieces, cuBLAS for the matrix products,
 //! the artifact and its runtime.
 
+pub mod artifact;
 pub mod kernel;
 pub mod llvm;
 pub mod program;
 pub mod target;
 
+pub use artifact::artifact;
 pub use kernel::{covered, fuse, lower, Body, Buf, Elt, Group, Kernel, Lowered, Slot};
 pub use program::{compile, BufId, Launch, Program};
-pub use target::{llvm_ir, ptx, Data, Gpu, HostKernels};
+pub use target::{host_shared_object, llvm_ir, ptx, Data, Gpu, HostKernels};

@@ -8,7 +8,7 @@ use nnscaler_dialects::graph::{Graph, ValueId};
 use std::collections::HashMap;
 
 /// A buffer of a launch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BufId {
     /// The buffer of a function value.
     Value(ValueId),

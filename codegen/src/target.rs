@@ -87,6 +87,68 @@ pub fn ptx(kernels: &[Kernel], gpu: Gpu) -> R<String> {
     String::from_utf8(buf.as_slice().to_vec()).map_err(|e| format!("PTX is not UTF-8: {e}"))
 }
 
+/// `kernels` compiled for this CPU as a shared object (position-independent code, linked
+/// by the system C compiler, `$CC` or `cc`): entry points `<name>.host(ptr args, i64 n)`.
+pub fn host_shared_object(kernels: &[Kernel]) -> R<Vec<u8>> {
+    Target::initialize_native(&InitializationConfig::default())
+        .map_err(|e| format!("LLVM host target: {e}"))?;
+    let ctx = Context::create();
+    let g = bodies(&ctx, kernels)?;
+    for k in kernels {
+        g.host_entry(&k.name, k.inputs.len() + k.outputs.len())?;
+    }
+    let triple = TargetMachine::get_default_triple();
+    let target = Target::from_triple(&triple).map_err(|e| format!("host target: {e}"))?;
+    // Generic x86-64 (not this CPU's features): the artifact may run on another machine.
+    let tm = target
+        .create_target_machine(
+            &triple,
+            "x86-64",
+            "",
+            OptimizationLevel::Aggressive,
+            RelocMode::PIC,
+            CodeModel::Default,
+        )
+        .ok_or("LLVM cannot make a host target machine")?;
+    g.module.set_triple(&triple);
+    g.module
+        .set_data_layout(&tm.get_target_data().get_data_layout());
+    optimize(&g.module, &tm)?;
+    let obj = tm
+        .write_to_memory_buffer(&g.module, FileType::Object)
+        .map_err(|e| format!("host code emission failed: {e}"))?;
+    let dir = std::env::temp_dir().join(format!(
+        "nnscaler-so-{}-{:x}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let (o, so) = (dir.join("kernels.o"), dir.join("kernels.so"));
+    let result = (|| {
+        std::fs::write(&o, obj.as_slice()).map_err(|e| format!("{}: {e}", o.display()))?;
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let out = std::process::Command::new(&cc)
+            .arg("-shared")
+            .arg("-o")
+            .arg(&so)
+            .arg(&o)
+            .output()
+            .map_err(|e| format!("cannot run the C compiler '{cc}' to link host kernels: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "linking the host kernels failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        std::fs::read(&so).map_err(|e| format!("{}: {e}", so.display()))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
 /// Kernels JIT-compiled for the host CPU: each launch runs the body for every index in turn.
 pub struct HostKernels {
     // The engine owns the module; both borrow the context, which lives as long (leaked

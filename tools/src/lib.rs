@@ -2,6 +2,7 @@
 
 pub mod check_op;
 pub mod cli;
+pub mod compile;
 pub mod data;
 pub mod expected;
 pub mod fuzz;

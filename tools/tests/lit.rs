@@ -10,6 +10,19 @@ fn lit_tests() {
         .expect("binary directory")
         .to_path_buf();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../test");
+    // nnscaler-rt is another package's binary: `cargo test --workspace` builds it; a
+    // narrower `cargo test -p nnscaler-tools` does not, so build it here then.
+    if !bin.join("nnscaler-rt").exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "nnscaler-rt", "--bin", "nnscaler-rt"])
+            .status()
+            .expect("run cargo build");
+        assert!(
+            status.success(),
+            "cannot build nnscaler-rt for the lit tests"
+        );
+    }
     let path = format!(
         "{}:{}",
         bin.display(),

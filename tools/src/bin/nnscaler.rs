@@ -33,6 +33,7 @@ enum Cmd {
     ScheduleReport(nnscaler_tools::schedule_report::ScheduleArgs),
     Data(nnscaler_tools::data::DataArgs),
     Train(nnscaler_tools::train::TrainArgs),
+    Compile(nnscaler_tools::compile::CompileArgs),
     /// List the model presets.
     Presets,
 }
@@ -167,6 +168,9 @@ fn main() -> ExitCode {
         ),
         Cmd::Data(a) => nnscaler_tools::data::main(a).map(|r| print!("{r}")),
         Cmd::Train(a) => nnscaler_tools::train::main(a).map(|r| print!("{r}")),
+        Cmd::Compile(a) => {
+            nnscaler_tools::compile::main(a, cli.error_limit).map(|r| print!("{r}"))
+        }
         Cmd::ScheduleReport(a) => nnscaler_tools::schedule_report::main(a)
             .and_then(|report| write_one("-", report.into_bytes())),
         Cmd::Presets => {

@@ -1,0 +1,216 @@
+//! A function compiled to an `.nnsx` artifact (the format: `nnscaler_rt::artifact`):
+//! its launches, PTX for the GPU, the same kernels as a host shared object, and a memory
+//! plan that gives every buffer an offset in one arena, reusing the space of buffers no
+//! later step reads.
+
+use crate::kernel::{Body, Buf, Elt};
+use crate::program::{compile, BufId, Program};
+use crate::target::{host_shared_object, ptx, Gpu};
+use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::types::AttrValue;
+use nnscaler_rt::artifact as nx;
+use std::collections::HashMap;
+
+/// Offsets are multiples of this.
+const ALIGN: u64 = 256;
+
+fn elt(e: Elt) -> nx::Elt {
+    match e {
+        Elt::F32 => nx::Elt::F32,
+        Elt::I64 => nx::Elt::I64,
+    }
+}
+
+/// The memory plan: each buffer's `[first, last]` step, then first-fit offsets among the
+/// buffers alive at the same time (a buffer is free only after the step that last reads
+/// it, so no launch writes over its own inputs). Returns offsets and the arena's size.
+fn plan(sizes: &[u64], live: &[(usize, usize)]) -> (Vec<u64>, u64) {
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.sort_by_key(|&b| (live[b].0, std::cmp::Reverse(sizes[b])));
+    let mut offsets = vec![0u64; sizes.len()];
+    let mut active: Vec<usize> = Vec::new();
+    let mut arena = 0u64;
+    for b in order {
+        active.retain(|&a| live[a].1 >= live[b].0);
+        let size = sizes[b].div_ceil(ALIGN).max(1) * ALIGN;
+        let mut taken: Vec<(u64, u64)> = active
+            .iter()
+            .map(|&a| {
+                (
+                    offsets[a],
+                    offsets[a] + sizes[a].div_ceil(ALIGN).max(1) * ALIGN,
+                )
+            })
+            .collect();
+        taken.sort_unstable();
+        let mut at = 0u64;
+        for (lo, hi) in taken {
+            if at + size <= lo {
+                break;
+            }
+            at = at.max(hi);
+        }
+        offsets[b] = at;
+        arena = arena.max(at + size);
+        active.push(b);
+    }
+    (offsets, arena)
+}
+
+fn attr_text(v: Option<&AttrValue>) -> Option<String> {
+    match v {
+        Some(AttrValue::Nns { body, .. }) => Some(body.clone()),
+        Some(AttrValue::Str(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// Compiles `g` (a whole or one device's program) for `gpu`; `source` names it.
+pub fn artifact(
+    g: &Graph,
+    source: &str,
+    mesh: Option<String>,
+    gpu: Gpu,
+) -> Result<nx::Artifact, String> {
+    let p: Program = compile(g)?;
+    // Buffers: the values launches touch, then the temporaries.
+    let mut index: HashMap<BufId, usize> = HashMap::new();
+    let mut bufs: Vec<Buf> = Vec::new();
+    for (v, b) in p.values.iter().enumerate() {
+        if let Some(b) = b {
+            index.insert(BufId::Value(v), bufs.len());
+            bufs.push(b.clone());
+        }
+    }
+    for (t, b) in p.temps.iter().enumerate() {
+        index.insert(BufId::Temp(t), bufs.len());
+        bufs.push(b.clone());
+    }
+    let steps = p.launches.len();
+    let mut live: Vec<Option<(usize, usize)>> = vec![None; bufs.len()];
+    let mut touch = |b: usize, s: usize| {
+        let l = live[b].get_or_insert((s, s));
+        l.0 = l.0.min(s);
+        l.1 = l.1.max(s);
+    };
+    for &v in &p.inputs {
+        touch(index[&BufId::Value(v)], 0);
+    }
+    for &v in &p.outputs {
+        touch(index[&BufId::Value(v)], steps);
+    }
+    for (s, l) in p.launches.iter().enumerate() {
+        for b in &l.bufs {
+            touch(index[b], s);
+        }
+    }
+    let live: Vec<(usize, usize)> = live.into_iter().map(|l| l.unwrap_or((0, 0))).collect();
+    let sizes: Vec<u64> = bufs
+        .iter()
+        .map(|b| b.len() as u64 * elt(b.elt).size())
+        .collect();
+    let (offsets, arena_bytes) = plan(&sizes, &live);
+    let port = |v: usize, attrs: &nnscaler_dialects::types::Attrs, fallback: String| nx::Port {
+        name: match attrs.get("nns.name") {
+            Some(AttrValue::Str(s)) => s.clone(),
+            _ => fallback,
+        },
+        buffer: index[&BufId::Value(v)],
+        layout: attr_text(attrs.get("nns.layout")),
+        param: matches!(
+            attrs.get("nns.param"),
+            Some(AttrValue::Unit | AttrValue::Bool(true))
+        ),
+    };
+    let header = nx::Header {
+        target: nx::Target {
+            sm: gpu.sm,
+            ptx: gpu.ptx,
+        },
+        source: source.to_string(),
+        mesh,
+        inputs: g
+            .args
+            .iter()
+            .enumerate()
+            .map(|(i, a)| port(a.value, &a.attrs, format!("in{i}")))
+            .collect(),
+        outputs: g
+            .outputs
+            .iter()
+            .enumerate()
+            .map(|(i, o)| port(o.value, &o.attrs, format!("out{i}")))
+            .collect(),
+        buffers: bufs
+            .iter()
+            .zip(&offsets)
+            .map(|(b, &offset)| nx::Buffer {
+                shape: b.shape.iter().map(|&d| d as u64).collect(),
+                elt: elt(b.elt),
+                offset,
+            })
+            .collect(),
+        arena_bytes,
+        kernels: p
+            .kernels
+            .iter()
+            .map(|k| nx::Kernel {
+                name: k.name.clone(),
+                len: k.len as u64,
+                grid: (k.len as u64).div_ceil(u64::from(nx::BLOCK)),
+                buffers: k.inputs.len() + k.outputs.len(),
+                gemm: match &k.body {
+                    Body::Gemm(m) => Some(nx::Gemm {
+                        batch: m.batch as u64,
+                        m: m.m as u64,
+                        n: m.n as u64,
+                        k: m.k as u64,
+                        ta: m.ta,
+                        tb: m.tb,
+                        b_batched: m.b_batched,
+                        bias: m.bias,
+                    }),
+                    _ => None,
+                },
+            })
+            .collect(),
+        steps: p
+            .launches
+            .iter()
+            .map(|l| nx::Step::Launch {
+                kernel: l.kernel,
+                buffers: l.bufs.iter().map(|b| index[b]).collect(),
+            })
+            .collect(),
+        sections: Vec::new(),
+    };
+    let ptx_text = ptx(&p.kernels, gpu)?;
+    let so = host_shared_object(&p.kernels)?;
+    Ok(nx::Artifact {
+        header,
+        sections: vec![
+            ("ptx".into(), ptx_text.into_bytes()),
+            ("host.so".into(), so),
+        ],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan;
+
+    #[test]
+    fn buffers_alive_together_never_overlap_and_dead_space_is_reused() {
+        // a (0..1), b (1..2), c (2..3): a's space is free again for c, not for b.
+        let sizes = [1000, 1000, 1000];
+        let live = [(0, 1), (1, 2), (2, 3)];
+        let (off, arena) = plan(&sizes, &live);
+        assert_ne!(off[0], off[1]);
+        assert_ne!(off[1], off[2]);
+        assert_eq!(off[2], off[0], "a is dead when c is made");
+        assert_eq!(arena, 2 * 1024);
+        for o in off {
+            assert_eq!(o % 256, 0);
+        }
+    }
+}

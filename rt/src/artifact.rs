@@ -1,0 +1,416 @@
+//! The `.nnsx` artifact: a compiled program, self-contained (see `docs/gpu.md`).
+//!
+//! ```text
+//! "NNSX" | version: u32 LE | header length: u64 LE | header (JSON, UTF-8) | sections
+//! ```
+//!
+//! The header ([`Header`]) holds the signature, the memory plan (every buffer's offset in
+//! one arena per device), the kernels with their launch geometry, and the steps in order;
+//! sections follow it back to back, each with its byte range and FNV-1a 64 checksum in
+//! the header: `ptx` (the kernels for the GPU) and `host.so` (the same kernels compiled
+//! for the host CPU as a shared object, entry points `<kernel>.host(ptr args, i64 n)`).
+//! A reader refuses another version, a bad magic, a header that does not parse, a
+//! section out of range or whose checksum differs, and a plan that addresses outside
+//! its arena.
+
+use serde::{Deserialize, Serialize};
+
+/// The file's first four bytes.
+pub const MAGIC: &[u8; 4] = b"NNSX";
+/// The format version this build reads and writes.
+pub const VERSION: u32 = 1;
+/// Threads per block of every kernel launch.
+pub const BLOCK: u32 = 256;
+
+/// A buffer's element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Elt {
+    /// 4-byte float.
+    F32,
+    /// 8-byte signed integer.
+    I64,
+}
+
+impl Elt {
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            Elt::F32 => 4,
+            Elt::I64 => 8,
+        }
+    }
+}
+
+/// The GPU the PTX was generated for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Target {
+    /// Compute capability times ten (90: `sm_90`).
+    pub sm: u32,
+    /// PTX ISA version times ten.
+    pub ptx: u32,
+}
+
+/// A buffer of the memory plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Buffer {
+    /// Dimension lengths.
+    pub shape: Vec<u64>,
+    /// Element type.
+    pub elt: Elt,
+    /// Byte offset in the arena (a multiple of 256).
+    pub offset: u64,
+}
+
+impl Buffer {
+    /// Elements.
+    pub fn len(&self) -> u64 {
+        self.shape.iter().product()
+    }
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Bytes.
+    pub fn bytes(&self) -> u64 {
+        self.len() * self.elt.size()
+    }
+}
+
+/// An argument or result of the program.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Port {
+    /// Its `nns.name` (`in<k>` / `out<k>` when it has none).
+    pub name: String,
+    /// Its buffer.
+    pub buffer: usize,
+    /// Its `nns.layout` on the mesh, when the program is one device's share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
+    /// A parameter (`nns.param`).
+    #[serde(default)]
+    pub param: bool,
+}
+
+/// A matrix product a kernel computes, for a runtime that calls a BLAS instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gemm {
+    /// Independent products.
+    pub batch: u64,
+    /// Result rows.
+    pub m: u64,
+    /// Result columns.
+    pub n: u64,
+    /// Summed dimension.
+    pub k: u64,
+    /// A stored transposed.
+    pub ta: bool,
+    /// B stored transposed.
+    pub tb: bool,
+    /// Each product has its own B.
+    pub b_batched: bool,
+    /// A bias of `n` per row (a third input).
+    pub bias: bool,
+}
+
+/// A kernel: its symbol in `ptx` (and `<name>.host` in `host.so`) and launch geometry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kernel {
+    /// Symbol.
+    pub name: String,
+    /// Indices it covers (one GPU thread each).
+    pub len: u64,
+    /// Blocks of [`BLOCK`] threads.
+    pub grid: u64,
+    /// Buffers it takes (inputs, then outputs).
+    pub buffers: usize,
+    /// Set when the kernel is a matrix product.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm: Option<Gemm>,
+}
+
+/// One step of the program.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    /// Launch `kernel` on `buffers` (its inputs, then its outputs).
+    Launch {
+        /// Index into [`Header::kernels`].
+        kernel: usize,
+        /// Indices into [`Header::buffers`].
+        buffers: Vec<usize>,
+    },
+}
+
+/// A section's place in the file (after the header) and its checksum.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Section {
+    /// `ptx` or `host.so`.
+    pub name: String,
+    /// Byte offset from the end of the header.
+    pub offset: u64,
+    /// Length in bytes.
+    pub bytes: u64,
+    /// FNV-1a 64 of its bytes, hex.
+    pub fnv1a64: String,
+}
+
+/// The header.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Header {
+    /// The GPU the PTX is for.
+    pub target: Target,
+    /// The compiled function, as `file @name`.
+    pub source: String,
+    /// The mesh of a per-device program (`#nns.axes<...>` body), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh: Option<String>,
+    /// Arguments, in order.
+    pub inputs: Vec<Port>,
+    /// Results, in order.
+    pub outputs: Vec<Port>,
+    /// The memory plan.
+    pub buffers: Vec<Buffer>,
+    /// Bytes of the arena every buffer lies in.
+    pub arena_bytes: u64,
+    /// The kernels.
+    pub kernels: Vec<Kernel>,
+    /// What runs, in order.
+    pub steps: Vec<Step>,
+    /// The sections.
+    pub sections: Vec<Section>,
+}
+
+/// An artifact in memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Artifact {
+    /// The header.
+    pub header: Header,
+    /// Section bytes, by name, in the header's order.
+    pub sections: Vec<(String, Vec<u8>)>,
+}
+
+/// FNV-1a, 64 bits.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+impl Artifact {
+    /// A section's bytes.
+    pub fn section(&self, name: &str) -> Option<&[u8]> {
+        self.sections
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, b)| b.as_slice())
+    }
+
+    /// The file's bytes (the header's section table is rewritten from `sections`).
+    pub fn to_bytes(&self) -> Result<Vec<u8>, String> {
+        let mut header = self.header.clone();
+        header.sections.clear();
+        let mut offset = 0u64;
+        for (name, bytes) in &self.sections {
+            header.sections.push(Section {
+                name: name.clone(),
+                offset,
+                bytes: bytes.len() as u64,
+                fnv1a64: format!("{:016x}", fnv1a64(bytes)),
+            });
+            offset += bytes.len() as u64;
+        }
+        let json = serde_json::to_vec_pretty(&header).map_err(|e| e.to_string())?;
+        let mut out = Vec::with_capacity(16 + json.len() + offset as usize);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        out.extend_from_slice(&json);
+        for (_, bytes) in &self.sections {
+            out.extend_from_slice(bytes);
+        }
+        Ok(out)
+    }
+
+    /// Reads an artifact; `what` (the file name) starts every error.
+    pub fn from_bytes(bytes: &[u8], what: &str) -> Result<Self, String> {
+        let bad = |m: String| format!("{what}: {m}");
+        if bytes.len() < 16 || &bytes[..4] != MAGIC {
+            return Err(bad("not an nnscaler artifact (no NNSX magic)".into()));
+        }
+        let version = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(bad(format!(
+                "artifact format version {version}; this nnscaler-rt reads version {VERSION} (recompile with the nnscaler that matches it)"
+            )));
+        }
+        let hlen = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+        let body = &bytes[16..];
+        if hlen > body.len() as u64 {
+            return Err(bad(format!(
+                "truncated: the header needs {hlen} bytes, {} remain",
+                body.len()
+            )));
+        }
+        let (json, rest) = body.split_at(hlen as usize);
+        let header: Header =
+            serde_json::from_slice(json).map_err(|e| bad(format!("corrupt header ({e})")))?;
+        let mut sections = Vec::new();
+        for s in &header.sections {
+            let end = s
+                .offset
+                .checked_add(s.bytes)
+                .filter(|&e| e <= rest.len() as u64);
+            let Some(end) = end else {
+                return Err(bad(format!(
+                    "truncated: section '{}' needs bytes {}..{}, the file has {}",
+                    s.name,
+                    s.offset,
+                    s.offset.saturating_add(s.bytes),
+                    rest.len()
+                )));
+            };
+            let data = &rest[s.offset as usize..end as usize];
+            let sum = format!("{:016x}", fnv1a64(data));
+            if sum != s.fnv1a64 {
+                return Err(bad(format!(
+                    "section '{}' is corrupt (checksum {sum}, the header says {})",
+                    s.name, s.fnv1a64
+                )));
+            }
+            sections.push((s.name.clone(), data.to_vec()));
+        }
+        let a = Artifact { header, sections };
+        a.check().map_err(bad)?;
+        Ok(a)
+    }
+
+    /// The plan addresses only inside its arena, and every index is in range.
+    fn check(&self) -> Result<(), String> {
+        let h = &self.header;
+        for (i, b) in h.buffers.iter().enumerate() {
+            if b.offset % 256 != 0 || b.offset.saturating_add(b.bytes()) > h.arena_bytes {
+                return Err(format!(
+                    "buffer {i} ({} bytes at {}) lies outside the {}-byte arena",
+                    b.bytes(),
+                    b.offset,
+                    h.arena_bytes
+                ));
+            }
+        }
+        for p in h.inputs.iter().chain(&h.outputs) {
+            if p.buffer >= h.buffers.len() {
+                return Err(format!(
+                    "'{}' names buffer {}, which does not exist",
+                    p.name, p.buffer
+                ));
+            }
+        }
+        for (i, s) in h.steps.iter().enumerate() {
+            let Step::Launch { kernel, buffers } = s;
+            let k = h.kernels.get(*kernel).ok_or_else(|| {
+                format!("step {i} launches kernel {kernel}, which does not exist")
+            })?;
+            if buffers.len() != k.buffers || buffers.iter().any(|&b| b >= h.buffers.len()) {
+                return Err(format!(
+                    "step {i} gives kernel {} the wrong buffers",
+                    k.name
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Artifact {
+        Artifact {
+            header: Header {
+                target: Target { sm: 90, ptx: 80 },
+                source: "m.mlir @f".into(),
+                mesh: None,
+                inputs: vec![Port {
+                    name: "x".into(),
+                    buffer: 0,
+                    layout: None,
+                    param: false,
+                }],
+                outputs: vec![Port {
+                    name: "y".into(),
+                    buffer: 1,
+                    layout: None,
+                    param: false,
+                }],
+                buffers: vec![
+                    Buffer {
+                        shape: vec![4],
+                        elt: Elt::F32,
+                        offset: 0,
+                    },
+                    Buffer {
+                        shape: vec![4],
+                        elt: Elt::F32,
+                        offset: 256,
+                    },
+                ],
+                arena_bytes: 512,
+                kernels: vec![Kernel {
+                    name: "k0".into(),
+                    len: 4,
+                    grid: 1,
+                    buffers: 2,
+                    gemm: None,
+                }],
+                steps: vec![Step::Launch {
+                    kernel: 0,
+                    buffers: vec![0, 1],
+                }],
+                sections: Vec::new(),
+            },
+            sections: vec![("ptx".into(), b"// ptx".to_vec())],
+        }
+    }
+
+    #[test]
+    fn round_trip_and_every_corruption_is_named() {
+        let a = sample();
+        let bytes = a.to_bytes().unwrap();
+        let back = Artifact::from_bytes(&bytes, "a.nnsx").unwrap();
+        assert_eq!(back.sections, a.sections);
+        assert_eq!(back.header.steps, a.header.steps);
+
+        let mut v = bytes.clone();
+        v[4] = 9;
+        let e = Artifact::from_bytes(&v, "a.nnsx").unwrap_err();
+        assert!(e.contains("format version 9"), "{e}");
+
+        let e = Artifact::from_bytes(b"PK\x03\x04 not ours at all", "a.nnsx").unwrap_err();
+        assert!(e.contains("no NNSX magic"), "{e}");
+
+        let e = Artifact::from_bytes(&bytes[..bytes.len() - 3], "a.nnsx").unwrap_err();
+        assert!(e.contains("truncated: section 'ptx'"), "{e}");
+
+        let mut v = bytes.clone();
+        let last = v.len() - 1;
+        v[last] ^= 1;
+        let e = Artifact::from_bytes(&v, "a.nnsx").unwrap_err();
+        assert!(e.contains("section 'ptx' is corrupt"), "{e}");
+
+        let mut v = bytes.clone();
+        v[20] = b'#';
+        let e = Artifact::from_bytes(&v, "a.nnsx").unwrap_err();
+        assert!(e.contains("corrupt header"), "{e}");
+
+        let mut b = sample();
+        b.header.buffers[1].offset = 512;
+        let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+        assert!(e.contains("outside the 512-byte arena"), "{e}");
+    }
+}

@@ -1,0 +1,15 @@
+//! `nnscaler-rt`: the thin runtime of compiled nnscaler programs.
+//!
+//! It reads `.nnsx` artifacts ([`artifact`]: the format, versioned and checksummed) and
+//! runs their launch plans. It has no MLIR or LLVM inside, so the binary can be copied to
+//! a GPU machine alone. Backends: [`host`] (the artifact's kernels compiled for the CPU,
+//! loaded with `dlopen`), where the launch plan is tested against the reference runtime;
+//! the CUDA backend (cudarc: PTX modules, cuBLAS, NCCL) is issue 13's next part.
+
+pub mod artifact;
+pub mod host;
+pub mod tensor;
+
+pub use artifact::{Artifact, Header, MAGIC, VERSION};
+pub use host::HostProgram;
+pub use tensor::{Tensor, Values};
