@@ -14,7 +14,8 @@
 //!   gradients the sum's all_reduce comes from the layouts, like any reduction);
 //! * one `dnn.adamw` per parameter (`torch.optim.AdamW`), weight decay only on parameters
 //!   of rank 2 or more (matrices and embeddings; norms and biases get none, as nanoGPT
-//!   groups them);
+//!   groups them), or, with `no_decay=PATTERNS` (comma-separated, `*` matching any run of
+//!   characters), on every parameter whose name matches none of them;
 //! * every `dnn.dropout` (forward and backward) reads `step`, so each step draws a new
 //!   mask;
 //! * results: the loss, then per parameter `next.<p>`, `next.adam.m.<p>`,
@@ -34,10 +35,33 @@ pub struct Optimizer {
     eps: f64,
     weight_decay: f64,
     clip: f64,
+    /// Name patterns of the parameters without weight decay (`None`: by rank).
+    no_decay: Option<Vec<String>>,
+}
+
+/// Whether `name` matches `pattern`, where `*` matches any run of characters.
+pub fn glob(pattern: &str, name: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == name;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !name.starts_with(first) || name.len() < first.len() + last.len() || !name.ends_with(last) {
+        return false;
+    }
+    let mut rest = &name[first.len()..name.len() - last.len()];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    true
 }
 
 impl Optimizer {
-    /// Options: `kind` (adamw), `beta1`, `beta2`, `eps`, `weight_decay`, `clip`.
+    /// Options: `kind` (adamw), `beta1`, `beta2`, `eps`, `weight_decay`, `clip`,
+    /// `no_decay`.
     pub fn new(o: &PassOptions) -> Result<Self, String> {
         match o.get("kind").unwrap_or("adamw") {
             "adamw" => {}
@@ -61,6 +85,23 @@ impl Optimizer {
             eps: num("eps", 1e-8, &|x| x > 0.0, "a number > 0")?,
             weight_decay: num("weight_decay", 0.01, &|x| x >= 0.0, "a number >= 0")?,
             clip: num("clip", 0.0, &|x| x >= 0.0, "a number >= 0 (0: no clipping)")?,
+            no_decay: match o.get("no_decay") {
+                None => None,
+                Some(v) => {
+                    let pats: Vec<String> = v
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|p| !p.is_empty())
+                        .map(str::to_string)
+                        .collect();
+                    if pats.is_empty() {
+                        return Err(format!(
+                            "optimizer: 'no_decay={v}' names no pattern (e.g. no_decay=*.bias,*ln_*)"
+                        ));
+                    }
+                    Some(pats)
+                }
+            },
         })
     }
 }
@@ -205,11 +246,14 @@ impl FunctionPass for Optimizer {
         let mut outputs = vec![loss];
         for (i, &(arg, _)) in pairs.iter().enumerate() {
             let pv = g.args[arg].value;
-            let decay = if g.values[pv].rank() >= 2 {
-                self.weight_decay
-            } else {
-                0.0
+            let decays = match &self.no_decay {
+                None => g.values[pv].rank() >= 2,
+                Some(pats) => {
+                    let name = g.args[arg].name().unwrap_or("");
+                    !pats.iter().any(|p| glob(p, name))
+                }
             };
+            let decay = if decays { self.weight_decay } else { 0.0 };
             let (m, v) = states[i];
             let a = attrs(&[
                 ("beta1", AttrValue::Float(self.beta1)),
@@ -234,5 +278,22 @@ impl FunctionPass for Optimizer {
         }
         out.outputs = outputs;
         Ok(Some(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob;
+
+    #[test]
+    fn name_patterns() {
+        assert!(glob("*.bias", "h.0.attn.q.bias"));
+        assert!(!glob("*.bias", "h.0.attn.q.weight"));
+        assert!(glob("*ln_*", "h.3.ln_1.weight"));
+        assert!(glob("wpe", "wpe"));
+        assert!(!glob("wpe", "wpe2"));
+        assert!(glob("h.*.mlp.*", "h.10.mlp.fc.weight"));
+        assert!(!glob("a*b*c", "acb"));
+        assert!(glob("*", ""));
     }
 }

@@ -143,6 +143,10 @@ pub static PASSES: &[PassInfo] = &[
                 name: "clip",
                 help: "clip the gradients' global norm to this (default 0: no clipping)",
             },
+            OptionInfo {
+                name: "no_decay",
+                help: "comma-separated name patterns ('*' matches any run of characters) of the parameters without weight decay; the others decay (default: decay exactly the parameters of rank >= 2)",
+            },
         ],
         anchor: Anchor::Function,
         factory: Factory::Native(|o| Ok(Native::Function(Box::new(Optimizer::new(o)?)))),

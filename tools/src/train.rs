@@ -146,12 +146,16 @@ pub struct OptimizerSection {
     /// AdamW's eps.
     #[serde(default = "default_eps")]
     pub eps: f64,
-    /// Weight decay of rank >= 2 parameters.
+    /// Weight decay of rank >= 2 parameters (or of those `no_decay` does not match).
     #[serde(default)]
     pub weight_decay: f64,
     /// Global-norm clipping (0: none).
     #[serde(default)]
     pub clip: f64,
+    /// Name patterns (`*` wildcards) of the parameters without weight decay; when given,
+    /// every other parameter decays.
+    #[serde(default)]
+    pub no_decay: Option<Vec<String>>,
 }
 
 fn default_beta1() -> f64 {
@@ -324,10 +328,18 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
     let ir = IrContext::new();
     let step = |name: &str, o: &str| Step::new(name, o).map_err(|e| format!("{name}: {e}"));
     let o = &c.optimizer;
-    let opt = format!(
+    let mut opt = format!(
         "beta1={} beta2={} eps={} weight_decay={} clip={}",
         o.beta1, o.beta2, o.eps, o.weight_decay, o.clip
     );
+    if let Some(pats) = &o.no_decay {
+        if let Some(bad) = pats.iter().find(|p| p.is_empty() || p.contains([',', ' '])) {
+            return Err(format!(
+                "optimizer.no_decay: '{bad}' is not a name pattern (no commas or spaces)"
+            ));
+        }
+        opt += &format!(" no_decay={}", pats.join(","));
+    }
     let mut steps = vec![step("autodiff", "")?, step("optimizer", &opt)?];
     let mut schedule = None;
     if let Some(p) = &c.plan {

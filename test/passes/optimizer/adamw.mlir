@@ -2,6 +2,8 @@
 // arguments, next parameters and moments results; no weight decay on rank-1 parameters.
 // RUN: nnscaler-opt --autodiff --optimizer="clip=1.0 weight_decay=0.1" %s | FileCheck %s
 // RUN: nnscaler-opt --autodiff --optimizer --plan="dp dp=2" %s | FileCheck %s --check-prefix=PLAN
+// RUN: nnscaler-opt --autodiff --optimizer="weight_decay=0.1 no_decay=*.weight" %s | FileCheck %s --check-prefix=GROUPS
+// RUN: %not nnscaler-opt --autodiff --optimizer="no_decay=," %s 2>&1 | FileCheck %s --check-prefix=NOPAT
 // RUN: %not nnscaler-opt --optimizer %s 2>&1 | FileCheck %s --check-prefix=NOGRAD
 // RUN: %not nnscaler-opt --autodiff --optimizer=kind=sgd %s 2>&1 | FileCheck %s --check-prefix=KIND
 // RUN: %not nnscaler-opt --autodiff --optimizer=beta1=1.5 %s 2>&1 | FileCheck %s --check-prefix=BETA
@@ -36,3 +38,8 @@ func.func @train(%x: tensor<8x16xf32> {nns.name = "x"}, %y: tensor<8xi64> {nns.n
 // KIND: optimizer: unknown kind 'sgd' (kinds: adamw)
 // BETA: optimizer: 'beta1=1.5' must be in [0, 1)
 // TWICE: error: optimizer: @train already has an optimizer
+
+// Parameter groups by name: here the weight matches no_decay and the bias decays.
+// GROUPS: "dnn.adamw"(%arg2, {{.*}}weight_decay = 0.000000e+00 : f64}
+// GROUPS: "dnn.adamw"(%arg3, {{.*}}weight_decay = 1.000000e-01 : f64}
+// NOPAT: optimizer: 'no_decay=,' names no pattern
