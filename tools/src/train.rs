@@ -369,7 +369,10 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
             steps.insert(0, step("place", &format!("stages={}", pp * per_rank))?);
             schedule = Some(name);
         } else if p.schedule.is_some() || p.microbatches.is_some() {
-            return Err("plan.schedule and plan.microbatches need plan.pp".into());
+            return Err(
+                "plan.schedule and plan.microbatches need plan.pp (pp = 1 with microbatches = M accumulates gradients over M micro-batches)"
+                    .into(),
+            );
         }
         steps.push(step("plan", &plan)?);
         steps.push(step("propagate-layouts", "")?);
