@@ -74,12 +74,17 @@ pub struct Config {
     pub checkpoint: Option<CheckpointSection>,
 }
 
-/// `[model]`: a zoo preset and size overrides.
+/// `[model]`: a zoo preset and size overrides, or an MLIR file.
 #[derive(Deserialize, Serialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
     /// The preset (`nnscaler presets`).
-    pub preset: String,
+    #[serde(default)]
+    pub preset: Option<String>,
+    /// Or a module with a `@train` forward ending in a scalar loss, reading `tokens` and
+    /// `targets` (e.g. from `nnscaler import`); its shapes fix batch and block.
+    #[serde(default)]
+    pub file: Option<String>,
     /// Size overrides by `nnscaler import` flag name (`layers`, `heads`, `width`, `block`,
     /// `batch`, `dropout`, ...).
     #[serde(default)]
@@ -294,17 +299,63 @@ struct Programs {
     block: usize,
 }
 
-fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
-    let mut model = nnscaler_frontends::preset(&c.model.preset)
-        .ok_or(format!("model.preset: unknown preset '{}'", c.model.preset))?;
+/// The model's module text, and the one evaluation runs (without dropout).
+fn model_texts(c: &Config, vocab: usize) -> Result<(String, String), String> {
+    let m = &c.model;
+    let preset = match (&m.preset, &m.file) {
+        (Some(p), None) => p,
+        (None, Some(f)) => {
+            if !m.sizes.is_empty() {
+                return Err(
+                    "model.sizes: sizes apply to a preset; model.file fixes its own".into(),
+                );
+            }
+            let text = crate::read_input(f).map_err(|e| format!("model.file: {e}"))?;
+            if text.contains("\"dnn.dropout\"") {
+                return Err(format!(
+                    "model.file: {f} uses dnn.dropout, which evaluation would apply; train it from a preset (which evaluates without dropout), or export it without dropout"
+                ));
+            }
+            // The corpus's ids must fit the model's embedding.
+            let ir = IrContext::new();
+            let module = ir
+                .parse(&text, f)
+                .map_err(|d| d.in_file(f).render_limited(Some(&text), 20))?;
+            let g = Graph::all_in(&module)
+                .into_iter()
+                .filter_map(Result::ok)
+                .find(|g| g.name == "train")
+                .ok_or(format!("model.file: {f} has no @train"))?;
+            let tokens = g
+                .args
+                .iter()
+                .position(|a| a.name() == Some("tokens"))
+                .ok_or(format!(
+                    "model.file: @train of {f} has no 'tokens' argument"
+                ))?;
+            if let Some(rows) = crate::data::id_bound(&g, tokens) {
+                if (rows as usize) < vocab {
+                    return Err(format!(
+                        "model.file: {f} embeds {rows} token ids; the corpus has a vocabulary of {vocab} (nnscaler import --vocab {vocab})"
+                    ));
+                }
+            }
+            return Ok((text.clone(), text));
+        }
+        (Some(_), Some(_)) => return Err("model: give preset or file, not both".into()),
+        (None, None) => {
+            return Err("model: give preset (see nnscaler presets) or file (an MLIR module)".into())
+        }
+    };
+    let mut model = nnscaler_frontends::preset(preset)
+        .ok_or(format!("model.preset: unknown preset '{preset}'"))?;
     if model.family() != "gpt" && model.family() != "llama" {
         return Err(format!(
-            "model.preset: '{}' is a {} model; training reads token sequences (gpt, llama)",
-            c.model.preset,
+            "model.preset: '{preset}' is a {} model; training reads token sequences (gpt, llama)",
             model.family()
         ));
     }
-    for (k, v) in &c.model.sizes {
+    for (k, v) in &m.sizes {
         let v = match v {
             toml::Value::String(s) => s.clone(),
             other => other.to_string(),
@@ -325,6 +376,11 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
             .map_err(|e| format!("model: {e}"))?;
     }
     let eval_text = nnscaler_frontends::build_module(&eval_model).map_err(|e| e.to_string())?;
+    Ok((text, eval_text))
+}
+
+fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
+    let (text, eval_text) = model_texts(c, vocab)?;
     let ir = IrContext::new();
     let step = |name: &str, o: &str| Step::new(name, o).map_err(|e| format!("{name}: {e}"));
     let o = &c.optimizer;
