@@ -4,10 +4,12 @@
 //! later step reads.
 
 use crate::kernel::{Body, Buf, Elt};
-use crate::program::{compile, BufId, Program};
+use crate::program::{compile, BufId, Collective, Program, Work};
 use crate::target::{host_shared_object, ptx, Gpu};
 use nnscaler_dialects::graph::Graph;
-use nnscaler_dialects::types::AttrValue;
+use nnscaler_dialects::nns::Mesh;
+use nnscaler_dialects::sharding::Sharding;
+use nnscaler_dialects::types::{AttrValue, Attrs};
 use nnscaler_rt::artifact as nx;
 use std::collections::HashMap;
 
@@ -65,14 +67,85 @@ fn attr_text(v: Option<&AttrValue>) -> Option<String> {
     }
 }
 
-/// Compiles `g` (a whole or one device's program) for `gpu`; `source` names it.
+/// The groups of a collective over mesh axes `axes`: per group (the devices agreeing on
+/// every other axis), its devices in member order (row-major over `axes` in their order).
+fn groups(sizes: &[i64], axes: &[usize]) -> Vec<Vec<usize>> {
+    let devices: usize = sizes.iter().map(|&s| s as usize).product();
+    let mut by_gid: std::collections::BTreeMap<usize, Vec<(usize, usize)>> = Default::default();
+    for d in 0..devices {
+        let c = nnscaler_dialects::sharding::coords(sizes, d);
+        let (mut gid, mut member) = (0usize, 0usize);
+        for (a, &n) in sizes.iter().enumerate() {
+            if !axes.contains(&a) {
+                gid = gid * n as usize + c[a];
+            }
+        }
+        for &a in axes {
+            member = member * sizes[a] as usize + c[a];
+        }
+        by_gid.entry(gid).or_default().push((member, d));
+    }
+    by_gid
+        .into_values()
+        .map(|mut v| {
+            v.sort_unstable();
+            v.into_iter().map(|(_, d)| d).collect()
+        })
+        .collect()
+}
+
+/// A port's whole shape and each device's block of it, from its `nns.layout` on `mesh`.
+type Shards = (Vec<u64>, Vec<Vec<[u64; 2]>>);
+
+fn shards(
+    attrs: &Attrs,
+    local: &[usize],
+    mesh: Option<&Mesh>,
+    what: &str,
+) -> Result<Shards, String> {
+    let Some(mesh) = mesh else {
+        let shape: Vec<u64> = local.iter().map(|&d| d as u64).collect();
+        let whole = shape.iter().map(|&n| [0, n]).collect();
+        return Ok((shape, vec![whole]));
+    };
+    let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
+    let l = match attrs.get("nns.layout") {
+        None => Sharding::replicated(local.len(), mesh.axes.len()),
+        Some(v) => Sharding::from_attr(v, mesh, local.len()).map_err(|e| format!("{what}: {e}"))?,
+    };
+    if l.partial.iter().any(Option::is_some) {
+        return Err(format!(
+            "{what} is partial (V): its layout must be whole or split"
+        ));
+    }
+    let global: Vec<i64> = local
+        .iter()
+        .zip(&l.split)
+        .map(|(&n, axes)| n as i64 * axes.iter().map(|&a| sizes[a]).product::<i64>())
+        .collect();
+    let devices: usize = sizes.iter().map(|&s| s as usize).product();
+    let per_device = (0..devices)
+        .map(|d| {
+            l.shard(&global, &sizes, d)
+                .ranges
+                .iter()
+                .map(|r| [r.start as u64, r.end as u64])
+                .collect()
+        })
+        .collect();
+    Ok((global.iter().map(|&n| n as u64).collect(), per_device))
+}
+
+/// Compiles `g` (a whole program, or one device's with its module's `mesh`) for `gpu`;
+/// `source` names it.
 pub fn artifact(
     g: &Graph,
     source: &str,
-    mesh: Option<String>,
+    mesh: Option<&Mesh>,
     gpu: Gpu,
 ) -> Result<nx::Artifact, String> {
-    let p: Program = compile(g)?;
+    let p: Program = compile(g, mesh)?;
+
     // Buffers: the values launches touch, then the temporaries.
     let mut index: HashMap<BufId, usize> = HashMap::new();
     let mut bufs: Vec<Buf> = Vec::new();
@@ -110,37 +183,54 @@ pub fn artifact(
         .map(|b| b.len() as u64 * elt(b.elt).size())
         .collect();
     let (offsets, arena_bytes) = plan(&sizes, &live);
-    let port = |v: usize, attrs: &nnscaler_dialects::types::Attrs, fallback: String| nx::Port {
-        name: match attrs.get("nns.name") {
+    let port = |v: usize, attrs: &Attrs, fallback: String| -> Result<nx::Port, String> {
+        let name = match attrs.get("nns.name") {
             Some(AttrValue::Str(s)) => s.clone(),
             _ => fallback,
-        },
-        buffer: index[&BufId::Value(v)],
-        layout: attr_text(attrs.get("nns.layout")),
-        param: matches!(
-            attrs.get("nns.param"),
-            Some(AttrValue::Unit | AttrValue::Bool(true))
-        ),
+        };
+        let local: Vec<usize> = g.values[v].shape.iter().map(|&d| d as usize).collect();
+        let (global_shape, shards) = shards(attrs, &local, mesh, &format!("'{name}'"))?;
+        Ok(nx::Port {
+            buffer: index[&BufId::Value(v)],
+            global_shape,
+            shards,
+            layout: attr_text(attrs.get("nns.layout")),
+            param: matches!(
+                attrs.get("nns.param"),
+                Some(AttrValue::Unit | AttrValue::Bool(true))
+            ),
+            name,
+        })
     };
+    let sizes: Vec<i64> = mesh.map_or(Vec::new(), |m| m.axes.iter().map(|a| a.size).collect());
     let header = nx::Header {
         target: nx::Target {
             sm: gpu.sm,
             ptx: gpu.ptx,
         },
         source: source.to_string(),
-        mesh,
+        mesh: mesh.map_or(Vec::new(), |m| {
+            m.axes
+                .iter()
+                .map(|a| nx::MeshAxis {
+                    name: a.name.clone(),
+                    size: a.size as u64,
+                })
+                .collect()
+        }),
         inputs: g
             .args
             .iter()
             .enumerate()
             .map(|(i, a)| port(a.value, &a.attrs, format!("in{i}")))
-            .collect(),
+            .collect::<Result<_, _>>()?,
         outputs: g
             .outputs
             .iter()
             .enumerate()
             .map(|(i, o)| port(o.value, &o.attrs, format!("out{i}")))
-            .collect(),
+            .collect::<Result<_, _>>()?,
+
         buffers: bufs
             .iter()
             .zip(&offsets)
@@ -177,9 +267,45 @@ pub fn artifact(
         steps: p
             .launches
             .iter()
-            .map(|l| nx::Step::Launch {
-                kernel: l.kernel,
-                buffers: l.bufs.iter().map(|b| index[b]).collect(),
+            .map(|l| {
+                let bufs: Vec<usize> = l.bufs.iter().map(|b| index[b]).collect();
+                match &l.work {
+                    Work::Kernel(kernel) => nx::Step::Launch {
+                        kernel: *kernel,
+                        buffers: bufs,
+                    },
+                    Work::Collective(c) => {
+                        let (input, output) = (bufs[0], bufs[1]);
+                        let groups = groups(&sizes, c.axes());
+                        match *c {
+                            Collective::AllReduce { max, .. } => nx::Step::AllReduce {
+                                input,
+                                output,
+                                groups,
+                                max,
+                            },
+                            Collective::AllGather { dim, .. } => nx::Step::AllGather {
+                                input,
+                                output,
+                                groups,
+                                dim,
+                            },
+                            Collective::Slice { dim, .. } => nx::Step::Slice {
+                                input,
+                                output,
+                                groups,
+                                dim,
+                            },
+                            Collective::ReduceScatter { dim, max, .. } => nx::Step::ReduceScatter {
+                                input,
+                                output,
+                                groups,
+                                dim,
+                                max,
+                            },
+                        }
+                    }
+                }
             })
             .collect(),
         sections: Vec::new(),
@@ -198,6 +324,15 @@ pub fn artifact(
 #[cfg(test)]
 mod tests {
     use super::plan;
+
+    #[test]
+    fn groups_follow_the_mesh() {
+        // dp = 2, tp = 2: devices (dp, tp) row-major: 0 = (0,0), 1 = (0,1), 2 = (1,0), 3 = (1,1).
+        assert_eq!(super::groups(&[2, 2], &[1]), vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(super::groups(&[2, 2], &[0]), vec![vec![0, 2], vec![1, 3]]);
+        assert_eq!(super::groups(&[2, 2], &[0, 1]), vec![vec![0, 1, 2, 3]]);
+        assert_eq!(super::groups(&[2, 2], &[1, 0]), vec![vec![0, 2, 1, 3]]);
+    }
 
     #[test]
     fn buffers_alive_together_never_overlap_and_dead_space_is_reused() {

@@ -28,5 +28,5 @@ pub mod target;
 
 pub use artifact::artifact;
 pub use kernel::{covered, fuse, lower, Body, Buf, Elt, Group, Kernel, Lowered, Slot};
-pub use program::{compile, BufId, Launch, Program};
+pub use program::{compile, BufId, Collective, Launch, Program, Work};
 pub use target::{host_shared_object, llvm_ir, ptx, Data, Gpu, HostKernels};

@@ -3,8 +3,11 @@
 //! reads or writes, temporaries per op. The launch plan an artifact will carry; on the
 //! host it runs through [`crate::target::HostKernels::run_program`].
 
-use crate::kernel::{fuse, lower, Buf, Kernel, Slot};
-use nnscaler_dialects::graph::{Graph, ValueId};
+use crate::kernel::{fuse, lower, Body, Buf, Elt, Kernel, Slot};
+use nnscaler_dialects::graph::{Graph, Node, ValueId};
+use nnscaler_dialects::nns::Mesh;
+use nnscaler_dialects::scalar::{c, x};
+use nnscaler_dialects::types::AttrValue;
 use std::collections::HashMap;
 
 /// A buffer of a launch.
@@ -16,15 +19,109 @@ pub enum BufId {
     Temp(usize),
 }
 
-/// One kernel launch.
+/// A collective among the devices of a mesh: each group (the devices that agree on every
+/// other axis) combines the input pieces of its members, ordered by their coordinates on
+/// `axes` (row-major, in `axes`' order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Collective {
+    /// Every member gets the sum (or maximum) of the members' pieces.
+    AllReduce {
+        /// The mesh axes (indices) of a group.
+        axes: Vec<usize>,
+        /// Maximum instead of sum.
+        max: bool,
+    },
+    /// Every member gets the members' pieces concatenated along `dim`.
+    AllGather {
+        /// The mesh axes of a group.
+        axes: Vec<usize>,
+        /// The concatenated dim.
+        dim: usize,
+    },
+    /// Member `k` keeps piece `k` along `dim` of its own (replicated) input: no
+    /// communication, the piece depends on the device (`nns.slice`).
+    Slice {
+        /// The mesh axes of a group.
+        axes: Vec<usize>,
+        /// The cut dim.
+        dim: usize,
+    },
+    /// Member `k` gets piece `k` along `dim` of the sum (or maximum).
+    ReduceScatter {
+        /// The mesh axes of a group.
+        axes: Vec<usize>,
+        /// The cut dim.
+        dim: usize,
+        /// Maximum instead of sum.
+        max: bool,
+    },
+}
+
+impl Collective {
+    /// The mesh axes of its groups.
+    pub fn axes(&self) -> &[usize] {
+        match self {
+            Collective::AllReduce { axes, .. }
+            | Collective::AllGather { axes, .. }
+            | Collective::Slice { axes, .. }
+            | Collective::ReduceScatter { axes, .. } => axes,
+        }
+    }
+}
+
+/// What a step does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// Launches [`Program::kernels`]`[k]`.
+    Kernel(usize),
+    /// A collective (buffers: input, output).
+    Collective(Collective),
+}
+
+/// One step: a kernel launch or a collective.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Launch {
-    /// Index into [`Program::kernels`].
-    pub kernel: usize,
-    /// Its buffers: the kernel's inputs, then its outputs.
+    /// What it does.
+    pub work: Work,
+    /// Its buffers: the kernel's inputs, then its outputs (a collective: in, out).
     pub bufs: Vec<BufId>,
     /// The ops it computes (indices into the function's nodes).
     pub nodes: Vec<usize>,
+}
+
+/// The collective of an `nns` op, with its axes as mesh indices.
+fn collective(n: &Node, mesh: Option<&Mesh>) -> Result<Option<Collective>, String> {
+    let kind = match n.op.as_str() {
+        "nns.all_reduce" | "nns.all_gather" | "nns.reduce_scatter" | "nns.slice" => n.op.as_str(),
+        _ => return Ok(None),
+    };
+    let mesh = mesh.ok_or_else(|| format!("'{kind}' needs the module's mesh"))?;
+    if mesh.axes.iter().any(|a| a.microbatches) {
+        return Err("a pipelined program (a micro-batch axis) cannot be compiled yet".into());
+    }
+    let axes: Vec<usize> = match n.attrs.get("axes") {
+        Some(AttrValue::Strs(names)) => names
+            .iter()
+            .map(|a| {
+                mesh.axes
+                    .iter()
+                    .position(|x| &x.name == a)
+                    .ok_or_else(|| format!("'{kind}' names unknown mesh axis '{a}'"))
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err(format!("'{kind}' requires 'axes'")),
+    };
+    let dim = match n.attrs.get("dim") {
+        Some(AttrValue::Int(d)) => *d as usize,
+        _ => 0,
+    };
+    let max = matches!(n.attrs.get("reduce"), Some(AttrValue::Str(r)) if r == "max");
+    Ok(Some(match kind {
+        "nns.all_reduce" => Collective::AllReduce { axes, max },
+        "nns.all_gather" => Collective::AllGather { axes, dim },
+        "nns.slice" => Collective::Slice { axes, dim },
+        _ => Collective::ReduceScatter { axes, dim, max },
+    }))
 }
 
 /// A function as launches.
@@ -45,8 +142,8 @@ pub struct Program {
 }
 
 /// Lowers every op of `g` to launches; an op without kernels is an error naming it and
-/// its location.
-pub fn compile(g: &Graph) -> Result<Program, String> {
+/// its location. `mesh` is the module's mesh, for a per-device program's collectives.
+pub fn compile(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
     let groups = fuse(g)?;
     // The launch of each group goes where its last op (its output's producer) stood.
     let mut group_at: HashMap<usize, usize> = HashMap::new();
@@ -80,7 +177,7 @@ pub fn compile(g: &Graph) -> Result<Program, String> {
                 touch(&mut p, v);
             }
             p.launches.push(Launch {
-                kernel: p.kernels.len(),
+                work: Work::Kernel(p.kernels.len()),
                 bufs,
                 nodes: gr.nodes.clone(),
             });
@@ -88,6 +185,57 @@ pub fn compile(g: &Graph) -> Result<Program, String> {
             continue;
         }
         if in_group[k] {
+            continue;
+        }
+        let at = |e: String| format!("{}: {e}", n.loc);
+        if let Some(coll) = collective(n, mesh).map_err(at)? {
+            let moves_only = matches!(
+                coll,
+                Collective::Slice { .. } | Collective::AllGather { .. }
+            );
+            if moves_only || g.values[n.inputs[0]].elem.is_float() {
+                touch(&mut p, n.inputs[0]);
+                touch(&mut p, n.outputs[0]);
+                p.launches.push(Launch {
+                    work: Work::Collective(coll),
+                    bufs: vec![BufId::Value(n.inputs[0]), BufId::Value(n.outputs[0])],
+                    nodes: vec![k],
+                });
+                continue;
+            }
+            return Err(at(format!("'{}' of integers has no GPU path yet", n.op)));
+        }
+        if n.op == "nns.partition" {
+            // R -> V(sum): each device keeps value / n, as the CPU devices compute it.
+            let mesh = mesh.ok_or_else(|| at("'nns.partition' needs the module's mesh".into()))?;
+            let size: i64 = match n.attrs.get("axes") {
+                Some(AttrValue::Strs(names)) => names
+                    .iter()
+                    .map(|a| {
+                        mesh.axis(a)
+                            .ok_or_else(|| at(format!("unknown mesh axis '{a}'")))
+                    })
+                    .product::<Result<i64, String>>()?,
+                _ => return Err(at("'nns.partition' requires 'axes'".into())),
+            };
+            let b = Buf::of(&g.values[n.inputs[0]]);
+            if b.elt != Elt::F32 {
+                return Err(at("'nns.partition' of integers has no GPU path".into()));
+            }
+            touch(&mut p, n.inputs[0]);
+            touch(&mut p, n.outputs[0]);
+            p.launches.push(Launch {
+                work: Work::Kernel(p.kernels.len()),
+                bufs: vec![BufId::Value(n.inputs[0]), BufId::Value(n.outputs[0])],
+                nodes: vec![k],
+            });
+            p.kernels.push(Kernel {
+                name: format!("n{k}_partition"),
+                body: Body::Map(vec![x(0) * c(1.0 / size as f32)]),
+                inputs: vec![b.clone()],
+                outputs: vec![b.clone()],
+                len: b.len(),
+            });
             continue;
         }
         let ins: Vec<Buf> = n.inputs.iter().map(|&v| Buf::of(&g.values[v])).collect();
@@ -111,7 +259,7 @@ pub fn compile(g: &Graph) -> Result<Program, String> {
                 })
                 .collect();
             p.launches.push(Launch {
-                kernel: base + kernel,
+                work: Work::Kernel(base + kernel),
                 bufs,
                 nodes: vec![k],
             });

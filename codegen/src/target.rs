@@ -3,7 +3,7 @@
 
 use crate::kernel::{Elt, Kernel, Lowered, Slot};
 use crate::llvm::{Gen, R};
-use crate::program::{BufId, Program};
+use crate::program::{BufId, Program, Work};
 use inkwell::context::Context;
 use inkwell::execution_engine::ExecutionEngine;
 use inkwell::module::Module;
@@ -341,7 +341,12 @@ impl HostKernels {
             .map(|b| Data::zeros(b.elt, b.len()))
             .collect();
         for l in &p.launches {
-            let k = self.find(&p.kernels[l.kernel].name)?;
+            let Work::Kernel(kernel) = l.work else {
+                return Err(
+                    "a collective needs several devices: run the artifact with nnscaler-rt".into(),
+                );
+            };
+            let k = self.find(&p.kernels[kernel].name)?;
             let mut args = Vec::new();
             for b in &l.bufs {
                 let d = match *b {

@@ -725,7 +725,7 @@ fn step_inputs(g: &Graph, vocab: i64) -> Vec<Tensor> {
 /// host: every result (loss, next parameters, next moments) equals the CPU interpreter's.
 fn whole_step(name: &str, vocab: i64) {
     let g = training_step(name);
-    let p = nnscaler_codegen::compile(&g).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let p = nnscaler_codegen::compile(&g, None).unwrap_or_else(|e| panic!("{name}: {e}"));
     let host = HostKernels::new(&p.kernels).unwrap();
     let ins = step_inputs(&g, vocab);
     let want = nnscaler_runtime::run(&g, ins.clone(), &Default::default())

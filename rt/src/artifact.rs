@@ -77,6 +77,15 @@ impl Buffer {
     }
 }
 
+/// A mesh axis.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MeshAxis {
+    /// Its name.
+    pub name: String,
+    /// Devices along it.
+    pub size: u64,
+}
+
 /// An argument or result of the program.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Port {
@@ -84,6 +93,11 @@ pub struct Port {
     pub name: String,
     /// Its buffer.
     pub buffer: usize,
+    /// The whole tensor's shape (the buffer holds one device's piece of it).
+    pub global_shape: Vec<u64>,
+    /// Per device, the piece's index range `[start, end)` along each dim of the whole
+    /// tensor (devices with equal ranges hold replicas).
+    pub shards: Vec<Vec<[u64; 2]>>,
     /// Its `nns.layout` on the mesh, when the program is one device's share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<String>,
@@ -140,6 +154,54 @@ pub enum Step {
         /// Indices into [`Header::buffers`].
         buffers: Vec<usize>,
     },
+    /// Within each group (devices in member order), every member's `output` becomes the
+    /// sum (or maximum) of the members' `input`s, summed in member order.
+    AllReduce {
+        /// Buffer read.
+        input: usize,
+        /// Buffer written.
+        output: usize,
+        /// The groups.
+        groups: Vec<Vec<usize>>,
+        /// Maximum instead of sum.
+        max: bool,
+    },
+    /// Every member's `output` becomes the members' `input`s concatenated along `dim`.
+    AllGather {
+        /// Buffer read.
+        input: usize,
+        /// Buffer written.
+        output: usize,
+        /// The groups.
+        groups: Vec<Vec<usize>>,
+        /// The concatenated dim.
+        dim: usize,
+    },
+    /// Member `k`'s `output` becomes piece `k` along `dim` of its own `input` (a device's
+    /// shard of a replicated value; no communication).
+    Slice {
+        /// Buffer read.
+        input: usize,
+        /// Buffer written.
+        output: usize,
+        /// The groups.
+        groups: Vec<Vec<usize>>,
+        /// The cut dim.
+        dim: usize,
+    },
+    /// Member `k`'s `output` becomes piece `k` along `dim` of the members' reduced inputs.
+    ReduceScatter {
+        /// Buffer read.
+        input: usize,
+        /// Buffer written.
+        output: usize,
+        /// The groups.
+        groups: Vec<Vec<usize>>,
+        /// The cut dim.
+        dim: usize,
+        /// Maximum instead of sum.
+        max: bool,
+    },
 }
 
 /// A section's place in the file (after the header) and its checksum.
@@ -163,9 +225,10 @@ pub struct Header {
     pub target: Target,
     /// The compiled function, as `file @name`.
     pub source: String,
-    /// The mesh of a per-device program (`#nns.axes<...>` body), if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mesh: Option<String>,
+    /// The mesh of a per-device program (empty: one device); devices are numbered
+    /// row-major over its axes.
+    #[serde(default)]
+    pub mesh: Vec<MeshAxis>,
     /// Arguments, in order.
     pub inputs: Vec<Port>,
     /// Results, in order.
@@ -202,6 +265,11 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 }
 
 impl Artifact {
+    /// Devices the program runs on.
+    pub fn devices(&self) -> usize {
+        self.header.mesh.iter().map(|a| a.size as usize).product()
+    }
+
     /// A section's bytes.
     pub fn section(&self, name: &str) -> Option<&[u8]> {
         self.sections
@@ -310,16 +378,75 @@ impl Artifact {
                 ));
             }
         }
-        for (i, s) in h.steps.iter().enumerate() {
-            let Step::Launch { kernel, buffers } = s;
-            let k = h.kernels.get(*kernel).ok_or_else(|| {
-                format!("step {i} launches kernel {kernel}, which does not exist")
-            })?;
-            if buffers.len() != k.buffers || buffers.iter().any(|&b| b >= h.buffers.len()) {
+        let devices = self.devices();
+        for p in h.inputs.iter().chain(&h.outputs) {
+            let b = &h.buffers[p.buffer];
+            let fits = p.shards.len() == devices
+                && p.global_shape.len() == b.shape.len()
+                && p.shards.iter().all(|r| {
+                    r.len() == b.shape.len()
+                        && r.iter()
+                            .zip(&b.shape)
+                            .zip(&p.global_shape)
+                            .all(|((&[lo, hi], &n), &g)| hi >= lo && hi - lo == n && hi <= g)
+                });
+            if !fits {
                 return Err(format!(
-                    "step {i} gives kernel {} the wrong buffers",
-                    k.name
+                    "'{}' has shards that do not fit its buffer",
+                    p.name
                 ));
+            }
+        }
+        for (i, s) in h.steps.iter().enumerate() {
+            match s {
+                Step::Launch { kernel, buffers } => {
+                    let k = h.kernels.get(*kernel).ok_or_else(|| {
+                        format!("step {i} launches kernel {kernel}, which does not exist")
+                    })?;
+                    if buffers.len() != k.buffers || buffers.iter().any(|&b| b >= h.buffers.len()) {
+                        return Err(format!(
+                            "step {i} gives kernel {} the wrong buffers",
+                            k.name
+                        ));
+                    }
+                }
+                Step::AllReduce {
+                    input,
+                    output,
+                    groups,
+                    ..
+                }
+                | Step::AllGather {
+                    input,
+                    output,
+                    groups,
+                    ..
+                }
+                | Step::Slice {
+                    input,
+                    output,
+                    groups,
+                    ..
+                }
+                | Step::ReduceScatter {
+                    input,
+                    output,
+                    groups,
+                    ..
+                } => {
+                    if *input >= h.buffers.len() || *output >= h.buffers.len() {
+                        return Err(format!("step {i}'s collective names a missing buffer"));
+                    }
+                    let mut seen = vec![false; devices];
+                    for &d in groups.iter().flatten() {
+                        if d >= devices || std::mem::replace(&mut seen[d], true) {
+                            return Err(format!("step {i}'s groups do not partition the devices"));
+                        }
+                    }
+                    if seen.contains(&false) {
+                        return Err(format!("step {i}'s groups do not partition the devices"));
+                    }
+                }
             }
         }
         Ok(())
@@ -335,16 +462,20 @@ mod tests {
             header: Header {
                 target: Target { sm: 90, ptx: 80 },
                 source: "m.mlir @f".into(),
-                mesh: None,
+                mesh: Vec::new(),
                 inputs: vec![Port {
                     name: "x".into(),
                     buffer: 0,
+                    global_shape: vec![4],
+                    shards: vec![vec![[0, 4]]],
                     layout: None,
                     param: false,
                 }],
                 outputs: vec![Port {
                     name: "y".into(),
                     buffer: 1,
+                    global_shape: vec![4],
+                    shards: vec![vec![[0, 4]]],
                     layout: None,
                     param: false,
                 }],

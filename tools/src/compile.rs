@@ -84,14 +84,15 @@ pub fn main(a: &CompileArgs, error_limit: usize) -> Result<String, String> {
     let mesh = Meshes::collect(&module.as_operation(), &mut d)
         .0
         .first()
-        .map(|m| m.axes_text());
+        .cloned();
     let gpu = Gpu {
         sm: a.sm,
         ptx: a.ptx,
     };
     let started = std::time::Instant::now();
-    let art = nnscaler_codegen::artifact(g, &format!("{} @{}", a.program, g.name), mesh, gpu)
-        .map_err(|e| format!("{}: @{}: {e}", a.program, g.name))?;
+    let art =
+        nnscaler_codegen::artifact(g, &format!("{} @{}", a.program, g.name), mesh.as_ref(), gpu)
+            .map_err(|e| format!("{}: @{}: {e}", a.program, g.name))?;
     let bytes = art.to_bytes()?;
     crate::write_one(&a.output, bytes.clone())?;
     let h = &art.header;

@@ -61,17 +61,31 @@ fn info(path: &str) -> Result<String, String> {
         h.steps.len(),
         h.arena_bytes
     );
-    if let Some(m) = &h.mesh {
-        s += &format!("one device's program on mesh <{m}>\n");
+    if !h.mesh.is_empty() {
+        let axes: Vec<String> = h
+            .mesh
+            .iter()
+            .map(|a| format!("{} = {}", a.name, a.size))
+            .collect();
+        s += &format!(
+            "one device's program, run on {} virtual devices: mesh <{}>\n",
+            a.devices(),
+            axes.join(", ")
+        );
     }
     for (what, ports) in [("input", &h.inputs), ("output", &h.outputs)] {
         for p in ports {
             let b = &h.buffers[p.buffer];
+            let piece = if p.global_shape != b.shape {
+                format!(" (piece {:?})", b.shape)
+            } else {
+                String::new()
+            };
             s += &format!(
-                "{what} {} {:?} {:?}{}\n",
+                "{what} {} {:?} {:?}{piece}{}\n",
                 p.name,
                 b.elt,
-                b.shape,
+                p.global_shape,
                 if p.param { " (param)" } else { "" }
             );
         }
@@ -103,6 +117,7 @@ fn run(path: &str, inputs: &[String], output: &str) -> Result<String, String> {
         })
         .collect::<Result<_, _>>()?;
     let names: Vec<String> = a.header.outputs.iter().map(|p| p.name.clone()).collect();
+    let devices = a.devices();
     let prog = HostProgram::load(a)?;
     let started = std::time::Instant::now();
     let outs = prog.run(&args)?;
@@ -110,7 +125,9 @@ fn run(path: &str, inputs: &[String], output: &str) -> Result<String, String> {
     let named: Vec<(String, Tensor)> = names.into_iter().zip(outs).collect();
     write(output, &tensor::to_bytes(&named)?)?;
     Ok(format!(
-        "ran {path} on the host in {secs:.3} s; {} results in {output}\n",
+        "ran {path} on the host ({} device{}) in {secs:.3} s; {} results in {output}\n",
+        devices,
+        if devices == 1 { "" } else { "s" },
         named.len()
     ))
 }
