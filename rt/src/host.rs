@@ -74,183 +74,226 @@ impl HostProgram {
     /// of its mesh in lockstep (each device its own arena: a virtual device); returns its
     /// results made whole from the devices' pieces.
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
+        Ok(self.run_timed(inputs, 1)?.0)
+    }
+
+    /// [`HostProgram::run`] `repeat` times (at least once): the results, and the seconds
+    /// of each run's steps.
+    pub fn run_timed(
+        &self,
+        inputs: &[Tensor],
+        repeat: usize,
+    ) -> Result<(Vec<Tensor>, Vec<f64>), String> {
+        let mut times = Vec::new();
+        let mut out = Vec::new();
+        for _ in 0..repeat.max(1) {
+            let mut arenas = load_inputs(&self.art, inputs)?;
+            let started = std::time::Instant::now();
+            self.execute(&mut arenas)?;
+            times.push(started.elapsed().as_secs_f64());
+            out = results(&self.art, &arenas)?;
+        }
+        Ok((out, times))
+    }
+
+    fn execute(&self, arenas: &mut [Vec<u64>]) -> Result<(), String> {
         let h = &self.art.header;
-        let devices = self.art.devices();
-        if inputs.len() != h.inputs.len() {
-            return Err(format!(
-                "the program takes {} arguments, given {}",
-                h.inputs.len(),
-                inputs.len()
-            ));
-        }
-        // 8-byte aligned arenas (offsets are multiples of 256).
-        let words = h.arena_bytes.div_ceil(8) as usize;
-        let mut arenas: Vec<Vec<u64>> = (0..devices).map(|_| vec![0u64; words]).collect();
-        for (p, t) in h.inputs.iter().zip(inputs) {
-            let b = &h.buffers[p.buffer];
-            if t.shape != p.global_shape || t.elt() != b.elt {
-                return Err(format!(
-                    "'{}' must be {:?} {:?}, given {:?} {:?}",
-                    p.name,
-                    b.elt,
-                    p.global_shape,
-                    t.elt(),
-                    t.shape
-                ));
-            }
-            let whole = t.bytes();
-            for (d, arena) in arenas.iter_mut().enumerate() {
-                let piece = cut(&whole, &p.global_shape, &p.shards[d], b.elt.size() as usize);
-                let at = b.offset as usize;
-                bytes_mut(arena)[at..at + piece.len()].copy_from_slice(&piece);
-            }
-        }
         for s in &h.steps {
-            match s {
-                Step::Launch { kernel, buffers } => {
-                    for arena in &mut arenas {
-                        let base = bytes_mut(arena).as_mut_ptr();
-                        // SAFETY: every buffer lies inside the arena (checked on reading).
-                        let args: Vec<*mut u8> = buffers
-                            .iter()
-                            .map(|&b| unsafe { base.add(h.buffers[b].offset as usize) })
-                            .collect();
-                        // SAFETY: the kernel reads and writes its buffers within their
-                        // lengths (the compiler's contract), all inside this arena, which
-                        // nothing else uses during the call.
-                        unsafe { (self.fns[*kernel])(args.as_ptr(), h.kernels[*kernel].len) };
-                    }
+            if let Step::Launch { kernel, buffers } = s {
+                for arena in arenas.iter_mut() {
+                    let base = bytes_mut(arena).as_mut_ptr();
+                    // SAFETY: every buffer lies inside the arena (checked on reading).
+                    let args: Vec<*mut u8> = buffers
+                        .iter()
+                        .map(|&b| unsafe { base.add(h.buffers[b].offset as usize) })
+                        .collect();
+                    // SAFETY: the kernel reads and writes its buffers within their
+                    // lengths (the compiler's contract), all inside this arena, which
+                    // nothing else uses during the call.
+                    unsafe { (self.fns[*kernel])(args.as_ptr(), h.kernels[*kernel].len) };
                 }
-                Step::AllReduce {
-                    input,
-                    output,
-                    groups,
-                    max,
-                } => {
-                    for g in groups {
-                        let r = reduced(&arenas, g, &h.buffers[*input], *max);
-                        for &d in g {
-                            put(&mut arenas[d], &h.buffers[*output], &r)?;
-                        }
-                    }
-                }
-                Step::AllGather {
-                    input,
-                    output,
-                    groups,
-                    dim,
-                } => {
-                    let (ib, ob) = (&h.buffers[*input], &h.buffers[*output]);
-                    let es = ib.elt.size() as usize;
-                    for g in groups {
-                        let mut whole = vec![0u8; ob.bytes() as usize];
-                        let len = ib.shape.get(*dim).copied().unwrap_or(1);
-                        for (k, &d) in g.iter().enumerate() {
-                            let piece = get(&arenas[d], ib);
-                            let ranges = along(&ob.shape, *dim, k as u64 * len, len);
-                            place(&mut whole, &ob.shape, &ranges, &piece, es);
-                        }
-                        for &d in g {
-                            bytes_mut(&mut arenas[d])[ob.offset as usize..][..whole.len()]
-                                .copy_from_slice(&whole);
-                        }
-                    }
-                }
-                Step::Slice {
-                    input,
-                    output,
-                    groups,
-                    dim,
-                } => {
-                    let (ib, ob) = (&h.buffers[*input], &h.buffers[*output]);
-                    let es = ib.elt.size() as usize;
-                    let len = ob.shape.get(*dim).copied().unwrap_or(1);
-                    for g in groups {
-                        for (k, &d) in g.iter().enumerate() {
-                            let ranges = along(&ib.shape, *dim, k as u64 * len, len);
-                            let piece = cut(&get(&arenas[d], ib), &ib.shape, &ranges, es);
-                            bytes_mut(&mut arenas[d])[ob.offset as usize..][..piece.len()]
-                                .copy_from_slice(&piece);
-                        }
-                    }
-                }
-                Step::ReduceScatter {
-                    input,
-                    output,
-                    groups,
-                    dim,
-                    max,
-                } => {
-                    let (ib, ob) = (&h.buffers[*input], &h.buffers[*output]);
-                    for g in groups {
-                        let r = reduced(&arenas, g, ib, *max);
-                        let bytes: Vec<u8> = r.iter().flat_map(|x| x.to_le_bytes()).collect();
-                        let len = ob.shape.get(*dim).copied().unwrap_or(1);
-                        for (k, &d) in g.iter().enumerate() {
-                            let ranges = along(&ib.shape, *dim, k as u64 * len, len);
-                            let piece = cut(&bytes, &ib.shape, &ranges, 4);
-                            bytes_mut(&mut arenas[d])[ob.offset as usize..][..piece.len()]
-                                .copy_from_slice(&piece);
-                        }
-                    }
-                }
+            } else {
+                collective(&self.art, s, arenas)?;
             }
         }
-        h.outputs
-            .iter()
-            .map(|p| {
-                let b = &h.buffers[p.buffer];
-                let es = b.elt.size() as usize;
-                let n: u64 = p.global_shape.iter().product();
-                let mut whole = vec![0u8; n as usize * es];
-                let mut owner: Vec<Option<usize>> = vec![None; n as usize];
-                for (d, arena) in arenas.iter().enumerate() {
-                    let piece = &bytes(arena)[b.offset as usize..][..b.bytes() as usize];
-                    let clash = place_checked(
-                        &mut whole,
-                        &p.global_shape,
-                        &p.shards[d],
-                        piece,
-                        es,
-                        &mut owner,
-                        d,
-                    );
-                    if let Some((i, first)) = clash {
-                        return Err(format!(
-                            "replicas of '{}' disagree: element {i} on devices {first} and {d}",
-                            p.name
-                        ));
-                    }
-                }
-                let data = match b.elt {
-                    Elt::F32 => Values::F32(
-                        whole
-                            .chunks_exact(4)
-                            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                            .collect(),
-                    ),
-                    Elt::I64 => Values::I64(
-                        whole
-                            .chunks_exact(8)
-                            .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-                            .collect(),
-                    ),
-                };
-                Ok(Tensor {
-                    shape: p.global_shape.clone(),
-                    data,
-                })
-            })
-            .collect()
+        Ok(())
     }
 }
 
-fn bytes(a: &[u64]) -> &[u8] {
+/// One arena per device (8-byte words; offsets are multiples of 256), holding each
+/// device's block of every argument (whole tensors, in order).
+pub(crate) fn load_inputs(art: &Artifact, inputs: &[Tensor]) -> Result<Vec<Vec<u64>>, String> {
+    let h = &art.header;
+    if inputs.len() != h.inputs.len() {
+        return Err(format!(
+            "the program takes {} arguments, given {}",
+            h.inputs.len(),
+            inputs.len()
+        ));
+    }
+    let words = h.arena_bytes.div_ceil(8) as usize;
+    let mut arenas: Vec<Vec<u64>> = (0..art.devices()).map(|_| vec![0u64; words]).collect();
+    for (p, t) in h.inputs.iter().zip(inputs) {
+        let b = &h.buffers[p.buffer];
+        if t.shape != p.global_shape || t.elt() != b.elt {
+            return Err(format!(
+                "'{}' must be {:?} {:?}, given {:?} {:?}",
+                p.name,
+                b.elt,
+                p.global_shape,
+                t.elt(),
+                t.shape
+            ));
+        }
+        let whole = t.bytes();
+        for (d, arena) in arenas.iter_mut().enumerate() {
+            let piece = cut(&whole, &p.global_shape, &p.shards[d], b.elt.size() as usize);
+            let at = b.offset as usize;
+            bytes_mut(arena)[at..at + piece.len()].copy_from_slice(&piece);
+        }
+    }
+    Ok(arenas)
+}
+
+/// Runs collective step `s` across the devices' arenas (a launch is an error here).
+pub(crate) fn collective(art: &Artifact, s: &Step, arenas: &mut [Vec<u64>]) -> Result<(), String> {
+    let h = &art.header;
+    match s {
+        Step::Launch { .. } => return Err("a kernel launch is not a collective".into()),
+        Step::AllReduce {
+            input,
+            output,
+            groups,
+            max,
+        } => {
+            for g in groups {
+                let r = reduced(arenas, g, &h.buffers[*input], *max);
+                for &d in g {
+                    put(&mut arenas[d], &h.buffers[*output], &r)?;
+                }
+            }
+        }
+        Step::AllGather {
+            input,
+            output,
+            groups,
+            dim,
+        } => {
+            let (ib, ob) = (&h.buffers[*input], &h.buffers[*output]);
+            let es = ib.elt.size() as usize;
+            for g in groups {
+                let mut whole = vec![0u8; ob.bytes() as usize];
+                let len = ib.shape.get(*dim).copied().unwrap_or(1);
+                for (k, &d) in g.iter().enumerate() {
+                    let piece = get(&arenas[d], ib);
+                    let ranges = along(&ob.shape, *dim, k as u64 * len, len);
+                    place(&mut whole, &ob.shape, &ranges, &piece, es);
+                }
+                for &d in g {
+                    bytes_mut(&mut arenas[d])[ob.offset as usize..][..whole.len()]
+                        .copy_from_slice(&whole);
+                }
+            }
+        }
+        Step::Slice {
+            input,
+            output,
+            groups,
+            dim,
+        } => {
+            let (ib, ob) = (&h.buffers[*input], &h.buffers[*output]);
+            let es = ib.elt.size() as usize;
+            let len = ob.shape.get(*dim).copied().unwrap_or(1);
+            for g in groups {
+                for (k, &d) in g.iter().enumerate() {
+                    let ranges = along(&ib.shape, *dim, k as u64 * len, len);
+                    let piece = cut(&get(&arenas[d], ib), &ib.shape, &ranges, es);
+                    bytes_mut(&mut arenas[d])[ob.offset as usize..][..piece.len()]
+                        .copy_from_slice(&piece);
+                }
+            }
+        }
+        Step::ReduceScatter {
+            input,
+            output,
+            groups,
+            dim,
+            max,
+        } => {
+            let (ib, ob) = (&h.buffers[*input], &h.buffers[*output]);
+            for g in groups {
+                let r = reduced(arenas, g, ib, *max);
+                let bytes: Vec<u8> = r.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let len = ob.shape.get(*dim).copied().unwrap_or(1);
+                for (k, &d) in g.iter().enumerate() {
+                    let ranges = along(&ib.shape, *dim, k as u64 * len, len);
+                    let piece = cut(&bytes, &ib.shape, &ranges, 4);
+                    bytes_mut(&mut arenas[d])[ob.offset as usize..][..piece.len()]
+                        .copy_from_slice(&piece);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The results made whole from the devices' arenas (replicas must agree bit for bit).
+pub(crate) fn results(art: &Artifact, arenas: &[Vec<u64>]) -> Result<Vec<Tensor>, String> {
+    let h = &art.header;
+    h.outputs
+        .iter()
+        .map(|p| {
+            let b = &h.buffers[p.buffer];
+            let es = b.elt.size() as usize;
+            let n: u64 = p.global_shape.iter().product();
+            let mut whole = vec![0u8; n as usize * es];
+            let mut owner: Vec<Option<usize>> = vec![None; n as usize];
+            for (d, arena) in arenas.iter().enumerate() {
+                let piece = &bytes(arena)[b.offset as usize..][..b.bytes() as usize];
+                let clash = place_checked(
+                    &mut whole,
+                    &p.global_shape,
+                    &p.shards[d],
+                    piece,
+                    es,
+                    &mut owner,
+                    d,
+                );
+                if let Some((i, first)) = clash {
+                    return Err(format!(
+                        "replicas of '{}' disagree: element {i} on devices {first} and {d}",
+                        p.name
+                    ));
+                }
+            }
+            let data = match b.elt {
+                Elt::F32 => Values::F32(
+                    whole
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                        .collect(),
+                ),
+                Elt::I64 => Values::I64(
+                    whole
+                        .chunks_exact(8)
+                        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                        .collect(),
+                ),
+            };
+            Ok(Tensor {
+                shape: p.global_shape.clone(),
+                data,
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn bytes(a: &[u64]) -> &[u8] {
     // SAFETY: any u64 memory is valid as bytes; the length covers exactly the words.
     unsafe { std::slice::from_raw_parts(a.as_ptr().cast::<u8>(), a.len() * 8) }
 }
 
-fn bytes_mut(a: &mut [u64]) -> &mut [u8] {
+pub(crate) fn bytes_mut(a: &mut [u64]) -> &mut [u8] {
     // SAFETY: as `bytes`; the borrow is exclusive.
     unsafe { std::slice::from_raw_parts_mut(a.as_mut_ptr().cast::<u8>(), a.len() * 8) }
 }

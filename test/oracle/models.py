@@ -13,8 +13,6 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import st  # noqa: E402
 
 
 def mlp(p, inp, c):
@@ -28,7 +26,7 @@ def mlp(p, inp, c):
 def causal_attention(q, k, v):
     t = q.shape[-2]
     s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    mask = torch.ones(t, t, dtype=torch.bool).tril()
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     return s.masked_fill(~mask, float("-inf")).softmax(-1) @ v
 
 
@@ -94,6 +92,10 @@ def llama(p, inp, c):
 
 
 def main(d):
+    # The safetensors helper (numpy) only for the oracle run, so that the models load where
+    # numpy is absent (bench/gpu/torch_ref.py on a GPU machine).
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import st
     with open(os.path.join(d, "config.json")) as f:
         c = json.load(f)
     torch.set_num_threads(1)

@@ -12,8 +12,9 @@ use std::process::ExitCode;
     about = "Run a compiled nnscaler program (.nnsx, made by 'nnscaler compile')",
     long_about = "Run a compiled nnscaler program (.nnsx, made by 'nnscaler compile'). \
         It needs no MLIR or LLVM: copy this binary and the artifact to a machine and run. \
-        Backends: host (the artifact's kernels compiled for the CPU). The CUDA backend is \
-        not built yet."
+        Backends: host (the artifact's kernels compiled for the CPU, every device of a \
+        partitioned program a virtual device) and cuda (the PTX on GPU 0, every device of \
+        the mesh a virtual device on it; in binaries built with --features cuda)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -37,8 +38,11 @@ enum Cmd {
         /// Where to write the results (safetensors, by name), written only on success.
         #[arg(short = 'o', long = "output", value_name = "FILE")]
         output: String,
-        /// Where the kernels run.
-        #[arg(long, default_value = "host", value_parser = ["host"])]
+        /// Run the step this many times and report the median and fastest step time.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        repeat: u32,
+        /// Where the kernels run: host, or cuda (binaries built with --features cuda).
+        #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
         backend: String,
     },
 }
@@ -96,7 +100,13 @@ fn info(path: &str) -> Result<String, String> {
     Ok(s)
 }
 
-fn run(path: &str, inputs: &[String], output: &str) -> Result<String, String> {
+fn run(
+    path: &str,
+    inputs: &[String],
+    output: &str,
+    backend: &str,
+    repeat: usize,
+) -> Result<String, String> {
     let a = load(path)?;
     let mut given = std::collections::BTreeMap::new();
     for f in inputs {
@@ -118,18 +128,45 @@ fn run(path: &str, inputs: &[String], output: &str) -> Result<String, String> {
         .collect::<Result<_, _>>()?;
     let names: Vec<String> = a.header.outputs.iter().map(|p| p.name.clone()).collect();
     let devices = a.devices();
-    let prog = HostProgram::load(a)?;
-    let started = std::time::Instant::now();
-    let outs = prog.run(&args)?;
-    let secs = started.elapsed().as_secs_f64();
+    let (outs, mut times) = match backend {
+        "cuda" => run_cuda(a, &args, repeat)?,
+        _ => HostProgram::load(a)?.run_timed(&args, repeat)?,
+    };
+    times.sort_by(f64::total_cmp);
+    let secs = times[times.len() / 2];
+    let timing = if times.len() > 1 {
+        format!(
+            " (median of {} runs; fastest {:.6} s)",
+            times.len(),
+            times[0]
+        )
+    } else {
+        String::new()
+    };
     let named: Vec<(String, Tensor)> = names.into_iter().zip(outs).collect();
     write(output, &tensor::to_bytes(&named)?)?;
     Ok(format!(
-        "ran {path} on the host ({} device{}) in {secs:.3} s; {} results in {output}\n",
+        "ran {path} on the {} ({} device{}) in {secs:.6} s{timing}; {} results in {output}\n",
+        if backend == "cuda" { "GPU" } else { "host" },
         devices,
         if devices == 1 { "" } else { "s" },
         named.len()
     ))
+}
+
+/// Runs on GPU 0 (the times cover the steps, not loading the PTX or copying tensors).
+#[cfg(feature = "cuda")]
+fn run_cuda(
+    a: Artifact,
+    args: &[Tensor],
+    repeat: usize,
+) -> Result<(Vec<Tensor>, Vec<f64>), String> {
+    nnscaler_rt::cuda::CudaProgram::load(a, 0)?.run_timed(args, repeat)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(_: Artifact, _: &[Tensor], _: usize) -> Result<(Vec<Tensor>, Vec<f64>), String> {
+    Err("this nnscaler-rt was built without the CUDA backend (cargo build --release -p nnscaler-rt --features cuda)".into())
 }
 
 /// Writes `bytes` to `path` whole or not at all: a regular file or a new path through a
@@ -160,8 +197,9 @@ fn main() -> ExitCode {
             artifact,
             inputs,
             output,
-            backend: _,
-        } => run(artifact, inputs, output),
+            backend,
+            repeat,
+        } => run(artifact, inputs, output, backend, *repeat as usize),
     };
     match r {
         Ok(s) => {

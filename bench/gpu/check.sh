@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The GPU check, one command on a machine with an NVIDIA GPU, from the folder
+# bench/gpu/prepare.sh made (nothing is built or downloaded here):
+#   ./check.sh
+# Prints: the GPU; per case, agreement of the CUDA backend with the CPU runtime (whole
+# training steps, one device and dp2 x tp2 on 4 virtual devices); the nanoGPT GPU-config
+# step time against PyTorch eager on the same GPU; the GEMM rate against torch.matmul.
+set -uo pipefail
+cd "$(dirname "$0")"
+py=${PYTHON:-python3}
+date -u '+%Y-%m-%d %H:%M UTC'
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+./nnscaler-rt --version
+status=0
+for c in gpt-tiny-step gpt-tiny-dptp nanogpt-cpu-step; do
+  echo "== $c"
+  if ./nnscaler-rt run "$c.nnsx" --backend cuda --repeat 3 --inputs "$c.in.safetensors" \
+      --inputs "$c.params.safetensors" -o "$c.got.safetensors"; then
+    "$py" compare.py close "$c.got.safetensors" "$c.want.safetensors" 1e-4 || status=1
+  else
+    status=1
+  fi
+done
+echo "== nanogpt GPU config (6 layers, 6 heads, 384 wide, block 256, batch 64; fp32)"
+"$py" compare.py params nanogpt-gpu-step.nnsx nanogpt-gpu-step.params.safetensors
+./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --inputs nanogpt-gpu-step.in.safetensors \
+  --inputs nanogpt-gpu-step.params.safetensors -o /dev/null || status=1
+"$py" torch_ref.py step 6 6 384 256 64 65 || status=1
+echo "== GEMM 2048^3 fp32 (our generated kernel; cuBLAS is not wired in yet)"
+"$py" compare.py inputs gemm.nnsx gemm.in.safetensors
+./nnscaler-rt run gemm.nnsx --backend cuda --repeat 5 --inputs gemm.in.safetensors -o /dev/null || status=1
+"$py" torch_ref.py gemm 2048 || status=1
+exit $status

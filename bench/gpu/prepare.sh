@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Makes the folder bench/gpu/check.sh runs on a machine with an NVIDIA GPU (no Rust, no
+# network there): nnscaler-rt built with the CUDA backend, compiled artifacts, their inputs
+# and the CPU runtime's results to compare with, and the PyTorch reference scripts.
+#   bench/gpu/prepare.sh OUT_DIR        (then carry OUT_DIR, well under 64 MiB, and run
+#                                        OUT_DIR/check.sh there)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:?usage: bench/gpu/prepare.sh OUT_DIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$root"
+cargo build --release -q --bin nnscaler --bin nnscaler-opt
+cargo build --release -q -p nnscaler-rt --features cuda
+bin=$root/target/release
+cp "$bin/nnscaler-rt" bench/gpu/check.sh bench/gpu/compare.py bench/gpu/torch_ref.py test/oracle/models.py "$out/"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+py=${NNSCALER_PYTHON:-/usr/bin/python3}
+sched() { "$py" -c "import sys; sys.path.insert(0, '$root/test/oracle'); import st, numpy as np; d = st.load('$1'); d['lr'] = np.array(1e-3, np.float32); d['step'] = np.array(3.0, np.float32); st.save('$1', d)"; }
+
+# case NAME MODEL.mlir [DEVICES WHOLE.mlir]: the artifact, inputs (drawn for WHOLE, the
+# unpartitioned model, when MODEL is one device's share), parameters and the CPU results.
+case_() {
+  local name=$1 model=$2 devices=${3:-1} whole=${4:-$2}
+  "$bin/nnscaler" compile "$model" -o "$out/$name.nnsx" > /dev/null
+  "$bin/nnscaler" data random "$whole" -o "$out/$name.in.safetensors"
+  if grep -q '"step"' "$model"; then sched "$out/$name.in.safetensors"; fi
+  "$bin/nnscaler" run "$model" --devices "$devices" --inputs "$out/$name.in.safetensors" \
+    --init-seed 0 --save-params "$out/$name.params.safetensors" -o "$out/$name.want.safetensors"
+  echo "prepared $name"
+}
+
+"$bin/nnscaler" import gpt --preset gpt-tiny --batch 4 --heads 4 -o gpt.mlir
+"$bin/nnscaler-opt" --autodiff --optimizer="clip=1.0 weight_decay=0.1" gpt.mlir -o gpt-step.mlir
+case_ gpt-tiny-step gpt-step.mlir
+"$bin/nnscaler-opt" --autodiff --plan="dp-megatron dp=2 tp=2" --propagate-layouts --split-tensor \
+  --lower-relayouts --localize gpt.mlir -o gpt-dptp.mlir
+case_ gpt-tiny-dptp gpt-dptp.mlir 4 gpt.mlir
+"$bin/nnscaler" import --preset nanogpt-cpu -o nano.mlir
+"$bin/nnscaler-opt" --autodiff --optimizer="clip=1.0 weight_decay=0.1" nano.mlir -o nano-step.mlir
+case_ nanogpt-cpu-step nano-step.mlir
+
+# Timing only: the seed's GPU config (6 layers, 6 heads, width 384, block 256, batch 64,
+# no dropout: dropout has no GPU kernel yet); parameters are drawn on the GPU machine.
+"$bin/nnscaler" import gpt --preset nanogpt-cpu --layers 6 --heads 6 --width 384 --block 256 --batch 64 --vocab 65 -o big.mlir
+"$bin/nnscaler-opt" --autodiff --optimizer="clip=1.0 weight_decay=0.1" big.mlir -o big-step.mlir
+"$bin/nnscaler" compile big-step.mlir -o "$out/nanogpt-gpu-step.nnsx" > /dev/null
+"$bin/nnscaler" data random big-step.mlir -o "$out/nanogpt-gpu-step.in.safetensors"
+sched "$out/nanogpt-gpu-step.in.safetensors"
+echo "prepared nanogpt-gpu-step (timing)"
+
+# A 2048^3 matrix product alone, for the GEMM rate.
+cat > gemm.mlir <<'MLIR'
+func.func @train(%a: tensor<2048x2048xf32> {nns.name = "a"}, %b: tensor<2048x2048xf32> {nns.name = "b"}) -> (tensor<2048x2048xf32> {nns.name = "c"}) {
+  %c = "dnn.matmul"(%a, %b) : (tensor<2048x2048xf32>, tensor<2048x2048xf32>) -> tensor<2048x2048xf32>
+  return %c : tensor<2048x2048xf32>
+}
+MLIR
+"$bin/nnscaler" compile gemm.mlir -o "$out/gemm.nnsx" > /dev/null
+du -sh "$out"

@@ -1,0 +1,79 @@
+"""PyTorch references on the GPU for bench/gpu/check.sh.
+
+  torch_ref.py step LAYERS HEADS WIDTH BLOCK BATCH VOCAB   nanoGPT training step time (eager,
+      fp32, TF32 off): forward, backward, clipping at 1, AdamW; median of 10 after 3 warm-ups
+  torch_ref.py gemm N                                      torch.matmul TFLOP/s, fp32, TF32 off
+"""
+import statistics
+import sys
+import time
+
+import torch
+
+import models  # test/oracle/models.py, carried along
+
+
+def timed(fn, warm=3, runs=10):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def step(layers, heads, width, block, batch, vocab):
+    torch.manual_seed(0)
+    dev = "cuda"
+    c = {"layers": layers, "heads": heads}
+    p = {"wte": torch.randn(vocab, width) * 0.02, "wpe": torch.randn(block, width) * 0.02,
+         "ln_f.weight": torch.ones(width), "ln_f.bias": torch.zeros(width)}
+    for i in range(layers):
+        q = lambda n: f"h.{i}.{n}"  # noqa: E731
+        for n in ["ln_1", "ln_2"]:
+            p[q(n + ".weight")] = torch.ones(width)
+            p[q(n + ".bias")] = torch.zeros(width)
+        for n in ["attn.q", "attn.k", "attn.v", "attn.proj"]:
+            p[q(n + ".weight")] = torch.randn(width, width) * 0.02
+            p[q(n + ".bias")] = torch.zeros(width)
+        p[q("mlp.fc.weight")] = torch.randn(4 * width, width) * 0.02
+        p[q("mlp.fc.bias")] = torch.zeros(4 * width)
+        p[q("mlp.proj.weight")] = torch.randn(width, 4 * width) * 0.02
+        p[q("mlp.proj.bias")] = torch.zeros(width)
+    p = {k: v.to(dev).requires_grad_(True) for k, v in p.items()}
+    opt = torch.optim.AdamW([{"params": [v for v in p.values() if v.dim() >= 2], "weight_decay": 0.1},
+                             {"params": [v for v in p.values() if v.dim() < 2], "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.99))
+    x = torch.randint(0, vocab, (batch, block), device=dev)
+    y = torch.randint(0, vocab, (batch, block), device=dev)
+
+    def one():
+        loss = models.gpt(p, {"tokens": x, "targets": y}, c)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(p.values()), 1.0)
+        opt.step()
+
+    print(f"pytorch eager step {timed(one):.6f} s")
+
+
+def gemm(n):
+    a = torch.randn(n, n, device="cuda")
+    b = torch.randn(n, n, device="cuda")
+    s = timed(lambda: torch.matmul(a, b))
+    print(f"torch.matmul {n}^3 fp32: {2 * n ** 3 / s / 1e12:.2f} TFLOP/s ({s:.6f} s)")
+
+
+if __name__ == "__main__":
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if sys.argv[1] == "step":
+        step(*map(int, sys.argv[2:8]))
+    elif sys.argv[1] == "gemm":
+        gemm(int(sys.argv[2]))
+    else:
+        sys.exit(__doc__)

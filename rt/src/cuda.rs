@@ -1,0 +1,179 @@
+//! The CUDA backend (feature `cuda`): the artifact's PTX loaded through the driver API
+//! (cudarc, which loads `libcuda.so` at run time), kernels launched with the artifact's
+//! grids, one arena per virtual device on one GPU. Collectives run on the host over the
+//! arenas (downloaded and uploaded around each one): correct, not fast; NCCL and device
+//! reduction kernels are the next step.
+
+use crate::artifact::{Artifact, Step, BLOCK};
+use crate::host::{collective, load_inputs, results};
+use crate::tensor::Tensor;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use std::sync::Arc;
+
+/// Whether a CUDA driver can be loaded here, and how many devices it sees; the reason
+/// when not (tests that need a GPU print it and skip).
+pub fn available() -> Result<usize, String> {
+    // SAFETY: probing for the library has no preconditions (cudarc loads it on first use
+    // and panics when absent, so ask first).
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("no CUDA driver (libcuda.so cannot be loaded)".into());
+    }
+    let n = CudaContext::device_count().map_err(|e| format!("CUDA: {e}"))?;
+    if n < 1 {
+        return Err("the CUDA driver sees no device".into());
+    }
+    Ok(n as usize)
+}
+
+/// A loaded program on a GPU.
+pub struct CudaProgram {
+    art: Artifact,
+    stream: Arc<CudaStream>,
+    fns: Vec<CudaFunction>,
+}
+
+impl std::fmt::Debug for CudaProgram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaProgram")
+            .field("kernels", &self.fns.len())
+            .finish()
+    }
+}
+
+fn cuda<T>(r: Result<T, cudarc::driver::DriverError>, what: &str) -> Result<T, String> {
+    r.map_err(|e| format!("CUDA: {what}: {e}"))
+}
+
+impl CudaProgram {
+    /// Loads the artifact's PTX on GPU `ordinal`.
+    pub fn load(art: Artifact, ordinal: usize) -> Result<Self, String> {
+        available()?;
+        let ptx = art
+            .section("ptx")
+            .ok_or("the artifact has no ptx section")?;
+        let text =
+            String::from_utf8(ptx.to_vec()).map_err(|e| format!("the PTX is not text: {e}"))?;
+        let ctx = cuda(CudaContext::new(ordinal), "opening the device")?;
+        let module = cuda(
+            ctx.load_module(cudarc::nvrtc::Ptx::from_src(text)),
+            "loading the PTX (a driver older than the artifact's PTX version refuses it)",
+        )?;
+        let fns = art
+            .header
+            .kernels
+            .iter()
+            .map(|k| cuda(module.load_function(&k.name), &format!("kernel {}", k.name)))
+            .collect::<Result<_, _>>()?;
+        Ok(CudaProgram {
+            stream: ctx.default_stream(),
+            art,
+            fns,
+        })
+    }
+
+    /// Runs the program `repeat` times (at least once) on its arguments (whole tensors),
+    /// every virtual device's arena on the one GPU; returns the results made whole and the
+    /// seconds of each run's steps (after the arguments are on the GPU, until its last
+    /// kernel finished; collectives included).
+    pub fn run_timed(
+        &self,
+        inputs: &[Tensor],
+        repeat: usize,
+    ) -> Result<(Vec<Tensor>, Vec<f64>), String> {
+        let mut host = load_inputs(&self.art, inputs)?;
+        let mut times = Vec::new();
+        let mut dev = Vec::new();
+        for _ in 0..repeat.max(1) {
+            // Every run starts from the arguments (a step may write over its inputs'
+            // space once they are dead).
+            dev = host
+                .iter()
+                .map(|a| cuda(self.stream.clone_htod(a), "copying the arguments"))
+                .collect::<Result<Vec<CudaSlice<u64>>, _>>()?;
+            cuda(self.stream.synchronize(), "copying the arguments")?;
+            let started = std::time::Instant::now();
+            self.execute(&mut dev, &mut host)?;
+            cuda(self.stream.synchronize(), "finishing the step")?;
+            times.push(started.elapsed().as_secs_f64());
+        }
+        for (h_arena, d_arena) in host.iter_mut().zip(&dev) {
+            cuda(
+                self.stream.memcpy_dtoh(d_arena, h_arena.as_mut_slice()),
+                "reading the results",
+            )?;
+        }
+        cuda(self.stream.synchronize(), "reading the results")?;
+        Ok((results(&self.art, &host)?, times))
+    }
+
+    /// The steps over the device arenas (`host`: scratch copies for collectives).
+    fn execute(&self, dev: &mut [CudaSlice<u64>], host: &mut [Vec<u64>]) -> Result<(), String> {
+        let h = &self.art.header;
+        for s in &h.steps {
+            match s {
+                Step::Launch { kernel, buffers } => {
+                    let k = &h.kernels[*kernel];
+                    for arena in dev.iter() {
+                        let (base, _sync) = arena.device_ptr(&self.stream);
+                        let ptrs: Vec<u64> = buffers
+                            .iter()
+                            .map(|&b| base + h.buffers[b].offset)
+                            .collect();
+                        let n = k.len as i64;
+                        let mut launch = self.stream.launch_builder(&self.fns[*kernel]);
+                        for p in &ptrs {
+                            launch.arg(p);
+                        }
+                        launch.arg(&n);
+                        let cfg = LaunchConfig {
+                            grid_dim: (k.grid.max(1) as u32, 1, 1),
+                            block_dim: (BLOCK, 1, 1),
+                            shared_mem_bytes: 0,
+                        };
+                        // SAFETY: the kernel takes these pointers (inside this arena, at
+                        // the offsets the memory plan gave) and the index count, and reads
+                        // and writes within each buffer's length (the compiler's contract).
+                        cuda(
+                            unsafe { launch.launch(cfg) },
+                            &format!("launching {}", k.name),
+                        )?;
+                    }
+                }
+                _ => {
+                    // Collectives on the host: arenas down, the step, arenas up.
+                    for (h_arena, d_arena) in host.iter_mut().zip(dev.iter()) {
+                        cuda(
+                            self.stream.memcpy_dtoh(d_arena, h_arena.as_mut_slice()),
+                            "reading an arena",
+                        )?;
+                    }
+                    cuda(self.stream.synchronize(), "reading an arena")?;
+                    collective(&self.art, s, host)?;
+                    for (h_arena, d_arena) in host.iter().zip(dev.iter_mut()) {
+                        cuda(
+                            self.stream.memcpy_htod(h_arena.as_slice(), d_arena),
+                            "writing an arena",
+                        )?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn without_a_driver_the_backend_says_so() {
+        match super::available() {
+            Ok(n) => println!("cuda: {n} device(s)"),
+            Err(e) => {
+                assert!(e.contains("CUDA"), "{e}");
+                println!("skipped: {e}");
+            }
+        }
+    }
+}
