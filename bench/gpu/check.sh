@@ -11,6 +11,15 @@ py=${PYTHON:-python3}
 date -u '+%Y-%m-%d %H:%M UTC'
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 ./nnscaler-rt --version
+# cuBLAS: the system's, else PyTorch's wheel's (linked under the plain name nnscaler-rt
+# looks for, next to its libcublasLt).
+if ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so '; then
+  so=$(find $("$py" -c 'import site; print(" ".join(site.getsitepackages()))') -name 'libcublas.so*' 2>/dev/null | head -1)
+  if [ -n "$so" ]; then
+    mkdir -p lib && ln -sf "$so" lib/libcublas.so
+    export LD_LIBRARY_PATH="$PWD/lib:$(dirname "$so"):${LD_LIBRARY_PATH:-}"
+  fi
+fi
 status=0
 for c in gpt-tiny-step gpt-tiny-dptp nanogpt-cpu-step; do
   echo "== $c"
@@ -26,7 +35,7 @@ echo "== nanogpt GPU config (6 layers, 6 heads, 384 wide, block 256, batch 64; f
 ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --inputs nanogpt-gpu-step.in.safetensors \
   --inputs nanogpt-gpu-step.params.safetensors -o /dev/null || status=1
 "$py" torch_ref.py step 6 6 384 256 64 65 || status=1
-echo "== GEMM 2048^3 fp32 (our generated kernel; cuBLAS is not wired in yet)"
+echo "== GEMM 2048^3 fp32"
 "$py" compare.py inputs gemm.nnsx gemm.in.safetensors
 ./nnscaler-rt run gemm.nnsx --backend cuda --repeat 5 --inputs gemm.in.safetensors -o /dev/null || status=1
 "$py" torch_ref.py gemm 2048 || status=1

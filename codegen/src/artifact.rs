@@ -258,7 +258,6 @@ pub fn artifact(
                         ta: m.ta,
                         tb: m.tb,
                         b_batched: m.b_batched,
-                        bias: m.bias,
                     }),
                     _ => None,
                 },

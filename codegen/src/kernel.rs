@@ -184,7 +184,7 @@ pub enum Body {
     AttnDkDv(Attn),
 }
 
-/// A (batched) matrix product `out[b] = A[b] B[b] (+ bias)`, row-major operands; `A` is
+/// A (batched) matrix product `out[b] = A[b] B[b]`, row-major operands; `A` is
 /// `[m, k]` or, transposed, `[k, m]`; `B` is `[k, n]` or, transposed, `[n, k]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gemm {
@@ -202,8 +202,6 @@ pub struct Gemm {
     pub tb: bool,
     /// Every product has its own `B` (else one `B` for all).
     pub b_batched: bool,
-    /// A bias of `n` added to every row (a third input).
-    pub bias: bool,
 }
 
 /// The shape of an attention: `q [b, h, s, d]`, `k [b, g, t, d]`, `v [b, g, t, e]`, query
@@ -556,20 +554,46 @@ pub fn lower(
         ),
         "dnn.reshape" => kernel(Body::Copy, out0.len()),
         "dnn.linear" => {
+            // x W^T as a pure product (a BLAS call on a GPU), then the bias added by an
+            // elementwise kernel, as the reference adds it to the product.
             let k = *ins[0].shape.last().unwrap_or(&1);
-            kernel(
-                Body::Gemm(Gemm {
-                    batch: 1,
-                    m: ins[0].len() / k.max(1),
-                    n: ins[1].shape[0],
-                    k,
-                    ta: false,
-                    tb: true,
-                    b_batched: false,
-                    bias: ins.len() > 2,
-                }),
-                out0.len(),
-            )
+            let gemm = Body::Gemm(Gemm {
+                batch: 1,
+                m: ins[0].len() / k.max(1),
+                n: ins[1].shape[0],
+                k,
+                ta: false,
+                tb: true,
+                b_batched: false,
+            });
+            if ins.len() < 3 {
+                kernel(gemm, out0.len())
+            } else {
+                let product = Buf::f32(&out0.shape);
+                return Ok(Lowered {
+                    kernels: vec![
+                        Kernel {
+                            name: format!("{name}_gemm"),
+                            body: gemm,
+                            inputs: ins[..2].to_vec(),
+                            outputs: vec![product.clone()],
+                            len: out0.len(),
+                        },
+                        Kernel {
+                            name: format!("{name}_bias"),
+                            body: Body::Map(vec![Expr::Input(0) + Expr::Input(1)]),
+                            inputs: vec![product.clone(), ins[2].clone()],
+                            outputs: outs.to_vec(),
+                            len: out0.len(),
+                        },
+                    ],
+                    temps: vec![product],
+                    launches: vec![
+                        (0, vec![Slot::In(0), Slot::In(1), Slot::Temp(0)]),
+                        (1, vec![Slot::Temp(0), Slot::In(2), Slot::Out(0)]),
+                    ],
+                });
+            }
         }
         "dnn.matmul" => {
             let flag =
@@ -595,7 +619,6 @@ pub fn lower(
                     ta,
                     tb,
                     b_batched: rb > 2,
-                    bias: false,
                 }),
                 out0.len(),
             )

@@ -1056,11 +1056,7 @@ impl<'ctx> Gen<'ctx> {
                     let p = g.fmul(g.ldf(ins[0], ai)?, g.ldf(ins[1], bi)?)?;
                     g.set(acc, g.fadd(g.getf(acc, f32t)?, p)?)
                 })?;
-                let mut v = self.getf(acc, f32t)?;
-                if m.bias {
-                    v = self.fadd(v, self.ldf(ins[2], c)?)?;
-                }
-                self.stf(outs[0], i, v)?;
+                self.stf(outs[0], i, self.getf(acc, f32t)?)?;
             }
             Body::Attention(a) => {
                 let row = self.attn_row(a, i)?;

@@ -123,8 +123,6 @@ pub struct Gemm {
     pub tb: bool,
     /// Each product has its own B.
     pub b_batched: bool,
-    /// A bias of `n` per row (a third input).
-    pub bias: bool,
 }
 
 /// A kernel: its symbol in `ptx` (and `<name>.host` in `host.so`) and launch geometry.

@@ -1,12 +1,15 @@
 //! The CUDA backend (feature `cuda`): the artifact's PTX loaded through the driver API
 //! (cudarc, which loads `libcuda.so` at run time), kernels launched with the artifact's
-//! grids, one arena per virtual device on one GPU. Collectives run on the host over the
-//! arenas (downloaded and uploaded around each one): correct, not fast; NCCL and device
-//! reduction kernels are the next step.
+//! grids, one arena per virtual device on one GPU. Matrix products go to cuBLAS
+//! (`cublasSgemmStridedBatched`, fp32 without TF32, row-major by swapping the operands)
+//! when `libcublas.so` loads, else to their generated kernels. Collectives run on the host
+//! over the arenas (downloaded and uploaded around each one): correct, not fast; NCCL and
+//! device reduction kernels are the next step.
 
-use crate::artifact::{Artifact, Step, BLOCK};
+use crate::artifact::{Artifact, Gemm, Step, BLOCK};
 use crate::host::{collective, load_inputs, results};
 use crate::tensor::Tensor;
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
@@ -32,6 +35,8 @@ pub struct CudaProgram {
     art: Artifact,
     stream: Arc<CudaStream>,
     fns: Vec<CudaFunction>,
+    blas: Option<CudaBlas>,
+    gemms: String,
 }
 
 impl std::fmt::Debug for CudaProgram {
@@ -66,11 +71,80 @@ impl CudaProgram {
             .iter()
             .map(|k| cuda(module.load_function(&k.name), &format!("kernel {}", k.name)))
             .collect::<Result<_, _>>()?;
+        let stream = ctx.default_stream();
+        let wants_blas = art.header.kernels.iter().any(|k| k.gemm.is_some());
+        // SAFETY: probing for the library has no preconditions.
+        let (blas, gemms) = if !wants_blas {
+            (None, "no matrix products".to_string())
+        } else if !unsafe { blas_sys::is_culib_present() } {
+            (
+                None,
+                "matrix products by generated kernels (libcublas.so not found)".to_string(),
+            )
+        } else {
+            match CudaBlas::new(stream.clone()) {
+                Ok(b) => (Some(b), "matrix products by cuBLAS".to_string()),
+                Err(e) => (
+                    None,
+                    format!("matrix products by generated kernels (cuBLAS: {e})"),
+                ),
+            }
+        };
         Ok(CudaProgram {
-            stream: ctx.default_stream(),
+            stream,
             art,
             fns,
+            blas,
+            gemms,
         })
+    }
+
+    /// How matrix products run (cuBLAS, or the generated kernels and why).
+    pub fn gemms(&self) -> &str {
+        &self.gemms
+    }
+
+    /// `out = A B` for row-major operands (a column-major BLAS computes `out^T = B^T A^T`:
+    /// the operands swap, each transposed flag read against its stored layout).
+    fn gemm(&self, blas: &CudaBlas, g: &Gemm, a: u64, b: u64, c: u64) -> Result<(), String> {
+        let (m, n, k) = (g.m as i32, g.n as i32, g.k as i32);
+        let op = |t: bool| {
+            if t {
+                blas_sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                blas_sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let lda = if g.ta { m } else { k };
+        let ldb = if g.tb { k } else { n };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let stride_b = if g.b_batched { g.k * g.n } else { 0 };
+        // SAFETY: a, b, c point into this device's arena at buffers of the product's
+        // sizes (the compiler's memory plan); the scalars are host values cuBLAS reads
+        // during the call.
+        unsafe {
+            blas::sgemm_strided_batched(
+                *blas.handle(),
+                op(g.tb),
+                op(g.ta),
+                n,
+                m,
+                k,
+                &alpha,
+                b as *const f32,
+                ldb,
+                stride_b as i64,
+                a as *const f32,
+                lda,
+                (g.m * g.k) as i64,
+                &beta,
+                c as *mut f32,
+                n,
+                (g.m * g.n) as i64,
+                g.batch as i32,
+            )
+        }
+        .map_err(|e| format!("cuBLAS: {e}"))
     }
 
     /// Runs the program `repeat` times (at least once) on its arguments (whole tensors),
@@ -121,6 +195,10 @@ impl CudaProgram {
                             .iter()
                             .map(|&b| base + h.buffers[b].offset)
                             .collect();
+                        if let (Some(g), Some(blas)) = (&k.gemm, &self.blas) {
+                            self.gemm(blas, g, ptrs[0], ptrs[1], ptrs[2])?;
+                            continue;
+                        }
                         let n = k.len as i64;
                         let mut launch = self.stream.launch_builder(&self.fns[*kernel]);
                         for p in &ptrs {

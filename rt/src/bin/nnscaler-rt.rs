@@ -161,7 +161,9 @@ fn run_cuda(
     args: &[Tensor],
     repeat: usize,
 ) -> Result<(Vec<Tensor>, Vec<f64>), String> {
-    nnscaler_rt::cuda::CudaProgram::load(a, 0)?.run_timed(args, repeat)
+    let prog = nnscaler_rt::cuda::CudaProgram::load(a, 0)?;
+    eprintln!("nnscaler-rt: {}", prog.gemms());
+    prog.run_timed(args, repeat)
 }
 
 #[cfg(not(feature = "cuda"))]
