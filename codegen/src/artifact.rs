@@ -159,6 +159,10 @@ pub fn artifact(
         index.insert(BufId::Temp(t), bufs.len());
         bufs.push(b.clone());
     }
+    for (c, (b, _)) in p.consts.iter().enumerate() {
+        index.insert(BufId::Const(c), bufs.len());
+        bufs.push(b.clone());
+    }
     let steps = p.launches.len();
     let mut live: Vec<Option<(usize, usize)>> = vec![None; bufs.len()];
     let mut touch = |b: usize, s: usize| {
@@ -171,6 +175,11 @@ pub fn artifact(
     }
     for &v in &p.outputs {
         touch(index[&BufId::Value(v)], steps);
+    }
+    // Constants are written before the first step and read later: alive throughout.
+    for c in 0..p.consts.len() {
+        touch(index[&BufId::Const(c)], 0);
+        touch(index[&BufId::Const(c)], steps);
     }
     for (s, l) in p.launches.iter().enumerate() {
         for b in &l.bufs {
@@ -241,6 +250,19 @@ pub fn artifact(
             })
             .collect(),
         arena_bytes,
+        constants: {
+            let mut off = 0u64;
+            (0..p.consts.len())
+                .map(|c| {
+                    let k = nx::Constant {
+                        buffer: index[&BufId::Const(c)],
+                        offset: off,
+                    };
+                    off += p.consts[c].1.len() as u64 * 4;
+                    k
+                })
+                .collect()
+        },
         kernels: p
             .kernels
             .iter()
@@ -311,12 +333,20 @@ pub fn artifact(
     };
     let ptx_text = ptx(&p.kernels, gpu)?;
     let so = host_shared_object(&p.kernels)?;
+    let consts: Vec<u8> = p
+        .consts
+        .iter()
+        .flat_map(|(_, v)| v.iter().flat_map(|x| x.to_le_bytes()))
+        .collect();
     Ok(nx::Artifact {
         header,
-        sections: vec![
-            ("ptx".into(), ptx_text.into_bytes()),
-            ("host.so".into(), so),
-        ],
+        sections: [
+            ("ptx".to_string(), ptx_text.into_bytes()),
+            ("host.so".to_string(), so),
+        ]
+        .into_iter()
+        .chain((!consts.is_empty()).then(|| ("consts".to_string(), consts)))
+        .collect(),
     })
 }
 

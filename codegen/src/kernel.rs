@@ -170,6 +170,14 @@ pub enum Body {
     },
     /// Element `i` copied (a reshape: same elements, new shape; f32 or i64).
     Copy,
+    /// Element `i` of a rotary position embedding of `x [b, h, s, d]` (rotate-half form):
+    /// `x, cos, sin -> out`, the tables `[s, d / 2]` (sin signed: the gradient rotates back).
+    Rotary {
+        /// Positions.
+        s: usize,
+        /// Width (even).
+        d: usize,
+    },
     /// Output element `i` of a matrix product (on a GPU, a cuBLAS call replaces it).
     Gemm(Gemm),
     /// Query row `i` of scaled dot-product attention: `q, k, v -> out`.
@@ -268,7 +276,7 @@ pub struct Kernel {
     pub len: usize,
 }
 
-/// A launch's buffer: an op operand, result, or a temporary.
+/// A launch's buffer: an op operand, result, a temporary or a constant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Slot {
     /// Operand `k` of the op.
@@ -277,6 +285,8 @@ pub enum Slot {
     Out(usize),
     /// Temporary `k`.
     Temp(usize),
+    /// Constant `k` (values fixed at compile time, e.g. rotary's tables).
+    Const(usize),
 }
 
 /// One op as kernels: launched in order, each on its slots (inputs then outputs).
@@ -286,6 +296,9 @@ pub struct Lowered {
     pub kernels: Vec<Kernel>,
     /// Temporaries (live during the op only).
     pub temps: Vec<Buf>,
+    /// Constants: f32 buffers and their values, computed here as the reference computes
+    /// them.
+    pub consts: Vec<(Buf, Vec<f32>)>,
     /// `(kernel, slots)` in launch order.
     pub launches: Vec<(usize, Vec<Slot>)>,
 }
@@ -299,6 +312,7 @@ impl Lowered {
         Lowered {
             kernels: vec![k],
             temps: Vec::new(),
+            consts: Vec::new(),
             launches: vec![(0, slots)],
         }
     }
@@ -356,7 +370,9 @@ pub fn covered(op: &str, attrs: &Attrs) -> bool {
         | "dnn.matmul"
         | "dnn.linear"
         | "dnn.attention"
-        | "dnn.attention_grad" => true,
+        | "dnn.attention_grad"
+        | "dnn.rotary"
+        | "dnn.rotary_grad" => true,
         "dnn.embedding" => !attrs.contains_key("row_axes"),
         _ => false,
     }
@@ -476,6 +492,7 @@ pub fn lower(
             return Ok(Lowered {
                 kernels: vec![k_rows, k_cols],
                 temps: vec![stats],
+                consts: Vec::new(),
                 launches: vec![
                     (
                         0,
@@ -523,6 +540,7 @@ pub fn lower(
                     },
                 ],
                 temps: vec![loss],
+                consts: Vec::new(),
                 launches: vec![
                     (0, vec![Slot::In(0), Slot::In(1), Slot::Temp(0)]),
                     (1, vec![Slot::Temp(0), Slot::Out(0)]),
@@ -553,6 +571,45 @@ pub fn lower(
             1,
         ),
         "dnn.reshape" => kernel(Body::Copy, out0.len()),
+        "dnn.rotary" | "dnn.rotary_grad" => {
+            let x = &ins[0];
+            if x.shape.len() != 4 || x.shape[3] % 2 != 0 {
+                return Err(format!("'{op}' needs [b, h, s, d] with an even d"));
+            }
+            let (s, d) = (x.shape[2], x.shape[3]);
+            let half = d / 2;
+            let theta = float(attrs, "theta", 10000.0);
+            let sign = if op == "dnn.rotary" { 1.0f32 } else { -1.0 };
+            // The reference's tables, computed the same way (f64 inverse frequencies, f32
+            // angles, f32 cos and sin).
+            let (mut cos, mut sin) = (vec![0.0f32; s * half], vec![0.0f32; s * half]);
+            for p in 0..s {
+                for j in 0..half {
+                    let inv = theta.powf(-2.0 * j as f64 / d as f64) as f32;
+                    let a = p as f32 * inv;
+                    cos[p * half + j] = a.cos();
+                    sin[p * half + j] = sign * a.sin();
+                }
+            }
+            let table = Buf::f32(&[s, half]);
+            let mut inputs = ins.to_vec();
+            inputs.extend([table.clone(), table.clone()]);
+            return Ok(Lowered {
+                kernels: vec![Kernel {
+                    name: name.to_string(),
+                    body: Body::Rotary { s, d },
+                    inputs,
+                    outputs: outs.to_vec(),
+                    len: out0.len(),
+                }],
+                temps: Vec::new(),
+                consts: vec![(table.clone(), cos), (table, sin)],
+                launches: vec![(
+                    0,
+                    vec![Slot::In(0), Slot::Const(0), Slot::Const(1), Slot::Out(0)],
+                )],
+            });
+        }
         "dnn.linear" => {
             // x W^T as a pure product (a BLAS call on a GPU), then the bias added by an
             // elementwise kernel, as the reference adds it to the product.
@@ -588,6 +645,7 @@ pub fn lower(
                         },
                     ],
                     temps: vec![product],
+                    consts: Vec::new(),
                     launches: vec![
                         (0, vec![Slot::In(0), Slot::In(1), Slot::Temp(0)]),
                         (1, vec![Slot::Temp(0), Slot::In(2), Slot::Out(0)]),
@@ -667,6 +725,7 @@ pub fn lower(
                     },
                 ],
                 temps: vec![stats],
+                consts: Vec::new(),
                 launches: vec![
                     (0, reads.to_vec()),
                     (1, [&reads[..], &[Slot::Out(0)]].concat()),

@@ -547,6 +547,9 @@ impl<'ctx> Gen<'ctx> {
     fn mul_i(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
         e(self.b.build_int_mul(a, b, ""))
     }
+    fn e_sub(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        e(self.b.build_int_sub(a, b, ""))
+    }
     fn div_i(&self, a: IntValue<'ctx>, b: usize) -> R<IntValue<'ctx>> {
         e(self.b.build_int_unsigned_div(a, self.i64c(b), ""))
     }
@@ -1029,6 +1032,30 @@ impl<'ctx> Gen<'ctx> {
                     align8(v.as_instruction_value())?;
                     align8(Some(st))?;
                 }
+            }
+            Body::Rotary { s, d } => {
+                // ins: x, cos, sin (tables [s, d/2]).
+                let half = d / 2;
+                let jj = self.rem_i(i, *d)?;
+                let p = self.rem_i(self.div_i(i, *d)?, *s)?;
+                let base = self.e_sub(i, jj)?;
+                let first =
+                    e(self
+                        .b
+                        .build_int_compare(IntPredicate::ULT, jj, self.i64c(half), ""))?;
+                let j = e(self
+                    .b
+                    .build_select(first, jj, self.e_sub(jj, self.i64c(half))?, ""))?
+                .into_int_value();
+                let t = self.add_i(self.mul_i(p, self.i64c(half))?, j)?;
+                let (c, sn) = (self.ldf(ins[1], t)?, self.ldf(ins[2], t)?);
+                let a = self.ldf(ins[0], self.add_i(base, j)?)?;
+                let b = self.ldf(ins[0], self.add_i(self.add_i(base, j)?, self.i64c(half))?)?;
+                // out[j] = a cos - b sin; out[j + half] = b cos + a sin.
+                let lo = self.fsub(self.fmul(a, c)?, self.fmul(b, sn)?)?;
+                let hi = self.fadd(self.fmul(b, c)?, self.fmul(a, sn)?)?;
+                let v = e(self.b.build_select(first, lo, hi, ""))?.into_float_value();
+                self.stf(outs[0], i, v)?;
             }
             Body::Gemm(m) => {
                 let (mm, n, kk) = (m.m, m.n, m.k);

@@ -17,6 +17,8 @@ pub enum BufId {
     Value(ValueId),
     /// Temporary `k` of [`Program::temps`].
     Temp(usize),
+    /// Constant `k` of [`Program::consts`].
+    Const(usize),
 }
 
 /// A collective among the devices of a mesh: each group (the devices that agree on every
@@ -133,6 +135,8 @@ pub struct Program {
     pub values: Vec<Option<Buf>>,
     /// Temporaries of the ops that need them.
     pub temps: Vec<Buf>,
+    /// Constants (buffers with compile-time values), live for the whole program.
+    pub consts: Vec<(Buf, Vec<f32>)>,
     /// Launches in program order.
     pub launches: Vec<Launch>,
     /// The function's arguments' values, in order.
@@ -158,6 +162,7 @@ pub fn compile(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
         kernels: Vec::new(),
         values: vec![None; g.values.len()],
         temps: Vec::new(),
+        consts: Vec::new(),
         launches: Vec::new(),
         inputs: g.args.iter().map(|a| a.value).collect(),
         outputs: g.outputs.iter().map(|o| o.value).collect(),
@@ -246,6 +251,8 @@ pub fn compile(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
         let base = p.kernels.len();
         let temp0 = p.temps.len();
         p.temps.extend(l.temps.iter().cloned());
+        let const0 = p.consts.len();
+        p.consts.extend(l.consts.iter().cloned());
         for &v in n.inputs.iter().chain(&n.outputs) {
             touch(&mut p, v);
         }
@@ -256,6 +263,7 @@ pub fn compile(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
                     Slot::In(j) => BufId::Value(n.inputs[j]),
                     Slot::Out(j) => BufId::Value(n.outputs[j]),
                     Slot::Temp(j) => BufId::Temp(temp0 + j),
+                    Slot::Const(j) => BufId::Const(const0 + j),
                 })
                 .collect();
             p.launches.push(Launch {

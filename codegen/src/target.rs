@@ -275,6 +275,7 @@ impl HostKernels {
     /// Runs an op's launches ([`Lowered`]; its kernels compiled here) on its operands.
     pub fn run_lowered(&self, l: &Lowered, inputs: &[&Data]) -> R<Vec<Data>> {
         let mut outs: Vec<Option<Data>> = Vec::new();
+        let mut consts: Vec<Data> = l.consts.iter().map(|(_, v)| Data::F32(v.clone())).collect();
         let mut temps: Vec<Data> = l
             .temps
             .iter()
@@ -297,6 +298,7 @@ impl HostKernels {
                         outs[j].get_or_insert_with(|| Data::zeros(b.elt, b.len()))
                     }
                     Slot::Temp(j) => temps.get_mut(j).ok_or("missing temporary")?,
+                    Slot::Const(j) => consts.get_mut(j).ok_or("missing constant")?,
                 };
                 args.push((d.ptr_mut(), d.len(), d.elt()));
             }
@@ -335,6 +337,7 @@ impl HostKernels {
             }
             *slot = d;
         }
+        let mut consts: Vec<Data> = p.consts.iter().map(|(_, v)| Data::F32(v.clone())).collect();
         let mut temps: Vec<Data> = p
             .temps
             .iter()
@@ -352,6 +355,7 @@ impl HostKernels {
                 let d = match *b {
                     BufId::Value(v) => values[v].as_mut().ok_or("a value without a buffer")?,
                     BufId::Temp(t) => temps.get_mut(t).ok_or("missing temporary")?,
+                    BufId::Const(c) => consts.get_mut(c).ok_or("missing constant")?,
                 };
                 args.push((d.ptr_mut(), d.len(), d.elt()));
             }

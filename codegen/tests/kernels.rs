@@ -328,6 +328,15 @@ fn op_cases() -> Vec<Case> {
             vec![ty(&[3, 16, 5]), ty(&[3, 16, 7])],
         ),
     ]);
+    cases.extend([
+        ("dnn.rotary", Attrs::new(), vec![ty(&[2, 3, 5, 8])]),
+        (
+            "dnn.rotary",
+            attrs(&[("theta", Float(5e5))]),
+            vec![ty(&[2, 3, 5, 8])],
+        ),
+        ("dnn.rotary_grad", Attrs::new(), vec![ty(&[2, 3, 5, 8])]),
+    ]);
     let (q, kv) = (ty(&[2, 4, 9, 8]), ty(&[2, 2, 9, 8]));
     for a in [
         attrs(&[("causal", AttrValue::Bool(true))]),
@@ -754,4 +763,9 @@ fn whole_step(name: &str, vocab: i64) {
 #[test]
 fn whole_gpt_step_matches_the_interpreter() {
     whole_step("nanogpt-cpu", 65);
+}
+
+#[test]
+fn whole_llama_step_matches_the_interpreter() {
+    whole_step("llama-tiny", 11);
 }

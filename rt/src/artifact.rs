@@ -202,6 +202,16 @@ pub enum Step {
     },
 }
 
+/// A buffer whose values are fixed at compile time (rotary's tables): written into every
+/// device's arena before the first step, from the `consts` section.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Constant {
+    /// The buffer.
+    pub buffer: usize,
+    /// Byte offset in the `consts` section.
+    pub offset: u64,
+}
+
 /// A section's place in the file (after the header) and its checksum.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Section {
@@ -235,6 +245,9 @@ pub struct Header {
     pub buffers: Vec<Buffer>,
     /// Bytes of the arena every buffer lies in.
     pub arena_bytes: u64,
+    /// Buffers with compile-time values.
+    #[serde(default)]
+    pub constants: Vec<Constant>,
     /// The kernels.
     pub kernels: Vec<Kernel>,
     /// What runs, in order.
@@ -376,6 +389,18 @@ impl Artifact {
                 ));
             }
         }
+        let consts = self.section("consts").map_or(0, |c| c.len() as u64);
+        for c in &h.constants {
+            let b = h.buffers.get(c.buffer).ok_or_else(|| {
+                format!("a constant names buffer {}, which does not exist", c.buffer)
+            })?;
+            if c.offset.saturating_add(b.bytes()) > consts {
+                return Err(format!(
+                    "constant buffer {} lies outside the consts section ({consts} bytes)",
+                    c.buffer
+                ));
+            }
+        }
         let devices = self.devices();
         for p in h.inputs.iter().chain(&h.outputs) {
             let b = &h.buffers[p.buffer];
@@ -490,6 +515,7 @@ mod tests {
                     },
                 ],
                 arena_bytes: 512,
+                constants: Vec::new(),
                 kernels: vec![Kernel {
                     name: "k0".into(),
                     len: 4,

@@ -133,6 +133,14 @@ pub(crate) fn load_inputs(art: &Artifact, inputs: &[Tensor]) -> Result<Vec<Vec<u
     }
     let words = h.arena_bytes.div_ceil(8) as usize;
     let mut arenas: Vec<Vec<u64>> = (0..art.devices()).map(|_| vec![0u64; words]).collect();
+    let consts = art.section("consts").unwrap_or_default();
+    for c in &h.constants {
+        let b = &h.buffers[c.buffer];
+        let src = &consts[c.offset as usize..][..b.bytes() as usize];
+        for arena in &mut arenas {
+            bytes_mut(arena)[b.offset as usize..][..src.len()].copy_from_slice(src);
+        }
+    }
     for (p, t) in h.inputs.iter().zip(inputs) {
         let b = &h.buffers[p.buffer];
         if t.shape != p.global_shape || t.elt() != b.elt {
