@@ -573,7 +573,7 @@ pub fn lower(
         "dnn.reshape" => kernel(Body::Copy, out0.len()),
         "dnn.rotary" | "dnn.rotary_grad" => {
             let x = &ins[0];
-            if x.shape.len() != 4 || x.shape[3] % 2 != 0 {
+            if x.shape.len() != 4 || !x.shape[3].is_multiple_of(2) {
                 return Err(format!("'{op}' needs [b, h, s, d] with an even d"));
             }
             let (s, d) = (x.shape[2], x.shape[3]);
