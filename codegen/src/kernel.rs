@@ -170,6 +170,14 @@ pub enum Body {
     },
     /// Element `i` copied (a reshape: same elements, new shape; f32 or i64).
     Copy,
+    /// Element `i` of dropout: `x [, step] -> out`, the mask the runtime's counter-based
+    /// RNG draws for (seed, the element's index) (seed mixed with the step when given).
+    Dropout {
+        /// Drop probability.
+        p: f64,
+        /// The mask's seed.
+        seed: u64,
+    },
     /// Element `i` of a rotary position embedding of `x [b, h, s, d]` (rotate-half form):
     /// `x, cos, sin -> out`, the tables `[s, d / 2]` (sin signed: the gradient rotates back).
     Rotary {
@@ -374,6 +382,7 @@ pub fn covered(op: &str, attrs: &Attrs) -> bool {
         | "dnn.rotary"
         | "dnn.rotary_grad" => true,
         "dnn.embedding" => !attrs.contains_key("row_axes"),
+        "dnn.dropout" => !attrs.contains_key("dim_axes"),
         _ => false,
     }
 }
@@ -571,6 +580,21 @@ pub fn lower(
             1,
         ),
         "dnn.reshape" => kernel(Body::Copy, out0.len()),
+        "dnn.dropout" => {
+            if attrs.contains_key("dim_axes") {
+                return Err(
+                    "'dnn.dropout' on a shard (dim_axes: its mask is indexed globally) has no GPU kernel yet"
+                        .into(),
+                );
+            }
+            kernel(
+                Body::Dropout {
+                    p: float(attrs, "p", 0.0),
+                    seed: int(attrs, "seed", 0) as u64,
+                },
+                out0.len(),
+            )
+        }
         "dnn.rotary" | "dnn.rotary_grad" => {
             let x = &ins[0];
             if x.shape.len() != 4 || !x.shape[3].is_multiple_of(2) {

@@ -594,7 +594,43 @@ impl<'ctx> Gen<'ctx> {
         self.getf(acc, self.ctx.f64_type())
     }
 
-    /// Adds `K.body(i64 i, ptr buffers...)` for a kernel (inputs, then outputs).
+    /// SplitMix64's finalizer (the runtime's `rng::mix64`).
+    fn mix64(&self, z: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let i64t = self.ctx.i64_type();
+        let c = |v: u64| i64t.const_int(v, false);
+        let z = e(self.b.build_int_add(z, c(0x9E37_79B9_7F4A_7C15), ""))?;
+        let z = e(self.b.build_int_mul(
+            e(self
+                .b
+                .build_xor(z, e(self.b.build_right_shift(z, c(30), false, ""))?, ""))?,
+            c(0xBF58_476D_1CE4_E5B9),
+            "",
+        ))?;
+        let z = e(self.b.build_int_mul(
+            e(self
+                .b
+                .build_xor(z, e(self.b.build_right_shift(z, c(27), false, ""))?, ""))?,
+            c(0x94D0_49BB_1331_11EB),
+            "",
+        ))?;
+        e(self
+            .b
+            .build_xor(z, e(self.b.build_right_shift(z, c(31), false, ""))?, ""))
+    }
+
+    /// The runtime's `rng::bits(seed, stream, index)`.
+    fn rng_bits(
+        &self,
+        seed: IntValue<'ctx>,
+        stream: u64,
+        index: IntValue<'ctx>,
+    ) -> R<IntValue<'ctx>> {
+        let ms = self.ctx.i64_type().const_int(mix64_const(stream), false);
+        let inner = self.mix64(e(self.b.build_xor(seed, ms, ""))?)?;
+        self.mix64(e(self.b.build_xor(inner, index, ""))?)
+    }
+
+    /// Adds `K.body(i64 i, ptr buffers...)` for a kernel (inputs, then outputs).    /// Adds `K.body(i64 i, ptr buffers...)` for a kernel (inputs, then outputs).
     pub fn kernel(&self, k: &Kernel) -> R<FunctionValue<'ctx>> {
         let i64t = self.ctx.i64_type();
         let ptr = self.ctx.ptr_type(AddressSpace::default());
@@ -1055,6 +1091,37 @@ impl<'ctx> Gen<'ctx> {
                 let lo = self.fsub(self.fmul(a, c)?, self.fmul(b, sn)?)?;
                 let hi = self.fadd(self.fmul(b, c)?, self.fmul(a, sn)?)?;
                 let v = e(self.b.build_select(first, lo, hi, ""))?.into_float_value();
+                self.stf(outs[0], i, v)?;
+            }
+            Body::Dropout { p, seed } => {
+                let i64t = self.ctx.i64_type();
+                // The runtime's rng: bits(seed, stream, index) =
+                // mix64(mix64(seed ^ mix64(stream)) ^ index); with a step, the seed is
+                // bits(seed, 0x5eed, step) first.
+                let mut sd = i64t.const_int(*seed, false);
+                if k.inputs.len() > 1 {
+                    let t = self.ldf(ins[1], self.i64c(0))?;
+                    let t = e(self.b.build_float_to_unsigned_int(t, i64t, ""))?;
+                    sd = self.rng_bits(sd, 0x5eed, t)?;
+                }
+                let bits = self.rng_bits(sd, 0x0064_726f_706f_7574, i)?;
+                let top = e(self
+                    .b
+                    .build_right_shift(bits, i64t.const_int(11, false), false, ""))?;
+                let u = e(self
+                    .b
+                    .build_unsigned_int_to_float(top, self.ctx.f64_type(), ""))?;
+                let u = self.fmul(u, self.dconst(1.0 / (1u64 << 53) as f64))?;
+                let x = self.ldf(ins[0], i)?;
+                let scale = self.fconst((1.0 / (1.0 - p)) as f32);
+                let kept = self.fmul(x, scale)?;
+                let v = self.select(
+                    FloatPredicate::OGE,
+                    u,
+                    self.dconst(*p),
+                    kept,
+                    self.fconst(0.0),
+                )?;
                 self.stf(outs[0], i, v)?;
             }
             Body::Gemm(m) => {
@@ -1518,4 +1585,12 @@ struct AttnRow<'ctx> {
     kv_base: IntValue<'ctx>,
     /// Keys it sees: `0..lim`.
     lim: IntValue<'ctx>,
+}
+
+/// `rng::mix64` at compile time (for constant streams).
+fn mix64_const(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }

@@ -329,6 +329,16 @@ fn op_cases() -> Vec<Case> {
         ),
     ]);
     cases.extend([
+        (
+            "dnn.dropout",
+            attrs(&[("p", Float(0.3)), ("seed", Int(7))]),
+            vec![ty(&[6, 50])],
+        ),
+        (
+            "dnn.dropout",
+            attrs(&[("p", Float(0.1)), ("seed", Int(-3))]),
+            vec![ty(&[6, 50]), ty(&[])],
+        ),
         ("dnn.rotary", Attrs::new(), vec![ty(&[2, 3, 5, 8])]),
         (
             "dnn.rotary",
@@ -411,6 +421,9 @@ fn every_covered_op_matches_the_reference() {
         }
         if *op == "dnn.clip_scale" {
             ins[0] = Tensor::scalar(23.0);
+        }
+        if *op == "dnn.dropout" && ins.len() > 1 {
+            ins[1] = Tensor::scalar(9.0);
         }
         operands.push(ins);
     }
