@@ -16,7 +16,8 @@
 //! Covered: every elementwise op (fused), reductions, the softmax family, transpose,
 //! reshape, matrix products, attention and its gradient, layer and RMS norm with their
 //! gradients, embedding and its gradient, cross-entropy and its gradient, AdamW and
-//! clipping's factor, rotary ([`kernel::covered`]). Not built yet (issue 13): dropout,
+//! clipping's factor, rotary, dropout on whole tensors ([`kernel::covered`]). Not built
+//! yet (issue 13): dropout on shards,
 //! slicing and concatenation, vocabulary-parallel pieces, cuBLAS for the matrix products,
 //! the artifact and its runtime.
 
