@@ -252,14 +252,19 @@ pub fn artifact(
         arena_bytes,
         constants: {
             let mut off = 0u64;
-            (0..p.consts.len())
-                .map(|c| {
-                    let k = nx::Constant {
-                        buffer: index[&BufId::Const(c)],
-                        offset: off,
-                    };
-                    off += p.consts[c].1.len() as u64 * 4;
-                    k
+            p.consts
+                .iter()
+                .enumerate()
+                .map(|(c, (_, values))| nx::Constant {
+                    buffer: index[&BufId::Const(c)],
+                    offsets: values
+                        .iter()
+                        .map(|v| {
+                            let at = off;
+                            off += v.len() as u64;
+                            at
+                        })
+                        .collect(),
                 })
                 .collect()
         },
@@ -336,7 +341,7 @@ pub fn artifact(
     let consts: Vec<u8> = p
         .consts
         .iter()
-        .flat_map(|(_, v)| v.iter().flat_map(|x| x.to_le_bytes()))
+        .flat_map(|(_, v)| v.iter().flatten().copied())
         .collect();
     Ok(nx::Artifact {
         header,

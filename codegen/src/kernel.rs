@@ -132,11 +132,26 @@ pub enum Body {
         /// RMS norm (no bias gradient).
         rms: bool,
     },
-    /// Output element `i` of an embedding lookup: `ids, table -> out`; `rows_offset` is
-    /// the first row this table shard holds (ids outside it give 0).
+    /// Output element `i` of an embedding lookup: `ids, table [, offset] -> out`; on a
+    /// shard of the table's rows, `offset` (an i64 scalar) is its first row and ids outside
+    /// it give 0.
     Embedding {
-        /// First row of the shard.
-        rows_offset: usize,
+        /// The table is a row shard (a third input).
+        sharded: bool,
+    },
+    /// Row `i`'s target logit: `logits [rows, v], targets [, offset] -> out [rows]`; on a
+    /// class shard, targets outside it give 0.
+    Pick {
+        /// The logits are a class shard (a third input).
+        sharded: bool,
+    },
+    /// Row `i` of cross-entropy's gradient from a known log-sum-exp:
+    /// `dloss, logits, targets, lse [, offset] -> dlogits` (`dnn.softmax_xent_grad`).
+    XentGradLse {
+        /// Rows the loss averages over.
+        count: usize,
+        /// The logits are a class shard (a fifth input).
+        sharded: bool,
     },
     /// Column `i` of an embedding's gradient: `dy, ids -> table`, tokens in order.
     EmbeddingGrad,
@@ -297,6 +312,21 @@ pub enum Slot {
     Const(usize),
 }
 
+/// A constant's values.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ConstValues {
+    /// The same f32 values on every device.
+    F32(Vec<f32>),
+    /// An i64 scalar, per device: its block index along mesh axes `axes` (outer first)
+    /// times `len`, the offset of its shard in the whole dim (0 without a mesh).
+    Offset {
+        /// The mesh axes splitting the dim.
+        axes: Vec<String>,
+        /// The shard's length.
+        len: usize,
+    },
+}
+
 /// One op as kernels: launched in order, each on its slots (inputs then outputs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Lowered {
@@ -304,9 +334,9 @@ pub struct Lowered {
     pub kernels: Vec<Kernel>,
     /// Temporaries (live during the op only).
     pub temps: Vec<Buf>,
-    /// Constants: f32 buffers and their values, computed here as the reference computes
-    /// them.
-    pub consts: Vec<(Buf, Vec<f32>)>,
+    /// Constants: buffers and their values (computed here as the reference computes
+    /// them, or per device).
+    pub consts: Vec<(Buf, ConstValues)>,
     /// `(kernel, slots)` in launch order.
     pub launches: Vec<(usize, Vec<Slot>)>,
 }
@@ -381,7 +411,7 @@ pub fn covered(op: &str, attrs: &Attrs) -> bool {
         | "dnn.attention_grad"
         | "dnn.rotary"
         | "dnn.rotary_grad" => true,
-        "dnn.embedding" => !attrs.contains_key("row_axes"),
+        "dnn.embedding" | "dnn.pick" | "dnn.softmax_xent_grad" => true,
         "dnn.dropout" => !attrs.contains_key("dim_axes"),
         _ => false,
     }
@@ -517,11 +547,76 @@ pub fn lower(
                 ],
             });
         }
-        "dnn.embedding" => {
-            if attrs.contains_key("row_axes") {
-                return Err("'dnn.embedding' on a row shard (row_axes) has no kernel yet".into());
-            }
-            kernel(Body::Embedding { rows_offset: 0 }, out0.len())
+        "dnn.embedding" | "dnn.pick" | "dnn.softmax_xent_grad" => {
+            // On a shard (row_axes / offset_axes), the shard's offset is a per-device
+            // constant input.
+            let key = if op == "dnn.embedding" {
+                "row_axes"
+            } else {
+                "offset_axes"
+            };
+            let sharded = match attrs.get(key) {
+                Some(AttrValue::Strs(a)) => Some(a.clone()),
+                Some(_) => return Err(format!("'{op}': '{key}' must list mesh axes")),
+                None => None,
+            };
+            let (body, len, shard_len) = match op {
+                "dnn.embedding" => (
+                    Body::Embedding {
+                        sharded: sharded.is_some(),
+                    },
+                    out0.len(),
+                    ins[1].shape[0],
+                ),
+                "dnn.pick" => (
+                    Body::Pick {
+                        sharded: sharded.is_some(),
+                    },
+                    ins[0].shape[0],
+                    ins[0].shape[1],
+                ),
+                _ => (
+                    Body::XentGradLse {
+                        count: match int(attrs, "count", 0) {
+                            0 => ins[1].shape[0],
+                            c => c as usize,
+                        },
+                        sharded: sharded.is_some(),
+                    },
+                    ins[1].shape[0],
+                    ins[1].shape[1],
+                ),
+            };
+            let Some(axes) = sharded else {
+                return Ok(Lowered::one(kernel(body, len)));
+            };
+            let offset = Buf {
+                shape: Vec::new(),
+                elt: Elt::I64,
+            };
+            let mut inputs = ins.to_vec();
+            inputs.push(offset.clone());
+            let mut slots: Vec<Slot> = (0..ins.len()).map(Slot::In).collect();
+            slots.push(Slot::Const(0));
+            slots.push(Slot::Out(0));
+            return Ok(Lowered {
+                kernels: vec![Kernel {
+                    name: name.to_string(),
+                    body,
+                    inputs,
+                    outputs: outs.to_vec(),
+                    len,
+                }],
+                temps: Vec::new(),
+                consts: vec![(
+                    offset,
+                    ConstValues::Offset {
+                        axes,
+                        len: shard_len,
+                    },
+                )],
+                launches: vec![(0, slots)],
+            });
         }
         "dnn.embedding_grad" => kernel(Body::EmbeddingGrad, out0.shape[1]),
         "dnn.cross_entropy" => {
@@ -627,7 +722,10 @@ pub fn lower(
                     len: out0.len(),
                 }],
                 temps: Vec::new(),
-                consts: vec![(table.clone(), cos), (table, sin)],
+                consts: vec![
+                    (table.clone(), ConstValues::F32(cos)),
+                    (table, ConstValues::F32(sin)),
+                ],
                 launches: vec![(
                     0,
                     vec![Slot::In(0), Slot::Const(0), Slot::Const(1), Slot::Out(0)],

@@ -921,12 +921,17 @@ impl<'ctx> Gen<'ctx> {
                     self.stf(outs[1], i, self.trunc(self.getf(db, f64t)?)?)?;
                 }
             }
-            Body::Embedding { rows_offset } => {
+            Body::Embedding { sharded } => {
                 let (v, w) = (k.inputs[1].shape[0], k.inputs[1].shape[1]);
                 let t = self.div_i(i, w)?;
                 let c = self.rem_i(i, w)?;
                 let id = self.ldi(ins[0], t)?;
-                let row = e(self.b.build_int_sub(id, self.i64c(*rows_offset), ""))?;
+                let off = if *sharded {
+                    self.ldi(ins[2], self.i64c(0))?
+                } else {
+                    self.i64c(0)
+                };
+                let row = self.e_sub(id, off)?;
                 // Unsigned: a negative row wraps above v.
                 let inside = e(self
                     .b
@@ -935,6 +940,46 @@ impl<'ctx> Gen<'ctx> {
                 self.when(inside, |g| {
                     let at = g.add_i(g.mul_i(row, g.i64c(w))?, c)?;
                     g.stf(outs[0], i, g.ldf(ins[1], at)?)
+                })?;
+            }
+            Body::Pick { sharded } => {
+                let v = k.inputs[0].shape[1];
+                let off = if *sharded {
+                    self.ldi(ins[2], self.i64c(0))?
+                } else {
+                    self.i64c(0)
+                };
+                let col = self.e_sub(self.ldi(ins[1], i)?, off)?;
+                let inside = e(self
+                    .b
+                    .build_int_compare(IntPredicate::ULT, col, self.i64c(v), ""))?;
+                self.stf(outs[0], i, self.fconst(0.0))?;
+                self.when(inside, |g| {
+                    let at = g.add_i(g.mul_i(i, g.i64c(v))?, col)?;
+                    g.stf(outs[0], i, g.ldf(ins[0], at)?)
+                })?;
+            }
+            Body::XentGradLse { count, sharded } => {
+                // ins: dloss, logits [rows, v], targets, lse [rows, 1] (, offset).
+                let v = k.inputs[1].shape[1];
+                let exp = self.exp_fn()?;
+                let dl = self.ldf(ins[0], self.i64c(0))?;
+                let scale = self.fdiv(dl, self.fconst(*count as f32))?;
+                let lse = self.ldf(ins[3], i)?;
+                let off = if *sharded {
+                    self.ldi(ins[4], self.i64c(0))?
+                } else {
+                    self.i64c(0)
+                };
+                let col = self.e_sub(self.ldi(ins[2], i)?, off)?;
+                let base = self.mul_i(i, self.i64c(v))?;
+                self.for_range(self.i64c(v), |g, j| {
+                    let at = g.add_i(base, j)?;
+                    let y = g.call(exp, &[g.fsub(g.ldf(ins[1], at)?, lse)?])?;
+                    let y = g.fmul(y, scale)?;
+                    let hit = e(g.b.build_int_compare(IntPredicate::EQ, j, col, ""))?;
+                    let y = e(g.b.build_select(hit, g.fsub(y, scale)?, y, ""))?.into_float_value();
+                    g.stf(outs[0], at, y)
                 })?;
             }
             Body::EmbeddingGrad => {

@@ -3,7 +3,7 @@
 //! reads or writes, temporaries per op. The launch plan an artifact will carry; on the
 //! host it runs through [`crate::target::HostKernels::run_program`].
 
-use crate::kernel::{fuse, lower, Body, Buf, Elt, Kernel, Slot};
+use crate::kernel::{fuse, lower, Body, Buf, ConstValues, Elt, Kernel, Slot};
 use nnscaler_dialects::graph::{Graph, Node, ValueId};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::scalar::{c, x};
@@ -135,14 +135,46 @@ pub struct Program {
     pub values: Vec<Option<Buf>>,
     /// Temporaries of the ops that need them.
     pub temps: Vec<Buf>,
-    /// Constants (buffers with compile-time values), live for the whole program.
-    pub consts: Vec<(Buf, Vec<f32>)>,
+    /// Constants (buffers with compile-time values), live for the whole program: per
+    /// constant its buffer and its bytes, one value for every device or one per device
+    /// (row-major over the mesh).
+    pub consts: Vec<(Buf, Vec<Vec<u8>>)>,
     /// Launches in program order.
     pub launches: Vec<Launch>,
     /// The function's arguments' values, in order.
     pub inputs: Vec<ValueId>,
     /// The function's results' values, in order.
     pub outputs: Vec<ValueId>,
+}
+
+/// A constant's bytes: one value, or one per device of `mesh` (row-major).
+fn const_bytes(v: &ConstValues, mesh: Option<&Mesh>) -> Result<Vec<Vec<u8>>, String> {
+    match v {
+        ConstValues::F32(x) => Ok(vec![x.iter().flat_map(|f| f.to_le_bytes()).collect()]),
+        ConstValues::Offset { axes, len } => {
+            let mesh = mesh.ok_or("a shard's offset needs the module's mesh")?;
+            let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
+            let idx: Vec<usize> = axes
+                .iter()
+                .map(|a| {
+                    mesh.axes
+                        .iter()
+                        .position(|x| &x.name == a)
+                        .ok_or_else(|| format!("unknown mesh axis '{a}'"))
+                })
+                .collect::<Result<_, _>>()?;
+            let devices: usize = sizes.iter().map(|&s| s as usize).product();
+            Ok((0..devices)
+                .map(|d| {
+                    let c = nnscaler_dialects::sharding::coords(&sizes, d);
+                    let block = idx
+                        .iter()
+                        .fold(0usize, |b, &a| b * sizes[a] as usize + c[a]);
+                    ((block * len) as i64).to_le_bytes().to_vec()
+                })
+                .collect())
+        }
+    }
 }
 
 /// Lowers every op of `g` to launches; an op without kernels is an error naming it and
@@ -252,7 +284,10 @@ pub fn compile(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
         let temp0 = p.temps.len();
         p.temps.extend(l.temps.iter().cloned());
         let const0 = p.consts.len();
-        p.consts.extend(l.consts.iter().cloned());
+        for (b, v) in &l.consts {
+            p.consts
+                .push((b.clone(), const_bytes(v, mesh).map_err(at)?));
+        }
         for &v in n.inputs.iter().chain(&n.outputs) {
             touch(&mut p, v);
         }

@@ -200,6 +200,20 @@ impl Data {
             Data::I64(v) => v.as_ptr().cast_mut().cast(),
         }
     }
+    fn from_bytes(elt: Elt, b: &[u8]) -> Self {
+        match elt {
+            Elt::F32 => Data::F32(
+                b.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                    .collect(),
+            ),
+            Elt::I64 => Data::I64(
+                b.chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect(),
+            ),
+        }
+    }
     /// The f32 elements (an error for i64 data).
     pub fn f32(&self) -> R<&[f32]> {
         match self {
@@ -275,7 +289,17 @@ impl HostKernels {
     /// Runs an op's launches ([`Lowered`]; its kernels compiled here) on its operands.
     pub fn run_lowered(&self, l: &Lowered, inputs: &[&Data]) -> R<Vec<Data>> {
         let mut outs: Vec<Option<Data>> = Vec::new();
-        let mut consts: Vec<Data> = l.consts.iter().map(|(_, v)| Data::F32(v.clone())).collect();
+        let mut consts: Vec<Data> = l
+            .consts
+            .iter()
+            .map(|(b, v)| match v {
+                crate::kernel::ConstValues::F32(x) => Ok(Data::F32(x.clone())),
+                crate::kernel::ConstValues::Offset { .. } => Err(format!(
+                    "a shard's offset (a {:?} constant) needs a mesh: compile the program",
+                    b.shape
+                )),
+            })
+            .collect::<R<_>>()?;
         let mut temps: Vec<Data> = l
             .temps
             .iter()
@@ -337,7 +361,12 @@ impl HostKernels {
             }
             *slot = d;
         }
-        let mut consts: Vec<Data> = p.consts.iter().map(|(_, v)| Data::F32(v.clone())).collect();
+        // One device: every constant's first (or only) value.
+        let mut consts: Vec<Data> = p
+            .consts
+            .iter()
+            .map(|(b, v)| Data::from_bytes(b.elt, &v[0]))
+            .collect();
         let mut temps: Vec<Data> = p
             .temps
             .iter()

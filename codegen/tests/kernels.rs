@@ -251,6 +251,12 @@ fn op_cases() -> Vec<Case> {
             Attrs::new(),
             vec![ty(&[]), ty(&[10, 11]), ids(&[10])],
         ),
+        ("dnn.pick", Attrs::new(), vec![ty(&[10, 11]), ids(&[10])]),
+        (
+            "dnn.softmax_xent_grad",
+            attrs(&[("count", Int(20))]),
+            vec![ty(&[]), ty(&[10, 11]), ids(&[10]), ty(&[10, 1])],
+        ),
         (
             "dnn.adamw",
             attrs(&[

@@ -202,14 +202,15 @@ pub enum Step {
     },
 }
 
-/// A buffer whose values are fixed at compile time (rotary's tables): written into every
-/// device's arena before the first step, from the `consts` section.
+/// A buffer whose values are fixed at compile time (rotary's tables, a shard's offset):
+/// written into every device's arena before the first step, from the `consts` section.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Constant {
     /// The buffer.
     pub buffer: usize,
-    /// Byte offset in the `consts` section.
-    pub offset: u64,
+    /// Byte offsets in the `consts` section: one (every device reads it), or one per
+    /// device.
+    pub offsets: Vec<u64>,
 }
 
 /// A section's place in the file (after the header) and its checksum.
@@ -394,7 +395,19 @@ impl Artifact {
             let b = h.buffers.get(c.buffer).ok_or_else(|| {
                 format!("a constant names buffer {}, which does not exist", c.buffer)
             })?;
-            if c.offset.saturating_add(b.bytes()) > consts {
+            let per_device = c.offsets.len() == self.devices();
+            if c.offsets.is_empty() || (c.offsets.len() > 1 && !per_device) {
+                return Err(format!(
+                    "constant buffer {} has {} values for {} devices",
+                    c.buffer,
+                    c.offsets.len(),
+                    self.devices()
+                ));
+            }
+            if c.offsets
+                .iter()
+                .any(|o| o.saturating_add(b.bytes()) > consts)
+            {
                 return Err(format!(
                     "constant buffer {} lies outside the consts section ({consts} bytes)",
                     c.buffer

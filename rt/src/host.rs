@@ -136,8 +136,9 @@ pub(crate) fn load_inputs(art: &Artifact, inputs: &[Tensor]) -> Result<Vec<Vec<u
     let consts = art.section("consts").unwrap_or_default();
     for c in &h.constants {
         let b = &h.buffers[c.buffer];
-        let src = &consts[c.offset as usize..][..b.bytes() as usize];
-        for arena in &mut arenas {
+        for (d, arena) in arenas.iter_mut().enumerate() {
+            let at = c.offsets[if c.offsets.len() > 1 { d } else { 0 }] as usize;
+            let src = &consts[at..][..b.bytes() as usize];
             bytes_mut(arena)[b.offset as usize..][..src.len()].copy_from_slice(src);
         }
     }
