@@ -185,13 +185,19 @@ pub enum Body {
     },
     /// Element `i` copied (a reshape: same elements, new shape; f32 or i64).
     Copy,
-    /// Element `i` of dropout: `x [, step] -> out`, the mask the runtime's counter-based
-    /// RNG draws for (seed, the element's index) (seed mixed with the step when given).
+    /// Element `i` of dropout: `x [, step] [, offsets] -> out`, the mask the runtime's
+    /// counter-based RNG draws for (seed, the element's index in the whole tensor) (seed
+    /// mixed with the step when given). On a shard, `offsets` (i64, one per dim) place it
+    /// in the whole tensor of shape `global`.
     Dropout {
         /// Drop probability.
         p: f64,
         /// The mask's seed.
         seed: u64,
+        /// The whole tensor's shape, on a shard.
+        global: Option<Vec<usize>>,
+        /// A step operand is given.
+        step: bool,
     },
     /// Element `i` of a rotary position embedding of `x [b, h, s, d]` (rotate-half form):
     /// `x, cos, sin -> out`, the tables `[s, d / 2]` (sin signed: the gradient rotates back).
@@ -325,6 +331,8 @@ pub enum ConstValues {
         /// The shard's length.
         len: usize,
     },
+    /// An i64 per dim, per device: each dim's [`ConstValues::Offset`].
+    Offsets(Vec<(Vec<String>, usize)>),
 }
 
 /// One op as kernels: launched in order, each on its slots (inputs then outputs).
@@ -379,9 +387,8 @@ fn norm_dim(d: i64, rank: usize) -> usize {
     }
 }
 
-/// Whether [`lower`] has kernels for `op` (with `attrs`: a localized op on a shard that
-/// needs its global offset is not covered yet).
-pub fn covered(op: &str, attrs: &Attrs) -> bool {
+/// Whether [`lower`] has kernels for `op`.
+pub fn covered(op: &str) -> bool {
     if dnn::spec(op).is_some_and(|s| s.traits.scalar.is_some()) {
         return true;
     }
@@ -412,7 +419,7 @@ pub fn covered(op: &str, attrs: &Attrs) -> bool {
         | "dnn.rotary"
         | "dnn.rotary_grad" => true,
         "dnn.embedding" | "dnn.pick" | "dnn.softmax_xent_grad" => true,
-        "dnn.dropout" => !attrs.contains_key("dim_axes"),
+        "dnn.dropout" => true,
         _ => false,
     }
 }
@@ -676,19 +683,57 @@ pub fn lower(
         ),
         "dnn.reshape" => kernel(Body::Copy, out0.len()),
         "dnn.dropout" => {
-            if attrs.contains_key("dim_axes") {
+            let body = |global| Body::Dropout {
+                p: float(attrs, "p", 0.0),
+                seed: int(attrs, "seed", 0) as u64,
+                global,
+                step: ins.len() > 1,
+            };
+            let (Some(AttrValue::Ints(global)), Some(AttrValue::Strs(dim_axes))) =
+                (attrs.get("global_shape"), attrs.get("dim_axes"))
+            else {
+                return Ok(Lowered::one(kernel(body(None), out0.len())));
+            };
+            // A shard: its mask is indexed in the whole tensor; where the shard starts in
+            // each dim is a per-device constant.
+            let local = &ins[0].shape;
+            if global.len() != local.len() || dim_axes.len() != local.len() {
                 return Err(
-                    "'dnn.dropout' on a shard (dim_axes: its mask is indexed globally) has no GPU kernel yet"
-                        .into(),
+                    "'dnn.dropout': 'global_shape' and 'dim_axes' need one entry per dim".into(),
                 );
             }
-            kernel(
-                Body::Dropout {
-                    p: float(attrs, "p", 0.0),
-                    seed: int(attrs, "seed", 0) as u64,
-                },
-                out0.len(),
-            )
+            let per_dim: Vec<(Vec<String>, usize)> = dim_axes
+                .iter()
+                .zip(local)
+                .map(|(a, &n)| {
+                    let axes = a
+                        .split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string)
+                        .collect();
+                    (axes, n)
+                })
+                .collect();
+            let offsets = Buf {
+                shape: vec![local.len()],
+                elt: Elt::I64,
+            };
+            let mut inputs = ins.to_vec();
+            inputs.push(offsets.clone());
+            let mut slots: Vec<Slot> = (0..ins.len()).map(Slot::In).collect();
+            slots.extend([Slot::Const(0), Slot::Out(0)]);
+            return Ok(Lowered {
+                kernels: vec![Kernel {
+                    name: name.to_string(),
+                    body: body(Some(global.iter().map(|&g| g as usize).collect())),
+                    inputs,
+                    outputs: outs.to_vec(),
+                    len: out0.len(),
+                }],
+                temps: Vec::new(),
+                consts: vec![(offsets, ConstValues::Offsets(per_dim))],
+                launches: vec![(0, slots)],
+            });
         }
         "dnn.rotary" | "dnn.rotary_grad" => {
             let x = &ins[0];

@@ -16,9 +16,8 @@
 //! Covered: every elementwise op (fused), reductions, the softmax family, transpose,
 //! reshape, matrix products, attention and its gradient, layer and RMS norm with their
 //! gradients, embedding and its gradient, cross-entropy and its gradient, AdamW and
-//! clipping's factor, rotary, dropout on whole tensors, the vocabulary-parallel pieces
-//! ([`kernel::covered`]). Not built yet (issue 13): dropout on shards, slicing and
-//! concatenation ops, faster kernels (tiling, block-per-row reductions), mixed precision.
+//! clipping's factor, rotary, dropout, the vocabulary-parallel pieces
+//! ([`kernel::covered`]). Not built yet (issue 13): slicing and concatenation ops, faster kernels (tiling, block-per-row reductions), mixed precision.
 
 pub mod artifact;
 pub mod kernel;

@@ -1138,18 +1138,43 @@ impl<'ctx> Gen<'ctx> {
                 let v = e(self.b.build_select(first, lo, hi, ""))?.into_float_value();
                 self.stf(outs[0], i, v)?;
             }
-            Body::Dropout { p, seed } => {
+            Body::Dropout {
+                p,
+                seed,
+                global,
+                step,
+            } => {
                 let i64t = self.ctx.i64_type();
                 // The runtime's rng: bits(seed, stream, index) =
                 // mix64(mix64(seed ^ mix64(stream)) ^ index); with a step, the seed is
                 // bits(seed, 0x5eed, step) first.
                 let mut sd = i64t.const_int(*seed, false);
-                if k.inputs.len() > 1 {
+                if *step {
                     let t = self.ldf(ins[1], self.i64c(0))?;
                     let t = e(self.b.build_float_to_unsigned_int(t, i64t, ""))?;
                     sd = self.rng_bits(sd, 0x5eed, t)?;
                 }
-                let bits = self.rng_bits(sd, 0x0064_726f_706f_7574, i)?;
+                // The element's index in the whole tensor (on a shard: its coordinates
+                // moved by the shard's offsets, the last input).
+                let index = match global {
+                    None => i,
+                    Some(g) => {
+                        let offsets = ins[k.inputs.len() - 1];
+                        let local = &k.inputs[0].shape;
+                        let gst = strides(g);
+                        let mut rem = i;
+                        let mut idx = self.i64c(0);
+                        for d in (0..local.len()).rev() {
+                            let c = self.rem_i(rem, local[d])?;
+                            rem = self.div_i(rem, local[d])?;
+                            let o = self.ldi(offsets, self.i64c(d))?;
+                            idx =
+                                self.add_i(idx, self.mul_i(self.add_i(c, o)?, self.i64c(gst[d]))?)?;
+                        }
+                        idx
+                    }
+                };
+                let bits = self.rng_bits(sd, 0x0064_726f_706f_7574, index)?;
                 let top = e(self
                     .b
                     .build_right_shift(bits, i64t.const_int(11, false), false, ""))?;

@@ -151,6 +151,33 @@ pub struct Program {
 fn const_bytes(v: &ConstValues, mesh: Option<&Mesh>) -> Result<Vec<Vec<u8>>, String> {
     match v {
         ConstValues::F32(x) => Ok(vec![x.iter().flat_map(|f| f.to_le_bytes()).collect()]),
+        ConstValues::Offsets(dims) => {
+            // Each dim's offsets, then per device the dims' values side by side.
+            let per_dim: Vec<Vec<Vec<u8>>> = dims
+                .iter()
+                .map(|(axes, len)| {
+                    const_bytes(
+                        &ConstValues::Offset {
+                            axes: axes.clone(),
+                            len: *len,
+                        },
+                        mesh,
+                    )
+                })
+                .collect::<Result<_, _>>()?;
+            let devices = per_dim.iter().map(Vec::len).max().unwrap_or(1);
+            Ok((0..devices)
+                .map(|d| {
+                    per_dim
+                        .iter()
+                        .flat_map(|v| v[if v.len() > 1 { d } else { 0 }].clone())
+                        .collect()
+                })
+                .collect())
+        }
+        ConstValues::Offset { axes, .. } if axes.is_empty() => {
+            Ok(vec![0i64.to_le_bytes().to_vec()])
+        }
         ConstValues::Offset { axes, len } => {
             let mesh = mesh.ok_or("a shard's offset needs the module's mesh")?;
             let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();

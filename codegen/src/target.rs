@@ -294,7 +294,8 @@ impl HostKernels {
             .iter()
             .map(|(b, v)| match v {
                 crate::kernel::ConstValues::F32(x) => Ok(Data::F32(x.clone())),
-                crate::kernel::ConstValues::Offset { .. } => Err(format!(
+                crate::kernel::ConstValues::Offset { .. }
+                | crate::kernel::ConstValues::Offsets(_) => Err(format!(
                     "a shard's offset (a {:?} constant) needs a mesh: compile the program",
                     b.shape
                 )),
