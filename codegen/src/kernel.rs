@@ -392,36 +392,38 @@ pub fn covered(op: &str) -> bool {
     if dnn::spec(op).is_some_and(|s| s.traits.scalar.is_some()) {
         return true;
     }
-    match op {
+    matches!(
+        op,
         "dnn.sum"
-        | "dnn.mean"
-        | "dnn.max"
-        | "dnn.softmax"
-        | "dnn.log_softmax"
-        | "dnn.softmax_grad"
-        | "dnn.log_softmax_grad"
-        | "dnn.transpose"
-        | "dnn.layer_norm"
-        | "dnn.rms_norm"
-        | "dnn.layer_norm_grad"
-        | "dnn.rms_norm_grad"
-        | "dnn.embedding_grad"
-        | "dnn.cross_entropy"
-        | "dnn.cross_entropy_grad"
-        | "dnn.adamw"
-        | "dnn.clip_scale"
-        | "dnn.fill"
-        | "dnn.reshape"
-        | "dnn.matmul"
-        | "dnn.linear"
-        | "dnn.attention"
-        | "dnn.attention_grad"
-        | "dnn.rotary"
-        | "dnn.rotary_grad" => true,
-        "dnn.embedding" | "dnn.pick" | "dnn.softmax_xent_grad" => true,
-        "dnn.dropout" => true,
-        _ => false,
-    }
+            | "dnn.mean"
+            | "dnn.max"
+            | "dnn.softmax"
+            | "dnn.log_softmax"
+            | "dnn.softmax_grad"
+            | "dnn.log_softmax_grad"
+            | "dnn.transpose"
+            | "dnn.layer_norm"
+            | "dnn.rms_norm"
+            | "dnn.layer_norm_grad"
+            | "dnn.rms_norm_grad"
+            | "dnn.embedding"
+            | "dnn.embedding_grad"
+            | "dnn.pick"
+            | "dnn.softmax_xent_grad"
+            | "dnn.cross_entropy"
+            | "dnn.cross_entropy_grad"
+            | "dnn.adamw"
+            | "dnn.clip_scale"
+            | "dnn.fill"
+            | "dnn.reshape"
+            | "dnn.matmul"
+            | "dnn.linear"
+            | "dnn.attention"
+            | "dnn.attention_grad"
+            | "dnn.rotary"
+            | "dnn.rotary_grad"
+            | "dnn.dropout"
+    )
 }
 
 /// The kernels of one op with operand buffers `ins` and result buffers `outs`.
