@@ -406,6 +406,13 @@ fn lower_cases(cases: &[Case]) -> Vec<(nnscaler_codegen::Lowered, Vec<TensorType
 #[test]
 fn every_covered_op_matches_the_reference() {
     let cases = op_cases();
+    for s in dnn::SPECS.iter().filter(|s| covered(s.name)) {
+        assert!(
+            cases.iter().any(|(op, _, _)| *op == s.name),
+            "{} has kernels but no case here",
+            s.name
+        );
+    }
     let (lowered, results): (Vec<_>, Vec<Vec<TensorType>>) =
         lower_cases(&cases).into_iter().unzip();
     let mut operands = Vec::new();
