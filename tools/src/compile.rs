@@ -114,3 +114,77 @@ pub fn main(a: &CompileArgs, error_limit: usize) -> Result<String, String> {
         bytes.len()
     ))
 }
+
+/// A function compiled once and run many times (`nnscaler train --backend`).
+#[derive(Debug)]
+pub enum Compiled {
+    /// Through nnscaler-rt's host backend.
+    Host(nnscaler_rt::HostProgram),
+    /// On GPU 0.
+    #[cfg(feature = "cuda")]
+    Cuda(nnscaler_rt::cuda::CudaProgram),
+}
+
+impl Compiled {
+    /// Compiles `g` (whole, or one device's program on `mesh`) for `backend` ("host" or
+    /// "cuda", the latter in binaries built with `--features cuda`).
+    pub fn new(
+        g: &Graph,
+        mesh: Option<&nnscaler_dialects::nns::Mesh>,
+        source: &str,
+        backend: &str,
+    ) -> Result<Self, String> {
+        let art =
+            nnscaler_codegen::artifact(g, &format!("{source} @{}", g.name), mesh, Gpu::default())?;
+        match backend {
+            "host" => Ok(Compiled::Host(nnscaler_rt::HostProgram::load(art)?)),
+            #[cfg(feature = "cuda")]
+            "cuda" => Ok(Compiled::Cuda(nnscaler_rt::cuda::CudaProgram::load(art, 0)?)),
+            #[cfg(not(feature = "cuda"))]
+            "cuda" => Err("this nnscaler was built without the CUDA backend (cargo build --release -p nnscaler-tools --features cuda)".into()),
+            other => Err(format!("unknown backend '{other}' (host, cuda)")),
+        }
+    }
+
+    /// Runs it on whole tensors; returns whole results.
+    pub fn run(
+        &self,
+        inputs: &[nnscaler_runtime::tensor::Tensor],
+    ) -> Result<Vec<nnscaler_runtime::tensor::Tensor>, String> {
+        let args: Vec<nnscaler_rt::Tensor> = inputs.iter().map(to_rt).collect::<Result<_, _>>()?;
+        let outs = match self {
+            Compiled::Host(p) => p.run(&args)?,
+            #[cfg(feature = "cuda")]
+            Compiled::Cuda(p) => p.run_timed(&args, 1)?.0,
+        };
+        outs.iter().map(from_rt).collect()
+    }
+}
+
+/// Runs `g` once compiled (see [`Compiled`]).
+pub fn run_compiled(
+    g: &Graph,
+    mesh: Option<&nnscaler_dialects::nns::Mesh>,
+    source: &str,
+    backend: &str,
+    inputs: Vec<nnscaler_runtime::tensor::Tensor>,
+) -> Result<Vec<nnscaler_runtime::tensor::Tensor>, String> {
+    Compiled::new(g, mesh, source, backend)?.run(&inputs)
+}
+
+fn to_rt(t: &nnscaler_runtime::tensor::Tensor) -> Result<nnscaler_rt::Tensor, String> {
+    let shape = t.shape.iter().map(|&d| d as u64).collect();
+    let data = match t.f() {
+        Ok(v) => nnscaler_rt::Values::F32(v.to_vec()),
+        Err(_) => nnscaler_rt::Values::I64(t.ints()?.to_vec()),
+    };
+    Ok(nnscaler_rt::Tensor { shape, data })
+}
+
+fn from_rt(t: &nnscaler_rt::Tensor) -> Result<nnscaler_runtime::tensor::Tensor, String> {
+    let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+    Ok(match &t.data {
+        nnscaler_rt::Values::F32(v) => nnscaler_runtime::tensor::Tensor::f32(&shape, v.clone()),
+        nnscaler_rt::Values::I64(v) => nnscaler_runtime::tensor::Tensor::i64(&shape, v.clone()),
+    })
+}

@@ -67,6 +67,11 @@ pub struct RunArgs {
     /// address-space limits).
     #[arg(long, value_name = "BYTES", value_parser = crate::cli::parse_bytes)]
     pub memory_limit: Option<u64>,
+    /// Where the ops run: reference (the CPU runtime's kernels), host (compiled to GPU-style
+    /// kernels, run on the CPU through nnscaler-rt's launch plan), or cuda (the same on GPU
+    /// 0; nnscaler built with --features cuda).
+    #[arg(long, default_value = "reference", value_parser = ["reference", "host", "cuda"])]
+    pub backend: String,
 }
 
 /// Runs `nnscaler run`. Errors are complete messages (at most `error_limit` errors).
@@ -226,6 +231,14 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     let opts = Options {
         check_finite: a.check_finite,
     };
+    if a.backend != "reference" {
+        if a.check_finite {
+            return Err("--check-finite needs --backend reference (compiled kernels are not checked op by op)".into());
+        }
+        let outs = crate::compile::run_compiled(&g, mesh, &a.model, &a.backend, values)
+            .map_err(|e| format!("{model}: @{}: {e}", g.name))?;
+        return write_results(a, &g, &outs, saved_params);
+    }
     let outs = match mesh {
         Some(mesh) => run_spmd(&g, mesh, values, &opts),
         None => nnscaler_runtime::run(&g, values, &opts),

@@ -194,11 +194,18 @@ pub struct TrainSection {
     /// JSON-lines metrics log.
     #[serde(default)]
     pub log: Option<String>,
+    /// Where the step runs: reference (the CPU runtime), host (compiled kernels through
+    /// nnscaler-rt on the CPU) or cuda (on GPU 0; nnscaler built with --features cuda).
+    #[serde(default = "default_backend")]
+    pub backend: String,
     /// Loss-curve SVG written at the end.
     #[serde(default)]
     pub curve: Option<String>,
 }
 
+fn default_backend() -> String {
+    "reference".into()
+}
 fn default_eval_batches() -> u64 {
     20
 }
@@ -595,6 +602,29 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
     let mut curve: Vec<(u64, f64)> = Vec::new();
     let mut evals: Vec<(u64, f64, f64)> = Vec::new();
     let opts = Options { check_finite: true };
+    // A compiled step (--backend host or cuda) is compiled once, before the first step.
+    let compiled = match c.train.backend.as_str() {
+        "reference" => None,
+        "host" | "cuda" => {
+            if p.pipeline.is_some() {
+                return Err(format!(
+                    "train.backend = \"{}\": a pipelined step cannot be compiled yet (use the reference backend, or no pp)",
+                    c.train.backend
+                ));
+            }
+            Some(crate::compile::Compiled::new(
+                &p.step,
+                p.mesh.as_ref(),
+                "train",
+                &c.train.backend,
+            )?)
+        }
+        other => {
+            return Err(format!(
+                "train.backend: '{other}' is not a backend (reference, host, cuda)"
+            ))
+        }
+    };
     let bar = indicatif::ProgressBar::new(c.train.steps);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -628,6 +658,10 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
             });
         }
         let outs = match (&p.pipeline, &p.mesh) {
+            _ if compiled.is_some() => {
+                let prog = compiled.as_ref().expect("checked");
+                Ok(prog.run(&inputs).map_err(|e| format!("step {t}: {e}"))?)
+            }
             (Some(programs), Some(m)) => {
                 let by_index = inputs.into_iter().enumerate().collect();
                 run_pipeline(programs, m, "pp", &by_index, &opts).map(|mut o| {
