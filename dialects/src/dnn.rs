@@ -980,6 +980,7 @@ pub static SPECS: &[OpSpec] = &[
         grad_of: None,
         traits: Traits {
             linear: Linearity::Each(&[0, 1]),
+            matrix: true,
             ..TRAITS
         },
         example: r#"%2 = "dnn.matmul"(%0, %1) : (tensor<4x8xf32>, tensor<8x16xf32>) -> tensor<4x16xf32>"#,
@@ -1001,6 +1002,7 @@ pub static SPECS: &[OpSpec] = &[
         traits: Traits {
             linear: Linearity::EachUpTo(&[0, 1], 2),
             param_init: &[(2, Init::Const(0.0), "bias")],
+            matrix: true,
             ..TRAITS
         },
         example: r#"%3 = "dnn.linear"(%0, %1, %2) : (tensor<2x3x8xf32>, tensor<16x8xf32>, tensor<16xf32>) -> tensor<2x3x16xf32>"#,
@@ -1399,6 +1401,7 @@ pub static SPECS: &[OpSpec] = &[
         grad_of: None,
         traits: Traits {
             megatron_through: true,
+            matrix: true,
             ..TRAITS
         },
         example: r#"%3 = "dnn.attention"(%0, %1, %2) {causal = true} : (tensor<2x4x16x8xf32>, tensor<2x2x16x8xf32>, tensor<2x2x16x8xf32>) -> tensor<2x4x16x8xf32>"#,
@@ -1717,6 +1720,7 @@ pub static SPECS: &[OpSpec] = &[
         grad_of: Some("dnn.attention"),
         traits: Traits {
             linear: Linearity::Joint(&[0]),
+            matrix: true,
             ..TRAITS
         },
         example: r#"%4:3 = "dnn.attention_grad"(%0, %1, %2, %3) {causal = true} : (tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>) -> (tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>)"#,

@@ -238,6 +238,9 @@ pub struct Traits {
     /// An elementwise op's formula: one result element from the same element of each
     /// (broadcast) operand. Code generators fuse chains of such ops into one kernel.
     pub scalar: Option<crate::scalar::ScalarRule>,
+    /// Its FLOPs are matrix products (they run at a GEMM's rate, not a vector unit's):
+    /// what the cost model times by the device's matrix-product efficiency.
+    pub matrix: bool,
 }
 
 /// What a localize rule sees of one op: its attributes (to change), its operands' global
@@ -288,6 +291,7 @@ pub const TRAITS: Traits = Traits {
     localize: None,
     optimizer: false,
     scalar: None,
+    matrix: false,
 };
 
 /// The definition of one op.

@@ -5,6 +5,7 @@
 
 pub mod autodiff;
 pub mod capi;
+pub mod cost;
 pub mod external;
 pub mod layouts;
 pub mod localize;

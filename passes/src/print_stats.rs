@@ -61,6 +61,9 @@ pub struct FuncStats {
     pub saved: Option<Saved>,
     /// The pipeline of the module's mesh, when it has one: (ranks, micro-batches).
     pub pipeline: Option<(i64, i64)>,
+    /// The cost model's time of one run on a cluster's device (`cluster=`), with the
+    /// cluster's name and device.
+    pub predicted: Option<(String, crate::cost::Device, crate::cost::Prediction)>,
 }
 
 /// Bytes kept from the forward for the backward: as is, with full and with selective
@@ -220,6 +223,19 @@ impl FuncStats {
                 let _ = writeln!(s, "  {k:<24} {ops} ops, {} bytes", group(*b as u64));
             }
         }
+        if let Some((cluster, d, p)) = &self.predicted {
+            let _ = writeln!(
+                s,
+                "predicted time per run on {} ({cluster}): {:.6} s (matrix products {:.6} s, other ops {:.6} s; {} ops{}); MFU {:.1}% of the f32 matrix peak",
+                d.name,
+                p.seconds(),
+                p.matrix,
+                p.other,
+                p.ops,
+                if self.comm.is_empty() { "" } else { "; collectives not counted yet" },
+                100.0 * p.mfu(d)
+            );
+        }
         s
     }
 }
@@ -250,6 +266,14 @@ fn bytes(n: u64) -> String {
 
 /// Computes the statistics of every function of `module`.
 pub fn module_stats(module: &OperationRef<'_, '_>) -> Vec<FuncStats> {
+    module_stats_on(module, None)
+}
+
+/// [`module_stats`] with each function's predicted time on `cluster`'s device.
+pub fn module_stats_on(
+    module: &OperationRef<'_, '_>,
+    cluster: Option<&crate::cost::Cluster>,
+) -> Vec<FuncStats> {
     let mut out = Vec::new();
     let mut ignored = Diagnostics::default();
     let meshes = Meshes::collect(module, &mut ignored);
@@ -267,6 +291,13 @@ pub fn module_stats(module: &OperationRef<'_, '_>) -> Vec<FuncStats> {
             }
         }
         if let Ok(g) = Graph::from_func(op) {
+            if let Some(c) = cluster {
+                st.predicted = Some((
+                    c.name.clone(),
+                    c.device.clone(),
+                    crate::cost::predict(&g, &c.device),
+                ));
+            }
             if g.is_localized() {
                 collect_comm(&mut st, &g, &meshes);
             }
@@ -471,20 +502,25 @@ fn count(
 #[derive(Debug)]
 pub struct PrintStats {
     func: Option<String>,
+    cluster: Option<crate::cost::Cluster>,
 }
 
 impl PrintStats {
-    /// From pass options (`func=NAME`).
+    /// From pass options (`func=NAME`, `cluster=PRESET|FILE`).
     pub fn new(options: &PassOptions) -> Result<Self, String> {
         Ok(Self {
             func: options.get("func").map(str::to_string),
+            cluster: options
+                .get("cluster")
+                .map(|c| crate::cost::load(c).map_err(|e| format!("print-stats: {e}")))
+                .transpose()?,
         })
     }
 }
 
 impl ModulePass for PrintStats {
     fn run(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
-        let stats = module_stats(module);
+        let stats = module_stats_on(module, self.cluster.as_ref());
         let mut found = false;
         for st in stats {
             if self.func.as_deref().is_some_and(|f| f != st.name) {

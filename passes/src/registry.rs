@@ -108,10 +108,16 @@ pub static PASSES: &[PassInfo] = &[
     PassInfo {
         name: "print-stats",
         summary: "Print ops by kind, parameters, FLOPs per training step and activation bytes (to stderr)",
-        options: &[OptionInfo {
-            name: "func",
-            help: "only this function (default: every function)",
-        }],
+        options: &[
+            OptionInfo {
+                name: "func",
+                help: "only this function (default: every function)",
+            },
+            OptionInfo {
+                name: "cluster",
+                help: "also predict the time of one run on a device of this cluster: a preset (dgx-a100, dgx-h100, h200, cpu) or a TOML file (nnscaler calibrate writes one)",
+            },
+        ],
         anchor: Anchor::Module,
         factory: Factory::Native(|o| Ok(Native::Module(Box::new(PrintStats::new(o)?)))),
     },

@@ -1,5 +1,6 @@
 //! Shared pieces of the nnscaler command-line tools.
 
+pub mod calibrate;
 pub mod check_op;
 pub mod cli;
 pub mod compile;

@@ -72,6 +72,11 @@ pub struct RunArgs {
     /// 0; nnscaler built with --features cuda).
     #[arg(long, default_value = "reference", value_parser = ["reference", "host", "cuda"])]
     pub backend: String,
+    /// Run it this many times and print the median and fastest time of a run (to stderr;
+    /// the results are the last run's).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub repeat: u32,
 }
 
 /// Runs `nnscaler run`. Errors are complete messages (at most `error_limit` errors).
@@ -239,15 +244,31 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
             .map_err(|e| format!("{model}: @{}: {e}", g.name))?;
         return write_results(a, &g, &outs, saved_params);
     }
-    let outs = match mesh {
-        Some(mesh) => run_spmd(&g, mesh, values, &opts),
-        None => nnscaler_runtime::run(&g, values, &opts),
+    let mut times = Vec::new();
+    let mut outs = Vec::new();
+    for _ in 0..a.repeat {
+        let started = std::time::Instant::now();
+        outs = match mesh {
+            Some(mesh) => run_spmd(&g, mesh, values.clone(), &opts),
+            None => nnscaler_runtime::run(&g, values.clone(), &opts),
+        }
+        .map_err(|e| {
+            let mut d = Diagnostics::default();
+            d.error(&e.loc, e.message);
+            render(d)
+        })?;
+        times.push(started.elapsed().as_secs_f64());
     }
-    .map_err(|e| {
-        let mut d = Diagnostics::default();
-        d.error(&e.loc, e.message);
-        render(d)
-    })?;
+    if a.repeat > 1 {
+        times.sort_by(f64::total_cmp);
+        eprintln!(
+            "ran @{} {} times: median {:.6} s, fastest {:.6} s",
+            g.name,
+            times.len(),
+            times[times.len() / 2],
+            times[0]
+        );
+    }
     write_results(a, &g, &outs, saved_params)
 }
 

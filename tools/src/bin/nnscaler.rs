@@ -34,6 +34,7 @@ enum Cmd {
     Data(nnscaler_tools::data::DataArgs),
     Train(nnscaler_tools::train::TrainArgs),
     Compile(nnscaler_tools::compile::CompileArgs),
+    Calibrate(nnscaler_tools::calibrate::CalibrateArgs),
     /// List the model presets.
     Presets,
 }
@@ -168,6 +169,7 @@ fn main() -> ExitCode {
         ),
         Cmd::Data(a) => nnscaler_tools::data::main(a).map(|r| print!("{r}")),
         Cmd::Train(a) => nnscaler_tools::train::main(a).map(|r| print!("{r}")),
+        Cmd::Calibrate(a) => nnscaler_tools::calibrate::main(a).map(|r| print!("{r}")),
         Cmd::Compile(a) => {
             nnscaler_tools::compile::main(a, cli.error_limit).map(|r| print!("{r}"))
         }

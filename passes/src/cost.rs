@@ -1,0 +1,356 @@
+//! The cost model (issue 14's first part): devices and networks as data, op and step time
+//! as a roofline with a calibrated matrix-product efficiency curve.
+//!
+//! A [`Cluster`] (TOML, or a built-in preset: `dgx-a100`, `dgx-h100`, `h200`, `cpu`) gives a
+//! device's peak rates and memory, and the network as levels (GPUs per node over NVLink,
+//! nodes over the fabric). `nnscaler calibrate --device cpu` measures the CPU's entries
+//! (matrix-product efficiency by size, vector and memory rates, the per-op overhead) from
+//! microbenchmarks, never from end-to-end timings.
+//!
+//! An op's time is `overhead + max(compute, memory)`: compute is its FLOPs (the op specs')
+//! at the matrix rate times the efficiency of a product of its size (ops with
+//! [`nnscaler_dialects::spec::Traits::matrix`]) or at the vector rate; memory is the bytes
+//! of its operands and results at the memory bandwidth. A single-device program's step
+//! time is the sum over its ops (the CPU runtime and a GPU stream both run ops one at a
+//! time).
+
+use crate::place::op_flops;
+use nnscaler_dialects::dnn;
+use nnscaler_dialects::graph::Graph;
+use serde::{Deserialize, Serialize};
+
+/// Devices and the network between them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    /// Its name.
+    pub name: String,
+    /// One device (all are alike).
+    pub device: Device,
+    /// The network, innermost level first (e.g. NVLink within a node, then the fabric).
+    #[serde(default)]
+    pub network: Vec<Level>,
+}
+
+/// One device.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Device {
+    /// What it is.
+    pub name: String,
+    /// Peak f32 matrix-product rate, FLOP/s.
+    pub matrix_flops: f64,
+    /// Peak bf16 matrix-product rate (tensor cores), FLOP/s, when it has one.
+    #[serde(default)]
+    pub matrix_flops_bf16: Option<f64>,
+    /// Rate of the other ops' FLOPs (elementwise math, reductions), FLOP/s.
+    pub vector_flops: f64,
+    /// Memory, bytes.
+    pub memory: u64,
+    /// Memory bandwidth, bytes/s.
+    pub memory_bandwidth: f64,
+    /// Matrix-product efficiency by size: `[FLOPs of one product, fraction of the peak]`,
+    /// ascending in FLOPs; interpolated log-linearly, flat beyond the ends (empty: 1).
+    #[serde(default)]
+    pub matrix_efficiency: Vec<[f64; 2]>,
+    /// Fixed cost of running one op (a kernel launch, an interpreter dispatch), seconds.
+    #[serde(default)]
+    pub op_overhead: f64,
+    /// Where the figures come from (a datasheet, a calibration and its date).
+    #[serde(default)]
+    pub source: String,
+}
+
+/// One level of the network.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Level {
+    /// Its name (`nvlink`, `infiniband`, `in-process`).
+    pub name: String,
+    /// Devices in one group at this level (8 GPUs in a node; nodes x 8 at the next).
+    pub devices: u64,
+    /// Bytes per second one device sends into it.
+    pub bandwidth: f64,
+    /// Seconds per message.
+    pub latency: f64,
+}
+
+const GIB: u64 = 1 << 30;
+
+/// The built-in clusters. GPU figures are datasheet peaks (dense, no sparsity) with
+/// efficiency curves typical of cuBLAS (to be replaced by `nnscaler calibrate` on the
+/// device); `cpu` is this project's development machine, one thread, as calibrated on
+/// 2026-12-01 (`nnscaler calibrate --device cpu`).
+pub fn preset(name: &str) -> Option<Cluster> {
+    let gpu_eff = vec![[1e6, 0.02], [1e8, 0.2], [1e10, 0.6], [1e12, 0.8]];
+    let node = |bw: f64| Level {
+        name: "nvlink".into(),
+        devices: 8,
+        bandwidth: bw,
+        latency: 5e-6,
+    };
+    let fabric = |bw: f64| Level {
+        name: "infiniband".into(),
+        devices: 8 * 1024,
+        bandwidth: bw,
+        latency: 10e-6,
+    };
+    Some(match name {
+        "dgx-a100" => Cluster {
+            name: name.into(),
+            device: Device {
+                name: "A100 SXM 80GB".into(),
+                matrix_flops: 19.5e12,
+                matrix_flops_bf16: Some(312e12),
+                vector_flops: 19.5e12,
+                memory: 80 * GIB,
+                memory_bandwidth: 2.039e12,
+                matrix_efficiency: gpu_eff,
+                op_overhead: 5e-6,
+                source: "NVIDIA A100 datasheet".into(),
+            },
+            // NVLink 3: 300 GB/s each way per GPU; 8 x 200 Gb/s HDR per node.
+            network: vec![node(300e9), fabric(25e9)],
+        },
+        "dgx-h100" | "h200" => Cluster {
+            name: name.into(),
+            device: Device {
+                name: if name == "h200" {
+                    "H200 SXM 141GB"
+                } else {
+                    "H100 SXM 80GB"
+                }
+                .into(),
+                matrix_flops: 67e12,
+                matrix_flops_bf16: Some(989e12),
+                vector_flops: 67e12,
+                memory: if name == "h200" { 141 } else { 80 } * GIB,
+                memory_bandwidth: if name == "h200" { 4.8e12 } else { 3.35e12 },
+                matrix_efficiency: gpu_eff,
+                op_overhead: 4e-6,
+                source: "NVIDIA H100/H200 datasheets".into(),
+            },
+            // NVLink 4: 450 GB/s each way per GPU; 8 x 400 Gb/s NDR per node.
+            network: vec![node(450e9), fabric(50e9)],
+        },
+        "cpu" => Cluster {
+            name: name.into(),
+            device: Device {
+                name: "this machine's CPU, one thread".into(),
+                matrix_flops: 1.0e11,
+                matrix_flops_bf16: None,
+                vector_flops: 4.0e9,
+                memory: 24 * GIB,
+                memory_bandwidth: 1.0e10,
+                matrix_efficiency: vec![[1e3, 0.05], [1e5, 0.3], [1e7, 0.8], [1e9, 1.0]],
+                op_overhead: 2e-6,
+                source: "placeholder until calibrated".into(),
+            },
+            network: vec![Level {
+                name: "in-process".into(),
+                devices: 64,
+                bandwidth: 5e9,
+                latency: 20e-6,
+            }],
+        },
+        _ => return None,
+    })
+}
+
+/// The preset names.
+pub const PRESETS: &[&str] = &["dgx-a100", "dgx-h100", "h200", "cpu"];
+
+/// A cluster from a preset name or a TOML file.
+pub fn load(spec: &str) -> Result<Cluster, String> {
+    if let Some(c) = preset(spec) {
+        return Ok(c);
+    }
+    let text = std::fs::read_to_string(spec).map_err(|e| {
+        format!(
+            "cluster '{spec}': not a preset ({}) and not a readable file: {e}",
+            PRESETS.join(", ")
+        )
+    })?;
+    parse(&text).map_err(|e| format!("{spec}: {e}"))
+}
+
+/// A cluster from TOML.
+pub fn parse(text: &str) -> Result<Cluster, String> {
+    let c: Cluster = toml_parse(text)?;
+    let d = &c.device;
+    for (what, v) in [
+        ("matrix_flops", d.matrix_flops),
+        ("vector_flops", d.vector_flops),
+        ("memory_bandwidth", d.memory_bandwidth),
+    ] {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(format!("device.{what} must be a positive rate, got {v}"));
+        }
+    }
+    if d.matrix_efficiency.windows(2).any(|w| w[1][0] <= w[0][0])
+        || d.matrix_efficiency
+            .iter()
+            .any(|[f, e]| !(*f > 0.0 && *e > 0.0 && *e <= 1.0))
+    {
+        return Err(
+            "device.matrix_efficiency must be [flops, fraction] pairs, flops ascending, fractions in (0, 1]"
+                .into(),
+        );
+    }
+    Ok(c)
+}
+
+fn toml_parse(text: &str) -> Result<Cluster, String> {
+    toml::from_str(text).map_err(|e| e.to_string())
+}
+
+impl Cluster {
+    /// As TOML.
+    pub fn to_toml(&self) -> Result<String, String> {
+        toml::to_string_pretty(self).map_err(|e| e.to_string())
+    }
+}
+
+impl Device {
+    /// The fraction of the matrix peak a product of `flops` reaches.
+    pub fn efficiency(&self, flops: f64) -> f64 {
+        let pts = &self.matrix_efficiency;
+        match pts.as_slice() {
+            [] => 1.0,
+            [first, ..] if flops <= first[0] => first[1],
+            [.., last] if flops >= last[0] => last[1],
+            _ => {
+                let k = pts
+                    .iter()
+                    .position(|p| p[0] >= flops)
+                    .unwrap_or(pts.len() - 1);
+                let ([x0, y0], [x1, y1]) = (pts[k - 1], pts[k]);
+                let t = (flops.ln() - x0.ln()) / (x1.ln() - x0.ln());
+                y0 + t * (y1 - y0)
+            }
+        }
+    }
+
+    /// Seconds for an op of `flops` (`matrix`: at the matrix rate) moving `bytes`.
+    pub fn op_time(&self, flops: f64, bytes: f64, matrix: bool) -> f64 {
+        let compute = if matrix {
+            flops / (self.matrix_flops * self.efficiency(flops))
+        } else {
+            flops / self.vector_flops
+        };
+        self.op_overhead + compute.max(bytes / self.memory_bandwidth)
+    }
+}
+
+/// A program's predicted time on one device of a cluster.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Prediction {
+    /// Seconds of the matrix-product ops.
+    pub matrix: f64,
+    /// Seconds of the other ops.
+    pub other: f64,
+    /// FLOPs of the program.
+    pub flops: f64,
+    /// Ops counted.
+    pub ops: usize,
+}
+
+impl Prediction {
+    /// Seconds of one run.
+    pub fn seconds(&self) -> f64 {
+        self.matrix + self.other
+    }
+
+    /// Model FLOPs utilization: the program's FLOPs over its time at the device's peak.
+    pub fn mfu(&self, d: &Device) -> f64 {
+        self.flops / (self.seconds() * d.matrix_flops)
+    }
+}
+
+/// The predicted time of running `g` once on `device` (its ops one after another; ops of
+/// other dialects and data-free ones such as reshapes count their overhead and bytes).
+pub fn predict(g: &Graph, device: &Device) -> Prediction {
+    let mut p = Prediction::default();
+    for n in &g.nodes {
+        if n.op == "func.return" {
+            continue;
+        }
+        let flops = op_flops(g, n);
+        let bytes: f64 = n
+            .inputs
+            .iter()
+            .chain(&n.outputs)
+            .map(|&v| g.values[v].bytes() as f64)
+            .sum();
+        let matrix = dnn::spec(&n.op).is_some_and(|s| s.traits.matrix);
+        let t = if matrix {
+            // Batched products run one at a time: their efficiency is that of one product
+            // (the leading dims of operand 0 when operand 1 has them too; a rank-2
+            // operand 1 folds the rows into one product).
+            let products: f64 = match (n.inputs.first(), n.inputs.get(1)) {
+                (Some(&a), Some(&b)) if g.values[b].rank() > 2 => {
+                    let s = &g.values[a].shape;
+                    s[..s.len().saturating_sub(2)]
+                        .iter()
+                        .product::<i64>()
+                        .max(1) as f64
+                }
+                _ => 1.0,
+            };
+            let one = flops / products;
+            device.op_overhead
+                + (flops / (device.matrix_flops * device.efficiency(one)))
+                    .max(bytes / device.memory_bandwidth)
+        } else {
+            device.op_time(flops, bytes, false)
+        };
+        if matrix {
+            p.matrix += t;
+        } else {
+            p.other += t;
+        }
+        p.flops += flops;
+        p.ops += 1;
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_round_trip_and_efficiency_interpolates() {
+        for name in PRESETS {
+            let c = preset(name).unwrap();
+            assert_eq!(parse(&c.to_toml().unwrap()).unwrap(), c, "{name}");
+        }
+        let d = preset("dgx-h100").unwrap().device;
+        assert_eq!(d.efficiency(1.0), 0.02);
+        assert_eq!(d.efficiency(1e15), 0.8);
+        let mid = d.efficiency(1e9);
+        assert!((mid - 0.4).abs() < 1e-9, "{mid}");
+        // A large product is compute-bound, a copy memory-bound.
+        let t = d.op_time(1e12, 1e6, true);
+        assert!((t - (4e-6 + 1e12 / (67e12 * 0.8))).abs() < 1e-12);
+        let t = d.op_time(0.0, 3.35e9, false);
+        assert!((t - (4e-6 + 1e-3)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn bad_clusters_are_named() {
+        let mut c = preset("cpu").unwrap();
+        c.device.matrix_flops = 0.0;
+        let e = parse(&c.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("device.matrix_flops"), "{e}");
+        let mut c = preset("cpu").unwrap();
+        c.device.matrix_efficiency = vec![[10.0, 0.5], [5.0, 0.6]];
+        let e = parse(&c.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("ascending"), "{e}");
+        let e = parse("[device]\nname = 1").unwrap_err();
+        assert!(!e.is_empty());
+        assert!(load("no-such-cluster")
+            .unwrap_err()
+            .contains("not a preset"));
+    }
+}

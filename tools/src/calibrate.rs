@@ -1,0 +1,213 @@
+//! `nnscaler calibrate --device cpu [-o CLUSTER.toml]`: the cost model's device entries
+//! measured by microbenchmarks on this machine, one thread (the CPU runtime's kernels):
+//! matrix products in the three forms of a training step (A B, A B^T, A^T B; one side
+//! four times the others, as token rows are) from 8 to 256 (the efficiency curve and the
+//! peak), an
+//! elementwise op on 4M floats (memory bandwidth), gelu on 1M floats (the vector rate,
+//! counted by the op spec's FLOPs) and a chain of 1,998 small ops (add, transpose, matmul,
+//! reshape, sum, subtract on 8 x 8) run by the interpreter (the per-op overhead). Each figure is the median of repeated runs. Never
+//! an end-to-end model timing: those check the model (bench/cost.sh), they do not fit it.
+
+use nnscaler_dialects::context::IrContext;
+use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::types::{AttrValue, Attrs, Elem, TensorType};
+use nnscaler_passes::cost::{self, Cluster};
+use nnscaler_runtime::kernels::{kernel, set_threads, Ctx};
+use nnscaler_runtime::tensor::Tensor;
+use nnscaler_runtime::{rng, Options};
+use std::time::Instant;
+
+/// `nnscaler calibrate`'s command line.
+#[derive(clap::Args, Debug)]
+#[command(
+    about = "Measure this machine's entries of the cost model (a cluster TOML for --print-stats=cluster=...)",
+    long_about = "Measure this machine's entries of the cost model by microbenchmarks, one \
+        thread: matrix-product efficiency by size, the vector and memory rates, the per-op \
+        overhead. Prints them and writes a cluster TOML (the cpu preset's network) that \
+        --print-stats=cluster=FILE reads. Takes about ten seconds."
+)]
+pub struct CalibrateArgs {
+    /// The device to measure (cpu; a GPU needs nnscaler-rt's CUDA backend, not yet).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
+    pub device: String,
+    /// Where to write the cluster TOML ('-': standard output).
+    #[arg(short = 'o', long = "output", value_name = "FILE", default_value = "-")]
+    pub output: String,
+}
+
+/// Median seconds of `f`, repeated until 0.3 s have passed (3 to 200 runs).
+fn median_secs(mut f: impl FnMut()) -> f64 {
+    let mut ts = Vec::new();
+    let start = Instant::now();
+    while ts.len() < 3 || (start.elapsed().as_secs_f64() < 0.3 && ts.len() < 200) {
+        let t = Instant::now();
+        f();
+        ts.push(t.elapsed().as_secs_f64());
+    }
+    ts.sort_by(f64::total_cmp);
+    ts[ts.len() / 2]
+}
+
+fn random(shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    Tensor::f32(
+        shape,
+        (0..n as u64)
+            .map(|i| rng::normal(seed, 0, i) as f32)
+            .collect(),
+    )
+}
+
+fn ty(shape: &[usize]) -> TensorType {
+    let s: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    TensorType::new(&s, Elem::F32)
+}
+
+/// Seconds of one call of kernel `op` on operands like `ins` with results `out`, with
+/// cold caches as in a model (where an op reads what earlier ops wrote, not what it read
+/// last time): the calls cycle through copies of the operands filling 64 MiB.
+fn time_kernel(op: &str, attrs: &Attrs, ins: &[Tensor], out: &[TensorType]) -> Result<f64, String> {
+    let f = kernel(op).ok_or_else(|| format!("no kernel for {op}"))?;
+    let ctx = Ctx {
+        attrs,
+        out,
+        device: None,
+    };
+    let bytes: usize = ins.iter().map(|t| t.numel() * 4).sum::<usize>().max(1);
+    let copies = (64usize << 20).div_ceil(bytes).clamp(1, 256);
+    let sets: Vec<Vec<Tensor>> = (0..copies).map(|_| ins.to_vec()).collect();
+    let refs: Vec<Vec<&Tensor>> = sets.iter().map(|s| s.iter().collect()).collect();
+    f(&ctx, &refs[0])?;
+    let mut k = 0;
+    Ok(median_secs(|| {
+        let _ = f(&ctx, &refs[k % copies]);
+        k += 1;
+    }))
+}
+
+/// Runs the command; returns the report to print.
+pub fn main(a: &CalibrateArgs) -> Result<String, String> {
+    set_threads(1);
+    let mut report = String::from("calibrating the CPU, one thread\n");
+    // Matrix products in the three forms a training step runs (forward A B, the input's
+    // gradient A B^T, the weight's gradient A^T B), each with one long side four times
+    // the others (rows are tokens), from s = 8 to 256; timed together.
+    let mut rates = Vec::new();
+    let t_attr = |k: &str| -> Attrs { [(k.to_string(), AttrValue::Bool(true))].into() };
+    for s in [8usize, 16, 32, 64, 128, 256] {
+        let l = 4 * s;
+        // (attributes, A's shape, B's shape, the result's shape)
+        type Form = (Attrs, [usize; 2], [usize; 2], [usize; 2]);
+        let forms: [Form; 3] = [
+            (Attrs::new(), [l, s], [s, s], [l, s]),
+            (t_attr("transpose_b"), [l, s], [s, s], [l, s]),
+            (t_attr("transpose_a"), [l, s], [l, s], [s, s]),
+        ];
+        let mut t = 0.0;
+        for (attrs, a, b, out) in &forms {
+            t += time_kernel(
+                "dnn.matmul",
+                attrs,
+                &[random(a, 1), random(b, 2)],
+                &[ty(out)],
+            )?;
+        }
+        let flops = 2.0 * (l * s * s) as f64;
+        rates.push((flops, 3.0 * flops / t));
+        report += &format!(
+            "  matmul {l:>4} x {s:>3} x {s:>3}: {:>8.2} GFLOP/s (A B, A B^T, A^T B together)\n",
+            3.0 * flops / t / 1e9
+        );
+    }
+    let peak = rates.iter().map(|r| r.1).fold(0.0f64, f64::max);
+    let efficiency: Vec<[f64; 2]> = rates.iter().map(|&(f, r)| [f, r / peak]).collect();
+    // Memory: an add of two 4M-float tensors (three 16 MiB streams).
+    let n = 4 << 20;
+    let t = time_kernel(
+        "dnn.add",
+        &Attrs::new(),
+        &[random(&[n], 3), random(&[n], 4)],
+        &[ty(&[n])],
+    )?;
+    let bandwidth = 3.0 * 4.0 * n as f64 / t;
+    report += &format!("  add of 4M floats: {:.2} GB/s\n", bandwidth / 1e9);
+    // Vector math: gelu on 1M floats, at the spec's 8 FLOPs an element.
+    let n = 1 << 20;
+    let t = time_kernel("dnn.gelu", &Attrs::new(), &[random(&[n], 5)], &[ty(&[n])])?;
+    let vector = 8.0 * n as f64 / t;
+    report += &format!(
+        "  gelu of 1M floats: {:.2} GFLOP/s (8 per element)\n",
+        vector / 1e9
+    );
+    // The interpreter's cost per op: a chain of small ops of the kinds models run
+    // (add, transpose, matmul, reshape, sum and broadcast back, on [8, 8]), whose
+    // arithmetic is negligible.
+    let ops = 2000;
+    let t8 = "tensor<8x8xf32>";
+    let mut text =
+        format!("func.func @f(%x: {t8} {{nns.name = \"x\"}}) -> ({t8} {{nns.name = \"y\"}}) {{\n");
+    let mut last = "%x".to_string();
+    for k in 0..ops / 6 {
+        text += &format!(
+            "  %a{k} = \"dnn.add\"({last}, %x) : ({t8}, {t8}) -> {t8}\n\
+             \x20 %t{k} = \"dnn.transpose\"(%a{k}) {{perm = array<i64: 1, 0>}} : ({t8}) -> {t8}\n\
+             \x20 %m{k} = \"dnn.matmul\"(%t{k}, %x) : ({t8}, {t8}) -> {t8}\n\
+             \x20 %r{k} = \"dnn.reshape\"(%m{k}) {{shape = array<i64: 64>}} : ({t8}) -> tensor<64xf32>\n\
+             \x20 %s{k} = \"dnn.sum\"(%m{k}) {{dims = array<i64: 1>, keepdim = true}} : ({t8}) -> tensor<8x1xf32>\n\
+             \x20 %b{k} = \"dnn.sub\"(%m{k}, %s{k}) : ({t8}, tensor<8x1xf32>) -> {t8}\n"
+        );
+        last = format!("%b{k}");
+    }
+    let ops = ops / 6 * 6;
+    text += &format!("  return {last} : {t8}\n}}\n");
+    let ir = IrContext::new();
+    let m = ir
+        .parse(&text, "calibrate")
+        .map_err(|d| d.render_limited(Some(&text), 5))?;
+    let g = Graph::all_in(&m)
+        .into_iter()
+        .next()
+        .ok_or("no function")?
+        .map_err(|e| e.message)?;
+    let x = random(&[8, 8], 6);
+    let t = median_secs(|| {
+        let _ = nnscaler_runtime::run(&g, vec![x.clone()], &Options::default());
+    });
+    let overhead = t / ops as f64;
+    report += &format!("  interpreter: {:.2} us per op\n", overhead * 1e6);
+    let mut c: Cluster = cost::preset("cpu").expect("the cpu preset");
+    c.device.matrix_flops = peak;
+    c.device.vector_flops = vector;
+    c.device.memory_bandwidth = bandwidth;
+    c.device.matrix_efficiency = efficiency;
+    c.device.op_overhead = overhead;
+    c.device.source = format!("nnscaler calibrate --device cpu, {}", chrono_free_date());
+    let toml = c.to_toml()?;
+    if a.output == "-" {
+        report += &toml;
+    } else {
+        crate::write_one(&a.output, toml.into_bytes())?;
+        report += &format!("wrote {}\n", a.output);
+    }
+    Ok(report)
+}
+
+/// Today's date (UTC) from the system clock, as YYYY-MM-DD.
+fn chrono_free_date() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let days = (secs / 86_400) as i64;
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    format!("{}-{m:02}-{d:02}", if m <= 2 { y + 1 } else { y })
+}
