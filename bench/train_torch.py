@@ -23,22 +23,7 @@ def main(data_dir, steps):
     ids = np.fromfile(os.path.join(data_dir, "train.bin"), dtype="<u2").astype(np.int64)
     c = {"layers": 4, "heads": 4}
     width, block, batch = 128, 64, 12
-    p = {"wte": torch.randn(vocab, width) * 0.02, "wpe": torch.randn(block, width) * 0.02,
-         "ln_f.weight": torch.ones(width), "ln_f.bias": torch.zeros(width)}
-    for i in range(c["layers"]):
-        q = lambda n: f"h.{i}.{n}"  # noqa: E731
-        for n in ["ln_1", "ln_2"]:
-            p[q(n + ".weight")] = torch.ones(width)
-            p[q(n + ".bias")] = torch.zeros(width)
-        for n in ["attn.q", "attn.k", "attn.v", "attn.proj"]:
-            p[q(n + ".weight")] = torch.randn(width, width) * 0.02
-            p[q(n + ".bias")] = torch.zeros(width)
-        p[q("mlp.fc.weight")] = torch.randn(4 * width, width) * 0.02
-        p[q("mlp.fc.bias")] = torch.zeros(4 * width)
-        p[q("mlp.proj.weight")] = torch.randn(width, 4 * width) * 0.02
-        p[q("mlp.proj.bias")] = torch.zeros(width)
-    for v in p.values():
-        v.requires_grad_(True)
+    p = models.gpt_params(vocab, width, block, c["layers"])
     decay = [v for v in p.values() if v.dim() >= 2]
     plain = [v for v in p.values() if v.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},

@@ -60,10 +60,14 @@ def close(got, want, tol):
     print(f"close: {len(b)} tensors, worst relative error {worst:.2e}")
 
 
-def params(artifact, out):
+def header(artifact):
     raw = open(artifact, "rb").read()
     (n,) = struct.unpack("<Q", raw[8:16])
-    h = json.loads(raw[16:16 + n])
+    return json.loads(raw[16:16 + n])
+
+
+def params(artifact, out):
+    h = header(artifact)
     rng = random.Random(0)
     t = {}
     for p in h["inputs"]:
@@ -86,9 +90,7 @@ def params(artifact, out):
 
 
 def inputs(artifact, out):
-    raw = open(artifact, "rb").read()
-    (n,) = struct.unpack("<Q", raw[8:16])
-    h = json.loads(raw[16:16 + n])
+    h = header(artifact)
     rng = random.Random(0)
     t = {}
     for p in h["inputs"]:

@@ -30,21 +30,7 @@ def step(layers, heads, width, block, batch, vocab):
     torch.manual_seed(0)
     dev = "cuda"
     c = {"layers": layers, "heads": heads}
-    p = {"wte": torch.randn(vocab, width) * 0.02, "wpe": torch.randn(block, width) * 0.02,
-         "ln_f.weight": torch.ones(width), "ln_f.bias": torch.zeros(width)}
-    for i in range(layers):
-        q = lambda n: f"h.{i}.{n}"  # noqa: E731
-        for n in ["ln_1", "ln_2"]:
-            p[q(n + ".weight")] = torch.ones(width)
-            p[q(n + ".bias")] = torch.zeros(width)
-        for n in ["attn.q", "attn.k", "attn.v", "attn.proj"]:
-            p[q(n + ".weight")] = torch.randn(width, width) * 0.02
-            p[q(n + ".bias")] = torch.zeros(width)
-        p[q("mlp.fc.weight")] = torch.randn(4 * width, width) * 0.02
-        p[q("mlp.fc.bias")] = torch.zeros(4 * width)
-        p[q("mlp.proj.weight")] = torch.randn(width, 4 * width) * 0.02
-        p[q("mlp.proj.bias")] = torch.zeros(width)
-    p = {k: v.to(dev).requires_grad_(True) for k, v in p.items()}
+    p = models.gpt_params(vocab, width, block, layers, dev)
     opt = torch.optim.AdamW([{"params": [v for v in p.values() if v.dim() >= 2], "weight_decay": 0.1},
                              {"params": [v for v in p.values() if v.dim() < 2], "weight_decay": 0.0}],
                             lr=1e-3, betas=(0.9, 0.99))

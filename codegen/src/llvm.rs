@@ -1402,12 +1402,25 @@ impl<'ctx> Gen<'ctx> {
     ) -> R<FloatValue<'ctx>> {
         let qb = self.mul_i(row.q_row, self.i64c(a.d))?;
         let kb = self.mul_i(self.add_i(row.kv_base, j)?, self.i64c(a.d))?;
+        let dot = self.dot(q, qb, k, kb, a.d)?;
+        self.fmul(self.fconst(a.scale), dot)
+    }
+
+    /// `sum_c x[xb + c] * y[yb + c]` over `c` in `0..len`, in order, in f32.
+    fn dot(
+        &self,
+        x: PointerValue<'ctx>,
+        xb: IntValue<'ctx>,
+        y: PointerValue<'ctx>,
+        yb: IntValue<'ctx>,
+        len: usize,
+    ) -> R<FloatValue<'ctx>> {
         let acc = self.var(self.fconst(0.0).into())?;
-        self.for_range(self.i64c(a.d), |g, c| {
-            let p = g.fmul(g.ldf(q, g.add_i(qb, c)?)?, g.ldf(k, g.add_i(kb, c)?)?)?;
+        self.for_range(self.i64c(len), |g, c| {
+            let p = g.fmul(g.ldf(x, g.add_i(xb, c)?)?, g.ldf(y, g.add_i(yb, c)?)?)?;
             g.set(acc, g.fadd(g.getf(acc, g.ctx.f32_type())?, p)?)
         })?;
-        self.fmul(self.fconst(a.scale), self.getf(acc, self.ctx.f32_type())?)
+        self.getf(acc, self.ctx.f32_type())
     }
 
     /// The row's softmax maximum and `1 / sum`, as the reference's `probs`.
@@ -1463,12 +1476,7 @@ impl<'ctx> Gen<'ctx> {
     ) -> R<FloatValue<'ctx>> {
         let ob = self.mul_i(row.q_row, self.i64c(a.e))?;
         let vb = self.mul_i(self.add_i(row.kv_base, j)?, self.i64c(a.e))?;
-        let acc = self.var(self.fconst(0.0).into())?;
-        self.for_range(self.i64c(a.e), |g, c| {
-            let p = g.fmul(g.ldf(dout, g.add_i(ob, c)?)?, g.ldf(v, g.add_i(vb, c)?)?)?;
-            g.set(acc, g.fadd(g.getf(acc, g.ctx.f32_type())?, p)?)
-        })?;
-        self.getf(acc, self.ctx.f32_type())
+        self.dot(dout, ob, v, vb, a.e)
     }
 
     /// Row `q_row`'s `(max, 1/sum, rowsum(dP * P))` from the statistics buffer.

@@ -57,6 +57,35 @@ pub fn llvm_ir(kernels: &[Kernel]) -> R<String> {
     Ok(g.module.print_to_string().to_string())
 }
 
+/// A target machine (`what` names it in errors) at O3, with `g`'s module set up for it
+/// and optimized.
+fn lower_for(
+    g: &Gen<'_>,
+    what: &str,
+    triple: &TargetTriple,
+    cpu: &str,
+    features: &str,
+    reloc: RelocMode,
+    code: CodeModel,
+) -> R<TargetMachine> {
+    let target = Target::from_triple(triple).map_err(|e| format!("LLVM {what} target: {e}"))?;
+    let tm = target
+        .create_target_machine(
+            triple,
+            cpu,
+            features,
+            OptimizationLevel::Aggressive,
+            reloc,
+            code,
+        )
+        .ok_or_else(|| format!("LLVM cannot make a {what} target machine"))?;
+    g.module.set_triple(triple);
+    g.module
+        .set_data_layout(&tm.get_target_data().get_data_layout());
+    optimize(&g.module, &tm)?;
+    Ok(tm)
+}
+
 /// `kernels` as one PTX module for `gpu`.
 pub fn ptx(kernels: &[Kernel], gpu: Gpu) -> R<String> {
     Target::initialize_nvptx(&InitializationConfig::default());
@@ -65,22 +94,15 @@ pub fn ptx(kernels: &[Kernel], gpu: Gpu) -> R<String> {
     for k in kernels {
         g.ptx_entry(&k.name, k.inputs.len() + k.outputs.len())?;
     }
-    let triple = TargetTriple::create("nvptx64-nvidia-cuda");
-    let target = Target::from_triple(&triple).map_err(|e| format!("NVPTX target: {e}"))?;
-    let tm = target
-        .create_target_machine(
-            &triple,
-            &format!("sm_{}", gpu.sm),
-            &format!("+ptx{}", gpu.ptx),
-            OptimizationLevel::Aggressive,
-            RelocMode::Default,
-            CodeModel::Default,
-        )
-        .ok_or("LLVM cannot make an NVPTX target machine")?;
-    g.module.set_triple(&triple);
-    g.module
-        .set_data_layout(&tm.get_target_data().get_data_layout());
-    optimize(&g.module, &tm)?;
+    let tm = lower_for(
+        &g,
+        "NVPTX",
+        &TargetTriple::create("nvptx64-nvidia-cuda"),
+        &format!("sm_{}", gpu.sm),
+        &format!("+ptx{}", gpu.ptx),
+        RelocMode::Default,
+        CodeModel::Default,
+    )?;
     let buf = tm
         .write_to_memory_buffer(&g.module, FileType::Assembly)
         .map_err(|e| format!("PTX emission failed: {e}"))?;
@@ -97,23 +119,16 @@ pub fn host_shared_object(kernels: &[Kernel]) -> R<Vec<u8>> {
     for k in kernels {
         g.host_entry(&k.name, k.inputs.len() + k.outputs.len())?;
     }
-    let triple = TargetMachine::get_default_triple();
-    let target = Target::from_triple(&triple).map_err(|e| format!("host target: {e}"))?;
     // Generic x86-64 (not this CPU's features): the artifact may run on another machine.
-    let tm = target
-        .create_target_machine(
-            &triple,
-            "x86-64",
-            "",
-            OptimizationLevel::Aggressive,
-            RelocMode::PIC,
-            CodeModel::Default,
-        )
-        .ok_or("LLVM cannot make a host target machine")?;
-    g.module.set_triple(&triple);
-    g.module
-        .set_data_layout(&tm.get_target_data().get_data_layout());
-    optimize(&g.module, &tm)?;
+    let tm = lower_for(
+        &g,
+        "host",
+        &TargetMachine::get_default_triple(),
+        "x86-64",
+        "",
+        RelocMode::PIC,
+        CodeModel::Default,
+    )?;
     let obj = tm
         .write_to_memory_buffer(&g.module, FileType::Object)
         .map_err(|e| format!("host code emission failed: {e}"))?;
@@ -243,22 +258,15 @@ impl HostKernels {
         for k in kernels {
             g.host_entry(&k.name, k.inputs.len() + k.outputs.len())?;
         }
-        let triple = TargetMachine::get_default_triple();
-        let target = Target::from_triple(&triple).map_err(|e| format!("host target: {e}"))?;
-        let tm = target
-            .create_target_machine(
-                &triple,
-                &TargetMachine::get_host_cpu_name().to_string(),
-                &TargetMachine::get_host_cpu_features().to_string(),
-                OptimizationLevel::Aggressive,
-                RelocMode::Default,
-                CodeModel::JITDefault,
-            )
-            .ok_or("LLVM cannot make a host target machine")?;
-        g.module.set_triple(&triple);
-        g.module
-            .set_data_layout(&tm.get_target_data().get_data_layout());
-        optimize(&g.module, &tm)?;
+        lower_for(
+            &g,
+            "host",
+            &TargetMachine::get_default_triple(),
+            &TargetMachine::get_host_cpu_name().to_string(),
+            &TargetMachine::get_host_cpu_features().to_string(),
+            RelocMode::Default,
+            CodeModel::JITDefault,
+        )?;
         let engine = g
             .module
             .create_jit_execution_engine(OptimizationLevel::Aggressive)

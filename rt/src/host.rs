@@ -139,7 +139,7 @@ pub(crate) fn load_inputs(art: &Artifact, inputs: &[Tensor]) -> Result<Vec<Vec<u
         for (d, arena) in arenas.iter_mut().enumerate() {
             let at = c.offsets[if c.offsets.len() > 1 { d } else { 0 }] as usize;
             let src = &consts[at..][..b.bytes() as usize];
-            bytes_mut(arena)[b.offset as usize..][..src.len()].copy_from_slice(src);
+            write_at(arena, b.offset, src);
         }
     }
     for (p, t) in h.inputs.iter().zip(inputs) {
@@ -158,7 +158,7 @@ pub(crate) fn load_inputs(art: &Artifact, inputs: &[Tensor]) -> Result<Vec<Vec<u
         for (d, arena) in arenas.iter_mut().enumerate() {
             let piece = cut(&whole, &p.global_shape, &p.shards[d], b.elt.size() as usize);
             let at = b.offset as usize;
-            bytes_mut(arena)[at..at + piece.len()].copy_from_slice(&piece);
+            write_at(arena, at as u64, &piece);
         }
     }
     Ok(arenas)
@@ -199,8 +199,7 @@ pub(crate) fn collective(art: &Artifact, s: &Step, arenas: &mut [Vec<u64>]) -> R
                     place(&mut whole, &ob.shape, &ranges, &piece, es);
                 }
                 for &d in g {
-                    bytes_mut(&mut arenas[d])[ob.offset as usize..][..whole.len()]
-                        .copy_from_slice(&whole);
+                    write_at(&mut arenas[d], ob.offset, &whole);
                 }
             }
         }
@@ -217,8 +216,7 @@ pub(crate) fn collective(art: &Artifact, s: &Step, arenas: &mut [Vec<u64>]) -> R
                 for (k, &d) in g.iter().enumerate() {
                     let ranges = along(&ib.shape, *dim, k as u64 * len, len);
                     let piece = cut(&get(&arenas[d], ib), &ib.shape, &ranges, es);
-                    bytes_mut(&mut arenas[d])[ob.offset as usize..][..piece.len()]
-                        .copy_from_slice(&piece);
+                    write_at(&mut arenas[d], ob.offset, &piece);
                 }
             }
         }
@@ -237,8 +235,7 @@ pub(crate) fn collective(art: &Artifact, s: &Step, arenas: &mut [Vec<u64>]) -> R
                 for (k, &d) in g.iter().enumerate() {
                     let ranges = along(&ib.shape, *dim, k as u64 * len, len);
                     let piece = cut(&bytes, &ib.shape, &ranges, 4);
-                    bytes_mut(&mut arenas[d])[ob.offset as usize..][..piece.len()]
-                        .copy_from_slice(&piece);
+                    write_at(&mut arenas[d], ob.offset, &piece);
                 }
             }
         }
@@ -307,7 +304,12 @@ pub(crate) fn bytes_mut(a: &mut [u64]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(a.as_mut_ptr().cast::<u8>(), a.len() * 8) }
 }
 
-/// A buffer's f32 elements in an arena.
+/// Copies `bytes` into an arena at byte `offset`.
+fn write_at(arena: &mut [u64], offset: u64, bytes: &[u8]) {
+    bytes_mut(arena)[offset as usize..][..bytes.len()].copy_from_slice(bytes);
+}
+
+/// A buffer's bytes in an arena.
 fn get(arena: &[u64], b: &Buffer) -> Vec<u8> {
     bytes(arena)[b.offset as usize..][..b.bytes() as usize].to_vec()
 }

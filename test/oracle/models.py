@@ -52,6 +52,26 @@ def gpt(p, inp, c):
     return F.cross_entropy(logits.reshape(b * t, -1), inp["targets"].reshape(-1))
 
 
+def gpt_params(vocab, width, block, layers, device="cpu"):
+    """nanoGPT's parameters for gpt(): normal(0, 0.02) matrices, unit norm weights, zero
+    biases (drawn from torch's current seed, in a fixed order)."""
+    p = {"wte": torch.randn(vocab, width) * 0.02, "wpe": torch.randn(block, width) * 0.02,
+         "ln_f.weight": torch.ones(width), "ln_f.bias": torch.zeros(width)}
+    for i in range(layers):
+        q = lambda n: f"h.{i}.{n}"  # noqa: E731
+        for n in ["ln_1", "ln_2"]:
+            p[q(n + ".weight")] = torch.ones(width)
+            p[q(n + ".bias")] = torch.zeros(width)
+        for n in ["attn.q", "attn.k", "attn.v", "attn.proj"]:
+            p[q(n + ".weight")] = torch.randn(width, width) * 0.02
+            p[q(n + ".bias")] = torch.zeros(width)
+        p[q("mlp.fc.weight")] = torch.randn(4 * width, width) * 0.02
+        p[q("mlp.fc.bias")] = torch.zeros(4 * width)
+        p[q("mlp.proj.weight")] = torch.randn(width, 4 * width) * 0.02
+        p[q("mlp.proj.bias")] = torch.zeros(width)
+    return {k: v.to(device).requires_grad_(True) for k, v in p.items()}
+
+
 def rms_norm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
