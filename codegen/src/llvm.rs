@@ -1229,17 +1229,10 @@ impl<'ctx> Gen<'ctx> {
                 self.for_range(row.lim, |g, j| {
                     let p = g.attn_prob(a, &row, ins[0], ins[1], j, mx, inv)?;
                     let vb = g.mul_i(g.add_i(row.kv_base, j)?, g.i64c(a.e))?;
-                    g.for_range(g.i64c(a.e), |g, c| {
-                        let at = g.at(acc, Elt::F32, c)?;
-                        let v = g.ldf(ins[2], g.add_i(vb, c)?)?;
-                        g.set(at, g.fadd(g.getf(at, f32t)?, g.fmul(p, v)?)?)
-                    })
+                    g.axpy(acc, p, ins[2], vb, a.e)
                 })?;
                 let ob = self.mul_i(row.q_row, self.i64c(a.e))?;
-                self.for_range(self.i64c(a.e), |g, c| {
-                    let v = g.getf(g.at(acc, Elt::F32, c)?, f32t)?;
-                    g.stf(outs[0], g.add_i(ob, c)?, v)
-                })?;
+                self.store_array(acc, outs[0], ob, a.e)?;
             }
             Body::AttnStats(a) => {
                 // ins: dout, q, k, v.
@@ -1266,17 +1259,10 @@ impl<'ctx> Gen<'ctx> {
                     let dp = g.attn_dp(a, &row, ins[0], ins[3], j)?;
                     let ds = g.fmul(g.fmul(p, g.fsub(dp, dsum)?)?, g.fconst(a.scale))?;
                     let kb = g.mul_i(g.add_i(row.kv_base, j)?, g.i64c(a.d))?;
-                    g.for_range(g.i64c(a.d), |g, c| {
-                        let at = g.at(acc, Elt::F32, c)?;
-                        let kv = g.ldf(ins[2], g.add_i(kb, c)?)?;
-                        g.set(at, g.fadd(g.getf(at, f32t)?, g.fmul(ds, kv)?)?)
-                    })
+                    g.axpy(acc, ds, ins[2], kb, a.d)
                 })?;
                 let ob = self.mul_i(row.q_row, self.i64c(a.d))?;
-                self.for_range(self.i64c(a.d), |g, c| {
-                    let v = g.getf(g.at(acc, Elt::F32, c)?, f32t)?;
-                    g.stf(outs[0], g.add_i(ob, c)?, v)
-                })?;
+                self.store_array(acc, outs[0], ob, a.d)?;
             }
             Body::AttnDkDv(a) => {
                 // Key row i = (bi, kv head, j); every query head of the group, rows in order.
@@ -1311,30 +1297,16 @@ impl<'ctx> Gen<'ctx> {
                             let dp = g.attn_dp(a, &row, ins[0], ins[3], j)?;
                             let ds = g.fmul(g.fmul(p, g.fsub(dp, dsum)?)?, g.fconst(a.scale))?;
                             let ob = g.mul_i(q_row, g.i64c(a.e))?;
-                            g.for_range(g.i64c(a.e), |g, c| {
-                                let at = g.at(dv, Elt::F32, c)?;
-                                let o = g.ldf(ins[0], g.add_i(ob, c)?)?;
-                                g.set(at, g.fadd(g.getf(at, f32t)?, g.fmul(p, o)?)?)
-                            })?;
+                            g.axpy(dv, p, ins[0], ob, a.e)?;
                             let qb = g.mul_i(q_row, g.i64c(a.d))?;
-                            g.for_range(g.i64c(a.d), |g, c| {
-                                let at = g.at(dk, Elt::F32, c)?;
-                                let q = g.ldf(ins[1], g.add_i(qb, c)?)?;
-                                g.set(at, g.fadd(g.getf(at, f32t)?, g.fmul(ds, q)?)?)
-                            })
+                            g.axpy(dk, ds, ins[1], qb, a.d)
                         })
                     })
                 })?;
                 let kb = self.mul_i(i, self.i64c(a.d))?;
-                self.for_range(self.i64c(a.d), |g, c| {
-                    let v = g.getf(g.at(dk, Elt::F32, c)?, f32t)?;
-                    g.stf(outs[0], g.add_i(kb, c)?, v)
-                })?;
+                self.store_array(dk, outs[0], kb, a.d)?;
                 let vb = self.mul_i(i, self.i64c(a.e))?;
-                self.for_range(self.i64c(a.e), |g, c| {
-                    let v = g.getf(g.at(dv, Elt::F32, c)?, f32t)?;
-                    g.stf(outs[1], g.add_i(vb, c)?, v)
-                })?;
+                self.store_array(dv, outs[1], vb, a.e)?;
             }
             Body::ClipScale { max_norm } => {
                 let s = self.ldf(ins[0], self.i64c(0))?;
@@ -1404,6 +1376,36 @@ impl<'ctx> Gen<'ctx> {
         let kb = self.mul_i(self.add_i(row.kv_base, j)?, self.i64c(a.d))?;
         let dot = self.dot(q, qb, k, kb, a.d)?;
         self.fmul(self.fconst(a.scale), dot)
+    }
+
+    /// `acc[c] += s * x[xb + c]` for `c` in `0..len` (`acc`: an [`Gen::array`]).
+    fn axpy(
+        &self,
+        acc: PointerValue<'ctx>,
+        s: FloatValue<'ctx>,
+        x: PointerValue<'ctx>,
+        xb: IntValue<'ctx>,
+        len: usize,
+    ) -> R<()> {
+        self.for_range(self.i64c(len), |g, c| {
+            let at = g.at(acc, Elt::F32, c)?;
+            let v = g.ldf(x, g.add_i(xb, c)?)?;
+            g.set(at, g.fadd(g.getf(at, g.ctx.f32_type())?, g.fmul(s, v)?)?)
+        })
+    }
+
+    /// `out[ob + c] = acc[c]` for `c` in `0..len`.
+    fn store_array(
+        &self,
+        acc: PointerValue<'ctx>,
+        out: PointerValue<'ctx>,
+        ob: IntValue<'ctx>,
+        len: usize,
+    ) -> R<()> {
+        self.for_range(self.i64c(len), |g, c| {
+            let v = g.getf(g.at(acc, Elt::F32, c)?, g.ctx.f32_type())?;
+            g.stf(out, g.add_i(ob, c)?, v)
+        })
     }
 
     /// `sum_c x[xb + c] * y[yb + c]` over `c` in `0..len`, in order, in f32.
