@@ -10,13 +10,17 @@
 //! An op's time is `overhead + max(compute, memory)`: compute is its FLOPs (the op specs')
 //! at the matrix rate times the efficiency of a product of its size (ops with
 //! [`nnscaler_dialects::spec::Traits::matrix`]) or at the vector rate; memory is the bytes
-//! of its operands and results at the memory bandwidth. A single-device program's step
-//! time is the sum over its ops (the CPU runtime and a GPU stream both run ops one at a
-//! time).
+//! of its operands and results at the memory bandwidth. A program's step time is the sum
+//! over its ops (the CPU runtime and a GPU stream both run ops one at a time) and, for one
+//! device's share of a partitioned program, its collectives: ring steps of the network
+//! level the group spans plus the bytes each device sends (the collectives' own
+//! `sent_bytes`) at that level's bandwidth, not overlapped with compute.
 
 use crate::place::op_flops;
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::nns::{self, Mesh};
+use nnscaler_dialects::types::AttrValue;
 use serde::{Deserialize, Serialize};
 
 /// Devices and the network between them.
@@ -249,6 +253,8 @@ pub struct Prediction {
     pub matrix: f64,
     /// Seconds of the other ops.
     pub other: f64,
+    /// Seconds of the collectives (not overlapped with compute).
+    pub comm: f64,
     /// FLOPs of the program.
     pub flops: f64,
     /// Ops counted.
@@ -258,7 +264,7 @@ pub struct Prediction {
 impl Prediction {
     /// Seconds of one run.
     pub fn seconds(&self) -> f64 {
-        self.matrix + self.other
+        self.matrix + self.other + self.comm
     }
 
     /// Model FLOPs utilization: the program's FLOPs over its time at the device's peak.
@@ -267,12 +273,65 @@ impl Prediction {
     }
 }
 
-/// The predicted time of running `g` once on `device` (its ops one after another; ops of
-/// other dialects and data-free ones such as reshapes count their overhead and bytes).
-pub fn predict(g: &Graph, device: &Device) -> Prediction {
+impl Cluster {
+    /// The network level a collective among `group` devices spanning `span` consecutive
+    /// device numbers runs over: the innermost whose groups hold the span (the outermost
+    /// when none does), `None` without a network.
+    pub fn level(&self, span: u64) -> Option<&Level> {
+        self.network
+            .iter()
+            .find(|l| l.devices >= span)
+            .or(self.network.last())
+    }
+
+    /// Seconds of collective `op` among `group` devices spanning `span` device numbers,
+    /// each sending `sent` bytes (the collectives' own cost model): ring steps of latency
+    /// plus the bytes at the level's bandwidth.
+    pub fn collective_time(&self, op: &str, group: u64, span: u64, sent: f64) -> f64 {
+        let Some(l) = self.level(span) else {
+            return 0.0;
+        };
+        let steps = group.saturating_sub(1) as f64 * if op == "nns.all_reduce" { 2.0 } else { 1.0 };
+        steps * l.latency + sent / l.bandwidth
+    }
+}
+
+/// The predicted time of running `g` once on a device of `cluster` (its ops one after
+/// another; ops of other dialects and data-free ones such as reshapes count their
+/// overhead and bytes); a per-device program's collectives over `mesh` (devices numbered
+/// row-major) at the network level their groups span.
+pub fn predict(g: &Graph, cluster: &Cluster, mesh: Option<&Mesh>) -> Prediction {
+    let device = &cluster.device;
     let mut p = Prediction::default();
     for n in &g.nodes {
         if n.op == "func.return" {
+            continue;
+        }
+        if n.op.starts_with("nns.") {
+            let (Some(mesh), Some(AttrValue::Strs(axes))) = (mesh, n.attrs.get("axes")) else {
+                continue;
+            };
+            // Device numbers run row-major over the device axes (the micro-batch axis is
+            // time, not devices).
+            let devs: Vec<&nnscaler_dialects::nns::Axis> =
+                mesh.axes.iter().filter(|a| !a.microbatches).collect();
+            let mut group = 1u64;
+            let mut span = 1u64;
+            for a in axes {
+                let Some(k) = devs.iter().position(|x| &x.name == a) else {
+                    continue;
+                };
+                let stride: i64 = devs[k + 1..].iter().map(|x| x.size).product();
+                group *= devs[k].size as u64;
+                span += (devs[k].size as u64 - 1) * stride as u64;
+            }
+            if group < 2 {
+                continue;
+            }
+            let input = n.inputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
+            let output = n.outputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
+            let sent = nns::sent_bytes(&n.op, group as f64, input, output);
+            p.comm += cluster.collective_time(&n.op, group, span, sent);
             continue;
         }
         let flops = op_flops(g, n);
@@ -335,6 +394,18 @@ mod tests {
         assert!((t - (4e-6 + 1e12 / (67e12 * 0.8))).abs() < 1e-12);
         let t = d.op_time(0.0, 3.35e9, false);
         assert!((t - (4e-6 + 1e-3)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn collectives_take_the_level_their_group_spans() {
+        let c = preset("dgx-h100").unwrap();
+        // 8 devices of a node: NVLink; 16 spanning two nodes: the fabric.
+        assert_eq!(c.level(8).unwrap().name, "nvlink");
+        assert_eq!(c.level(16).unwrap().name, "infiniband");
+        let t = c.collective_time("nns.all_reduce", 8, 8, 450e9);
+        assert!((t - (14.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
+        let t = c.collective_time("nns.all_gather", 2, 9, 50e9);
+        assert!((t - (10e-6 + 1.0)).abs() < 1e-9, "{t}");
     }
 
     #[test]

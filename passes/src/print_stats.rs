@@ -226,13 +226,13 @@ impl FuncStats {
         if let Some((cluster, d, p)) = &self.predicted {
             let _ = writeln!(
                 s,
-                "predicted time per run on {} ({cluster}): {:.6} s (matrix products {:.6} s, other ops {:.6} s; {} ops{}); MFU {:.1}% of the f32 matrix peak",
+                "predicted time per run on {} ({cluster}): {:.6} s (matrix products {:.6} s, other ops {:.6} s, collectives {:.6} s; {} ops); MFU {:.1}% of the f32 matrix peak",
                 d.name,
                 p.seconds(),
                 p.matrix,
                 p.other,
+                p.comm,
                 p.ops,
-                if self.comm.is_empty() { "" } else { "; collectives not counted yet" },
                 100.0 * p.mfu(d)
             );
         }
@@ -292,10 +292,15 @@ pub fn module_stats_on(
         }
         if let Ok(g) = Graph::from_func(op) {
             if let Some(c) = cluster {
+                let mesh = if g.is_localized() {
+                    meshes.resolve(None).ok()
+                } else {
+                    None
+                };
                 st.predicted = Some((
                     c.name.clone(),
                     c.device.clone(),
-                    crate::cost::predict(&g, &c.device),
+                    crate::cost::predict(&g, c, mesh),
                 ));
             }
             if g.is_localized() {
