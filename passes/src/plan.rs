@@ -59,7 +59,7 @@ impl Policy {
             "dp-megatron" => Ok(Policy::DpMegatron),
             "megatron-sp" => Ok(Policy::MegatronSp),
             other => Err(format!(
-                "unknown policy '{other}' (policies: dp, megatron, dp-megatron, megatron-sp)"
+                "unknown policy '{other}' (policies: dp, megatron, dp-megatron, megatron-sp, auto)"
             )),
         }
     }
@@ -95,6 +95,13 @@ impl Plan {
             o.get("policy")
                 .ok_or("plan needs a policy, e.g. --plan=dp")?,
         )?;
+        for k in ["cluster", "devices"] {
+            if o.get(k).is_some() {
+                return Err(format!(
+                    "plan: '{k}' applies to policy auto (--plan=\"auto cluster=... devices=N\")"
+                ));
+            }
+        }
         let size = |k: &str| -> Result<Option<i64>, String> {
             o.get(k)
                 .map(|v| {

@@ -163,7 +163,7 @@ pub static PASSES: &[PassInfo] = &[
         options: &[
             OptionInfo {
                 name: "policy",
-                help: "dp | megatron | dp-megatron | megatron-sp (may be written alone: --plan=dp)",
+                help: "dp | megatron | dp-megatron | megatron-sp (may be written alone: --plan=dp) | auto: the data x tensor parallel plan the cost model predicts fastest on cluster= for devices= (each candidate compiled and predicted; the ranking in a remark)",
             },
             OptionInfo {
                 name: "dp",
@@ -185,9 +185,25 @@ pub static PASSES: &[PassInfo] = &[
                 name: "zero",
                 help: "0 (default) | 1: ZeRO-1, the optimizer state (--optimizer) split over dp, so gradients arrive by reduce_scatter and next parameters leave by all_gather | 2: ZeRO-2, the same layouts (the gradients already reach the update as reduce_scatter shards) | 3: ZeRO-3, the parameters split over dp too, gathered for the forward and again for the backward, next parameters left as shards",
             },
+            OptionInfo {
+                name: "cluster",
+                help: "with policy auto: the cluster the plan is for (a preset: dgx-a100, dgx-h100, h200, cpu; or a TOML file)",
+            },
+            OptionInfo {
+                name: "devices",
+                help: "with policy auto: how many devices to plan for",
+            },
         ],
         anchor: Anchor::Module,
-        factory: Factory::Native(|o| Ok(Native::Module(Box::new(Plan::new(o)?)))),
+        factory: Factory::Native(|o| {
+            if o.get("policy") == Some("auto") {
+                Ok(Native::Module(Box::new(
+                    crate::plan_search::PlanSearch::new(o)?,
+                )))
+            } else {
+                Ok(Native::Module(Box::new(Plan::new(o)?)))
+            }
+        }),
     },
     PassInfo {
         name: "place",
