@@ -81,10 +81,11 @@ pub struct Level {
 
 const GIB: u64 = 1 << 30;
 
-/// The built-in clusters. GPU figures are datasheet peaks (dense, no sparsity) with
-/// efficiency curves typical of cuBLAS (to be replaced by `nnscaler calibrate` on the
-/// device); `cpu` is this project's development machine, one thread, as calibrated on
-/// 2026-12-01 (`nnscaler calibrate --device cpu`).
+/// The built-in clusters. GPU figures are datasheet peaks (dense, no sparsity) with an
+/// assumed cuBLAS-like efficiency curve (to be replaced by `nnscaler calibrate` on a GPU);
+/// `cpu` is this project's development machine, one thread, as `nnscaler calibrate
+/// --device cpu` measured it on 2026-12-01, its in-process network a guess (not yet
+/// calibrated).
 pub fn preset(name: &str) -> Option<Cluster> {
     let gpu_eff = vec![[1e6, 0.02], [1e8, 0.2], [1e10, 0.6], [1e12, 0.8]];
     let node = |bw: f64| Level {
@@ -141,15 +142,25 @@ pub fn preset(name: &str) -> Option<Cluster> {
             name: name.into(),
             device: Device {
                 name: "this machine's CPU, one thread".into(),
-                matrix_flops: 1.0e11,
+                matrix_flops: 6.1e10,
                 matrix_flops_bf16: None,
-                vector_flops: 4.0e9,
+                vector_flops: 4.7e9,
                 memory: 24 * GIB,
-                memory_bandwidth: 1.0e10,
-                matrix_efficiency: vec![[1e3, 0.05], [1e5, 0.3], [1e7, 0.8], [1e9, 1.0]],
-                op_overhead: 2e-6,
-                source: "placeholder until calibrated".into(),
+                memory_bandwidth: 1.33e10,
+                matrix_efficiency: vec![
+                    [4096.0, 0.14],
+                    [32768.0, 0.50],
+                    [262144.0, 0.83],
+                    [2097152.0, 0.95],
+                    [16777216.0, 1.0],
+                    [134217728.0, 0.95],
+                ],
+                op_overhead: 7.8e-7,
+                source:
+                    "nnscaler calibrate --device cpu, 2026-12-01 (a shared machine: recalibrate)"
+                        .into(),
             },
+            // Not calibrated yet: simulated devices exchange through memory.
             network: vec![Level {
                 name: "in-process".into(),
                 devices: 64,
