@@ -145,6 +145,9 @@ pub enum Body {
         /// The logits are a class shard (a third input).
         sharded: bool,
     },
+    /// Output element `i` of `pick`'s gradient: `dy [rows], targets -> out [rows, v]`,
+    /// `dy[r]` where the column is row `r`'s target, else 0.
+    PickGrad,
     /// Row `i` of cross-entropy's gradient from a known log-sum-exp:
     /// `dloss, logits, targets, lse [, offset] -> dlogits` (`dnn.softmax_xent_grad`).
     XentGradLse {
@@ -185,6 +188,23 @@ pub enum Body {
     },
     /// Element `i` copied (a reshape: same elements, new shape; f32 or i64).
     Copy,
+    /// Output element `i` of the inputs placed back to back along `dim` (f32 or i64):
+    /// input `k` covers output coordinates `starts[k]..starts[k] + its length`; elsewhere
+    /// 0 (`concat` with its inputs' offsets, `pad` with one input at `before`).
+    Place {
+        /// The dim.
+        dim: usize,
+        /// Where each input starts along it.
+        starts: Vec<usize>,
+    },
+    /// Output element `i` read at coordinate `c + start` along `dim` of the input (`slice`,
+    /// each result of `split`; f32 or i64).
+    Window {
+        /// The dim.
+        dim: usize,
+        /// The first coordinate read.
+        start: usize,
+    },
     /// Element `i` of dropout: `x [, step] [, offsets] -> out`, the mask the runtime's
     /// counter-based RNG draws for (seed, the element's index in the whole tensor) (seed
     /// mixed with the step when given). On a shard, `offsets` (i64, one per dim) place it
@@ -409,6 +429,7 @@ pub fn covered(op: &str) -> bool {
             | "dnn.embedding"
             | "dnn.embedding_grad"
             | "dnn.pick"
+            | "dnn.pick_grad"
             | "dnn.softmax_xent_grad"
             | "dnn.cross_entropy"
             | "dnn.cross_entropy_grad"
@@ -416,6 +437,11 @@ pub fn covered(op: &str) -> bool {
             | "dnn.clip_scale"
             | "dnn.fill"
             | "dnn.reshape"
+            | "dnn.slice"
+            | "dnn.pad"
+            | "dnn.concat"
+            | "dnn.split"
+            | "dnn.broadcast_to"
             | "dnn.matmul"
             | "dnn.linear"
             | "dnn.attention"
@@ -684,6 +710,64 @@ pub fn lower(
             1,
         ),
         "dnn.reshape" => kernel(Body::Copy, out0.len()),
+        "dnn.pick_grad" => kernel(Body::PickGrad, out0.len()),
+        "dnn.slice" => kernel(
+            Body::Window {
+                dim: norm_dim(int(attrs, "dim", 0), rank),
+                start: int(attrs, "start", 0) as usize,
+            },
+            out0.len(),
+        ),
+        "dnn.pad" => kernel(
+            Body::Place {
+                dim: norm_dim(int(attrs, "dim", 0), rank),
+                starts: vec![int(attrs, "before", 0) as usize],
+            },
+            out0.len(),
+        ),
+        "dnn.concat" => {
+            let dim = norm_dim(int(attrs, "dim", 0), out0.shape.len());
+            let mut at = 0;
+            let starts = ins
+                .iter()
+                .map(|b| {
+                    let s = at;
+                    at += b.shape[dim];
+                    s
+                })
+                .collect();
+            kernel(Body::Place { dim, starts }, out0.len())
+        }
+        "dnn.split" => {
+            // One window per result, back to back along dim.
+            let dim = norm_dim(int(attrs, "dim", 0), rank);
+            let mut at = 0;
+            let mut kernels = Vec::new();
+            let mut launches = Vec::new();
+            for (k, o) in outs.iter().enumerate() {
+                kernels.push(Kernel {
+                    name: format!("{name}_{k}"),
+                    body: Body::Window { dim, start: at },
+                    inputs: ins[..1].to_vec(),
+                    outputs: vec![o.clone()],
+                    len: o.len(),
+                });
+                launches.push((k, vec![Slot::In(0), Slot::Out(k)]));
+                at += o.shape[dim];
+            }
+            return Ok(Lowered {
+                kernels,
+                temps: Vec::new(),
+                consts: Vec::new(),
+                launches,
+            });
+        }
+        "dnn.broadcast_to" => {
+            if ins[0].elt != Elt::F32 {
+                return Err("'dnn.broadcast_to' of integers has no GPU kernel yet".into());
+            }
+            kernel(Body::Map(vec![Expr::Input(0)]), out0.len())
+        }
         "dnn.dropout" => {
             let body = |global| Body::Dropout {
                 p: float(attrs, "p", 0.0),

@@ -17,7 +17,8 @@
 //! reshape, matrix products, attention and its gradient, layer and RMS norm with their
 //! gradients, embedding and its gradient, cross-entropy and its gradient, AdamW and
 //! clipping's factor, rotary, dropout, the vocabulary-parallel pieces
-//! ([`kernel::covered`]). Not built yet (issue 13): slicing and concatenation ops, faster kernels (tiling, block-per-row reductions), mixed precision.
+//! slice, pad, concat, split, broadcast_to ([`kernel::covered`]: every dnn op but
+//! max_grad). Not built yet (issue 13): max_grad, faster kernels (tiling, block-per-row reductions), mixed precision.
 
 pub mod artifact;
 pub mod kernel;

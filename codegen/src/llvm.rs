@@ -1194,6 +1194,61 @@ impl<'ctx> Gen<'ctx> {
                 )?;
                 self.stf(outs[0], i, v)?;
             }
+            Body::Place { dim, starts } => {
+                let out = &k.outputs[0].shape;
+                let elt = k.outputs[0].elt;
+                let (n, inner) = (out[*dim], out[dim + 1..].iter().product::<usize>());
+                let c = self.rem_i(self.div_i(i, inner)?, n)?;
+                let o = self.div_i(i, n * inner)?;
+                let r = self.rem_i(i, inner)?;
+                self.store_zero(outs[0], elt, i)?;
+                for (k_in, &st) in starts.iter().enumerate() {
+                    let len = k.inputs[k_in].shape[*dim];
+                    let rel = self.e_sub(c, self.i64c(st))?;
+                    // Unsigned: below the start wraps above len.
+                    let inside =
+                        e(self
+                            .b
+                            .build_int_compare(IntPredicate::ULT, rel, self.i64c(len), ""))?;
+                    self.when(inside, |g| {
+                        let src = g.add_i(
+                            g.add_i(
+                                g.mul_i(o, g.i64c(len * inner))?,
+                                g.mul_i(rel, g.i64c(inner))?,
+                            )?,
+                            r,
+                        )?;
+                        g.copy_elt(ins[k_in], src, outs[0], i, elt)
+                    })?;
+                }
+            }
+            Body::Window { dim, start } => {
+                let out = &k.outputs[0].shape;
+                let elt = k.outputs[0].elt;
+                let (n, inner) = (out[*dim], out[dim + 1..].iter().product::<usize>());
+                let m = k.inputs[0].shape[*dim];
+                let c = self.rem_i(self.div_i(i, inner)?, n)?;
+                let o = self.div_i(i, n * inner)?;
+                let r = self.rem_i(i, inner)?;
+                let src = self.add_i(
+                    self.add_i(
+                        self.mul_i(o, self.i64c(m * inner))?,
+                        self.mul_i(self.add_i(c, self.i64c(*start))?, self.i64c(inner))?,
+                    )?,
+                    r,
+                )?;
+                self.copy_elt(ins[0], src, outs[0], i, elt)?;
+            }
+            Body::PickGrad => {
+                let v = k.outputs[0].shape[1];
+                let r = self.div_i(i, v)?;
+                let c = self.rem_i(i, v)?;
+                let t = self.ldi(ins[1], r)?;
+                let hit = e(self.b.build_int_compare(IntPredicate::EQ, c, t, ""))?;
+                let d = self.ldf(ins[0], r)?;
+                let val = e(self.b.build_select(hit, d, self.fconst(0.0), ""))?.into_float_value();
+                self.stf(outs[0], i, val)?;
+            }
             Body::Gemm(m) => {
                 let (mm, n, kk) = (m.m, m.n, m.k);
                 let bi = self.div_i(i, mm * n)?;
@@ -1376,6 +1431,39 @@ impl<'ctx> Gen<'ctx> {
         let kb = self.mul_i(self.add_i(row.kv_base, j)?, self.i64c(a.d))?;
         let dot = self.dot(q, qb, k, kb, a.d)?;
         self.fmul(self.fconst(a.scale), dot)
+    }
+
+    /// `out[o] = x[src]` for buffers of `elt`s.
+    fn copy_elt(
+        &self,
+        x: PointerValue<'ctx>,
+        src: IntValue<'ctx>,
+        out: PointerValue<'ctx>,
+        o: IntValue<'ctx>,
+        elt: Elt,
+    ) -> R<()> {
+        let ty: BasicTypeEnum = match elt {
+            Elt::F32 => self.ctx.f32_type().into(),
+            Elt::I64 => self.ctx.i64_type().into(),
+        };
+        let v = e(self.b.build_load(ty, self.at(x, elt, src)?, ""))?;
+        let st = e(self.b.build_store(self.at(out, elt, o)?, v))?;
+        if elt == Elt::I64 {
+            align8(v.as_instruction_value())?;
+            align8(Some(st))?;
+        }
+        Ok(())
+    }
+
+    /// `out[o] = 0` for a buffer of `elt`s.
+    fn store_zero(&self, out: PointerValue<'ctx>, elt: Elt, o: IntValue<'ctx>) -> R<()> {
+        match elt {
+            Elt::F32 => self.stf(out, o, self.fconst(0.0)),
+            Elt::I64 => {
+                let st = e(self.b.build_store(self.at(out, elt, o)?, self.i64c(0)))?;
+                align8(Some(st))
+            }
+        }
     }
 
     /// `acc[c] += s * x[xb + c]` for `c` in `0..len` (`acc`: an [`Gen::array`]).

@@ -253,6 +253,11 @@ fn op_cases() -> Vec<Case> {
         ),
         ("dnn.pick", Attrs::new(), vec![ty(&[10, 11]), ids(&[10])]),
         (
+            "dnn.pick_grad",
+            attrs(&[("classes", Int(11))]),
+            vec![ty(&[10]), ids(&[10])],
+        ),
+        (
             "dnn.softmax_xent_grad",
             attrs(&[("count", Int(20))]),
             vec![ty(&[]), ty(&[10, 11]), ids(&[10]), ty(&[10, 1])],
@@ -336,6 +341,46 @@ fn op_cases() -> Vec<Case> {
     ]);
     cases.extend([
         (
+            "dnn.slice",
+            attrs(&[("dim", Int(1)), ("start", Int(1)), ("end", Int(4))]),
+            vec![x3.clone()],
+        ),
+        (
+            "dnn.slice",
+            attrs(&[("dim", Int(0)), ("start", Int(2)), ("end", Int(3))]),
+            vec![ids(&[3, 7])],
+        ),
+        (
+            "dnn.pad",
+            attrs(&[("dim", Int(2)), ("before", Int(2)), ("after", Int(1))]),
+            vec![x3.clone()],
+        ),
+        (
+            "dnn.pad",
+            attrs(&[("dim", Int(0)), ("before", Int(0)), ("after", Int(2))]),
+            vec![ids(&[3, 7])],
+        ),
+        (
+            "dnn.concat",
+            attrs(&[("dim", Int(1))]),
+            vec![x3.clone(), ty(&[4, 2, 6]), x3.clone()],
+        ),
+        (
+            "dnn.concat",
+            attrs(&[("dim", Int(0))]),
+            vec![ids(&[3, 7]), ids(&[1, 7])],
+        ),
+        (
+            "dnn.split",
+            attrs(&[("dim", Int(2)), ("sizes", Ints(vec![1, 3, 2]))]),
+            vec![x3.clone()],
+        ),
+        (
+            "dnn.broadcast_to",
+            attrs(&[("shape", Ints(vec![3, 4, 5, 6]))]),
+            vec![ty(&[4, 1, 6])],
+        ),
+        (
             "dnn.dropout",
             attrs(&[("p", Float(0.3)), ("seed", Int(7))]),
             vec![ty(&[6, 50])],
@@ -406,6 +451,10 @@ fn lower_cases(cases: &[Case]) -> Vec<(nnscaler_codegen::Lowered, Vec<TensorType
 #[test]
 fn every_covered_op_matches_the_reference() {
     let cases = op_cases();
+    // Every op has kernels but max_grad (max's gradient: ties split evenly).
+    for s in dnn::SPECS.iter().filter(|s| s.name != "dnn.max_grad") {
+        assert!(covered(s.name), "{} has no kernels", s.name);
+    }
     for s in dnn::SPECS.iter().filter(|s| covered(s.name)) {
         assert!(
             cases.iter().any(|(op, _, _)| *op == s.name),
