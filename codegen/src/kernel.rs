@@ -102,6 +102,12 @@ pub enum Body {
         /// The reduced dims of the input.
         dims: Vec<usize>,
     },
+    /// Input element `i` of `max`'s gradient: `dy, x -> dx`, `dy` of its group (the
+    /// elements reduced together over `dims`) split evenly among the group's maxima.
+    MaxGrad {
+        /// The reduced dims of `x`.
+        dims: Vec<usize>,
+    },
     /// Line `i` of the input(s) along `dim`.
     Lines {
         /// Which function.
@@ -430,6 +436,7 @@ pub fn covered(op: &str) -> bool {
             | "dnn.embedding_grad"
             | "dnn.pick"
             | "dnn.pick_grad"
+            | "dnn.max_grad"
             | "dnn.softmax_xent_grad"
             | "dnn.cross_entropy"
             | "dnn.cross_entropy_grad"
@@ -711,6 +718,15 @@ pub fn lower(
         ),
         "dnn.reshape" => kernel(Body::Copy, out0.len()),
         "dnn.pick_grad" => kernel(Body::PickGrad, out0.len()),
+        "dnn.max_grad" => {
+            let rank = ins[1].shape.len();
+            let mut dims: Vec<usize> = match attrs.get("dims") {
+                Some(AttrValue::Ints(d)) => d.iter().map(|&d| norm_dim(d, rank)).collect(),
+                _ => Vec::new(),
+            };
+            dims.sort_unstable();
+            kernel(Body::MaxGrad { dims }, out0.len())
+        }
         "dnn.slice" => kernel(
             Body::Window {
                 dim: norm_dim(int(attrs, "dim", 0), rank),

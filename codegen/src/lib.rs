@@ -16,9 +16,9 @@
 //! Covered: every elementwise op (fused), reductions, the softmax family, transpose,
 //! reshape, matrix products, attention and its gradient, layer and RMS norm with their
 //! gradients, embedding and its gradient, cross-entropy and its gradient, AdamW and
-//! clipping's factor, rotary, dropout, the vocabulary-parallel pieces
-//! slice, pad, concat, split, broadcast_to ([`kernel::covered`]: every dnn op but
-//! max_grad). Not built yet (issue 13): max_grad, faster kernels (tiling, block-per-row reductions), mixed precision.
+//! clipping's factor, rotary, dropout, the vocabulary-parallel pieces,
+//! slice, pad, concat, split, broadcast_to, max_grad: every dnn op ([`kernel::covered`]).
+//! Not built yet (issue 13): faster kernels (tiling, block-per-row reductions), mixed precision.
 
 pub mod artifact;
 pub mod kernel;

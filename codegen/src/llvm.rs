@@ -1249,6 +1249,52 @@ impl<'ctx> Gen<'ctx> {
                 let val = e(self.b.build_select(hit, d, self.fconst(0.0), ""))?.into_float_value();
                 self.stf(outs[0], i, val)?;
             }
+            Body::MaxGrad { dims } => {
+                // ins: dy (the reduced shape), x.
+                let shape = &k.inputs[1].shape;
+                let st = strides(shape);
+                // The group's first element and its index in dy (kept dims, row-major).
+                let mut rem = i;
+                let mut base = self.i64c(0);
+                let mut o = self.i64c(0);
+                let mut ostride = 1usize;
+                for d in (0..shape.len()).rev() {
+                    let c = self.rem_i(rem, shape[d])?;
+                    rem = self.div_i(rem, shape[d])?;
+                    if !dims.contains(&d) {
+                        base = self.add_i(base, self.mul_i(c, self.i64c(st[d]))?)?;
+                        o = self.add_i(o, self.mul_i(c, self.i64c(ostride))?)?;
+                        ostride *= shape[d];
+                    }
+                }
+                let count: usize = dims.iter().map(|&d| shape[d]).product();
+                let off_of = |g: &Self, r: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+                    let mut rem = r;
+                    let mut off = base;
+                    for &d in dims.iter().rev() {
+                        let c = g.rem_i(rem, shape[d])?;
+                        rem = g.div_i(rem, shape[d])?;
+                        off = g.add_i(off, g.mul_i(c, g.i64c(st[d]))?)?;
+                    }
+                    Ok(off)
+                };
+                let acc = self.var(self.fconst(f32::NEG_INFINITY).into())?;
+                self.for_range(self.i64c(count), |g, r| {
+                    let x = g.ldf(ins[1], off_of(g, r)?)?;
+                    g.set(acc, g.maxf(g.getf(acc, f32t)?, x)?)
+                })?;
+                let mx = self.getf(acc, f32t)?;
+                let ties = self.var(self.fconst(0.0).into())?;
+                self.for_range(self.i64c(count), |g, r| {
+                    let x = g.ldf(ins[1], off_of(g, r)?)?;
+                    let one = g.select(FloatPredicate::OEQ, x, mx, g.fconst(1.0), g.fconst(0.0))?;
+                    g.set(ties, g.fadd(g.getf(ties, f32t)?, one)?)
+                })?;
+                let share = self.fdiv(self.ldf(ins[0], o)?, self.getf(ties, f32t)?)?;
+                let x = self.ldf(ins[1], i)?;
+                let v = self.select(FloatPredicate::OEQ, x, mx, share, self.fconst(0.0))?;
+                self.stf(outs[0], i, v)?;
+            }
             Body::Gemm(m) => {
                 let (mm, n, kk) = (m.m, m.n, m.k);
                 let bi = self.div_i(i, mm * n)?;
