@@ -439,9 +439,9 @@ impl<'ctx> Gen<'ctx> {
             .ok_or_else(|| format!("LLVM has no intrinsic {name}"))
     }
 
-    /// A stack slot in the current function's entry block (O3 promotes it to a register),
-    /// set to `init` here.
-    fn var(&self, init: BasicValueEnum<'ctx>) -> R<PointerValue<'ctx>> {
+    /// A stack slot of `ty` at the start of the current function's entry block (where
+    /// O3's promotion to registers looks for them).
+    fn entry_alloca(&self, ty: BasicTypeEnum<'ctx>) -> R<PointerValue<'ctx>> {
         let f = self
             .b
             .get_insert_block()
@@ -453,7 +453,13 @@ impl<'ctx> Gen<'ctx> {
             Some(i) => tmp.position_before(&i),
             None => tmp.position_at_end(entry),
         }
-        let p = e(tmp.build_alloca(init.get_type(), ""))?;
+        e(tmp.build_alloca(ty, ""))
+    }
+
+    /// A stack slot in the current function's entry block (O3 promotes it to a register),
+    /// set to `init` here.
+    fn var(&self, init: BasicValueEnum<'ctx>) -> R<PointerValue<'ctx>> {
+        let p = self.entry_alloca(init.get_type())?;
         e(self.b.build_store(p, init))?;
         Ok(p)
     }
@@ -819,20 +825,7 @@ impl<'ctx> Gen<'ctx> {
                     rem = self.div_i(rem, out[d])?;
                     src = self.add_i(src, self.mul_i(c, self.i64c(ist[perm[d]]))?)?;
                 }
-                let elt = k.inputs[0].elt;
-                let v = e(self.b.build_load(
-                    match elt {
-                        Elt::F32 => BasicTypeEnum::from(f32t),
-                        Elt::I64 => self.ctx.i64_type().into(),
-                    },
-                    self.at(ins[0], elt, src)?,
-                    "",
-                ))?;
-                let st = e(self.b.build_store(self.at(outs[0], elt, i)?, v))?;
-                if elt == Elt::I64 {
-                    align8(v.as_instruction_value())?;
-                    align8(Some(st))?;
-                }
+                self.copy_elt(ins[0], src, outs[0], i, k.inputs[0].elt)?;
             }
             Body::Norm { rms, eps } => {
                 let h = k.inputs[1].shape[0];
@@ -1426,18 +1419,7 @@ impl<'ctx> Gen<'ctx> {
     /// A zeroed `[n x f32]` array in the entry block (one per thread: local memory on a
     /// GPU, registers once loops over it are unrolled).
     fn array(&self, n: usize) -> R<PointerValue<'ctx>> {
-        let f = self
-            .b
-            .get_insert_block()
-            .and_then(|b| b.get_parent())
-            .ok_or("no function")?;
-        let entry = f.get_first_basic_block().ok_or("no entry block")?;
-        let tmp = self.ctx.create_builder();
-        match entry.get_first_instruction() {
-            Some(i) => tmp.position_before(&i),
-            None => tmp.position_at_end(entry),
-        }
-        let p = e(tmp.build_alloca(self.ctx.f32_type().array_type(n as u32), ""))?;
+        let p = self.entry_alloca(self.ctx.f32_type().array_type(n as u32).into())?;
         self.for_range(self.i64c(n), |g, c| g.stf(p, c, g.fconst(0.0)))?;
         Ok(p)
     }

@@ -479,14 +479,60 @@ impl Artifact {
                             return Err(format!("step {i}'s groups do not partition the devices"));
                         }
                     }
-                    if seen.contains(&false) {
+                    if seen.contains(&false) || groups.iter().any(Vec::is_empty) {
                         return Err(format!("step {i}'s groups do not partition the devices"));
                     }
+                    collective_shapes(s, &h.buffers[*input], &h.buffers[*output], groups)
+                        .map_err(|e| format!("step {i}: {e}"))?;
                 }
             }
         }
         Ok(())
     }
+}
+
+/// Whether a collective's buffers fit it: the reductions on f32 and the output's shape
+/// what the input's becomes (equal; `dim` times the group; `dim` over the group).
+fn collective_shapes(
+    s: &Step,
+    i: &Buffer,
+    o: &Buffer,
+    groups: &[Vec<usize>],
+) -> Result<(), String> {
+    let n = groups.first().map_or(1, Vec::len) as u64;
+    if groups.iter().any(|g| g.len() as u64 != n) {
+        return Err("its groups differ in size".into());
+    }
+    let (dim, reduces) = match s {
+        Step::AllReduce { .. } => (None, true),
+        Step::AllGather { dim, .. } => (Some((*dim, true)), false),
+        Step::Slice { dim, .. } => (Some((*dim, false)), false),
+        Step::ReduceScatter { dim, .. } => (Some((*dim, false)), true),
+        Step::Launch { .. } => return Ok(()),
+    };
+    if i.elt != o.elt || (reduces && i.elt != Elt::F32) {
+        return Err("its buffers' element types do not fit it".into());
+    }
+    let mut want = i.shape.clone();
+    if let Some((d, grows)) = dim {
+        let Some(len) = want.get_mut(d) else {
+            return Err(format!("dim {d} is beyond its buffers' rank"));
+        };
+        if grows {
+            *len *= n;
+        } else if *len % n == 0 {
+            *len /= n;
+        } else {
+            return Err(format!("dim {d} ({len}) does not divide into {n} pieces"));
+        }
+    }
+    if want != o.shape {
+        return Err(format!(
+            "an input of shape {:?} gives {want:?}, not {:?}",
+            i.shape, o.shape
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -575,6 +621,25 @@ mod tests {
         v[20] = b'#';
         let e = Artifact::from_bytes(&v, "a.nnsx").unwrap_err();
         assert!(e.contains("corrupt header"), "{e}");
+
+        let mut b = sample();
+        b.header.steps.push(Step::AllGather {
+            input: 0,
+            output: 1,
+            groups: vec![vec![0]],
+            dim: 3,
+        });
+        let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+        assert!(e.contains("dim 3 is beyond its buffers' rank"), "{e}");
+        let mut b = sample();
+        b.header.steps.push(Step::AllReduce {
+            input: 0,
+            output: 1,
+            groups: vec![vec![]],
+            max: false,
+        });
+        let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+        assert!(e.contains("do not partition the devices"), "{e}");
 
         let mut b = sample();
         b.header.buffers[1].offset = 512;
