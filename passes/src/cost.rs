@@ -307,79 +307,118 @@ impl Cluster {
     }
 }
 
+/// One op's share of a prediction.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeCost {
+    /// Its seconds.
+    pub seconds: f64,
+    /// Its FLOPs (0 for collectives).
+    pub flops: f64,
+    /// Whether it is a matrix product (`Traits::matrix`).
+    pub matrix: bool,
+    /// For a collective that moves data: the mesh axes its group spans.
+    pub axes: Option<Vec<String>>,
+}
+
+/// The predicted time of op `n` of `g` on a device of `cluster` (see [`predict`]); `None`
+/// for what takes no time: the return, and collectives without a group of two or more.
+pub fn node_cost(
+    g: &Graph,
+    n: &nnscaler_dialects::graph::Node,
+    cluster: &Cluster,
+    mesh: Option<&Mesh>,
+) -> Option<NodeCost> {
+    let device = &cluster.device;
+    if n.op == "func.return" {
+        return None;
+    }
+    if n.op.starts_with("nns.") {
+        let (Some(mesh), Some(AttrValue::Strs(axes))) = (mesh, n.attrs.get("axes")) else {
+            return None;
+        };
+        // Device numbers run row-major over the device axes (the micro-batch axis is
+        // time, not devices).
+        let devs: Vec<&nnscaler_dialects::nns::Axis> =
+            mesh.axes.iter().filter(|a| !a.microbatches).collect();
+        let mut group = 1u64;
+        let mut span = 1u64;
+        for a in axes {
+            let Some(k) = devs.iter().position(|x| &x.name == a) else {
+                continue;
+            };
+            let stride: i64 = devs[k + 1..].iter().map(|x| x.size).product();
+            group *= devs[k].size as u64;
+            span += (devs[k].size as u64 - 1) * stride as u64;
+        }
+        if group < 2 {
+            return None;
+        }
+        let input = n.inputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
+        let output = n.outputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
+        let sent = nns::sent_bytes(&n.op, group as f64, input, output);
+        return Some(NodeCost {
+            seconds: cluster.collective_time(&n.op, group, span, sent),
+            axes: Some(axes.clone()),
+            ..NodeCost::default()
+        });
+    }
+    let flops = op_flops(g, n);
+    let bytes: f64 = n
+        .inputs
+        .iter()
+        .chain(&n.outputs)
+        .map(|&v| g.values[v].bytes() as f64)
+        .sum();
+    let matrix = dnn::spec(&n.op).is_some_and(|s| s.traits.matrix);
+    let seconds = if matrix {
+        // Batched products run one at a time: their efficiency is that of one product
+        // (the leading dims of operand 0 when operand 1 has them too; a rank-2
+        // operand 1 folds the rows into one product).
+        let products: f64 = match (n.inputs.first(), n.inputs.get(1)) {
+            (Some(&a), Some(&b)) if g.values[b].rank() > 2 => {
+                let s = &g.values[a].shape;
+                s[..s.len().saturating_sub(2)]
+                    .iter()
+                    .product::<i64>()
+                    .max(1) as f64
+            }
+            _ => 1.0,
+        };
+        let one = flops / products;
+        device.op_overhead
+            + (flops / (device.matrix_flops * device.efficiency(one)))
+                .max(bytes / device.memory_bandwidth)
+    } else {
+        device.op_time(flops, bytes, false)
+    };
+    Some(NodeCost {
+        seconds,
+        flops,
+        matrix,
+        axes: None,
+    })
+}
+
 /// The predicted time of running `g` once on a device of `cluster` (its ops one after
 /// another; ops of other dialects and data-free ones such as reshapes count their
 /// overhead and bytes); a per-device program's collectives over `mesh` (devices numbered
 /// row-major) at the network level their groups span.
 pub fn predict(g: &Graph, cluster: &Cluster, mesh: Option<&Mesh>) -> Prediction {
-    let device = &cluster.device;
     let mut p = Prediction::default();
     for n in &g.nodes {
-        if n.op == "func.return" {
+        let Some(c) = node_cost(g, n, cluster, mesh) else {
             continue;
-        }
-        if n.op.starts_with("nns.") {
-            let (Some(mesh), Some(AttrValue::Strs(axes))) = (mesh, n.attrs.get("axes")) else {
-                continue;
-            };
-            // Device numbers run row-major over the device axes (the micro-batch axis is
-            // time, not devices).
-            let devs: Vec<&nnscaler_dialects::nns::Axis> =
-                mesh.axes.iter().filter(|a| !a.microbatches).collect();
-            let mut group = 1u64;
-            let mut span = 1u64;
-            for a in axes {
-                let Some(k) = devs.iter().position(|x| &x.name == a) else {
-                    continue;
-                };
-                let stride: i64 = devs[k + 1..].iter().map(|x| x.size).product();
-                group *= devs[k].size as u64;
-                span += (devs[k].size as u64 - 1) * stride as u64;
-            }
-            if group < 2 {
-                continue;
-            }
-            let input = n.inputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
-            let output = n.outputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
-            let sent = nns::sent_bytes(&n.op, group as f64, input, output);
-            p.comm += cluster.collective_time(&n.op, group, span, sent);
-            continue;
-        }
-        let flops = op_flops(g, n);
-        let bytes: f64 = n
-            .inputs
-            .iter()
-            .chain(&n.outputs)
-            .map(|&v| g.values[v].bytes() as f64)
-            .sum();
-        let matrix = dnn::spec(&n.op).is_some_and(|s| s.traits.matrix);
-        let t = if matrix {
-            // Batched products run one at a time: their efficiency is that of one product
-            // (the leading dims of operand 0 when operand 1 has them too; a rank-2
-            // operand 1 folds the rows into one product).
-            let products: f64 = match (n.inputs.first(), n.inputs.get(1)) {
-                (Some(&a), Some(&b)) if g.values[b].rank() > 2 => {
-                    let s = &g.values[a].shape;
-                    s[..s.len().saturating_sub(2)]
-                        .iter()
-                        .product::<i64>()
-                        .max(1) as f64
-                }
-                _ => 1.0,
-            };
-            let one = flops / products;
-            device.op_overhead
-                + (flops / (device.matrix_flops * device.efficiency(one)))
-                    .max(bytes / device.memory_bandwidth)
-        } else {
-            device.op_time(flops, bytes, false)
         };
-        if matrix {
-            p.matrix += t;
-        } else {
-            p.other += t;
+        if c.axes.is_some() {
+            p.comm += c.seconds;
+            continue;
         }
-        p.flops += flops;
+        if c.matrix {
+            p.matrix += c.seconds;
+        } else {
+            p.other += c.seconds;
+        }
+        p.flops += c.flops;
         p.ops += 1;
     }
     p

@@ -23,4 +23,5 @@ pub mod recompute;
 pub mod registry;
 pub mod rewrite;
 pub mod schedule;
+pub mod search;
 pub mod split_tensor;

@@ -9,6 +9,7 @@ pub mod expected;
 pub mod fuzz;
 pub mod output;
 pub mod parse_guard;
+pub mod plan;
 pub mod run;
 pub mod schedule_report;
 pub mod train;

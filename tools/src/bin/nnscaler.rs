@@ -1,6 +1,7 @@
 //! `nnscaler`: the user CLI: `import` (model zoo -> MLIR), `run` (CPU runtime), `check-op`
 //! (a user op's annotation against its body), `schedule-report` (a pipeline schedule's
-//! timeline), `data` (training data), `train` and `presets`.
+//! timeline), `data` (training data), `train`, `compile`, `calibrate`, `plan` (the plan
+//! search) and `presets`.
 
 use clap::{Parser, Subcommand};
 use nnscaler_frontends::{build_module, family_default, preset, PRESETS};
@@ -35,6 +36,7 @@ enum Cmd {
     Train(nnscaler_tools::train::TrainArgs),
     Compile(nnscaler_tools::compile::CompileArgs),
     Calibrate(nnscaler_tools::calibrate::CalibrateArgs),
+    Plan(nnscaler_tools::plan::PlanArgs),
     /// List the model presets.
     Presets,
 }
@@ -170,6 +172,7 @@ fn main() -> ExitCode {
         Cmd::Data(a) => nnscaler_tools::data::main(a).map(|r| print!("{r}")),
         Cmd::Train(a) => nnscaler_tools::train::main(a).map(|r| print!("{r}")),
         Cmd::Calibrate(a) => nnscaler_tools::calibrate::main(a).map(|r| print!("{r}")),
+        Cmd::Plan(a) => nnscaler_tools::plan::main(a).and_then(|r| write_one("-", r.into_bytes())),
         Cmd::Compile(a) => {
             nnscaler_tools::compile::main(a, cli.error_limit).map(|r| print!("{r}"))
         }

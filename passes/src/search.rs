@@ -1,0 +1,1257 @@
+//! The layer-wise plan search (issue 14, second part): data x tensor x pipeline parallelism,
+//! micro-batch size and count, pipeline schedule, recompute policy and ZeRO stage, scored
+//! by the cost model ([`crate::cost`]) and the schedule simulator ([`crate::schedule`]).
+//!
+//! **Profiles.** For each tensor-parallel degree `t` and micro-batch size `b`, the
+//! training step is compiled for real, graph to graph in memory (`--plan
+//! "dp-megatron dp=B/b tp=t"`, propagation, splitting, relayout lowering, localization),
+//! so its per-device program is one micro-batch of `b` sequences at `tp = t`. Each op of
+//! that program is predicted ([`crate::cost::node_cost`]) and charged to an *item*: the
+//! ops before the first layer, each layer (`h.3`, `layers.3`: as `--place` and
+//! `--recompute` find them), the ops after the last. Per item the profile keeps its
+//! forward seconds (tensor-parallel collectives included), its backward split as
+//! zero-bubble schedules split it (`B`: the ops on the path to the item's input gradient;
+//! `W`: the rest, which only feed weight gradients), its parameter bytes per device, the
+//! activation bytes it keeps for backward per micro-batch with no, selective (matrix
+//! products' results kept, the rest recomputed) and full recompute (its inputs only), and
+//! the bytes a pipeline cut after it sends. The optimizer update's seconds are kept whole;
+//! data-parallel collectives are left out and costed per plan below. So the profile is
+//! exact for the ops and collectives the compiler emits; a few compilations serve the
+//! whole space.
+//!
+//! **Plans.** Devices are numbered `pp` outermost, `dp`, then `tp` innermost (tensor
+//! parallelism stays inside the innermost network level unless allowed otherwise). For a
+//! plan, the items are cut into contiguous stages (`pp`, or `2 pp` chunks for the
+//! interleaved and V schedules) minimising the slowest stage ([`crate::place`]'s exact
+//! dynamic program); the schedule is simulated with each fragment's predicted time (a
+//! stage's items, plus the point-to-point send of the cut at the bandwidth of the level
+//! the two devices span, plus under ZeRO-3 the all_gather of its parameters; recompute
+//! adds the recomputed forward to `B`). The step is the simulated makespan, then the
+//! gradient synchronisation over `dp` (all_reduce; ZeRO-1/2: reduce_scatter + all_gather;
+//! ZeRO-3: reduce_scatter) and the optimizer update (over `dp` shards from ZeRO-1 on),
+//! of the slowest stage, not overlapped with compute. Memory per device: parameters,
+//! gradients and two Adam moments (4 bytes each, sharded over `dp` by the ZeRO stage),
+//! plus the stage's saved activations times the micro-batches the simulated schedule
+//! keeps in flight on it, plus one item's activations while it is recomputed.
+//!
+//! **Search.** Every plan of the space is given a lower bound (its busiest device's
+//! work plus its synchronisation: the makespan is at least the busiest device's busy
+//! time) and plans are simulated in the order of their bounds until the bound passes the
+//! best simulated step: exact for the model, in a fraction of the space. Plans whose
+//! memory exceeds the device (or `memory_cap`) are out, with their reason.
+
+use crate::cost::{self, Cluster};
+use crate::localize::localize;
+use crate::lower_relayouts::lower;
+use crate::place::balanced_partition;
+use crate::plan::{plan, Policy};
+use crate::propagate_layouts::propagate;
+use crate::recompute::{forward_ops, layers};
+use crate::schedule::{self, Action, Kind};
+use crate::split_tensor::split;
+use nnscaler_dialects::diag::Diagnostics;
+use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::nns::{self, Axis, Mesh};
+use nnscaler_dialects::sharding::TransitionSearch;
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// A recompute policy (see `--recompute`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Keep every activation.
+    None,
+    /// Recompute all but the matrix products.
+    Selective,
+    /// Recompute each layer from its inputs.
+    Full,
+}
+
+impl Recompute {
+    /// Its `--recompute` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Selective => "selective",
+            Recompute::Full => "full",
+        }
+    }
+}
+
+/// One item (a layer, or the ops before or after the layers) of a profile: one device's
+/// share at `tp = t` for one micro-batch.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Item {
+    /// The layer (`h.3`), or `(before)` / `(after)`.
+    pub name: String,
+    /// Forward seconds (tensor-parallel collectives included).
+    pub fwd: f64,
+    /// Forward seconds of what selective recompute repeats (all but matrix products).
+    pub fwd_selective: f64,
+    /// Backward seconds on the path to the input gradient (`B`).
+    pub bwd_input: f64,
+    /// Backward seconds that only feed weight gradients (`W`).
+    pub bwd_weight: f64,
+    /// FLOPs of forward and backward.
+    pub flops: f64,
+    /// Parameter bytes per device.
+    pub params: u64,
+    /// Activation bytes kept for backward: no recompute.
+    pub saved: u64,
+    /// ... selective recompute.
+    pub saved_selective: u64,
+    /// ... full recompute.
+    pub saved_full: u64,
+    /// Bytes a pipeline cut after this item sends forward (and its gradient back).
+    pub cut: u64,
+}
+
+/// A training step's costs at one tensor-parallel degree and micro-batch size.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Profile {
+    /// Tensor-parallel degree.
+    pub tp: u64,
+    /// Sequences per micro-batch.
+    pub micro: u64,
+    /// The items in program order.
+    pub items: Vec<Item>,
+    /// Seconds of the optimizer update of every parameter on one device (not sharded).
+    pub optimizer: f64,
+}
+
+/// The module's batch: the leading dim data arguments share (their gcd).
+pub fn batch_of(g: &Graph) -> Option<u64> {
+    let mut b = 0u64;
+    for a in &g.args {
+        let ty = &g.values[a.value];
+        if a.is_state() || ty.shape.is_empty() || a.attrs.contains_key("nns.layout") {
+            continue;
+        }
+        b = gcd(b, ty.shape[0].max(0) as u64);
+    }
+    (b > 0).then_some(b)
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn diag_text(d: &Diagnostics) -> String {
+    d.0.first()
+        .map_or("the passes refused it".into(), |e| e.message.clone())
+}
+
+/// Compiles training step `g` (single device) for one micro-batch of `micro` sequences at
+/// `tp = tp` and profiles its per-device program on `cluster`.
+pub fn profile(g: &Graph, tp: u64, micro: u64, cluster: &Cluster) -> Result<Profile, String> {
+    let batch = batch_of(g).ok_or("the step has no batched data argument")?;
+    if micro == 0 || !batch.is_multiple_of(micro) {
+        return Err(format!(
+            "micro-batch {micro} does not divide the batch {batch}"
+        ));
+    }
+    let dp = (batch / micro) as i64;
+    let mesh = Mesh {
+        name: "world".into(),
+        axes: vec![
+            Axis {
+                name: "dp".into(),
+                size: dp,
+                microbatches: false,
+            },
+            Axis {
+                name: "tp".into(),
+                size: tp as i64,
+                microbatches: false,
+            },
+        ],
+        memory_cap: None,
+    };
+    let mut remarks = Diagnostics::default();
+    let local = (|| {
+        let g = plan(g.clone(), Policy::DpMegatron, &mesh)?;
+        let g = propagate(g, &mesh, &mut remarks)?;
+        let g = split(g, &mesh)?;
+        let g = lower(g, &mesh, &mut TransitionSearch::new())?;
+        localize(compact(g), &mesh)
+    })()
+    .map_err(|d| diag_text(&d))?;
+    Ok(profile_local(&local, &mesh, tp, micro, cluster))
+}
+
+/// `g` without the values no argument or op defines (what passes replaced), as writing
+/// the graph to MLIR and reading it back would leave it.
+fn compact(mut g: Graph) -> Graph {
+    let mut new: Vec<Option<usize>> = vec![None; g.values.len()];
+    let mut values = Vec::new();
+    let defined = g
+        .args
+        .iter()
+        .map(|a| a.value)
+        .chain(g.nodes.iter().flat_map(|n| n.outputs.iter().copied()))
+        .collect::<Vec<_>>();
+    for v in defined {
+        if new[v].is_none() {
+            new[v] = Some(values.len());
+            values.push(g.values[v].clone());
+        }
+    }
+    let map = |v: usize| new[v].expect("every used value is defined");
+    for a in &mut g.args {
+        a.value = map(a.value);
+    }
+    for n in &mut g.nodes {
+        for v in n.inputs.iter_mut().chain(n.outputs.iter_mut()) {
+            *v = map(*v);
+        }
+    }
+    for o in &mut g.outputs {
+        o.value = map(o.value);
+    }
+    g.values = values;
+    g
+}
+
+/// The profile of a localized per-device program (see the module docs).
+fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster) -> Profile {
+    let n = g.nodes.len();
+    let fwd = forward_ops(g);
+    let layer = layers(g, &fwd);
+    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
+    for (k, node) in g.nodes.iter().enumerate() {
+        for &o in &node.outputs {
+            producer[o] = Some(k);
+        }
+    }
+    // Optimizer ops: those that depend on optimizer state.
+    let mut state_dep = vec![false; g.values.len()];
+    for a in &g.args {
+        if a.attrs.contains_key("nns.state_of") {
+            state_dep[a.value] = true;
+        }
+    }
+    let mut opt = vec![false; n];
+    for (k, node) in g.nodes.iter().enumerate() {
+        if !fwd[k] && node.inputs.iter().any(|&v| state_dep[v]) {
+            opt[k] = true;
+            for &o in &node.outputs {
+                state_dep[o] = true;
+            }
+        }
+    }
+    // Items: (before), the layers in order, (after).
+    let mut names: Vec<String> = vec!["(before)".into()];
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut after_seen = false;
+    let mut item = vec![usize::MAX; n];
+    for k in 0..n {
+        if !fwd[k] {
+            continue;
+        }
+        item[k] = match &layer[k] {
+            Some(l) => *index.entry(l.clone()).or_insert_with(|| {
+                names.push(l.clone());
+                names.len() - 1
+            }),
+            None if names.len() == 1 => 0,
+            None => {
+                after_seen = true;
+                usize::MAX - 1
+            }
+        };
+    }
+    let after = names.len();
+    names.push("(after)".into());
+    let _ = after_seen;
+    for it in item.iter_mut() {
+        if *it == usize::MAX - 1 {
+            *it = after;
+        }
+    }
+    // Backward ops: the item of a forward operand (a saved activation), else of any
+    // operand's op, else of a parameter operand's layer; the loss's seed goes last.
+    let param_item: HashMap<usize, usize> = g
+        .args
+        .iter()
+        .filter(|a| a.is_param())
+        .filter_map(|a| {
+            let name = a.name()?;
+            let parts: Vec<&str> = name.split('.').collect();
+            let i = (1..parts.len()).find(|&i| parts[i].parse::<u64>().is_ok())?;
+            index.get(&parts[..=i].join(".")).map(|&it| (a.value, it))
+        })
+        .collect();
+    for k in 0..n {
+        if fwd[k] || opt[k] {
+            continue;
+        }
+        let ins = &g.nodes[k].inputs;
+        let from_fwd = ins
+            .iter()
+            .filter_map(|&v| producer[v].filter(|&p| fwd[p]).map(|p| item[p]))
+            .min();
+        let from_any = ins
+            .iter()
+            .filter_map(|&v| producer[v].map(|p| item[p]))
+            .filter(|&i| i != usize::MAX)
+            .min();
+        let from_param = ins.iter().filter_map(|v| param_item.get(v).copied()).min();
+        item[k] = from_fwd.or(from_param).or(from_any).unwrap_or(after);
+    }
+    // B: backward ops on the path to an earlier item's backward (the input gradient).
+    let mut is_b = vec![false; n];
+    let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.values.len()];
+    for (k, node) in g.nodes.iter().enumerate() {
+        for &v in &node.inputs {
+            consumers[v].push(k);
+        }
+    }
+    for k in (0..n).rev() {
+        if fwd[k] || opt[k] {
+            continue;
+        }
+        is_b[k] = g.nodes[k].outputs.iter().any(|&o| {
+            consumers[o].iter().any(|&c| {
+                !fwd[c] && !opt[c] && (item[c] < item[k] || (item[c] == item[k] && is_b[c]))
+            })
+        });
+    }
+    let mut items: Vec<Item> = names
+        .iter()
+        .map(|name| Item {
+            name: name.clone(),
+            ..Item::default()
+        })
+        .collect();
+    let mut optimizer = 0.0;
+    for (k, node) in g.nodes.iter().enumerate() {
+        let Some(c) = cost::node_cost(g, node, cluster, Some(mesh)) else {
+            continue;
+        };
+        // Data-parallel collectives are the plan's, not the profile's.
+        if c.axes.as_ref().is_some_and(|a| a.iter().any(|x| x == "dp")) {
+            continue;
+        }
+        if opt[k] {
+            optimizer += c.seconds;
+            continue;
+        }
+        let it = &mut items[item[k]];
+        it.flops += c.flops;
+        if fwd[k] {
+            it.fwd += c.seconds;
+            if !matches!(node.op.as_str(), "dnn.linear" | "dnn.matmul") {
+                it.fwd_selective += c.seconds;
+            }
+        } else if is_b[k] {
+            it.bwd_input += c.seconds;
+        } else {
+            it.bwd_weight += c.seconds;
+        }
+    }
+    // Parameters.
+    for a in g.args.iter().filter(|a| a.is_param()) {
+        let it = param_item.get(&a.value).copied().unwrap_or_else(|| {
+            // A parameter outside the layers: the item of its first forward user.
+            g.nodes
+                .iter()
+                .position(|x| x.inputs.contains(&a.value))
+                .map_or(0, |k| item[k].min(after))
+        });
+        items[it].params += g.values[a.value].bytes();
+    }
+    // Saved activations and cuts, from each forward value's producer and users.
+    let mut cut_diff = vec![0i128; names.len() + 1];
+    for (k, node) in g.nodes.iter().enumerate() {
+        if !fwd[k] {
+            continue;
+        }
+        let p = item[k];
+        for &o in &node.outputs {
+            let bytes = g.values[o].bytes();
+            let users = &consumers[o];
+            let kept = users.iter().any(|&c| !fwd[c] && !opt[c]);
+            if kept {
+                items[p].saved += bytes;
+                if matches!(node.op.as_str(), "dnn.linear" | "dnn.matmul") {
+                    items[p].saved_selective += bytes;
+                }
+            }
+            // Forward users in later items: a cut after p .. before the last sends it;
+            // each later item with full recompute keeps it as an input.
+            let last = users
+                .iter()
+                .filter(|&&c| fwd[c] && item[c] > p)
+                .map(|&c| item[c])
+                .max();
+            if let Some(last) = last {
+                cut_diff[p] += bytes as i128;
+                cut_diff[last] -= bytes as i128;
+                let mut seen = Vec::new();
+                for &c in users.iter().filter(|&&c| fwd[c] && item[c] > p) {
+                    if !seen.contains(&item[c]) {
+                        seen.push(item[c]);
+                        items[item[c]].saved_full += bytes;
+                        items[item[c]].saved_selective += bytes;
+                    }
+                }
+            }
+        }
+    }
+    let mut run = 0i128;
+    for (i, it) in items.iter_mut().enumerate() {
+        run += cut_diff[i];
+        it.cut = run.max(0) as u64;
+    }
+    items.retain(|it| it.fwd > 0.0 || it.params > 0 || it.bwd_input + it.bwd_weight > 0.0);
+    Profile {
+        tp,
+        micro,
+        items,
+        optimizer,
+    }
+}
+
+/// A point in the plan space.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Config {
+    /// Data-parallel degree.
+    pub dp: u64,
+    /// Tensor-parallel degree.
+    pub tp: u64,
+    /// Pipeline ranks.
+    pub pp: u64,
+    /// Sequences per micro-batch.
+    pub micro: u64,
+    /// Micro-batches per step (per data-parallel rank).
+    pub microbatches: u64,
+    /// The pipeline schedule (`none` without a pipeline).
+    pub schedule: String,
+    /// Recompute policy.
+    pub recompute: Recompute,
+    /// ZeRO stage.
+    pub zero: u8,
+    /// The items (of the profile) each stage starts at, `pp x chunks` of them.
+    pub stage_starts: Vec<usize>,
+}
+
+impl Config {
+    /// The plan as `nnscaler-opt` options: `--plan` and, for pipelines, `--place`,
+    /// `--recompute` and the schedule.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "dp={} tp={} pp={} micro-batch={}x{}",
+            self.dp, self.tp, self.pp, self.micro, self.microbatches
+        );
+        if self.pp > 1 {
+            s += &format!(" schedule={}", self.schedule);
+        }
+        s += &format!(" recompute={} zero={}", self.recompute.name(), self.zero);
+        s
+    }
+}
+
+/// A scored plan.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Estimate {
+    /// The plan.
+    pub config: Config,
+    /// Predicted seconds per step.
+    pub seconds: f64,
+    /// Of which: the pipeline (or the micro-batches on one stage).
+    pub pipeline: f64,
+    /// The gradient synchronisation over `dp`.
+    pub dp_sync: f64,
+    /// The optimizer update.
+    pub optimizer: f64,
+    /// Idle share of the pipeline (bubbles).
+    pub bubble: f64,
+    /// Peak bytes per device (the fullest device).
+    pub memory: u64,
+    /// Model FLOPs utilisation of the busiest device.
+    pub mfu: f64,
+    /// Seconds of tensor-parallel and pipeline communication per step (busiest device).
+    pub comm: f64,
+}
+
+/// What to search.
+#[derive(Clone, Debug)]
+pub struct Space {
+    /// Devices.
+    pub devices: u64,
+    /// Bytes a device may use (`None`: the device's memory).
+    pub memory_cap: Option<u64>,
+    /// Largest tensor-parallel degree (default: the innermost network level's size).
+    pub max_tp: Option<u64>,
+    /// Largest pipeline degree.
+    pub max_pp: Option<u64>,
+    /// Largest micro-batch size.
+    pub max_micro: u64,
+    /// Schedules for pipelines.
+    pub schedules: Vec<String>,
+    /// Recompute policies.
+    pub recompute: Vec<Recompute>,
+    /// ZeRO stages.
+    pub zero: Vec<u8>,
+    /// Megatron's grid instead: uniform layers per stage (the ops before the layers on
+    /// the first stage, after them on the last), 1F1B or interleaved, ZeRO 0 or 1.
+    pub megatron: bool,
+    /// Brute force (tests): every contiguous stage cut instead of the dynamic program's,
+    /// every plan simulated (no bounds).
+    pub exhaustive: bool,
+}
+
+impl Space {
+    /// The full space for `devices`.
+    pub fn new(devices: u64) -> Self {
+        Space {
+            devices,
+            memory_cap: None,
+            max_tp: None,
+            max_pp: None,
+            max_micro: 8,
+            schedules: ["1f1b", "interleaved", "zb-h1", "zb-v"]
+                .map(String::from)
+                .to_vec(),
+            recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
+            zero: vec![0, 1, 2, 3],
+            megatron: false,
+            exhaustive: false,
+        }
+    }
+
+    /// Megatron-LM's grid over the same devices.
+    pub fn megatron(devices: u64) -> Self {
+        Space {
+            schedules: vec!["1f1b".into(), "interleaved".into()],
+            recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
+            zero: vec![0, 1],
+            megatron: true,
+            ..Space::new(devices)
+        }
+    }
+}
+
+/// The search's answer.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Outcome {
+    /// Plans simulated, best first.
+    pub ranked: Vec<Estimate>,
+    /// Plans considered.
+    pub considered: usize,
+    /// Plans simulated (the rest were bounded out).
+    pub simulated: usize,
+    /// Plans out, with why (one line per reason, with a count).
+    pub out: Vec<(String, usize)>,
+}
+
+fn divisors(n: u64) -> Vec<u64> {
+    (1..=n).filter(|&d| n.is_multiple_of(d)).collect()
+}
+
+/// The seconds and bytes of a stage of items `lo..hi` under a recompute policy.
+#[derive(Clone, Copy, Debug, Default)]
+struct StageCost {
+    f: f64,
+    b: f64,
+    w: f64,
+    params: u64,
+    saved: u64,
+    /// The largest item's activations while it is recomputed.
+    transient: u64,
+    flops: f64,
+    cut: u64,
+}
+
+fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
+    let mut s = StageCost::default();
+    for it in items {
+        s.f += it.fwd;
+        s.b += it.bwd_input
+            + match r {
+                Recompute::None => 0.0,
+                Recompute::Selective => it.fwd_selective,
+                Recompute::Full => it.fwd,
+            };
+        s.w += it.bwd_weight;
+        s.params += it.params;
+        s.flops += it.flops;
+        match r {
+            Recompute::None => s.saved += it.saved,
+            Recompute::Selective => {
+                s.saved += it.saved_selective.min(it.saved);
+                s.transient = s.transient.max(it.saved);
+            }
+            Recompute::Full => {
+                s.saved += it.saved_full.min(it.saved);
+                s.transient = s.transient.max(it.saved);
+            }
+        }
+    }
+    s.cut = items.last().map_or(0, |it| it.cut);
+    s
+}
+
+/// The network level's latency and bandwidth between devices `span` numbers apart.
+fn p2p_time(cluster: &Cluster, span: u64, bytes: u64) -> f64 {
+    match cluster.level(span) {
+        Some(l) if bytes > 0 => l.latency + bytes as f64 / l.bandwidth,
+        _ => 0.0,
+    }
+}
+
+/// Collective time over a group of `group` devices `stride` apart, `bytes` each.
+fn coll_time(cluster: &Cluster, op: &str, group: u64, stride: u64, bytes: u64) -> f64 {
+    if group < 2 || bytes == 0 {
+        return 0.0;
+    }
+    let span = (group - 1) * stride + 1;
+    let b = bytes as f64;
+    let (operand, result) = match op {
+        "nns.all_gather" => (b / group as f64, b),
+        "nns.reduce_scatter" => (b, b / group as f64),
+        _ => (b, b),
+    };
+    let sent = nns::sent_bytes(op, group as f64, operand, result);
+    cluster.collective_time(op, group, span, sent)
+}
+
+/// Chunks (stages per pipeline rank) of a schedule.
+fn chunks(schedule: &str) -> u64 {
+    if matches!(schedule, "interleaved" | "zb-v") {
+        2
+    } else {
+        1
+    }
+}
+
+/// Stage starts of `n` items in `stages` runs for Megatron: uniform layers, the ops
+/// before and after the layers with the first and last stage (`None` when the layers do
+/// not divide).
+fn megatron_cut(items: &[Item], stages: usize) -> Option<Vec<usize>> {
+    let before = usize::from(items.first().is_some_and(|i| i.name == "(before)"));
+    let after = usize::from(items.last().is_some_and(|i| i.name == "(after)"));
+    let layers = items.len() - before - after;
+    if stages == 0 || layers == 0 || !layers.is_multiple_of(stages) {
+        return None;
+    }
+    let per = layers / stages;
+    Some(
+        (0..stages)
+            .map(|s| if s == 0 { 0 } else { before + s * per })
+            .collect(),
+    )
+}
+
+/// Every way to cut `n` items into `stages` contiguous non-empty runs (their starts).
+fn every_cut(n: usize, stages: usize) -> Vec<Vec<usize>> {
+    fn go(start: usize, n: usize, left: usize, cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        if left == 0 {
+            if start == n {
+                out.push(cur.clone());
+            }
+            return;
+        }
+        cur.push(start);
+        for next in start + 1..=n - (left - 1) {
+            go(next, n, left - 1, cur, out);
+        }
+        cur.pop();
+    }
+    let mut out = Vec::new();
+    if stages >= 1 && stages <= n {
+        go(0, n, stages, &mut Vec::new(), &mut out);
+    }
+    out
+}
+
+/// How many of the best plans have their cuts refined.
+const REFINED: usize = 3;
+
+/// Below this many ways to cut the items into stages, the search tries them all.
+pub const FEW_CUTS: u64 = 64;
+
+/// How many ways there are to cut `n` items into `stages` contiguous non-empty runs:
+/// C(n - 1, stages - 1), saturating.
+fn cut_count(n: usize, stages: usize) -> u64 {
+    if stages == 0 || stages > n {
+        return 0;
+    }
+    let (n, k) = ((n - 1) as u64, (stages - 1) as u64);
+    let k = k.min(n - k);
+    let mut c: u64 = 1;
+    for i in 0..k {
+        c = c.saturating_mul(n - i) / (i + 1);
+        if c > 1 << 40 {
+            return u64::MAX;
+        }
+    }
+    c
+}
+
+/// Moves `e`'s stage boundaries one item at a time while the step gets faster (the
+/// dynamic program balances the stages' work; the simulated step also counts what
+/// crosses each cut and how the schedule orders the fragments). At most `budget` plans
+/// are scored.
+fn refine(
+    p: &Profile,
+    mut e: Estimate,
+    cluster: &Cluster,
+    cap: u64,
+    sim: &mut HashMap<String, schedule::Timeline>,
+    budget: usize,
+) -> Estimate {
+    let n = p.items.len();
+    let mut tries = 0;
+    'improve: loop {
+        let starts = e.config.stage_starts.clone();
+        for i in 1..starts.len() {
+            for delta in [-1i64, 1] {
+                let at = starts[i] as i64 + delta;
+                let lo = starts[i - 1] as i64;
+                let hi = starts.get(i + 1).map_or(n as i64, |&x| x as i64);
+                if at <= lo || at >= hi {
+                    continue;
+                }
+                if tries >= budget {
+                    break 'improve;
+                }
+                tries += 1;
+                let mut c = e.config.clone();
+                c.stage_starts[i] = at as usize;
+                if let Ok(better) = score(p, &c, cluster, cap, sim) {
+                    if better.seconds < e.seconds * (1.0 - 1e-12) {
+                        e = better;
+                        continue 'improve;
+                    }
+                }
+            }
+        }
+        break;
+    }
+    e
+}
+
+/// Stage starts minimising the slowest stage (`stages` runs).
+fn balanced_cut(items: &[Item], stages: usize, r: Recompute) -> Option<Vec<usize>> {
+    if stages > items.len() {
+        return None;
+    }
+    let costs: Vec<f64> = items
+        .iter()
+        .map(|it| {
+            let s = stage_cost(std::slice::from_ref(it), r);
+            s.f + s.b + s.w
+        })
+        .collect();
+    let allowed = vec![(0, stages - 1); items.len()];
+    let of = balanced_partition(&costs, stages, &allowed).ok()?;
+    let mut starts = vec![0];
+    for k in 1..of.len() {
+        if of[k] != of[k - 1] {
+            starts.push(k);
+        }
+    }
+    (starts.len() == stages).then_some(starts)
+}
+
+/// Scores one plan. `Err` says why it is out.
+fn score(
+    p: &Profile,
+    c: &Config,
+    cluster: &Cluster,
+    cap: u64,
+    sim: &mut HashMap<String, schedule::Timeline>,
+) -> Result<Estimate, String> {
+    let ch = chunks(&c.schedule) as usize;
+    let stages = c.stage_starts.len();
+    let mut st: Vec<StageCost> = Vec::with_capacity(stages);
+    for s in 0..stages {
+        let lo = c.stage_starts[s];
+        let hi = c.stage_starts.get(s + 1).copied().unwrap_or(p.items.len());
+        st.push(stage_cost(&p.items[lo..hi], c.recompute));
+    }
+    let (dp, tp, pp) = (c.dp, c.tp, c.pp as usize);
+    let total_params: u64 = p.items.iter().map(|i| i.params).sum::<u64>().max(1);
+    // Per-fragment extras: the point-to-point sends (the next pipeline rank is dp x tp
+    // devices away), and ZeRO-3's gathers of the stage's parameters.
+    let p2p_span = dp * tp + 1;
+    let gather = |s: &StageCost| {
+        if c.zero == 3 {
+            coll_time(cluster, "nns.all_gather", dp, tp, s.params)
+        } else {
+            0.0
+        }
+    };
+    let split = matches!(c.schedule.as_str(), "zb-h1" | "zb-v");
+    let frag = |a: Action| -> f64 {
+        let s = &st[a.stage];
+        let send = if a.kind == Kind::F && a.stage + 1 < stages {
+            p2p_time(cluster, p2p_span, s.cut)
+        } else if a.kind == Kind::B && a.stage > 0 {
+            p2p_time(cluster, p2p_span, st[a.stage - 1].cut)
+        } else {
+            0.0
+        };
+        match a.kind {
+            Kind::F => s.f + send + gather(s),
+            // An unsplit backward does the weight gradients too.
+            Kind::B if split => s.b + send + gather(s),
+            Kind::B => s.b + s.w + send + gather(s),
+            Kind::W => s.w,
+        }
+    };
+    let m = c.microbatches as usize;
+    let (makespan, busy_max, in_flight, bubble, comm) = if pp == 1 && c.schedule == "none" {
+        let s = &st[0];
+        let _ = s;
+        let t = m as f64
+            * (frag(Action {
+                stage: 0,
+                kind: Kind::F,
+                mb: 0,
+            }) + frag(Action {
+                stage: 0,
+                kind: Kind::B,
+                mb: 0,
+            }));
+        (t, t, vec![1.0], 0.0, 0.0)
+    } else {
+        let key = format!("{c:?}");
+        let t = match sim.get(&key) {
+            Some(t) => t.clone(),
+            None => {
+                let s = schedule::by_name(&c.schedule, pp, m, ch)?;
+                let t = schedule::simulate_with(&s, &frag)?;
+                sim.insert(key, t.clone());
+                t
+            }
+        };
+        let busy = t.busy.iter().copied().fold(0.0, f64::max);
+        let sends: f64 = (0..stages.saturating_sub(1))
+            .map(|s| 2.0 * p2p_time(cluster, p2p_span, st[s].cut))
+            .fold(0.0, f64::max)
+            * m as f64;
+        (
+            t.makespan,
+            busy,
+            t.peak_in_flight.clone(),
+            t.bubble_ratio(),
+            sends,
+        )
+    };
+    // Each pipeline rank's stages.
+    let device_of: Vec<usize> = if c.schedule == "zb-v" {
+        schedule::v_placement(pp)
+    } else {
+        (0..stages).map(|s| s % pp.max(1)).collect()
+    };
+    let mut sync = 0.0f64;
+    let mut opt = 0.0f64;
+    let mut memory = 0u64;
+    let mut flops = 0.0f64;
+    for d in 0..pp.max(1) {
+        let mine: Vec<&StageCost> = (0..stages)
+            .filter(|&s| device_of[s] == d)
+            .map(|s| &st[s])
+            .collect();
+        let params: u64 = mine.iter().map(|s| s.params).sum();
+        let saved: u64 = mine.iter().map(|s| s.saved).sum();
+        let transient = mine.iter().map(|s| s.transient).max().unwrap_or(0);
+        let shard = |on: bool, b: u64| if on { b.div_ceil(dp) } else { b };
+        let mem = shard(c.zero >= 3, params)
+            + shard(c.zero >= 2, params)
+            + 2 * shard(c.zero >= 1, params)
+            + (in_flight.get(d).copied().unwrap_or(1.0) * saved as f64).ceil() as u64
+            + transient;
+        memory = memory.max(mem);
+        let s = match c.zero {
+            0 => coll_time(cluster, "nns.all_reduce", dp, tp, params),
+            1 | 2 => {
+                coll_time(cluster, "nns.reduce_scatter", dp, tp, params)
+                    + coll_time(cluster, "nns.all_gather", dp, tp, params)
+            }
+            _ => coll_time(cluster, "nns.reduce_scatter", dp, tp, params),
+        };
+        let o = p.optimizer * params as f64
+            / total_params as f64
+            / if c.zero >= 1 { dp as f64 } else { 1.0 };
+        sync = sync.max(s);
+        opt = opt.max(o);
+        flops = flops.max(mine.iter().map(|s| s.flops).sum::<f64>() * m as f64);
+    }
+    if memory > cap {
+        return Err(format!(
+            "needs {} per device, more than {}",
+            bytes_text(memory),
+            bytes_text(cap)
+        ));
+    }
+    let seconds = makespan + sync + opt;
+    let _ = busy_max;
+    Ok(Estimate {
+        config: c.clone(),
+        seconds,
+        pipeline: makespan,
+        dp_sync: sync,
+        optimizer: opt,
+        bubble,
+        memory,
+        mfu: flops / (seconds * cluster.device.matrix_flops),
+        comm,
+    })
+}
+
+/// Bytes as `12.3 GiB`.
+pub fn bytes_text(b: u64) -> String {
+    let b = b as f64;
+    if b >= 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.1} GiB", b / (1024.0 * 1024.0 * 1024.0))
+    } else if b >= 1024.0 * 1024.0 {
+        format!("{:.1} MiB", b / (1024.0 * 1024.0))
+    } else if b >= 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// A lower bound on a plan's bytes per device: [`score`]'s memory with one micro-batch
+/// in flight on each rank (every rank holds at least one between its forward and
+/// backward).
+fn memory_lower_bound(p: &Profile, c: &Config) -> u64 {
+    let stages = c.stage_starts.len();
+    let pp = (c.pp as usize).max(1);
+    let device_of: Vec<usize> = if c.schedule == "zb-v" {
+        schedule::v_placement(pp)
+    } else {
+        (0..stages).map(|s| s % pp).collect()
+    };
+    let mut per = vec![(0u64, 0u64, 0u64); pp];
+    for s in 0..stages {
+        let lo = c.stage_starts[s];
+        let hi = c.stage_starts.get(s + 1).copied().unwrap_or(p.items.len());
+        let sc = stage_cost(&p.items[lo..hi], c.recompute);
+        let d = &mut per[device_of[s]];
+        d.0 += sc.params;
+        d.1 = d.1.max(sc.saved);
+        d.2 = d.2.max(sc.transient);
+    }
+    let shard = |on: bool, b: u64| if on { b.div_ceil(c.dp) } else { b };
+    per.iter()
+        .map(|&(params, saved, transient)| {
+            shard(c.zero >= 3, params)
+                + shard(c.zero >= 2, params)
+                + 2 * shard(c.zero >= 1, params)
+                + saved
+                + transient
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// A lower bound on a plan's step: per rank, the time before its first fragment can
+/// start, its work, its synchronisation and update (the makespan is at least any rank's
+/// start plus its busy time).
+fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
+    let stages = c.stage_starts.len();
+    let pp = c.pp as usize;
+    let device_of: Vec<usize> = if c.schedule == "zb-v" {
+        schedule::v_placement(pp)
+    } else {
+        (0..stages).map(|s| s % pp.max(1)).collect()
+    };
+    let mut work = vec![0.0f64; pp.max(1)];
+    let mut params = vec![0u64; pp.max(1)];
+    // Rank d holds stages d and later only (one per rank, interleaved d + k pp, V 2 pp -
+    // 1 - d), so it starts no earlier than the first micro-batch's forward through
+    // stages 0 .. d.
+    let mut head = vec![0.0f64; pp.max(1)];
+    let mut before = 0.0;
+    for s in 0..stages {
+        let lo = c.stage_starts[s];
+        let hi = c.stage_starts.get(s + 1).copied().unwrap_or(p.items.len());
+        let sc = stage_cost(&p.items[lo..hi], c.recompute);
+        work[device_of[s]] += sc.f + sc.b + sc.w;
+        params[device_of[s]] += sc.params;
+        if s < pp {
+            head[s] = before;
+            before += sc.f;
+        }
+    }
+    let total_params: u64 = p.items.iter().map(|i| i.params).sum::<u64>().max(1);
+    (0..pp.max(1))
+        .map(|d| {
+            let sync = match c.zero {
+                0 => coll_time(cluster, "nns.all_reduce", c.dp, c.tp, params[d]),
+                1 | 2 => {
+                    coll_time(cluster, "nns.reduce_scatter", c.dp, c.tp, params[d])
+                        + coll_time(cluster, "nns.all_gather", c.dp, c.tp, params[d])
+                }
+                _ => coll_time(cluster, "nns.reduce_scatter", c.dp, c.tp, params[d]),
+            };
+            let opt = p.optimizer * params[d] as f64
+                / total_params as f64
+                / if c.zero >= 1 { c.dp as f64 } else { 1.0 };
+            head[d] + work[d] * c.microbatches as f64 + sync + opt
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Profiles by (tensor-parallel degree, micro-batch size), or why the compiler refused
+/// that degree.
+pub type Profiles = HashMap<(u64, u64), Result<Profile, String>>;
+
+/// The (tp, micro-batch) pairs a space needs.
+fn pairs(space: &Space, batch: u64, max_tp: u64) -> Vec<(u64, u64)> {
+    let n = space.devices;
+    let mut out = Vec::new();
+    for tp in divisors(n).into_iter().filter(|&t| t <= max_tp) {
+        for pp in divisors(n / tp) {
+            let dp = n / tp / pp;
+            if space.max_pp.is_some_and(|m| pp > m) || !batch.is_multiple_of(dp) {
+                continue;
+            }
+            for micro in divisors(batch / dp) {
+                if micro <= space.max_micro && !out.contains(&(tp, micro)) {
+                    out.push((tp, micro));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Fills `profiles` with the pairs `space` needs, compiling them on the machine's
+/// threads.
+fn fill_profiles(
+    g: &Graph,
+    cluster: &Cluster,
+    want: &[(u64, u64)],
+    profiles: &mut Profiles,
+    progress: &mut dyn FnMut(&str),
+) {
+    let missing: Vec<(u64, u64)> = want
+        .iter()
+        .copied()
+        .filter(|k| !profiles.contains_key(k))
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(missing.len());
+    progress(&format!(
+        "compiling {} profiles (tp x micro-batch) on {threads} threads",
+        missing.len()
+    ));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done: Vec<((u64, u64), Result<Profile, String>)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(tp, micro)) = missing.get(k) else {
+                            break;
+                        };
+                        mine.push(((tp, micro), profile(g, tp, micro, cluster)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_default())
+            .collect()
+    });
+    profiles.extend(done);
+}
+
+/// Searches `space` for training step `g` (single device, with its optimizer) on
+/// `cluster`, compiling the profiles it needs into `profiles` (a later search reuses
+/// them). `progress` hears what takes time.
+pub fn search(
+    g: &Graph,
+    cluster: &Cluster,
+    space: &Space,
+    profiles: &mut Profiles,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Outcome, String> {
+    let batch = batch_of(g).ok_or("the step has no batched data argument to split")?;
+    let n = space.devices;
+    if n == 0 {
+        return Err("devices must be at least 1".into());
+    }
+    let cap = space
+        .memory_cap
+        .unwrap_or(cluster.device.memory)
+        .min(cluster.device.memory);
+    let inner = cluster.network.first().map_or(n, |l| l.devices);
+    let max_tp = space.max_tp.unwrap_or(inner);
+    fill_profiles(g, cluster, &pairs(space, batch, max_tp), profiles, progress);
+    let mut out: HashMap<String, usize> = HashMap::new();
+    let mut candidates: Vec<(f64, Config)> = Vec::new();
+    let mut considered = 0usize;
+    for tp in divisors(n).into_iter().filter(|&t| t <= max_tp) {
+        for pp in divisors(n / tp) {
+            if space.max_pp.is_some_and(|m| pp > m) {
+                continue;
+            }
+            let dp = n / tp / pp;
+            if !batch.is_multiple_of(dp) {
+                *out.entry(format!("dp={dp} does not divide the batch {batch}"))
+                    .or_default() += 1;
+                continue;
+            }
+            for micro in divisors(batch / dp)
+                .into_iter()
+                .filter(|&b| b <= space.max_micro)
+            {
+                let prof = match profiles.get(&(tp, micro)) {
+                    Some(Ok(p)) => p,
+                    None => continue,
+                    Some(Err(e)) => {
+                        *out.entry(format!("tp={tp}: {e}")).or_default() += 1;
+                        continue;
+                    }
+                };
+                let m = batch / dp / micro;
+                let schedules: Vec<String> = if pp == 1 {
+                    vec!["none".into()]
+                } else {
+                    space.schedules.clone()
+                };
+                for sched in &schedules {
+                    let stages = (pp * chunks(sched)) as usize;
+                    for &r in &space.recompute {
+                        let cuts: Vec<Vec<usize>> = if stages == 1 {
+                            vec![vec![0]]
+                        } else if space.megatron {
+                            megatron_cut(&prof.items, stages).into_iter().collect()
+                        } else if space.exhaustive
+                            || cut_count(prof.items.len(), stages) <= FEW_CUTS
+                        {
+                            every_cut(prof.items.len(), stages)
+                        } else {
+                            balanced_cut(&prof.items, stages, r).into_iter().collect()
+                        };
+                        if cuts.is_empty() {
+                            *out.entry(format!(
+                                "{stages} stages do not cut {} items{}",
+                                prof.items.len(),
+                                if space.megatron { " evenly" } else { "" }
+                            ))
+                            .or_default() += 1;
+                        }
+                        for cut in cuts {
+                            for &zero in space.zero.iter().filter(|&&z| dp > 1 || z == 0) {
+                                if !space.megatron && (pp > 1 || m > 1) && (1..=2).contains(&zero) {
+                                    *out.entry(
+                                        "ZeRO-1/2 under micro-batches: not compiled yet".into(),
+                                    )
+                                    .or_default() += 1;
+                                    continue;
+                                }
+                                let c = Config {
+                                    dp,
+                                    tp,
+                                    pp,
+                                    micro,
+                                    microbatches: m,
+                                    schedule: sched.clone(),
+                                    recompute: r,
+                                    zero,
+                                    stage_starts: cut.clone(),
+                                };
+                                considered += 1;
+                                if memory_lower_bound(prof, &c) > cap {
+                                    *out.entry("out of memory".into()).or_default() += 1;
+                                    continue;
+                                }
+                                candidates.push((lower_bound(prof, &c, cluster), c));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    candidates.sort_by(|a, b| a.0.total_cmp(&b.0));
+    progress(&format!(
+        "{} plans; simulating them in the order of their lower bounds",
+        candidates.len()
+    ));
+    let mut ranked: Vec<Estimate> = Vec::new();
+    let mut sim = HashMap::new();
+    let mut simulated = 0;
+    let keep = 20;
+    for (bound, c) in candidates {
+        // Exact: nothing whose bound passes the `keep`-th best can enter the ranking.
+        let kth = if ranked.len() >= keep {
+            ranked[keep - 1].seconds
+        } else {
+            f64::INFINITY
+        };
+        if bound > kth && !space.exhaustive {
+            break;
+        }
+        let Some(Ok(p)) = profiles.get(&(c.tp, c.micro)) else {
+            continue;
+        };
+        simulated += 1;
+        match score(p, &c, cluster, cap, &mut sim) {
+            Ok(e) => {
+                // Ties go to the plan with less memory.
+                let at = ranked.partition_point(|x| (x.seconds, x.memory) <= (e.seconds, e.memory));
+                ranked.insert(at, e);
+                ranked.truncate(keep);
+            }
+            Err(e) => {
+                let reason = if e.starts_with("needs ") {
+                    "out of memory".to_string()
+                } else {
+                    e
+                };
+                *out.entry(reason).or_default() += 1;
+            }
+        }
+    }
+    progress(&format!(
+        "{simulated} plans simulated; refining the best plans' stage cuts"
+    ));
+    // The dynamic program's cuts, refined against the simulator.
+    if !space.megatron && !space.exhaustive {
+        for e in ranked.iter_mut().take(REFINED) {
+            let items = profiles
+                .get(&(e.config.tp, e.config.micro))
+                .and_then(|p| p.as_ref().ok());
+            let Some(p) = items else { continue };
+            let stages = e.config.stage_starts.len();
+            if stages > 1 && cut_count(p.items.len(), stages) > FEW_CUTS {
+                *e = refine(p, e.clone(), cluster, cap, &mut sim, 2 * stages + 4);
+            }
+        }
+        ranked.sort_by(|a, b| {
+            (a.seconds, a.memory)
+                .partial_cmp(&(b.seconds, b.memory))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+    }
+    let mut out: Vec<(String, usize)> = out.into_iter().collect();
+    out.sort();
+    Ok(Outcome {
+        ranked,
+        considered,
+        simulated,
+        out,
+    })
+}

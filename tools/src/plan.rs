@@ -1,0 +1,424 @@
+//! `nnscaler plan`: searches data x tensor x pipeline parallelism, micro-batching, the
+//! schedule, recompute and ZeRO for a model on a cluster ([`nnscaler_passes::search`]),
+//! prints the chosen plan with its predicted step time, MFU, memory per device and the
+//! next best plans with why they lost, optionally beside the best plan of a Megatron-LM
+//! grid scored by the same model, and the `nnscaler-opt` flags that apply it.
+
+use nnscaler_dialects::context::IrContext;
+use nnscaler_dialects::graph::Graph;
+use nnscaler_frontends::{build_module, preset, PRESETS};
+use nnscaler_passes::cost::{self, Cluster};
+use nnscaler_passes::pipeline::{self, Step};
+use nnscaler_passes::recompute::has_backward;
+use nnscaler_passes::search::{self, bytes_text, Estimate, Outcome, Profile, Space};
+use std::fmt::Write as _;
+use std::time::Instant;
+
+/// `nnscaler plan`'s command line.
+#[derive(clap::Args, Debug)]
+#[command(
+    about = "Search the fastest plan (dp x tp x pp, micro-batches, schedule, recompute, ZeRO) for a model on a cluster",
+    long_about = "Search the fastest plan for a model on a cluster: data, tensor and pipeline \
+        parallel degrees, micro-batch size and count, pipeline schedule (1f1b, interleaved, \
+        zb-h1, zb-v), recompute (none, selective, full) and ZeRO stage (0-3). The training \
+        step is compiled for real at each tensor-parallel degree and micro-batch size, \
+        each op predicted by the cost model, pipelines simulated with their schedule. \
+        Prints the best plan (step time, MFU, memory per device), the next best ones and \
+        why they lost, and the nnscaler-opt flags that apply it.\n\n\
+        The model is a forward ending in a loss (nnscaler import) or a training step \
+        (after --autodiff, --optimizer); a forward gets --autodiff --optimizer first."
+)]
+pub struct PlanArgs {
+    /// The model (MLIR); or use --preset.
+    #[arg(value_name = "MODEL.mlir", required_unless_present = "preset")]
+    pub module: Option<String>,
+    /// A zoo preset instead of a file (see 'nnscaler presets').
+    #[arg(long, value_name = "NAME", conflicts_with = "module")]
+    pub preset: Option<String>,
+    /// With --preset: sequences per step (the global batch).
+    #[arg(long, value_name = "N", requires = "preset")]
+    pub batch: Option<u64>,
+    /// The cluster: a preset (dgx-a100, dgx-h100, h200, cpu) or a TOML file.
+    #[arg(long, value_name = "PRESET|FILE")]
+    pub cluster: String,
+    /// Devices to plan for.
+    #[arg(long, value_name = "N")]
+    pub devices: u64,
+    /// Bytes a device may use (e.g. 60GB, 64GiB; default: the device's memory).
+    #[arg(long, value_name = "BYTES")]
+    pub memory_cap: Option<String>,
+    /// Largest tensor-parallel degree (default: the innermost network level's devices).
+    #[arg(long, value_name = "N")]
+    pub max_tp: Option<u64>,
+    /// Largest pipeline degree.
+    #[arg(long, value_name = "N")]
+    pub max_pp: Option<u64>,
+    /// Largest micro-batch size (sequences).
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub max_micro: u64,
+    /// Also search Megatron-LM's grid (uniform stages, 1F1B or interleaved, ZeRO 0 or 1)
+    /// with the same model and print its best plan beside the search's.
+    #[arg(long)]
+    pub compare_megatron: bool,
+    /// Alternatives to print.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub top: usize,
+    /// Print JSON for tools instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `60GB`, `64GiB`, `1e9`: bytes.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mul) = [
+        ("TiB", 1u64 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("TB", 1_000_000_000_000),
+        ("GB", 1_000_000_000),
+        ("MB", 1_000_000),
+        ("KB", 1_000),
+        ("B", 1),
+    ]
+    .iter()
+    .find_map(|(suffix, m)| t.strip_suffix(suffix).map(|n| (n, *m)))
+    .unwrap_or((t, 1));
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size in bytes (e.g. 60GB, 64GiB, 1e9)"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err(format!("'{s}' must be a positive size"));
+    }
+    Ok((v * mul as f64) as u64)
+}
+
+/// The training step (single device) of the module: its largest function, after
+/// `--autodiff --optimizer` when it is a forward.
+pub fn training_step(text: &str, file: &str) -> Result<(Graph, bool), String> {
+    let ir = IrContext::new();
+    let mut m = ir
+        .parse(text, file)
+        .map_err(|d| d.render_limited(Some(text), 20))?;
+    let largest = |m: &melior::ir::Module<'_>| -> Result<Graph, String> {
+        Graph::all_in(m)
+            .into_iter()
+            .filter_map(Result::ok)
+            .max_by_key(|g| g.nodes.len())
+            .ok_or(format!("{file}: no function to plan"))
+    };
+    let g = largest(&m)?;
+    if has_backward(&g) {
+        return Ok((g, false));
+    }
+    let steps = [Step::new("autodiff", "")?, Step::new("optimizer", "")?];
+    pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, file)
+        .map_err(|d| d.render_limited(Some(text), 20))?;
+    Ok((largest(&m)?, true))
+}
+
+/// The `--place` layout of a plan's stages: `E` before the layers, `t` a layer, `L`
+/// after them (`None` when the items are not of that form).
+fn place_layout(p: &Profile, starts: &[usize]) -> Option<String> {
+    let code = |name: &str| match name {
+        "(before)" => "E",
+        "(after)" => "L",
+        _ => "t",
+    };
+    let mut stages = Vec::new();
+    for (s, &lo) in starts.iter().enumerate() {
+        let hi = starts.get(s + 1).copied().unwrap_or(p.items.len());
+        let mut parts: Vec<(String, usize)> = Vec::new();
+        for it in &p.items[lo..hi] {
+            let c = code(&it.name);
+            match parts.last_mut() {
+                Some((last, k)) if last == c => *k += 1,
+                _ => parts.push((c.to_string(), 1)),
+            }
+        }
+        if parts.iter().any(|(c, k)| c != "t" && *k > 1) {
+            return None;
+        }
+        stages.push(
+            parts
+                .iter()
+                .map(|(c, k)| {
+                    if *k > 1 {
+                        format!("{c}*{k}")
+                    } else {
+                        c.clone()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+    }
+    Some(stages.join("|"))
+}
+
+/// The `nnscaler-opt` flags that apply plan `e` to the forward module.
+pub fn apply_flags(e: &Estimate, p: &Profile) -> String {
+    let c = &e.config;
+    let mut f = Vec::new();
+    let pipelined = c.pp > 1 || c.microbatches > 1;
+    if pipelined {
+        let stages = c.stage_starts.len();
+        match place_layout(p, &c.stage_starts) {
+            Some(l) if stages > 1 => f.push(format!("--place=\"stages={stages} layout={l}\"")),
+            _ => f.push(format!("--place=\"stages={stages}\"")),
+        }
+    }
+    f.push("--autodiff".into());
+    if c.recompute != search::Recompute::None {
+        f.push(format!("--recompute={}", c.recompute.name()));
+    }
+    f.push("--optimizer".into());
+    let policy = match (c.dp, c.tp) {
+        (_, 1) => format!("dp dp={}", c.dp),
+        (1, t) => format!("megatron tp={t}"),
+        (d, t) => format!("dp-megatron dp={d} tp={t}"),
+    };
+    let mut plan = policy;
+    if pipelined {
+        plan += &format!(" pp={} microbatches={}", c.pp, c.microbatches);
+    }
+    if c.zero > 0 {
+        plan += &format!(" zero={}", c.zero);
+    }
+    f.push(format!("--plan=\"{plan}\""));
+    f.push("--propagate-layouts --split-tensor".into());
+    if pipelined {
+        let s = if c.schedule == "none" {
+            "1f1b"
+        } else {
+            &c.schedule
+        };
+        f.push(format!("--schedule-{s}"));
+    }
+    f.push("--lower-relayouts --localize".into());
+    f.join(" ")
+}
+
+/// Why `e` lost to `best`: the part of the step it spends most more time on.
+fn why_lost(e: &Estimate, best: &Estimate) -> String {
+    let busy = |x: &Estimate| x.pipeline * (1.0 - x.bubble);
+    let idle = |x: &Estimate| x.pipeline * x.bubble;
+    let parts = [
+        ("compute and tp/pp communication", busy(e) - busy(best)),
+        ("pipeline bubbles", idle(e) - idle(best)),
+        ("gradient sync over dp", e.dp_sync - best.dp_sync),
+        ("optimizer update", e.optimizer - best.optimizer),
+    ];
+    let (what, d) = parts
+        .iter()
+        .copied()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap_or(("", 0.0));
+    if d <= 0.0 {
+        "ties".into()
+    } else {
+        format!("+{} in {what}", secs(d))
+    }
+}
+
+/// Seconds with a unit that reads.
+fn secs(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.3} s")
+    } else if s >= 1e-3 {
+        format!("{:.3} ms", s * 1e3)
+    } else {
+        format!("{:.3} us", s * 1e6)
+    }
+}
+
+fn line(e: &Estimate) -> String {
+    format!(
+        "{}: {} per step (pipeline {}, bubble {:.1}%, dp sync {}, optimizer {}), MFU {:.1}%, {} per device",
+        e.config.describe(),
+        secs(e.seconds),
+        secs(e.pipeline),
+        e.bubble * 100.0,
+        secs(e.dp_sync),
+        secs(e.optimizer),
+        e.mfu * 100.0,
+        bytes_text(e.memory)
+    )
+}
+
+/// Runs the search; returns what to print.
+pub fn main(a: &PlanArgs) -> Result<String, String> {
+    let cluster: Cluster = cost::load(&a.cluster)?;
+    let (text, name) = match (&a.module, &a.preset) {
+        (_, Some(p)) => {
+            let mut c = preset(p).ok_or_else(|| {
+                let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
+                format!("unknown preset '{p}' (presets: {})", names.join(", "))
+            })?;
+            if let Some(b) = a.batch {
+                c.set("batch", &b.to_string())?;
+            }
+            (build_module(&c).map_err(|e| e.to_string())?, p.clone())
+        }
+        (Some(f), None) => (crate::read_input(f)?, f.clone()),
+        (None, None) => return Err("plan needs a model file or --preset".into()),
+    };
+    if a.devices == 0 {
+        return Err("--devices must be at least 1".into());
+    }
+    let start = Instant::now();
+    let (step, differentiated) = training_step(&text, &name)?;
+    let batch = search::batch_of(&step).ok_or(format!(
+        "{name}: the step has no batched data argument to split"
+    ))?;
+    let mut space = Space::new(a.devices);
+    space.memory_cap = a.memory_cap.as_deref().map(parse_bytes).transpose()?;
+    space.max_tp = a.max_tp;
+    space.max_pp = a.max_pp;
+    space.max_micro = a.max_micro.max(1);
+    let quiet = a.json;
+    let mut progress = |msg: &str| {
+        if !quiet {
+            eprintln!(
+                "nnscaler plan: {msg} ({:.1} s)",
+                start.elapsed().as_secs_f64()
+            );
+        }
+    };
+    let mut profiles = search::Profiles::new();
+    let found = search::search(&step, &cluster, &space, &mut profiles, &mut progress)?;
+    let searched = start.elapsed().as_secs_f64();
+    let grid = if a.compare_megatron {
+        let mut g = Space::megatron(a.devices);
+        g.memory_cap = space.memory_cap;
+        g.max_tp = a.max_tp;
+        g.max_pp = a.max_pp;
+        g.max_micro = space.max_micro;
+        Some(search::search(
+            &step,
+            &cluster,
+            &g,
+            &mut profiles,
+            &mut progress,
+        )?)
+    } else {
+        None
+    };
+    let total = start.elapsed().as_secs_f64();
+    let Some(best) = found.ranked.first() else {
+        let why: Vec<String> = found
+            .out
+            .iter()
+            .map(|(r, k)| format!("{k} x {r}"))
+            .collect();
+        return Err(format!(
+            "no plan for {} devices of {} fits: {}",
+            a.devices,
+            cluster.name,
+            why.join("; ")
+        ));
+    };
+    // The profile of the best plan, for its stages' names and flags.
+    let prof = match profiles.get(&(best.config.tp, best.config.micro)) {
+        Some(Ok(p)) => p.clone(),
+        _ => search::profile(&step, best.config.tp, best.config.micro, &cluster)?,
+    };
+    if a.json {
+        let j = serde_json::json!({
+            "model": name,
+            "cluster": cluster.name,
+            "devices": a.devices,
+            "batch": batch,
+            "best": best,
+            "flags": apply_flags(best, &prof),
+            "alternatives": found.ranked.iter().skip(1).take(a.top).collect::<Vec<_>>(),
+            "considered": found.considered,
+            "simulated": found.simulated,
+            "out": found.out,
+            "search_seconds": searched,
+            "megatron": grid.as_ref().map(|g: &Outcome| g.ranked.first()),
+        });
+        return serde_json::to_string_pretty(&j)
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string());
+    }
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "plan: {name} ({}batch {batch}) on {} x {} ({})",
+        if differentiated {
+            "a forward given --autodiff --optimizer, "
+        } else {
+            ""
+        },
+        a.devices,
+        cluster.device.name,
+        cluster.name
+    );
+    let _ = writeln!(
+        o,
+        "searched {} plans ({} simulated; the rest out of memory by a lower bound, or bounded out) in {searched:.2} s",
+        found.considered, found.simulated
+    );
+    let _ = writeln!(o, "best: {}", line(best));
+    let names: Vec<String> = best
+        .config
+        .stage_starts
+        .iter()
+        .enumerate()
+        .map(|(s, &lo)| {
+            let hi = best
+                .config
+                .stage_starts
+                .get(s + 1)
+                .copied()
+                .unwrap_or(prof.items.len());
+            let first = &prof.items[lo].name;
+            let last = &prof.items[hi - 1].name;
+            if lo + 1 == hi {
+                first.clone()
+            } else {
+                format!("{first}..{last}")
+            }
+        })
+        .collect();
+    if names.len() > 1 {
+        let _ = writeln!(o, "stages: {}", names.join(" | "));
+    }
+    let _ = writeln!(o, "apply: nnscaler-opt {}", apply_flags(best, &prof));
+    if found.ranked.len() > 1 {
+        let _ = writeln!(o, "next best:");
+        for e in found.ranked.iter().skip(1).take(a.top) {
+            let _ = writeln!(
+                o,
+                "  {} ({:+.1}%: {})",
+                line(e),
+                (e.seconds / best.seconds - 1.0) * 100.0,
+                why_lost(e, best)
+            );
+        }
+    }
+    for (r, k) in &found.out {
+        let _ = writeln!(o, "out: {k} plan{} ({r})", if *k == 1 { "" } else { "s" });
+    }
+    if let Some(g) = &grid {
+        match g.ranked.first() {
+            Some(m) => {
+                let _ = writeln!(o, "megatron grid best: {}", line(m));
+                let _ = writeln!(
+                    o,
+                    "search / megatron grid: {:.3} ({} grid plans, {:.2} s in all)",
+                    best.seconds / m.seconds,
+                    g.considered,
+                    total
+                );
+            }
+            None => {
+                let _ = writeln!(o, "megatron grid: no plan fits");
+            }
+        }
+    }
+    Ok(o)
+}
