@@ -548,6 +548,8 @@ pub struct Outcome {
     pub simulated: usize,
     /// Plans out, with why (one line per reason, with a count).
     pub out: Vec<(String, usize)>,
+    /// The fewest bytes per device a plan out of memory needed (at least).
+    pub least_memory: Option<u64>,
 }
 
 fn divisors(n: u64) -> Vec<u64> {
@@ -1101,6 +1103,7 @@ pub fn search(
     let mut out: HashMap<String, usize> = HashMap::new();
     let mut candidates: Vec<(f64, Config)> = Vec::new();
     let mut considered = 0usize;
+    let mut least_memory: Option<u64> = None;
     for tp in divisors(n).into_iter().filter(|&t| t <= max_tp) {
         for pp in divisors(n / tp) {
             if space.max_pp.is_some_and(|m| pp > m) {
@@ -1173,8 +1176,11 @@ pub fn search(
                                     stage_starts: cut.clone(),
                                 };
                                 considered += 1;
-                                if memory_lower_bound(prof, &c) > cap {
+                                let least = memory_lower_bound(prof, &c);
+                                if least > cap {
                                     *out.entry("out of memory".into()).or_default() += 1;
+                                    least_memory =
+                                        Some(least_memory.map_or(least, |m: u64| m.min(least)));
                                     continue;
                                 }
                                 candidates.push((lower_bound(prof, &c, cluster), c));
@@ -1210,12 +1216,32 @@ pub fn search(
         simulated += 1;
         match score(p, &c, cluster, cap, &mut sim) {
             Ok(e) => {
+                // One entry per plan: its best stage cut.
+                let same = |x: &Estimate| {
+                    Config {
+                        stage_starts: Vec::new(),
+                        ..x.config.clone()
+                    } == Config {
+                        stage_starts: Vec::new(),
+                        ..e.config.clone()
+                    }
+                };
+                if let Some(k) = ranked.iter().position(same) {
+                    if (ranked[k].seconds, ranked[k].memory) <= (e.seconds, e.memory) {
+                        continue;
+                    }
+                    ranked.remove(k);
+                }
                 // Ties go to the plan with less memory.
                 let at = ranked.partition_point(|x| (x.seconds, x.memory) <= (e.seconds, e.memory));
                 ranked.insert(at, e);
                 ranked.truncate(keep);
             }
             Err(e) => {
+                if e.starts_with("needs ") {
+                    let m = memory_lower_bound(p, &c);
+                    least_memory = Some(least_memory.map_or(m, |x| x.min(m)));
+                }
                 let reason = if e.starts_with("needs ") {
                     "out of memory".to_string()
                 } else {
@@ -1253,5 +1279,6 @@ pub fn search(
         considered,
         simulated,
         out,
+        least_memory,
     })
 }

@@ -313,8 +313,27 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
             .iter()
             .map(|(r, k)| format!("{k} x {r}"))
             .collect();
+        let cap = space
+            .memory_cap
+            .unwrap_or(cluster.device.memory)
+            .min(cluster.device.memory);
+        let least = found
+            .least_memory
+            .map(|m| {
+                format!(
+                    "; the leanest plan needs at least {} per device, the cap is {} ({})",
+                    bytes_text(m),
+                    bytes_text(cap),
+                    if space.memory_cap.is_some_and(|c| c < cluster.device.memory) {
+                        "--memory-cap"
+                    } else {
+                        "the device's memory"
+                    }
+                )
+            })
+            .unwrap_or_default();
         return Err(format!(
-            "no plan for {} devices of {} fits: {}",
+            "no plan for {} devices of {} fits: {}{least}",
             a.devices,
             cluster.name,
             why.join("; ")
