@@ -141,9 +141,15 @@ fn gcd(a: u64, b: u64) -> u64 {
     }
 }
 
+/// The first error, located when it has a place (a user's constraint on an op).
 fn diag_text(d: &Diagnostics) -> String {
-    d.0.first()
-        .map_or("the passes refused it".into(), |e| e.message.clone())
+    d.0.first().map_or("the passes refused it".into(), |e| {
+        if e.loc.line == 0 {
+            e.message.clone()
+        } else {
+            format!("{}: {}", e.loc, e.message)
+        }
+    })
 }
 
 /// Compiles training step `g` (single device) for one micro-batch of `micro` sequences at
@@ -174,7 +180,13 @@ pub fn profile(g: &Graph, tp: u64, micro: u64, cluster: &Cluster) -> Result<Prof
     };
     let mut remarks = Diagnostics::default();
     let local = (|| {
-        let g = plan(g.clone(), Policy::DpMegatron, &mesh)?;
+        // The policy the plan's flags apply: no Megatron splits without tensor parallelism.
+        let policy = if tp == 1 {
+            Policy::Dp
+        } else {
+            Policy::DpMegatron
+        };
+        let g = plan(g.clone(), policy, &mesh)?;
         let g = propagate(g, &mesh, &mut remarks)?;
         let g = split(g, &mesh)?;
         let g = lower(g, &mesh, &mut TransitionSearch::new())?;
@@ -486,6 +498,8 @@ pub struct Space {
     pub devices: u64,
     /// Bytes a device may use (`None`: the device's memory).
     pub memory_cap: Option<u64>,
+    /// Degrees the user fixed (a mesh the module declares: its `dp`, `tp`, `pp` axes).
+    pub fixed: Vec<(String, u64)>,
     /// Largest tensor-parallel degree (default: the innermost network level's size).
     pub max_tp: Option<u64>,
     /// Largest pipeline degree.
@@ -507,11 +521,22 @@ pub struct Space {
 }
 
 impl Space {
+    /// Whether the user's fixed degrees allow `dp x tp x pp`.
+    pub fn allows(&self, dp: u64, tp: u64, pp: u64) -> bool {
+        self.fixed.iter().all(|(axis, n)| match axis.as_str() {
+            "dp" => dp == *n,
+            "tp" => tp == *n,
+            "pp" => pp == *n,
+            _ => true,
+        })
+    }
+
     /// The full space for `devices`.
     pub fn new(devices: u64) -> Self {
         Space {
             devices,
             memory_cap: None,
+            fixed: Vec::new(),
             max_tp: None,
             max_pp: None,
             max_micro: 8,
@@ -1016,7 +1041,10 @@ fn pairs(space: &Space, batch: u64, max_tp: u64) -> Vec<(u64, u64)> {
     for tp in divisors(n).into_iter().filter(|&t| t <= max_tp) {
         for pp in divisors(n / tp) {
             let dp = n / tp / pp;
-            if space.max_pp.is_some_and(|m| pp > m) || !batch.is_multiple_of(dp) {
+            if space.max_pp.is_some_and(|m| pp > m)
+                || !batch.is_multiple_of(dp)
+                || !space.allows(dp, tp, pp)
+            {
                 continue;
             }
             for micro in divisors(batch / dp) {
@@ -1107,6 +1135,11 @@ pub fn search(
     for tp in divisors(n).into_iter().filter(|&t| t <= max_tp) {
         for pp in divisors(n / tp) {
             if space.max_pp.is_some_and(|m| pp > m) {
+                continue;
+            }
+            if !space.allows(n / tp / pp, tp, pp) {
+                *out.entry("the module's mesh fixes the degrees".into())
+                    .or_default() += 1;
                 continue;
             }
             let dp = n / tp / pp;

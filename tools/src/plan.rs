@@ -5,7 +5,10 @@
 //! grid scored by the same model, and the `nnscaler-opt` flags that apply it.
 
 use nnscaler_dialects::context::IrContext;
+use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::nns::Mesh;
+use nnscaler_dialects::verify::Meshes;
 use nnscaler_frontends::{build_module, preset, PRESETS};
 use nnscaler_passes::cost::{self, Cluster};
 use nnscaler_passes::pipeline::{self, Step};
@@ -26,7 +29,10 @@ use std::time::Instant;
         Prints the best plan (step time, MFU, memory per device), the next best ones and \
         why they lost, and the nnscaler-opt flags that apply it.\n\n\
         The model is a forward ending in a loss (nnscaler import) or a training step \
-        (after --autodiff, --optimizer); a forward gets --autodiff --optimizer first."
+        (after --autodiff, --optimizer); a forward gets --autodiff --optimizer first. \
+        Constraints on its ops (nns.split, nns.forbid) are kept: plans that break one are \
+        out, named at the op. A mesh the module declares (constraints name its axes) \
+        fixes the sizes of the dp, tp and pp axes it has; its memory_cap caps memory."
 )]
 pub struct PlanArgs {
     /// The model (MLIR); or use --preset.
@@ -97,11 +103,17 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 
 /// The training step (single device) of the module: its largest function, after
 /// `--autodiff --optimizer` when it is a forward.
-pub fn training_step(text: &str, file: &str) -> Result<(Graph, bool), String> {
+pub fn training_step(text: &str, file: &str) -> Result<(Graph, bool, Option<Mesh>), String> {
     let ir = IrContext::new();
     let mut m = ir
         .parse(text, file)
         .map_err(|d| d.render_limited(Some(text), 20))?;
+    let mut d = Diagnostics::default();
+    let meshes = Meshes::collect(&m.as_operation(), &mut d);
+    if meshes.0.len() > 1 {
+        return Err(format!("{file}: several meshes; plan takes one (or none)"));
+    }
+    let mesh = meshes.0.first().cloned();
     let largest = |m: &melior::ir::Module<'_>| -> Result<Graph, String> {
         Graph::all_in(m)
             .into_iter()
@@ -111,12 +123,12 @@ pub fn training_step(text: &str, file: &str) -> Result<(Graph, bool), String> {
     };
     let g = largest(&m)?;
     if has_backward(&g) {
-        return Ok((g, false));
+        return Ok((g, false, mesh));
     }
     let steps = [Step::new("autodiff", "")?, Step::new("optimizer", "")?];
     pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, file)
         .map_err(|d| d.render_limited(Some(text), 20))?;
-    Ok((largest(&m)?, true))
+    Ok((largest(&m)?, true, mesh))
 }
 
 /// The `--place` layout of a plan's stages: `E` before the layers, `t` a layer, `L`
@@ -269,7 +281,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
         return Err("--devices must be at least 1".into());
     }
     let start = Instant::now();
-    let (step, differentiated) = training_step(&text, &name)?;
+    let (step, differentiated, mesh) = training_step(&text, &name)?;
     let batch = search::batch_of(&step).ok_or(format!(
         "{name}: the step has no batched data argument to split"
     ))?;
@@ -278,6 +290,27 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     space.max_tp = a.max_tp;
     space.max_pp = a.max_pp;
     space.max_micro = a.max_micro.max(1);
+    let mut mesh_cap = None;
+    // A mesh the module declares (for its ops' constraints) fixes its dp / tp / pp axes'
+    // sizes, and its memory_cap caps memory.
+    if let Some(m) = &mesh {
+        for axis in m.axes.iter().filter(|x| !x.microbatches) {
+            if !["dp", "tp", "pp"].contains(&axis.name.as_str()) {
+                return Err(format!(
+                    "{name}: mesh '@{}' has axis '{}'; plan knows dp, tp and pp",
+                    m.name, axis.name
+                ));
+            }
+            space
+                .fixed
+                .push((axis.name.clone(), axis.size.max(1) as u64));
+        }
+        if let Some(cap) = m.memory_cap {
+            let cap = cap.max(0) as u64;
+            space.memory_cap = Some(space.memory_cap.map_or(cap, |c| c.min(cap)));
+            mesh_cap = Some(cap);
+        }
+    }
     let quiet = a.json;
     let mut progress = |msg: &str| {
         if !quiet {
@@ -293,6 +326,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     let grid = if a.compare_megatron {
         let mut g = Space::megatron(a.devices);
         g.memory_cap = space.memory_cap;
+        g.fixed = space.fixed.clone();
         g.max_tp = a.max_tp;
         g.max_pp = a.max_pp;
         g.max_micro = space.max_micro;
@@ -324,10 +358,12 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
                     "; the leanest plan needs at least {} per device, the cap is {} ({})",
                     bytes_text(m),
                     bytes_text(cap),
-                    if space.memory_cap.is_some_and(|c| c < cluster.device.memory) {
-                        "--memory-cap"
-                    } else {
+                    if space.memory_cap.is_none_or(|c| c >= cluster.device.memory) {
                         "the device's memory"
+                    } else if mesh_cap == space.memory_cap {
+                        "the mesh's memory_cap"
+                    } else {
+                        "--memory-cap"
                     }
                 )
             })
