@@ -515,6 +515,8 @@ pub struct Space {
     /// Megatron's grid instead: uniform layers per stage (the ops before the layers on
     /// the first stage, after them on the last), 1F1B or interleaved, ZeRO 0 or 1.
     pub megatron: bool,
+    /// Plans to rank (the search is exact for these).
+    pub keep: usize,
     /// Brute force (tests): every contiguous stage cut instead of the dynamic program's,
     /// every plan simulated (no bounds).
     pub exhaustive: bool,
@@ -546,6 +548,7 @@ impl Space {
             recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
             zero: vec![0, 1, 2, 3],
             megatron: false,
+            keep: 20,
             exhaustive: false,
         }
     }
@@ -1232,7 +1235,7 @@ pub fn search(
     let mut ranked: Vec<Estimate> = Vec::new();
     let mut sim = HashMap::new();
     let mut simulated = 0;
-    let keep = 20;
+    let keep = space.keep.max(1);
     for (bound, c) in candidates {
         // Exact: nothing whose bound passes the `keep`-th best can enter the ranking.
         let kth = if ranked.len() >= keep {

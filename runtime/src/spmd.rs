@@ -620,6 +620,17 @@ fn assemble<'t>(
 /// mesh and, in a pipelined run, its place in the pipeline.
 type DeviceJob<'g> = (&'g Graph, Vec<Tensor>, Vec<usize>, Option<PipelinePlace>);
 
+thread_local! {
+    static DEVICE_SECONDS: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+}
+
+/// Seconds the simulated devices of this thread's last [`run_spmd`] or [`run_pipeline`]
+/// ran, from the first device's start to the last one's end: the step without the
+/// harness's cutting of global inputs into pieces and assembling of results.
+pub fn device_seconds() -> f64 {
+    DEVICE_SECONDS.with(|c| c.get())
+}
+
 /// Runs `devices` simulated devices, one thread each, device `d` running `job(d)`, and
 /// returns each device's results (or the first real error: a device that stopped because
 /// another failed is not the cause).
@@ -630,10 +641,14 @@ fn run_devices<'g>(
     opts: &Options,
 ) -> Result<Vec<Vec<Tensor>>, RunError> {
     let exchange = Exchange::with_devices(devices);
+    // Each device's pieces are cut before the clock starts.
+    let jobs: Vec<DeviceJob<'g>> = (0..devices).map(job).collect();
+    let started = std::time::Instant::now();
     let results: Vec<Result<Vec<Tensor>, RunError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..devices)
-            .map(|d| {
-                let (g, local, c, pipeline) = job(d);
+        let handles: Vec<_> = jobs
+            .into_iter()
+            .enumerate()
+            .map(|(d, (g, local, c, pipeline))| {
                 let exchange = &exchange;
                 s.spawn(move || {
                     let dev = Device {
@@ -676,6 +691,7 @@ fn run_devices<'g>(
             })
             .collect()
     });
+    DEVICE_SECONDS.with(|c| c.set(started.elapsed().as_secs_f64()));
     let mut per_device = Vec::with_capacity(devices);
     let mut first_err: Option<RunError> = None;
     for (d, r) in results.into_iter().enumerate() {

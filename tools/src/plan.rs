@@ -290,6 +290,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     space.max_tp = a.max_tp;
     space.max_pp = a.max_pp;
     space.max_micro = a.max_micro.max(1);
+    space.keep = space.keep.max(a.top + 1);
     let mut mesh_cap = None;
     // A mesh the module declares (for its ops' constraints) fixes its dp / tp / pp axes'
     // sizes, and its memory_cap caps memory.
@@ -388,7 +389,20 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
             "batch": batch,
             "best": best,
             "flags": apply_flags(best, &prof),
-            "alternatives": found.ranked.iter().skip(1).take(a.top).collect::<Vec<_>>(),
+            "alternatives": found
+                .ranked
+                .iter()
+                .skip(1)
+                .take(a.top)
+                .map(|e| {
+                    let mut v = serde_json::to_value(e).unwrap_or_default();
+                    if let Some(Ok(p)) = profiles.get(&(e.config.tp, e.config.micro)) {
+                        v["flags"] = apply_flags(e, p).into();
+                        v["why_lost"] = why_lost(e, best).into();
+                    }
+                    v
+                })
+                .collect::<Vec<_>>(),
             "considered": found.considered,
             "simulated": found.simulated,
             "out": found.out,

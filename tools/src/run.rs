@@ -73,7 +73,8 @@ pub struct RunArgs {
     #[arg(long, default_value = "reference", value_parser = ["reference", "host", "cuda"])]
     pub backend: String,
     /// Run it this many times and print the median and fastest time of a run (to stderr;
-    /// the results are the last run's).
+    /// the results are the last run's); on simulated devices also the median of the
+    /// devices' own time, without cutting inputs into pieces and assembling results.
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub repeat: u32,
@@ -245,6 +246,7 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         return write_results(a, &g, &outs, saved_params);
     }
     let mut times = Vec::new();
+    let mut device_times = Vec::new();
     let mut outs = Vec::new();
     for _ in 0..a.repeat {
         let started = std::time::Instant::now();
@@ -258,18 +260,32 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
             render(d)
         })?;
         times.push(started.elapsed().as_secs_f64());
+        if mesh.is_some() {
+            device_times.push(nnscaler_runtime::spmd::device_seconds());
+        }
     }
-    if a.repeat > 1 {
+    report_times(&g.name, &mut times, &mut device_times);
+    write_results(a, &g, &outs, saved_params)
+}
+
+/// With `--repeat N > 1`: the median and fastest of the runs, on stderr; on simulated
+/// devices also the median of the devices' own time (without cutting the inputs into
+/// pieces and assembling the results).
+fn report_times(name: &str, times: &mut [f64], device_times: &mut [f64]) {
+    if times.len() > 1 {
         times.sort_by(f64::total_cmp);
+        device_times.sort_by(f64::total_cmp);
+        let devices = device_times
+            .get(device_times.len() / 2)
+            .map(|t| format!("; the simulated devices: median {t:.6} s"))
+            .unwrap_or_default();
         eprintln!(
-            "ran @{} {} times: median {:.6} s, fastest {:.6} s",
-            g.name,
+            "ran @{name} {} times: median {:.6} s, fastest {:.6} s{devices}",
             times.len(),
             times[times.len() / 2],
             times[0]
         );
     }
-    write_results(a, &g, &outs, saved_params)
 }
 
 /// The parameters to write (`--save-params`): the path and the serialized tensors.
@@ -459,11 +475,20 @@ fn run_pipelined(
     let opts = Options {
         check_finite: a.check_finite,
     };
-    let mut outs = run_pipeline(&programs, mesh, &axis, &inputs, &opts).map_err(|e| {
-        let mut d = Diagnostics::default();
-        d.error(&e.loc, e.message);
-        render(d)
-    })?;
+    let mut times = Vec::new();
+    let mut device_times = Vec::new();
+    let mut outs = Default::default();
+    for _ in 0..a.repeat.max(1) {
+        let started = std::time::Instant::now();
+        outs = run_pipeline(&programs, mesh, &axis, &inputs, &opts).map_err(|e| {
+            let mut d = Diagnostics::default();
+            d.error(&e.loc, e.message);
+            render(d)
+        })?;
+        times.push(started.elapsed().as_secs_f64());
+        device_times.push(nnscaler_runtime::spmd::device_seconds());
+    }
+    report_times(name, &mut times, &mut device_times);
     let outs: Vec<nnscaler_runtime::Tensor> = res_index
         .iter()
         .map(|i| outs.remove(i).expect("every result is assembled"))

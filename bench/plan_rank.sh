@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The plan search's ranking against measurement (issue 14): calibrate this CPU by
+# microbenchmarks (nnscaler calibrate), let `nnscaler plan` rank plans of a model for N
+# simulated devices, apply each ranked plan with the flags it prints, time it with
+# `nnscaler run --devices N --repeat R` (the median of the simulated devices' own time),
+# and print predicted and measured step
+# times with Spearman's rank correlation between them. One simulated device runs per
+# thread, so give it a machine with at least N quiet cores.
+#   bench/plan_rank.sh [PRESET BATCH DEVICES PLANS REPEAT]   (default: nanogpt-cpu 8 2 12 9)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=$root/target/release
+preset=${1:-nanogpt-cpu}
+batch=${2:-8}
+devices=${3:-2}
+plans=${4:-12}
+repeat=${5:-9}
+cargo build --release -q --bin nnscaler --bin nnscaler-opt --manifest-path "$root/Cargo.toml"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+"$bin/nnscaler" calibrate --device cpu -o cpu.toml > /dev/null
+"$bin/nnscaler" import gpt --preset "$preset" --batch "$batch" -o m.mlir
+"$bin/nnscaler-opt" --autodiff --optimizer m.mlir -o step.mlir
+"$bin/nnscaler" data random step.mlir -o batch.safetensors
+python3 - batch.safetensors <<'EOF'
+# lr and step as the optimizer expects them (a random batch draws them at random).
+import json, struct, sys
+path = sys.argv[1]
+raw = open(path, 'rb').read()
+n = struct.unpack('<Q', raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+data = bytearray(raw[8 + n:])
+for name, value in (('lr', 1e-3), ('step', 3.0)):
+    lo, _ = head[name]['data_offsets']
+    data[lo:lo + 4] = struct.pack('<f', value)
+open(path, 'wb').write(raw[:8 + n] + bytes(data))
+EOF
+"$bin/nnscaler" plan m.mlir --cluster cpu.toml --devices "$devices" --top 199 --json > plan.json 2> /dev/null
+# PLANS plans spread evenly over the ranking (the best among them).
+python3 - plan.json "$plans" > plans.txt <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+ranked = [dict(j['best'], flags=j['flags'])] + j['alternatives']
+want = int(sys.argv[2])
+step = max(1, len(ranked) // want)
+for e in ranked[::step][:want]:
+    c = e['config']
+    print('%.6e\t%s\tdp=%d tp=%d pp=%d mb=%dx%d %s %s z%d' % (
+        e['seconds'], e['flags'], c['dp'], c['tp'], c['pp'], c['micro'], c['microbatches'],
+        c['schedule'], c['recompute'], c['zero']))
+EOF
+printf '%-48s %12s %12s\n' plan predicted measured
+: > times.txt
+while IFS=$'\t' read -r pred flags name; do
+  eval "\"$bin/nnscaler-opt\" $flags m.mlir -o p.mlir" 2> /dev/null
+  meas=$("$bin/nnscaler" run p.mlir --devices "$devices" --inputs batch.safetensors --init-seed 0 \
+    --repeat "$repeat" -o /dev/null 2>&1 | sed -n 's/.*simulated devices: median \([0-9.]*\) s.*/\1/p')
+  printf '%-48s %12.6f %12.6f\n' "$name" "$pred" "$meas"
+  echo "$pred $meas" >> times.txt
+done < plans.txt
+python3 - times.txt <<'EOF'
+import sys
+rows = [tuple(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
+def ranks(xs):
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return r
+p, m = ranks([r[0] for r in rows]), ranks([r[1] for r in rows])
+n = len(rows)
+mp, mm = sum(p) / n, sum(m) / n
+cov = sum((a - mp) * (b - mm) for a, b in zip(p, m))
+sd = (sum((a - mp) ** 2 for a in p) * sum((b - mm) ** 2 for b in m)) ** 0.5
+ratio = sorted(r[0] / r[1] for r in rows)[n // 2]
+print('plans %d, Spearman rho %.3f, median predicted / measured %.2f' % (n, cov / sd if sd else 1.0, ratio))
+EOF
