@@ -5,7 +5,10 @@
 //! peak), an
 //! elementwise op on 4M floats (memory bandwidth), gelu on 1M floats (the vector rate,
 //! counted by the op spec's FLOPs) and a chain of 1,998 small ops (add, transpose, matmul,
-//! reshape, sum, subtract on 8 x 8) run by the interpreter (the per-op overhead). Each figure is the median of repeated runs. Never
+//! reshape, sum, subtract on 8 x 8) run by the interpreter (the per-op overhead), and
+//! chains of all_reduces between two simulated devices, one thread each, of 16 floats
+//! (the latency of a step) and of 1M floats (the bandwidth): the in-process network.
+//! Each figure is the median of repeated runs. Never
 //! an end-to-end model timing: those check the model (bench/cost.sh), they do not fit it.
 
 use nnscaler_dialects::context::IrContext;
@@ -175,7 +178,72 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     });
     let overhead = t / ops as f64;
     report += &format!("  interpreter: {:.2} us per op\n", overhead * 1e6);
+    // The in-process network: a chain of all_reduces between two simulated devices (one
+    // thread each), small (latency) and large (bandwidth), timed as the devices run.
+    let reduce = |floats: usize, chain: usize| -> Result<f64, String> {
+        let t = format!("tensor<{floats}xf32>");
+        let mut text = String::from(
+            "\"nns.mesh\"() {sym_name = \"world\", axes = #nns.axes<dp = 2>} : () -> ()\n",
+        );
+        text += &format!(
+            "func.func @f(%x: {t} {{nns.name = \"x\"}}) -> ({t} {{nns.name = \"y\"}}) attributes {{nns.localized = #nns.axes<dp = 2>}} {{\n"
+        );
+        let mut last = "%x".to_string();
+        for k in 0..chain {
+            text += &format!(
+                "  %r{k} = \"nns.all_reduce\"({last}) {{axes = [\"dp\"], reduce = \"max\"}} : ({t}) -> {t}\n"
+            );
+            last = format!("%r{k}");
+        }
+        text += &format!("  return {last} : {t}\n}}\n");
+        let ir = IrContext::new();
+        let m = ir
+            .parse(&text, "calibrate-network")
+            .map_err(|d| d.render_limited(Some(&text), 5))?;
+        let mut d = nnscaler_dialects::diag::Diagnostics::default();
+        let mesh = nnscaler_dialects::verify::Meshes::collect(&m.as_operation(), &mut d)
+            .0
+            .first()
+            .cloned()
+            .ok_or("no mesh")?;
+        let g = Graph::all_in(&m)
+            .into_iter()
+            .next()
+            .ok_or("no function")?
+            .map_err(|e| e.message)?;
+        let x = random(&[floats], 7);
+        let mut ts = Vec::new();
+        for _ in 0..7 {
+            nnscaler_runtime::spmd::run_spmd(&g, &mesh, vec![x.clone()], &Options::default())
+                .map_err(|e| e.message)?;
+            ts.push(nnscaler_runtime::spmd::device_seconds() / chain as f64);
+        }
+        ts.sort_by(f64::total_cmp);
+        Ok(ts[ts.len() / 2])
+    };
+    let small = reduce(16, 400)?;
+    let big_floats = 1 << 20;
+    let big = reduce(big_floats, 20)?;
+    // A ring all_reduce of two devices: two latency steps, each device sending its bytes
+    // once (nns::sent_bytes).
+    let latency = small / 2.0;
+    let sent = nnscaler_dialects::nns::sent_bytes(
+        "nns.all_reduce",
+        2.0,
+        4.0 * big_floats as f64,
+        4.0 * big_floats as f64,
+    );
+    let net_bandwidth = sent / (big - 2.0 * latency).max(1e-9);
+    report += &format!(
+        "  all_reduce between 2 simulated devices: {:.2} us latency a step, {:.2} GB/s\n",
+        latency * 1e6,
+        net_bandwidth / 1e9
+    );
     let mut c: Cluster = cost::preset("cpu").expect("the cpu preset");
+    if let Some(l) = c.network.first_mut() {
+        l.latency = latency;
+        l.bandwidth = net_bandwidth;
+    }
     c.device.matrix_flops = peak;
     c.device.vector_flops = vector;
     c.device.memory_bandwidth = bandwidth;
