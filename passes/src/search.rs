@@ -517,6 +517,9 @@ pub struct Space {
     pub megatron: bool,
     /// Plans to rank (the search is exact for these).
     pub keep: usize,
+    /// Pipelines and micro-batches (`false`: one stage, one micro-batch; a training step
+    /// cannot be placed in stages any more).
+    pub pipelines: bool,
     /// Brute force (tests): every contiguous stage cut instead of the dynamic program's,
     /// every plan simulated (no bounds).
     pub exhaustive: bool,
@@ -549,6 +552,7 @@ impl Space {
             zero: vec![0, 1, 2, 3],
             megatron: false,
             keep: 20,
+            pipelines: true,
             exhaustive: false,
         }
     }
@@ -1051,7 +1055,13 @@ fn pairs(space: &Space, batch: u64, max_tp: u64) -> Vec<(u64, u64)> {
                 continue;
             }
             for micro in divisors(batch / dp) {
-                if micro <= space.max_micro && !out.contains(&(tp, micro)) {
+                let single = pp == 1 && micro == batch / dp;
+                let wanted = if space.pipelines {
+                    micro <= space.max_micro
+                } else {
+                    single
+                };
+                if wanted && !out.contains(&(tp, micro)) {
                     out.push((tp, micro));
                 }
             }
@@ -1140,6 +1150,13 @@ pub fn search(
             if space.max_pp.is_some_and(|m| pp > m) {
                 continue;
             }
+            if !space.pipelines && pp > 1 {
+                *out.entry(
+                    "pipelines and micro-batches need a forward to place (the input is a training step)".into(),
+                )
+                .or_default() += 1;
+                continue;
+            }
             if !space.allows(n / tp / pp, tp, pp) {
                 *out.entry("the module's mesh fixes the degrees".into())
                     .or_default() += 1;
@@ -1151,10 +1168,13 @@ pub fn search(
                     .or_default() += 1;
                 continue;
             }
-            for micro in divisors(batch / dp)
-                .into_iter()
-                .filter(|&b| b <= space.max_micro)
-            {
+            for micro in divisors(batch / dp).into_iter().filter(|&b| {
+                if space.pipelines {
+                    b <= space.max_micro
+                } else {
+                    b == batch / dp
+                }
+            }) {
                 let prof = match profiles.get(&(tp, micro)) {
                     Some(Ok(p)) => p,
                     None => continue,
@@ -1164,6 +1184,13 @@ pub fn search(
                     }
                 };
                 let m = batch / dp / micro;
+                if !space.pipelines && (pp > 1 || m > 1) {
+                    *out.entry(
+                        "pipelines and micro-batches need a forward to place (the input is a training step)".into(),
+                    )
+                    .or_default() += 1;
+                    continue;
+                }
                 let schedules: Vec<String> = if pp == 1 {
                     vec!["none".into()]
                 } else {

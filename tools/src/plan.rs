@@ -72,6 +72,25 @@ pub struct PlanArgs {
     /// Print JSON for tools instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Write the module with the best plan's directives (the passes up to --plan applied)
+    /// to FILE; the rest of the pipeline then runs unchanged on it.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<String>,
+}
+
+/// `text` with `passes` applied, as MLIR.
+fn apply(text: &str, file: &str, passes: &[(String, String)]) -> Result<String, String> {
+    let ir = IrContext::new();
+    let mut m = ir
+        .parse(text, file)
+        .map_err(|d| d.render_limited(Some(text), 20))?;
+    let steps: Vec<Step> = passes
+        .iter()
+        .map(|(n, o)| Step::new(n, o))
+        .collect::<Result<_, _>>()?;
+    pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, file)
+        .map_err(|d| d.render_limited(Some(text), 20))?;
+    Ok(m.as_operation().to_string())
 }
 
 /// `60GB`, `64GiB`, `1e9`: bytes.
@@ -170,47 +189,82 @@ fn place_layout(p: &Profile, starts: &[usize]) -> Option<String> {
     Some(stages.join("|"))
 }
 
-/// The `nnscaler-opt` flags that apply plan `e` to the forward module.
-pub fn apply_flags(e: &Estimate, p: &Profile) -> String {
+/// The passes (name, options) that apply plan `e`: those that write its directives into
+/// the IR (up to `--plan`), then those that carry it out. `forward`: the input is a
+/// forward (it gets `--autodiff --optimizer`; pipelines place it first).
+pub fn apply_passes(
+    e: &Estimate,
+    p: &Profile,
+    forward: bool,
+) -> (Vec<(String, String)>, Vec<(String, String)>) {
     let c = &e.config;
-    let mut f = Vec::new();
+    let mut before = Vec::new();
+    let pass = |n: &str, o: String| (n.to_string(), o);
     let pipelined = c.pp > 1 || c.microbatches > 1;
     if pipelined {
         let stages = c.stage_starts.len();
         match place_layout(p, &c.stage_starts) {
-            Some(l) if stages > 1 => f.push(format!("--place=\"stages={stages} layout={l}\"")),
-            _ => f.push(format!("--place=\"stages={stages}\"")),
+            Some(l) if stages > 1 => {
+                before.push(pass("place", format!("stages={stages} layout={l}")))
+            }
+            _ => before.push(pass("place", format!("stages={stages}"))),
         }
     }
-    f.push("--autodiff".into());
-    if c.recompute != search::Recompute::None {
-        f.push(format!("--recompute={}", c.recompute.name()));
+    if forward {
+        before.push(pass("autodiff", String::new()));
     }
-    f.push("--optimizer".into());
-    let policy = match (c.dp, c.tp) {
+    if c.recompute != search::Recompute::None {
+        before.push(pass("recompute", c.recompute.name().to_string()));
+    }
+    if forward {
+        before.push(pass("optimizer", String::new()));
+    }
+    let mut plan = match (c.dp, c.tp) {
         (_, 1) => format!("dp dp={}", c.dp),
         (1, t) => format!("megatron tp={t}"),
         (d, t) => format!("dp-megatron dp={d} tp={t}"),
     };
-    let mut plan = policy;
     if pipelined {
         plan += &format!(" pp={} microbatches={}", c.pp, c.microbatches);
     }
     if c.zero > 0 {
         plan += &format!(" zero={}", c.zero);
     }
-    f.push(format!("--plan=\"{plan}\""));
-    f.push("--propagate-layouts --split-tensor".into());
+    before.push(pass("plan", plan));
+    let mut after = vec![
+        pass("propagate-layouts", String::new()),
+        pass("split-tensor", String::new()),
+    ];
     if pipelined {
         let s = if c.schedule == "none" {
             "1f1b"
         } else {
             &c.schedule
         };
-        f.push(format!("--schedule-{s}"));
+        after.push(pass(&format!("schedule-{s}"), String::new()));
     }
-    f.push("--lower-relayouts --localize".into());
-    f.join(" ")
+    after.push(pass("lower-relayouts", String::new()));
+    after.push(pass("localize", String::new()));
+    (before, after)
+}
+
+/// Passes as `nnscaler-opt` flags.
+pub fn flags(passes: &[(String, String)]) -> String {
+    passes
+        .iter()
+        .map(|(n, o)| match o.as_str() {
+            "" => format!("--{n}"),
+            o if o.contains(' ') => format!("--{n}=\"{o}\""),
+            o => format!("--{n}={o}"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The `nnscaler-opt` flags that apply plan `e` (see [`apply_passes`]).
+pub fn apply_flags(e: &Estimate, p: &Profile, forward: bool) -> String {
+    let (before, after) = apply_passes(e, p, forward);
+    flags(&[before, after].concat())
 }
 
 /// Why `e` lost to `best`: the part of the step it spends most more time on.
@@ -291,6 +345,8 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     space.max_pp = a.max_pp;
     space.max_micro = a.max_micro.max(1);
     space.keep = space.keep.max(a.top + 1);
+    // A training step cannot be placed in pipeline stages any more.
+    space.pipelines = differentiated;
     let mut mesh_cap = None;
     // A mesh the module declares (for its ops' constraints) fixes its dp / tp / pp axes'
     // sizes, and its memory_cap caps memory.
@@ -328,6 +384,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
         let mut g = Space::megatron(a.devices);
         g.memory_cap = space.memory_cap;
         g.fixed = space.fixed.clone();
+        g.pipelines = space.pipelines;
         g.max_tp = a.max_tp;
         g.max_pp = a.max_pp;
         g.max_micro = space.max_micro;
@@ -381,6 +438,18 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
         Some(Ok(p)) => p.clone(),
         _ => search::profile(&step, best.config.tp, best.config.micro, &cluster)?,
     };
+    let mut wrote = String::new();
+    if let Some(out) = &a.output {
+        let (before, after) = apply_passes(best, &prof, differentiated);
+        let planned = apply(&text, &name, &before)?;
+        crate::write_one(out, planned.into_bytes())?;
+        if out != "-" {
+            wrote = format!(
+                "wrote {out} (the plan as directives); carry it out with: nnscaler-opt {} {out}\n",
+                flags(&after)
+            );
+        }
+    }
     if a.json {
         let j = serde_json::json!({
             "model": name,
@@ -388,7 +457,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
             "devices": a.devices,
             "batch": batch,
             "best": best,
-            "flags": apply_flags(best, &prof),
+            "flags": apply_flags(best, &prof, differentiated),
             "alternatives": found
                 .ranked
                 .iter()
@@ -397,7 +466,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
                 .map(|e| {
                     let mut v = serde_json::to_value(e).unwrap_or_default();
                     if let Some(Ok(p)) = profiles.get(&(e.config.tp, e.config.micro)) {
-                        v["flags"] = apply_flags(e, p).into();
+                        v["flags"] = apply_flags(e, p, differentiated).into();
                         v["why_lost"] = why_lost(e, best).into();
                     }
                     v
@@ -456,7 +525,12 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     if names.len() > 1 {
         let _ = writeln!(o, "stages: {}", names.join(" | "));
     }
-    let _ = writeln!(o, "apply: nnscaler-opt {}", apply_flags(best, &prof));
+    let _ = writeln!(
+        o,
+        "apply: nnscaler-opt {}",
+        apply_flags(best, &prof, differentiated)
+    );
+    o += &wrote;
     if found.ranked.len() > 1 {
         let _ = writeln!(o, "next best:");
         for e in found.ranked.iter().skip(1).take(a.top) {
