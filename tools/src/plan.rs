@@ -189,14 +189,13 @@ fn place_layout(p: &Profile, starts: &[usize]) -> Option<String> {
     Some(stages.join("|"))
 }
 
+/// Passes as (name, options).
+pub type Passes = Vec<(String, String)>;
+
 /// The passes (name, options) that apply plan `e`: those that write its directives into
 /// the IR (up to `--plan`), then those that carry it out. `forward`: the input is a
 /// forward (it gets `--autodiff --optimizer`; pipelines place it first).
-pub fn apply_passes(
-    e: &Estimate,
-    p: &Profile,
-    forward: bool,
-) -> (Vec<(String, String)>, Vec<(String, String)>) {
+pub fn apply_passes(e: &Estimate, p: &Profile, forward: bool) -> (Passes, Passes) {
     let c = &e.config;
     let mut before = Vec::new();
     let pass = |n: &str, o: String| (n.to_string(), o);
