@@ -1152,7 +1152,7 @@ pub fn search(
             }
             if !space.pipelines && pp > 1 {
                 *out.entry(
-                    "pipelines and micro-batches need a forward to place (the input is a training step)".into(),
+                    "pipelines and micro-batches: not in this space (they place the forward before --autodiff)".into(),
                 )
                 .or_default() += 1;
                 continue;
@@ -1186,7 +1186,7 @@ pub fn search(
                 let m = batch / dp / micro;
                 if !space.pipelines && (pp > 1 || m > 1) {
                     *out.entry(
-                        "pipelines and micro-batches need a forward to place (the input is a training step)".into(),
+                        "pipelines and micro-batches: not in this space (they place the forward before --autodiff)".into(),
                     )
                     .or_default() += 1;
                     continue;
