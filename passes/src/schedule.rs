@@ -595,6 +595,12 @@ pub fn simulate(s: &Schedule, costs: Costs) -> Result<Timeline, String> {
 /// speed: `nnscaler schedule-report --program`).
 pub fn simulate_with(s: &Schedule, cost: &dyn Fn(Action) -> f64) -> Result<Timeline, String> {
     verify(s)?;
+    simulate_verified(s, cost)
+}
+
+/// [`simulate_with`] for a schedule that has passed [`verify`] already (a search
+/// simulates one schedule with many costs).
+pub fn simulate_verified(s: &Schedule, cost: &dyn Fn(Action) -> f64) -> Result<Timeline, String> {
     let chunks = (s.stages / s.devices) as f64;
     let mut done: HashMap<Action, f64> = HashMap::new();
     let mut next = vec![0usize; s.devices];

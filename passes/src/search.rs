@@ -794,6 +794,16 @@ fn balanced_cut(items: &[Item], stages: usize, r: Recompute) -> Option<Vec<usize
     (starts.len() == stages).then_some(starts)
 }
 
+/// A verified schedule, or why it cannot be made.
+type Made = Result<schedule::Schedule, String>;
+
+thread_local! {
+    /// Schedules made and verified, by (name, ranks, micro-batches): a search simulates
+    /// each with many stage costs.
+    static SCHEDULES: std::cell::RefCell<HashMap<(String, usize, usize), Made>> =
+        std::cell::RefCell::new(HashMap::new());
+}
+
 /// Scores one plan. `Err` says why it is out.
 fn score(
     p: &Profile,
@@ -860,8 +870,18 @@ fn score(
         let t = match sim.get(&key) {
             Some(t) => t.clone(),
             None => {
-                let s = schedule::by_name(&c.schedule, pp, m, ch)?;
-                let t = schedule::simulate_with(&s, &frag)?;
+                let s = SCHEDULES.with(|cache| {
+                    cache
+                        .borrow_mut()
+                        .entry((c.schedule.clone(), pp, m))
+                        .or_insert_with(|| {
+                            let s = schedule::by_name(&c.schedule, pp, m, ch)?;
+                            schedule::verify(&s)?;
+                            Ok(s)
+                        })
+                        .clone()
+                })?;
+                let t = schedule::simulate_verified(&s, &frag)?;
                 sim.insert(key, t.clone());
                 t
             }
