@@ -105,6 +105,8 @@ pub struct Item {
     pub saved_full: u64,
     /// Bytes a pipeline cut after this item sends forward (and its gradient back).
     pub cut: u64,
+    /// Seconds of tensor-parallel collectives (forward and backward; in the times above).
+    pub comm: f64,
 }
 
 /// A training step's costs at one tensor-parallel degree and micro-batch size.
@@ -354,6 +356,9 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
             continue;
         }
         let it = &mut items[item[k]];
+        if c.axes.is_some() {
+            it.comm += c.seconds;
+        }
         it.flops += c.flops;
         if fwd[k] {
             it.fwd += c.seconds;
@@ -487,8 +492,13 @@ pub struct Estimate {
     pub memory: u64,
     /// Model FLOPs utilisation of the busiest device.
     pub mfu: f64,
-    /// Seconds of tensor-parallel and pipeline communication per step (busiest device).
-    pub comm: f64,
+    /// Seconds of tensor-parallel collectives per step (the busiest rank's).
+    pub tp_comm: f64,
+    /// Seconds of pipeline sends per step (the busiest cut's, both directions).
+    pub pp_comm: f64,
+    /// Seconds of data-parallel collectives per step: the gradient sync and, under
+    /// ZeRO-3, the parameter all_gathers of every forward and backward.
+    pub dp_comm: f64,
 }
 
 /// What to search.
@@ -600,6 +610,7 @@ struct StageCost {
     transient: u64,
     flops: f64,
     cut: u64,
+    comm: f64,
 }
 
 fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
@@ -615,6 +626,7 @@ fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
         s.w += it.bwd_weight;
         s.params += it.params;
         s.flops += it.flops;
+        s.comm += it.comm;
         match r {
             Recompute::None => s.saved += it.saved,
             Recompute::Selective => {
@@ -851,7 +863,7 @@ fn score(
         }
     };
     let m = c.microbatches as usize;
-    let (makespan, busy_max, in_flight, bubble, comm) = if pp == 1 && c.schedule == "none" {
+    let (makespan, busy_max, in_flight, bubble, pp_comm) = if pp == 1 && c.schedule == "none" {
         let s = &st[0];
         let _ = s;
         let t = m as f64
@@ -909,6 +921,8 @@ fn score(
     let mut opt = 0.0f64;
     let mut memory = 0u64;
     let mut flops = 0.0f64;
+    let mut tp_comm = 0.0f64;
+    let mut dp_comm = 0.0f64;
     for d in 0..pp.max(1) {
         let mine: Vec<&StageCost> = (0..stages)
             .filter(|&s| device_of[s] == d)
@@ -938,6 +952,9 @@ fn score(
         sync = sync.max(s);
         opt = opt.max(o);
         flops = flops.max(mine.iter().map(|s| s.flops).sum::<f64>() * m as f64);
+        tp_comm = tp_comm.max(mine.iter().map(|s| s.comm).sum::<f64>() * m as f64);
+        let gathers: f64 = mine.iter().map(|s| 2.0 * gather(s)).sum::<f64>() * m as f64;
+        dp_comm = dp_comm.max(s + gathers);
     }
     if memory > cap {
         return Err(format!(
@@ -957,7 +974,9 @@ fn score(
         bubble,
         memory,
         mfu: flops / (seconds * cluster.device.matrix_flops),
-        comm,
+        tp_comm,
+        pp_comm,
+        dp_comm,
     })
 }
 

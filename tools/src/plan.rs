@@ -301,13 +301,16 @@ fn secs(s: f64) -> String {
 
 fn line(e: &Estimate) -> String {
     format!(
-        "{}: {} per step (pipeline {}, bubble {:.1}%, dp sync {}, optimizer {}), MFU {:.1}%, {} per device",
+        "{}: {} per step (pipeline {}, bubble {:.1}%, dp sync {}, optimizer {}; communication: tp {}, pp {}, dp {}), MFU {:.1}%, {} per device",
         e.config.describe(),
         secs(e.seconds),
         secs(e.pipeline),
         e.bubble * 100.0,
         secs(e.dp_sync),
         secs(e.optimizer),
+        secs(e.tp_comm),
+        secs(e.pp_comm),
+        secs(e.dp_comm),
         e.mfu * 100.0,
         bytes_text(e.memory)
     )
