@@ -261,7 +261,6 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
     // Items: (before), the layers in order, (after).
     let mut names: Vec<String> = vec!["(before)".into()];
     let mut index: HashMap<String, usize> = HashMap::new();
-    let mut after_seen = false;
     let mut item = vec![usize::MAX; n];
     for k in 0..n {
         if !fwd[k] {
@@ -273,22 +272,18 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
                 names.len() - 1
             }),
             None if names.len() == 1 => 0,
-            None => {
-                after_seen = true;
-                usize::MAX - 1
-            }
+            None => usize::MAX - 1,
         };
     }
     let after = names.len();
     names.push("(after)".into());
-    let _ = after_seen;
     for it in item.iter_mut() {
         if *it == usize::MAX - 1 {
             *it = after;
         }
     }
-    // Backward ops: the item of a forward operand (a saved activation), else of any
-    // operand's op, else of a parameter operand's layer; the loss's seed goes last.
+    // Backward ops: the item of a forward operand (a saved activation), else of a
+    // parameter operand's layer, else of any operand's op; the loss's seed goes last.
     let param_item: HashMap<usize, usize> = g
         .args
         .iter()
@@ -305,10 +300,12 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
             continue;
         }
         let ins = &g.nodes[k].inputs;
+        // The latest item among forward operands: an op's saved inputs come from its own
+        // layer or earlier ones (a layer's first op reads the previous layer's output).
         let from_fwd = ins
             .iter()
             .filter_map(|&v| producer[v].filter(|&p| fwd[p]).map(|p| item[p]))
-            .min();
+            .max();
         let from_any = ins
             .iter()
             .filter_map(|&v| producer[v].map(|p| item[p]))
