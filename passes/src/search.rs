@@ -22,8 +22,11 @@
 //! **Plans.** Devices are numbered `pp` outermost, `dp`, then `tp` innermost (tensor
 //! parallelism stays inside the innermost network level unless allowed otherwise). For a
 //! plan, the items are cut into contiguous stages (`pp`, or `2 pp` chunks for the
-//! interleaved and V schedules) minimising the slowest stage ([`crate::place`]'s exact
-//! dynamic program); the schedule is simulated with each fragment's predicted time (a
+//! interleaved and V schedules): every cut when there are at most [`FEW_CUTS`] ways, else
+//! the cut minimising the slowest stage ([`crate::place`]'s exact dynamic program), the
+//! best plans' cuts then moved an item at a time while the simulated step improves.
+//! ZeRO-1/2 with micro-batches are left out (the schedules do not compile them yet). The
+//! schedule is simulated with each fragment's predicted time (a
 //! stage's items, plus the point-to-point send of the cut at the bandwidth of the level
 //! the two devices span, plus under ZeRO-3 the all_gather of its parameters; recompute
 //! adds the recomputed forward to `B`). The step is the simulated makespan, then the
@@ -34,10 +37,11 @@
 //! plus the stage's saved activations times the micro-batches the simulated schedule
 //! keeps in flight on it, plus one item's activations while it is recomputed.
 //!
-//! **Search.** Every plan of the space is given a lower bound (its busiest device's
-//! work plus its synchronisation: the makespan is at least the busiest device's busy
-//! time) and plans are simulated in the order of their bounds until the bound passes the
-//! best simulated step: exact for the model, in a fraction of the space. Plans whose
+//! **Search.** A plan whose memory lower bound (one micro-batch in flight) exceeds the
+//! cap is out unsimulated. Every other plan is given a lower bound on its step (per rank:
+//! when its first fragment can start, its work, its synchronisation and update) and plans
+//! are simulated in the order of their bounds until the bound passes the `keep`-th best
+//! simulated step: exact for the model, in a fraction of the space. Plans whose
 //! memory exceeds the device (or `memory_cap`) are out, with their reason.
 
 use crate::cost::{self, Cluster};
