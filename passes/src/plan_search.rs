@@ -84,18 +84,7 @@ impl ModulePass for PlanSearch {
         space.zero = if training { vec![0, 1, 2, 3] } else { vec![0] };
         let found = search::search(&g, &self.cluster, &space, &mut Profiles::new(), &mut |_| {})
             .map_err(|e| error(&SrcLoc::default(), format!("plan: auto: {e}")))?;
-        let plan_of = |e: &Estimate| {
-            let c = &e.config;
-            let mut p = match (c.dp, c.tp) {
-                (_, 1) => format!("dp dp={}", c.dp),
-                (1, t) => format!("megatron tp={t}"),
-                (d, t) => format!("dp-megatron dp={d} tp={t}"),
-            };
-            if c.zero > 0 {
-                p += &format!(" zero={}", c.zero);
-            }
-            p
-        };
+        let plan_of = |e: &Estimate| e.config.plan_options();
         let mut lines: Vec<String> = found
             .ranked
             .iter()

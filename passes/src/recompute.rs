@@ -150,7 +150,7 @@ pub fn forward_ops(g: &Graph) -> Vec<bool> {
 
 /// The layer a parameter name places its op in: the name up to its first numeric
 /// component (`h.3.attn.q.weight` → `h.3`).
-fn layer_of_param(name: &str) -> Option<String> {
+pub(crate) fn layer_of_param(name: &str) -> Option<String> {
     let parts: Vec<&str> = name.split('.').collect();
     let i = (1..parts.len()).find(|&i| parts[i].parse::<u64>().is_ok())?;
     Some(parts[..=i].join("."))

@@ -50,7 +50,7 @@ use crate::lower_relayouts::lower;
 use crate::place::balanced_partition;
 use crate::plan::{plan, Policy};
 use crate::propagate_layouts::propagate;
-use crate::recompute::{forward_ops, layers};
+use crate::recompute::{forward_ops, layer_of_param, layers};
 use crate::schedule::{self, Action, Kind};
 use crate::split_tensor::split;
 use nnscaler_dialects::diag::Diagnostics;
@@ -293,10 +293,8 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
         .iter()
         .filter(|a| a.is_param())
         .filter_map(|a| {
-            let name = a.name()?;
-            let parts: Vec<&str> = name.split('.').collect();
-            let i = (1..parts.len()).find(|&i| parts[i].parse::<u64>().is_ok())?;
-            index.get(&parts[..=i].join(".")).map(|&it| (a.value, it))
+            let layer = layer_of_param(a.name()?)?;
+            index.get(&layer).map(|&it| (a.value, it))
         })
         .collect();
     for k in 0..n {
@@ -459,6 +457,27 @@ pub struct Config {
 }
 
 impl Config {
+    /// Whether it runs a pipeline schedule (stages or micro-batches).
+    pub fn pipelined(&self) -> bool {
+        self.pp > 1 || self.microbatches > 1
+    }
+
+    /// The `--plan` options that apply it: the policy and its sizes, the pipeline, ZeRO.
+    pub fn plan_options(&self) -> String {
+        let mut plan = match (self.dp, self.tp) {
+            (_, 1) => format!("dp dp={}", self.dp),
+            (1, t) => format!("megatron tp={t}"),
+            (d, t) => format!("dp-megatron dp={d} tp={t}"),
+        };
+        if self.pipelined() {
+            plan += &format!(" pp={} microbatches={}", self.pp, self.microbatches);
+        }
+        if self.zero > 0 {
+            plan += &format!(" zero={}", self.zero);
+        }
+        plan
+    }
+
     /// The plan as `nnscaler-opt` options: `--plan` and, for pipelines, `--place`,
     /// `--recompute` and the schedule.
     pub fn describe(&self) -> String {
@@ -817,6 +836,54 @@ thread_local! {
         std::cell::RefCell::new(HashMap::new());
 }
 
+/// The stages of plan `c`: their items' costs under its recompute policy.
+fn stages_of(p: &Profile, c: &Config) -> Vec<StageCost> {
+    let n = c.stage_starts.len();
+    (0..n)
+        .map(|s| {
+            let lo = c.stage_starts[s];
+            let hi = c.stage_starts.get(s + 1).copied().unwrap_or(p.items.len());
+            stage_cost(&p.items[lo..hi], c.recompute)
+        })
+        .collect()
+}
+
+/// The pipeline rank of each of plan `c`'s stages (one per rank, interleaved chunks
+/// `s % pp`, or ZB-V's V).
+fn rank_of(c: &Config) -> Vec<usize> {
+    let pp = (c.pp as usize).max(1);
+    if c.schedule == "zb-v" {
+        schedule::v_placement(pp)
+    } else {
+        (0..c.stage_starts.len()).map(|s| s % pp).collect()
+    }
+}
+
+/// Bytes of parameters, gradients and the two Adam moments of `params` parameter bytes,
+/// sharded over dp by plan `c`'s ZeRO stage.
+fn state_bytes(c: &Config, params: u64) -> u64 {
+    let shard = |on: bool| if on { params.div_ceil(c.dp) } else { params };
+    shard(c.zero >= 3) + shard(c.zero >= 2) + 2 * shard(c.zero >= 1)
+}
+
+/// Seconds of the gradient synchronisation of `params` bytes over dp: all_reduce;
+/// ZeRO-1/2: reduce_scatter + all_gather; ZeRO-3: reduce_scatter.
+fn sync_time(cluster: &Cluster, c: &Config, params: u64) -> f64 {
+    let coll = |op| coll_time(cluster, op, c.dp, c.tp, params);
+    match c.zero {
+        0 => coll("nns.all_reduce"),
+        1 | 2 => coll("nns.reduce_scatter") + coll("nns.all_gather"),
+        _ => coll("nns.reduce_scatter"),
+    }
+}
+
+/// Seconds of the optimizer update of `params` of the profile's parameter bytes (over dp
+/// shards from ZeRO-1 on).
+fn update_time(p: &Profile, c: &Config, params: u64) -> f64 {
+    let total: u64 = p.items.iter().map(|i| i.params).sum::<u64>().max(1);
+    p.optimizer * params as f64 / total as f64 / if c.zero >= 1 { c.dp as f64 } else { 1.0 }
+}
+
 /// Scores one plan. `Err` says why it is out.
 fn score(
     p: &Profile,
@@ -826,15 +893,9 @@ fn score(
     sim: &mut HashMap<String, schedule::Timeline>,
 ) -> Result<Estimate, String> {
     let ch = chunks(&c.schedule) as usize;
-    let stages = c.stage_starts.len();
-    let mut st: Vec<StageCost> = Vec::with_capacity(stages);
-    for s in 0..stages {
-        let lo = c.stage_starts[s];
-        let hi = c.stage_starts.get(s + 1).copied().unwrap_or(p.items.len());
-        st.push(stage_cost(&p.items[lo..hi], c.recompute));
-    }
+    let st = stages_of(p, c);
+    let stages = st.len();
     let (dp, tp, pp) = (c.dp, c.tp, c.pp as usize);
-    let total_params: u64 = p.items.iter().map(|i| i.params).sum::<u64>().max(1);
     // Per-fragment extras: the point-to-point sends (the next pipeline rank is dp x tp
     // devices away), and ZeRO-3's gathers of the stage's parameters.
     let p2p_span = dp * tp + 1;
@@ -864,9 +925,7 @@ fn score(
         }
     };
     let m = c.microbatches as usize;
-    let (makespan, busy_max, in_flight, bubble, pp_comm) = if pp == 1 && c.schedule == "none" {
-        let s = &st[0];
-        let _ = s;
+    let (makespan, in_flight, bubble, pp_comm) = if pp == 1 && c.schedule == "none" {
         let t = m as f64
             * (frag(Action {
                 stage: 0,
@@ -877,7 +936,7 @@ fn score(
                 kind: Kind::B,
                 mb: 0,
             }));
-        (t, t, vec![1.0], 0.0, 0.0)
+        (t, vec![1.0], 0.0, 0.0)
     } else {
         let key = format!("{c:?}");
         let t = match sim.get(&key) {
@@ -899,25 +958,18 @@ fn score(
                 t
             }
         };
-        let busy = t.busy.iter().copied().fold(0.0, f64::max);
         let sends: f64 = (0..stages.saturating_sub(1))
             .map(|s| 2.0 * p2p_time(cluster, p2p_span, st[s].cut))
             .fold(0.0, f64::max)
             * m as f64;
         (
             t.makespan,
-            busy,
             t.peak_in_flight.clone(),
             t.bubble_ratio(),
             sends,
         )
     };
-    // Each pipeline rank's stages.
-    let device_of: Vec<usize> = if c.schedule == "zb-v" {
-        schedule::v_placement(pp)
-    } else {
-        (0..stages).map(|s| s % pp.max(1)).collect()
-    };
+    let device_of = rank_of(c);
     let mut sync = 0.0f64;
     let mut opt = 0.0f64;
     let mut memory = 0u64;
@@ -932,24 +984,12 @@ fn score(
         let params: u64 = mine.iter().map(|s| s.params).sum();
         let saved: u64 = mine.iter().map(|s| s.saved).sum();
         let transient = mine.iter().map(|s| s.transient).max().unwrap_or(0);
-        let shard = |on: bool, b: u64| if on { b.div_ceil(dp) } else { b };
-        let mem = shard(c.zero >= 3, params)
-            + shard(c.zero >= 2, params)
-            + 2 * shard(c.zero >= 1, params)
+        let mem = state_bytes(c, params)
             + (in_flight.get(d).copied().unwrap_or(1.0) * saved as f64).ceil() as u64
             + transient;
         memory = memory.max(mem);
-        let s = match c.zero {
-            0 => coll_time(cluster, "nns.all_reduce", dp, tp, params),
-            1 | 2 => {
-                coll_time(cluster, "nns.reduce_scatter", dp, tp, params)
-                    + coll_time(cluster, "nns.all_gather", dp, tp, params)
-            }
-            _ => coll_time(cluster, "nns.reduce_scatter", dp, tp, params),
-        };
-        let o = p.optimizer * params as f64
-            / total_params as f64
-            / if c.zero >= 1 { dp as f64 } else { 1.0 };
+        let s = sync_time(cluster, c, params);
+        let o = update_time(p, c, params);
         sync = sync.max(s);
         opt = opt.max(o);
         flops = flops.max(mine.iter().map(|s| s.flops).sum::<f64>() * m as f64);
@@ -965,7 +1005,6 @@ fn score(
         ));
     }
     let seconds = makespan + sync + opt;
-    let _ = busy_max;
     Ok(Estimate {
         config: c.clone(),
         seconds,
@@ -999,32 +1038,16 @@ pub fn bytes_text(b: u64) -> String {
 /// in flight on each rank (every rank holds at least one between its forward and
 /// backward).
 fn memory_lower_bound(p: &Profile, c: &Config) -> u64 {
-    let stages = c.stage_starts.len();
-    let pp = (c.pp as usize).max(1);
-    let device_of: Vec<usize> = if c.schedule == "zb-v" {
-        schedule::v_placement(pp)
-    } else {
-        (0..stages).map(|s| s % pp).collect()
-    };
-    let mut per = vec![(0u64, 0u64, 0u64); pp];
-    for s in 0..stages {
-        let lo = c.stage_starts[s];
-        let hi = c.stage_starts.get(s + 1).copied().unwrap_or(p.items.len());
-        let sc = stage_cost(&p.items[lo..hi], c.recompute);
-        let d = &mut per[device_of[s]];
+    let rank = rank_of(c);
+    let mut per = vec![(0u64, 0u64, 0u64); (c.pp as usize).max(1)];
+    for (s, sc) in stages_of(p, c).iter().enumerate() {
+        let d = &mut per[rank[s]];
         d.0 += sc.params;
         d.1 = d.1.max(sc.saved);
         d.2 = d.2.max(sc.transient);
     }
-    let shard = |on: bool, b: u64| if on { b.div_ceil(c.dp) } else { b };
     per.iter()
-        .map(|&(params, saved, transient)| {
-            shard(c.zero >= 3, params)
-                + shard(c.zero >= 2, params)
-                + 2 * shard(c.zero >= 1, params)
-                + saved
-                + transient
-        })
+        .map(|&(params, saved, transient)| state_bytes(c, params) + saved + transient)
         .max()
         .unwrap_or(0)
 }
@@ -1033,46 +1056,29 @@ fn memory_lower_bound(p: &Profile, c: &Config) -> u64 {
 /// start, its work, its synchronisation and update (the makespan is at least any rank's
 /// start plus its busy time).
 fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
-    let stages = c.stage_starts.len();
-    let pp = c.pp as usize;
-    let device_of: Vec<usize> = if c.schedule == "zb-v" {
-        schedule::v_placement(pp)
-    } else {
-        (0..stages).map(|s| s % pp.max(1)).collect()
-    };
-    let mut work = vec![0.0f64; pp.max(1)];
-    let mut params = vec![0u64; pp.max(1)];
+    let pp = (c.pp as usize).max(1);
+    let rank = rank_of(c);
+    let mut work = vec![0.0f64; pp];
+    let mut params = vec![0u64; pp];
     // Rank d holds stages d and later only (one per rank, interleaved d + k pp, V 2 pp -
     // 1 - d), so it starts no earlier than the first micro-batch's forward through
     // stages 0 .. d.
-    let mut head = vec![0.0f64; pp.max(1)];
+    let mut head = vec![0.0f64; pp];
     let mut before = 0.0;
-    for s in 0..stages {
-        let lo = c.stage_starts[s];
-        let hi = c.stage_starts.get(s + 1).copied().unwrap_or(p.items.len());
-        let sc = stage_cost(&p.items[lo..hi], c.recompute);
-        work[device_of[s]] += sc.f + sc.b + sc.w;
-        params[device_of[s]] += sc.params;
+    for (s, sc) in stages_of(p, c).iter().enumerate() {
+        work[rank[s]] += sc.f + sc.b + sc.w;
+        params[rank[s]] += sc.params;
         if s < pp {
             head[s] = before;
             before += sc.f;
         }
     }
-    let total_params: u64 = p.items.iter().map(|i| i.params).sum::<u64>().max(1);
-    (0..pp.max(1))
+    (0..pp)
         .map(|d| {
-            let sync = match c.zero {
-                0 => coll_time(cluster, "nns.all_reduce", c.dp, c.tp, params[d]),
-                1 | 2 => {
-                    coll_time(cluster, "nns.reduce_scatter", c.dp, c.tp, params[d])
-                        + coll_time(cluster, "nns.all_gather", c.dp, c.tp, params[d])
-                }
-                _ => coll_time(cluster, "nns.reduce_scatter", c.dp, c.tp, params[d]),
-            };
-            let opt = p.optimizer * params[d] as f64
-                / total_params as f64
-                / if c.zero >= 1 { c.dp as f64 } else { 1.0 };
-            head[d] + work[d] * c.microbatches as f64 + sync + opt
+            head[d]
+                + work[d] * c.microbatches as f64
+                + sync_time(cluster, c, params[d])
+                + update_time(p, c, params[d])
         })
         .fold(0.0, f64::max)
 }

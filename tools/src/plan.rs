@@ -200,7 +200,7 @@ pub fn apply_passes(e: &Estimate, p: &Profile, forward: bool) -> (Passes, Passes
     let c = &e.config;
     let mut before = Vec::new();
     let pass = |n: &str, o: String| (n.to_string(), o);
-    let pipelined = c.pp > 1 || c.microbatches > 1;
+    let pipelined = c.pipelined();
     if pipelined {
         let stages = c.stage_starts.len();
         match place_layout(p, &c.stage_starts) {
@@ -219,18 +219,7 @@ pub fn apply_passes(e: &Estimate, p: &Profile, forward: bool) -> (Passes, Passes
     if forward {
         before.push(pass("optimizer", String::new()));
     }
-    let mut plan = match (c.dp, c.tp) {
-        (_, 1) => format!("dp dp={}", c.dp),
-        (1, t) => format!("megatron tp={t}"),
-        (d, t) => format!("dp-megatron dp={d} tp={t}"),
-    };
-    if pipelined {
-        plan += &format!(" pp={} microbatches={}", c.pp, c.microbatches);
-    }
-    if c.zero > 0 {
-        plan += &format!(" zero={}", c.zero);
-    }
-    before.push(pass("plan", plan));
+    before.push(pass("plan", c.plan_options()));
     let mut after = vec![
         pass("propagate-layouts", String::new()),
         pass("split-tensor", String::new()),
