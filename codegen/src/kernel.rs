@@ -14,7 +14,7 @@
 
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, ValueId};
-use nnscaler_dialects::scalar::Expr;
+use nnscaler_dialects::scalar::{Expr, Un};
 use nnscaler_dialects::types::{AttrValue, Attrs, Elem, TensorType};
 use std::collections::HashMap;
 
@@ -1037,7 +1037,8 @@ fn dims(g: &Graph, v: ValueId) -> Vec<usize> {
     g.values[v].shape.iter().map(|&d| d as usize).collect()
 }
 
-/// Groups the elementwise f32 ops of `g` into kernels: an op is fused into its consumer
+/// Groups the elementwise float ops of `g` into kernels (bf16 values are held in f32
+/// buffers, each rounded to bf16 where its op stores it): an op is fused into its consumer
 /// when its result has that one use, the consumer is elementwise too, and both have the
 /// same shape (so no element is computed twice). Ops without a scalar formula are not in
 /// any group.
@@ -1058,15 +1059,17 @@ pub fn fuse(g: &Graph) -> Result<Vec<Group>, String> {
         let Some(rule) = dnn::spec(&n.op).and_then(|s| s.traits.scalar) else {
             continue;
         };
-        if n.outputs.len() != 1
-            || g.values[n.outputs[0]].elem != Elem::F32
-            || n.inputs.iter().any(|&v| g.values[v].elem != Elem::F32)
-        {
+        let float = |v: &ValueId| matches!(g.values[*v].elem, Elem::F32 | Elem::BF16);
+        if n.outputs.len() != 1 || !float(&n.outputs[0]) || !n.inputs.iter().all(float) {
             continue;
         }
         let out = n.outputs[0];
         let shape = dims(g, out);
-        let own = rule(&n.attrs).map_err(|e| format!("'{}': {e}", n.op))?;
+        let mut own = rule(&n.attrs).map_err(|e| format!("'{}': {e}", n.op))?;
+        if g.values[out].elem == Elem::BF16 && !matches!(own, Expr::Un(Un::RoundBf16, _)) {
+            // A bf16 result is computed in f32 and rounded once, as the CPU runtime does.
+            own = own.round_bf16();
+        }
         let mut inputs: Vec<ValueId> = Vec::new();
         let mut nodes: Vec<usize> = Vec::new();
         let slot = |inputs: &mut Vec<ValueId>, v: ValueId| -> usize {

@@ -309,6 +309,23 @@ impl<'ctx> Gen<'ctx> {
         })
     }
 
+    /// x rounded to bfloat16 (ties to even), as `scalar::round_bf16`: the bits plus
+    /// 0x7fff plus the lowest kept bit, the low 16 bits cleared; NaN passes unchanged.
+    fn round_bf16_fn(&self) -> R<FunctionValue<'ctx>> {
+        self.helper("round_bf16", |g, x| {
+            let i32t = g.ctx.i32_type();
+            let bits = e(g.b.build_bit_cast(x, i32t, ""))?.into_int_value();
+            let shifted =
+                e(g.b.build_right_shift(bits, i32t.const_int(16, false), false, ""))?;
+            let lsb = e(g.b.build_and(shifted, i32t.const_int(1, false), ""))?;
+            let bias = e(g.b.build_int_add(lsb, i32t.const_int(0x7fff, false), ""))?;
+            let sum = e(g.b.build_int_add(bits, bias, ""))?;
+            let kept = e(g.b.build_and(sum, i32t.const_int(0xffff_0000, false), ""))?;
+            let r = e(g.b.build_bit_cast(kept, g.ctx.f32_type(), ""))?.into_float_value();
+            g.select(FloatPredicate::UNO, x, x, x, r)
+        })
+    }
+
     /// tanh(x): Cephes `tanhf` (an odd polynomial below |x| = 0.625, else from exp).
     fn tanh_fn(&self) -> R<FunctionValue<'ctx>> {
         let exp = self.exp_fn()?;
@@ -355,6 +372,7 @@ impl<'ctx> Gen<'ctx> {
                     Un::Tanh => self.call(self.tanh_fn()?, &[a])?,
                     Un::Erf => self.call(self.erf_fn()?, &[a])?,
                     Un::Abs => self.call(self.intrinsic("llvm.fabs")?, &[a])?,
+                    Un::RoundBf16 => self.call(self.round_bf16_fn()?, &[a])?,
                 }
             }
             Expr::Bin(op, l, r) => {

@@ -4,10 +4,11 @@
 //! host it runs through [`crate::target::HostKernels::run_program`].
 
 use crate::kernel::{fuse, lower, Body, Buf, ConstValues, Elt, Kernel, Slot};
+use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node, ValueId};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::scalar::{c, x};
-use nnscaler_dialects::types::AttrValue;
+use nnscaler_dialects::types::{AttrValue, Elem};
 use std::collections::HashMap;
 
 /// A buffer of a launch.
@@ -265,6 +266,9 @@ pub fn compile(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
                     bufs: vec![BufId::Value(n.inputs[0]), BufId::Value(n.outputs[0])],
                     nodes: vec![k],
                 });
+                if !moves_only {
+                    round_bf16(&mut p, g, k, n.outputs[0]);
+                }
                 continue;
             }
             return Err(at(format!("'{}' of integers has no GPU path yet", n.op)));
@@ -335,6 +339,35 @@ pub fn compile(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
             });
         }
         p.kernels.extend(l.kernels);
+        if dnn::spec(&n.op).is_none_or(|s| s.traits.scalar.is_none()) {
+            // An elementwise op rounds in its formula; the others store f32 results.
+            for &v in &n.outputs {
+                round_bf16(&mut p, g, k, v);
+            }
+        }
     }
     Ok(p)
+}
+
+/// When `v` is a bf16 value: a launch after its producer (node `k`) that rounds its buffer
+/// in place. bf16 values live in f32 buffers (the CPU runtime's emulation: f32 arithmetic,
+/// one rounding per result), so a kernel whose body is not a formula (a GEMM, attention, a
+/// reduction, a collective's sum) is followed by this one.
+fn round_bf16(p: &mut Program, g: &Graph, k: usize, v: ValueId) {
+    if g.values[v].elem != Elem::BF16 {
+        return;
+    }
+    let b = Buf::of(&g.values[v]);
+    p.launches.push(Launch {
+        work: Work::Kernel(p.kernels.len()),
+        bufs: vec![BufId::Value(v), BufId::Value(v)],
+        nodes: vec![k],
+    });
+    p.kernels.push(Kernel {
+        name: format!("n{k}_round_bf16_v{v}"),
+        body: Body::Map(vec![x(0).round_bf16()]),
+        inputs: vec![b.clone()],
+        outputs: vec![b.clone()],
+        len: b.len(),
+    });
 }

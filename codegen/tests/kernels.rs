@@ -623,7 +623,8 @@ fn math_edges_match_the_reference() {
     }
 }
 
-fn training_step(name: &str) -> Graph {
+/// A training step of preset `name`, with `bf16`: mixed precision (`--autocast=bf16`).
+fn training_step_in(name: &str, bf16: bool) -> Graph {
     let mut c = preset(name).unwrap();
     if name == "llama-tiny" {
         c.set("heads", "4").unwrap();
@@ -632,10 +633,13 @@ fn training_step(name: &str) -> Graph {
     let text = build_module(&c).unwrap();
     let ir = IrContext::new();
     let mut m = ir.parse(&text, "model.mlir").unwrap();
-    let steps = [
+    let mut steps = vec![
         Step::new("autodiff", "").unwrap(),
         Step::new("optimizer", "clip=1.0").unwrap(),
     ];
+    if bf16 {
+        steps.insert(0, Step::new("autocast", "bf16").unwrap());
+    }
     pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, "model.mlir")
         .unwrap_or_else(|d| panic!("{d}"));
     let all: Vec<Graph> = Graph::all_in(&m).into_iter().map(|g| g.unwrap()).collect();
@@ -665,7 +669,11 @@ fn reference_group(g: &Graph, gr: &Group, ins: &[Tensor]) -> Vec<f32> {
 /// Every elementwise op of a whole training step, fused as the generator fuses them, run on
 /// random inputs: the fused kernel equals the ops one by one on the reference kernels.
 fn check_step(name: &str) -> (usize, usize) {
-    let g = training_step(name);
+    check_step_in(name, false)
+}
+
+fn check_step_in(name: &str, bf16: bool) -> (usize, usize) {
+    let g = training_step_in(name, bf16);
     let groups = fuse(&g).unwrap();
     let elementwise = g
         .nodes
@@ -719,6 +727,14 @@ fn fused_gpt_step_matches_the_reference() {
     println!("codegen: nanogpt-cpu step: {ops} elementwise ops in {kernels} fused kernels, each equal to the reference");
 }
 
+/// With mixed precision the casts fuse with their neighbours, and every bf16 value a
+/// kernel stores is rounded as the reference rounds it.
+#[test]
+fn fused_bf16_gpt_step_matches_the_reference() {
+    let (ops, kernels) = check_step_in("nanogpt-cpu", true);
+    println!("codegen: nanogpt-cpu bf16 step: {ops} elementwise ops in {kernels} fused kernels, each equal to the reference");
+}
+
 #[test]
 fn fused_llama_step_matches_the_reference() {
     let (ops, kernels) = check_step("llama-tiny");
@@ -753,10 +769,15 @@ fn every_ptx_module_passes_ptxas() {
         .into_iter()
         .flat_map(|(l, _)| l.kernels)
         .collect();
-    for name in ["nanogpt-cpu", "llama-tiny"] {
-        let g = training_step(name);
+    for (name, bf16) in [
+        ("nanogpt-cpu", false),
+        ("llama-tiny", false),
+        ("nanogpt-cpu", true),
+    ] {
+        let g = training_step_in(name, bf16);
+        let tag = if bf16 { "_bf16" } else { "" };
         for mut gr in fuse(&g).unwrap() {
-            gr.kernel.name = format!("{}_{}", name.replace('-', "_"), gr.kernel.name);
+            gr.kernel.name = format!("{}{tag}_{}", name.replace('-', "_"), gr.kernel.name);
             kernels.push(gr.kernel);
         }
     }
@@ -792,7 +813,7 @@ fn every_ptx_module_passes_ptxas() {
         String::from_utf8_lossy(&out.stderr)
     );
     println!(
-        "codegen: {} kernels (every op case, the fused kernels of nanogpt-cpu and llama-tiny steps): {} lines of PTX, accepted by ptxas for sm_90",
+        "codegen: {} kernels (every op case, the fused kernels of nanogpt-cpu (f32 and bf16) and llama-tiny steps): {} lines of PTX, accepted by ptxas for sm_90",
         kernels.len(),
         text.lines().count()
     );
@@ -832,7 +853,11 @@ fn step_inputs(g: &Graph, vocab: i64) -> Vec<Tensor> {
 /// A whole training step (forward, backward, clipping, AdamW) as generated kernels on the
 /// host: every result (loss, next parameters, next moments) equals the CPU interpreter's.
 fn whole_step(name: &str, vocab: i64) {
-    let g = training_step(name);
+    whole_step_in(name, vocab, false);
+}
+
+fn whole_step_in(name: &str, vocab: i64, bf16: bool) {
+    let g = training_step_in(name, bf16);
     let p = nnscaler_codegen::compile(&g, None).unwrap_or_else(|e| panic!("{name}: {e}"));
     let host = HostKernels::new(&p.kernels).unwrap();
     let ins = step_inputs(&g, vocab);
@@ -852,7 +877,8 @@ fn whole_step(name: &str, vocab: i64) {
         worst = worst.max(err);
     }
     println!(
-        "codegen: {name} training step as {} launches of {} kernels (host JIT): {} results equal the interpreter's within {worst:.2e}",
+        "codegen: {name}{} training step as {} launches of {} kernels (host JIT): {} results equal the interpreter's within {worst:.2e}",
+        if bf16 { " bf16" } else { "" },
         p.launches.len(),
         p.kernels.len(),
         got.len()
@@ -867,4 +893,11 @@ fn whole_gpt_step_matches_the_interpreter() {
 #[test]
 fn whole_llama_step_matches_the_interpreter() {
     whole_step("llama-tiny", 11);
+}
+
+/// Mixed precision: bf16 values in f32 buffers, rounded where they are stored (fused
+/// formulas, and a rounding launch after GEMMs, attention, reductions).
+#[test]
+fn whole_bf16_gpt_step_matches_the_interpreter() {
+    whole_step_in("nanogpt-cpu", 65, true);
 }

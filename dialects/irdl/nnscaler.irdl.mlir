@@ -106,6 +106,15 @@ irdl.dialect @dnn {
     %r_y = irdl.base "!builtin.tensor"
     irdl.results(%r_y)
   }
+  // Converts floats to another float type: to bf16 rounds to nearest (ties to even), to f32 is exact; what --autocast inserts around matrix products
+  irdl.operation @cast {
+    %x = irdl.base "!builtin.tensor"
+    irdl.operands(%x)
+    %r_y = irdl.base "!builtin.tensor"
+    irdl.results(%r_y)
+    %a_to = irdl.base "#builtin.string"
+    irdl.attributes {"to" = %a_to}
+  }
   // x * sigmoid(x)
   irdl.operation @silu {
     %x = irdl.base "!builtin.tensor"

@@ -712,6 +712,24 @@ fn fill_results(ctx: &OpCtx<'_>) -> Result<Vec<TensorType>, String> {
     Ok(vec![TensorType::new(ctx.shape_attr("shape")?, elem)])
 }
 
+/// `dnn.cast`: the operand's shape, the element type `to` names (f32 or bf16: f16 would
+/// need loss scaling, which nnscaler does not do).
+fn cast_types(ctx: &OpCtx<'_>) -> Result<Vec<TensorType>, String> {
+    let to = ctx.str_or("to", "");
+    let elem = match Elem::parse(to) {
+        Some(e @ (Elem::F32 | Elem::BF16)) => e,
+        _ => {
+            return Err(format!(
+                "attribute 'to' must be \"f32\" or \"bf16\", got \"{to}\""
+            ))
+        }
+    };
+    Ok(vec![TensorType {
+        shape: ctx.shape(0)?.to_vec(),
+        elem,
+    }])
+}
+
 fn gelu_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     match ctx.str_or("approximate", "none") {
         "none" | "tanh" => Ok("* -> *".into()),
@@ -1105,6 +1123,31 @@ pub static SPECS: &[OpSpec] = &[
             ..TRAITS
         },
         example: r#"%1 = "dnn.gelu"(%0) {approximate = "tanh"} : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+    },
+    OpSpec {
+        name: "dnn.cast",
+        summary: "Converts floats to another float type: to bf16 rounds to nearest (ties to even), to f32 is exact; what --autocast inserts around matrix products",
+        operands: &["x"],
+        variadic: false,
+        optional: 0,
+        any_elem: false,
+        int_operands: &[],
+        results: &["y"],
+        attrs: &[attr("to", AttrKind::Str, true, "the result's element type: \"f32\" or \"bf16\"")],
+        annotation: unary,
+        result_types: Some(cast_types),
+        flops: out_numel,
+        grad_of: None,
+        traits: Traits {
+            // Exact to f32 (every bf16 is an f32), so partial sums pass through it and are
+            // reduced (or accumulated over micro-batches) in f32; to bf16 it rounds each
+            // partial, as a bf16 product already does.
+            linear: Linearity::Each(&[0]),
+            megatron_through: true,
+            scalar: Some(scalar::cast),
+            ..TRAITS
+        },
+        example: r#"%1 = "dnn.cast"(%0) {to = "bf16"} : (tensor<2x3xf32>) -> tensor<2x3xbf16>"#,
     },
     elementwise!("dnn.silu", "x * sigmoid(x)", flops_x4, r#"%1 = "dnn.silu"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
         Traits {

@@ -48,6 +48,9 @@ pub enum Un {
     Erf,
     /// |x|.
     Abs,
+    /// x rounded to the nearest bfloat16 (ties to even; NaN stays NaN), still held as an
+    /// f32: [`round_bf16`].
+    RoundBf16,
 }
 
 /// Functions of two values.
@@ -105,6 +108,10 @@ impl Expr {
     /// |self|.
     pub fn abs(self) -> Expr {
         self.un(Un::Abs)
+    }
+    /// self rounded to bfloat16 precision.
+    pub fn round_bf16(self) -> Expr {
+        self.un(Un::RoundBf16)
     }
     /// max(self, other).
     pub fn max(self, other: Expr) -> Expr {
@@ -206,7 +213,31 @@ impl Neg for Expr {
     }
 }
 
+/// `x` rounded to the nearest bfloat16 value, ties to even, as an f32 (bfloat16 is the
+/// upper half of an f32: 8 exponent bits, 7 mantissa bits). NaN stays NaN; values past the
+/// largest bfloat16 (about 3.39e38) become infinities, as a hardware conversion does. The one
+/// definition: the CPU runtime rounds every bf16 result with it and the kernel generator
+/// emits the same bit operations.
+pub fn round_bf16(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let b = x.to_bits();
+    f32::from_bits(b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000)
+}
+
 // --- The formulas of the dnn ops (referenced from their specs). ---
+
+/// `dnn.cast`: to bf16 rounds; to f32 is exact (every bf16 is an f32).
+pub fn cast(a: &Attrs) -> Result<Expr, String> {
+    match a.get("to") {
+        Some(AttrValue::Str(t)) if t == "bf16" => Ok(x(0).round_bf16()),
+        Some(AttrValue::Str(t)) if t == "f32" => Ok(x(0)),
+        other => Err(format!(
+            "attribute 'to' must be \"f32\" or \"bf16\", got {other:?}"
+        )),
+    }
+}
 
 fn sigmoid(v: Expr) -> Expr {
     c(1.0) / (c(1.0) + (-v).exp())

@@ -46,7 +46,15 @@ impl VjpCtx<'_> {
             Some(d) => Ok(d),
             None => {
                 let ty = self.g.values[self.y(i)].clone();
-                self.fill(&ty.shape, 0.0)
+                let zeros = self.fill(&ty.shape, 0.0)?;
+                if ty.elem == Elem::F32 {
+                    return Ok(zeros);
+                }
+                self.emit(
+                    "dnn.cast",
+                    &[zeros],
+                    &[("to", AttrValue::Str(ty.elem.to_string()))],
+                )
             }
         }
     }
@@ -248,6 +256,17 @@ pub fn rule(op: &str) -> Option<VjpRule> {
         "dnn.tanh" => |c| {
             let (d, y) = (c.dy(0)?, c.y(0));
             Ok(vec![Some(c.emit("dnn.tanh_grad", &[d, y], &[])?)])
+        },
+        "dnn.cast" => |c| {
+            // The gradient goes back to the operand's type (bf16 gradients of a bf16 value
+            // become f32 at the f32 value it was cast from).
+            let d = c.dy(0)?;
+            let to = c.g.values[c.x(0)].elem.to_string();
+            Ok(vec![Some(c.emit(
+                "dnn.cast",
+                &[d],
+                &[("to", AttrValue::Str(to))],
+            )?)])
         },
         "dnn.gelu" => |c| {
             let (d, x) = (c.dy(0)?, c.x(0));

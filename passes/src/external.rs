@@ -29,7 +29,7 @@ use std::ffi::CString;
 #[derive(Debug)]
 struct PassId(#[allow(dead_code)] u8);
 
-static IDS: [PassId; 16] = [const { PassId(0) }; 16];
+static IDS: [PassId; 32] = [const { PassId(0) }; 32];
 
 #[derive(Clone, Debug)]
 struct External {
@@ -191,6 +191,16 @@ mod tests {
         context.load_all_available_dialects();
         context.set_allow_unregistered_dialects(true);
         context
+    }
+
+    #[test]
+    fn every_pass_has_an_id() {
+        assert!(
+            PASSES.len() <= IDS.len(),
+            "{} passes but {} external-pass ids: grow IDS",
+            PASSES.len(),
+            IDS.len()
+        );
     }
 
     /// The host's pipeline: ours at their anchors, next to upstream ones.

@@ -3,6 +3,7 @@
 //! Each pass is one file with a thin driver; [`registry`] is the single name table that the
 //! `nnscaler-opt` flags, `--list-passes`, `--help` and `--pass-pipeline` are generated from.
 
+pub mod autocast;
 pub mod autodiff;
 pub mod capi;
 pub mod cost;

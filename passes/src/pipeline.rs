@@ -81,12 +81,12 @@ impl PassOptions {
     /// Parses MLIR-style options `key=value key2=value2` for pass `info`.
     pub fn parse(info: &PassInfo, text: &str) -> Result<Self, String> {
         let mut map = BTreeMap::new();
-        // A pass with a `policy` or `file` option takes it unnamed: `--plan=dp`,
-        // `--schedule-from=s.txt`.
+        // A pass with a `policy`, `file` or `to` option takes it unnamed: `--plan=dp`,
+        // `--schedule-from=s.txt`, `--autocast=bf16`.
         let positional = info
             .options
             .iter()
-            .find(|o| o.name == "policy" || o.name == "file")
+            .find(|o| matches!(o.name, "policy" | "file" | "to"))
             .map(|o| o.name);
         for item in text.split_whitespace() {
             let (k, v) = match item.split_once('=') {

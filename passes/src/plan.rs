@@ -667,7 +667,6 @@ fn check_param_layouts(g: &Graph, policy: Policy, mesh: &Mesh) -> Result<(), Dia
 /// cross-entropy into its vocabulary-parallel form.
 fn vocab_parallel(g: &mut Graph, mesh: &Mesh, users: &[Vec<(usize, usize)>]) {
     let tp = mesh.axis("tp").unwrap_or(1);
-    let param_arg = |g: &Graph, v| g.args.iter().position(|a| a.value == v && a.is_param());
     for k in 0..g.nodes.len() {
         let n = &g.nodes[k];
         if n.op == "dnn.embedding" {
@@ -692,7 +691,7 @@ fn vocab_parallel(g: &mut Graph, mesh: &Mesh, users: &[Vec<(usize, usize)>]) {
             for &(u, i) in &users[v] {
                 match (g.nodes[u].op.as_str(), i) {
                     ("dnn.cross_entropy", 0) => found = true,
-                    ("dnn.reshape", 0) => next = Some(g.nodes[u].outputs[0]),
+                    ("dnn.reshape" | "dnn.cast", 0) => next = Some(g.nodes[u].outputs[0]),
                     _ => {}
                 }
             }
@@ -719,6 +718,19 @@ fn vocab_parallel(g: &mut Graph, mesh: &Mesh, users: &[Vec<(usize, usize)>]) {
             }
         }
     }
+}
+
+/// The parameter argument `v` is, or is a cast of (`--autocast` casts the weights a matrix
+/// product reads), if any.
+fn param_arg(g: &Graph, mut v: usize) -> Option<usize> {
+    while let Some(n) = g
+        .nodes
+        .iter()
+        .find(|n| n.op == "dnn.cast" && n.outputs[0] == v)
+    {
+        v = n.inputs[0];
+    }
+    g.args.iter().position(|a| a.value == v && a.is_param())
 }
 
 /// Whether a column-parallel result may pass through op `op` on its way to the
@@ -761,7 +773,6 @@ fn megatron(g: &mut Graph, mesh: &Mesh) {
             row.extend(reached);
         }
     }
-    let param_arg = |g: &Graph, v| g.args.iter().position(|a| a.value == v && a.is_param());
     let split = |id: &str| AttrValue::Nns {
         kind: "split".into(),
         body: format!("{id} = tp"),

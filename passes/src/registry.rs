@@ -1,5 +1,6 @@
 //! The single table of passes: name (= flag = file = test folder), summary, options.
 
+use crate::autocast::Autocast;
 use crate::autodiff::Autodiff;
 use crate::localize::Localize;
 use crate::lower_relayouts::LowerRelayouts;
@@ -104,6 +105,16 @@ pub static PASSES: &[PassInfo] = &[
         }],
         anchor: Anchor::Module,
         factory: Factory::Native(|o| Ok(Native::Module(Box::new(Autodiff::new(o)?)))),
+    },
+    PassInfo {
+        name: "autocast",
+        summary: "Mixed precision (run before --autodiff): matrix products (matmul, linear, attention) read bf16 casts of their f32 operands and their bf16 results are cast back to f32; everything else and the parameters stay f32, and the backward derived from the casts gives f32 gradients",
+        options: &[OptionInfo {
+            name: "to",
+            help: "bf16 (the only type; may be written alone: --autocast=bf16)",
+        }],
+        anchor: Anchor::Function,
+        factory: Factory::Native(|o| Ok(Native::Function(Box::new(Autocast::new(o)?)))),
     },
     PassInfo {
         name: "print-stats",

@@ -6,7 +6,7 @@ use crate::tensor::{supported, Data, Tensor};
 use crate::{init, tensor};
 use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::graph::Graph;
-use nnscaler_dialects::types::AttrValue;
+use nnscaler_dialects::types::{AttrValue, Elem, TensorType};
 use nnscaler_dialects::userop::callee;
 use std::collections::BTreeMap;
 
@@ -196,7 +196,7 @@ fn run_graph(
             if last_use[n.inputs[0]] == k {
                 vals[n.inputs[0]] = None;
             }
-            vals[n.outputs[0]] = Some(t);
+            vals[n.outputs[0]] = Some(round_to(t, &g.values[n.outputs[0]]));
             continue;
         }
         let ins: Vec<&Tensor> = n
@@ -320,13 +320,27 @@ fn run_graph(
             }
         }
         for (&v, t) in n.outputs.iter().zip(outs) {
-            vals[v] = Some(t);
+            vals[v] = Some(round_to(t, &g.values[v]));
         }
     }
     Ok(g.outputs
         .iter()
         .map(|o| vals[o.value].clone().expect("results are computed"))
         .collect())
+}
+
+/// `t` as a value of type `ty`: floats are computed in f32, so a bf16 result is rounded to
+/// bf16 here, once, after the kernel (as a GPU kernel or GEMM accumulates in f32 and stores
+/// bf16). Other types are held exactly.
+fn round_to(mut t: Tensor, ty: &TensorType) -> Tensor {
+    if ty.elem == Elem::BF16 {
+        if let Data::F32(v) = &mut t.data {
+            for x in v {
+                *x = nnscaler_dialects::scalar::round_bf16(*x);
+            }
+        }
+    }
+    t
 }
 
 /// Where parameter values come from.

@@ -4,6 +4,13 @@ nnscaler, for the whole-model oracle test.
 usage: models.py DIR   (DIR/config.json: {"family": ..., sizes...}; DIR/params.safetensors
 and DIR/inputs.safetensors hold the weights and the batch). Writes DIR/torch.safetensors
 with "loss" and "grad.<param>" for every parameter.
+
+With "precision": "bf16" in the config, the matrix products (linear layers, attention) run
+on bf16-rounded operands and their results are rounded to bf16 (f32 arithmetic in between,
+as a GPU GEMM accumulates), the recipe of nnscaler's --autocast=bf16, written here with
+PyTorch's own casts: their autograd rounds the gradients at the same places. The f32
+results are written too, as "f32.loss" and "f32.grad.<param>", so that a test can show how
+far bf16 is from f32.
 """
 import json
 import math
@@ -15,11 +22,33 @@ import torch.nn.functional as F
 
 
 
+# The precision of the matrix products: main() sets it from the config.
+BF16 = False
+
+
+def bf(t):
+    """t rounded to bfloat16 (kept f32) when BF16; the backward rounds the gradient too."""
+    return t.to(torch.bfloat16).to(torch.float32) if BF16 else t
+
+
+def lin(x, w, b=None):
+    return bf(F.linear(bf(x), bf(w), None if b is None else bf(b)))
+
+
+def attention(q, k, v):
+    """Causal attention; grouped-query when k and v have fewer heads than q (each key/value
+    head serves a group of query heads). The casts come before the heads are repeated, as
+    dnn.attention takes the key/value heads themselves."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = (bf(t).repeat_interleave(rep, dim=1) for t in (k, v))
+    return bf(causal_attention(bf(q), k, v))
+
+
 def mlp(p, inp, c):
     h = inp["x"]
     for i in range(c["layers"]):
-        h = F.relu(F.linear(h, p[f"layers.{i}.weight"], p[f"layers.{i}.bias"]))
-    logits = F.linear(h, p["head.weight"], p["head.bias"])
+        h = F.relu(lin(h, p[f"layers.{i}.weight"], p[f"layers.{i}.bias"]))
+    logits = lin(h, p["head.weight"], p["head.bias"])
     return F.cross_entropy(logits, inp["labels"])
 
 
@@ -40,15 +69,15 @@ def gpt(p, inp, c):
         h = F.layer_norm(x, x.shape[-1:], q("ln_1.weight"), q("ln_1.bias"), 1e-5)
         heads = []
         for n in "qkv":
-            y = F.linear(h, q(f"attn.{n}.weight"), q(f"attn.{n}.bias"))
+            y = lin(h, q(f"attn.{n}.weight"), q(f"attn.{n}.bias"))
             heads.append(y.view(b, t, nh, -1).transpose(1, 2))
-        a = causal_attention(*heads).transpose(1, 2).reshape(b, t, -1)
-        x = x + F.linear(a, q("attn.proj.weight"), q("attn.proj.bias"))
+        a = attention(*heads).transpose(1, 2).reshape(b, t, -1)
+        x = x + lin(a, q("attn.proj.weight"), q("attn.proj.bias"))
         h = F.layer_norm(x, x.shape[-1:], q("ln_2.weight"), q("ln_2.bias"), 1e-5)
-        h = F.gelu(F.linear(h, q("mlp.fc.weight"), q("mlp.fc.bias")))
-        x = x + F.linear(h, q("mlp.proj.weight"), q("mlp.proj.bias"))
+        h = F.gelu(lin(h, q("mlp.fc.weight"), q("mlp.fc.bias")))
+        x = x + lin(h, q("mlp.proj.weight"), q("mlp.proj.bias"))
     x = F.layer_norm(x, x.shape[-1:], p["ln_f.weight"], p["ln_f.bias"], 1e-5)
-    logits = F.linear(x, p["wte"])
+    logits = lin(x, p["wte"])
     return F.cross_entropy(logits.reshape(b * t, -1), inp["targets"].reshape(-1))
 
 
@@ -95,19 +124,17 @@ def llama(p, inp, c):
     for i in range(c["layers"]):
         q = lambda n: p[f"layers.{i}.{n}"]  # noqa: E731
         h = rms_norm(x, q("input_layernorm.weight"), eps)
-        qs = F.linear(h, q("self_attn.q_proj.weight")).view(b, t, nh, -1).transpose(1, 2)
-        ks = F.linear(h, q("self_attn.k_proj.weight")).view(b, t, nkv, -1).transpose(1, 2)
-        vs = F.linear(h, q("self_attn.v_proj.weight")).view(b, t, nkv, -1).transpose(1, 2)
+        qs = lin(h, q("self_attn.q_proj.weight")).view(b, t, nh, -1).transpose(1, 2)
+        ks = lin(h, q("self_attn.k_proj.weight")).view(b, t, nkv, -1).transpose(1, 2)
+        vs = lin(h, q("self_attn.v_proj.weight")).view(b, t, nkv, -1).transpose(1, 2)
         qs, ks = rope(qs, theta), rope(ks, theta)
-        ks = ks.repeat_interleave(nh // nkv, dim=1)
-        vs = vs.repeat_interleave(nh // nkv, dim=1)
-        a = causal_attention(qs, ks, vs).transpose(1, 2).reshape(b, t, -1)
-        x = x + F.linear(a, q("self_attn.o_proj.weight"))
+        a = attention(qs, ks, vs).transpose(1, 2).reshape(b, t, -1)
+        x = x + lin(a, q("self_attn.o_proj.weight"))
         h = rms_norm(x, q("post_attention_layernorm.weight"), eps)
-        g = F.silu(F.linear(h, q("mlp.gate_proj.weight")))
-        x = x + F.linear(g * F.linear(h, q("mlp.up_proj.weight")), q("mlp.down_proj.weight"))
+        g = F.silu(lin(h, q("mlp.gate_proj.weight")))
+        x = x + lin(g * lin(h, q("mlp.up_proj.weight")), q("mlp.down_proj.weight"))
     x = rms_norm(x, p["norm.weight"], eps)
-    logits = F.linear(x, p["lm_head.weight"])
+    logits = lin(x, p["lm_head.weight"])
     return F.cross_entropy(logits.reshape(b * t, -1), inp["targets"].reshape(-1))
 
 
@@ -122,12 +149,17 @@ def main(d):
     params = {k: torch.from_numpy(v).requires_grad_(True)
               for k, v in st.load(os.path.join(d, "params.safetensors")).items()}
     inputs = {k: torch.from_numpy(v) for k, v in st.load(os.path.join(d, "inputs.safetensors")).items()}
-    loss = {"mlp": mlp, "gpt": gpt, "llama": llama}[c["family"]](params, inputs, c)
-    names = sorted(params)
-    grads = torch.autograd.grad(loss, [params[n] for n in names])
-    out = {"loss": loss.detach().numpy()}
-    for n, g in zip(names, grads):
-        out[f"grad.{n}"] = g.numpy()
+    global BF16
+    out = {}
+    for bf16 in [False, True] if c.get("precision") == "bf16" else [False]:
+        BF16 = bf16
+        prefix = "" if bf16 == (c.get("precision") == "bf16") else "f32."
+        loss = {"mlp": mlp, "gpt": gpt, "llama": llama}[c["family"]](params, inputs, c)
+        names = sorted(params)
+        grads = torch.autograd.grad(loss, [params[n] for n in names])
+        out[prefix + "loss"] = loss.detach().numpy()
+        for n, g in zip(names, grads):
+            out[f"{prefix}grad.{n}"] = g.numpy()
     st.save(os.path.join(d, "torch.safetensors"), out)
 
 

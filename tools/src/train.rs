@@ -201,8 +201,15 @@ pub struct TrainSection {
     /// Loss-curve SVG written at the end.
     #[serde(default)]
     pub curve: Option<String>,
+    /// Arithmetic of the matrix products: f32, or bf16 (mixed precision, `--autocast=bf16`:
+    /// bf16 products with f32 master weights, gradients and optimizer; emulated on the CPU).
+    #[serde(default = "default_precision")]
+    pub precision: String,
 }
 
+fn default_precision() -> String {
+    "f32".into()
+}
 fn default_backend() -> String {
     "reference".into()
 }
@@ -403,7 +410,23 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
         }
         opt += &format!(" no_decay={}", pats.join(","));
     }
-    let mut steps = vec![step("autodiff", "")?, step("optimizer", &opt)?];
+    // Mixed precision casts the forward before anything else sees it (evaluation too).
+    let cast: Vec<Step> = match c.train.precision.as_str() {
+        "f32" => Vec::new(),
+        "bf16" => vec![step("autocast", "bf16")?],
+        other => {
+            return Err(format!(
+                "train.precision: unknown precision '{other}' (f32 or bf16)"
+            ))
+        }
+    };
+    // The single-device training step: the casts, the backward and the update.
+    let single: Vec<Step> = cast
+        .iter()
+        .cloned()
+        .chain([step("autodiff", "")?, step("optimizer", &opt)?])
+        .collect();
+    let mut steps = single.clone();
     let mut schedule = None;
     if let Some(p) = &c.plan {
         let mut plan = p.policy.clone();
@@ -429,7 +452,10 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
             } else {
                 1
             };
-            steps.insert(0, step("place", &format!("stages={}", pp * per_rank))?);
+            steps.insert(
+                cast.len(),
+                step("place", &format!("stages={}", pp * per_rank))?,
+            );
             schedule = Some(name);
         } else if p.schedule.is_some() || p.microbatches.is_some() {
             return Err(
@@ -474,12 +500,12 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
         g.link(all);
         Ok(g)
     };
-    let forward = train(&compile(&eval_text, &[])?.0)?;
+    let forward = train(&compile(&eval_text, &cast)?.0)?;
     let (all, mesh) = compile(&text, &steps)?;
     let (step_graph, pipeline_programs) = if schedule.is_some() {
         // The programs of each rank, and the single-device step whose signature they index.
         let programs = pipeline_programs(&all, "train")?;
-        let single = train(&compile(&text, &steps[1..3])?.0)?;
+        let single = train(&compile(&text, &single)?.0)?;
         (single, Some(programs))
     } else {
         (train(&all)?, None)

@@ -10,18 +10,23 @@ use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::types::Elem;
 use nnscaler_frontends::{build_module, preset, ModelConfig};
+use nnscaler_passes::autocast::autocast;
 use nnscaler_passes::autodiff::differentiate;
 use nnscaler_runtime::tensor::{dims, Tensor};
 use nnscaler_runtime::{init, io, rng, run, Options};
 use serde_json::json;
 
-fn config_json(c: &ModelConfig) -> serde_json::Value {
-    match c {
+fn config_json(c: &ModelConfig, bf16: bool) -> serde_json::Value {
+    let mut j = match c {
         ModelConfig::Mlp(m) => json!({"family": "mlp", "layers": m.layers}),
         ModelConfig::Gpt(g) => json!({"family": "gpt", "layers": g.layers, "heads": g.heads}),
         ModelConfig::Llama(l) => json!({"family": "llama", "layers": l.layers, "heads": l.heads,
             "kv_heads": l.kv_heads, "norm_eps": l.norm_eps, "rope_theta": l.rope_theta}),
+    };
+    if bf16 {
+        j["precision"] = json!("bf16");
     }
+    j
 }
 
 /// The upper bound of integer input `name` (token ids and targets index the vocabulary).
@@ -33,7 +38,9 @@ fn int_bound(c: &ModelConfig) -> i64 {
     }
 }
 
-fn check_model(name: &str) -> f64 {
+/// Checks model `name` (with `bf16`: after `--autocast=bf16`) against PyTorch; returns the
+/// worst relative error.
+fn check_model(name: &str, bf16: bool) -> f64 {
     let cfg = preset(name).unwrap();
     let text = build_module(&cfg).unwrap();
     let ir = IrContext::new();
@@ -41,7 +48,12 @@ fn check_model(name: &str) -> f64 {
     let fwd = Graph::all_in(&module)
         .remove(0)
         .unwrap_or_else(|e| panic!("{}", e.message));
-    let g = differentiate(&fwd).unwrap_or_else(|(_, m)| panic!("{m}"));
+    let cast = if bf16 {
+        autocast(&fwd).unwrap().0
+    } else {
+        fwd.clone()
+    };
+    let g = differentiate(&cast).unwrap_or_else(|(_, m)| panic!("{m}"));
     // Weights: the default init, made less symmetric (matrices x5, vectors perturbed) so
     // that every gradient is far from zero.
     let mut values = Vec::new();
@@ -87,7 +99,7 @@ fn check_model(name: &str) -> f64 {
     }
     let outs = run(&g, values, &Options { check_finite: true })
         .unwrap_or_else(|e| panic!("{}", e.message));
-    let dir = common::scratch(&format!("oracle_{name}"));
+    let dir = common::scratch(&format!("oracle_{name}{}", if bf16 { "_bf16" } else { "" }));
     let as_refs = |v: &[(String, Elem, Tensor)]| -> Vec<u8> {
         let r: Vec<(String, Elem, &Tensor)> =
             v.iter().map(|(n, e, t)| (n.clone(), *e, t)).collect();
@@ -95,14 +107,20 @@ fn check_model(name: &str) -> f64 {
     };
     std::fs::write(dir.join("params.safetensors"), as_refs(&params)).unwrap();
     std::fs::write(dir.join("inputs.safetensors"), as_refs(&inputs)).unwrap();
-    std::fs::write(dir.join("config.json"), config_json(&cfg).to_string()).unwrap();
+    std::fs::write(dir.join("config.json"), config_json(&cfg, bf16).to_string()).unwrap();
     common::run_oracle("models.py", &[&dir]);
     let torch = io::load(&dir.join("torch.safetensors")).unwrap();
     let mut worst = (0.0f64, String::new());
+    // How far bf16 is from f32 (PyTorch's own two runs): the tolerance must be well below
+    // it for the comparison to mean anything.
+    let mut apart = 0.0f64;
+    // bf16 results: the same roundings on both sides, but a sum that lands within f32
+    // noise of a bf16 rounding boundary may round the other way (one bf16 step, 2^-8).
+    let tol = if bf16 { 2e-3 } else { 1e-4 };
     assert_eq!(
         torch.len(),
-        g.outputs.len(),
-        "torch returns loss and one gradient per parameter"
+        g.outputs.len() * if bf16 { 2 } else { 1 },
+        "torch returns loss and one gradient per parameter (and their f32 values with bf16)"
     );
     for (o, t) in g.outputs.iter().zip(&outs) {
         let n = o.name().unwrap();
@@ -128,31 +146,66 @@ fn check_model(name: &str) -> f64 {
             worst = (err, n.to_string());
         }
         assert!(
-            err <= 1e-4,
+            err <= tol,
             "{name}: {n} differs from PyTorch: relative error {err:.2e}"
         );
+        if bf16 {
+            let f = torch
+                .iter()
+                .find(|s| s.name == format!("f32.{n}"))
+                .unwrap_or_else(|| panic!("torch has no 'f32.{n}'"));
+            if linf(&f.tensor) >= 1e-6 {
+                apart = apart.max(r.tensor.rel_err(&f.tensor).unwrap());
+            }
+        }
     }
     println!(
-        "oracle: {name}: loss {:.6}, {} gradients, worst relative error {:.2e} ({})",
+        "oracle: {name}{}: loss {:.6}, {} gradients, worst relative error {:.2e} ({})",
+        if bf16 { " bf16" } else { "" },
         outs[0].f().unwrap()[0],
         g.outputs.len() - 1,
         worst.0,
         worst.1
     );
+    if bf16 {
+        println!(
+            "oracle: {name}: bf16 against f32 (PyTorch): worst relative difference {apart:.2e}"
+        );
+        assert!(
+            apart >= 10.0 * worst.0,
+            "{name}: bf16 is {apart:.2e} from f32 but only {:.2e} from the oracle: the comparison cannot tell bf16 from f32",
+            worst.0
+        );
+    }
     worst.0
 }
 
 #[test]
 fn mlp_matches_pytorch() {
-    check_model("mlp-tiny");
+    check_model("mlp-tiny", false);
 }
 
 #[test]
 fn gpt_matches_pytorch() {
-    check_model("gpt-tiny");
+    check_model("gpt-tiny", false);
 }
 
 #[test]
 fn llama_matches_pytorch() {
-    check_model("llama-tiny");
+    check_model("llama-tiny", false);
+}
+
+#[test]
+fn mlp_bf16_matches_pytorch() {
+    check_model("mlp-tiny", true);
+}
+
+#[test]
+fn gpt_bf16_matches_pytorch() {
+    check_model("gpt-tiny", true);
+}
+
+#[test]
+fn llama_bf16_matches_pytorch() {
+    check_model("llama-tiny", true);
 }

@@ -4,6 +4,7 @@
 use super::Ctx;
 use crate::rng;
 use crate::tensor::{numel, strides, Data, Tensor};
+use nnscaler_dialects::types::Elem;
 
 /// Strides of `shape` (right-aligned in an `out_rank` space) with 0 on broadcast dims.
 fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
@@ -106,6 +107,15 @@ fn grad(
     f: impl Fn(f32, f32) -> f32 + Copy,
 ) -> Result<Vec<Tensor>, String> {
     Ok(vec![Tensor::f32(&x.shape, map2(dy.f()?, x.f()?, f))])
+}
+
+/// `dnn.cast`: floats are held as f32, so a cast to bf16 rounds (the interpreter rounds
+/// every bf16 result too) and a cast to f32 copies.
+pub(super) fn cast(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    match c.out.first().map(|t| t.elem) {
+        Some(Elem::BF16) => unary(x[0], nnscaler_dialects::scalar::round_bf16),
+        _ => unary(x[0], |p| p),
+    }
 }
 
 pub(super) fn neg(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {

@@ -180,6 +180,7 @@ pub fn kernel(name: &str) -> Option<Kernel> {
         "dnn.rsqrt" => e::rsqrt,
         "dnn.sigmoid" => e::logistic,
         "dnn.tanh" => e::tanh,
+        "dnn.cast" => e::cast,
         "dnn.gelu" => e::gelu,
         "dnn.silu" => e::silu,
         "dnn.relu" => e::relu,
