@@ -138,6 +138,11 @@ fn op_cases() -> Vec<Case> {
         };
         let forms: Vec<Attrs> = if s.attrs.iter().any(|a| a.name == "approximate") {
             vec![Attrs::new(), attrs(&[("approximate", Str("tanh".into()))])]
+        } else if s.name == "dnn.cast" {
+            vec![
+                attrs(&[("to", Str("bf16".into()))]),
+                attrs(&[("to", Str("f32".into()))]),
+            ]
         } else {
             vec![Attrs::new()]
         };
@@ -900,4 +905,51 @@ fn whole_llama_step_matches_the_interpreter() {
 #[test]
 fn whole_bf16_gpt_step_matches_the_interpreter() {
     whole_step_in("nanogpt-cpu", 65, true);
+}
+
+/// `dnn.cast` to bf16 on the host JIT rounds bit for bit as the reference does: ties to
+/// even, subnormals, the overflow to infinity past the largest bf16, NaN kept.
+#[test]
+fn bf16_rounding_matches_the_reference() {
+    let tie = 2f32.powi(-8);
+    let edge: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        1.0 + tie,       // a tie: to the even 1.0
+        1.0 + 3.0 * tie, // a tie: to the even 1.0 + 2^-6
+        1.0 + 1.5 * tie, // above the tie: up
+        -(1.0 + tie),
+        1e-40, // subnormal
+        -3.0e38,
+        3.4e38, // past the largest bf16 (3.3895e38) by more than half a step: infinity
+        f32::MAX,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        0.1,
+        -123.456,
+    ];
+    let n = edge.len();
+    let a = attrs(&[("to", AttrValue::Str("bf16".into()))]);
+    let b = Buf::f32(&[n]);
+    let one = std::slice::from_ref(&b);
+    let k = lower("edge_cast", "dnn.cast", &a, one, one)
+        .unwrap()
+        .kernels
+        .remove(0);
+    let host = HostKernels::new(std::slice::from_ref(&k)).unwrap();
+    let want = reference("dnn.cast", &a, &[Tensor::f32(&[n], edge.clone())], &[n]);
+    let got = host.run(&k.name, &[&Data::F32(edge.clone())]).unwrap();
+    for (i, (g, w)) in got[0].f32().unwrap().iter().zip(&want).enumerate() {
+        assert!(
+            (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
+            "cast({}) = {g}, the reference gives {w}",
+            edge[i]
+        );
+    }
+    assert_eq!(want[3], 1.0);
+    assert_eq!(want[4], 1.0 + 4.0 * tie);
+    assert_eq!(want[5], 1.0 + 2.0 * tie);
+    assert_eq!(want[9], f32::INFINITY);
 }

@@ -349,6 +349,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn bf16_rounds_to_nearest_even() {
+        let tie = 2f32.powi(-8);
+        // bf16 keeps 8 significant bits: 1 + k 2^-7 are the neighbours of 1.
+        assert_eq!(round_bf16(1.0 + tie), 1.0);
+        assert_eq!(round_bf16(1.0 + 3.0 * tie), 1.0 + 4.0 * tie);
+        assert_eq!(round_bf16(1.0 + 1.01 * tie), 1.0 + 2.0 * tie);
+        assert_eq!(round_bf16(-(1.0 + 0.99 * tie)), -1.0);
+        assert_eq!(round_bf16(0.1), 0.100_097_656);
+        assert_eq!(round_bf16(f32::MAX), f32::INFINITY);
+        assert_eq!(round_bf16(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert!(round_bf16(f32::NAN).is_nan());
+        // Every bf16 is its own rounding.
+        for bits in [0x3f80u32, 0x4049, 0x7f7f, 0x0001, 0x8080] {
+            let v = f32::from_bits(bits << 16);
+            assert_eq!(round_bf16(v).to_bits(), v.to_bits());
+        }
+    }
+
+    #[test]
     fn substitution_fuses_producers() {
         // gelu(a + b): the add's formula in place of gelu's operand.
         let g = gelu(&Attrs::new()).unwrap();

@@ -20,7 +20,7 @@ use crate::place::op_flops;
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::{self, Mesh};
-use nnscaler_dialects::types::AttrValue;
+use nnscaler_dialects::types::{AttrValue, Elem};
 use serde::{Deserialize, Serialize};
 
 /// Devices and the network between them.
@@ -248,6 +248,16 @@ impl Device {
         }
     }
 
+    /// The peak matrix-product rate for products in bf16 (`bf16`: the tensor-core rate,
+    /// where the device has one) or in f32. The efficiency curve is the same for both (it
+    /// is calibrated on f32 products; nnscaler has not measured bf16 on a GPU yet).
+    pub fn matrix_rate(&self, bf16: bool) -> f64 {
+        match (bf16, self.matrix_flops_bf16) {
+            (true, Some(r)) => r,
+            _ => self.matrix_flops,
+        }
+    }
+
     /// Seconds for an op of `flops` (`matrix`: at the matrix rate) moving `bytes`.
     pub fn op_time(&self, flops: f64, bytes: f64, matrix: bool) -> f64 {
         let compute = if matrix {
@@ -272,6 +282,9 @@ pub struct Prediction {
     pub flops: f64,
     /// Ops counted.
     pub ops: usize,
+    /// Whether its matrix products run in bf16 (`--autocast=bf16`): MFU is then relative
+    /// to the bf16 peak.
+    pub bf16: bool,
 }
 
 impl Prediction {
@@ -282,7 +295,7 @@ impl Prediction {
 
     /// Model FLOPs utilization: the program's FLOPs over its time at the device's peak.
     pub fn mfu(&self, d: &Device) -> f64 {
-        self.flops / (self.seconds() * d.matrix_flops)
+        self.flops / (self.seconds() * d.matrix_rate(self.bf16))
     }
 }
 
@@ -318,6 +331,8 @@ pub struct NodeCost {
     pub flops: f64,
     /// Whether it is a matrix product (`Traits::matrix`).
     pub matrix: bool,
+    /// Whether it is a matrix product on bf16 operands (at the device's bf16 rate).
+    pub bf16: bool,
     /// For a collective that moves data: the mesh axes its group spans.
     pub axes: Option<Vec<String>>,
 }
@@ -372,6 +387,10 @@ pub fn node_cost(
         .map(|&v| g.values[v].bytes() as f64)
         .sum();
     let matrix = dnn::spec(&n.op).is_some_and(|s| s.traits.matrix);
+    let bf16 = matrix
+        && n.inputs
+            .iter()
+            .all(|&v| !g.values[v].elem.is_float() || g.values[v].elem == Elem::BF16);
     let seconds = if matrix {
         // Batched products run one at a time: their efficiency is that of one product
         // (the leading dims of operand 0 when operand 1 has them too; a rank-2
@@ -388,7 +407,7 @@ pub fn node_cost(
         };
         let one = flops / products;
         device.op_overhead
-            + (flops / (device.matrix_flops * device.efficiency(one)))
+            + (flops / (device.matrix_rate(bf16) * device.efficiency(one)))
                 .max(bytes / device.memory_bandwidth)
     } else {
         device.op_time(flops, bytes, false)
@@ -397,6 +416,7 @@ pub fn node_cost(
         seconds,
         flops,
         matrix,
+        bf16,
         axes: None,
     })
 }
@@ -417,6 +437,7 @@ pub fn predict(g: &Graph, cluster: &Cluster, mesh: Option<&Mesh>) -> Prediction 
         }
         if c.matrix {
             p.matrix += c.seconds;
+            p.bf16 |= c.bf16;
         } else {
             p.other += c.seconds;
         }

@@ -226,14 +226,19 @@ impl FuncStats {
         if let Some((cluster, d, p)) = &self.predicted {
             let _ = writeln!(
                 s,
-                "predicted time per run on {} ({cluster}): {:.6} s (matrix products {:.6} s, other ops {:.6} s, collectives {:.6} s; {} ops); MFU {:.1}% of the f32 matrix peak",
+                "predicted time per run on {} ({cluster}): {:.6} s (matrix products {:.6} s, other ops {:.6} s, collectives {:.6} s; {} ops); MFU {:.1}% of the {} matrix peak",
                 d.name,
                 p.seconds(),
                 p.matrix,
                 p.other,
                 p.comm,
                 p.ops,
-                100.0 * p.mfu(d)
+                100.0 * p.mfu(d),
+                if p.bf16 && d.matrix_flops_bf16.is_some() {
+                    "bf16"
+                } else {
+                    "f32"
+                }
             );
         }
         s

@@ -124,6 +124,9 @@ pub struct Profile {
     pub items: Vec<Item>,
     /// Seconds of the optimizer update of every parameter on one device (not sharded).
     pub optimizer: f64,
+    /// Whether the matrix products run in bf16 (the step was cast by `--autocast=bf16`):
+    /// they are predicted at the bf16 rate, and MFU is relative to the bf16 peak.
+    pub bf16: bool,
 }
 
 /// The module's batch: the leading dim data arguments share (their gcd).
@@ -342,10 +345,12 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
         })
         .collect();
     let mut optimizer = 0.0;
+    let mut bf16 = false;
     for (k, node) in g.nodes.iter().enumerate() {
         let Some(c) = cost::node_cost(g, node, cluster, Some(mesh)) else {
             continue;
         };
+        bf16 |= c.bf16;
         // Data-parallel collectives are the plan's, not the profile's.
         if c.axes.as_ref().is_some_and(|a| a.iter().any(|x| x == "dp")) {
             continue;
@@ -430,6 +435,7 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
         micro,
         items,
         optimizer,
+        bf16,
     }
 }
 
@@ -1013,7 +1019,7 @@ fn score(
         optimizer: opt,
         bubble,
         memory,
-        mfu: flops / (seconds * cluster.device.matrix_flops),
+        mfu: flops / (seconds * cluster.device.matrix_rate(p.bf16)),
         tp_comm,
         pp_comm,
         dp_comm,

@@ -67,6 +67,11 @@ pub struct PlanArgs {
     /// with the same model and print its best plan beside the search's.
     #[arg(long)]
     pub compare_megatron: bool,
+    /// Arithmetic of the matrix products: f32, or bf16 (mixed precision: the forward gets
+    /// --autocast=bf16 first; products predicted at the bf16 tensor-core rate, MFU against
+    /// the bf16 peak). A training step keeps the precision it was compiled with.
+    #[arg(long, value_name = "f32|bf16", default_value = "f32")]
+    pub precision: String,
     /// Alternatives to print.
     #[arg(long, value_name = "N", default_value_t = 5)]
     pub top: usize,
@@ -123,7 +128,11 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 
 /// The training step (single device) of the module: its largest function, after
 /// `--autodiff --optimizer` when it is a forward.
-pub fn training_step(text: &str, file: &str) -> Result<(Graph, bool, Option<Mesh>), String> {
+pub fn training_step(
+    text: &str,
+    file: &str,
+    bf16: bool,
+) -> Result<(Graph, bool, Option<Mesh>), String> {
     let ir = IrContext::new();
     let mut m = ir
         .parse(text, file)
@@ -143,9 +152,17 @@ pub fn training_step(text: &str, file: &str) -> Result<(Graph, bool, Option<Mesh
     };
     let g = largest(&m)?;
     if has_backward(&g) {
+        if bf16 && !g.nodes.iter().any(|n| n.op == "dnn.cast") {
+            return Err(format!(
+                "{file}: --precision bf16 needs a forward (--autocast=bf16 runs before --autodiff); this training step is f32"
+            ));
+        }
         return Ok((g, false, mesh));
     }
-    let steps = [Step::new("autodiff", "")?, Step::new("optimizer", "")?];
+    let mut steps = vec![Step::new("autodiff", "")?, Step::new("optimizer", "")?];
+    if bf16 {
+        steps.insert(0, Step::new("autocast", "bf16")?);
+    }
     pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, file)
         .map_err(|d| d.render_limited(Some(text), 20))?;
     Ok((largest(&m)?, true, mesh))
@@ -211,6 +228,10 @@ pub fn apply_passes(e: &Estimate, p: &Profile, forward: bool) -> (Passes, Passes
         }
     }
     if forward {
+        if p.bf16 {
+            // Mixed precision: the search profiled the cast forward.
+            before.insert(0, pass("autocast", "bf16".into()));
+        }
         before.push(pass("autodiff", String::new()));
     }
     if c.recompute != search::Recompute::None {
@@ -327,7 +348,12 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
         return Err("--devices must be at least 1".into());
     }
     let start = Instant::now();
-    let (step, differentiated, mesh) = training_step(&text, &name)?;
+    let bf16 = match a.precision.as_str() {
+        "f32" => false,
+        "bf16" => true,
+        other => return Err(format!("--precision: '{other}' is not f32 or bf16")),
+    };
+    let (step, differentiated, mesh) = training_step(&text, &name, bf16)?;
     let batch = search::batch_of(&step).ok_or(format!(
         "{name}: the step has no batched data argument to split"
     ))?;

@@ -14,7 +14,7 @@ fn step(name: &str, sizes: &[(&str, &str)]) -> nnscaler_dialects::graph::Graph {
         c.set(k, v).unwrap();
     }
     let text = build_module(&c).unwrap();
-    training_step(&text, name).unwrap().0
+    training_step(&text, name, false).unwrap().0
 }
 
 fn gpt() -> nnscaler_dialects::graph::Graph {

@@ -4,7 +4,7 @@
 use super::Ctx;
 use crate::rng;
 use crate::tensor::{numel, strides, Data, Tensor};
-use nnscaler_dialects::types::Elem;
+use nnscaler_dialects::types::AttrValue;
 
 /// Strides of `shape` (right-aligned in an `out_rank` space) with 0 on broadcast dims.
 fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
@@ -112,9 +112,14 @@ fn grad(
 /// `dnn.cast`: floats are held as f32, so a cast to bf16 rounds (the interpreter rounds
 /// every bf16 result too) and a cast to f32 copies.
 pub(super) fn cast(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
-    match c.out.first().map(|t| t.elem) {
-        Some(Elem::BF16) => unary(x[0], nnscaler_dialects::scalar::round_bf16),
-        _ => unary(x[0], |p| p),
+    match c.attrs.get("to") {
+        Some(AttrValue::Str(t)) if t == "bf16" => {
+            unary(x[0], nnscaler_dialects::scalar::round_bf16)
+        }
+        Some(AttrValue::Str(t)) if t == "f32" => unary(x[0], |p| p),
+        other => Err(format!(
+            "attribute 'to' must be \"f32\" or \"bf16\", got {other:?}"
+        )),
     }
 }
 
