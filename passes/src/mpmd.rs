@@ -403,6 +403,33 @@ fn build(
         }
     }
 
+    // An op that reads only arguments and post values and whose results only post ops read
+    // (ZeRO's relayout of a parameter to the shard its sharded update reads) runs after the
+    // micro-batches too, on its readers' rank, instead of on whatever rank per micro-batch.
+    let returned_value: Vec<bool> = {
+        let mut r = vec![false; g.values.len()];
+        for o in &g.outputs {
+            r[o.value] = true;
+        }
+        r
+    };
+    for k in (0..n).rev() {
+        let node = &g.nodes[k];
+        if post[k] || node.outputs.is_empty() {
+            continue;
+        }
+        let whole_inputs = node.inputs.iter().all(|&v| match producer[v] {
+            Some(p) => post[p],
+            None => arg_index.contains_key(&v) && mbk[v] == Mb::Whole,
+        });
+        let post_users = node.outputs.iter().all(|&o| {
+            !returned_value[o] && !users[o].is_empty() && users[o].iter().all(|&u| post[u])
+        });
+        if whole_inputs && post_users {
+            post[k] = true;
+        }
+    }
+
     // Stages: the op's own, else its earliest staged user's, else its latest staged
     // producer's (relayouts added by --split-tensor run where their result is used: a value
     // crossing stages is sent as it is and relayouted by the receiver).
@@ -417,7 +444,7 @@ fn build(
                 .outputs
                 .iter()
                 .flat_map(|&o| users[o].iter())
-                .filter(|&&u| !post[u])
+                .filter(|&&u| post[k] || !post[u])
                 .filter_map(|&u| stage[u])
                 .min();
             let from_in = || {

@@ -25,8 +25,7 @@
 //! interleaved and V schedules): every cut when there are at most [`FEW_CUTS`] ways, else
 //! the cut minimising the slowest stage ([`crate::place`]'s exact dynamic program), the
 //! best plans' cuts then moved an item at a time while the simulated step improves.
-//! ZeRO-1/2 with micro-batches are left out (the schedules do not compile them yet). The
-//! schedule is simulated with each fragment's predicted time (a
+//! The schedule is simulated with each fragment's predicted time (a
 //! stage's items, plus the point-to-point send of the cut at the bandwidth of the level
 //! the two devices span, plus under ZeRO-3 the all_gather of its parameters; recompute
 //! adds the recomputed forward to `B`). The step is the simulated makespan, then the
@@ -1272,13 +1271,6 @@ pub fn search(
                         }
                         for cut in cuts {
                             for &zero in space.zero.iter().filter(|&&z| dp > 1 || z == 0) {
-                                if !space.megatron && (pp > 1 || m > 1) && (1..=2).contains(&zero) {
-                                    *out.entry(
-                                        "ZeRO-1/2 under micro-batches: not compiled yet".into(),
-                                    )
-                                    .or_default() += 1;
-                                    continue;
-                                }
                                 let c = Config {
                                     dp,
                                     tp,

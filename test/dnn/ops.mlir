@@ -436,6 +436,14 @@ func.func @dnn_pad(%a0: tensor<2x2xf32>) {
 }
 // -----
 
+// CHECK-LABEL: func.func @dnn_cast
+// CHECK: "dnn.cast"({{.*}}) {{.*}}: (tensor<2x3xf32>) -> tensor<2x3xbf16>
+func.func @dnn_cast(%a0: tensor<2x3xf32>) {
+  %1 = "dnn.cast"(%a0) {to = "bf16"} : (tensor<2x3xf32>) -> tensor<2x3xbf16>
+  return
+}
+// -----
+
 "nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()
 // CHECK-LABEL: func.func @nns_all_reduce
 // CHECK: "nns.all_reduce"({{.*}}) {{.*}}: (tensor<4x8xf32>) -> tensor<4x8xf32>

@@ -697,6 +697,13 @@ fn pipelined_optimizer_step_matches_one_device() {
         ("dp dp=2 pp=2 microbatches=2", "schedule-1f1b"),
         ("megatron tp=2 pp=2 microbatches=2", "schedule-zb-h1"),
         ("dp dp=2 pp=2 microbatches=2 zero=3", "schedule-1f1b"),
+        // ZeRO-1/2 under micro-batches: the parameters' relayouts to their shards run
+        // after the micro-batches, on the rank of the update that reads them.
+        ("dp dp=2 pp=2 microbatches=2 zero=1", "schedule-1f1b"),
+        (
+            "dp-megatron dp=2 tp=2 pp=2 microbatches=4 zero=2",
+            "schedule-zb-h1",
+        ),
     ] {
         let steps = [
             step("place", "stages=2"),
