@@ -9,7 +9,8 @@
 //!   (split along tensor dim n); axes left out are `R`;
 //! * split directive: `#nns.split<b = dp, n = tp>`, binding annotation identifiers of the op
 //!   to mesh axes; several axes split one id as `n = (dp, tp)` (outer first); an optional
-//!   leading `@mesh,` names the mesh when the module has more than one;
+//!   leading `@mesh,` names the mesh when the module has more than one; `R(tp)` (or
+//!   `R(a, b)`) names axes the op splits nothing over (nothing is inferred over them);
 //! * planner constraints: `nns.pin` / `nns.forbid` (splits), `nns.colocate`,
 //!   `nns.stage_bounds = array<i64: lo, hi>` on ops, and `memory_cap = <bytes> : i64` on
 //!   `nns.mesh` (the memory each device may use).
@@ -326,10 +327,15 @@ pub struct Split {
     pub mesh: Option<String>,
     /// (identifier, axes splitting it, outer first).
     pub binds: Vec<(String, Vec<String>)>,
+    /// Axes over which the op splits nothing (`R(tp)`): it runs replicated over them, and
+    /// `--propagate-layouts` infers no split over them from its operands (which are
+    /// gathered instead). Planners write it where they decided against a split.
+    pub replicated: Vec<String>,
 }
 
 impl Split {
-    /// Parses the body of `#nns.split<b = dp, n = (dp, tp)>`.
+    /// Parses the body of `#nns.split<b = dp, n = (dp, tp)>`, with `R(tp)` (or `R(a, b)`)
+    /// naming axes the op is replicated over.
     pub fn parse(body: &str) -> Result<Self, String> {
         let mut items = top_level_items(body);
         let mut mesh = None;
@@ -338,9 +344,28 @@ impl Split {
             items.remove(0);
         }
         let mut binds: Vec<(String, Vec<String>)> = Vec::new();
+        let mut replicated: Vec<String> = Vec::new();
         for item in items {
+            let closed = item
+                .trim()
+                .strip_prefix("R(")
+                .and_then(|r| r.strip_suffix(')'));
+            if let (Some(inner), false) = (closed, item.contains('=')) {
+                for a in inner.split(',').map(str::trim) {
+                    if !is_ident(a) {
+                        return Err(format!("'{a}' in '{item}' is not a mesh axis name"));
+                    }
+                    if replicated.iter().any(|r| r == a) {
+                        return Err(format!("mesh axis '{a}' is named twice in R(...)"));
+                    }
+                    replicated.push(a.to_string());
+                }
+                continue;
+            }
             let Some((id, axes)) = item.split_once('=') else {
-                return Err(format!("split entry '{item}' must be written 'id = axis'"));
+                return Err(format!(
+                    "split entry '{item}' must be written 'id = axis' (or 'R(axis)': replicated over it)"
+                ));
             };
             let id = id.trim();
             let axes = axes.trim();
@@ -365,7 +390,19 @@ impl Split {
             }
             binds.push((id.to_string(), axes));
         }
-        Ok(Split { mesh, binds })
+        if let Some(a) = replicated
+            .iter()
+            .find(|a| binds.iter().any(|(_, v)| v.contains(a)))
+        {
+            return Err(format!(
+                "mesh axis '{a}' both splits a dimension and is named in R({a})"
+            ));
+        }
+        Ok(Split {
+            mesh,
+            binds,
+            replicated,
+        })
     }
 }
 
@@ -381,6 +418,9 @@ impl fmt::Display for Split {
             } else {
                 items.push(format!("{id} = ({})", axes.join(", ")));
             }
+        }
+        if !self.replicated.is_empty() {
+            items.push(format!("R({})", self.replicated.join(", ")));
         }
         f.write_str(&items.join(", "))
     }
@@ -578,7 +618,7 @@ pub fn collective(name: &str) -> Option<&'static CollectiveSpec> {
 pub static OP_ATTRS: &[(&str, &str)] = &[
     (
         "nns.split",
-        "split directive: #nns.split<id = axis, ...> (op-trans)",
+        "split directive: #nns.split<id = axis, ...> (op-trans); R(axis) in it: the op splits nothing over that axis (nothing is inferred over it)",
     ),
     (
         "nns.stage",
@@ -673,6 +713,18 @@ mod tests {
             Split::parse("@m, *0 = dp").unwrap().mesh.as_deref(),
             Some("m")
         );
+        // Axes the op is replicated over.
+        let s = Split::parse("b = dp, R(tp, sp)").unwrap();
+        assert_eq!(s.replicated, ["tp", "sp"]);
+        assert_eq!(s.to_string(), "b = dp, R(tp, sp)");
+        assert_eq!(Split::parse("R(tp)").unwrap().binds, []);
+        assert!(Split::parse("b = tp, R(tp)")
+            .unwrap_err()
+            .contains("both splits"));
+        assert!(Split::parse("R(tp), R(tp)").unwrap_err().contains("twice"));
+        assert!(Split::parse("R(t-p)")
+            .unwrap_err()
+            .contains("not a mesh axis"));
     }
 }
 

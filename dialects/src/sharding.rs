@@ -853,6 +853,7 @@ pub fn binds_to_split(binds: &[(String, Vec<usize>)], mesh: &Mesh) -> crate::nns
                 )
             })
             .collect(),
+        replicated: Vec::new(),
     }
 }
 

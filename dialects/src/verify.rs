@@ -514,6 +514,16 @@ fn check_directives(
                 ));
             }
         }
+        for a in &split.replicated {
+            if key != "nns.split" {
+                return Err(format!(
+                    "{key}: R({a}) is for split directives (nns.split) only"
+                ));
+            }
+            if mesh.axis(a).is_none() {
+                return Err(format!("{key}: mesh '@{}' has no axis '{a}'", mesh.name));
+            }
+        }
     }
     Ok(())
 }

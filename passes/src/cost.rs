@@ -214,6 +214,26 @@ pub fn parse(text: &str) -> Result<Cluster, String> {
                 .into(),
         );
     }
+    if !(d.op_overhead.is_finite() && d.op_overhead >= 0.0) {
+        return Err(format!(
+            "device.op_overhead must be seconds >= 0, got {}",
+            d.op_overhead
+        ));
+    }
+    for l in &c.network {
+        if !(l.bandwidth.is_finite() && l.bandwidth > 0.0) {
+            return Err(format!(
+                "network level '{}': bandwidth must be a positive rate, got {}",
+                l.name, l.bandwidth
+            ));
+        }
+        if !(l.latency.is_finite() && l.latency >= 0.0) || l.devices == 0 {
+            return Err(format!(
+                "network level '{}': latency must be seconds >= 0 and devices at least 1",
+                l.name
+            ));
+        }
+    }
     Ok(c)
 }
 
@@ -337,6 +357,37 @@ pub struct NodeCost {
     pub axes: Option<Vec<String>>,
 }
 
+/// Seconds of collective `op` over mesh `axes` of `mesh` whose local operand and result
+/// are `input` and `output` bytes on each device; `None` when its group is one device.
+/// Device numbers run row-major over the device axes (the micro-batch axis is time, not
+/// devices), so the group spans the devices its axes' strides reach.
+pub fn collective_seconds(
+    cluster: &Cluster,
+    mesh: &Mesh,
+    op: &str,
+    axes: &[String],
+    input: f64,
+    output: f64,
+) -> Option<f64> {
+    let devs: Vec<&nnscaler_dialects::nns::Axis> =
+        mesh.axes.iter().filter(|a| !a.microbatches).collect();
+    let mut group = 1u64;
+    let mut span = 1u64;
+    for a in axes {
+        let Some(k) = devs.iter().position(|x| &x.name == a) else {
+            continue;
+        };
+        let stride: i64 = devs[k + 1..].iter().map(|x| x.size).product();
+        group *= devs[k].size as u64;
+        span += (devs[k].size as u64 - 1) * stride as u64;
+    }
+    if group < 2 {
+        return None;
+    }
+    let sent = nns::sent_bytes(op, group as f64, input, output);
+    Some(cluster.collective_time(op, group, span, sent))
+}
+
 /// The predicted time of op `n` of `g` on a device of `cluster` (see [`predict`]); `None`
 /// for what takes no time: the return, and collectives without a group of two or more.
 pub fn node_cost(
@@ -353,28 +404,10 @@ pub fn node_cost(
         let (Some(mesh), Some(AttrValue::Strs(axes))) = (mesh, n.attrs.get("axes")) else {
             return None;
         };
-        // Device numbers run row-major over the device axes (the micro-batch axis is
-        // time, not devices).
-        let devs: Vec<&nnscaler_dialects::nns::Axis> =
-            mesh.axes.iter().filter(|a| !a.microbatches).collect();
-        let mut group = 1u64;
-        let mut span = 1u64;
-        for a in axes {
-            let Some(k) = devs.iter().position(|x| &x.name == a) else {
-                continue;
-            };
-            let stride: i64 = devs[k + 1..].iter().map(|x| x.size).product();
-            group *= devs[k].size as u64;
-            span += (devs[k].size as u64 - 1) * stride as u64;
-        }
-        if group < 2 {
-            return None;
-        }
         let input = n.inputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
         let output = n.outputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
-        let sent = nns::sent_bytes(&n.op, group as f64, input, output);
         return Some(NodeCost {
-            seconds: cluster.collective_time(&n.op, group, span, sent),
+            seconds: collective_seconds(cluster, mesh, &n.op, axes, input, output)?,
             axes: Some(axes.clone()),
             ..NodeCost::default()
         });
@@ -491,6 +524,10 @@ mod tests {
         c.device.matrix_efficiency = vec![[10.0, 0.5], [5.0, 0.6]];
         let e = parse(&c.to_toml().unwrap()).unwrap_err();
         assert!(e.contains("ascending"), "{e}");
+        let mut c = preset("cpu").unwrap();
+        c.network[0].bandwidth = 0.0;
+        let e = parse(&c.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("in-process") && e.contains("bandwidth"), "{e}");
         let e = parse("[device]\nname = 1").unwrap_err();
         assert!(!e.is_empty());
         assert!(load("no-such-cluster")

@@ -84,6 +84,24 @@ pub fn directive(n: &Node, mesh: &Mesh) -> Result<Option<Binds>, String> {
     constraint(n, "nns.split", mesh)
 }
 
+/// The mesh axes the node's split directive names in `R(...)`: the op is replicated over
+/// them, and nothing is inferred over them.
+pub fn replicated_axes(n: &Node, mesh: &Mesh) -> Result<Vec<usize>, String> {
+    match n.attrs.get("nns.split") {
+        Some(AttrValue::Nns { kind, body }) if kind == "split" => Split::parse(body)?
+            .replicated
+            .iter()
+            .map(|a| {
+                mesh.axes
+                    .iter()
+                    .position(|x| &x.name == a)
+                    .ok_or_else(|| format!("mesh '@{}' has no axis '{a}'", mesh.name))
+            })
+            .collect(),
+        _ => Ok(Vec::new()),
+    }
+}
+
 /// The binds of split-valued attribute `key` of `n` (`nns.split`, `nns.pin`,
 /// `nns.forbid`), if it has one.
 pub fn constraint(n: &Node, key: &str, mesh: &Mesh) -> Result<Option<Binds>, String> {

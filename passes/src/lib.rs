@@ -25,4 +25,5 @@ pub mod registry;
 pub mod rewrite;
 pub mod schedule;
 pub mod search;
+pub mod split_search;
 pub mod split_tensor;

@@ -49,6 +49,8 @@ pub enum Policy {
     DpMegatron,
     /// Megatron with sequence parallelism.
     MegatronSp,
+    /// Data parallel over `dp`; every op's split over `tp` searched (`split_search.rs`).
+    TpSearch,
 }
 
 impl Policy {
@@ -58,8 +60,9 @@ impl Policy {
             "megatron" => Ok(Policy::Megatron),
             "dp-megatron" => Ok(Policy::DpMegatron),
             "megatron-sp" => Ok(Policy::MegatronSp),
+            "tp-search" => Ok(Policy::TpSearch),
             other => Err(format!(
-                "unknown policy '{other}' (policies: dp, megatron, dp-megatron, megatron-sp, auto)"
+                "unknown policy '{other}' (policies: dp, megatron, dp-megatron, megatron-sp, tp-search, auto)"
             )),
         }
     }
@@ -68,7 +71,7 @@ impl Policy {
         match self {
             Policy::Dp => &["dp"],
             Policy::Megatron => &["tp"],
-            Policy::DpMegatron => &["dp", "tp"],
+            Policy::DpMegatron | Policy::TpSearch => &["dp", "tp"],
             Policy::MegatronSp => &["tp"],
         }
     }
@@ -85,6 +88,8 @@ pub struct Plan {
     microbatches: Option<i64>,
     /// ZeRO stage (`zero=`): 1 shards the optimizer state over `dp`.
     zero: u8,
+    /// The cluster `tp-search` predicts costs on (`cluster=`).
+    cluster: Option<crate::cost::Cluster>,
     remarks: Diagnostics,
 }
 
@@ -95,13 +100,24 @@ impl Plan {
             o.get("policy")
                 .ok_or("plan needs a policy, e.g. --plan=dp")?,
         )?;
-        for k in ["cluster", "devices"] {
-            if o.get(k).is_some() {
-                return Err(format!(
-                    "plan: '{k}' applies to policy auto (--plan=\"auto cluster=... devices=N\")"
-                ));
-            }
+        if o.get("devices").is_some() {
+            return Err(
+                "plan: 'devices' applies to policy auto (--plan=\"auto cluster=... devices=N\")"
+                    .into(),
+            );
         }
+        let cluster = match (policy, o.get("cluster")) {
+            (Policy::TpSearch, Some(c)) => {
+                Some(crate::cost::load(c).map_err(|e| format!("plan: {e}"))?)
+            }
+            (Policy::TpSearch, None) => {
+                return Err("plan: tp-search needs cluster=PRESET|FILE to predict costs on (presets: dgx-a100, dgx-h100, h200, cpu)".into())
+            }
+            (_, Some(_)) => {
+                return Err("plan: 'cluster' applies to policies tp-search and auto (--plan=\"auto cluster=... devices=N\")".into())
+            }
+            (_, None) => None,
+        };
         let size = |k: &str| -> Result<Option<i64>, String> {
             o.get(k)
                 .map(|v| {
@@ -127,10 +143,16 @@ impl Plan {
                 ));
             }
         }
+        // tp-search without dp= plans one data-parallel group (dp = 1).
         let sizes = policy
             .axes()
             .iter()
-            .map(|&a| size(a).map(|s| (a, s)))
+            .map(|&a| {
+                size(a).map(|s| {
+                    let default = (policy == Policy::TpSearch && a == "dp").then_some(1);
+                    (a, s.or(default))
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         // ZeRO-2 needs nothing more than ZeRO-1 here: the gradients reach the sharded
         // update as reduce_scatter shards, so no device keeps a whole reduced gradient.
@@ -157,6 +179,7 @@ impl Plan {
             pp: size("pp")?,
             microbatches: size("microbatches")?,
             zero,
+            cluster,
             remarks: Diagnostics::default(),
         })
     }
@@ -263,9 +286,33 @@ impl ModulePass for Plan {
             }
         };
         let (policy, zero) = (self.policy, self.zero);
+        let cluster = self.cluster.clone();
         let remarks = &mut self.remarks;
         rewrite_funcs(module, &mut |g| {
-            let g = plan(g, policy, &mesh)?;
+            let g = match (policy, &cluster) {
+                (Policy::TpSearch, Some(c)) => {
+                    let (g, prepared, sol) = crate::split_search::tp_search(g, &mesh, c, "tp")?;
+                    let chosen = prepared.describe(&sol);
+                    remarks.remark(
+                        &g.loc,
+                        format!(
+                            "plan: tp-search on {} ({} classes, {} choices, one per repeated layer position): predicted {:.3e} s per step, {} bytes per device; {}",
+                            c.name,
+                            prepared.problem.classes.len(),
+                            prepared.problem.classes.iter().map(|c| c.choices.len()).sum::<usize>(),
+                            sol.seconds,
+                            sol.memory,
+                            if chosen.is_empty() {
+                                "nothing split over tp".to_string()
+                            } else {
+                                format!("split over tp: {}", chosen.join(", "))
+                            }
+                        ),
+                    );
+                    g
+                }
+                _ => plan(g, policy, &mesh)?,
+            };
             Ok(Some(if zero > 0 {
                 zero_state(g, &mesh, zero, remarks)
             } else {
@@ -439,6 +486,7 @@ fn policy_name(p: Policy) -> &'static str {
         Policy::Megatron => "megatron",
         Policy::DpMegatron => "dp-megatron",
         Policy::MegatronSp => "megatron-sp",
+        Policy::TpSearch => "tp-search",
     }
 }
 
@@ -475,9 +523,10 @@ fn set_layout(g: &mut Graph, arg: usize, mesh: &Mesh, axes: Vec<(String, AxisLay
     );
 }
 
-/// Writes the policy's directives into `g`.
+/// Writes the policy's directives into `g` (`tp-search` needs a cluster: see
+/// [`crate::split_search::tp_search`]; here it plans `dp` only).
 pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnostics> {
-    if matches!(policy, Policy::Dp | Policy::DpMegatron) {
+    if matches!(policy, Policy::Dp | Policy::DpMegatron | Policy::TpSearch) {
         let n = mesh.axis("dp").unwrap_or(1);
         for i in 0..g.args.len() {
             let a = &g.args[i];
@@ -547,7 +596,7 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
 
 /// Optimizer state (`nns.state_of = "<param>"`, from `--optimizer`) takes its parameter's
 /// layout, so the update runs where the parameter lives.
-fn state_layouts(g: &mut Graph) {
+pub(crate) fn state_layouts(g: &mut Graph) {
     for i in 0..g.args.len() {
         let Some(AttrValue::Str(p)) = g.args[i].attrs.get("nns.state_of").cloned() else {
             continue;

@@ -21,6 +21,8 @@ use nnscaler_dialects::verify::Meshes;
 #[derive(Debug)]
 pub struct PlanSearch {
     cluster: Cluster,
+    /// The cluster as the option gave it (a preset's name or a file), for `tp-search`.
+    cluster_spec: String,
     devices: i64,
     remarks: Diagnostics,
 }
@@ -28,10 +30,11 @@ pub struct PlanSearch {
 impl PlanSearch {
     /// Options: `cluster` (a preset or TOML file) and `devices`.
     pub fn new(o: &PassOptions) -> Result<Self, String> {
-        let cluster = cost::load(o.get("cluster").ok_or(
-            "plan: auto needs cluster=PRESET|FILE (presets: dgx-a100, dgx-h100, h200, cpu)",
-        )?)
-        .map_err(|e| format!("plan: {e}"))?;
+        let cluster_spec = o
+            .get("cluster")
+            .ok_or("plan: auto needs cluster=PRESET|FILE (presets: dgx-a100, dgx-h100, h200, cpu)")?
+            .to_string();
+        let cluster = cost::load(&cluster_spec).map_err(|e| format!("plan: {e}"))?;
         let devices = o
             .get("devices")
             .ok_or("plan: auto needs devices=N")?
@@ -48,6 +51,7 @@ impl PlanSearch {
         }
         Ok(PlanSearch {
             cluster,
+            cluster_spec,
             devices,
             remarks: Diagnostics::default(),
         })
@@ -84,7 +88,7 @@ impl ModulePass for PlanSearch {
         space.zero = if training { vec![0, 1, 2, 3] } else { vec![0] };
         let found = search::search(&g, &self.cluster, &space, &mut Profiles::new(), &mut |_| {})
             .map_err(|e| error(&SrcLoc::default(), format!("plan: auto: {e}")))?;
-        let plan_of = |e: &Estimate| e.config.plan_options();
+        let plan_of = |e: &Estimate| e.config.plan_options(&self.cluster_spec);
         let mut lines: Vec<String> = found
             .ranked
             .iter()

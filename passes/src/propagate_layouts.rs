@@ -4,16 +4,17 @@
 //! op takes the split of its directive (`nns.split`); an op without one follows its
 //! operands: the identifier annotating each split operand dim is split over the same mesh
 //! axes (see `sharding::infer_binds`), and the inferred directive is written; an op with a
-//! directive gets the inferred binds for the ids and axes its directive leaves free. The op's
+//! directive gets the inferred binds for the ids and axes its directive leaves free, except
+//! the axes it names replicated (`R(tp)`: its operands are gathered over them). The op's
 //! result layouts follow from its annotation (`nns.layouts`). Each function result gets the
-//! layout it must end with (`nns.layout`): a `grad.<p>` result that of parameter `p`,
-//! anything else replicated, unless one is written. A `linear` whose directive splits its
+//! layout it must end with (`nns.layout`): a `grad.<p>` or `next.<p>` result that of
+//! parameter (or optimizer state) `p`, anything else replicated, unless one is written. A `linear` whose directive splits its
 //! summed dim is first cut into `linear` + `add` of the bias, so the bias is added once,
 //! after the reduction.
 
 use crate::layouts::{
-    annotation, constraint, directive, error, layout_attr, layouts_attr, node_layouts, the_mesh,
-    value_layouts,
+    annotation, constraint, directive, error, layout_attr, layouts_attr, node_layouts,
+    replicated_axes, the_mesh, value_layouts,
 };
 use crate::pipeline::{FunctionPass, PassOptions};
 use melior::ir::OperationRef;
@@ -238,12 +239,36 @@ fn vocab_parallel_cross_entropy(g: &mut Graph, k: usize) -> Result<(), String> {
 /// spec, so no annotation to split by) runs replicated, as MLIR's own spmdization treats
 /// ops without a sharding interface: its result layouts are written replicated (split-tensor
 /// then gathers its operands), and a remark says so.
-pub fn propagate(
+pub fn propagate(g: Graph, mesh: &Mesh, remarks: &mut Diagnostics) -> Result<Graph, Diagnostics> {
+    propagate_with(g, mesh, remarks, false).map(|(g, _)| g)
+}
+
+/// The final binds of an op and the axes it was left replicated over.
+pub type Decided = (Binds, Vec<usize>);
+
+/// [`propagate`] where an inferred split that does not divide its dimension is dropped
+/// instead of refused: the op runs replicated over those axes (its operand is gathered).
+/// Also returns, per op of the input graph, the binds it was given and the axes dropped
+/// (`None` for ops that are not `dnn` ops or were replaced), so a planner can write them
+/// as directives that plain propagation then follows.
+pub fn propagate_lenient(
+    g: Graph,
+    mesh: &Mesh,
+    remarks: &mut Diagnostics,
+) -> Result<(Graph, Vec<Option<Decided>>), Diagnostics> {
+    propagate_with(g, mesh, remarks, true)
+}
+
+fn propagate_with(
     mut g: Graph,
     mesh: &Mesh,
     remarks: &mut Diagnostics,
-) -> Result<Graph, Diagnostics> {
+    lenient: bool,
+) -> Result<(Graph, Vec<Option<Decided>>), Diagnostics> {
     let mut layouts = value_layouts(&g, mesh)?;
+    // Each node's index in the input graph (`None` for nodes propagation made).
+    let mut orig: Vec<Option<usize>> = (0..g.nodes.len()).map(Some).collect();
+    let mut decided: Vec<Option<Decided>> = vec![None; g.nodes.len()];
     let mut k = 0;
     while k < g.nodes.len() {
         let mut n = g.nodes[k].clone();
@@ -285,8 +310,11 @@ pub fn propagate(
         if (n.op == "dnn.cross_entropy" || n.op == "dnn.cross_entropy_grad")
             && vocab_split(&n, &layouts)
         {
+            let before = g.nodes.len();
             vocab_parallel_cross_entropy(&mut g, k)
                 .map_err(|e| error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op)))?;
+            let made = g.nodes.len() + 1 - before;
+            orig.splice(k..=k, std::iter::repeat_n(None, made));
             layouts.resize(g.values.len(), None);
             continue; // propagate through the ops that replaced it
         }
@@ -302,12 +330,24 @@ pub fn propagate(
         let (anno, binding) = annotation(&g, &n).map_err(fail)?;
         let ops: Vec<Option<&Sharding>> = n.inputs.iter().map(|&v| layouts[v].as_ref()).collect();
         let mut binds = written.clone().unwrap_or_default();
+        let mut closed = replicated_axes(&n, mesh).map_err(fail)?;
         for (id, axes) in infer_binds(&anno, &binding, &ops) {
             let taken = binds
                 .iter()
-                .any(|(i, v)| *i == id || v.iter().any(|a| axes.contains(a)));
+                .any(|(i, v)| *i == id || v.iter().any(|a| axes.contains(a)))
+                || axes.iter().any(|a| closed.contains(a));
             if !taken {
-                binds.push((id, axes));
+                let parts: i64 = axes.iter().map(|&a| mesh.axes[a].size).product();
+                let divides = binding.len(&id).unwrap_or(1) % parts == 0;
+                if lenient && !divides {
+                    for a in axes {
+                        if !closed.contains(&a) {
+                            closed.push(a);
+                        }
+                    }
+                } else {
+                    binds.push((id, axes));
+                }
             }
         }
         check_binds(
@@ -321,17 +361,23 @@ pub fn propagate(
         )
         .map_err(fail)?;
         if !binds.is_empty() && split_attr.as_ref() != Some(&binds) {
+            let mut s = binds_to_split(&binds, mesh);
+            s.replicated = closed.iter().map(|&a| mesh.axes[a].name.clone()).collect();
             g.nodes[k].attrs.insert(
                 "nns.split".into(),
                 AttrValue::Nns {
                     kind: "split".into(),
-                    body: binds_to_split(&binds, mesh).to_string(),
+                    body: s.to_string(),
                 },
             );
+        }
+        if let Some(i) = orig[k] {
+            decided[i] = Some((binds.clone(), closed.clone()));
         }
         let cut = split_bias(&mut g, k, &anno, &binds)
             .map_err(|e| error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op)))?;
         if cut {
+            orig.insert(k + 1, None);
             layouts.resize(g.values.len(), None);
             n = g.nodes[k].clone();
         }
@@ -346,10 +392,13 @@ pub fn propagate(
         }
         k += 1;
     }
+    // Trained state (parameters and optimizer moments) by name: a gradient leaves in its
+    // parameter's layout, a next value in its state's (the next step reads it back as is,
+    // so it is never gathered).
     let params: Vec<(String, Option<Sharding>)> = g
         .args
         .iter()
-        .filter(|a| a.is_param())
+        .filter(|a| a.is_state())
         .map(|a| (a.name().unwrap_or("").to_string(), layouts[a.value].clone()))
         .collect();
     for o in &mut g.outputs {
@@ -359,7 +408,7 @@ pub fn propagate(
         let rank = g.values[o.value].rank();
         let grad_of = o
             .name()
-            .and_then(|n| n.strip_prefix("grad."))
+            .and_then(|n| n.strip_prefix("grad.").or_else(|| n.strip_prefix("next.")))
             .map(str::to_string);
         let want = grad_of
             .and_then(|p| {
@@ -372,7 +421,7 @@ pub fn propagate(
         o.attrs
             .insert("nns.layout".into(), layout_attr(&want, mesh));
     }
-    Ok(g)
+    Ok((g, decided))
 }
 
 /// An op of another dialect than ours (`arith`, `tensor`, a user's).

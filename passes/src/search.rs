@@ -126,6 +126,8 @@ pub struct Profile {
     /// Whether the matrix products run in bf16 (the step was cast by `--autocast=bf16`):
     /// they are predicted at the bf16 rate, and MFU is relative to the bf16 peak.
     pub bf16: bool,
+    /// How the layers are split over `tp`.
+    pub tensor: TpPolicy,
 }
 
 /// The module's batch: the leading dim data arguments share (their gcd).
@@ -160,9 +162,52 @@ fn diag_text(d: &Diagnostics) -> String {
     })
 }
 
+/// How a profile splits the layers over `tp`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TpPolicy {
+    /// Megatron-LM's rule (`--plan=dp-megatron`).
+    #[default]
+    Megatron,
+    /// Each op's split searched by Z3 (`--plan=tp-search`, [`crate::split_search`]).
+    Search,
+}
+
+impl TpPolicy {
+    /// Its `--plan` policy with both axes.
+    pub fn policy(self) -> &'static str {
+        match self {
+            TpPolicy::Megatron => "dp-megatron",
+            TpPolicy::Search => "tp-search",
+        }
+    }
+}
+
+impl Profile {
+    /// Seconds of one micro-batch's forward and backward on one device, and the update.
+    pub fn seconds(&self) -> f64 {
+        self.items
+            .iter()
+            .map(|i| i.fwd + i.bwd_input + i.bwd_weight)
+            .sum::<f64>()
+            + self.optimizer
+    }
+}
+
 /// Compiles training step `g` (single device) for one micro-batch of `micro` sequences at
-/// `tp = tp` and profiles its per-device program on `cluster`.
+/// `tp = tp` with Megatron's splits and profiles its per-device program on `cluster`.
 pub fn profile(g: &Graph, tp: u64, micro: u64, cluster: &Cluster) -> Result<Profile, String> {
+    profile_with(g, tp, micro, cluster, TpPolicy::Megatron)
+}
+
+/// [`profile`] with the layers split over `tp` as `tensor` says.
+pub fn profile_with(
+    g: &Graph,
+    tp: u64,
+    micro: u64,
+    cluster: &Cluster,
+    tensor: TpPolicy,
+) -> Result<Profile, String> {
     let batch = batch_of(g).ok_or("the step has no batched data argument")?;
     if micro == 0 || !batch.is_multiple_of(micro) {
         return Err(format!(
@@ -189,24 +234,27 @@ pub fn profile(g: &Graph, tp: u64, micro: u64, cluster: &Cluster) -> Result<Prof
     let mut remarks = Diagnostics::default();
     let local = (|| {
         // The policy the plan's flags apply: no Megatron splits without tensor parallelism.
-        let policy = if tp == 1 {
-            Policy::Dp
-        } else {
-            Policy::DpMegatron
+        let g = match (tp, tensor) {
+            (1, _) => plan(g.clone(), Policy::Dp, &mesh)?,
+            (_, TpPolicy::Megatron) => plan(g.clone(), Policy::DpMegatron, &mesh)?,
+            (_, TpPolicy::Search) => {
+                crate::split_search::tp_search(g.clone(), &mesh, cluster, "tp")?.0
+            }
         };
-        let g = plan(g.clone(), policy, &mesh)?;
         let g = propagate(g, &mesh, &mut remarks)?;
         let g = split(g, &mesh)?;
         let g = lower(g, &mesh, &mut TransitionSearch::new())?;
         localize(compact(g), &mesh)
     })()
     .map_err(|d| diag_text(&d))?;
-    Ok(profile_local(&local, &mesh, tp, micro, cluster))
+    let mut p = profile_local(&local, &mesh, tp, micro, cluster);
+    p.tensor = if tp == 1 { TpPolicy::Megatron } else { tensor };
+    Ok(p)
 }
 
 /// `g` without the values no argument or op defines (what passes replaced), as writing
 /// the graph to MLIR and reading it back would leave it.
-fn compact(mut g: Graph) -> Graph {
+pub(crate) fn compact(mut g: Graph) -> Graph {
     let mut new: Vec<Option<usize>> = vec![None; g.values.len()];
     let mut values = Vec::new();
     let defined = g
@@ -435,6 +483,7 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
         items,
         optimizer,
         bf16,
+        tensor: TpPolicy::Megatron,
     }
 }
 
@@ -459,6 +508,8 @@ pub struct Config {
     pub zero: u8,
     /// The items (of the profile) each stage starts at, `pp x chunks` of them.
     pub stage_starts: Vec<usize>,
+    /// How the layers are split over `tp`.
+    pub tensor: TpPolicy,
 }
 
 impl Config {
@@ -467,12 +518,14 @@ impl Config {
         self.pp > 1 || self.microbatches > 1
     }
 
-    /// The `--plan` options that apply it: the policy and its sizes, the pipeline, ZeRO.
-    pub fn plan_options(&self) -> String {
-        let mut plan = match (self.dp, self.tp) {
-            (_, 1) => format!("dp dp={}", self.dp),
-            (1, t) => format!("megatron tp={t}"),
-            (d, t) => format!("dp-megatron dp={d} tp={t}"),
+    /// The `--plan` options that apply it on `cluster` (a preset's name or a TOML file,
+    /// for `tp-search`): the policy and its sizes, the pipeline, ZeRO.
+    pub fn plan_options(&self, cluster: &str) -> String {
+        let mut plan = match (self.dp, self.tp, self.tensor) {
+            (_, 1, _) => format!("dp dp={}", self.dp),
+            (1, t, TpPolicy::Megatron) => format!("megatron tp={t}"),
+            (d, t, TpPolicy::Megatron) => format!("dp-megatron dp={d} tp={t}"),
+            (d, t, TpPolicy::Search) => format!("tp-search dp={d} tp={t} cluster={cluster}"),
         };
         if self.pipelined() {
             plan += &format!(" pp={} microbatches={}", self.pp, self.microbatches);
@@ -494,6 +547,9 @@ impl Config {
             s += &format!(" schedule={}", self.schedule);
         }
         s += &format!(" recompute={} zero={}", self.recompute.name(), self.zero);
+        if self.tp > 1 && self.tensor == TpPolicy::Search {
+            s += " splits=searched";
+        }
         s
     }
 }
@@ -558,6 +614,9 @@ pub struct Space {
     /// Brute force (tests): every contiguous stage cut instead of the dynamic program's,
     /// every plan simulated (no bounds).
     pub exhaustive: bool,
+    /// How layers may be split over `tp`: Megatron's rule, and each op's split searched
+    /// by Z3 ([`crate::split_search`]).
+    pub tensor: Vec<TpPolicy>,
 }
 
 impl Space {
@@ -589,6 +648,7 @@ impl Space {
             keep: 20,
             pipelines: true,
             exhaustive: false,
+            tensor: vec![TpPolicy::Megatron, TpPolicy::Search],
         }
     }
 
@@ -599,6 +659,7 @@ impl Space {
             recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
             zero: vec![0, 1],
             megatron: true,
+            tensor: vec![TpPolicy::Megatron],
             ..Space::new(devices)
         }
     }
@@ -1088,12 +1149,12 @@ fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Profiles by (tensor-parallel degree, micro-batch size), or why the compiler refused
-/// that degree.
-pub type Profiles = HashMap<(u64, u64), Result<Profile, String>>;
+/// Profiles by (tensor-parallel degree, micro-batch size, how the layers are split over
+/// `tp`), or why the compiler refused that degree.
+pub type Profiles = HashMap<(u64, u64, TpPolicy), Result<Profile, String>>;
 
-/// The (tp, micro-batch) pairs a space needs.
-fn pairs(space: &Space, batch: u64, max_tp: u64) -> Vec<(u64, u64)> {
+/// The (tp, micro-batch, splits) profiles a space needs.
+fn pairs(space: &Space, batch: u64, max_tp: u64) -> Vec<(u64, u64, TpPolicy)> {
     let n = space.devices;
     let mut out = Vec::new();
     for tp in divisors(n).into_iter().filter(|&t| t <= max_tp) {
@@ -1112,8 +1173,14 @@ fn pairs(space: &Space, batch: u64, max_tp: u64) -> Vec<(u64, u64)> {
                 } else {
                     single
                 };
-                if wanted && !out.contains(&(tp, micro)) {
-                    out.push((tp, micro));
+                for &t in space
+                    .tensor
+                    .iter()
+                    .filter(|&&t| tp > 1 || t == TpPolicy::Megatron)
+                {
+                    if wanted && !out.contains(&(tp, micro, t)) {
+                        out.push((tp, micro, t));
+                    }
                 }
             }
         }
@@ -1126,11 +1193,11 @@ fn pairs(space: &Space, batch: u64, max_tp: u64) -> Vec<(u64, u64)> {
 fn fill_profiles(
     g: &Graph,
     cluster: &Cluster,
-    want: &[(u64, u64)],
+    want: &[(u64, u64, TpPolicy)],
     profiles: &mut Profiles,
     progress: &mut dyn FnMut(&str),
 ) {
-    let missing: Vec<(u64, u64)> = want
+    let missing: Vec<(u64, u64, TpPolicy)> = want
         .iter()
         .copied()
         .filter(|k| !profiles.contains_key(k))
@@ -1142,21 +1209,21 @@ fn fill_profiles(
         .map_or(1, |n| n.get())
         .min(missing.len());
     progress(&format!(
-        "compiling {} profiles (tp x micro-batch) on {threads} threads",
+        "compiling {} profiles (tp x micro-batch x splits) on {threads} threads",
         missing.len()
     ));
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let done: Vec<((u64, u64), Result<Profile, String>)> = std::thread::scope(|s| {
+    let done: Vec<((u64, u64, TpPolicy), Result<Profile, String>)> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 s.spawn(|| {
                     let mut mine = Vec::new();
                     loop {
                         let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(&(tp, micro)) = missing.get(k) else {
+                        let Some(&(tp, micro, t)) = missing.get(k) else {
                             break;
                         };
-                        mine.push(((tp, micro), profile(g, tp, micro, cluster)));
+                        mine.push(((tp, micro, t), profile_with(g, tp, micro, cluster, t)));
                     }
                     mine
                 })
@@ -1226,71 +1293,78 @@ pub fn search(
                     b == batch / dp
                 }
             }) {
-                let prof = match profiles.get(&(tp, micro)) {
-                    Some(Ok(p)) => p,
-                    None => continue,
-                    Some(Err(e)) => {
-                        *out.entry(format!("tp={tp}: {e}")).or_default() += 1;
-                        continue;
-                    }
-                };
-                let m = batch / dp / micro;
-                if !space.pipelines && (pp > 1 || m > 1) {
-                    *out.entry(
+                for &tensor in space
+                    .tensor
+                    .iter()
+                    .filter(|&&t| tp > 1 || t == TpPolicy::Megatron)
+                {
+                    let prof = match profiles.get(&(tp, micro, tensor)) {
+                        Some(Ok(p)) => p,
+                        None => continue,
+                        Some(Err(e)) => {
+                            *out.entry(format!("tp={tp}: {e}")).or_default() += 1;
+                            continue;
+                        }
+                    };
+                    let m = batch / dp / micro;
+                    if !space.pipelines && (pp > 1 || m > 1) {
+                        *out.entry(
                         "pipelines and micro-batches: not in this space (they place the forward before --autodiff)".into(),
                     )
                     .or_default() += 1;
-                    continue;
-                }
-                let schedules: Vec<String> = if pp == 1 {
-                    vec!["none".into()]
-                } else {
-                    space.schedules.clone()
-                };
-                for sched in &schedules {
-                    let stages = (pp * chunks(sched)) as usize;
-                    for &r in &space.recompute {
-                        let cuts: Vec<Vec<usize>> = if stages == 1 {
-                            vec![vec![0]]
-                        } else if space.megatron {
-                            megatron_cut(&prof.items, stages).into_iter().collect()
-                        } else if space.exhaustive
-                            || cut_count(prof.items.len(), stages) <= FEW_CUTS
-                        {
-                            every_cut(prof.items.len(), stages)
-                        } else {
-                            balanced_cut(&prof.items, stages, r).into_iter().collect()
-                        };
-                        if cuts.is_empty() {
-                            *out.entry(format!(
-                                "{stages} stages do not cut {} items{}",
-                                prof.items.len(),
-                                if space.megatron { " evenly" } else { "" }
-                            ))
-                            .or_default() += 1;
-                        }
-                        for cut in cuts {
-                            for &zero in space.zero.iter().filter(|&&z| dp > 1 || z == 0) {
-                                let c = Config {
-                                    dp,
-                                    tp,
-                                    pp,
-                                    micro,
-                                    microbatches: m,
-                                    schedule: sched.clone(),
-                                    recompute: r,
-                                    zero,
-                                    stage_starts: cut.clone(),
-                                };
-                                considered += 1;
-                                let least = memory_lower_bound(prof, &c);
-                                if least > cap {
-                                    *out.entry("out of memory".into()).or_default() += 1;
-                                    least_memory =
-                                        Some(least_memory.map_or(least, |m: u64| m.min(least)));
-                                    continue;
+                        continue;
+                    }
+                    let schedules: Vec<String> = if pp == 1 {
+                        vec!["none".into()]
+                    } else {
+                        space.schedules.clone()
+                    };
+                    for sched in &schedules {
+                        let stages = (pp * chunks(sched)) as usize;
+                        for &r in &space.recompute {
+                            let cuts: Vec<Vec<usize>> = if stages == 1 {
+                                vec![vec![0]]
+                            } else if space.megatron {
+                                megatron_cut(&prof.items, stages).into_iter().collect()
+                            } else if space.exhaustive
+                                || cut_count(prof.items.len(), stages) <= FEW_CUTS
+                            {
+                                every_cut(prof.items.len(), stages)
+                            } else {
+                                balanced_cut(&prof.items, stages, r).into_iter().collect()
+                            };
+                            if cuts.is_empty() {
+                                *out.entry(format!(
+                                    "{stages} stages do not cut {} items{}",
+                                    prof.items.len(),
+                                    if space.megatron { " evenly" } else { "" }
+                                ))
+                                .or_default() += 1;
+                            }
+                            for cut in cuts {
+                                for &zero in space.zero.iter().filter(|&&z| dp > 1 || z == 0) {
+                                    let c = Config {
+                                        dp,
+                                        tp,
+                                        pp,
+                                        micro,
+                                        microbatches: m,
+                                        schedule: sched.clone(),
+                                        recompute: r,
+                                        zero,
+                                        stage_starts: cut.clone(),
+                                        tensor,
+                                    };
+                                    considered += 1;
+                                    let least = memory_lower_bound(prof, &c);
+                                    if least > cap {
+                                        *out.entry("out of memory".into()).or_default() += 1;
+                                        least_memory =
+                                            Some(least_memory.map_or(least, |m: u64| m.min(least)));
+                                        continue;
+                                    }
+                                    candidates.push((lower_bound(prof, &c, cluster), c));
                                 }
-                                candidates.push((lower_bound(prof, &c, cluster), c));
                             }
                         }
                     }
@@ -1317,7 +1391,7 @@ pub fn search(
         if bound > kth && !space.exhaustive {
             break;
         }
-        let Some(Ok(p)) = profiles.get(&(c.tp, c.micro)) else {
+        let Some(Ok(p)) = profiles.get(&(c.tp, c.micro, c.tensor)) else {
             continue;
         };
         simulated += 1;
@@ -1365,7 +1439,7 @@ pub fn search(
     if !space.megatron && !space.exhaustive {
         for e in ranked.iter_mut().take(REFINED) {
             let items = profiles
-                .get(&(e.config.tp, e.config.micro))
+                .get(&(e.config.tp, e.config.micro, e.config.tensor))
                 .and_then(|p| p.as_ref().ok());
             let Some(p) = items else { continue };
             let stages = e.config.stage_starts.len();

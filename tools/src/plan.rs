@@ -213,7 +213,8 @@ pub type Passes = Vec<(String, String)>;
 /// The passes (name, options) that apply plan `e`: those that write its directives into
 /// the IR (up to `--plan`), then those that carry it out. `forward`: the input is a
 /// forward (it gets `--autodiff --optimizer`; pipelines place it first).
-pub fn apply_passes(e: &Estimate, p: &Profile, forward: bool) -> (Passes, Passes) {
+/// `cluster` is the cluster as the user named it (a preset or a file), for `tp-search`.
+pub fn apply_passes(e: &Estimate, p: &Profile, forward: bool, cluster: &str) -> (Passes, Passes) {
     let c = &e.config;
     let mut before = Vec::new();
     let pass = |n: &str, o: String| (n.to_string(), o);
@@ -240,7 +241,7 @@ pub fn apply_passes(e: &Estimate, p: &Profile, forward: bool) -> (Passes, Passes
     if forward {
         before.push(pass("optimizer", String::new()));
     }
-    before.push(pass("plan", c.plan_options()));
+    before.push(pass("plan", c.plan_options(cluster)));
     let mut after = vec![
         pass("propagate-layouts", String::new()),
         pass("split-tensor", String::new()),
@@ -272,8 +273,8 @@ pub fn flags(passes: &[(String, String)]) -> String {
 }
 
 /// The `nnscaler-opt` flags that apply plan `e` (see [`apply_passes`]).
-pub fn apply_flags(e: &Estimate, p: &Profile, forward: bool) -> String {
-    let (before, after) = apply_passes(e, p, forward);
+pub fn apply_flags(e: &Estimate, p: &Profile, forward: bool, cluster: &str) -> String {
+    let (before, after) = apply_passes(e, p, forward, cluster);
     flags(&[before, after].concat())
 }
 
@@ -452,13 +453,19 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
         ));
     };
     // The profile of the best plan, for its stages' names and flags.
-    let prof = match profiles.get(&(best.config.tp, best.config.micro)) {
+    let prof = match profiles.get(&(best.config.tp, best.config.micro, best.config.tensor)) {
         Some(Ok(p)) => p.clone(),
-        _ => search::profile(&step, best.config.tp, best.config.micro, &cluster)?,
+        _ => search::profile_with(
+            &step,
+            best.config.tp,
+            best.config.micro,
+            &cluster,
+            best.config.tensor,
+        )?,
     };
     let mut wrote = String::new();
     if let Some(out) = &a.output {
-        let (before, after) = apply_passes(best, &prof, differentiated);
+        let (before, after) = apply_passes(best, &prof, differentiated, &a.cluster);
         let planned = apply(&text, &name, &before)?;
         crate::write_one(out, planned.into_bytes())?;
         if out != "-" {
@@ -475,7 +482,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
             "devices": a.devices,
             "batch": batch,
             "best": best,
-            "flags": apply_flags(best, &prof, differentiated),
+            "flags": apply_flags(best, &prof, differentiated, &a.cluster),
             "alternatives": found
                 .ranked
                 .iter()
@@ -483,8 +490,8 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
                 .take(a.top)
                 .map(|e| {
                     let mut v = serde_json::to_value(e).unwrap_or_default();
-                    if let Some(Ok(p)) = profiles.get(&(e.config.tp, e.config.micro)) {
-                        v["flags"] = apply_flags(e, p, differentiated).into();
+                    if let Some(Ok(p)) = profiles.get(&(e.config.tp, e.config.micro, e.config.tensor)) {
+                        v["flags"] = apply_flags(e, p, differentiated, &a.cluster).into();
                         v["why_lost"] = why_lost(e, best).into();
                     }
                     v
@@ -546,7 +553,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     let _ = writeln!(
         o,
         "apply: nnscaler-opt {}",
-        apply_flags(best, &prof, differentiated)
+        apply_flags(best, &prof, differentiated, &a.cluster)
     );
     o += &wrote;
     if found.ranked.len() > 1 {

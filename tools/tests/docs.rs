@@ -86,7 +86,7 @@ fn generate() -> String {
          ```mlir\n\"nns.mesh\"() {sym_name = \"world\", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()\n```\n\n\
          ### Attributes\n\n\
          - layout: `#nns.layout<@world, dp = D(0), tp = V(sum)>` — per mesh axis R, V(sum|max) or D(dim); omitted axes are R.\n\
-         - split directive: `#nns.split<b = dp, n = (dp2, tp)>` — binds annotation ids to mesh axes.\n",
+         - split directive: `#nns.split<b = dp, n = (dp2, tp)>` — binds annotation ids to mesh axes; `R(tp)` names axes the op is replicated over.\n",
     );
     for (name, doc) in nns::OP_ATTRS {
         let _ = writeln!(s, "- `{name}`: {doc}");

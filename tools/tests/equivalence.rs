@@ -234,6 +234,29 @@ const PLANS: &[&str] = &[
     "megatron-sp tp=2",
 ];
 
+/// `tp-search` on a cluster where splitting always pays (no per-op overhead, a free
+/// network), so the tiny models are really split; and on the H100 preset.
+fn searched_plans() -> Vec<String> {
+    let free = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../test/passes/plan/Inputs/compute-bound.toml"
+    );
+    vec![
+        format!("tp-search tp=2 cluster={free}"),
+        format!("tp-search tp=4 cluster={free}"),
+        format!("tp-search dp=2 tp=2 cluster={free}"),
+    ]
+}
+
+#[test]
+fn searched_plans_match_one_device() {
+    for name in ["mlp-tiny", "gpt-tiny", "llama-tiny"] {
+        for p in searched_plans() {
+            check(name, &p);
+        }
+    }
+}
+
 #[test]
 fn mlp_plans_match_one_device() {
     for p in PLANS {
@@ -584,6 +607,9 @@ fn optimizer_step(name: &str) {
         "dp-megatron dp=2 tp=2 zero=1",
         "dp dp=2 zero=3",
         "dp-megatron dp=2 tp=2 zero=3",
+        &searched_plans()[2],
+        &format!("{} zero=1", searched_plans()[2]),
+        &format!("{} zero=3", searched_plans()[2]),
     ] {
         let steps = [
             step("autodiff", ""),
