@@ -25,5 +25,6 @@ pub mod registry;
 pub mod rewrite;
 pub mod schedule;
 pub mod search;
+pub mod split_problem;
 pub mod split_search;
 pub mod split_tensor;

@@ -291,7 +291,8 @@ impl ModulePass for Plan {
         rewrite_funcs(module, &mut |g| {
             let g = match (policy, &cluster) {
                 (Policy::TpSearch, Some(c)) => {
-                    let (g, prepared, sol) = crate::split_search::tp_search(g, &mesh, c, "tp")?;
+                    let found = crate::split_search::tp_search(g, &mesh, c, "tp")?;
+                    let (g, prepared, sol) = (found.planned, found.prepared, found.solution);
                     let chosen = prepared.describe(&sol);
                     remarks.remark(
                         &g.loc,

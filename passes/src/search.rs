@@ -208,6 +208,33 @@ pub fn profile_with(
     cluster: &Cluster,
     tensor: TpPolicy,
 ) -> Result<Profile, String> {
+    profile_reusing(g, tp, micro, cluster, tensor, None).0
+}
+
+/// [`profile_with`]; the searched splits take the choices `reuse` names (another micro-batch
+/// size's, of the same `tp`) instead of solving again. Returns the choices too.
+fn profile_reusing(
+    g: &Graph,
+    tp: u64,
+    micro: u64,
+    cluster: &Cluster,
+    tensor: TpPolicy,
+    reuse: Option<&[String]>,
+) -> (Result<Profile, String>, Option<Vec<String>>) {
+    let mut labels = None;
+    let p = profile_inner(g, tp, micro, cluster, tensor, reuse, &mut labels);
+    (p, labels)
+}
+
+fn profile_inner(
+    g: &Graph,
+    tp: u64,
+    micro: u64,
+    cluster: &Cluster,
+    tensor: TpPolicy,
+    reuse: Option<&[String]>,
+    labels: &mut Option<Vec<String>>,
+) -> Result<Profile, String> {
     let batch = batch_of(g).ok_or("the step has no batched data argument")?;
     if micro == 0 || !batch.is_multiple_of(micro) {
         return Err(format!(
@@ -235,13 +262,24 @@ pub fn profile_with(
     let local = (|| {
         // The policy the plan's flags apply: no Megatron splits without tensor parallelism.
         let g = match (tp, tensor) {
-            (1, _) => plan(g.clone(), Policy::Dp, &mesh)?,
-            (_, TpPolicy::Megatron) => plan(g.clone(), Policy::DpMegatron, &mesh)?,
+            (1, _) => propagate(plan(g.clone(), Policy::Dp, &mesh)?, &mesh, &mut remarks)?,
+            (_, TpPolicy::Megatron) => propagate(
+                plan(g.clone(), Policy::DpMegatron, &mesh)?,
+                &mesh,
+                &mut remarks,
+            )?,
             (_, TpPolicy::Search) => {
-                crate::split_search::tp_search(g.clone(), &mesh, cluster, "tp")?.0
+                // The search propagated its plan already (what --propagate-layouts makes
+                // of the directives it writes).
+                let s =
+                    crate::split_search::tp_search_reusing(g.clone(), &mesh, cluster, "tp", reuse)?;
+                *labels = Some(s.labels());
+                match s.propagated {
+                    Some(p) => p,
+                    None => propagate(s.planned, &mesh, &mut remarks)?,
+                }
             }
         };
-        let g = propagate(g, &mesh, &mut remarks)?;
         let g = split(g, &mesh)?;
         let g = lower(g, &mesh, &mut TransitionSearch::new())?;
         localize(compact(g), &mesh)
@@ -1212,18 +1250,60 @@ fn fill_profiles(
         "compiling {} profiles (tp x micro-batch x splits) on {threads} threads",
         missing.len()
     ));
+    // The searched splits are solved once per degree, at its smallest micro-batch; the
+    // other sizes of that degree take the same choices (first phase, then the second).
+    let mut first: Vec<(u64, u64, TpPolicy)> = Vec::new();
+    let mut later: Vec<(u64, u64, TpPolicy)> = Vec::new();
+    let mut sorted = missing.clone();
+    sorted.sort_by_key(|&(tp, micro, _)| (tp, micro));
+    for k in sorted {
+        let solved = first.iter().any(|f| f.0 == k.0 && f.2 == k.2);
+        if k.2 == TpPolicy::Search && solved {
+            later.push(k);
+        } else {
+            first.push(k);
+        }
+    }
+    let mut choices: HashMap<u64, Vec<String>> = HashMap::new();
+    for phase in [first, later] {
+        let done = compile_profiles(g, cluster, &phase, &choices, threads);
+        for ((key, p), labels) in done {
+            if let Some(l) = labels {
+                choices.entry(key.0).or_insert(l);
+            }
+            profiles.insert(key, p);
+        }
+    }
+}
+
+/// A profile, with the searched splits' choices it took.
+type Compiled = (
+    ((u64, u64, TpPolicy), Result<Profile, String>),
+    Option<Vec<String>>,
+);
+
+/// Compiles `keys` on `threads` threads, the searched splits reusing `choices` by degree.
+fn compile_profiles(
+    g: &Graph,
+    cluster: &Cluster,
+    keys: &[(u64, u64, TpPolicy)],
+    choices: &HashMap<u64, Vec<String>>,
+    threads: usize,
+) -> Vec<Compiled> {
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let done: Vec<((u64, u64, TpPolicy), Result<Profile, String>)> = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads.min(keys.len()).max(1))
             .map(|_| {
                 s.spawn(|| {
                     let mut mine = Vec::new();
                     loop {
                         let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(&(tp, micro, t)) = missing.get(k) else {
+                        let Some(&(tp, micro, t)) = keys.get(k) else {
                             break;
                         };
-                        mine.push(((tp, micro, t), profile_with(g, tp, micro, cluster, t)));
+                        let reuse = choices.get(&tp).map(Vec::as_slice);
+                        let (p, labels) = profile_reusing(g, tp, micro, cluster, t, reuse);
+                        mine.push((((tp, micro, t), p), labels));
                     }
                     mine
                 })
@@ -1233,8 +1313,7 @@ fn fill_profiles(
             .into_iter()
             .flat_map(|w| w.join().unwrap_or_default())
             .collect()
-    });
-    profiles.extend(done);
+    })
 }
 
 /// Searches `space` for training step `g` (single device, with its optimizer) on

@@ -1,45 +1,49 @@
 //! The per-op tensor-parallel split search behind `--plan="tp-search ..."`: every forward
 //! op's split over mesh axis `tp` (one annotation identifier, or none), every parameter's
-//! and data input's layout over `tp`, chosen by Z3 to minimise the training step's
-//! predicted time under the user's constraints and the memory cap.
+//! and data input's layout over `tp`, chosen by Z3 ([`crate::split_problem`]) to minimise
+//! the training step's predicted time under the user's constraints and the memory cap.
 //!
 //! **Choices.** The other axes (`dp`, a micro-batch axis) are planned first as `--plan=dp`
-//! plans them, and propagated: an op's choices keep those binds and add one over `tp` —
-//! each identifier its annotation lets split (`Annotation::split_choices`) whose length
-//! `tp` divides — or split nothing over `tp` (`R`, written as `R(tp)` in the directive so
-//! that nothing is inferred over it). A cross-entropy may also take its logits split on
-//! the classes (`vocab`: propagation then makes it vocabulary-parallel). A parameter or
-//! data input is replicated over `tp` or split on one dim `tp` divides (that no other axis
-//! splits).
+//! plans them, and propagated over the forward: an op's choices keep those binds and add
+//! one over `tp` — each identifier its annotation lets split (`Annotation::split_choices`)
+//! whose length `tp` divides — or split nothing over `tp` (`R`, written as `R(tp)` in the
+//! directive so that nothing is inferred over it). A cross-entropy may also take its
+//! logits split on the classes (`vocab`: propagation then makes it vocabulary-parallel).
+//! A parameter or data input is replicated over `tp` or split on one dim `tp` divides
+//! (that no other axis splits).
 //!
-//! **Costs** (seconds of the cost model, [`crate::cost`]), per choice: the op's forward and
-//! backward on one device's shard, with the collectives inside them (vocabulary-parallel
-//! cross-entropy's reductions), measured by compiling the op and its VJP alone
-//! (propagation, split, lowering, localization of a scratch function whose operands arrive
-//! in the choice's layouts) and predicting every op of the result — which also gives the
-//! layout each operand's gradient leaves in; a parameter's choice costs its optimizer
-//! update on its shard. Per value: the transition (the collectives `--lower-relayouts`
-//! would emit, [`TransitionSearch`]) from its producer's layout to each distinct layout its
-//! consumers need, once per layout; a parameter gathered for an op is gathered again for
-//! its backward; a function result must be replicated; and backward, from each distinct
-//! layout its gradient arrives in to the one its producer's backward reads (a partial
-//! result's gradient is replicated; a parameter's gradient ends in the parameter's
-//! layout). Memory per device: parameters with their gradients and optimizer state, and
-//! the activations the backward keeps, on their shards.
+//! **Costs** (seconds of the cost model, [`crate::cost`]), per choice: the op's forward
+//! and backward on one device's shard, with the collectives inside them
+//! (vocabulary-parallel cross-entropy's reductions), measured by compiling the op and its
+//! VJP alone (propagation, split, lowering, localization of a scratch function whose
+//! operands arrive in the choice's layouts and whose results' gradients arrive in their
+//! results' layouts) and predicting every op of the result — which also gives the layout
+//! each operand's gradient leaves in and the binds of each backward op; a parameter's
+//! choice costs its optimizer update on its shard. Per value: the transition (the
+//! collectives `--lower-relayouts` would emit, [`TransitionSearch`]) from its producer's
+//! layout to each distinct layout its consumers read it in, once per layout; a parameter
+//! gathered for an op is gathered again for its backward; a function result must be
+//! replicated; and backward, from each distinct layout its gradient arrives in to the one
+//! its producer's backward reads (a partial result's gradient is replicated; a
+//! parameter's gradient ends in the parameter's layout). Memory per device: parameters
+//! with their gradients and optimizer state, and the activations the backward keeps, on
+//! their shards. Not in the objective: the sums of reused gradients, the loss's seed and
+//! clipping (a few percent of a step on tiny models).
 //!
 //! **Classes.** Layers with the same signature (ops, attributes, shapes and how they
 //! connect: a model's repeated blocks) share variables: op `i` of every such layer is one
 //! class, and so is its `j`-th parameter, so a 96-layer model is solved as one block plus
 //! the ops around the layers. Costs are multiplied by how often they occur.
 //!
-//! **Solving.** One Boolean per (class, choice), exactly one per class; a cost term that
-//! depends on two classes (a transition between a producer's choice and the layouts its
-//! consumers' choices need) gets an auxiliary Boolean implied by them. User constraints —
-//! an op's `nns.split` or `nns.pin` binding `tp`, an `nns.forbid` over `tp` — and the
-//! memory cap are asserted with tracking literals on a `Solver` first: when they cannot
-//! hold together, the unsat core names the ones in conflict. Then `Optimize` minimises the
-//! weighted sum (weights in nanoseconds) as soft constraints. [`Problem::evaluate`] computes
-//! the same objective for any selection; the tests compare Z3's optimum with brute force.
+//! **Writing the plan.** Each forward op gets its choice's directive (with `R(tp)` where
+//! it is replicated), each argument its layout, the optimizer state its parameter's. Each
+//! backward op of a forward op (autodiff gives them the forward op's location; the VJP
+//! rule's ops come in order) gets the binds its scratch compilation gave it, so the
+//! compiled backward is the one the objective costed. Where a backward op would still
+//! follow a split that does not divide its dimension (a gradient split 8 ways reshaped
+//! into 12 heads), it gets `R(tp)` for that axis (lenient propagation decides which). The
+//! objective then predicts the compiled per-device program within a few percent
+//! (`tools/tests/split_search.rs`).
 
 use crate::cost::{self, Cluster};
 use crate::layouts::{
@@ -63,408 +67,10 @@ use nnscaler_dialects::sharding::{
 use nnscaler_dialects::types::{AttrValue, Attrs, TensorType};
 use nnscaler_dialects::vjp::VjpCtx;
 use std::collections::{BTreeMap, HashMap};
-use z3::ast::{Bool, Int};
-use z3::{Optimize, SatResult, Solver};
 
-/// One thing a class may do over `tp`.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Choice {
-    /// `R`, the split identifier (`n`), `vocab`, or for an argument `D(d)`.
-    pub label: String,
-    /// The op's directive over every axis (ops only).
-    pub binds: Binds,
-    /// Whether the directive names `R(tp)`.
-    pub closed: bool,
-    /// Per operand, the layout the op reads it in (`None`: not a tensor operand).
-    pub inputs: Vec<Option<Sharding>>,
-    /// Per result, its layout (an argument: its own layout).
-    pub outputs: Vec<Sharding>,
-    /// Per operand, the layout its gradient leaves the op's backward in.
-    pub grads: Vec<Option<Sharding>>,
-    /// Per operand, whether the op's backward reads it again.
-    pub reread: Vec<bool>,
-    /// Seconds per occurrence: forward and backward on one device (collectives inside
-    /// included); a parameter's optimizer update.
-    pub seconds: f64,
-    /// Bytes per occurrence that a device keeps: activations saved for the backward, or a
-    /// parameter with its gradient and optimizer state.
-    pub memory: u64,
-    /// The op's backward (its VJP rule's ops, in order) as compiled alone under this
-    /// choice: each op's binds and the axes it is replicated over, written as directives
-    /// on the step's backward ops so that they follow it.
-    pub backward: Vec<(String, Option<Decided>)>,
-}
-
-/// What a class stands for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Member {
-    /// A forward op (node index).
-    Op(usize),
-    /// A function argument (index).
-    Arg(usize),
-}
-
-/// A set of ops or arguments that take the same choice (one, or the same position in
-/// every layer of a signature).
-#[derive(Clone, Debug)]
-pub struct Class {
-    /// Its ops or arguments, in program order.
-    pub members: Vec<Member>,
-    /// What it may do (index 0 splits nothing over `tp`).
-    pub choices: Vec<Choice>,
-    /// A user constraint: the choices it allows and what it is (for messages).
-    pub constraint: Option<(Vec<bool>, String, SrcLoc)>,
-    /// For messages: the op (name and location) or argument.
-    pub name: String,
-    /// Its first member's location.
-    pub loc: SrcLoc,
-}
-
-/// A cost term: `seconds` when class `class` takes choice `choice` and (unless `when` is
-/// empty) at least one of the (class, choice) pairs in `when` holds.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Term {
-    /// The class.
-    pub class: usize,
-    /// Its choice.
-    pub choice: usize,
-    /// The condition.
-    pub when: Vec<(usize, usize)>,
-    /// Seconds.
-    pub seconds: f64,
-}
-
-/// The search problem: classes, cost terms, combinations that cannot be compiled, memory.
-#[derive(Clone, Debug, Default)]
-pub struct Problem {
-    /// The classes.
-    pub classes: Vec<Class>,
-    /// Cost terms that depend on more than one class (unary costs are the choices').
-    pub terms: Vec<Term>,
-    /// (class, choice, when): combinations with no transition between their layouts.
-    pub impossible: Vec<(usize, usize, Vec<(usize, usize)>)>,
-    /// Bytes each device may use, and where the cap comes from.
-    pub cap: Option<(u64, String)>,
-    /// Where the cap is written (the mesh).
-    pub cap_loc: SrcLoc,
-}
-
-/// Why the search found nothing.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Infeasible {
-    /// These constraints (what, where) cannot hold together; when the memory cap is one of
-    /// them, the fewest bytes per device the others allow.
-    Conflict(Vec<(String, SrcLoc)>, Option<u64>),
-    /// Z3 gave up (its reason).
-    Unknown(String),
-}
-
-/// The solution: a choice per class and its predicted seconds.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Solution {
-    /// The choice of each class.
-    pub choice: Vec<usize>,
-    /// The objective ([`Problem::evaluate`]).
-    pub seconds: f64,
-    /// Bytes per device the solution keeps.
-    pub memory: u64,
-}
-
-impl Problem {
-    /// The objective for a selection (one choice per class).
-    pub fn evaluate(&self, sel: &[usize]) -> f64 {
-        let mut t: f64 = self
-            .classes
-            .iter()
-            .zip(sel)
-            .map(|(c, &k)| c.choices[k].seconds * c.members.len() as f64)
-            .sum();
-        for term in &self.terms {
-            if sel[term.class] == term.choice
-                && (term.when.is_empty() || term.when.iter().any(|&(c, k)| sel[c] == k))
-            {
-                t += term.seconds;
-            }
-        }
-        t
-    }
-
-    /// Bytes per device of a selection.
-    pub fn memory(&self, sel: &[usize]) -> u64 {
-        self.classes
-            .iter()
-            .zip(sel)
-            .map(|(c, &k)| c.choices[k].memory * c.members.len() as u64)
-            .sum()
-    }
-
-    /// Whether a selection may be compiled and respects the constraints and the cap.
-    pub fn allows(&self, sel: &[usize]) -> bool {
-        let ok_constraints = self.classes.iter().zip(sel).all(|(c, &k)| {
-            c.constraint
-                .as_ref()
-                .is_none_or(|(allowed, _, _)| allowed[k])
-        });
-        let possible = self.impossible.iter().all(|(c, k, when)| {
-            !(sel[*c] == *k && (when.is_empty() || when.iter().any(|&(x, y)| sel[x] == y)))
-        });
-        let fits = self
-            .cap
-            .as_ref()
-            .is_none_or(|(cap, _)| self.memory(sel) <= *cap);
-        ok_constraints && possible && fits
-    }
-
-    /// The best selection by enumerating every one (small problems; tests).
-    pub fn brute_force(&self) -> Option<Solution> {
-        let n = self.classes.len();
-        let mut sel = vec![0usize; n];
-        let mut best: Option<Solution> = None;
-        loop {
-            if self.allows(&sel) {
-                let s = self.evaluate(&sel);
-                if best.as_ref().is_none_or(|b| s < b.seconds - 1e-15) {
-                    best = Some(Solution {
-                        choice: sel.clone(),
-                        seconds: s,
-                        memory: self.memory(&sel),
-                    });
-                }
-            }
-            // The next selection (odometer).
-            let mut i = 0;
-            loop {
-                if i == n {
-                    return best;
-                }
-                sel[i] += 1;
-                if sel[i] < self.classes[i].choices.len() {
-                    break;
-                }
-                sel[i] = 0;
-                i += 1;
-            }
-        }
-    }
-
-    /// How many selections there are (saturating).
-    pub fn size(&self) -> u128 {
-        self.classes
-            .iter()
-            .fold(1u128, |a, c| a.saturating_mul(c.choices.len() as u128))
-    }
-
-    /// The best selection, by Z3 (see the module docs).
-    pub fn solve(&self) -> Result<Solution, Infeasible> {
-        let x: Vec<Vec<Bool>> = self
-            .classes
-            .iter()
-            .enumerate()
-            .map(|(c, class)| {
-                (0..class.choices.len())
-                    .map(|k| Bool::new_const(format!("x{c}_{k}")))
-                    .collect()
-            })
-            .collect();
-        let one_each: Vec<Bool> = x
-            .iter()
-            .map(|xs| {
-                let terms: Vec<(&Bool, i32)> = xs.iter().map(|b| (b, 1)).collect();
-                Bool::pb_eq(&terms, 1)
-            })
-            .collect();
-        let any = |when: &[(usize, usize)]| -> Bool {
-            let v: Vec<&Bool> = when.iter().map(|&(c, k)| &x[c][k]).collect();
-            Bool::or(&v)
-        };
-        let impossible: Vec<Bool> = self
-            .impossible
-            .iter()
-            .map(|(c, k, when)| {
-                if when.is_empty() {
-                    x[*c][*k].not()
-                } else {
-                    Bool::and(&[&x[*c][*k], &any(when)]).not()
-                }
-            })
-            .collect();
-        // Tracked: user constraints and the memory cap.
-        let mut tracked: Vec<(Bool, (String, SrcLoc))> = Vec::new();
-        for (c, class) in self.classes.iter().enumerate() {
-            if let Some((allowed, what, loc)) = &class.constraint {
-                let ok: Vec<&Bool> = x[c]
-                    .iter()
-                    .zip(allowed)
-                    .filter(|(_, &a)| a)
-                    .map(|(b, _)| b)
-                    .collect();
-                tracked.push((Bool::or(&ok), (what.clone(), loc.clone())));
-            }
-        }
-        let mut terms: Vec<Int> = Vec::new();
-        for (c, class) in self.classes.iter().enumerate() {
-            for (k, ch) in class.choices.iter().enumerate() {
-                let bytes = ch.memory.saturating_mul(class.members.len() as u64);
-                if bytes > 0 {
-                    terms.push(x[c][k].ite(&Int::from_u64(bytes), &Int::from_u64(0)));
-                }
-            }
-        }
-        let memory_sum = if terms.is_empty() {
-            Int::from_u64(0)
-        } else {
-            Int::add(&terms)
-        };
-        // The cap is tracked last.
-        if let Some((cap, what)) = &self.cap {
-            tracked.push((
-                memory_sum.le(Int::from_u64(*cap)),
-                (what.clone(), self.cap_loc.clone()),
-            ));
-        }
-        // Feasibility first, with the constraints tracked.
-        let solver = Solver::new();
-        for b in one_each.iter().chain(&impossible) {
-            solver.assert(b);
-        }
-        let lits: Vec<Bool> = (0..tracked.len())
-            .map(|i| Bool::new_const(format!("constraint{i}")))
-            .collect();
-        for ((c, _), lit) in tracked.iter().zip(&lits) {
-            solver.assert(&lit.implies(c));
-        }
-        match solver.check_assumptions(&lits) {
-            SatResult::Sat => {}
-            SatResult::Unsat => {
-                let core = solver.get_unsat_core();
-                let mut in_core: Vec<bool> = lits.iter().map(|l| core.contains(l)).collect();
-                // Z3's core need not be minimal: drop each constraint that the others
-                // conflict without.
-                for i in 0..lits.len() {
-                    if !in_core[i] {
-                        continue;
-                    }
-                    in_core[i] = false;
-                    let rest: Vec<Bool> = lits
-                        .iter()
-                        .zip(&in_core)
-                        .filter(|(_, &c)| c)
-                        .map(|(l, _)| l.clone())
-                        .collect();
-                    if solver.check_assumptions(&rest) != SatResult::Unsat {
-                        in_core[i] = true;
-                    }
-                }
-                let named = tracked
-                    .iter()
-                    .zip(&in_core)
-                    .filter(|(_, &c)| c)
-                    .map(|((_, w), _)| w.clone())
-                    .collect();
-                // With the cap in the core: the leanest the other constraints allow.
-                let capped = self.cap.is_some() && in_core.last() == Some(&true);
-                let least = capped.then(|| {
-                    let opt = Optimize::new();
-                    for b in one_each.iter().chain(&impossible) {
-                        opt.assert(b);
-                    }
-                    for (c, _) in &tracked[..tracked.len() - 1] {
-                        opt.assert(c);
-                    }
-                    opt.minimize(&memory_sum);
-                    match opt.check(&[]) {
-                        SatResult::Sat => opt
-                            .get_model()
-                            .and_then(|m| m.eval(&memory_sum, true))
-                            .and_then(|v| v.as_u64()),
-                        _ => None,
-                    }
-                });
-                return Err(Infeasible::Conflict(named, least.flatten()));
-            }
-            SatResult::Unknown => {
-                return Err(Infeasible::Unknown(
-                    solver.get_reason_unknown().unwrap_or_default(),
-                ))
-            }
-        }
-        // Then the optimum.
-        let opt = Optimize::new();
-        for b in one_each.iter().chain(&impossible) {
-            opt.assert(b);
-        }
-        for (c, _) in &tracked {
-            opt.assert(c);
-        }
-        let ns = |s: f64| (s * 1e9).round().max(0.0) as u64;
-        // Unary costs relative to the class's cheapest choice (smaller weights).
-        for (c, class) in self.classes.iter().enumerate() {
-            let each: Vec<f64> = class
-                .choices
-                .iter()
-                .map(|ch| ch.seconds * class.members.len() as f64)
-                .collect();
-            let least = each.iter().copied().fold(f64::INFINITY, f64::min);
-            for (k, s) in each.iter().enumerate() {
-                let w = ns(s - least);
-                if w > 0 {
-                    opt.assert_soft(&x[c][k].not(), w, None);
-                }
-            }
-        }
-        // Terms sharing (class, choice, condition) are summed.
-        let mut grouped: BTreeMap<(usize, usize, Vec<(usize, usize)>), f64> = BTreeMap::new();
-        for t in &self.terms {
-            let mut when = t.when.clone();
-            when.sort_unstable();
-            when.dedup();
-            *grouped.entry((t.class, t.choice, when)).or_default() += t.seconds;
-        }
-        for (i, ((c, k, when), s)) in grouped.iter().enumerate() {
-            let w = ns(*s);
-            if w == 0 {
-                continue;
-            }
-            if when.is_empty() {
-                opt.assert_soft(&x[*c][*k].not(), w, None);
-                continue;
-            }
-            let y = Bool::new_const(format!("y{i}"));
-            opt.assert(&Bool::and(&[&x[*c][*k], &any(when)]).implies(&y));
-            opt.assert_soft(&y.not(), w, None);
-        }
-        match opt.check(&[]) {
-            SatResult::Sat => {}
-            SatResult::Unsat => return Err(Infeasible::Conflict(Vec::new(), None)),
-            SatResult::Unknown => {
-                return Err(Infeasible::Unknown(
-                    opt.get_reason_unknown().unwrap_or_default(),
-                ))
-            }
-        }
-        let model = opt
-            .get_model()
-            .ok_or(Infeasible::Unknown("no model".into()))?;
-        let choice: Vec<usize> = x
-            .iter()
-            .map(|xs| {
-                xs.iter()
-                    .position(|b| {
-                        model
-                            .eval(b, true)
-                            .and_then(|v| v.as_bool())
-                            .unwrap_or(false)
-                    })
-                    .unwrap_or(0)
-            })
-            .collect();
-        Ok(Solution {
-            seconds: self.evaluate(&choice),
-            memory: self.memory(&choice),
-            choice,
-        })
-    }
-}
+pub use crate::split_problem::{
+    Choice, Class, Impossible, Infeasible, Member, Pick, Problem, Solution, Term,
+};
 
 /// The search's inputs besides the step.
 #[derive(Clone, Debug)]
@@ -497,7 +103,7 @@ fn fail(loc: &SrcLoc, msg: impl Into<String>) -> Diagnostics {
 
 /// `g` with everything its ops' directives and constraints say about mesh axis `axis`
 /// left out (the other axes are planned first, as if `axis` were not there).
-fn without_axis(g: &Graph, mesh: &Mesh, axis: &str) -> Graph {
+fn without_axis(g: &Graph, axis: &str) -> Graph {
     let mut g = g.clone();
     for n in &mut g.nodes {
         for key in ["nns.split", "nns.pin", "nns.forbid"] {
@@ -523,7 +129,6 @@ fn without_axis(g: &Graph, mesh: &Mesh, axis: &str) -> Graph {
             }
         }
     }
-    let _ = mesh;
     g
 }
 
@@ -845,84 +450,149 @@ struct OpSig {
     outputs: Vec<TensorType>,
 }
 
-/// Prepares the search on training step `g` (single device, global shapes) over `mesh`.
-pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diagnostics> {
-    let axis = mesh
-        .axes
-        .iter()
-        .position(|a| a.name == o.axis)
-        .ok_or_else(|| {
-            fail(
-                &g.loc,
-                format!(
-                    "plan: tp-search needs mesh axis '{}', which '@{}' lacks",
-                    o.axis, mesh.name
-                ),
-            )
-        })?;
-    let tp = mesh.axes[axis].size;
-    // The other axes as --plan=dp plans them, propagated: each op's binds over them.
-    let base = plan(g.clone(), Policy::Dp, mesh)?;
+/// What every part of the preparation reads: the step, the mesh and the step's structure.
+struct Facts<'a> {
+    g: &'a Graph,
+    mesh: &'a Mesh,
+    cluster: &'a Cluster,
+    /// The searched axis (index) and its size.
+    axis: usize,
+    tp: i64,
+    /// The mesh's axis sizes.
+    sizes: Vec<i64>,
+    /// Whether the step has a backward, which ops are forward, which values carry a
+    /// gradient, each forward op's layer.
+    backward: bool,
+    fwd: Vec<bool>,
+    grad: Vec<bool>,
+    layer: Vec<Option<String>>,
+    /// Each value's producing op and its users (op, operand).
+    producer: Vec<Option<usize>>,
+    users: Vec<Vec<(usize, usize)>>,
+    /// The argument each argument value is.
+    arg_of: HashMap<ValueId, usize>,
+}
+
+impl<'a> Facts<'a> {
+    fn new(g: &'a Graph, mesh: &'a Mesh, cluster: &'a Cluster, axis: usize) -> Self {
+        let backward = has_backward(g);
+        let fwd = if backward {
+            forward_ops(g)
+        } else {
+            vec![true; g.nodes.len()]
+        };
+        let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
+        let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); g.values.len()];
+        for (k, n) in g.nodes.iter().enumerate() {
+            for &v in &n.outputs {
+                producer[v] = Some(k);
+            }
+            for (i, &v) in n.inputs.iter().enumerate() {
+                users[v].push((k, i));
+            }
+        }
+        Facts {
+            g,
+            mesh,
+            cluster,
+            axis,
+            tp: mesh.axes[axis].size,
+            sizes: mesh.axes.iter().map(|a| a.size).collect(),
+            backward,
+            grad: needs_grad(g),
+            layer: layers(g, &fwd),
+            fwd,
+            producer,
+            users,
+            arg_of: g
+                .args
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (a.value, i))
+                .collect(),
+        }
+    }
+
+    /// Bytes of one device's share of a `ty` tensor laid out as `s`.
+    fn local_bytes(&self, ty: &TensorType, s: &Sharding) -> u64 {
+        s.local_shape(&ty.shape, &self.sizes)
+            .iter()
+            .map(|&d| d.max(0) as u64)
+            .product::<u64>()
+            .saturating_mul(ty.elem.bytes())
+    }
+
+    /// Whether the backward keeps value `v` (a non-forward op reads it).
+    fn saved(&self, v: ValueId) -> bool {
+        self.users[v].iter().any(|&(k, _)| !self.fwd[k])
+    }
+
+    /// An op's name for messages: `'dnn.linear' of h.3`.
+    fn op_name(&self, k: usize) -> String {
+        let n = &self.g.nodes[k];
+        match &self.layer[k] {
+            Some(l) => format!("'{}' of {l}", n.op),
+            None => format!("'{}'", n.op),
+        }
+    }
+
+    /// An argument's name for messages.
+    fn arg_name(&self, a: usize) -> String {
+        self.g.args[a]
+            .name()
+            .map_or(format!("argument {a}"), |n| format!("'{n}'"))
+    }
+
+    fn error(&self, n: &Node, e: impl std::fmt::Display) -> Diagnostics {
+        fail(&n.loc, format!("plan: tp-search: '{}': {e}", n.op))
+    }
+}
+
+/// The other axes planned as `--plan=dp` plans them and propagated over the forward
+/// (without what the ops' directives say about the searched axis): per op of `base` its
+/// propagated node (forward ops only), and every value's layout.
+type DataParallel = (Graph, Vec<Option<usize>>, Vec<Option<Sharding>>);
+
+fn data_parallel(f: &Facts<'_>, base: &Graph) -> Result<DataParallel, Diagnostics> {
+    let g = f.g;
+    let mut forward = without_axis(base, &f.mesh.axes[f.axis].name);
+    let kept: Vec<usize> = (0..g.nodes.len()).filter(|&k| f.fwd[k]).collect();
+    forward.nodes = kept.iter().map(|&k| forward.nodes[k].clone()).collect();
+    // Its results: those the forward makes (the loss).
+    let mut made = vec![false; g.values.len()];
+    for a in &g.args {
+        made[a.value] = true;
+    }
+    for n in &forward.nodes {
+        for &o in &n.outputs {
+            made[o] = true;
+        }
+    }
+    forward.outputs.retain(|o| made[o.value]);
     let mut remarks = Diagnostics::default();
-    let pre = propagate(
-        without_axis(&base, mesh, &mesh.axes[axis].name),
-        mesh,
-        &mut remarks,
-    )?;
-    if pre.nodes.len() != base.nodes.len() {
+    let pre = propagate(forward, f.mesh, &mut remarks)?;
+    if pre.nodes.len() != kept.len() {
         return Err(fail(
             &g.loc,
             "plan: tp-search: planning the data-parallel axes rewrote ops; plan them first",
         ));
     }
-    let pre_layouts = value_layouts(&pre, mesh)?;
-    let backward = has_backward(g);
-    let fwd = if backward {
-        forward_ops(g)
-    } else {
-        vec![true; g.nodes.len()]
-    };
-    let grad = needs_grad(g);
-    let layer = layers(g, &fwd);
-    let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
-    let fixed: Vec<usize> = mesh
-        .axes
-        .iter()
-        .enumerate()
-        .filter(|(_, a)| a.microbatches)
-        .map(|(i, _)| i)
-        .collect();
-    let mut ts = TransitionSearch::with_fixed_axes(fixed);
-    let local_bytes = |ty: &TensorType, s: &Sharding| -> u64 {
-        s.local_shape(&ty.shape, &sizes)
-            .iter()
-            .map(|&d| d.max(0) as u64)
-            .product::<u64>()
-            .saturating_mul(ty.elem.bytes())
-    };
-    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
-    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); g.values.len()];
-    for (k, n) in g.nodes.iter().enumerate() {
-        for &v in &n.outputs {
-            producer[v] = Some(k);
-        }
-        for (i, &v) in n.inputs.iter().enumerate() {
-            users[v].push((k, i));
-        }
+    let mut pre_node: Vec<Option<usize>> = vec![None; g.nodes.len()];
+    for (j, &k) in kept.iter().enumerate() {
+        pre_node[k] = Some(j);
     }
-    let arg_of: HashMap<ValueId, usize> = g
-        .args
-        .iter()
-        .enumerate()
-        .map(|(i, a)| (a.value, i))
-        .collect();
-    // Values the backward keeps: forward results a non-forward op reads.
-    let saved = |v: ValueId| users[v].iter().any(|&(k, _)| !fwd[k]);
+    let layouts = value_layouts(&pre, f.mesh)?;
+    Ok((pre, pre_node, layouts))
+}
 
-    // --- Classes: layers with equal signatures share them.
+/// The classes: layers with equal signatures share them (op `i` of each, and its `j`-th
+/// own parameter); every other forward op and every argument a forward op reads (but
+/// optimizer state) is a class alone. Returns them and each member's class.
+fn classes(f: &Facts<'_>) -> (Vec<Class>, HashMap<Member, usize>) {
+    let g = f.g;
     let mut layer_ops: Vec<(String, Vec<usize>)> = Vec::new();
-    for k in (0..g.nodes.len()).filter(|&k| fwd[k]) {
-        if let Some(l) = &layer[k] {
+    for k in (0..g.nodes.len()).filter(|&k| f.fwd[k]) {
+        if let Some(l) = &f.layer[k] {
             match layer_ops.iter_mut().find(|(n, _)| n == l) {
                 Some((_, ops)) => ops.push(k),
                 None => layer_ops.push((l.clone(), vec![k])),
@@ -934,7 +604,7 @@ pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diag
     for (name, ops) in &layer_ops {
         for &k in ops {
             for &v in &g.nodes[k].inputs {
-                if let Some(&a) = arg_of.get(&v) {
+                if let Some(&a) = f.arg_of.get(&v) {
                     if g.args[a].is_param() {
                         let e = param_layers.entry(a).or_default();
                         if !e.contains(&name.as_str()) {
@@ -946,9 +616,9 @@ pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diag
         }
     }
     for (k, n) in g.nodes.iter().enumerate() {
-        if fwd[k] && layer[k].is_none() {
+        if f.fwd[k] && f.layer[k].is_none() {
             for &v in &n.inputs {
-                if let Some(&a) = arg_of.get(&v) {
+                if let Some(&a) = f.arg_of.get(&v) {
                     param_layers.entry(a).or_default().push("");
                 }
             }
@@ -966,13 +636,13 @@ pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diag
                     .inputs
                     .iter()
                     .map(|&v| {
-                        if let Some(p) = producer[v] {
+                        if let Some(p) = f.producer[v] {
                             if let Some(&i) = pos.get(&p) {
                                 let r = g.nodes[p].outputs.iter().position(|&x| x == v);
                                 return Ref::Local(i, r.unwrap_or(0));
                             }
                         }
-                        match arg_of.get(&v) {
+                        match f.arg_of.get(&v) {
                             Some(&a) if own_param(a, name) => {
                                 let j = params.iter().position(|&p| p == a).unwrap_or_else(|| {
                                     params.push(a);
@@ -1003,7 +673,8 @@ pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diag
     };
     let mut classes: Vec<Class> = Vec::new();
     let mut class_of: HashMap<Member, usize> = HashMap::new();
-    let mut sigs: Vec<(Vec<OpSig>, Vec<usize>, Vec<usize>)> = Vec::new(); // (sig, op classes, param classes)
+    // (signature, its op classes, its parameter classes)
+    let mut sigs: Vec<(Vec<OpSig>, Vec<usize>, Vec<usize>)> = Vec::new();
     let new_class = |classes: &mut Vec<Class>, m: Member, name: String, loc: SrcLoc| {
         classes.push(Class {
             members: vec![m],
@@ -1013,18 +684,6 @@ pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diag
             loc,
         });
         classes.len() - 1
-    };
-    let op_name = |k: usize| {
-        let n = &g.nodes[k];
-        match &layer[k] {
-            Some(l) => format!("'{}' of {l}", n.op),
-            None => format!("'{}'", n.op),
-        }
-    };
-    let arg_name = |a: usize| {
-        g.args[a]
-            .name()
-            .map_or(format!("argument {a}"), |n| format!("'{n}'"))
     };
     for (name, ops) in &layer_ops {
         let (sig, params) = signature(name, ops);
@@ -1048,7 +707,7 @@ pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diag
                 let c = new_class(
                     &mut classes,
                     Member::Op(k),
-                    op_name(k),
+                    f.op_name(k),
                     g.nodes[k].loc.clone(),
                 );
                 class_of.insert(Member::Op(k), c);
@@ -1058,313 +717,324 @@ pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diag
         let param_classes: Vec<usize> = params
             .iter()
             .map(|&a| {
-                let c = new_class(&mut classes, Member::Arg(a), arg_name(a), g.loc.clone());
+                let c = new_class(&mut classes, Member::Arg(a), f.arg_name(a), g.loc.clone());
                 class_of.insert(Member::Arg(a), c);
                 c
             })
             .collect();
         sigs.push((sig, op_classes, param_classes));
     }
-    for k in (0..g.nodes.len()).filter(|&k| fwd[k]) {
+    for k in (0..g.nodes.len()).filter(|&k| f.fwd[k]) {
         class_of.entry(Member::Op(k)).or_insert_with(|| {
             new_class(
                 &mut classes,
                 Member::Op(k),
-                op_name(k),
+                f.op_name(k),
                 g.nodes[k].loc.clone(),
             )
         });
     }
     for (a, arg) in g.args.iter().enumerate() {
-        let used = users[arg.value].iter().any(|&(k, _)| fwd[k]);
+        let used = f.users[arg.value].iter().any(|&(k, _)| f.fwd[k]);
         if used && !arg.attrs.contains_key("nns.state_of") {
             class_of.entry(Member::Arg(a)).or_insert_with(|| {
-                new_class(&mut classes, Member::Arg(a), arg_name(a), g.loc.clone())
+                new_class(&mut classes, Member::Arg(a), f.arg_name(a), g.loc.clone())
             });
         }
     }
+    (classes, class_of)
+}
 
-    // --- Choices.
-    let state_count = |p: &str| {
-        g.args
+/// What argument `a` may be over the axis: replicated, or split on one dim the axis
+/// divides that no other axis splits (`here`: its layout over the other axes; one that
+/// uses the axis already is kept as written). A parameter's choice costs its optimizer
+/// update on its shard and keeps it with its gradient and optimizer state.
+fn arg_choices(f: &Facts<'_>, arg: &nnscaler_dialects::graph::Arg, here: Sharding) -> Vec<Choice> {
+    let (g, axis, tp) = (f.g, f.axis, f.tp);
+    let ty = &g.values[arg.value];
+    let fixed = here.split.iter().any(|v| v.contains(&axis)) || here.partial[axis].is_some();
+    let mut layouts = vec![(
+        if fixed { "as written" } else { "R" }.to_string(),
+        here.clone(),
+    )];
+    for d in (0..ty.rank()).filter(|_| !fixed) {
+        if here.split[d].is_empty() && ty.shape[d] % tp == 0 && ty.shape[d] >= tp {
+            let mut s = here.clone();
+            s.split[d].push(axis);
+            layouts.push((format!("D({d})"), s));
+        }
+    }
+    let param = arg.is_param();
+    let states = match arg.name() {
+        Some(p) if param => g
+            .args
             .iter()
             .filter(|a| matches!(a.attrs.get("nns.state_of"), Some(AttrValue::Str(s)) if s == p))
-            .count() as u64
+            .count() as u64,
+        _ => 0,
     };
-    for class in classes.iter_mut() {
-        match class.members[0] {
-            Member::Arg(a) => {
-                let arg = &base.args[a];
-                let ty = &g.values[arg.value];
-                let here = pre_layouts[arg.value]
-                    .clone()
-                    .unwrap_or_else(|| Sharding::replicated(ty.rank(), mesh.axes.len()));
-                let fixed =
-                    here.split.iter().any(|v| v.contains(&axis)) || here.partial[axis].is_some();
-                let mut layouts = vec![(
-                    if fixed { "as written" } else { "R" }.to_string(),
-                    here.clone(),
-                )];
-                for d in (0..ty.rank()).filter(|_| !fixed) {
-                    if here.split[d].is_empty() && ty.shape[d] % tp == 0 && ty.shape[d] >= tp {
-                        let mut s = here.clone();
-                        s.split[d].push(axis);
-                        layouts.push((format!("D({d})"), s));
-                    }
-                }
-                let param = arg.is_param();
-                let states = param
-                    .then(|| arg.name().map(state_count).unwrap_or(0))
-                    .unwrap_or(0);
-                let update = g
-                    .nodes
-                    .iter()
-                    .find(|n| n.op == "dnn.adamw" && n.inputs.first() == Some(&arg.value));
-                for (label, s) in layouts {
-                    let bytes = local_bytes(ty, &s);
-                    // The update on the shard: operands of the parameter's shape are cut
-                    // like it.
-                    let seconds = update.map_or(0.0, |n| {
-                        let local = TensorType::new(&s.local_shape(&ty.shape, &sizes), ty.elem);
-                        let shard = |v: ValueId| {
-                            if g.values[v].shape == ty.shape {
-                                TensorType::new(&local.shape, g.values[v].elem)
-                            } else {
-                                g.values[v].clone()
-                            }
-                        };
-                        local_node_cost(g, n, &shard, o.cluster)
-                    });
-                    class.choices.push(Choice {
-                        label,
-                        outputs: vec![s],
-                        seconds,
-                        memory: if param {
-                            bytes * (1 + u64::from(backward) + states)
-                        } else {
-                            0
-                        },
-                        ..Choice::default()
-                    });
-                }
-            }
-            Member::Op(k) => {
-                let n = &g.nodes[k];
-                let pn = &pre.nodes[k];
-                let at = |e: String| fail(&n.loc, format!("plan: tp-search: '{}': {e}", n.op));
-                let (anno, binding) = match annotation(g, n) {
-                    Ok(ab) => ab,
-                    Err(_) => {
-                        // No annotation (an op of another dialect): replicated.
-                        let outs: Vec<Sharding> = n
-                            .outputs
-                            .iter()
-                            .map(|&v| Sharding::replicated(g.values[v].rank(), mesh.axes.len()))
-                            .collect();
-                        class.choices.push(Choice {
-                            label: "R".into(),
-                            inputs: n
-                                .inputs
-                                .iter()
-                                .map(|&v| {
-                                    Some(Sharding::replicated(g.values[v].rank(), mesh.axes.len()))
-                                })
-                                .collect(),
-                            grads: vec![None; n.inputs.len()],
-                            reread: vec![false; n.inputs.len()],
-                            outputs: outs,
-                            seconds: cost::node_cost(g, n, o.cluster, None)
-                                .map_or(0.0, |c| c.seconds * 3.0),
-                            ..Choice::default()
-                        });
-                        continue;
+    let update = g
+        .nodes
+        .iter()
+        .find(|n| n.op == "dnn.adamw" && n.inputs.first() == Some(&arg.value));
+    layouts
+        .into_iter()
+        .map(|(label, s)| {
+            let bytes = f.local_bytes(ty, &s);
+            // The update on the shard: operands of the parameter's shape are cut like it.
+            let seconds = update.map_or(0.0, |n| {
+                let local = s.local_shape(&ty.shape, &f.sizes);
+                let shard = |v: ValueId| {
+                    if g.values[v].shape == ty.shape {
+                        TensorType::new(&local, g.values[v].elem)
+                    } else {
+                        g.values[v].clone()
                     }
                 };
-                let base_binds: Binds = directive(pn, mesh)
-                    .map_err(at)?
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|(_, axes)| !axes.contains(&axis))
-                    .collect();
-                let bound: Vec<usize> = base_binds.iter().flat_map(|(_, a)| a.clone()).collect();
-                let mut options: Vec<(String, Binds, bool, bool)> =
-                    vec![("R".into(), base_binds.clone(), true, false)];
-                if !bound.contains(&axis) {
-                    for c in anno.split_choices(&binding) {
-                        if base_binds.iter().any(|(id, _)| *id == c.id) {
-                            continue;
-                        }
-                        let len = binding.len(&c.id).unwrap_or(1);
-                        if len % tp != 0 || len < tp {
-                            continue;
-                        }
-                        let mut b = base_binds.clone();
-                        b.push((c.id.clone(), vec![axis]));
-                        options.push((c.id.clone(), b, false, false));
-                    }
-                    if n.op == "dnn.cross_entropy" {
-                        let classes_len = g.values[n.inputs[0]].shape[1];
-                        if classes_len % tp == 0 {
-                            options.push(("vocab".into(), base_binds.clone(), false, true));
-                        }
-                    }
-                }
-                let in_ranks: Vec<usize> = n.inputs.iter().map(|&v| g.values[v].rank()).collect();
-                let out_ranks: Vec<usize> = n.outputs.iter().map(|&v| g.values[v].rank()).collect();
-                let needs: Vec<bool> = n.inputs.iter().map(|&v| backward && grad[v]).collect();
-                let user = g.user_ops.of_call(&n.op, &n.attrs).is_some();
-                for (label, binds, closed, vocab) in options {
-                    let mut l = op_layouts(
-                        &anno,
-                        &binding,
-                        partial_kind(&n.op),
-                        &binds,
-                        mesh.axes.len(),
-                        &in_ranks,
-                        &out_ranks,
-                    )
-                    .map_err(at)?;
-                    if vocab {
-                        if let Some(Some(logits)) = l.inputs.get_mut(0) {
-                            logits.split[1].push(axis);
-                        }
-                    }
-                    let only: Vec<usize> = if closed { vec![axis] } else { Vec::new() };
-                    let attr = split_attr(&binds, &only, mesh);
-                    let costs = if user {
-                        None
-                    } else {
-                        scratch_costs(
-                            g,
-                            n,
-                            &needs,
-                            &l.inputs,
-                            &l.outputs,
-                            attr.as_ref(),
-                            mesh,
-                            o.cluster,
-                            backward,
-                        )
-                        .map_err(|e| {
-                            if std::env::var("NNS_DEBUG").is_ok() {
-                                eprintln!("scratch {} {label}: {e}", n.op);
-                            }
-                        })
-                        .ok()
-                    };
-                    let (seconds, grads, reread, bwd_ops) = match costs {
-                        Some(sc) => (sc.seconds, sc.grads, sc.reread, sc.backward),
-                        None => {
-                            // The mirror rule: backward twice the forward's cost.
-                            let mut layout_of: HashMap<ValueId, &Sharding> = HashMap::new();
-                            for (&v, sh) in n.inputs.iter().zip(&l.inputs) {
-                                if let Some(sh) = sh {
-                                    layout_of.insert(v, sh);
-                                }
-                            }
-                            for (&v, sh) in n.outputs.iter().zip(&l.outputs) {
-                                layout_of.insert(v, sh);
-                            }
-                            let local = |v: ValueId| {
-                                let ty = &g.values[v];
-                                let shape = layout_of.get(&v).map_or(ty.shape.clone(), |sh| {
-                                    sh.local_shape(&ty.shape, &sizes)
-                                });
-                                TensorType::new(&shape, ty.elem)
-                            };
-                            let f = local_node_cost(g, n, &local, o.cluster);
-                            let grads = if backward {
-                                mirror_grads(&anno, &binding, &binds, &l.inputs)
-                                    .into_iter()
-                                    .zip(&needs)
-                                    .map(|(gl, &nd)| gl.filter(|_| nd))
-                                    .collect()
-                            } else {
-                                vec![None; n.inputs.len()]
-                            };
-                            (
-                                f * if backward { 3.0 } else { 1.0 },
-                                grads,
-                                vec![backward; n.inputs.len()],
-                                Vec::new(),
-                            )
-                        }
-                    };
-                    let memory = n
-                        .outputs
-                        .iter()
-                        .zip(&l.outputs)
-                        .filter(|(&v, _)| saved(v))
-                        .map(|(&v, s)| local_bytes(&g.values[v], s))
-                        .sum();
-                    class.choices.push(Choice {
-                        label,
-                        binds,
-                        closed,
-                        inputs: l.inputs,
-                        outputs: l.outputs,
-                        grads,
-                        reread,
-                        seconds,
-                        memory,
-                        backward: bwd_ops,
-                    });
-                }
+                local_node_cost(g, n, &shard, f.cluster)
+            });
+            Choice {
+                label,
+                outputs: vec![s],
+                seconds,
+                memory: if param {
+                    bytes * (1 + u64::from(f.backward) + states)
+                } else {
+                    0
+                },
+                ..Choice::default()
             }
+        })
+        .collect()
+}
+
+/// What forward op `k` may do over the axis (`pn`: the op as the other axes' propagation
+/// left it, its binds over them kept): split nothing (`R(tp)`), split one identifier its
+/// annotation lets split whose length the axis divides, or for a cross-entropy take its
+/// logits split on the classes (`vocab`). Each choice is costed by compiling the op and
+/// its VJP alone ([`scratch_costs`]); user ops, which the scratch compilation cannot take,
+/// by the mirror rule ([`mirror_grads`], backward twice the forward).
+fn op_choices(f: &Facts<'_>, k: usize, pn: &Node) -> Result<Vec<Choice>, Diagnostics> {
+    let (g, mesh, axis, tp) = (f.g, f.mesh, f.axis, f.tp);
+    let n = &g.nodes[k];
+    let at = |e: String| f.error(n, e);
+    let replicated = |v: ValueId| Sharding::replicated(g.values[v].rank(), mesh.axes.len());
+    let Ok((anno, binding)) = annotation(g, n) else {
+        // No annotation (an op of another dialect): replicated.
+        return Ok(vec![Choice {
+            label: "R".into(),
+            inputs: n.inputs.iter().map(|&v| Some(replicated(v))).collect(),
+            grads: vec![None; n.inputs.len()],
+            reread: vec![false; n.inputs.len()],
+            outputs: n.outputs.iter().map(|&v| replicated(v)).collect(),
+            seconds: cost::node_cost(g, n, f.cluster, None).map_or(0.0, |c| c.seconds * 3.0),
+            ..Choice::default()
+        }]);
+    };
+    let base_binds: Binds = directive(pn, mesh)
+        .map_err(at)?
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(_, axes)| !axes.contains(&axis))
+        .collect();
+    let bound: Vec<usize> = base_binds.iter().flat_map(|(_, a)| a.clone()).collect();
+    // (label, binds, replicated over the axis, vocabulary-parallel)
+    let mut options: Vec<(String, Binds, bool, bool)> =
+        vec![("R".into(), base_binds.clone(), true, false)];
+    if !bound.contains(&axis) {
+        for c in anno.split_choices(&binding) {
+            if base_binds.iter().any(|(id, _)| *id == c.id) {
+                continue;
+            }
+            let len = binding.len(&c.id).unwrap_or(1);
+            if len % tp != 0 || len < tp {
+                continue;
+            }
+            let mut b = base_binds.clone();
+            b.push((c.id.clone(), vec![axis]));
+            options.push((c.id.clone(), b, false, false));
+        }
+        if n.op == "dnn.cross_entropy" && g.values[n.inputs[0]].shape[1] % tp == 0 {
+            options.push(("vocab".into(), base_binds.clone(), false, true));
         }
     }
-    // User constraints on ops: a directive or pin binding the axis; a forbid over it.
-    for class in classes.iter_mut() {
-        let Member::Op(k) = class.members[0] else {
+    let in_ranks: Vec<usize> = n.inputs.iter().map(|&v| g.values[v].rank()).collect();
+    let out_ranks: Vec<usize> = n.outputs.iter().map(|&v| g.values[v].rank()).collect();
+    let needs: Vec<bool> = n.inputs.iter().map(|&v| f.backward && f.grad[v]).collect();
+    let user = g.user_ops.of_call(&n.op, &n.attrs).is_some();
+    let mut out = Vec::new();
+    for (label, binds, closed, vocab) in options {
+        let mut l = op_layouts(
+            &anno,
+            &binding,
+            partial_kind(&n.op),
+            &binds,
+            mesh.axes.len(),
+            &in_ranks,
+            &out_ranks,
+        )
+        .map_err(at)?;
+        if vocab {
+            if let Some(Some(logits)) = l.inputs.get_mut(0) {
+                logits.split[1].push(axis);
+            }
+        }
+        let only: Vec<usize> = if closed { vec![axis] } else { Vec::new() };
+        let attr = split_attr(&binds, &only, mesh);
+        let scratch = if user {
+            None
+        } else {
+            scratch_costs(
+                g,
+                n,
+                &needs,
+                &l.inputs,
+                &l.outputs,
+                attr.as_ref(),
+                mesh,
+                f.cluster,
+                f.backward,
+            )
+            .ok()
+        };
+        let sc = match scratch {
+            Some(sc) => sc,
+            None => {
+                let mut layout_of: HashMap<ValueId, &Sharding> = HashMap::new();
+                for (&v, sh) in n.inputs.iter().zip(&l.inputs) {
+                    if let Some(sh) = sh {
+                        layout_of.insert(v, sh);
+                    }
+                }
+                for (&v, sh) in n.outputs.iter().zip(&l.outputs) {
+                    layout_of.insert(v, sh);
+                }
+                let local = |v: ValueId| {
+                    let ty = &g.values[v];
+                    let shape = layout_of
+                        .get(&v)
+                        .map_or(ty.shape.clone(), |sh| sh.local_shape(&ty.shape, &f.sizes));
+                    TensorType::new(&shape, ty.elem)
+                };
+                let fwd = local_node_cost(g, n, &local, f.cluster);
+                Scratch {
+                    seconds: fwd * if f.backward { 3.0 } else { 1.0 },
+                    grads: if f.backward {
+                        mirror_grads(&anno, &binding, &binds, &l.inputs)
+                            .into_iter()
+                            .zip(&needs)
+                            .map(|(gl, &nd)| gl.filter(|_| nd))
+                            .collect()
+                    } else {
+                        vec![None; n.inputs.len()]
+                    },
+                    reread: vec![f.backward; n.inputs.len()],
+                    backward: Vec::new(),
+                }
+            }
+        };
+        let memory = n
+            .outputs
+            .iter()
+            .zip(&l.outputs)
+            .filter(|(&v, _)| f.saved(v))
+            .map(|(&v, s)| f.local_bytes(&g.values[v], s))
+            .sum();
+        out.push(Choice {
+            label,
+            binds,
+            closed,
+            inputs: l.inputs,
+            outputs: l.outputs,
+            grads: sc.grads,
+            reread: sc.reread,
+            seconds: sc.seconds,
+            memory,
+            backward: sc.backward,
+        });
+    }
+    Ok(out)
+}
+
+/// The user's constraint on an op class over the axis, from its first op: a directive or
+/// pin binding the axis (that choice only), `R(tp)` in its directive (replicated only), an
+/// `nns.forbid` over it (not that choice). An op none of whose choices is left is an
+/// error at the op.
+fn user_constraint(
+    f: &Facts<'_>,
+    class: &Class,
+) -> Result<Option<(Vec<bool>, String, SrcLoc)>, Diagnostics> {
+    let Member::Op(k) = class.members[0] else {
+        return Ok(None);
+    };
+    let (mesh, axis) = (f.mesh, f.axis);
+    let name = &mesh.axes[axis].name;
+    let n = &f.g.nodes[k];
+    let at = |e: String| f.error(n, e);
+    let mut allowed = vec![true; class.choices.len()];
+    let mut what: Vec<String> = Vec::new();
+    let keep = |allowed: &mut Vec<bool>, ok: &dyn Fn(&Choice) -> bool| {
+        for (a, ch) in allowed.iter_mut().zip(&class.choices) {
+            *a &= ok(ch);
+        }
+    };
+    for key in ["nns.split", "nns.pin"] {
+        let Some(b) = constraint(n, key, mesh).map_err(at)? else {
             continue;
         };
-        let n = &g.nodes[k];
-        let at = |e: String| fail(&n.loc, format!("plan: tp-search: '{}': {e}", n.op));
-        let mut allowed = vec![true; class.choices.len()];
-        let mut what: Vec<String> = Vec::new();
-        for key in ["nns.split", "nns.pin"] {
-            let Some(b) = constraint(n, key, mesh).map_err(at)? else {
-                continue;
-            };
-            if let Some((id, _)) = b.iter().find(|(_, axes)| axes.contains(&axis)) {
-                for (ok, ch) in allowed.iter_mut().zip(&class.choices) {
-                    *ok &= ch.label == *id;
-                }
-                what.push(format!("{key} ({id} = {})", o.axis));
-            }
-        }
-        if replicated_axes(n, mesh).map_err(at)?.contains(&axis) {
-            for (ok, ch) in allowed.iter_mut().zip(&class.choices) {
-                *ok &= ch.label == "R";
-            }
-            what.push(format!("nns.split (R({}))", o.axis));
-        }
-        if let Some(b) = constraint(n, "nns.forbid", mesh).map_err(at)? {
-            for (id, _) in b.iter().filter(|(_, axes)| axes.contains(&axis)) {
-                for (ok, ch) in allowed.iter_mut().zip(&class.choices) {
-                    *ok &= ch.label != *id;
-                }
-                what.push(format!("nns.forbid ({id} over {})", o.axis));
-            }
-        }
-        if !what.is_empty() {
-            if !allowed.iter().any(|&a| a) {
-                return Err(at(format!(
-                    "{} cannot be met: no split over {} = {tp} of it is possible",
-                    what.join(" and "),
-                    o.axis
-                )));
-            }
-            let what = format!("the {} of {}", what.join(" and "), class.name);
-            class.constraint = Some((allowed, what, n.loc.clone()));
+        if let Some((id, _)) = b.iter().find(|(_, axes)| axes.contains(&axis)) {
+            keep(&mut allowed, &|ch| ch.label == *id);
+            what.push(format!("{key} ({id} = {name})"));
         }
     }
+    if replicated_axes(n, mesh).map_err(at)?.contains(&axis) {
+        keep(&mut allowed, &|ch| ch.label == "R");
+        what.push(format!("nns.split (R({name}))"));
+    }
+    if let Some(b) = constraint(n, "nns.forbid", mesh).map_err(at)? {
+        for (id, _) in b.iter().filter(|(_, axes)| axes.contains(&axis)) {
+            keep(&mut allowed, &|ch| ch.label != *id);
+            what.push(format!("nns.forbid ({id} over {name})"));
+        }
+    }
+    if what.is_empty() {
+        return Ok(None);
+    }
+    if !allowed.iter().any(|&a| a) {
+        return Err(at(format!(
+            "{} cannot be met: no split over {name} = {} of it is possible",
+            what.join(" and "),
+            f.tp
+        )));
+    }
+    let what = format!("the {} of {}", what.join(" and "), class.name);
+    Ok(Some((allowed, what, n.loc.clone())))
+}
 
-    // --- Terms: per value, transitions forward and backward.
+/// The cost terms of the values between classes: per value, the transition from its
+/// producer's layout to each distinct layout its consumers read it in (a parameter
+/// gathered for an op is gathered again for the op's backward), a function result's to
+/// replicated, and its gradient's from each distinct layout it arrives in to the one its
+/// producer's backward reads. Values that flow alike (same producer class and result,
+/// same consumer classes) are costed once and counted. Also the combinations with no
+/// transition between their layouts.
+fn flow_terms(
+    f: &Facts<'_>,
+    classes: &[Class],
+    class_of: &HashMap<Member, usize>,
+) -> (Vec<Term>, Vec<Impossible>) {
+    let (g, mesh) = (f.g, f.mesh);
+    let fixed: Vec<usize> = mesh
+        .axes
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.microbatches)
+        .map(|(i, _)| i)
+        .collect();
+    let mut ts = TransitionSearch::with_fixed_axes(fixed);
     let mut terms: Vec<Term> = Vec::new();
     let mut impossible = Vec::new();
-    // Flows of identical (producer class, result, consumer classes) are costed once and
-    // counted.
+    // (producer class, result, consumers (class, operand), a function result)
     type Key = (usize, usize, Vec<(usize, usize)>, bool);
     let mut flows: BTreeMap<Key, (ValueId, u64)> = BTreeMap::new();
     let mut values: Vec<(ValueId, usize, usize)> = Vec::new();
@@ -1390,9 +1060,9 @@ pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diag
         .map(|o| o.value)
         .collect();
     for (v, c, r) in values {
-        let mut consumers: Vec<(usize, usize)> = users[v]
+        let mut consumers: Vec<(usize, usize)> = f.users[v]
             .iter()
-            .filter(|&&(k, _)| fwd[k])
+            .filter(|&&(k, _)| f.fwd[k])
             .filter_map(|&(k, i)| class_of.get(&Member::Op(k)).map(|&cc| (cc, i)))
             .collect();
         consumers.sort_unstable();
@@ -1406,10 +1076,11 @@ pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diag
         let ty = g.values[v].clone();
         let m = count as f64;
         let is_param = matches!(classes[p].members[0], Member::Arg(a) if g.args[a].is_param());
-        let carries_grad = backward && grad[v];
-        // Targets: distinct layouts the consumers' choices read it in.
-        let mut targets: Vec<(Sharding, Vec<(usize, usize)>, Vec<(usize, usize)>)> = Vec::new();
-        let mut grads: Vec<(Sharding, Vec<(usize, usize)>)> = Vec::new();
+        let carries_grad = f.backward && f.grad[v];
+        // (layout, the picks that read it, those whose backward reads it again)
+        let mut targets: Vec<(Sharding, Vec<Pick>, Vec<Pick>)> = Vec::new();
+        // (layout, the picks whose backward leaves the gradient in it)
+        let mut grads: Vec<(Sharding, Vec<Pick>)> = Vec::new();
         for &(cc, i) in &consumers {
             for (k, ch) in classes[cc].choices.iter().enumerate() {
                 if let Some(Some(t)) = ch.inputs.get(i) {
@@ -1438,45 +1109,31 @@ pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diag
                 }
             }
         }
+        let mut cost = |choice: usize, when: &[Pick], from: &Sharding, to: &Sharding| {
+            match transition_seconds(&mut ts, f.cluster, mesh, &ty, from, to) {
+                Some(s) if s > 0.0 => terms.push(Term {
+                    class: p,
+                    choice,
+                    when: when.to_vec(),
+                    seconds: s * m,
+                }),
+                Some(_) => {}
+                None => impossible.push((p, choice, when.to_vec())),
+            }
+        };
         for (o_idx, ch) in classes[p].choices.iter().enumerate() {
             let Some(from) = ch.outputs.get(r) else {
                 continue;
             };
             for (t, when, again) in &targets {
-                match transition_seconds(&mut ts, o.cluster, mesh, &ty, from, t) {
-                    Some(s) => {
-                        if s > 0.0 {
-                            terms.push(Term {
-                                class: p,
-                                choice: o_idx,
-                                when: when.clone(),
-                                seconds: s * m,
-                            });
-                            if is_param && !again.is_empty() {
-                                terms.push(Term {
-                                    class: p,
-                                    choice: o_idx,
-                                    when: again.clone(),
-                                    seconds: s * m,
-                                });
-                            }
-                        }
-                    }
-                    None => impossible.push((p, o_idx, when.clone())),
+                cost(o_idx, when, from, t);
+                if is_param && !again.is_empty() {
+                    cost(o_idx, again, from, t);
                 }
             }
             if out {
                 let want = Sharding::replicated(ty.rank(), mesh.axes.len());
-                match transition_seconds(&mut ts, o.cluster, mesh, &ty, from, &want) {
-                    Some(s) if s > 0.0 => terms.push(Term {
-                        class: p,
-                        choice: o_idx,
-                        when: Vec::new(),
-                        seconds: s * m,
-                    }),
-                    Some(_) => {}
-                    None => impossible.push((p, o_idx, Vec::new())),
-                }
+                cost(o_idx, &[], from, &want);
             }
             if carries_grad {
                 // The layout the producer's backward reads the gradient in (a parameter's
@@ -1487,20 +1144,52 @@ pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diag
                     grad_layout(from)
                 };
                 for (gl, when) in &grads {
-                    match transition_seconds(&mut ts, o.cluster, mesh, &ty, gl, &want) {
-                        Some(s) if s > 0.0 => terms.push(Term {
-                            class: p,
-                            choice: o_idx,
-                            when: when.clone(),
-                            seconds: s * m,
-                        }),
-                        Some(_) => {}
-                        None => impossible.push((p, o_idx, when.clone())),
-                    }
+                    cost(o_idx, when, gl, &want);
                 }
             }
         }
     }
+    (terms, impossible)
+}
+
+/// Prepares the search on training step `g` (single device, global shapes) over `mesh`.
+pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diagnostics> {
+    let axis = mesh
+        .axes
+        .iter()
+        .position(|a| a.name == o.axis)
+        .ok_or_else(|| {
+            fail(
+                &g.loc,
+                format!(
+                    "plan: tp-search needs mesh axis '{}', which '@{}' lacks",
+                    o.axis, mesh.name
+                ),
+            )
+        })?;
+    let f = Facts::new(g, mesh, o.cluster, axis);
+    let base = plan(g.clone(), Policy::Dp, mesh)?;
+    let (pre, pre_node, pre_layouts) = data_parallel(&f, &base)?;
+    let (mut classes, class_of) = classes(&f);
+    for class in classes.iter_mut() {
+        class.choices = match class.members[0] {
+            Member::Arg(a) => {
+                let v = base.args[a].value;
+                let here = pre_layouts[v]
+                    .clone()
+                    .unwrap_or_else(|| Sharding::replicated(g.values[v].rank(), mesh.axes.len()));
+                arg_choices(&f, &base.args[a], here)
+            }
+            Member::Op(k) => match pre_node[k] {
+                Some(j) => op_choices(&f, k, &pre.nodes[j])?,
+                None => continue,
+            },
+        };
+    }
+    for class in &mut classes {
+        class.constraint = user_constraint(&f, class)?;
+    }
+    let (terms, impossible) = flow_terms(&f, &classes, &class_of);
     let cap = o.memory_cap.map(|c| {
         (
             c,
@@ -1667,7 +1356,20 @@ pub fn tp_search(
     mesh: &Mesh,
     cluster: &Cluster,
     axis: &str,
-) -> Result<(Graph, Prepared, Solution), Diagnostics> {
+) -> Result<Searched, Diagnostics> {
+    tp_search_reusing(g, mesh, cluster, axis, None)
+}
+
+/// [`tp_search`], taking the choices `reuse` names (a [`Searched::labels`] of the same
+/// step on another mesh of the same `axis` size) instead of solving, when each class has
+/// that choice and the selection keeps the constraints; else it solves.
+pub fn tp_search_reusing(
+    g: Graph,
+    mesh: &Mesh,
+    cluster: &Cluster,
+    axis: &str,
+    reuse: Option<&[String]>,
+) -> Result<Searched, Diagnostics> {
     let o = Options {
         cluster,
         axis,
@@ -1675,34 +1377,88 @@ pub fn tp_search(
         cap_loc: SrcLoc::default(),
     };
     let prepared = prepare(&g, mesh, &o)?;
-    let sol = prepared
-        .problem
-        .solve()
-        .map_err(|e| conflict_diagnostics(&e, &g.loc, axis))?;
-    let mut planned = prepared.apply(&sol, mesh, axis);
+    let p = &prepared.problem;
+    let reused: Option<Vec<usize>> = reuse
+        .filter(|l| l.len() == p.classes.len())
+        .and_then(|labels| {
+            p.classes
+                .iter()
+                .zip(labels)
+                .map(|(c, l)| c.choices.iter().position(|ch| ch.label == *l))
+                .collect::<Option<Vec<usize>>>()
+        })
+        .filter(|sel| p.allows(sel));
+    let solution = match reused {
+        Some(choice) => Solution {
+            seconds: p.evaluate(&choice),
+            memory: p.memory(&choice),
+            choice,
+        },
+        None => p
+            .solve()
+            .map_err(|e| conflict_diagnostics(&e, &g.loc, axis))?,
+    };
+    let mut planned = prepared.apply(&solution, mesh, axis);
     crate::plan::state_layouts(&mut planned);
-    backward_directives(&mut planned, mesh)?;
-    Ok((planned, prepared, sol))
+    let propagated = backward_directives(&mut planned, mesh)?;
+    Ok(Searched {
+        planned,
+        propagated,
+        prepared,
+        solution,
+    })
+}
+
+impl Searched {
+    /// The choice of each class by label (for [`tp_search_reusing`]).
+    pub fn labels(&self) -> Vec<String> {
+        self.prepared
+            .problem
+            .classes
+            .iter()
+            .zip(&self.solution.choice)
+            .map(|(c, &k)| c.choices[k].label.clone())
+            .collect()
+    }
+}
+
+/// What [`tp_search`] found.
+#[derive(Debug)]
+pub struct Searched {
+    /// The step with the plan's directives: what `--plan` writes.
+    pub planned: Graph,
+    /// `planned` propagated (what `--propagate-layouts` makes of it), when the search
+    /// propagated it already.
+    pub propagated: Option<Graph>,
+    /// The problem.
+    pub prepared: Prepared,
+    /// Z3's solution.
+    pub solution: Solution,
 }
 
 /// Backward ops follow their operands' layouts; where a split they would follow does not
 /// divide their dimension (a gradient split on 768 / 8 reshaped into 12 heads), they are
 /// given a directive replicating them over those axes (`R(tp)`), so propagation gathers
 /// the operand instead of refusing the plan. Optimizer ops are left to propagation (ZeRO
-/// changes their state's layouts after the plan).
-fn backward_directives(g: &mut Graph, mesh: &Mesh) -> Result<(), Diagnostics> {
-    let fwd = if has_backward(g) {
-        forward_ops(g)
-    } else {
-        return Ok(());
-    };
+/// changes their state's layouts after the plan). Returns the propagated step when every
+/// op it replicated got its directive (what `--propagate-layouts` then makes of `g`).
+fn backward_directives(g: &mut Graph, mesh: &Mesh) -> Result<Option<Graph>, Diagnostics> {
+    if !has_backward(g) {
+        return Ok(None);
+    }
+    let fwd = forward_ops(g);
     let mut remarks = Diagnostics::default();
-    let (_, decided) = propagate_lenient(g.clone(), mesh, &mut remarks)?;
+    let (propagated, decided) = propagate_lenient(g.clone(), mesh, &mut remarks)?;
+    let mut complete = true;
     for (k, d) in decided.into_iter().enumerate() {
         let Some((binds, closed)) = d else { continue };
+        if closed.is_empty() {
+            continue;
+        }
         let n = &g.nodes[k];
         let optimizer = dnn::spec(&n.op).is_some_and(|s| s.traits.optimizer);
-        if fwd[k] || optimizer || closed.is_empty() {
+        if fwd[k] || optimizer {
+            complete = false;
             continue;
         }
         let mut s: Split = binds_to_split(&binds, mesh);
@@ -1715,7 +1471,7 @@ fn backward_directives(g: &mut Graph, mesh: &Mesh) -> Result<(), Diagnostics> {
             },
         );
     }
-    Ok(())
+    Ok(complete.then_some(propagated))
 }
 
 /// Compiles a planned step (`--propagate-layouts`, `--split-tensor`, `--lower-relayouts`,
