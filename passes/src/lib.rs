@@ -8,6 +8,7 @@ pub mod autodiff;
 pub mod capi;
 pub mod cost;
 pub mod external;
+pub mod layer_runs;
 pub mod layouts;
 pub mod localize;
 pub mod lower_relayouts;

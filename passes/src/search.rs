@@ -110,6 +110,9 @@ pub struct Item {
     pub cut: u64,
     /// Seconds of tensor-parallel collectives (forward and backward; in the times above).
     pub comm: f64,
+    /// Seconds of the optimizer update of its parameters (not sharded; in the profile's
+    /// `optimizer`).
+    pub update: f64,
 }
 
 /// A training step's costs at one tensor-parallel degree and micro-batch size.
@@ -226,6 +229,27 @@ fn profile_reusing(
     (p, labels)
 }
 
+/// The mesh a profile of one micro-batch of `micro` sequences at `tp` compiles on: the
+/// batch over `dp = batch / micro`, and `tp`.
+fn profile_mesh(g: &Graph, tp: u64, micro: u64) -> Result<Mesh, String> {
+    let batch = batch_of(g).ok_or("the step has no batched data argument")?;
+    if micro == 0 || !batch.is_multiple_of(micro) {
+        return Err(format!(
+            "micro-batch {micro} does not divide the batch {batch}"
+        ));
+    }
+    let axis = |name: &str, size: u64| Axis {
+        name: name.into(),
+        size: size as i64,
+        microbatches: false,
+    };
+    Ok(Mesh {
+        name: "world".into(),
+        axes: vec![axis("dp", batch / micro), axis("tp", tp)],
+        memory_cap: None,
+    })
+}
+
 fn profile_inner(
     g: &Graph,
     tp: u64,
@@ -235,29 +259,7 @@ fn profile_inner(
     reuse: Option<&[String]>,
     labels: &mut Option<Vec<String>>,
 ) -> Result<Profile, String> {
-    let batch = batch_of(g).ok_or("the step has no batched data argument")?;
-    if micro == 0 || !batch.is_multiple_of(micro) {
-        return Err(format!(
-            "micro-batch {micro} does not divide the batch {batch}"
-        ));
-    }
-    let dp = (batch / micro) as i64;
-    let mesh = Mesh {
-        name: "world".into(),
-        axes: vec![
-            Axis {
-                name: "dp".into(),
-                size: dp,
-                microbatches: false,
-            },
-            Axis {
-                name: "tp".into(),
-                size: tp as i64,
-                microbatches: false,
-            },
-        ],
-        memory_cap: None,
-    };
+    let mesh = profile_mesh(g, tp, micro)?;
     let mut remarks = Diagnostics::default();
     let local = (|| {
         // The policy the plan's flags apply: no Megatron splits without tensor parallelism.
@@ -431,7 +433,18 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
         .collect();
     let mut optimizer = 0.0;
     let mut bf16 = false;
+    // An optimizer op updates the parameter it reads (or what an update of it made).
+    let mut update_of: Vec<Option<usize>> = vec![None; g.values.len()];
+    for (&v, &it) in &param_item {
+        update_of[v] = Some(it);
+    }
     for (k, node) in g.nodes.iter().enumerate() {
+        if opt[k] {
+            let it = node.inputs.iter().find_map(|&v| update_of[v]);
+            for &o in &node.outputs {
+                update_of[o] = it;
+            }
+        }
         let Some(c) = cost::node_cost(g, node, cluster, Some(mesh)) else {
             continue;
         };
@@ -442,6 +455,9 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
         }
         if opt[k] {
             optimizer += c.seconds;
+            if let Some(it) = node.inputs.iter().find_map(|&v| update_of[v]) {
+                items[it].update += c.seconds;
+            }
             continue;
         }
         let it = &mut items[item[k]];
@@ -1226,10 +1242,21 @@ fn pairs(space: &Space, batch: u64, max_tp: u64) -> Vec<(u64, u64, TpPolicy)> {
     out
 }
 
+/// A training step made from a forward whose runs of identical layers are cut
+/// ([`crate::layer_runs`]), to profile in the whole step's stead.
+#[derive(Clone, Debug)]
+pub struct Cut {
+    /// The cut step.
+    pub step: Graph,
+    /// The runs cut.
+    pub runs: Vec<crate::layer_runs::Run>,
+}
+
 /// Fills `profiles` with the pairs `space` needs, compiling them on the machine's
-/// threads.
+/// threads (the cut step's, expanded, when there is one).
 fn fill_profiles(
     g: &Graph,
+    cut: Option<&Cut>,
     cluster: &Cluster,
     want: &[(u64, u64, TpPolicy)],
     profiles: &mut Profiles,
@@ -1266,7 +1293,7 @@ fn fill_profiles(
     }
     let mut choices: HashMap<u64, Vec<String>> = HashMap::new();
     for phase in [first, later] {
-        let done = compile_profiles(g, cluster, &phase, &choices, threads);
+        let done = compile_profiles(g, cut, cluster, &phase, &choices, threads);
         for ((key, p), labels) in done {
             if let Some(l) = labels {
                 choices.entry(key.0).or_insert(l);
@@ -1283,8 +1310,12 @@ type Compiled = (
 );
 
 /// Compiles `keys` on `threads` threads, the searched splits reusing `choices` by degree.
+/// With a cut step, it is compiled instead and its profiles expanded; its searched splits
+/// are those solved on the whole step (layer positions share choices, so the cut step's
+/// classes are the whole step's; their costs count every layer).
 fn compile_profiles(
     g: &Graph,
+    cut: Option<&Cut>,
     cluster: &Cluster,
     keys: &[(u64, u64, TpPolicy)],
     choices: &HashMap<u64, Vec<String>>,
@@ -1301,9 +1332,22 @@ fn compile_profiles(
                         let Some(&(tp, micro, t)) = keys.get(k) else {
                             break;
                         };
-                        let reuse = choices.get(&tp).map(Vec::as_slice);
-                        let (p, labels) = profile_reusing(g, tp, micro, cluster, t, reuse);
-                        mine.push((((tp, micro, t), p), labels));
+                        let mut reuse = choices.get(&tp).cloned();
+                        let Some(cut) = cut else {
+                            let (p, labels) =
+                                profile_reusing(g, tp, micro, cluster, t, reuse.as_deref());
+                            mine.push((((tp, micro, t), p), labels));
+                            continue;
+                        };
+                        if t == TpPolicy::Search && tp > 1 && reuse.is_none() {
+                            reuse = profile_mesh(g, tp, micro).ok().and_then(|mesh| {
+                                crate::split_search::solve_labels(g, &mesh, cluster, "tp").ok()
+                            });
+                        }
+                        let (p, _) =
+                            profile_reusing(&cut.step, tp, micro, cluster, t, reuse.as_deref());
+                        let p = p.map(|p| crate::layer_runs::expand(p, &cut.runs));
+                        mine.push((((tp, micro, t), p), reuse));
                     }
                     mine
                 })
@@ -1326,6 +1370,19 @@ pub fn search(
     profiles: &mut Profiles,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Outcome, String> {
+    search_with(g, None, cluster, space, profiles, progress)
+}
+
+/// [`search`], profiling `cut` (the step with its runs of identical layers cut) in `g`'s
+/// stead when given.
+pub fn search_with(
+    g: &Graph,
+    cut: Option<&Cut>,
+    cluster: &Cluster,
+    space: &Space,
+    profiles: &mut Profiles,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Outcome, String> {
     let batch = batch_of(g).ok_or("the step has no batched data argument to split")?;
     let n = space.devices;
     if n == 0 {
@@ -1337,7 +1394,14 @@ pub fn search(
         .min(cluster.device.memory);
     let inner = cluster.network.first().map_or(n, |l| l.devices);
     let max_tp = space.max_tp.unwrap_or(inner);
-    fill_profiles(g, cluster, &pairs(space, batch, max_tp), profiles, progress);
+    fill_profiles(
+        g,
+        cut,
+        cluster,
+        &pairs(space, batch, max_tp),
+        profiles,
+        progress,
+    );
     let mut out: HashMap<String, usize> = HashMap::new();
     let mut candidates: Vec<(f64, Config)> = Vec::new();
     let mut considered = 0usize;

@@ -152,6 +152,15 @@ impl Problem {
         t
     }
 
+    /// Each class's choice in a selection, by label.
+    pub fn labels(&self, sel: &[usize]) -> Vec<String> {
+        self.classes
+            .iter()
+            .zip(sel)
+            .map(|(c, &k)| c.choices[k].label.clone())
+            .collect()
+    }
+
     /// Bytes per device of a selection.
     pub fn memory(&self, sel: &[usize]) -> u64 {
         self.classes

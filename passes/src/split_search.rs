@@ -85,6 +85,18 @@ pub struct Options<'a> {
     pub cap_loc: SrcLoc,
 }
 
+impl<'a> Options<'a> {
+    /// The options for `mesh` (its `memory_cap`) on `cluster`, searching `axis`.
+    pub fn on(mesh: &Mesh, cluster: &'a Cluster, axis: &'a str) -> Self {
+        Options {
+            cluster,
+            axis,
+            memory_cap: mesh.memory_cap.map(|c| c.max(0) as u64),
+            cap_loc: SrcLoc::default(),
+        }
+    }
+}
+
 /// A training step prepared for the search: the problem and what applying a solution
 /// needs.
 #[derive(Debug)]
@@ -466,11 +478,8 @@ struct Facts<'a> {
     fwd: Vec<bool>,
     grad: Vec<bool>,
     layer: Vec<Option<String>>,
-    /// Each value's producing op and its users (op, operand).
-    producer: Vec<Option<usize>>,
+    /// Each value's users (op, operand).
     users: Vec<Vec<(usize, usize)>>,
-    /// The argument each argument value is.
-    arg_of: HashMap<ValueId, usize>,
 }
 
 impl<'a> Facts<'a> {
@@ -481,12 +490,8 @@ impl<'a> Facts<'a> {
         } else {
             vec![true; g.nodes.len()]
         };
-        let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
         let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); g.values.len()];
         for (k, n) in g.nodes.iter().enumerate() {
-            for &v in &n.outputs {
-                producer[v] = Some(k);
-            }
             for (i, &v) in n.inputs.iter().enumerate() {
                 users[v].push((k, i));
             }
@@ -502,14 +507,7 @@ impl<'a> Facts<'a> {
             grad: needs_grad(g),
             layer: layers(g, &fwd),
             fwd,
-            producer,
             users,
-            arg_of: g
-                .args
-                .iter()
-                .enumerate()
-                .map(|(i, a)| (a.value, i))
-                .collect(),
         }
     }
 
@@ -585,14 +583,41 @@ fn data_parallel(f: &Facts<'_>, base: &Graph) -> Result<DataParallel, Diagnostic
     Ok((pre, pre_node, layouts))
 }
 
-/// The classes: layers with equal signatures share them (op `i` of each, and its `j`-th
-/// own parameter); every other forward op and every argument a forward op reads (but
-/// optimizer state) is a class alone. Returns them and each member's class.
-fn classes(f: &Facts<'_>) -> (Vec<Class>, HashMap<Member, usize>) {
-    let g = f.g;
+/// A layer of a step: its name, its forward ops in program order, its signature (ops,
+/// attributes, shapes and how they connect) and its own parameters (used by no other
+/// layer or op outside the layers), in order of first use.
+#[derive(Clone, Debug)]
+pub(crate) struct Block {
+    pub(crate) name: String,
+    pub(crate) ops: Vec<usize>,
+    sig: Vec<OpSig>,
+    pub(crate) params: Vec<usize>,
+}
+
+impl Block {
+    /// Whether two layers are the same computation on their own parameters.
+    pub(crate) fn same(&self, other: &Block) -> bool {
+        self.sig == other.sig && self.params.len() == other.params.len()
+    }
+}
+
+/// The layers of `g` (`layer`: each forward op's, `recompute::layers`), in program order.
+pub(crate) fn blocks(g: &Graph, fwd: &[bool], layer: &[Option<String>]) -> Vec<Block> {
+    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
+    for (k, n) in g.nodes.iter().enumerate() {
+        for &v in &n.outputs {
+            producer[v] = Some(k);
+        }
+    }
+    let arg_of: HashMap<ValueId, usize> = g
+        .args
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.value, i))
+        .collect();
     let mut layer_ops: Vec<(String, Vec<usize>)> = Vec::new();
-    for k in (0..g.nodes.len()).filter(|&k| f.fwd[k]) {
-        if let Some(l) = &f.layer[k] {
+    for k in (0..g.nodes.len()).filter(|&k| fwd[k]) {
+        if let Some(l) = &layer[k] {
             match layer_ops.iter_mut().find(|(n, _)| n == l) {
                 Some((_, ops)) => ops.push(k),
                 None => layer_ops.push((l.clone(), vec![k])),
@@ -604,7 +629,7 @@ fn classes(f: &Facts<'_>) -> (Vec<Class>, HashMap<Member, usize>) {
     for (name, ops) in &layer_ops {
         for &k in ops {
             for &v in &g.nodes[k].inputs {
-                if let Some(&a) = f.arg_of.get(&v) {
+                if let Some(&a) = arg_of.get(&v) {
                     if g.args[a].is_param() {
                         let e = param_layers.entry(a).or_default();
                         if !e.contains(&name.as_str()) {
@@ -616,65 +641,81 @@ fn classes(f: &Facts<'_>) -> (Vec<Class>, HashMap<Member, usize>) {
         }
     }
     for (k, n) in g.nodes.iter().enumerate() {
-        if f.fwd[k] && f.layer[k].is_none() {
+        if fwd[k] && layer[k].is_none() {
             for &v in &n.inputs {
-                if let Some(&a) = f.arg_of.get(&v) {
+                if let Some(&a) = arg_of.get(&v) {
                     param_layers.entry(a).or_default().push("");
                 }
             }
         }
     }
     let own_param = |a: usize, l: &str| param_layers.get(&a).is_some_and(|v| v == &[l]);
-    let signature = |name: &str, ops: &[usize]| -> (Vec<OpSig>, Vec<usize>) {
-        let mut params: Vec<usize> = Vec::new();
-        let pos: HashMap<usize, usize> = ops.iter().enumerate().map(|(i, &k)| (k, i)).collect();
-        let sig = ops
-            .iter()
-            .map(|&k| {
-                let n = &g.nodes[k];
-                let inputs = n
-                    .inputs
-                    .iter()
-                    .map(|&v| {
-                        if let Some(p) = f.producer[v] {
-                            if let Some(&i) = pos.get(&p) {
-                                let r = g.nodes[p].outputs.iter().position(|&x| x == v);
-                                return Ref::Local(i, r.unwrap_or(0));
+    layer_ops
+        .iter()
+        .map(|(name, ops)| {
+            let mut params: Vec<usize> = Vec::new();
+            let pos: HashMap<usize, usize> = ops.iter().enumerate().map(|(i, &k)| (k, i)).collect();
+            let sig = ops
+                .iter()
+                .map(|&k| {
+                    let n = &g.nodes[k];
+                    let inputs = n
+                        .inputs
+                        .iter()
+                        .map(|&v| {
+                            if let Some(p) = producer[v] {
+                                if let Some(&i) = pos.get(&p) {
+                                    let r = g.nodes[p].outputs.iter().position(|&x| x == v);
+                                    return Ref::Local(i, r.unwrap_or(0));
+                                }
                             }
-                        }
-                        match f.arg_of.get(&v) {
-                            Some(&a) if own_param(a, name) => {
-                                let j = params.iter().position(|&p| p == a).unwrap_or_else(|| {
-                                    params.push(a);
-                                    params.len() - 1
-                                });
-                                Ref::Param(j, g.values[v].clone())
+                            match arg_of.get(&v) {
+                                Some(&a) if own_param(a, name) => {
+                                    let j =
+                                        params.iter().position(|&p| p == a).unwrap_or_else(|| {
+                                            params.push(a);
+                                            params.len() - 1
+                                        });
+                                    Ref::Param(j, g.values[v].clone())
+                                }
+                                Some(&a) => Ref::Outside(g.values[v].clone(), Some(a)),
+                                None => Ref::Outside(g.values[v].clone(), None),
                             }
-                            Some(&a) => Ref::Outside(g.values[v].clone(), Some(a)),
-                            None => Ref::Outside(g.values[v].clone(), None),
-                        }
-                    })
-                    .collect();
-                let attrs: BTreeMap<&String, String> = n
-                    .attrs
-                    .iter()
-                    .filter(|(k, _)| *k != "nns.layouts")
-                    .map(|(k, v)| (k, v.to_mlir_text()))
-                    .collect();
-                OpSig {
-                    op: n.op.clone(),
-                    attrs: format!("{attrs:?}"),
-                    inputs,
-                    outputs: n.outputs.iter().map(|&v| g.values[v].clone()).collect(),
-                }
-            })
-            .collect();
-        (sig, params)
-    };
+                        })
+                        .collect();
+                    let attrs: BTreeMap<&String, String> = n
+                        .attrs
+                        .iter()
+                        .filter(|(k, _)| *k != "nns.layouts")
+                        .map(|(k, v)| (k, v.to_mlir_text()))
+                        .collect();
+                    OpSig {
+                        op: n.op.clone(),
+                        attrs: format!("{attrs:?}"),
+                        inputs,
+                        outputs: n.outputs.iter().map(|&v| g.values[v].clone()).collect(),
+                    }
+                })
+                .collect();
+            Block {
+                name: name.clone(),
+                ops: ops.clone(),
+                sig,
+                params,
+            }
+        })
+        .collect()
+}
+
+/// The classes: layers with equal signatures share them (op `i` of each, and its `j`-th
+/// own parameter); every other forward op and every argument a forward op reads (but
+/// optimizer state) is a class alone. Returns them and each member's class.
+fn classes(f: &Facts<'_>) -> (Vec<Class>, HashMap<Member, usize>) {
+    let g = f.g;
     let mut classes: Vec<Class> = Vec::new();
     let mut class_of: HashMap<Member, usize> = HashMap::new();
-    // (signature, its op classes, its parameter classes)
-    let mut sigs: Vec<(Vec<OpSig>, Vec<usize>, Vec<usize>)> = Vec::new();
+    // (the first layer of a signature, its op classes, its parameter classes)
+    let mut sigs: Vec<(Block, Vec<usize>, Vec<usize>)> = Vec::new();
     let new_class = |classes: &mut Vec<Class>, m: Member, name: String, loc: SrcLoc| {
         classes.push(Class {
             members: vec![m],
@@ -685,12 +726,9 @@ fn classes(f: &Facts<'_>) -> (Vec<Class>, HashMap<Member, usize>) {
         });
         classes.len() - 1
     };
-    for (name, ops) in &layer_ops {
-        let (sig, params) = signature(name, ops);
-        if let Some((_, op_classes, param_classes)) = sigs
-            .iter()
-            .find(|(s, _, p)| *s == sig && p.len() == params.len())
-        {
+    for block in blocks(g, &f.fwd, &f.layer) {
+        let (ops, params) = (&block.ops, &block.params);
+        if let Some((_, op_classes, param_classes)) = sigs.iter().find(|(b, _, _)| b.same(&block)) {
             for (&k, &c) in ops.iter().zip(op_classes) {
                 classes[c].members.push(Member::Op(k));
                 class_of.insert(Member::Op(k), c);
@@ -722,7 +760,7 @@ fn classes(f: &Facts<'_>) -> (Vec<Class>, HashMap<Member, usize>) {
                 c
             })
             .collect();
-        sigs.push((sig, op_classes, param_classes));
+        sigs.push((block, op_classes, param_classes));
     }
     for k in (0..g.nodes.len()).filter(|&k| f.fwd[k]) {
         class_of.entry(Member::Op(k)).or_insert_with(|| {
@@ -1370,12 +1408,7 @@ pub fn tp_search_reusing(
     axis: &str,
     reuse: Option<&[String]>,
 ) -> Result<Searched, Diagnostics> {
-    let o = Options {
-        cluster,
-        axis,
-        memory_cap: mesh.memory_cap.map(|c| c.max(0) as u64),
-        cap_loc: SrcLoc::default(),
-    };
+    let o = Options::on(mesh, cluster, axis);
     let prepared = prepare(&g, mesh, &o)?;
     let p = &prepared.problem;
     let reused: Option<Vec<usize>> = reuse
@@ -1412,14 +1445,25 @@ pub fn tp_search_reusing(
 impl Searched {
     /// The choice of each class by label (for [`tp_search_reusing`]).
     pub fn labels(&self) -> Vec<String> {
-        self.prepared
-            .problem
-            .classes
-            .iter()
-            .zip(&self.solution.choice)
-            .map(|(c, &k)| c.choices[k].label.clone())
-            .collect()
+        self.prepared.problem.labels(&self.solution.choice)
     }
+}
+
+/// The choice of each class by label (see [`Searched::labels`]) of the search on `g`
+/// over `mesh`, without writing the plan.
+pub fn solve_labels(
+    g: &Graph,
+    mesh: &Mesh,
+    cluster: &Cluster,
+    axis: &str,
+) -> Result<Vec<String>, Diagnostics> {
+    let o = Options::on(mesh, cluster, axis);
+    let prepared = prepare(g, mesh, &o)?;
+    let sol = prepared
+        .problem
+        .solve()
+        .map_err(|e| conflict_diagnostics(&e, &g.loc, axis))?;
+    Ok(prepared.problem.labels(&sol.choice))
 }
 
 /// What [`tp_search`] found.

@@ -168,6 +168,28 @@ pub fn training_step(
     Ok((largest(&m)?, true, mesh))
 }
 
+/// The training step of forward `text` with its runs of identical layers cut
+/// ([`nnscaler_passes::layer_runs`]), for profiling; `None` when nothing is cut.
+pub fn cut_step(text: &str, file: &str, bf16: bool) -> Result<Option<search::Cut>, String> {
+    let ir = IrContext::new();
+    let m = ir
+        .parse(text, file)
+        .map_err(|d| d.render_limited(Some(text), 20))?;
+    let Some(forward) = Graph::all_in(&m)
+        .into_iter()
+        .filter_map(Result::ok)
+        .max_by_key(|g| g.nodes.len())
+    else {
+        return Ok(None);
+    };
+    let Some(r) = nnscaler_passes::layer_runs::reduce(&forward) else {
+        return Ok(None);
+    };
+    // Printed with the ops' own locations, so messages point into the user's file.
+    let (step, _, _) = training_step(&r.forward.to_mlir(), file, bf16)?;
+    Ok(Some(search::Cut { step, runs: r.runs }))
+}
+
 /// The `--place` layout of a plan's stages: `E` before the layers, `t` a layer, `L`
 /// after them (`None` when the items are not of that form).
 fn place_layout(p: &Profile, starts: &[usize]) -> Option<String> {
@@ -396,8 +418,28 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
             );
         }
     };
+    // Profiles compile the forward with its runs of identical layers cut to two
+    // (layer_runs.rs): a 96-layer model profiles as a 2-layer one.
+    let cut = if differentiated && mesh.is_none() {
+        cut_step(&text, &name, bf16)?
+    } else {
+        None
+    };
+    if let Some(c) = &cut {
+        let layers: usize = c.runs.iter().map(|r| r.names.len() - 1).sum();
+        progress(&format!(
+            "profiling with {layers} repeated layers cut (they cost what the one kept costs)"
+        ));
+    }
     let mut profiles = search::Profiles::new();
-    let found = search::search(&step, &cluster, &space, &mut profiles, &mut progress)?;
+    let found = search::search_with(
+        &step,
+        cut.as_ref(),
+        &cluster,
+        &space,
+        &mut profiles,
+        &mut progress,
+    )?;
     let searched = start.elapsed().as_secs_f64();
     let grid = if a.compare_megatron {
         let mut g = Space::megatron(a.devices);
@@ -407,8 +449,9 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
         g.max_tp = a.max_tp;
         g.max_pp = a.max_pp;
         g.max_micro = space.max_micro;
-        Some(search::search(
+        Some(search::search_with(
             &step,
+            cut.as_ref(),
             &cluster,
             &g,
             &mut profiles,

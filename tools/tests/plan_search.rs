@@ -178,3 +178,90 @@ fn refined_cuts_come_close_to_brute_force() {
         assert!((0.0..=0.01).contains(&gap), "{cluster}: gap {gap}");
     }
 }
+
+/// Profiles of the forward with its runs of identical layers cut to two, expanded, equal
+/// the whole step's (every field of every item, the optimizer), for Megatron's splits and
+/// the searched ones, with and without tensor parallelism.
+#[test]
+fn cut_profiles_equal_whole_ones() {
+    for (name, sizes) in [
+        (
+            "gpt-tiny",
+            vec![("batch", "4"), ("heads", "4"), ("layers", "6")],
+        ),
+        ("llama-tiny", vec![("batch", "4"), ("layers", "5")]),
+    ] {
+        let mut c = preset(name).unwrap();
+        for (k, v) in &sizes {
+            c.set(k, v).unwrap();
+        }
+        let text = build_module(&c).unwrap();
+        let whole = training_step(&text, name, false).unwrap().0;
+        let cut = nnscaler_tools::plan::cut_step(&text, name, false)
+            .unwrap()
+            .expect("the layers are cut");
+        let cluster = cost::preset("dgx-h100").unwrap();
+        for (tp, micro, t) in [
+            (1, 1, search::TpPolicy::Megatron),
+            (2, 2, search::TpPolicy::Megatron),
+            (2, 1, search::TpPolicy::Search),
+        ] {
+            let want = search::profile_with(&whole, tp, micro, &cluster, t).unwrap();
+            let mut profiles = Profiles::new();
+            let mut space = Space::new(tp);
+            space.tensor = vec![t];
+            space.max_micro = micro;
+            space.pipelines = true;
+            search::search_with(
+                &whole,
+                Some(&cut),
+                &cluster,
+                &space,
+                &mut profiles,
+                &mut |_| {},
+            )
+            .unwrap();
+            let got = profiles[&(tp, micro, t)].as_ref().unwrap();
+            let what = format!("{name} tp={tp} micro={micro} {t:?}");
+            assert_eq!(got.items.len(), want.items.len(), "{what}");
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-12);
+            for (g, w) in got.items.iter().zip(&want.items) {
+                assert_eq!(
+                    (
+                        &g.name,
+                        g.params,
+                        g.saved,
+                        g.saved_selective,
+                        g.saved_full,
+                        g.cut
+                    ),
+                    (
+                        &w.name,
+                        w.params,
+                        w.saved,
+                        w.saved_selective,
+                        w.saved_full,
+                        w.cut
+                    ),
+                    "{what}"
+                );
+                for (a, b, f) in [
+                    (g.fwd, w.fwd, "fwd"),
+                    (g.bwd_input, w.bwd_input, "bwd_input"),
+                    (g.bwd_weight, w.bwd_weight, "bwd_weight"),
+                    (g.flops, w.flops, "flops"),
+                    (g.comm, w.comm, "comm"),
+                    (g.update, w.update, "update"),
+                ] {
+                    assert!(close(a, b), "{what} {}: {f} {a} against {b}", g.name);
+                }
+            }
+            assert!(
+                close(got.optimizer, want.optimizer),
+                "{what}: optimizer {} against {}",
+                got.optimizer,
+                want.optimizer
+            );
+        }
+    }
+}

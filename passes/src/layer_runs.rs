@@ -1,0 +1,163 @@
+//! Profiles of one block per run of identical layers: the plan search compiles a model
+//! whose runs of four or more identical consecutive layers (same ops, attributes, shapes
+//! and wiring on their own parameters: `split_search::blocks`) are cut to their first,
+//! second and last layers, and expands each profile back, the second layer standing for
+//! every middle layer of its run. A 96-layer model is profiled as a 3-layer one, so a
+//! profile costs what a small model's does; the items are those of the whole model
+//! (tested equal in `tools/tests/plan_search.rs`): a middle layer reads what the layer
+//! before it made and feeds the next, whichever they are, and its ops compile alike.
+
+use crate::recompute::{has_backward, layers};
+use crate::search::Profile;
+use crate::split_search::blocks;
+use nnscaler_dialects::graph::{Graph, ValueId};
+use std::collections::HashMap;
+
+/// A run of identical layers cut to its first, second and last.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Run {
+    /// Its second layer, kept to stand for the middle ones.
+    pub second: String,
+    /// The layers of the whole model the second stands for, in order (itself first).
+    pub names: Vec<String>,
+}
+
+/// A forward with its runs of identical layers cut.
+#[derive(Clone, Debug)]
+pub struct Reduced {
+    /// The cut forward.
+    pub forward: Graph,
+    /// The runs cut.
+    pub runs: Vec<Run>,
+}
+
+/// `g` (a forward) with each run of four or more identical consecutive layers cut to its
+/// first, second and last; `None` when nothing is cut or `g` does not lend itself: a
+/// training step, a layer whose ops are not consecutive, a value of a cut layer read by
+/// a kept op other than the last layer's reading what the layer before it made, calls of
+/// user ops.
+pub fn reduce(g: &Graph) -> Option<Reduced> {
+    if has_backward(g) || !g.user_ops.is_empty() {
+        return None;
+    }
+    let all = vec![true; g.nodes.len()];
+    let layer = layers(g, &all);
+    let blocks = blocks(g, &all, &layer);
+    // Each layer's ops consecutive; runs of identical layers back to back.
+    if blocks
+        .iter()
+        .any(|b| b.ops.windows(2).any(|w| w[1] != w[0] + 1))
+    {
+        return None;
+    }
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        let joins = runs.last().is_some_and(|r| {
+            let prev = &blocks[r.end - 1];
+            r.end == i && prev.same(b) && prev.ops.last().map(|&k| k + 1) == b.ops.first().copied()
+        });
+        if joins {
+            runs.last_mut().expect("checked").end = i + 1;
+        } else {
+            runs.push(i..i + 1);
+        }
+    }
+    runs.retain(|r| r.len() >= 4);
+    if runs.is_empty() {
+        return None;
+    }
+    let mut dropped = vec![false; g.nodes.len()];
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut kept_runs = Vec::new();
+    for r in &runs {
+        let (second, before_last) = (&blocks[r.start + 1], &blocks[r.end - 2]);
+        for b in &blocks[r.start + 2..r.end - 1] {
+            for &k in &b.ops {
+                dropped[k] = true;
+            }
+        }
+        // The last layer reads what the one before it made: the kept second layer's
+        // values at the same places.
+        for (&from, &to) in before_last.ops.iter().zip(&second.ops) {
+            for (&v, &w) in g.nodes[from].outputs.iter().zip(&g.nodes[to].outputs) {
+                map.insert(v, w);
+            }
+        }
+        kept_runs.push(Run {
+            second: second.name.clone(),
+            names: blocks[r.start + 1..r.end - 1]
+                .iter()
+                .map(|b| b.name.clone())
+                .collect(),
+        });
+    }
+    // Only the last layer's values may be read after the run.
+    let mut made_by_dropped = vec![false; g.values.len()];
+    for (k, n) in g.nodes.iter().enumerate() {
+        if dropped[k] {
+            for &o in &n.outputs {
+                made_by_dropped[o] = true;
+            }
+        }
+    }
+    let remap = |v: ValueId| map.get(&v).copied().unwrap_or(v);
+    let mut out = g.clone();
+    out.nodes = Vec::new();
+    for (k, n) in g.nodes.iter().enumerate() {
+        if dropped[k] {
+            continue;
+        }
+        let mut n = n.clone();
+        for v in &mut n.inputs {
+            if made_by_dropped[*v] && !map.contains_key(v) {
+                return None;
+            }
+            *v = remap(*v);
+        }
+        n.origin = None;
+        out.nodes.push(n);
+    }
+    for o in &mut out.outputs {
+        if made_by_dropped[o.value] && !map.contains_key(&o.value) {
+            return None;
+        }
+        o.value = remap(o.value);
+    }
+    // The cut layers' parameters go with them.
+    let mut used = vec![false; g.values.len()];
+    for n in &out.nodes {
+        for &v in &n.inputs {
+            used[v] = true;
+        }
+    }
+    for o in &out.outputs {
+        used[o.value] = true;
+    }
+    out.args.retain(|a| used[a.value] || !a.is_param());
+    out.source = None;
+    Some(Reduced {
+        forward: out,
+        runs: kept_runs,
+    })
+}
+
+/// A profile of the cut model as the whole model's: each run's kept second layer repeated
+/// for every middle layer it stands for (its optimizer update too).
+pub fn expand(mut p: Profile, runs: &[Run]) -> Profile {
+    let mut items = Vec::with_capacity(p.items.len());
+    for it in std::mem::take(&mut p.items) {
+        match runs.iter().find(|r| r.second == it.name) {
+            Some(r) => {
+                p.optimizer += it.update * r.names.len().saturating_sub(1) as f64;
+                for name in &r.names {
+                    let mut copy = it.clone();
+                    copy.name = name.clone();
+                    items.push(copy);
+                }
+            }
+            None => items.push(it),
+        }
+    }
+    p.items = items;
+    p
+}
