@@ -22,6 +22,7 @@ use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::{self, Mesh};
 use nnscaler_dialects::types::{AttrValue, Elem};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Devices and the network between them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -60,6 +61,13 @@ pub struct Device {
     /// Fixed cost of running one op (a kernel launch, an interpreter dispatch), seconds.
     #[serde(default)]
     pub op_overhead: f64,
+    /// Per op, its kernel against the roofline above: `[fixed seconds, factor]`, the op
+    /// taking `fixed + factor x roofline` (`fixed` in place of `op_overhead`), measured by
+    /// `nnscaler calibrate` on a small and a training-sized instance: kernels the rates do
+    /// not describe (the CPU runtime's attention, cross-entropy, strided reductions and
+    /// transposes, views that move nothing). Ops not listed: `op_overhead + roofline`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kernels: BTreeMap<String, [f64; 2]>,
     /// Where the figures come from (a datasheet, a calibration and its date).
     #[serde(default)]
     pub source: String,
@@ -112,6 +120,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 memory_bandwidth: 2.039e12,
                 matrix_efficiency: gpu_eff,
                 op_overhead: 5e-6,
+                kernels: BTreeMap::new(),
                 source: "NVIDIA A100 datasheet".into(),
             },
             // NVLink 3: 300 GB/s each way per GPU; 8 x 200 Gb/s HDR per node.
@@ -133,6 +142,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 memory_bandwidth: if name == "h200" { 4.8e12 } else { 3.35e12 },
                 matrix_efficiency: gpu_eff,
                 op_overhead: 4e-6,
+                kernels: BTreeMap::new(),
                 source: "NVIDIA H100/H200 datasheets".into(),
             },
             // NVLink 4: 450 GB/s each way per GPU; 8 x 400 Gb/s NDR per node.
@@ -156,6 +166,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                     [134217728.0, 0.95],
                 ],
                 op_overhead: 7.8e-7,
+                kernels: BTreeMap::new(),
                 source:
                     "nnscaler calibrate --device cpu, 2026-12-01 (a shared machine: recalibrate)"
                         .into(),
@@ -213,6 +224,15 @@ pub fn parse(text: &str) -> Result<Cluster, String> {
             "device.matrix_efficiency must be [flops, fraction] pairs, flops ascending, fractions in (0, 1]"
                 .into(),
         );
+    }
+    if let Some((op, [fixed, factor])) = d
+        .kernels
+        .iter()
+        .find(|(_, [a, f])| !(a.is_finite() && *a >= 0.0 && f.is_finite() && *f > 0.0))
+    {
+        return Err(format!(
+            "device.kernels: '{op}' must be [fixed seconds >= 0, factor > 0], got [{fixed}, {factor}]"
+        ));
     }
     if !(d.op_overhead.is_finite() && d.op_overhead >= 0.0) {
         return Err(format!(
@@ -275,6 +295,16 @@ impl Device {
         match (bf16, self.matrix_flops_bf16) {
             (true, Some(r)) => r,
             _ => self.matrix_flops,
+        }
+    }
+
+    /// Seconds of op `op` whose roofline (compute or memory, whichever is slower) is
+    /// `roofline` seconds: its measured fixed cost and factor (`kernels`), else the
+    /// per-op overhead plus the roofline.
+    pub fn kernel_time(&self, op: &str, roofline: f64) -> f64 {
+        match self.kernels.get(op) {
+            Some([fixed, factor]) => fixed + factor * roofline,
+            None => self.op_overhead + roofline,
         }
     }
 
@@ -439,11 +469,16 @@ pub fn node_cost(
             _ => 1.0,
         };
         let one = flops / products;
-        device.op_overhead
-            + (flops / (device.matrix_rate(bf16) * device.efficiency(one)))
-                .max(bytes / device.memory_bandwidth)
+        device.kernel_time(
+            &n.op,
+            (flops / (device.matrix_rate(bf16) * device.efficiency(one)))
+                .max(bytes / device.memory_bandwidth),
+        )
     } else {
-        device.op_time(flops, bytes, false)
+        device.kernel_time(
+            &n.op,
+            device.op_time(flops, bytes, false) - device.op_overhead,
+        )
     };
     Some(NodeCost {
         seconds,
@@ -512,6 +547,20 @@ mod tests {
         assert!((t - (14.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
         let t = c.collective_time("nns.all_gather", 2, 9, 50e9);
         assert!((t - (10e-6 + 1.0)).abs() < 1e-9, "{t}");
+    }
+
+    #[test]
+    fn measured_kernels_replace_the_roofline() {
+        let mut d = preset("cpu").unwrap().device;
+        let plain = d.kernel_time("dnn.attention", 1e-3);
+        assert!((plain - (d.op_overhead + 1e-3)).abs() < 1e-15);
+        d.kernels.insert("dnn.attention".into(), [2e-6, 4.0]);
+        assert!((d.kernel_time("dnn.attention", 1e-3) - (2e-6 + 4e-3)).abs() < 1e-15);
+        assert_eq!(d.kernel_time("dnn.add", 1e-3), plain);
+        let mut c = preset("cpu").unwrap();
+        c.device.kernels.insert("dnn.sum".into(), [0.0, -1.0]);
+        let e = parse(&c.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("device.kernels: 'dnn.sum'"), "{e}");
     }
 
     #[test]

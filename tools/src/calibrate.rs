@@ -7,17 +7,22 @@
 //! counted by the op spec's FLOPs) and a chain of 1,998 small ops (add, transpose, matmul,
 //! reshape, sum, subtract on 8 x 8) run by the interpreter (the per-op overhead), and
 //! chains of all_reduces between two simulated devices, one thread each, of 16 floats
-//! (the latency of a step) and of 1M floats (the bandwidth): the in-process network.
+//! (the latency of a step) and of 1M floats (the bandwidth): the in-process network; and
+//! per op of two synthetic models' training steps, its kernel at two sizes run by the
+//! interpreter (`Device::kernels`, see `kernel_factors`).
 //! Each figure is the median of repeated runs. Never
 //! an end-to-end model timing: those check the model (bench/cost.sh), they do not fit it.
 
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::types::{AttrValue, Attrs, Elem, TensorType};
+use nnscaler_frontends::{build_module, preset};
+use nnscaler_passes::autodiff::differentiate;
 use nnscaler_passes::cost::{self, Cluster};
 use nnscaler_runtime::kernels::{kernel, set_threads, Ctx};
 use nnscaler_runtime::tensor::Tensor;
 use nnscaler_runtime::{rng, Options};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 /// `nnscaler calibrate`'s command line.
@@ -26,8 +31,10 @@ use std::time::Instant;
     about = "Measure this machine's entries of the cost model (a cluster TOML for --print-stats=cluster=...)",
     long_about = "Measure this machine's entries of the cost model by microbenchmarks, one \
         thread: matrix-product efficiency by size, the vector and memory rates, the per-op \
-        overhead. Prints them and writes a cluster TOML (the cpu preset's network) that \
-        --print-stats=cluster=FILE reads. Takes about ten seconds."
+        overhead, the in-process network, and per op how the runtime's kernel compares \
+        with that roofline. Prints them and writes a cluster TOML that \
+        --print-stats=cluster=FILE, nnscaler plan --cluster FILE and \
+        --plan=\"tp-search cluster=FILE\" read. Takes about fifteen seconds."
 )]
 pub struct CalibrateArgs {
     /// The device to measure (cpu; a GPU needs nnscaler-rt's CUDA backend, not yet).
@@ -249,6 +256,10 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     c.device.memory_bandwidth = bandwidth;
     c.device.matrix_efficiency = efficiency;
     c.device.op_overhead = overhead;
+    c.device.kernels.clear();
+    let (kernels, lines) = kernel_factors(&c)?;
+    report += &lines;
+    c.device.kernels = kernels;
     c.device.source = format!("nnscaler calibrate --device cpu, {}", chrono_free_date());
     let toml = c.to_toml()?;
     if a.output == "-" {
@@ -258,6 +269,176 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         report += &format!("wrote {}\n", a.output);
     }
     Ok(report)
+}
+
+/// The training step (forward and backward) of zoo preset `name` resized by `sets`.
+fn step_of(name: &str, sets: &[(&str, &str)]) -> Result<Graph, String> {
+    let mut cfg = preset(name).ok_or("a zoo preset")?;
+    for (k, v) in sets {
+        cfg.set(k, v)?;
+    }
+    let text = build_module(&cfg).map_err(|e| e.to_string())?;
+    let ir = IrContext::new();
+    let m = ir
+        .parse(&text, name)
+        .map_err(|d| d.render_limited(Some(&text), 5))?;
+    let fwd = Graph::all_in(&m)
+        .into_iter()
+        .next()
+        .ok_or("no function")?
+        .map_err(|e| e.message)?;
+    differentiate(&fwd).map_err(|(_, e)| e)
+}
+
+/// Per op, its largest instance in `steps`: (roofline seconds, step, node).
+fn instances<'a>(steps: &'a [Graph], c: &Cluster) -> BTreeMap<String, (f64, &'a Graph, usize)> {
+    let mut largest: BTreeMap<String, (f64, &Graph, usize)> = BTreeMap::new();
+    for step in steps {
+        for (k, n) in step.nodes.iter().enumerate() {
+            if matches!(n.op.as_str(), "dnn.matmul" | "dnn.linear") || kernel(&n.op).is_none() {
+                continue;
+            }
+            let Some(cost) = cost::node_cost(step, n, c, None) else {
+                continue;
+            };
+            let roofline = cost.seconds - c.device.op_overhead;
+            if largest.get(&n.op).is_none_or(|(r, _, _)| roofline > *r) {
+                largest.insert(n.op.clone(), (roofline, step, k));
+            }
+        }
+    }
+    largest
+}
+
+/// Seconds of node `k` of `g` run by the interpreter (its dispatch, any shortcut it
+/// takes such as a reshape that moves nothing, and the kernel): a function of `copies`
+/// copies of the op on the same operands (floats drawn at random, integers such as
+/// token ids zero), the median of 7 runs over `copies`.
+fn time_node(g: &Graph, k: usize, copies: usize) -> Result<f64, String> {
+    let n = &g.nodes[k];
+    let mut f = Graph {
+        name: "calibrate".into(),
+        ..Graph::default()
+    };
+    let mut ins: Vec<Tensor> = Vec::new();
+    let args: Vec<usize> = n
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let t = g.values[v].clone();
+            let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+            ins.push(if t.elem.is_float() {
+                random(&shape, 10 + i as u64)
+            } else {
+                Tensor::i64(&shape, vec![0; shape.iter().product()])
+            });
+            let mut attrs = Attrs::new();
+            attrs.insert("nns.name".into(), AttrValue::Str(format!("in{i}")));
+            f.add_arg(t, attrs)
+        })
+        .collect();
+    for _ in 0..copies.max(1) {
+        let mut m = n.clone();
+        m.inputs = args.clone();
+        m.outputs = n
+            .outputs
+            .iter()
+            .map(|&v| f.new_value(g.values[v].clone()))
+            .collect();
+        m.origin = None;
+        f.nodes.push(m);
+    }
+    let last = f.nodes.last().map(|m| m.outputs[0]).ok_or("no op")?;
+    f.outputs = vec![nnscaler_dialects::graph::Output {
+        value: last,
+        attrs: Attrs::new(),
+    }];
+    let opts = Options::default();
+    nnscaler_runtime::run(&f, ins.clone(), &opts).map_err(|e| e.message)?;
+    let mut ts: Vec<f64> = (0..7)
+        .map(|_| {
+            let set = ins.clone();
+            let t = Instant::now();
+            let _ = nnscaler_runtime::run(&f, set, &opts);
+            t.elapsed().as_secs_f64() / copies.max(1) as f64
+        })
+        .collect();
+    ts.sort_by(f64::total_cmp);
+    Ok(ts[3])
+}
+
+/// Per op, the CPU runtime's kernel against the roofline the rates above give
+/// (`Device::kernels`): every op of the training steps (forward and backward) of a GPT
+/// and a Llama at two sizes unlike the zoo's models (small: width 24, 3 or 4 heads, 12
+/// tokens, a vocabulary of 20, batch 3; large: width 256, 8 heads, 128 tokens, a
+/// vocabulary of 2048, batch 4; one layer), each run by the interpreter at its largest
+/// instance of each size ([`time_node`]), and `fixed + factor x roofline` fitted through
+/// the two points (`fixed` then holds the interpreter's dispatch of that op). Matrix
+/// products are the efficiency curve's.
+fn kernel_factors(c: &Cluster) -> Result<(BTreeMap<String, [f64; 2]>, String), String> {
+    let gpt = |w: &str, h: &str, t: &str, v: &str, b: &str| {
+        step_of(
+            "gpt-tiny",
+            &[
+                ("width", w),
+                ("heads", h),
+                ("block", t),
+                ("vocab", v),
+                ("batch", b),
+                ("layers", "1"),
+            ],
+        )
+    };
+    let llama = |w: &str, h: &str, kv: &str, f: &str, t: &str, v: &str, b: &str| {
+        step_of(
+            "llama-tiny",
+            &[
+                ("width", w),
+                ("heads", h),
+                ("kv-heads", kv),
+                ("ffn", f),
+                ("seq", t),
+                ("vocab", v),
+                ("batch", b),
+                ("layers", "1"),
+            ],
+        )
+    };
+    let small = [
+        gpt("24", "3", "12", "20", "3")?,
+        llama("24", "4", "2", "48", "12", "20", "3")?,
+    ];
+    let large = [
+        gpt("256", "8", "128", "2048", "4")?,
+        llama("256", "8", "4", "512", "128", "2048", "4")?,
+    ];
+    let (small, large) = (instances(&small, c), instances(&large, c));
+    let mut kernels = BTreeMap::new();
+    let mut lines = String::new();
+    for (op, &(r1, g1, k1)) in &large {
+        let Some(&(r0, g0, k0)) = small.get(op) else {
+            continue;
+        };
+        // Too little apart to fit a line: left at the roofline.
+        if r1 < 1e-6 || r1 < 4.0 * r0 {
+            continue;
+        }
+        let (t0, t1) = (time_node(g0, k0, 50)?, time_node(g1, k1, 2)?);
+        let factor = ((t1 - t0) / (r1 - r0)).clamp(0.05, 50.0);
+        let fixed = (t0 - factor * r0).max(0.0);
+        lines += &format!(
+            "  {op}: {:.2} us and {:.1} us against rooflines of {:.2} and {:.1} us: {:.2} us + x{factor:.2}\n",
+            t0 * 1e6,
+            t1 * 1e6,
+            r0 * 1e6,
+            r1 * 1e6,
+            fixed * 1e6
+        );
+        let round = |x: f64, to: f64| (x / to).round() * to;
+        kernels.insert(op.clone(), [round(fixed, 1e-9), round(factor, 1e-3)]);
+    }
+    Ok((kernels, lines))
 }
 
 /// Today's date (UTC) from the system clock, as YYYY-MM-DD.
