@@ -178,6 +178,24 @@ fn transition_seconds(
     from: &Sharding,
     to: &Sharding,
 ) -> Option<f64> {
+    // A micro-batch axis is time, not devices: what is split or partial over it stays so
+    // (the schedule passes run the pieces one after another and accumulate the partial).
+    let mut to = to.clone();
+    for (a, axis) in mesh.axes.iter().enumerate() {
+        if !axis.microbatches {
+            continue;
+        }
+        to.partial[a] = from.partial[a];
+        for d in 0..to.split.len() {
+            to.split[d].retain(|&x| x != a);
+        }
+        for (d, axes) in from.split.iter().enumerate() {
+            if let (Some(p), Some(t)) = (axes.iter().position(|&x| x == a), to.split.get_mut(d)) {
+                t.insert(p.min(t.len()), a);
+            }
+        }
+    }
+    let to = &to;
     if from == to {
         return Some(0.0);
     }

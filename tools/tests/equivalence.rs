@@ -508,6 +508,20 @@ fn check_pipelines(name: &str) {
     }
 }
 
+/// The searched splits inside pipeline stages: what is split or partial over the
+/// micro-batch axis stays so, as the schedule passes need.
+#[test]
+fn searched_splits_in_pipelines_match_one_device() {
+    for name in ["gpt-tiny", "llama-tiny"] {
+        for (stages, s) in [(2, "schedule-1f1b"), (4, "schedule-zb-v")] {
+            for r in [None, Some("selective")] {
+                let plan = format!("{} pp=2 microbatches=4", searched_plans()[2]);
+                check_pipeline(name, "8", stages, &plan, s, r);
+            }
+        }
+    }
+}
+
 #[test]
 fn gpt_pipelines_match_one_device() {
     check_pipelines("gpt-tiny");
