@@ -820,23 +820,25 @@ pub fn partial_passthrough(
     out
 }
 
+/// The indices of mesh axes named `names` in `mesh`.
+pub fn resolve_axes(names: &[String], mesh: &Mesh) -> Result<Vec<usize>, String> {
+    names
+        .iter()
+        .map(|a| {
+            mesh.axes
+                .iter()
+                .position(|x| &x.name == a)
+                .ok_or_else(|| format!("mesh '@{}' has no axis '{a}'", mesh.name))
+        })
+        .collect()
+}
+
 /// Resolves the axis names of a directive against a mesh.
 pub fn resolve_binds(split: &crate::nns::Split, mesh: &Mesh) -> Result<Binds, String> {
     split
         .binds
         .iter()
-        .map(|(id, axes)| {
-            let v = axes
-                .iter()
-                .map(|a| {
-                    mesh.axes
-                        .iter()
-                        .position(|x| &x.name == a)
-                        .ok_or_else(|| format!("mesh '@{}' has no axis '{a}'", mesh.name))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok((id.clone(), v))
-        })
+        .map(|(id, axes)| Ok((id.clone(), resolve_axes(axes, mesh)?)))
         .collect()
 }
 

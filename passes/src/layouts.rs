@@ -8,8 +8,8 @@ use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node};
 use nnscaler_dialects::nns::{Mesh, Split};
 use nnscaler_dialects::sharding::{
-    op_layouts, partial_joint, partial_kind, partial_passthrough, resolve_binds, Binds, OpLayouts,
-    Sharding,
+    binds_to_split, op_layouts, partial_joint, partial_kind, partial_passthrough, resolve_axes,
+    resolve_binds, Binds, OpLayouts, Sharding,
 };
 use nnscaler_dialects::spec::OpCtx;
 use nnscaler_dialects::types::{AttrValue, Attrs};
@@ -84,20 +84,24 @@ pub fn directive(n: &Node, mesh: &Mesh) -> Result<Option<Binds>, String> {
     constraint(n, "nns.split", mesh)
 }
 
+/// The `nns.split` attribute of resolved binds, naming the `closed` axes in `R(...)`;
+/// `None` when it would say nothing.
+pub fn split_directive(binds: &Binds, closed: &[usize], mesh: &Mesh) -> Option<AttrValue> {
+    let mut s = binds_to_split(binds, mesh);
+    s.replicated = closed.iter().map(|&a| mesh.axes[a].name.clone()).collect();
+    (!s.binds.is_empty() || !s.replicated.is_empty()).then(|| AttrValue::Nns {
+        kind: "split".into(),
+        body: s.to_string(),
+    })
+}
+
 /// The mesh axes the node's split directive names in `R(...)`: the op is replicated over
 /// them, and nothing is inferred over them.
 pub fn replicated_axes(n: &Node, mesh: &Mesh) -> Result<Vec<usize>, String> {
     match n.attrs.get("nns.split") {
-        Some(AttrValue::Nns { kind, body }) if kind == "split" => Split::parse(body)?
-            .replicated
-            .iter()
-            .map(|a| {
-                mesh.axes
-                    .iter()
-                    .position(|x| &x.name == a)
-                    .ok_or_else(|| format!("mesh '@{}' has no axis '{a}'", mesh.name))
-            })
-            .collect(),
+        Some(AttrValue::Nns { kind, body }) if kind == "split" => {
+            resolve_axes(&Split::parse(body)?.replicated, mesh)
+        }
         _ => Ok(Vec::new()),
     }
 }

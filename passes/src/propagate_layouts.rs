@@ -8,13 +8,13 @@
 //! the axes it names replicated (`R(tp)`: its operands are gathered over them). The op's
 //! result layouts follow from its annotation (`nns.layouts`). Each function result gets the
 //! layout it must end with (`nns.layout`): a `grad.<p>` or `next.<p>` result that of
-//! parameter (or optimizer state) `p`, anything else replicated, unless one is written. A `linear` whose directive splits its
-//! summed dim is first cut into `linear` + `add` of the bias, so the bias is added once,
-//! after the reduction.
+//! parameter (or optimizer state) `p`, anything else replicated, unless one is written.
+//! A `linear` whose directive splits its summed dim is first cut into `linear` + `add` of
+//! the bias, so the bias is added once, after the reduction.
 
 use crate::layouts::{
     annotation, constraint, directive, error, layout_attr, layouts_attr, node_layouts,
-    replicated_axes, the_mesh, value_layouts,
+    replicated_axes, split_directive, the_mesh, value_layouts,
 };
 use crate::pipeline::{FunctionPass, PassOptions};
 use melior::ir::OperationRef;
@@ -22,7 +22,7 @@ use nnscaler_dialects::annotation::{Annotation, Binding, DimKind};
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::{Graph, Node};
 use nnscaler_dialects::nns::Mesh;
-use nnscaler_dialects::sharding::{binds_to_split, infer_binds, Binds, Sharding};
+use nnscaler_dialects::sharding::{infer_binds, Binds, Sharding};
 use nnscaler_dialects::types::{AttrValue, Attrs};
 
 /// The pass.
@@ -361,15 +361,9 @@ fn propagate_with(
         )
         .map_err(fail)?;
         if !binds.is_empty() && split_attr.as_ref() != Some(&binds) {
-            let mut s = binds_to_split(&binds, mesh);
-            s.replicated = closed.iter().map(|&a| mesh.axes[a].name.clone()).collect();
-            g.nodes[k].attrs.insert(
-                "nns.split".into(),
-                AttrValue::Nns {
-                    kind: "split".into(),
-                    body: s.to_string(),
-                },
-            );
+            if let Some(d) = split_directive(&binds, &closed, mesh) {
+                g.nodes[k].attrs.insert("nns.split".into(), d);
+            }
         }
         if let Some(i) = orig[k] {
             decided[i] = Some((binds.clone(), closed.clone()));

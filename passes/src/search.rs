@@ -211,22 +211,7 @@ pub fn profile_with(
     cluster: &Cluster,
     tensor: TpPolicy,
 ) -> Result<Profile, String> {
-    profile_reusing(g, tp, micro, cluster, tensor, None).0
-}
-
-/// [`profile_with`]; the searched splits take the choices `reuse` names (another micro-batch
-/// size's, of the same `tp`) instead of solving again. Returns the choices too.
-fn profile_reusing(
-    g: &Graph,
-    tp: u64,
-    micro: u64,
-    cluster: &Cluster,
-    tensor: TpPolicy,
-    reuse: Option<&[String]>,
-) -> (Result<Profile, String>, Option<Vec<String>>) {
-    let mut labels = None;
-    let p = profile_inner(g, tp, micro, cluster, tensor, reuse, &mut labels);
-    (p, labels)
+    profile_reusing(g, tp, micro, cluster, tensor, None).map(|(p, _)| p)
 }
 
 /// The mesh a profile of one micro-batch of `micro` sequences at `tp` compiles on: the
@@ -250,15 +235,18 @@ fn profile_mesh(g: &Graph, tp: u64, micro: u64) -> Result<Mesh, String> {
     })
 }
 
-fn profile_inner(
+/// [`profile_with`]; the searched splits take the choices `reuse` names (another micro-batch
+/// size's, of the same `tp`) instead of solving again. Returns the searched splits'
+/// choices too.
+fn profile_reusing(
     g: &Graph,
     tp: u64,
     micro: u64,
     cluster: &Cluster,
     tensor: TpPolicy,
     reuse: Option<&[String]>,
-    labels: &mut Option<Vec<String>>,
-) -> Result<Profile, String> {
+) -> Result<(Profile, Option<Vec<String>>), String> {
+    let mut labels = None;
     let mesh = profile_mesh(g, tp, micro)?;
     let mut remarks = Diagnostics::default();
     let local = (|| {
@@ -275,7 +263,7 @@ fn profile_inner(
                 // of the directives it writes).
                 let s =
                     crate::split_search::tp_search_reusing(g.clone(), &mesh, cluster, "tp", reuse)?;
-                *labels = Some(s.labels());
+                labels = Some(s.labels());
                 match s.propagated {
                     Some(p) => p,
                     None => propagate(s.planned, &mesh, &mut remarks)?,
@@ -289,7 +277,7 @@ fn profile_inner(
     .map_err(|d| diag_text(&d))?;
     let mut p = profile_local(&local, &mesh, tp, micro, cluster);
     p.tensor = if tp == 1 { TpPolicy::Megatron } else { tensor };
-    Ok(p)
+    Ok((p, labels))
 }
 
 /// `g` without the values no argument or op defines (what passes replaced), as writing
@@ -1333,21 +1321,23 @@ fn compile_profiles(
                             break;
                         };
                         let mut reuse = choices.get(&tp).cloned();
-                        let Some(cut) = cut else {
-                            let (p, labels) =
-                                profile_reusing(g, tp, micro, cluster, t, reuse.as_deref());
-                            mine.push((((tp, micro, t), p), labels));
-                            continue;
+                        let done = match cut {
+                            None => profile_reusing(g, tp, micro, cluster, t, reuse.as_deref()),
+                            Some(cut) => {
+                                if t == TpPolicy::Search && tp > 1 && reuse.is_none() {
+                                    reuse = profile_mesh(g, tp, micro).ok().and_then(|mesh| {
+                                        crate::split_search::solve_labels(g, &mesh, cluster, "tp")
+                                            .ok()
+                                    });
+                                }
+                                profile_reusing(&cut.step, tp, micro, cluster, t, reuse.as_deref())
+                                    .map(|(p, _)| (crate::layer_runs::expand(p, &cut.runs), reuse))
+                            }
                         };
-                        if t == TpPolicy::Search && tp > 1 && reuse.is_none() {
-                            reuse = profile_mesh(g, tp, micro).ok().and_then(|mesh| {
-                                crate::split_search::solve_labels(g, &mesh, cluster, "tp").ok()
-                            });
-                        }
-                        let (p, _) =
-                            profile_reusing(&cut.step, tp, micro, cluster, t, reuse.as_deref());
-                        let p = p.map(|p| crate::layer_runs::expand(p, &cut.runs));
-                        mine.push((((tp, micro, t), p), reuse));
+                        mine.push(match done {
+                            Ok((p, labels)) => (((tp, micro, t), Ok(p)), labels),
+                            Err(e) => (((tp, micro, t), Err(e)), None),
+                        });
                     }
                     mine
                 })

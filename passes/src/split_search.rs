@@ -47,7 +47,7 @@
 
 use crate::cost::{self, Cluster};
 use crate::layouts::{
-    annotation, constraint, directive, layout_attr, replicated_axes, value_layouts,
+    annotation, constraint, directive, layout_attr, replicated_axes, split_directive, value_layouts,
 };
 use crate::localize::localize;
 use crate::lower_relayouts::lower;
@@ -61,9 +61,7 @@ use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node, Output, ValueId};
 use nnscaler_dialects::nns::{Mesh, Split};
-use nnscaler_dialects::sharding::{
-    binds_to_split, op_layouts, partial_kind, Binds, Sharding, TransitionSearch,
-};
+use nnscaler_dialects::sharding::{op_layouts, partial_kind, Binds, Sharding, TransitionSearch};
 use nnscaler_dialects::types::{AttrValue, Attrs, TensorType};
 use nnscaler_dialects::vjp::VjpCtx;
 use std::collections::{BTreeMap, HashMap};
@@ -240,17 +238,6 @@ fn step_axes(step: &nnscaler_dialects::sharding::Step) -> Vec<usize> {
         | Step::Partition { axis }
         | Step::Slice { axis, .. } => vec![*axis],
     }
-}
-
-/// The directive attribute of binds, with `R(axes)` for the `closed` axes; `None` when it
-/// says nothing.
-fn split_attr(binds: &Binds, closed: &[usize], mesh: &Mesh) -> Option<AttrValue> {
-    let mut s: Split = binds_to_split(binds, mesh);
-    s.replicated = closed.iter().map(|&a| mesh.axes[a].name.clone()).collect();
-    (!s.binds.is_empty() || !s.replicated.is_empty()).then(|| AttrValue::Nns {
-        kind: "split".into(),
-        body: s.to_string(),
-    })
 }
 
 /// Attributes of a node without the planner's (`nns.*`).
@@ -936,7 +923,7 @@ fn op_choices(f: &Facts<'_>, k: usize, pn: &Node) -> Result<Vec<Choice>, Diagnos
             }
         }
         let only: Vec<usize> = if closed { vec![axis] } else { Vec::new() };
-        let attr = split_attr(&binds, &only, mesh);
+        let attr = split_directive(&binds, &only, mesh);
         let scratch = if user {
             None
         } else {
@@ -1305,7 +1292,7 @@ impl Prepared {
                             continue;
                         }
                         let closed: &[usize] = if ch.closed { &a } else { &[] };
-                        match split_attr(&ch.binds, closed, mesh) {
+                        match split_directive(&ch.binds, closed, mesh) {
                             Some(d) => g.nodes[n].attrs.insert("nns.split".into(), d),
                             None => g.nodes[n].attrs.remove("nns.split"),
                         };
@@ -1325,7 +1312,7 @@ impl Prepared {
                         }
                         for (&b, (_, d)) in ops.iter().zip(&ch.backward) {
                             if let Some((binds, closed)) = d {
-                                match split_attr(binds, closed, mesh) {
+                                match split_directive(binds, closed, mesh) {
                                     Some(d) => g.nodes[b].attrs.insert("nns.split".into(), d),
                                     None => g.nodes[b].attrs.remove("nns.split"),
                                 };
@@ -1523,15 +1510,9 @@ fn backward_directives(g: &mut Graph, mesh: &Mesh) -> Result<Option<Graph>, Diag
             complete = false;
             continue;
         }
-        let mut s: Split = binds_to_split(&binds, mesh);
-        s.replicated = closed.iter().map(|&a| mesh.axes[a].name.clone()).collect();
-        g.nodes[k].attrs.insert(
-            "nns.split".into(),
-            AttrValue::Nns {
-                kind: "split".into(),
-                body: s.to_string(),
-            },
-        );
+        if let Some(d) = split_directive(&binds, &closed, mesh) {
+            g.nodes[k].attrs.insert("nns.split".into(), d);
+        }
     }
     Ok(complete.then_some(propagated))
 }

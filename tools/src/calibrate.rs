@@ -170,15 +170,7 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     }
     let ops = ops / 6 * 6;
     text += &format!("  return {last} : {t8}\n}}\n");
-    let ir = IrContext::new();
-    let m = ir
-        .parse(&text, "calibrate")
-        .map_err(|d| d.render_limited(Some(&text), 5))?;
-    let g = Graph::all_in(&m)
-        .into_iter()
-        .next()
-        .ok_or("no function")?
-        .map_err(|e| e.message)?;
+    let g = first_function(&text, "calibrate")?;
     let x = random(&[8, 8], 6);
     let t = median_secs(|| {
         let _ = nnscaler_runtime::run(&g, vec![x.clone()], &Options::default());
@@ -278,16 +270,20 @@ fn step_of(name: &str, sets: &[(&str, &str)]) -> Result<Graph, String> {
         cfg.set(k, v)?;
     }
     let text = build_module(&cfg).map_err(|e| e.to_string())?;
+    differentiate(&first_function(&text, name)?).map_err(|(_, e)| e)
+}
+
+/// The first function of module `text` (named `name` in messages), as a graph.
+fn first_function(text: &str, name: &str) -> Result<Graph, String> {
     let ir = IrContext::new();
     let m = ir
-        .parse(&text, name)
-        .map_err(|d| d.render_limited(Some(&text), 5))?;
-    let fwd = Graph::all_in(&m)
+        .parse(text, name)
+        .map_err(|d| d.render_limited(Some(text), 5))?;
+    Graph::all_in(&m)
         .into_iter()
         .next()
         .ok_or("no function")?
-        .map_err(|e| e.message)?;
-    differentiate(&fwd).map_err(|(_, e)| e)
+        .map_err(|e| e.message)
 }
 
 /// Per op, its largest instance in `steps`: (roofline seconds, step, node).

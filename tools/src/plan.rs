@@ -418,8 +418,8 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
             );
         }
     };
-    // Profiles compile the forward with its runs of identical layers cut to two
-    // (layer_runs.rs): a 96-layer model profiles as a 2-layer one.
+    // Profiles compile the forward with its runs of identical layers cut to their first,
+    // second and last (layer_runs.rs): a 96-layer model profiles as a 3-layer one.
     let cut = if differentiated && mesh.is_none() {
         cut_step(&text, &name, bf16)?
     } else {
