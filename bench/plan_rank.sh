@@ -6,7 +6,8 @@
 # and print predicted and measured step
 # times with Spearman's rank correlation between them. One simulated device runs per
 # thread, so give it a machine with at least N quiet cores.
-#   bench/plan_rank.sh [PRESET BATCH DEVICES PLANS REPEAT]   (default: nanogpt-cpu 8 2 12 9)
+#   bench/plan_rank.sh [PRESET BATCH DEVICES PLANS REPEAT ROUNDS]
+#   (default: nanogpt-cpu 8 2 12 9 3)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/target/release
@@ -15,6 +16,7 @@ batch=${2:-8}
 devices=${3:-2}
 plans=${4:-12}
 repeat=${5:-9}
+rounds=${6:-3}
 cargo build --release -q --bin nnscaler --bin nnscaler-opt --manifest-path "$root/Cargo.toml"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -50,14 +52,30 @@ for e in ranked[::step][:want]:
         e['seconds'], e['flags'], c['dp'], c['tp'], c['pp'], c['micro'], c['microbatches'],
         c['schedule'], c['recompute'], c['zero']))
 EOF
+# Apply every plan first, then time them in ROUNDS interleaved rounds (each plan's
+# median over its REPEAT runs, then the median over rounds): a burst of load on the
+# machine then touches every plan's rounds alike instead of one plan's only.
+i=0
+while IFS=$'\t' read -r pred flags name; do
+  eval "\"$bin/nnscaler-opt\" $flags m.mlir -o p$i.mlir" 2> /dev/null
+  i=$((i + 1))
+done < plans.txt
+n=$i
+for round in $(seq "$rounds"); do
+  for i in $(seq 0 $((n - 1))); do
+    "$bin/nnscaler" run p$i.mlir --devices "$devices" --inputs batch.safetensors --init-seed 0 \
+      --repeat "$repeat" -o /dev/null 2>&1 \
+      | sed -n 's/.*simulated devices: median \([0-9.]*\) s.*/\1/p' >> "t$i.txt"
+  done
+done
 printf '%-48s %12s %12s\n' plan predicted measured
 : > times.txt
+i=0
 while IFS=$'\t' read -r pred flags name; do
-  eval "\"$bin/nnscaler-opt\" $flags m.mlir -o p.mlir" 2> /dev/null
-  meas=$("$bin/nnscaler" run p.mlir --devices "$devices" --inputs batch.safetensors --init-seed 0 \
-    --repeat "$repeat" -o /dev/null 2>&1 | sed -n 's/.*simulated devices: median \([0-9.]*\) s.*/\1/p')
+  meas=$(sort -g "t$i.txt" | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
   printf '%-48s %12.6f %12.6f\n' "$name" "$pred" "$meas"
   echo "$pred $meas" >> times.txt
+  i=$((i + 1))
 done < plans.txt
 python3 - times.txt <<'EOF'
 import sys

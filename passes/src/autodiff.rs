@@ -143,7 +143,16 @@ pub fn differentiate_with(g: &Graph, derive: &mut Vec<String>) -> Result<Graph, 
             attrs: attrs(&[("nns.name", AttrValue::Str(format!("grad.{name}")))]),
         });
     }
-    complete_stages(&mut out);
+    // A placed forward (--place staged every op) gets its new ops staged too; a user's
+    // `nns.stage` pin on some ops of an unplaced forward stays a pin for --place.
+    let placed = g
+        .nodes
+        .iter()
+        .filter(|n| n.op != "func.return")
+        .all(|n| n.attrs.contains_key("nns.stage"));
+    if placed {
+        complete_stages(&mut out);
+    }
     Ok(out)
 }
 
@@ -262,8 +271,8 @@ fn backprop(
     Ok(grads)
 }
 
-/// Gives the ops autodiff added outside any forward op (the loss seed, zero gradients) a
-/// stage when the program is placed: the latest stage of their operands' producers, else
+/// Gives the ops autodiff added outside any forward op (the loss seed, zero gradients) of
+/// a placed program a stage: the latest stage of their operands' producers, else
 /// the earliest of their users', else 0.
 fn complete_stages(g: &mut Graph) {
     let stage_of = |n: &nnscaler_dialects::graph::Node| match n.attrs.get("nns.stage") {

@@ -30,8 +30,11 @@
 //! the two devices span, plus under ZeRO-3 the all_gather of its parameters; recompute
 //! adds the recomputed forward to `B`). The step is the simulated makespan, then the
 //! gradient synchronisation over `dp` (all_reduce; ZeRO-1/2: reduce_scatter + all_gather;
-//! ZeRO-3: reduce_scatter) and the optimizer update (over `dp` shards from ZeRO-1 on),
-//! of the slowest stage, not overlapped with compute. Memory per device: parameters,
+//! ZeRO-3: reduce_scatter; one collective per parameter tensor, as the compiler emits
+//! them, each paying the network's latency), the adding up of the micro-batches'
+//! gradients (one `dnn.add` per tensor per micro-batch after the first) and the optimizer
+//! update (over `dp` shards from ZeRO-1 on), of the slowest stage, not overlapped with
+//! compute. Memory per device: parameters,
 //! gradients and two Adam moments (4 bytes each, sharded over `dp` by the ZeRO stage),
 //! plus the stage's saved activations times the micro-batches the simulated schedule
 //! keeps in flight on it, plus one item's activations while it is recomputed.
@@ -56,6 +59,7 @@ use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::{self, Axis, Mesh};
 use nnscaler_dialects::sharding::TransitionSearch;
+use nnscaler_dialects::types::AttrValue;
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -100,6 +104,9 @@ pub struct Item {
     pub flops: f64,
     /// Parameter bytes per device.
     pub params: u64,
+    /// Parameter tensors: the compiler synchronises (and ZeRO-3 gathers) each one by its
+    /// own collective, so each pays the network's latency.
+    pub tensors: u64,
     /// Activation bytes kept for backward: no recompute.
     pub saved: u64,
     /// ... selective recompute.
@@ -474,6 +481,7 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
                 .map_or(0, |k| item[k].min(after))
         });
         items[it].params += g.values[a.value].bytes();
+        items[it].tensors += 1;
     }
     // Saved activations and cuts, from each forward value's producer and users.
     let mut cut_diff = vec![0i128; names.len() + 1];
@@ -607,7 +615,7 @@ pub struct Estimate {
     pub pipeline: f64,
     /// The gradient synchronisation over `dp`.
     pub dp_sync: f64,
-    /// The optimizer update.
+    /// The optimizer update, and the adding up of the micro-batches' gradients before it.
     pub optimizer: f64,
     /// Idle share of the pipeline (bubbles).
     pub bubble: f64,
@@ -733,6 +741,7 @@ struct StageCost {
     b: f64,
     w: f64,
     params: u64,
+    tensors: u64,
     saved: u64,
     /// The largest item's activations while it is recomputed.
     transient: u64,
@@ -753,6 +762,7 @@ fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
             };
         s.w += it.bwd_weight;
         s.params += it.params;
+        s.tensors += it.tensors;
         s.flops += it.flops;
         s.comm += it.comm;
         match r {
@@ -779,11 +789,19 @@ fn p2p_time(cluster: &Cluster, span: u64, bytes: u64) -> f64 {
     }
 }
 
-/// Collective time over a group of `group` devices `stride` apart, `bytes` each.
-fn coll_time(cluster: &Cluster, op: &str, group: u64, stride: u64, bytes: u64) -> f64 {
+/// Time of `tensors` collectives over a group of `group` devices `stride` apart, `bytes`
+/// each in all (one per tensor: each pays the latency, the bytes are paid once).
+fn coll_time(
+    cluster: &Cluster,
+    op: &str,
+    group: u64,
+    stride: u64,
+    (bytes, tensors): (u64, u64),
+) -> f64 {
     if group < 2 || bytes == 0 {
         return 0.0;
     }
+    let n = tensors.max(1) as f64;
     let span = (group - 1) * stride + 1;
     let b = bytes as f64;
     let (operand, result) = match op {
@@ -791,8 +809,8 @@ fn coll_time(cluster: &Cluster, op: &str, group: u64, stride: u64, bytes: u64) -
         "nns.reduce_scatter" => (b, b / group as f64),
         _ => (b, b),
     };
-    let sent = nns::sent_bytes(op, group as f64, operand, result);
-    cluster.collective_time(op, group, span, sent)
+    let sent = nns::sent_bytes(op, group as f64, operand / n, result / n);
+    n * cluster.collective_time(op, group, span, sent)
 }
 
 /// Chunks (stages per pipeline rank) of a schedule.
@@ -844,6 +862,153 @@ fn every_cut(n: usize, stages: usize) -> Vec<Vec<usize>> {
     out
 }
 
+/// A user's bound on the pipeline stage of a forward op (`nns.stage_bounds = array<i64:
+/// lo, hi>`, or `nns.stage = s` pinning it), by the item the op falls in.
+#[derive(Clone, Debug)]
+pub struct StageBound {
+    /// The item (`h.3`, `(before)`, `(after)`).
+    pub item: String,
+    /// The stages the op may take, `lo..=hi`.
+    pub lo: usize,
+    pub hi: usize,
+    /// The constraint, located: `'dnn.linear' (m.mlir:12:5) on stages 1..=2`.
+    pub what: String,
+}
+
+/// The stage bounds and pins on `g`'s forward ops.
+pub fn stage_bounds(g: &Graph) -> Vec<StageBound> {
+    let fwd = forward_ops(g);
+    let layer = layers(g, &fwd);
+    let mut seen_layer = false;
+    let mut out = Vec::new();
+    for (k, n) in g.nodes.iter().enumerate() {
+        if !fwd[k] {
+            continue;
+        }
+        let item = match &layer[k] {
+            Some(l) => {
+                seen_layer = true;
+                l.clone()
+            }
+            None if seen_layer => "(after)".to_string(),
+            None => "(before)".to_string(),
+        };
+        if let Some(AttrValue::Ints(b)) = n.attrs.get("nns.stage_bounds") {
+            if let [lo, hi] = b.as_slice() {
+                out.push(StageBound {
+                    item: item.clone(),
+                    lo: (*lo).max(0) as usize,
+                    hi: (*hi).max(0) as usize,
+                    what: format!("'{}' ({}) on stages {lo}..={hi}", n.op, n.loc),
+                });
+            }
+        }
+        if let Some(AttrValue::Int(st)) = n.attrs.get("nns.stage") {
+            out.push(StageBound {
+                item,
+                lo: (*st).max(0) as usize,
+                hi: (*st).max(0) as usize,
+                what: format!("'{}' ({}) pinned to stage {st}", n.op, n.loc),
+            });
+        }
+    }
+    out
+}
+
+/// `bounds` by the index of their item in `items` (a bound on an item the profile left
+/// out, one with no cost, parameters or backward, binds nothing).
+fn item_bounds<'b>(bounds: &'b [StageBound], items: &[Item]) -> Vec<(usize, &'b StageBound)> {
+    bounds
+        .iter()
+        .filter_map(|b| {
+            items
+                .iter()
+                .position(|it| it.name == b.item)
+                .map(|i| (i, b))
+        })
+        .collect()
+}
+
+/// Why no cut of `n` items into `stages` contiguous non-empty stages keeps `bounds`: the
+/// conflicting constraints (one, or two: stages are non-decreasing over the items and
+/// grow by at most one from an item to the next, so a conflict is a cycle through at most
+/// two bounds), or `None` when some cut keeps them all.
+fn bound_conflict(bounds: &[(usize, &StageBound)], n: usize, stages: usize) -> Option<String> {
+    let plural = |k: usize, one: &str| {
+        if k == 1 {
+            format!("1 {one}")
+        } else {
+            format!("{k} {one}s")
+        }
+    };
+    for &(i, b) in bounds {
+        if b.lo >= stages {
+            return Some(format!(
+                "stage bounds: {} needs stage {} or later, there {} {}",
+                b.what,
+                b.lo,
+                if stages == 1 { "is" } else { "are" },
+                plural(stages, "stage")
+            ));
+        }
+        if b.lo > i {
+            return Some(format!(
+                "stage bounds: {}, in {}: cannot reach stage {} of {stages}: the stages before it need an item each, and {} before it",
+                b.what,
+                b.item,
+                b.lo,
+                match i {
+                    0 => "none comes".to_string(),
+                    1 => "1 comes".to_string(),
+                    _ => format!("{i} come"),
+                }
+            ));
+        }
+        if b.hi + (n - 1 - i) < stages - 1 {
+            return Some(format!(
+                "stage bounds: {}, in {}: cannot stay in stage {} of {stages}: the {} after it need an item each, and {} after it",
+                b.what,
+                b.item,
+                b.hi,
+                plural(stages - 1 - b.hi, "stage"),
+                match n - 1 - i {
+                    0 => "none comes".to_string(),
+                    1 => "1 comes".to_string(),
+                    k => format!("{k} come"),
+                }
+            ));
+        }
+    }
+    for &(i, a) in bounds {
+        for &(j, b) in bounds.iter().filter(|(j, _)| *j >= i) {
+            if a.lo > b.hi {
+                return Some(format!(
+                    "stage bounds: {} and {} conflict: the second op comes later, in an earlier stage",
+                    a.what, b.what
+                ));
+            }
+            if b.lo > a.hi + (j - i) {
+                return Some(format!(
+                    "stage bounds: {} and {} conflict: {} items apart, they cannot be {} stages apart (stages are contiguous and non-empty)",
+                    a.what,
+                    b.what,
+                    j - i,
+                    b.lo - a.hi
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Whether the cut with stage `starts` puts every bounded item within its bounds.
+fn cut_keeps(starts: &[usize], bounds: &[(usize, &StageBound)]) -> bool {
+    bounds.iter().all(|&(i, b)| {
+        let stage = starts.partition_point(|&s| s <= i) - 1;
+        (b.lo..=b.hi).contains(&stage)
+    })
+}
+
 /// How many of the best plans have their cuts refined.
 const REFINED: usize = 3;
 
@@ -878,9 +1043,10 @@ fn refine(
     cluster: &Cluster,
     cap: u64,
     sim: &mut HashMap<String, schedule::Timeline>,
-    budget: usize,
+    (budget, bounds): (usize, &[StageBound]),
 ) -> Estimate {
     let n = p.items.len();
+    let bounds = item_bounds(bounds, &p.items);
     let mut tries = 0;
     'improve: loop {
         let starts = e.config.stage_starts.clone();
@@ -898,6 +1064,9 @@ fn refine(
                 tries += 1;
                 let mut c = e.config.clone();
                 c.stage_starts[i] = at as usize;
+                if !cut_keeps(&c.stage_starts, &bounds) {
+                    continue;
+                }
                 if let Ok(better) = score(p, &c, cluster, cap, sim) {
                     if better.seconds < e.seconds * (1.0 - 1e-12) {
                         e = better;
@@ -912,7 +1081,12 @@ fn refine(
 }
 
 /// Stage starts minimising the slowest stage (`stages` runs).
-fn balanced_cut(items: &[Item], stages: usize, r: Recompute) -> Option<Vec<usize>> {
+fn balanced_cut(
+    items: &[Item],
+    stages: usize,
+    r: Recompute,
+    bounds: &[(usize, &StageBound)],
+) -> Option<Vec<usize>> {
     if stages > items.len() {
         return None;
     }
@@ -923,7 +1097,10 @@ fn balanced_cut(items: &[Item], stages: usize, r: Recompute) -> Option<Vec<usize
             s.f + s.b + s.w
         })
         .collect();
-    let allowed = vec![(0, stages - 1); items.len()];
+    let mut allowed = vec![(0, stages - 1); items.len()];
+    for &(i, b) in bounds {
+        allowed[i] = (allowed[i].0.max(b.lo), allowed[i].1.min(b.hi));
+    }
     let of = balanced_partition(&costs, stages, &allowed).ok()?;
     let mut starts = vec![0];
     for k in 1..of.len() {
@@ -974,15 +1151,30 @@ fn state_bytes(c: &Config, params: u64) -> u64 {
     shard(c.zero >= 3) + shard(c.zero >= 2) + 2 * shard(c.zero >= 1)
 }
 
-/// Seconds of the gradient synchronisation of `params` bytes over dp: all_reduce;
-/// ZeRO-1/2: reduce_scatter + all_gather; ZeRO-3: reduce_scatter.
-fn sync_time(cluster: &Cluster, c: &Config, params: u64) -> f64 {
+/// Seconds of the gradient synchronisation of `params` (bytes, tensors) over dp:
+/// all_reduce; ZeRO-1/2: reduce_scatter + all_gather; ZeRO-3: reduce_scatter; one
+/// collective per tensor.
+fn sync_time(cluster: &Cluster, c: &Config, params: (u64, u64)) -> f64 {
     let coll = |op| coll_time(cluster, op, c.dp, c.tp, params);
     match c.zero {
         0 => coll("nns.all_reduce"),
         1 | 2 => coll("nns.reduce_scatter") + coll("nns.all_gather"),
         _ => coll("nns.reduce_scatter"),
     }
+}
+
+/// Seconds of adding up `microbatches` micro-batches' gradients of `params` (bytes,
+/// tensors): the compiled step adds each gradient tensor's pieces one `dnn.add` at a time
+/// (`microbatches - 1` adds of each, f32, memory-bound).
+fn accumulate_time(cluster: &Cluster, (bytes, tensors): (u64, u64), microbatches: u64) -> f64 {
+    if microbatches <= 1 || tensors == 0 {
+        return 0.0;
+    }
+    let d = &cluster.device;
+    let n = tensors as f64;
+    let (elems, moved) = (bytes as f64 / 4.0 / n, 3.0 * bytes as f64 / n);
+    let one = d.kernel_time("dnn.add", d.op_time(elems, moved, false) - d.op_overhead);
+    (microbatches - 1) as f64 * n * one
 }
 
 /// Seconds of the optimizer update of `params` of the profile's parameter bytes (over dp
@@ -1009,7 +1201,7 @@ fn score(
     let p2p_span = dp * tp + 1;
     let gather = |s: &StageCost| {
         if c.zero == 3 {
-            coll_time(cluster, "nns.all_gather", dp, tp, s.params)
+            coll_time(cluster, "nns.all_gather", dp, tp, (s.params, s.tensors))
         } else {
             0.0
         }
@@ -1090,14 +1282,16 @@ fn score(
             .map(|s| &st[s])
             .collect();
         let params: u64 = mine.iter().map(|s| s.params).sum();
+        let tensors: u64 = mine.iter().map(|s| s.tensors).sum();
         let saved: u64 = mine.iter().map(|s| s.saved).sum();
         let transient = mine.iter().map(|s| s.transient).max().unwrap_or(0);
         let mem = state_bytes(c, params)
             + (in_flight.get(d).copied().unwrap_or(1.0) * saved as f64).ceil() as u64
             + transient;
         memory = memory.max(mem);
-        let s = sync_time(cluster, c, params);
-        let o = update_time(p, c, params);
+        let s = sync_time(cluster, c, (params, tensors));
+        let o =
+            update_time(p, c, params) + accumulate_time(cluster, (params, tensors), c.microbatches);
         sync = sync.max(s);
         opt = opt.max(o);
         flops = flops.max(mine.iter().map(|s| s.flops).sum::<f64>() * m as f64);
@@ -1167,7 +1361,7 @@ fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
     let pp = (c.pp as usize).max(1);
     let rank = rank_of(c);
     let mut work = vec![0.0f64; pp];
-    let mut params = vec![0u64; pp];
+    let mut params = vec![(0u64, 0u64); pp];
     // Rank d holds stages d and later only (one per rank, interleaved d + k pp, V 2 pp -
     // 1 - d), so it starts no earlier than the first micro-batch's forward through
     // stages 0 .. d.
@@ -1175,7 +1369,8 @@ fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
     let mut before = 0.0;
     for (s, sc) in stages_of(p, c).iter().enumerate() {
         work[rank[s]] += sc.f + sc.b + sc.w;
-        params[rank[s]] += sc.params;
+        params[rank[s]].0 += sc.params;
+        params[rank[s]].1 += sc.tensors;
         if s < pp {
             head[s] = before;
             before += sc.f;
@@ -1186,7 +1381,8 @@ fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
             head[d]
                 + work[d] * c.microbatches as f64
                 + sync_time(cluster, c, params[d])
-                + update_time(p, c, params[d])
+                + update_time(p, c, params[d].0)
+                + accumulate_time(cluster, params[d], c.microbatches)
         })
         .fold(0.0, f64::max)
 }
@@ -1392,6 +1588,7 @@ pub fn search_with(
         profiles,
         progress,
     );
+    let bounds = stage_bounds(g);
     let mut out: HashMap<String, usize> = HashMap::new();
     let mut candidates: Vec<(f64, Config)> = Vec::new();
     let mut considered = 0usize;
@@ -1454,6 +1651,11 @@ pub fn search_with(
                     };
                     for sched in &schedules {
                         let stages = (pp * chunks(sched)) as usize;
+                        let held = item_bounds(&bounds, &prof.items);
+                        if let Some(why) = bound_conflict(&held, prof.items.len(), stages) {
+                            *out.entry(why).or_default() += space.recompute.len();
+                            continue;
+                        }
                         for &r in &space.recompute {
                             let cuts: Vec<Vec<usize>> = if stages == 1 {
                                 vec![vec![0]]
@@ -1464,9 +1666,20 @@ pub fn search_with(
                             {
                                 every_cut(prof.items.len(), stages)
                             } else {
-                                balanced_cut(&prof.items, stages, r).into_iter().collect()
+                                balanced_cut(&prof.items, stages, r, &held)
+                                    .into_iter()
+                                    .collect()
                             };
-                            if cuts.is_empty() {
+                            let all = cuts.len();
+                            let cuts: Vec<Vec<usize>> =
+                                cuts.into_iter().filter(|c| cut_keeps(c, &held)).collect();
+                            if all > 0 && cuts.is_empty() {
+                                *out.entry(format!(
+                                    "{stages} stages{}: no cut keeps the stage bounds",
+                                    if space.megatron { " cut evenly" } else { "" }
+                                ))
+                                .or_default() += 1;
+                            } else if cuts.is_empty() {
                                 *out.entry(format!(
                                     "{stages} stages do not cut {} items{}",
                                     prof.items.len(),
@@ -1577,7 +1790,14 @@ pub fn search_with(
             let Some(p) = items else { continue };
             let stages = e.config.stage_starts.len();
             if stages > 1 && cut_count(p.items.len(), stages) > FEW_CUTS {
-                *e = refine(p, e.clone(), cluster, cap, &mut sim, 2 * stages + 4);
+                *e = refine(
+                    p,
+                    e.clone(),
+                    cluster,
+                    cap,
+                    &mut sim,
+                    (2 * stages + 4, &bounds),
+                );
             }
         }
         ranked.sort_by(|a, b| {
@@ -1595,4 +1815,60 @@ pub fn search_with(
         out,
         least_memory,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `bound_conflict` says "no conflict" exactly when some cut keeps every bound (brute
+    /// force over every cut), on random bounds of up to three ops over up to seven items.
+    #[test]
+    fn bound_conflicts_equal_brute_force() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |m: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % m as u64) as usize
+        };
+        let mut conflicts = 0;
+        for _ in 0..3000 {
+            let n = 1 + next(7);
+            let stages = 1 + next(n);
+            let bounds: Vec<StageBound> = (0..next(4))
+                .map(|k| {
+                    let lo = next(stages + 1);
+                    let hi = lo + next(2);
+                    StageBound {
+                        item: format!("i{}", next(n)),
+                        lo,
+                        hi,
+                        what: format!("bound {k}"),
+                    }
+                })
+                .collect();
+            let items: Vec<Item> = (0..n)
+                .map(|i| Item {
+                    name: format!("i{i}"),
+                    ..Item::default()
+                })
+                .collect();
+            let held = item_bounds(&bounds, &items);
+            let some_cut = every_cut(n, stages).iter().any(|c| cut_keeps(c, &held));
+            let conflict = bound_conflict(&held, n, stages);
+            assert_eq!(
+                conflict.is_none(),
+                some_cut,
+                "n={n} stages={stages} bounds={held:?}: {conflict:?}"
+            );
+            conflicts += usize::from(conflict.is_some());
+            // The dynamic program keeps them too.
+            if some_cut {
+                let cut = balanced_cut(&items, stages, Recompute::None, &held);
+                assert!(cut.is_some_and(|c| cut_keeps(&c, &held)), "{held:?}");
+            }
+        }
+        assert!(conflicts > 300, "too few conflicts drawn: {conflicts}");
+    }
 }

@@ -8,6 +8,7 @@ use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::types::{AttrValue, Elem, TensorType};
 use nnscaler_dialects::userop::callee;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 /// A failed execution: what went wrong and at which op.
@@ -85,16 +86,20 @@ pub fn run_on(
     profile: Option<&mut Profile>,
     device: Option<&crate::spmd::Device<'_>>,
 ) -> Result<Vec<Tensor>, RunError> {
+    let inputs = inputs.into_iter().map(Cow::Owned).collect();
     run_graph(g, &g.callees, inputs, opts, profile, device, 0)
 }
 
 /// How deep calls may nest (a user op calling itself would otherwise never end).
 const MAX_CALL_DEPTH: usize = 64;
 
+/// Runs `g` on `inputs`: owned at the top, borrowed from the caller's values in a call
+/// (a callee reads its arguments where they are; it copies one only to reshape it in
+/// place).
 fn run_graph(
     g: &Graph,
     callees: &BTreeMap<String, Graph>,
-    inputs: Vec<Tensor>,
+    inputs: Vec<Cow<'_, Tensor>>,
     opts: &Options,
     mut profile: Option<&mut Profile>,
     device: Option<&crate::spmd::Device<'_>>,
@@ -130,7 +135,7 @@ fn run_graph(
     for o in &g.outputs {
         last_use[o.value] = usize::MAX;
     }
-    let mut vals: Vec<Option<Tensor>> = vec![None; g.values.len()];
+    let mut vals: Vec<Option<Cow<'_, Tensor>>> = vec![None; g.values.len()];
     for (i, (a, t)) in g.args.iter().zip(inputs).enumerate() {
         let ty = &g.values[a.value];
         if !t.matches(ty) {
@@ -151,7 +156,10 @@ fn run_graph(
             let t = vals[n.inputs[0]]
                 .take()
                 .expect("inputs are computed before use");
-            vals[n.outputs[0]] = Some(t.reshaped(&tensor::dims(&g.values[n.outputs[0]])));
+            vals[n.outputs[0]] = Some(Cow::Owned(
+                t.into_owned()
+                    .reshaped(&tensor::dims(&g.values[n.outputs[0]])),
+            ));
             continue;
         }
         if n.op.starts_with("nns.") {
@@ -168,11 +176,11 @@ fn run_graph(
                         g.values[n.outputs[0]]
                     )));
                 }
-                vals[n.outputs[0]] = Some(t);
+                vals[n.outputs[0]] = Some(Cow::Owned(t));
                 continue;
             }
             let x = vals[n.inputs[0]]
-                .as_ref()
+                .as_deref()
                 .expect("inputs are computed before use");
             if n.op == "nns.send" {
                 dev.send(n, x).map_err(here)?;
@@ -196,13 +204,13 @@ fn run_graph(
             if last_use[n.inputs[0]] == k {
                 vals[n.inputs[0]] = None;
             }
-            vals[n.outputs[0]] = Some(round_to(t, &g.values[n.outputs[0]]));
+            vals[n.outputs[0]] = Some(Cow::Owned(round_to(t, &g.values[n.outputs[0]])));
             continue;
         }
         let ins: Vec<&Tensor> = n
             .inputs
             .iter()
-            .map(|&v| vals[v].as_ref().expect("inputs are computed before use"))
+            .map(|&v| vals[v].as_deref().expect("inputs are computed before use"))
             .collect();
         let out_types: Vec<_> = n.outputs.iter().map(|&v| g.values[v].clone()).collect();
         // Who computes the op, for the profile and messages, and its results.
@@ -236,7 +244,7 @@ fn run_graph(
                         ),
                     ));
                 }
-                let owned: Vec<Tensor> = ins.iter().map(|&t| t.clone()).collect();
+                let args: Vec<Cow<'_, Tensor>> = ins.iter().map(|&t| Cow::Borrowed(t)).collect();
                 // A pipeline fragment runs at its micro-batch's coordinate on the
                 // micro-batch axis (`nns.fragment = "<stage><F|B|W><mb>"`).
                 let mb = match (n.attrs.get("nns.fragment"), device) {
@@ -249,7 +257,7 @@ fn run_graph(
                 let r = run_graph(
                     f,
                     callees,
-                    owned,
+                    args,
                     opts,
                     profile.as_deref_mut(),
                     device,
@@ -320,13 +328,21 @@ fn run_graph(
             }
         }
         for (&v, t) in n.outputs.iter().zip(outs) {
-            vals[v] = Some(round_to(t, &g.values[v]));
+            vals[v] = Some(Cow::Owned(round_to(t, &g.values[v])));
         }
     }
-    Ok(g.outputs
-        .iter()
-        .map(|o| vals[o.value].clone().expect("results are computed"))
-        .collect())
+    // Results are moved out (a value returned twice, or an argument, is copied).
+    let mut results = Vec::with_capacity(g.outputs.len());
+    for (j, o) in g.outputs.iter().enumerate() {
+        let again = g.outputs[j + 1..].iter().any(|x| x.value == o.value);
+        let t = if again {
+            vals[o.value].as_deref().cloned()
+        } else {
+            vals[o.value].take().map(Cow::into_owned)
+        };
+        results.push(t.expect("results are computed"));
+    }
+    Ok(results)
 }
 
 /// `t` as a value of type `ty`: floats are computed in f32, so a bf16 result is rounded to
