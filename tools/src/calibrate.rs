@@ -365,10 +365,11 @@ fn time_node(g: &Graph, k: usize, copies: usize) -> Result<f64, String> {
 }
 
 /// Per op, the CPU runtime's kernel against the roofline the rates above give
-/// (`Device::kernels`): every op of the training steps (forward and backward) of a GPT
-/// and a Llama at two sizes unlike the zoo's models (small: width 24, 3 or 4 heads, 12
-/// tokens, a vocabulary of 20, batch 3; large: width 256, 8 heads, 128 tokens, a
-/// vocabulary of 2048, batch 4; one layer), each run by the interpreter at its largest
+/// (`Device::kernels`): every op of the training steps (forward and backward) of a GPT,
+/// a Llama and an MLP at two sizes unlike the zoo's models (small: width 24, 3 or 4
+/// heads, 12 tokens, a vocabulary of 20, batch 3, the MLP 12 -> 24 x 2 -> 6 on batch 5;
+/// large: width 256, 8 heads, 128 tokens, a vocabulary of 2048, batch 4, the MLP 192 ->
+/// 384 x 2 -> 100 on batch 512; one layer), each run by the interpreter at its largest
 /// instance of each size ([`time_node`]), and `fixed + factor x roofline` fitted through
 /// the two points (`fixed` then holds the interpreter's dispatch of that op). Matrix
 /// products are the efficiency curve's.
@@ -401,13 +402,21 @@ fn kernel_factors(c: &Cluster) -> Result<(BTreeMap<String, [f64; 2]>, String), S
             ],
         )
     };
+    let mlp = |i: &str, h: &str, c: &str, b: &str| {
+        step_of(
+            "mlp-tiny",
+            &[("inputs", i), ("hidden", h), ("classes", c), ("batch", b)],
+        )
+    };
     let small = [
         gpt("24", "3", "12", "20", "3")?,
         llama("24", "4", "2", "48", "12", "20", "3")?,
+        mlp("12", "24", "6", "5")?,
     ];
     let large = [
         gpt("256", "8", "128", "2048", "4")?,
         llama("256", "8", "4", "512", "128", "2048", "4")?,
+        mlp("192", "384", "100", "512")?,
     ];
     let (small, large) = (instances(&small, c), instances(&large, c));
     let mut kernels = BTreeMap::new();

@@ -78,6 +78,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub repeat: u32,
+    /// Time every op and print, per op name, its calls, measured and predicted
+    /// milliseconds per run and their ratio (to stderr), predicted by the cost model for
+    /// CLUSTER (a preset or a TOML file such as `nnscaler calibrate`'s; default: cpu). One
+    /// device, --backend reference; ops of an IR function a call runs count under their own
+    /// names, measured but not predicted.
+    #[arg(long, value_name = "CLUSTER", num_args = 0..=1, default_missing_value = "cpu",
+          require_equals = true)]
+    pub profile: Option<String>,
 }
 
 /// Runs `nnscaler run`. Errors are complete messages (at most `error_limit` errors).
@@ -127,6 +135,11 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         _ => None,
     };
     if let Some(p) = pipeline {
+        if a.profile.is_some() {
+            return Err(format!(
+                "{model}: --profile times one device's ops: @{p} is a pipeline of simulated devices"
+            ));
+        }
         let all: Vec<Graph> = funcs.into_iter().filter_map(Result::ok).collect();
         return run_pipelined(a, &module, all, &p, &render);
     }
@@ -237,6 +250,19 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     let opts = Options {
         check_finite: a.check_finite,
     };
+    let cluster = match &a.profile {
+        Some(_) if mesh.is_some() => {
+            return Err("--profile times one device's ops: it cannot run simulated devices".into())
+        }
+        Some(_) if a.backend != "reference" => {
+            return Err(
+                "--profile needs --backend reference (compiled kernels are timed as a whole)"
+                    .into(),
+            )
+        }
+        Some(c) => Some(nnscaler_passes::cost::load(c)?),
+        None => None,
+    };
     if a.backend != "reference" {
         if a.check_finite {
             return Err("--check-finite needs --backend reference (compiled kernels are not checked op by op)".into());
@@ -248,11 +274,17 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     let mut times = Vec::new();
     let mut device_times = Vec::new();
     let mut outs = Vec::new();
+    let mut profile = nnscaler_runtime::Profile::default();
     for _ in 0..a.repeat {
         let started = std::time::Instant::now();
         outs = match mesh {
             Some(mesh) => run_spmd(&g, mesh, values.clone(), &opts),
-            None => nnscaler_runtime::run(&g, values.clone(), &opts),
+            None => nnscaler_runtime::run_profiled(
+                &g,
+                values.clone(),
+                &opts,
+                cluster.as_ref().map(|_| &mut profile),
+            ),
         }
         .map_err(|e| {
             let mut d = Diagnostics::default();
@@ -265,7 +297,89 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         }
     }
     report_times(&g.name, &mut times, &mut device_times);
+    if let Some(c) = &cluster {
+        eprint!("{}", profile_table(&g, c, &profile, a.repeat));
+    }
     write_results(a, &g, &outs, saved_params)
+}
+
+/// `--profile`'s table: per op name (a call as `@callee`), calls, measured and predicted
+/// milliseconds per run and predicted / measured, slowest measured first, then the total.
+fn profile_table(
+    g: &Graph,
+    cluster: &nnscaler_passes::cost::Cluster,
+    measured: &nnscaler_runtime::Profile,
+    runs: u32,
+) -> String {
+    let mut predicted: std::collections::HashMap<String, f64> = Default::default();
+    for n in &g.nodes {
+        let name = if n.op == "func.call" {
+            match nnscaler_dialects::userop::callee(&n.attrs) {
+                Some(c) => format!("@{c}"),
+                None => continue,
+            }
+        } else {
+            n.op.clone()
+        };
+        if let Some(c) = nnscaler_passes::cost::node_cost(g, n, cluster, None) {
+            *predicted.entry(name).or_default() += c.seconds;
+        }
+    }
+    let runs = f64::from(runs.max(1));
+    let mut rows: Vec<(String, f64, f64, Option<f64>)> = measured
+        .ops
+        .iter()
+        .map(|(op, calls, secs)| {
+            (
+                op.clone(),
+                *calls as f64 / runs,
+                secs / runs,
+                predicted.get(op).copied(),
+            )
+        })
+        .collect();
+    rows.sort_by(|x, y| y.2.total_cmp(&x.2));
+    let mut out = format!(
+        "profile of @{} per run ({} run{}), predicted for {}:\n{:<26} {:>7} {:>12} {:>12} {:>7}\n",
+        g.name,
+        runs,
+        if runs == 1.0 { "" } else { "s" },
+        cluster.name,
+        "op",
+        "calls",
+        "measured ms",
+        "predicted ms",
+        "ratio"
+    );
+    let (mut tm, mut tp) = (0.0, 0.0);
+    for (op, calls, m, p) in &rows {
+        tm += m;
+        tp += p.unwrap_or(0.0);
+        let (pt, ratio) = match p {
+            Some(p) => (
+                format!("{:.3}", p * 1e3),
+                if *m > 0.0 {
+                    format!("{:.2}", p / m)
+                } else {
+                    "-".into()
+                },
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        out += &format!(
+            "{op:<26} {calls:>7} {:>12.3} {pt:>12} {ratio:>7}\n",
+            m * 1e3
+        );
+    }
+    out += &format!(
+        "{:<26} {:>7} {:>12.3} {:>12.3} {:>7.2}\n",
+        "total",
+        "",
+        tm * 1e3,
+        tp * 1e3,
+        if tm > 0.0 { tp / tm } else { 0.0 }
+    );
+    out
 }
 
 /// With `--repeat N > 1`: the median and fastest of the runs, on stderr; on simulated
