@@ -91,9 +91,9 @@ const GIB: u64 = 1 << 30;
 
 /// The built-in clusters. GPU figures are datasheet peaks (dense, no sparsity) with an
 /// assumed cuBLAS-like efficiency curve (to be replaced by `nnscaler calibrate` on a GPU);
-/// `cpu` is this project's development machine, one thread, as `nnscaler calibrate
-/// --device cpu` measured it on 2026-12-01, its in-process network a guess (not yet
-/// calibrated).
+/// `cpu` is this project's development machine, one thread, as one run of `nnscaler
+/// calibrate --device cpu` measured it on 2026-12-02 (rates, efficiency curve, kernel
+/// entries and the in-process network together, so the entries are consistent).
 pub fn preset(name: &str) -> Option<Cluster> {
     let gpu_eff = vec![[1e6, 0.02], [1e8, 0.2], [1e10, 0.6], [1e12, 0.8]];
     let node = |bw: f64| Level {
@@ -152,33 +152,58 @@ pub fn preset(name: &str) -> Option<Cluster> {
             name: name.into(),
             device: Device {
                 name: "this machine's CPU, one thread".into(),
-                matrix_flops: 6.1e10,
+                matrix_flops: 80720000000.0,
                 matrix_flops_bf16: None,
-                vector_flops: 4.7e9,
+                vector_flops: 5066000000.0,
                 memory: 24 * GIB,
-                memory_bandwidth: 1.33e10,
+                memory_bandwidth: 27020000000.0,
                 matrix_efficiency: vec![
-                    [4096.0, 0.14],
-                    [32768.0, 0.50],
-                    [262144.0, 0.83],
-                    [2097152.0, 0.95],
-                    [16777216.0, 1.0],
-                    [134217728.0, 0.95],
+                    [4096.0, 0.0884],
+                    [32768.0, 0.4622],
+                    [262144.0, 0.7029],
+                    [2097152.0, 0.8069],
+                    [16777216.0, 0.9615],
+                    [134217728.0, 1.0],
                 ],
-                op_overhead: 7.8e-7,
-                kernels: BTreeMap::new(),
-                source:
-                    "nnscaler calibrate --device cpu, 2026-12-01 (a shared machine: recalibrate)"
-                        .into(),
+                op_overhead: 4.523e-07,
+                kernels: [
+                    ("dnn.add", [1.991e-07, 0.406]),
+                    ("dnn.attention", [0.0, 4.272]),
+                    ("dnn.attention_grad", [5.685e-06, 3.385]),
+                    ("dnn.cross_entropy", [6.843e-07, 3.137]),
+                    ("dnn.cross_entropy_grad", [8.386e-07, 7.519]),
+                    ("dnn.embedding", [4.925e-07, 0.1337]),
+                    ("dnn.embedding_grad", [3.914e-07, 0.3909]),
+                    ("dnn.gelu", [0.0, 1.391]),
+                    ("dnn.gelu_grad", [1.819e-06, 0.8799]),
+                    ("dnn.layer_norm", [1.747e-07, 1.285]),
+                    ("dnn.layer_norm_grad", [6.21e-07, 1.862]),
+                    ("dnn.mul", [1.964e-07, 0.4174]),
+                    ("dnn.relu", [2.428e-07, 0.4794]),
+                    ("dnn.relu_grad", [3.289e-07, 0.111]),
+                    ("dnn.reshape", [2.932e-07, 0.1911]),
+                    ("dnn.rms_norm", [5.605e-07, 1.317]),
+                    ("dnn.rms_norm_grad", [7.224e-07, 1.309]),
+                    ("dnn.rotary", [8.928e-07, 1.234]),
+                    ("dnn.rotary_grad", [8.352e-07, 1.459]),
+                    ("dnn.silu", [1.999e-07, 1.204]),
+                    ("dnn.silu_grad", [2.245e-07, 0.7461]),
+                    ("dnn.sum", [3.433e-08, 4.745]),
+                    ("dnn.transpose", [1.165e-06, 1.035]),
+                ]
+                .into_iter()
+                .map(|(op, k)| (op.to_string(), k))
+                .collect(),
+                source: "nnscaler calibrate --device cpu, 2026-12-02 (one run, quiet; a shared machine: recalibrate)"
+                    .into(),
             },
-            // Simulated devices exchange through memory: `nnscaler calibrate` (all_reduce
-            // chains between two simulated devices, 2026-12-01: 14.5-17.3 us a step,
-            // 1.7-1.9 GB/s).
+            // Simulated devices exchange through memory: the same calibration's chains of
+            // all_reduces between two simulated devices.
             network: vec![Level {
                 name: "in-process".into(),
                 devices: 64,
-                bandwidth: 1.8e9,
-                latency: 15.5e-6,
+                bandwidth: 1891000000.0,
+                latency: 1.318e-05,
             }],
         },
         _ => return None,
@@ -552,6 +577,7 @@ mod tests {
     #[test]
     fn measured_kernels_replace_the_roofline() {
         let mut d = preset("cpu").unwrap().device;
+        d.kernels.clear();
         let plain = d.kernel_time("dnn.attention", 1e-3);
         assert!((plain - (d.op_overhead + 1e-3)).abs() < 1e-15);
         d.kernels.insert("dnn.attention".into(), [2e-6, 4.0]);

@@ -240,14 +240,14 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     );
     let mut c: Cluster = cost::preset("cpu").expect("the cpu preset");
     if let Some(l) = c.network.first_mut() {
-        l.latency = latency;
-        l.bandwidth = net_bandwidth;
+        l.latency = sig(latency);
+        l.bandwidth = sig(net_bandwidth);
     }
-    c.device.matrix_flops = peak;
-    c.device.vector_flops = vector;
-    c.device.memory_bandwidth = bandwidth;
-    c.device.matrix_efficiency = efficiency;
-    c.device.op_overhead = overhead;
+    c.device.matrix_flops = sig(peak);
+    c.device.vector_flops = sig(vector);
+    c.device.memory_bandwidth = sig(bandwidth);
+    c.device.matrix_efficiency = efficiency.iter().map(|&[f, e]| [f, sig(e)]).collect();
+    c.device.op_overhead = sig(overhead);
     c.device.kernels.clear();
     let (kernels, lines) = kernel_factors(&c)?;
     report += &lines;
@@ -440,10 +440,15 @@ fn kernel_factors(c: &Cluster) -> Result<(BTreeMap<String, [f64; 2]>, String), S
             r1 * 1e6,
             fixed * 1e6
         );
-        let round = |x: f64, to: f64| (x / to).round() * to;
-        kernels.insert(op.clone(), [round(fixed, 1e-9), round(factor, 1e-3)]);
+        kernels.insert(op.clone(), [sig(fixed), sig(factor)]);
     }
     Ok((kernels, lines))
+}
+
+/// `x` to four significant digits (what a timing on a shared machine supports), so that
+/// the written TOML reads `2.4e-7`, not `2.4000000000000003e-7`.
+fn sig(x: f64) -> f64 {
+    format!("{x:.3e}").parse().unwrap_or(x)
 }
 
 /// Today's date (UTC) from the system clock, as YYYY-MM-DD.
