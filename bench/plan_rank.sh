@@ -22,7 +22,12 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 "$bin/nnscaler" calibrate --device cpu -o cpu.toml > /dev/null
-"$bin/nnscaler" import gpt --preset "$preset" --batch "$batch" -o m.mlir
+case $preset in
+  llama*) family=llama ;;
+  mlp*) family=mlp ;;
+  *) family=gpt ;;
+esac
+"$bin/nnscaler" import "$family" --preset "$preset" --batch "$batch" -o m.mlir
 "$bin/nnscaler-opt" --autodiff --optimizer m.mlir -o step.mlir
 "$bin/nnscaler" data random step.mlir -o batch.safetensors
 python3 - batch.safetensors <<'EOF'

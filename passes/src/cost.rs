@@ -92,8 +92,9 @@ const GIB: u64 = 1 << 30;
 /// The built-in clusters. GPU figures are datasheet peaks (dense, no sparsity) with an
 /// assumed cuBLAS-like efficiency curve (to be replaced by `nnscaler calibrate` on a GPU);
 /// `cpu` is this project's development machine, one thread, as one run of `nnscaler
-/// calibrate --device cpu` measured it on 2026-12-02 (rates, efficiency curve, kernel
-/// entries and the in-process network together, so the entries are consistent).
+/// calibrate --device cpu` measured it on 2026-12-02 (rates, efficiency curve and kernel
+/// entries together, so the entries are consistent; the in-process network from a later
+/// run, after the simulated devices began to spin at collectives).
 pub fn preset(name: &str) -> Option<Cluster> {
     let gpu_eff = vec![[1e6, 0.02], [1e8, 0.2], [1e10, 0.6], [1e12, 0.8]];
     let node = |bw: f64| Level {
@@ -197,13 +198,14 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 source: "nnscaler calibrate --device cpu, 2026-12-02 (one run, quiet; a shared machine: recalibrate)"
                     .into(),
             },
-            // Simulated devices exchange through memory: the same calibration's chains of
-            // all_reduces between two simulated devices.
+            // Simulated devices exchange through memory: chains of all_reduces between
+            // two simulated devices (a later run, 2026-12-02, after the devices began to
+            // spin before sleeping at a collective).
             network: vec![Level {
                 name: "in-process".into(),
                 devices: 64,
-                bandwidth: 1891000000.0,
-                latency: 1.318e-05,
+                bandwidth: 1.426e9,
+                latency: 1.845e-6,
             }],
         },
         _ => return None,

@@ -44,6 +44,9 @@ struct State {
     progress: u64,
 }
 
+/// How long a device looks for what it waits on before it sleeps.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
 /// Where the devices of one run meet for collectives.
 #[derive(Default)]
 pub struct Exchange {
@@ -70,12 +73,21 @@ impl Exchange {
     /// failed, or when every live device has been waiting with no progress for a second
     /// (a deadlock: the program's sends and receives or collectives do not match).
     fn wait_until<'a>(
-        &self,
+        &'a self,
         mut st: std::sync::MutexGuard<'a, State>,
         what: &dyn Fn() -> String,
         ready: &dyn Fn(&State) -> bool,
     ) -> Result<std::sync::MutexGuard<'a, State>, String> {
         st.waiting += 1;
+        // Spin briefly first (yielding between looks): a partner about to arrive is met
+        // without the condition variable's sleep and wake-up, which costs tens of
+        // microseconds and varies with the scheduler.
+        let spin = std::time::Instant::now();
+        while !st.failed && !ready(&st) && spin.elapsed() < SPIN {
+            drop(st);
+            std::thread::yield_now();
+            st = self.state.lock().map_err(|_| "a device thread panicked")?;
+        }
         let mut seen = st.progress;
         let mut still = 0u32;
         let out = loop {
