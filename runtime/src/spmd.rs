@@ -875,31 +875,78 @@ fn place(
     let gs = crate::tensor::strides(&whole.shape);
     let ls = crate::tensor::strides(&piece.shape);
     let n = piece.numel();
-    for i in 0..n {
-        let mut rem = i;
+    // Row by row along the last dim, which is contiguous in both.
+    let row = piece.shape.last().copied().unwrap_or(1);
+    if n == 0 || row == 0 {
+        return Ok(());
+    }
+    for start in (0..n).step_by(row) {
+        let mut rem = start;
         let mut off = 0;
         for (d, r) in ranges.iter().enumerate() {
             let c = rem / ls[d];
             rem %= ls[d];
             off += (r.start + c) * gs[d];
         }
-        let same = match (&mut whole.data, &piece.data) {
-            (Data::F32(w), Data::F32(p)) => {
-                let ok = !written[off] || w[off].to_bits() == p[i].to_bits();
-                w[off] = p[i];
-                ok
-            }
-            (Data::I64(w), Data::I64(p)) => {
-                let ok = !written[off] || w[off] == p[i];
-                w[off] = p[i];
-                ok
-            }
-            _ => return Err("element kinds differ between devices".into()),
-        };
-        if !same {
-            return Err(format!("replicas disagree at element {off}"));
+        let seen = &mut written[off..off + row];
+        macro_rules! put {
+            ($w:expr, $p:expr, $same:expr) => {{
+                let (w, p) = (&mut $w[off..off + row], &$p[start..start + row]);
+                if let Some(k) = (0..row).find(|&k| seen[k] && !$same(w[k], p[k])) {
+                    return Err(format!("replicas disagree at element {}", off + k));
+                }
+                w.copy_from_slice(p);
+            }};
         }
-        written[off] = true;
+        match (&mut whole.data, &piece.data) {
+            (Data::F32(w), Data::F32(p)) => {
+                put!(w, p, |a: f32, b: f32| a.to_bits() == b.to_bits())
+            }
+            (Data::I64(w), Data::I64(p)) => put!(w, p, |a: i64, b: i64| a == b),
+            _ => return Err("element kinds differ between devices".into()),
+        }
+        seen.fill(true);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pieces land at their ranges row by row; a replica that agrees bit for bit is
+    /// accepted, one that differs names the whole tensor's element; ints too.
+    #[test]
+    fn pieces_are_placed_and_replicas_checked() {
+        let mut whole = Tensor::zeros(&[2, 6]);
+        let mut written = vec![false; 12];
+        let left = Tensor::f32(&[2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let right = Tensor::f32(&[2, 3], vec![7.0, 8.0, 9.0, 10.0, 11.0, 12.0]);
+        place(&mut whole, &left, &[0..2, 0..3], &mut written).unwrap();
+        place(&mut whole, &right, &[0..2, 3..6], &mut written).unwrap();
+        assert_eq!(
+            whole.f().unwrap(),
+            &[1.0, 2.0, 3.0, 7.0, 8.0, 9.0, 4.0, 5.0, 6.0, 10.0, 11.0, 12.0]
+        );
+        assert!(written.iter().all(|&w| w));
+        // The same piece again (a replica) agrees.
+        place(&mut whole, &left, &[0..2, 0..3], &mut written).unwrap();
+        // A replica differing at its element (1, 1), the whole's (1, 4), flat 10.
+        let mut other = right.clone();
+        if let Data::F32(v) = &mut other.data {
+            v[4] = 11.5;
+        }
+        let e = place(&mut whole, &other, &[0..2, 3..6], &mut written).unwrap_err();
+        assert_eq!(e, "replicas disagree at element 10");
+        // A scalar, and integers.
+        let mut s = Tensor::zeros(&[]);
+        let mut w1 = vec![false; 1];
+        place(&mut s, &Tensor::f32(&[], vec![2.5]), &[], &mut w1).unwrap();
+        assert_eq!(s.f().unwrap(), &[2.5]);
+        let mut ints = Tensor::i64(&[4], vec![0; 4]);
+        let mut w4 = vec![false; 4];
+        place(&mut ints, &Tensor::i64(&[2], vec![5, 6]), &[2..4], &mut w4).unwrap();
+        let e = place(&mut ints, &Tensor::i64(&[2], vec![5, 7]), &[2..4], &mut w4).unwrap_err();
+        assert_eq!(e, "replicas disagree at element 3");
+    }
 }
