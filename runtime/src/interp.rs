@@ -25,6 +25,8 @@ pub struct RunError {
 pub struct Options {
     /// Stop at the first op whose results contain NaN or infinity, naming it.
     pub check_finite: bool,
+    /// On simulated devices: time every device's ops ([`crate::spmd::device_profiles`]).
+    pub profile_devices: bool,
 }
 
 /// Time spent per op name, accumulated over runs.
@@ -42,6 +44,19 @@ impl Profile {
                 e.2 += secs;
             }
             None => self.ops.push((op.to_string(), 1, secs)),
+        }
+    }
+
+    /// Adds `other`'s calls and seconds, op by op.
+    pub fn merge(&mut self, other: &Profile) {
+        for (op, calls, secs) in &other.ops {
+            match self.ops.iter_mut().find(|(n, _, _)| n == op) {
+                Some(e) => {
+                    e.1 += calls;
+                    e.2 += secs;
+                }
+                None => self.ops.push((op.clone(), *calls, *secs)),
+            }
         }
     }
 

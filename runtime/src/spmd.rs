@@ -9,7 +9,7 @@
 //! then computes the result itself in member order, so reductions are deterministic and
 //! identical on every member.
 
-use crate::interp::{run_on, Options, RunError};
+use crate::interp::{run_on, Options, Profile, RunError};
 use crate::tensor::{numel, Data, Tensor};
 use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::graph::{Graph, Node};
@@ -634,6 +634,14 @@ type DeviceJob<'g> = (&'g Graph, Vec<Tensor>, Vec<usize>, Option<PipelinePlace>)
 
 thread_local! {
     static DEVICE_SECONDS: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+    static DEVICE_PROFILES: std::cell::RefCell<Vec<Profile>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Each simulated device's op times in this thread's last [`run_spmd`] or
+/// [`run_pipeline`] with [`Options::profile_devices`] (empty without).
+pub fn device_profiles() -> Vec<Profile> {
+    DEVICE_PROFILES.with(|p| p.borrow().clone())
 }
 
 /// Seconds the simulated devices of this thread's last [`run_spmd`] or [`run_pipeline`]
@@ -656,7 +664,7 @@ fn run_devices<'g>(
     // Each device's pieces are cut before the clock starts.
     let jobs: Vec<DeviceJob<'g>> = (0..devices).map(job).collect();
     let started = std::time::Instant::now();
-    let results: Vec<Result<Vec<Tensor>, RunError>> = std::thread::scope(|s| {
+    let results: Vec<(Result<Vec<Tensor>, RunError>, Profile)> = std::thread::scope(|s| {
         let handles: Vec<_> = jobs
             .into_iter()
             .enumerate()
@@ -672,10 +680,12 @@ fn run_devices<'g>(
                         seq: Default::default(),
                         microbatch: Default::default(),
                     };
+                    let mut profile = Profile::default();
+                    let timed = opts.profile_devices.then_some(&mut profile);
                     // A panicking kernel must not leave the other devices waiting forever
                     // at a collective: catch it and wake them.
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        run_on(g, local, opts, None, Some(&dev))
+                        run_on(g, local, opts, timed, Some(&dev))
                     }))
                     .unwrap_or_else(|_| {
                         Err(RunError {
@@ -687,7 +697,7 @@ fn run_devices<'g>(
                         exchange.fail();
                     }
                     exchange.finished();
-                    r
+                    (r, profile)
                 })
             })
             .collect();
@@ -695,15 +705,26 @@ fn run_devices<'g>(
             .into_iter()
             .map(|h| {
                 h.join().unwrap_or_else(|_| {
-                    Err(RunError {
-                        loc: SrcLoc::default(),
-                        message: "a device thread panicked".into(),
-                    })
+                    (
+                        Err(RunError {
+                            loc: SrcLoc::default(),
+                            message: "a device thread panicked".into(),
+                        }),
+                        Profile::default(),
+                    )
                 })
             })
             .collect()
     });
     DEVICE_SECONDS.with(|c| c.set(started.elapsed().as_secs_f64()));
+    let (results, profiles): (Vec<_>, Vec<_>) = results.into_iter().unzip();
+    DEVICE_PROFILES.with(|p| {
+        *p.borrow_mut() = if opts.profile_devices {
+            profiles
+        } else {
+            Vec::new()
+        }
+    });
     let mut per_device = Vec::with_capacity(devices);
     let mut first_err: Option<RunError> = None;
     for (d, r) in results.into_iter().enumerate() {
@@ -945,8 +966,9 @@ mod tests {
         assert_eq!(s.f().unwrap(), &[2.5]);
         let mut ints = Tensor::i64(&[4], vec![0; 4]);
         let mut w4 = vec![false; 4];
-        place(&mut ints, &Tensor::i64(&[2], vec![5, 6]), &[2..4], &mut w4).unwrap();
-        let e = place(&mut ints, &Tensor::i64(&[2], vec![5, 7]), &[2..4], &mut w4).unwrap_err();
+        let upper = std::slice::from_ref(&(2..4));
+        place(&mut ints, &Tensor::i64(&[2], vec![5, 6]), upper, &mut w4).unwrap();
+        let e = place(&mut ints, &Tensor::i64(&[2], vec![5, 7]), upper, &mut w4).unwrap_err();
         assert_eq!(e, "replicas disagree at element 3");
     }
 }

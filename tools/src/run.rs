@@ -80,9 +80,10 @@ pub struct RunArgs {
     pub repeat: u32,
     /// Time every op and print, per op name, its calls, measured and predicted
     /// milliseconds per run and their ratio (to stderr), predicted by the cost model for
-    /// CLUSTER (a preset or a TOML file such as `nnscaler calibrate`'s; default: cpu). One
-    /// device, --backend reference; ops of an IR function a call runs count under their own
-    /// names, measured but not predicted.
+    /// CLUSTER (a preset or a TOML file such as `nnscaler calibrate`'s; default: cpu). On
+    /// simulated devices: the mean of the devices. With --repeat N, the runs after the
+    /// first (which warms up). Not for a pipelined program (its ranks run different
+    /// programs); --backend reference.
     #[arg(long, value_name = "CLUSTER", num_args = 0..=1, default_missing_value = "cpu",
           require_equals = true)]
     pub profile: Option<String>,
@@ -249,11 +250,9 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     let (mut values, saved_params) = bind_all(a, &view)?;
     let opts = Options {
         check_finite: a.check_finite,
+        profile_devices: a.profile.is_some(),
     };
     let cluster = match &a.profile {
-        Some(_) if mesh.is_some() => {
-            return Err("--profile times one device's ops: it cannot run simulated devices".into())
-        }
         Some(_) if a.backend != "reference" => {
             return Err(
                 "--profile needs --backend reference (compiled kernels are timed as a whole)"
@@ -283,15 +282,15 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         } else {
             values.clone()
         };
+        // With --repeat, the first run warms up (first-touch memory, the GEMM's buffers)
+        // and is left out of the profile.
+        let timed = cluster.is_some() && (run > 0 || a.repeat == 1);
         let started = std::time::Instant::now();
         outs = match mesh {
             Some(mesh) => run_spmd(&g, mesh, inputs, &opts),
-            None => nnscaler_runtime::run_profiled(
-                &g,
-                inputs,
-                &opts,
-                cluster.as_ref().map(|_| &mut profile),
-            ),
+            None => {
+                nnscaler_runtime::run_profiled(&g, inputs, &opts, timed.then_some(&mut profile))
+            }
         }
         .map_err(|e| {
             let mut d = Diagnostics::default();
@@ -301,56 +300,60 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         times.push(started.elapsed().as_secs_f64());
         if mesh.is_some() {
             device_times.push(nnscaler_runtime::spmd::device_seconds());
+            // Every device's op times, added up: the table shows their mean.
+            if timed {
+                for p in nnscaler_runtime::spmd::device_profiles() {
+                    profile.merge(&p);
+                }
+            }
         }
     }
     report_times(&g.name, &mut times, &mut device_times);
     if let Some(c) = &cluster {
-        eprint!("{}", profile_table(&g, c, &profile, a.repeat));
+        let devices = mesh.map_or(1, |m| m.devices() as u32);
+        let runs = if a.repeat > 1 { a.repeat - 1 } else { 1 };
+        eprint!("{}", profile_table(&g, mesh, c, &profile, (runs, devices)));
     }
     write_results(a, &g, &outs, saved_params)
 }
 
-/// `--profile`'s table: per op name (a call as `@callee`), calls, measured and predicted
-/// milliseconds per run and predicted / measured, slowest measured first, then the total.
+/// `--profile`'s table: per op name (a call of a C kernel as `@callee`; the ops of an IR
+/// function a call runs under their own names), calls, measured and predicted
+/// milliseconds per run of one device (the mean over the simulated devices) and predicted
+/// / measured, slowest measured first, then the total.
 fn profile_table(
     g: &Graph,
+    mesh: Option<&nnscaler_dialects::nns::Mesh>,
     cluster: &nnscaler_passes::cost::Cluster,
     measured: &nnscaler_runtime::Profile,
-    runs: u32,
+    (runs, devices): (u32, u32),
 ) -> String {
     let mut predicted: std::collections::HashMap<String, f64> = Default::default();
-    for n in &g.nodes {
-        let name = if n.op == "func.call" {
-            match nnscaler_dialects::userop::callee(&n.attrs) {
-                Some(c) => format!("@{c}"),
-                None => continue,
-            }
-        } else {
-            n.op.clone()
-        };
-        if let Some(c) = nnscaler_passes::cost::node_cost(g, n, cluster, None) {
-            *predicted.entry(name).or_default() += c.seconds;
-        }
-    }
-    let runs = f64::from(runs.max(1));
+    predict_ops(g, mesh, cluster, &mut predicted, 0);
+    let per = f64::from(runs.max(1)) * f64::from(devices.max(1));
     let mut rows: Vec<(String, f64, f64, Option<f64>)> = measured
         .ops
         .iter()
         .map(|(op, calls, secs)| {
             (
                 op.clone(),
-                *calls as f64 / runs,
-                secs / runs,
+                *calls as f64 / per,
+                secs / per,
                 predicted.get(op).copied(),
             )
         })
         .collect();
     rows.sort_by(|x, y| y.2.total_cmp(&x.2));
     let mut out = format!(
-        "profile of @{} per run ({} run{}), predicted for {}:\n{:<26} {:>7} {:>12} {:>12} {:>7}\n",
+        "profile of @{} per run ({} run{}{}), predicted for {}:\n{:<26} {:>7} {:>12} {:>12} {:>7}\n",
         g.name,
         runs,
-        if runs == 1.0 { "" } else { "s" },
+        if runs == 1 { "" } else { "s after the first" },
+        if devices > 1 {
+            format!(", the mean of {devices} simulated devices")
+        } else {
+            String::new()
+        },
         cluster.name,
         "op",
         "calls",
@@ -373,6 +376,11 @@ fn profile_table(
             ),
             None => ("-".into(), "-".into()),
         };
+        let calls = if calls.fract() == 0.0 {
+            format!("{calls}")
+        } else {
+            format!("{calls:.1}")
+        };
         out += &format!(
             "{op:<26} {calls:>7} {:>12.3} {pt:>12} {ratio:>7}\n",
             m * 1e3
@@ -387,6 +395,36 @@ fn profile_table(
         if tm > 0.0 { tp / tm } else { 0.0 }
     );
     out
+}
+
+/// Adds the predicted seconds of `g`'s ops to `into` by op name, as the interpreter
+/// profiles them: a call of an IR function (`g.callees`) adds its body's ops, a call of
+/// a C kernel counts as `@callee`.
+fn predict_ops(
+    g: &Graph,
+    mesh: Option<&nnscaler_dialects::nns::Mesh>,
+    cluster: &nnscaler_passes::cost::Cluster,
+    into: &mut std::collections::HashMap<String, f64>,
+    depth: usize,
+) {
+    for n in &g.nodes {
+        if n.op == "func.call" {
+            let Some(c) = nnscaler_dialects::userop::callee(&n.attrs) else {
+                continue;
+            };
+            match g.callees.get(c) {
+                Some(f) if depth < 64 => predict_ops(f, mesh, cluster, into, depth + 1),
+                Some(_) => {}
+                None => {
+                    if let Some(cost) = nnscaler_passes::cost::node_cost(g, n, cluster, mesh) {
+                        *into.entry(format!("@{c}")).or_default() += cost.seconds;
+                    }
+                }
+            }
+        } else if let Some(cost) = nnscaler_passes::cost::node_cost(g, n, cluster, mesh) {
+            *into.entry(n.op.clone()).or_default() += cost.seconds;
+        }
+    }
 }
 
 /// With `--repeat N > 1`: the median and fastest of the runs, on stderr; on simulated
@@ -595,6 +633,7 @@ fn run_pipelined(
         arg_index.iter().copied().zip(values).collect();
     let opts = Options {
         check_finite: a.check_finite,
+        ..Options::default()
     };
     let mut times = Vec::new();
     let mut device_times = Vec::new();

@@ -627,7 +627,10 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
     let mut log = String::new();
     let mut curve: Vec<(u64, f64)> = Vec::new();
     let mut evals: Vec<(u64, f64, f64)> = Vec::new();
-    let opts = Options { check_finite: true };
+    let opts = Options {
+        check_finite: true,
+        ..Options::default()
+    };
     // A compiled step (--backend host or cuda) is compiled once, before the first step.
     let compiled = match c.train.backend.as_str() {
         "reference" => None,

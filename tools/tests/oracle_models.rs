@@ -97,8 +97,15 @@ fn check_model(name: &str, bf16: bool) -> f64 {
         }
         values.push(t);
     }
-    let outs = run(&g, values, &Options { check_finite: true })
-        .unwrap_or_else(|e| panic!("{}", e.message));
+    let outs = run(
+        &g,
+        values,
+        &Options {
+            check_finite: true,
+            ..Options::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}", e.message));
     let dir = common::scratch(&format!("oracle_{name}{}", if bf16 { "_bf16" } else { "" }));
     let as_refs = |v: &[(String, Elem, Tensor)]| -> Vec<u8> {
         let r: Vec<(String, Elem, &Tensor)> =

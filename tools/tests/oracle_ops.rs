@@ -400,8 +400,15 @@ fn ops_match_pytorch_and_finite_differences() {
         let bwd = differentiate(&fwd).unwrap_or_else(|(_, m)| panic!("{}: {m}", c.op));
         // Through MLIR text and back: what nnscaler-opt --autodiff prints must parse.
         let inputs = inputs_for(c, &fwd, 1000 + id as u64);
-        let outs = run(&bwd, inputs.clone(), &Options { check_finite: true })
-            .unwrap_or_else(|e| panic!("{} {:?}: {}", c.op, c.attrs, e.message));
+        let outs = run(
+            &bwd,
+            inputs.clone(),
+            &Options {
+                check_finite: true,
+                ..Options::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{} {:?}: {}", c.op, c.attrs, e.message));
         let named: Vec<(String, Tensor)> = bwd
             .outputs
             .iter()

@@ -83,8 +83,15 @@ fn check(clip: f64) -> f64 {
         }
         state[by_name("step")] = Tensor::f32(&[], vec![t as f32]);
         state[by_name("lr")] = Tensor::f32(&[], vec![lrs[t - 1] as f32]);
-        let outs = run(&g, state.clone(), &Options { check_finite: true })
-            .unwrap_or_else(|e| panic!("{}", e.message));
+        let outs = run(
+            &g,
+            state.clone(),
+            &Options {
+                check_finite: true,
+                ..Options::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{}", e.message));
         for (n, _) in &shapes {
             for prefix in ["", "adam.m.", "adam.v."] {
                 let name = format!("{prefix}{n}");
