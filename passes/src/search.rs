@@ -966,11 +966,12 @@ fn bound_conflict(bounds: &[(usize, &StageBound)], n: usize, stages: usize) -> O
         }
         if b.hi + (n - 1 - i) < stages - 1 {
             return Some(format!(
-                "stage bounds: {}, in {}: cannot stay in stage {} of {stages}: the {} after it need an item each, and {} after it",
+                "stage bounds: {}, in {}: cannot stay in stage {} of {stages}: the {} after it {} an item each, and {} after it",
                 b.what,
                 b.item,
                 b.hi,
                 plural(stages - 1 - b.hi, "stage"),
+                if stages - 1 - b.hi == 1 { "needs" } else { "need" },
                 match n - 1 - i {
                     0 => "none comes".to_string(),
                     1 => "1 comes".to_string(),
@@ -981,11 +982,18 @@ fn bound_conflict(bounds: &[(usize, &StageBound)], n: usize, stages: usize) -> O
     }
     for &(i, a) in bounds {
         for &(j, b) in bounds.iter().filter(|(j, _)| *j >= i) {
-            if a.lo > b.hi {
-                return Some(format!(
-                    "stage bounds: {} and {} conflict: the second op comes later, in an earlier stage",
-                    a.what, b.what
-                ));
+            if a.lo > b.hi || b.lo > a.hi && i == j {
+                return Some(if i == j {
+                    format!(
+                        "stage bounds: {} and {} conflict: both are in {}, which takes one stage",
+                        a.what, b.what, a.item
+                    )
+                } else {
+                    format!(
+                        "stage bounds: {} and {} conflict: the second op comes later, in an earlier stage",
+                        a.what, b.what
+                    )
+                });
             }
             if b.lo > a.hi + (j - i) {
                 return Some(format!(
@@ -1870,5 +1878,28 @@ mod tests {
             }
         }
         assert!(conflicts > 300, "too few conflicts drawn: {conflicts}");
+        // Two ops of one item with disjoint bounds, and a later op bounded earlier.
+        let b = |item: &str, lo, hi, what: &str| StageBound {
+            item: item.into(),
+            lo,
+            hi,
+            what: what.into(),
+        };
+        let items: Vec<Item> = ["i0", "i1", "i2", "i3"]
+            .iter()
+            .map(|n| Item {
+                name: n.to_string(),
+                ..Item::default()
+            })
+            .collect();
+        let same = [b("i1", 0, 0, "A"), b("i1", 1, 1, "B")];
+        let e = bound_conflict(&item_bounds(&same, &items), 4, 2).unwrap();
+        assert!(e.contains("A and B conflict: both are in i1"), "{e}");
+        let order = [b("i1", 1, 1, "A"), b("i2", 0, 0, "B")];
+        let e = bound_conflict(&item_bounds(&order, &items), 4, 2).unwrap();
+        assert!(
+            e.contains("the second op comes later, in an earlier stage"),
+            "{e}"
+        );
     }
 }
