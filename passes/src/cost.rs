@@ -463,8 +463,15 @@ pub fn node_cost(
         };
         let input = n.inputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
         let output = n.outputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
+        let seconds = collective_seconds(cluster, mesh, &n.op, axes, input, output)?;
+        // A slice keeps this device's piece: no message, a local copy of the piece.
+        let seconds = if n.op == "nns.slice" {
+            device.op_time(0.0, 2.0 * output, false)
+        } else {
+            seconds
+        };
         return Some(NodeCost {
-            seconds: collective_seconds(cluster, mesh, &n.op, axes, input, output)?,
+            seconds,
             axes: Some(axes.clone()),
             ..NodeCost::default()
         });

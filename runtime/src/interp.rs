@@ -182,8 +182,16 @@ fn run_graph(
                 fail(&n.loc, format!("'{}' needs simulated devices: localize the function and run it on its mesh", n.op))
             })?;
             let here = |e: String| fail(&n.loc, format!("'{}': {e}", n.op));
+            // Communication is profiled too: its time includes waiting for the peers.
+            let start = profile.as_ref().map(|_| std::time::Instant::now());
+            let timed = |p: &mut Option<&mut Profile>| {
+                if let (Some(p), Some(t)) = (p.as_deref_mut(), start) {
+                    p.add(&n.op, t.elapsed().as_secs_f64());
+                }
+            };
             if n.op == "nns.recv" {
                 let t = dev.recv(n).map_err(here)?;
+                timed(&mut profile);
                 if !t.matches(&g.values[n.outputs[0]]) {
                     return Err(here(format!(
                         "received {} but the IR declares {}",
@@ -199,12 +207,14 @@ fn run_graph(
                 .expect("inputs are computed before use");
             if n.op == "nns.send" {
                 dev.send(n, x).map_err(here)?;
+                timed(&mut profile);
                 if last_use[n.inputs[0]] == k {
                     vals[n.inputs[0]] = None;
                 }
                 continue;
             }
             let t = dev.collective(n, x).map_err(here)?;
+            timed(&mut profile);
             if !t.matches(&g.values[n.outputs[0]]) {
                 return Err(fail(
                     &n.loc,
