@@ -335,6 +335,12 @@ impl Device {
         }
     }
 
+    /// Seconds of non-matrix op `op` of `flops` moving `bytes`: its roofline at the vector
+    /// rate and the memory bandwidth, through its kernel entry ([`Device::kernel_time`]).
+    pub fn vector_op_time(&self, op: &str, flops: f64, bytes: f64) -> f64 {
+        self.kernel_time(op, self.op_time(flops, bytes, false) - self.op_overhead)
+    }
+
     /// Seconds for an op of `flops` (`matrix`: at the matrix rate) moving `bytes`.
     pub fn op_time(&self, flops: f64, bytes: f64, matrix: bool) -> f64 {
         let compute = if matrix {
@@ -509,10 +515,7 @@ pub fn node_cost(
                 .max(bytes / device.memory_bandwidth),
         )
     } else {
-        device.kernel_time(
-            &n.op,
-            device.op_time(flops, bytes, false) - device.op_overhead,
-        )
+        device.vector_op_time(&n.op, flops, bytes)
     };
     Some(NodeCost {
         seconds,

@@ -1181,7 +1181,7 @@ fn accumulate_time(cluster: &Cluster, (bytes, tensors): (u64, u64), microbatches
     let d = &cluster.device;
     let n = tensors as f64;
     let (elems, moved) = (bytes as f64 / 4.0 / n, 3.0 * bytes as f64 / n);
-    let one = d.kernel_time("dnn.add", d.op_time(elems, moved, false) - d.op_overhead);
+    let one = d.vector_op_time("dnn.add", elems, moved);
     (microbatches - 1) as f64 * n * one
 }
 
@@ -1657,9 +1657,9 @@ pub fn search_with(
                     } else {
                         space.schedules.clone()
                     };
+                    let held = item_bounds(&bounds, &prof.items);
                     for sched in &schedules {
                         let stages = (pp * chunks(sched)) as usize;
-                        let held = item_bounds(&bounds, &prof.items);
                         if let Some(why) = bound_conflict(&held, prof.items.len(), stages) {
                             *out.entry(why).or_default() += space.recompute.len();
                             continue;

@@ -38,25 +38,24 @@ pub struct Profile {
 
 impl Profile {
     fn add(&mut self, op: &str, secs: f64) {
+        self.add_calls(op, 1, secs);
+    }
+
+    /// Adds `calls` calls of `op` taking `secs` in all.
+    fn add_calls(&mut self, op: &str, calls: usize, secs: f64) {
         match self.ops.iter_mut().find(|(n, _, _)| n == op) {
             Some(e) => {
-                e.1 += 1;
+                e.1 += calls;
                 e.2 += secs;
             }
-            None => self.ops.push((op.to_string(), 1, secs)),
+            None => self.ops.push((op.to_string(), calls, secs)),
         }
     }
 
     /// Adds `other`'s calls and seconds, op by op.
     pub fn merge(&mut self, other: &Profile) {
         for (op, calls, secs) in &other.ops {
-            match self.ops.iter_mut().find(|(n, _, _)| n == op) {
-                Some(e) => {
-                    e.1 += calls;
-                    e.2 += secs;
-                }
-                None => self.ops.push((op.clone(), *calls, *secs)),
-            }
+            self.add_calls(op, *calls, *secs);
         }
     }
 
