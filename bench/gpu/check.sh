@@ -3,7 +3,8 @@
 # bench/gpu/prepare.sh made (nothing is built or downloaded here):
 #   ./check.sh
 # Prints: the GPU; per case, agreement of the CUDA backend with the CPU runtime (whole
-# training steps, one device and dp2 x tp2 on 4 virtual devices); the nanoGPT GPU-config
+# training steps, one device, dp2 x tp2 on 4 virtual devices, and a pp2 x dp2 x tp2 1F1B
+# pipeline on 8); the nanoGPT GPU-config
 # step time against PyTorch eager on the same GPU; the GEMM rate against torch.matmul.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -21,7 +22,7 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so '; then
   fi
 fi
 status=0
-for c in gpt-tiny-step gpt-tiny-dptp nanogpt-cpu-step; do
+for c in gpt-tiny-step gpt-tiny-dptp gpt-tiny-pp nanogpt-cpu-step; do
   echo "== $c"
   if ./nnscaler-rt run "$c.nnsx" --backend cuda --repeat 3 --inputs "$c.in.safetensors" \
       --inputs "$c.params.safetensors" -o "$c.got.safetensors"; then

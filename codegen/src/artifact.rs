@@ -3,8 +3,8 @@
 //! plan that gives every buffer an offset in one arena, reusing the space of buffers no
 //! later step reads.
 
-use crate::kernel::{Body, Buf, Elt};
-use crate::program::{compile, BufId, Collective, Program, Work};
+use crate::kernel::{Body, Buf, Elt, Kernel};
+use crate::program::{compile_on, BufId, Collective, Devices, Program, Work};
 use crate::target::{host_shared_object, ptx, Gpu};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Mesh;
@@ -136,17 +136,86 @@ fn shards(
     Ok((global.iter().map(|&n| n as u64).collect(), per_device))
 }
 
-/// Compiles `g` (a whole program, or one device's with its module's `mesh`) for `gpu`;
-/// `source` names it.
-pub fn artifact(
-    g: &Graph,
-    source: &str,
-    mesh: Option<&Mesh>,
-    gpu: Gpu,
-) -> Result<nx::Artifact, String> {
-    let p: Program = compile(g, mesh)?;
+/// The kernels of every program, each distinct kernel once: ops that compute the same
+/// thing on buffers of the same shapes (a repeated layer, a fragment run for every
+/// micro-batch) share one.
+#[derive(Default)]
+struct Kernels {
+    list: Vec<Kernel>,
+    by_body: HashMap<String, usize>,
+}
 
-    // Buffers: the values launches touch, then the temporaries.
+impl Kernels {
+    /// The index of `k` (added under `prefix` + its name unless an equal one is there).
+    fn add(&mut self, k: &Kernel, prefix: &str) -> usize {
+        let key = format!("{:?}|{:?}|{:?}|{}", k.body, k.inputs, k.outputs, k.len);
+        *self.by_body.entry(key).or_insert_with(|| {
+            let mut k = k.clone();
+            k.name = format!("{prefix}{}", k.name);
+            self.list.push(k);
+            self.list.len() - 1
+        })
+    }
+}
+
+/// One program to compile: its function, the devices running it, and for each of its
+/// arguments and results the index of the step's port it is.
+struct Unit<'a> {
+    g: &'a Graph,
+    devs: Devices,
+    arg_ports: Vec<usize>,
+    result_ports: Vec<usize>,
+}
+
+/// Per device of a program, its piece's `[start, end)` per dim of the whole tensor.
+type Pieces = Vec<Vec<[u64; 2]>>;
+
+/// A port of `g` (argument or result `v` with `attrs`): the step's port and this
+/// program's devices' pieces of it (`dmesh`: the devices' mesh).
+fn port_of(
+    g: &Graph,
+    v: usize,
+    attrs: &Attrs,
+    fallback: String,
+    dmesh: Option<&Mesh>,
+    devs: &Devices,
+) -> Result<(nx::Port, Pieces), String> {
+    let name = match attrs.get("nns.name") {
+        Some(AttrValue::Str(s)) => s.clone(),
+        _ => fallback,
+    };
+    let local: Vec<usize> = g.values[v].shape.iter().map(|&d| d as usize).collect();
+    let (global_shape, all) = shards(attrs, &local, dmesh, &format!("'{name}'"))?;
+    let shards = devs.ids.iter().map(|&d| all[d].clone()).collect();
+    let port = nx::Port {
+        global_shape,
+        elt: elt(Buf::of(&g.values[v]).elt),
+        layout: attr_text(attrs.get("nns.layout")),
+        param: matches!(
+            attrs.get("nns.param"),
+            Some(AttrValue::Unit | AttrValue::Bool(true))
+        ),
+        name,
+    };
+    Ok((port, shards))
+}
+
+/// Compiles one program: its memory plan and steps, its kernels added to `kernels` and
+/// its constants' bytes to `consts`; `ports` are the step's (inputs, outputs), checked
+/// against what this program binds.
+fn program(
+    u: &Unit<'_>,
+    rank: Option<usize>,
+    mesh: Option<&Mesh>,
+    kernels: &mut Kernels,
+    consts: &mut Vec<u8>,
+    ports: (&mut [Option<nx::Port>], &mut [Option<nx::Port>]),
+) -> Result<nx::Program, String> {
+    let g = u.g;
+    let p: Program = compile_on(g, mesh, &u.devs)?;
+    let prefix = rank.map_or(String::new(), |r| format!("r{r}_"));
+
+    // Buffers: the values launches touch, then the temporaries and constants.
     let mut index: HashMap<BufId, usize> = HashMap::new();
     let mut bufs: Vec<Buf> = Vec::new();
     for (v, b) in p.values.iter().enumerate() {
@@ -192,54 +261,141 @@ pub fn artifact(
         .map(|b| b.len() as u64 * elt(b.elt).size())
         .collect();
     let (offsets, arena_bytes) = plan(&sizes, &live);
-    let port = |v: usize, attrs: &Attrs, fallback: String| -> Result<nx::Port, String> {
-        let name = match attrs.get("nns.name") {
-            Some(AttrValue::Str(s)) => s.clone(),
-            _ => fallback,
-        };
-        let local: Vec<usize> = g.values[v].shape.iter().map(|&d| d as usize).collect();
-        let (global_shape, shards) = shards(attrs, &local, mesh, &format!("'{name}'"))?;
-        Ok(nx::Port {
-            buffer: index[&BufId::Value(v)],
-            global_shape,
-            shards,
-            layout: attr_text(attrs.get("nns.layout")),
-            param: matches!(
-                attrs.get("nns.param"),
-                Some(AttrValue::Unit | AttrValue::Bool(true))
-            ),
-            name,
-        })
-    };
-    let sizes: Vec<i64> = mesh.map_or(Vec::new(), |m| m.axes.iter().map(|a| a.size).collect());
-    let header = nx::Header {
-        target: nx::Target {
-            sm: gpu.sm,
-            ptx: gpu.ptx,
-        },
-        source: source.to_string(),
-        mesh: mesh.map_or(Vec::new(), |m| {
-            m.axes
-                .iter()
-                .map(|a| nx::MeshAxis {
-                    name: a.name.clone(),
-                    size: a.size as u64,
-                })
-                .collect()
-        }),
-        inputs: g
-            .args
-            .iter()
-            .enumerate()
-            .map(|(i, a)| port(a.value, &a.attrs, format!("in{i}")))
-            .collect::<Result<_, _>>()?,
-        outputs: g
-            .outputs
-            .iter()
-            .enumerate()
-            .map(|(i, o)| port(o.value, &o.attrs, format!("out{i}")))
-            .collect::<Result<_, _>>()?,
 
+    // Where the step's tensors are.
+    let dmesh = mesh.map(Mesh::device_mesh);
+    let bind = |vals: &[(usize, &Attrs)],
+                which: &[usize],
+                table: &mut [Option<nx::Port>],
+                what: &str|
+     -> Result<Vec<nx::Binding>, String> {
+        vals.iter()
+            .zip(which)
+            .map(|(&(v, attrs), &k)| {
+                let (port, shards) =
+                    port_of(g, v, attrs, format!("{what}{k}"), dmesh.as_ref(), &u.devs)?;
+                match &table[k] {
+                    Some(seen) if *seen != port => {
+                        return Err(format!(
+                            "'{}' is {:?} {:?} in one program and {:?} {:?} in @{}",
+                            port.name,
+                            seen.elt,
+                            seen.global_shape,
+                            port.elt,
+                            port.global_shape,
+                            g.name
+                        ))
+                    }
+                    Some(_) => {}
+                    None => table[k] = Some(port),
+                }
+                Ok(nx::Binding {
+                    port: k,
+                    buffer: index[&BufId::Value(v)],
+                    shards,
+                })
+            })
+            .collect()
+    };
+    let args: Vec<(usize, &Attrs)> = g.args.iter().map(|a| (a.value, &a.attrs)).collect();
+    let results: Vec<(usize, &Attrs)> = p
+        .outputs
+        .iter()
+        .zip(&g.outputs)
+        .map(|(&v, o)| (v, &o.attrs))
+        .collect();
+    let inputs = bind(&args, &u.arg_ports, ports.0, "in")?;
+    let outputs = bind(&results, &u.result_ports, ports.1, "out")?;
+
+    let constants = p
+        .consts
+        .iter()
+        .enumerate()
+        .map(|(c, (_, values))| nx::Constant {
+            buffer: index[&BufId::Const(c)],
+            offsets: values
+                .iter()
+                .map(|v| {
+                    let at = consts.len() as u64;
+                    consts.extend_from_slice(v);
+                    at
+                })
+                .collect(),
+        })
+        .collect();
+    let kernel_ids: Vec<usize> = p.kernels.iter().map(|k| kernels.add(k, &prefix)).collect();
+    let dsizes: Vec<i64> = dmesh
+        .as_ref()
+        .map_or(Vec::new(), |m| m.axes.iter().map(|a| a.size).collect());
+    let steps = p
+        .launches
+        .iter()
+        .map(|l| {
+            let bufs: Vec<usize> = l.bufs.iter().map(|b| index[b]).collect();
+            Ok(match &l.work {
+                Work::Kernel(kernel) => nx::Step::Launch {
+                    kernel: kernel_ids[*kernel],
+                    buffers: bufs,
+                },
+                Work::Send { peer, tag } => nx::Step::Send {
+                    buffer: bufs[0],
+                    to: *peer,
+                    tag: tag.clone(),
+                },
+                Work::Recv { peer, tag } => nx::Step::Recv {
+                    buffer: bufs[0],
+                    from: *peer,
+                    tag: tag.clone(),
+                },
+                Work::Collective(c) => {
+                    let (input, output) = (bufs[0], bufs[1]);
+                    // The groups among this program's devices.
+                    let groups: Vec<Vec<usize>> = groups(&dsizes, c.axes())
+                        .into_iter()
+                        .filter(|gr| gr.iter().any(|d| u.devs.ids.contains(d)))
+                        .collect();
+                    if groups.iter().flatten().any(|d| !u.devs.ids.contains(d)) {
+                        return Err(format!(
+                            "a collective over {:?} spans devices of other pipeline ranks",
+                            c.axes()
+                        ));
+                    }
+                    match *c {
+                        Collective::AllReduce { max, .. } => nx::Step::AllReduce {
+                            input,
+                            output,
+                            groups,
+                            max,
+                        },
+                        Collective::AllGather { dim, .. } => nx::Step::AllGather {
+                            input,
+                            output,
+                            groups,
+                            dim,
+                        },
+                        Collective::Slice { dim, .. } => nx::Step::Slice {
+                            input,
+                            output,
+                            groups,
+                            dim,
+                        },
+                        Collective::ReduceScatter { dim, max, .. } => nx::Step::ReduceScatter {
+                            input,
+                            output,
+                            groups,
+                            dim,
+                            max,
+                        },
+                    }
+                }
+            })
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(nx::Program {
+        name: g.name.clone(),
+        devices: u.devs.ids.clone(),
+        inputs,
+        outputs,
         buffers: bufs
             .iter()
             .zip(&offsets)
@@ -250,26 +406,74 @@ pub fn artifact(
             })
             .collect(),
         arena_bytes,
-        constants: {
-            let mut off = 0u64;
-            p.consts
+        constants,
+        steps,
+    })
+}
+
+/// Compiles `units` (one SPMD program, or a pipeline's ranks in order) into an artifact
+/// with `inputs` and `outputs` ports.
+fn build(
+    units: &[Unit<'_>],
+    ports: (usize, usize),
+    source: &str,
+    mesh: Option<&Mesh>,
+    pipeline_axis: Option<String>,
+    gpu: Gpu,
+) -> Result<nx::Artifact, String> {
+    let mut kernels = Kernels::default();
+    let mut consts = Vec::new();
+    let mut ins: Vec<Option<nx::Port>> = vec![None; ports.0];
+    let mut outs: Vec<Option<nx::Port>> = vec![None; ports.1];
+    let rank = |r: usize| pipeline_axis.as_ref().map(|_| r);
+    let programs = units
+        .iter()
+        .enumerate()
+        .map(|(r, u)| {
+            program(
+                u,
+                rank(r),
+                mesh,
+                &mut kernels,
+                &mut consts,
+                (&mut ins, &mut outs),
+            )
+            .map_err(|e| {
+                if pipeline_axis.is_some() {
+                    format!("@{}: {e}", u.g.name)
+                } else {
+                    e
+                }
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let complete = |t: Vec<Option<nx::Port>>, what: &str| -> Result<Vec<nx::Port>, String> {
+        t.into_iter()
+            .enumerate()
+            .map(|(k, p)| p.ok_or_else(|| format!("no program has the step's {what} {k}")))
+            .collect()
+    };
+    let header = nx::Header {
+        target: nx::Target {
+            sm: gpu.sm,
+            ptx: gpu.ptx,
+        },
+        source: source.to_string(),
+        mesh: mesh.map_or(Vec::new(), |m| {
+            m.device_mesh()
+                .axes
                 .iter()
-                .enumerate()
-                .map(|(c, (_, values))| nx::Constant {
-                    buffer: index[&BufId::Const(c)],
-                    offsets: values
-                        .iter()
-                        .map(|v| {
-                            let at = off;
-                            off += v.len() as u64;
-                            at
-                        })
-                        .collect(),
+                .map(|a| nx::MeshAxis {
+                    name: a.name.clone(),
+                    size: a.size as u64,
                 })
                 .collect()
-        },
-        kernels: p
-            .kernels
+        }),
+        pipeline_axis,
+        inputs: complete(ins, "argument")?,
+        outputs: complete(outs, "result")?,
+        kernels: kernels
+            .list
             .iter()
             .map(|k| nx::Kernel {
                 name: k.name.clone(),
@@ -290,59 +494,11 @@ pub fn artifact(
                 },
             })
             .collect(),
-        steps: p
-            .launches
-            .iter()
-            .map(|l| {
-                let bufs: Vec<usize> = l.bufs.iter().map(|b| index[b]).collect();
-                match &l.work {
-                    Work::Kernel(kernel) => nx::Step::Launch {
-                        kernel: *kernel,
-                        buffers: bufs,
-                    },
-                    Work::Collective(c) => {
-                        let (input, output) = (bufs[0], bufs[1]);
-                        let groups = groups(&sizes, c.axes());
-                        match *c {
-                            Collective::AllReduce { max, .. } => nx::Step::AllReduce {
-                                input,
-                                output,
-                                groups,
-                                max,
-                            },
-                            Collective::AllGather { dim, .. } => nx::Step::AllGather {
-                                input,
-                                output,
-                                groups,
-                                dim,
-                            },
-                            Collective::Slice { dim, .. } => nx::Step::Slice {
-                                input,
-                                output,
-                                groups,
-                                dim,
-                            },
-                            Collective::ReduceScatter { dim, max, .. } => nx::Step::ReduceScatter {
-                                input,
-                                output,
-                                groups,
-                                dim,
-                                max,
-                            },
-                        }
-                    }
-                }
-            })
-            .collect(),
+        programs,
         sections: Vec::new(),
     };
-    let ptx_text = ptx(&p.kernels, gpu)?;
-    let so = host_shared_object(&p.kernels)?;
-    let consts: Vec<u8> = p
-        .consts
-        .iter()
-        .flat_map(|(_, v)| v.iter().flatten().copied())
-        .collect();
+    let ptx_text = ptx(&kernels.list, gpu)?;
+    let so = host_shared_object(&kernels.list)?;
     Ok(nx::Artifact {
         header,
         sections: [
@@ -353,6 +509,108 @@ pub fn artifact(
         .chain((!consts.is_empty()).then(|| ("consts".to_string(), consts)))
         .collect(),
     })
+}
+
+/// Compiles `g` (a whole program, or one device's with its module's `mesh`, run by every
+/// device) for `gpu`; `source` names it. Calls of functions with bodies are inlined when
+/// `g` is linked to them.
+pub fn artifact(
+    g: &Graph,
+    source: &str,
+    mesh: Option<&Mesh>,
+    gpu: Gpu,
+) -> Result<nx::Artifact, String> {
+    if mesh.is_some_and(|m| m.microbatch_axis().is_some()) {
+        return Err(format!(
+            "@{} is cut into micro-batches, which only a pipeline schedule runs: compile the pipeline's programs (a --schedule-* pass)",
+            g.name
+        ));
+    }
+    let unit = Unit {
+        g,
+        devs: Devices::all(mesh),
+        arg_ports: (0..g.args.len()).collect(),
+        result_ports: (0..g.outputs.len()).collect(),
+    };
+    build(
+        std::slice::from_ref(&unit),
+        (g.args.len(), g.outputs.len()),
+        source,
+        mesh,
+        None,
+        gpu,
+    )
+}
+
+/// Compiles a pipeline: `programs[r]` (localized, linked to its fragments: the programs
+/// of a `--schedule-*` pass, `nns.pipeline_rank = r`) runs on the devices at rank `r` of
+/// `mesh`'s axis `axis`. The step's ports are the original function's arguments and
+/// results (`nns.arg`, `nns.result` on the programs' own), in their order.
+pub fn pipeline_artifact(
+    programs: &[Graph],
+    source: &str,
+    mesh: &Mesh,
+    axis: &str,
+    gpu: Gpu,
+) -> Result<nx::Artifact, String> {
+    let dmesh = mesh.device_mesh();
+    let ai = dmesh
+        .axes
+        .iter()
+        .position(|a| a.name == axis)
+        .ok_or_else(|| format!("mesh '@{}' has no pipeline axis '{axis}'", mesh.name))?;
+    if programs.len() != dmesh.axes[ai].size as usize {
+        return Err(format!(
+            "{} programs for the {} ranks of '{axis}'",
+            programs.len(),
+            dmesh.axes[ai].size
+        ));
+    }
+    let index = |attrs: &Attrs, key: &str, what: &str| match attrs.get(key) {
+        Some(AttrValue::Int(i)) if *i >= 0 => Ok(*i as usize),
+        _ => Err(format!("a pipeline program's {what} carries no '{key}'")),
+    };
+    // The step's arguments and results: the indices the programs name, in order.
+    let mut arg_ids = std::collections::BTreeSet::new();
+    let mut res_ids = std::collections::BTreeSet::new();
+    let mut units = Vec::new();
+    for (r, g) in programs.iter().enumerate() {
+        let at = |e: String| format!("@{}: {e}", g.name);
+        let arg_ports = g
+            .args
+            .iter()
+            .map(|a| index(&a.attrs, "nns.arg", "argument").map_err(at))
+            .collect::<Result<Vec<_>, _>>()?;
+        let result_ports = g
+            .outputs
+            .iter()
+            .map(|o| index(&o.attrs, "nns.result", "result").map_err(at))
+            .collect::<Result<Vec<_>, _>>()?;
+        arg_ids.extend(arg_ports.iter().copied());
+        res_ids.extend(result_ports.iter().copied());
+        units.push(Unit {
+            g,
+            devs: Devices::rank(mesh, ai, r),
+            arg_ports,
+            result_ports,
+        });
+    }
+    // Dense port numbers in the original order.
+    let dense = |ids: &std::collections::BTreeSet<usize>, k: usize| {
+        ids.iter().position(|&i| i == k).expect("collected above")
+    };
+    for u in &mut units {
+        u.arg_ports = u.arg_ports.iter().map(|&k| dense(&arg_ids, k)).collect();
+        u.result_ports = u.result_ports.iter().map(|&k| dense(&res_ids, k)).collect();
+    }
+    build(
+        &units,
+        (arg_ids.len(), res_ids.len()),
+        source,
+        Some(mesh),
+        Some(axis.to_string()),
+        gpu,
+    )
 }
 
 #[cfg(test)]

@@ -7,9 +7,10 @@
 //!   how a function's elementwise ops fuse into kernels;
 //! * [`llvm`]: the IR: one body per kernel, math functions with the runtime's algorithms,
 //!   and the PTX and host entry points;
-//! * [`program`]: a whole function as launches;
-//! * [`artifact`]: a function compiled to an `.nnsx` artifact (PTX, host shared object,
-//!   launch plan, memory plan) for `nnscaler-rt`;
+//! * [`program`]: a whole function as launches (calls inlined, a pipeline rank's sends
+//!   and receives as steps);
+//! * [`artifact`]: a function, or a pipeline's programs, compiled to an `.nnsx` artifact
+//!   (PTX, host shared object, launch plans, memory plans) for `nnscaler-rt`;
 //! * [`target`]: PTX text for a GPU ([`target::Gpu`]), or host-JIT kernels that run an
 //!   op's or a whole function's launches.
 //!
@@ -18,7 +19,8 @@
 //! gradients, embedding and its gradient, cross-entropy and its gradient, AdamW and
 //! clipping's factor, rotary, dropout, the vocabulary-parallel pieces,
 //! slice, pad, concat, split, broadcast_to, max_grad: every dnn op ([`kernel::covered`]).
-//! Not built yet (issue 13): faster kernels (tiling, block-per-row reductions), mixed precision.
+//! Not built yet (issue 13): faster kernels (tiling, block-per-row reductions), 2-byte bf16
+//! buffers (bf16 values live in f32 buffers, rounded where stored).
 
 pub mod artifact;
 pub mod kernel;
@@ -26,7 +28,7 @@ pub mod llvm;
 pub mod program;
 pub mod target;
 
-pub use artifact::artifact;
+pub use artifact::{artifact, pipeline_artifact};
 pub use kernel::{covered, fuse, lower, Body, Buf, Elt, Group, Kernel, Lowered, Slot};
-pub use program::{compile, BufId, Collective, Launch, Program, Work};
+pub use program::{compile, compile_on, inline, BufId, Collective, Devices, Launch, Program, Work};
 pub use target::{host_shared_object, llvm_ir, ptx, Data, Gpu, HostKernels};

@@ -2,6 +2,12 @@
 //! elementwise chains fused ([`crate::kernel::fuse`]), one buffer per value that a launch
 //! reads or writes, temporaries per op. The launch plan an artifact will carry; on the
 //! host it runs through [`crate::target::HostKernels::run_program`].
+//!
+//! Calls of functions with bodies are inlined first ([`inline`]): a pipeline rank's
+//! program (`--schedule-*`) becomes one launch plan with its fragments' ops in the
+//! schedule's order, each at its micro-batch (what a shard's per-device offsets, and so
+//! dropout's masks, depend on); its `nns.microbatch` cuts become copy kernels and its
+//! `nns.send` / `nns.recv` become [`Work::Send`] / [`Work::Recv`] steps.
 
 use crate::kernel::{fuse, lower, Body, Buf, ConstValues, Elt, Kernel, Slot};
 use nnscaler_dialects::dnn;
@@ -79,6 +85,20 @@ pub enum Work {
     Kernel(usize),
     /// A collective (buffers: input, output).
     Collective(Collective),
+    /// Sends its buffer to the same device of pipeline rank `peer` (buffers: the value).
+    Send {
+        /// The receiving rank.
+        peer: usize,
+        /// Matches the receive.
+        tag: String,
+    },
+    /// Receives its buffer from pipeline rank `peer` (buffers: the value).
+    Recv {
+        /// The sending rank.
+        peer: usize,
+        /// Matches the send.
+        tag: String,
+    },
 }
 
 /// One step: a kernel launch or a collective.
@@ -92,24 +112,23 @@ pub struct Launch {
     pub nodes: Vec<usize>,
 }
 
-/// The collective of an `nns` op, with its axes as mesh indices.
+/// The collective of an `nns` op, with its axes as indices into the devices' mesh (the
+/// module's mesh without its micro-batch axis).
 fn collective(n: &Node, mesh: Option<&Mesh>) -> Result<Option<Collective>, String> {
     let kind = match n.op.as_str() {
         "nns.all_reduce" | "nns.all_gather" | "nns.reduce_scatter" | "nns.slice" => n.op.as_str(),
         _ => return Ok(None),
     };
-    let mesh = mesh.ok_or_else(|| format!("'{kind}' needs the module's mesh"))?;
-    if mesh.axes.iter().any(|a| a.microbatches) {
-        return Err("a pipelined program (a micro-batch axis) cannot be compiled yet".into());
-    }
+    let mesh = mesh
+        .ok_or_else(|| format!("'{kind}' needs the module's mesh"))?
+        .device_mesh();
     let axes: Vec<usize> = match n.attrs.get("axes") {
         Some(AttrValue::Strs(names)) => names
             .iter()
             .map(|a| {
-                mesh.axes
-                    .iter()
-                    .position(|x| &x.name == a)
-                    .ok_or_else(|| format!("'{kind}' names unknown mesh axis '{a}'"))
+                mesh.axes.iter().position(|x| &x.name == a).ok_or_else(|| {
+                    format!("'{kind}' names '{a}', which is not an axis of the devices' mesh (a pipeline accumulates micro-batches with dnn.add, not collectives)")
+                })
             })
             .collect::<Result<_, _>>()?,
         _ => return Err(format!("'{kind}' requires 'axes'")),
@@ -148,8 +167,83 @@ pub struct Program {
     pub outputs: Vec<ValueId>,
 }
 
-/// A constant's bytes: one value, or one per device of `mesh` (row-major).
-fn const_bytes(v: &ConstValues, mesh: Option<&Mesh>) -> Result<Vec<Vec<u8>>, String> {
+/// The devices a program runs on: their numbers on the devices' mesh (the module's mesh
+/// without its micro-batch axis) and their coordinates on the module's whole mesh (the
+/// micro-batch axis, if any, at 0: an op inlined from a pipeline fragment sees its
+/// micro-batch there).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Devices {
+    /// Sizes of the whole mesh's axes (empty: one device, no mesh).
+    pub sizes: Vec<i64>,
+    /// The micro-batch axis, an index into `sizes`.
+    pub microbatch_axis: Option<usize>,
+    /// Row-major numbers on the devices' mesh, increasing.
+    pub ids: Vec<usize>,
+    /// Per device, its coordinates on the whole mesh.
+    pub coords: Vec<Vec<usize>>,
+}
+
+impl Devices {
+    /// Every device of `mesh`'s devices (one without a mesh).
+    pub fn all(mesh: Option<&Mesh>) -> Self {
+        Self::select(mesh, |_| true)
+    }
+
+    /// The devices of `mesh` at rank `rank` of axis `axis` (an index into the devices'
+    /// mesh, `mesh` without its micro-batch axis).
+    pub fn rank(mesh: &Mesh, axis: usize, rank: usize) -> Self {
+        Self::select(Some(mesh), |c| c[axis] == rank)
+    }
+
+    /// The devices whose coordinates on the devices' mesh pass `keep`.
+    fn select(mesh: Option<&Mesh>, keep: impl Fn(&[usize]) -> bool) -> Self {
+        let Some(mesh) = mesh else {
+            return Devices {
+                sizes: Vec::new(),
+                microbatch_axis: None,
+                ids: vec![0],
+                coords: vec![Vec::new()],
+            };
+        };
+        let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
+        let mb = mesh.axes.iter().position(|a| a.microbatches);
+        let dsizes: Vec<i64> = mesh
+            .axes
+            .iter()
+            .filter(|a| !a.microbatches)
+            .map(|a| a.size)
+            .collect();
+        let n: usize = dsizes.iter().map(|&s| s as usize).product();
+        let (mut ids, mut coords) = (Vec::new(), Vec::new());
+        for d in 0..n {
+            let c = nnscaler_dialects::sharding::coords(&dsizes, d);
+            if !keep(&c) {
+                continue;
+            }
+            let mut full = c;
+            if let Some(m) = mb {
+                full.insert(m, 0);
+            }
+            ids.push(d);
+            coords.push(full);
+        }
+        Devices {
+            sizes,
+            microbatch_axis: mb,
+            ids,
+            coords,
+        }
+    }
+}
+
+/// A constant's bytes: one value, or one per device of `devs` (the device at micro-batch
+/// `mb` when the op is a fragment's).
+fn const_bytes(
+    v: &ConstValues,
+    mesh: Option<&Mesh>,
+    devs: &Devices,
+    mb: Option<usize>,
+) -> Result<Vec<Vec<u8>>, String> {
     match v {
         ConstValues::F32(x) => Ok(vec![x.iter().flat_map(|f| f.to_le_bytes()).collect()]),
         ConstValues::Offsets(dims) => {
@@ -163,6 +257,8 @@ fn const_bytes(v: &ConstValues, mesh: Option<&Mesh>) -> Result<Vec<Vec<u8>>, Str
                             len: *len,
                         },
                         mesh,
+                        devs,
+                        mb,
                     )
                 })
                 .collect::<Result<_, _>>()?;
@@ -181,7 +277,6 @@ fn const_bytes(v: &ConstValues, mesh: Option<&Mesh>) -> Result<Vec<Vec<u8>>, Str
         }
         ConstValues::Offset { axes, len } => {
             let mesh = mesh.ok_or("a shard's offset needs the module's mesh")?;
-            let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
             let idx: Vec<usize> = axes
                 .iter()
                 .map(|a| {
@@ -191,13 +286,17 @@ fn const_bytes(v: &ConstValues, mesh: Option<&Mesh>) -> Result<Vec<Vec<u8>>, Str
                         .ok_or_else(|| format!("unknown mesh axis '{a}'"))
                 })
                 .collect::<Result<_, _>>()?;
-            let devices: usize = sizes.iter().map(|&s| s as usize).product();
-            Ok((0..devices)
-                .map(|d| {
-                    let c = nnscaler_dialects::sharding::coords(&sizes, d);
+            Ok(devs
+                .coords
+                .iter()
+                .map(|c| {
+                    let mut c = c.clone();
+                    if let (Some(m), Some(j)) = (devs.microbatch_axis, mb) {
+                        c[m] = j;
+                    }
                     let block = idx
                         .iter()
-                        .fold(0usize, |b, &a| b * sizes[a] as usize + c[a]);
+                        .fold(0usize, |b, &a| b * devs.sizes[a] as usize + c[a]);
                     ((block * len) as i64).to_le_bytes().to_vec()
                 })
                 .collect())
@@ -205,9 +304,92 @@ fn const_bytes(v: &ConstValues, mesh: Option<&Mesh>) -> Result<Vec<Vec<u8>>, Str
     }
 }
 
+/// `g` with every call of a function with a body (in `g.callees`: [`Graph::link`])
+/// replaced by the callee's ops, recursively; and per op of the result, the micro-batch
+/// of the pipeline fragment it came from (`nns.fragment = "<stage><F|B|W><mb>"` on the
+/// call). Calls of declarations (user ops with C kernels) stay calls.
+pub fn inline(g: &Graph) -> Result<(Graph, Vec<Option<usize>>), String> {
+    let mut out = Graph {
+        nodes: Vec::new(),
+        ..g.clone()
+    };
+    let mut mbs = Vec::new();
+    let map: Vec<ValueId> = (0..g.values.len()).collect();
+    let results = inline_into(g, &mut out, &mut mbs, map, None, 0)?;
+    for (o, v) in out.outputs.iter_mut().zip(results) {
+        o.value = v;
+    }
+    Ok((out, mbs))
+}
+
+/// Appends `f`'s ops to `out`, its values renamed by `map` (its arguments' already set).
+fn inline_into(
+    f: &Graph,
+    out: &mut Graph,
+    mbs: &mut Vec<Option<usize>>,
+    mut map: Vec<ValueId>,
+    mb: Option<usize>,
+    depth: usize,
+) -> Result<Vec<ValueId>, String> {
+    if depth > 16 {
+        return Err(format!("@{}: calls nest more than 16 deep", f.name));
+    }
+    let outer = out.callees.clone();
+    for n in &f.nodes {
+        let callee = (n.op == "func.call")
+            .then(|| nnscaler_dialects::userop::callee(&n.attrs))
+            .flatten()
+            .and_then(|name| f.callees.get(name).or_else(|| outer.get(name)))
+            .filter(|c| !c.nodes.is_empty() || !c.outputs.is_empty());
+        let Some(c) = callee else {
+            let mut m = n.clone();
+            m.inputs = n.inputs.iter().map(|&v| map[v]).collect();
+            m.outputs = n.outputs.iter().map(|&v| map[v]).collect();
+            out.nodes.push(m);
+            mbs.push(mb);
+            continue;
+        };
+        if c.args.len() != n.inputs.len() || c.outputs.len() != n.outputs.len() {
+            return Err(format!(
+                "{}: @{} takes {} arguments and returns {} results; the call has {} and {}",
+                n.loc,
+                c.name,
+                c.args.len(),
+                c.outputs.len(),
+                n.inputs.len(),
+                n.outputs.len()
+            ));
+        }
+        let frag_mb = match n.attrs.get("nns.fragment") {
+            Some(AttrValue::Str(t)) => t
+                .rfind(['F', 'B', 'W'])
+                .and_then(|k| t[k + 1..].parse::<usize>().ok()),
+            _ => None,
+        };
+        // The callee's values get fresh ids; its arguments are the call's operands.
+        let mut cmap: Vec<ValueId> = c.values.iter().map(|t| out.new_value(t.clone())).collect();
+        for (a, &v) in c.args.iter().zip(&n.inputs) {
+            cmap[a.value] = map[v];
+        }
+        let results = inline_into(c, out, mbs, cmap, frag_mb.or(mb), depth + 1)?;
+        for (&v, r) in n.outputs.iter().zip(results) {
+            map[v] = r;
+        }
+    }
+    Ok(f.outputs.iter().map(|o| map[o.value]).collect())
+}
+
 /// Lowers every op of `g` to launches; an op without kernels is an error naming it and
 /// its location. `mesh` is the module's mesh, for a per-device program's collectives.
 pub fn compile(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
+    compile_on(g, mesh, &Devices::all(mesh))
+}
+
+/// [`compile`] for the devices `devs` of `mesh` (a pipeline rank's), with calls of
+/// functions with bodies inlined ([`inline`]; `g` linked to its callees).
+pub fn compile_on(g: &Graph, mesh: Option<&Mesh>, devs: &Devices) -> Result<Program, String> {
+    let (g, mbs) = inline(g)?;
+    let g = &g;
     let groups = fuse(g)?;
     // The launch of each group goes where its last op (its output's producer) stood.
     let mut group_at: HashMap<usize, usize> = HashMap::new();
@@ -273,6 +455,67 @@ pub fn compile(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
             }
             return Err(at(format!("'{}' of integers has no GPU path yet", n.op)));
         }
+        let int_attr = |key: &str| match n.attrs.get(key) {
+            Some(AttrValue::Int(i)) if *i >= 0 => Ok(*i as usize),
+            _ => Err(at(format!("'{}' requires '{key}'", n.op))),
+        };
+        if n.op == "nns.microbatch" {
+            // Micro-batch `index` of a data input: a window along `dim`.
+            let (dim, index) = (int_attr("dim")?, int_attr("index")?);
+            let (i, o) = (
+                Buf::of(&g.values[n.inputs[0]]),
+                Buf::of(&g.values[n.outputs[0]]),
+            );
+            let Some(&len) = o.shape.get(dim) else {
+                return Err(at(format!("'nns.microbatch' dim {dim} is beyond its rank")));
+            };
+            if i.shape
+                .get(dim)
+                .is_none_or(|&whole| (index + 1) * len > whole)
+            {
+                return Err(at(format!(
+                    "'nns.microbatch' {index} of length {len} lies outside its input {:?}",
+                    i.shape
+                )));
+            }
+            touch(&mut p, n.inputs[0]);
+            touch(&mut p, n.outputs[0]);
+            p.launches.push(Launch {
+                work: Work::Kernel(p.kernels.len()),
+                bufs: vec![BufId::Value(n.inputs[0]), BufId::Value(n.outputs[0])],
+                nodes: vec![k],
+            });
+            p.kernels.push(Kernel {
+                name: format!("n{k}_microbatch"),
+                body: Body::Window {
+                    dim,
+                    start: index * len,
+                },
+                inputs: vec![i],
+                outputs: vec![o.clone()],
+                len: o.len(),
+            });
+            continue;
+        }
+        if n.op == "nns.send" || n.op == "nns.recv" {
+            let peer = int_attr("peer")?;
+            let tag = match n.attrs.get("tag") {
+                Some(AttrValue::Str(t)) => t.clone(),
+                _ => return Err(at(format!("'{}' requires 'tag'", n.op))),
+            };
+            let (v, work) = if n.op == "nns.send" {
+                (n.inputs[0], Work::Send { peer, tag })
+            } else {
+                (n.outputs[0], Work::Recv { peer, tag })
+            };
+            touch(&mut p, v);
+            p.launches.push(Launch {
+                work,
+                bufs: vec![BufId::Value(v)],
+                nodes: vec![k],
+            });
+            continue;
+        }
         if n.op == "nns.partition" {
             // R -> V(sum): each device keeps value / n, as the CPU devices compute it.
             let mesh = mesh.ok_or_else(|| at("'nns.partition' needs the module's mesh".into()))?;
@@ -317,7 +560,7 @@ pub fn compile(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
         let const0 = p.consts.len();
         for (b, v) in &l.consts {
             p.consts
-                .push((b.clone(), const_bytes(v, mesh).map_err(at)?));
+                .push((b.clone(), const_bytes(v, mesh, devs, mbs[k]).map_err(at)?));
         }
         for &v in n.inputs.iter().chain(&n.outputs) {
             touch(&mut p, v);

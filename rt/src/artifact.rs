@@ -4,8 +4,12 @@
 //! "NNSX" | version: u32 LE | header length: u64 LE | header (JSON, UTF-8) | sections
 //! ```
 //!
-//! The header ([`Header`]) holds the signature, the memory plan (every buffer's offset in
-//! one arena per device), the kernels with their launch geometry, and the steps in order;
+//! The header ([`Header`]) holds the step's signature, the kernels with their launch
+//! geometry, and one or more programs ([`Program`]): the devices that run it, where it
+//! keeps the signature's tensors, its memory plan (every buffer's offset in one arena per
+//! device) and its steps in order. A partitioned (SPMD) program is one program that every
+//! device runs; a pipeline has one program per pipeline rank, which exchange tensors by
+//! [`Step::Send`] and [`Step::Recv`];
 //! sections follow it back to back, each with its byte range and FNV-1a 64 checksum in
 //! the header: `ptx` (the kernels for the GPU) and `host.so` (the same kernels compiled
 //! for the host CPU as a shared object, entry points `<kernel>.host(ptr args, i64 n)`).
@@ -18,7 +22,7 @@ use serde::{Deserialize, Serialize};
 /// The file's first four bytes.
 pub const MAGIC: &[u8; 4] = b"NNSX";
 /// The format version this build reads and writes.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Threads per block of every kernel launch.
 pub const BLOCK: u32 = 256;
 
@@ -86,24 +90,34 @@ pub struct MeshAxis {
     pub size: u64,
 }
 
-/// An argument or result of the program.
+/// A tensor of the step's signature: an argument or a result.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Port {
     /// Its `nns.name` (`in<k>` / `out<k>` when it has none).
     pub name: String,
-    /// Its buffer.
-    pub buffer: usize,
-    /// The whole tensor's shape (the buffer holds one device's piece of it).
+    /// The whole tensor's shape (each device's buffer holds its piece of it).
     pub global_shape: Vec<u64>,
-    /// Per device, the piece's index range `[start, end)` along each dim of the whole
-    /// tensor (devices with equal ranges hold replicas).
-    pub shards: Vec<Vec<[u64; 2]>>,
+    /// Element type.
+    pub elt: Elt,
     /// Its `nns.layout` on the mesh, when the program is one device's share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<String>,
     /// A parameter (`nns.param`).
     #[serde(default)]
     pub param: bool,
+}
+
+/// Where a program keeps a port: its buffer, and each device's piece.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Binding {
+    /// Index into [`Header::inputs`] (in a program's `inputs`) or [`Header::outputs`].
+    pub port: usize,
+    /// Index into the program's buffers.
+    pub buffer: usize,
+    /// Per device of the program (in [`Program::devices`]' order), the piece's index
+    /// range `[start, end)` along each dim of the whole tensor (devices with equal ranges
+    /// hold replicas).
+    pub shards: Vec<Vec<[u64; 2]>>,
 }
 
 /// A matrix product a kernel computes, for a runtime that calls a BLAS instead.
@@ -200,16 +214,37 @@ pub enum Step {
         /// Maximum instead of sum.
         max: bool,
     },
+    /// Each device's `buffer` goes to the device in the same place of program `to` (the
+    /// k-th device of one program exchanges with the k-th of the other); it does not wait.
+    Send {
+        /// Buffer read.
+        buffer: usize,
+        /// The receiving program (an index into [`Header::programs`]).
+        to: usize,
+        /// Matches the receive.
+        tag: String,
+    },
+    /// Waits for the [`Step::Send`] of program `from` with `tag` and writes what it sent
+    /// into `buffer`.
+    Recv {
+        /// Buffer written.
+        buffer: usize,
+        /// The sending program.
+        from: usize,
+        /// Matches the send.
+        tag: String,
+    },
 }
 
 /// A buffer whose values are fixed at compile time (rotary's tables, a shard's offset):
-/// written into every device's arena before the first step, from the `consts` section.
+/// written into the arena of every device of its program before the first step, from the
+/// `consts` section.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Constant {
     /// The buffer.
     pub buffer: usize,
     /// Byte offsets in the `consts` section: one (every device reads it), or one per
-    /// device.
+    /// device of the program.
     pub offsets: Vec<u64>,
 }
 
@@ -226,6 +261,30 @@ pub struct Section {
     pub fnv1a64: String,
 }
 
+/// One program: the devices that run it, where it keeps the step's tensors, its memory
+/// plan and its steps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Program {
+    /// The compiled function (`train.pp1`).
+    pub name: String,
+    /// The devices that run it (increasing; row-major numbers on the mesh).
+    pub devices: Vec<usize>,
+    /// The arguments it reads.
+    pub inputs: Vec<Binding>,
+    /// The results it computes.
+    pub outputs: Vec<Binding>,
+    /// The memory plan.
+    pub buffers: Vec<Buffer>,
+    /// Bytes of the arena every buffer lies in (one arena per device).
+    pub arena_bytes: u64,
+    /// Buffers with compile-time values.
+    #[serde(default)]
+    pub constants: Vec<Constant>,
+    /// What runs, in order.
+    pub steps: Vec<Step>,
+}
+
 /// The header.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -234,25 +293,21 @@ pub struct Header {
     pub target: Target,
     /// The compiled function, as `file @name`.
     pub source: String,
-    /// The mesh of a per-device program (empty: one device); devices are numbered
-    /// row-major over its axes.
+    /// The devices' mesh (empty: one device); devices are numbered row-major over its
+    /// axes.
     #[serde(default)]
     pub mesh: Vec<MeshAxis>,
-    /// Arguments, in order.
+    /// For a pipeline: the mesh axis whose rank `r` runs `programs[r]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_axis: Option<String>,
+    /// The step's arguments, in order.
     pub inputs: Vec<Port>,
-    /// Results, in order.
+    /// The step's results, in order.
     pub outputs: Vec<Port>,
-    /// The memory plan.
-    pub buffers: Vec<Buffer>,
-    /// Bytes of the arena every buffer lies in.
-    pub arena_bytes: u64,
-    /// Buffers with compile-time values.
-    #[serde(default)]
-    pub constants: Vec<Constant>,
-    /// The kernels.
+    /// The kernels (every program's).
     pub kernels: Vec<Kernel>,
-    /// What runs, in order.
-    pub steps: Vec<Step>,
+    /// The programs; every device runs exactly one.
+    pub programs: Vec<Program>,
     /// The sections.
     pub sections: Vec<Section>,
 }
@@ -277,9 +332,14 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 }
 
 impl Artifact {
-    /// Devices the program runs on.
+    /// Devices the programs run on.
     pub fn devices(&self) -> usize {
         self.header.mesh.iter().map(|a| a.size as usize).product()
+    }
+
+    /// Steps of every program.
+    pub fn steps(&self) -> usize {
+        self.header.programs.iter().map(|p| p.steps.len()).sum()
     }
 
     /// A section's bytes.
@@ -369,39 +429,115 @@ impl Artifact {
         Ok(a)
     }
 
-    /// The plan addresses only inside its arena, and every index is in range.
+    /// The plans address only inside their arenas, every index is in range, every device
+    /// runs one program, and every send has its receive.
     fn check(&self) -> Result<(), String> {
         let h = &self.header;
-        for (i, b) in h.buffers.iter().enumerate() {
-            if b.offset % 256 != 0 || b.offset.saturating_add(b.bytes()) > h.arena_bytes {
+        let devices = self.devices();
+        if h.programs.is_empty() {
+            return Err("the artifact has no program".into());
+        }
+        let mut owner: Vec<Option<usize>> = vec![None; devices];
+        for (pi, p) in h.programs.iter().enumerate() {
+            for &d in &p.devices {
+                if d >= devices || owner[d].replace(pi).is_some() {
+                    return Err(format!(
+                        "program '{}' names device {d}, which is not a device of the mesh or runs another program",
+                        p.name
+                    ));
+                }
+            }
+            if !p.devices.windows(2).all(|w| w[0] < w[1]) {
+                return Err(format!(
+                    "program '{}' lists its devices out of order",
+                    p.name
+                ));
+            }
+        }
+        if let Some(d) = owner.iter().position(Option::is_none) {
+            return Err(format!("device {d} runs no program"));
+        }
+        let mut computed = vec![0usize; h.outputs.len()];
+        for (pi, p) in h.programs.iter().enumerate() {
+            self.check_program(p)
+                .map_err(|e| format!("program '{}': {e}", p.name))?;
+            for b in &p.outputs {
+                if let Some(c) = computed.get_mut(b.port) {
+                    *c += 1;
+                }
+            }
+            // Every send has a receive of the same tag there, on a buffer like its own.
+            for (i, s) in p.steps.iter().enumerate() {
+                let Step::Send { buffer, to, tag } = s else {
+                    continue;
+                };
+                let q = h
+                    .programs
+                    .get(*to)
+                    .filter(|q| *to != pi && q.devices.len() == p.devices.len())
+                    .ok_or_else(|| {
+                        format!(
+                            "program '{}' step {i} sends to program {to}, which does not exist or has other devices",
+                            p.name
+                        )
+                    })?;
+                let recv = q.steps.iter().find_map(|r| match r {
+                    Step::Recv {
+                        buffer: rb,
+                        from,
+                        tag: rt,
+                    } if *from == pi && rt == tag => Some(*rb),
+                    _ => None,
+                });
+                let Some(rb) = recv else {
+                    return Err(format!(
+                        "program '{}' sends '{tag}' to '{}', which never receives it",
+                        p.name, q.name
+                    ));
+                };
+                let (sb, rb) = (&p.buffers[*buffer], &q.buffers[rb]);
+                if sb.shape != rb.shape || sb.elt != rb.elt {
+                    return Err(format!(
+                        "'{tag}' is sent by '{}' as {:?} {:?} and received by '{}' as {:?} {:?}",
+                        p.name, sb.elt, sb.shape, q.name, rb.elt, rb.shape
+                    ));
+                }
+            }
+        }
+        if let Some(k) = computed.iter().position(|&c| c != 1) {
+            return Err(format!(
+                "result '{}' is computed by {} programs, not one",
+                h.outputs[k].name, computed[k]
+            ));
+        }
+        Ok(())
+    }
+
+    /// One program's plan against the header.
+    fn check_program(&self, p: &Program) -> Result<(), String> {
+        let h = &self.header;
+        for (i, b) in p.buffers.iter().enumerate() {
+            if b.offset % 256 != 0 || b.offset.saturating_add(b.bytes()) > p.arena_bytes {
                 return Err(format!(
                     "buffer {i} ({} bytes at {}) lies outside the {}-byte arena",
                     b.bytes(),
                     b.offset,
-                    h.arena_bytes
-                ));
-            }
-        }
-        for p in h.inputs.iter().chain(&h.outputs) {
-            if p.buffer >= h.buffers.len() {
-                return Err(format!(
-                    "'{}' names buffer {}, which does not exist",
-                    p.name, p.buffer
+                    p.arena_bytes
                 ));
             }
         }
         let consts = self.section("consts").map_or(0, |c| c.len() as u64);
-        for c in &h.constants {
-            let b = h.buffers.get(c.buffer).ok_or_else(|| {
+        for c in &p.constants {
+            let b = p.buffers.get(c.buffer).ok_or_else(|| {
                 format!("a constant names buffer {}, which does not exist", c.buffer)
             })?;
-            let per_device = c.offsets.len() == self.devices();
+            let per_device = c.offsets.len() == p.devices.len();
             if c.offsets.is_empty() || (c.offsets.len() > 1 && !per_device) {
                 return Err(format!(
                     "constant buffer {} has {} values for {} devices",
                     c.buffer,
                     c.offsets.len(),
-                    self.devices()
+                    p.devices.len()
                 ));
             }
             if c.offsets
@@ -414,36 +550,52 @@ impl Artifact {
                 ));
             }
         }
-        let devices = self.devices();
-        for p in h.inputs.iter().chain(&h.outputs) {
-            let b = &h.buffers[p.buffer];
-            let fits = p.shards.len() == devices
-                && p.global_shape.len() == b.shape.len()
-                && p.shards.iter().all(|r| {
-                    r.len() == b.shape.len()
-                        && r.iter()
-                            .zip(&b.shape)
-                            .zip(&p.global_shape)
-                            .all(|((&[lo, hi], &n), &g)| hi >= lo && hi - lo == n && hi <= g)
-                });
-            if !fits {
-                return Err(format!(
-                    "'{}' has shards that do not fit its buffer",
-                    p.name
-                ));
+        for (ports, bindings) in [(&h.inputs, &p.inputs), (&h.outputs, &p.outputs)] {
+            for bd in bindings {
+                let port = ports
+                    .get(bd.port)
+                    .ok_or_else(|| format!("binds port {}, which does not exist", bd.port))?;
+                let b = p.buffers.get(bd.buffer).ok_or_else(|| {
+                    format!(
+                        "'{}' names buffer {}, which does not exist",
+                        port.name, bd.buffer
+                    )
+                })?;
+                let fits = b.elt == port.elt
+                    && bd.shards.len() == p.devices.len()
+                    && port.global_shape.len() == b.shape.len()
+                    && bd.shards.iter().all(|r| {
+                        r.len() == b.shape.len()
+                            && r.iter()
+                                .zip(&b.shape)
+                                .zip(&port.global_shape)
+                                .all(|((&[lo, hi], &n), &g)| hi >= lo && hi - lo == n && hi <= g)
+                    });
+                if !fits {
+                    return Err(format!(
+                        "'{}' has shards that do not fit its buffer",
+                        port.name
+                    ));
+                }
             }
         }
-        for (i, s) in h.steps.iter().enumerate() {
+        let missing = |b: usize| b >= p.buffers.len();
+        for (i, s) in p.steps.iter().enumerate() {
             match s {
                 Step::Launch { kernel, buffers } => {
                     let k = h.kernels.get(*kernel).ok_or_else(|| {
                         format!("step {i} launches kernel {kernel}, which does not exist")
                     })?;
-                    if buffers.len() != k.buffers || buffers.iter().any(|&b| b >= h.buffers.len()) {
+                    if buffers.len() != k.buffers || buffers.iter().any(|&b| missing(b)) {
                         return Err(format!(
                             "step {i} gives kernel {} the wrong buffers",
                             k.name
                         ));
+                    }
+                }
+                Step::Send { buffer, .. } | Step::Recv { buffer, .. } => {
+                    if missing(*buffer) {
+                        return Err(format!("step {i} names a missing buffer"));
                     }
                 }
                 Step::AllReduce {
@@ -470,19 +622,17 @@ impl Artifact {
                     groups,
                     ..
                 } => {
-                    if *input >= h.buffers.len() || *output >= h.buffers.len() {
+                    if missing(*input) || missing(*output) {
                         return Err(format!("step {i}'s collective names a missing buffer"));
                     }
-                    let mut seen = vec![false; devices];
-                    for &d in groups.iter().flatten() {
-                        if d >= devices || std::mem::replace(&mut seen[d], true) {
-                            return Err(format!("step {i}'s groups do not partition the devices"));
-                        }
+                    let mut members: Vec<usize> = groups.iter().flatten().copied().collect();
+                    members.sort_unstable();
+                    if members != p.devices || groups.iter().any(Vec::is_empty) {
+                        return Err(format!(
+                            "step {i}'s groups do not partition the program's devices"
+                        ));
                     }
-                    if seen.contains(&false) || groups.iter().any(Vec::is_empty) {
-                        return Err(format!("step {i}'s groups do not partition the devices"));
-                    }
-                    collective_shapes(s, &h.buffers[*input], &h.buffers[*output], groups)
+                    collective_shapes(s, &p.buffers[*input], &p.buffers[*output], groups)
                         .map_err(|e| format!("step {i}: {e}"))?;
                 }
             }
@@ -508,7 +658,7 @@ fn collective_shapes(
         Step::AllGather { dim, .. } => (Some((*dim, true)), false),
         Step::Slice { dim, .. } => (Some((*dim, false)), false),
         Step::ReduceScatter { dim, .. } => (Some((*dim, false)), true),
-        Step::Launch { .. } => return Ok(()),
+        Step::Launch { .. } | Step::Send { .. } | Step::Recv { .. } => return Ok(()),
     };
     if i.elt != o.elt || (reduces && i.elt != Elt::F32) {
         return Err("its buffers' element types do not fit it".into());
@@ -539,42 +689,64 @@ fn collective_shapes(
 mod tests {
     use super::*;
 
+    fn buf(offset: u64) -> Buffer {
+        Buffer {
+            shape: vec![4],
+            elt: Elt::F32,
+            offset,
+        }
+    }
+
+    fn port(name: &str) -> Port {
+        Port {
+            name: name.into(),
+            global_shape: vec![4],
+            elt: Elt::F32,
+            layout: None,
+            param: false,
+        }
+    }
+
+    fn bind(port: usize, buffer: usize, devices: usize) -> Binding {
+        Binding {
+            port,
+            buffer,
+            shards: vec![vec![[0, 4]]; devices],
+        }
+    }
+
+    fn program(name: &str, devices: Vec<usize>, steps: Vec<Step>) -> Program {
+        let n = devices.len();
+        Program {
+            name: name.into(),
+            devices,
+            inputs: vec![bind(0, 0, n)],
+            outputs: Vec::new(),
+            buffers: vec![buf(0), buf(256)],
+            arena_bytes: 512,
+            constants: Vec::new(),
+            steps,
+        }
+    }
+
     fn sample() -> Artifact {
+        let mut p = program(
+            "f",
+            vec![0],
+            vec![Step::Launch {
+                kernel: 0,
+                buffers: vec![0, 1],
+            }],
+        );
+        p.outputs = vec![bind(0, 1, 1)];
         Artifact {
             header: Header {
                 target: Target { sm: 90, ptx: 80 },
                 source: "m.mlir @f".into(),
                 mesh: Vec::new(),
-                inputs: vec![Port {
-                    name: "x".into(),
-                    buffer: 0,
-                    global_shape: vec![4],
-                    shards: vec![vec![[0, 4]]],
-                    layout: None,
-                    param: false,
-                }],
-                outputs: vec![Port {
-                    name: "y".into(),
-                    buffer: 1,
-                    global_shape: vec![4],
-                    shards: vec![vec![[0, 4]]],
-                    layout: None,
-                    param: false,
-                }],
-                buffers: vec![
-                    Buffer {
-                        shape: vec![4],
-                        elt: Elt::F32,
-                        offset: 0,
-                    },
-                    Buffer {
-                        shape: vec![4],
-                        elt: Elt::F32,
-                        offset: 256,
-                    },
-                ],
-                arena_bytes: 512,
-                constants: Vec::new(),
+                pipeline_axis: None,
+                inputs: vec![port("x")],
+                outputs: vec![port("y")],
                 kernels: vec![Kernel {
                     name: "k0".into(),
                     len: 4,
@@ -582,14 +754,103 @@ mod tests {
                     buffers: 2,
                     gemm: None,
                 }],
-                steps: vec![Step::Launch {
-                    kernel: 0,
-                    buffers: vec![0, 1],
-                }],
+                programs: vec![p],
                 sections: Vec::new(),
             },
             sections: vec![("ptx".into(), b"// ptx".to_vec())],
         }
+    }
+
+    /// Two programs on a mesh of 2: rank 0 sends `x` to rank 1, which computes `y`.
+    fn pipeline() -> Artifact {
+        let mut a = sample();
+        a.header.mesh = vec![MeshAxis {
+            name: "pp".into(),
+            size: 2,
+        }];
+        a.header.pipeline_axis = Some("pp".into());
+        let first = program(
+            "f.pp0",
+            vec![0],
+            vec![Step::Send {
+                buffer: 0,
+                to: 1,
+                tag: "x".into(),
+            }],
+        );
+        let mut second = program(
+            "f.pp1",
+            vec![1],
+            vec![
+                Step::Recv {
+                    buffer: 0,
+                    from: 0,
+                    tag: "x".into(),
+                },
+                Step::Launch {
+                    kernel: 0,
+                    buffers: vec![0, 1],
+                },
+            ],
+        );
+        second.inputs.clear();
+        second.outputs = vec![bind(0, 1, 1)];
+        a.header.programs = vec![first, second];
+        a
+    }
+
+    #[test]
+    fn pipelines_pair_their_sends_and_cover_the_devices() {
+        let ok = pipeline();
+        let back = Artifact::from_bytes(&ok.to_bytes().unwrap(), "a.nnsx").unwrap();
+        assert_eq!(back.header, {
+            let mut h = ok.header.clone();
+            h.sections = back.header.sections.clone();
+            h
+        });
+        let err = |a: Artifact| Artifact::from_bytes(&a.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+
+        let mut a = pipeline();
+        a.header.programs[1].steps[0] = Step::Recv {
+            buffer: 0,
+            from: 0,
+            tag: "z".into(),
+        };
+        let e = err(a);
+        assert!(
+            e.contains("sends 'x' to 'f.pp1', which never receives it"),
+            "{e}"
+        );
+
+        let mut a = pipeline();
+        a.header.programs[1].buffers[0].shape = vec![2, 2];
+        let e = err(a);
+        assert!(
+            e.contains("'x' is sent by 'f.pp0' as F32 [4] and received by 'f.pp1' as F32 [2, 2]"),
+            "{e}"
+        );
+
+        let mut a = pipeline();
+        a.header.programs[1].devices = vec![0];
+        let e = err(a);
+        assert!(
+            e.contains("names device 0, which is not a device of the mesh or runs another program"),
+            "{e}"
+        );
+
+        let mut a = pipeline();
+        a.header.programs.pop();
+        a.header.programs[0].steps.clear();
+        let e = err(a);
+        assert!(e.contains("device 1 runs no program"), "{e}");
+
+        let mut a = pipeline();
+        a.header.programs[0].outputs = vec![bind(0, 1, 1)];
+        let e = err(a);
+        assert!(
+            e.contains("result 'y' is computed by 2 programs, not one"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -598,7 +859,7 @@ mod tests {
         let bytes = a.to_bytes().unwrap();
         let back = Artifact::from_bytes(&bytes, "a.nnsx").unwrap();
         assert_eq!(back.sections, a.sections);
-        assert_eq!(back.header.steps, a.header.steps);
+        assert_eq!(back.header.programs, a.header.programs);
 
         let mut v = bytes.clone();
         v[4] = 9;
@@ -623,7 +884,7 @@ mod tests {
         assert!(e.contains("corrupt header"), "{e}");
 
         let mut b = sample();
-        b.header.steps.push(Step::AllGather {
+        b.header.programs[0].steps.push(Step::AllGather {
             input: 0,
             output: 1,
             groups: vec![vec![0]],
@@ -632,17 +893,17 @@ mod tests {
         let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
         assert!(e.contains("dim 3 is beyond its buffers' rank"), "{e}");
         let mut b = sample();
-        b.header.steps.push(Step::AllReduce {
+        b.header.programs[0].steps.push(Step::AllReduce {
             input: 0,
             output: 1,
             groups: vec![vec![]],
             max: false,
         });
         let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
-        assert!(e.contains("do not partition the devices"), "{e}");
+        assert!(e.contains("do not partition the program's devices"), "{e}");
 
         let mut b = sample();
-        b.header.buffers[1].offset = 512;
+        b.header.programs[0].buffers[1].offset = 512;
         let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
         assert!(e.contains("outside the 512-byte arena"), "{e}");
     }

@@ -4,10 +4,12 @@
 //! (`cublasSgemmStridedBatched`, fp32 without TF32, row-major by swapping the operands)
 //! when `libcublas.so` loads, else to their generated kernels. Collectives run on the host
 //! over the arenas (downloaded and uploaded around each one): correct, not fast; NCCL and
-//! device reduction kernels are the next step.
+//! device reduction kernels are the next step. A pipeline's programs run under the host
+//! backend's scheduler ([`crate::host`]); a send copies its buffer off the GPU and the
+//! receive copies it back into the other program's arena.
 
-use crate::artifact::{Artifact, Gemm, Step, BLOCK};
-use crate::host::{collective, load_inputs, results};
+use crate::artifact::{Artifact, Buffer, Gemm, Step, BLOCK};
+use crate::host::{collective, load_inputs, results, schedule, Arenas, Engine};
 use crate::tensor::Tensor;
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
@@ -150,7 +152,7 @@ impl CudaProgram {
     /// Runs the program `repeat` times (at least once) on its arguments (whole tensors),
     /// every virtual device's arena on the one GPU; returns the results made whole and the
     /// seconds of each run's steps (after the arguments are on the GPU, until its last
-    /// kernel finished; collectives included).
+    /// kernel finished; collectives, sends and receives included).
     pub fn run_timed(
         &self,
         inputs: &[Tensor],
@@ -158,87 +160,155 @@ impl CudaProgram {
     ) -> Result<(Vec<Tensor>, Vec<f64>), String> {
         let mut host = load_inputs(&self.art, inputs)?;
         let mut times = Vec::new();
-        let mut dev = Vec::new();
+        let mut dev: Vec<Vec<CudaSlice<u64>>> = Vec::new();
         for _ in 0..repeat.max(1) {
             // Every run starts from the arguments (a step may write over its inputs'
             // space once they are dead).
             dev = host
                 .iter()
-                .map(|a| cuda(self.stream.clone_htod(a), "copying the arguments"))
-                .collect::<Result<Vec<CudaSlice<u64>>, _>>()?;
+                .map(|arenas| {
+                    arenas
+                        .iter()
+                        .map(|a| cuda(self.stream.clone_htod(a), "copying the arguments"))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .collect::<Result<_, _>>()?;
             cuda(self.stream.synchronize(), "copying the arguments")?;
             let started = std::time::Instant::now();
-            self.execute(&mut dev, &mut host)?;
+            schedule(
+                &self.art,
+                &mut Gpu {
+                    prog: self,
+                    dev: &mut dev,
+                    host: &mut host,
+                },
+            )?;
             cuda(self.stream.synchronize(), "finishing the step")?;
             times.push(started.elapsed().as_secs_f64());
         }
-        for (h_arena, d_arena) in host.iter_mut().zip(&dev) {
-            cuda(
-                self.stream.memcpy_dtoh(d_arena, h_arena.as_mut_slice()),
-                "reading the results",
-            )?;
+        for (h_arenas, d_arenas) in host.iter_mut().zip(&dev) {
+            for (h_arena, d_arena) in h_arenas.iter_mut().zip(d_arenas) {
+                cuda(
+                    self.stream.memcpy_dtoh(d_arena, h_arena.as_mut_slice()),
+                    "reading the results",
+                )?;
+            }
         }
         cuda(self.stream.synchronize(), "reading the results")?;
         Ok((results(&self.art, &host)?, times))
     }
+}
 
-    /// The steps over the device arenas (`host`: scratch copies for collectives).
-    fn execute(&self, dev: &mut [CudaSlice<u64>], host: &mut [Vec<u64>]) -> Result<(), String> {
-        let h = &self.art.header;
-        for s in &h.steps {
-            match s {
-                Step::Launch { kernel, buffers } => {
-                    let k = &h.kernels[*kernel];
-                    for arena in dev.iter() {
-                        let (base, _sync) = arena.device_ptr(&self.stream);
-                        let ptrs: Vec<u64> = buffers
-                            .iter()
-                            .map(|&b| base + h.buffers[b].offset)
-                            .collect();
-                        if let (Some(g), Some(blas)) = (&k.gemm, &self.blas) {
-                            self.gemm(blas, g, ptrs[0], ptrs[1], ptrs[2])?;
-                            continue;
-                        }
-                        let n = k.len as i64;
-                        let mut launch = self.stream.launch_builder(&self.fns[*kernel]);
-                        for p in &ptrs {
-                            launch.arg(p);
-                        }
-                        launch.arg(&n);
-                        let cfg = LaunchConfig {
-                            grid_dim: (k.grid.max(1) as u32, 1, 1),
-                            block_dim: (BLOCK, 1, 1),
-                            shared_mem_bytes: 0,
-                        };
-                        // SAFETY: the kernel takes these pointers (inside this arena, at
-                        // the offsets the memory plan gave) and the index count, and reads
-                        // and writes within each buffer's length (the compiler's contract).
-                        cuda(
-                            unsafe { launch.launch(cfg) },
-                            &format!("launching {}", k.name),
-                        )?;
-                    }
-                }
-                _ => {
-                    // Collectives on the host: arenas down, the step, arenas up.
-                    for (h_arena, d_arena) in host.iter_mut().zip(dev.iter()) {
-                        cuda(
-                            self.stream.memcpy_dtoh(d_arena, h_arena.as_mut_slice()),
-                            "reading an arena",
-                        )?;
-                    }
-                    cuda(self.stream.synchronize(), "reading an arena")?;
-                    collective(&self.art, s, host)?;
-                    for (h_arena, d_arena) in host.iter().zip(dev.iter_mut()) {
-                        cuda(
-                            self.stream.memcpy_htod(h_arena.as_slice(), d_arena),
-                            "writing an arena",
-                        )?;
-                    }
-                }
+/// The device arenas of a run (`host`: scratch copies for collectives).
+struct Gpu<'a> {
+    prog: &'a CudaProgram,
+    dev: &'a mut Vec<Vec<CudaSlice<u64>>>,
+    host: &'a mut Arenas,
+}
+
+impl Gpu<'_> {
+    /// The words of an arena that hold `b` (its offset is a multiple of 256; its space in
+    /// the plan is rounded up to 256 bytes, so the last word is its own).
+    fn words(b: &Buffer) -> std::ops::Range<usize> {
+        let lo = b.offset as usize / 8;
+        lo..(b.offset + b.bytes()).div_ceil(8) as usize
+    }
+}
+
+impl Engine for Gpu<'_> {
+    fn step(&mut self, p: usize, s: &Step) -> Result<(), String> {
+        let this = self.prog;
+        let h = &this.art.header;
+        let prog = &h.programs[p];
+        let Step::Launch { kernel, buffers } = s else {
+            // Collectives on the host: the program's arenas down, the step, arenas up.
+            for (h_arena, d_arena) in self.host[p].iter_mut().zip(self.dev[p].iter()) {
+                cuda(
+                    this.stream.memcpy_dtoh(d_arena, h_arena.as_mut_slice()),
+                    "reading an arena",
+                )?;
             }
+            cuda(this.stream.synchronize(), "reading an arena")?;
+            collective(prog, s, &mut self.host[p])?;
+            for (h_arena, d_arena) in self.host[p].iter().zip(self.dev[p].iter_mut()) {
+                cuda(
+                    this.stream.memcpy_htod(h_arena.as_slice(), d_arena),
+                    "writing an arena",
+                )?;
+            }
+            return Ok(());
+        };
+        let k = &h.kernels[*kernel];
+        for arena in self.dev[p].iter() {
+            let (base, _sync) = arena.device_ptr(&this.stream);
+            let ptrs: Vec<u64> = buffers
+                .iter()
+                .map(|&b| base + prog.buffers[b].offset)
+                .collect();
+            if let (Some(g), Some(blas)) = (&k.gemm, &this.blas) {
+                this.gemm(blas, g, ptrs[0], ptrs[1], ptrs[2])?;
+                continue;
+            }
+            let n = k.len as i64;
+            let mut launch = this.stream.launch_builder(&this.fns[*kernel]);
+            for p in &ptrs {
+                launch.arg(p);
+            }
+            launch.arg(&n);
+            let cfg = LaunchConfig {
+                grid_dim: (k.grid.max(1) as u32, 1, 1),
+                block_dim: (BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the kernel takes these pointers (inside this arena, at the offsets
+            // the memory plan gave) and the index count, and reads and writes within each
+            // buffer's length (the compiler's contract).
+            cuda(
+                unsafe { launch.launch(cfg) },
+                &format!("launching {}", k.name),
+            )?;
         }
         Ok(())
+    }
+
+    fn read(&mut self, p: usize, b: usize) -> Result<Vec<Vec<u8>>, String> {
+        let buf = &self.prog.art.header.programs[p].buffers[b];
+        let w = Self::words(buf);
+        let mut out = Vec::with_capacity(self.dev[p].len());
+        for arena in &self.dev[p] {
+            let mut words = vec![0u64; w.len()];
+            cuda(
+                self.prog
+                    .stream
+                    .memcpy_dtoh(&arena.slice(w.clone()), words.as_mut_slice()),
+                "reading a sent buffer",
+            )?;
+            cuda(self.prog.stream.synchronize(), "reading a sent buffer")?;
+            let mut bytes: Vec<u8> = words.iter().flat_map(|x| x.to_le_bytes()).collect();
+            bytes.truncate(buf.bytes() as usize);
+            out.push(bytes);
+        }
+        Ok(out)
+    }
+
+    fn write(&mut self, p: usize, b: usize, pieces: Vec<Vec<u8>>) -> Result<(), String> {
+        let buf = &self.prog.art.header.programs[p].buffers[b];
+        let w = Self::words(buf);
+        for (arena, piece) in self.dev[p].iter_mut().zip(pieces) {
+            let mut words = vec![0u64; w.len()];
+            for (k, c) in piece.chunks(8).enumerate() {
+                let mut word = [0u8; 8];
+                word[..c.len()].copy_from_slice(c);
+                words[k] = u64::from_le_bytes(word);
+            }
+            cuda(
+                self.prog
+                    .stream
+                    .memcpy_htod(words.as_slice(), &mut arena.slice_mut(w.clone())),
+                "writing a received buffer",
+            )?;
+        }
+        cuda(self.prog.stream.synchronize(), "writing a received buffer")
     }
 }
 

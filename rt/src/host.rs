@@ -1,11 +1,95 @@
 //! The host backend: an artifact's `host.so` section (its kernels compiled for this CPU)
-//! loaded with `dlopen`, its steps run in order over one arena.
+//! loaded with `dlopen`, its programs' steps run over one arena per device.
+//!
+//! Programs run under [`schedule`], which the CUDA backend shares: each program runs its
+//! steps in order until it reaches a receive whose send has not happened yet, then the
+//! next program runs; a program's devices run each step together (collectives among
+//! them). Sends do not wait. When no program can move and some have steps left, the run
+//! is a deadlock, reported with what each program waits for.
 
-use crate::artifact::{Artifact, Buffer, Elt, Step};
+use crate::artifact::{Artifact, Buffer, Elt, Program, Step};
 use crate::tensor::{Tensor, Values};
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_void, CString};
 
 type HostFn = unsafe extern "C" fn(*const *mut u8, u64);
+
+/// Per program, one arena per device of it (8-byte words; offsets are multiples of 256).
+pub(crate) type Arenas = Vec<Vec<Vec<u64>>>;
+
+/// What [`schedule`] needs of a backend: run a program's kernel launches and collectives
+/// on its devices, and read and write a buffer of each of its devices (sends and
+/// receives).
+pub(crate) trait Engine {
+    /// Runs launch or collective step `s` of program `p` on every device of it.
+    fn step(&mut self, p: usize, s: &Step) -> Result<(), String>;
+    /// Program `p`'s buffer `b`, the bytes of each of its devices.
+    fn read(&mut self, p: usize, b: usize) -> Result<Vec<Vec<u8>>, String>;
+    /// Writes each of program `p`'s devices' piece into its buffer `b`.
+    fn write(&mut self, p: usize, b: usize, pieces: Vec<Vec<u8>>) -> Result<(), String>;
+}
+
+/// Sent and not yet received: (from, to, tag) -> the bytes of each device, in the order
+/// sent.
+type Mailbox<'a> = HashMap<(usize, usize, &'a str), VecDeque<Vec<Vec<u8>>>>;
+
+/// Runs every program of `art` to its end (see the module's docs).
+pub(crate) fn schedule(art: &Artifact, e: &mut impl Engine) -> Result<(), String> {
+    let programs = &art.header.programs;
+    let mut pc = vec![0usize; programs.len()];
+    let mut mail: Mailbox<'_> = HashMap::new();
+    loop {
+        let mut moved = false;
+        for (p, prog) in programs.iter().enumerate() {
+            while let Some(s) = prog.steps.get(pc[p]) {
+                match s {
+                    Step::Send { buffer, to, tag } => {
+                        let data = e.read(p, *buffer)?;
+                        mail.entry((p, *to, tag.as_str()))
+                            .or_default()
+                            .push_back(data);
+                    }
+                    Step::Recv { buffer, from, tag } => {
+                        let got = mail
+                            .get_mut(&(*from, p, tag.as_str()))
+                            .and_then(VecDeque::pop_front);
+                        match got {
+                            Some(data) => e.write(p, *buffer, data)?,
+                            None => break,
+                        }
+                    }
+                    _ => e.step(p, s)?,
+                }
+                pc[p] += 1;
+                moved = true;
+            }
+        }
+        if pc.iter().zip(programs).all(|(&i, p)| i == p.steps.len()) {
+            break;
+        }
+        if !moved {
+            let waiting: Vec<String> = programs
+                .iter()
+                .zip(&pc)
+                .filter_map(|(p, &i)| match p.steps.get(i) {
+                    Some(Step::Recv { from, tag, .. }) => Some(format!(
+                        "'{}' waits at step {i} for '{tag}' from '{}'",
+                        p.name, programs[*from].name
+                    )),
+                    _ => None,
+                })
+                .collect();
+            return Err(format!("deadlock: {}", waiting.join("; ")));
+        }
+    }
+    if let Some(((from, to, tag), _)) = mail.iter().find(|(_, q)| !q.is_empty()) {
+        return Err(format!(
+            "'{}' sent '{tag}' to '{}', which never received it",
+            programs[*from].name, programs[*to].name
+        ));
+    }
+    Ok(())
+}
 
 /// A loaded program on the host.
 #[derive(Debug)]
@@ -96,33 +180,51 @@ impl HostProgram {
         Ok((out, times))
     }
 
-    fn execute(&self, arenas: &mut [Vec<u64>]) -> Result<(), String> {
-        let h = &self.art.header;
-        for s in &h.steps {
-            if let Step::Launch { kernel, buffers } = s {
-                for arena in arenas.iter_mut() {
+    fn execute(&self, arenas: &mut Arenas) -> Result<(), String> {
+        struct Host<'a> {
+            prog: &'a HostProgram,
+            arenas: &'a mut Arenas,
+        }
+        impl Engine for Host<'_> {
+            fn step(&mut self, p: usize, s: &Step) -> Result<(), String> {
+                let h = &self.prog.art.header;
+                let prog = &h.programs[p];
+                let Step::Launch { kernel, buffers } = s else {
+                    return collective(prog, s, &mut self.arenas[p]);
+                };
+                for arena in self.arenas[p].iter_mut() {
                     let base = bytes_mut(arena).as_mut_ptr();
                     // SAFETY: every buffer lies inside the arena (checked on reading).
                     let args: Vec<*mut u8> = buffers
                         .iter()
-                        .map(|&b| unsafe { base.add(h.buffers[b].offset as usize) })
+                        .map(|&b| unsafe { base.add(prog.buffers[b].offset as usize) })
                         .collect();
                     // SAFETY: the kernel reads and writes its buffers within their
                     // lengths (the compiler's contract), all inside this arena, which
                     // nothing else uses during the call.
-                    unsafe { (self.fns[*kernel])(args.as_ptr(), h.kernels[*kernel].len) };
+                    unsafe { (self.prog.fns[*kernel])(args.as_ptr(), h.kernels[*kernel].len) };
                 }
-            } else {
-                collective(&self.art, s, arenas)?;
+                Ok(())
+            }
+            fn read(&mut self, p: usize, b: usize) -> Result<Vec<Vec<u8>>, String> {
+                let buf = &self.prog.art.header.programs[p].buffers[b];
+                Ok(self.arenas[p].iter().map(|a| get(a, buf)).collect())
+            }
+            fn write(&mut self, p: usize, b: usize, pieces: Vec<Vec<u8>>) -> Result<(), String> {
+                let buf = &self.prog.art.header.programs[p].buffers[b];
+                for (a, piece) in self.arenas[p].iter_mut().zip(pieces) {
+                    write_at(a, buf.offset, &piece);
+                }
+                Ok(())
             }
         }
-        Ok(())
+        schedule(&self.art, &mut Host { prog: self, arenas })
     }
 }
 
-/// One arena per device (8-byte words; offsets are multiples of 256), holding each
-/// device's block of every argument (whole tensors, in order).
-pub(crate) fn load_inputs(art: &Artifact, inputs: &[Tensor]) -> Result<Vec<Vec<u64>>, String> {
+/// One arena per device of each program, holding the constants and each device's block
+/// of every argument the program reads (`inputs`: whole tensors, in the step's order).
+pub(crate) fn load_inputs(art: &Artifact, inputs: &[Tensor]) -> Result<Arenas, String> {
     let h = &art.header;
     if inputs.len() != h.inputs.len() {
         return Err(format!(
@@ -131,44 +233,65 @@ pub(crate) fn load_inputs(art: &Artifact, inputs: &[Tensor]) -> Result<Vec<Vec<u
             inputs.len()
         ));
     }
-    let words = h.arena_bytes.div_ceil(8) as usize;
-    let mut arenas: Vec<Vec<u64>> = (0..art.devices()).map(|_| vec![0u64; words]).collect();
-    let consts = art.section("consts").unwrap_or_default();
-    for c in &h.constants {
-        let b = &h.buffers[c.buffer];
-        for (d, arena) in arenas.iter_mut().enumerate() {
-            let at = c.offsets[if c.offsets.len() > 1 { d } else { 0 }] as usize;
-            let src = &consts[at..][..b.bytes() as usize];
-            write_at(arena, b.offset, src);
-        }
-    }
     for (p, t) in h.inputs.iter().zip(inputs) {
-        let b = &h.buffers[p.buffer];
-        if t.shape != p.global_shape || t.elt() != b.elt {
+        if t.shape != p.global_shape || t.elt() != p.elt {
             return Err(format!(
                 "'{}' must be {:?} {:?}, given {:?} {:?}",
                 p.name,
-                b.elt,
+                p.elt,
                 p.global_shape,
                 t.elt(),
                 t.shape
             ));
         }
-        let whole = t.bytes();
-        for (d, arena) in arenas.iter_mut().enumerate() {
-            let piece = cut(&whole, &p.global_shape, &p.shards[d], b.elt.size() as usize);
-            let at = b.offset as usize;
-            write_at(arena, at as u64, &piece);
-        }
     }
-    Ok(arenas)
+    let whole: Vec<Vec<u8>> = inputs.iter().map(Tensor::bytes).collect();
+    let consts = art.section("consts").unwrap_or_default();
+    let mut all = Vec::with_capacity(h.programs.len());
+    for prog in &h.programs {
+        let words = prog.arena_bytes.div_ceil(8) as usize;
+        let mut arenas: Vec<Vec<u64>> = prog.devices.iter().map(|_| vec![0u64; words]).collect();
+        for c in &prog.constants {
+            let b = &prog.buffers[c.buffer];
+            for (d, arena) in arenas.iter_mut().enumerate() {
+                let at = c.offsets[if c.offsets.len() > 1 { d } else { 0 }] as usize;
+                let src = &consts[at..][..b.bytes() as usize];
+                write_at(arena, b.offset, src);
+            }
+        }
+        for bd in &prog.inputs {
+            let port = &h.inputs[bd.port];
+            let b = &prog.buffers[bd.buffer];
+            for (d, arena) in arenas.iter_mut().enumerate() {
+                let piece = cut(
+                    &whole[bd.port],
+                    &port.global_shape,
+                    &bd.shards[d],
+                    b.elt.size() as usize,
+                );
+                write_at(arena, b.offset, &piece);
+            }
+        }
+        all.push(arenas);
+    }
+    Ok(all)
 }
 
-/// Runs collective step `s` across the devices' arenas (a launch is an error here).
-pub(crate) fn collective(art: &Artifact, s: &Step, arenas: &mut [Vec<u64>]) -> Result<(), String> {
-    let h = &art.header;
+/// Runs collective step `s` of program `prog` across its devices' arenas (`arenas`, in
+/// its devices' order; the groups name devices of the mesh). A launch, send or receive
+/// is an error here.
+pub(crate) fn collective(prog: &Program, s: &Step, arenas: &mut [Vec<u64>]) -> Result<(), String> {
+    // A group's devices as positions in the program's list.
+    let local = |g: &[usize]| -> Vec<usize> {
+        g.iter()
+            .map(|d| prog.devices.binary_search(d).expect("checked on reading"))
+            .collect()
+    };
+    let bufs = &prog.buffers;
     match s {
-        Step::Launch { .. } => return Err("a kernel launch is not a collective".into()),
+        Step::Launch { .. } | Step::Send { .. } | Step::Recv { .. } => {
+            return Err("not a collective".into())
+        }
         Step::AllReduce {
             input,
             output,
@@ -176,9 +299,10 @@ pub(crate) fn collective(art: &Artifact, s: &Step, arenas: &mut [Vec<u64>]) -> R
             max,
         } => {
             for g in groups {
-                let r = reduced(arenas, g, &h.buffers[*input], *max);
-                for &d in g {
-                    put(&mut arenas[d], &h.buffers[*output], &r)?;
+                let g = local(g);
+                let r = reduced(arenas, &g, &bufs[*input], *max);
+                for &d in &g {
+                    put(&mut arenas[d], &bufs[*output], &r)?;
                 }
             }
         }
@@ -188,9 +312,10 @@ pub(crate) fn collective(art: &Artifact, s: &Step, arenas: &mut [Vec<u64>]) -> R
             groups,
             dim,
         } => {
-            let (ib, ob) = (&h.buffers[*input], &h.buffers[*output]);
+            let (ib, ob) = (&bufs[*input], &bufs[*output]);
             let es = ib.elt.size() as usize;
             for g in groups {
+                let g = local(g);
                 let mut whole = vec![0u8; ob.bytes() as usize];
                 let len = ib.shape.get(*dim).copied().unwrap_or(1);
                 for (k, &d) in g.iter().enumerate() {
@@ -198,7 +323,7 @@ pub(crate) fn collective(art: &Artifact, s: &Step, arenas: &mut [Vec<u64>]) -> R
                     let ranges = along(&ob.shape, *dim, k as u64 * len, len);
                     place(&mut whole, &ob.shape, &ranges, &piece, es);
                 }
-                for &d in g {
+                for &d in &g {
                     write_at(&mut arenas[d], ob.offset, &whole);
                 }
             }
@@ -209,11 +334,11 @@ pub(crate) fn collective(art: &Artifact, s: &Step, arenas: &mut [Vec<u64>]) -> R
             groups,
             dim,
         } => {
-            let (ib, ob) = (&h.buffers[*input], &h.buffers[*output]);
+            let (ib, ob) = (&bufs[*input], &bufs[*output]);
             let es = ib.elt.size() as usize;
             let len = ob.shape.get(*dim).copied().unwrap_or(1);
             for g in groups {
-                for (k, &d) in g.iter().enumerate() {
+                for (k, &d) in local(g).iter().enumerate() {
                     let ranges = along(&ib.shape, *dim, k as u64 * len, len);
                     let piece = cut(&get(&arenas[d], ib), &ib.shape, &ranges, es);
                     write_at(&mut arenas[d], ob.offset, &piece);
@@ -227,9 +352,10 @@ pub(crate) fn collective(art: &Artifact, s: &Step, arenas: &mut [Vec<u64>]) -> R
             dim,
             max,
         } => {
-            let (ib, ob) = (&h.buffers[*input], &h.buffers[*output]);
+            let (ib, ob) = (&bufs[*input], &bufs[*output]);
             for g in groups {
-                let r = reduced(arenas, g, ib, *max);
+                let g = local(g);
+                let r = reduced(arenas, &g, ib, *max);
                 let bytes: Vec<u8> = r.iter().flat_map(|x| x.to_le_bytes()).collect();
                 let len = ob.shape.get(*dim).copied().unwrap_or(1);
                 for (k, &d) in g.iter().enumerate() {
@@ -243,31 +369,34 @@ pub(crate) fn collective(art: &Artifact, s: &Step, arenas: &mut [Vec<u64>]) -> R
     Ok(())
 }
 
-/// The results made whole from the devices' arenas (replicas must agree bit for bit).
-pub(crate) fn results(art: &Artifact, arenas: &[Vec<u64>]) -> Result<Vec<Tensor>, String> {
+/// The results made whole from the arenas of the devices of the programs computing them
+/// (replicas must agree bit for bit).
+pub(crate) fn results(art: &Artifact, arenas: &Arenas) -> Result<Vec<Tensor>, String> {
     let h = &art.header;
-    h.outputs
-        .iter()
-        .map(|p| {
-            let b = &h.buffers[p.buffer];
+    let mut out: Vec<Option<Tensor>> = vec![None; h.outputs.len()];
+    for (prog, arenas) in h.programs.iter().zip(arenas) {
+        for bd in &prog.outputs {
+            let p = &h.outputs[bd.port];
+            let b = &prog.buffers[bd.buffer];
             let es = b.elt.size() as usize;
             let n: u64 = p.global_shape.iter().product();
             let mut whole = vec![0u8; n as usize * es];
             let mut owner: Vec<Option<usize>> = vec![None; n as usize];
             for (d, arena) in arenas.iter().enumerate() {
                 let piece = &bytes(arena)[b.offset as usize..][..b.bytes() as usize];
+                let device = prog.devices[d];
                 let clash = place_checked(
                     &mut whole,
                     &p.global_shape,
-                    &p.shards[d],
+                    &bd.shards[d],
                     piece,
                     es,
                     &mut owner,
-                    d,
+                    device,
                 );
                 if let Some((i, first)) = clash {
                     return Err(format!(
-                        "replicas of '{}' disagree: element {i} on devices {first} and {d}",
+                        "replicas of '{}' disagree: element {i} on devices {first} and {device}",
                         p.name
                     ));
                 }
@@ -286,11 +415,15 @@ pub(crate) fn results(art: &Artifact, arenas: &[Vec<u64>]) -> Result<Vec<Tensor>
                         .collect(),
                 ),
             };
-            Ok(Tensor {
+            out[bd.port] = Some(Tensor {
                 shape: p.global_shape.clone(),
                 data,
-            })
-        })
+            });
+        }
+    }
+    out.into_iter()
+        .zip(&h.outputs)
+        .map(|(t, p)| t.ok_or_else(|| format!("no program computes '{}'", p.name)))
         .collect()
 }
 
@@ -477,5 +610,119 @@ mod tests {
             place_checked(&mut out, &shape, &ranges, &other, 4, &mut owner, 1),
             Some((5, 0))
         );
+    }
+}
+
+#[cfg(test)]
+mod schedule_tests {
+    use super::{schedule, Engine};
+    use crate::artifact::{Artifact, Buffer, Elt, Header, MeshAxis, Program, Step, Target};
+
+    /// Records what ran; a buffer's bytes are its program's number.
+    struct Log(Vec<String>);
+
+    impl Engine for Log {
+        fn step(&mut self, p: usize, s: &Step) -> Result<(), String> {
+            if let Step::Launch { kernel, .. } = s {
+                self.0.push(format!("p{p} k{kernel}"));
+            }
+            Ok(())
+        }
+        fn read(&mut self, p: usize, _: usize) -> Result<Vec<Vec<u8>>, String> {
+            self.0.push(format!("p{p} send"));
+            Ok(vec![vec![p as u8]])
+        }
+        fn write(&mut self, p: usize, _: usize, data: Vec<Vec<u8>>) -> Result<(), String> {
+            self.0.push(format!("p{p} got {}", data[0][0]));
+            Ok(())
+        }
+    }
+
+    fn art(steps: [Vec<Step>; 2]) -> Artifact {
+        let [a, b] = steps;
+        let prog = |name: &str, d: usize, steps: Vec<Step>| Program {
+            name: name.into(),
+            devices: vec![d],
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            buffers: vec![Buffer {
+                shape: vec![1],
+                elt: Elt::F32,
+                offset: 0,
+            }],
+            arena_bytes: 256,
+            constants: Vec::new(),
+            steps,
+        };
+        Artifact {
+            header: Header {
+                target: Target { sm: 90, ptx: 80 },
+                source: String::new(),
+                mesh: vec![MeshAxis {
+                    name: "pp".into(),
+                    size: 2,
+                }],
+                pipeline_axis: Some("pp".into()),
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+                kernels: Vec::new(),
+                programs: vec![prog("f.pp0", 0, a), prog("f.pp1", 1, b)],
+                sections: Vec::new(),
+            },
+            sections: Vec::new(),
+        }
+    }
+
+    fn launch(k: usize) -> Step {
+        Step::Launch {
+            kernel: k,
+            buffers: Vec::new(),
+        }
+    }
+    fn send(to: usize, tag: &str) -> Step {
+        Step::Send {
+            buffer: 0,
+            to,
+            tag: tag.into(),
+        }
+    }
+    fn recv(from: usize, tag: &str) -> Step {
+        Step::Recv {
+            buffer: 0,
+            from,
+            tag: tag.into(),
+        }
+    }
+
+    /// A receive waits for its send; the other program runs meanwhile; FIFO per tag.
+    #[test]
+    fn receives_wait_for_their_sends() {
+        let a = art([
+            vec![launch(0), send(1, "x"), recv(1, "dx"), launch(1)],
+            vec![recv(0, "x"), launch(2), send(0, "dx")],
+        ]);
+        let mut log = Log(Vec::new());
+        schedule(&a, &mut log).unwrap();
+        assert_eq!(
+            log.0,
+            ["p0 k0", "p0 send", "p1 got 0", "p1 k2", "p1 send", "p0 got 1", "p0 k1"]
+        );
+    }
+
+    /// Both programs receive first: a deadlock naming what each waits for.
+    #[test]
+    fn a_cycle_of_receives_is_a_deadlock() {
+        let a = art([
+            vec![recv(1, "dx"), send(1, "x")],
+            vec![recv(0, "x"), send(0, "dx")],
+        ]);
+        let e = schedule(&a, &mut Log(Vec::new())).unwrap_err();
+        assert_eq!(
+            e,
+            "deadlock: 'f.pp0' waits at step 0 for 'dx' from 'f.pp1'; 'f.pp1' waits at step 0 for 'x' from 'f.pp0'"
+        );
+        let a = art([vec![send(1, "x"), send(1, "x")], vec![recv(0, "x")]]);
+        let e = schedule(&a, &mut Log(Vec::new())).unwrap_err();
+        assert_eq!(e, "'f.pp0' sent 'x' to 'f.pp1', which never received it");
     }
 }

@@ -1,11 +1,12 @@
 //! `nnscaler-rt`: the thin runtime of compiled nnscaler programs.
 //!
 //! It reads `.nnsx` artifacts ([`artifact`]: the format, versioned and checksummed) and
-//! runs their launch plans. It has no MLIR or LLVM inside, so the binary can be copied to
+//! runs their launch plans (one program on every device, or a pipeline's programs, one
+//! per rank, under one scheduler). It has no MLIR or LLVM inside, so the binary can be copied to
 //! a GPU machine alone. Backends: [`host`] (the artifact's kernels compiled for the CPU,
 //! loaded with `dlopen`), where the launch plan is tested against the reference runtime,
-//! and, with the `cuda` feature, [`cuda`] (the PTX through the driver API; cuBLAS and
-//! NCCL are issue 13's next part).
+//! and, with the `cuda` feature, [`cuda`] (the PTX through the driver API, matrix
+//! products through cuBLAS; NCCL is issue 13's next part).
 
 pub mod artifact;
 #[cfg(feature = "cuda")]

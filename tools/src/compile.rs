@@ -6,7 +6,9 @@ use nnscaler_codegen::Gpu;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::types::AttrValue;
 use nnscaler_dialects::verify::{verify_module, Meshes};
+use nnscaler_runtime::spmd::pipeline_programs;
 
 /// `nnscaler compile`'s command line.
 #[derive(clap::Args, Debug)]
@@ -63,23 +65,6 @@ pub fn main(a: &CompileArgs, error_limit: usize) -> Result<String, String> {
         })
         .collect::<Result<_, _>>()?;
     let names: Vec<&str> = funcs.iter().map(|g| g.name.as_str()).collect();
-    let g = match &a.func {
-        Some(f) => funcs.iter().find(|g| &g.name == f).ok_or_else(|| {
-            format!(
-                "{}: no function @{f} (functions: {})",
-                a.program,
-                names.join(", ")
-            )
-        })?,
-        None if funcs.len() == 1 => &funcs[0],
-        None => funcs.iter().find(|g| g.name == "train").ok_or_else(|| {
-            format!(
-                "{}: several functions ({}); choose one with --func",
-                a.program,
-                names.join(", ")
-            )
-        })?,
-    };
     let mut d = Diagnostics::default();
     let mesh = Meshes::collect(&module.as_operation(), &mut d)
         .0
@@ -90,23 +75,75 @@ pub fn main(a: &CompileArgs, error_limit: usize) -> Result<String, String> {
         ptx: a.ptx,
     };
     let started = std::time::Instant::now();
-    let art =
-        nnscaler_codegen::artifact(g, &format!("{} @{}", a.program, g.name), mesh.as_ref(), gpu)
-            .map_err(|e| format!("{}: @{}: {e}", a.program, g.name))?;
+    // A pipelined step (the programs of a --schedule-* pass) compiles as one artifact.
+    let pipeline = pipeline_named(&funcs, a.func.as_deref());
+    let (what, art) = if let Some(name) = pipeline {
+        let mesh = mesh
+            .as_ref()
+            .ok_or_else(|| format!("{}: pipeline @{name} has no mesh", a.program))?;
+        let programs =
+            pipeline_programs(&funcs, &name).map_err(|e| format!("{}: {e}", a.program))?;
+        let axis = pipeline_axis(&programs);
+        let art = nnscaler_codegen::pipeline_artifact(
+            &programs,
+            &format!("{} @{name}", a.program),
+            mesh,
+            &axis,
+            gpu,
+        )
+        .map_err(|e| format!("{}: pipeline @{name}: {e}", a.program))?;
+        (
+            format!("pipeline @{name} ({} programs)", programs.len()),
+            art,
+        )
+    } else {
+        let g = match &a.func {
+            Some(f) => funcs.iter().find(|g| &g.name == f).ok_or_else(|| {
+                format!(
+                    "{}: no function @{f} (functions: {})",
+                    a.program,
+                    names.join(", ")
+                )
+            })?,
+            None if funcs.len() == 1 => &funcs[0],
+            None => funcs.iter().find(|g| g.name == "train").ok_or_else(|| {
+                format!(
+                    "{}: several functions ({}); choose one with --func",
+                    a.program,
+                    names.join(", ")
+                )
+            })?,
+        };
+        let mut g = g.clone();
+        g.link(&funcs);
+        let art = nnscaler_codegen::artifact(
+            &g,
+            &format!("{} @{}", a.program, g.name),
+            mesh.as_ref(),
+            gpu,
+        )
+        .map_err(|e| format!("{}: @{}: {e}", a.program, g.name))?;
+        (format!("@{}", g.name), art)
+    };
     let bytes = art.to_bytes()?;
     crate::write_one(&a.output, bytes.clone())?;
     let h = &art.header;
     let ptx = art.section("ptx").map_or(0, <[u8]>::len);
     let so = art.section("host.so").map_or(0, <[u8]>::len);
-    let values: u64 = h.buffers.iter().map(|b| b.bytes()).sum();
+    let values: u64 = h
+        .programs
+        .iter()
+        .flat_map(|p| &p.buffers)
+        .map(|b| b.bytes())
+        .sum();
+    let arena = h.programs.iter().map(|p| p.arena_bytes).max().unwrap_or(0);
     Ok(format!(
-        "compiled @{} for sm_{} in {:.1} s: {} kernels, {} steps; arena {} bytes for {} bytes of buffers; PTX {} bytes, host kernels {} bytes; {} ({} bytes)\n",
-        g.name,
+        "compiled {what} for sm_{} in {:.1} s: {} kernels, {} steps; arena {} bytes for {} bytes of buffers; PTX {} bytes, host kernels {} bytes; {} ({} bytes)\n",
         a.sm,
         started.elapsed().as_secs_f64(),
         h.kernels.len(),
-        h.steps.len(),
-        h.arena_bytes,
+        art.steps(),
+        arena,
         values,
         ptx,
         so,
@@ -115,9 +152,53 @@ pub fn main(a: &CompileArgs, error_limit: usize) -> Result<String, String> {
     ))
 }
 
+/// The pipeline `func` names (the value of its programs' `nns.pipeline`), or without
+/// `func` the one a module of pipeline programs holds (`train`, or its only one).
+pub fn pipeline_named(funcs: &[Graph], func: Option<&str>) -> Option<String> {
+    let mut pipelines: Vec<String> = funcs
+        .iter()
+        .filter_map(|f| match f.func_attrs.get("nns.pipeline") {
+            Some(AttrValue::Str(p)) => Some(p.clone()),
+            _ => None,
+        })
+        .collect();
+    pipelines.sort();
+    pipelines.dedup();
+    match func {
+        Some(f) => pipelines.iter().find(|p| *p == f).cloned(),
+        None if pipelines.iter().any(|p| p == "train")
+            && !funcs.iter().any(|f| f.name == "train") =>
+        {
+            Some("train".into())
+        }
+        None if pipelines.len() == 1 => pipelines.first().cloned(),
+        None => None,
+    }
+}
+
+/// The pipeline axis the programs' sends and receives name (`pp` when they have none).
+pub fn pipeline_axis(programs: &[Graph]) -> String {
+    programs
+        .iter()
+        .flat_map(|g| g.nodes.iter())
+        .find_map(|n| match n.attrs.get("axis") {
+            Some(AttrValue::Str(x)) if n.op == "nns.send" || n.op == "nns.recv" => Some(x.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| "pp".into())
+}
+
 /// A function compiled once and run many times (`nnscaler train --backend`).
 #[derive(Debug)]
-pub enum Compiled {
+pub struct Compiled {
+    backend: Backend,
+    /// For a pipeline: each artifact argument's index among the step's arguments (its
+    /// `nns.arg`); the step's arguments no program reads are not the artifact's.
+    args: Option<Vec<usize>>,
+}
+
+#[derive(Debug)]
+enum Backend {
     /// Through nnscaler-rt's host backend.
     Host(nnscaler_rt::HostProgram),
     /// On GPU 0.
@@ -136,26 +217,116 @@ impl Compiled {
     ) -> Result<Self, String> {
         let art =
             nnscaler_codegen::artifact(g, &format!("{source} @{}", g.name), mesh, Gpu::default())?;
+        Ok(Compiled {
+            backend: Self::load(art, backend)?,
+            args: None,
+        })
+    }
+
+    /// Compiles pipeline `programs` (by rank, linked to their fragments) on `mesh`'s axis
+    /// `axis` for `backend`.
+    pub fn pipeline(
+        programs: &[Graph],
+        mesh: &nnscaler_dialects::nns::Mesh,
+        axis: &str,
+        source: &str,
+        backend: &str,
+    ) -> Result<Self, String> {
+        let name = programs
+            .first()
+            .and_then(|g| match g.func_attrs.get("nns.pipeline") {
+                Some(AttrValue::Str(p)) => Some(p.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let art = nnscaler_codegen::pipeline_artifact(
+            programs,
+            &format!("{source} @{name}"),
+            mesh,
+            axis,
+            Gpu::default(),
+        )?;
+        // The artifact's arguments: the indices the programs read, in order (as
+        // `pipeline_artifact` numbers them).
+        let args: std::collections::BTreeSet<usize> = programs
+            .iter()
+            .flat_map(|g| &g.args)
+            .filter_map(|a| match a.attrs.get("nns.arg") {
+                Some(AttrValue::Int(i)) if *i >= 0 => Some(*i as usize),
+                _ => None,
+            })
+            .collect();
+        Ok(Compiled {
+            backend: Self::load(art, backend)?,
+            args: Some(args.into_iter().collect()),
+        })
+    }
+
+    fn load(art: nnscaler_rt::Artifact, backend: &str) -> Result<Backend, String> {
         match backend {
-            "host" => Ok(Compiled::Host(nnscaler_rt::HostProgram::load(art)?)),
+            "host" => Ok(Backend::Host(nnscaler_rt::HostProgram::load(art)?)),
             #[cfg(feature = "cuda")]
-            "cuda" => Ok(Compiled::Cuda(nnscaler_rt::cuda::CudaProgram::load(art, 0)?)),
+            "cuda" => Ok(Backend::Cuda(nnscaler_rt::cuda::CudaProgram::load(art, 0)?)),
             #[cfg(not(feature = "cuda"))]
             "cuda" => Err("this nnscaler was built without the CUDA backend (cargo build --release -p nnscaler-tools --features cuda)".into()),
             other => Err(format!("unknown backend '{other}' (host, cuda)")),
         }
     }
 
-    /// Runs it on whole tensors; returns whole results.
+    /// Runs it on whole tensors, every argument of the step in order (a pipeline's
+    /// included, whether its programs read them or not); returns whole results (a
+    /// pipeline's in the order of their `nns.result`).
     pub fn run(
         &self,
         inputs: &[nnscaler_runtime::tensor::Tensor],
     ) -> Result<Vec<nnscaler_runtime::tensor::Tensor>, String> {
-        let args: Vec<nnscaler_rt::Tensor> = inputs.iter().map(to_rt).collect::<Result<_, _>>()?;
-        let outs = match self {
-            Compiled::Host(p) => p.run(&args)?,
+        let picked: Vec<&nnscaler_runtime::tensor::Tensor> = match &self.args {
+            None => inputs.iter().collect(),
+            Some(ids) => ids
+                .iter()
+                .map(|&i| {
+                    inputs.get(i).ok_or_else(|| {
+                        format!(
+                            "the step has {} arguments; argument {i} is read",
+                            inputs.len()
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        self.run_args(&picked)
+    }
+
+    /// Runs it on a pipeline's arguments by their index among the step's (`nns.arg`):
+    /// every one a program reads must be there.
+    pub fn run_indexed(
+        &self,
+        inputs: &std::collections::BTreeMap<usize, nnscaler_runtime::tensor::Tensor>,
+    ) -> Result<Vec<nnscaler_runtime::tensor::Tensor>, String> {
+        let picked: Vec<&nnscaler_runtime::tensor::Tensor> = match &self.args {
+            None => inputs.values().collect(),
+            Some(ids) => ids
+                .iter()
+                .map(|i| {
+                    inputs
+                        .get(i)
+                        .ok_or_else(|| format!("no value for argument {i}"))
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        self.run_args(&picked)
+    }
+
+    fn run_args(
+        &self,
+        inputs: &[&nnscaler_runtime::tensor::Tensor],
+    ) -> Result<Vec<nnscaler_runtime::tensor::Tensor>, String> {
+        let args: Vec<nnscaler_rt::Tensor> =
+            inputs.iter().map(|t| to_rt(t)).collect::<Result<_, _>>()?;
+        let outs = match &self.backend {
+            Backend::Host(p) => p.run(&args)?,
             #[cfg(feature = "cuda")]
-            Compiled::Cuda(p) => p.run_timed(&args, 1)?.0,
+            Backend::Cuda(p) => p.run_timed(&args, 1)?.0,
         };
         outs.iter().map(from_rt).collect()
     }

@@ -554,14 +554,7 @@ fn run_pipelined(
         ));
     }
     let programs = pipeline_programs(&all, name).map_err(|e| format!("{model}: {e}"))?;
-    let axis = programs
-        .iter()
-        .flat_map(|g| g.nodes.iter())
-        .find_map(|n| match n.attrs.get("axis") {
-            Some(AttrValue::Str(x)) if n.op == "nns.send" || n.op == "nns.recv" => Some(x.clone()),
-            _ => None,
-        })
-        .unwrap_or_else(|| "pp".into());
+    let axis = crate::compile::pipeline_axis(&programs);
     if mesh.axis(&axis).is_none() && programs.len() == 1 {
         return Err(format!(
             "{model}: mesh '@{}' has no pipeline axis '{axis}'",
@@ -631,6 +624,18 @@ fn run_pipelined(
     let (values, saved_params) = bind_all(a, &step)?;
     let inputs: std::collections::BTreeMap<usize, nnscaler_runtime::Tensor> =
         arg_index.iter().copied().zip(values).collect();
+    if a.backend != "reference" {
+        if a.check_finite {
+            return Err("--check-finite needs --backend reference (compiled kernels are not checked op by op)".into());
+        }
+        let compiled =
+            crate::compile::Compiled::pipeline(&programs, mesh, &axis, model, &a.backend)
+                .map_err(|e| format!("{model}: pipeline @{name}: {e}"))?;
+        let outs = compiled
+            .run_indexed(&inputs)
+            .map_err(|e| format!("{model}: pipeline @{name}: {e}"))?;
+        return write_results(a, &step, &outs, saved_params);
+    }
     let opts = Options {
         check_finite: a.check_finite,
         ..Options::default()

@@ -635,18 +635,18 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
     let compiled = match c.train.backend.as_str() {
         "reference" => None,
         "host" | "cuda" => {
-            if p.pipeline.is_some() {
-                return Err(format!(
-                    "train.backend = \"{}\": a pipelined step cannot be compiled yet (use the reference backend, or no pp)",
-                    c.train.backend
-                ));
-            }
-            Some(crate::compile::Compiled::new(
-                &p.step,
-                p.mesh.as_ref(),
-                "train",
-                &c.train.backend,
-            )?)
+            let compiled = match (&p.pipeline, &p.mesh) {
+                (Some(programs), Some(m)) => {
+                    crate::compile::Compiled::pipeline(programs, m, "pp", "train", &c.train.backend)
+                }
+                _ => crate::compile::Compiled::new(
+                    &p.step,
+                    p.mesh.as_ref(),
+                    "train",
+                    &c.train.backend,
+                ),
+            };
+            Some(compiled.map_err(|e| format!("train.backend = \"{}\": {e}", c.train.backend))?)
         }
         other => {
             return Err(format!(

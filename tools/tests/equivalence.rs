@@ -412,6 +412,21 @@ fn check_pipeline(
     schedule: &str,
     recompute: Option<&str>,
 ) -> f64 {
+    pipeline_case(name, batch, stages, plan, schedule, recompute, false)
+}
+
+/// [`check_pipeline`]; with `compiled`, the programs also compile to one artifact
+/// (`nnscaler compile`'s) whose launch plan runs on nnscaler-rt's host backend, one
+/// virtual device per mesh device, and equals one device too.
+fn pipeline_case(
+    name: &str,
+    batch: &str,
+    stages: usize,
+    plan: &str,
+    schedule: &str,
+    recompute: Option<&str>,
+    compiled: bool,
+) -> f64 {
     let text = model_sized(name, Some(batch));
     let ir = IrContext::new();
     let step = |n: &str, o: &str| Step::new(n, o).unwrap();
@@ -462,6 +477,16 @@ fn check_pipeline(
     )
     .unwrap_or_else(|e| panic!("{name} {plan} {schedule}: {} at {}", e.message, e.loc));
     assert_eq!(got.len(), want.len(), "{name} {plan} {schedule}: results");
+    let got = if compiled {
+        let c = nnscaler_tools::compile::Compiled::pipeline(&programs, &mesh, "pp", name, "host")
+            .unwrap_or_else(|e| panic!("{name} {plan} {schedule}: {e}"));
+        let outs = c
+            .run_indexed(&by_index)
+            .unwrap_or_else(|e| panic!("{name} {plan} {schedule}: {e}"));
+        outs.into_iter().enumerate().collect()
+    } else {
+        got
+    };
     let mut worst = 0.0f64;
     for (k, (o, w)) in single.outputs.iter().zip(&want).enumerate() {
         let n = o.name().unwrap_or("?");
@@ -473,7 +498,8 @@ fn check_pipeline(
         worst = worst.max(err);
     }
     println!(
-        "pipeline equivalence: {name} {plan} {schedule} recompute {}: {} results, worst relative error {worst:.2e}",
+        "pipeline equivalence{}: {name} {plan} {schedule} recompute {}: {} results, worst relative error {worst:.2e}",
+        if compiled { " (compiled, host backend)" } else { "" },
         recompute.unwrap_or("off"),
         want.len()
     );
@@ -545,6 +571,43 @@ fn pipelined_dropout_matches_one_device() {
             check_pipeline("gpt-tiny+dropout", "8", 2, plan, "schedule-1f1b", r);
         }
     }
+}
+
+/// Every schedule, alone and under dp2 x tp2, with and without recomputation, and
+/// dropout: the pipeline compiled to one artifact (a launch plan per rank with sends and
+/// receives) runs on nnscaler-rt's host backend and equals one device.
+#[test]
+fn compiled_pipelines_match_one_device() {
+    for plan in [
+        "dp dp=1 pp=2 microbatches=4",
+        "dp-megatron dp=2 tp=2 pp=2 microbatches=4",
+    ] {
+        for (stages, s) in SCHEDULES {
+            for r in [None, Some("selective")] {
+                pipeline_case("gpt-tiny", "8", *stages, plan, s, r, true);
+            }
+        }
+    }
+    for (stages, s) in [(2, "schedule-1f1b"), (4, "schedule-zb-v")] {
+        pipeline_case(
+            "llama-tiny",
+            "8",
+            stages,
+            "dp-megatron dp=2 tp=2 pp=2 microbatches=4",
+            s,
+            Some("full"),
+            true,
+        );
+    }
+    pipeline_case(
+        "gpt-tiny+dropout",
+        "8",
+        2,
+        "dp-megatron dp=2 tp=2 pp=2 microbatches=4",
+        "schedule-1f1b",
+        None,
+        true,
+    );
 }
 
 /// Fewer micro-batches than stages still runs to the end (most ranks idle) and is exact;

@@ -1,6 +1,7 @@
 //! `nnscaler-rt`: runs a compiled program (`nnscaler compile` makes the `.nnsx` artifact).
 
 use clap::{Parser, Subcommand};
+use nnscaler_rt::artifact::Step;
 use nnscaler_rt::tensor::{self, Tensor};
 use nnscaler_rt::{Artifact, HostProgram};
 use std::process::ExitCode;
@@ -55,6 +56,7 @@ fn load(path: &str) -> Result<Artifact, String> {
 fn info(path: &str) -> Result<String, String> {
     let a = load(path)?;
     let h = &a.header;
+    let arena = h.programs.iter().map(|p| p.arena_bytes).max().unwrap_or(0);
     let mut s = format!(
         "{path}: {} for sm_{} (PTX {}.{}); {} kernels, {} steps, arena {} bytes\n",
         h.source,
@@ -62,33 +64,70 @@ fn info(path: &str) -> Result<String, String> {
         h.target.ptx / 10,
         h.target.ptx % 10,
         h.kernels.len(),
-        h.steps.len(),
-        h.arena_bytes
+        a.steps(),
+        arena
     );
-    if !h.mesh.is_empty() {
-        let axes: Vec<String> = h
-            .mesh
-            .iter()
-            .map(|a| format!("{} = {}", a.name, a.size))
-            .collect();
-        s += &format!(
-            "one device's program, run on {} virtual devices: mesh <{}>\n",
-            a.devices(),
-            axes.join(", ")
-        );
+    let axes: Vec<String> = h
+        .mesh
+        .iter()
+        .map(|a| format!("{} = {}", a.name, a.size))
+        .collect();
+    match &h.pipeline_axis {
+        Some(axis) => {
+            s += &format!(
+                "a pipeline of {} programs (one per rank of '{axis}'), run on {} virtual devices: mesh <{}>\n",
+                h.programs.len(),
+                a.devices(),
+                axes.join(", ")
+            );
+            for p in &h.programs {
+                let sends = p
+                    .steps
+                    .iter()
+                    .filter(|s| matches!(s, Step::Send { .. }))
+                    .count();
+                let recvs = p
+                    .steps
+                    .iter()
+                    .filter(|s| matches!(s, Step::Recv { .. }))
+                    .count();
+                s += &format!(
+                    "program {} on devices {:?}: {} steps ({sends} sends, {recvs} receives), arena {} bytes\n",
+                    p.name,
+                    p.devices,
+                    p.steps.len(),
+                    p.arena_bytes
+                );
+            }
+        }
+        None if !h.mesh.is_empty() => {
+            s += &format!(
+                "one device's program, run on {} virtual devices: mesh <{}>\n",
+                a.devices(),
+                axes.join(", ")
+            );
+        }
+        None => {}
     }
-    for (what, ports) in [("input", &h.inputs), ("output", &h.outputs)] {
-        for p in ports {
-            let b = &h.buffers[p.buffer];
-            let piece = if p.global_shape != b.shape {
-                format!(" (piece {:?})", b.shape)
-            } else {
-                String::new()
+    for (what, ports, inputs) in [("input", &h.inputs, true), ("output", &h.outputs, false)] {
+        for (k, p) in ports.iter().enumerate() {
+            // The piece of the first program that holds it.
+            let piece = h.programs.iter().find_map(|prog| {
+                let bindings = if inputs { &prog.inputs } else { &prog.outputs };
+                bindings
+                    .iter()
+                    .find(|b| b.port == k)
+                    .map(|b| &prog.buffers[b.buffer].shape)
+            });
+            let piece = match piece {
+                Some(shape) if *shape != p.global_shape => format!(" (piece {shape:?})"),
+                Some(_) => String::new(),
+                None => " (unused)".into(),
             };
             s += &format!(
                 "{what} {} {:?} {:?}{piece}{}\n",
                 p.name,
-                b.elt,
+                p.elt,
                 p.global_shape,
                 if p.param { " (param)" } else { "" }
             );
