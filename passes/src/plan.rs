@@ -16,6 +16,8 @@
 //!   their sequence dim (1) over `tp`, so norms, residual adds and the embedding run on a
 //!   sequence shard, with all_gather before column-parallel linears and reduce_scatter
 //!   after row-parallel ones in place of all_reduce.
+//! * `dp-megatron-sp` — both, on a `dp x tp` mesh: data inputs split on the batch over
+//!   `dp` and on the sequence over `tp`.
 //!
 //! The mesh is the module's (`@world` with axes `dp`/`tp`), or made from the `dp=` / `tp=`
 //! options when the module has none.
@@ -49,6 +51,8 @@ pub enum Policy {
     DpMegatron,
     /// Megatron with sequence parallelism.
     MegatronSp,
+    /// Data parallel and Megatron with sequence parallelism.
+    DpMegatronSp,
     /// Data parallel over `dp`; every op's split over `tp` searched (`split_search.rs`).
     TpSearch,
 }
@@ -60,9 +64,10 @@ impl Policy {
             "megatron" => Ok(Policy::Megatron),
             "dp-megatron" => Ok(Policy::DpMegatron),
             "megatron-sp" => Ok(Policy::MegatronSp),
+            "dp-megatron-sp" => Ok(Policy::DpMegatronSp),
             "tp-search" => Ok(Policy::TpSearch),
             other => Err(format!(
-                "unknown policy '{other}' (policies: dp, megatron, dp-megatron, megatron-sp, tp-search, auto)"
+                "unknown policy '{other}' (policies: dp, megatron, dp-megatron, megatron-sp, dp-megatron-sp, tp-search, auto)"
             )),
         }
     }
@@ -71,7 +76,7 @@ impl Policy {
         match self {
             Policy::Dp => &["dp"],
             Policy::Megatron => &["tp"],
-            Policy::DpMegatron | Policy::TpSearch => &["dp", "tp"],
+            Policy::DpMegatron | Policy::DpMegatronSp | Policy::TpSearch => &["dp", "tp"],
             Policy::MegatronSp => &["tp"],
         }
     }
@@ -487,6 +492,7 @@ fn policy_name(p: Policy) -> &'static str {
         Policy::Megatron => "megatron",
         Policy::DpMegatron => "dp-megatron",
         Policy::MegatronSp => "megatron-sp",
+        Policy::DpMegatronSp => "dp-megatron-sp",
         Policy::TpSearch => "tp-search",
     }
 }
@@ -527,7 +533,17 @@ fn set_layout(g: &mut Graph, arg: usize, mesh: &Mesh, axes: Vec<(String, AxisLay
 /// Writes the policy's directives into `g` (`tp-search` needs a cluster: see
 /// [`crate::split_search::tp_search`]; here it plans `dp` only).
 pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnostics> {
-    if matches!(policy, Policy::Dp | Policy::DpMegatron | Policy::TpSearch) {
+    // Layouts the user wrote stay; the policy composes the rest (dp, then the sequence
+    // over tp, then the micro-batches).
+    let given: Vec<bool> = g
+        .args
+        .iter()
+        .map(|a| a.attrs.contains_key("nns.layout"))
+        .collect();
+    if matches!(
+        policy,
+        Policy::Dp | Policy::DpMegatron | Policy::DpMegatronSp | Policy::TpSearch
+    ) {
         let n = mesh.axis("dp").unwrap_or(1);
         for i in 0..g.args.len() {
             let a = &g.args[i];
@@ -554,28 +570,25 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
     }
     if matches!(
         policy,
-        Policy::Megatron | Policy::DpMegatron | Policy::MegatronSp
+        Policy::Megatron | Policy::DpMegatron | Policy::MegatronSp | Policy::DpMegatronSp
     ) {
         megatron(&mut g, mesh);
     }
     check_param_layouts(&g, policy, mesh)?;
     state_layouts(&mut g);
-    if let Some(mb) = mesh.microbatch_axis() {
-        microbatch_inputs(&mut g, mesh, &mb.name.clone(), mb.size)?;
-    }
-    if policy == Policy::MegatronSp {
+    if matches!(policy, Policy::MegatronSp | Policy::DpMegatronSp) {
         // The residual stream is split on the sequence: data inputs [batch, seq, ...] cut
         // on dim 1. Propagation then keeps norms and residual adds sequence-split; a
         // row-parallel result meets the split stream through a reduce_scatter, and a
         // column-parallel linear gathers its input with an all_gather.
         let n = mesh.axis("tp").unwrap_or(1);
-        for i in 0..g.args.len() {
+        for (i, &user_given) in given.iter().enumerate() {
             let a = &g.args[i];
             let ty = &g.values[a.value];
             if a.is_param()
                 || a.attrs.contains_key("nns.state_of")
                 || ty.shape.len() < 2
-                || a.attrs.contains_key("nns.layout")
+                || user_given
             {
                 continue;
             }
@@ -589,8 +602,20 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
                     ),
                 ));
             }
-            set_layout(&mut g, i, mesh, vec![("tp".into(), AxisLayout::D(1))]);
+            let mut axes = match a.attrs.get("nns.layout") {
+                Some(AttrValue::Nns { kind, body }) if kind == "layout" => {
+                    Layout::parse(body)
+                        .map_err(|e| error(&g.loc, format!("plan: argument {i}: {e}")))?
+                        .axes
+                }
+                _ => Vec::new(),
+            };
+            axes.push(("tp".into(), AxisLayout::D(1)));
+            set_layout(&mut g, i, mesh, axes);
         }
+    }
+    if let Some(mb) = mesh.microbatch_axis() {
+        microbatch_inputs(&mut g, mesh, &mb.name.clone(), mb.size)?;
     }
     Ok(g)
 }

@@ -170,11 +170,11 @@ pub static PASSES: &[PassInfo] = &[
     },
     PassInfo {
         name: "plan",
-        summary: "Write a named policy's split directives and layouts: dp (data parallel), megatron (column->row tensor parallel), dp-megatron (both), megatron-sp (with sequence parallelism), tp-search (each op's tp split searched with Z3 over the cost model); --plan=\"dp-megatron dp=2 tp=4\"",
+        summary: "Write a named policy's split directives and layouts: dp (data parallel), megatron (column->row tensor parallel), dp-megatron (both), megatron-sp (with sequence parallelism), dp-megatron-sp (dp and megatron-sp), tp-search (each op's tp split searched with Z3 over the cost model); --plan=\"dp-megatron dp=2 tp=4\"",
         options: &[
             OptionInfo {
                 name: "policy",
-                help: "dp | megatron | dp-megatron | megatron-sp (may be written alone: --plan=dp) | tp-search: data parallel over dp, and every forward op's split over tp (an annotation id or none), every parameter's and data input's layout over tp, chosen by Z3 to minimise the step's predicted time on cluster= under the ops' nns.split/nns.pin/nns.forbid and the mesh's memory_cap (repeated layers solved once; the choices in a remark) | auto: the data x tensor parallel plan the cost model predicts fastest on cluster= for devices= (the ranking in a remark)",
+                help: "dp | megatron | dp-megatron | megatron-sp | dp-megatron-sp (may be written alone: --plan=dp) | tp-search: data parallel over dp, and every forward op's split over tp (an annotation id or none), every parameter's and data input's layout over tp, chosen by Z3 to minimise the step's predicted time on cluster= under the ops' nns.split/nns.pin/nns.forbid and the mesh's memory_cap (repeated layers solved once; the choices in a remark) | auto: the data x tensor parallel plan the cost model predicts fastest on cluster= for devices= (the ranking in a remark)",
             },
             OptionInfo {
                 name: "dp",

@@ -2,9 +2,11 @@
 //! micro-batch size and count, pipeline schedule, recompute policy and ZeRO stage, scored
 //! by the cost model ([`crate::cost`]) and the schedule simulator ([`crate::schedule`]).
 //!
-//! **Profiles.** For each tensor-parallel degree `t` and micro-batch size `b`, the
-//! training step is compiled for real, graph to graph in memory (`--plan
-//! "dp-megatron dp=B/b tp=t"`, propagation, splitting, relayout lowering, localization),
+//! **Profiles.** For each tensor-parallel degree `t`, micro-batch size `b` and way of
+//! splitting the layers over `tp` ([`TpPolicy`]: Megatron's, Megatron's with sequence
+//! parallelism, searched), the training step is compiled for real, graph to graph in
+//! memory (`--plan "dp-megatron dp=B/b tp=t"`, `dp-megatron-sp` or `tp-search`,
+//! propagation, splitting, relayout lowering, localization),
 //! so its per-device program is one micro-batch of `b` sequences at `tp = t`. Each op of
 //! that program is predicted ([`crate::cost::node_cost`]) and charged to an *item*: the
 //! ops before the first layer, each layer (`h.3`, `layers.3`: as `--place` and
@@ -181,6 +183,11 @@ pub enum TpPolicy {
     Megatron,
     /// Each op's split searched by Z3 (`--plan=tp-search`, [`crate::split_search`]).
     Search,
+    /// Megatron's rule with sequence parallelism over the same `tp` devices
+    /// (`--plan=dp-megatron-sp`): norms, residual adds and the embedding on a sequence
+    /// shard, all_gather before column-parallel linears and reduce_scatter after
+    /// row-parallel ones.
+    Sp,
 }
 
 impl TpPolicy {
@@ -189,6 +196,7 @@ impl TpPolicy {
         match self {
             TpPolicy::Megatron => "dp-megatron",
             TpPolicy::Search => "tp-search",
+            TpPolicy::Sp => "dp-megatron-sp",
         }
     }
 }
@@ -262,6 +270,11 @@ fn profile_reusing(
             (1, _) => propagate(plan(g.clone(), Policy::Dp, &mesh)?, &mesh, &mut remarks)?,
             (_, TpPolicy::Megatron) => propagate(
                 plan(g.clone(), Policy::DpMegatron, &mesh)?,
+                &mesh,
+                &mut remarks,
+            )?,
+            (_, TpPolicy::Sp) => propagate(
+                plan(g.clone(), Policy::DpMegatronSp, &mesh)?,
                 &mesh,
                 &mut remarks,
             )?,
@@ -576,6 +589,8 @@ impl Config {
             (1, t, TpPolicy::Megatron) => format!("megatron tp={t}"),
             (d, t, TpPolicy::Megatron) => format!("dp-megatron dp={d} tp={t}"),
             (d, t, TpPolicy::Search) => format!("tp-search dp={d} tp={t} cluster={cluster}"),
+            (1, t, TpPolicy::Sp) => format!("megatron-sp tp={t}"),
+            (d, t, TpPolicy::Sp) => format!("dp-megatron-sp dp={d} tp={t}"),
         };
         if self.pipelined() {
             plan += &format!(" pp={} microbatches={}", self.pp, self.microbatches);
@@ -599,6 +614,9 @@ impl Config {
         s += &format!(" recompute={} zero={}", self.recompute.name(), self.zero);
         if self.tp > 1 && self.tensor == TpPolicy::Search {
             s += " splits=searched";
+        }
+        if self.tp > 1 && self.tensor == TpPolicy::Sp {
+            s += " sp";
         }
         s
     }
@@ -664,8 +682,8 @@ pub struct Space {
     /// Brute force (tests): every contiguous stage cut instead of the dynamic program's,
     /// every plan simulated (no bounds).
     pub exhaustive: bool,
-    /// How layers may be split over `tp`: Megatron's rule, and each op's split searched
-    /// by Z3 ([`crate::split_search`]).
+    /// How layers may be split over `tp`: Megatron's rule, with sequence parallelism, and
+    /// each op's split searched by Z3 ([`crate::split_search`]).
     pub tensor: Vec<TpPolicy>,
 }
 
@@ -698,7 +716,7 @@ impl Space {
             keep: 20,
             pipelines: true,
             exhaustive: false,
-            tensor: vec![TpPolicy::Megatron, TpPolicy::Search],
+            tensor: vec![TpPolicy::Megatron, TpPolicy::Sp, TpPolicy::Search],
         }
     }
 
@@ -709,7 +727,7 @@ impl Space {
             recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
             zero: vec![0, 1],
             megatron: true,
-            tensor: vec![TpPolicy::Megatron],
+            tensor: vec![TpPolicy::Megatron, TpPolicy::Sp],
             ..Space::new(devices)
         }
     }

@@ -22,7 +22,8 @@ use std::time::Instant;
 #[command(
     about = "Search the fastest plan (dp x tp x pp, micro-batches, schedule, recompute, ZeRO) for a model on a cluster",
     long_about = "Search the fastest plan for a model on a cluster: data, tensor and pipeline \
-        parallel degrees, micro-batch size and count, pipeline schedule (1f1b, interleaved, \
+        parallel degrees (tensor parallelism by Megatron's rule, with or without sequence \
+        parallelism, or each op's split searched by Z3), micro-batch size and count, pipeline schedule (1f1b, interleaved, \
         zb-h1, zb-v), recompute (none, selective, full) and ZeRO stage (0-3). The training \
         step is compiled for real at each tensor-parallel degree and micro-batch size, \
         each op predicted by the cost model, pipelines simulated with their schedule. \

@@ -107,7 +107,7 @@ pub struct DataSection {
 #[derive(Deserialize, Serialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct PlanSection {
-    /// dp | megatron | dp-megatron | megatron-sp.
+    /// dp | megatron | dp-megatron | megatron-sp | dp-megatron-sp.
     pub policy: String,
     /// Data-parallel degree.
     #[serde(default)]

@@ -232,6 +232,7 @@ const PLANS: &[&str] = &[
     "megatron tp=4",
     "dp-megatron dp=2 tp=2",
     "megatron-sp tp=2",
+    "dp-megatron-sp dp=2 tp=2",
 ];
 
 /// `tp-search` on a cluster where splitting always pays (no per-op overhead, a free
@@ -545,6 +546,32 @@ fn searched_splits_in_pipelines_match_one_device() {
                 check_pipeline(name, "8", stages, &plan, s, r);
             }
         }
+    }
+}
+
+/// Sequence parallelism inside pipeline stages (the data inputs split on the batch over
+/// `dp` and `mb`, on the sequence over `tp`): every schedule, and with recomputation.
+#[test]
+fn sequence_parallel_pipelines_match_one_device() {
+    for name in ["gpt-tiny", "llama-tiny"] {
+        for (stages, s) in SCHEDULES {
+            check_pipeline(
+                name,
+                "8",
+                *stages,
+                "dp-megatron-sp dp=2 tp=2 pp=2 microbatches=4",
+                s,
+                None,
+            );
+        }
+        check_pipeline(
+            name,
+            "8",
+            2,
+            "dp-megatron-sp dp=2 tp=2 pp=2 microbatches=4",
+            "schedule-1f1b",
+            Some("selective"),
+        );
     }
 }
 
