@@ -53,8 +53,9 @@ want = int(sys.argv[2])
 step = max(1, len(ranked) // want)
 for e in ranked[::step][:want]:
     c = e['config']
-    print('%.6e\t%s\tdp=%d tp=%d pp=%d mb=%dx%d %s %s z%d' % (
-        e['seconds'], e['flags'], c['dp'], c['tp'], c['pp'], c['micro'], c['microbatches'],
+    print('%.6e\t%s\tdp=%d tp=%d%s pp=%d mb=%dx%d %s %s z%d' % (
+        e['seconds'], e['flags'], c['dp'], c['tp'],
+        '' if c['tp'] == 1 else '(%s)' % c['tensor'], c['pp'], c['micro'], c['microbatches'],
         c['schedule'], c['recompute'], c['zero']))
 EOF
 # Apply every plan first, then time them in ROUNDS interleaved rounds (each plan's

@@ -170,11 +170,10 @@ struct Unit<'a> {
 /// Per device of a program, its piece's `[start, end)` per dim of the whole tensor.
 type Pieces = Vec<Vec<[u64; 2]>>;
 
-/// A port of `g` (argument or result `v` with `attrs`): the step's port and this
+/// A port (an argument or result with buffer `buf` and `attrs`): the step's port and this
 /// program's devices' pieces of it (`dmesh`: the devices' mesh).
 fn port_of(
-    g: &Graph,
-    v: usize,
+    buf: &Buf,
     attrs: &Attrs,
     fallback: String,
     dmesh: Option<&Mesh>,
@@ -184,12 +183,11 @@ fn port_of(
         Some(AttrValue::Str(s)) => s.clone(),
         _ => fallback,
     };
-    let local: Vec<usize> = g.values[v].shape.iter().map(|&d| d as usize).collect();
-    let (global_shape, all) = shards(attrs, &local, dmesh, &format!("'{name}'"))?;
+    let (global_shape, all) = shards(attrs, &buf.shape, dmesh, &format!("'{name}'"))?;
     let shards = devs.ids.iter().map(|&d| all[d].clone()).collect();
     let port = nx::Port {
         global_shape,
-        elt: elt(Buf::of(&g.values[v]).elt),
+        elt: elt(buf.elt),
         layout: attr_text(attrs.get("nns.layout")),
         param: matches!(
             attrs.get("nns.param"),
@@ -262,8 +260,14 @@ fn program(
         .collect();
     let (offsets, arena_bytes) = plan(&sizes, &live);
 
-    // Where the step's tensors are.
+    // Where the step's tensors are (`v`: a value of the program after inlining; every
+    // argument and result has a buffer).
     let dmesh = mesh.map(Mesh::device_mesh);
+    let buf_of = |v: usize| {
+        p.values[v]
+            .as_ref()
+            .ok_or_else(|| format!("@{}: value {v} has no buffer", g.name))
+    };
     let bind = |vals: &[(usize, &Attrs)],
                 which: &[usize],
                 table: &mut [Option<nx::Port>],
@@ -272,8 +276,13 @@ fn program(
         vals.iter()
             .zip(which)
             .map(|(&(v, attrs), &k)| {
-                let (port, shards) =
-                    port_of(g, v, attrs, format!("{what}{k}"), dmesh.as_ref(), &u.devs)?;
+                let (port, shards) = port_of(
+                    buf_of(v)?,
+                    attrs,
+                    format!("{what}{k}"),
+                    dmesh.as_ref(),
+                    &u.devs,
+                )?;
                 match &table[k] {
                     Some(seen) if *seen != port => {
                         return Err(format!(

@@ -635,6 +635,26 @@ fn compiled_pipelines_match_one_device() {
         None,
         true,
     );
+    // One micro-batch: results straight from a fragment call (no accumulation), most
+    // ranks idle; and sequence parallelism inside the stages.
+    pipeline_case(
+        "gpt-tiny",
+        "4",
+        4,
+        "dp dp=1 pp=4 microbatches=1",
+        "schedule-1f1b",
+        None,
+        true,
+    );
+    pipeline_case(
+        "gpt-tiny",
+        "8",
+        2,
+        "dp-megatron-sp dp=2 tp=2 pp=2 microbatches=4",
+        "schedule-zb-h1",
+        None,
+        true,
+    );
 }
 
 /// Fewer micro-batches than stages still runs to the end (most ranks idle) and is exact;
