@@ -5,7 +5,8 @@
 # Prints: the GPU; per case, agreement of the CUDA backend with the CPU runtime (whole
 # training steps, one device, dp2 x tp2 on 4 virtual devices, and a pp2 x dp2 x tp2 1F1B
 # pipeline on 8); the nanoGPT GPU-config
-# step time against PyTorch eager on the same GPU; the GEMM rate against torch.matmul.
+# step time against PyTorch eager on the same GPU; the GEMM rate against torch.matmul;
+# and the calibration benchmarks' times (calib-timings.json, copied to $OUT when set).
 set -uo pipefail
 cd "$(dirname "$0")"
 py=${PYTHON:-python3}
@@ -40,4 +41,8 @@ echo "== GEMM 2048^3 fp32"
 "$py" compare.py inputs gemm.nnsx gemm.in.safetensors
 ./nnscaler-rt run gemm.nnsx --backend cuda --repeat 5 --inputs gemm.in.safetensors -o /dev/null || status=1
 "$py" torch_ref.py gemm 2048 || status=1
+echo "== calibration benchmarks (fit them with: nnscaler calibrate --device gpu --timings calib-timings.json)"
+./nnscaler-rt bench calib/calibrate.json --backend cuda -o calib-timings.json || status=1
+if [ -n "${OUT:-}" ] && [ -f calib-timings.json ]; then cp calib-timings.json "$OUT/"; fi
+cat calib-timings.json 2>/dev/null || true
 exit $status

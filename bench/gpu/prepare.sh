@@ -65,4 +65,8 @@ func.func @train(%a: tensor<2048x2048xf32> {nns.name = "a"}, %b: tensor<2048x204
 }
 MLIR
 "$bin/nnscaler" compile gemm.mlir -o "$out/gemm.nnsx" > /dev/null
+# The cost model's GPU entries: benchmarks nnscaler-rt bench times there (fitted here
+# afterwards with nnscaler calibrate --device gpu --timings).
+rm -rf "$out/calib"
+"$bin/nnscaler" calibrate --device gpu --prepare "$out/calib" > /dev/null
 du -sh "$out"

@@ -685,6 +685,15 @@ fn collective_shapes(
     Ok(())
 }
 
+/// Test artifacts for the crate's other modules.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    /// A one-program artifact: `y = k0(x)` on 4 floats.
+    pub(crate) fn sample() -> super::Artifact {
+        super::tests::sample()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -729,7 +738,7 @@ mod tests {
         }
     }
 
-    fn sample() -> Artifact {
+    pub(super) fn sample() -> Artifact {
         let mut p = program(
             "f",
             vec![0],

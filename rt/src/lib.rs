@@ -9,6 +9,7 @@
 //! products through cuBLAS; NCCL is issue 13's next part).
 
 pub mod artifact;
+pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod host;

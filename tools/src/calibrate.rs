@@ -12,6 +12,10 @@
 //! interpreter (`Device::kernels`, see `kernel_factors`).
 //! Each figure is the median of repeated runs. Never
 //! an end-to-end model timing: those check the model (bench/cost.sh), they do not fit it.
+//!
+//! `--device gpu` (a machine with only nnscaler-rt): `--prepare DIR` writes benchmark
+//! artifacts and their manifest (`nnscaler_rt::bench`), `nnscaler-rt bench` times them
+//! there, `--timings FILE` fits the device's entries from what it wrote.
 
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::graph::Graph;
@@ -34,15 +38,233 @@ use std::time::Instant;
         overhead, the in-process network, and per op how the runtime's kernel compares \
         with that roofline. Prints them and writes a cluster TOML that \
         --print-stats=cluster=FILE, nnscaler plan --cluster FILE and \
-        --plan=\"tp-search cluster=FILE\" read. Takes about fifteen seconds."
+        --plan=\"tp-search cluster=FILE\" read. Takes about fifteen seconds.\n\n\
+        A GPU (--device gpu) is measured where only nnscaler-rt runs: --prepare DIR writes \
+        benchmark artifacts and DIR/calibrate.json, 'nnscaler-rt bench DIR/calibrate.json \
+        --backend cuda -o timings.json' times them on the GPU's machine, and --timings \
+        timings.json fits the device's rates, efficiency curve and per-kernel cost here, on \
+        --base's other entries (memory, bf16 rate, network)."
 )]
 pub struct CalibrateArgs {
-    /// The device to measure (cpu; a GPU needs nnscaler-rt's CUDA backend, not yet).
-    #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
+    /// The device to measure: cpu (here), or gpu (in two steps: --prepare DIR writes
+    /// benchmarks that 'nnscaler-rt bench DIR/calibrate.json' times on the GPU's machine,
+    /// and --timings FILE fits its output here).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "gpu"])]
     pub device: String,
+    /// gpu: write the benchmark artifacts and their manifest (calibrate.json) into DIR.
+    #[arg(long, value_name = "DIR", conflicts_with = "timings")]
+    pub prepare: Option<String>,
+    /// gpu: the largest matrix product's side (and the streams' size: 4 x its square
+    /// floats, at most 64M).
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(16..=16384))]
+    pub max_size: u64,
+    /// gpu: fit the device's entries from the manifest 'nnscaler-rt bench' timed.
+    #[arg(long, value_name = "FILE")]
+    pub timings: Option<String>,
+    /// gpu: the cluster whose other entries (memory, bf16 rate, network) the fitted one
+    /// keeps (a preset or a TOML file).
+    #[arg(long, default_value = "h200", value_name = "CLUSTER")]
+    pub base: String,
     /// Where to write the cluster TOML ('-': standard output).
     #[arg(short = 'o', long = "output", value_name = "FILE", default_value = "-")]
     pub output: String,
+}
+
+/// The matrix product sides `--prepare` times, up to `max`.
+fn gemm_sides(max: u64) -> Vec<u64> {
+    let mut v: Vec<u64> = [256u64, 512, 1024, 2048, 4096, 8192, 16384]
+        .into_iter()
+        .filter(|&n| n <= max)
+        .collect();
+    if v.last() != Some(&max) {
+        v.push(max);
+    }
+    v
+}
+
+/// `--device gpu --prepare DIR`: the benchmark artifacts (compiled as `nnscaler
+/// compile` would) and their manifest, written together or not at all.
+fn prepare_gpu(a: &CalibrateArgs, dir: &str) -> Result<String, String> {
+    // A directory made here is removed again when anything fails.
+    let made = !std::path::Path::new(dir).exists();
+    if made {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{dir}: {e}"))?;
+    }
+    let r = prepare_into(a, dir);
+    if r.is_err() && made {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    r
+}
+
+fn prepare_into(a: &CalibrateArgs, dir: &str) -> Result<String, String> {
+    use nnscaler_rt::bench::{Entry, Kind, Manifest};
+    let mut out = crate::output::Outputs::new();
+    let mut entries = Vec::new();
+    let mut add = |name: String, text: String, kind: Kind, flops: f64, bytes: f64, ops: u64| {
+        let g = first_function(&text, &name)?;
+        let art =
+            nnscaler_codegen::artifact(&g, &format!("calibrate {name}"), None, Default::default())?;
+        let file = format!("{name}.nnsx");
+        out.stage(
+            &std::path::Path::new(dir).join(&file).to_string_lossy(),
+            art.to_bytes()?,
+        )?;
+        entries.push(Entry {
+            name,
+            artifact: file,
+            kind,
+            flops,
+            bytes,
+            ops,
+            seconds: None,
+        });
+        Ok::<(), String>(())
+    };
+    for n in gemm_sides(a.max_size) {
+        let t = format!("tensor<{n}x{n}xf32>");
+        add(
+            format!("gemm-{n}"),
+            format!("func.func @f(%a: {t} {{nns.name = \"a\"}}, %b: {t} {{nns.name = \"b\"}}) -> ({t} {{nns.name = \"c\"}}) {{\n  %c = \"dnn.matmul\"(%a, %b) : ({t}, {t}) -> {t}\n  return %c : {t}\n}}\n"),
+            Kind::Gemm,
+            2.0 * (n * n * n) as f64,
+            0.0,
+            1,
+        )?;
+    }
+    let n = (4 * a.max_size * a.max_size).min(1 << 26);
+    let t = format!("tensor<{n}xf32>");
+    add(
+        "add".into(),
+        format!("func.func @f(%a: {t} {{nns.name = \"a\"}}, %b: {t} {{nns.name = \"b\"}}) -> ({t} {{nns.name = \"c\"}}) {{\n  %c = \"dnn.add\"(%a, %b) : ({t}, {t}) -> {t}\n  return %c : {t}\n}}\n"),
+        Kind::Stream,
+        0.0,
+        3.0 * 4.0 * n as f64,
+        1,
+    )?;
+    // gelu (tanh form) at the op spec's 8 FLOPs an element, as the CPU calibration counts.
+    add(
+        "gelu".into(),
+        format!("func.func @f(%a: {t} {{nns.name = \"a\"}}) -> ({t} {{nns.name = \"c\"}}) {{\n  %c = \"dnn.gelu\"(%a) : ({t}) -> {t}\n  return %c : {t}\n}}\n"),
+        Kind::Vector,
+        8.0 * n as f64,
+        0.0,
+        1,
+    )?;
+    // A chain of tiny kernels: each add depends on the last (no fusion across a
+    // transpose), so each is one launch.
+    let t8 = "tensor<8x8xf32>";
+    let mut text =
+        format!("func.func @f(%x: {t8} {{nns.name = \"x\"}}) -> ({t8} {{nns.name = \"y\"}}) {{\n");
+    let mut last = "%x".to_string();
+    let links = 100;
+    for k in 0..links {
+        text += &format!(
+            "  %a{k} = \"dnn.add\"({last}, %x) : ({t8}, {t8}) -> {t8}\n  %t{k} = \"dnn.transpose\"(%a{k}) {{perm = array<i64: 1, 0>}} : ({t8}) -> {t8}\n"
+        );
+        last = format!("%t{k}");
+    }
+    text += &format!("  return {last} : {t8}\n}}\n");
+    add("launches".into(), text, Kind::Launch, 0.0, 0.0, 2 * links)?;
+    let m = Manifest {
+        source: format!(
+            "nnscaler calibrate --device gpu --prepare {dir} --max-size {}, {}",
+            a.max_size,
+            chrono_free_date()
+        ),
+        backend: None,
+        entries,
+    };
+    let count = m.entries.len();
+    let json = serde_json::to_string_pretty(&m).map_err(|e| e.to_string())?;
+    let manifest = std::path::Path::new(dir).join("calibrate.json");
+    out.stage(&manifest.to_string_lossy(), json.into_bytes())?;
+    out.commit()?;
+    Ok(format!(
+        "wrote {count} benchmarks and {}; time them where the GPU is with: nnscaler-rt bench {} --backend cuda -o timings.json\nthen fit here: nnscaler calibrate --device gpu --timings timings.json -o gpu.toml\n",
+        manifest.display(),
+        manifest.display()
+    ))
+}
+
+/// `--device gpu --timings FILE`: the device's rates, curve and per-launch cost fitted
+/// from the timed benchmarks, on `--base`'s other entries.
+fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
+    use nnscaler_rt::bench::{Kind, Manifest};
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let m: Manifest = serde_json::from_str(&text)
+        .map_err(|e| format!("{path}: not a calibration manifest ({e})"))?;
+    let backend = m
+        .backend
+        .clone()
+        .ok_or_else(|| format!("{path}: not timed yet (run nnscaler-rt bench on it)"))?;
+    let secs = |e: &nnscaler_rt::bench::Entry| {
+        e.seconds
+            .filter(|s| *s > 0.0 && s.is_finite())
+            .ok_or_else(|| format!("{path}: '{}' has no time", e.name))
+    };
+    let of = |k: Kind| m.entries.iter().filter(move |e| e.kind == k);
+    let mut report = format!("fitting {path} (timed on the {backend} backend)\n");
+    let mut rates = Vec::new();
+    for e in of(Kind::Gemm) {
+        let r = e.flops / secs(e)?;
+        report += &format!("  {}: {:.2} GFLOP/s\n", e.name, r / 1e9);
+        rates.push((e.flops, r));
+    }
+    let one = |k: Kind, what: &str| -> Result<&nnscaler_rt::bench::Entry, String> {
+        of(k)
+            .next()
+            .ok_or_else(|| format!("{path}: no {what} benchmark"))
+    };
+    if rates.is_empty() {
+        return Err(format!("{path}: no matrix product benchmark"));
+    }
+    let peak = rates.iter().map(|r| r.1).fold(0.0f64, f64::max);
+    let stream = one(Kind::Stream, "memory")?;
+    let bandwidth = stream.bytes / secs(stream)?;
+    let vector = one(Kind::Vector, "vector")?;
+    let vector_rate = vector.flops / secs(vector)?;
+    let launches = one(Kind::Launch, "launch")?;
+    let overhead = secs(launches)? / launches.ops.max(1) as f64;
+    report += &format!(
+        "  {}: {:.2} GB/s\n  {}: {:.2} GFLOP/s\n  {}: {:.2} us a kernel\n",
+        stream.name,
+        bandwidth / 1e9,
+        vector.name,
+        vector_rate / 1e9,
+        launches.name,
+        overhead * 1e6
+    );
+    let mut c = cost::load(&a.base)?;
+    c.name = format!("{}-measured", c.name);
+    c.device.matrix_flops = sig(peak);
+    c.device.matrix_efficiency = rates.iter().map(|&(f, r)| [f, sig(r / peak)]).collect();
+    c.device.memory_bandwidth = sig(bandwidth);
+    c.device.vector_flops = sig(vector_rate);
+    c.device.op_overhead = sig(overhead);
+    c.device.source = format!(
+        "nnscaler calibrate --device gpu --timings {path} ({}; timed on the {backend} backend) on {}, {}",
+        m.source,
+        a.base,
+        chrono_free_date()
+    );
+    report += &format!(
+        "  kept from {}: memory, the bf16 rate, the network{}\n",
+        a.base,
+        if c.device.kernels.is_empty() {
+            ""
+        } else {
+            ", per-op factors"
+        }
+    );
+    let toml = c.to_toml()?;
+    if a.output == "-" {
+        report += &toml;
+    } else {
+        crate::write_one(&a.output, toml.into_bytes())?;
+        report += &format!("wrote {}\n", a.output);
+    }
+    Ok(report)
 }
 
 /// Median seconds of `f`, repeated until 0.3 s have passed (3 to 200 runs).
@@ -97,6 +319,17 @@ fn time_kernel(op: &str, attrs: &Attrs, ins: &[Tensor], out: &[TensorType]) -> R
 
 /// Runs the command; returns the report to print.
 pub fn main(a: &CalibrateArgs) -> Result<String, String> {
+    match (a.device.as_str(), &a.prepare, &a.timings) {
+        ("gpu", Some(dir), _) => return prepare_gpu(a, dir),
+        ("gpu", None, Some(t)) => return fit_gpu(a, t),
+        ("gpu", None, None) => {
+            return Err("--device gpu runs in two steps: --prepare DIR (here; then nnscaler-rt bench DIR/calibrate.json where the GPU is), then --timings FILE (here)".into())
+        }
+        (_, Some(_), _) | (_, _, Some(_)) => {
+            return Err("--prepare and --timings apply to --device gpu".into())
+        }
+        _ => {}
+    }
     set_threads(1);
     let mut report = String::from("calibrating the CPU, one thread\n");
     // Matrix products in the three forms a training step runs (forward A B, the input's

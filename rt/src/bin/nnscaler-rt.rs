@@ -46,6 +46,22 @@ enum Cmd {
         #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
         backend: String,
     },
+    /// Time the calibration benchmarks 'nnscaler calibrate --device gpu --prepare DIR'
+    /// wrote, and write them back with each one's median seconds (for 'nnscaler
+    /// calibrate --device gpu --timings FILE' to fit).
+    Bench {
+        /// The manifest (DIR/calibrate.json).
+        manifest: String,
+        /// Where to write the timed manifest (JSON), written only on success.
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: String,
+        /// Timed runs of each benchmark (after one warm-up run).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        runs: u32,
+        /// Where the kernels run: host, or cuda (binaries built with --features cuda).
+        #[arg(long, default_value = "cuda", value_parser = ["host", "cuda"])]
+        backend: String,
+    },
 }
 
 fn load(path: &str) -> Result<Artifact, String> {
@@ -210,6 +226,41 @@ fn run_cuda(_: Artifact, _: &[Tensor], _: usize) -> Result<(Vec<Tensor>, Vec<f64
     Err("this nnscaler-rt was built without the CUDA backend (cargo build --release -p nnscaler-rt --features cuda)".into())
 }
 
+fn bench(manifest: &str, output: &str, runs: usize, backend: &str) -> Result<String, String> {
+    let text = std::fs::read_to_string(manifest).map_err(|e| format!("{manifest}: {e}"))?;
+    let mut m: nnscaler_rt::bench::Manifest = serde_json::from_str(&text)
+        .map_err(|e| format!("{manifest}: not a calibration manifest ({e})"))?;
+    let dir = std::path::Path::new(manifest)
+        .parent()
+        .unwrap_or(std::path::Path::new("."));
+    let mut time = |a: Artifact, args: &[Tensor], n: usize| -> Result<Vec<f64>, String> {
+        Ok(match backend {
+            "cuda" => run_cuda(a, args, n)?.1,
+            _ => HostProgram::load(a)?.run_timed(args, n)?.1,
+        })
+    };
+    nnscaler_rt::bench::run(&mut m, dir, runs, &mut time, &mut |e| {
+        let s = e.seconds.unwrap_or(0.0);
+        let rate = match e.kind {
+            nnscaler_rt::bench::Kind::Gemm | nnscaler_rt::bench::Kind::Vector => {
+                format!("{:.2} GFLOP/s", e.flops / s / 1e9)
+            }
+            nnscaler_rt::bench::Kind::Stream => format!("{:.2} GB/s", e.bytes / s / 1e9),
+            nnscaler_rt::bench::Kind::Launch => {
+                format!("{:.2} us a kernel", s / e.ops.max(1) as f64 * 1e6)
+            }
+        };
+        eprintln!("nnscaler-rt: {}: {:.3e} s, {rate}", e.name, s);
+    })?;
+    m.backend = Some(backend.to_string());
+    let json = serde_json::to_string_pretty(&m).map_err(|e| e.to_string())?;
+    write(output, json.as_bytes())?;
+    Ok(format!(
+        "timed {} benchmarks on the {backend} backend ({runs} runs each, medians); {output}\n",
+        m.entries.len()
+    ))
+}
+
 /// Writes `bytes` to `path` whole or not at all: a regular file or a new path through a
 /// temporary and a rename; anything else (`/dev/null`, a FIFO) written through.
 fn write(path: &str, bytes: &[u8]) -> Result<(), String> {
@@ -241,6 +292,12 @@ fn main() -> ExitCode {
             backend,
             repeat,
         } => run(artifact, inputs, output, backend, *repeat as usize),
+        Cmd::Bench {
+            manifest,
+            output,
+            runs,
+            backend,
+        } => bench(manifest, output, *runs as usize, backend),
     };
     match r {
         Ok(s) => {
