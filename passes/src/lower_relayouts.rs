@@ -122,6 +122,17 @@ pub fn lower(
         for step in &t.steps {
             state = step.apply(&state);
             let mut attrs = step_attrs(step, mesh);
+            // A collective among one device (its axes all of size 1: `dp=1` in a pipeline,
+            // say) is the identity; it is not emitted.
+            let alone = match attrs.get("axes") {
+                Some(AttrValue::Strs(names)) => names
+                    .iter()
+                    .all(|a| mesh.axis(a).is_some_and(|size| size == 1)),
+                _ => false,
+            };
+            if alone {
+                continue;
+            }
             attrs.insert(
                 "nns.layouts".into(),
                 layouts_attr(std::slice::from_ref(&state), mesh),
