@@ -81,9 +81,9 @@ pub struct RunArgs {
     /// Time every op and print, per op name, its calls, measured and predicted
     /// milliseconds per run and their ratio (to stderr), predicted by the cost model for
     /// CLUSTER (a preset or a TOML file such as `nnscaler calibrate`'s; default: cpu). On
-    /// simulated devices: the mean of the devices. With --repeat N, the runs after the
-    /// first (which warms up). Not for a pipelined program (its ranks run different
-    /// programs); --backend reference.
+    /// simulated devices: the mean of the devices; for a pipeline, one table per rank (the
+    /// mean of the rank's devices, against its program's prediction). With --repeat N, the
+    /// runs after the first (which warms up). --backend reference.
     #[arg(long, value_name = "CLUSTER", num_args = 0..=1, default_missing_value = "cpu",
           require_equals = true)]
     pub profile: Option<String>,
@@ -136,11 +136,6 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         _ => None,
     };
     if let Some(p) = pipeline {
-        if a.profile.is_some() {
-            return Err(format!(
-                "{model}: --profile times one device's ops: @{p} is a pipeline of simulated devices"
-            ));
-        }
         let all: Vec<Graph> = funcs.into_iter().filter_map(Result::ok).collect();
         return run_pipelined(a, &module, all, &p, &render);
     }
@@ -624,6 +619,16 @@ fn run_pipelined(
     let (values, saved_params) = bind_all(a, &step)?;
     let inputs: std::collections::BTreeMap<usize, nnscaler_runtime::Tensor> =
         arg_index.iter().copied().zip(values).collect();
+    let cluster = match &a.profile {
+        Some(_) if a.backend != "reference" => {
+            return Err(
+                "--profile needs --backend reference (compiled kernels are timed as a whole)"
+                    .into(),
+            )
+        }
+        Some(c) => Some(nnscaler_passes::cost::load(c)?),
+        None => None,
+    };
     if a.backend != "reference" {
         if a.check_finite {
             return Err("--check-finite needs --backend reference (compiled kernels are not checked op by op)".into());
@@ -638,12 +643,16 @@ fn run_pipelined(
     }
     let opts = Options {
         check_finite: a.check_finite,
-        ..Options::default()
+        profile_devices: cluster.is_some(),
     };
+    // Per rank, its devices' op times added up (the tables show their mean).
+    let dsizes: Vec<i64> = dmesh.axes.iter().map(|x| x.size).collect();
+    let ppi = dmesh.axes.iter().position(|x| x.name == axis);
+    let mut profiles = vec![nnscaler_runtime::Profile::default(); programs.len()];
     let mut times = Vec::new();
     let mut device_times = Vec::new();
     let mut outs = Default::default();
-    for _ in 0..a.repeat.max(1) {
+    for run in 0..a.repeat.max(1) {
         let started = std::time::Instant::now();
         outs = run_pipeline(&programs, mesh, &axis, &inputs, &opts).map_err(|e| {
             let mut d = Diagnostics::default();
@@ -652,8 +661,24 @@ fn run_pipelined(
         })?;
         times.push(started.elapsed().as_secs_f64());
         device_times.push(nnscaler_runtime::spmd::device_seconds());
+        // With --repeat, the first run warms up and is left out.
+        if cluster.is_some() && (run > 0 || a.repeat <= 1) {
+            for (d, p) in nnscaler_runtime::spmd::device_profiles().iter().enumerate() {
+                let r = ppi.map_or(0, |i| nnscaler_dialects::sharding::coords(&dsizes, d)[i]);
+                if let Some(acc) = profiles.get_mut(r) {
+                    acc.merge(p);
+                }
+            }
+        }
     }
     report_times(name, &mut times, &mut device_times);
+    if let Some(c) = &cluster {
+        let runs = if a.repeat > 1 { a.repeat - 1 } else { 1 };
+        let per_rank = (mesh.devices() as u32 / programs.len().max(1) as u32).max(1);
+        for (g, p) in programs.iter().zip(&profiles) {
+            eprint!("{}", profile_table(g, Some(mesh), c, p, (runs, per_rank)));
+        }
+    }
     let outs: Vec<nnscaler_runtime::Tensor> = res_index
         .iter()
         .map(|i| outs.remove(i).expect("every result is assembled"))
