@@ -483,23 +483,17 @@ pub fn compile_on(g: &Graph, mesh: Option<&Mesh>, devs: &Devices) -> Result<Prog
                     i.shape
                 )));
             }
-            touch(&mut p, n.inputs[0]);
-            touch(&mut p, n.outputs[0]);
-            p.launches.push(Launch {
-                work: Work::Kernel(p.kernels.len()),
-                bufs: vec![BufId::Value(n.inputs[0]), BufId::Value(n.outputs[0])],
-                nodes: vec![k],
-            });
-            p.kernels.push(Kernel {
+            let kernel = Kernel {
                 name: format!("n{k}_microbatch"),
                 body: Body::Window {
                     dim,
                     start: index * len,
                 },
                 inputs: vec![i],
-                outputs: vec![o.clone()],
                 len: o.len(),
-            });
+                outputs: vec![o],
+            };
+            unary_launch(&mut p, g, k, kernel);
             continue;
         }
         if n.op == "nns.send" || n.op == "nns.recv" {
@@ -538,20 +532,14 @@ pub fn compile_on(g: &Graph, mesh: Option<&Mesh>, devs: &Devices) -> Result<Prog
             if b.elt != Elt::F32 {
                 return Err(at("'nns.partition' of integers has no GPU path".into()));
             }
-            touch(&mut p, n.inputs[0]);
-            touch(&mut p, n.outputs[0]);
-            p.launches.push(Launch {
-                work: Work::Kernel(p.kernels.len()),
-                bufs: vec![BufId::Value(n.inputs[0]), BufId::Value(n.outputs[0])],
-                nodes: vec![k],
-            });
-            p.kernels.push(Kernel {
+            let kernel = Kernel {
                 name: format!("n{k}_partition"),
                 body: Body::Map(vec![x(0) * c(1.0 / size as f32)]),
                 inputs: vec![b.clone()],
-                outputs: vec![b.clone()],
                 len: b.len(),
-            });
+                outputs: vec![b],
+            };
+            unary_launch(&mut p, g, k, kernel);
             continue;
         }
         let ins: Vec<Buf> = n.inputs.iter().map(|&v| Buf::of(&g.values[v])).collect();
@@ -595,6 +583,21 @@ pub fn compile_on(g: &Graph, mesh: Option<&Mesh>, devs: &Devices) -> Result<Prog
         }
     }
     Ok(p)
+}
+
+/// A launch of `kernel` on node `k`'s first operand and its result.
+fn unary_launch(p: &mut Program, g: &Graph, k: usize, kernel: Kernel) {
+    let n = &g.nodes[k];
+    let (i, o) = (n.inputs[0], n.outputs[0]);
+    for v in [i, o] {
+        p.values[v].get_or_insert_with(|| Buf::of(&g.values[v]));
+    }
+    p.launches.push(Launch {
+        work: Work::Kernel(p.kernels.len()),
+        bufs: vec![BufId::Value(i), BufId::Value(o)],
+        nodes: vec![k],
+    });
+    p.kernels.push(kernel);
 }
 
 /// When `v` is a bf16 value: a launch after its producer (node `k`) that rounds its buffer

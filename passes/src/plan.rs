@@ -602,14 +602,7 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
                     ),
                 ));
             }
-            let mut axes = match a.attrs.get("nns.layout") {
-                Some(AttrValue::Nns { kind, body }) if kind == "layout" => {
-                    Layout::parse(body)
-                        .map_err(|e| error(&g.loc, format!("plan: argument {i}: {e}")))?
-                        .axes
-                }
-                _ => Vec::new(),
-            };
+            let mut axes = layout_axes(&g, i)?;
             axes.push(("tp".into(), AxisLayout::D(1)));
             set_layout(&mut g, i, mesh, axes);
         }
@@ -643,6 +636,16 @@ pub(crate) fn state_layouts(g: &mut Graph) {
 
 /// Splits every data input's dim 0 over the micro-batch axis `mb` as well (inside the axes
 /// already splitting it): each device's share of the batch is cut into `m` micro-batches.
+/// The axes of argument `i`'s `nns.layout` (none without one).
+fn layout_axes(g: &Graph, i: usize) -> Result<Vec<(String, AxisLayout)>, Diagnostics> {
+    match g.args[i].attrs.get("nns.layout") {
+        Some(AttrValue::Nns { kind, body }) if kind == "layout" => Ok(Layout::parse(body)
+            .map_err(|e| error(&g.loc, format!("plan: argument {i}: {e}")))?
+            .axes),
+        _ => Ok(Vec::new()),
+    }
+}
+
 fn microbatch_inputs(g: &mut Graph, mesh: &Mesh, mb: &str, m: i64) -> Result<(), Diagnostics> {
     for i in 0..g.args.len() {
         let a = &g.args[i];
@@ -650,14 +653,7 @@ fn microbatch_inputs(g: &mut Graph, mesh: &Mesh, mb: &str, m: i64) -> Result<(),
         if a.is_param() || a.attrs.contains_key("nns.state_of") || ty.shape.is_empty() {
             continue;
         }
-        let mut axes = match a.attrs.get("nns.layout") {
-            Some(AttrValue::Nns { kind, body }) if kind == "layout" => {
-                Layout::parse(body)
-                    .map_err(|e| error(&g.loc, format!("plan: argument {i}: {e}")))?
-                    .axes
-            }
-            _ => Vec::new(),
-        };
+        let mut axes = layout_axes(g, i)?;
         if axes.iter().any(|(x, _)| x == mb) {
             continue;
         }

@@ -257,14 +257,19 @@ fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
             ", per-op factors"
         }
     );
-    let toml = c.to_toml()?;
-    if a.output == "-" {
-        report += &toml;
-    } else {
-        crate::write_one(&a.output, toml.into_bytes())?;
-        report += &format!("wrote {}\n", a.output);
-    }
+    report += &write_cluster(&c, &a.output)?;
     Ok(report)
+}
+
+/// Writes `c` as TOML to `output` ('-': returns it for the report); what to add to the
+/// report.
+fn write_cluster(c: &Cluster, output: &str) -> Result<String, String> {
+    let toml = c.to_toml()?;
+    if output == "-" {
+        return Ok(toml);
+    }
+    crate::write_one(output, toml.into_bytes())?;
+    Ok(format!("wrote {output}\n"))
 }
 
 /// Median seconds of `f`, repeated until 0.3 s have passed (3 to 200 runs).
@@ -487,13 +492,7 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     report += &lines;
     c.device.kernels = kernels;
     c.device.source = format!("nnscaler calibrate --device cpu, {}", chrono_free_date());
-    let toml = c.to_toml()?;
-    if a.output == "-" {
-        report += &toml;
-    } else {
-        crate::write_one(&a.output, toml.into_bytes())?;
-        report += &format!("wrote {}\n", a.output);
-    }
+    report += &write_cluster(&c, &a.output)?;
     Ok(report)
 }
 

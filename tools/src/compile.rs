@@ -154,23 +154,26 @@ pub fn main(a: &CompileArgs, error_limit: usize) -> Result<String, String> {
 
 /// The pipeline `func` names (the value of its programs' `nns.pipeline`), or without
 /// `func` the one a module of pipeline programs holds (`train`, or its only one).
-pub fn pipeline_named(funcs: &[Graph], func: Option<&str>) -> Option<String> {
+pub fn pipeline_named<'a>(
+    funcs: impl IntoIterator<Item = &'a Graph>,
+    func: Option<&str>,
+) -> Option<String> {
+    let mut has_train = false;
     let mut pipelines: Vec<String> = funcs
-        .iter()
-        .filter_map(|f| match f.func_attrs.get("nns.pipeline") {
-            Some(AttrValue::Str(p)) => Some(p.clone()),
-            _ => None,
+        .into_iter()
+        .filter_map(|f| {
+            has_train |= f.name == "train";
+            match f.func_attrs.get("nns.pipeline") {
+                Some(AttrValue::Str(p)) => Some(p.clone()),
+                _ => None,
+            }
         })
         .collect();
     pipelines.sort();
     pipelines.dedup();
     match func {
         Some(f) => pipelines.iter().find(|p| *p == f).cloned(),
-        None if pipelines.iter().any(|p| p == "train")
-            && !funcs.iter().any(|f| f.name == "train") =>
-        {
-            Some("train".into())
-        }
+        None if pipelines.iter().any(|p| p == "train") && !has_train => Some("train".into()),
         None if pipelines.len() == 1 => pipelines.first().cloned(),
         None => None,
     }

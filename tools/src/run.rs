@@ -116,25 +116,10 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         return Err(format!("{model}: the module has no function to run"));
     }
     // A pipelined step (the programs of a --schedule-* pass) runs as one function.
-    let pipelines: Vec<String> = {
-        let mut v: Vec<String> = funcs
-            .iter()
-            .filter_map(|f| match f.as_ref().ok()?.func_attrs.get("nns.pipeline") {
-                Some(nnscaler_dialects::types::AttrValue::Str(p)) => Some(p.clone()),
-                _ => None,
-            })
-            .collect();
-        v.dedup();
-        v
-    };
-    let pipeline = match &a.func {
-        Some(f) if pipelines.contains(f) => Some(f.clone()),
-        None if pipelines.iter().any(|p| p == "train") && !names.iter().any(|n| n == "train") => {
-            Some("train".into())
-        }
-        None if pipelines.len() == 1 => pipelines.first().cloned(),
-        _ => None,
-    };
+    let pipeline = crate::compile::pipeline_named(
+        funcs.iter().filter_map(|f| f.as_ref().ok()),
+        a.func.as_deref(),
+    );
     if let Some(p) = pipeline {
         let all: Vec<Graph> = funcs.into_iter().filter_map(Result::ok).collect();
         return run_pipelined(a, &module, all, &p, &render);
@@ -247,16 +232,7 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         check_finite: a.check_finite,
         profile_devices: a.profile.is_some(),
     };
-    let cluster = match &a.profile {
-        Some(_) if a.backend != "reference" => {
-            return Err(
-                "--profile needs --backend reference (compiled kernels are timed as a whole)"
-                    .into(),
-            )
-        }
-        Some(c) => Some(nnscaler_passes::cost::load(c)?),
-        None => None,
-    };
+    let cluster = profile_cluster(a)?;
     if a.backend != "reference" {
         if a.check_finite {
             return Err("--check-finite needs --backend reference (compiled kernels are not checked op by op)".into());
@@ -522,6 +498,17 @@ fn write_results(
     outputs.commit()
 }
 
+/// The cluster `--profile` predicts for (refused with a compiled backend).
+fn profile_cluster(a: &RunArgs) -> Result<Option<nnscaler_passes::cost::Cluster>, String> {
+    match &a.profile {
+        Some(_) if a.backend != "reference" => Err(
+            "--profile needs --backend reference (compiled kernels are timed as a whole)".into(),
+        ),
+        Some(c) => nnscaler_passes::cost::load(c).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// Runs pipeline `name`: its per-rank programs on the simulated devices of the mesh, with
 /// whole tensors bound to the original function's arguments.
 fn run_pipelined(
@@ -619,16 +606,7 @@ fn run_pipelined(
     let (values, saved_params) = bind_all(a, &step)?;
     let inputs: std::collections::BTreeMap<usize, nnscaler_runtime::Tensor> =
         arg_index.iter().copied().zip(values).collect();
-    let cluster = match &a.profile {
-        Some(_) if a.backend != "reference" => {
-            return Err(
-                "--profile needs --backend reference (compiled kernels are timed as a whole)"
-                    .into(),
-            )
-        }
-        Some(c) => Some(nnscaler_passes::cost::load(c)?),
-        None => None,
-    };
+    let cluster = profile_cluster(a)?;
     if a.backend != "reference" {
         if a.check_finite {
             return Err("--check-finite needs --backend reference (compiled kernels are not checked op by op)".into());
