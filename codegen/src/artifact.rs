@@ -8,6 +8,7 @@ use crate::program::{compile_on, BufId, Collective, Devices, Program, Work};
 use crate::target::{host_shared_object, ptx, Gpu};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Mesh;
+use nnscaler_dialects::scalar::{x, Bin, Expr};
 use nnscaler_dialects::sharding::Sharding;
 use nnscaler_dialects::types::{AttrValue, Attrs};
 use nnscaler_rt::artifact as nx;
@@ -420,6 +421,23 @@ fn program(
     })
 }
 
+/// The kernels collectives reduce with (`nx::Reducers`): `acc = acc + x` and
+/// `acc = max(acc, x)` on `(acc, x, acc)`, element-wise on buffers of one shape, so a
+/// launch covers any number of elements.
+pub fn reducers() -> [Kernel; 2] {
+    let k = |f: Expr, what: &str| Kernel {
+        name: format!("nns_reduce_{what}"),
+        body: Body::Map(vec![f]),
+        inputs: vec![Buf::f32(&[1]), Buf::f32(&[1])],
+        outputs: vec![Buf::f32(&[1])],
+        len: 1,
+    };
+    [
+        k(x(0) + x(1), "sum"),
+        k(Expr::Bin(Bin::Max, Box::new(x(0)), Box::new(x(1))), "max"),
+    ]
+}
+
 /// Compiles `units` (one SPMD program, or a pipeline's ranks in order) into an artifact
 /// with `inputs` and `outputs` ports.
 fn build(
@@ -456,6 +474,19 @@ fn build(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let reduces = programs.iter().flat_map(|p| &p.steps).any(|s| {
+        matches!(
+            s,
+            nx::Step::AllReduce { .. } | nx::Step::ReduceScatter { .. }
+        )
+    });
+    let reducers = reduces.then(|| {
+        let [sum, max] = reducers();
+        nx::Reducers {
+            sum: kernels.add(&sum, ""),
+            max: kernels.add(&max, ""),
+        }
+    });
     let complete = |t: Vec<Option<nx::Port>>, what: &str| -> Result<Vec<nx::Port>, String> {
         t.into_iter()
             .enumerate()
@@ -503,6 +534,7 @@ fn build(
                 },
             })
             .collect(),
+        reducers,
         programs,
         sections: Vec::new(),
     };

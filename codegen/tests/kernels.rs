@@ -773,6 +773,7 @@ fn every_ptx_module_passes_ptxas() {
     let mut kernels: Vec<Kernel> = lower_cases(&op_cases())
         .into_iter()
         .flat_map(|(l, _)| l.kernels)
+        .chain(nnscaler_codegen::artifact::reducers())
         .collect();
     for (name, bf16) in [
         ("nanogpt-cpu", false),
@@ -818,7 +819,7 @@ fn every_ptx_module_passes_ptxas() {
         String::from_utf8_lossy(&out.stderr)
     );
     println!(
-        "codegen: {} kernels (every op case, the fused kernels of nanogpt-cpu (f32 and bf16) and llama-tiny steps): {} lines of PTX, accepted by ptxas for sm_90",
+        "codegen: {} kernels (every op case, the collectives' reducers, the fused kernels of nanogpt-cpu (f32 and bf16) and llama-tiny steps): {} lines of PTX, accepted by ptxas for sm_90",
         kernels.len(),
         text.lines().count()
     );

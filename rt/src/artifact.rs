@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 /// The file's first four bytes.
 pub const MAGIC: &[u8; 4] = b"NNSX";
 /// The format version this build reads and writes.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Threads per block of every kernel launch.
 pub const BLOCK: u32 = 256;
 
@@ -153,6 +153,17 @@ pub struct Kernel {
     /// Set when the kernel is a matrix product.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemm: Option<Gemm>,
+}
+
+/// The element-wise kernels collectives reduce with, each launched on buffers
+/// `(acc, x, acc)` over any number of f32s (the index count is the launch's, not the
+/// kernel's `len`): `acc = acc + x`, and `acc = max(acc, x)` (`f32::max`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reducers {
+    /// Index into [`Header::kernels`] of the sum.
+    pub sum: usize,
+    /// Index into [`Header::kernels`] of the maximum.
+    pub max: usize,
 }
 
 /// One step of the program.
@@ -306,6 +317,9 @@ pub struct Header {
     pub outputs: Vec<Port>,
     /// The kernels (every program's).
     pub kernels: Vec<Kernel>,
+    /// The kernels the collectives reduce with (present when a program has a reduction).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reducers: Option<Reducers>,
     /// The programs; every device runs exactly one.
     pub programs: Vec<Program>,
     /// The sections.
@@ -456,6 +470,26 @@ impl Artifact {
         }
         if let Some(d) = owner.iter().position(Option::is_none) {
             return Err(format!("device {d} runs no program"));
+        }
+        let reduces = h
+            .programs
+            .iter()
+            .flat_map(|p| &p.steps)
+            .any(|s| matches!(s, Step::AllReduce { .. } | Step::ReduceScatter { .. }));
+        match h.reducers {
+            Some(r) => {
+                for k in [r.sum, r.max] {
+                    if h.kernels.get(k).is_none_or(|k| k.buffers != 3) {
+                        return Err(format!(
+                            "reducer kernel {k} does not exist or does not take 3 buffers"
+                        ));
+                    }
+                }
+            }
+            None if reduces => {
+                return Err("a collective reduces, and the artifact has no reducer kernels".into())
+            }
+            None => {}
         }
         let mut computed = vec![0usize; h.outputs.len()];
         for (pi, p) in h.programs.iter().enumerate() {
@@ -763,6 +797,7 @@ mod tests {
                     buffers: 2,
                     gemm: None,
                 }],
+                reducers: None,
                 programs: vec![p],
                 sections: Vec::new(),
             },
@@ -902,14 +937,30 @@ mod tests {
         let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
         assert!(e.contains("dim 3 is beyond its buffers' rank"), "{e}");
         let mut b = sample();
-        b.header.programs[0].steps.push(Step::AllReduce {
+        b.header.programs[0].steps.push(Step::AllGather {
             input: 0,
             output: 1,
             groups: vec![vec![]],
-            max: false,
+            dim: 0,
         });
         let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
         assert!(e.contains("do not partition the program's devices"), "{e}");
+        // A reduction needs the reducer kernels, each on (acc, x, acc).
+        let mut b = sample();
+        b.header.programs[0].steps.push(Step::AllReduce {
+            input: 0,
+            output: 1,
+            groups: vec![vec![0]],
+            max: false,
+        });
+        let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+        assert!(e.contains("no reducer kernels"), "{e}");
+        b.header.reducers = Some(Reducers { sum: 0, max: 0 });
+        let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+        assert!(
+            e.contains("reducer kernel 0 does not exist or does not take 3 buffers"),
+            "{e}"
+        );
 
         let mut b = sample();
         b.header.programs[0].buffers[1].offset = 512;

@@ -2,16 +2,19 @@
 //! (cudarc, which loads `libcuda.so` at run time), kernels launched with the artifact's
 //! grids, one arena per virtual device on one GPU. Matrix products go to cuBLAS
 //! (`cublasSgemmStridedBatched`, fp32 without TF32, row-major by swapping the operands)
-//! when `libcublas.so` loads, else to their generated kernels. Collectives run on the host
-//! over the arenas (downloaded and uploaded around each one): correct, not fast; NCCL and
-//! device reduction kernels are the next step. A pipeline's programs run under the host
-//! backend's scheduler ([`crate::host`]); a send copies its buffer off the GPU and the
-//! receive copies it back into the other program's arena.
+//! when `libcublas.so` loads, else to their generated kernels. Collectives run on the GPU
+//! as the moves the host backend runs too (`crate::collective`): device-to-device copies
+//! between the virtual devices' arenas (`cuMemcpy2DAsync`, strided pieces in one call) and
+//! the artifact's reducer kernels; NCCL across several GPUs is not built yet. A pipeline's
+//! programs run under the host backend's scheduler ([`crate::host`]); a send copies its
+//! buffer into a device parcel, which the receive copies into the other program's arena.
 
 use crate::artifact::{Artifact, Buffer, Gemm, Step, BLOCK};
-use crate::host::{collective, load_inputs, results, schedule, Arenas, Engine};
+use crate::collective::{moves, scratch_bytes, At, Move, Place};
+use crate::host::{load_inputs, results, schedule, Engine};
 use crate::tensor::Tensor;
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::driver::sys as driver_sys;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
@@ -149,6 +152,94 @@ impl CudaProgram {
         .map_err(|e| format!("cuBLAS: {e}"))
     }
 
+    /// Runs a collective's moves over program `p`'s arenas (in its devices' order) and the
+    /// run's scratch space, on the stream.
+    fn run_moves(
+        &self,
+        ms: &[Move],
+        arenas: &[CudaSlice<u64>],
+        scratch: &CudaSlice<u64>,
+    ) -> Result<(), String> {
+        let base = |s: &CudaSlice<u64>| s.device_ptr(&self.stream).0;
+        let bases: Vec<(u64, u64)> = arenas
+            .iter()
+            .map(|a| (base(a), a.len() as u64 * 8))
+            .collect();
+        let scratch = (base(scratch), scratch.len() as u64 * 8);
+        let addr = |a: At, bytes: u64| -> Result<u64, String> {
+            let (base, len) = match a.place {
+                Place::Device(d) => *bases.get(d).ok_or("a move names a missing device")?,
+                Place::Scratch => scratch,
+            };
+            if a.offset.saturating_add(bytes) > len {
+                return Err("a collective's move lies outside its arena".into());
+            }
+            Ok(base + a.offset)
+        };
+        for m in ms {
+            match *m {
+                Move::Copy {
+                    src,
+                    dst,
+                    width,
+                    rows,
+                    src_pitch,
+                    dst_pitch,
+                } => {
+                    if rows == 0 || width == 0 {
+                        continue;
+                    }
+                    let copy = driver_sys::CUDA_MEMCPY2D {
+                        srcXInBytes: 0,
+                        srcY: 0,
+                        srcMemoryType: driver_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                        srcHost: std::ptr::null(),
+                        srcDevice: addr(src, (rows - 1) * src_pitch + width)?,
+                        srcArray: std::ptr::null_mut(),
+                        srcPitch: src_pitch as usize,
+                        dstXInBytes: 0,
+                        dstY: 0,
+                        dstMemoryType: driver_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                        dstHost: std::ptr::null_mut(),
+                        dstDevice: addr(dst, (rows - 1) * dst_pitch + width)?,
+                        dstArray: std::ptr::null_mut(),
+                        dstPitch: dst_pitch as usize,
+                        WidthInBytes: width as usize,
+                        Height: rows as usize,
+                    };
+                    // SAFETY: both regions lie in live device allocations of this context
+                    // (checked above) and do not overlap; the descriptor is read during
+                    // the call.
+                    unsafe { driver_sys::cuMemcpy2DAsync_v2(&copy, self.stream.cu_stream()) }
+                        .result()
+                        .map_err(|e| format!("CUDA: a collective's copy: {e}"))?;
+                }
+                Move::Reduce { src, dst, n, max } => {
+                    let r = self
+                        .art
+                        .header
+                        .reducers
+                        .ok_or("the artifact has no reducers")?;
+                    let k = if max { r.max } else { r.sum };
+                    let (d, x) = (addr(dst, n * 4)?, addr(src, n * 4)?);
+                    let n = n as i64;
+                    let mut launch = self.stream.launch_builder(&self.fns[k]);
+                    launch.arg(&d).arg(&x).arg(&d).arg(&n);
+                    let cfg = LaunchConfig {
+                        grid_dim: ((n as u64).div_ceil(u64::from(BLOCK)).max(1) as u32, 1, 1),
+                        block_dim: (BLOCK, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    // SAFETY: the reducer reads and writes `n` f32s at each pointer, all
+                    // inside live allocations (checked); `d` is read and written element
+                    // by element, which the kernel allows.
+                    cuda(unsafe { launch.launch(cfg) }, "launching a reducer")?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Runs the program `repeat` times (at least once) on its arguments (whole tensors),
     /// every virtual device's arena on the one GPU; returns the results made whole and the
     /// seconds of each run's steps (after the arguments are on the GPU, until its last
@@ -159,6 +250,11 @@ impl CudaProgram {
         repeat: usize,
     ) -> Result<(Vec<Tensor>, Vec<f64>), String> {
         let mut host = load_inputs(&self.art, inputs)?;
+        let scratch_words = scratch_bytes(&self.art.header.programs)?.div_ceil(8).max(1);
+        let scratch = cuda(
+            self.stream.alloc_zeros::<u64>(scratch_words as usize),
+            "allocating the collectives' scratch space",
+        )?;
         let mut times = Vec::new();
         let mut dev: Vec<Vec<CudaSlice<u64>>> = Vec::new();
         for _ in 0..repeat.max(1) {
@@ -180,7 +276,7 @@ impl CudaProgram {
                 &mut Gpu {
                     prog: self,
                     dev: &mut dev,
-                    host: &mut host,
+                    scratch: &scratch,
                 },
             )?;
             cuda(self.stream.synchronize(), "finishing the step")?;
@@ -199,11 +295,11 @@ impl CudaProgram {
     }
 }
 
-/// The device arenas of a run (`host`: scratch copies for collectives).
+/// The device arenas of a run and its collectives' scratch space.
 struct Gpu<'a> {
     prog: &'a CudaProgram,
     dev: &'a mut Vec<Vec<CudaSlice<u64>>>,
-    host: &'a mut Arenas,
+    scratch: &'a CudaSlice<u64>,
 }
 
 impl Gpu<'_> {
@@ -216,27 +312,16 @@ impl Gpu<'_> {
 }
 
 impl Engine for Gpu<'_> {
+    /// Each device's copy of the sent buffer, on the GPU.
+    type Parcel = Vec<CudaSlice<u64>>;
+
     fn step(&mut self, p: usize, s: &Step) -> Result<(), String> {
         let this = self.prog;
         let h = &this.art.header;
         let prog = &h.programs[p];
         let Step::Launch { kernel, buffers } = s else {
-            // Collectives on the host: the program's arenas down, the step, arenas up.
-            for (h_arena, d_arena) in self.host[p].iter_mut().zip(self.dev[p].iter()) {
-                cuda(
-                    this.stream.memcpy_dtoh(d_arena, h_arena.as_mut_slice()),
-                    "reading an arena",
-                )?;
-            }
-            cuda(this.stream.synchronize(), "reading an arena")?;
-            collective(prog, s, &mut self.host[p])?;
-            for (h_arena, d_arena) in self.host[p].iter().zip(self.dev[p].iter_mut()) {
-                cuda(
-                    this.stream.memcpy_htod(h_arena.as_slice(), d_arena),
-                    "writing an arena",
-                )?;
-            }
-            return Ok(());
+            let (ms, _) = moves(prog, s)?;
+            return this.run_moves(&ms, &self.dev[p], self.scratch);
         };
         let k = &h.kernels[*kernel];
         for arena in self.dev[p].iter() {
@@ -271,44 +356,33 @@ impl Engine for Gpu<'_> {
         Ok(())
     }
 
-    fn read(&mut self, p: usize, b: usize) -> Result<Vec<Vec<u8>>, String> {
+    fn read(&mut self, p: usize, b: usize) -> Result<Self::Parcel, String> {
         let buf = &self.prog.art.header.programs[p].buffers[b];
         let w = Self::words(buf);
-        let mut out = Vec::with_capacity(self.dev[p].len());
-        for arena in &self.dev[p] {
-            let mut words = vec![0u64; w.len()];
-            cuda(
-                self.prog
-                    .stream
-                    .memcpy_dtoh(&arena.slice(w.clone()), words.as_mut_slice()),
-                "reading a sent buffer",
-            )?;
-            cuda(self.prog.stream.synchronize(), "reading a sent buffer")?;
-            let mut bytes: Vec<u8> = words.iter().flat_map(|x| x.to_le_bytes()).collect();
-            bytes.truncate(buf.bytes() as usize);
-            out.push(bytes);
-        }
-        Ok(out)
+        let stream = &self.prog.stream;
+        self.dev[p]
+            .iter()
+            .map(|arena| {
+                cuda(
+                    stream.clone_dtod(&arena.slice(w.clone())),
+                    "sending a buffer",
+                )
+            })
+            .collect()
     }
 
-    fn write(&mut self, p: usize, b: usize, pieces: Vec<Vec<u8>>) -> Result<(), String> {
+    fn write(&mut self, p: usize, b: usize, parcel: Self::Parcel) -> Result<(), String> {
         let buf = &self.prog.art.header.programs[p].buffers[b];
         let w = Self::words(buf);
-        for (arena, piece) in self.dev[p].iter_mut().zip(pieces) {
-            let mut words = vec![0u64; w.len()];
-            for (k, c) in piece.chunks(8).enumerate() {
-                let mut word = [0u8; 8];
-                word[..c.len()].copy_from_slice(c);
-                words[k] = u64::from_le_bytes(word);
-            }
+        for (arena, piece) in self.dev[p].iter_mut().zip(&parcel) {
             cuda(
                 self.prog
                     .stream
-                    .memcpy_htod(words.as_slice(), &mut arena.slice_mut(w.clone())),
-                "writing a received buffer",
+                    .memcpy_dtod(piece, &mut arena.slice_mut(w.clone())),
+                "receiving a buffer",
             )?;
         }
-        cuda(self.prog.stream.synchronize(), "writing a received buffer")
+        Ok(())
     }
 }
 

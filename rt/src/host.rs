@@ -7,7 +7,8 @@
 //! them). Sends do not wait. When no program can move and some have steps left, the run
 //! is a deadlock, reported with what each program waits for.
 
-use crate::artifact::{Artifact, Buffer, Elt, Program, Step};
+use crate::artifact::{Artifact, Buffer, Elt, Step};
+use crate::collective::{moves, scratch_bytes, At, Move, Place};
 use crate::tensor::{Tensor, Values};
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_void, CString};
@@ -21,23 +22,24 @@ pub(crate) type Arenas = Vec<Vec<Vec<u64>>>;
 /// on its devices, and read and write a buffer of each of its devices (sends and
 /// receives).
 pub(crate) trait Engine {
+    /// A sent buffer of every device of a program, until it is received.
+    type Parcel;
     /// Runs launch or collective step `s` of program `p` on every device of it.
     fn step(&mut self, p: usize, s: &Step) -> Result<(), String>;
-    /// Program `p`'s buffer `b`, the bytes of each of its devices.
-    fn read(&mut self, p: usize, b: usize) -> Result<Vec<Vec<u8>>, String>;
-    /// Writes each of program `p`'s devices' piece into its buffer `b`.
-    fn write(&mut self, p: usize, b: usize, pieces: Vec<Vec<u8>>) -> Result<(), String>;
+    /// A copy of program `p`'s buffer `b` on each of its devices.
+    fn read(&mut self, p: usize, b: usize) -> Result<Self::Parcel, String>;
+    /// Writes each of program `p`'s devices' piece of `parcel` into its buffer `b`.
+    fn write(&mut self, p: usize, b: usize, parcel: Self::Parcel) -> Result<(), String>;
 }
 
-/// Sent and not yet received: (from, to, tag) -> the bytes of each device, in the order
-/// sent.
-type Mailbox<'a> = HashMap<(usize, usize, &'a str), VecDeque<Vec<Vec<u8>>>>;
+/// Sent and not yet received: (from, to, tag) -> the parcels, in the order sent.
+type Mailbox<'a, P> = HashMap<(usize, usize, &'a str), VecDeque<P>>;
 
 /// Runs every program of `art` to its end (see the module's docs).
-pub(crate) fn schedule(art: &Artifact, e: &mut impl Engine) -> Result<(), String> {
+pub(crate) fn schedule<E: Engine>(art: &Artifact, e: &mut E) -> Result<(), String> {
     let programs = &art.header.programs;
     let mut pc = vec![0usize; programs.len()];
-    let mut mail: Mailbox<'_> = HashMap::new();
+    let mut mail: Mailbox<'_, E::Parcel> = HashMap::new();
     loop {
         let mut moved = false;
         for (p, prog) in programs.iter().enumerate() {
@@ -184,13 +186,18 @@ impl HostProgram {
         struct Host<'a> {
             prog: &'a HostProgram,
             arenas: &'a mut Arenas,
+            scratch: Vec<u64>,
         }
         impl Engine for Host<'_> {
+            type Parcel = Vec<Vec<u8>>;
             fn step(&mut self, p: usize, s: &Step) -> Result<(), String> {
                 let h = &self.prog.art.header;
                 let prog = &h.programs[p];
                 let Step::Launch { kernel, buffers } = s else {
-                    return collective(prog, s, &mut self.arenas[p]);
+                    let (ms, _) = moves(prog, s)?;
+                    return self
+                        .prog
+                        .run_moves(&ms, &mut self.arenas[p], &mut self.scratch);
                 };
                 for arena in self.arenas[p].iter_mut() {
                     let base = bytes_mut(arena).as_mut_ptr();
@@ -218,7 +225,84 @@ impl HostProgram {
                 Ok(())
             }
         }
-        schedule(&self.art, &mut Host { prog: self, arenas })
+        schedule(
+            &self.art,
+            &mut Host {
+                prog: self,
+                arenas,
+                scratch: vec![0; scratch_bytes(&self.art.header.programs)?.div_ceil(8) as usize],
+            },
+        )
+    }
+
+    /// Runs a collective's moves over a program's arenas (in its devices' order) and the
+    /// scratch space: copies by `memmove`, reductions by the artifact's reducer kernels.
+    fn run_moves(
+        &self,
+        ms: &[Move],
+        arenas: &mut [Vec<u64>],
+        scratch: &mut [u64],
+    ) -> Result<(), String> {
+        let bases: Vec<(*mut u8, usize)> = arenas
+            .iter_mut()
+            .map(|a| (bytes_mut(a).as_mut_ptr(), a.len() * 8))
+            .collect();
+        let scratch = (bytes_mut(scratch).as_mut_ptr(), scratch.len() * 8);
+        // A move's address, checked to lie with `bytes` inside its place.
+        let addr = |a: At, bytes: u64| -> Result<*mut u8, String> {
+            let (base, len) = match a.place {
+                Place::Device(d) => *bases.get(d).ok_or("a move names a missing device")?,
+                Place::Scratch => scratch,
+            };
+            if a.offset.saturating_add(bytes) > len as u64 {
+                return Err("a collective's move lies outside its arena".into());
+            }
+            // SAFETY: in bounds, just checked.
+            Ok(unsafe { base.add(a.offset as usize) })
+        };
+        for m in ms {
+            match *m {
+                Move::Copy {
+                    src,
+                    dst,
+                    width,
+                    rows,
+                    src_pitch,
+                    dst_pitch,
+                } => {
+                    if rows == 0 || width == 0 {
+                        continue;
+                    }
+                    let s = addr(src, (rows - 1) * src_pitch + width)?;
+                    let d = addr(dst, (rows - 1) * dst_pitch + width)?;
+                    for r in 0..rows as usize {
+                        // SAFETY: both runs lie in their places (checked above); distinct
+                        // buffers, so `copy` (memmove) is only ever careful.
+                        unsafe {
+                            std::ptr::copy(
+                                s.add(r * src_pitch as usize),
+                                d.add(r * dst_pitch as usize),
+                                width as usize,
+                            )
+                        };
+                    }
+                }
+                Move::Reduce { src, dst, n, max } => {
+                    let r = self
+                        .art
+                        .header
+                        .reducers
+                        .ok_or("the artifact has no reducers")?;
+                    let k = if max { r.max } else { r.sum };
+                    let args = [addr(dst, n * 4)?, addr(src, n * 4)?, addr(dst, n * 4)?];
+                    // SAFETY: the reducer reads and writes `n` f32s at each pointer,
+                    // all inside their places (checked); `dst` is both read and written
+                    // element by element, as the kernel's contract allows.
+                    unsafe { (self.fns[k])(args.as_ptr(), n) };
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -275,98 +359,6 @@ pub(crate) fn load_inputs(art: &Artifact, inputs: &[Tensor]) -> Result<Arenas, S
         all.push(arenas);
     }
     Ok(all)
-}
-
-/// Runs collective step `s` of program `prog` across its devices' arenas (`arenas`, in
-/// its devices' order; the groups name devices of the mesh). A launch, send or receive
-/// is an error here.
-pub(crate) fn collective(prog: &Program, s: &Step, arenas: &mut [Vec<u64>]) -> Result<(), String> {
-    // A group's devices as positions in the program's list.
-    let local = |g: &[usize]| -> Vec<usize> {
-        g.iter()
-            .map(|d| prog.devices.binary_search(d).expect("checked on reading"))
-            .collect()
-    };
-    let bufs = &prog.buffers;
-    match s {
-        Step::Launch { .. } | Step::Send { .. } | Step::Recv { .. } => {
-            return Err("not a collective".into())
-        }
-        Step::AllReduce {
-            input,
-            output,
-            groups,
-            max,
-        } => {
-            for g in groups {
-                let g = local(g);
-                let r = reduced(arenas, &g, &bufs[*input], *max);
-                for &d in &g {
-                    put(&mut arenas[d], &bufs[*output], &r)?;
-                }
-            }
-        }
-        Step::AllGather {
-            input,
-            output,
-            groups,
-            dim,
-        } => {
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            let es = ib.elt.size() as usize;
-            for g in groups {
-                let g = local(g);
-                let mut whole = vec![0u8; ob.bytes() as usize];
-                let len = ib.shape.get(*dim).copied().unwrap_or(1);
-                for (k, &d) in g.iter().enumerate() {
-                    let piece = get(&arenas[d], ib);
-                    let ranges = along(&ob.shape, *dim, k as u64 * len, len);
-                    place(&mut whole, &ob.shape, &ranges, &piece, es);
-                }
-                for &d in &g {
-                    write_at(&mut arenas[d], ob.offset, &whole);
-                }
-            }
-        }
-        Step::Slice {
-            input,
-            output,
-            groups,
-            dim,
-        } => {
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            let es = ib.elt.size() as usize;
-            let len = ob.shape.get(*dim).copied().unwrap_or(1);
-            for g in groups {
-                for (k, &d) in local(g).iter().enumerate() {
-                    let ranges = along(&ib.shape, *dim, k as u64 * len, len);
-                    let piece = cut(&get(&arenas[d], ib), &ib.shape, &ranges, es);
-                    write_at(&mut arenas[d], ob.offset, &piece);
-                }
-            }
-        }
-        Step::ReduceScatter {
-            input,
-            output,
-            groups,
-            dim,
-            max,
-        } => {
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            for g in groups {
-                let g = local(g);
-                let r = reduced(arenas, &g, ib, *max);
-                let bytes: Vec<u8> = r.iter().flat_map(|x| x.to_le_bytes()).collect();
-                let len = ob.shape.get(*dim).copied().unwrap_or(1);
-                for (k, &d) in g.iter().enumerate() {
-                    let ranges = along(&ib.shape, *dim, k as u64 * len, len);
-                    let piece = cut(&bytes, &ib.shape, &ranges, 4);
-                    write_at(&mut arenas[d], ob.offset, &piece);
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The results made whole from the arenas of the devices of the programs computing them
@@ -447,49 +439,6 @@ fn get(arena: &[u64], b: &Buffer) -> Vec<u8> {
     bytes(arena)[b.offset as usize..][..b.bytes() as usize].to_vec()
 }
 
-fn put(arena: &mut [u64], b: &Buffer, v: &[f32]) -> Result<(), String> {
-    if v.len() as u64 != b.len() || b.elt != Elt::F32 {
-        return Err("a collective's output does not match its input".into());
-    }
-    let out = &mut bytes_mut(arena)[b.offset as usize..][..b.bytes() as usize];
-    for (o, x) in out.chunks_exact_mut(4).zip(v) {
-        o.copy_from_slice(&x.to_le_bytes());
-    }
-    Ok(())
-}
-
-/// The members' pieces of `b` summed (or maxed) in member order.
-fn reduced(arenas: &[Vec<u64>], g: &[usize], b: &Buffer, max: bool) -> Vec<f32> {
-    let f = |d: usize| -> Vec<f32> {
-        get(&arenas[d], b)
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect()
-    };
-    let mut acc = f(g[0]);
-    for &d in &g[1..] {
-        for (a, x) in acc.iter_mut().zip(f(d)) {
-            *a = if max { a.max(x) } else { *a + x };
-        }
-    }
-    acc
-}
-
-/// Ranges covering `shape` whole except `[start, start + len)` along `dim`.
-fn along(shape: &[u64], dim: usize, start: u64, len: u64) -> Vec<[u64; 2]> {
-    shape
-        .iter()
-        .enumerate()
-        .map(|(d, &n)| {
-            if d == dim {
-                [start, start + len]
-            } else {
-                [0, n]
-            }
-        })
-        .collect()
-}
-
 /// Calls `f(whole_offset, piece_offset, run)` for each contiguous run of the block
 /// `ranges` of a row-major `shape` (offsets and run in elements).
 fn runs(shape: &[u64], ranges: &[[u64; 2]], mut f: impl FnMut(usize, usize, usize)) {
@@ -533,6 +482,7 @@ fn cut(whole: &[u8], shape: &[u64], ranges: &[[u64; 2]], es: usize) -> Vec<u8> {
 }
 
 /// Writes a piece into the block `ranges` of a whole tensor's bytes.
+#[cfg(test)]
 fn place(whole: &mut [u8], shape: &[u64], ranges: &[[u64; 2]], piece: &[u8], es: usize) {
     runs(shape, ranges, |w, p, len| {
         whole[w * es..(w + len) * es].copy_from_slice(&piece[p * es..(p + len) * es]);
@@ -579,7 +529,7 @@ impl Drop for HostProgram {
 
 #[cfg(test)]
 mod tests {
-    use super::{along, cut, place, place_checked};
+    use super::{cut, place, place_checked};
 
     #[test]
     fn blocks_cut_and_place_back() {
@@ -596,7 +546,6 @@ mod tests {
         let mut back = vec![0u8; whole.len()];
         place(&mut back, &shape, &ranges, &piece, 4);
         assert_eq!(&back[20..28], &whole[20..28]);
-        assert_eq!(along(&shape, 1, 2, 2), vec![[0, 3], [2, 4]]);
         // Replicas must agree bit for bit.
         let mut owner = vec![None; 12];
         let mut out = vec![0u8; whole.len()];
@@ -622,6 +571,7 @@ mod schedule_tests {
     struct Log(Vec<String>);
 
     impl Engine for Log {
+        type Parcel = Vec<Vec<u8>>;
         fn step(&mut self, p: usize, s: &Step) -> Result<(), String> {
             if let Step::Launch { kernel, .. } = s {
                 self.0.push(format!("p{p} k{kernel}"));
@@ -666,6 +616,7 @@ mod schedule_tests {
                 inputs: Vec::new(),
                 outputs: Vec::new(),
                 kernels: Vec::new(),
+                reducers: None,
                 programs: vec![prog("f.pp0", 0, a), prog("f.pp1", 1, b)],
                 sections: Vec::new(),
             },

@@ -6,10 +6,12 @@
 //! a GPU machine alone. Backends: [`host`] (the artifact's kernels compiled for the CPU,
 //! loaded with `dlopen`), where the launch plan is tested against the reference runtime,
 //! and, with the `cuda` feature, [`cuda`] (the PTX through the driver API, matrix
-//! products through cuBLAS; NCCL is issue 13's next part).
+//! products through cuBLAS). Both run collectives as the same moves (`collective`):
+//! strided copies between the virtual devices' arenas and the artifact's reducer kernels.
 
 pub mod artifact;
 pub mod bench;
+mod collective;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod host;

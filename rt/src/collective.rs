@@ -1,0 +1,399 @@
+//! Collectives as moves: every collective step of a program becomes a list of [`Move`]s,
+//! strided copies between the arenas of the program's devices and element-wise
+//! reductions by the artifact's reducer kernels ([`crate::artifact::Reducers`]), which
+//! both backends run the same way: the host backend with memory copies and the
+//! reducers' host code, the CUDA backend with device copies (`cuMemcpy2DAsync`) and the
+//! reducers' PTX, every virtual device's arena on the one GPU. So the host backend's
+//! tests check the very plan of copies and reductions a GPU runs.
+//!
+//! Within a group (members in order): an all-reduce sums into the first member's output
+//! (its input copied there first, then each other member's input added, in member order,
+//! as the reference sums) and copies the result to the others; a reduce-scatter sums the
+//! same way into the run's scratch space and copies each member its piece; an all-gather
+//! copies every member's input into its place in every member's output; a slice copies
+//! each member its piece of its own input. A piece along `dim` of a row-major tensor is
+//! one strided copy: `outer` rows (the dims before `dim`) of `len * inner` elements
+//! (`inner`: the dims after it), at a pitch of the whole dim.
+
+use crate::artifact::{Buffer, Program, Step};
+
+/// Where a move reads or writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// The arena of the program's device at this position in its device list.
+    Device(usize),
+    /// The run's scratch space (one, shared by the program's devices).
+    Scratch,
+}
+
+/// A byte offset in a [`Place`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct At {
+    /// The place.
+    pub place: Place,
+    /// Bytes from its start.
+    pub offset: u64,
+}
+
+/// One move of a collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Move {
+    /// `rows` runs of `width` bytes, run `r` from `src + r * src_pitch` to
+    /// `dst + r * dst_pitch` (source and destination never overlap).
+    Copy {
+        /// Read from.
+        src: At,
+        /// Written to.
+        dst: At,
+        /// Bytes per run.
+        width: u64,
+        /// Runs.
+        rows: u64,
+        /// Bytes between the runs' starts in the source.
+        src_pitch: u64,
+        /// Bytes between the runs' starts in the destination.
+        dst_pitch: u64,
+    },
+    /// `dst[i] = dst[i] + src[i]` (or `max(dst[i], src[i])`) for `n` f32s: the reducer
+    /// kernel launched on (dst, src, dst).
+    Reduce {
+        /// Added.
+        src: At,
+        /// Accumulated into.
+        dst: At,
+        /// Elements.
+        n: u64,
+        /// Maximum instead of sum.
+        max: bool,
+    },
+}
+
+/// A piece along one dim of a row-major tensor as a strided region: `rows` runs of
+/// `width` bytes, `pitch` apart, the first at `start`.
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    start: u64,
+    width: u64,
+    rows: u64,
+    pitch: u64,
+}
+
+/// Piece `k` of `pieces` equal ones along `dim` of `b`.
+fn piece(b: &Buffer, dim: usize, k: u64, pieces: u64) -> Piece {
+    let es = b.elt.size();
+    let outer: u64 = b.shape[..dim].iter().product();
+    let inner: u64 = b.shape[dim + 1..].iter().product();
+    let len = b.shape[dim] / pieces;
+    Piece {
+        start: k * len * inner * es,
+        width: len * inner * es,
+        rows: outer,
+        pitch: b.shape[dim] * inner * es,
+    }
+}
+
+fn at(place: Place, offset: u64) -> At {
+    At { place, offset }
+}
+
+/// A contiguous copy of `bytes`.
+fn copy(src: At, dst: At, bytes: u64) -> Move {
+    Move::Copy {
+        src,
+        dst,
+        width: bytes,
+        rows: 1,
+        src_pitch: bytes,
+        dst_pitch: bytes,
+    }
+}
+
+/// The moves of collective step `s` of `prog`, and the scratch bytes they use. The step
+/// is one the artifact's reader accepted (groups partition the devices, shapes fit).
+pub(crate) fn moves(prog: &Program, s: &Step) -> Result<(Vec<Move>, u64), String> {
+    let local = |g: &[usize]| -> Result<Vec<usize>, String> {
+        g.iter()
+            .map(|d| {
+                prog.devices
+                    .binary_search(d)
+                    .map_err(|_| format!("device {d} does not run '{}'", prog.name))
+            })
+            .collect()
+    };
+    let bufs = &prog.buffers;
+    let dev = Place::Device;
+    let mut out = Vec::new();
+    let mut scratch = 0u64;
+    match s {
+        Step::Launch { .. } | Step::Send { .. } | Step::Recv { .. } => {
+            return Err("not a collective".into())
+        }
+        Step::AllReduce {
+            input,
+            output,
+            groups,
+            max,
+        } => {
+            let (ib, ob) = (&bufs[*input], &bufs[*output]);
+            for g in groups {
+                let g = local(g)?;
+                let first = at(dev(g[0]), ob.offset);
+                if input != output {
+                    out.push(copy(at(dev(g[0]), ib.offset), first, ib.bytes()));
+                }
+                for &d in &g[1..] {
+                    out.push(Move::Reduce {
+                        src: at(dev(d), ib.offset),
+                        dst: first,
+                        n: ib.len(),
+                        max: *max,
+                    });
+                }
+                for &d in &g[1..] {
+                    out.push(copy(first, at(dev(d), ob.offset), ob.bytes()));
+                }
+            }
+        }
+        Step::ReduceScatter {
+            input,
+            output,
+            groups,
+            dim,
+            max,
+        } => {
+            let (ib, ob) = (&bufs[*input], &bufs[*output]);
+            scratch = ib.bytes();
+            for g in groups {
+                let g = local(g)?;
+                let sum = at(Place::Scratch, 0);
+                out.push(copy(at(dev(g[0]), ib.offset), sum, ib.bytes()));
+                for &d in &g[1..] {
+                    out.push(Move::Reduce {
+                        src: at(dev(d), ib.offset),
+                        dst: sum,
+                        n: ib.len(),
+                        max: *max,
+                    });
+                }
+                for (k, &d) in g.iter().enumerate() {
+                    let p = piece(ib, *dim, k as u64, g.len() as u64);
+                    out.push(Move::Copy {
+                        src: at(Place::Scratch, p.start),
+                        dst: at(dev(d), ob.offset),
+                        width: p.width,
+                        rows: p.rows,
+                        src_pitch: p.pitch,
+                        dst_pitch: p.width,
+                    });
+                }
+            }
+        }
+        Step::AllGather {
+            input,
+            output,
+            groups,
+            dim,
+        } => {
+            let (ib, ob) = (&bufs[*input], &bufs[*output]);
+            for g in groups {
+                let g = local(g)?;
+                for (k, &from) in g.iter().enumerate() {
+                    let p = piece(ob, *dim, k as u64, g.len() as u64);
+                    for &to in &g {
+                        out.push(Move::Copy {
+                            src: at(dev(from), ib.offset),
+                            dst: at(dev(to), ob.offset + p.start),
+                            width: p.width,
+                            rows: p.rows,
+                            src_pitch: p.width,
+                            dst_pitch: p.pitch,
+                        });
+                    }
+                }
+            }
+        }
+        Step::Slice {
+            input,
+            output,
+            groups,
+            dim,
+        } => {
+            let (ib, ob) = (&bufs[*input], &bufs[*output]);
+            for g in groups {
+                let g = local(g)?;
+                for (k, &d) in g.iter().enumerate() {
+                    let p = piece(ib, *dim, k as u64, g.len() as u64);
+                    out.push(Move::Copy {
+                        src: at(dev(d), ib.offset + p.start),
+                        dst: at(dev(d), ob.offset),
+                        width: p.width,
+                        rows: p.rows,
+                        src_pitch: p.pitch,
+                        dst_pitch: p.width,
+                    });
+                }
+            }
+        }
+    }
+    Ok((out, scratch))
+}
+
+/// The scratch bytes the collectives of every program of `programs` need (the largest).
+pub(crate) fn scratch_bytes(programs: &[Program]) -> Result<u64, String> {
+    let mut most = 0;
+    for p in programs {
+        for s in &p.steps {
+            if !matches!(
+                s,
+                Step::Launch { .. } | Step::Send { .. } | Step::Recv { .. }
+            ) {
+                most = most.max(moves(p, s)?.1);
+            }
+        }
+    }
+    Ok(most)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::artifact::Elt;
+
+    /// The f32 at `a` (offsets in bytes; the places hold f32s).
+    fn slot<'a>(a: At, arenas: &'a mut [Vec<f32>], scratch: &'a mut [f32]) -> &'a mut f32 {
+        let o = a.offset as usize / 4;
+        match a.place {
+            Place::Device(d) => &mut arenas[d][o],
+            Place::Scratch => &mut scratch[o],
+        }
+    }
+
+    /// Runs moves as they are specified, one f32 at a time.
+    fn run(ms: &[Move], arenas: &mut [Vec<f32>], scratch: &mut [f32]) {
+        let shift = |a: At, by: u64| At {
+            offset: a.offset + by,
+            ..a
+        };
+        for m in ms {
+            match *m {
+                Move::Copy {
+                    src,
+                    dst,
+                    width,
+                    rows,
+                    src_pitch,
+                    dst_pitch,
+                } => {
+                    for r in 0..rows {
+                        for b in (0..width).step_by(4) {
+                            let v = *slot(shift(src, r * src_pitch + b), arenas, scratch);
+                            *slot(shift(dst, r * dst_pitch + b), arenas, scratch) = v;
+                        }
+                    }
+                }
+                Move::Reduce { src, dst, n, max } => {
+                    for i in 0..n {
+                        let x = *slot(shift(src, 4 * i), arenas, scratch);
+                        let acc = slot(shift(dst, 4 * i), arenas, scratch);
+                        *acc = if max { acc.max(x) } else { *acc + x };
+                    }
+                }
+            }
+        }
+    }
+
+    fn buf(shape: &[u64], offset: u64) -> Buffer {
+        Buffer {
+            shape: shape.to_vec(),
+            elt: Elt::F32,
+            offset,
+        }
+    }
+
+    /// Two devices, buffers 0 (at 0) and 1 (at 256 bytes) of 128 f32 arenas starting with
+    /// `init`, after step `s`.
+    fn on_two(b0: Buffer, b1: Buffer, s: &Step, init: [&[f32]; 2]) -> [Vec<f32>; 2] {
+        let prog = Program {
+            name: "f".into(),
+            devices: vec![0, 1],
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            buffers: vec![b0, b1],
+            arena_bytes: 512,
+            constants: Vec::new(),
+            steps: Vec::new(),
+        };
+        let (ms, scratch) = moves(&prog, s).unwrap();
+        let mut arenas: Vec<Vec<f32>> = init
+            .iter()
+            .map(|x| {
+                let mut a = vec![0f32; 128];
+                a[..x.len()].copy_from_slice(x);
+                a
+            })
+            .collect();
+        let mut sc = vec![0f32; scratch as usize / 4];
+        run(&ms, &mut arenas, &mut sc);
+        [arenas[0].clone(), arenas[1].clone()]
+    }
+
+    const X0: [f32; 8] = [0., 1., 2., 3., 4., 5., 6., 7.];
+    const X1: [f32; 8] = [10., 11., 12., 13., 14., 15., 16., 17.];
+
+    /// Each collective along dim 1 of a [2, 4] tensor on two devices, against what it
+    /// means.
+    #[test]
+    fn moves_compute_the_collectives() {
+        let g = vec![vec![0, 1]];
+        let sum: Vec<f32> = X0.iter().zip(&X1).map(|(a, b)| a + b).collect();
+        let s = Step::AllReduce {
+            input: 0,
+            output: 1,
+            groups: g.clone(),
+            max: false,
+        };
+        let [a, b] = on_two(buf(&[2, 4], 0), buf(&[2, 4], 256), &s, [&X0, &X1]);
+        assert_eq!((&a[64..72], &b[64..72]), (&sum[..], &sum[..]));
+        let s = Step::ReduceScatter {
+            input: 0,
+            output: 1,
+            groups: g.clone(),
+            dim: 1,
+            max: false,
+        };
+        let [a, b] = on_two(buf(&[2, 4], 0), buf(&[2, 2], 256), &s, [&X0, &X1]);
+        assert_eq!(&a[64..68], &[10., 12., 18., 20.]);
+        assert_eq!(&b[64..68], &[14., 16., 22., 24.]);
+        let s = Step::AllGather {
+            input: 0,
+            output: 1,
+            groups: g.clone(),
+            dim: 1,
+        };
+        let [a, b] = on_two(buf(&[2, 2], 0), buf(&[2, 4], 256), &s, [&X0[..4], &X1[..4]]);
+        let want = [0., 1., 10., 11., 2., 3., 12., 13.];
+        assert_eq!((&a[64..72], &b[64..72]), (&want[..], &want[..]));
+        let s = Step::Slice {
+            input: 0,
+            output: 1,
+            groups: g.clone(),
+            dim: 1,
+        };
+        let [a, b] = on_two(buf(&[2, 4], 0), buf(&[2, 2], 256), &s, [&X0, &X1]);
+        assert_eq!(
+            (&a[64..68], &b[64..68]),
+            (&[0., 1., 4., 5.][..], &[12., 13., 16., 17.][..])
+        );
+        // The maximum, in place (input and output one buffer).
+        let x1: Vec<f32> = X1.iter().map(|v| 20. - v).collect();
+        let s = Step::AllReduce {
+            input: 0,
+            output: 0,
+            groups: g,
+            max: true,
+        };
+        let [a, b] = on_two(buf(&[2, 4], 0), buf(&[1], 256), &s, [&X0, &x1]);
+        let want = [10., 9., 8., 7., 6., 5., 6., 7.];
+        assert_eq!((&a[..8], &b[..8]), (&want[..], &want[..]));
+    }
+}
