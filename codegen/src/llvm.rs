@@ -1335,7 +1335,9 @@ impl<'ctx> Gen<'ctx> {
                 self.stf(outs[0], i, self.getf(acc, f32t)?)?;
             }
             Body::Attention(a) => {
-                let row = self.attn_row(a, i)?;
+                let mut row = self.attn_row(a, i)?;
+                let qb = self.mul_i(i, self.i64c(a.d))?;
+                row.mine.q = Some(self.private_row(ins[0], qb, a.d)?);
                 let (mx, inv) = self.attn_softmax(a, &row, ins[0], ins[1])?;
                 let acc = self.array(a.e)?;
                 self.for_range(row.lim, |g, j| {
@@ -1348,7 +1350,8 @@ impl<'ctx> Gen<'ctx> {
             }
             Body::AttnStats(a) => {
                 // ins: dout, q, k, v.
-                let row = self.attn_row(a, i)?;
+                let mut row = self.attn_row(a, i)?;
+                row.mine = self.query_rows(a, i, ins[1], ins[0])?;
                 let (mx, inv) = self.attn_softmax(a, &row, ins[1], ins[2])?;
                 let dot = self.var(self.fconst(0.0).into())?;
                 self.for_range(row.lim, |g, j| {
@@ -1363,7 +1366,8 @@ impl<'ctx> Gen<'ctx> {
             }
             Body::AttnDq(a) => {
                 // ins: dout, q, k, v, stats.
-                let row = self.attn_row(a, i)?;
+                let mut row = self.attn_row(a, i)?;
+                row.mine = self.query_rows(a, i, ins[1], ins[0])?;
                 let (mx, inv, dsum) = self.attn_stats(ins[4], row.q_row)?;
                 let acc = self.array(a.d)?;
                 self.for_range(row.lim, |g, j| {
@@ -1384,6 +1388,11 @@ impl<'ctx> Gen<'ctx> {
                 let per = a.h / a.g;
                 let dk = self.array(a.d)?;
                 let dv = self.array(a.e)?;
+                let mine = Mine {
+                    k: Some(self.private_row(ins[2], self.mul_i(i, self.i64c(a.d))?, a.d)?),
+                    v: Some(self.private_row(ins[3], self.mul_i(i, self.i64c(a.e))?, a.e)?),
+                    ..Mine::default()
+                };
                 self.for_range(self.i64c(per), |g, hh| {
                     let hi = g.add_i(g.mul_i(kvh, g.i64c(per))?, hh)?;
                     g.for_range(g.i64c(a.s), |g, qi| {
@@ -1396,6 +1405,7 @@ impl<'ctx> Gen<'ctx> {
                             kv_base: g
                                 .mul_i(g.add_i(g.mul_i(bi, g.i64c(a.g))?, kvh)?, g.i64c(a.t))?,
                             lim: g.i64c(a.t),
+                            mine,
                         };
                         // Causal: query qi sees key j only when j <= qi.
                         let seen = if a.causal {
@@ -1442,6 +1452,21 @@ impl<'ctx> Gen<'ctx> {
         Ok(p)
     }
 
+    /// Private copies of query row `i`'s `q` and `dO` rows (a backward query-row kernel).
+    fn query_rows(
+        &self,
+        a: &Attn,
+        i: IntValue<'ctx>,
+        q: PointerValue<'ctx>,
+        dout: PointerValue<'ctx>,
+    ) -> R<Mine<'ctx>> {
+        Ok(Mine {
+            q: Some(self.private_row(q, self.mul_i(i, self.i64c(a.d))?, a.d)?),
+            dout: Some(self.private_row(dout, self.mul_i(i, self.i64c(a.e))?, a.e)?),
+            ..Mine::default()
+        })
+    }
+
     /// Query row `i` (flat over batch, heads, positions) of an attention.
     fn attn_row(&self, a: &Attn, i: IntValue<'ctx>) -> R<AttnRow<'ctx>> {
         let bi = self.div_i(i, a.h * a.s)?;
@@ -1461,6 +1486,7 @@ impl<'ctx> Gen<'ctx> {
             q_row: i,
             kv_base: self.mul_i(kvh, self.i64c(a.t))?,
             lim,
+            mine: Mine::default(),
         })
     }
 
@@ -1473,10 +1499,35 @@ impl<'ctx> Gen<'ctx> {
         k: PointerValue<'ctx>,
         j: IntValue<'ctx>,
     ) -> R<FloatValue<'ctx>> {
-        let qb = self.mul_i(row.q_row, self.i64c(a.d))?;
-        let kb = self.mul_i(self.add_i(row.kv_base, j)?, self.i64c(a.d))?;
+        let zero = self.i64c(0);
+        let (q, qb) = match row.mine.q {
+            Some(p) => (p, zero),
+            None => (q, self.mul_i(row.q_row, self.i64c(a.d))?),
+        };
+        let (k, kb) = match row.mine.k {
+            Some(p) => (p, zero),
+            None => (k, self.mul_i(self.add_i(row.kv_base, j)?, self.i64c(a.d))?),
+        };
         let dot = self.dot(q, qb, k, kb, a.d)?;
         self.fmul(self.fconst(a.scale), dot)
+    }
+
+    /// A copy of `len` elements of `x` from `xb` in a thread's own array (local memory on
+    /// a GPU, coalesced across a warp; registers where the loops over it unroll). An
+    /// attention thread reads its own query (or key) row once per key (or query): from
+    /// the buffer, a warp's 32 threads would read 32 rows a row's length apart, 32
+    /// transactions a load, where the other operand is one row all of them read.
+    fn private_row(
+        &self,
+        x: PointerValue<'ctx>,
+        xb: IntValue<'ctx>,
+        len: usize,
+    ) -> R<PointerValue<'ctx>> {
+        let p = self.entry_alloca(self.ctx.f32_type().array_type(len as u32).into())?;
+        self.for_range(self.i64c(len), |g, c| {
+            g.stf(p, c, g.ldf(x, g.add_i(xb, c)?)?)
+        })?;
+        Ok(p)
     }
 
     /// `out[o] = x[src]` for buffers of `elt`s.
@@ -1610,8 +1661,15 @@ impl<'ctx> Gen<'ctx> {
         v: PointerValue<'ctx>,
         j: IntValue<'ctx>,
     ) -> R<FloatValue<'ctx>> {
-        let ob = self.mul_i(row.q_row, self.i64c(a.e))?;
-        let vb = self.mul_i(self.add_i(row.kv_base, j)?, self.i64c(a.e))?;
+        let zero = self.i64c(0);
+        let (dout, ob) = match row.mine.dout {
+            Some(p) => (p, zero),
+            None => (dout, self.mul_i(row.q_row, self.i64c(a.e))?),
+        };
+        let (v, vb) = match row.mine.v {
+            Some(p) => (p, zero),
+            None => (v, self.mul_i(self.add_i(row.kv_base, j)?, self.i64c(a.e))?),
+        };
         self.dot(dout, ob, v, vb, a.e)
     }
 
@@ -1799,6 +1857,19 @@ struct AttnRow<'ctx> {
     kv_base: IntValue<'ctx>,
     /// Keys it sees: `0..lim`.
     lim: IntValue<'ctx>,
+    /// Copies of the rows only this thread reads, in its own (local) memory, read in the
+    /// loops instead of the buffers: the query row and `dO` row of a query-row kernel,
+    /// the key row and value row of a key-row kernel (see [`Gen::private_row`]).
+    mine: Mine<'ctx>,
+}
+
+/// A thread's private copies of attention rows ([`AttnRow::mine`]).
+#[derive(Clone, Copy, Default)]
+struct Mine<'ctx> {
+    q: Option<PointerValue<'ctx>>,
+    dout: Option<PointerValue<'ctx>>,
+    k: Option<PointerValue<'ctx>>,
+    v: Option<PointerValue<'ctx>>,
 }
 
 /// `rng::mix64` at compile time (for constant streams).
