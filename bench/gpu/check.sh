@@ -2,7 +2,9 @@
 # The GPU check, one command on a machine with an NVIDIA GPU, from the folder
 # bench/gpu/prepare.sh made (nothing is built or downloaded here):
 #   ./check.sh
-# Prints: the GPU; per case, agreement of the CUDA backend with the CPU runtime (whole
+# Prints: the GPU; per kernel, the GPU against the host kernels step by step
+# (nnscaler-rt compare, on gpt-tiny's step and on any case that disagrees); per case,
+# agreement of the CUDA backend with the CPU runtime (whole
 # training steps, one device, dp2 x tp2 on 4 virtual devices, and a pp2 x dp2 x tp2 1F1B
 # pipeline on 8); the nanoGPT GPU-config
 # step time against PyTorch eager on the same GPU; the GEMM rate against torch.matmul;
@@ -23,13 +25,22 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so '; then
   fi
 fi
 status=0
+# Per kernel: the GPU against the host kernels (which equal the CPU reference op by op),
+# step by step, on gpt-tiny's training step; and on any case below whose results
+# disagree, to name the first kernel that does.
+echo "== per kernel: gpt-tiny-step, GPU against the host kernels"
+./nnscaler-rt compare gpt-tiny-step.nnsx --inputs gpt-tiny-step.in.safetensors \
+  --inputs gpt-tiny-step.params.safetensors || status=1
 for c in gpt-tiny-step gpt-tiny-dptp gpt-tiny-pp nanogpt-cpu-step; do
   echo "== $c"
   if ./nnscaler-rt run "$c.nnsx" --backend cuda --repeat 3 --inputs "$c.in.safetensors" \
-      --inputs "$c.params.safetensors" -o "$c.got.safetensors"; then
-    "$py" compare.py close "$c.got.safetensors" "$c.want.safetensors" 1e-4 || status=1
+      --inputs "$c.params.safetensors" -o "$c.got.safetensors" \
+      && "$py" compare.py close "$c.got.safetensors" "$c.want.safetensors" 1e-4; then
+    :
   else
     status=1
+    ./nnscaler-rt compare "$c.nnsx" --inputs "$c.in.safetensors" \
+      --inputs "$c.params.safetensors" || true
   fi
 done
 echo "== nanogpt GPU config (6 layers, 6 heads, 384 wide, block 256, batch 64; fp32)"

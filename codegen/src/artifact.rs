@@ -520,6 +520,7 @@ fn build(
                 len: k.len as u64,
                 grid: (k.len as u64).div_ceil(u64::from(nx::BLOCK)),
                 buffers: k.inputs.len() + k.outputs.len(),
+                outputs: k.outputs.len(),
                 gemm: match &k.body {
                     Body::Gemm(m) => Some(nx::Gemm {
                         batch: m.batch as u64,

@@ -150,6 +150,8 @@ pub struct Kernel {
     pub grid: u64,
     /// Buffers it takes (inputs, then outputs).
     pub buffers: usize,
+    /// How many of them, the last ones, it writes.
+    pub outputs: usize,
     /// Set when the kernel is a matrix product.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemm: Option<Gemm>,
@@ -620,7 +622,10 @@ impl Artifact {
                     let k = h.kernels.get(*kernel).ok_or_else(|| {
                         format!("step {i} launches kernel {kernel}, which does not exist")
                     })?;
-                    if buffers.len() != k.buffers || buffers.iter().any(|&b| missing(b)) {
+                    if buffers.len() != k.buffers
+                        || k.outputs > k.buffers
+                        || buffers.iter().any(|&b| missing(b))
+                    {
                         return Err(format!(
                             "step {i} gives kernel {} the wrong buffers",
                             k.name
@@ -795,6 +800,7 @@ mod tests {
                     len: 4,
                     grid: 1,
                     buffers: 2,
+                    outputs: 1,
                     gemm: None,
                 }],
                 reducers: None,

@@ -11,8 +11,10 @@
 
 use crate::artifact::{Artifact, Buffer, Gemm, Step, BLOCK};
 use crate::collective::{moves, scratch_bytes, At, Move, Place};
-use crate::host::{load_inputs, results, schedule, Engine};
+use crate::compare::{Comparison, Lockstep};
+use crate::host::{load_inputs, results, schedule, Arenas, Engine, HostEngine};
 use crate::tensor::Tensor;
+use crate::HostProgram;
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::sys as driver_sys;
 use cudarc::driver::{
@@ -240,6 +242,49 @@ impl CudaProgram {
         Ok(())
     }
 
+    /// The arenas on the GPU (synchronized).
+    fn upload(&self, host: &Arenas) -> Result<Vec<Vec<CudaSlice<u64>>>, String> {
+        let dev = host
+            .iter()
+            .map(|arenas| {
+                arenas
+                    .iter()
+                    .map(|a| cuda(self.stream.clone_htod(a), "copying the arguments"))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .collect::<Result<_, _>>()?;
+        cuda(self.stream.synchronize(), "copying the arguments")?;
+        Ok(dev)
+    }
+
+    /// The collectives' scratch space.
+    fn scratch(&self) -> Result<CudaSlice<u64>, String> {
+        let words = scratch_bytes(&self.art.header.programs)?.div_ceil(8).max(1);
+        cuda(
+            self.stream.alloc_zeros::<u64>(words as usize),
+            "allocating the collectives' scratch space",
+        )
+    }
+
+    /// Runs the program once on the GPU and on the host (`host`: the same artifact
+    /// loaded there) in lockstep, comparing what every step writes on each device
+    /// (`crate::compare`). Every step waits for the GPU, so this is for finding where
+    /// the GPU disagrees, not for timing.
+    pub fn compare(&self, host: &HostProgram, inputs: &[Tensor]) -> Result<Comparison, String> {
+        if host.artifact().header != self.art.header {
+            return Err("the host program is another artifact".into());
+        }
+        let mut h_arenas = load_inputs(&self.art, inputs)?;
+        let mut dev = self.upload(&h_arenas)?;
+        let scratch = self.scratch()?;
+        let gpu = Gpu {
+            prog: self,
+            dev: &mut dev,
+            scratch: &scratch,
+        };
+        Lockstep::new(&self.art, gpu, HostEngine::new(host, &mut h_arenas)?).run()
+    }
+
     /// Runs the program `repeat` times (at least once) on its arguments (whole tensors),
     /// every virtual device's arena on the one GPU; returns the results made whole and the
     /// seconds of each run's steps (after the arguments are on the GPU, until its last
@@ -250,26 +295,13 @@ impl CudaProgram {
         repeat: usize,
     ) -> Result<(Vec<Tensor>, Vec<f64>), String> {
         let mut host = load_inputs(&self.art, inputs)?;
-        let scratch_words = scratch_bytes(&self.art.header.programs)?.div_ceil(8).max(1);
-        let scratch = cuda(
-            self.stream.alloc_zeros::<u64>(scratch_words as usize),
-            "allocating the collectives' scratch space",
-        )?;
+        let scratch = self.scratch()?;
         let mut times = Vec::new();
         let mut dev: Vec<Vec<CudaSlice<u64>>> = Vec::new();
         for _ in 0..repeat.max(1) {
             // Every run starts from the arguments (a step may write over its inputs'
             // space once they are dead).
-            dev = host
-                .iter()
-                .map(|arenas| {
-                    arenas
-                        .iter()
-                        .map(|a| cuda(self.stream.clone_htod(a), "copying the arguments"))
-                        .collect::<Result<Vec<_>, _>>()
-                })
-                .collect::<Result<_, _>>()?;
-            cuda(self.stream.synchronize(), "copying the arguments")?;
+            dev = self.upload(&host)?;
             let started = std::time::Instant::now();
             schedule(
                 &self.art,
@@ -369,6 +401,26 @@ impl Engine for Gpu<'_> {
                 )
             })
             .collect()
+    }
+
+    fn bytes(&mut self, p: usize, b: usize) -> Result<Vec<Vec<u8>>, String> {
+        let buf = &self.prog.art.header.programs[p].buffers[b];
+        let w = Self::words(buf);
+        let mut out = Vec::with_capacity(self.dev[p].len());
+        for arena in &self.dev[p] {
+            let mut words = vec![0u64; w.len()];
+            cuda(
+                self.prog
+                    .stream
+                    .memcpy_dtoh(&arena.slice(w.clone()), words.as_mut_slice()),
+                "reading a buffer",
+            )?;
+            cuda(self.prog.stream.synchronize(), "reading a buffer")?;
+            let mut bytes: Vec<u8> = words.iter().flat_map(|x| x.to_le_bytes()).collect();
+            bytes.truncate(buf.bytes() as usize);
+            out.push(bytes);
+        }
+        Ok(out)
     }
 
     fn write(&mut self, p: usize, b: usize, parcel: Self::Parcel) -> Result<(), String> {

@@ -30,6 +30,8 @@ pub(crate) trait Engine {
     fn read(&mut self, p: usize, b: usize) -> Result<Self::Parcel, String>;
     /// Writes each of program `p`'s devices' piece of `parcel` into its buffer `b`.
     fn write(&mut self, p: usize, b: usize, parcel: Self::Parcel) -> Result<(), String>;
+    /// The bytes of program `p`'s buffer `b` on each of its devices (on the host).
+    fn bytes(&mut self, p: usize, b: usize) -> Result<Vec<Vec<u8>>, String>;
 }
 
 /// Sent and not yet received: (from, to, tag) -> the parcels, in the order sent.
@@ -183,56 +185,7 @@ impl HostProgram {
     }
 
     fn execute(&self, arenas: &mut Arenas) -> Result<(), String> {
-        struct Host<'a> {
-            prog: &'a HostProgram,
-            arenas: &'a mut Arenas,
-            scratch: Vec<u64>,
-        }
-        impl Engine for Host<'_> {
-            type Parcel = Vec<Vec<u8>>;
-            fn step(&mut self, p: usize, s: &Step) -> Result<(), String> {
-                let h = &self.prog.art.header;
-                let prog = &h.programs[p];
-                let Step::Launch { kernel, buffers } = s else {
-                    let (ms, _) = moves(prog, s)?;
-                    return self
-                        .prog
-                        .run_moves(&ms, &mut self.arenas[p], &mut self.scratch);
-                };
-                for arena in self.arenas[p].iter_mut() {
-                    let base = bytes_mut(arena).as_mut_ptr();
-                    // SAFETY: every buffer lies inside the arena (checked on reading).
-                    let args: Vec<*mut u8> = buffers
-                        .iter()
-                        .map(|&b| unsafe { base.add(prog.buffers[b].offset as usize) })
-                        .collect();
-                    // SAFETY: the kernel reads and writes its buffers within their
-                    // lengths (the compiler's contract), all inside this arena, which
-                    // nothing else uses during the call.
-                    unsafe { (self.prog.fns[*kernel])(args.as_ptr(), h.kernels[*kernel].len) };
-                }
-                Ok(())
-            }
-            fn read(&mut self, p: usize, b: usize) -> Result<Vec<Vec<u8>>, String> {
-                let buf = &self.prog.art.header.programs[p].buffers[b];
-                Ok(self.arenas[p].iter().map(|a| get(a, buf)).collect())
-            }
-            fn write(&mut self, p: usize, b: usize, pieces: Vec<Vec<u8>>) -> Result<(), String> {
-                let buf = &self.prog.art.header.programs[p].buffers[b];
-                for (a, piece) in self.arenas[p].iter_mut().zip(pieces) {
-                    write_at(a, buf.offset, &piece);
-                }
-                Ok(())
-            }
-        }
-        schedule(
-            &self.art,
-            &mut Host {
-                prog: self,
-                arenas,
-                scratch: vec![0; scratch_bytes(&self.art.header.programs)?.div_ceil(8) as usize],
-            },
-        )
+        schedule(&self.art, &mut HostEngine::new(self, arenas)?)
     }
 
     /// Runs a collective's moves over a program's arenas (in its devices' order) and the
@@ -303,6 +256,66 @@ impl HostProgram {
             }
         }
         Ok(())
+    }
+}
+
+/// The host backend as an [`Engine`]: a loaded program over a run's arenas.
+pub(crate) struct HostEngine<'a> {
+    prog: &'a HostProgram,
+    arenas: &'a mut Arenas,
+    scratch: Vec<u64>,
+}
+
+impl<'a> HostEngine<'a> {
+    /// `arenas` from [`load_inputs`] for `prog`'s artifact.
+    pub(crate) fn new(prog: &'a HostProgram, arenas: &'a mut Arenas) -> Result<Self, String> {
+        let scratch = scratch_bytes(&prog.art.header.programs)?.div_ceil(8) as usize;
+        Ok(HostEngine {
+            prog,
+            arenas,
+            scratch: vec![0; scratch],
+        })
+    }
+}
+
+impl Engine for HostEngine<'_> {
+    type Parcel = Vec<Vec<u8>>;
+    fn step(&mut self, p: usize, s: &Step) -> Result<(), String> {
+        let h = &self.prog.art.header;
+        let prog = &h.programs[p];
+        let Step::Launch { kernel, buffers } = s else {
+            let (ms, _) = moves(prog, s)?;
+            return self
+                .prog
+                .run_moves(&ms, &mut self.arenas[p], &mut self.scratch);
+        };
+        for arena in self.arenas[p].iter_mut() {
+            let base = bytes_mut(arena).as_mut_ptr();
+            // SAFETY: every buffer lies inside the arena (checked on reading).
+            let args: Vec<*mut u8> = buffers
+                .iter()
+                .map(|&b| unsafe { base.add(prog.buffers[b].offset as usize) })
+                .collect();
+            // SAFETY: the kernel reads and writes its buffers within their lengths (the
+            // compiler's contract), all inside this arena, which nothing else uses
+            // during the call.
+            unsafe { (self.prog.fns[*kernel])(args.as_ptr(), h.kernels[*kernel].len) };
+        }
+        Ok(())
+    }
+    fn read(&mut self, p: usize, b: usize) -> Result<Self::Parcel, String> {
+        self.bytes(p, b)
+    }
+    fn write(&mut self, p: usize, b: usize, pieces: Self::Parcel) -> Result<(), String> {
+        let buf = &self.prog.art.header.programs[p].buffers[b];
+        for (a, piece) in self.arenas[p].iter_mut().zip(pieces) {
+            write_at(a, buf.offset, &piece);
+        }
+        Ok(())
+    }
+    fn bytes(&mut self, p: usize, b: usize) -> Result<Vec<Vec<u8>>, String> {
+        let buf = &self.prog.art.header.programs[p].buffers[b];
+        Ok(self.arenas[p].iter().map(|a| get(a, buf)).collect())
     }
 }
 
@@ -572,6 +585,9 @@ mod schedule_tests {
 
     impl Engine for Log {
         type Parcel = Vec<Vec<u8>>;
+        fn bytes(&mut self, p: usize, b: usize) -> Result<Vec<Vec<u8>>, String> {
+            self.read(p, b)
+        }
         fn step(&mut self, p: usize, s: &Step) -> Result<(), String> {
             if let Step::Launch { kernel, .. } = s {
                 self.0.push(format!("p{p} k{kernel}"));

@@ -12,6 +12,8 @@
 pub mod artifact;
 pub mod bench;
 mod collective;
+#[cfg(any(test, feature = "cuda"))]
+pub mod compare;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod host;

@@ -46,6 +46,24 @@ enum Cmd {
         #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
         backend: String,
     },
+    /// Run a program once on the GPU and on the host in lockstep, comparing what every
+    /// step writes (a kernel's outputs, a collective's, a received buffer) on every
+    /// device; print the kernels that agree least and the first step over the
+    /// tolerance, and exit 1 if there is one (binaries built with --features cuda).
+    Compare {
+        /// The artifact.
+        artifact: String,
+        /// Tensors for the arguments, by name (repeatable; later files override).
+        #[arg(long = "inputs", value_name = "FILE.safetensors", required = true)]
+        inputs: Vec<String>,
+        /// The largest error allowed: a buffer's largest difference over its largest
+        /// magnitude on the host.
+        #[arg(long, default_value_t = 1e-4)]
+        tolerance: f64,
+        /// How many kernels to list, worst first.
+        #[arg(long, default_value_t = 12)]
+        top: usize,
+    },
     /// Time the calibration benchmarks 'nnscaler calibrate --device gpu --prepare DIR'
     /// wrote, and write them back with each one's median seconds (for 'nnscaler
     /// calibrate --device gpu --timings FILE' to fit).
@@ -155,14 +173,8 @@ fn info(path: &str) -> Result<String, String> {
     Ok(s)
 }
 
-fn run(
-    path: &str,
-    inputs: &[String],
-    output: &str,
-    backend: &str,
-    repeat: usize,
-) -> Result<String, String> {
-    let a = load(path)?;
+/// The artifact's arguments, by name, from `inputs` (later files override).
+fn arguments(a: &Artifact, inputs: &[String]) -> Result<Vec<Tensor>, String> {
     let mut given = std::collections::BTreeMap::new();
     for f in inputs {
         given.extend(tensor::read(f)?);
@@ -181,6 +193,18 @@ fn run(
             })
         })
         .collect::<Result<_, _>>()?;
+    Ok(args)
+}
+
+fn run(
+    path: &str,
+    inputs: &[String],
+    output: &str,
+    backend: &str,
+    repeat: usize,
+) -> Result<String, String> {
+    let a = load(path)?;
+    let args = arguments(&a, inputs)?;
     let names: Vec<String> = a.header.outputs.iter().map(|p| p.name.clone()).collect();
     let devices = a.devices();
     let (outs, mut times) = match backend {
@@ -223,6 +247,32 @@ fn run_cuda(
 
 #[cfg(not(feature = "cuda"))]
 fn run_cuda(_: Artifact, _: &[Tensor], _: usize) -> Result<(Vec<Tensor>, Vec<f64>), String> {
+    Err("this nnscaler-rt was built without the CUDA backend (cargo build --release -p nnscaler-rt --features cuda)".into())
+}
+
+#[cfg(feature = "cuda")]
+fn compare(path: &str, inputs: &[String], tol: f64, top: usize) -> Result<String, String> {
+    let a = load(path)?;
+    let args = arguments(&a, inputs)?;
+    let gpu = nnscaler_rt::cuda::CudaProgram::load(a.clone(), 0)?;
+    eprintln!("nnscaler-rt: {}", gpu.gemms());
+    let host = HostProgram::load(a)?;
+    let c = gpu.compare(&host, &args)?;
+    let report = c.report(tol, top);
+    match c.first_over(tol) {
+        None => Ok(report),
+        Some(d) => {
+            print!("{report}");
+            Err(format!(
+                "{path}: the GPU disagrees with the host from step {} of '{}' ({}): error {:.3e} > {tol:e}",
+                d.step, d.program, d.what, d.error
+            ))
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn compare(_: &str, _: &[String], _: f64, _: usize) -> Result<String, String> {
     Err("this nnscaler-rt was built without the CUDA backend (cargo build --release -p nnscaler-rt --features cuda)".into())
 }
 
@@ -292,6 +342,12 @@ fn main() -> ExitCode {
             backend,
             repeat,
         } => run(artifact, inputs, output, backend, *repeat as usize),
+        Cmd::Compare {
+            artifact,
+            inputs,
+            tolerance,
+            top,
+        } => compare(artifact, inputs, *tolerance, *top),
         Cmd::Bench {
             manifest,
             output,
