@@ -149,17 +149,21 @@ pub(crate) struct Lockstep<'x, A, B> {
     art: &'x Artifact,
     a: A,
     b: B,
+    /// After each step, `a` takes `b`'s values of what it wrote, so every step starts
+    /// from the reference's inputs and its error is its own.
+    resync: bool,
     /// Per program, the index of its next step.
     next: Vec<usize>,
     found: Comparison,
 }
 
 impl<'x, A: Engine, B: Engine> Lockstep<'x, A, B> {
-    pub(crate) fn new(art: &'x Artifact, a: A, b: B) -> Self {
+    pub(crate) fn new(art: &'x Artifact, a: A, b: B, resync: bool) -> Self {
         Lockstep {
             art,
             a,
             b,
+            resync,
             next: vec![0; art.header.programs.len()],
             found: Comparison::default(),
         }
@@ -198,6 +202,12 @@ impl<'x, A: Engine, B: Engine> Lockstep<'x, A, B> {
             }
         }
         self.found.steps.extend(worst);
+        if self.resync {
+            for &b in bufs {
+                let want = self.b.bytes(p, b)?;
+                self.a.put_bytes(p, b, want)?;
+            }
+        }
         Ok(())
     }
 
@@ -233,6 +243,11 @@ impl<A: Engine, B: Engine> Engine for Lockstep<'_, A, B> {
 
     fn bytes(&mut self, p: usize, b: usize) -> Result<Vec<Vec<u8>>, String> {
         self.a.bytes(p, b)
+    }
+
+    fn put_bytes(&mut self, p: usize, b: usize, bytes: Vec<Vec<u8>>) -> Result<(), String> {
+        self.a.put_bytes(p, b, bytes.clone())?;
+        self.b.put_bytes(p, b, bytes)
     }
 }
 
@@ -276,6 +291,10 @@ mod tests {
             v.resize(16, 0);
             Ok(vec![v])
         }
+        fn put_bytes(&mut self, _: usize, b: usize, v: Vec<Vec<u8>>) -> Result<(), String> {
+            self.vals[b] = f32::from_le_bytes(v[0][..4].try_into().unwrap());
+            Ok(())
+        }
     }
 
     fn toy(skew: Option<(usize, f32)>) -> Toy {
@@ -292,19 +311,33 @@ mod tests {
         let mut art = sample();
         let launch = art.header.programs[0].steps[0].clone();
         art.header.programs[0].steps = vec![launch.clone(), launch.clone(), launch];
-        let same = Lockstep::new(&art, toy(None), toy(None)).run().unwrap();
-        assert_eq!(same.steps.len(), 3);
-        assert_eq!(same.first_over(0.0), None);
-        let c = Lockstep::new(&art, toy(Some((1, 0.5))), toy(None))
+        let same = Lockstep::new(&art, toy(None), toy(None), true)
             .run()
             .unwrap();
-        let d = c.first_over(1e-4).unwrap();
-        assert_eq!((d.step, d.what.as_str(), d.buffer), (1, "k0", 1));
-        // 0.5 off a largest magnitude of 102.
-        assert!((d.error - 0.5 / 102.0).abs() < 1e-9, "{}", d.error);
-        assert!(c
-            .report(1e-4, 5)
-            .contains("first over 1e-4: program 'f' step 1 (k0)"));
+        assert_eq!(same.steps.len(), 3);
+        assert_eq!(same.first_over(0.0), None);
+        for resync in [true, false] {
+            let c = Lockstep::new(&art, toy(Some((1, 0.5))), toy(None), resync)
+                .run()
+                .unwrap();
+            let d = c.first_over(1e-4).unwrap();
+            assert_eq!((d.step, d.what.as_str(), d.buffer), (1, "k0", 1));
+            // 0.5 off a largest magnitude of 102.
+            assert!((d.error - 0.5 / 102.0).abs() < 1e-9, "{}", d.error);
+            let report = c.report(1e-4, 5);
+            assert!(
+                report.contains("first over 1e-4: program 'f' step 1 (k0)"),
+                "{report}"
+            );
+            // Resynchronized, the next step starts from the reference's value; else the
+            // skew carries on.
+            let e = c.steps[2].error;
+            if resync {
+                assert_eq!(e, 0.0);
+            } else {
+                assert!((e - 0.5 / 103.0).abs() < 1e-9, "{e}");
+            }
+        }
     }
 
     #[test]

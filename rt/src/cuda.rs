@@ -268,9 +268,15 @@ impl CudaProgram {
 
     /// Runs the program once on the GPU and on the host (`host`: the same artifact
     /// loaded there) in lockstep, comparing what every step writes on each device
-    /// (`crate::compare`). Every step waits for the GPU, so this is for finding where
-    /// the GPU disagrees, not for timing.
-    pub fn compare(&self, host: &HostProgram, inputs: &[Tensor]) -> Result<Comparison, String> {
+    /// (`crate::compare`); with `resync`, the GPU then takes the host's values of it,
+    /// so each step's error is its own. Every step waits for the GPU, so this is for
+    /// finding where the GPU disagrees, not for timing.
+    pub fn compare(
+        &self,
+        host: &HostProgram,
+        inputs: &[Tensor],
+        resync: bool,
+    ) -> Result<Comparison, String> {
         if host.artifact().header != self.art.header {
             return Err("the host program is another artifact".into());
         }
@@ -282,7 +288,13 @@ impl CudaProgram {
             dev: &mut dev,
             scratch: &scratch,
         };
-        Lockstep::new(&self.art, gpu, HostEngine::new(host, &mut h_arenas)?).run()
+        Lockstep::new(
+            &self.art,
+            gpu,
+            HostEngine::new(host, &mut h_arenas)?,
+            resync,
+        )
+        .run()
     }
 
     /// Runs the program `repeat` times (at least once) on its arguments (whole tensors),
@@ -421,6 +433,28 @@ impl Engine for Gpu<'_> {
             out.push(bytes);
         }
         Ok(out)
+    }
+
+    fn put_bytes(&mut self, p: usize, b: usize, bytes: Vec<Vec<u8>>) -> Result<(), String> {
+        let buf = &self.prog.art.header.programs[p].buffers[b];
+        let w = Self::words(buf);
+        for (arena, piece) in self.dev[p].iter_mut().zip(bytes) {
+            // The buffer's last word is its own (its space is rounded up to 256 bytes),
+            // so padding it with zeros writes over nothing else.
+            let mut words = vec![0u64; w.len()];
+            for (k, c) in piece.chunks(8).enumerate() {
+                let mut word = [0u8; 8];
+                word[..c.len()].copy_from_slice(c);
+                words[k] = u64::from_le_bytes(word);
+            }
+            cuda(
+                self.prog
+                    .stream
+                    .memcpy_htod(words.as_slice(), &mut arena.slice_mut(w.clone())),
+                "writing a buffer",
+            )?;
+        }
+        cuda(self.prog.stream.synchronize(), "writing a buffer")
     }
 
     fn write(&mut self, p: usize, b: usize, parcel: Self::Parcel) -> Result<(), String> {

@@ -32,6 +32,10 @@ pub(crate) trait Engine {
     fn write(&mut self, p: usize, b: usize, parcel: Self::Parcel) -> Result<(), String>;
     /// The bytes of program `p`'s buffer `b` on each of its devices (on the host).
     fn bytes(&mut self, p: usize, b: usize) -> Result<Vec<Vec<u8>>, String>;
+    /// Writes each device's bytes (from the host) into program `p`'s buffer `b` (for
+    /// `crate::compare`, which only the CUDA backend uses).
+    #[cfg_attr(not(any(test, feature = "cuda")), allow(dead_code))]
+    fn put_bytes(&mut self, p: usize, b: usize, bytes: Vec<Vec<u8>>) -> Result<(), String>;
 }
 
 /// Sent and not yet received: (from, to, tag) -> the parcels, in the order sent.
@@ -317,6 +321,9 @@ impl Engine for HostEngine<'_> {
         let buf = &self.prog.art.header.programs[p].buffers[b];
         Ok(self.arenas[p].iter().map(|a| get(a, buf)).collect())
     }
+    fn put_bytes(&mut self, p: usize, b: usize, bytes: Vec<Vec<u8>>) -> Result<(), String> {
+        self.write(p, b, bytes)
+    }
 }
 
 /// One arena per device of each program, holding the constants and each device's block
@@ -587,6 +594,9 @@ mod schedule_tests {
         type Parcel = Vec<Vec<u8>>;
         fn bytes(&mut self, p: usize, b: usize) -> Result<Vec<Vec<u8>>, String> {
             self.read(p, b)
+        }
+        fn put_bytes(&mut self, p: usize, b: usize, v: Vec<Vec<u8>>) -> Result<(), String> {
+            self.write(p, b, v)
         }
         fn step(&mut self, p: usize, s: &Step) -> Result<(), String> {
             if let Step::Launch { kernel, .. } = s {

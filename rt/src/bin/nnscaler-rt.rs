@@ -63,6 +63,11 @@ enum Cmd {
         /// How many kernels to list, worst first.
         #[arg(long, default_value_t = 12)]
         top: usize,
+        /// Let the GPU's values run on: each step starts from the GPU's own results, so
+        /// errors accumulate as in a real run (by default each step starts from the
+        /// host's values of its inputs, and its error is its own).
+        #[arg(long)]
+        drift: bool,
     },
     /// Time the calibration benchmarks 'nnscaler calibrate --device gpu --prepare DIR'
     /// wrote, and write them back with each one's median seconds (for 'nnscaler
@@ -251,13 +256,19 @@ fn run_cuda(_: Artifact, _: &[Tensor], _: usize) -> Result<(Vec<Tensor>, Vec<f64
 }
 
 #[cfg(feature = "cuda")]
-fn compare(path: &str, inputs: &[String], tol: f64, top: usize) -> Result<String, String> {
+fn compare(
+    path: &str,
+    inputs: &[String],
+    tol: f64,
+    top: usize,
+    drift: bool,
+) -> Result<String, String> {
     let a = load(path)?;
     let args = arguments(&a, inputs)?;
     let gpu = nnscaler_rt::cuda::CudaProgram::load(a.clone(), 0)?;
     eprintln!("nnscaler-rt: {}", gpu.gemms());
     let host = HostProgram::load(a)?;
-    let c = gpu.compare(&host, &args)?;
+    let c = gpu.compare(&host, &args, !drift)?;
     let report = c.report(tol, top);
     match c.first_over(tol) {
         None => Ok(report),
@@ -272,7 +283,7 @@ fn compare(path: &str, inputs: &[String], tol: f64, top: usize) -> Result<String
 }
 
 #[cfg(not(feature = "cuda"))]
-fn compare(_: &str, _: &[String], _: f64, _: usize) -> Result<String, String> {
+fn compare(_: &str, _: &[String], _: f64, _: usize, _: bool) -> Result<String, String> {
     Err("this nnscaler-rt was built without the CUDA backend (cargo build --release -p nnscaler-rt --features cuda)".into())
 }
 
@@ -347,7 +358,8 @@ fn main() -> ExitCode {
             inputs,
             tolerance,
             top,
-        } => compare(artifact, inputs, *tolerance, *top),
+            drift,
+        } => compare(artifact, inputs, *tolerance, *top, *drift),
         Cmd::Bench {
             manifest,
             output,
