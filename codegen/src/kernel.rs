@@ -289,6 +289,9 @@ pub struct Attn {
     pub scale: f32,
     /// Query `i` sees keys `j <= i` only.
     pub causal: bool,
+    /// The queries are a shard of the positions (context parallelism): the kernel takes
+    /// one more input, last, the i64 global position of its first query.
+    pub q_offset: bool,
 }
 
 impl Attn {
@@ -312,6 +315,7 @@ impl Attn {
                 attrs.get("causal"),
                 Some(AttrValue::Bool(true) | AttrValue::Unit)
             ),
+            q_offset: attrs.contains_key("seq_axes"),
         })
     }
 }
@@ -359,6 +363,38 @@ pub enum ConstValues {
     },
     /// An i64 per dim, per device: each dim's [`ConstValues::Offset`].
     Offsets(Vec<(Vec<String>, usize)>),
+    /// Per device, a rotary table `[s, d / 2]` of the positions of its block along mesh
+    /// axes `axes` (a shard of `s` positions): [`rotary_table`] from the block's start.
+    Rotary {
+        /// The mesh axes splitting the positions.
+        axes: Vec<String>,
+        /// Positions in a shard.
+        s: usize,
+        /// The rotated width.
+        d: usize,
+        /// The base.
+        theta: f64,
+        /// `1` (forward) or `-1` (the gradient's inverse rotation), on the sines.
+        sign: f32,
+        /// The sine table (else the cosine one).
+        sin: bool,
+    },
+}
+
+/// The reference's rotary tables for positions `p0 .. p0 + s`, computed the same way (f64
+/// inverse frequencies, f32 angles, f32 cos and sin): `(cos, sign * sin)`, `[s, d / 2]`.
+pub fn rotary_table(p0: usize, s: usize, d: usize, theta: f64, sign: f32) -> (Vec<f32>, Vec<f32>) {
+    let half = d / 2;
+    let (mut cos, mut sin) = (vec![0.0f32; s * half], vec![0.0f32; s * half]);
+    for p in 0..s {
+        for j in 0..half {
+            let inv = theta.powf(-2.0 * j as f64 / d as f64) as f32;
+            let a = (p0 + p) as f32 * inv;
+            cos[p * half + j] = a.cos();
+            sin[p * half + j] = sign * a.sin();
+        }
+    }
+    (cos, sin)
 }
 
 /// One op as kernels: launched in order, each on its slots (inputs then outputs).
@@ -846,18 +882,31 @@ pub fn lower(
             let half = d / 2;
             let theta = float(attrs, "theta", 10000.0);
             let sign = if op == "dnn.rotary" { 1.0f32 } else { -1.0 };
-            // The reference's tables, computed the same way (f64 inverse frequencies, f32
-            // angles, f32 cos and sin).
-            let (mut cos, mut sin) = (vec![0.0f32; s * half], vec![0.0f32; s * half]);
-            for p in 0..s {
-                for j in 0..half {
-                    let inv = theta.powf(-2.0 * j as f64 / d as f64) as f32;
-                    let a = p as f32 * inv;
-                    cos[p * half + j] = a.cos();
-                    sin[p * half + j] = sign * a.sin();
-                }
-            }
             let table = Buf::f32(&[s, half]);
+            // On a shard of the positions, each device's tables are of its block's.
+            let consts = match attrs.get("seq_axes") {
+                None => {
+                    let (cos, sin) = rotary_table(0, s, d, theta, sign);
+                    vec![
+                        (table.clone(), ConstValues::F32(cos)),
+                        (table.clone(), ConstValues::F32(sin)),
+                    ]
+                }
+                Some(AttrValue::Strs(axes)) => [false, true]
+                    .map(|sin| {
+                        let v = ConstValues::Rotary {
+                            axes: axes.clone(),
+                            s,
+                            d,
+                            theta,
+                            sign,
+                            sin,
+                        };
+                        (table.clone(), v)
+                    })
+                    .to_vec(),
+                Some(_) => return Err(format!("'{op}': 'seq_axes' must list mesh axes")),
+            };
             let mut inputs = ins.to_vec();
             inputs.extend([table.clone(), table.clone()]);
             return Ok(Lowered {
@@ -869,10 +918,7 @@ pub fn lower(
                     len: out0.len(),
                 }],
                 temps: Vec::new(),
-                consts: vec![
-                    (table.clone(), ConstValues::F32(cos)),
-                    (table, ConstValues::F32(sin)),
-                ],
+                consts,
                 launches: vec![(
                     0,
                     vec![Slot::In(0), Slot::Const(0), Slot::Const(1), Slot::Out(0)],
@@ -952,7 +998,30 @@ pub fn lower(
         }
         "dnn.attention" => {
             let a = Attn::of(attrs, &ins[0], &ins[1], &ins[2])?;
-            kernel(Body::Attention(a), a.b * a.h * a.s)
+            let Some((off, axes)) = query_offset(attrs, &a)? else {
+                return Ok(Lowered::one(kernel(Body::Attention(a), a.b * a.h * a.s)));
+            };
+            return Ok(Lowered {
+                kernels: vec![Kernel {
+                    name: name.to_string(),
+                    body: Body::Attention(a),
+                    inputs: [ins, &[off.clone()][..]].concat(),
+                    outputs: outs.to_vec(),
+                    len: a.b * a.h * a.s,
+                }],
+                temps: Vec::new(),
+                consts: vec![(off, axes)],
+                launches: vec![(
+                    0,
+                    vec![
+                        Slot::In(0),
+                        Slot::In(1),
+                        Slot::In(2),
+                        Slot::Const(0),
+                        Slot::Out(0),
+                    ],
+                )],
+            });
         }
         "dnn.attention_grad" => {
             // dout, q, k, v -> dq, dk, dv: row statistics, then dq by query row and dk, dv
@@ -962,19 +1031,32 @@ pub fn lower(
             let stats = Buf::f32(&[rows, 3]);
             let mut with_stats = ins.to_vec();
             with_stats.push(stats.clone());
-            let reads = [
+            let mut reads = vec![
                 Slot::In(0),
                 Slot::In(1),
                 Slot::In(2),
                 Slot::In(3),
                 Slot::Temp(0),
             ];
+            // On a shard of the positions, each kernel's last input is its offset.
+            let offset = query_offset(attrs, &a)?;
+            let mut stats_ins = ins.to_vec();
+            let mut stats_slots = reads[..4].to_vec();
+            let mut consts = Vec::new();
+            if let Some((off, axes)) = offset {
+                stats_ins.push(off.clone());
+                with_stats.push(off.clone());
+                stats_slots.push(Slot::Const(0));
+                reads.push(Slot::Const(0));
+                consts.push((off, axes));
+            }
+            stats_slots.push(Slot::Temp(0));
             return Ok(Lowered {
                 kernels: vec![
                     Kernel {
                         name: format!("{name}_stats"),
                         body: Body::AttnStats(a),
-                        inputs: ins.to_vec(),
+                        inputs: stats_ins,
                         outputs: vec![stats.clone()],
                         len: rows,
                     },
@@ -994,9 +1076,9 @@ pub fn lower(
                     },
                 ],
                 temps: vec![stats],
-                consts: Vec::new(),
+                consts,
                 launches: vec![
-                    (0, reads.to_vec()),
+                    (0, stats_slots),
                     (1, [&reads[..], &[Slot::Out(0)]].concat()),
                     (2, [&reads[..], &[Slot::Out(1), Slot::Out(2)]].concat()),
                 ],
@@ -1005,6 +1087,21 @@ pub fn lower(
         _ => return Err(format!("no GPU kernel for '{op}' yet")),
     };
     Ok(Lowered::one(k))
+}
+
+/// On a shard of the positions (`seq_axes`): the i64 offset input of an attention's
+/// kernels (the global position of its first query) and its per-device values.
+fn query_offset(attrs: &Attrs, a: &Attn) -> Result<Option<(Buf, ConstValues)>, String> {
+    let axes = match attrs.get("seq_axes") {
+        None => return Ok(None),
+        Some(AttrValue::Strs(v)) => v.clone(),
+        Some(_) => return Err("'seq_axes' must list mesh axes".into()),
+    };
+    let off = Buf {
+        shape: Vec::new(),
+        elt: Elt::I64,
+    };
+    Ok(Some((off, ConstValues::Offset { axes, len: a.s })))
 }
 
 /// A fused group of a function's elementwise ops: one kernel.

@@ -1335,7 +1335,7 @@ impl<'ctx> Gen<'ctx> {
                 self.stf(outs[0], i, self.getf(acc, f32t)?)?;
             }
             Body::Attention(a) => {
-                let mut row = self.attn_row(a, i)?;
+                let mut row = self.attn_row(a, i, ins)?;
                 let qb = self.mul_i(i, self.i64c(a.d))?;
                 row.mine.q = Some(self.private_row(ins[0], qb, a.d)?);
                 let (mx, inv) = self.attn_softmax(a, &row, ins[0], ins[1])?;
@@ -1350,7 +1350,7 @@ impl<'ctx> Gen<'ctx> {
             }
             Body::AttnStats(a) => {
                 // ins: dout, q, k, v.
-                let mut row = self.attn_row(a, i)?;
+                let mut row = self.attn_row(a, i, ins)?;
                 row.mine = self.query_rows(a, i, ins[1], ins[0])?;
                 let (mx, inv) = self.attn_softmax(a, &row, ins[1], ins[2])?;
                 let dot = self.var(self.fconst(0.0).into())?;
@@ -1366,7 +1366,7 @@ impl<'ctx> Gen<'ctx> {
             }
             Body::AttnDq(a) => {
                 // ins: dout, q, k, v, stats.
-                let mut row = self.attn_row(a, i)?;
+                let mut row = self.attn_row(a, i, ins)?;
                 row.mine = self.query_rows(a, i, ins[1], ins[0])?;
                 let (mx, inv, dsum) = self.attn_stats(ins[4], row.q_row)?;
                 let acc = self.array(a.d)?;
@@ -1386,6 +1386,8 @@ impl<'ctx> Gen<'ctx> {
                 let kvh = self.rem_i(self.div_i(i, a.t)?, a.g)?;
                 let j = self.rem_i(i, a.t)?;
                 let per = a.h / a.g;
+                // Local query qi is at global position qi + off.
+                let off = self.query_offset(a, ins)?;
                 let dk = self.array(a.d)?;
                 let dv = self.array(a.e)?;
                 let mine = Mine {
@@ -1409,7 +1411,8 @@ impl<'ctx> Gen<'ctx> {
                         };
                         // Causal: query qi sees key j only when j <= qi.
                         let seen = if a.causal {
-                            e(g.b.build_int_compare(IntPredicate::ULE, j, qi, ""))?
+                            let pos = g.add_i(qi, off)?;
+                            e(g.b.build_int_compare(IntPredicate::ULE, j, pos, ""))?
                         } else {
                             g.ctx.bool_type().const_int(1, false)
                         };
@@ -1468,10 +1471,15 @@ impl<'ctx> Gen<'ctx> {
     }
 
     /// Query row `i` (flat over batch, heads, positions) of an attention.
-    fn attn_row(&self, a: &Attn, i: IntValue<'ctx>) -> R<AttnRow<'ctx>> {
+    fn attn_row(
+        &self,
+        a: &Attn,
+        i: IntValue<'ctx>,
+        ins: &[PointerValue<'ctx>],
+    ) -> R<AttnRow<'ctx>> {
         let bi = self.div_i(i, a.h * a.s)?;
         let hi = self.rem_i(self.div_i(i, a.s)?, a.h)?;
-        let qi = self.rem_i(i, a.s)?;
+        let qi = self.add_i(self.rem_i(i, a.s)?, self.query_offset(a, ins)?)?;
         let kvh = self.add_i(self.mul_i(bi, self.i64c(a.g))?, self.div_i(hi, a.h / a.g)?)?;
         let lim = if a.causal {
             let next = self.add_i(qi, self.i64c(1))?;
@@ -1488,6 +1496,18 @@ impl<'ctx> Gen<'ctx> {
             lim,
             mine: Mine::default(),
         })
+    }
+
+    /// The global position of an attention's first query: its last input on a shard of
+    /// the positions (`Attn::q_offset`), else 0.
+    fn query_offset(&self, a: &Attn, ins: &[PointerValue<'ctx>]) -> R<IntValue<'ctx>> {
+        match (a.q_offset, ins.last()) {
+            (true, Some(&p)) => self.ldi(p, self.i64c(0)),
+            (true, None) => {
+                Err("an attention on a shard of the positions has no offset input".into())
+            }
+            (false, _) => Ok(self.i64c(0)),
+        }
     }
 
     /// `scale * (q_i . k_j)`.

@@ -9,7 +9,7 @@
 //! dropout's masks, depend on); its `nns.microbatch` cuts become copy kernels and its
 //! `nns.send` / `nns.recv` become [`Work::Send`] / [`Work::Recv`] steps.
 
-use crate::kernel::{fuse, lower, Body, Buf, ConstValues, Elt, Kernel, Slot};
+use crate::kernel::{fuse, lower, rotary_table, Body, Buf, ConstValues, Elt, Kernel, Slot};
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node, ValueId};
 use nnscaler_dialects::nns::Mesh;
@@ -269,6 +269,34 @@ fn const_bytes(
                         .iter()
                         .flat_map(|v| v[if v.len() > 1 { d } else { 0 }].clone())
                         .collect()
+                })
+                .collect())
+        }
+        ConstValues::Rotary {
+            axes,
+            s,
+            d,
+            theta,
+            sign,
+            sin,
+        } => {
+            // Each device's block start, then its tables.
+            let starts = const_bytes(
+                &ConstValues::Offset {
+                    axes: axes.clone(),
+                    len: *s,
+                },
+                mesh,
+                devs,
+                mb,
+            )?;
+            Ok(starts
+                .iter()
+                .map(|b| {
+                    let p0 = i64::from_le_bytes(b[..8].try_into().expect("8 bytes")) as usize;
+                    let (c, sn) = rotary_table(p0, *s, *d, *theta, *sign);
+                    let t = if *sin { sn } else { c };
+                    t.iter().flat_map(|f| f.to_le_bytes()).collect()
                 })
                 .collect())
         }

@@ -303,7 +303,8 @@ impl HostKernels {
             .map(|(b, v)| match v {
                 crate::kernel::ConstValues::F32(x) => Ok(Data::F32(x.clone())),
                 crate::kernel::ConstValues::Offset { .. }
-                | crate::kernel::ConstValues::Offsets(_) => Err(format!(
+                | crate::kernel::ConstValues::Offsets(_)
+                | crate::kernel::ConstValues::Rotary { .. } => Err(format!(
                     "a shard's offset (a {:?} constant) needs a mesh: compile the program",
                     b.shape
                 )),

@@ -567,7 +567,7 @@ fn attention_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     let h = attention_heads(ctx, 0, 1)?;
     let kv = if h == "h" { "h" } else { "g" };
     Ok(format!(
-        "b {h} s^ d^, b {kv} t^ d^, b {kv} t^ e^ -> b {h} s^ e^"
+        "b {h} s d^, b {kv} t^ d^, b {kv} t^ e^ -> b {h} s e^"
     ))
 }
 
@@ -589,7 +589,7 @@ fn attention_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     let h = attention_heads(ctx, 1, 2)?;
     let kv = if h == "h" { "h" } else { "g" };
     Ok(format!(
-        "b {h} s^ e^, b {h} s^ d^, b {kv} t^ d^, b {kv} t^ e^ -> b {h} s^ d^, b {kv} t^ d^, b {kv} t^ e^"
+        "b {h} s+ e^, b {h} s+ d^, b {kv} t^ d^, b {kv} t^ e^ -> b {h} s+ d^, b {kv} t^ d^, b {kv} t^ e^"
     ))
 }
 
@@ -617,7 +617,7 @@ fn rotary_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
             "operand must be [batch, heads, seq, dim] with an even dim, got {s:?}"
         ));
     }
-    Ok("b h s^ d^ -> b h s^ d^".into())
+    Ok("b h s d^ -> b h s d^".into())
 }
 
 fn cross_entropy_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
@@ -780,6 +780,12 @@ const OFFSET_AXES: AttrSpec = attr(
     false,
     "set by --localize: the mesh axes splitting the classes; targets are global class ids",
 );
+const SEQ_AXES: AttrSpec = attr(
+    "seq_axes",
+    AttrKind::Strs,
+    false,
+    "set by --localize: the mesh axes splitting the positions (context parallelism); positions count from this device's block",
+);
 const CAUSAL: AttrSpec = attr("causal", AttrKind::Bool, false, "mask future positions");
 const SCALE: AttrSpec = attr(
     "scale",
@@ -901,6 +907,32 @@ fn set_count(c: &mut LocalCtx<'_>, count: i64) {
     c.attrs
         .entry("count".into())
         .or_insert(AttrValue::Int(count));
+}
+
+/// On a shard of the positions (context parallelism), operand `i`'s dim 2: the axes
+/// splitting it, from which the device computes where its positions start.
+fn local_positions(c: &mut LocalCtx<'_>, i: usize) {
+    if c.split(i, 2) {
+        let axes = c.axes(i, 2);
+        c.attrs.insert("seq_axes".into(), axes);
+    }
+}
+
+/// Queries on a shard of the positions see the keys up to their global position.
+fn local_attention(c: &mut LocalCtx<'_>) -> Result<(), String> {
+    local_positions(c, 0);
+    Ok(())
+}
+
+fn local_attention_grad(c: &mut LocalCtx<'_>) -> Result<(), String> {
+    local_positions(c, 1);
+    Ok(())
+}
+
+/// Rotation angles of the global positions.
+fn local_rotary(c: &mut LocalCtx<'_>) -> Result<(), String> {
+    local_positions(c, 0);
+    Ok(())
 }
 
 fn local_pick(c: &mut LocalCtx<'_>) -> Result<(), String> {
@@ -1437,7 +1469,7 @@ pub static SPECS: &[OpSpec] = &[
         any_elem: false,
         int_operands: &[],
         results: &["out"],
-        attrs: &[CAUSAL, SCALE],
+        attrs: &[CAUSAL, SCALE, SEQ_AXES],
         annotation: attention_anno,
         result_types: None,
         flops: attention_flops,
@@ -1445,6 +1477,7 @@ pub static SPECS: &[OpSpec] = &[
         traits: Traits {
             megatron_through: true,
             matrix: true,
+            localize: Some(local_attention),
             ..TRAITS
         },
         example: r#"%3 = "dnn.attention"(%0, %1, %2) {causal = true} : (tensor<2x4x16x8xf32>, tensor<2x2x16x8xf32>, tensor<2x2x16x8xf32>) -> tensor<2x4x16x8xf32>"#,
@@ -1458,7 +1491,7 @@ pub static SPECS: &[OpSpec] = &[
         any_elem: false,
         int_operands: &[],
         results: &["y"],
-        attrs: &[THETA],
+        attrs: &[THETA, SEQ_AXES],
         annotation: rotary_anno,
         result_types: None,
         flops: flops_x4,
@@ -1466,6 +1499,7 @@ pub static SPECS: &[OpSpec] = &[
         traits: Traits {
             linear: Linearity::Joint(&[0]),
             megatron_through: true,
+            localize: Some(local_rotary),
             ..TRAITS
         },
         example: r#"%1 = "dnn.rotary"(%0) {theta = 5.0e+5 : f64} : (tensor<2x4x16x8xf32>) -> tensor<2x4x16x8xf32>"#,
@@ -1756,7 +1790,7 @@ pub static SPECS: &[OpSpec] = &[
         any_elem: false,
         int_operands: &[],
         results: &["dq", "dk", "dv"],
-        attrs: &[CAUSAL, SCALE],
+        attrs: &[CAUSAL, SCALE, SEQ_AXES],
         annotation: attention_grad_anno,
         result_types: None,
         flops: attention_grad_flops,
@@ -1764,6 +1798,7 @@ pub static SPECS: &[OpSpec] = &[
         traits: Traits {
             linear: Linearity::Joint(&[0]),
             matrix: true,
+            localize: Some(local_attention_grad),
             ..TRAITS
         },
         example: r#"%4:3 = "dnn.attention_grad"(%0, %1, %2, %3) {causal = true} : (tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>) -> (tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>)"#,
@@ -1777,13 +1812,14 @@ pub static SPECS: &[OpSpec] = &[
         any_elem: false,
         int_operands: &[],
         results: &["dx"],
-        attrs: &[THETA],
+        attrs: &[THETA, SEQ_AXES],
         annotation: rotary_anno,
         result_types: None,
         flops: flops_x4,
         grad_of: Some("dnn.rotary"),
         traits: Traits {
             linear: Linearity::Joint(&[0]),
+            localize: Some(local_rotary),
             ..TRAITS
         },
         example: r#"%1 = "dnn.rotary_grad"(%0) : (tensor<2x4x16x8xf32>) -> tensor<2x4x16x8xf32>"#,
@@ -1963,7 +1999,13 @@ mod tests {
             let shapey = s.attrs.iter().any(|a| {
                 matches!(
                     a.name,
-                    "shape" | "vocab" | "count" | "row_axes" | "offset_axes" | "global_shape"
+                    "shape"
+                        | "vocab"
+                        | "count"
+                        | "row_axes"
+                        | "offset_axes"
+                        | "global_shape"
+                        | "seq_axes"
                 )
             });
             assert!(

@@ -22,6 +22,11 @@
 //! The mesh is the module's (`@world` with axes `dp`/`tp`), or made from the `dp=` / `tp=`
 //! options when the module has none.
 //!
+//! Context parallelism: `sp=S` (with any policy but tp-search) adds a mesh axis `sp`
+//! (after `dp`, before `tp`) and splits every data input's dim 1 (the positions) over it;
+//! attention and rotary then run on a shard of the positions (`seq_axes`, set by
+//! `--localize`), with the keys and values gathered over `sp`.
+//!
 //! Pipelines: `pp=P` adds a mesh axis `pp` (outermost) for `P` pipeline stages, and
 //! `microbatches=M` a micro-batch axis `mb = M (microbatches)` (last); every data input's
 //! dim 0 is then split over `mb` too, inside `dp` (each device's batch cut into `M`
@@ -89,6 +94,8 @@ pub struct Plan {
     sizes: Vec<(&'static str, Option<i64>)>,
     /// Pipeline stages (`pp=`).
     pp: Option<i64>,
+    /// Context parallelism (`sp=`): the positions split over mesh axis `sp`.
+    sp: Option<i64>,
     /// Micro-batches (`microbatches=`).
     microbatches: Option<i64>,
     /// ZeRO stage (`zero=`): 1 shards the optimizer state over `dp`.
@@ -172,6 +179,9 @@ impl Plan {
                 ))
             }
         };
+        if o.get("sp").is_some() && policy == Policy::TpSearch {
+            return Err("plan: 'sp' (context parallelism) is not searched by tp-search yet; use a named policy, e.g. --plan=\"dp dp=2 sp=2\"".into());
+        }
         if zero > 0 && !policy.axes().contains(&"dp") {
             return Err(format!(
                 "plan: zero={zero} shards the optimizer state over dp, which policy '{}' does not use",
@@ -182,6 +192,7 @@ impl Plan {
             policy,
             sizes,
             pp: size("pp")?,
+            sp: size("sp")?,
             microbatches: size("microbatches")?,
             zero,
             cluster,
@@ -203,6 +214,12 @@ impl ModulePass for Plan {
                 if let Some(p) = self.pp {
                     axes.push(format!("pp = {p}"));
                 }
+                // Context parallelism sits inside data parallelism, outside tp.
+                let sp = self.sp.map(|n| format!("sp = {n}"));
+                let has_dp = self.sizes.iter().any(|(a, _)| *a == "dp");
+                if !has_dp {
+                    axes.extend(sp.clone());
+                }
                 for (a, s) in &self.sizes {
                     let s = s.ok_or_else(|| {
                         error(
@@ -211,6 +228,9 @@ impl ModulePass for Plan {
                         )
                     })?;
                     axes.push(format!("{a} = {s}"));
+                    if *a == "dp" {
+                        axes.extend(sp.clone());
+                    }
                 }
                 if let Some(m) = self.microbatches {
                     axes.push(format!("mb = {m} (microbatches)"));
@@ -252,6 +272,7 @@ impl ModulePass for Plan {
                 let have_mb = m.microbatch_axis().map(|a| a.size);
                 for (what, have, want, how) in [
                     ("pp", have_pp, self.pp, "an axis 'pp = N'"),
+                    ("sp", m.axis("sp"), self.sp, "an axis 'sp = N'"),
                     (
                         "microbatches",
                         have_mb,
@@ -566,6 +587,37 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
                 ));
             }
             set_layout(&mut g, i, mesh, vec![("dp".into(), AxisLayout::D(0))]);
+        }
+    }
+    if let Some(n) = mesh.axis("sp") {
+        // Context parallelism: data inputs [batch, seq, ...] are cut on their positions
+        // (dim 1) over `sp` too (inside dp's batch cut, outside Megatron-SP's over tp).
+        // Propagation keeps every per-token op on the shard; an attention's queries stay
+        // split, its keys and values are gathered, and their gradients reduce-scattered
+        // back; parameters' gradients are partial over `sp`, as over `dp`.
+        for (i, &user_given) in given.iter().enumerate() {
+            let a = &g.args[i];
+            let ty = &g.values[a.value];
+            if a.is_param()
+                || a.attrs.contains_key("nns.state_of")
+                || ty.shape.len() < 2
+                || user_given
+            {
+                continue;
+            }
+            if ty.shape[1] % n != 0 {
+                return Err(error(
+                    &g.loc,
+                    format!(
+                        "plan: argument {i}{} has sequence dim {}, which sp = {n} does not divide",
+                        a.name().map(|s| format!(" '{s}'")).unwrap_or_default(),
+                        ty.shape[1]
+                    ),
+                ));
+            }
+            let mut axes = layout_axes(&g, i)?;
+            axes.push(("sp".into(), AxisLayout::D(1)));
+            set_layout(&mut g, i, mesh, axes);
         }
     }
     if matches!(

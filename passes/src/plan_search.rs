@@ -42,6 +42,9 @@ impl PlanSearch {
             .ok()
             .filter(|&n| n > 0)
             .ok_or("plan: 'devices' must be a positive integer")?;
+        if o.get("sp").is_some() {
+            return Err("plan: auto does not search context parallelism ('sp') yet; give a named policy, e.g. --plan=\"dp dp=2 sp=2\"".into());
+        }
         for k in ["dp", "tp", "pp", "microbatches", "zero"] {
             if o.get(k).is_some() {
                 return Err(format!(

@@ -189,6 +189,10 @@ pub static PASSES: &[PassInfo] = &[
                 help: "pipeline stages: a mesh axis pp (outermost) when the module has no mesh; stage s runs on the devices at pp = s",
             },
             OptionInfo {
+                name: "sp",
+                help: "context parallelism: a mesh axis sp (after dp, before tp) when the module has no mesh, splitting the data inputs' positions (dim 1); attention's queries and rotary run on each device's positions, keys and values gathered over sp (not with tp-search)",
+            },
+            OptionInfo {
                 name: "microbatches",
                 help: "cut the batch into this many micro-batches: a micro-batch axis mb (last) splitting the data inputs' dim 0 after dp",
             },

@@ -537,6 +537,37 @@ fn check_pipelines(name: &str) {
 
 /// The searched splits inside pipeline stages: what is split or partial over the
 /// micro-batch axis stays so, as the schedule passes need.
+/// Context parallelism (`sp`): the positions split over `sp`, attention's queries and
+/// rotary on each device's positions (causal masks and angles from its block's start),
+/// keys and values gathered; alone, with data parallelism, under Megatron and
+/// Megatron-SP (the positions split over `sp` then `tp`), with dropout (the masks of the
+/// whole tensor), and inside pipeline stages, on the CPU runtime and compiled.
+#[test]
+fn context_parallel_plans_match_one_device() {
+    for name in ["gpt-tiny", "llama-tiny"] {
+        for p in [
+            "dp dp=1 sp=2",
+            "dp dp=2 sp=2",
+            "megatron tp=2 sp=2",
+            "dp-megatron-sp dp=2 tp=2 sp=2",
+        ] {
+            check(name, p);
+        }
+    }
+    check("gpt-tiny+dropout", "dp dp=2 sp=2");
+    for name in ["gpt-tiny", "llama-tiny"] {
+        pipeline_case(
+            name,
+            "8",
+            2,
+            "dp dp=2 sp=2 pp=2 microbatches=4",
+            "schedule-1f1b",
+            None,
+            true,
+        );
+    }
+}
+
 #[test]
 fn searched_splits_in_pipelines_match_one_device() {
     for name in ["gpt-tiny", "llama-tiny"] {

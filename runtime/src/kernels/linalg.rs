@@ -204,13 +204,15 @@ struct Attn {
     e: usize,
     scale: f32,
     causal: bool,
+    /// The global position of query 0 (a shard of the positions: `seq_axes`).
+    q0: usize,
 }
 
 impl Attn {
-    fn of(c: &Ctx<'_>, q: &Tensor, k: &Tensor, v: &Tensor) -> Attn {
+    fn of(c: &Ctx<'_>, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Attn, String> {
         let (b, h, s, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
         let (g, t, e) = (k.shape[1], k.shape[2], v.shape[3]);
-        Attn {
+        Ok(Attn {
             b,
             h,
             g,
@@ -220,7 +222,8 @@ impl Attn {
             e,
             scale: c.float("scale", 1.0 / (d as f64).sqrt()) as f32,
             causal: c.flag("causal"),
-        }
+            q0: c.block_offset("seq_axes", s)?,
+        })
     }
 
     /// Offsets of the query head and its key/value head for batch `bi`, head `hi`.
@@ -235,7 +238,11 @@ impl Attn {
         gemm((s, t, d), p, Mat::rows(q, d), Mat::t(k, d), self.scale, 0.0);
         for i in 0..s {
             let row = &mut p[i * t..(i + 1) * t];
-            let lim = if self.causal { (i + 1).min(t) } else { t };
+            let lim = if self.causal {
+                (self.q0 + i + 1).min(t)
+            } else {
+                t
+            };
             let mx = row[..lim].iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0f32;
             for x in &mut row[..lim] {
@@ -252,7 +259,7 @@ impl Attn {
 }
 
 pub(super) fn attention(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
-    let a = Attn::of(c, x[0], x[1], x[2]);
+    let a = Attn::of(c, x[0], x[1], x[2])?;
     let (q, k, v) = (x[0].f()?, x[1].f()?, x[2].f()?);
     let (s, t, d, e) = (a.s, a.t, a.d, a.e);
     let mut out = vec![0.0f32; a.b * a.h * s * e];
@@ -279,7 +286,7 @@ pub(super) fn attention(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, Strin
 }
 
 pub(super) fn attention_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
-    let a = Attn::of(c, x[1], x[2], x[3]);
+    let a = Attn::of(c, x[1], x[2], x[3])?;
     let (dout, q, k, v) = (x[0].f()?, x[1].f()?, x[2].f()?, x[3].f()?);
     let (s, t, d, e) = (a.s, a.t, a.d, a.e);
     let mut dq = vec![0.0f32; q.len()];

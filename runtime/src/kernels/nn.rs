@@ -310,18 +310,21 @@ pub(super) fn embedding_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, 
 }
 
 /// Rotates pairs (j, j + d/2) of every [s, d] slice by angle `pos * theta^(-2j/d)` times
-/// `sign` (rotate-half form, as in Llama's reference implementation in HF transformers).
+/// `sign` (rotate-half form, as in Llama's reference implementation in HF transformers);
+/// `pos` is the global position (a shard's start plus the local one).
 fn rotate(c: &Ctx<'_>, x: &Tensor, sign: f32) -> Result<Vec<Tensor>, String> {
     let xs = x.f()?;
     let (s, d) = (x.shape[2], x.shape[3]);
     let half = d / 2;
     let theta = c.float("theta", 10000.0);
+    // On a shard of the positions (`seq_axes`), they count from its block's start.
+    let p0 = c.block_offset("seq_axes", s)?;
     let mut cos = vec![0.0f32; s * half];
     let mut sin = vec![0.0f32; s * half];
     for p in 0..s {
         for j in 0..half {
             let inv = theta.powf(-2.0 * j as f64 / d as f64) as f32;
-            let a = p as f32 * inv;
+            let a = (p0 + p) as f32 * inv;
             cos[p * half + j] = a.cos();
             sin[p * half + j] = sign * a.sin();
         }
