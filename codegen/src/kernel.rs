@@ -381,21 +381,9 @@ pub enum ConstValues {
     },
 }
 
-/// The reference's rotary tables for positions `p0 .. p0 + s`, computed the same way (f64
-/// inverse frequencies, f32 angles, f32 cos and sin): `(cos, sign * sin)`, `[s, d / 2]`.
-pub fn rotary_table(p0: usize, s: usize, d: usize, theta: f64, sign: f32) -> (Vec<f32>, Vec<f32>) {
-    let half = d / 2;
-    let (mut cos, mut sin) = (vec![0.0f32; s * half], vec![0.0f32; s * half]);
-    for p in 0..s {
-        for j in 0..half {
-            let inv = theta.powf(-2.0 * j as f64 / d as f64) as f32;
-            let a = (p0 + p) as f32 * inv;
-            cos[p * half + j] = a.cos();
-            sin[p * half + j] = sign * a.sin();
-        }
-    }
-    (cos, sin)
-}
+/// The reference's rotary tables for positions `p0 .. p0 + s` (the CPU runtime's own
+/// function, so the constants are its tables exactly).
+pub use nnscaler_runtime::kernels::rotary_table;
 
 /// One op as kernels: launched in order, each on its slots (inputs then outputs).
 #[derive(Clone, Debug, PartialEq)]

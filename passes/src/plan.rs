@@ -595,30 +595,7 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
         // Propagation keeps every per-token op on the shard; an attention's queries stay
         // split, its keys and values are gathered, and their gradients reduce-scattered
         // back; parameters' gradients are partial over `sp`, as over `dp`.
-        for (i, &user_given) in given.iter().enumerate() {
-            let a = &g.args[i];
-            let ty = &g.values[a.value];
-            if a.is_param()
-                || a.attrs.contains_key("nns.state_of")
-                || ty.shape.len() < 2
-                || user_given
-            {
-                continue;
-            }
-            if ty.shape[1] % n != 0 {
-                return Err(error(
-                    &g.loc,
-                    format!(
-                        "plan: argument {i}{} has sequence dim {}, which sp = {n} does not divide",
-                        a.name().map(|s| format!(" '{s}'")).unwrap_or_default(),
-                        ty.shape[1]
-                    ),
-                ));
-            }
-            let mut axes = layout_axes(&g, i)?;
-            axes.push(("sp".into(), AxisLayout::D(1)));
-            set_layout(&mut g, i, mesh, axes);
-        }
+        split_positions(&mut g, mesh, &given, "sp", n)?;
     }
     if matches!(
         policy,
@@ -634,35 +611,46 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
         // row-parallel result meets the split stream through a reduce_scatter, and a
         // column-parallel linear gathers its input with an all_gather.
         let n = mesh.axis("tp").unwrap_or(1);
-        for (i, &user_given) in given.iter().enumerate() {
-            let a = &g.args[i];
-            let ty = &g.values[a.value];
-            if a.is_param()
-                || a.attrs.contains_key("nns.state_of")
-                || ty.shape.len() < 2
-                || user_given
-            {
-                continue;
-            }
-            if ty.shape[1] % n != 0 {
-                return Err(error(
-                    &g.loc,
-                    format!(
-                        "plan: argument {i}{} has sequence dim {}, which tp = {n} does not divide",
-                        a.name().map(|s| format!(" '{s}'")).unwrap_or_default(),
-                        ty.shape[1]
-                    ),
-                ));
-            }
-            let mut axes = layout_axes(&g, i)?;
-            axes.push(("tp".into(), AxisLayout::D(1)));
-            set_layout(&mut g, i, mesh, axes);
-        }
+        split_positions(&mut g, mesh, &given, "tp", n)?;
     }
     if let Some(mb) = mesh.microbatch_axis() {
         microbatch_inputs(&mut g, mesh, &mb.name.clone(), mb.size)?;
     }
     Ok(g)
+}
+
+/// Splits every data input's dim 1 (its positions) over mesh axis `axis` of size `n`,
+/// inside the axes already splitting it; inputs whose layout the user wrote (`given`) and
+/// rank-1 ones stay.
+fn split_positions(
+    g: &mut Graph,
+    mesh: &Mesh,
+    given: &[bool],
+    axis: &str,
+    n: i64,
+) -> Result<(), Diagnostics> {
+    for (i, &user_given) in given.iter().enumerate() {
+        let a = &g.args[i];
+        let ty = &g.values[a.value];
+        if a.is_param() || a.attrs.contains_key("nns.state_of") || ty.shape.len() < 2 || user_given
+        {
+            continue;
+        }
+        if ty.shape[1] % n != 0 {
+            return Err(error(
+                &g.loc,
+                format!(
+                    "plan: argument {i}{} has sequence dim {}, which {axis} = {n} does not divide",
+                    a.name().map(|s| format!(" '{s}'")).unwrap_or_default(),
+                    ty.shape[1]
+                ),
+            ));
+        }
+        let mut axes = layout_axes(g, i)?;
+        axes.push((axis.into(), AxisLayout::D(1)));
+        set_layout(g, i, mesh, axes);
+    }
+    Ok(())
 }
 
 /// Optimizer state (`nns.state_of = "<param>"`, from `--optimizer`) takes its parameter's

@@ -68,6 +68,57 @@ pub(crate) enum Move {
     },
 }
 
+impl Move {
+    /// Where it reads and where it writes, each with the bytes it spans from there (zero
+    /// for an empty copy).
+    pub(crate) fn spans(&self) -> [(At, u64); 2] {
+        match *self {
+            Move::Copy {
+                src,
+                dst,
+                width,
+                rows,
+                src_pitch,
+                dst_pitch,
+            } => {
+                let span = |pitch: u64| {
+                    if rows == 0 || width == 0 {
+                        0
+                    } else {
+                        (rows - 1) * pitch + width
+                    }
+                };
+                [(src, span(src_pitch)), (dst, span(dst_pitch))]
+            }
+            Move::Reduce { src, dst, n, .. } => [(src, n * 4), (dst, n * 4)],
+        }
+    }
+}
+
+/// A run's places as a backend addresses them (`B`: a host pointer or a device
+/// address), each with its length in bytes.
+pub(crate) struct Places<B> {
+    /// The program's devices' arenas, in its devices' order.
+    pub devices: Vec<(B, u64)>,
+    /// The scratch space.
+    pub scratch: (B, u64),
+}
+
+impl<B: Copy> Places<B> {
+    /// The base of `a`'s place and `a`'s offset in it, checked so that `bytes` from
+    /// there lie inside the place.
+    pub(crate) fn locate(&self, a: At, bytes: u64) -> Result<(B, u64), String> {
+        let (base, len) = match a.place {
+            Place::Device(d) => *self.devices.get(d).ok_or("a move names a missing device")?,
+            Place::Scratch => self.scratch,
+        };
+        if a.offset.saturating_add(bytes) > len {
+            return Err("a collective's move lies outside its arena".into());
+        }
+        Ok((base, a.offset))
+    }
+}
+
 /// A piece along one dim of a row-major tensor as a strided region: `rows` runs of
 /// `width` bytes, `pitch` apart, the first at `start`.
 #[derive(Clone, Copy, Debug)]
@@ -89,6 +140,38 @@ fn piece(b: &Buffer, dim: usize, k: u64, pieces: u64) -> Piece {
         width: len * inner * es,
         rows: outer,
         pitch: b.shape[dim] * inner * es,
+    }
+}
+
+impl Piece {
+    /// The piece of the whole tensor at `whole` copied out to a contiguous one at `dst`.
+    fn gather(&self, whole: At, dst: At) -> Move {
+        Move::Copy {
+            src: At {
+                offset: whole.offset + self.start,
+                ..whole
+            },
+            dst,
+            width: self.width,
+            rows: self.rows,
+            src_pitch: self.pitch,
+            dst_pitch: self.width,
+        }
+    }
+
+    /// A contiguous piece at `src` copied into its place in the whole tensor at `whole`.
+    fn scatter(&self, src: At, whole: At) -> Move {
+        Move::Copy {
+            src,
+            dst: At {
+                offset: whole.offset + self.start,
+                ..whole
+            },
+            width: self.width,
+            rows: self.rows,
+            src_pitch: self.width,
+            dst_pitch: self.pitch,
+        }
     }
 }
 
@@ -177,14 +260,7 @@ pub(crate) fn moves(prog: &Program, s: &Step) -> Result<(Vec<Move>, u64), String
                 }
                 for (k, &d) in g.iter().enumerate() {
                     let p = piece(ib, *dim, k as u64, g.len() as u64);
-                    out.push(Move::Copy {
-                        src: at(Place::Scratch, p.start),
-                        dst: at(dev(d), ob.offset),
-                        width: p.width,
-                        rows: p.rows,
-                        src_pitch: p.pitch,
-                        dst_pitch: p.width,
-                    });
+                    out.push(p.gather(at(Place::Scratch, 0), at(dev(d), ob.offset)));
                 }
             }
         }
@@ -200,14 +276,7 @@ pub(crate) fn moves(prog: &Program, s: &Step) -> Result<(Vec<Move>, u64), String
                 for (k, &from) in g.iter().enumerate() {
                     let p = piece(ob, *dim, k as u64, g.len() as u64);
                     for &to in &g {
-                        out.push(Move::Copy {
-                            src: at(dev(from), ib.offset),
-                            dst: at(dev(to), ob.offset + p.start),
-                            width: p.width,
-                            rows: p.rows,
-                            src_pitch: p.width,
-                            dst_pitch: p.pitch,
-                        });
+                        out.push(p.scatter(at(dev(from), ib.offset), at(dev(to), ob.offset)));
                     }
                 }
             }
@@ -223,14 +292,7 @@ pub(crate) fn moves(prog: &Program, s: &Step) -> Result<(Vec<Move>, u64), String
                 let g = local(g)?;
                 for (k, &d) in g.iter().enumerate() {
                     let p = piece(ib, *dim, k as u64, g.len() as u64);
-                    out.push(Move::Copy {
-                        src: at(dev(d), ib.offset + p.start),
-                        dst: at(dev(d), ob.offset),
-                        width: p.width,
-                        rows: p.rows,
-                        src_pitch: p.pitch,
-                        dst_pitch: p.width,
-                    });
+                    out.push(p.gather(at(dev(d), ib.offset), at(dev(d), ob.offset)));
                 }
             }
         }

@@ -10,7 +10,7 @@
 //! buffer into a device parcel, which the receive copies into the other program's arena.
 
 use crate::artifact::{Artifact, Buffer, Gemm, Step, BLOCK};
-use crate::collective::{moves, scratch_bytes, At, Move, Place};
+use crate::collective::{moves, scratch_bytes, At, Move, Places};
 use crate::compare::{Comparison, Lockstep};
 use crate::host::{load_inputs, results, schedule, Arenas, Engine, HostEngine};
 use crate::tensor::Tensor;
@@ -163,32 +163,29 @@ impl CudaProgram {
         scratch: &CudaSlice<u64>,
     ) -> Result<(), String> {
         let base = |s: &CudaSlice<u64>| s.device_ptr(&self.stream).0;
-        let bases: Vec<(u64, u64)> = arenas
-            .iter()
-            .map(|a| (base(a), a.len() as u64 * 8))
-            .collect();
-        let scratch = (base(scratch), scratch.len() as u64 * 8);
-        let addr = |a: At, bytes: u64| -> Result<u64, String> {
-            let (base, len) = match a.place {
-                Place::Device(d) => *bases.get(d).ok_or("a move names a missing device")?,
-                Place::Scratch => scratch,
-            };
-            if a.offset.saturating_add(bytes) > len {
-                return Err("a collective's move lies outside its arena".into());
-            }
-            Ok(base + a.offset)
+        let places = Places {
+            devices: arenas
+                .iter()
+                .map(|a| (base(a), a.len() as u64 * 8))
+                .collect(),
+            scratch: (base(scratch), scratch.len() as u64 * 8),
         };
         for m in ms {
+            let [(src, src_span), (dst, dst_span)] = m.spans();
+            let at = |a: At, bytes: u64| -> Result<u64, String> {
+                let (base, offset) = places.locate(a, bytes)?;
+                Ok(base + offset)
+            };
+            let (s, d) = (at(src, src_span)?, at(dst, dst_span)?);
             match *m {
                 Move::Copy {
-                    src,
-                    dst,
                     width,
                     rows,
                     src_pitch,
                     dst_pitch,
+                    ..
                 } => {
-                    if rows == 0 || width == 0 {
+                    if src_span == 0 {
                         continue;
                     }
                     let copy = driver_sys::CUDA_MEMCPY2D {
@@ -196,14 +193,14 @@ impl CudaProgram {
                         srcY: 0,
                         srcMemoryType: driver_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
                         srcHost: std::ptr::null(),
-                        srcDevice: addr(src, (rows - 1) * src_pitch + width)?,
+                        srcDevice: s,
                         srcArray: std::ptr::null_mut(),
                         srcPitch: src_pitch as usize,
                         dstXInBytes: 0,
                         dstY: 0,
                         dstMemoryType: driver_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
                         dstHost: std::ptr::null_mut(),
-                        dstDevice: addr(dst, (rows - 1) * dst_pitch + width)?,
+                        dstDevice: d,
                         dstArray: std::ptr::null_mut(),
                         dstPitch: dst_pitch as usize,
                         WidthInBytes: width as usize,
@@ -216,17 +213,16 @@ impl CudaProgram {
                         .result()
                         .map_err(|e| format!("CUDA: a collective's copy: {e}"))?;
                 }
-                Move::Reduce { src, dst, n, max } => {
+                Move::Reduce { n, max, .. } => {
                     let r = self
                         .art
                         .header
                         .reducers
                         .ok_or("the artifact has no reducers")?;
                     let k = if max { r.max } else { r.sum };
-                    let (d, x) = (addr(dst, n * 4)?, addr(src, n * 4)?);
                     let n = n as i64;
                     let mut launch = self.stream.launch_builder(&self.fns[k]);
-                    launch.arg(&d).arg(&x).arg(&d).arg(&n);
+                    launch.arg(&d).arg(&s).arg(&d).arg(&n);
                     let cfg = LaunchConfig {
                         grid_dim: ((n as u64).div_ceil(u64::from(BLOCK)).max(1) as u32, 1, 1),
                         block_dim: (BLOCK, 1, 1),

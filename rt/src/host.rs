@@ -8,7 +8,7 @@
 //! is a deadlock, reported with what each program waits for.
 
 use crate::artifact::{Artifact, Buffer, Elt, Step};
-use crate::collective::{moves, scratch_bytes, At, Move, Place};
+use crate::collective::{moves, scratch_bytes, At, Move, Places};
 use crate::tensor::{Tensor, Values};
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_void, CString};
@@ -200,38 +200,33 @@ impl HostProgram {
         arenas: &mut [Vec<u64>],
         scratch: &mut [u64],
     ) -> Result<(), String> {
-        let bases: Vec<(*mut u8, usize)> = arenas
-            .iter_mut()
-            .map(|a| (bytes_mut(a).as_mut_ptr(), a.len() * 8))
-            .collect();
-        let scratch = (bytes_mut(scratch).as_mut_ptr(), scratch.len() * 8);
+        let places = Places {
+            devices: arenas
+                .iter_mut()
+                .map(|a| (bytes_mut(a).as_mut_ptr(), a.len() as u64 * 8))
+                .collect(),
+            scratch: (bytes_mut(scratch).as_mut_ptr(), scratch.len() as u64 * 8),
+        };
         // A move's address, checked to lie with `bytes` inside its place.
         let addr = |a: At, bytes: u64| -> Result<*mut u8, String> {
-            let (base, len) = match a.place {
-                Place::Device(d) => *bases.get(d).ok_or("a move names a missing device")?,
-                Place::Scratch => scratch,
-            };
-            if a.offset.saturating_add(bytes) > len as u64 {
-                return Err("a collective's move lies outside its arena".into());
-            }
+            let (base, offset) = places.locate(a, bytes)?;
             // SAFETY: in bounds, just checked.
-            Ok(unsafe { base.add(a.offset as usize) })
+            Ok(unsafe { base.add(offset as usize) })
         };
         for m in ms {
+            let [(src, src_span), (dst, dst_span)] = m.spans();
+            let (s, d) = (addr(src, src_span)?, addr(dst, dst_span)?);
             match *m {
                 Move::Copy {
-                    src,
-                    dst,
                     width,
                     rows,
                     src_pitch,
                     dst_pitch,
+                    ..
                 } => {
-                    if rows == 0 || width == 0 {
+                    if src_span == 0 {
                         continue;
                     }
-                    let s = addr(src, (rows - 1) * src_pitch + width)?;
-                    let d = addr(dst, (rows - 1) * dst_pitch + width)?;
                     for r in 0..rows as usize {
                         // SAFETY: both runs lie in their places (checked above); distinct
                         // buffers, so `copy` (memmove) is only ever careful.
@@ -244,14 +239,14 @@ impl HostProgram {
                         };
                     }
                 }
-                Move::Reduce { src, dst, n, max } => {
+                Move::Reduce { n, max, .. } => {
                     let r = self
                         .art
                         .header
                         .reducers
                         .ok_or("the artifact has no reducers")?;
                     let k = if max { r.max } else { r.sum };
-                    let args = [addr(dst, n * 4)?, addr(src, n * 4)?, addr(dst, n * 4)?];
+                    let args = [d, s, d];
                     // SAFETY: the reducer reads and writes `n` f32s at each pointer,
                     // all inside their places (checked); `dst` is both read and written
                     // element by element, as the kernel's contract allows.

@@ -16,6 +16,7 @@ use nnscaler_dialects::types::{AttrValue, Attrs, TensorType};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub use linalg::gemm;
+pub use nn::rotary_table;
 
 /// What a kernel knows about its op besides the operands.
 #[derive(Clone, Copy, Debug)]

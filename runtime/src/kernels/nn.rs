@@ -309,6 +309,23 @@ pub(super) fn embedding_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, 
     Ok(vec![Tensor::f32(&out, dt)])
 }
 
+/// The rotary tables of positions `p0 .. p0 + s` for width `d`: `(cos, sign * sin)`,
+/// `[s, d / 2]` each (f64 inverse frequencies, f32 angles, f32 cos and sin). The GPU
+/// kernels' constants are these tables.
+pub fn rotary_table(p0: usize, s: usize, d: usize, theta: f64, sign: f32) -> (Vec<f32>, Vec<f32>) {
+    let half = d / 2;
+    let (mut cos, mut sin) = (vec![0.0f32; s * half], vec![0.0f32; s * half]);
+    for p in 0..s {
+        for j in 0..half {
+            let inv = theta.powf(-2.0 * j as f64 / d as f64) as f32;
+            let a = (p0 + p) as f32 * inv;
+            cos[p * half + j] = a.cos();
+            sin[p * half + j] = sign * a.sin();
+        }
+    }
+    (cos, sin)
+}
+
 /// Rotates pairs (j, j + d/2) of every [s, d] slice by angle `pos * theta^(-2j/d)` times
 /// `sign` (rotate-half form, as in Llama's reference implementation in HF transformers);
 /// `pos` is the global position (a shard's start plus the local one).
@@ -319,16 +336,7 @@ fn rotate(c: &Ctx<'_>, x: &Tensor, sign: f32) -> Result<Vec<Tensor>, String> {
     let theta = c.float("theta", 10000.0);
     // On a shard of the positions (`seq_axes`), they count from its block's start.
     let p0 = c.block_offset("seq_axes", s)?;
-    let mut cos = vec![0.0f32; s * half];
-    let mut sin = vec![0.0f32; s * half];
-    for p in 0..s {
-        for j in 0..half {
-            let inv = theta.powf(-2.0 * j as f64 / d as f64) as f32;
-            let a = (p0 + p) as f32 * inv;
-            cos[p * half + j] = a.cos();
-            sin[p * half + j] = sign * a.sin();
-        }
-    }
+    let (cos, sin) = rotary_table(p0, s, d, theta, sign);
     let mut out = vec![0.0f32; xs.len()];
     for (blk, o) in xs.chunks_exact(s * d).zip(out.chunks_exact_mut(s * d)) {
         for p in 0..s {
