@@ -576,16 +576,13 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
             {
                 continue;
             }
-            if ty.shape[0] % n != 0 {
-                return Err(error(
-                    &g.loc,
-                    format!(
-                        "plan: argument {i}{} has batch dim {}, which dp = {n} does not divide; give the model a batch dp divides (nnscaler import --batch N)",
-                        a.name().map(|s| format!(" '{s}'")).unwrap_or_default(),
-                        ty.shape[0]
-                    ),
-                ));
-            }
+            dim_divides(
+                &g,
+                i,
+                (0, "batch"),
+                ("dp", n),
+                "; give the model a batch dp divides (nnscaler import --batch N)",
+            )?;
             set_layout(&mut g, i, mesh, vec![("dp".into(), AxisLayout::D(0))]);
         }
     }
@@ -619,6 +616,29 @@ pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnost
     Ok(g)
 }
 
+/// An error unless mesh axis `axis` of size `n` divides dim `dim` (`what`: its name in
+/// the message) of argument `i`; `hint` ends the message.
+fn dim_divides(
+    g: &Graph,
+    i: usize,
+    (dim, what): (usize, &str),
+    (axis, n): (&str, i64),
+    hint: &str,
+) -> Result<(), Diagnostics> {
+    let a = &g.args[i];
+    let size = g.values[a.value].shape[dim];
+    if size % n == 0 {
+        return Ok(());
+    }
+    Err(error(
+        &g.loc,
+        format!(
+            "plan: argument {i}{} has {what} dim {size}, which {axis} = {n} does not divide{hint}",
+            a.name().map(|s| format!(" '{s}'")).unwrap_or_default(),
+        ),
+    ))
+}
+
 /// Splits every data input's dim 1 (its positions) over mesh axis `axis` of size `n`,
 /// inside the axes already splitting it; inputs whose layout the user wrote (`given`) and
 /// rank-1 ones stay.
@@ -636,16 +656,7 @@ fn split_positions(
         {
             continue;
         }
-        if ty.shape[1] % n != 0 {
-            return Err(error(
-                &g.loc,
-                format!(
-                    "plan: argument {i}{} has sequence dim {}, which {axis} = {n} does not divide",
-                    a.name().map(|s| format!(" '{s}'")).unwrap_or_default(),
-                    ty.shape[1]
-                ),
-            ));
-        }
+        dim_divides(g, i, (1, "sequence"), (axis, n), "")?;
         let mut axes = layout_axes(g, i)?;
         axes.push((axis.into(), AxisLayout::D(1)));
         set_layout(g, i, mesh, axes);
