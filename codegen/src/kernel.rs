@@ -475,6 +475,7 @@ pub fn covered(op: &str) -> bool {
             | "dnn.broadcast_to"
             | "dnn.matmul"
             | "dnn.linear"
+            | "dnn.linear_weight_grad"
             | "dnn.attention"
             | "dnn.attention_grad"
             | "dnn.rotary"
@@ -955,6 +956,22 @@ pub fn lower(
                     ],
                 });
             }
+        }
+        "dnn.linear_weight_grad" => {
+            // dy^T x with every leading dim as the summed rows: dy read transposed.
+            let n = *ins[0].shape.last().unwrap_or(&1);
+            kernel(
+                Body::Gemm(Gemm {
+                    batch: 1,
+                    m: n,
+                    n: *ins[1].shape.last().unwrap_or(&1),
+                    k: ins[0].len() / n.max(1),
+                    ta: true,
+                    tb: false,
+                    b_batched: false,
+                }),
+                out0.len(),
+            )
         }
         "dnn.matmul" => {
             let flag =

@@ -329,6 +329,11 @@ fn op_cases() -> Vec<Case> {
         ),
         ("dnn.linear", Attrs::new(), vec![ty(&[5, 16]), ty(&[8, 16])]),
         (
+            "dnn.linear_weight_grad",
+            Attrs::new(),
+            vec![ty(&[2, 3, 24]), ty(&[2, 3, 16])],
+        ),
+        (
             "dnn.matmul",
             Attrs::new(),
             vec![ty(&[3, 5, 16]), ty(&[16, 7])],
@@ -543,7 +548,11 @@ fn every_covered_op_matches_the_reference() {
             // judged against the tensor's scale; everything else per element.
             let dots = matches!(
                 *op,
-                "dnn.linear" | "dnn.matmul" | "dnn.attention" | "dnn.attention_grad"
+                "dnn.linear"
+                    | "dnn.linear_weight_grad"
+                    | "dnn.matmul"
+                    | "dnn.attention"
+                    | "dnn.attention_grad"
             );
             let floor = if dots { 1.0 } else { 1e-3 };
             let err = error_floor(g.f32().unwrap(), w.f().unwrap(), floor);

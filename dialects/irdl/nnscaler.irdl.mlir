@@ -431,6 +431,14 @@ irdl.dialect @dnn {
     %a_vocab = irdl.base "#builtin.integer"
     irdl.attributes {"vocab" = %a_vocab}
   }
+  // Linear backward for the weight: dy^T x summed over the leading dims, [out, in]
+  irdl.operation @linear_weight_grad {
+    %dy = irdl.base "!builtin.tensor"
+    %x = irdl.base "!builtin.tensor"
+    irdl.operands(%dy, %x)
+    %r_dweight = irdl.base "!builtin.tensor"
+    irdl.results(%r_dweight)
+  }
   // Attention backward (recomputes scores): dq, dk, dv
   irdl.operation @attention_grad {
     %dout = irdl.base "!builtin.tensor"

@@ -180,6 +180,37 @@ fn linear_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     })
 }
 
+/// `dW = sum over the leading dims of dy^T x`: `a+ b+ n, a+ b+ k -> n k`. The leading dims
+/// stay named, so a split of any of them (the batch over `dp`, the positions over `sp`)
+/// leaves the weight gradient partial, to be reduced like `dp`'s.
+fn linear_weight_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
+    let (r, rx) = (ctx.rank(0)?, ctx.rank(1)?);
+    if r != rx || r == 0 {
+        return Err(format!(
+            "dy and x must have the same rank >= 1, got {r} and {rx}"
+        ));
+    }
+    if r > 11 {
+        return Err(format!("rank {r} is above the 11 this op names"));
+    }
+    let lead = summed_lead(r, 1);
+    let pre = if lead.is_empty() {
+        String::new()
+    } else {
+        format!("{} ", join(&lead))
+    };
+    Ok(format!("{pre}n, {pre}k -> n k"))
+}
+
+fn linear_weight_grad_flops(ctx: &OpCtx<'_>, r: &[TensorType]) -> f64 {
+    let rows = ctx
+        .shape(0)
+        .ok()
+        .map(|s| s[..s.len().saturating_sub(1)].iter().product::<i64>())
+        .unwrap_or(1);
+    2.0 * numel(&r[0]) * rows as f64
+}
+
 fn linear_flops(ctx: &OpCtx<'_>, r: &[TensorType]) -> f64 {
     let k = ctx
         .shape(0)
@@ -1780,6 +1811,27 @@ pub static SPECS: &[OpSpec] = &[
             ..TRAITS
         },
         example: r#"%2 = "dnn.embedding_grad"(%0, %1) {vocab = 65 : i64} : (tensor<2x3x8xf32>, tensor<2x3xi64>) -> tensor<65x8xf32>"#,
+    },
+    OpSpec {
+        name: "dnn.linear_weight_grad",
+        summary: "Linear backward for the weight: dy^T x summed over the leading dims, [out, in]",
+        operands: &["dy", "x"],
+        variadic: false,
+        optional: 0,
+        any_elem: false,
+        int_operands: &[],
+        results: &["dweight"],
+        attrs: &[],
+        annotation: linear_weight_grad_anno,
+        result_types: None,
+        flops: linear_weight_grad_flops,
+        grad_of: Some("dnn.linear"),
+        traits: Traits {
+            linear: Linearity::Each(&[0, 1]),
+            matrix: true,
+            ..TRAITS
+        },
+        example: r#"%2 = "dnn.linear_weight_grad"(%0, %1) : (tensor<2x3x16xf32>, tensor<2x3x8xf32>) -> tensor<16x8xf32>"#,
     },
     OpSpec {
         name: "dnn.attention_grad",

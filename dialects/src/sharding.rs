@@ -725,10 +725,24 @@ pub fn op_layouts(
 /// the same axes, unless the identifier or the axes are already taken. Partial operands
 /// propose nothing (they are reduced before the op).
 pub fn infer_binds(anno: &Annotation, binding: &Binding, operands: &[Option<&Sharding>]) -> Binds {
+    let order: Vec<usize> = (0..operands.len()).collect();
+    infer_binds_in(anno, binding, operands, &order)
+}
+
+/// [`infer_binds`] consulting the operands in `order` (indices into `operands`): an
+/// earlier operand's split wins an identifier or axis a later one also proposes.
+pub fn infer_binds_in(
+    anno: &Annotation,
+    binding: &Binding,
+    operands: &[Option<&Sharding>],
+    order: &[usize],
+) -> Binds {
     let choices = anno.split_choices(binding);
     let mut binds: Binds = Vec::new();
-    for (i, s) in operands.iter().enumerate() {
-        let Some(s) = s else { continue };
+    for &i in order {
+        let Some(s) = operands.get(i).copied().flatten() else {
+            continue;
+        };
         for (d, axes) in s.split.iter().enumerate() {
             if axes.is_empty() {
                 continue;

@@ -535,28 +535,36 @@ fn matmul(c: &mut VjpCtx<'_>) -> Result<Vec<Option<ValueId>>, String> {
     Ok(out)
 }
 
+/// `dx = dy · W` (a matmul keeps `x`'s leading dims, so their splits carry over),
+/// `dW = linear_weight_grad(dy, x)` (summed over the leading dims without flattening them:
+/// a split of the positions alone leaves it partial rather than gathering both operands),
+/// `db = sum(dy)` over the leading dims.
 fn linear(c: &mut VjpCtx<'_>) -> Result<Vec<Option<ValueId>>, String> {
     let d = c.dy(0)?;
     let (x, w) = (c.x(0), c.x(1));
-    let (sx, sw) = (c.shape(x), c.shape(w));
-    let (n, k) = (sw[0], sw[1]);
-    let rows = sx.iter().product::<i64>() / k;
-    let d2 = c.reshape(d, &[rows, n])?;
+    let sx = c.shape(x);
+    let lead: Vec<i64> = (0..sx.len().saturating_sub(1) as i64).collect();
     let mut out = vec![None; c.node.inputs.len()];
     if c.needs[0] {
-        let g = c.emit("dnn.matmul", &[d2, w], &[])?;
-        out[0] = Some(c.reshape(g, &sx)?);
+        out[0] = Some(if sx.len() >= 2 {
+            c.emit("dnn.matmul", &[d, w], &[])?
+        } else {
+            // A single row: matmul wants rank >= 2.
+            let n = c.shape(w)[0];
+            let d2 = c.reshape(d, &[1, n])?;
+            let g = c.emit("dnn.matmul", &[d2, w], &[])?;
+            c.reshape(g, &sx)?
+        });
     }
     if c.needs[1] {
-        let x2 = c.reshape(x, &[rows, k])?;
-        out[1] = Some(c.emit(
-            "dnn.matmul",
-            &[d2, x2],
-            &[("transpose_a", AttrValue::Bool(true))],
-        )?);
+        out[1] = Some(c.emit("dnn.linear_weight_grad", &[d, x], &[])?);
     }
     if c.node.inputs.len() == 3 && c.needs[2] {
-        out[2] = Some(c.emit("dnn.sum", &[d2], &[("dims", AttrValue::Ints(vec![0]))])?);
+        out[2] = Some(if lead.is_empty() {
+            d
+        } else {
+            c.emit("dnn.sum", &[d], &[("dims", AttrValue::Ints(lead))])?
+        });
     }
     Ok(out)
 }

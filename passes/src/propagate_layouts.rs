@@ -11,6 +11,14 @@
 //! parameter (or optimizer state) `p`, anything else replicated, unless one is written.
 //! A `linear` whose directive splits its summed dim is first cut into `linear` + `add` of
 //! the bias, so the bias is added once, after the reduction.
+//!
+//! Two rules keep the weights' splits where operands disagree. Parameters (and their casts)
+//! propose their splits before the other operands when those splits are over the
+//! parameter's compute axes (`compute_axes`: the axes the directives of the ops reading it
+//! split it over), so `dy · W` of a row-parallel weight gathers `dy` rather than `W`. And
+//! an op without a directive whose result is a weight gradient (`wanted_grads`) proposes
+//! its parameter's layout over those axes first, so the gradient is made in the split its
+//! parameter is used in.
 
 use crate::layouts::{
     annotation, constraint, directive, error, layout_attr, layouts_attr, node_layouts,
@@ -20,9 +28,11 @@ use crate::pipeline::{FunctionPass, PassOptions};
 use melior::ir::OperationRef;
 use nnscaler_dialects::annotation::{Annotation, Binding, DimKind};
 use nnscaler_dialects::diag::Diagnostics;
+use nnscaler_dialects::dnn;
+use nnscaler_dialects::graph::ValueId;
 use nnscaler_dialects::graph::{Graph, Node};
 use nnscaler_dialects::nns::Mesh;
-use nnscaler_dialects::sharding::{infer_binds, Binds, Sharding};
+use nnscaler_dialects::sharding::{infer_binds_in, Binds, Sharding};
 use nnscaler_dialects::types::{AttrValue, Attrs};
 
 /// The pass.
@@ -259,6 +269,141 @@ pub fn propagate_lenient(
     propagate_with(g, mesh, remarks, true)
 }
 
+/// Per value, the parameter argument (index into `g.args`) it is a copy of: the
+/// parameter's own value and `dnn.cast`s of one (autocast's bf16 copies).
+fn param_copies(g: &Graph) -> Vec<Option<usize>> {
+    let mut of = vec![None; g.values.len()];
+    for (i, a) in g.args.iter().enumerate() {
+        if a.is_param() {
+            of[a.value] = Some(i);
+        }
+    }
+    for n in &g.nodes {
+        if n.op == "dnn.cast" && n.inputs.len() == 1 {
+            if let (Some(p), Some(&o)) = (of[n.inputs[0]], n.outputs.first()) {
+                of[o] = Some(p);
+            }
+        }
+    }
+    of
+}
+
+/// Per parameter argument, its compute axes: the mesh axes that the directives of the ops
+/// reading it (optimizer ops aside) split it over. Megatron's `n = tp` on a linear makes
+/// `tp` a compute axis of its weight; ZeRO's sharding of a parameter over `dp` is not one
+/// (the forward gathers it).
+fn compute_axes(g: &Graph, mesh: &Mesh, copies: &[Option<usize>]) -> Vec<Vec<usize>> {
+    let mut axes = vec![Vec::new(); g.args.len()];
+    for n in &g.nodes {
+        if !n.op.starts_with("dnn.") || dnn::spec(&n.op).is_some_and(|s| s.traits.optimizer) {
+            continue;
+        }
+        let Ok(Some(binds)) = directive(n, mesh) else {
+            continue;
+        };
+        let none = vec![None; n.inputs.len()];
+        let Ok(l) = node_layouts(g, n, mesh, &binds, &none) else {
+            continue;
+        };
+        for (i, &v) in n.inputs.iter().enumerate() {
+            let (Some(p), Some(Some(s))) = (copies[v], l.inputs.get(i)) else {
+                continue;
+            };
+            for &a in s.split.iter().flatten() {
+                if !axes[p].contains(&a) {
+                    axes[p].push(a);
+                }
+            }
+        }
+    }
+    axes
+}
+
+/// Per value, the layout a weight gradient should be computed in: a `grad.<p>` result
+/// (and, backwards through the `dnn.cast`s and same-shape `dnn.add`s accumulating it, the
+/// values it is made of) wants parameter `p`'s layout over `p`'s compute axes. Seeding an
+/// op's binds from it computes the gradient in the split its parameter is used in (a
+/// row-parallel weight's gradient split on its columns, the positions' split of `dy`
+/// gathered) instead of following `dy`'s split into a partial sum that is then
+/// all-to-all'd or reduce-scattered into place.
+fn wanted_grads(
+    g: &Graph,
+    layouts: &[Option<Sharding>],
+    compute: &[Vec<usize>],
+) -> Vec<Option<Sharding>> {
+    let mut want: Vec<Option<Sharding>> = vec![None; g.values.len()];
+    for o in &g.outputs {
+        let Some(p) = o.name().and_then(|n| n.strip_prefix("grad.")) else {
+            continue;
+        };
+        let Some(i) = g
+            .args
+            .iter()
+            .position(|a| a.is_param() && a.name() == Some(p))
+        else {
+            continue;
+        };
+        let Some(s) = layouts[g.args[i].value].as_ref() else {
+            continue;
+        };
+        let split: Vec<Vec<usize>> = s
+            .split
+            .iter()
+            .map(|d| {
+                d.iter()
+                    .copied()
+                    .filter(|a| compute[i].contains(a))
+                    .collect()
+            })
+            .collect();
+        if split.iter().all(Vec::is_empty) || split.len() != g.values[o.value].rank() {
+            continue;
+        }
+        want[o.value] = Some(Sharding {
+            split,
+            partial: vec![None; s.partial.len()],
+        });
+    }
+    for n in g.nodes.iter().rev() {
+        let Some(w) = n.outputs.first().and_then(|&o| want[o].clone()) else {
+            continue;
+        };
+        if n.op == "dnn.cast" || n.op == "dnn.add" {
+            let shape = &g.values[n.outputs[0]].shape;
+            for &v in &n.inputs {
+                if &g.values[v].shape == shape && want[v].is_none() {
+                    want[v] = Some(w.clone());
+                }
+            }
+        }
+    }
+    want
+}
+
+/// The order in which an op's operands propose splits: parameters (and their casts) split
+/// only over their compute axes first, so a weight keeps the split its directives gave it
+/// and the activation it meets is gathered (`dy · W` of a row-parallel weight under
+/// Megatron-SP gathers `dy`'s positions rather than the weight), then the rest in order.
+fn operand_order(
+    n: &Node,
+    layouts: &[Option<Sharding>],
+    copies: &[Option<usize>],
+    compute: &[Vec<usize>],
+) -> Vec<usize> {
+    let first = |v: ValueId| {
+        copies[v].is_some_and(|p| {
+            layouts[v].as_ref().is_some_and(|s| {
+                let axes: Vec<usize> = s.split.iter().flatten().copied().collect();
+                !axes.is_empty() && axes.iter().all(|a| compute[p].contains(a))
+            })
+        })
+    };
+    let (mut order, rest): (Vec<usize>, Vec<usize>) =
+        (0..n.inputs.len()).partition(|&i| first(n.inputs[i]));
+    order.extend(rest);
+    order
+}
+
 fn propagate_with(
     mut g: Graph,
     mesh: &Mesh,
@@ -269,6 +414,9 @@ fn propagate_with(
     // Each node's index in the input graph (`None` for nodes propagation made).
     let mut orig: Vec<Option<usize>> = (0..g.nodes.len()).map(Some).collect();
     let mut decided: Vec<Option<Decided>> = vec![None; g.nodes.len()];
+    let copies = param_copies(&g);
+    let compute = compute_axes(&g, mesh, &copies);
+    let want = wanted_grads(&g, &layouts, &compute);
     let mut k = 0;
     while k < g.nodes.len() {
         let mut n = g.nodes[k].clone();
@@ -331,7 +479,35 @@ fn propagate_with(
         let ops: Vec<Option<&Sharding>> = n.inputs.iter().map(|&v| layouts[v].as_ref()).collect();
         let mut binds = written.clone().unwrap_or_default();
         let mut closed = replicated_axes(&n, mesh).map_err(fail)?;
-        for (id, axes) in infer_binds(&anno, &binding, &ops) {
+        // Without a directive, a result that is a weight gradient proposes its wanted
+        // split first (see `wanted_grads`).
+        let mut proposed = Vec::new();
+        if written.is_none() {
+            let choices = anno.split_choices(&binding);
+            for (j, &o) in n.outputs.iter().enumerate() {
+                let Some(w) = want.get(o).and_then(Option::as_ref) else {
+                    continue;
+                };
+                for (d, axes) in w.split.iter().enumerate() {
+                    let c = choices.iter().find(|c| {
+                        c.positions
+                            .iter()
+                            .any(|p| p.output && p.tensor == j && p.dim == d)
+                    });
+                    if let (Some(c), false) = (c, axes.is_empty()) {
+                        proposed.push((c.id.clone(), axes.clone()));
+                    }
+                }
+            }
+        }
+        // Values propagation made (the vocabulary-parallel ops') have no copies entry.
+        let order = if n.inputs.iter().all(|&v| v < copies.len()) {
+            operand_order(&n, &layouts, &copies, &compute)
+        } else {
+            (0..n.inputs.len()).collect()
+        };
+        proposed.extend(infer_binds_in(&anno, &binding, &ops, &order));
+        for (id, axes) in proposed {
             let taken = binds
                 .iter()
                 .any(|(i, v)| *i == id || v.iter().any(|a| axes.contains(a)))

@@ -27,8 +27,9 @@
 //! its producer's backward reads (a partial result's gradient is replicated; a
 //! parameter's gradient ends in the parameter's layout). Memory per device: parameters
 //! with their gradients and optimizer state, and the activations the backward keeps, on
-//! their shards. Not in the objective: the sums of reused gradients, the loss's seed and
-//! clipping (a few percent of a step on tiny models).
+//! their shards. The sums of reused gradients (one `add` per forward use of a value after
+//! the first) are costed on the producer's layout. Not in the objective: the loss's seed
+//! and clipping.
 //!
 //! **Classes.** Layers with the same signature (ops, attributes, shapes and how they
 //! connect: a model's repeated blocks) share variables: op `i` of every such layer is one
@@ -525,6 +526,35 @@ impl<'a> Facts<'a> {
             .saturating_mul(ty.elem.bytes())
     }
 
+    /// Seconds of the sums autodiff makes of value `v`'s gradient: one `add` per forward
+    /// use after the first (a residual stream, a tied embedding), on the shard of
+    /// `layout`, the layout `v` is made in.
+    fn grad_sums(&self, v: ValueId, layout: &Sharding) -> f64 {
+        if !self.backward || !self.grad[v] {
+            return 0.0;
+        }
+        let uses = self.users[v]
+            .iter()
+            .filter(|&&(k, _)| {
+                self.fwd[k] && !dnn::spec(&self.g.nodes[k].op).is_some_and(|s| s.traits.optimizer)
+            })
+            .count();
+        if uses < 2 {
+            return 0.0;
+        }
+        let ty = &self.g.values[v];
+        let local = TensorType::new(&layout.local_shape(&ty.shape, &self.sizes), ty.elem);
+        let mut s = Graph::default();
+        let (a, b) = (s.new_value(local.clone()), s.new_value(local));
+        if s.add1("dnn.add", &[a, b], Attrs::new(), &self.g.loc)
+            .is_err()
+        {
+            return 0.0;
+        }
+        let add = cost::node_cost(&s, &s.nodes[0], self.cluster, None).map_or(0.0, |c| c.seconds);
+        (uses - 1) as f64 * add
+    }
+
     /// Whether the backward keeps value `v` (a non-forward op reads it).
     fn saved(&self, v: ValueId) -> bool {
         self.users[v].iter().any(|&(k, _)| !self.fwd[k])
@@ -835,7 +865,7 @@ fn arg_choices(f: &Facts<'_>, arg: &nnscaler_dialects::graph::Arg, here: Shardin
                     }
                 };
                 local_node_cost(g, n, &shard, f.cluster)
-            });
+            }) + f.grad_sums(arg.value, &s);
             Choice {
                 label,
                 outputs: vec![s],
@@ -983,6 +1013,12 @@ fn op_choices(f: &Facts<'_>, k: usize, pn: &Node) -> Result<Vec<Choice>, Diagnos
             .filter(|(&v, _)| f.saved(v))
             .map(|(&v, s)| f.local_bytes(&g.values[v], s))
             .sum();
+        let sums: f64 = n
+            .outputs
+            .iter()
+            .zip(&l.outputs)
+            .map(|(&v, s)| f.grad_sums(v, s))
+            .sum();
         out.push(Choice {
             label,
             binds,
@@ -991,7 +1027,7 @@ fn op_choices(f: &Facts<'_>, k: usize, pn: &Node) -> Result<Vec<Choice>, Diagnos
             outputs: l.outputs,
             grads: sc.grads,
             reread: sc.reread,
-            seconds: sc.seconds,
+            seconds: sc.seconds + sums,
             memory,
             backward: sc.backward,
         });

@@ -364,6 +364,14 @@ func.func @dnn_embedding_grad(%a0: tensor<2x3x8xf32>, %a1: tensor<2x3xi64>) {
 }
 // -----
 
+// CHECK-LABEL: func.func @dnn_linear_weight_grad
+// CHECK: "dnn.linear_weight_grad"({{.*}}) : (tensor<2x3x16xf32>, tensor<2x3x8xf32>) -> tensor<16x8xf32>
+func.func @dnn_linear_weight_grad(%a0: tensor<2x3x16xf32>, %a1: tensor<2x3x8xf32>) {
+  %2 = "dnn.linear_weight_grad"(%a0, %a1) : (tensor<2x3x16xf32>, tensor<2x3x8xf32>) -> tensor<16x8xf32>
+  return
+}
+// -----
+
 // CHECK-LABEL: func.func @dnn_attention_grad
 // CHECK: "dnn.attention_grad"({{.*}}) {{.*}}: (tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>) -> (tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>, tensor<2x4x16x8xf32>)
 func.func @dnn_attention_grad(%a0: tensor<2x4x16x8xf32>, %a1: tensor<2x4x16x8xf32>, %a2: tensor<2x4x16x8xf32>, %a3: tensor<2x4x16x8xf32>) {

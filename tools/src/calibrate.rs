@@ -524,7 +524,11 @@ fn instances<'a>(steps: &'a [Graph], c: &Cluster) -> BTreeMap<String, (f64, &'a 
     let mut largest: BTreeMap<String, (f64, &Graph, usize)> = BTreeMap::new();
     for step in steps {
         for (k, n) in step.nodes.iter().enumerate() {
-            if matches!(n.op.as_str(), "dnn.matmul" | "dnn.linear") || kernel(&n.op).is_none() {
+            if matches!(
+                n.op.as_str(),
+                "dnn.matmul" | "dnn.linear" | "dnn.linear_weight_grad"
+            ) || kernel(&n.op).is_none()
+            {
                 continue;
             }
             let Some(cost) = cost::node_cost(step, n, c, None) else {

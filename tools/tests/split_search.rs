@@ -238,10 +238,10 @@ fn the_objective_predicts_the_compiled_step_and_beats_megatron() {
             100.0 * (sol.seconds / compiled - 1.0),
             compiled / megatron
         );
-        // What the objective leaves out (the sums of reused gradients, the loss's seed,
-        // clipping) is a few percent of a step.
+        // What the objective leaves out (the loss's seed, clipping) is a few percent of a
+        // step (measured 0.0-2.7%).
         assert!(
-            (sol.seconds - compiled).abs() <= 0.06 * compiled,
+            (sol.seconds - compiled).abs() <= 0.04 * compiled,
             "{what}: objective {} s, compiled {compiled} s",
             sol.seconds
         );

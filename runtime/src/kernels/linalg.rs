@@ -194,6 +194,25 @@ pub(super) fn linear(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> 
     Ok(vec![Tensor::f32(&out, v)])
 }
 
+/// `dW[n, k] = dy[rows, n]^T · x[rows, k]`, the rows being every leading dim.
+pub(super) fn linear_weight_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    let (d, a) = (x[0].f()?, x[1].f()?);
+    let n = *x[0].shape.last().unwrap_or(&1);
+    let k = *x[1].shape.last().unwrap_or(&1);
+    let rows = x[0].numel() / n.max(1);
+    let out = c.out_shape(0);
+    let mut v = vec![0.0f32; n * k];
+    gemm(
+        (n, k, rows),
+        &mut v,
+        Mat::t(d, n),
+        Mat::rows(a, k),
+        1.0,
+        0.0,
+    );
+    Ok(vec![Tensor::f32(&out, v)])
+}
+
 struct Attn {
     b: usize,
     h: usize,

@@ -168,6 +168,7 @@ pub fn kernel(name: &str) -> Option<Kernel> {
     Some(match name {
         "dnn.matmul" => linalg::matmul,
         "dnn.linear" => linalg::linear,
+        "dnn.linear_weight_grad" => linalg::linear_weight_grad,
         "dnn.attention" => linalg::attention,
         "dnn.attention_grad" => linalg::attention_grad,
         "dnn.add" => e::add,

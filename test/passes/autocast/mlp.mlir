@@ -40,7 +40,7 @@ func.func @train(%x: tensor<8x16xf32> {nns.name = "x"}, %y: tensor<8xi64> {nns.n
 // GRAD: "dnn.cross_entropy_grad"
 // GRAD-NEXT: %[[D:.*]] = "dnn.cast"({{.*}}) {to = "bf16"} : (tensor<8x4xf32>) -> tensor<8x4xbf16>
 // GRAD-NEXT: "dnn.matmul"(%[[D]], {{.*}}) : (tensor<8x4xbf16>, tensor<4x16xbf16>) -> tensor<8x16xbf16>
-// GRAD-NEXT: %[[DW:.*]] = "dnn.matmul"(%[[D]], {{.*}}) {transpose_a = true} : (tensor<8x4xbf16>, tensor<8x16xbf16>) -> tensor<4x16xbf16>
+// GRAD-NEXT: %[[DW:.*]] = "dnn.linear_weight_grad"(%[[D]], {{.*}}) : (tensor<8x4xbf16>, tensor<8x16xbf16>) -> tensor<4x16xbf16>
 // GRAD-NEXT: "dnn.cast"(%[[DW]]) {to = "f32"} : (tensor<4x16xbf16>) -> tensor<4x16xf32>
 // GRAD: "dnn.sum"({{.*}}) {dims = array<i64: 0>} : (tensor<8x16xbf16>) -> tensor<16xbf16>
 // GRAD: return {{.*}} : tensor<f32>, tensor<16x16xf32>, tensor<16xf32>, tensor<4x16xf32>

@@ -11,9 +11,9 @@
 // CHECK: %[[ONE:.*]] = "dnn.fill"() {shape = array<i64>, value = 1.000000e+00 : f64}
 // CHECK: %[[DO:.*]] = "dnn.cross_entropy_grad"(%[[ONE]], %[[O]], %arg1)
 // CHECK: %[[DR:.*]] = "dnn.matmul"(%[[DO]], %arg2)
-// CHECK: %[[DW2:.*]] = "dnn.matmul"(%[[DO]], %[[R]]) {transpose_a = true}
+// CHECK: %[[DW2:.*]] = "dnn.linear_weight_grad"(%[[DO]], %[[R]])
 // CHECK: %[[DH:.*]] = "dnn.relu_grad"(%[[DR]], %[[H]])
-// CHECK: %[[DW1:.*]] = "dnn.matmul"(%[[DH]], %arg0) {transpose_a = true}
+// CHECK: %[[DW1:.*]] = "dnn.linear_weight_grad"(%[[DH]], %arg0)
 // CHECK: %[[DB:.*]] = "dnn.sum"(%[[DH]]) {dims = array<i64: 0>}
 // CHECK: %[[DW:.*]] = "dnn.add"(%[[DW2]], %[[DW1]])
 // CHECK: return %[[L]], %[[DW]], %[[DB]]

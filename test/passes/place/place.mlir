@@ -23,7 +23,7 @@
 // CHECK-NEXT: "dnn.fill"() {nns.stage = 1 : i64
 // CHECK-NEXT: "dnn.cross_entropy_grad"({{.*}}) {nns.stage = 1 : i64}
 // CHECK: "dnn.relu_grad"({{.*}}) {nns.stage = 1 : i64}
-// CHECK: "dnn.matmul"({{.*}}) {nns.stage = 0 : i64, transpose_a = true}
+// CHECK: "dnn.linear_weight_grad"({{.*}}) {nns.stage = 0 : i64}
 func.func @train(%x: tensor<8x32xf32> {nns.name = "x"}, %y: tensor<8xi64> {nns.name = "labels"},
                  %w1: tensor<32x32xf32> {nns.name = "fc1.weight", nns.param},
                  %w2: tensor<4x32xf32> {nns.name = "fc2.weight", nns.param}) -> (tensor<f32> {nns.name = "loss"}) {

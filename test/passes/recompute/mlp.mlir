@@ -28,12 +28,12 @@ func.func @train(%x: tensor<8x16xf32> {nns.name = "x"}, %y: tensor<8xi64> {nns.n
 // weight gradient reads the layer's output).
 // FULL: %[[R1:.*]] = "dnn.linear"(%[[A0]], %arg3) {nns.recompute}
 // FULL-NEXT: %[[R1A:.*]] = "dnn.gelu"(%[[R1]]) {nns.recompute}
-// FULL-NEXT: "dnn.matmul"({{.*}}, %[[R1A]]) {transpose_a = true}
+// FULL-NEXT: "dnn.linear_weight_grad"({{.*}}, %[[R1A]])
 // FULL-NEXT: "dnn.gelu_grad"({{.*}}, %[[R1]])
 // Layer 0 from its input, the data %arg0.
 // FULL: %[[R0:.*]] = "dnn.linear"(%arg0, %arg2) {nns.recompute}
 // FULL-NEXT: %[[R0A:.*]] = "dnn.gelu"(%[[R0]]) {nns.recompute}
-// FULL-NEXT: "dnn.matmul"({{.*}}, %[[R0A]]) {transpose_a = true}
+// FULL-NEXT: "dnn.linear_weight_grad"({{.*}}, %[[R0A]])
 // FULL-NEXT: "dnn.gelu_grad"({{.*}}, %[[R0]])
 
 // Selective keeps the matrix products' outputs and recomputes the rest.

@@ -14,7 +14,7 @@
 // CHECK-LABEL: func.func private @train.s0.F(
 // CHECK-NOT: func.func private @train.s0.B(
 // CHECK-LABEL: func.func private @train.s0.W(
-// CHECK: "dnn.matmul"
+// CHECK: "dnn.linear_weight_grad"
 // CHECK-LABEL: func.func private @train.s1.F(
 // CHECK-LABEL: func.func private @train.s1.B(
 // The input gradient (sent to stage 0) is all B computes.
@@ -22,7 +22,7 @@
 // CHECK-NEXT: "dnn.matmul"
 // CHECK-NEXT: return
 // CHECK-LABEL: func.func private @train.s1.W(
-// CHECK: "dnn.matmul"{{.*}}transpose_a = true
+// CHECK: "dnn.linear_weight_grad"
 // CHECK-LABEL: func.func @train.pp0(
 // CHECK-SAME: nns.schedule = "zb-h1: 0F0 0F1 0B0 0W0 0F2 0B1 0W1 0F3 0B2 0W2 0B3 0W3"
 // CHECK: nns.fragment = "0F0"
