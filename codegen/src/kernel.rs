@@ -414,6 +414,16 @@ impl Lowered {
     }
 }
 
+/// The class count of logits `[tokens.., classes]`.
+fn classes(logits: &Buf) -> usize {
+    *logits.shape.last().unwrap_or(&1)
+}
+
+/// The token count of logits `[tokens.., classes]`: every leading dim.
+fn tokens(logits: &Buf) -> usize {
+    logits.len() / classes(logits).max(1)
+}
+
 fn float(a: &Attrs, name: &str, default: f64) -> f64 {
     match a.get(name) {
         Some(AttrValue::Float(v)) => *v,
@@ -639,19 +649,19 @@ pub fn lower(
                     Body::Pick {
                         sharded: sharded.is_some(),
                     },
-                    ins[0].shape[0],
-                    ins[0].shape[1],
+                    tokens(&ins[0]),
+                    classes(&ins[0]),
                 ),
                 _ => (
                     Body::XentGradLse {
                         count: match int(attrs, "count", 0) {
-                            0 => ins[1].shape[0],
+                            0 => tokens(&ins[1]),
                             c => c as usize,
                         },
                         sharded: sharded.is_some(),
                     },
-                    ins[1].shape[0],
-                    ins[1].shape[1],
+                    tokens(&ins[1]),
+                    classes(&ins[1]),
                 ),
             };
             let Some(axes) = sharded else {
@@ -687,7 +697,7 @@ pub fn lower(
         }
         "dnn.embedding_grad" => kernel(Body::EmbeddingGrad, out0.shape[1]),
         "dnn.cross_entropy" => {
-            let rows = ins[0].shape[0];
+            let rows = tokens(&ins[0]);
             let count = match int(attrs, "count", 0) {
                 0 => rows,
                 c => c as usize,
@@ -719,7 +729,7 @@ pub fn lower(
             });
         }
         "dnn.cross_entropy_grad" => {
-            let rows = ins[1].shape[0];
+            let rows = tokens(&ins[1]);
             let count = match int(attrs, "count", 0) {
                 0 => rows,
                 c => c as usize,

@@ -267,6 +267,32 @@ fn op_cases() -> Vec<Case> {
             attrs(&[("count", Int(20))]),
             vec![ty(&[]), ty(&[10, 11]), ids(&[10]), ty(&[10, 1])],
         ),
+        // [tokens.., classes] logits: a batch and its positions.
+        (
+            "dnn.cross_entropy",
+            Attrs::new(),
+            vec![ty(&[2, 5, 11]), ids(&[2, 5])],
+        ),
+        (
+            "dnn.cross_entropy_grad",
+            Attrs::new(),
+            vec![ty(&[]), ty(&[2, 5, 11]), ids(&[2, 5])],
+        ),
+        (
+            "dnn.pick",
+            Attrs::new(),
+            vec![ty(&[2, 5, 11]), ids(&[2, 5])],
+        ),
+        (
+            "dnn.pick_grad",
+            attrs(&[("classes", Int(11))]),
+            vec![ty(&[2, 5]), ids(&[2, 5])],
+        ),
+        (
+            "dnn.softmax_xent_grad",
+            attrs(&[("count", Int(20))]),
+            vec![ty(&[]), ty(&[2, 5, 11]), ids(&[2, 5]), ty(&[2, 5, 1])],
+        ),
         (
             "dnn.adamw",
             attrs(&[

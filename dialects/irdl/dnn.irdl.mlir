@@ -271,7 +271,7 @@ irdl.dialect @dnn {
     %r_y = irdl.base "!builtin.tensor"
     irdl.results(%r_y)
   }
-  // Mean cross-entropy of [tokens, vocab] logits against integer targets
+  // Mean cross-entropy of [tokens.., vocab] logits (one or more token dims) against integer targets of the token shape
   irdl.operation @cross_entropy {
     %logits = irdl.base "!builtin.tensor"
     %targets = irdl.base "!builtin.tensor"
@@ -279,7 +279,7 @@ irdl.dialect @dnn {
     %r_loss = irdl.base "!builtin.tensor"
     irdl.results(%r_loss)
   }
-  // logits[i, targets[i]] for every row i (the target logit of cross-entropy); on a class shard, rows whose target lies elsewhere give 0
+  // logits[.., targets[..]] for every token of [tokens.., classes] logits (the target logit of cross-entropy); on a class shard, tokens whose target lies elsewhere give 0
   irdl.operation @pick {
     %logits = irdl.base "!builtin.tensor"
     %targets = irdl.base "!builtin.tensor"
@@ -467,7 +467,7 @@ irdl.dialect @dnn {
     %r_dlogits = irdl.base "!builtin.tensor"
     irdl.results(%r_dlogits)
   }
-  // Scatters dy[i] into column targets[i] of row i of a [tokens, classes] zero tensor
+  // Scatters dy[..] into class targets[..] of each token of a [tokens.., classes] zero tensor
   irdl.operation @pick_grad {
     %dy = irdl.base "!builtin.tensor"
     %targets = irdl.base "!builtin.tensor"

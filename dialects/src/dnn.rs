@@ -651,14 +651,30 @@ fn rotary_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     Ok("b h s d^ -> b h s d^".into())
 }
 
-fn cross_entropy_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
-    if ctx.rank(0)? != 2 {
-        return Err(format!(
-            "logits must have rank 2 [tokens, vocab], got rank {}",
-            ctx.rank(0)?
-        ));
+/// The token identifiers of rank-`rank` logits `[tokens.., classes]`: `n` for one token
+/// dim (as before), `a b ..` for several (a batch and its positions).
+fn token_ids(rank: usize) -> Result<String, String> {
+    match rank {
+        0 | 1 => Err(format!(
+            "logits must have rank >= 2 [tokens.., classes], got rank {rank}"
+        )),
+        2 => Ok("n".into()),
+        r if r > 12 => Err(format!("logits of rank {r}: at most 11 token dims")),
+        r => Ok(join(&(0..r - 1).map(id).collect::<Vec<_>>())),
     }
-    Ok("n+ v^, n+ -> ".into())
+}
+
+/// `ids` with each identifier marked `mark`.
+fn marked(ids: &str, mark: &str) -> String {
+    ids.split(' ')
+        .map(|i| format!("{i}{mark}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn cross_entropy_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
+    let t = marked(&token_ids(ctx.rank(0)?)?, "+");
+    Ok(format!("{t} v^, {t} -> "))
 }
 
 fn adamw_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
@@ -687,17 +703,13 @@ fn cross_entropy_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     if ctx.rank(0)? != 0 {
         return Err("operand 0 (the loss gradient) must be a scalar".into());
     }
-    Ok(", n v^, n -> n v^".into())
+    let t = token_ids(ctx.rank(1)?)?;
+    Ok(format!(", {t} v^, {t} -> {t} v^"))
 }
 
 fn pick_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
-    if ctx.rank(0)? != 2 {
-        return Err(format!(
-            "logits must have rank 2 [tokens, classes], got rank {}",
-            ctx.rank(0)?
-        ));
-    }
-    Ok("n v+, n -> n".into())
+    let t = token_ids(ctx.rank(0)?)?;
+    Ok(format!("{t} v+, {t} -> {t}"))
 }
 
 fn pick_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
@@ -707,14 +719,16 @@ fn pick_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
             "attribute 'classes' must be positive, got {classes}"
         ));
     }
-    Ok(format!("n, n -> n {classes}"))
+    let t = token_ids(ctx.rank(0)? + 1)?;
+    Ok(format!("{t}, {t} -> {t} {classes}"))
 }
 
 fn softmax_xent_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
-    if ctx.rank(0)? != 0 || ctx.rank(1)? != 2 {
-        return Err("expects a scalar dloss and rank-2 logits [tokens, classes]".into());
+    if ctx.rank(0)? != 0 {
+        return Err("operand 0 (the loss gradient) must be a scalar".into());
     }
-    Ok(", n v, n, n 1 -> n v".into())
+    let t = token_ids(ctx.rank(1)?)?;
+    Ok(format!(", {t} v, {t}, {t} 1 -> {t} v"))
 }
 
 fn dropout_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
@@ -966,32 +980,43 @@ fn local_rotary(c: &mut LocalCtx<'_>) -> Result<(), String> {
     Ok(())
 }
 
+/// The class dim of operand `i`, logits `[tokens.., classes]`.
+fn class_dim(c: &LocalCtx<'_>, i: usize) -> usize {
+    c.operands[i].rank().saturating_sub(1)
+}
+
+/// On a split of any token dim of logits operand `i`: the mean's denominator, the global
+/// token count.
+fn count_tokens(c: &mut LocalCtx<'_>, i: usize) {
+    let v = class_dim(c, i);
+    if (0..v).any(|d| c.split(i, d)) {
+        let n = c.operands[i].shape[..v].iter().product();
+        set_count(c, n);
+    }
+}
+
 fn local_pick(c: &mut LocalCtx<'_>) -> Result<(), String> {
-    if c.split(0, 1) {
-        let axes = c.axes(0, 1);
+    let v = class_dim(c, 0);
+    if c.split(0, v) {
+        let axes = c.axes(0, v);
         c.attrs.insert("offset_axes".into(), axes);
     }
     Ok(())
 }
 
 fn local_softmax_xent_grad(c: &mut LocalCtx<'_>) -> Result<(), String> {
-    if c.split(1, 1) {
-        let axes = c.axes(1, 1);
+    let v = class_dim(c, 1);
+    if c.split(1, v) {
+        let axes = c.axes(1, v);
         c.attrs.insert("offset_axes".into(), axes);
     }
-    if c.split(1, 0) {
-        let n = c.operands[1].shape[0];
-        set_count(c, n);
-    }
+    count_tokens(c, 1);
     Ok(())
 }
 
 fn local_cross_entropy_at(c: &mut LocalCtx<'_>, logits: usize) -> Result<(), String> {
-    if c.split(logits, 0) {
-        let n = c.operands[logits].shape[0];
-        set_count(c, n);
-    }
-    if c.split(logits, 1) {
+    count_tokens(c, logits);
+    if c.split(logits, class_dim(c, logits)) {
         return Err("a vocabulary-parallel cross-entropy is not supported yet".into());
     }
     Ok(())
@@ -1537,7 +1562,7 @@ pub static SPECS: &[OpSpec] = &[
     },
     OpSpec {
         name: "dnn.cross_entropy",
-        summary: "Mean cross-entropy of [tokens, vocab] logits against integer targets",
+        summary: "Mean cross-entropy of [tokens.., vocab] logits (one or more token dims) against integer targets of the token shape",
         operands: &["logits", "targets"],
         variadic: false,
         optional: 0,
@@ -1553,11 +1578,11 @@ pub static SPECS: &[OpSpec] = &[
             localize: Some(local_cross_entropy),
             ..TRAITS
         },
-        example: r#"%2 = "dnn.cross_entropy"(%0, %1) : (tensor<6x65xf32>, tensor<6xi64>) -> tensor<f32>"#,
+        example: r#"%2 = "dnn.cross_entropy"(%0, %1) : (tensor<2x3x65xf32>, tensor<2x3xi64>) -> tensor<f32>"#,
     },
     OpSpec {
         name: "dnn.pick",
-        summary: "logits[i, targets[i]] for every row i (the target logit of cross-entropy); on a class shard, rows whose target lies elsewhere give 0",
+        summary: "logits[.., targets[..]] for every token of [tokens.., classes] logits (the target logit of cross-entropy); on a class shard, tokens whose target lies elsewhere give 0",
         operands: &["logits", "targets"],
         variadic: false,
         optional: 0,
@@ -1899,7 +1924,7 @@ pub static SPECS: &[OpSpec] = &[
     },
     OpSpec {
         name: "dnn.pick_grad",
-        summary: "Scatters dy[i] into column targets[i] of row i of a [tokens, classes] zero tensor",
+        summary: "Scatters dy[..] into class targets[..] of each token of a [tokens.., classes] zero tensor",
         operands: &["dy", "targets"],
         variadic: false,
         optional: 0,

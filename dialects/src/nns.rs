@@ -795,6 +795,21 @@ impl Init {
     }
 }
 
+/// The attributes that say where an op runs and what it belongs to (its stage, layer,
+/// recompute mark): an op that a pass makes to stand for or serve another (a cast, the
+/// pieces of a vocabulary-parallel cross-entropy) takes them from it, so placement,
+/// pipelines and recompute treat it as part of that op. Split constraints (`nns.pin`,
+/// `nns.forbid`) name the op's own annotation ids and are not carried over.
+pub const PLACEMENT_ATTRS: &[&str] = &["nns.stage", "nns.layer", "nns.recompute"];
+
+/// Op attributes `attrs`' placement attributes ([`PLACEMENT_ATTRS`]).
+pub fn placement_of(attrs: &crate::types::Attrs) -> crate::types::Attrs {
+    PLACEMENT_ATTRS
+        .iter()
+        .filter_map(|&k| attrs.get(k).map(|v| (k.to_string(), v.clone())))
+        .collect()
+}
+
 #[cfg(test)]
 mod init_tests {
     use super::Init;

@@ -452,7 +452,7 @@ pub fn rule(op: &str) -> Option<VjpRule> {
         },
         "dnn.pick" => |c| {
             let (d, t) = (c.dy(0)?, c.x(1));
-            let classes = c.shape(c.x(0))[1];
+            let classes = *c.shape(c.x(0)).last().unwrap_or(&1);
             Ok(vec![
                 Some(c.emit("dnn.pick_grad", &[d, t], &[("classes", int(classes))])?),
                 None,

@@ -374,9 +374,9 @@ fn build_gpt(c: &GptConfig) -> Result<String, BuildError> {
     let lnf_b = b.param("ln_f.bias", &[w]);
     let x = b.layer_norm(&x, &lnf_w, &lnf_b, 1e-5)?;
     // The LM head shares the token embedding's weight, as in nanoGPT.
+    // Cross-entropy over [batch, positions, vocab] directly: a split of the positions
+    // (context parallelism) reaches the loss without a gather.
     let logits = b.linear(&x, &wte, None)?;
-    let logits = b.reshape(&logits, &[bs * t, v])?;
-    let targets = b.reshape(&targets, &[bs * t])?;
     let loss = b.cross_entropy(&logits, &targets)?;
     Ok(b.finish(&[(&loss, "loss")]))
 }
@@ -425,8 +425,6 @@ fn build_llama(c: &LlamaConfig) -> Result<String, BuildError> {
     let x = b.rms_norm(&x, &nf, c.norm_eps)?;
     let head = b.param("lm_head.weight", &[v, w]);
     let logits = b.linear(&x, &head, None)?;
-    let logits = b.reshape(&logits, &[bs * t, v])?;
-    let targets = b.reshape(&targets, &[bs * t])?;
     let loss = b.cross_entropy(&logits, &targets)?;
     Ok(b.finish(&[(&loss, "loss")]))
 }

@@ -32,10 +32,6 @@ pub struct Autocast {
     remarks: Diagnostics,
 }
 
-/// The attributes a cast takes from the op it serves: where it runs and which layer it
-/// belongs to, so placement, pipelines and recompute treat it as part of that op.
-const INHERITED: &[&str] = &["nns.stage", "nns.layer", "nns.pin"];
-
 impl Autocast {
     /// Options: `to` (bf16, the only one; also written alone: `--autocast=bf16`).
     pub fn new(o: &PassOptions) -> Result<Self, String> {
@@ -99,11 +95,10 @@ fn cast_here(g: &Graph, n: &Node) -> bool {
         && n.outputs.iter().all(|&v| g.values[v].elem == Elem::F32)
 }
 
+/// A cast's attributes: the placement of the op it serves (`nns::placement_of`), so
+/// placement, pipelines and recompute treat it as part of that op.
 fn cast_attrs(n: &Node, to: Elem) -> Attrs {
-    let mut a: Attrs = INHERITED
-        .iter()
-        .filter_map(|k| n.attrs.get(*k).map(|v| (k.to_string(), v.clone())))
-        .collect();
+    let mut a = nnscaler_dialects::nns::placement_of(&n.attrs);
     a.insert("to".into(), AttrValue::Str(to.to_string()));
     a
 }

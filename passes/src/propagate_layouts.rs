@@ -176,7 +176,7 @@ fn vocab_split(n: &Node, layouts: &[Option<Sharding>]) -> bool {
     };
     layouts[logits]
         .as_ref()
-        .is_some_and(|l| l.split.get(1).is_some_and(|a| !a.is_empty()))
+        .is_some_and(|l| l.split.last().is_some_and(|a| !a.is_empty()))
 }
 
 /// Replaces node `k`, a cross-entropy (or its gradient) whose logits are split on the
@@ -194,41 +194,49 @@ fn vocab_parallel_cross_entropy(g: &mut Graph, k: usize) -> Result<(), String> {
     } else {
         (n.inputs[1], n.inputs[2])
     };
-    let rows = g.values[l].shape[0];
+    // Logits [tokens.., classes]: reductions over the last dim, the loss's mean over the
+    // token dims.
+    let shape = g.values[l].shape.clone();
+    let v = shape.len() as i64 - 1;
+    let tokens = shape[..shape.len() - 1].to_vec();
     let count = n.attrs.get("count").cloned();
     let start = g.nodes.len();
     let loc = n.loc.clone();
+    // Each new op runs where the replaced one did (its stage, layer, recompute mark).
+    let placed = nnscaler_dialects::nns::placement_of(&n.attrs);
     let attrs = |kv: &[(&str, AttrValue)]| -> Attrs {
-        kv.iter().map(|(a, b)| (a.to_string(), b.clone())).collect()
+        let mut a = placed.clone();
+        a.extend(kv.iter().map(|(a, b)| (a.to_string(), b.clone())));
+        a
     };
     let dims1 = || {
         attrs(&[
-            ("dims", AttrValue::Ints(vec![1])),
+            ("dims", AttrValue::Ints(vec![v])),
             ("keepdim", AttrValue::Bool(true)),
         ])
     };
     let m = g.add1("dnn.max", &[l], dims1(), &loc)?;
-    let z = g.add1("dnn.sub", &[l, m], Attrs::new(), &loc)?;
-    let e = g.add1("dnn.exp", &[z], Attrs::new(), &loc)?;
+    let z = g.add1("dnn.sub", &[l, m], attrs(&[]), &loc)?;
+    let e = g.add1("dnn.exp", &[z], attrs(&[]), &loc)?;
     let s = g.add1("dnn.sum", &[e], dims1(), &loc)?;
-    let ls = g.add1("dnn.log", &[s], Attrs::new(), &loc)?;
-    let lse = g.add1("dnn.add", &[ls, m], Attrs::new(), &loc)?;
+    let ls = g.add1("dnn.log", &[s], attrs(&[]), &loc)?;
+    let lse = g.add1("dnn.add", &[ls, m], attrs(&[]), &loc)?;
     if forward {
         let lse1 = g.add1(
             "dnn.reshape",
             &[lse],
-            attrs(&[("shape", AttrValue::Ints(vec![rows]))]),
+            attrs(&[("shape", AttrValue::Ints(tokens.clone()))]),
             &loc,
         )?;
-        let p = g.add1("dnn.pick", &[l, t], Attrs::new(), &loc)?;
-        let d = g.add1("dnn.sub", &[lse1, p], Attrs::new(), &loc)?;
-        let mut a = attrs(&[("dims", AttrValue::Ints(vec![0]))]);
+        let p = g.add1("dnn.pick", &[l, t], attrs(&[]), &loc)?;
+        let d = g.add1("dnn.sub", &[lse1, p], attrs(&[]), &loc)?;
+        let mut a = attrs(&[("dims", AttrValue::Ints((0..v).collect()))]);
         if let Some(c) = count {
             a.insert("count".into(), c);
         }
         g.add1("dnn.mean", &[d], a, &loc)?;
     } else {
-        let c = count.unwrap_or(AttrValue::Int(rows));
+        let c = count.unwrap_or(AttrValue::Int(tokens.iter().product()));
         g.add1(
             "dnn.softmax_xent_grad",
             &[n.inputs[0], l, t, lse],

@@ -927,7 +927,8 @@ fn op_choices(f: &Facts<'_>, k: usize, pn: &Node) -> Result<Vec<Choice>, Diagnos
             b.push((c.id.clone(), vec![axis]));
             options.push((c.id.clone(), b, false, false));
         }
-        if n.op == "dnn.cross_entropy" && g.values[n.inputs[0]].shape[1] % tp == 0 {
+        let classes = g.values[n.inputs[0]].shape.last().copied().unwrap_or(1);
+        if n.op == "dnn.cross_entropy" && classes % tp == 0 {
             options.push(("vocab".into(), base_binds.clone(), false, true));
         }
     }
@@ -949,7 +950,9 @@ fn op_choices(f: &Facts<'_>, k: usize, pn: &Node) -> Result<Vec<Choice>, Diagnos
         .map_err(at)?;
         if vocab {
             if let Some(Some(logits)) = l.inputs.get_mut(0) {
-                logits.split[1].push(axis);
+                if let Some(c) = logits.split.last_mut() {
+                    c.push(axis);
+                }
             }
         }
         let only: Vec<usize> = if closed { vec![axis] } else { Vec::new() };

@@ -253,9 +253,9 @@ func.func @dnn_rotary(%a0: tensor<2x4x16x8xf32>) {
 // -----
 
 // CHECK-LABEL: func.func @dnn_cross_entropy
-// CHECK: "dnn.cross_entropy"({{.*}}) {{.*}}: (tensor<6x65xf32>, tensor<6xi64>) -> tensor<f32>
-func.func @dnn_cross_entropy(%a0: tensor<6x65xf32>, %a1: tensor<6xi64>) {
-  %2 = "dnn.cross_entropy"(%a0, %a1) : (tensor<6x65xf32>, tensor<6xi64>) -> tensor<f32>
+// CHECK: "dnn.cross_entropy"({{.*}}) {{.*}}: (tensor<2x3x65xf32>, tensor<2x3xi64>) -> tensor<f32>
+func.func @dnn_cross_entropy(%a0: tensor<2x3x65xf32>, %a1: tensor<2x3xi64>) {
+  %2 = "dnn.cross_entropy"(%a0, %a1) : (tensor<2x3x65xf32>, tensor<2x3xi64>) -> tensor<f32>
   return
 }
 // -----

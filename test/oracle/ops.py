@@ -99,9 +99,10 @@ def apply(op, a, x):
     if op == "rotary":
         return [rotary(x[0], g("theta", 10000.0))]
     if op == "cross_entropy":
-        return [F.cross_entropy(x[0], x[1])]
+        # [tokens.., classes] logits: every leading dim is a token.
+        return [F.cross_entropy(x[0].reshape(-1, x[0].shape[-1]), x[1].reshape(-1))]
     if op == "pick":
-        return [x[0].gather(1, x[1][:, None])[:, 0]]
+        return [x[0].gather(-1, x[1][..., None])[..., 0]]
     raise SystemExit(f"ops.py: no reference for dnn.{op}")
 
 

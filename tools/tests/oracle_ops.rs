@@ -220,6 +220,16 @@ fn cases() -> Vec<Case> {
             &[],
         ),
         case("dnn.pick", &[(&[7, 5], N), (&[7], Gen::Below(5))], &[]),
+        case(
+            "dnn.cross_entropy",
+            &[(&[2, 3, 5], N), (&[2, 3], Gen::Below(5))],
+            &[],
+        ),
+        case(
+            "dnn.pick",
+            &[(&[2, 3, 5], N), (&[2, 3], Gen::Below(5))],
+            &[],
+        ),
     ];
     for op in [
         "dnn.neg",

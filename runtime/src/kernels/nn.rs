@@ -247,7 +247,7 @@ pub(super) fn embedding(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, Strin
 
 pub(super) fn pick(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let (l, t) = (x[0].f()?, x[1].ints()?);
-    let v = x[0].shape[1];
+    let v = classes(x[0]);
     let (off, whole) = c.block("offset_axes", v)?;
     let mut out = vec![0.0f32; t.len()];
     for (i, (o, &target)) in out.iter_mut().zip(t).enumerate() {
@@ -263,7 +263,7 @@ pub(super) fn pick(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
 pub(super) fn pick_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let (dy, t) = (x[0].f()?, x[1].ints()?);
     let shape = c.out_shape(0);
-    let v = shape[1];
+    let v = *shape.last().unwrap_or(&1);
     let mut out = vec![0.0f32; t.len() * v];
     for (i, (&d, &target)) in dy.iter().zip(t).enumerate() {
         out[i * v + check_index(target, v, "target", i)?] = d;
@@ -273,8 +273,8 @@ pub(super) fn pick_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, Strin
 
 pub(super) fn softmax_xent_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let (dl, l, t, lse) = (x[0].f()?[0], x[1].f()?, x[2].ints()?, x[3].f()?);
-    let v = x[1].shape[1];
-    let n = count(c, x[1].shape[0]);
+    let v = classes(x[1]);
+    let n = count(c, t.len());
     let (off, whole) = c.block("offset_axes", v)?;
     let scale = dl / n as f32;
     let mut out = vec![0.0f32; l.len()];
@@ -360,6 +360,11 @@ pub(super) fn rotary_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, Str
     rotate(c, x[0], -1.0)
 }
 
+/// The class count of logits `[tokens.., classes]` (every leading dim is a token).
+fn classes(logits: &Tensor) -> usize {
+    *logits.shape.last().unwrap_or(&1)
+}
+
 /// The mean's denominator: the `count` attribute (the global token count of a split op)
 /// or the local count.
 fn count(c: &Ctx<'_>, local: usize) -> usize {
@@ -371,8 +376,8 @@ fn count(c: &Ctx<'_>, local: usize) -> usize {
 
 pub(super) fn cross_entropy(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let (l, t) = (x[0].f()?, x[1].ints()?);
-    let v = x[0].shape[1];
-    let n = count(c, x[0].shape[0]);
+    let v = classes(x[0]);
+    let n = count(c, t.len());
     let mut total = 0.0f64;
     for (i, (row, &target)) in l.chunks_exact(v).zip(t).enumerate() {
         let k = check_index(target, v, "target", i)?;
@@ -390,8 +395,8 @@ pub(super) fn cross_entropy(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, S
 
 pub(super) fn cross_entropy_grad(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let (dl, l, t) = (x[0].f()?[0], x[1].f()?, x[2].ints()?);
-    let v = x[1].shape[1];
-    let n = count(c, x[1].shape[0]);
+    let v = classes(x[1]);
+    let n = count(c, t.len());
     let scale = dl / n as f32;
     let mut out = vec![0.0f32; l.len()];
     for (i, ((row, o), &target)) in l
