@@ -1,11 +1,12 @@
 //! `--plan="auto cluster=... devices=N"`: the plan search ([`crate::search`], the one
 //! behind `nnscaler plan`) restricted to what `--plan` applies in place to the module it
-//! runs on: data x tensor parallel factorizations of the devices (tensor parallelism
-//! within the innermost network level), one stage, one micro-batch, no recompute, and
-//! ZeRO 0-3 for a step with optimizer state. The fastest plan is written as `--plan`
-//! would write it; the ranking, and what was out and why (a degree the compiler refuses,
-//! memory), is a remark. Pipelines, micro-batches and recompute need passes before
-//! `--autodiff` (`--place`): `nnscaler plan` searches them and prints those passes.
+//! runs on: data x context x tensor parallel factorizations of the devices (tensor
+//! parallelism within the innermost network level), one stage, one micro-batch, no
+//! recompute, and ZeRO 0-3 for a step with optimizer state (ZeRO 0 under context
+//! parallelism). The fastest plan is written as `--plan` would write it; the ranking, and
+//! what was out and why (a degree the compiler refuses, memory), is a remark. Pipelines,
+//! micro-batches and recompute need passes before `--autodiff` (`--place`): `nnscaler
+//! plan` searches them and prints those passes.
 
 use crate::cost::{self, Cluster};
 use crate::layouts::error;
@@ -42,10 +43,7 @@ impl PlanSearch {
             .ok()
             .filter(|&n| n > 0)
             .ok_or("plan: 'devices' must be a positive integer")?;
-        if o.get("sp").is_some() {
-            return Err("plan: auto does not search context parallelism ('sp') yet; give a named policy, e.g. --plan=\"dp dp=2 sp=2\"".into());
-        }
-        for k in ["dp", "tp", "pp", "microbatches", "zero"] {
+        for k in ["dp", "sp", "tp", "pp", "microbatches", "zero"] {
             if o.get(k).is_some() {
                 return Err(format!(
                     "plan: auto chooses '{k}' itself; give a named policy to set it"

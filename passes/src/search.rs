@@ -1,13 +1,16 @@
-//! The layer-wise plan search (issue 14, second part): data x tensor x pipeline parallelism,
-//! micro-batch size and count, pipeline schedule, recompute policy and ZeRO stage, scored
+//! The layer-wise plan search (issue 14, second part): data x context x tensor x pipeline
+//! parallelism, micro-batch size and count, pipeline schedule, recompute policy and ZeRO
+//! stage, scored
 //! by the cost model ([`crate::cost`]) and the schedule simulator ([`crate::schedule`]).
 //!
-//! **Profiles.** For each tensor-parallel degree `t`, micro-batch size `b` and way of
-//! splitting the layers over `tp` ([`TpPolicy`]: Megatron's, Megatron's with sequence
-//! parallelism, searched), the training step is compiled for real, graph to graph in
-//! memory (`--plan "dp-megatron dp=B/b tp=t"`, `dp-megatron-sp` or `tp-search`,
+//! **Profiles.** For each tensor-parallel degree `t`, context-parallel degree `s`,
+//! micro-batch size `b` ([`Degrees`]) and way of splitting the layers over `tp`
+//! ([`TpPolicy`]: Megatron's, Megatron's with sequence parallelism, searched), the
+//! training step is compiled for real, graph to graph in memory (`--plan "dp-megatron
+//! dp=B/b tp=t"`, `dp-megatron-sp` or `tp-search`, with `sp=s` when `s > 1`;
 //! propagation, splitting, relayout lowering, localization),
-//! so its per-device program is one micro-batch of `b` sequences at `tp = t`. Each op of
+//! so its per-device program is one micro-batch of `b` sequences at `tp = t`, its
+//! positions split `s` ways. Each op of
 //! that program is predicted ([`crate::cost::node_cost`]) and charged to an *item*: the
 //! ops before the first layer, each layer (`h.3`, `layers.3`: as `--place` and
 //! `--recompute` find them), the ops after the last. Per item the profile keeps its
@@ -21,8 +24,10 @@
 //! exact for the ops and collectives the compiler emits; a few compilations serve the
 //! whole space.
 //!
-//! **Plans.** Devices are numbered `pp` outermost, `dp`, then `tp` innermost (tensor
-//! parallelism stays inside the innermost network level unless allowed otherwise). For a
+//! **Plans.** Devices are numbered `pp` outermost, `dp`, `sp`, then `tp` innermost (tensor
+//! parallelism stays inside the innermost network level unless allowed otherwise; `sp`
+//! goes up to that level's size by default, across levels beside `tp`; with `sp > 1`
+//! neither the searched splits nor ZeRO are tried). For a
 //! plan, the items are cut into contiguous stages (`pp`, or `2 pp` chunks for the
 //! interleaved and V schedules): every cut when there are at most [`FEW_CUTS`] ways, else
 //! the cut minimising the slowest stage ([`crate::place`]'s exact dynamic program), the
@@ -31,7 +36,8 @@
 //! stage's items, plus the point-to-point send of the cut at the bandwidth of the level
 //! the two devices span, plus under ZeRO-3 the all_gather of its parameters; recompute
 //! adds the recomputed forward to `B`). The step is the simulated makespan, then the
-//! gradient synchronisation over `dp` (all_reduce; ZeRO-1/2: reduce_scatter + all_gather;
+//! gradient synchronisation over `dp` (over `dp x sp`, one group, under context
+//! parallelism; all_reduce; ZeRO-1/2: reduce_scatter + all_gather;
 //! ZeRO-3: reduce_scatter; one collective per parameter tensor, as the compiler emits
 //! them, each paying the network's latency), the adding up of the micro-batches'
 //! gradients (one `dnn.add` per tensor per micro-batch after the first) and the optimizer
@@ -226,12 +232,36 @@ pub fn profile_with(
     cluster: &Cluster,
     tensor: TpPolicy,
 ) -> Result<Profile, String> {
-    profile_reusing(g, tp, micro, cluster, tensor, None).map(|(p, _)| p)
+    profile_sp(g, tp, 1, micro, cluster, tensor)
 }
 
-/// The mesh a profile of one micro-batch of `micro` sequences at `tp` compiles on: the
-/// batch over `dp = batch / micro`, and `tp`.
-fn profile_mesh(g: &Graph, tp: u64, micro: u64) -> Result<Mesh, String> {
+/// [`profile_with`] with the positions split over `sp` devices (context parallelism).
+pub fn profile_sp(
+    g: &Graph,
+    tp: u64,
+    sp: u64,
+    micro: u64,
+    cluster: &Cluster,
+    tensor: TpPolicy,
+) -> Result<Profile, String> {
+    profile_reusing(g, Degrees { tp, sp, micro }, cluster, tensor, None).map(|(p, _)| p)
+}
+
+/// The degrees a profile is compiled at: tensor and context parallelism, sequences per
+/// micro-batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Degrees {
+    /// Tensor-parallel degree.
+    pub tp: u64,
+    /// Context-parallel degree (`sp`: the positions over devices of their own).
+    pub sp: u64,
+    /// Sequences per micro-batch.
+    pub micro: u64,
+}
+
+/// The mesh a profile of one micro-batch of `micro` sequences at `tp` (and `sp`) compiles
+/// on: the batch over `dp = batch / micro`, then `sp` when above 1, then `tp`.
+fn profile_mesh(g: &Graph, tp: u64, sp: u64, micro: u64) -> Result<Mesh, String> {
     let batch = batch_of(g).ok_or("the step has no batched data argument")?;
     if micro == 0 || !batch.is_multiple_of(micro) {
         return Err(format!(
@@ -243,9 +273,14 @@ fn profile_mesh(g: &Graph, tp: u64, micro: u64) -> Result<Mesh, String> {
         size: size as i64,
         microbatches: false,
     };
+    let mut axes = vec![axis("dp", batch / micro)];
+    if sp > 1 {
+        axes.push(axis("sp", sp));
+    }
+    axes.push(axis("tp", tp));
     Ok(Mesh {
         name: "world".into(),
-        axes: vec![axis("dp", batch / micro), axis("tp", tp)],
+        axes,
         memory_cap: None,
     })
 }
@@ -255,14 +290,16 @@ fn profile_mesh(g: &Graph, tp: u64, micro: u64) -> Result<Mesh, String> {
 /// choices too.
 fn profile_reusing(
     g: &Graph,
-    tp: u64,
-    micro: u64,
+    Degrees { tp, sp, micro }: Degrees,
     cluster: &Cluster,
     tensor: TpPolicy,
     reuse: Option<&[String]>,
 ) -> Result<(Profile, Option<Vec<String>>), String> {
+    if sp > 1 && tp > 1 && tensor == TpPolicy::Search {
+        return Err("tp-search does not search context parallelism (sp) yet".into());
+    }
     let mut labels = None;
-    let mesh = profile_mesh(g, tp, micro)?;
+    let mesh = profile_mesh(g, tp, sp, micro)?;
     let mut remarks = Diagnostics::default();
     let local = (|| {
         // The policy the plan's flags apply: no Megatron splits without tensor parallelism.
@@ -557,6 +594,8 @@ pub struct Config {
     pub dp: u64,
     /// Tensor-parallel degree.
     pub tp: u64,
+    /// Context-parallel degree: the positions over `sp` devices (between `dp` and `tp`).
+    pub sp: u64,
     /// Pipeline ranks.
     pub pp: u64,
     /// Sequences per micro-batch.
@@ -592,6 +631,9 @@ impl Config {
             (1, t, TpPolicy::Sp) => format!("megatron-sp tp={t}"),
             (d, t, TpPolicy::Sp) => format!("dp-megatron-sp dp={d} tp={t}"),
         };
+        if self.sp > 1 {
+            plan += &format!(" sp={}", self.sp);
+        }
         if self.pipelined() {
             plan += &format!(" pp={} microbatches={}", self.pp, self.microbatches);
         }
@@ -604,9 +646,13 @@ impl Config {
     /// The plan as `nnscaler-opt` options: `--plan` and, for pipelines, `--place`,
     /// `--recompute` and the schedule.
     pub fn describe(&self) -> String {
-        let mut s = format!(
-            "dp={} tp={} pp={} micro-batch={}x{}",
-            self.dp, self.tp, self.pp, self.micro, self.microbatches
+        let mut s = format!("dp={} ", self.dp);
+        if self.sp > 1 {
+            s += &format!("sp={} ", self.sp);
+        }
+        s += &format!(
+            "tp={} pp={} micro-batch={}x{}",
+            self.tp, self.pp, self.micro, self.microbatches
         );
         if self.pp > 1 {
             s += &format!(" schedule={}", self.schedule);
@@ -616,7 +662,7 @@ impl Config {
             s += " splits=searched";
         }
         if self.tp > 1 && self.tensor == TpPolicy::Sp {
-            s += " sp";
+            s += " splits=megatron-sp";
         }
         s
     }
@@ -631,7 +677,7 @@ pub struct Estimate {
     pub seconds: f64,
     /// Of which: the pipeline (or the micro-batches on one stage).
     pub pipeline: f64,
-    /// The gradient synchronisation over `dp`.
+    /// The gradient synchronisation over `dp` (and `sp`).
     pub dp_sync: f64,
     /// The optimizer update, and the adding up of the micro-batches' gradients before it.
     pub optimizer: f64,
@@ -641,7 +687,9 @@ pub struct Estimate {
     pub memory: u64,
     /// Model FLOPs utilisation of the busiest device.
     pub mfu: f64,
-    /// Seconds of tensor-parallel collectives per step (the busiest rank's).
+    /// Seconds of the collectives inside the layers per step (the busiest rank's):
+    /// tensor parallelism's, and context parallelism's (the keys' and values' gathers,
+    /// their gradients' reduce_scatters).
     pub tp_comm: f64,
     /// Seconds of pipeline sends per step (the busiest cut's, both directions).
     pub pp_comm: f64,
@@ -657,10 +705,14 @@ pub struct Space {
     pub devices: u64,
     /// Bytes a device may use (`None`: the device's memory).
     pub memory_cap: Option<u64>,
-    /// Degrees the user fixed (a mesh the module declares: its `dp`, `tp`, `pp` axes).
+    /// Degrees the user fixed (a mesh the module declares: its `dp`, `sp`, `tp`, `pp`
+    /// axes).
     pub fixed: Vec<(String, u64)>,
     /// Largest tensor-parallel degree (default: the innermost network level's size).
     pub max_tp: Option<u64>,
+    /// Largest context-parallel degree (default: the innermost network level's size;
+    /// 1: no context parallelism).
+    pub max_sp: Option<u64>,
     /// Largest pipeline degree.
     pub max_pp: Option<u64>,
     /// Largest micro-batch size.
@@ -688,14 +740,34 @@ pub struct Space {
 }
 
 impl Space {
-    /// Whether the user's fixed degrees allow `dp x tp x pp`.
-    pub fn allows(&self, dp: u64, tp: u64, pp: u64) -> bool {
-        self.fixed.iter().all(|(axis, n)| match axis.as_str() {
-            "dp" => dp == *n,
-            "tp" => tp == *n,
-            "pp" => pp == *n,
-            _ => true,
-        })
+    /// Whether the user's fixed degrees allow `dp x sp x tp x pp` (an axis the mesh does
+    /// not declare is 1 there: a mesh without `sp` fixes it to 1 when it fixes anything).
+    pub fn allows(&self, dp: u64, sp: u64, tp: u64, pp: u64) -> bool {
+        let fixed_sp = self
+            .fixed
+            .iter()
+            .find(|(a, _)| a == "sp")
+            .map(|(_, n)| *n)
+            .unwrap_or(if self.fixed.is_empty() { sp } else { 1 });
+        sp == fixed_sp
+            && self.fixed.iter().all(|(axis, n)| match axis.as_str() {
+                "dp" => dp == *n,
+                "tp" => tp == *n,
+                "pp" => pp == *n,
+                _ => true,
+            })
+    }
+
+    /// The context-parallel degrees to try beside tensor-parallel degree `tp`, with
+    /// `inner` devices in the innermost network level: those dividing `devices / tp`, at
+    /// most `max_sp` (default `inner`; `sp x tp` may span levels, the keys' and values'
+    /// gathers then costed over the slower links).
+    fn sp_degrees(&self, tp: u64, inner: u64) -> Vec<u64> {
+        let most = self.max_sp.unwrap_or(inner).max(1);
+        divisors(self.devices / tp.max(1))
+            .into_iter()
+            .filter(|&s| s <= most)
+            .collect()
     }
 
     /// The full space for `devices`.
@@ -705,6 +777,7 @@ impl Space {
             memory_cap: None,
             fixed: Vec::new(),
             max_tp: None,
+            max_sp: None,
             max_pp: None,
             max_micro: 8,
             schedules: ["1f1b", "interleaved", "zb-h1", "zb-v"]
@@ -728,6 +801,8 @@ impl Space {
             zero: vec![0, 1],
             megatron: true,
             tensor: vec![TpPolicy::Megatron, TpPolicy::Sp],
+            // Megatron's grid is tp x pp x dp.
+            max_sp: Some(1),
             ..Space::new(devices)
         }
     }
@@ -1177,11 +1252,12 @@ fn state_bytes(c: &Config, params: u64) -> u64 {
     shard(c.zero >= 3) + shard(c.zero >= 2) + 2 * shard(c.zero >= 1)
 }
 
-/// Seconds of the gradient synchronisation of `params` (bytes, tensors) over dp:
-/// all_reduce; ZeRO-1/2: reduce_scatter + all_gather; ZeRO-3: reduce_scatter; one
-/// collective per tensor.
+/// Seconds of the gradient synchronisation of `params` (bytes, tensors) over dp (and sp:
+/// a split of the positions leaves weight gradients partial over it as dp's batch does,
+/// one collective over both): all_reduce; ZeRO-1/2: reduce_scatter + all_gather; ZeRO-3:
+/// reduce_scatter; one collective per tensor.
 fn sync_time(cluster: &Cluster, c: &Config, params: (u64, u64)) -> f64 {
-    let coll = |op| coll_time(cluster, op, c.dp, c.tp, params);
+    let coll = |op| coll_time(cluster, op, c.dp * c.sp.max(1), c.tp, params);
     match c.zero {
         0 => coll("nns.all_reduce"),
         1 | 2 => coll("nns.reduce_scatter") + coll("nns.all_gather"),
@@ -1222,9 +1298,9 @@ fn score(
     let st = stages_of(p, c);
     let stages = st.len();
     let (dp, tp, pp) = (c.dp, c.tp, c.pp as usize);
-    // Per-fragment extras: the point-to-point sends (the next pipeline rank is dp x tp
-    // devices away), and ZeRO-3's gathers of the stage's parameters.
-    let p2p_span = dp * tp + 1;
+    // Per-fragment extras: the point-to-point sends (the next pipeline rank is dp x sp x
+    // tp devices away), and ZeRO-3's gathers of the stage's parameters.
+    let p2p_span = dp * c.sp.max(1) * tp + 1;
     let gather = |s: &StageCost| {
         if c.zero == 3 {
             coll_time(cluster, "nns.all_gather", dp, tp, (s.params, s.tensors))
@@ -1413,43 +1489,64 @@ fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Profiles by (tensor-parallel degree, micro-batch size, how the layers are split over
-/// `tp`), or why the compiler refused that degree.
-pub type Profiles = HashMap<(u64, u64, TpPolicy), Result<Profile, String>>;
+/// Profiles by (degrees, how the layers are split over `tp`), or why the compiler
+/// refused those degrees.
+pub type Profiles = HashMap<(Degrees, TpPolicy), Result<Profile, String>>;
 
-/// The (tp, micro-batch, splits) profiles a space needs.
-fn pairs(space: &Space, batch: u64, max_tp: u64) -> Vec<(u64, u64, TpPolicy)> {
+/// The key of plan `c`'s profile.
+pub fn profile_key(c: &Config) -> (Degrees, TpPolicy) {
+    (
+        Degrees {
+            tp: c.tp,
+            sp: c.sp.max(1),
+            micro: c.micro,
+        },
+        c.tensor,
+    )
+}
+
+/// The (degrees, splits) profiles a space needs.
+fn pairs(space: &Space, batch: u64, max_tp: u64, inner: u64) -> Vec<(Degrees, TpPolicy)> {
     let n = space.devices;
     let mut out = Vec::new();
     for tp in divisors(n).into_iter().filter(|&t| t <= max_tp) {
-        for pp in divisors(n / tp) {
-            let dp = n / tp / pp;
-            if space.max_pp.is_some_and(|m| pp > m)
-                || !batch.is_multiple_of(dp)
-                || !space.allows(dp, tp, pp)
-            {
-                continue;
-            }
-            for micro in divisors(batch / dp) {
-                let single = pp == 1 && micro == batch / dp;
-                let wanted = if space.pipelines {
-                    micro <= space.max_micro
-                } else {
-                    single
-                };
-                for &t in space
-                    .tensor
-                    .iter()
-                    .filter(|&&t| tp > 1 || t == TpPolicy::Megatron)
+        for sp in space.sp_degrees(tp, inner) {
+            for pp in divisors(n / tp / sp) {
+                let dp = n / tp / sp / pp;
+                if space.max_pp.is_some_and(|m| pp > m)
+                    || !batch.is_multiple_of(dp)
+                    || !space.allows(dp, sp, tp, pp)
                 {
-                    if wanted && !out.contains(&(tp, micro, t)) {
-                        out.push((tp, micro, t));
+                    continue;
+                }
+                for micro in divisors(batch / dp) {
+                    let single = pp == 1 && micro == batch / dp;
+                    let wanted = if space.pipelines {
+                        micro <= space.max_micro
+                    } else {
+                        single
+                    };
+                    for &t in space.tensor.iter().filter(|&&t| allowed(t, tp, sp)) {
+                        let key = (Degrees { tp, sp, micro }, t);
+                        if wanted && !out.contains(&key) {
+                            out.push(key);
+                        }
                     }
                 }
             }
         }
     }
     out
+}
+
+/// Whether splits `t` apply at `tp` and `sp`: without tensor parallelism only one way
+/// (Megatron's names it), and the searched splits without context parallelism.
+fn allowed(t: TpPolicy, tp: u64, sp: u64) -> bool {
+    if tp == 1 {
+        t == TpPolicy::Megatron
+    } else {
+        !(sp > 1 && t == TpPolicy::Search)
+    }
 }
 
 /// A training step made from a forward whose runs of identical layers are cut
@@ -1468,11 +1565,11 @@ fn fill_profiles(
     g: &Graph,
     cut: Option<&Cut>,
     cluster: &Cluster,
-    want: &[(u64, u64, TpPolicy)],
+    want: &[(Degrees, TpPolicy)],
     profiles: &mut Profiles,
     progress: &mut dyn FnMut(&str),
 ) {
-    let missing: Vec<(u64, u64, TpPolicy)> = want
+    let missing: Vec<(Degrees, TpPolicy)> = want
         .iter()
         .copied()
         .filter(|k| !profiles.contains_key(k))
@@ -1484,18 +1581,20 @@ fn fill_profiles(
         .map_or(1, |n| n.get())
         .min(missing.len());
     progress(&format!(
-        "compiling {} profiles (tp x micro-batch x splits) on {threads} threads",
+        "compiling {} profiles (tp x sp x micro-batch x splits) on {threads} threads",
         missing.len()
     ));
     // The searched splits are solved once per degree, at its smallest micro-batch; the
     // other sizes of that degree take the same choices (first phase, then the second).
-    let mut first: Vec<(u64, u64, TpPolicy)> = Vec::new();
-    let mut later: Vec<(u64, u64, TpPolicy)> = Vec::new();
+    let mut first: Vec<(Degrees, TpPolicy)> = Vec::new();
+    let mut later: Vec<(Degrees, TpPolicy)> = Vec::new();
     let mut sorted = missing.clone();
-    sorted.sort_by_key(|&(tp, micro, _)| (tp, micro));
+    sorted.sort_by_key(|&(d, _)| (d.tp, d.sp, d.micro));
     for k in sorted {
-        let solved = first.iter().any(|f| f.0 == k.0 && f.2 == k.2);
-        if k.2 == TpPolicy::Search && solved {
+        let solved = first
+            .iter()
+            .any(|f| f.0.tp == k.0.tp && f.0.sp == k.0.sp && f.1 == k.1);
+        if k.1 == TpPolicy::Search && solved {
             later.push(k);
         } else {
             first.push(k);
@@ -1506,7 +1605,7 @@ fn fill_profiles(
         let done = compile_profiles(g, cut, cluster, &phase, &choices, threads);
         for ((key, p), labels) in done {
             if let Some(l) = labels {
-                choices.entry(key.0).or_insert(l);
+                choices.entry(key.0.tp).or_insert(l);
             }
             profiles.insert(key, p);
         }
@@ -1515,7 +1614,7 @@ fn fill_profiles(
 
 /// A profile, with the searched splits' choices it took.
 type Compiled = (
-    ((u64, u64, TpPolicy), Result<Profile, String>),
+    ((Degrees, TpPolicy), Result<Profile, String>),
     Option<Vec<String>>,
 );
 
@@ -1527,7 +1626,7 @@ fn compile_profiles(
     g: &Graph,
     cut: Option<&Cut>,
     cluster: &Cluster,
-    keys: &[(u64, u64, TpPolicy)],
+    keys: &[(Degrees, TpPolicy)],
     choices: &HashMap<u64, Vec<String>>,
     threads: usize,
 ) -> Vec<Compiled> {
@@ -1539,26 +1638,30 @@ fn compile_profiles(
                     let mut mine = Vec::new();
                     loop {
                         let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(&(tp, micro, t)) = keys.get(k) else {
+                        let Some(&(d, t)) = keys.get(k) else {
                             break;
                         };
-                        let mut reuse = choices.get(&tp).cloned();
+                        let mut reuse = choices.get(&d.tp).cloned();
                         let done = match cut {
-                            None => profile_reusing(g, tp, micro, cluster, t, reuse.as_deref()),
+                            None => profile_reusing(g, d, cluster, t, reuse.as_deref()),
                             Some(cut) => {
-                                if t == TpPolicy::Search && tp > 1 && reuse.is_none() {
-                                    reuse = profile_mesh(g, tp, micro).ok().and_then(|mesh| {
-                                        crate::split_search::solve_labels(g, &mesh, cluster, "tp")
+                                if t == TpPolicy::Search && d.tp > 1 && reuse.is_none() {
+                                    reuse = profile_mesh(g, d.tp, d.sp, d.micro).ok().and_then(
+                                        |mesh| {
+                                            crate::split_search::solve_labels(
+                                                g, &mesh, cluster, "tp",
+                                            )
                                             .ok()
-                                    });
+                                        },
+                                    );
                                 }
-                                profile_reusing(&cut.step, tp, micro, cluster, t, reuse.as_deref())
+                                profile_reusing(&cut.step, d, cluster, t, reuse.as_deref())
                                     .map(|(p, _)| (crate::layer_runs::expand(p, &cut.runs), reuse))
                             }
                         };
                         mine.push(match done {
-                            Ok((p, labels)) => (((tp, micro, t), Ok(p)), labels),
-                            Err(e) => (((tp, micro, t), Err(e)), None),
+                            Ok((p, labels)) => (((d, t), Ok(p)), labels),
+                            Err(e) => (((d, t), Err(e)), None),
                         });
                     }
                     mine
@@ -1610,7 +1713,7 @@ pub fn search_with(
         g,
         cut,
         cluster,
-        &pairs(space, batch, max_tp),
+        &pairs(space, batch, max_tp, inner),
         profiles,
         progress,
     );
@@ -1619,8 +1722,12 @@ pub fn search_with(
     let mut candidates: Vec<(f64, Config)> = Vec::new();
     let mut considered = 0usize;
     let mut least_memory: Option<u64> = None;
-    for tp in divisors(n).into_iter().filter(|&t| t <= max_tp) {
-        for pp in divisors(n / tp) {
+    for (tp, sp) in divisors(n)
+        .into_iter()
+        .filter(|&t| t <= max_tp)
+        .flat_map(|t| space.sp_degrees(t, inner).into_iter().map(move |s| (t, s)))
+    {
+        for pp in divisors(n / tp / sp) {
             if space.max_pp.is_some_and(|m| pp > m) {
                 continue;
             }
@@ -1631,12 +1738,12 @@ pub fn search_with(
                 .or_default() += 1;
                 continue;
             }
-            if !space.allows(n / tp / pp, tp, pp) {
+            if !space.allows(n / tp / sp / pp, sp, tp, pp) {
                 *out.entry("the module's mesh fixes the degrees".into())
                     .or_default() += 1;
                 continue;
             }
-            let dp = n / tp / pp;
+            let dp = n / tp / sp / pp;
             if !batch.is_multiple_of(dp) {
                 *out.entry(format!("dp={dp} does not divide the batch {batch}"))
                     .or_default() += 1;
@@ -1649,16 +1756,17 @@ pub fn search_with(
                     b == batch / dp
                 }
             }) {
-                for &tensor in space
-                    .tensor
-                    .iter()
-                    .filter(|&&t| tp > 1 || t == TpPolicy::Megatron)
-                {
-                    let prof = match profiles.get(&(tp, micro, tensor)) {
+                for &tensor in space.tensor.iter().filter(|&&t| allowed(t, tp, sp)) {
+                    let prof = match profiles.get(&(Degrees { tp, sp, micro }, tensor)) {
                         Some(Ok(p)) => p,
                         None => continue,
                         Some(Err(e)) => {
-                            *out.entry(format!("tp={tp}: {e}")).or_default() += 1;
+                            let at = if sp > 1 {
+                                format!("tp={tp} sp={sp}")
+                            } else {
+                                format!("tp={tp}")
+                            };
+                            *out.entry(format!("{at}: {e}")).or_default() += 1;
                             continue;
                         }
                     };
@@ -1714,10 +1822,18 @@ pub fn search_with(
                                 .or_default() += 1;
                             }
                             for cut in cuts {
-                                for &zero in space.zero.iter().filter(|&&z| dp > 1 || z == 0) {
+                                // ZeRO shards over dp; with context parallelism the
+                                // gradients are partial over dp x sp, which it does not
+                                // shard over yet.
+                                for &zero in space
+                                    .zero
+                                    .iter()
+                                    .filter(|&&z| (dp > 1 && sp == 1) || z == 0)
+                                {
                                     let c = Config {
                                         dp,
                                         tp,
+                                        sp,
                                         pp,
                                         micro,
                                         microbatches: m,
@@ -1763,7 +1879,7 @@ pub fn search_with(
         if bound > kth && !space.exhaustive {
             break;
         }
-        let Some(Ok(p)) = profiles.get(&(c.tp, c.micro, c.tensor)) else {
+        let Some(Ok(p)) = profiles.get(&profile_key(&c)) else {
             continue;
         };
         simulated += 1;
@@ -1811,7 +1927,7 @@ pub fn search_with(
     if !space.megatron && !space.exhaustive {
         for e in ranked.iter_mut().take(REFINED) {
             let items = profiles
-                .get(&(e.config.tp, e.config.micro, e.config.tensor))
+                .get(&profile_key(&e.config))
                 .and_then(|p| p.as_ref().ok());
             let Some(p) = items else { continue };
             let stages = e.config.stage_starts.len();

@@ -58,6 +58,10 @@ pub struct PlanArgs {
     /// Largest tensor-parallel degree (default: the innermost network level's devices).
     #[arg(long, value_name = "N")]
     pub max_tp: Option<u64>,
+    /// Largest context-parallel degree (sp: the positions split over devices of their
+    /// own; default: the innermost network level's devices; 1: none).
+    #[arg(long, value_name = "N")]
+    pub max_sp: Option<u64>,
     /// Largest pipeline degree.
     #[arg(long, value_name = "N")]
     pub max_pp: Option<u64>,
@@ -335,12 +339,16 @@ fn secs(s: f64) -> String {
 }
 
 fn line(e: &Estimate) -> String {
+    // The collectives inside the layers: tensor parallelism's, and context parallelism's
+    // (the keys' and values' gathers) when the positions are split.
+    let inner = if e.config.sp > 1 { "tp/sp" } else { "tp" };
     format!(
-        "{}: {} per step (pipeline {}, bubble {:.1}%, dp sync {}, optimizer {}; communication: tp {}, pp {}, dp {}), MFU {:.1}%, {} per device",
+        "{}: {} per step (pipeline {}, bubble {:.1}%, {} sync {}, optimizer {}; communication: {inner} {}, pp {}, dp {}), MFU {:.1}%, {} per device",
         e.config.describe(),
         secs(e.seconds),
         secs(e.pipeline),
         e.bubble * 100.0,
+        if e.config.sp > 1 { "dp x sp" } else { "dp" },
         secs(e.dp_sync),
         secs(e.optimizer),
         secs(e.tp_comm),
@@ -384,6 +392,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     let mut space = Space::new(a.devices);
     space.memory_cap = a.memory_cap.as_deref().map(parse_bytes).transpose()?;
     space.max_tp = a.max_tp;
+    space.max_sp = a.max_sp;
     space.max_pp = a.max_pp;
     space.max_micro = a.max_micro.max(1);
     space.keep = space.keep.max(a.top + 1);
@@ -394,9 +403,9 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     // sizes, and its memory_cap caps memory.
     if let Some(m) = &mesh {
         for axis in m.axes.iter().filter(|x| !x.microbatches) {
-            if !["dp", "tp", "pp"].contains(&axis.name.as_str()) {
+            if !["dp", "sp", "tp", "pp"].contains(&axis.name.as_str()) {
                 return Err(format!(
-                    "{name}: mesh '@{}' has axis '{}'; plan knows dp, tp and pp",
+                    "{name}: mesh '@{}' has axis '{}'; plan knows dp, sp, tp and pp",
                     m.name, axis.name
                 ));
             }
@@ -497,11 +506,12 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
         ));
     };
     // The profile of the best plan, for its stages' names and flags.
-    let prof = match profiles.get(&(best.config.tp, best.config.micro, best.config.tensor)) {
+    let prof = match profiles.get(&search::profile_key(&best.config)) {
         Some(Ok(p)) => p.clone(),
-        _ => search::profile_with(
+        _ => search::profile_sp(
             &step,
             best.config.tp,
+            best.config.sp,
             best.config.micro,
             &cluster,
             best.config.tensor,
@@ -534,7 +544,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
                 .take(a.top)
                 .map(|e| {
                     let mut v = serde_json::to_value(e).unwrap_or_default();
-                    if let Some(Ok(p)) = profiles.get(&(e.config.tp, e.config.micro, e.config.tensor)) {
+                    if let Some(Ok(p)) = profiles.get(&search::profile_key(&e.config)) {
                         v["flags"] = apply_flags(e, p, differentiated, &a.cluster).into();
                         v["why_lost"] = why_lost(e, best).into();
                     }

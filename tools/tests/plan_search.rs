@@ -201,14 +201,17 @@ fn cut_profiles_equal_whole_ones() {
             .unwrap()
             .expect("the layers are cut");
         let cluster = cost::preset("dgx-h100").unwrap();
-        for (tp, micro, t) in [
-            (1, 1, search::TpPolicy::Megatron),
-            (2, 2, search::TpPolicy::Megatron),
-            (2, 1, search::TpPolicy::Search),
+        for (tp, sp, micro, t) in [
+            (1, 1, 1, search::TpPolicy::Megatron),
+            (2, 1, 2, search::TpPolicy::Megatron),
+            (2, 1, 1, search::TpPolicy::Search),
+            (1, 2, 2, search::TpPolicy::Megatron),
+            (2, 2, 1, search::TpPolicy::Sp),
         ] {
-            let want = search::profile_with(&whole, tp, micro, &cluster, t).unwrap();
+            let want = search::profile_sp(&whole, tp, sp, micro, &cluster, t).unwrap();
             let mut profiles = Profiles::new();
-            let mut space = Space::new(tp);
+            let mut space = Space::new(tp * sp);
+            space.max_sp = Some(sp);
             space.tensor = vec![t];
             space.max_micro = micro;
             space.pipelines = true;
@@ -221,8 +224,10 @@ fn cut_profiles_equal_whole_ones() {
                 &mut |_| {},
             )
             .unwrap();
-            let got = profiles[&(tp, micro, t)].as_ref().unwrap();
-            let what = format!("{name} tp={tp} micro={micro} {t:?}");
+            let got = profiles[&(search::Degrees { tp, sp, micro }, t)]
+                .as_ref()
+                .unwrap();
+            let what = format!("{name} tp={tp} sp={sp} micro={micro} {t:?}");
             assert_eq!(got.items.len(), want.items.len(), "{what}");
             let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-12);
             for (g, w) in got.items.iter().zip(&want.items) {
