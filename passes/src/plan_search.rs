@@ -2,9 +2,9 @@
 //! behind `nnscaler plan`) restricted to what `--plan` applies in place to the module it
 //! runs on: data x context x tensor parallel factorizations of the devices (tensor
 //! parallelism within the innermost network level), one stage, one micro-batch, no
-//! recompute, and ZeRO 0-3 for a step with optimizer state (ZeRO 0 under context
-//! parallelism). The fastest plan is written as `--plan` would write it; the ranking, and
-//! what was out and why (a degree the compiler refuses, memory), is a remark. Pipelines,
+//! recompute, and ZeRO 0-3 for a step with optimizer state. The fastest plan is written
+//! as `--plan` would write it; the ranking, and what was out and why (a degree the
+//! compiler refuses, memory), is a remark. Pipelines,
 //! micro-batches and recompute need passes before `--autodiff` (`--place`): `nnscaler
 //! plan` searches them and prints those passes.
 

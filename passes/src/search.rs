@@ -27,7 +27,7 @@
 //! **Plans.** Devices are numbered `pp` outermost, `dp`, `sp`, then `tp` innermost (tensor
 //! parallelism stays inside the innermost network level unless allowed otherwise; `sp`
 //! goes up to that level's size by default, across levels beside `tp`; with `sp > 1`
-//! neither the searched splits nor ZeRO are tried). For a
+//! the searched splits are not tried). For a
 //! plan, the items are cut into contiguous stages (`pp`, or `2 pp` chunks for the
 //! interleaved and V schedules): every cut when there are at most [`FEW_CUTS`] ways, else
 //! the cut minimising the slowest stage ([`crate::place`]'s exact dynamic program), the
@@ -1252,17 +1252,24 @@ fn state_bytes(c: &Config, params: u64) -> u64 {
     shard(c.zero >= 3) + shard(c.zero >= 2) + 2 * shard(c.zero >= 1)
 }
 
-/// Seconds of the gradient synchronisation of `params` (bytes, tensors) over dp (and sp:
-/// a split of the positions leaves weight gradients partial over it as dp's batch does,
-/// one collective over both): all_reduce; ZeRO-1/2: reduce_scatter + all_gather; ZeRO-3:
-/// reduce_scatter; one collective per tensor.
+/// Seconds of the gradient synchronisation of `params` (bytes, tensors) over dp:
+/// all_reduce; ZeRO-1/2: reduce_scatter + all_gather; ZeRO-3: reduce_scatter; one
+/// collective per tensor. A split of the positions (sp) leaves weight gradients partial
+/// over it as dp's batch does: without ZeRO one all_reduce over dp x sp; with ZeRO (which
+/// shards over dp) an all_reduce over sp first, then dp's collectives, as the compiler
+/// emits them.
 fn sync_time(cluster: &Cluster, c: &Config, params: (u64, u64)) -> f64 {
-    let coll = |op| coll_time(cluster, op, c.dp * c.sp.max(1), c.tp, params);
-    match c.zero {
-        0 => coll("nns.all_reduce"),
-        1 | 2 => coll("nns.reduce_scatter") + coll("nns.all_gather"),
-        _ => coll("nns.reduce_scatter"),
+    let sp = c.sp.max(1);
+    if c.zero == 0 {
+        return coll_time(cluster, "nns.all_reduce", c.dp * sp, c.tp, params);
     }
+    let over_sp = coll_time(cluster, "nns.all_reduce", sp, c.tp, params);
+    let coll = |op| coll_time(cluster, op, c.dp, sp * c.tp, params);
+    over_sp
+        + match c.zero {
+            1 | 2 => coll("nns.reduce_scatter") + coll("nns.all_gather"),
+            _ => coll("nns.reduce_scatter"),
+        }
 }
 
 /// Seconds of adding up `microbatches` micro-batches' gradients of `params` (bytes,
@@ -1303,7 +1310,14 @@ fn score(
     let p2p_span = dp * c.sp.max(1) * tp + 1;
     let gather = |s: &StageCost| {
         if c.zero == 3 {
-            coll_time(cluster, "nns.all_gather", dp, tp, (s.params, s.tensors))
+            // dp's ranks are sp x tp devices apart.
+            coll_time(
+                cluster,
+                "nns.all_gather",
+                dp,
+                c.sp.max(1) * tp,
+                (s.params, s.tensors),
+            )
         } else {
             0.0
         }
@@ -1822,14 +1836,7 @@ pub fn search_with(
                                 .or_default() += 1;
                             }
                             for cut in cuts {
-                                // ZeRO shards over dp; with context parallelism the
-                                // gradients are partial over dp x sp, which it does not
-                                // shard over yet.
-                                for &zero in space
-                                    .zero
-                                    .iter()
-                                    .filter(|&&z| (dp > 1 && sp == 1) || z == 0)
-                                {
+                                for &zero in space.zero.iter().filter(|&&z| dp > 1 || z == 0) {
                                     let c = Config {
                                         dp,
                                         tp,
