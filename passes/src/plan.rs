@@ -22,8 +22,9 @@
 //! The mesh is the module's (`@world` with axes `dp`/`tp`), or made from the `dp=` / `tp=`
 //! options when the module has none.
 //!
-//! Context parallelism: `sp=S` (with any policy but tp-search) adds a mesh axis `sp`
-//! (after `dp`, before `tp`) and splits every data input's dim 1 (the positions) over it;
+//! Context parallelism: `sp=S` (with any policy; tp-search plans it with dp, before its
+//! search over tp) adds a mesh axis `sp` (after `dp`, before `tp`) and splits every data
+//! input's dim 1 (the positions) over it;
 //! attention and rotary then run on a shard of the positions (`seq_axes`, set by
 //! `--localize`), with the keys and values gathered over `sp`.
 //!
@@ -112,11 +113,12 @@ impl Plan {
             o.get("policy")
                 .ok_or("plan needs a policy, e.g. --plan=dp")?,
         )?;
-        if o.get("devices").is_some() {
-            return Err(
-                "plan: 'devices' applies to policy auto (--plan=\"auto cluster=... devices=N\")"
-                    .into(),
-            );
+        for k in ["devices", "max_sp"] {
+            if o.get(k).is_some() {
+                return Err(format!(
+                    "plan: '{k}' applies to policy auto (--plan=\"auto cluster=... devices=N\")"
+                ));
+            }
         }
         let cluster = match (policy, o.get("cluster")) {
             (Policy::TpSearch, Some(c)) => {
@@ -179,9 +181,6 @@ impl Plan {
                 ))
             }
         };
-        if o.get("sp").is_some() && policy == Policy::TpSearch {
-            return Err("plan: 'sp' (context parallelism) is not searched by tp-search yet; use a named policy, e.g. --plan=\"dp dp=2 sp=2\"".into());
-        }
         if zero > 0 && !policy.axes().contains(&"dp") {
             return Err(format!(
                 "plan: zero={zero} shards the optimizer state over dp, which policy '{}' does not use",

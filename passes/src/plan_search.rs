@@ -25,11 +25,14 @@ pub struct PlanSearch {
     /// The cluster as the option gave it (a preset's name or a file), for `tp-search`.
     cluster_spec: String,
     devices: i64,
+    /// The largest context-parallel degree (`max_sp=`; default: the search's).
+    max_sp: Option<u64>,
     remarks: Diagnostics,
 }
 
 impl PlanSearch {
-    /// Options: `cluster` (a preset or TOML file) and `devices`.
+    /// Options: `cluster` (a preset or TOML file), `devices`, and `max_sp` (the largest
+    /// context-parallel degree to try).
     pub fn new(o: &PassOptions) -> Result<Self, String> {
         let cluster_spec = o
             .get("cluster")
@@ -43,6 +46,15 @@ impl PlanSearch {
             .ok()
             .filter(|&n| n > 0)
             .ok_or("plan: 'devices' must be a positive integer")?;
+        let max_sp = match o.get("max_sp") {
+            None => None,
+            Some(v) => Some(
+                v.parse::<u64>()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or("plan: 'max_sp' must be a positive integer")?,
+            ),
+        };
         for k in ["dp", "sp", "tp", "pp", "microbatches", "zero"] {
             if o.get(k).is_some() {
                 return Err(format!(
@@ -54,6 +66,7 @@ impl PlanSearch {
             cluster,
             cluster_spec,
             devices,
+            max_sp,
             remarks: Diagnostics::default(),
         })
     }
@@ -85,6 +98,7 @@ impl ModulePass for PlanSearch {
         // for a step with optimizer state.
         let mut space = Space::new(self.devices as u64);
         space.pipelines = false;
+        space.max_sp = self.max_sp.or(space.max_sp);
         space.recompute = vec![Recompute::None];
         space.zero = if training { vec![0, 1, 2, 3] } else { vec![0] };
         let found = search::search(&g, &self.cluster, &space, &mut Profiles::new(), &mut |_| {})

@@ -174,7 +174,7 @@ pub static PASSES: &[PassInfo] = &[
         options: &[
             OptionInfo {
                 name: "policy",
-                help: "dp | megatron | dp-megatron | megatron-sp | dp-megatron-sp (may be written alone: --plan=dp) | tp-search: data parallel over dp, and every forward op's split over tp (an annotation id or none), every parameter's and data input's layout over tp, chosen by Z3 to minimise the step's predicted time on cluster= under the ops' nns.split/nns.pin/nns.forbid and the mesh's memory_cap (repeated layers solved once; the choices in a remark) | auto: the data x tensor parallel plan the cost model predicts fastest on cluster= for devices= (the ranking in a remark)",
+                help: "dp | megatron | dp-megatron | megatron-sp | dp-megatron-sp (may be written alone: --plan=dp) | tp-search: data parallel over dp, and every forward op's split over tp (an annotation id or none), every parameter's and data input's layout over tp, chosen by Z3 to minimise the step's predicted time on cluster= under the ops' nns.split/nns.pin/nns.forbid and the mesh's memory_cap (repeated layers solved once; the choices in a remark) | auto: the data x context x tensor parallel plan the cost model predicts fastest on cluster= for devices= (the ranking in a remark)",
             },
             OptionInfo {
                 name: "dp",
@@ -190,7 +190,7 @@ pub static PASSES: &[PassInfo] = &[
             },
             OptionInfo {
                 name: "sp",
-                help: "context parallelism: a mesh axis sp (after dp, before tp) when the module has no mesh, splitting the data inputs' positions (dim 1); attention's queries and rotary run on each device's positions, keys and values gathered over sp (not with tp-search)",
+                help: "context parallelism: a mesh axis sp (after dp, before tp) when the module has no mesh, splitting the data inputs' positions (dim 1); attention's queries and rotary run on each device's positions, keys and values gathered over sp (tp-search plans it as it plans dp, then searches tp)",
             },
             OptionInfo {
                 name: "microbatches",
@@ -207,6 +207,10 @@ pub static PASSES: &[PassInfo] = &[
             OptionInfo {
                 name: "devices",
                 help: "with policy auto: how many devices to plan for",
+            },
+            OptionInfo {
+                name: "max_sp",
+                help: "with policy auto: the largest context-parallel degree to try (default: the innermost network level's devices, and no fewer than 1024 positions per device)",
             },
         ],
         anchor: Anchor::Module,

@@ -26,8 +26,7 @@
 //!
 //! **Plans.** Devices are numbered `pp` outermost, `dp`, `sp`, then `tp` innermost (tensor
 //! parallelism stays inside the innermost network level unless allowed otherwise; `sp`
-//! goes up to that level's size by default, across levels beside `tp`; with `sp > 1`
-//! the searched splits are not tried). For a
+//! goes up to that level's size by default, across levels beside `tp`). For a
 //! plan, the items are cut into contiguous stages (`pp`, or `2 pp` chunks for the
 //! interleaved and V schedules): every cut when there are at most [`FEW_CUTS`] ways, else
 //! the cut minimising the slowest stage ([`crate::place`]'s exact dynamic program), the
@@ -160,6 +159,24 @@ pub fn batch_of(g: &Graph) -> Option<u64> {
     }
     (b > 0).then_some(b)
 }
+
+/// The positions of step `g`'s data (dim 1 of its batched data arguments, their gcd), what
+/// context parallelism splits; `None` without such an argument.
+pub fn positions_of(g: &Graph) -> Option<u64> {
+    let mut s = 0u64;
+    for a in &g.args {
+        let ty = &g.values[a.value];
+        if a.is_state() || ty.shape.len() < 2 || a.attrs.contains_key("nns.layout") {
+            continue;
+        }
+        s = gcd(s, ty.shape[1].max(0) as u64);
+    }
+    (s > 0).then_some(s)
+}
+
+/// Positions per device below which the default space does not try a context-parallel
+/// degree: the keys' and values' gathers grow against the attention a device keeps.
+pub const MIN_POSITIONS_PER_SP: u64 = 1024;
 
 fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 {
@@ -295,9 +312,6 @@ fn profile_reusing(
     tensor: TpPolicy,
     reuse: Option<&[String]>,
 ) -> Result<(Profile, Option<Vec<String>>), String> {
-    if sp > 1 && tp > 1 && tensor == TpPolicy::Search {
-        return Err("tp-search does not search context parallelism (sp) yet".into());
-    }
     let mut labels = None;
     let mesh = profile_mesh(g, tp, sp, micro)?;
     let mut remarks = Diagnostics::default();
@@ -710,8 +724,9 @@ pub struct Space {
     pub fixed: Vec<(String, u64)>,
     /// Largest tensor-parallel degree (default: the innermost network level's size).
     pub max_tp: Option<u64>,
-    /// Largest context-parallel degree (default: the innermost network level's size;
-    /// 1: no context parallelism).
+    /// Largest context-parallel degree (default: the innermost network level's size, and
+    /// at most what leaves [`MIN_POSITIONS_PER_SP`] positions per device; 1: no context
+    /// parallelism).
     pub max_sp: Option<u64>,
     /// Largest pipeline degree.
     pub max_pp: Option<u64>,
@@ -759,11 +774,15 @@ impl Space {
     }
 
     /// The context-parallel degrees to try beside tensor-parallel degree `tp`, with
-    /// `inner` devices in the innermost network level: those dividing `devices / tp`, at
-    /// most `max_sp` (default `inner`; `sp x tp` may span levels, the keys' and values'
-    /// gathers then costed over the slower links).
-    fn sp_degrees(&self, tp: u64, inner: u64) -> Vec<u64> {
-        let most = self.max_sp.unwrap_or(inner).max(1);
+    /// `inner` devices in the innermost network level and `positions` per sequence: those
+    /// dividing `devices / tp`, at most `max_sp` (default `inner` and `positions /`
+    /// [`MIN_POSITIONS_PER_SP`]; `sp x tp` may span levels, the keys' and values' gathers
+    /// then costed over the slower links).
+    fn sp_degrees(&self, tp: u64, inner: u64, positions: u64) -> Vec<u64> {
+        let most = self
+            .max_sp
+            .unwrap_or_else(|| inner.min(positions / MIN_POSITIONS_PER_SP))
+            .max(1);
         divisors(self.devices / tp.max(1))
             .into_iter()
             .filter(|&s| s <= most)
@@ -1520,11 +1539,16 @@ pub fn profile_key(c: &Config) -> (Degrees, TpPolicy) {
 }
 
 /// The (degrees, splits) profiles a space needs.
-fn pairs(space: &Space, batch: u64, max_tp: u64, inner: u64) -> Vec<(Degrees, TpPolicy)> {
+fn pairs(
+    space: &Space,
+    batch: u64,
+    max_tp: u64,
+    (inner, positions): (u64, u64),
+) -> Vec<(Degrees, TpPolicy)> {
     let n = space.devices;
     let mut out = Vec::new();
     for tp in divisors(n).into_iter().filter(|&t| t <= max_tp) {
-        for sp in space.sp_degrees(tp, inner) {
+        for sp in space.sp_degrees(tp, inner, positions) {
             for pp in divisors(n / tp / sp) {
                 let dp = n / tp / sp / pp;
                 if space.max_pp.is_some_and(|m| pp > m)
@@ -1540,7 +1564,7 @@ fn pairs(space: &Space, batch: u64, max_tp: u64, inner: u64) -> Vec<(Degrees, Tp
                     } else {
                         single
                     };
-                    for &t in space.tensor.iter().filter(|&&t| allowed(t, tp, sp)) {
+                    for &t in space.tensor.iter().filter(|&&t| allowed(t, tp)) {
                         let key = (Degrees { tp, sp, micro }, t);
                         if wanted && !out.contains(&key) {
                             out.push(key);
@@ -1553,14 +1577,10 @@ fn pairs(space: &Space, batch: u64, max_tp: u64, inner: u64) -> Vec<(Degrees, Tp
     out
 }
 
-/// Whether splits `t` apply at `tp` and `sp`: without tensor parallelism only one way
-/// (Megatron's names it), and the searched splits without context parallelism.
-fn allowed(t: TpPolicy, tp: u64, sp: u64) -> bool {
-    if tp == 1 {
-        t == TpPolicy::Megatron
-    } else {
-        !(sp > 1 && t == TpPolicy::Search)
-    }
+/// Whether splits `t` apply at `tp`: without tensor parallelism there is one way (Megatron's
+/// names it).
+fn allowed(t: TpPolicy, tp: u64) -> bool {
+    tp > 1 || t == TpPolicy::Megatron
 }
 
 /// A training step made from a forward whose runs of identical layers are cut
@@ -1614,12 +1634,12 @@ fn fill_profiles(
             first.push(k);
         }
     }
-    let mut choices: HashMap<u64, Vec<String>> = HashMap::new();
+    let mut choices: HashMap<(u64, u64), Vec<String>> = HashMap::new();
     for phase in [first, later] {
         let done = compile_profiles(g, cut, cluster, &phase, &choices, threads);
         for ((key, p), labels) in done {
             if let Some(l) = labels {
-                choices.entry(key.0.tp).or_insert(l);
+                choices.entry((key.0.tp, key.0.sp)).or_insert(l);
             }
             profiles.insert(key, p);
         }
@@ -1632,7 +1652,8 @@ type Compiled = (
     Option<Vec<String>>,
 );
 
-/// Compiles `keys` on `threads` threads, the searched splits reusing `choices` by degree.
+/// Compiles `keys` on `threads` threads, the searched splits reusing `choices` by degrees
+/// (tp, sp).
 /// With a cut step, it is compiled instead and its profiles expanded; its searched splits
 /// are those solved on the whole step (layer positions share choices, so the cut step's
 /// classes are the whole step's; their costs count every layer).
@@ -1641,7 +1662,7 @@ fn compile_profiles(
     cut: Option<&Cut>,
     cluster: &Cluster,
     keys: &[(Degrees, TpPolicy)],
-    choices: &HashMap<u64, Vec<String>>,
+    choices: &HashMap<(u64, u64), Vec<String>>,
     threads: usize,
 ) -> Vec<Compiled> {
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -1655,7 +1676,7 @@ fn compile_profiles(
                         let Some(&(d, t)) = keys.get(k) else {
                             break;
                         };
-                        let mut reuse = choices.get(&d.tp).cloned();
+                        let mut reuse = choices.get(&(d.tp, d.sp)).cloned();
                         let done = match cut {
                             None => profile_reusing(g, d, cluster, t, reuse.as_deref()),
                             Some(cut) => {
@@ -1723,11 +1744,12 @@ pub fn search_with(
         .min(cluster.device.memory);
     let inner = cluster.network.first().map_or(n, |l| l.devices);
     let max_tp = space.max_tp.unwrap_or(inner);
+    let positions = positions_of(g).unwrap_or(1);
     fill_profiles(
         g,
         cut,
         cluster,
-        &pairs(space, batch, max_tp, inner),
+        &pairs(space, batch, max_tp, (inner, positions)),
         profiles,
         progress,
     );
@@ -1739,7 +1761,12 @@ pub fn search_with(
     for (tp, sp) in divisors(n)
         .into_iter()
         .filter(|&t| t <= max_tp)
-        .flat_map(|t| space.sp_degrees(t, inner).into_iter().map(move |s| (t, s)))
+        .flat_map(|t| {
+            space
+                .sp_degrees(t, inner, positions)
+                .into_iter()
+                .map(move |s| (t, s))
+        })
     {
         for pp in divisors(n / tp / sp) {
             if space.max_pp.is_some_and(|m| pp > m) {
@@ -1770,7 +1797,7 @@ pub fn search_with(
                     b == batch / dp
                 }
             }) {
-                for &tensor in space.tensor.iter().filter(|&&t| allowed(t, tp, sp)) {
+                for &tensor in space.tensor.iter().filter(|&&t| allowed(t, tp)) {
                     let prof = match profiles.get(&(Degrees { tp, sp, micro }, tensor)) {
                         Some(Ok(p)) => p,
                         None => continue,

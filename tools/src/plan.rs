@@ -59,7 +59,8 @@ pub struct PlanArgs {
     #[arg(long, value_name = "N")]
     pub max_tp: Option<u64>,
     /// Largest context-parallel degree (sp: the positions split over devices of their
-    /// own; default: the innermost network level's devices; 1: none).
+    /// own; default: the innermost network level's devices, and no fewer than 1024
+    /// positions per device; 1: none).
     #[arg(long, value_name = "N")]
     pub max_sp: Option<u64>,
     /// Largest pipeline degree.

@@ -74,8 +74,12 @@ fn profiles_cover_the_step() {
 fn equals_brute_force(g: &nnscaler_dialects::graph::Graph, cluster: &str, devices: u64) {
     let c = cost::preset(cluster).unwrap();
     let mut profiles = Profiles::new();
-    let fast = search::search(g, &c, &Space::new(devices), &mut profiles, &mut |_| {}).unwrap();
-    let mut brute = Space::new(devices);
+    // Context parallelism too (the tiny models' sequences are below the default's
+    // positions per device).
+    let mut space = Space::new(devices);
+    space.max_sp = Some(devices);
+    let fast = search::search(g, &c, &space, &mut profiles, &mut |_| {}).unwrap();
+    let mut brute = space.clone();
     brute.exhaustive = true;
     let slow = search::search(g, &c, &brute, &mut profiles, &mut |_| {}).unwrap();
     assert!(
