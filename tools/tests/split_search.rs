@@ -24,14 +24,24 @@ fn step(name: &str, sizes: &[(&str, &str)]) -> Graph {
 }
 
 fn mesh(dp: i64, tp: i64) -> Mesh {
+    mesh_sp(dp, 1, tp)
+}
+
+/// A mesh `dp, sp, tp` (no `sp` axis when it is 1).
+fn mesh_sp(dp: i64, sp: i64, tp: i64) -> Mesh {
     let ax = |n: &str, s| Axis {
         name: n.into(),
         size: s,
         microbatches: false,
     };
+    let mut axes = vec![ax("dp", dp)];
+    if sp > 1 {
+        axes.push(ax("sp", sp));
+    }
+    axes.push(ax("tp", tp));
     Mesh {
         name: "world".into(),
-        axes: vec![ax("dp", dp), ax("tp", tp)],
+        axes,
         memory_cap: None,
     }
 }
@@ -192,12 +202,30 @@ fn z3_equals_brute_force_on_a_model() {
 /// The objective against the compiled program, and the compiled plan against Megatron's.
 #[test]
 fn the_objective_predicts_the_compiled_step_and_beats_megatron() {
-    for (model, sizes, cl, dp, tp) in [
+    for (model, sizes, cl, dp, sp, tp) in [
         (
             "gpt-tiny",
             vec![("heads", "4"), ("vocab", "12")],
             "compute-bound",
             1,
+            1,
+            2,
+        ),
+        // Beside context parallelism: the positions planned with dp first.
+        (
+            "gpt-tiny",
+            vec![("heads", "4"), ("vocab", "12")],
+            "compute-bound",
+            1,
+            2,
+            2,
+        ),
+        (
+            "llama-tiny",
+            vec![("heads", "4"), ("kv-heads", "2")],
+            "compute-bound",
+            1,
+            2,
             2,
         ),
         (
@@ -205,14 +233,16 @@ fn the_objective_predicts_the_compiled_step_and_beats_megatron() {
             vec![("heads", "4"), ("vocab", "12")],
             "dgx-h100",
             1,
+            1,
             2,
         ),
-        ("nanogpt-cpu", vec![], "cpu", 1, 2),
-        ("nanogpt-cpu", vec![("batch", "8")], "cpu", 2, 2),
+        ("nanogpt-cpu", vec![], "cpu", 1, 1, 2),
+        ("nanogpt-cpu", vec![("batch", "8")], "cpu", 2, 1, 2),
         (
             "llama-tiny",
             vec![("heads", "4"), ("kv-heads", "2")],
             "compute-bound",
+            1,
             1,
             2,
         ),
@@ -221,17 +251,18 @@ fn the_objective_predicts_the_compiled_step_and_beats_megatron() {
             vec![("batch", "4"), ("layers", "2")],
             "dgx-h100",
             1,
+            1,
             4,
         ),
     ] {
         let g = step(model, &sizes);
         let c = cluster(cl);
-        let m = mesh(dp, tp);
+        let m = mesh_sp(dp, sp, tp);
         let found = tp_search(g.clone(), &m, &c, "tp").unwrap();
         let (planned, sol) = (found.planned, found.solution);
         let compiled = compiled_seconds(planned, &m, &c).unwrap();
         let megatron = compiled_seconds(plan(g, Policy::DpMegatron, &m).unwrap(), &m, &c).unwrap();
-        let what = format!("{model} on {cl}, dp={dp} tp={tp}");
+        let what = format!("{model} on {cl}, dp={dp} sp={sp} tp={tp}");
         println!(
             "split search: {what}: objective {:.4e} s, compiled {compiled:.4e} s ({:+.1}%), Megatron compiled {megatron:.4e} s (ratio {:.3})",
             sol.seconds,
