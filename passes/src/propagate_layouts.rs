@@ -34,6 +34,7 @@ use nnscaler_dialects::graph::{Graph, Node};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::sharding::{infer_binds_in, Binds, Sharding};
 use nnscaler_dialects::types::{AttrValue, Attrs};
+use std::collections::HashMap;
 
 /// The pass.
 #[derive(Debug, Default)]
@@ -412,13 +413,46 @@ fn operand_order(
     order
 }
 
+/// Values to reduce as soon as they are made, by the layout to reduce them to.
+type Eager = HashMap<ValueId, Sharding>;
+
+/// Propagation in two passes when the first finds partial values that one consumer needs
+/// reduce-scattered while others let the partial sum flow on (an attention gradient's
+/// `dk` under context parallelism: reduce-scattered for its weight gradient, flowing
+/// partial through `dk · W` into a sum reduce-scattered again). The second pass reduces
+/// each such value once, right after its producer (an `nns.relayout` to the layout the
+/// reducing consumer needs), and every consumer reads the reduced shard: a reduction the
+/// program makes anyway serves them all, instead of one more later.
 fn propagate_with(
-    mut g: Graph,
+    g: Graph,
     mesh: &Mesh,
     remarks: &mut Diagnostics,
     lenient: bool,
 ) -> Result<(Graph, Vec<Option<Decided>>), Diagnostics> {
+    let mut first = Diagnostics::default();
+    let (out, decided, eager) =
+        propagate_pass(g.clone(), mesh, &mut first, lenient, &Eager::new())?;
+    if eager.is_empty() {
+        remarks.extend(first);
+        return Ok((out, decided));
+    }
+    let (out, decided, _) = propagate_pass(g, mesh, remarks, lenient, &eager)?;
+    Ok((out, decided))
+}
+
+fn propagate_pass(
+    mut g: Graph,
+    mesh: &Mesh,
+    remarks: &mut Diagnostics,
+    lenient: bool,
+    eager: &Eager,
+) -> Result<(Graph, Vec<Option<Decided>>, Eager), Diagnostics> {
     let mut layouts = value_layouts(&g, mesh)?;
+    // The input's values (those the second pass can name).
+    let given = g.values.len();
+    // Partial values some consumer needs reduced, and those some consumer reads partial.
+    let mut reduce_to: Eager = Eager::new();
+    let mut flows: Vec<bool> = vec![false; given];
     // Each node's index in the input graph (`None` for nodes propagation made).
     let mut orig: Vec<Option<usize>> = (0..g.nodes.len()).map(Some).collect();
     let mut decided: Vec<Option<Decided>> = vec![None; g.nodes.len()];
@@ -562,14 +596,68 @@ fn propagate_with(
         let ops: Vec<Option<&Sharding>> = n.inputs.iter().map(|&v| layouts[v].as_ref()).collect();
         let l = node_layouts(&g, &n, mesh, &binds, &ops)
             .map_err(|e| error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op)))?;
+        for (&v, need) in n.inputs.iter().zip(&l.inputs) {
+            let (Some(have), Some(need)) = (layouts[v].as_ref(), need) else {
+                continue;
+            };
+            if v >= given {
+                continue;
+            }
+            for (a, p) in have.partial.iter().enumerate() {
+                if p.is_none() {
+                    continue;
+                }
+                if need.partial[a].is_some() {
+                    flows[v] = true;
+                } else if need.split.iter().any(|d| d.contains(&a)) {
+                    // Reduced onto a split (a reduce_scatter): the consumers that read
+                    // it partial would then work on shards. (An all_reduce to replicated
+                    // saves nothing there: a later partial sum would only need
+                    // partitions to join it.)
+                    reduce_to.entry(v).or_insert_with(|| need.clone());
+                }
+            }
+        }
         g.nodes[k]
             .attrs
             .insert("nns.layouts".into(), layouts_attr(&l.outputs, mesh));
-        for (&v, s) in n.outputs.iter().zip(l.outputs) {
+        let outputs = n.outputs.clone();
+        for (&v, s) in outputs.iter().zip(l.outputs) {
             layouts[v] = Some(s);
+        }
+        // A value to reduce at once: a relayout after its producer, read by every later
+        // consumer (and result) instead.
+        for &v in &outputs {
+            let Some(to) = eager.get(&v) else {
+                continue;
+            };
+            let mut attrs = Attrs::new();
+            attrs.insert("to".into(), layout_attr(to, mesh));
+            let ty = g.values[v].clone();
+            let loc = g.nodes[k].loc.clone();
+            let r = g.add_raw("nns.relayout", &[v], vec![ty], attrs, &loc)[0];
+            let node = g.nodes.pop().expect("the relayout just made");
+            for m in &mut g.nodes[k + 1..] {
+                for x in &mut m.inputs {
+                    if *x == v {
+                        *x = r;
+                    }
+                }
+            }
+            for o in &mut g.outputs {
+                if o.value == v {
+                    o.value = r;
+                }
+            }
+            g.nodes.insert(k + 1, node);
+            orig.insert(k + 1, None);
+            layouts.resize(g.values.len(), None);
+            layouts[r] = Some(to.clone());
+            k += 1;
         }
         k += 1;
     }
+    let eager_next: Eager = reduce_to.into_iter().filter(|(v, _)| flows[*v]).collect();
     // Trained state (parameters and optimizer moments) by name: a gradient leaves in its
     // parameter's layout, a next value in its state's (the next step reads it back as is,
     // so it is never gathered).
@@ -599,7 +687,7 @@ fn propagate_with(
         o.attrs
             .insert("nns.layout".into(), layout_attr(&want, mesh));
     }
-    Ok((g, decided))
+    Ok((g, decided, eager_next))
 }
 
 /// An op of another dialect than ours (`arith`, `tensor`, a user's).
