@@ -19,6 +19,10 @@
 //! an op without a directive whose result is a weight gradient (`wanted_grads`) proposes
 //! its parameter's layout over those axes first, so the gradient is made in the split its
 //! parameter is used in.
+//!
+//! A partial value that one consumer needs reduce-scattered while others would let the
+//! partial sum flow on is reduced once, right after its producer, for all of them: a
+//! second pass, run when the first finds such values (see `propagate_with`).
 
 use crate::layouts::{
     annotation, constraint, directive, error, layout_attr, layouts_attr, node_layouts,
