@@ -1278,7 +1278,7 @@ fn state_bytes(c: &Config, params: u64) -> u64 {
 /// shards over dp) an all_reduce over sp first, then dp's collectives, as the compiler
 /// emits them.
 fn sync_time(cluster: &Cluster, c: &Config, params: (u64, u64)) -> f64 {
-    let sp = c.sp.max(1);
+    let sp = c.sp;
     if c.zero == 0 {
         return coll_time(cluster, "nns.all_reduce", c.dp * sp, c.tp, params);
     }
@@ -1326,7 +1326,7 @@ fn score(
     let (dp, tp, pp) = (c.dp, c.tp, c.pp as usize);
     // Per-fragment extras: the point-to-point sends (the next pipeline rank is dp x sp x
     // tp devices away), and ZeRO-3's gathers of the stage's parameters.
-    let p2p_span = dp * c.sp.max(1) * tp + 1;
+    let p2p_span = dp * c.sp * tp + 1;
     let gather = |s: &StageCost| {
         if c.zero == 3 {
             // dp's ranks are sp x tp devices apart.
@@ -1334,7 +1334,7 @@ fn score(
                 cluster,
                 "nns.all_gather",
                 dp,
-                c.sp.max(1) * tp,
+                c.sp * tp,
                 (s.params, s.tensors),
             )
         } else {
@@ -1531,45 +1531,54 @@ pub fn profile_key(c: &Config) -> (Degrees, TpPolicy) {
     (
         Degrees {
             tp: c.tp,
-            sp: c.sp.max(1),
+            sp: c.sp,
             micro: c.micro,
         },
         c.tensor,
     )
 }
 
-/// The (degrees, splits) profiles a space needs.
-fn pairs(
+/// The factorizations `(tp, sp, pp)` of the space's devices to consider (`dp` the rest):
+/// `tp` up to `max_tp`, `sp` as [`Space::sp_degrees`] allows.
+fn factorizations(
     space: &Space,
-    batch: u64,
     max_tp: u64,
     (inner, positions): (u64, u64),
-) -> Vec<(Degrees, TpPolicy)> {
+) -> Vec<(u64, u64, u64)> {
     let n = space.devices;
     let mut out = Vec::new();
     for tp in divisors(n).into_iter().filter(|&t| t <= max_tp) {
         for sp in space.sp_degrees(tp, inner, positions) {
             for pp in divisors(n / tp / sp) {
-                let dp = n / tp / sp / pp;
-                if space.max_pp.is_some_and(|m| pp > m)
-                    || !batch.is_multiple_of(dp)
-                    || !space.allows(dp, sp, tp, pp)
-                {
-                    continue;
-                }
-                for micro in divisors(batch / dp) {
-                    let single = pp == 1 && micro == batch / dp;
-                    let wanted = if space.pipelines {
-                        micro <= space.max_micro
-                    } else {
-                        single
-                    };
-                    for &t in space.tensor.iter().filter(|&&t| allowed(t, tp)) {
-                        let key = (Degrees { tp, sp, micro }, t);
-                        if wanted && !out.contains(&key) {
-                            out.push(key);
-                        }
-                    }
+                out.push((tp, sp, pp));
+            }
+        }
+    }
+    out
+}
+
+/// The (degrees, splits) profiles a space needs.
+fn pairs(space: &Space, batch: u64, max_tp: u64, level: (u64, u64)) -> Vec<(Degrees, TpPolicy)> {
+    let mut out = Vec::new();
+    for (tp, sp, pp) in factorizations(space, max_tp, level) {
+        let dp = space.devices / tp / sp / pp;
+        if space.max_pp.is_some_and(|m| pp > m)
+            || !batch.is_multiple_of(dp)
+            || !space.allows(dp, sp, tp, pp)
+        {
+            continue;
+        }
+        for micro in divisors(batch / dp) {
+            let single = pp == 1 && micro == batch / dp;
+            let wanted = if space.pipelines {
+                micro <= space.max_micro
+            } else {
+                single
+            };
+            for &t in space.tensor.iter().filter(|&&t| allowed(t, tp)) {
+                let key = (Degrees { tp, sp, micro }, t);
+                if wanted && !out.contains(&key) {
+                    out.push(key);
                 }
             }
         }
@@ -1758,135 +1767,124 @@ pub fn search_with(
     let mut candidates: Vec<(f64, Config)> = Vec::new();
     let mut considered = 0usize;
     let mut least_memory: Option<u64> = None;
-    for (tp, sp) in divisors(n)
-        .into_iter()
-        .filter(|&t| t <= max_tp)
-        .flat_map(|t| {
-            space
-                .sp_degrees(t, inner, positions)
-                .into_iter()
-                .map(move |s| (t, s))
-        })
-    {
-        for pp in divisors(n / tp / sp) {
-            if space.max_pp.is_some_and(|m| pp > m) {
-                continue;
-            }
-            if !space.pipelines && pp > 1 {
-                *out.entry(
+    for (tp, sp, pp) in factorizations(space, max_tp, (inner, positions)) {
+        if space.max_pp.is_some_and(|m| pp > m) {
+            continue;
+        }
+        if !space.pipelines && pp > 1 {
+            *out.entry(
                     "pipelines and micro-batches: not in this space (they place the forward before --autodiff)".into(),
                 )
                 .or_default() += 1;
-                continue;
+            continue;
+        }
+        if !space.allows(n / tp / sp / pp, sp, tp, pp) {
+            *out.entry("the module's mesh fixes the degrees".into())
+                .or_default() += 1;
+            continue;
+        }
+        let dp = n / tp / sp / pp;
+        if !batch.is_multiple_of(dp) {
+            *out.entry(format!("dp={dp} does not divide the batch {batch}"))
+                .or_default() += 1;
+            continue;
+        }
+        for micro in divisors(batch / dp).into_iter().filter(|&b| {
+            if space.pipelines {
+                b <= space.max_micro
+            } else {
+                b == batch / dp
             }
-            if !space.allows(n / tp / sp / pp, sp, tp, pp) {
-                *out.entry("the module's mesh fixes the degrees".into())
-                    .or_default() += 1;
-                continue;
-            }
-            let dp = n / tp / sp / pp;
-            if !batch.is_multiple_of(dp) {
-                *out.entry(format!("dp={dp} does not divide the batch {batch}"))
-                    .or_default() += 1;
-                continue;
-            }
-            for micro in divisors(batch / dp).into_iter().filter(|&b| {
-                if space.pipelines {
-                    b <= space.max_micro
-                } else {
-                    b == batch / dp
-                }
-            }) {
-                for &tensor in space.tensor.iter().filter(|&&t| allowed(t, tp)) {
-                    let prof = match profiles.get(&(Degrees { tp, sp, micro }, tensor)) {
-                        Some(Ok(p)) => p,
-                        None => continue,
-                        Some(Err(e)) => {
-                            let at = if sp > 1 {
-                                format!("tp={tp} sp={sp}")
-                            } else {
-                                format!("tp={tp}")
-                            };
-                            *out.entry(format!("{at}: {e}")).or_default() += 1;
-                            continue;
-                        }
-                    };
-                    let m = batch / dp / micro;
-                    if !space.pipelines && (pp > 1 || m > 1) {
-                        *out.entry(
+        }) {
+            for &tensor in space.tensor.iter().filter(|&&t| allowed(t, tp)) {
+                let prof = match profiles.get(&(Degrees { tp, sp, micro }, tensor)) {
+                    Some(Ok(p)) => p,
+                    None => continue,
+                    Some(Err(e)) => {
+                        let at = if sp > 1 {
+                            format!("tp={tp} sp={sp}")
+                        } else {
+                            format!("tp={tp}")
+                        };
+                        *out.entry(format!("{at}: {e}")).or_default() += 1;
+                        continue;
+                    }
+                };
+                let m = batch / dp / micro;
+                if !space.pipelines && (pp > 1 || m > 1) {
+                    *out.entry(
                         "pipelines and micro-batches: not in this space (they place the forward before --autodiff)".into(),
                     )
                     .or_default() += 1;
+                    continue;
+                }
+                let schedules: Vec<String> = if pp == 1 {
+                    vec!["none".into()]
+                } else {
+                    space.schedules.clone()
+                };
+                let held = item_bounds(&bounds, &prof.items);
+                for sched in &schedules {
+                    let stages = (pp * chunks(sched)) as usize;
+                    if let Some(why) = bound_conflict(&held, prof.items.len(), stages) {
+                        *out.entry(why).or_default() += space.recompute.len();
                         continue;
                     }
-                    let schedules: Vec<String> = if pp == 1 {
-                        vec!["none".into()]
-                    } else {
-                        space.schedules.clone()
-                    };
-                    let held = item_bounds(&bounds, &prof.items);
-                    for sched in &schedules {
-                        let stages = (pp * chunks(sched)) as usize;
-                        if let Some(why) = bound_conflict(&held, prof.items.len(), stages) {
-                            *out.entry(why).or_default() += space.recompute.len();
-                            continue;
+                    for &r in &space.recompute {
+                        let cuts: Vec<Vec<usize>> = if stages == 1 {
+                            vec![vec![0]]
+                        } else if space.megatron {
+                            megatron_cut(&prof.items, stages).into_iter().collect()
+                        } else if space.exhaustive
+                            || cut_count(prof.items.len(), stages) <= FEW_CUTS
+                        {
+                            every_cut(prof.items.len(), stages)
+                        } else {
+                            balanced_cut(&prof.items, stages, r, &held)
+                                .into_iter()
+                                .collect()
+                        };
+                        let all = cuts.len();
+                        let cuts: Vec<Vec<usize>> =
+                            cuts.into_iter().filter(|c| cut_keeps(c, &held)).collect();
+                        if all > 0 && cuts.is_empty() {
+                            *out.entry(format!(
+                                "{stages} stages{}: no cut keeps the stage bounds",
+                                if space.megatron { " cut evenly" } else { "" }
+                            ))
+                            .or_default() += 1;
+                        } else if cuts.is_empty() {
+                            *out.entry(format!(
+                                "{stages} stages do not cut {} items{}",
+                                prof.items.len(),
+                                if space.megatron { " evenly" } else { "" }
+                            ))
+                            .or_default() += 1;
                         }
-                        for &r in &space.recompute {
-                            let cuts: Vec<Vec<usize>> = if stages == 1 {
-                                vec![vec![0]]
-                            } else if space.megatron {
-                                megatron_cut(&prof.items, stages).into_iter().collect()
-                            } else if space.exhaustive
-                                || cut_count(prof.items.len(), stages) <= FEW_CUTS
-                            {
-                                every_cut(prof.items.len(), stages)
-                            } else {
-                                balanced_cut(&prof.items, stages, r, &held)
-                                    .into_iter()
-                                    .collect()
-                            };
-                            let all = cuts.len();
-                            let cuts: Vec<Vec<usize>> =
-                                cuts.into_iter().filter(|c| cut_keeps(c, &held)).collect();
-                            if all > 0 && cuts.is_empty() {
-                                *out.entry(format!(
-                                    "{stages} stages{}: no cut keeps the stage bounds",
-                                    if space.megatron { " cut evenly" } else { "" }
-                                ))
-                                .or_default() += 1;
-                            } else if cuts.is_empty() {
-                                *out.entry(format!(
-                                    "{stages} stages do not cut {} items{}",
-                                    prof.items.len(),
-                                    if space.megatron { " evenly" } else { "" }
-                                ))
-                                .or_default() += 1;
-                            }
-                            for cut in cuts {
-                                for &zero in space.zero.iter().filter(|&&z| dp > 1 || z == 0) {
-                                    let c = Config {
-                                        dp,
-                                        tp,
-                                        sp,
-                                        pp,
-                                        micro,
-                                        microbatches: m,
-                                        schedule: sched.clone(),
-                                        recompute: r,
-                                        zero,
-                                        stage_starts: cut.clone(),
-                                        tensor,
-                                    };
-                                    considered += 1;
-                                    let least = memory_lower_bound(prof, &c);
-                                    if least > cap {
-                                        *out.entry("out of memory".into()).or_default() += 1;
-                                        least_memory =
-                                            Some(least_memory.map_or(least, |m: u64| m.min(least)));
-                                        continue;
-                                    }
-                                    candidates.push((lower_bound(prof, &c, cluster), c));
+                        for cut in cuts {
+                            for &zero in space.zero.iter().filter(|&&z| dp > 1 || z == 0) {
+                                let c = Config {
+                                    dp,
+                                    tp,
+                                    sp,
+                                    pp,
+                                    micro,
+                                    microbatches: m,
+                                    schedule: sched.clone(),
+                                    recompute: r,
+                                    zero,
+                                    stage_starts: cut.clone(),
+                                    tensor,
+                                };
+                                considered += 1;
+                                let least = memory_lower_bound(prof, &c);
+                                if least > cap {
+                                    *out.entry("out of memory".into()).or_default() += 1;
+                                    least_memory =
+                                        Some(least_memory.map_or(least, |m: u64| m.min(least)));
+                                    continue;
                                 }
+                                candidates.push((lower_bound(prof, &c, cluster), c));
                             }
                         }
                     }

@@ -543,15 +543,16 @@ impl<'a> Facts<'a> {
             return 0.0;
         }
         let ty = &self.g.values[v];
-        let local = TensorType::new(&layout.local_shape(&ty.shape, &self.sizes), ty.elem);
-        let mut s = Graph::default();
-        let (a, b) = (s.new_value(local.clone()), s.new_value(local));
-        if s.add1("dnn.add", &[a, b], Attrs::new(), &self.g.loc)
-            .is_err()
-        {
-            return 0.0;
-        }
-        let add = cost::node_cost(&s, &s.nodes[0], self.cluster, None).map_or(0.0, |c| c.seconds);
+        let elems: i64 = layout.local_shape(&ty.shape, &self.sizes).iter().product();
+        let (elems, bytes) = (
+            elems.max(0) as f64,
+            elems.max(0) as f64 * ty.elem.bytes() as f64,
+        );
+        // Two operands read, one result written.
+        let add = self
+            .cluster
+            .device
+            .vector_op_time("dnn.add", elems, 3.0 * bytes);
         (uses - 1) as f64 * add
     }
 
