@@ -160,13 +160,18 @@ pub fn batch_of(g: &Graph) -> Option<u64> {
     (b > 0).then_some(b)
 }
 
-/// The positions of step `g`'s data (dim 1 of its batched data arguments, their gcd), what
-/// context parallelism splits; `None` without such an argument.
+/// The positions of step `g`'s sequences (dim 1 of its `[batch, positions]` token
+/// arguments, their gcd), what context parallelism splits; `None` without token
+/// arguments (an MLP's `[batch, features]` inputs have no positions).
 pub fn positions_of(g: &Graph) -> Option<u64> {
     let mut s = 0u64;
     for a in &g.args {
         let ty = &g.values[a.value];
-        if a.is_state() || ty.shape.len() < 2 || a.attrs.contains_key("nns.layout") {
+        if a.is_state()
+            || ty.shape.len() < 2
+            || ty.elem.is_float()
+            || a.attrs.contains_key("nns.layout")
+        {
             continue;
         }
         s = gcd(s, ty.shape[1].max(0) as u64);
