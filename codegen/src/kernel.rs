@@ -415,7 +415,7 @@ impl Lowered {
 }
 
 /// The class count of logits `[tokens.., classes]`.
-fn classes(logits: &Buf) -> usize {
+pub(crate) fn classes(logits: &Buf) -> usize {
     *logits.shape.last().unwrap_or(&1)
 }
 

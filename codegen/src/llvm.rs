@@ -14,7 +14,7 @@
 //! runtime's algorithms: `exp` and `erf` exactly as `runtime/src/kernels/math.rs`; `log`
 //! and `tanh` as Cephes' single-precision `logf` / `tanhf` (within 2 ulp of libm).
 
-use crate::kernel::{Attn, Body, Elt, Kernel, Line, Reduce};
+use crate::kernel::{classes, Attn, Body, Elt, Kernel, Line, Reduce};
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::builder::Builder;
 use inkwell::context::Context;
@@ -954,7 +954,7 @@ impl<'ctx> Gen<'ctx> {
                 })?;
             }
             Body::Pick { sharded } => {
-                let v = last_dim(&k.inputs[0].shape);
+                let v = classes(&k.inputs[0]);
                 let off = if *sharded {
                     self.ldi(ins[2], self.i64c(0))?
                 } else {
@@ -972,7 +972,7 @@ impl<'ctx> Gen<'ctx> {
             }
             Body::XentGradLse { count, sharded } => {
                 // ins: dloss, logits [rows, v], targets, lse [rows, 1] (, offset).
-                let v = last_dim(&k.inputs[1].shape);
+                let v = classes(&k.inputs[1]);
                 let exp = self.exp_fn()?;
                 let dl = self.ldf(ins[0], self.i64c(0))?;
                 let scale = self.fdiv(dl, self.fconst(*count as f32))?;
@@ -1010,7 +1010,7 @@ impl<'ctx> Gen<'ctx> {
                 })?;
             }
             Body::XentRows => {
-                let v = last_dim(&k.inputs[0].shape);
+                let v = classes(&k.inputs[0]);
                 let base = self.mul_i(i, self.i64c(v))?;
                 let exp = self.exp_fn()?;
                 let mx = self.var(self.fconst(f32::NEG_INFINITY).into())?;
@@ -1051,7 +1051,7 @@ impl<'ctx> Gen<'ctx> {
                 self.stf(outs[0], i, self.trunc(m)?)?;
             }
             Body::XentGrad { count } => {
-                let v = last_dim(&k.inputs[1].shape);
+                let v = classes(&k.inputs[1]);
                 let base = self.mul_i(i, self.i64c(v))?;
                 let exp = self.exp_fn()?;
                 let dl = self.ldf(ins[0], self.i64c(0))?;
@@ -1251,7 +1251,7 @@ impl<'ctx> Gen<'ctx> {
                 self.copy_elt(ins[0], src, outs[0], i, elt)?;
             }
             Body::PickGrad => {
-                let v = last_dim(&k.outputs[0].shape);
+                let v = classes(&k.outputs[0]);
                 let r = self.div_i(i, v)?;
                 let c = self.rem_i(i, v)?;
                 let t = self.ldi(ins[1], r)?;
@@ -1898,9 +1898,4 @@ fn mix64_const(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
-}
-
-/// The last dim of `shape` (the classes of `[tokens.., classes]` logits).
-fn last_dim(shape: &[usize]) -> usize {
-    *shape.last().unwrap_or(&1)
 }
