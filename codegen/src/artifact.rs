@@ -518,7 +518,15 @@ fn build(
             .map(|k| nx::Kernel {
                 name: k.name.clone(),
                 len: k.len as u64,
-                grid: (k.len as u64).div_ceil(u64::from(nx::BLOCK)),
+                grid: match k.team() {
+                    1 => (k.len as u64).div_ceil(u64::from(nx::BLOCK)),
+                    _ => k.len as u64,
+                },
+                block: match k.team() {
+                    1 => nx::BLOCK,
+                    t => t as u32,
+                },
+                team: k.team() > 1,
                 buffers: k.inputs.len() + k.outputs.len(),
                 outputs: k.outputs.len(),
                 gemm: match &k.body {

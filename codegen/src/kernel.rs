@@ -102,6 +102,19 @@ pub enum Body {
         /// The reduced dims of the input.
         dims: Vec<usize>,
     },
+    /// Element `(o, p)` of `[outputs, parts]` partial results: output `o`'s reduction
+    /// (sum or max) over its `p`-th run of `ceil(count / parts)` elements (row-major over
+    /// `dims`); [`Body::Reduce`] over the parts finishes it. A team kernel always: one
+    /// block per part, so a reduction of a few outputs over millions of elements (a
+    /// gradient's squared norm) runs on many blocks.
+    ReducePart {
+        /// [`Reduce::Sum`] or [`Reduce::Max`].
+        op: Reduce,
+        /// The reduced dims of the input.
+        dims: Vec<usize>,
+        /// Parts per output.
+        parts: usize,
+    },
     /// Input element `i` of `max`'s gradient: `dy, x -> dx`, `dy` of its group (the
     /// elements reduced together over `dims`) split evenly among the group's maxima.
     MaxGrad {
@@ -335,6 +348,56 @@ pub struct Kernel {
     pub len: usize,
 }
 
+/// A reduction to fewer outputs than this over [`SPLIT_FROM`] elements or more each is
+/// two kernels ([`Body::ReducePart`], then the parts' reduction).
+pub const SPLIT_BELOW: usize = 64;
+/// See [`SPLIT_BELOW`].
+pub const SPLIT_FROM: usize = 1 << 16;
+/// Elements per part of a split reduction, at least (16 per thread of a team of 256).
+pub const SPLIT_PART: usize = 4096;
+/// Parts per output of a split reduction, at most.
+pub const SPLIT_PARTS: usize = 1024;
+
+/// The shortest line a team of threads computes (shorter ones: one thread each).
+pub const TEAM_MIN: usize = 64;
+/// The largest team (threads of one GPU block).
+pub const TEAM_MAX: usize = 256;
+
+impl Kernel {
+    /// Threads that compute one index together: 1 (one thread per index), or, for a
+    /// reduction along a line of at least [`TEAM_MIN`] elements (the row of a softmax, a
+    /// norm, a cross-entropy, a sum), a power of two up to [`TEAM_MAX`]: one GPU block
+    /// per index, its threads striding along the line and combining their partial
+    /// results through shared memory, phase by phase with a barrier between phases.
+    /// Consecutive threads read consecutive elements of a contiguous row (coalesced),
+    /// where one thread per row reads rows a row apart.
+    pub fn team(&self) -> usize {
+        let first = |b: &[Buf]| b.first().map_or(0, Buf::len);
+        let line = match &self.body {
+            Body::Reduce { dims, .. } => dims
+                .iter()
+                .map(|&d| self.inputs[0].shape.get(d).copied().unwrap_or(1))
+                .product(),
+            Body::Lines { dim, .. } => self.inputs[0].shape.get(*dim).copied().unwrap_or(1),
+            Body::Norm { .. } => self.inputs.get(1).map_or(0, Buf::len),
+            Body::NormGradRows { .. } => self.inputs.get(2).map_or(0, Buf::len),
+            Body::NormGradCols { .. } => self.inputs.get(2).map_or(0, |s| s.shape[0]),
+            Body::XentRows => self.inputs.first().map_or(0, classes),
+            Body::XentGrad { .. } | Body::XentGradLse { .. } => {
+                self.inputs.get(1).map_or(0, classes)
+            }
+            Body::MeanOf { .. } => first(&self.inputs),
+            Body::ReducePart { .. } => return TEAM_MAX,
+            _ => return 1,
+        };
+        if line < TEAM_MIN {
+            1
+        } else {
+            line.next_power_of_two().min(TEAM_MAX)
+        }
+    }
+}
+
 /// A launch's buffer: an op operand, result, a temporary or a constant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Slot {
@@ -550,7 +613,48 @@ pub fn lower(
                     })
                 }
             };
-            kernel(Body::Reduce { op: reduce, dims }, out0.len())
+            let count: usize = dims.iter().map(|&d| ins[0].shape[d]).product();
+            if out0.len() >= SPLIT_BELOW || count < SPLIT_FROM {
+                return Ok(Lowered::one(kernel(
+                    Body::Reduce { op: reduce, dims },
+                    out0.len(),
+                )));
+            }
+            // Few outputs over long lines: partial results on many blocks, then their
+            // reduction (f32 partials summed in f64: within 6e-8 of one f64 sum).
+            let parts = (count / SPLIT_PART).min(SPLIT_PARTS);
+            let partial = Buf::f32(&[out0.len(), parts]);
+            let op = match reduce {
+                Reduce::Max => Reduce::Max,
+                _ => Reduce::Sum,
+            };
+            return Ok(Lowered {
+                kernels: vec![
+                    Kernel {
+                        name: format!("{name}_parts"),
+                        body: Body::ReducePart { op, dims, parts },
+                        inputs: ins.to_vec(),
+                        outputs: vec![partial.clone()],
+                        len: out0.len() * parts,
+                    },
+                    Kernel {
+                        name: format!("{name}_total"),
+                        body: Body::Reduce {
+                            op: reduce,
+                            dims: vec![1],
+                        },
+                        inputs: vec![partial.clone()],
+                        outputs: outs.to_vec(),
+                        len: out0.len(),
+                    },
+                ],
+                temps: vec![partial],
+                consts: Vec::new(),
+                launches: vec![
+                    (0, vec![Slot::In(0), Slot::Temp(0)]),
+                    (1, vec![Slot::Temp(0), Slot::Out(0)]),
+                ],
+            });
         }
         "dnn.softmax" | "dnn.log_softmax" | "dnn.softmax_grad" | "dnn.log_softmax_grad" => {
             let dim = norm_dim(int(attrs, "dim", -1), rank);

@@ -19,8 +19,9 @@
 //! gradients, embedding and its gradient, cross-entropy and its gradient, AdamW and
 //! clipping's factor, rotary, dropout, the vocabulary-parallel pieces,
 //! slice, pad, concat, split, broadcast_to, max_grad: every dnn op ([`kernel::covered`]).
-//! Not built yet (issue 13): faster kernels (tiling, block-per-row reductions), 2-byte bf16
-//! buffers (bf16 values live in f32 buffers, rounded where stored).
+//! Reductions along lines of 64 or more elements are team kernels (one GPU block per
+//! line, `llvm/team.rs`). Not built yet (issue 13): tiled attention, 2-byte bf16 buffers
+//! (bf16 values live in f32 buffers, rounded where stored).
 
 pub mod artifact;
 pub mod kernel;

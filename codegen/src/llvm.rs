@@ -10,6 +10,10 @@
 //! - host: `K.host(ptr args, i64 n)`, a loop over `i` in `0..n` with the buffers read from
 //!   the `args` array: the thread index becomes a loop index.
 //!
+//! A team kernel ([`Kernel::team`] > 1; `team.rs`) is phases instead of a body, one GPU
+//! block per index: its PTX entry runs them with barriers between, its host entry runs
+//! each phase for every lane in turn.
+//!
 //! Math functions are generated into the module (no libm on a GPU) with the CPU
 //! runtime's algorithms: `exp` and `erf` exactly as `runtime/src/kernels/math.rs`; `log`
 //! and `tanh` as Cephes' single-precision `logf` / `tanhf` (within 2 ulp of libm).
@@ -27,6 +31,10 @@ use inkwell::values::{
 };
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 use nnscaler_dialects::scalar::{Bin, Expr, Un};
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+mod team;
 
 /// Errors of the LLVM builder, as messages.
 pub type R<T> = Result<T, String>;
@@ -42,6 +50,9 @@ pub struct Gen<'ctx> {
     /// The module the kernels go into.
     pub module: Module<'ctx>,
     b: Builder<'ctx>,
+    /// The team kernels built ([`Kernel::team`] > 1): their team size and the lanes each
+    /// phase runs on, for the entries.
+    teams: RefCell<HashMap<String, (usize, Vec<usize>)>>,
 }
 
 impl std::fmt::Debug for Gen<'_> {
@@ -59,6 +70,7 @@ impl<'ctx> Gen<'ctx> {
             ctx,
             module: ctx.create_module(name),
             b: ctx.create_builder(),
+            teams: RefCell::new(HashMap::new()),
         }
     }
 
@@ -495,9 +507,16 @@ impl<'ctx> Gen<'ctx> {
     }
 
     /// `f(j)` for `j` in `0..n`.
-    fn for_range(
+    fn for_range(&self, n: IntValue<'ctx>, f: impl FnMut(&Self, IntValue<'ctx>) -> R<()>) -> R<()> {
+        self.for_step(self.i64c(0), n, 1, f)
+    }
+
+    /// `f(j)` for `j` in `start, start + step, ...` below `n`.
+    fn for_step(
         &self,
+        start: IntValue<'ctx>,
         n: IntValue<'ctx>,
+        step: usize,
         mut f: impl FnMut(&Self, IntValue<'ctx>) -> R<()>,
     ) -> R<()> {
         let func = self
@@ -505,7 +524,7 @@ impl<'ctx> Gen<'ctx> {
             .get_insert_block()
             .and_then(|b| b.get_parent())
             .ok_or("no function")?;
-        let idx = self.var(self.i64c(0).into())?;
+        let idx = self.var(start.into())?;
         let cond = self.ctx.append_basic_block(func, "for.cond");
         let body = self.ctx.append_basic_block(func, "for.body");
         let exit = self.ctx.append_basic_block(func, "for.end");
@@ -516,11 +535,45 @@ impl<'ctx> Gen<'ctx> {
         e(self.b.build_conditional_branch(more, body, exit))?;
         self.b.position_at_end(body);
         f(self, j)?;
-        let next = e(self.b.build_int_add(j, self.i64c(1), ""))?;
+        let next = e(self.b.build_int_add(j, self.i64c(step), ""))?;
         self.set(idx, next)?;
         e(self.b.build_unconditional_branch(cond))?;
         self.b.position_at_end(exit);
         Ok(())
+    }
+
+    /// The offset, in a reduction's input of `shape`, of output element `i`'s first
+    /// element (the kept dims' coordinates of `i`, row-major).
+    fn reduce_base(&self, shape: &[usize], dims: &[usize], i: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let st = strides(shape);
+        let mut rem = i;
+        let mut base = self.i64c(0);
+        for d in (0..shape.len()).rev().filter(|d| !dims.contains(d)) {
+            let c = self.rem_i(rem, shape[d])?;
+            rem = self.div_i(rem, shape[d])?;
+            base = self.add_i(base, self.mul_i(c, self.i64c(st[d]))?)?;
+        }
+        Ok(base)
+    }
+
+    /// The offset of the `r`-th element (row-major over the reduced `dims`) reduced into
+    /// the output element whose first is at `base`.
+    fn reduce_off(
+        &self,
+        shape: &[usize],
+        dims: &[usize],
+        base: IntValue<'ctx>,
+        r: IntValue<'ctx>,
+    ) -> R<IntValue<'ctx>> {
+        let st = strides(shape);
+        let mut rem = r;
+        let mut off = base;
+        for &d in dims.iter().rev() {
+            let c = self.rem_i(rem, shape[d])?;
+            rem = self.div_i(rem, shape[d])?;
+            off = self.add_i(off, self.mul_i(c, self.i64c(st[d]))?)?;
+        }
+        Ok(off)
     }
 
     /// Runs `f` only where `c` holds.
@@ -654,8 +707,12 @@ impl<'ctx> Gen<'ctx> {
         self.mix64(e(self.b.build_xor(inner, index, ""))?)
     }
 
-    /// Adds `K.body(i64 i, ptr buffers...)` for a kernel (inputs, then outputs).    /// Adds `K.body(i64 i, ptr buffers...)` for a kernel (inputs, then outputs).
-    pub fn kernel(&self, k: &Kernel) -> R<FunctionValue<'ctx>> {
+    /// Adds a kernel's code: `K.body(i64 i, ptr buffers...)` (inputs, then outputs), or a
+    /// team kernel's phases (`team.rs`).
+    pub fn kernel(&self, k: &Kernel) -> R<()> {
+        if k.team() > 1 {
+            return self.team_kernel(k);
+        }
         let i64t = self.ctx.i64_type();
         let ptr = self.ctx.ptr_type(AddressSpace::default());
         let nb = k.inputs.len() + k.outputs.len();
@@ -683,7 +740,7 @@ impl<'ctx> Gen<'ctx> {
         let (ins, outs) = bufs.split_at(k.inputs.len());
         self.body(k, i, ins, outs)?;
         e(self.b.build_return(None))?;
-        Ok(f)
+        Ok(())
     }
 
     fn body(
@@ -717,26 +774,9 @@ impl<'ctx> Gen<'ctx> {
             }
             Body::Reduce { op, dims } => {
                 let shape = &k.inputs[0].shape;
-                let st = strides(shape);
-                // The output index over the kept dims, row-major.
-                let mut rem = i;
-                let mut base = self.i64c(0);
-                for d in (0..shape.len()).rev().filter(|d| !dims.contains(d)) {
-                    let c = self.rem_i(rem, shape[d])?;
-                    rem = self.div_i(rem, shape[d])?;
-                    base = self.add_i(base, self.mul_i(c, self.i64c(st[d]))?)?;
-                }
+                let base = self.reduce_base(shape, dims, i)?;
                 let count: usize = dims.iter().map(|&d| shape[d]).product();
-                let off_of = |g: &Self, r: IntValue<'ctx>| -> R<IntValue<'ctx>> {
-                    let mut rem = r;
-                    let mut off = base;
-                    for &d in dims.iter().rev() {
-                        let c = g.rem_i(rem, shape[d])?;
-                        rem = g.div_i(rem, shape[d])?;
-                        off = g.add_i(off, g.mul_i(c, g.i64c(st[d]))?)?;
-                    }
-                    Ok(off)
-                };
+                let off_of = |g: &Self, r: IntValue<'ctx>| g.reduce_off(shape, dims, base, r);
                 let v = match op {
                     Reduce::Max => {
                         let acc = self.var(self.fconst(f32::NEG_INFINITY).into())?;
@@ -760,6 +800,9 @@ impl<'ctx> Gen<'ctx> {
                     }
                 };
                 self.stf(outs[0], i, v)?;
+            }
+            Body::ReducePart { .. } => {
+                return Err(format!("{}: a partial reduction is a team kernel", k.name))
             }
             Body::Lines { op, dim } => {
                 let shape = &k.inputs[0].shape;
@@ -1745,6 +1788,9 @@ impl<'ctx> Gen<'ctx> {
 
     /// Adds the PTX entry of a kernel whose body takes `buffers` pointers.
     pub fn ptx_entry(&self, name: &str, buffers: usize) -> R<()> {
+        if let Some((_, active)) = self.teams.borrow().get(name) {
+            return self.team_ptx_entry(name, buffers, active.len());
+        }
         let body = self
             .module
             .get_function(&format!("{name}.body"))
@@ -1804,6 +1850,9 @@ impl<'ctx> Gen<'ctx> {
 
     /// Adds the host entry `name.host(ptr args, i64 n)`: the body for every `i < n`.
     pub fn host_entry(&self, name: &str, buffers: usize) -> R<()> {
+        if let Some((t, active)) = self.teams.borrow().get(name) {
+            return self.team_host_entry(name, buffers, *t, active);
+        }
         let body = self
             .module
             .get_function(&format!("{name}.body"))

@@ -5,7 +5,9 @@
 //! training steps (forward + backward + AdamW). And every generated PTX module passes
 //! `ptxas` for sm_90.
 
-use nnscaler_codegen::{covered, fuse, lower, ptx, Buf, Data, Gpu, Group, HostKernels, Kernel};
+use nnscaler_codegen::{
+    covered, fuse, lower, ptx, Body, Buf, Data, Gpu, Group, HostKernels, Kernel,
+};
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::Graph;
@@ -469,7 +471,129 @@ fn op_cases() -> Vec<Case> {
         Attrs::new(),
         vec![ty(&[1, 2, 5, 4]), ty(&[1, 2, 7, 4]), ty(&[1, 2, 7, 6])],
     ));
+    // Lines long enough for team kernels (one block per row, `Kernel::team`).
+    let long = ty(&[4, 300]);
+    let (h, ln) = (ty(&[96]), ty(&[100, 96]));
+    cases.extend([
+        (
+            "dnn.sum",
+            attrs(&[("dims", Ints(vec![-1]))]),
+            vec![ty(&[5, 300])],
+        ),
+        (
+            "dnn.sum",
+            attrs(&[("dims", Ints(vec![0]))]),
+            vec![ty(&[300, 7])],
+        ),
+        (
+            "dnn.mean",
+            attrs(&[("dims", Ints(vec![1, 2]))]),
+            vec![ty(&[3, 20, 10])],
+        ),
+        (
+            "dnn.max",
+            attrs(&[("dims", Ints(vec![-1]))]),
+            vec![ty(&[4, 130])],
+        ),
+        // Few outputs over long lines: split into parts (the last one short).
+        (
+            "dnn.sum",
+            attrs(&[("dims", Ints(vec![0, 1]))]),
+            vec![ty(&[300, 300])],
+        ),
+        (
+            "dnn.sum",
+            attrs(&[("dims", Ints(vec![0, 1]))]),
+            vec![ty(&[600, 500])],
+        ),
+        (
+            "dnn.mean",
+            attrs(&[("dims", Ints(vec![1]))]),
+            vec![ty(&[2, 70001])],
+        ),
+        (
+            "dnn.max",
+            attrs(&[("dims", Ints(vec![0]))]),
+            vec![ty(&[70000])],
+        ),
+        (
+            "dnn.softmax",
+            attrs(&[("dim", Int(-1))]),
+            vec![long.clone()],
+        ),
+        (
+            "dnn.softmax",
+            attrs(&[("dim", Int(1))]),
+            vec![ty(&[2, 100, 3])],
+        ),
+        (
+            "dnn.log_softmax",
+            attrs(&[("dim", Int(-1))]),
+            vec![ty(&[3, 257])],
+        ),
+        (
+            "dnn.softmax_grad",
+            attrs(&[("dim", Int(-1))]),
+            vec![long.clone(), long.clone()],
+        ),
+        (
+            "dnn.log_softmax_grad",
+            attrs(&[("dim", Int(-1))]),
+            vec![long.clone(), long],
+        ),
+        (
+            "dnn.layer_norm",
+            Attrs::new(),
+            vec![ty(&[6, 384]), ty(&[384]), ty(&[384])],
+        ),
+        (
+            "dnn.rms_norm",
+            attrs(&[("eps", Float(1e-6))]),
+            vec![ty(&[2, 3, 96]), h.clone()],
+        ),
+        ("dnn.layer_norm_grad", Attrs::new(), vec![ln.clone(), ln, h]),
+        (
+            "dnn.rms_norm_grad",
+            Attrs::new(),
+            vec![ty(&[2, 50, 128]), ty(&[2, 50, 128]), ty(&[128])],
+        ),
+        (
+            "dnn.cross_entropy",
+            Attrs::new(),
+            vec![ty(&[70, 300]), ids(&[70])],
+        ),
+        (
+            "dnn.cross_entropy_grad",
+            Attrs::new(),
+            vec![ty(&[]), ty(&[70, 300]), ids(&[70])],
+        ),
+        (
+            "dnn.softmax_xent_grad",
+            attrs(&[("count", Int(70))]),
+            vec![ty(&[]), ty(&[70, 300]), ids(&[70]), ty(&[70, 1])],
+        ),
+    ]);
     cases
+}
+
+/// A team kernel's form: its body's variant, and the reduction, line function or RMS flag.
+fn team_form(b: &Body) -> String {
+    match b {
+        Body::Reduce { op, .. } => format!(
+            "Reduce {}",
+            format!("{op:?}").split('(').next().unwrap_or("")
+        ),
+        Body::Lines { op, .. } => format!("Lines {op:?}"),
+        Body::Norm { rms, .. } => format!("Norm {rms}"),
+        Body::NormGradRows { rms, .. } => format!("NormGradRows {rms}"),
+        Body::NormGradCols { rms } => format!("NormGradCols {rms}"),
+        Body::XentRows => "XentRows".into(),
+        Body::MeanOf { .. } => "MeanOf".into(),
+        Body::XentGrad { .. } => "XentGrad".into(),
+        Body::XentGradLse { .. } => "XentGradLse".into(),
+        Body::ReducePart { op, .. } => format!("ReducePart {op:?}"),
+        other => format!("{other:?}"),
+    }
 }
 
 /// The kernels of each case (named `c<case>_<op>`), with its result types.
@@ -544,12 +668,45 @@ fn every_covered_op_matches_the_reference() {
                 .collect();
             ins[1] = Tensor::f32(&t.shape.clone(), v);
         }
+        if *op == "dnn.log_softmax_grad" {
+            // y is a log-softmax: log-probabilities, <= 0.
+            let t = &ins[1];
+            let v: Vec<f32> = t.f().unwrap().iter().map(|x| -x.abs()).collect();
+            ins[1] = Tensor::f32(&t.shape.clone(), v);
+        }
         if *op == "dnn.dropout" && ins.len() > 1 {
             ins[1] = Tensor::scalar(9.0);
         }
         operands.push(ins);
     }
     let kernels: Vec<Kernel> = lowered.iter().flat_map(|l| l.kernels.clone()).collect();
+    // Every team form is among them (the long-line cases above).
+    let teams: Vec<&Kernel> = kernels.iter().filter(|k| k.team() > 1).collect();
+    let forms: std::collections::HashSet<String> =
+        teams.iter().map(|k| team_form(&k.body)).collect();
+    for f in [
+        "Reduce Sum",
+        "Reduce Mean",
+        "Reduce Max",
+        "Lines Softmax",
+        "Lines LogSoftmax",
+        "Lines SoftmaxGrad",
+        "Lines LogSoftmaxGrad",
+        "Norm false",
+        "Norm true",
+        "NormGradRows false",
+        "NormGradRows true",
+        "NormGradCols false",
+        "NormGradCols true",
+        "XentRows",
+        "MeanOf",
+        "XentGrad",
+        "XentGradLse",
+        "ReducePart Sum",
+        "ReducePart Max",
+    ] {
+        assert!(forms.contains(f), "no team kernel for {f} (has {forms:?})");
+    }
     let host = HostKernels::new(&kernels).unwrap();
     let mut worst = 0.0f64;
     for (c, (op, a, _)) in cases.iter().enumerate() {
@@ -572,6 +729,10 @@ fn every_covered_op_matches_the_reference() {
             }
             // Sums of products (in another order than the reference's blocked GEMM):
             // judged against the tensor's scale; everything else per element.
+            // The softmax gradients too: `dy - exp(y) sum(dy)` cancels, and a team
+            // kernel's sum (f64, rounded once) differs from the reference's sequential
+            // f32 sum by that sum's rounding (a few ulps of it: 1.8e-4 of an element that
+            // cancels on a row of 300, 2e-7 of the tensor's scale).
             let dots = matches!(
                 *op,
                 "dnn.linear"
@@ -579,6 +740,8 @@ fn every_covered_op_matches_the_reference() {
                     | "dnn.matmul"
                     | "dnn.attention"
                     | "dnn.attention_grad"
+                    | "dnn.softmax_grad"
+                    | "dnn.log_softmax_grad"
             );
             let floor = if dots { 1.0 } else { 1e-3 };
             let err = error_floor(g.f32().unwrap(), w.f().unwrap(), floor);
@@ -590,9 +753,10 @@ fn every_covered_op_matches_the_reference() {
         }
     }
     println!(
-        "codegen: {} op cases ({} kernels, host JIT) equal the reference within {worst:.2e}",
+        "codegen: {} op cases ({} kernels, {} of them team kernels, host JIT) equal the reference within {worst:.2e}",
         cases.len(),
-        kernels.len()
+        kernels.len(),
+        teams.len()
     );
 }
 
@@ -830,6 +994,10 @@ fn every_ptx_module_passes_ptxas() {
     assert_eq!(text.matches(".visible .entry").count(), kernels.len());
     assert!(text.contains("ld.global.f32") && text.contains("st.global.f32"));
     assert!(
+        text.contains("bar.sync") && text.contains("ld.shared.f64"),
+        "team kernels meet at barriers and combine in shared memory"
+    );
+    assert!(
         text.contains("ld.global.u64"),
         "i64 ids are read from global memory"
     );
@@ -917,8 +1085,13 @@ fn whole_step_in(name: &str, vocab: i64, bf16: bool) {
         );
         worst = worst.max(err);
     }
+    let teams = p.kernels.iter().filter(|k| k.team() > 1).count();
+    assert!(
+        teams > 0,
+        "{name}: no team kernel (its norms' rows are 64 or longer)"
+    );
     println!(
-        "codegen: {name}{} training step as {} launches of {} kernels (host JIT): {} results equal the interpreter's within {worst:.2e}",
+        "codegen: {name}{} training step as {} launches of {} kernels ({teams} team kernels; host JIT): {} results equal the interpreter's within {worst:.2e}",
         if bf16 { " bf16" } else { "" },
         p.launches.len(),
         p.kernels.len(),

@@ -22,8 +22,8 @@ use serde::{Deserialize, Serialize};
 /// The file's first four bytes.
 pub const MAGIC: &[u8; 4] = b"NNSX";
 /// The format version this build reads and writes.
-pub const VERSION: u32 = 3;
-/// Threads per block of every kernel launch.
+pub const VERSION: u32 = 4;
+/// Threads per block of a kernel with one thread per index (and of the reducers).
 pub const BLOCK: u32 = 256;
 
 /// A buffer's element type.
@@ -144,10 +144,18 @@ pub struct Gemm {
 pub struct Kernel {
     /// Symbol.
     pub name: String,
-    /// Indices it covers (one GPU thread each).
+    /// Indices it covers: one GPU thread each, or, for a team kernel, one block each.
     pub len: u64,
-    /// Blocks of [`BLOCK`] threads.
+    /// Blocks.
     pub grid: u64,
+    /// Threads per block: [`BLOCK`], or a team kernel's team (a power of two, at most
+    /// 1024).
+    pub block: u32,
+    /// A team kernel: each block computes one index (a row), its threads combining
+    /// through shared memory (`grid` >= `len`); else each thread one index (`grid *
+    /// block` >= `len`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub team: bool,
     /// Buffers it takes (inputs, then outputs).
     pub buffers: usize,
     /// How many of them, the last ones, it writes.
@@ -622,6 +630,19 @@ impl Artifact {
                     let k = h.kernels.get(*kernel).ok_or_else(|| {
                         format!("step {i} launches kernel {kernel}, which does not exist")
                     })?;
+                    if !k.block.is_power_of_two() || k.block > 1024 {
+                        return Err(format!(
+                            "kernel {} has blocks of {} threads (a power of two up to 1024)",
+                            k.name, k.block
+                        ));
+                    }
+                    let covered = k.grid * if k.team { 1 } else { u64::from(k.block) };
+                    if covered < k.len {
+                        return Err(format!(
+                            "kernel {}'s grid of {} blocks does not cover its {} indices",
+                            k.name, k.grid, k.len
+                        ));
+                    }
                     if buffers.len() != k.buffers
                         || k.outputs > k.buffers
                         || buffers.iter().any(|&b| missing(b))
@@ -799,6 +820,8 @@ mod tests {
                     name: "k0".into(),
                     len: 4,
                     grid: 1,
+                    block: BLOCK,
+                    team: false,
                     buffers: 2,
                     outputs: 1,
                     gemm: None,
@@ -965,6 +988,20 @@ mod tests {
         let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
         assert!(
             e.contains("reducer kernel 0 does not exist or does not take 3 buffers"),
+            "{e}"
+        );
+
+        // Launch geometry: blocks of a power of two, a grid covering the indices.
+        let mut b = sample();
+        b.header.kernels[0].block = 96;
+        let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+        assert!(e.contains("kernel k0 has blocks of 96 threads"), "{e}");
+        let mut b = sample();
+        b.header.kernels[0].team = true;
+        b.header.kernels[0].block = 64;
+        let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+        assert!(
+            e.contains("kernel k0's grid of 1 blocks does not cover its 4 indices"),
             "{e}"
         );
 

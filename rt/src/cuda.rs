@@ -382,7 +382,7 @@ impl Engine for Gpu<'_> {
             launch.arg(&n);
             let cfg = LaunchConfig {
                 grid_dim: (k.grid.max(1) as u32, 1, 1),
-                block_dim: (BLOCK, 1, 1),
+                block_dim: (k.block, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: the kernel takes these pointers (inside this arena, at the offsets

@@ -1,0 +1,739 @@
+//! Team kernels: one index (a row) computed by a team of threads, one GPU block.
+//!
+//! A team kernel `K` ([`Kernel::team`] > 1) is a sequence of *phases*, internal functions
+//! `K.p0, K.p1, ...(i64 row, i64 lane, ptr shared, ptr in0, ..., ptr out)`. Every lane
+//! of the team runs a phase before any lane starts the next one: on the GPU a barrier
+//! (`bar.sync 0`) separates them; on the host each phase is a loop over the lanes, so
+//! the host runs the same phases in the order a GPU may interleave them at worst. Lanes
+//! pass values between phases only through the shared array, and within one phase no
+//! lane reads a word another lane writes: that discipline, kept by construction here,
+//! is what makes the host's order and the GPU's agree.
+//!
+//! The shared array holds two arrays of `t` f64 partials (one per lane) and
+//! [`STATS`] f64 statistics. A reduction ([`Team::reduce`]) is one phase in which lane
+//! `l` accumulates elements `l, l + t, l + 2t, ...` of the line into its partials, then
+//! `log2 t` phases of a tree (`lane < s` adds partial `lane + s` into its own), the last
+//! of which writes the team's result to a statistic slot that later phases read.
+//! Sums are kept in f64 (the reference's accumulators are f64, or f32 where this is
+//! more accurate than the reference); maxima in f64 too (exact for f32 values).
+
+use super::{e, Gen, R};
+use crate::kernel::{classes, Body, Kernel, Line, Reduce};
+use inkwell::attributes::{Attribute, AttributeLoc};
+use inkwell::module::Linkage;
+use inkwell::types::BasicMetadataTypeEnum;
+use inkwell::values::{FloatValue, IntValue, PointerValue};
+use inkwell::{AddressSpace, IntPredicate};
+
+/// Statistic slots after the partials.
+pub(super) const STATS: usize = 8;
+
+/// The f64 words of a team of `t`'s shared array.
+pub(super) fn shared_words(t: usize) -> usize {
+    2 * t + STATS
+}
+
+/// What a phase sees: its row and lane, the shared array, the kernel's buffers.
+pub(super) struct Lane<'ctx> {
+    row: IntValue<'ctx>,
+    lane: IntValue<'ctx>,
+    sh: PointerValue<'ctx>,
+    ins: Vec<PointerValue<'ctx>>,
+    outs: Vec<PointerValue<'ctx>>,
+}
+
+/// How partials combine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Comb {
+    Sum,
+    Max,
+}
+
+/// The phases of one team kernel as they are built.
+struct Team<'g, 'ctx> {
+    g: &'g Gen<'ctx>,
+    k: &'g Kernel,
+    t: usize,
+    /// Lanes each phase runs on (`lane < active`).
+    active: Vec<usize>,
+    stats: usize,
+}
+
+impl<'g, 'ctx> Team<'g, 'ctx> {
+    /// Adds a phase run by lanes `0..active`.
+    fn phase(
+        &mut self,
+        active: usize,
+        body: impl FnOnce(&Gen<'ctx>, &Lane<'ctx>) -> R<()>,
+    ) -> R<()> {
+        let g = self.g;
+        let i64t = g.ctx.i64_type();
+        let ptr = g.ctx.ptr_type(AddressSpace::default());
+        let nb = self.k.inputs.len() + self.k.outputs.len();
+        let mut params: Vec<BasicMetadataTypeEnum> = vec![i64t.into(), i64t.into(), ptr.into()];
+        params.extend(std::iter::repeat_n(BasicMetadataTypeEnum::from(ptr), nb));
+        let f = g.module.add_function(
+            &format!("{}.p{}", self.k.name, self.active.len()),
+            g.ctx.void_type().fn_type(&params, false),
+            Some(Linkage::Internal),
+        );
+        let inline = g
+            .ctx
+            .create_enum_attribute(Attribute::get_named_enum_kind_id("alwaysinline"), 0);
+        f.add_attribute(AttributeLoc::Function, inline);
+        let entry = g.ctx.append_basic_block(f, "entry");
+        g.b.position_at_end(entry);
+        let p = |j: usize| f.get_nth_param(j as u32).ok_or("missing phase parameter");
+        let bufs: Vec<PointerValue<'ctx>> = (0..nb)
+            .map(|j| p(3 + j).map(|v| v.into_pointer_value()))
+            .collect::<Result<_, _>>()?;
+        let (ins, outs) = bufs.split_at(self.k.inputs.len());
+        let l = Lane {
+            row: p(0)?.into_int_value(),
+            lane: p(1)?.into_int_value(),
+            sh: p(2)?.into_pointer_value(),
+            ins: ins.to_vec(),
+            outs: outs.to_vec(),
+        };
+        if active < self.t {
+            let c =
+                e(g.b.build_int_compare(IntPredicate::ULT, l.lane, g.i64c(active), ""))?;
+            g.when(c, |g| body(g, &l))?;
+        } else {
+            body(g, &l)?;
+        }
+        e(g.b.build_return(None))?;
+        self.active.push(active);
+        Ok(())
+    }
+
+    /// Combines `f(j)` over `j` in `0..n` (each value with its combiner) across the team:
+    /// one phase of per-lane partials, then the tree; returns the statistic slots the
+    /// results are in. `f` may read earlier statistics.
+    fn reduce(
+        &mut self,
+        n: usize,
+        combs: &[Comb],
+        f: impl Fn(&Gen<'ctx>, &Lane<'ctx>, IntValue<'ctx>) -> R<Vec<FloatValue<'ctx>>>,
+    ) -> R<Vec<usize>> {
+        let t = self.t;
+        if combs.len() > 2 || self.stats + combs.len() > STATS {
+            return Err(format!("{}: too many team statistics", self.k.name));
+        }
+        self.phase(t, |g, l| {
+            let accs = combs
+                .iter()
+                .map(|c| g.var(identity(g, *c).into()))
+                .collect::<R<Vec<_>>>()?;
+            g.for_step(l.lane, g.i64c(n), t, |g, j| {
+                let vals = f(g, l, j)?;
+                for ((acc, c), v) in accs.iter().zip(combs).zip(vals) {
+                    let a = g.getf(*acc, g.ctx.f64_type())?;
+                    g.set(*acc, combine(g, *c, a, v)?)?;
+                }
+                Ok(())
+            })?;
+            for (a, acc) in accs.iter().enumerate() {
+                let v = g.getf(*acc, g.ctx.f64_type())?;
+                g.sh_st(l, g.add_i(g.i64c(a * t), l.lane)?, v)?;
+            }
+            Ok(())
+        })?;
+        let slots: Vec<usize> = (self.stats..self.stats + combs.len()).collect();
+        self.stats += combs.len();
+        let mut s = t / 2;
+        while s >= 1 {
+            let slots = &slots;
+            self.phase(s, |g, l| {
+                for (a, c) in combs.iter().enumerate() {
+                    let mine = g.add_i(g.i64c(a * t), l.lane)?;
+                    let x = g.sh_ld(l, mine)?;
+                    let y = g.sh_ld(l, g.add_i(mine, g.i64c(s))?)?;
+                    let v = combine(g, *c, x, y)?;
+                    let to = if s == 1 {
+                        g.i64c(2 * t + slots[a])
+                    } else {
+                        mine
+                    };
+                    g.sh_st(l, to, v)?;
+                }
+                Ok(())
+            })?;
+            s /= 2;
+        }
+        Ok(slots)
+    }
+
+    /// `f(j)` for the elements `j` in `0..n` a lane owns (`lane, lane + t, ...`), in a
+    /// phase of all lanes.
+    fn each(
+        &mut self,
+        n: usize,
+        f: impl Fn(&Gen<'ctx>, &Lane<'ctx>, IntValue<'ctx>) -> R<()>,
+    ) -> R<()> {
+        let t = self.t;
+        self.phase(t, |g, l| {
+            g.for_step(l.lane, g.i64c(n), t, |g, j| f(g, l, j))
+        })
+    }
+}
+
+fn identity<'ctx>(g: &Gen<'ctx>, c: Comb) -> FloatValue<'ctx> {
+    match c {
+        Comb::Sum => g.dconst(0.0),
+        Comb::Max => g.dconst(f64::NEG_INFINITY),
+    }
+}
+
+fn combine<'ctx>(
+    g: &Gen<'ctx>,
+    c: Comb,
+    a: FloatValue<'ctx>,
+    b: FloatValue<'ctx>,
+) -> R<FloatValue<'ctx>> {
+    match c {
+        Comb::Sum => g.fadd(a, b),
+        // NaN ignored, as `f32::max` (the reference's fold).
+        Comb::Max => g.call(
+            g.intrinsic_of("llvm.maxnum", g.ctx.f64_type().into())?,
+            &[a, b],
+        ),
+    }
+}
+
+impl<'ctx> Gen<'ctx> {
+    fn sh_at(&self, l: &Lane<'ctx>, w: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+        // SAFETY of the generated code: every word index is below `shared_words(t)`.
+        e(unsafe {
+            self.b
+                .build_in_bounds_gep(self.ctx.f64_type(), l.sh, &[w], "")
+        })
+    }
+    fn sh_ld(&self, l: &Lane<'ctx>, w: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
+        self.getf(self.sh_at(l, w)?, self.ctx.f64_type())
+    }
+    fn sh_st(&self, l: &Lane<'ctx>, w: IntValue<'ctx>, v: FloatValue<'ctx>) -> R<()> {
+        self.set(self.sh_at(l, w)?, v)
+    }
+    /// Statistic `s` of a team of `t`.
+    fn stat(&self, l: &Lane<'ctx>, t: usize, s: usize) -> R<FloatValue<'ctx>> {
+        self.sh_ld(l, self.i64c(2 * t + s))
+    }
+    /// Statistic `s` rounded to f32.
+    fn stat32(&self, l: &Lane<'ctx>, t: usize, s: usize) -> R<FloatValue<'ctx>> {
+        self.trunc(self.stat(l, t, s)?)
+    }
+
+    /// A row's layer-norm (`mean`, `1/sqrt(var + eps)`) or RMS-norm (`0`,
+    /// `1/sqrt(mean(x^2) + eps)`) statistics from the slots [`Team::reduce`] left.
+    fn team_moments(
+        &self,
+        l: &Lane<'ctx>,
+        t: usize,
+        slots: &[usize],
+        h: usize,
+        eps: f64,
+    ) -> R<(FloatValue<'ctx>, FloatValue<'ctx>)> {
+        let hd = self.dconst(h as f64);
+        let (mean, sq) = match slots {
+            [sq] => (self.dconst(0.0), *sq),
+            [m, sq] => (self.fdiv(self.stat(l, t, *m)?, hd)?, *sq),
+            _ => return Err("norm statistics without their slots".into()),
+        };
+        let var = self.fdiv(self.stat(l, t, sq)?, hd)?;
+        let r = self.fdiv(
+            self.dconst(1.0),
+            self.sqrt_d(self.fadd(var, self.dconst(eps))?)?,
+        )?;
+        Ok((self.trunc(mean)?, self.trunc(r)?))
+    }
+
+    /// The reductions of a norm's row (`x` input `xi`, at `base(row)`): the mean (layer
+    /// norm), then the squared deviations, as the reference's two passes.
+    fn norm_reductions(
+        &self,
+        tm: &mut Team<'_, 'ctx>,
+        xi: usize,
+        h: usize,
+        rms: bool,
+    ) -> R<Vec<usize>> {
+        let x_at = move |g: &Gen<'ctx>, l: &Lane<'ctx>, j: IntValue<'ctx>| {
+            g.ext(g.ldf(l.ins[xi], g.add_i(g.mul_i(l.row, g.i64c(h))?, j)?)?)
+        };
+        let t = tm.t;
+        let mut slots = Vec::new();
+        if !rms {
+            slots.extend(tm.reduce(h, &[Comb::Sum], |g, l, j| Ok(vec![x_at(g, l, j)?]))?);
+        }
+        let m = slots.first().copied();
+        slots.extend(tm.reduce(h, &[Comb::Sum], |g, l, j| {
+            let mean = match m {
+                Some(m) => g.fdiv(g.stat(l, t, m)?, g.dconst(h as f64))?,
+                None => g.dconst(0.0),
+            };
+            let v = g.fsub(x_at(g, l, j)?, mean)?;
+            Ok(vec![g.fmul(v, v)?])
+        })?);
+        Ok(slots)
+    }
+
+    /// The phases of a team kernel; records them for the entries.
+    pub(super) fn team_kernel(&self, k: &Kernel) -> R<()> {
+        let t = k.team();
+        let mut tm = Team {
+            g: self,
+            k,
+            t,
+            active: Vec::new(),
+            stats: 0,
+        };
+        match &k.body {
+            Body::Reduce { op, dims } => {
+                let shape = &k.inputs[0].shape;
+                let count: usize = dims.iter().map(|&d| shape[d]).product();
+                let comb = if *op == Reduce::Max {
+                    Comb::Max
+                } else {
+                    Comb::Sum
+                };
+                let s = tm.reduce(count, &[comb], |g, l, r| {
+                    let base = g.reduce_base(shape, dims, l.row)?;
+                    let x = g.ldf(l.ins[0], g.reduce_off(shape, dims, base, r)?)?;
+                    Ok(vec![g.ext(x)?])
+                })?[0];
+                tm.phase(1, |g, l| {
+                    let mut v = g.stat(l, t, s)?;
+                    if let Reduce::Mean(n) = op {
+                        v = g.fdiv(v, g.dconst(*n as f64))?;
+                    }
+                    g.stf(l.outs[0], l.row, g.trunc(v)?)
+                })?;
+            }
+            Body::ReducePart { op, dims, parts } => {
+                let shape = &k.inputs[0].shape;
+                let count: usize = dims.iter().map(|&d| shape[d]).product();
+                let run = count.div_ceil(*parts);
+                let comb = if *op == Reduce::Max {
+                    Comb::Max
+                } else {
+                    Comb::Sum
+                };
+                let s = tm.reduce(run, &[comb], |g, l, j| {
+                    let o = g.div_i(l.row, *parts)?;
+                    let r = g.add_i(g.mul_i(g.rem_i(l.row, *parts)?, g.i64c(run))?, j)?;
+                    // The last run may be short: its lanes past the end read the last
+                    // element and contribute the identity.
+                    let inside =
+                        e(g.b.build_int_compare(IntPredicate::ULT, r, g.i64c(count), ""))?;
+                    let rr =
+                        e(g.b.build_select(inside, r, g.i64c(count - 1), ""))?.into_int_value();
+                    let base = g.reduce_base(shape, dims, o)?;
+                    let x = g.ext(g.ldf(l.ins[0], g.reduce_off(shape, dims, base, rr)?)?)?;
+                    let v = e(g.b.build_select(inside, x, identity(g, comb), ""))?;
+                    Ok(vec![v.into_float_value()])
+                })?[0];
+                tm.phase(1, |g, l| g.stf(l.outs[0], l.row, g.stat32(l, t, s)?))?;
+            }
+            Body::Lines { op, dim } => {
+                let shape = &k.inputs[0].shape;
+                let n = shape[*dim];
+                let inner: usize = shape[dim + 1..].iter().product();
+                let at = move |g: &Gen<'ctx>, l: &Lane<'ctx>, j: IntValue<'ctx>| {
+                    let o = g.div_i(l.row, inner)?;
+                    let ii = g.rem_i(l.row, inner)?;
+                    let base = g.add_i(g.mul_i(o, g.i64c(n * inner))?, ii)?;
+                    g.add_i(base, g.mul_i(j, g.i64c(inner))?)
+                };
+                match op {
+                    Line::Softmax | Line::LogSoftmax => {
+                        let mx = tm.reduce(n, &[Comb::Max], |g, l, j| {
+                            Ok(vec![g.ext(g.ldf(l.ins[0], at(g, l, j)?)?)?])
+                        })?[0];
+                        let sum = tm.reduce(n, &[Comb::Sum], |g, l, j| {
+                            let m = g.stat32(l, t, mx)?;
+                            let y =
+                                g.call(g.exp_fn()?, &[g.fsub(g.ldf(l.ins[0], at(g, l, j)?)?, m)?])?;
+                            Ok(vec![g.ext(y)?])
+                        })?[0];
+                        let soft = *op == Line::Softmax;
+                        tm.each(n, |g, l, j| {
+                            let (m, s) = (g.stat32(l, t, mx)?, g.stat32(l, t, sum)?);
+                            let a = at(g, l, j)?;
+                            let x = g.ldf(l.ins[0], a)?;
+                            let v = if soft {
+                                let y = g.call(g.exp_fn()?, &[g.fsub(x, m)?])?;
+                                g.fmul(y, g.fdiv(g.fconst(1.0), s)?)?
+                            } else {
+                                g.fsub(x, g.fadd(m, g.call(g.log_fn()?, &[s])?)?)?
+                            };
+                            g.stf(l.outs[0], a, v)
+                        })?;
+                    }
+                    Line::SoftmaxGrad | Line::LogSoftmaxGrad => {
+                        let dot = *op == Line::SoftmaxGrad;
+                        let s = tm.reduce(n, &[Comb::Sum], |g, l, j| {
+                            let a = at(g, l, j)?;
+                            let d = g.ldf(l.ins[0], a)?;
+                            let v = if dot {
+                                g.fmul(d, g.ldf(l.ins[1], a)?)?
+                            } else {
+                                d
+                            };
+                            Ok(vec![g.ext(v)?])
+                        })?[0];
+                        tm.each(n, |g, l, j| {
+                            let a = at(g, l, j)?;
+                            let s = g.stat32(l, t, s)?;
+                            let (d, y) = (g.ldf(l.ins[0], a)?, g.ldf(l.ins[1], a)?);
+                            let v = if dot {
+                                g.fmul(y, g.fsub(d, s)?)?
+                            } else {
+                                g.fsub(d, g.fmul(g.call(g.exp_fn()?, &[y])?, s)?)?
+                            };
+                            g.stf(l.outs[0], a, v)
+                        })?;
+                    }
+                }
+            }
+            Body::Norm { rms, eps } => {
+                let h = k.inputs[1].shape[0];
+                let (rms, eps) = (*rms, *eps);
+                let slots = self.norm_reductions(&mut tm, 0, h, rms)?;
+                tm.each(h, |g, l, j| {
+                    let (mean, scale) = g.team_moments(l, t, &slots, h, eps)?;
+                    let at = g.add_i(g.mul_i(l.row, g.i64c(h))?, j)?;
+                    let x = g.ldf(l.ins[0], at)?;
+                    let w = g.ldf(l.ins[1], j)?;
+                    let v = if rms {
+                        g.fmul(g.fmul(x, scale)?, w)?
+                    } else {
+                        let b = g.ldf(l.ins[2], j)?;
+                        g.fadd(g.fmul(g.fmul(g.fsub(x, mean)?, scale)?, w)?, b)?
+                    };
+                    g.stf(l.outs[0], at, v)
+                })?;
+            }
+            Body::NormGradRows { rms, eps } => {
+                let h = k.inputs[2].shape[0];
+                let (rms, eps) = (*rms, *eps);
+                let mo = self.norm_reductions(&mut tm, 1, h, rms)?;
+                let load = move |g: &Gen<'ctx>, l: &Lane<'ctx>, j: IntValue<'ctx>| {
+                    let at = g.add_i(g.mul_i(l.row, g.i64c(h))?, j)?;
+                    let (d, x) = (g.ldf(l.ins[0], at)?, g.ldf(l.ins[1], at)?);
+                    Ok::<_, String>((at, d, x, g.ldf(l.ins[2], j)?))
+                };
+                let combs: &[Comb] = if rms {
+                    &[Comb::Sum]
+                } else {
+                    &[Comb::Sum, Comb::Sum]
+                };
+                let acc = tm.reduce(h, combs, |g, l, j| {
+                    let (mean, r) = g.team_moments(l, t, &mo, h, eps)?;
+                    let (_, d, x, w) = load(g, l, j)?;
+                    if rms {
+                        Ok(vec![g.ext(g.fmul(g.fmul(d, w)?, x)?)?])
+                    } else {
+                        let gw = g.fmul(d, w)?;
+                        let xh = g.fmul(g.fsub(x, mean)?, r)?;
+                        Ok(vec![g.ext(gw)?, g.ext(g.fmul(gw, xh)?)?])
+                    }
+                })?;
+                let ms = |g: &Gen<'ctx>, l: &Lane<'ctx>| {
+                    let hd = g.dconst(h as f64);
+                    let m1 = g.trunc(g.fdiv(g.stat(l, t, acc[0])?, hd)?)?;
+                    let m2 = match acc.get(1) {
+                        Some(&s) => g.trunc(g.fdiv(g.stat(l, t, s)?, hd)?)?,
+                        None => g.fconst(0.0),
+                    };
+                    Ok::<_, String>((m1, m2))
+                };
+                tm.each(h, |g, l, j| {
+                    let (mean, r) = g.team_moments(l, t, &mo, h, eps)?;
+                    let (m1, m2) = ms(g, l)?;
+                    let (at, d, x, w) = load(g, l, j)?;
+                    let gw = g.fmul(d, w)?;
+                    let v = if rms {
+                        let kk = g.fmul(g.fmul(m1, r)?, r)?;
+                        g.fmul(r, g.fsub(gw, g.fmul(x, kk)?)?)?
+                    } else {
+                        let xh = g.fmul(g.fsub(x, mean)?, r)?;
+                        g.fmul(r, g.fsub(g.fsub(gw, m1)?, g.fmul(xh, m2)?)?)?
+                    };
+                    g.stf(l.outs[0], at, v)
+                })?;
+                tm.phase(1, |g, l| {
+                    let (mean, r) = g.team_moments(l, t, &mo, h, eps)?;
+                    let s = g.mul_i(l.row, g.i64c(2))?;
+                    g.stf(l.outs[1], s, mean)?;
+                    g.stf(l.outs[1], g.add_i(s, g.i64c(1))?, r)
+                })?;
+            }
+            Body::NormGradCols { rms } => {
+                let rows = k.inputs[2].shape[0];
+                let h = k.inputs[0].len() / rows.max(1);
+                let rms = *rms;
+                let acc = tm.reduce(rows, &[Comb::Sum, Comb::Sum], |g, l, row| {
+                    let at = g.add_i(g.mul_i(row, g.i64c(h))?, l.row)?;
+                    let (d, x) = (g.ldf(l.ins[0], at)?, g.ldf(l.ins[1], at)?);
+                    let s = g.mul_i(row, g.i64c(2))?;
+                    let mean = g.ldf(l.ins[2], s)?;
+                    let r = g.ldf(l.ins[2], g.add_i(s, g.i64c(1))?)?;
+                    let v = if rms {
+                        g.fmul(g.fmul(d, x)?, r)?
+                    } else {
+                        g.fmul(d, g.fmul(g.fsub(x, mean)?, r)?)?
+                    };
+                    Ok(vec![g.ext(v)?, g.ext(d)?])
+                })?;
+                tm.phase(1, |g, l| {
+                    g.stf(l.outs[0], l.row, g.stat32(l, t, acc[0])?)?;
+                    if !rms {
+                        g.stf(l.outs[1], l.row, g.stat32(l, t, acc[1])?)?;
+                    }
+                    Ok(())
+                })?;
+            }
+            Body::XentRows => {
+                let v = classes(&k.inputs[0]);
+                let z = move |g: &Gen<'ctx>, l: &Lane<'ctx>, j: IntValue<'ctx>| {
+                    g.ldf(l.ins[0], g.add_i(g.mul_i(l.row, g.i64c(v))?, j)?)
+                };
+                let (mx, sum) = self.lse_reductions(&mut tm, v, z)?;
+                tm.phase(1, |g, l| {
+                    // ln of the f64 sum rounded to f32, as the one-thread kernel.
+                    let ls = g.call(g.log_fn()?, &[g.stat32(l, t, sum)?])?;
+                    let lse = g.fadd(g.stat(l, t, mx)?, g.ext(ls)?)?;
+                    let target = g.ldi(l.ins[1], l.row)?;
+                    let inside =
+                        e(g.b.build_int_compare(IntPredicate::ULT, target, g.i64c(v), ""))?;
+                    g.stf(l.outs[0], l.row, g.fconst(f32::NAN))?;
+                    g.when(inside, |g| {
+                        let zt = g.ext(z(g, l, target)?)?;
+                        g.stf(l.outs[0], l.row, g.trunc(g.fsub(lse, zt)?)?)
+                    })
+                })?;
+            }
+            Body::MeanOf { count } => {
+                let n = k.inputs[0].len();
+                let s = tm.reduce(n, &[Comb::Sum], |g, l, r| {
+                    Ok(vec![g.ext(g.ldf(l.ins[0], r)?)?])
+                })?[0];
+                tm.phase(1, |g, l| {
+                    let m = g.fdiv(g.stat(l, t, s)?, g.dconst(*count as f64))?;
+                    g.stf(l.outs[0], l.row, g.trunc(m)?)
+                })?;
+            }
+            Body::XentGrad { count } => {
+                let v = classes(&k.inputs[1]);
+                let at = move |g: &Gen<'ctx>, l: &Lane<'ctx>, j: IntValue<'ctx>| {
+                    g.add_i(g.mul_i(l.row, g.i64c(v))?, j)
+                };
+                let z = move |g: &Gen<'ctx>, l: &Lane<'ctx>, j: IntValue<'ctx>| {
+                    g.ldf(l.ins[1], at(g, l, j)?)
+                };
+                let (mx, sum) = self.lse_reductions(&mut tm, v, z)?;
+                tm.each(v, |g, l, j| {
+                    let dl = g.ldf(l.ins[0], g.i64c(0))?;
+                    let scale = g.fdiv(dl, g.fconst(*count as f32))?;
+                    let inv = g.fdiv(g.fconst(1.0), g.stat32(l, t, sum)?)?;
+                    let m = g.stat32(l, t, mx)?;
+                    let y = g.call(g.exp_fn()?, &[g.fsub(z(g, l, j)?, m)?])?;
+                    let y = g.fmul(y, inv)?;
+                    let target = g.ldi(l.ins[2], l.row)?;
+                    let hit = e(g.b.build_int_compare(IntPredicate::EQ, j, target, ""))?;
+                    let y = e(g.b.build_select(hit, g.fsub(y, g.fconst(1.0))?, y, ""))?
+                        .into_float_value();
+                    g.stf(l.outs[0], at(g, l, j)?, g.fmul(y, scale)?)
+                })?;
+            }
+            Body::XentGradLse { count, sharded } => {
+                // ins: dloss, logits [rows, v], targets, lse [rows, 1] (, offset).
+                let v = classes(&k.inputs[1]);
+                let sharded = *sharded;
+                tm.each(v, |g, l, j| {
+                    let dl = g.ldf(l.ins[0], g.i64c(0))?;
+                    let scale = g.fdiv(dl, g.fconst(*count as f32))?;
+                    let lse = g.ldf(l.ins[3], l.row)?;
+                    let off = if sharded {
+                        g.ldi(l.ins[4], g.i64c(0))?
+                    } else {
+                        g.i64c(0)
+                    };
+                    let col = g.e_sub(g.ldi(l.ins[2], l.row)?, off)?;
+                    let at = g.add_i(g.mul_i(l.row, g.i64c(v))?, j)?;
+                    let y = g.call(g.exp_fn()?, &[g.fsub(g.ldf(l.ins[1], at)?, lse)?])?;
+                    let y = g.fmul(y, scale)?;
+                    let hit = e(g.b.build_int_compare(IntPredicate::EQ, j, col, ""))?;
+                    let y = e(g.b.build_select(hit, g.fsub(y, scale)?, y, ""))?.into_float_value();
+                    g.stf(l.outs[0], at, y)
+                })?;
+            }
+            _ => return Err(format!("kernel {} has no team form", k.name)),
+        }
+        self.teams
+            .borrow_mut()
+            .insert(k.name.clone(), (t, tm.active));
+        Ok(())
+    }
+
+    /// A row's maximum and its sum of `exp(z - max)` (f32 exponentials summed in f64),
+    /// the log-sum-exp's reductions.
+    fn lse_reductions(
+        &self,
+        tm: &mut Team<'_, 'ctx>,
+        v: usize,
+        z: impl Fn(&Gen<'ctx>, &Lane<'ctx>, IntValue<'ctx>) -> R<FloatValue<'ctx>> + Copy,
+    ) -> R<(usize, usize)> {
+        let t = tm.t;
+        let mx = tm.reduce(v, &[Comb::Max], |g, l, j| Ok(vec![g.ext(z(g, l, j)?)?]))?[0];
+        let sum = tm.reduce(v, &[Comb::Sum], |g, l, j| {
+            let m = g.stat32(l, t, mx)?;
+            Ok(vec![
+                g.ext(g.call(g.exp_fn()?, &[g.fsub(z(g, l, j)?, m)?])?)?
+            ])
+        })?[0];
+        Ok((mx, sum))
+    }
+}
+
+impl<'ctx> Gen<'ctx> {
+    /// A phase of team kernel `name`.
+    fn phase_fn(&self, name: &str, p: usize) -> R<inkwell::values::FunctionValue<'ctx>> {
+        self.module
+            .get_function(&format!("{name}.p{p}"))
+            .ok_or_else(|| format!("no phase {p} for kernel {name}"))
+    }
+
+    /// The PTX entry of a team kernel: block `ctaid.x` computes row `ctaid.x` (blocks at
+    /// or past `n` do nothing, every thread of them alike), thread `tid.x` is its lane;
+    /// the phases in order, a barrier between each two.
+    pub(super) fn team_ptx_entry(&self, name: &str, buffers: usize, phases: usize) -> R<()> {
+        let i32t = self.ctx.i32_type();
+        let i64t = self.ctx.i64_type();
+        let global = self.ctx.ptr_type(AddressSpace::from(1u16));
+        let generic = self.ctx.ptr_type(AddressSpace::default());
+        let mut params: Vec<BasicMetadataTypeEnum> = vec![global.into(); buffers];
+        params.push(i64t.into());
+        let f = self
+            .module
+            .add_function(name, self.ctx.void_type().fn_type(&params, false), None);
+        f.set_call_conventions(71); // ptx_kernel
+        let words = shared_words(crate::kernel::TEAM_MAX);
+        let sh = match self.module.get_global("nns_team_sh") {
+            Some(g) => g,
+            None => {
+                let ty = self.ctx.f64_type().array_type(words as u32);
+                let g = self
+                    .module
+                    .add_global(ty, Some(AddressSpace::from(3u16)), "nns_team_sh");
+                g.set_linkage(Linkage::Internal);
+                g.set_initializer(&ty.get_undef());
+                g.set_alignment(8);
+                g
+            }
+        };
+        let entry = self.ctx.append_basic_block(f, "entry");
+        let run = self.ctx.append_basic_block(f, "run");
+        let done = self.ctx.append_basic_block(f, "done");
+        self.b.position_at_end(entry);
+        let sreg = |r: &str| -> R<IntValue<'ctx>> {
+            let name = format!("llvm.nvvm.read.ptx.sreg.{r}");
+            let f = self.module.get_function(&name).unwrap_or_else(|| {
+                self.module
+                    .add_function(&name, i32t.fn_type(&[], false), None)
+            });
+            let v = e(self.b.build_call(f, &[], ""))?
+                .try_as_basic_value()
+                .basic()
+                .ok_or("special register read returned nothing")?
+                .into_int_value();
+            e(self.b.build_int_z_extend(v, i64t, ""))
+        };
+        let (row, lane) = (sreg("ctaid.x")?, sreg("tid.x")?);
+        let n = f
+            .get_nth_param(buffers as u32)
+            .ok_or("no length")?
+            .into_int_value();
+        let inside = e(self.b.build_int_compare(IntPredicate::ULT, row, n, ""))?;
+        e(self.b.build_conditional_branch(inside, run, done))?;
+        self.b.position_at_end(run);
+        let shp = e(self
+            .b
+            .build_address_space_cast(sh.as_pointer_value(), generic, ""))?;
+        let mut args: Vec<inkwell::values::BasicMetadataValueEnum> =
+            vec![row.into(), lane.into(), shp.into()];
+        for j in 0..buffers {
+            let p = f
+                .get_nth_param(j as u32)
+                .ok_or("missing buffer")?
+                .into_pointer_value();
+            args.push(e(self.b.build_address_space_cast(p, generic, ""))?.into());
+        }
+        let barrier = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.barrier0")
+            .and_then(|i| i.get_declaration(&self.module, &[]))
+            .ok_or("LLVM has no llvm.nvvm.barrier0")?;
+        for p in 0..phases {
+            if p > 0 {
+                e(self.b.build_call(barrier, &[], ""))?;
+            }
+            e(self.b.build_call(self.phase_fn(name, p)?, &args, ""))?;
+        }
+        e(self.b.build_unconditional_branch(done))?;
+        self.b.position_at_end(done);
+        e(self.b.build_return(None))?;
+        Ok(())
+    }
+
+    /// The host entry of a team kernel `name.host(ptr args, i64 n)`: for every row below
+    /// `n`, each phase run by its lanes in turn (a loop where the GPU has a barrier).
+    pub(super) fn team_host_entry(
+        &self,
+        name: &str,
+        buffers: usize,
+        t: usize,
+        active: &[usize],
+    ) -> R<()> {
+        let i64t = self.ctx.i64_type();
+        let ptr = self.ctx.ptr_type(AddressSpace::default());
+        let f = self.module.add_function(
+            &format!("{name}.host"),
+            self.ctx
+                .void_type()
+                .fn_type(&[ptr.into(), i64t.into()], false),
+            None,
+        );
+        let entry = self.ctx.append_basic_block(f, "entry");
+        self.b.position_at_end(entry);
+        let argv = f.get_nth_param(0).ok_or("no args")?.into_pointer_value();
+        let n = f.get_nth_param(1).ok_or("no length")?.into_int_value();
+        let sh = self.entry_alloca(
+            self.ctx
+                .f64_type()
+                .array_type(shared_words(t) as u32)
+                .into(),
+        )?;
+        let mut bufs = Vec::new();
+        for j in 0..buffers {
+            // SAFETY of the generated code: `args` holds `buffers` pointers.
+            let slot = e(unsafe { self.b.build_in_bounds_gep(ptr, argv, &[self.i64c(j)], "") })?;
+            bufs.push(e(self.b.build_load(ptr, slot, ""))?);
+        }
+        self.for_range(n, |g, row| {
+            for (p, &lanes) in active.iter().enumerate() {
+                let phase = g.phase_fn(name, p)?;
+                g.for_range(g.i64c(lanes), |g, lane| {
+                    let mut args: Vec<inkwell::values::BasicMetadataValueEnum> =
+                        vec![row.into(), lane.into(), sh.into()];
+                    args.extend(
+                        bufs.iter()
+                            .map(|&b| inkwell::values::BasicMetadataValueEnum::from(b)),
+                    );
+                    e(g.b.build_call(phase, &args, "")).map(|_| ())
+                })?;
+            }
+            Ok(())
+        })?;
+        e(self.b.build_return(None))?;
+        Ok(())
+    }
+}
