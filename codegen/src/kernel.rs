@@ -177,6 +177,12 @@ pub enum Body {
     },
     /// Column `i` of an embedding's gradient: `dy, ids -> table`, tokens in order.
     EmbeddingGrad,
+    /// Row `i` of an embedding's gradient (`dy, ids -> table`), a team kernel: each lane
+    /// owns columns `lane, lane + t, ...` and sums, for each, the `dy` of the tokens
+    /// whose id is `i`, in token order (the reference's order, so the same bits). Every
+    /// row reads every id: for tables of up to [`EMBED_ROWS_MAX`] elements, where that
+    /// costs less than the column kernel's one dependent read-modify-write per token.
+    EmbeddingGradRows,
     /// Row `i`'s cross-entropy `lse - logit[target]` (f64 sums): `logits, targets -> loss`.
     XentRows,
     /// The mean of the row losses (`count` rows), one thread: `loss -> mean`.
@@ -358,6 +364,12 @@ pub const SPLIT_PART: usize = 4096;
 /// Parts per output of a split reduction, at most.
 pub const SPLIT_PARTS: usize = 1024;
 
+/// The largest embedding table whose gradient is computed by rows
+/// ([`Body::EmbeddingGradRows`]): each row scans every token id, `rows x columns x tokens`
+/// steps in all, against the column kernel's `tokens` dependent updates per thread (on a
+/// GPU, about 400 cycles each); they cost the same near 2^21 elements.
+pub const EMBED_ROWS_MAX: usize = 1 << 21;
+
 /// The shortest line a team of threads computes (shorter ones: one thread each).
 pub const TEAM_MIN: usize = 64;
 /// The largest team (threads of one GPU block).
@@ -388,6 +400,10 @@ impl Kernel {
             }
             Body::MeanOf { .. } => first(&self.inputs),
             Body::ReducePart { .. } => return TEAM_MAX,
+            Body::EmbeddingGradRows => {
+                let w = self.outputs.first().map_or(1, |b| b.shape[1]);
+                return w.next_power_of_two().clamp(32, TEAM_MAX);
+            }
             _ => return 1,
         };
         if line < TEAM_MIN {
@@ -798,6 +814,9 @@ pub fn lower(
                 )],
                 launches: vec![(0, slots)],
             });
+        }
+        "dnn.embedding_grad" if out0.len() <= EMBED_ROWS_MAX => {
+            kernel(Body::EmbeddingGradRows, out0.shape[0])
         }
         "dnn.embedding_grad" => kernel(Body::EmbeddingGrad, out0.shape[1]),
         "dnn.cross_entropy" => {

@@ -801,8 +801,8 @@ impl<'ctx> Gen<'ctx> {
                 };
                 self.stf(outs[0], i, v)?;
             }
-            Body::ReducePart { .. } => {
-                return Err(format!("{}: a partial reduction is a team kernel", k.name))
+            Body::ReducePart { .. } | Body::EmbeddingGradRows => {
+                return Err(format!("{} is a team kernel", k.name))
             }
             Body::Lines { op, dim } => {
                 let shape = &k.inputs[0].shape;

@@ -495,6 +495,12 @@ fn op_cases() -> Vec<Case> {
             attrs(&[("dims", Ints(vec![-1]))]),
             vec![ty(&[4, 130])],
         ),
+        // A table above EMBED_ROWS_MAX: its gradient by columns.
+        (
+            "dnn.embedding_grad",
+            attrs(&[("vocab", Int(4097))]),
+            vec![ty(&[2, 5, 512]), ids(&[2, 5])],
+        ),
         // Few outputs over long lines: split into parts (the last one short).
         (
             "dnn.sum",
@@ -592,6 +598,7 @@ fn team_form(b: &Body) -> String {
         Body::XentGrad { .. } => "XentGrad".into(),
         Body::XentGradLse { .. } => "XentGradLse".into(),
         Body::ReducePart { op, .. } => format!("ReducePart {op:?}"),
+        Body::EmbeddingGradRows => "EmbeddingGradRows".into(),
         other => format!("{other:?}"),
     }
 }
@@ -704,6 +711,7 @@ fn every_covered_op_matches_the_reference() {
         "XentGradLse",
         "ReducePart Sum",
         "ReducePart Max",
+        "EmbeddingGradRows",
     ] {
         assert!(forms.contains(f), "no team kernel for {f} (has {forms:?})");
     }
@@ -1076,15 +1084,15 @@ fn whole_step_in(name: &str, vocab: i64, bf16: bool) {
         .run_program(&p, ins.iter().map(data).collect())
         .unwrap();
     let mut worst = 0.0f64;
+    let mut over = Vec::new();
     for ((o, w), gv) in g.outputs.iter().zip(&want).zip(&got) {
         let err = error_floor(gv.f32().unwrap(), w.f().unwrap(), 1.0);
-        assert!(
-            err <= 1e-5,
-            "{name}: {} differs by {err:.2e}",
-            o.name().unwrap_or("?")
-        );
+        if err > 1e-5 {
+            over.push(format!("{} {err:.2e}", o.name().unwrap_or("?")));
+        }
         worst = worst.max(err);
     }
+    assert!(over.is_empty(), "{name}: {over:?}");
     let teams = p.kernels.iter().filter(|k| k.team() > 1).count();
     assert!(
         teams > 0,

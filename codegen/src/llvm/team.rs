@@ -513,6 +513,28 @@ impl<'ctx> Gen<'ctx> {
                     })
                 })?;
             }
+            Body::EmbeddingGradRows => {
+                let w = k.outputs[0].shape[1];
+                let tokens = k.inputs[1].len();
+                tm.each(w, |g, l, c| {
+                    let f32t = g.ctx.f32_type();
+                    let acc = g.var(g.fconst(0.0).into())?;
+                    g.for_range(g.i64c(tokens), |g, tk| {
+                        let hit = e(g.b.build_int_compare(
+                            IntPredicate::EQ,
+                            g.ldi(l.ins[1], tk)?,
+                            l.row,
+                            "",
+                        ))?;
+                        g.when(hit, |g| {
+                            let d = g.ldf(l.ins[0], g.add_i(g.mul_i(tk, g.i64c(w))?, c)?)?;
+                            g.set(acc, g.fadd(g.getf(acc, f32t)?, d)?)
+                        })
+                    })?;
+                    let at = g.add_i(g.mul_i(l.row, g.i64c(w))?, c)?;
+                    g.stf(l.outs[0], at, g.getf(acc, f32t)?)
+                })?;
+            }
             Body::MeanOf { count } => {
                 let n = k.inputs[0].len();
                 let s = tm.reduce(n, &[Comb::Sum], |g, l, r| {
