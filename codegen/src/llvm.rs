@@ -1786,6 +1786,21 @@ impl<'ctx> Gen<'ctx> {
         Ok((self.trunc(mean)?, self.trunc(r)?))
     }
 
+    /// A PTX special register (`tid.x`, `ctaid.x`, ...), read and widened to i64.
+    fn sreg(&self, r: &str) -> R<IntValue<'ctx>> {
+        let name = format!("llvm.nvvm.read.ptx.sreg.{r}");
+        let f = self.module.get_function(&name).unwrap_or_else(|| {
+            self.module
+                .add_function(&name, self.ctx.i32_type().fn_type(&[], false), None)
+        });
+        let v = e(self.b.build_call(f, &[], ""))?
+            .try_as_basic_value()
+            .basic()
+            .ok_or("special register read returned nothing")?
+            .into_int_value();
+        e(self.b.build_int_z_extend(v, self.ctx.i64_type(), ""))
+    }
+
     /// Adds the PTX entry of a kernel whose body takes `buffers` pointers.
     pub fn ptx_entry(&self, name: &str, buffers: usize) -> R<()> {
         if let Some((_, active)) = self.teams.borrow().get(name) {
@@ -1795,7 +1810,6 @@ impl<'ctx> Gen<'ctx> {
             .module
             .get_function(&format!("{name}.body"))
             .ok_or_else(|| format!("no body for kernel {name}"))?;
-        let i32t = self.ctx.i32_type();
         let i64t = self.ctx.i64_type();
         let global = self.ctx.ptr_type(AddressSpace::from(1u16));
         let generic = self.ctx.ptr_type(AddressSpace::default());
@@ -1809,20 +1823,11 @@ impl<'ctx> Gen<'ctx> {
         let run = self.ctx.append_basic_block(f, "run");
         let done = self.ctx.append_basic_block(f, "done");
         self.b.position_at_end(entry);
-        let sreg = |r: &str| -> R<IntValue<'ctx>> {
-            let name = format!("llvm.nvvm.read.ptx.sreg.{r}");
-            let f = self.module.get_function(&name).unwrap_or_else(|| {
-                self.module
-                    .add_function(&name, i32t.fn_type(&[], false), None)
-            });
-            let v = e(self.b.build_call(f, &[], ""))?
-                .try_as_basic_value()
-                .basic()
-                .ok_or("special register read returned nothing")?
-                .into_int_value();
-            e(self.b.build_int_z_extend(v, i64t, ""))
-        };
-        let (ctaid, ntid, tid) = (sreg("ctaid.x")?, sreg("ntid.x")?, sreg("tid.x")?);
+        let (ctaid, ntid, tid) = (
+            self.sreg("ctaid.x")?,
+            self.sreg("ntid.x")?,
+            self.sreg("tid.x")?,
+        );
         let i = e(self
             .b
             .build_int_add(e(self.b.build_int_mul(ctaid, ntid, ""))?, tid, "i"))?;

@@ -630,7 +630,6 @@ impl<'ctx> Gen<'ctx> {
     /// or past `n` do nothing, every thread of them alike), thread `tid.x` is its lane;
     /// the phases in order, a barrier between each two.
     pub(super) fn team_ptx_entry(&self, name: &str, buffers: usize, phases: usize) -> R<()> {
-        let i32t = self.ctx.i32_type();
         let i64t = self.ctx.i64_type();
         let global = self.ctx.ptr_type(AddressSpace::from(1u16));
         let generic = self.ctx.ptr_type(AddressSpace::default());
@@ -658,20 +657,7 @@ impl<'ctx> Gen<'ctx> {
         let run = self.ctx.append_basic_block(f, "run");
         let done = self.ctx.append_basic_block(f, "done");
         self.b.position_at_end(entry);
-        let sreg = |r: &str| -> R<IntValue<'ctx>> {
-            let name = format!("llvm.nvvm.read.ptx.sreg.{r}");
-            let f = self.module.get_function(&name).unwrap_or_else(|| {
-                self.module
-                    .add_function(&name, i32t.fn_type(&[], false), None)
-            });
-            let v = e(self.b.build_call(f, &[], ""))?
-                .try_as_basic_value()
-                .basic()
-                .ok_or("special register read returned nothing")?
-                .into_int_value();
-            e(self.b.build_int_z_extend(v, i64t, ""))
-        };
-        let (row, lane) = (sreg("ctaid.x")?, sreg("tid.x")?);
+        let (row, lane) = (self.sreg("ctaid.x")?, self.sreg("tid.x")?);
         let n = f
             .get_nth_param(buffers as u32)
             .ok_or("no length")?
