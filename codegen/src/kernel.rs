@@ -264,6 +264,23 @@ pub enum Body {
     /// Key row `i` of `dk` and `dv` (every query head of its group, rows in order):
     /// `dout, q, k, v, stats -> dk, dv`.
     AttnDkDv(Attn),
+    /// Attention by tiles, a team kernel: block `r` is query tile `r % q_tiles` of head
+    /// `r / q_tiles` ([`Tiles`]), a lane per query row; the keys, then the values, are
+    /// staged a tile at a time in shared memory, and each lane keeps its row's scores in
+    /// its own memory, so each score is computed once (the row kernel scores a key three
+    /// times: maximum, sum, weights). The arithmetic is [`Body::Attention`]'s, in its
+    /// order: the same bits. `q, k, v -> out`.
+    AttnTiles(Attn),
+    /// Attention's backward statistics and `dq` by query tiles (as [`Body::AttnTiles`]):
+    /// scores and `dP` once per key, then the row's statistics, then `dq` from a second
+    /// pass over key tiles. `dout, q, k, v -> stats, dq`, [`Body::AttnStats`] and
+    /// [`Body::AttnDq`] in one kernel, with their bits.
+    AttnTilesBack(Attn),
+    /// `dk, dv` by key tiles: block `r` is key tile `r % k_tiles` of key/value head
+    /// `r / k_tiles`, a lane per key row, the queries (their `q`, `dO` and statistics)
+    /// staged a tile at a time in shared memory, heads of the group then positions in
+    /// order, as [`Body::AttnDkDv`]. `dout, q, k, v, stats -> dk, dv`.
+    AttnTilesKv(Attn),
 }
 
 /// A (batched) matrix product `out[b] = A[b] B[b]`, row-major operands; `A` is
@@ -313,7 +330,91 @@ pub struct Attn {
     pub q_offset: bool,
 }
 
+/// Rows per tile of a tiled attention at most, and the lanes of its teams.
+pub const ATTN_TILE: usize = 64;
+/// The f32 words of a tiled attention's shared array at most (48 KiB, the static shared
+/// memory a block may have).
+pub const ATTN_TILE_WORDS: usize = 12288;
+/// The longest key sequence a tiled attention takes: each lane keeps a score (and in the
+/// backward a `dP`) per key in its own memory, which on a GPU is reserved for every
+/// resident thread (up to 10 KiB each here); longer ones use the row kernels.
+pub const ATTN_TILE_KEYS: usize = 1024;
+
+/// How a tiled attention's work is cut ([`Attn::tiles`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tiles {
+    /// Lanes (query rows) per block of the forward and of the backward's `dq` kernel.
+    pub q_lanes: usize,
+    /// Key rows per shared tile of the forward (keys, then values).
+    pub fwd_rows: usize,
+    /// Key rows per shared tile of the backward's `dq` kernel (keys and values at once).
+    pub back_rows: usize,
+    /// Lanes (key rows) per block of the `dk`/`dv` kernel.
+    pub k_lanes: usize,
+    /// Query rows per shared tile of the `dk`/`dv` kernel (`q`, `dO`, statistics).
+    pub kv_rows: usize,
+}
+
+impl Tiles {
+    /// Query tiles of a head.
+    pub fn q_tiles(&self, a: &Attn) -> usize {
+        a.s.div_ceil(self.q_lanes)
+    }
+    /// Key tiles of a key/value head.
+    pub fn k_tiles(&self, a: &Attn) -> usize {
+        a.t.div_ceil(self.k_lanes)
+    }
+}
+
+/// A team for `n` rows: a power of two, 32 (a warp) to [`ATTN_TILE`].
+fn tile_lanes(n: usize) -> usize {
+    n.next_power_of_two().clamp(32, ATTN_TILE)
+}
+
+/// Rows of `width` words per shared tile: up to `lanes`, halved until the tile fits
+/// [`ATTN_TILE_WORDS`].
+fn tile_rows(lanes: usize, width: usize) -> Option<usize> {
+    let mut r = lanes;
+    while r > 0 && r * width > ATTN_TILE_WORDS {
+        r /= 2;
+    }
+    (r > 0).then_some(r)
+}
+
+/// Which kernels an attention gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnForm {
+    /// One thread per query (or key) row ([`Body::Attention`], [`Body::AttnStats`], ...).
+    Rows,
+    /// Team kernels over tiles ([`Body::AttnTiles`], ...).
+    Tiles,
+}
+
 impl Attn {
+    /// The tiling of this attention, or `None` where it takes the row kernels: keys past
+    /// [`ATTN_TILE_KEYS`], or rows too wide for a shared tile of one row.
+    pub fn tiles(&self) -> Option<Tiles> {
+        if self.t > ATTN_TILE_KEYS {
+            return None;
+        }
+        let (q_lanes, k_lanes) = (tile_lanes(self.s), tile_lanes(self.t));
+        Some(Tiles {
+            q_lanes,
+            fwd_rows: tile_rows(q_lanes, self.d.max(self.e))?,
+            back_rows: tile_rows(q_lanes, self.d + self.e)?,
+            k_lanes,
+            kv_rows: tile_rows(k_lanes, self.d + self.e + 3)?,
+        })
+    }
+
+    /// The kernels chosen for this shape: tiles where [`Attn::tiles`] has them.
+    pub fn form(&self) -> AttnForm {
+        match self.tiles() {
+            Some(_) => AttnForm::Tiles,
+            None => AttnForm::Rows,
+        }
+    }
+
     fn of(attrs: &Attrs, q: &Buf, k: &Buf, v: &Buf) -> Result<Self, String> {
         for (b, what) in [(q, "query"), (k, "key"), (v, "value")] {
             if b.shape.len() != 4 {
@@ -404,6 +505,8 @@ impl Kernel {
                 let w = self.outputs.first().map_or(1, |b| b.shape[1]);
                 return w.next_power_of_two().clamp(32, TEAM_MAX);
             }
+            Body::AttnTiles(a) | Body::AttnTilesBack(a) => return tile_lanes(a.s),
+            Body::AttnTilesKv(a) => return tile_lanes(a.t),
             _ => return 1,
         };
         if line < TEAM_MIN {
@@ -1134,97 +1237,158 @@ pub fn lower(
                 out0.len(),
             )
         }
-        "dnn.attention" => {
-            let a = Attn::of(attrs, &ins[0], &ins[1], &ins[2])?;
-            let Some((off, axes)) = query_offset(attrs, &a)? else {
-                return Ok(Lowered::one(kernel(Body::Attention(a), a.b * a.h * a.s)));
-            };
-            return Ok(Lowered {
-                kernels: vec![Kernel {
-                    name: name.to_string(),
-                    body: Body::Attention(a),
-                    inputs: [ins, &[off.clone()][..]].concat(),
-                    outputs: outs.to_vec(),
-                    len: a.b * a.h * a.s,
-                }],
-                temps: Vec::new(),
-                consts: vec![(off, axes)],
-                launches: vec![(
-                    0,
-                    vec![
-                        Slot::In(0),
-                        Slot::In(1),
-                        Slot::In(2),
-                        Slot::Const(0),
-                        Slot::Out(0),
-                    ],
-                )],
-            });
-        }
-        "dnn.attention_grad" => {
-            // dout, q, k, v -> dq, dk, dv: row statistics, then dq by query row and dk, dv
-            // by key row (no two threads add into one element).
-            let a = Attn::of(attrs, &ins[1], &ins[2], &ins[3])?;
-            let rows = a.b * a.h * a.s;
-            let stats = Buf::f32(&[rows, 3]);
-            let mut with_stats = ins.to_vec();
-            with_stats.push(stats.clone());
-            let mut reads = vec![
-                Slot::In(0),
-                Slot::In(1),
-                Slot::In(2),
-                Slot::In(3),
-                Slot::Temp(0),
-            ];
-            // On a shard of the positions, each kernel's last input is its offset.
-            let offset = query_offset(attrs, &a)?;
-            let mut stats_ins = ins.to_vec();
-            let mut stats_slots = reads[..4].to_vec();
-            let mut consts = Vec::new();
-            if let Some((off, axes)) = offset {
-                stats_ins.push(off.clone());
-                with_stats.push(off.clone());
-                stats_slots.push(Slot::Const(0));
-                reads.push(Slot::Const(0));
-                consts.push((off, axes));
-            }
-            stats_slots.push(Slot::Temp(0));
-            return Ok(Lowered {
-                kernels: vec![
-                    Kernel {
-                        name: format!("{name}_stats"),
-                        body: Body::AttnStats(a),
-                        inputs: stats_ins,
-                        outputs: vec![stats.clone()],
-                        len: rows,
-                    },
-                    Kernel {
-                        name: format!("{name}_dq"),
-                        body: Body::AttnDq(a),
-                        inputs: with_stats.clone(),
-                        outputs: vec![outs[0].clone()],
-                        len: rows,
-                    },
-                    Kernel {
-                        name: format!("{name}_dkdv"),
-                        body: Body::AttnDkDv(a),
-                        inputs: with_stats,
-                        outputs: vec![outs[1].clone(), outs[2].clone()],
-                        len: a.b * a.g * a.t,
-                    },
-                ],
-                temps: vec![stats],
-                consts,
-                launches: vec![
-                    (0, stats_slots),
-                    (1, [&reads[..], &[Slot::Out(0)]].concat()),
-                    (2, [&reads[..], &[Slot::Out(1), Slot::Out(2)]].concat()),
-                ],
-            });
+        "dnn.attention" | "dnn.attention_grad" => {
+            return lower_attention(name, op, attrs, ins, outs, None);
         }
         _ => return Err(format!("no GPU kernel for '{op}' yet")),
     };
     Ok(Lowered::one(k))
+}
+
+/// An attention's kernels (`dnn.attention`, `dnn.attention_grad`) in `form`, or the one
+/// its shape gets ([`Attn::form`]) where `form` is `None`. Both forms compute the same
+/// bits; the row form stays for long sequences (and is tested against the tiles).
+pub fn lower_attention(
+    name: &str,
+    op: &str,
+    attrs: &Attrs,
+    ins: &[Buf],
+    outs: &[Buf],
+    form: Option<AttnForm>,
+) -> Result<Lowered, String> {
+    let grad = match op {
+        "dnn.attention" => false,
+        "dnn.attention_grad" => true,
+        _ => return Err(format!("'{op}' is not an attention")),
+    };
+    let (need, results) = if grad { (4, 3) } else { (3, 1) };
+    if ins.len() < need || outs.len() < results {
+        return Err(format!(
+            "'{op}' needs {need} operands and {results} results"
+        ));
+    }
+    let qi = usize::from(grad);
+    let a = Attn::of(attrs, &ins[qi], &ins[qi + 1], &ins[qi + 2])?;
+    let form = form.unwrap_or_else(|| a.form());
+    let tiles = match form {
+        AttnForm::Tiles => Some(
+            a.tiles()
+                .ok_or_else(|| format!("'{op}': this shape has no tiled kernels"))?,
+        ),
+        AttnForm::Rows => None,
+    };
+    // On a shard of the positions, each kernel's last input is its offset.
+    let offset = query_offset(attrs, &a)?;
+    let mut consts = Vec::new();
+    let mut extra = Vec::new();
+    let mut extra_slots = Vec::new();
+    if let Some((off, axes)) = offset {
+        extra.push(off.clone());
+        extra_slots.push(Slot::Const(0));
+        consts.push((off, axes));
+    }
+    let op_slots: Vec<Slot> = (0..ins.len()).map(Slot::In).collect();
+    let rows = a.b * a.h * a.s;
+    if !grad {
+        let (body, len) = match tiles {
+            Some(t) => (Body::AttnTiles(a), a.b * a.h * t.q_tiles(&a)),
+            None => (Body::Attention(a), rows),
+        };
+        return Ok(Lowered {
+            kernels: vec![Kernel {
+                name: name.to_string(),
+                body,
+                inputs: [ins, &extra[..]].concat(),
+                outputs: outs.to_vec(),
+                len,
+            }],
+            temps: Vec::new(),
+            consts,
+            launches: vec![(
+                0,
+                [&op_slots[..], &extra_slots[..], &[Slot::Out(0)]].concat(),
+            )],
+        });
+    }
+    // dout, q, k, v -> dq, dk, dv: row statistics (a temporary) and dq by query row, then
+    // dk, dv by key row (no two threads add into one element).
+    let stats = Buf::f32(&[rows, 3]);
+    let plain = [ins, &extra[..]].concat();
+    let with_stats = [ins, &[stats.clone()][..], &extra[..]].concat();
+    let plain_slots = [&op_slots[..], &extra_slots[..]].concat();
+    let stats_slots = [&op_slots[..], &[Slot::Temp(0)][..], &extra_slots[..]].concat();
+    let kernel = |suffix: &str, body: Body, inputs: &[Buf], outputs: Vec<Buf>, len: usize| Kernel {
+        name: format!("{name}_{suffix}"),
+        body,
+        inputs: inputs.to_vec(),
+        outputs,
+        len,
+    };
+    let (dq, dk, dv) = (outs[0].clone(), outs[1].clone(), outs[2].clone());
+    let kv_rows = a.b * a.g * a.t;
+    let (kernels, launches) = match tiles {
+        Some(t) => (
+            vec![
+                kernel(
+                    "back",
+                    Body::AttnTilesBack(a),
+                    &plain,
+                    vec![stats.clone(), dq],
+                    a.b * a.h * t.q_tiles(&a),
+                ),
+                kernel(
+                    "dkdv",
+                    Body::AttnTilesKv(a),
+                    &with_stats,
+                    vec![dk, dv],
+                    a.b * a.g * t.k_tiles(&a),
+                ),
+            ],
+            vec![
+                (
+                    0,
+                    [&plain_slots[..], &[Slot::Temp(0), Slot::Out(0)]].concat(),
+                ),
+                (
+                    1,
+                    [&stats_slots[..], &[Slot::Out(1), Slot::Out(2)]].concat(),
+                ),
+            ],
+        ),
+        None => (
+            vec![
+                kernel(
+                    "stats",
+                    Body::AttnStats(a),
+                    &plain,
+                    vec![stats.clone()],
+                    rows,
+                ),
+                kernel("dq", Body::AttnDq(a), &with_stats, vec![dq], rows),
+                kernel(
+                    "dkdv",
+                    Body::AttnDkDv(a),
+                    &with_stats,
+                    vec![dk, dv],
+                    kv_rows,
+                ),
+            ],
+            vec![
+                (0, [&plain_slots[..], &[Slot::Temp(0)]].concat()),
+                (1, [&stats_slots[..], &[Slot::Out(0)]].concat()),
+                (
+                    2,
+                    [&stats_slots[..], &[Slot::Out(1), Slot::Out(2)]].concat(),
+                ),
+            ],
+        ),
+    };
+    Ok(Lowered {
+        kernels,
+        temps: vec![stats],
+        consts,
+        launches,
+    })
 }
 
 /// On a shard of the positions (`seq_axes`): the i64 offset input of an attention's

@@ -20,8 +20,10 @@
 //! clipping's factor, rotary, dropout, the vocabulary-parallel pieces,
 //! slice, pad, concat, split, broadcast_to, max_grad: every dnn op ([`kernel::covered`]).
 //! Reductions along lines of 64 or more elements are team kernels (one GPU block per
-//! line, `llvm/team.rs`). Not built yet (issue 13): tiled attention, 2-byte bf16 buffers
-//! (bf16 values live in f32 buffers, rounded where stored).
+//! line, `llvm/team.rs`); attention over key sequences up to 1024 is tiled (team kernels
+//! staging key/value or query tiles in shared memory, `llvm/tiles.rs`). Not built yet
+//! (issue 13): 2-byte bf16 buffers (bf16 values live in f32 buffers, rounded where
+//! stored), an online-softmax attention.
 
 pub mod artifact;
 pub mod kernel;

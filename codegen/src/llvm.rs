@@ -35,6 +35,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 mod team;
+mod tiles;
 
 /// Errors of the LLVM builder, as messages.
 pub type R<T> = Result<T, String>;
@@ -50,9 +51,8 @@ pub struct Gen<'ctx> {
     /// The module the kernels go into.
     pub module: Module<'ctx>,
     b: Builder<'ctx>,
-    /// The team kernels built ([`Kernel::team`] > 1): their team size and the lanes each
-    /// phase runs on, for the entries.
-    teams: RefCell<HashMap<String, (usize, Vec<usize>)>>,
+    /// The team kernels built ([`Kernel::team`] > 1): how their entries run them.
+    teams: RefCell<HashMap<String, team::Plan>>,
 }
 
 impl std::fmt::Debug for Gen<'_> {
@@ -801,9 +801,11 @@ impl<'ctx> Gen<'ctx> {
                 };
                 self.stf(outs[0], i, v)?;
             }
-            Body::ReducePart { .. } | Body::EmbeddingGradRows => {
-                return Err(format!("{} is a team kernel", k.name))
-            }
+            Body::ReducePart { .. }
+            | Body::EmbeddingGradRows
+            | Body::AttnTiles(_)
+            | Body::AttnTilesBack(_)
+            | Body::AttnTilesKv(_) => return Err(format!("{} is a team kernel", k.name)),
             Body::Lines { op, dim } => {
                 let shape = &k.inputs[0].shape;
                 let n: usize = shape[*dim];
@@ -1803,8 +1805,8 @@ impl<'ctx> Gen<'ctx> {
 
     /// Adds the PTX entry of a kernel whose body takes `buffers` pointers.
     pub fn ptx_entry(&self, name: &str, buffers: usize) -> R<()> {
-        if let Some((_, active)) = self.teams.borrow().get(name) {
-            return self.team_ptx_entry(name, buffers, active.len());
+        if let Some(plan) = self.teams.borrow().get(name) {
+            return self.team_ptx_entry(name, buffers, plan);
         }
         let body = self
             .module
@@ -1855,8 +1857,8 @@ impl<'ctx> Gen<'ctx> {
 
     /// Adds the host entry `name.host(ptr args, i64 n)`: the body for every `i < n`.
     pub fn host_entry(&self, name: &str, buffers: usize) -> R<()> {
-        if let Some((t, active)) = self.teams.borrow().get(name) {
-            return self.team_host_entry(name, buffers, *t, active);
+        if let Some(plan) = self.teams.borrow().get(name) {
+            return self.team_host_entry(name, buffers, plan);
         }
         let body = self
             .module

@@ -471,6 +471,31 @@ fn op_cases() -> Vec<Case> {
         Attrs::new(),
         vec![ty(&[1, 2, 5, 4]), ty(&[1, 2, 7, 4]), ty(&[1, 2, 7, 6])],
     ));
+    // Tiled attention over several tiles (the last ones short), and rows wide enough to
+    // halve the shared tiles; keys past ATTN_TILE_KEYS take the row kernels.
+    let causal = attrs(&[("causal", AttrValue::Bool(true))]);
+    for (q, kv, a) in [
+        (ty(&[1, 4, 100, 8]), ty(&[1, 2, 100, 8]), causal.clone()),
+        (ty(&[1, 1, 70, 128]), ty(&[1, 1, 70, 128]), causal.clone()),
+    ] {
+        cases.push((
+            "dnn.attention",
+            a.clone(),
+            vec![q.clone(), kv.clone(), kv.clone()],
+        ));
+        cases.push(("dnn.attention_grad", a, vec![q.clone(), q, kv.clone(), kv]));
+    }
+    let (q, kv) = (ty(&[1, 2, 3, 4]), ty(&[1, 2, 1100, 4]));
+    cases.push((
+        "dnn.attention",
+        Attrs::new(),
+        vec![q.clone(), kv.clone(), kv.clone()],
+    ));
+    cases.push((
+        "dnn.attention_grad",
+        Attrs::new(),
+        vec![q.clone(), q, kv.clone(), kv],
+    ));
     // Lines long enough for team kernels (one block per row, `Kernel::team`).
     let long = ty(&[4, 300]);
     let (h, ln) = (ty(&[96]), ty(&[100, 96]));
@@ -599,6 +624,9 @@ fn team_form(b: &Body) -> String {
         Body::XentGradLse { .. } => "XentGradLse".into(),
         Body::ReducePart { op, .. } => format!("ReducePart {op:?}"),
         Body::EmbeddingGradRows => "EmbeddingGradRows".into(),
+        Body::AttnTiles(_) => "AttnTiles".into(),
+        Body::AttnTilesBack(_) => "AttnTilesBack".into(),
+        Body::AttnTilesKv(_) => "AttnTilesKv".into(),
         other => format!("{other:?}"),
     }
 }
@@ -712,9 +740,18 @@ fn every_covered_op_matches_the_reference() {
         "ReducePart Sum",
         "ReducePart Max",
         "EmbeddingGradRows",
+        "AttnTiles",
+        "AttnTilesBack",
+        "AttnTilesKv",
     ] {
         assert!(forms.contains(f), "no team kernel for {f} (has {forms:?})");
     }
+    // And the row kernels, for the long key sequence.
+    assert!(
+        kernels.iter().any(|k| matches!(k.body, Body::Attention(_)))
+            && kernels.iter().any(|k| matches!(k.body, Body::AttnDkDv(_))),
+        "no attention row kernels"
+    );
     let host = HostKernels::new(&kernels).unwrap();
     let mut worst = 0.0f64;
     for (c, (op, a, _)) in cases.iter().enumerate() {
@@ -765,6 +802,88 @@ fn every_covered_op_matches_the_reference() {
         cases.len(),
         kernels.len(),
         teams.len()
+    );
+}
+
+/// The tiled attention kernels compute the row kernels' bits: forward and backward,
+/// causal or not, grouped heads, queries and keys in several tiles with short last ones,
+/// more queries than keys, and rows wide enough to halve the shared tiles.
+#[test]
+fn tiled_attention_equals_the_row_kernels_bit_for_bit() {
+    use nnscaler_codegen::kernel::{lower_attention, AttnForm};
+    let causal = attrs(&[("causal", AttrValue::Bool(true))]);
+    let shapes: Vec<(Vec<i64>, Vec<i64>, Attrs)> = vec![
+        (vec![2, 4, 9, 8], vec![2, 2, 9, 8], causal.clone()),
+        (vec![1, 3, 130, 16], vec![1, 3, 130, 16], causal.clone()),
+        (vec![1, 2, 65, 4], vec![1, 1, 140, 4], Attrs::new()),
+        (vec![1, 2, 140, 4], vec![1, 2, 33, 4], causal.clone()),
+        (vec![1, 1, 70, 128], vec![1, 1, 70, 128], causal.clone()),
+        (
+            vec![1, 2, 40, 8],
+            vec![1, 2, 40, 8],
+            attrs(&[
+                ("causal", AttrValue::Bool(true)),
+                ("scale", AttrValue::Float(0.3)),
+            ]),
+        ),
+    ];
+    let mut kernels = Vec::new();
+    let mut runs = Vec::new();
+    for (c, (qs, ks, a)) in shapes.iter().enumerate() {
+        let (q, kv) = (ty(qs), ty(ks));
+        for (grad, tys) in [
+            (false, vec![q.clone(), kv.clone(), kv.clone()]),
+            (true, vec![q.clone(), q.clone(), kv.clone(), kv.clone()]),
+        ] {
+            let op = if grad {
+                "dnn.attention_grad"
+            } else {
+                "dnn.attention"
+            };
+            let outs: Vec<Buf> = if grad {
+                vec![Buf::of(&q), Buf::of(&kv), Buf::of(&kv)]
+            } else {
+                let mut o = qs.clone();
+                o[3] = ks[3];
+                vec![Buf::of(&ty(&o))]
+            };
+            let ins: Vec<Buf> = tys.iter().map(Buf::of).collect();
+            let operands: Vec<Tensor> = tys
+                .iter()
+                .enumerate()
+                .map(|(i, t)| operand(t, (c * 10 + i) as u64, -3.0, 3.0, 11))
+                .collect();
+            let mut pair = Vec::new();
+            for form in [AttnForm::Rows, AttnForm::Tiles] {
+                let name = format!("t{c}_{}_{form:?}", u8::from(grad));
+                let l = lower_attention(&name, op, a, &ins, &outs, Some(form)).unwrap();
+                kernels.extend(l.kernels.clone());
+                pair.push(l);
+            }
+            runs.push((format!("{op} {qs:?} {ks:?}"), pair, operands));
+        }
+    }
+    let host = HostKernels::new(&kernels).unwrap();
+    for (what, pair, operands) in &runs {
+        let ins: Vec<Data> = operands.iter().map(data).collect();
+        let ins: Vec<&Data> = ins.iter().collect();
+        let rows = host.run_lowered(&pair[0], &ins).unwrap();
+        let tiles = host.run_lowered(&pair[1], &ins).unwrap();
+        for (k, (r, t)) in rows.iter().zip(&tiles).enumerate() {
+            let (r, t) = (r.f32().unwrap(), t.f32().unwrap());
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            let differ = bits(r).iter().zip(bits(t)).filter(|(a, b)| *a != b).count();
+            assert_eq!(
+                differ,
+                0,
+                "{what}: result {k}: {differ} of {} elements differ",
+                r.len()
+            );
+        }
+    }
+    println!(
+        "codegen: tiled attention equals the row kernels bit for bit on {} cases",
+        runs.len()
     );
 }
 

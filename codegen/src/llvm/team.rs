@@ -1,15 +1,19 @@
 //! Team kernels: one index (a row) computed by a team of threads, one GPU block.
 //!
 //! A team kernel `K` ([`Kernel::team`] > 1) is a sequence of *phases*, internal functions
-//! `K.p0, K.p1, ...(i64 row, i64 lane, ptr shared, ptr in0, ..., ptr out)`. Every lane
-//! of the team runs a phase before any lane starts the next one: on the GPU a barrier
-//! (`bar.sync 0`) separates them; on the host each phase is a loop over the lanes, so
-//! the host runs the same phases in the order a GPU may interleave them at worst. Lanes
-//! pass values between phases only through the shared array, and within one phase no
-//! lane reads a word another lane writes: that discipline, kept by construction here,
-//! is what makes the host's order and the GPU's agree.
+//! `K.p0, K.p1, ...(i64 row, i64 lane, i64 iter, ptr shared, ptr local, ptr in0, ...,
+//! ptr out)`, run in the order of its [`Plan`]'s segments: once each, or repeated in a
+//! loop ([`Seg::Loop`], `iter` counting the repetitions; tiled attention's loops over
+//! tiles). Every lane of the team runs a phase before any lane starts the next one: on
+//! the GPU a barrier (`bar.sync 0`) separates them; on the host each phase is a loop over
+//! the lanes, so the host runs the same phases in the order a GPU may interleave them at
+//! worst. Lanes pass values between phases only through the shared array, and within one
+//! phase no lane reads a word another lane writes: that discipline, kept by construction
+//! here, is what makes the host's order and the GPU's agree. A lane may also keep values
+//! in its own memory (`local`, [`Plan::local`] f32 words: an array in the PTX entry, a
+//! slice of one `malloc`ed block on the host), which no other lane touches.
 //!
-//! The shared array holds two arrays of `t` f64 partials (one per lane) and
+//! The reductions' shared array ([`Shared::Stats`]) holds two arrays of `t` f64 partials (one per lane) and
 //! [`STATS`] f64 statistics. A reduction ([`Team::reduce`]) is one phase in which lane
 //! `l` accumulates elements `l, l + t, l + 2t, ...` of the line into its partials, then
 //! `log2 t` phases of a tree (`lane < s` adds partial `lane + s` into its own), the last
@@ -33,13 +37,48 @@ pub(super) fn shared_words(t: usize) -> usize {
     2 * t + STATS
 }
 
-/// What a phase sees: its row and lane, the shared array, the kernel's buffers.
+/// What a phase sees: its row and lane, the iteration of the loop it is in (0 outside
+/// loops), the shared array, the lane's own memory, the kernel's buffers.
 pub(super) struct Lane<'ctx> {
-    row: IntValue<'ctx>,
-    lane: IntValue<'ctx>,
-    sh: PointerValue<'ctx>,
-    ins: Vec<PointerValue<'ctx>>,
-    outs: Vec<PointerValue<'ctx>>,
+    pub(super) row: IntValue<'ctx>,
+    pub(super) lane: IntValue<'ctx>,
+    pub(super) iter: IntValue<'ctx>,
+    pub(super) sh: PointerValue<'ctx>,
+    pub(super) local: PointerValue<'ctx>,
+    pub(super) ins: Vec<PointerValue<'ctx>>,
+    pub(super) outs: Vec<PointerValue<'ctx>>,
+}
+
+/// A piece of a team kernel's schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Seg {
+    /// Phase `p`, once.
+    One(usize),
+    /// These phases in order, `n` times (iterations `0..n`).
+    Loop { n: usize, phases: Vec<usize> },
+}
+
+/// A team kernel's shared array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Shared {
+    /// The reductions' partials and statistics ([`shared_words`] f64, `nns_team_sh`).
+    Stats,
+    /// This many f32 words of the kernel's own (`<name>_tile_sh`): tiles of operands.
+    Tile(usize),
+}
+
+/// A team kernel as its entries run it.
+#[derive(Clone, Debug)]
+pub(super) struct Plan {
+    /// Lanes.
+    pub(super) t: usize,
+    /// Lanes each phase runs on (`lane < active`).
+    pub(super) active: Vec<usize>,
+    /// The phases' order.
+    pub(super) segs: Vec<Seg>,
+    pub(super) shared: Shared,
+    /// f32 words of each lane's own memory (0: none).
+    pub(super) local: usize,
 }
 
 /// How partials combine.
@@ -50,18 +89,36 @@ enum Comb {
 }
 
 /// The phases of one team kernel as they are built.
-struct Team<'g, 'ctx> {
-    g: &'g Gen<'ctx>,
-    k: &'g Kernel,
-    t: usize,
+pub(super) struct Team<'g, 'ctx> {
+    pub(super) g: &'g Gen<'ctx>,
+    pub(super) k: &'g Kernel,
+    pub(super) t: usize,
     /// Lanes each phase runs on (`lane < active`).
     active: Vec<usize>,
     stats: usize,
+    segs: Vec<Seg>,
+    /// The phases of the loop being built.
+    looping: Option<Vec<usize>>,
+    pub(super) shared: Shared,
+    pub(super) local: usize,
 }
 
 impl<'g, 'ctx> Team<'g, 'ctx> {
+    /// Phases added by `body`, run `n` times in order (a barrier between each two on the
+    /// GPU, as everywhere); they see the iteration as [`Lane::iter`].
+    pub(super) fn repeat(&mut self, n: usize, body: impl FnOnce(&mut Self) -> R<()>) -> R<()> {
+        if self.looping.is_some() {
+            return Err(format!("{}: nested team loops", self.k.name));
+        }
+        self.looping = Some(Vec::new());
+        body(self)?;
+        let phases = self.looping.take().unwrap_or_default();
+        self.segs.push(Seg::Loop { n, phases });
+        Ok(())
+    }
+
     /// Adds a phase run by lanes `0..active`.
-    fn phase(
+    pub(super) fn phase(
         &mut self,
         active: usize,
         body: impl FnOnce(&Gen<'ctx>, &Lane<'ctx>) -> R<()>,
@@ -70,7 +127,13 @@ impl<'g, 'ctx> Team<'g, 'ctx> {
         let i64t = g.ctx.i64_type();
         let ptr = g.ctx.ptr_type(AddressSpace::default());
         let nb = self.k.inputs.len() + self.k.outputs.len();
-        let mut params: Vec<BasicMetadataTypeEnum> = vec![i64t.into(), i64t.into(), ptr.into()];
+        let mut params: Vec<BasicMetadataTypeEnum> = vec![
+            i64t.into(),
+            i64t.into(),
+            i64t.into(),
+            ptr.into(),
+            ptr.into(),
+        ];
         params.extend(std::iter::repeat_n(BasicMetadataTypeEnum::from(ptr), nb));
         let f = g.module.add_function(
             &format!("{}.p{}", self.k.name, self.active.len()),
@@ -85,13 +148,15 @@ impl<'g, 'ctx> Team<'g, 'ctx> {
         g.b.position_at_end(entry);
         let p = |j: usize| f.get_nth_param(j as u32).ok_or("missing phase parameter");
         let bufs: Vec<PointerValue<'ctx>> = (0..nb)
-            .map(|j| p(3 + j).map(|v| v.into_pointer_value()))
+            .map(|j| p(5 + j).map(|v| v.into_pointer_value()))
             .collect::<Result<_, _>>()?;
         let (ins, outs) = bufs.split_at(self.k.inputs.len());
         let l = Lane {
             row: p(0)?.into_int_value(),
             lane: p(1)?.into_int_value(),
-            sh: p(2)?.into_pointer_value(),
+            iter: p(2)?.into_int_value(),
+            sh: p(3)?.into_pointer_value(),
+            local: p(4)?.into_pointer_value(),
             ins: ins.to_vec(),
             outs: outs.to_vec(),
         };
@@ -103,7 +168,12 @@ impl<'g, 'ctx> Team<'g, 'ctx> {
             body(g, &l)?;
         }
         e(g.b.build_return(None))?;
+        let idx = self.active.len();
         self.active.push(active);
+        match &mut self.looping {
+            Some(l) => l.push(idx),
+            None => self.segs.push(Seg::One(idx)),
+        }
         Ok(())
     }
 
@@ -286,8 +356,15 @@ impl<'ctx> Gen<'ctx> {
             t,
             active: Vec::new(),
             stats: 0,
+            segs: Vec::new(),
+            looping: None,
+            shared: Shared::Stats,
+            local: 0,
         };
         match &k.body {
+            Body::AttnTiles(a) => self.attn_tiles(&mut tm, a)?,
+            Body::AttnTilesBack(a) => self.attn_tiles_back(&mut tm, a)?,
+            Body::AttnTilesKv(a) => self.attn_tiles_kv(&mut tm, a)?,
             Body::Reduce { op, dims } => {
                 let shape = &k.inputs[0].shape;
                 let count: usize = dims.iter().map(|&d| shape[d]).product();
@@ -592,9 +669,14 @@ impl<'ctx> Gen<'ctx> {
             }
             _ => return Err(format!("kernel {} has no team form", k.name)),
         }
-        self.teams
-            .borrow_mut()
-            .insert(k.name.clone(), (t, tm.active));
+        let plan = Plan {
+            t,
+            active: tm.active,
+            segs: tm.segs,
+            shared: tm.shared,
+            local: tm.local,
+        };
+        self.teams.borrow_mut().insert(k.name.clone(), plan);
         Ok(())
     }
 
@@ -626,10 +708,66 @@ impl<'ctx> Gen<'ctx> {
             .ok_or_else(|| format!("no phase {p} for kernel {name}"))
     }
 
+    /// A shared (address space 3) array of `n` elements of `ty`, created once by name.
+    fn shared_array(
+        &self,
+        name: &str,
+        ty: inkwell::types::FloatType<'ctx>,
+        n: usize,
+    ) -> inkwell::values::GlobalValue<'ctx> {
+        self.module.get_global(name).unwrap_or_else(|| {
+            let ty = ty.array_type(n as u32);
+            let g = self
+                .module
+                .add_global(ty, Some(AddressSpace::from(3u16)), name);
+            g.set_linkage(Linkage::Internal);
+            g.set_initializer(&ty.get_undef());
+            g.set_alignment(16);
+            g
+        })
+    }
+
+    /// Calls the phases of `plan` in its order for one lane (`call(p, iter)`), with
+    /// `between` before every call but the first (the GPU's barrier; nothing on the host,
+    /// where `call` runs the phase for every lane in turn).
+    fn run_segs(
+        &self,
+        plan: &Plan,
+        mut between: impl FnMut(&Self) -> R<()>,
+        mut call: impl FnMut(&Self, usize, IntValue<'ctx>) -> R<()>,
+    ) -> R<()> {
+        let mut first = true;
+        for seg in &plan.segs {
+            match seg {
+                Seg::One(p) => {
+                    if !first {
+                        between(self)?;
+                    }
+                    first = false;
+                    call(self, *p, self.i64c(0))?;
+                }
+                Seg::Loop { n, phases } => {
+                    // A barrier before every call in a loop (one too many before the first
+                    // phase of a kernel that starts with a loop: harmless).
+                    self.for_range(self.i64c(*n), |g, it| {
+                        for &p in phases {
+                            between(g)?;
+                            call(g, p, it)?;
+                        }
+                        Ok(())
+                    })?;
+                    first = false;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The PTX entry of a team kernel: block `ctaid.x` computes row `ctaid.x` (blocks at
     /// or past `n` do nothing, every thread of them alike), thread `tid.x` is its lane;
-    /// the phases in order, a barrier between each two.
-    pub(super) fn team_ptx_entry(&self, name: &str, buffers: usize, phases: usize) -> R<()> {
+    /// the phases in order, a barrier between each two. A lane's own memory is an array in
+    /// the entry (local memory).
+    pub(super) fn team_ptx_entry(&self, name: &str, buffers: usize, plan: &Plan) -> R<()> {
         let i64t = self.ctx.i64_type();
         let global = self.ctx.ptr_type(AddressSpace::from(1u16));
         let generic = self.ctx.ptr_type(AddressSpace::default());
@@ -639,18 +777,14 @@ impl<'ctx> Gen<'ctx> {
             .module
             .add_function(name, self.ctx.void_type().fn_type(&params, false), None);
         f.set_call_conventions(71); // ptx_kernel
-        let words = shared_words(crate::kernel::TEAM_MAX);
-        let sh = match self.module.get_global("nns_team_sh") {
-            Some(g) => g,
-            None => {
-                let ty = self.ctx.f64_type().array_type(words as u32);
-                let g = self
-                    .module
-                    .add_global(ty, Some(AddressSpace::from(3u16)), "nns_team_sh");
-                g.set_linkage(Linkage::Internal);
-                g.set_initializer(&ty.get_undef());
-                g.set_alignment(8);
-                g
+        let sh = match plan.shared {
+            Shared::Stats => self.shared_array(
+                "nns_team_sh",
+                self.ctx.f64_type(),
+                shared_words(crate::kernel::TEAM_MAX),
+            ),
+            Shared::Tile(w) => {
+                self.shared_array(&format!("{name}_tile_sh"), self.ctx.f32_type(), w)
             }
         };
         let entry = self.ctx.append_basic_block(f, "entry");
@@ -668,24 +802,31 @@ impl<'ctx> Gen<'ctx> {
         let shp = e(self
             .b
             .build_address_space_cast(sh.as_pointer_value(), generic, ""))?;
-        let mut args: Vec<inkwell::values::BasicMetadataValueEnum> =
-            vec![row.into(), lane.into(), shp.into()];
+        let local = match plan.local {
+            0 => generic.const_null(),
+            w => self.entry_alloca(self.ctx.f32_type().array_type(w as u32).into())?,
+        };
+        let mut bufs: Vec<inkwell::values::BasicMetadataValueEnum> = Vec::new();
         for j in 0..buffers {
             let p = f
                 .get_nth_param(j as u32)
                 .ok_or("missing buffer")?
                 .into_pointer_value();
-            args.push(e(self.b.build_address_space_cast(p, generic, ""))?.into());
+            bufs.push(e(self.b.build_address_space_cast(p, generic, ""))?.into());
         }
         let barrier = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.barrier0")
             .and_then(|i| i.get_declaration(&self.module, &[]))
             .ok_or("LLVM has no llvm.nvvm.barrier0")?;
-        for p in 0..phases {
-            if p > 0 {
-                e(self.b.build_call(barrier, &[], ""))?;
-            }
-            e(self.b.build_call(self.phase_fn(name, p)?, &args, ""))?;
-        }
+        self.run_segs(
+            plan,
+            |g| e(g.b.build_call(barrier, &[], "")).map(|_| ()),
+            |g, p, it| {
+                let mut args: Vec<inkwell::values::BasicMetadataValueEnum> =
+                    vec![row.into(), lane.into(), it.into(), shp.into(), local.into()];
+                args.extend(bufs.iter().copied());
+                e(g.b.build_call(g.phase_fn(name, p)?, &args, "")).map(|_| ())
+            },
+        )?;
         e(self.b.build_unconditional_branch(done))?;
         self.b.position_at_end(done);
         e(self.b.build_return(None))?;
@@ -693,14 +834,9 @@ impl<'ctx> Gen<'ctx> {
     }
 
     /// The host entry of a team kernel `name.host(ptr args, i64 n)`: for every row below
-    /// `n`, each phase run by its lanes in turn (a loop where the GPU has a barrier).
-    pub(super) fn team_host_entry(
-        &self,
-        name: &str,
-        buffers: usize,
-        t: usize,
-        active: &[usize],
-    ) -> R<()> {
+    /// `n`, each phase run by its lanes in turn (a loop where the GPU has a barrier). The
+    /// lanes' own memories are one `malloc`ed block, freed at the end.
+    pub(super) fn team_host_entry(&self, name: &str, buffers: usize, plan: &Plan) -> R<()> {
         let i64t = self.ctx.i64_type();
         let ptr = self.ctx.ptr_type(AddressSpace::default());
         let f = self.module.add_function(
@@ -714,12 +850,35 @@ impl<'ctx> Gen<'ctx> {
         self.b.position_at_end(entry);
         let argv = f.get_nth_param(0).ok_or("no args")?.into_pointer_value();
         let n = f.get_nth_param(1).ok_or("no length")?.into_int_value();
-        let sh = self.entry_alloca(
-            self.ctx
-                .f64_type()
-                .array_type(shared_words(t) as u32)
-                .into(),
-        )?;
+        let sh = match plan.shared {
+            Shared::Stats => self.entry_alloca(
+                self.ctx
+                    .f64_type()
+                    .array_type(shared_words(plan.t) as u32)
+                    .into(),
+            )?,
+            Shared::Tile(w) => {
+                self.entry_alloca(self.ctx.f32_type().array_type(w as u32).into())?
+            }
+        };
+        let heap = |g: &Self, sym: &str, ty: inkwell::types::FunctionType<'ctx>| {
+            g.module
+                .get_function(sym)
+                .unwrap_or_else(|| g.module.add_function(sym, ty, None))
+        };
+        let local = match plan.local {
+            0 => None,
+            w => {
+                let malloc = heap(self, "malloc", ptr.fn_type(&[i64t.into()], false));
+                let bytes = self.i64c(plan.t * w * 4);
+                let m = e(self.b.build_call(malloc, &[bytes.into()], ""))?
+                    .try_as_basic_value()
+                    .basic()
+                    .ok_or("malloc returned nothing")?
+                    .into_pointer_value();
+                Some(m)
+            }
+        };
         let mut bufs = Vec::new();
         for j in 0..buffers {
             // SAFETY of the generated code: `args` holds `buffers` pointers.
@@ -727,20 +886,42 @@ impl<'ctx> Gen<'ctx> {
             bufs.push(e(self.b.build_load(ptr, slot, ""))?);
         }
         self.for_range(n, |g, row| {
-            for (p, &lanes) in active.iter().enumerate() {
-                let phase = g.phase_fn(name, p)?;
-                g.for_range(g.i64c(lanes), |g, lane| {
-                    let mut args: Vec<inkwell::values::BasicMetadataValueEnum> =
-                        vec![row.into(), lane.into(), sh.into()];
-                    args.extend(
-                        bufs.iter()
-                            .map(|&b| inkwell::values::BasicMetadataValueEnum::from(b)),
-                    );
-                    e(g.b.build_call(phase, &args, "")).map(|_| ())
-                })?;
-            }
-            Ok(())
+            g.run_segs(
+                plan,
+                |_| Ok(()),
+                |g, p, it| {
+                    let phase = g.phase_fn(name, p)?;
+                    g.for_range(g.i64c(plan.active[p]), |g, lane| {
+                        let mine = match local {
+                            None => ptr.const_null(),
+                            Some(m) => {
+                                let at = g.mul_i(lane, g.i64c(plan.local))?;
+                                // SAFETY of the generated code: lane < t, and the block
+                                // holds t lanes' words.
+                                e(unsafe {
+                                    g.b.build_in_bounds_gep(g.ctx.f32_type(), m, &[at], "")
+                                })?
+                            }
+                        };
+                        let mut args: Vec<inkwell::values::BasicMetadataValueEnum> =
+                            vec![row.into(), lane.into(), it.into(), sh.into(), mine.into()];
+                        args.extend(
+                            bufs.iter()
+                                .map(|&b| inkwell::values::BasicMetadataValueEnum::from(b)),
+                        );
+                        e(g.b.build_call(phase, &args, "")).map(|_| ())
+                    })
+                },
+            )
         })?;
+        if let Some(m) = local {
+            let free = heap(
+                self,
+                "free",
+                self.ctx.void_type().fn_type(&[ptr.into()], false),
+            );
+            e(self.b.build_call(free, &[m.into()], ""))?;
+        }
         e(self.b.build_return(None))?;
         Ok(())
     }
