@@ -314,7 +314,7 @@ fn program(
         .zip(&g.outputs)
         .map(|(&v, o)| (v, &o.attrs))
         .collect();
-    let inputs = bind(&args, &u.arg_ports, ports.0, "in")?;
+    let inputs = bind(&args, &u.arg_ports, ports.0, "arg")?;
     let outputs = bind(&results, &u.result_ports, ports.1, "out")?;
 
     let constants = p
@@ -388,6 +388,19 @@ fn program(
                             output,
                             groups,
                             dim,
+                        },
+                        Collective::Broadcast { root, .. } => nx::Step::Broadcast {
+                            input,
+                            output,
+                            groups,
+                            root,
+                        },
+                        Collective::AllToAll { split, concat, .. } => nx::Step::AllToAll {
+                            input,
+                            output,
+                            groups,
+                            split_dim: split,
+                            concat_dim: concat,
                         },
                         Collective::ReduceScatter { dim, max, .. } => nx::Step::ReduceScatter {
                             input,

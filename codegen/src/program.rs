@@ -55,6 +55,23 @@ pub enum Collective {
         /// The cut dim.
         dim: usize,
     },
+    /// Every member gets member `root`'s input.
+    Broadcast {
+        /// The mesh axes of a group.
+        axes: Vec<usize>,
+        /// The member copied (a position in the group).
+        root: usize,
+    },
+    /// Member `k` gets piece `k` along `split` of every member's input, concatenated
+    /// along `concat` in member order.
+    AllToAll {
+        /// The mesh axes of a group.
+        axes: Vec<usize>,
+        /// The cut dim.
+        split: usize,
+        /// The concatenated dim.
+        concat: usize,
+    },
     /// Member `k` gets piece `k` along `dim` of the sum (or maximum).
     ReduceScatter {
         /// The mesh axes of a group.
@@ -73,6 +90,8 @@ impl Collective {
             Collective::AllReduce { axes, .. }
             | Collective::AllGather { axes, .. }
             | Collective::Slice { axes, .. }
+            | Collective::AllToAll { axes, .. }
+            | Collective::Broadcast { axes, .. }
             | Collective::ReduceScatter { axes, .. } => axes,
         }
     }
@@ -116,7 +135,8 @@ pub struct Launch {
 /// module's mesh without its micro-batch axis).
 fn collective(n: &Node, mesh: Option<&Mesh>) -> Result<Option<Collective>, String> {
     let kind = match n.op.as_str() {
-        "nns.all_reduce" | "nns.all_gather" | "nns.reduce_scatter" | "nns.slice" => n.op.as_str(),
+        "nns.all_reduce" | "nns.all_gather" | "nns.reduce_scatter" | "nns.slice"
+        | "nns.all_to_all" | "nns.broadcast" => n.op.as_str(),
         _ => return Ok(None),
     };
     let mesh = mesh
@@ -133,15 +153,26 @@ fn collective(n: &Node, mesh: Option<&Mesh>) -> Result<Option<Collective>, Strin
             .collect::<Result<_, _>>()?,
         _ => return Err(format!("'{kind}' requires 'axes'")),
     };
-    let dim = match n.attrs.get("dim") {
-        Some(AttrValue::Int(d)) => *d as usize,
-        _ => 0,
+    let dim_of = |key: &str| match n.attrs.get(key) {
+        Some(AttrValue::Int(d)) if *d >= 0 => Ok(*d as usize),
+        None if key == "dim" || key == "root" => Ok(0),
+        _ => Err(format!("'{kind}' requires '{key}', an index >= 0")),
     };
+    let dim = dim_of("dim")?;
     let max = matches!(n.attrs.get("reduce"), Some(AttrValue::Str(r)) if r == "max");
     Ok(Some(match kind {
         "nns.all_reduce" => Collective::AllReduce { axes, max },
         "nns.all_gather" => Collective::AllGather { axes, dim },
         "nns.slice" => Collective::Slice { axes, dim },
+        "nns.broadcast" => Collective::Broadcast {
+            axes,
+            root: dim_of("root")?,
+        },
+        "nns.all_to_all" => Collective::AllToAll {
+            axes,
+            split: dim_of("split_dim")?,
+            concat: dim_of("concat_dim")?,
+        },
         _ => Collective::ReduceScatter { axes, dim, max },
     }))
 }
@@ -471,7 +502,9 @@ pub fn compile_on(g: &Graph, mesh: Option<&Mesh>, devs: &Devices) -> Result<Prog
         if let Some(coll) = collective(n, mesh).map_err(at)? {
             let moves_only = matches!(
                 coll,
-                Collective::Slice { .. } | Collective::AllGather { .. }
+                Collective::Slice { .. }
+                    | Collective::AllGather { .. }
+                    | Collective::AllToAll { .. }
             );
             if moves_only || g.values[n.inputs[0]].elem.is_float() {
                 touch(&mut p, n.inputs[0]);

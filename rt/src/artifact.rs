@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 /// The file's first four bytes.
 pub const MAGIC: &[u8; 4] = b"NNSX";
 /// The format version this build reads and writes.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 /// Threads per block of a kernel with one thread per index (and of the reducers).
 pub const BLOCK: u32 = 256;
 
@@ -234,6 +234,32 @@ pub enum Step {
         dim: usize,
         /// Maximum instead of sum.
         max: bool,
+    },
+    /// Member `k`'s `output` becomes piece `k` along `split_dim` of every member's
+    /// `input`, concatenated along `concat_dim` in member order (a dim's shards turned
+    /// into another dim's).
+    AllToAll {
+        /// Buffer read.
+        input: usize,
+        /// Buffer written.
+        output: usize,
+        /// The groups.
+        groups: Vec<Vec<usize>>,
+        /// The dim cut into the members' pieces.
+        split_dim: usize,
+        /// The dim the received pieces are concatenated along.
+        concat_dim: usize,
+    },
+    /// Every member's `output` becomes member `root`'s `input`.
+    Broadcast {
+        /// Buffer read.
+        input: usize,
+        /// Buffer written.
+        output: usize,
+        /// The groups.
+        groups: Vec<Vec<usize>>,
+        /// The member whose input is copied (a position in each group).
+        root: usize,
     },
     /// Each device's `buffer` goes to the device in the same place of program `to` (the
     /// k-th device of one program exchanges with the k-th of the other); it does not wait.
@@ -681,6 +707,18 @@ impl Artifact {
                     output,
                     groups,
                     ..
+                }
+                | Step::AllToAll {
+                    input,
+                    output,
+                    groups,
+                    ..
+                }
+                | Step::Broadcast {
+                    input,
+                    output,
+                    groups,
+                    ..
                 } => {
                     if missing(*input) || missing(*output) {
                         return Err(format!("step {i}'s collective names a missing buffer"));
@@ -713,12 +751,28 @@ fn collective_shapes(
     if groups.iter().any(|g| g.len() as u64 != n) {
         return Err("its groups differ in size".into());
     }
+    if let Step::AllToAll {
+        split_dim,
+        concat_dim,
+        ..
+    } = s
+    {
+        return all_to_all_shapes(i, o, n, *split_dim, *concat_dim);
+    }
+    if let Step::Broadcast { root, .. } = s {
+        if *root as u64 >= n {
+            return Err(format!("its root {root} is not a member of a group of {n}"));
+        }
+    }
     let (dim, reduces) = match s {
         Step::AllReduce { .. } => (None, true),
+        Step::Broadcast { .. } => (None, false),
         Step::AllGather { dim, .. } => (Some((*dim, true)), false),
         Step::Slice { dim, .. } => (Some((*dim, false)), false),
         Step::ReduceScatter { dim, .. } => (Some((*dim, false)), true),
-        Step::Launch { .. } | Step::Send { .. } | Step::Recv { .. } => return Ok(()),
+        Step::Launch { .. } | Step::Send { .. } | Step::Recv { .. } | Step::AllToAll { .. } => {
+            return Ok(())
+        }
     };
     if i.elt != o.elt || (reduces && i.elt != Elt::F32) {
         return Err("its buffers' element types do not fit it".into());
@@ -736,6 +790,43 @@ fn collective_shapes(
             return Err(format!("dim {d} ({len}) does not divide into {n} pieces"));
         }
     }
+    if want != o.shape {
+        return Err(format!(
+            "an input of shape {:?} gives {want:?}, not {:?}",
+            i.shape, o.shape
+        ));
+    }
+    Ok(())
+}
+
+/// Whether an all-to-all's buffers fit it: two different dims within the rank, the split
+/// dim divisible by the group, the output the input with the split dim over the group and
+/// the concatenated dim times it.
+fn all_to_all_shapes(
+    i: &Buffer,
+    o: &Buffer,
+    n: u64,
+    split: usize,
+    concat: usize,
+) -> Result<(), String> {
+    let rank = i.shape.len();
+    if split == concat || split >= rank || concat >= rank {
+        return Err(format!(
+            "an all_to_all splits dim {split} and concatenates dim {concat} of a rank-{rank} buffer"
+        ));
+    }
+    if i.elt != o.elt {
+        return Err("its buffers' element types do not fit it".into());
+    }
+    if !i.shape[split].is_multiple_of(n) {
+        return Err(format!(
+            "dim {split} ({}) does not divide into {n} pieces",
+            i.shape[split]
+        ));
+    }
+    let mut want = i.shape.clone();
+    want[split] /= n;
+    want[concat] *= n;
     if want != o.shape {
         return Err(format!(
             "an input of shape {:?} gives {want:?}, not {:?}",
@@ -974,6 +1065,28 @@ mod tests {
         });
         let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
         assert!(e.contains("do not partition the program's devices"), "{e}");
+        let mut b = sample();
+        b.header.programs[0].steps.push(Step::AllToAll {
+            input: 0,
+            output: 1,
+            groups: vec![vec![0]],
+            split_dim: 0,
+            concat_dim: 0,
+        });
+        let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+        assert!(
+            e.contains("splits dim 0 and concatenates dim 0 of a rank-1 buffer"),
+            "{e}"
+        );
+        let mut b = sample();
+        b.header.programs[0].steps.push(Step::Broadcast {
+            input: 0,
+            output: 1,
+            groups: vec![vec![0]],
+            root: 1,
+        });
+        let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+        assert!(e.contains("root 1 is not a member of a group of 1"), "{e}");
         // A reduction needs the reducer kernels, each on (acc, x, acc).
         let mut b = sample();
         b.header.programs[0].steps.push(Step::AllReduce {

@@ -11,7 +11,10 @@
 //! as the reference sums) and copies the result to the others; a reduce-scatter sums the
 //! same way into the run's scratch space and copies each member its piece; an all-gather
 //! copies every member's input into its place in every member's output; a slice copies
-//! each member its piece of its own input. A piece along `dim` of a row-major tensor is
+//! each member its piece of its own input; a broadcast copies the root's input to every
+//! member's output; an all-to-all copies piece `k` of member `p`'s input (along the split
+//! dim) to place `p` (along the concatenated dim) of member `k`'s output, one strided
+//! copy per index of the dims before both. A piece along `dim` of a row-major tensor is
 //! one strided copy: `outer` rows (the dims before `dim`) of `len * inner` elements
 //! (`inner`: the dims after it), at a pitch of the whole dim.
 
@@ -296,8 +299,102 @@ pub(crate) fn moves(prog: &Program, s: &Step) -> Result<(Vec<Move>, u64), String
                 }
             }
         }
+        Step::Broadcast {
+            input,
+            output,
+            groups,
+            root,
+        } => {
+            let (ib, ob) = (&bufs[*input], &bufs[*output]);
+            for g in groups {
+                let g = local(g)?;
+                let from = at(dev(g[*root]), ib.offset);
+                for &to in &g {
+                    if to != g[*root] || input != output {
+                        out.push(copy(from, at(dev(to), ob.offset), ib.bytes()));
+                    }
+                }
+            }
+        }
+        Step::AllToAll {
+            input,
+            output,
+            groups,
+            split_dim,
+            concat_dim,
+        } => {
+            let (ib, ob) = (&bufs[*input], &bufs[*output]);
+            for g in groups {
+                let g = local(g)?;
+                let n = g.len() as u64;
+                for (p, &from) in g.iter().enumerate() {
+                    for (k, &to) in g.iter().enumerate() {
+                        let (src, dst) = (at(dev(from), ib.offset), at(dev(to), ob.offset));
+                        let pk = (p as u64, k as u64, n);
+                        exchange(&mut out, ib, *split_dim, *concat_dim, pk, src, dst);
+                    }
+                }
+            }
+        }
     }
     Ok((out, scratch))
+}
+
+/// An all-to-all's copies of piece `k` (of `n`) along `split` of member `p`'s input `ib`
+/// (at `src`) into place `p` along `concat` of member `k`'s output (at `dst`). The piece
+/// is the input with `split` cut to `S / n`. Its rows over the dims before the later of
+/// the two dims are runs contiguous in both buffers, and for each index of the dims
+/// before the earlier one those rows are evenly spaced: one strided copy each. For
+/// `split < concat` a row is a whole input row (the input's `concat` is complete) placed
+/// at member `p`'s offset in the output's longer row; for `split > concat` it is the
+/// piece's window of an input row, and the output's rows are contiguous.
+fn exchange(
+    out: &mut Vec<Move>,
+    ib: &Buffer,
+    split: usize,
+    concat: usize,
+    (p, k, n): (u64, u64, u64),
+    src: At,
+    dst: At,
+) {
+    let es = ib.elt.size();
+    let sh = &ib.shape;
+    let prod = |r: std::ops::Range<usize>| -> u64 { sh[r].iter().product() };
+    let (s, c) = (sh[split], sh[concat]);
+    let shift = |a: At, by: u64| At {
+        offset: a.offset + by,
+        ..a
+    };
+    if split < concat {
+        let mid = prod(split + 1..concat);
+        let run = c * prod(concat + 1..sh.len()) * es;
+        let rows = s / n * mid;
+        for o in 0..prod(0..split) {
+            out.push(Move::Copy {
+                src: shift(src, (o * s + k * (s / n)) * mid * run),
+                dst: shift(dst, o * rows * n * run + p * run),
+                width: run,
+                rows,
+                src_pitch: run,
+                dst_pitch: n * run,
+            });
+        }
+    } else {
+        let mid = prod(concat + 1..split);
+        let inner = prod(split + 1..sh.len()) * es;
+        let w = s / n * inner;
+        let rows = c * mid;
+        for o in 0..prod(0..concat) {
+            out.push(Move::Copy {
+                src: shift(src, o * rows * s * inner + k * w),
+                dst: shift(dst, (o * n + p) * rows * w),
+                width: w,
+                rows,
+                src_pitch: s * inner,
+                dst_pitch: w,
+            });
+        }
+    }
 }
 
 /// The scratch bytes the collectives of every program of `programs` need (the largest).
@@ -399,6 +496,84 @@ mod tests {
         [arenas[0].clone(), arenas[1].clone()]
     }
 
+    /// An all-to-all's moves against its definition (member `k` gets piece `k` along the
+    /// split dim of every member's input, concatenated along the other dim in member
+    /// order): groups of 2 and 3, ranks 2 to 4, the split dim before and after the
+    /// concatenated one, outer dims before both.
+    #[test]
+    fn all_to_all_moves_match_the_definition() {
+        let cases: &[(&[u64], usize, usize, usize)] = &[
+            (&[4, 6], 0, 1, 2),
+            (&[4, 6], 1, 0, 2),
+            (&[2, 6, 3], 1, 2, 3),
+            (&[2, 6, 3], 2, 0, 3),
+            (&[2, 6, 3], 1, 0, 2),
+            (&[3, 2, 4, 2], 2, 3, 2),
+            (&[3, 2, 4, 2], 3, 1, 2),
+            (&[3, 4, 2, 5], 1, 3, 2),
+        ];
+        for &(shape, split, concat, n) in cases {
+            let len: u64 = shape.iter().product();
+            let mut oshape = shape.to_vec();
+            oshape[split] /= n as u64;
+            oshape[concat] *= n as u64;
+            let prog = Program {
+                name: "f".into(),
+                devices: (0..n).collect(),
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+                buffers: vec![buf(shape, 0), buf(&oshape, 4 * len)],
+                arena_bytes: 8 * len,
+                constants: Vec::new(),
+                steps: Vec::new(),
+            };
+            let s = Step::AllToAll {
+                input: 0,
+                output: 1,
+                groups: vec![(0..n).collect()],
+                split_dim: split,
+                concat_dim: concat,
+            };
+            let (ms, scratch) = moves(&prog, &s).unwrap();
+            assert_eq!(scratch, 0);
+            let mut arenas: Vec<Vec<f32>> = (0..n)
+                .map(|d| {
+                    let mut a = vec![-1f32; 2 * len as usize];
+                    for (i, v) in a[..len as usize].iter_mut().enumerate() {
+                        *v = (1000 * d + i) as f32;
+                    }
+                    a
+                })
+                .collect();
+            run(&ms, &mut arenas, &mut []);
+            let strides = |sh: &[u64]| {
+                let mut st = vec![1u64; sh.len()];
+                for d in (0..sh.len() - 1).rev() {
+                    st[d] = st[d + 1] * sh[d + 1];
+                }
+                st
+            };
+            let (ist, ost) = (strides(shape), strides(&oshape));
+            let (c, piece) = (shape[concat], shape[split] / n as u64);
+            for (k, arena) in arenas.iter().enumerate() {
+                for e in 0..len {
+                    let mut idx: Vec<u64> =
+                        ost.iter().zip(&oshape).map(|(st, d)| e / st % d).collect();
+                    let p = idx[concat] / c;
+                    idx[concat] %= c;
+                    idx[split] += k as u64 * piece;
+                    let at: u64 = idx.iter().zip(&ist).map(|(i, st)| i * st).sum();
+                    let want = (1000 * p + at) as f32;
+                    assert_eq!(
+                        arena[(len + e) as usize],
+                        want,
+                        "{shape:?} split {split} concat {concat} over {n}: member {k}, element {e}"
+                    );
+                }
+            }
+        }
+    }
+
     const X0: [f32; 8] = [0., 1., 2., 3., 4., 5., 6., 7.];
     const X1: [f32; 8] = [10., 11., 12., 13., 14., 15., 16., 17.];
 
@@ -446,6 +621,14 @@ mod tests {
             (&a[64..68], &b[64..68]),
             (&[0., 1., 4., 5.][..], &[12., 13., 16., 17.][..])
         );
+        let s = Step::Broadcast {
+            input: 0,
+            output: 1,
+            groups: g.clone(),
+            root: 1,
+        };
+        let [a, b] = on_two(buf(&[2, 4], 0), buf(&[2, 4], 256), &s, [&X0, &X1]);
+        assert_eq!((&a[64..72], &b[64..72]), (&X1[..], &X1[..]));
         // The maximum, in place (input and output one buffer).
         let x1: Vec<f32> = X1.iter().map(|v| 20. - v).collect();
         let s = Step::AllReduce {

@@ -375,6 +375,14 @@ impl Device<'_> {
                 concat(&mine, cat)
             }
             "nns.slice" => piece(x, int("dim")?, size, me),
+            "nns.broadcast" => {
+                let root = int("root")?;
+                if root >= size {
+                    return Err(format!("root {root} of a group of {size}"));
+                }
+                let mut parts = self.exchange.all(k.clone(), me, size, x.clone())?;
+                Ok(parts.swap_remove(root))
+            }
             "nns.partition" => {
                 let k = 1.0 / size as f32;
                 Ok(Tensor::f32(
