@@ -56,18 +56,18 @@ pub struct PlanArgs {
     #[arg(long, value_name = "BYTES")]
     pub memory_cap: Option<String>,
     /// Largest tensor-parallel degree (default: the innermost network level's devices).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_tp: Option<u64>,
     /// Largest context-parallel degree (sp: the positions split over devices of their
     /// own; default: the innermost network level's devices, and no fewer than 1024
     /// positions per device; 1: none).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_sp: Option<u64>,
     /// Largest pipeline degree.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_pp: Option<u64>,
     /// Largest micro-batch size (sequences).
-    #[arg(long, value_name = "N", default_value_t = 8)]
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_micro: u64,
     /// Also search Megatron-LM's grid (uniform stages, 1F1B or interleaved, ZeRO 0 or 1)
     /// with the same model and print its best plan beside the search's.
