@@ -125,7 +125,7 @@ impl<B: Copy> Places<B> {
 /// A piece along one dim of a row-major tensor as a strided region: `rows` runs of
 /// `width` bytes, `pitch` apart, the first at `start`.
 #[derive(Clone, Copy, Debug)]
-struct Piece {
+pub(crate) struct Piece {
     start: u64,
     width: u64,
     rows: u64,
@@ -133,7 +133,7 @@ struct Piece {
 }
 
 /// Piece `k` of `pieces` equal ones along `dim` of `b`.
-fn piece(b: &Buffer, dim: usize, k: u64, pieces: u64) -> Piece {
+pub(crate) fn piece(b: &Buffer, dim: usize, k: u64, pieces: u64) -> Piece {
     let es = b.elt.size();
     let outer: u64 = b.shape[..dim].iter().product();
     let inner: u64 = b.shape[dim + 1..].iter().product();
@@ -148,7 +148,7 @@ fn piece(b: &Buffer, dim: usize, k: u64, pieces: u64) -> Piece {
 
 impl Piece {
     /// The piece of the whole tensor at `whole` copied out to a contiguous one at `dst`.
-    fn gather(&self, whole: At, dst: At) -> Move {
+    pub(crate) fn gather(&self, whole: At, dst: At) -> Move {
         Move::Copy {
             src: At {
                 offset: whole.offset + self.start,
@@ -163,7 +163,7 @@ impl Piece {
     }
 
     /// A contiguous piece at `src` copied into its place in the whole tensor at `whole`.
-    fn scatter(&self, src: At, whole: At) -> Move {
+    pub(crate) fn scatter(&self, src: At, whole: At) -> Move {
         Move::Copy {
             src,
             dst: At {
@@ -178,12 +178,12 @@ impl Piece {
     }
 }
 
-fn at(place: Place, offset: u64) -> At {
+pub(crate) fn at(place: Place, offset: u64) -> At {
     At { place, offset }
 }
 
 /// A contiguous copy of `bytes`.
-fn copy(src: At, dst: At, bytes: u64) -> Move {
+pub(crate) fn copy(src: At, dst: At, bytes: u64) -> Move {
     Move::Copy {
         src,
         dst,
@@ -414,7 +414,7 @@ pub(crate) fn scratch_bytes(programs: &[Program]) -> Result<u64, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::artifact::Elt;
 
@@ -428,7 +428,7 @@ mod tests {
     }
 
     /// Runs moves as they are specified, one f32 at a time.
-    fn run(ms: &[Move], arenas: &mut [Vec<f32>], scratch: &mut [f32]) {
+    pub(crate) fn run(ms: &[Move], arenas: &mut [Vec<f32>], scratch: &mut [f32]) {
         let shift = |a: At, by: u64| At {
             offset: a.offset + by,
             ..a

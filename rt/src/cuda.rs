@@ -106,6 +106,16 @@ impl CudaProgram {
         })
     }
 
+    /// The artifact.
+    pub fn artifact(&self) -> &Artifact {
+        &self.art
+    }
+
+    /// The stream every step runs on.
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     /// How matrix products run (cuBLAS, or the generated kernels and why).
     pub fn gemms(&self) -> &str {
         &self.gemms
@@ -188,30 +198,9 @@ impl CudaProgram {
                     if src_span == 0 {
                         continue;
                     }
-                    let copy = driver_sys::CUDA_MEMCPY2D {
-                        srcXInBytes: 0,
-                        srcY: 0,
-                        srcMemoryType: driver_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                        srcHost: std::ptr::null(),
-                        srcDevice: s,
-                        srcArray: std::ptr::null_mut(),
-                        srcPitch: src_pitch as usize,
-                        dstXInBytes: 0,
-                        dstY: 0,
-                        dstMemoryType: driver_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                        dstHost: std::ptr::null_mut(),
-                        dstDevice: d,
-                        dstArray: std::ptr::null_mut(),
-                        dstPitch: dst_pitch as usize,
-                        WidthInBytes: width as usize,
-                        Height: rows as usize,
-                    };
                     // SAFETY: both regions lie in live device allocations of this context
-                    // (checked above) and do not overlap; the descriptor is read during
-                    // the call.
-                    unsafe { driver_sys::cuMemcpy2DAsync_v2(&copy, self.stream.cu_stream()) }
-                        .result()
-                        .map_err(|e| format!("CUDA: a collective's copy: {e}"))?;
+                    // (checked above) and do not overlap.
+                    unsafe { self.copy2d(s, d, width, rows, src_pitch, dst_pitch) }?;
                 }
                 Move::Reduce { n, max, .. } => {
                     let r = self
@@ -235,6 +224,72 @@ impl CudaProgram {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// `rows` runs of `width` bytes from device address `s + r * src_pitch` to `d + r *
+    /// dst_pitch`, on the stream (one `cuMemcpy2DAsync`).
+    ///
+    /// # Safety
+    /// Both regions must lie in live device allocations of this context and not overlap.
+    pub(crate) unsafe fn copy2d(
+        &self,
+        s: u64,
+        d: u64,
+        width: u64,
+        rows: u64,
+        src_pitch: u64,
+        dst_pitch: u64,
+    ) -> Result<(), String> {
+        let copy = driver_sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: driver_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: s,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: src_pitch as usize,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: driver_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: d,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: dst_pitch as usize,
+            WidthInBytes: width as usize,
+            Height: rows as usize,
+        };
+        // SAFETY: the caller's contract; the descriptor is read during the call.
+        unsafe { driver_sys::cuMemcpy2DAsync_v2(&copy, self.stream.cu_stream()) }
+            .result()
+            .map_err(|e| format!("CUDA: a collective's copy: {e}"))
+    }
+
+    /// Launches kernel `kernel` on buffers at device addresses `ptrs` (a matrix product
+    /// through cuBLAS when it loaded).
+    pub(crate) fn launch(&self, kernel: usize, ptrs: &[u64]) -> Result<(), String> {
+        let k = &self.art.header.kernels[kernel];
+        if let (Some(g), Some(blas)) = (&k.gemm, &self.blas) {
+            return self.gemm(blas, g, ptrs[0], ptrs[1], ptrs[2]);
+        }
+        let n = k.len as i64;
+        let mut launch = self.stream.launch_builder(&self.fns[kernel]);
+        for p in ptrs {
+            launch.arg(p);
+        }
+        launch.arg(&n);
+        let cfg = LaunchConfig {
+            grid_dim: (k.grid.max(1) as u32, 1, 1),
+            block_dim: (k.block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel takes these pointers (inside an arena, at the offsets the
+        // memory plan gave) and the index count, and reads and writes within each
+        // buffer's length (the compiler's contract).
+        cuda(
+            unsafe { launch.launch(cfg) },
+            &format!("launching {}", k.name),
+        )?;
         Ok(())
     }
 
@@ -363,35 +418,13 @@ impl Engine for Gpu<'_> {
             let (ms, _) = moves(prog, s)?;
             return this.run_moves(&ms, &self.dev[p], self.scratch);
         };
-        let k = &h.kernels[*kernel];
         for arena in self.dev[p].iter() {
             let (base, _sync) = arena.device_ptr(&this.stream);
             let ptrs: Vec<u64> = buffers
                 .iter()
                 .map(|&b| base + prog.buffers[b].offset)
                 .collect();
-            if let (Some(g), Some(blas)) = (&k.gemm, &this.blas) {
-                this.gemm(blas, g, ptrs[0], ptrs[1], ptrs[2])?;
-                continue;
-            }
-            let n = k.len as i64;
-            let mut launch = this.stream.launch_builder(&this.fns[*kernel]);
-            for p in &ptrs {
-                launch.arg(p);
-            }
-            launch.arg(&n);
-            let cfg = LaunchConfig {
-                grid_dim: (k.grid.max(1) as u32, 1, 1),
-                block_dim: (k.block, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: the kernel takes these pointers (inside this arena, at the offsets
-            // the memory plan gave) and the index count, and reads and writes within each
-            // buffer's length (the compiler's contract).
-            cuda(
-                unsafe { launch.launch(cfg) },
-                &format!("launching {}", k.name),
-            )?;
+            this.launch(*kernel, &ptrs)?;
         }
         Ok(())
     }

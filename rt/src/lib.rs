@@ -17,6 +17,9 @@ pub mod compare;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod host;
+#[cfg(feature = "cuda")]
+pub mod nccl;
+mod ranks;
 pub mod tensor;
 
 pub use artifact::{Artifact, Header, MAGIC, VERSION};

@@ -198,6 +198,8 @@ pub struct Compiled {
     /// For a pipeline: each artifact argument's index among the step's arguments (its
     /// `nns.arg`); the step's arguments no program reads are not the artifact's.
     args: Option<Vec<usize>>,
+    /// Every device on a thread of its own (nnscaler-rt's ranks) instead of lockstep.
+    ranks: bool,
 }
 
 #[derive(Debug)]
@@ -223,6 +225,7 @@ impl Compiled {
         Ok(Compiled {
             backend: Self::load(art, backend)?,
             args: None,
+            ranks: false,
         })
     }
 
@@ -262,7 +265,16 @@ impl Compiled {
         Ok(Compiled {
             backend: Self::load(art, backend)?,
             args: Some(args.into_iter().collect()),
+            ranks: false,
         })
+    }
+
+    /// Runs every device on a thread of its own (`nnscaler-rt run --ranks`: on the host
+    /// through the in-process communicator, the same bits as lockstep; on CUDA one GPU
+    /// per device through NCCL) when `on`, else all devices in lockstep.
+    pub fn with_ranks(mut self, on: bool) -> Self {
+        self.ranks = on;
+        self
     }
 
     fn load(art: nnscaler_rt::Artifact, backend: &str) -> Result<Backend, String> {
@@ -326,24 +338,32 @@ impl Compiled {
     ) -> Result<Vec<nnscaler_runtime::tensor::Tensor>, String> {
         let args: Vec<nnscaler_rt::Tensor> =
             inputs.iter().map(|t| to_rt(t)).collect::<Result<_, _>>()?;
-        let outs = match &self.backend {
-            Backend::Host(p) => p.run(&args)?,
+        let outs = match (&self.backend, self.ranks) {
+            (Backend::Host(p), false) => p.run(&args)?,
+            (Backend::Host(p), true) => p.run_ranks_timed(&args, 1)?.0,
             #[cfg(feature = "cuda")]
-            Backend::Cuda(p) => p.run_timed(&args, 1)?.0,
+            (Backend::Cuda(p), false) => p.run_timed(&args, 1)?.0,
+            #[cfg(feature = "cuda")]
+            (Backend::Cuda(p), true) => {
+                nnscaler_rt::nccl::run_ranks_timed(p.artifact(), &args, 1)?.0
+            }
         };
         outs.iter().map(from_rt).collect()
     }
 }
 
-/// Runs `g` once compiled (see [`Compiled`]).
+/// Runs `g` once compiled (see [`Compiled`]; `ranks`: [`Compiled::with_ranks`]).
 pub fn run_compiled(
     g: &Graph,
     mesh: Option<&nnscaler_dialects::nns::Mesh>,
     source: &str,
     backend: &str,
+    ranks: bool,
     inputs: Vec<nnscaler_runtime::tensor::Tensor>,
 ) -> Result<Vec<nnscaler_runtime::tensor::Tensor>, String> {
-    Compiled::new(g, mesh, source, backend)?.run(&inputs)
+    Compiled::new(g, mesh, source, backend)?
+        .with_ranks(ranks)
+        .run(&inputs)
 }
 
 fn to_rt(t: &nnscaler_runtime::tensor::Tensor) -> Result<nnscaler_rt::Tensor, String> {

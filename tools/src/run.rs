@@ -72,6 +72,13 @@ pub struct RunArgs {
     /// 0; nnscaler built with --features cuda).
     #[arg(long, default_value = "reference", value_parser = ["reference", "host", "cuda"])]
     pub backend: String,
+    /// With --backend host or cuda: run every device on a thread of its own, as the ranks
+    /// of a cluster do, instead of all devices in lockstep: collectives through a
+    /// communicator, messages matched in order as NCCL matches them (a deadlock is
+    /// reported). host: an in-process communicator, the same results bit for bit; cuda:
+    /// NCCL, device d on GPU d.
+    #[arg(long)]
+    pub ranks: bool,
     /// Run it this many times and print the median and fastest time of a run (to stderr;
     /// the results are the last run's); on simulated devices also the median and fastest
     /// of the devices' own time, without cutting inputs into pieces and assembling results.
@@ -91,6 +98,9 @@ pub struct RunArgs {
 
 /// Runs `nnscaler run`. Errors are complete messages (at most `error_limit` errors).
 pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
+    if a.ranks && a.backend == "reference" {
+        return Err("--ranks needs --backend host or cuda (the reference backend's simulated devices already run a thread each)".into());
+    }
     kernels::set_threads(usize::from(a.threads));
     let model = a.model.clone();
     let source = read_input(&model)?;
@@ -237,7 +247,7 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         if a.check_finite {
             return Err("--check-finite needs --backend reference (compiled kernels are not checked op by op)".into());
         }
-        let outs = crate::compile::run_compiled(&g, mesh, &a.model, &a.backend, values)
+        let outs = crate::compile::run_compiled(&g, mesh, &a.model, &a.backend, a.ranks, values)
             .map_err(|e| format!("{model}: @{}: {e}", g.name))?;
         return write_results(a, &g, &outs, saved_params);
     }
@@ -618,7 +628,8 @@ fn run_pipelined(
         }
         let compiled =
             crate::compile::Compiled::pipeline(&programs, mesh, &axis, model, &a.backend)
-                .map_err(|e| format!("{model}: pipeline @{name}: {e}"))?;
+                .map_err(|e| format!("{model}: pipeline @{name}: {e}"))?
+                .with_ranks(a.ranks);
         let outs = compiled
             .run_indexed(&inputs)
             .map_err(|e| format!("{model}: pipeline @{name}: {e}"))?;

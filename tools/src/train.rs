@@ -198,6 +198,11 @@ pub struct TrainSection {
     /// nnscaler-rt on the CPU) or cuda (on GPU 0; nnscaler built with --features cuda).
     #[serde(default = "default_backend")]
     pub backend: String,
+    /// With backend host or cuda: every device on a thread of its own (nnscaler-rt's
+    /// ranks: on the host an in-process communicator, the same results; on cuda NCCL,
+    /// device d on GPU d) instead of all devices in lockstep.
+    #[serde(default)]
+    pub ranks: bool,
     /// Loss-curve SVG written at the end.
     #[serde(default)]
     pub curve: Option<String>,
@@ -632,6 +637,9 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
         ..Options::default()
     };
     // A compiled step (--backend host or cuda) is compiled once, before the first step.
+    if c.train.ranks && c.train.backend == "reference" {
+        return Err("train.ranks = true needs train.backend = \"host\" or \"cuda\"".into());
+    }
     let compiled = match c.train.backend.as_str() {
         "reference" => None,
         "host" | "cuda" => {
@@ -646,7 +654,11 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
                     &c.train.backend,
                 ),
             };
-            Some(compiled.map_err(|e| format!("train.backend = \"{}\": {e}", c.train.backend))?)
+            Some(
+                compiled
+                    .map_err(|e| format!("train.backend = \"{}\": {e}", c.train.backend))?
+                    .with_ranks(c.train.ranks),
+            )
         }
         other => {
             return Err(format!(

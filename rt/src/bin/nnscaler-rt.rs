@@ -45,6 +45,15 @@ enum Cmd {
         /// Where the kernels run: host, or cuda (binaries built with --features cuda).
         #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
         backend: String,
+        /// Run every device on a thread of its own, as ranks of a cluster do, instead of
+        /// all devices in lockstep on one thread: collectives through a communicator,
+        /// messages matched in order as NCCL matches them (on lanes where a schedule
+        /// receives in another order than it sends); a deadlock is reported, naming what
+        /// each device waits for. host: the in-process communicator (results the same
+        /// bits as without --ranks; the devices compute at once); cuda: NCCL, device d on
+        /// GPU d (as many GPUs as devices).
+        #[arg(long)]
+        ranks: bool,
     },
     /// Run a program once on the GPU and on the host in lockstep, comparing what every
     /// step writes (a kernel's outputs, a collective's, a received buffer) on every
@@ -207,14 +216,17 @@ fn run(
     output: &str,
     backend: &str,
     repeat: usize,
+    ranks: bool,
 ) -> Result<String, String> {
     let a = load(path)?;
     let args = arguments(&a, inputs)?;
     let names: Vec<String> = a.header.outputs.iter().map(|p| p.name.clone()).collect();
     let devices = a.devices();
-    let (outs, mut times) = match backend {
-        "cuda" => run_cuda(a, &args, repeat)?,
-        _ => HostProgram::load(a)?.run_timed(&args, repeat)?,
+    let (outs, mut times) = match (backend, ranks) {
+        ("cuda", false) => run_cuda(a, &args, repeat)?,
+        ("cuda", true) => run_cuda_ranks(a, &args, repeat)?,
+        (_, false) => HostProgram::load(a)?.run_timed(&args, repeat)?,
+        (_, true) => HostProgram::load(a)?.run_ranks_timed(&args, repeat)?,
     };
     times.sort_by(f64::total_cmp);
     let secs = times[times.len() / 2];
@@ -230,10 +242,15 @@ fn run(
     let named: Vec<(String, Tensor)> = names.into_iter().zip(outs).collect();
     write(output, &tensor::to_bytes(&named)?)?;
     Ok(format!(
-        "ran {path} on the {} ({} device{}) in {secs:.6} s{timing}; {} results in {output}\n",
-        if backend == "cuda" { "GPU" } else { "host" },
+        "ran {path} on the {} ({} device{}{}) in {secs:.6} s{timing}; {} results in {output}\n",
+        match (backend, ranks) {
+            ("cuda", true) => "GPUs",
+            ("cuda", false) => "GPU",
+            _ => "host",
+        },
         devices,
         if devices == 1 { "" } else { "s" },
+        if ranks { ", a thread each" } else { "" },
         named.len()
     ))
 }
@@ -248,6 +265,21 @@ fn run_cuda(
     let prog = nnscaler_rt::cuda::CudaProgram::load(a, 0)?;
     eprintln!("nnscaler-rt: {}", prog.gemms());
     prog.run_timed(args, repeat)
+}
+
+/// Runs with device d on GPU d, a thread each, through NCCL.
+#[cfg(feature = "cuda")]
+fn run_cuda_ranks(
+    a: Artifact,
+    args: &[Tensor],
+    repeat: usize,
+) -> Result<(Vec<Tensor>, Vec<f64>), String> {
+    nnscaler_rt::nccl::run_ranks_timed(&a, args, repeat)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda_ranks(_: Artifact, _: &[Tensor], _: usize) -> Result<(Vec<Tensor>, Vec<f64>), String> {
+    Err("this nnscaler-rt was built without the CUDA backend (cargo build --release -p nnscaler-rt --features cuda)".into())
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -352,7 +384,8 @@ fn main() -> ExitCode {
             output,
             backend,
             repeat,
-        } => run(artifact, inputs, output, backend, *repeat as usize),
+            ranks,
+        } => run(artifact, inputs, output, backend, *repeat as usize, *ranks),
         Cmd::Compare {
             artifact,
             inputs,

@@ -1,0 +1,491 @@
+//! Ranks on GPUs (feature `cuda`): every device of an artifact on a GPU of its own, driven
+//! by a thread of its own ([`crate::ranks`]), collectives, sends and receives through
+//! NCCL (cudarc loads `libnccl.so` at run time, as it loads the driver). Not yet run on
+//! GPUs: the ranks' logic is tested on the host ([`crate::ranks`]), this file maps it to
+//! NCCL's calls.
+//!
+//! Device `d` runs on GPU `d`. Each distinct group of the artifact's collectives gets a
+//! communicator (`ncclCommInitAll` over its devices' GPUs, ranks in member order). A
+//! rank's share of a collective ([`crate::ranks::rank_plan`]) is its local copies
+//! (`cuMemcpy2DAsync`) around one NCCL call on the rank's stream; an exchange (all-to-all)
+//! is one `ncclGroupStart`/`ncclGroupEnd` of sends and receives. NCCL's sums are its own
+//! order, not the members', so results are not the same bits as the virtual devices';
+//! they agree within rounding.
+//!
+//! Every lane of messages from one device to another ([`crate::ranks::lanes`]) gets a
+//! communicator of the two (sender rank 0, receiver rank 1). A send does not wait for its
+//! receive: its bytes are copied on the kernels' stream into staging space, and sent
+//! from there on a stream of the lane's own, so a send waiting for its receive holds up
+//! neither the kernels nor the other lanes; the staging space is freed when the step's
+//! sends are done. A receive runs on the kernels' stream (the next kernels need it).
+
+use crate::artifact::{Artifact, Step};
+use crate::collective::{At, Move, Places};
+use crate::cuda::{available, CudaProgram};
+use crate::host::{load_inputs, results};
+use crate::ranks::{lanes, rank_scratch, run_rank, Flat, Groups, P2p, Rank};
+use crate::tensor::Tensor;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::nccl::{result as nccl, sys as nccl_sys};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::sync::Barrier;
+
+/// One NCCL communicator handle (a rank of one group).
+struct Handle(nccl_sys::ncclComm_t);
+
+// SAFETY: a communicator is used by one thread at a time (its rank's), which NCCL allows;
+// the handle moves to that thread once.
+unsafe impl Send for Handle {}
+// SAFETY: as above: shared references only reach the thread that uses the handle.
+unsafe impl Sync for Handle {}
+
+/// The communicators: every group's, by group and member; and per lane of messages
+/// from one device to another, a pair (the sender's, the receiver's).
+struct Comms {
+    groups: Vec<Vec<Handle>>,
+    lanes: HashMap<(usize, usize, usize), [Handle; 2]>,
+}
+
+/// `ncclCommInitAll` over `gpus`: a handle per GPU, ranks in their order.
+fn init_all(gpus: &[usize]) -> Result<Vec<Handle>, String> {
+    let mut comms = vec![std::ptr::null_mut(); gpus.len()];
+    let list: Vec<i32> = gpus.iter().map(|&d| d as i32).collect();
+    // SAFETY: `comms` has room for one handle per listed GPU.
+    unsafe { nccl::comm_init_all(comms.as_mut_ptr(), list.len() as i32, list.as_ptr()) }
+        .map_err(|e| format!("NCCL: a communicator of devices {gpus:?}: {e:?}"))?;
+    Ok(comms.into_iter().map(Handle).collect())
+}
+
+impl Comms {
+    /// Communicators for `art`'s groups and for every lane of its messages (`lanes`).
+    fn new(art: &Artifact, groups: &Groups, lanes: &[Vec<usize>]) -> Result<Comms, String> {
+        let mut c = Comms {
+            groups: Vec::with_capacity(groups.list.len()),
+            lanes: HashMap::new(),
+        };
+        for g in &groups.list {
+            c.groups.push(init_all(g)?);
+        }
+        let progs = &art.header.programs;
+        for (p, prog) in progs.iter().enumerate() {
+            for (s, &lane) in prog.steps.iter().zip(&lanes[p]) {
+                let Step::Send { to, .. } = s else { continue };
+                for (&from, &to) in prog.devices.iter().zip(&progs[*to].devices) {
+                    if let std::collections::hash_map::Entry::Vacant(v) =
+                        c.lanes.entry((from, to, lane))
+                    {
+                        let [a, b]: [Handle; 2] = init_all(&[from, to])?
+                            .try_into()
+                            .map_err(|_| "NCCL: a pair's communicator".to_string())?;
+                        v.insert([a, b]);
+                    }
+                }
+            }
+        }
+        Ok(c)
+    }
+}
+
+impl Drop for Comms {
+    fn drop(&mut self) {
+        let pairs = self.lanes.values().flatten();
+        for h in self.groups.iter().flatten().chain(pairs) {
+            // SAFETY: every handle came from ncclCommInitAll and no rank uses it any more.
+            let _ = unsafe { nccl::comm_destroy(h.0) };
+        }
+    }
+}
+
+fn check(r: Result<nccl::NcclStatus, nccl::NcclError>, what: &str) -> Result<(), String> {
+    r.map(|_| ()).map_err(|e| format!("NCCL: {what}: {e:?}"))
+}
+
+/// A device of a run: its program on its GPU, its arena and scratch there, and the
+/// communicators.
+struct GpuRank<'a> {
+    prog: &'a CudaProgram,
+    p: usize,
+    device: usize,
+    /// Per (receiving device, lane), the stream this rank sends on (so a send waiting for
+    /// its receive holds up neither the kernels nor the other lanes).
+    lane_streams: HashMap<(usize, usize), Arc<CudaStream>>,
+    /// Sent bytes, kept until the sends are done ([`GpuRank::drain`]).
+    staging: Vec<CudaSlice<u8>>,
+    arena: &'a CudaSlice<u64>,
+    scratch: &'a CudaSlice<u64>,
+    comms: &'a Comms,
+}
+
+impl GpuRank<'_> {
+    fn places(&self) -> Places<u64> {
+        let stream = self.prog.stream();
+        let base = |s: &CudaSlice<u64>| s.device_ptr(stream).0;
+        Places {
+            devices: vec![(base(self.arena), self.arena.len() as u64 * 8)],
+            scratch: (base(self.scratch), self.scratch.len() as u64 * 8),
+        }
+    }
+
+    fn stream(&self) -> nccl_sys::cudaStream_t {
+        self.prog.stream().cu_stream() as nccl_sys::cudaStream_t
+    }
+
+    /// Waits for every send to finish, then frees what they sent.
+    fn drain(&mut self) -> Result<(), String> {
+        for s in self.lane_streams.values() {
+            s.synchronize()
+                .map_err(|e| format!("CUDA: device {}: sends: {e}", self.device))?;
+        }
+        self.staging.clear();
+        Ok(())
+    }
+}
+
+impl Rank for GpuRank<'_> {
+    fn launch(&mut self, kernel: usize, buffers: &[usize]) -> Result<(), String> {
+        let prog = &self.prog.artifact().header.programs[self.p];
+        let base = self.places().devices[0].0;
+        let ptrs: Vec<u64> = buffers
+            .iter()
+            .map(|&b| base + prog.buffers[b].offset)
+            .collect();
+        self.prog.launch(kernel, &ptrs)
+    }
+
+    fn copy(&mut self, m: &Move) -> Result<(), String> {
+        let Move::Copy {
+            width,
+            rows,
+            src_pitch,
+            dst_pitch,
+            ..
+        } = *m
+        else {
+            return Err("a rank's local move is a reduction".into());
+        };
+        let [(src, src_span), (dst, dst_span)] = m.spans();
+        if src_span == 0 {
+            return Ok(());
+        }
+        let places = self.places();
+        let (sb, so) = places.locate(src, src_span)?;
+        let (db, dof) = places.locate(dst, dst_span)?;
+        // SAFETY: both spans lie in this rank's arena or scratch (checked just above);
+        // a rank's plan never copies a region onto itself.
+        unsafe {
+            self.prog
+                .copy2d(sb + so, db + dof, width, rows, src_pitch, dst_pitch)
+        }
+    }
+
+    fn collective(&mut self, group: usize, member: usize, op: &Flat<At>) -> Result<(), String> {
+        let comm = self.comms.groups[group][member].0;
+        let members = self.comms.groups[group].len() as u64;
+        let places = self.places();
+        let op = op.map(members, &mut |a, bytes| {
+            let (base, off) = places.locate(a, bytes)?;
+            Ok(base + off)
+        })?;
+        let stream = self.stream();
+        let red = |max: bool| {
+            if max {
+                nccl_sys::ncclRedOp_t::ncclMax
+            } else {
+                nccl_sys::ncclRedOp_t::ncclSum
+            }
+        };
+        let f32t = nccl_sys::ncclDataType_t::ncclFloat32;
+        let u8t = nccl_sys::ncclDataType_t::ncclUint8;
+        let ptr = |a: u64| a as *mut c_void;
+        // SAFETY (every call): the addresses lie in this rank's arena and scratch on its
+        // GPU (located above) for the sizes given; the communicator is this rank's of
+        // the group, used by this thread only; the call is queued on the rank's stream.
+        match op {
+            Flat::AllReduce { send, recv, n, max } => check(
+                unsafe {
+                    nccl::all_reduce(
+                        ptr(send),
+                        ptr(recv),
+                        n as usize,
+                        f32t,
+                        red(max),
+                        comm,
+                        stream,
+                    )
+                },
+                "all_reduce",
+            ),
+            Flat::AllGather { send, recv, bytes } => check(
+                unsafe {
+                    nccl::all_gather(ptr(send), ptr(recv), bytes as usize, u8t, comm, stream)
+                },
+                "all_gather",
+            ),
+            Flat::ReduceScatter { send, recv, n, max } => check(
+                unsafe {
+                    nccl::reduce_scatter(
+                        ptr(send),
+                        ptr(recv),
+                        n as usize,
+                        f32t,
+                        red(max),
+                        comm,
+                        stream,
+                    )
+                },
+                "reduce_scatter",
+            ),
+            Flat::Broadcast {
+                send,
+                recv,
+                bytes,
+                root,
+            } => check(
+                unsafe {
+                    nccl::broadcast(
+                        ptr(send),
+                        ptr(recv),
+                        bytes as usize,
+                        u8t,
+                        root as i32,
+                        comm,
+                        stream,
+                    )
+                },
+                "broadcast",
+            ),
+            Flat::Exchange {
+                sends,
+                recvs,
+                bytes,
+            } => {
+                check(nccl::group_start(), "all_to_all")?;
+                let mut r = Ok(());
+                for (k, (s, d)) in sends.iter().zip(&recvs).enumerate() {
+                    let k = k as i32;
+                    r = r
+                        .and_then(|_| {
+                            check(
+                                unsafe {
+                                    nccl::send(ptr(*s), bytes as usize, u8t, k, comm, stream)
+                                },
+                                "all_to_all send",
+                            )
+                        })
+                        .and_then(|_| {
+                            check(
+                                unsafe {
+                                    nccl::recv(ptr(*d), bytes as usize, u8t, k, comm, stream)
+                                },
+                                "all_to_all receive",
+                            )
+                        });
+                }
+                // The group is closed whatever happened inside it.
+                let end = check(nccl::group_end(), "all_to_all");
+                r.and(end)
+            }
+        }
+    }
+
+    fn send(&mut self, op: &P2p<At>) -> Result<(), String> {
+        let device = self.device;
+        let cu =
+            |e: cudarc::driver::DriverError| format!("CUDA: device {device}: '{}': {e}", op.tag);
+        let (base, off) = self.places().locate(op.at, op.bytes)?;
+        let compute = self.prog.stream().clone();
+        // The bytes as they are now, copied on the kernels' stream (later kernels may
+        // write over the buffer), then sent from there on the lane's stream.
+        // SAFETY: the staging space is written whole by the copy before it is read.
+        let staging = unsafe { compute.alloc::<u8>(op.bytes.max(1) as usize) }.map_err(cu)?;
+        let dst = staging.device_ptr(&compute).0;
+        // SAFETY: the buffer lies in this rank's arena (located); the staging space is
+        // fresh, `bytes` long.
+        unsafe {
+            self.prog
+                .copy2d(base + off, dst, op.bytes, 1, op.bytes, op.bytes)
+        }?;
+        let ready = compute.record_event(None).map_err(cu)?;
+        let lane = match self.lane_streams.get(&(op.peer, op.lane)) {
+            Some(s) => s.clone(),
+            None => {
+                let s = compute.context().new_stream().map_err(cu)?;
+                self.lane_streams.insert((op.peer, op.lane), s.clone());
+                s
+            }
+        };
+        lane.wait(&ready).map_err(cu)?;
+        let comm = self
+            .comms
+            .lanes
+            .get(&(device, op.peer, op.lane))
+            .ok_or_else(|| format!("'{}': no communicator to device {}", op.tag, op.peer))?[0]
+            .0;
+        let u8t = nccl_sys::ncclDataType_t::ncclUint8;
+        let stream = lane.cu_stream() as nccl_sys::cudaStream_t;
+        // SAFETY: the staging space is `bytes` long and kept until the sends are done
+        // (`drain`); the lane's communicator is this rank's, used by this thread on this
+        // stream only; the receiver is rank 1 of it.
+        let sent = unsafe {
+            nccl::send(
+                dst as *const c_void,
+                op.bytes as usize,
+                u8t,
+                1,
+                comm,
+                stream,
+            )
+        };
+        self.staging.push(staging);
+        check(sent, &op.tag)
+    }
+
+    fn recv(&mut self, op: &P2p<At>) -> Result<(), String> {
+        let (base, off) = self.places().locate(op.at, op.bytes)?;
+        let comm = self
+            .comms
+            .lanes
+            .get(&(op.peer, self.device, op.lane))
+            .ok_or_else(|| format!("'{}': no communicator from device {}", op.tag, op.peer))?[1]
+            .0;
+        let u8t = nccl_sys::ncclDataType_t::ncclUint8;
+        // SAFETY: the buffer lies in this rank's arena for `bytes` (located); the lane's
+        // communicator is this rank's, used by this thread on the kernels' stream only;
+        // the sender is rank 0 of it.
+        check(
+            unsafe {
+                nccl::recv(
+                    (base + off) as *mut c_void,
+                    op.bytes as usize,
+                    u8t,
+                    0,
+                    comm,
+                    self.stream(),
+                )
+            },
+            &op.tag,
+        )
+    }
+}
+
+/// Runs `art` `repeat` times (at least once) with every device on GPU `d` of its own,
+/// driven by a thread of its own, collectives and sends through NCCL; returns the results
+/// made whole and the seconds of each run (from a barrier before every device's first
+/// step until the slowest device's stream finished).
+pub fn run_ranks_timed(
+    art: &Artifact,
+    inputs: &[Tensor],
+    repeat: usize,
+) -> Result<(Vec<Tensor>, Vec<f64>), String> {
+    let lanes = lanes(art)?;
+    let devices = art.devices().max(1);
+    let gpus = available()?;
+    if gpus < devices {
+        return Err(format!(
+            "{devices} devices need {devices} GPUs to run as ranks, and the driver sees {gpus} (without ranks they run as virtual devices on GPU 0)"
+        ));
+    }
+    // SAFETY: probing for the library has no preconditions.
+    if !unsafe { nccl_sys::is_culib_present() } {
+        return Err("NCCL (libnccl.so) cannot be loaded: ranks on GPUs need it".into());
+    }
+    let groups = Groups::of(art);
+    let words = rank_scratch(art, &groups)?.div_ceil(8).max(1) as usize;
+    let mut host = load_inputs(art, inputs)?;
+    let comms = Comms::new(art, &groups, &lanes)?;
+    let repeat = repeat.max(1);
+    let start = Barrier::new(devices);
+    // Set by a device whose setup or run failed, so the others stop at the next barrier
+    // instead of waiting there for it. (A device that fails inside a collective leaves
+    // the others waiting in NCCL: its error is still printed first.)
+    let failed = AtomicBool::new(false);
+    let (comms, start, groups, failed, lanes) = (&comms, &start, &groups, &failed, &lanes);
+    let per_device: Vec<Result<Vec<f64>, String>> = std::thread::scope(|sc| {
+        let mut handles = Vec::new();
+        for (p, arenas) in host.iter_mut().enumerate() {
+            for (k, h_arena) in arenas.iter_mut().enumerate() {
+                let device = art.header.programs[p].devices[k];
+                handles.push(sc.spawn(move || -> Result<Vec<f64>, String> {
+                    let setup = (|| {
+                        let prog = CudaProgram::load(art.clone(), device)?;
+                        let scratch = prog
+                            .stream()
+                            .alloc_zeros::<u64>(words)
+                            .map_err(|e| format!("CUDA: device {device}: scratch: {e}"))?;
+                        Ok::<_, String>((prog, scratch))
+                    })();
+                    let run = |setup: Result<(CudaProgram, CudaSlice<u64>), String>,
+                               h_arena: &mut Vec<u64>| {
+                        let (prog, scratch) = setup?;
+                        let stream = prog.stream().clone();
+                        let cu = |r: Result<(), cudarc::driver::DriverError>, what: &str| {
+                            r.map_err(|e| format!("CUDA: device {device}: {what}: {e}"))
+                        };
+                        let mut times = Vec::with_capacity(repeat);
+                        let mut arena = None;
+                        for _ in 0..repeat {
+                            // Every run starts from the arguments.
+                            let a = stream
+                                .clone_htod(h_arena.as_slice())
+                                .map_err(|e| format!("CUDA: device {device}: arguments: {e}"))?;
+                            cu(stream.synchronize(), "arguments")?;
+                            start.wait();
+                            if failed.load(Ordering::SeqCst) {
+                                return Err("stopped: another device failed".to_string());
+                            }
+                            let t = std::time::Instant::now();
+                            let mut rank = GpuRank {
+                                prog: &prog,
+                                p,
+                                device,
+                                lane_streams: HashMap::new(),
+                                staging: Vec::new(),
+                                arena: &a,
+                                scratch: &scratch,
+                                comms,
+                            };
+                            run_rank(art, &lanes[p], p, device, groups, &mut rank)?;
+                            cu(stream.synchronize(), "the step")?;
+                            rank.drain()?;
+                            times.push(t.elapsed().as_secs_f64());
+                            arena = Some(a);
+                        }
+                        if let Some(a) = arena {
+                            cu(stream.memcpy_dtoh(&a, h_arena.as_mut_slice()), "results")?;
+                            cu(stream.synchronize(), "results")?;
+                        }
+                        Ok(times)
+                    };
+                    let ok = setup.is_ok();
+                    if !ok {
+                        failed.store(true, Ordering::SeqCst);
+                        // Meet the others at the first barrier, where they see the flag.
+                        start.wait();
+                    }
+                    let r = run(setup, h_arena);
+                    if r.is_err() && ok {
+                        failed.store(true, Ordering::SeqCst);
+                    }
+                    r
+                }));
+            }
+        }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a rank's thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut times = vec![0.0f64; repeat];
+    for r in per_device {
+        for (t, d) in times.iter_mut().zip(r?) {
+            *t = t.max(d);
+        }
+    }
+    Ok((results(art, &host)?, times))
+}
