@@ -6,7 +6,8 @@
 # (nnscaler-rt compare, on gpt-tiny's step and on any case that disagrees); per case,
 # agreement of the CUDA backend with the CPU runtime (whole
 # training steps, one device, dp2 x tp2 on 4 virtual devices, and a pp2 x dp2 x tp2 1F1B
-# pipeline on 8); the nanoGPT GPU-config
+# pipeline on 8; the same as ranks, a GPU each through NCCL, where the GPUs suffice); the
+# nanoGPT GPU-config
 # step time against PyTorch eager on the same GPU; the GEMM rate against torch.matmul;
 # and the calibration benchmarks' times (calib-timings.json, copied to $OUT when set).
 set -uo pipefail
@@ -22,6 +23,14 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so '; then
   if [ -n "$so" ]; then
     mkdir -p lib && ln -sf "$so" lib/libcublas.so
     export LD_LIBRARY_PATH="$PWD/lib:$(dirname "$so"):${LD_LIBRARY_PATH:-}"
+  fi
+fi
+# NCCL (for --ranks): the system's, else PyTorch's wheel's, under the plain name.
+if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so '; then
+  so=$(find $("$py" -c 'import site; print(" ".join(site.getsitepackages()))') -name 'libnccl.so*' 2>/dev/null | head -1)
+  if [ -n "$so" ]; then
+    mkdir -p lib && ln -sf "$so" lib/libnccl.so
+    export LD_LIBRARY_PATH="$PWD/lib:${LD_LIBRARY_PATH:-}"
   fi
 fi
 status=0
@@ -42,6 +51,20 @@ for c in gpt-tiny-step gpt-tiny-dptp gpt-tiny-pp nanogpt-cpu-step; do
     ./nnscaler-rt compare "$c.nnsx" --inputs "$c.in.safetensors" \
       --inputs "$c.params.safetensors" || true
   fi
+done
+# Ranks: a thread and a GPU per device, collectives and messages through NCCL (as many
+# GPUs as devices; a case needing more is skipped and says so).
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+for spec in gpt-tiny-step:1 gpt-tiny-dptp:4 gpt-tiny-pp:8; do
+  c=${spec%%:*}; need=${spec##*:}
+  echo "== $c as ranks (NCCL, $need GPU(s))"
+  if [ "${gpus:-0}" -lt "$need" ]; then
+    echo "skipped: $c needs $need GPUs, this machine has ${gpus:-0}"
+    continue
+  fi
+  ./nnscaler-rt run "$c.nnsx" --backend cuda --ranks --repeat 3 --inputs "$c.in.safetensors" \
+      --inputs "$c.params.safetensors" -o "$c.ranks.safetensors" \
+    && "$py" compare.py close "$c.ranks.safetensors" "$c.want.safetensors" 1e-4 || status=1
 done
 echo "== nanogpt GPU config (6 layers, 6 heads, 384 wide, block 256, batch 64; fp32)"
 "$py" compare.py params nanogpt-gpu-step.nnsx nanogpt-gpu-step.params.safetensors

@@ -15,7 +15,9 @@ use std::process::ExitCode;
         It needs no MLIR or LLVM: copy this binary and the artifact to a machine and run. \
         Backends: host (the artifact's kernels compiled for the CPU, every device of a \
         partitioned program a virtual device) and cuda (the PTX on GPU 0, every device of \
-        the mesh a virtual device on it; in binaries built with --features cuda)."
+        the mesh a virtual device on it; in binaries built with --features cuda). With \
+        run --ranks every device runs on a thread of its own instead (cuda: on a GPU of \
+        its own, collectives and messages through NCCL)."
 )]
 struct Cli {
     #[command(subcommand)]
