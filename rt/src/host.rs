@@ -317,7 +317,12 @@ fn run_ranks(
                         arena: (base, len),
                         scratch: vec![0u64; scratch.max(1)],
                     };
-                    let r = run_rank(art, &lanes[p], p, device, groups, &mut rank);
+                    // A panic is this rank's error too, so the others stop instead
+                    // of waiting for it.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run_rank(art, &lanes[p], p, device, groups, &mut rank)
+                    }))
+                    .unwrap_or_else(|_| Err(format!("device {device}'s thread panicked")));
                     comm.finish(device, &r);
                     r
                 }));

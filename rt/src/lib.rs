@@ -24,4 +24,5 @@ pub mod tensor;
 
 pub use artifact::{Artifact, Header, MAGIC, VERSION};
 pub use host::HostProgram;
+pub use ranks::lanes;
 pub use tensor::{Tensor, Values};

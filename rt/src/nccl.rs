@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::sync::Barrier;
+use std::sync::{Condvar, Mutex};
 
 /// One NCCL communicator handle (a rank of one group).
 struct Handle(nccl_sys::ncclComm_t);
@@ -47,6 +47,8 @@ unsafe impl Sync for Handle {}
 struct Comms {
     groups: Vec<Vec<Handle>>,
     lanes: HashMap<(usize, usize, usize), [Handle; 2]>,
+    /// Set once [`Comms::abort`] ran (the handles are then gone).
+    aborted: AtomicBool,
 }
 
 /// `ncclCommInitAll` over `gpus`: a handle per GPU, ranks in their order.
@@ -65,6 +67,7 @@ impl Comms {
         let mut c = Comms {
             groups: Vec::with_capacity(groups.list.len()),
             lanes: HashMap::new(),
+            aborted: AtomicBool::new(false),
         };
         for g in &groups.list {
             c.groups.push(init_all(g)?);
@@ -89,10 +92,33 @@ impl Comms {
     }
 }
 
+impl Comms {
+    fn handles(&self) -> impl Iterator<Item = &Handle> {
+        self.groups
+            .iter()
+            .flatten()
+            .chain(self.lanes.values().flatten())
+    }
+
+    /// Aborts every communicator (once): NCCL calls waiting on a device that failed
+    /// return with an error instead of waiting for ever.
+    fn abort(&self) {
+        if !self.aborted.swap(true, Ordering::SeqCst) {
+            for h in self.handles() {
+                // SAFETY: every handle came from ncclCommInitAll; ncclCommAbort may be
+                // called while other threads wait in calls on it (that is its purpose).
+                let _ = unsafe { nccl::comm_abort(h.0) };
+            }
+        }
+    }
+}
+
 impl Drop for Comms {
     fn drop(&mut self) {
-        let pairs = self.lanes.values().flatten();
-        for h in self.groups.iter().flatten().chain(pairs) {
+        if self.aborted.load(Ordering::SeqCst) {
+            return;
+        }
+        for h in self.handles() {
             // SAFETY: every handle came from ncclCommInitAll and no rank uses it any more.
             let _ = unsafe { nccl::comm_destroy(h.0) };
         }
@@ -371,6 +397,109 @@ impl Rank for GpuRank<'_> {
     }
 }
 
+/// A barrier that fails: every device waits at it before each run (so the runs start
+/// together), and a device that failed opens it for the others with an error instead of
+/// leaving them waiting.
+struct Gate {
+    state: Mutex<(usize, u64, bool)>,
+    cv: Condvar,
+    n: usize,
+}
+
+impl Gate {
+    fn new(n: usize) -> Gate {
+        Gate {
+            state: Mutex::new((0, 0, false)),
+            cv: Condvar::new(),
+            n,
+        }
+    }
+
+    /// Waits until every device arrived (`Err` once one failed).
+    fn wait(&self) -> Result<(), String> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let generation = st.1;
+        st.0 += 1;
+        if st.0 == self.n {
+            st.0 = 0;
+            st.1 += 1;
+            self.cv.notify_all();
+        }
+        while st.1 == generation && !st.2 {
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if st.2 {
+            return Err("stopped: another device failed".into());
+        }
+        Ok(())
+    }
+
+    fn fail(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).2 = true;
+        self.cv.notify_all();
+    }
+}
+
+/// One device's runs (a thread's work in [`run_ranks_timed`]).
+struct RankRun<'a> {
+    art: &'a Artifact,
+    p: usize,
+    device: usize,
+    words: usize,
+    repeat: usize,
+    gate: &'a Gate,
+    comms: &'a Comms,
+    groups: &'a Groups,
+    lanes: &'a [usize],
+}
+
+impl RankRun<'_> {
+    /// Loads the program on the device's GPU, runs it `repeat` times from the arguments
+    /// in `h_arena`, and leaves the last run's arena there; the seconds of each run.
+    fn run(&self, h_arena: &mut Vec<u64>) -> Result<Vec<f64>, String> {
+        let device = self.device;
+        let cu = |r: Result<(), cudarc::driver::DriverError>, what: &str| {
+            r.map_err(|e| format!("CUDA: device {device}: {what}: {e}"))
+        };
+        let prog = CudaProgram::load(self.art.clone(), device)?;
+        let stream = prog.stream().clone();
+        let scratch = stream
+            .alloc_zeros::<u64>(self.words)
+            .map_err(|e| format!("CUDA: device {device}: scratch: {e}"))?;
+        let mut times = Vec::with_capacity(self.repeat);
+        let mut arena = None;
+        for _ in 0..self.repeat {
+            // Every run starts from the arguments.
+            let a = stream
+                .clone_htod(h_arena.as_slice())
+                .map_err(|e| format!("CUDA: device {device}: arguments: {e}"))?;
+            cu(stream.synchronize(), "arguments")?;
+            self.gate.wait()?;
+            let t = std::time::Instant::now();
+            let mut rank = GpuRank {
+                prog: &prog,
+                p: self.p,
+                device,
+                lane_streams: HashMap::new(),
+                staging: Vec::new(),
+                arena: &a,
+                scratch: &scratch,
+                comms: self.comms,
+            };
+            run_rank(self.art, self.lanes, self.p, device, self.groups, &mut rank)?;
+            cu(stream.synchronize(), "the step")?;
+            rank.drain()?;
+            times.push(t.elapsed().as_secs_f64());
+            arena = Some(a);
+        }
+        if let Some(a) = arena {
+            cu(stream.memcpy_dtoh(&a, h_arena.as_mut_slice()), "results")?;
+            cu(stream.synchronize(), "results")?;
+        }
+        Ok(times)
+    }
+}
+
 /// Runs `art` `repeat` times (at least once) with every device on GPU `d` of its own,
 /// driven by a thread of its own, collectives and sends through NCCL; returns the results
 /// made whole and the seconds of each run (from a barrier before every device's first
@@ -397,77 +526,34 @@ pub fn run_ranks_timed(
     let mut host = load_inputs(art, inputs)?;
     let comms = Comms::new(art, &groups, &lanes)?;
     let repeat = repeat.max(1);
-    let start = Barrier::new(devices);
-    // Set by a device whose setup or run failed, so the others stop at the next barrier
-    // instead of waiting there for it. (A device that fails inside a collective leaves
-    // the others waiting in NCCL: its error is still printed first.)
-    let failed = AtomicBool::new(false);
-    let (comms, start, groups, failed, lanes) = (&comms, &start, &groups, &failed, &lanes);
+    let gate = Gate::new(devices);
+    let (comms, gate, groups, lanes) = (&comms, &gate, &groups, &lanes);
     let per_device: Vec<Result<Vec<f64>, String>> = std::thread::scope(|sc| {
         let mut handles = Vec::new();
         for (p, arenas) in host.iter_mut().enumerate() {
             for (k, h_arena) in arenas.iter_mut().enumerate() {
                 let device = art.header.programs[p].devices[k];
                 handles.push(sc.spawn(move || -> Result<Vec<f64>, String> {
-                    let setup = (|| {
-                        let prog = CudaProgram::load(art.clone(), device)?;
-                        let scratch = prog
-                            .stream()
-                            .alloc_zeros::<u64>(words)
-                            .map_err(|e| format!("CUDA: device {device}: scratch: {e}"))?;
-                        Ok::<_, String>((prog, scratch))
-                    })();
-                    let run = |setup: Result<(CudaProgram, CudaSlice<u64>), String>,
-                               h_arena: &mut Vec<u64>| {
-                        let (prog, scratch) = setup?;
-                        let stream = prog.stream().clone();
-                        let cu = |r: Result<(), cudarc::driver::DriverError>, what: &str| {
-                            r.map_err(|e| format!("CUDA: device {device}: {what}: {e}"))
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let run = RankRun {
+                            art,
+                            p,
+                            device,
+                            words,
+                            repeat,
+                            gate,
+                            comms,
+                            groups,
+                            lanes: &lanes[p],
                         };
-                        let mut times = Vec::with_capacity(repeat);
-                        let mut arena = None;
-                        for _ in 0..repeat {
-                            // Every run starts from the arguments.
-                            let a = stream
-                                .clone_htod(h_arena.as_slice())
-                                .map_err(|e| format!("CUDA: device {device}: arguments: {e}"))?;
-                            cu(stream.synchronize(), "arguments")?;
-                            start.wait();
-                            if failed.load(Ordering::SeqCst) {
-                                return Err("stopped: another device failed".to_string());
-                            }
-                            let t = std::time::Instant::now();
-                            let mut rank = GpuRank {
-                                prog: &prog,
-                                p,
-                                device,
-                                lane_streams: HashMap::new(),
-                                staging: Vec::new(),
-                                arena: &a,
-                                scratch: &scratch,
-                                comms,
-                            };
-                            run_rank(art, &lanes[p], p, device, groups, &mut rank)?;
-                            cu(stream.synchronize(), "the step")?;
-                            rank.drain()?;
-                            times.push(t.elapsed().as_secs_f64());
-                            arena = Some(a);
-                        }
-                        if let Some(a) = arena {
-                            cu(stream.memcpy_dtoh(&a, h_arena.as_mut_slice()), "results")?;
-                            cu(stream.synchronize(), "results")?;
-                        }
-                        Ok(times)
-                    };
-                    let ok = setup.is_ok();
-                    if !ok {
-                        failed.store(true, Ordering::SeqCst);
-                        // Meet the others at the first barrier, where they see the flag.
-                        start.wait();
-                    }
-                    let r = run(setup, h_arena);
-                    if r.is_err() && ok {
-                        failed.store(true, Ordering::SeqCst);
+                        run.run(h_arena)
+                    }))
+                    .unwrap_or_else(|_| Err(format!("device {device}'s thread panicked")));
+                    if r.is_err() {
+                        // The others stop at the next gate, and those waiting in NCCL
+                        // for this device return instead of hanging.
+                        gate.fail();
+                        comms.abort();
                     }
                     r
                 }));
@@ -488,4 +574,32 @@ pub fn run_ranks_timed(
         }
     }
     Ok((results(art, &host)?, times))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Gate;
+
+    /// Devices pass the gate together run after run; one that fails lets the others go
+    /// with an error instead of leaving them waiting for it.
+    #[test]
+    fn the_gate_opens_together_and_on_failure() {
+        let gate = Gate::new(3);
+        let passed: Vec<usize> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..3)
+                .map(|_| sc.spawn(|| (0..5).filter(|_| gate.wait().is_ok()).count()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(passed, [5, 5, 5]);
+        let gate = Gate::new(3);
+        let got: Vec<Result<(), String>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..2).map(|_| sc.spawn(|| gate.wait())).collect();
+            gate.fail();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(got
+            .iter()
+            .all(|r| r == &Err("stopped: another device failed".to_string())));
+    }
 }

@@ -295,6 +295,17 @@ impl Compiled {
         &self,
         inputs: &[nnscaler_runtime::tensor::Tensor],
     ) -> Result<Vec<nnscaler_runtime::tensor::Tensor>, String> {
+        Ok(self.run_timed(inputs, 1)?.0)
+    }
+
+    /// [`Compiled::run`] `repeat` times (at least once): the last run's results and the
+    /// seconds of each run's launch plan (nnscaler-rt's step time: the arguments already
+    /// in place, the results not yet assembled).
+    pub fn run_timed(
+        &self,
+        inputs: &[nnscaler_runtime::tensor::Tensor],
+        repeat: usize,
+    ) -> Result<(Vec<nnscaler_runtime::tensor::Tensor>, Vec<f64>), String> {
         let picked: Vec<&nnscaler_runtime::tensor::Tensor> = match &self.args {
             None => inputs.iter().collect(),
             Some(ids) => ids
@@ -309,7 +320,7 @@ impl Compiled {
                 })
                 .collect::<Result<_, _>>()?,
         };
-        self.run_args(&picked)
+        self.run_args(&picked, repeat)
     }
 
     /// Runs it on a pipeline's arguments by their index among the step's (`nns.arg`):
@@ -318,6 +329,15 @@ impl Compiled {
         &self,
         inputs: &std::collections::BTreeMap<usize, nnscaler_runtime::tensor::Tensor>,
     ) -> Result<Vec<nnscaler_runtime::tensor::Tensor>, String> {
+        Ok(self.run_indexed_timed(inputs, 1)?.0)
+    }
+
+    /// [`Compiled::run_indexed`] `repeat` times, as [`Compiled::run_timed`].
+    pub fn run_indexed_timed(
+        &self,
+        inputs: &std::collections::BTreeMap<usize, nnscaler_runtime::tensor::Tensor>,
+        repeat: usize,
+    ) -> Result<(Vec<nnscaler_runtime::tensor::Tensor>, Vec<f64>), String> {
         let picked: Vec<&nnscaler_runtime::tensor::Tensor> = match &self.args {
             None => inputs.values().collect(),
             Some(ids) => ids
@@ -329,30 +349,32 @@ impl Compiled {
                 })
                 .collect::<Result<_, _>>()?,
         };
-        self.run_args(&picked)
+        self.run_args(&picked, repeat)
     }
 
     fn run_args(
         &self,
         inputs: &[&nnscaler_runtime::tensor::Tensor],
-    ) -> Result<Vec<nnscaler_runtime::tensor::Tensor>, String> {
+        repeat: usize,
+    ) -> Result<(Vec<nnscaler_runtime::tensor::Tensor>, Vec<f64>), String> {
         let args: Vec<nnscaler_rt::Tensor> =
             inputs.iter().map(|t| to_rt(t)).collect::<Result<_, _>>()?;
-        let outs = match (&self.backend, self.ranks) {
-            (Backend::Host(p), false) => p.run(&args)?,
-            (Backend::Host(p), true) => p.run_ranks_timed(&args, 1)?.0,
+        let (outs, times) = match (&self.backend, self.ranks) {
+            (Backend::Host(p), false) => p.run_timed(&args, repeat)?,
+            (Backend::Host(p), true) => p.run_ranks_timed(&args, repeat)?,
             #[cfg(feature = "cuda")]
-            (Backend::Cuda(p), false) => p.run_timed(&args, 1)?.0,
+            (Backend::Cuda(p), false) => p.run_timed(&args, repeat)?,
             #[cfg(feature = "cuda")]
             (Backend::Cuda(p), true) => {
-                nnscaler_rt::nccl::run_ranks_timed(p.artifact(), &args, 1)?.0
+                nnscaler_rt::nccl::run_ranks_timed(p.artifact(), &args, repeat)?
             }
         };
-        outs.iter().map(from_rt).collect()
+        Ok((outs.iter().map(from_rt).collect::<Result<_, _>>()?, times))
     }
 }
 
-/// Runs `g` once compiled (see [`Compiled`]; `ranks`: [`Compiled::with_ranks`]).
+/// Runs `g` compiled (see [`Compiled`]; `ranks`: [`Compiled::with_ranks`]) `repeat`
+/// times: the last run's results and each run's seconds ([`Compiled::run_timed`]).
 pub fn run_compiled(
     g: &Graph,
     mesh: Option<&nnscaler_dialects::nns::Mesh>,
@@ -360,10 +382,11 @@ pub fn run_compiled(
     backend: &str,
     ranks: bool,
     inputs: Vec<nnscaler_runtime::tensor::Tensor>,
-) -> Result<Vec<nnscaler_runtime::tensor::Tensor>, String> {
+    repeat: usize,
+) -> Result<(Vec<nnscaler_runtime::tensor::Tensor>, Vec<f64>), String> {
     Compiled::new(g, mesh, source, backend)?
         .with_ranks(ranks)
-        .run(&inputs)
+        .run_timed(&inputs, repeat)
 }
 
 fn to_rt(t: &nnscaler_runtime::tensor::Tensor) -> Result<nnscaler_rt::Tensor, String> {

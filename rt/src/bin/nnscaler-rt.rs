@@ -149,6 +149,26 @@ fn info(path: &str) -> Result<String, String> {
                     p.arena_bytes
                 );
             }
+            // The messages of each pair of programs and the lanes --ranks matches them on.
+            let lanes = nnscaler_rt::lanes(&a)?;
+            let mut pairs = std::collections::BTreeMap::new();
+            for (pi, p) in h.programs.iter().enumerate() {
+                for (st, &lane) in p.steps.iter().zip(&lanes[pi]) {
+                    if let Step::Send { to, .. } = st {
+                        let e = pairs.entry((pi, *to)).or_insert((0usize, 0usize));
+                        e.0 += 1;
+                        e.1 = e.1.max(lane + 1);
+                    }
+                }
+            }
+            for ((from, to), (n, l)) in pairs {
+                s += &format!(
+                    "messages {} -> {}: {n} on {l} lane{} (matched in order within a lane under --ranks)\n",
+                    h.programs[from].name,
+                    h.programs[to].name,
+                    if l == 1 { "" } else { "s" }
+                );
+            }
         }
         None if !h.mesh.is_empty() => {
             s += &format!(
