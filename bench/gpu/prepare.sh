@@ -43,6 +43,9 @@ case_ gpt-tiny-dptp gpt-dptp.mlir 4 gpt.mlir
 "$bin/nnscaler-opt" --place="stages=2" --autodiff --plan="dp-megatron dp=2 tp=2 pp=2 microbatches=4" \
   --split-tensor --schedule-1f1b --lower-relayouts --localize gpt8.mlir -o gpt-pp.mlir
 case_ gpt-tiny-pp gpt-pp.mlir 8 gpt8.mlir
+# Mixed precision (--autocast=bf16: bf16 products, most bf16 values in 2-byte buffers).
+"$bin/nnscaler-opt" --autocast=bf16 --autodiff --optimizer="clip=1.0 weight_decay=0.1" gpt.mlir -o gpt-bf16-step.mlir
+case_ gpt-tiny-bf16-step gpt-bf16-step.mlir
 "$bin/nnscaler" import --preset nanogpt-cpu -o nano.mlir
 "$bin/nnscaler-opt" --autodiff --optimizer="clip=1.0 weight_decay=0.1" nano.mlir -o nano-step.mlir
 case_ nanogpt-cpu-step nano-step.mlir
@@ -56,6 +59,10 @@ case_ nanogpt-cpu-step nano-step.mlir
 "$bin/nnscaler" data random big-step.mlir -o "$out/nanogpt-gpu-step.in.safetensors"
 sched "$out/nanogpt-gpu-step.in.safetensors"
 echo "prepared nanogpt-gpu-step (timing)"
+"$bin/nnscaler-opt" --autocast=bf16 --autodiff --optimizer="clip=1.0 weight_decay=0.1" big.mlir -o big-bf16-step.mlir
+"$bin/nnscaler" compile big-bf16-step.mlir -o "$out/nanogpt-gpu-bf16-step.nnsx" > /dev/null
+cp "$out/nanogpt-gpu-step.in.safetensors" "$out/nanogpt-gpu-bf16-step.in.safetensors"
+echo "prepared nanogpt-gpu-bf16-step (timing)"
 
 # A 2048^3 matrix product alone, for the GEMM rate.
 cat > gemm.mlir <<'MLIR'

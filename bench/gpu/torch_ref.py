@@ -1,7 +1,8 @@
 """PyTorch references on the GPU for bench/gpu/check.sh.
 
-  torch_ref.py step LAYERS HEADS WIDTH BLOCK BATCH VOCAB   nanoGPT training step time (eager,
-      fp32, TF32 off): forward, backward, clipping at 1, AdamW; median of 10 after 3 warm-ups
+  torch_ref.py step LAYERS HEADS WIDTH BLOCK BATCH VOCAB [bf16]   nanoGPT training step time
+      (eager, fp32, TF32 off; with bf16 under torch.autocast(dtype=torch.bfloat16), fp32
+      master weights): forward, backward, clipping at 1, AdamW; median of 10 after 3 warm-ups
   torch_ref.py gemm N                                      torch.matmul TFLOP/s, fp32, TF32 off
 """
 import statistics
@@ -26,7 +27,7 @@ def timed(fn, warm=3, runs=10):
     return statistics.median(ts)
 
 
-def step(layers, heads, width, block, batch, vocab):
+def step(layers, heads, width, block, batch, vocab, bf16=False):
     torch.manual_seed(0)
     dev = "cuda"
     c = {"layers": layers, "heads": heads}
@@ -38,13 +39,14 @@ def step(layers, heads, width, block, batch, vocab):
     y = torch.randint(0, vocab, (batch, block), device=dev)
 
     def one():
-        loss = models.gpt(p, {"tokens": x, "targets": y}, c)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = models.gpt(p, {"tokens": x, "targets": y}, c)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(p.values()), 1.0)
         opt.step()
 
-    print(f"pytorch eager step {timed(one):.6f} s")
+    print(f"pytorch eager step{' (autocast bf16)' if bf16 else ''} {timed(one):.6f} s")
 
 
 def gemm(n):
@@ -58,7 +60,7 @@ if __name__ == "__main__":
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     if sys.argv[1] == "step":
-        step(*map(int, sys.argv[2:8]))
+        step(*map(int, sys.argv[2:8]), bf16=sys.argv[8:9] == ["bf16"])
     elif sys.argv[1] == "gemm":
         gemm(int(sys.argv[2]))
     else:

@@ -21,6 +21,7 @@ fn elt(e: Elt) -> nx::Elt {
     match e {
         Elt::F32 => nx::Elt::F32,
         Elt::I64 => nx::Elt::I64,
+        Elt::Bf16 => nx::Elt::Bf16,
     }
 }
 

@@ -25,6 +25,25 @@ pub enum Elt {
     F32,
     /// i64 (token ids, targets).
     I64,
+    /// bfloat16 values stored in 2 bytes, the high half of an f32's bits (see
+    /// `program::store_bf16`): kernels widen them to f32 on load (exactly) and round to
+    /// nearest even on store.
+    Bf16,
+}
+
+impl Elt {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Elt::F32 => 4,
+            Elt::I64 => 8,
+            Elt::Bf16 => 2,
+        }
+    }
+    /// Whether it holds floats (f32 or bf16; kernels compute on both as f32).
+    pub fn is_float(self) -> bool {
+        self != Elt::I64
+    }
 }
 
 /// A buffer: a row-major tensor.

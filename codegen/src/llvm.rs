@@ -18,7 +18,7 @@
 //! runtime's algorithms: `exp` and `erf` exactly as `runtime/src/kernels/math.rs`; `log`
 //! and `tanh` as Cephes' single-precision `logf` / `tanhf` (within 2 ulp of libm).
 
-use crate::kernel::{classes, Attn, Body, Elt, Kernel, Line, Reduce};
+use crate::kernel::{classes, Attn, Body, Buf, Elt, Kernel, Line, Reduce};
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::builder::Builder;
 use inkwell::context::Context;
@@ -53,6 +53,10 @@ pub struct Gen<'ctx> {
     b: Builder<'ctx>,
     /// The team kernels built ([`Kernel::team`] > 1): how their entries run them.
     teams: RefCell<HashMap<String, team::Plan>>,
+    /// The element type of each buffer parameter of the kernel being built (a pointer
+    /// not listed, such as a lane's own array, holds f32s): [`Gen::ldf`] and
+    /// [`Gen::stf`] widen and round for [`Elt::Bf16`] buffers.
+    elts: RefCell<HashMap<PointerValue<'ctx>, Elt>>,
 }
 
 impl std::fmt::Debug for Gen<'_> {
@@ -71,6 +75,7 @@ impl<'ctx> Gen<'ctx> {
             module: ctx.create_module(name),
             b: ctx.create_builder(),
             teams: RefCell::new(HashMap::new()),
+            elts: RefCell::new(HashMap::new()),
         }
     }
 
@@ -593,19 +598,46 @@ impl<'ctx> Gen<'ctx> {
         Ok(())
     }
 
+    /// Records the element types of a kernel's buffer parameters (inputs, then outputs).
+    pub(crate) fn buffer_elts(&self, ptrs: &[PointerValue<'ctx>], bufs: &[&Buf]) {
+        let mut m = self.elts.borrow_mut();
+        for (p, b) in ptrs.iter().zip(bufs) {
+            m.insert(*p, b.elt);
+        }
+    }
+
+    /// The element type `base` points to (f32 unless it is a bf16 buffer parameter).
+    fn elt_of(&self, base: PointerValue<'ctx>) -> Elt {
+        match self.elts.borrow().get(&base) {
+            Some(Elt::Bf16) => Elt::Bf16,
+            _ => Elt::F32,
+        }
+    }
+
     /// The address of element `off` of a buffer of `elt`s.
     fn at(&self, base: PointerValue<'ctx>, elt: Elt, off: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
         let ty: BasicTypeEnum = match elt {
             Elt::F32 => self.ctx.f32_type().into(),
             Elt::I64 => self.ctx.i64_type().into(),
+            Elt::Bf16 => self.ctx.i16_type().into(),
         };
         // SAFETY of the generated code: every offset is below its buffer's length by the
         // index arithmetic of the body that asks for it.
         e(unsafe { self.b.build_in_bounds_gep(ty, base, &[off], "") })
     }
 
+    /// Element `off` of a float buffer as f32 (a bf16 buffer's widened: its 16 bits
+    /// become an f32's high half, exactly).
     fn ldf(&self, base: PointerValue<'ctx>, off: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
-        self.getf(self.at(base, Elt::F32, off)?, self.ctx.f32_type())
+        if self.elt_of(base) != Elt::Bf16 {
+            return self.getf(self.at(base, Elt::F32, off)?, self.ctx.f32_type());
+        }
+        let i16t = self.ctx.i16_type();
+        let i32t = self.ctx.i32_type();
+        let h = e(self.b.build_load(i16t, self.at(base, Elt::Bf16, off)?, ""))?.into_int_value();
+        let w = e(self.b.build_int_z_extend(h, i32t, ""))?;
+        let bits = e(self.b.build_left_shift(w, i32t.const_int(16, false), ""))?;
+        Ok(e(self.b.build_bit_cast(bits, self.ctx.f32_type(), ""))?.into_float_value())
     }
 
     fn ldi(&self, base: PointerValue<'ctx>, off: IntValue<'ctx>) -> R<IntValue<'ctx>> {
@@ -614,8 +646,26 @@ impl<'ctx> Gen<'ctx> {
         Ok(v)
     }
 
+    /// Stores `v` at element `off` of a float buffer (a bf16 buffer's rounded to nearest
+    /// even, as `scalar::round_bf16`; a NaN stored as bf16's quiet NaN).
     fn stf(&self, base: PointerValue<'ctx>, off: IntValue<'ctx>, v: FloatValue<'ctx>) -> R<()> {
-        self.set(self.at(base, Elt::F32, off)?, v)
+        if self.elt_of(base) != Elt::Bf16 {
+            return self.set(self.at(base, Elt::F32, off)?, v);
+        }
+        let i32t = self.ctx.i32_type();
+        let r = self.call(self.round_bf16_fn()?, &[v])?;
+        let bits = e(self.b.build_bit_cast(r, i32t, ""))?.into_int_value();
+        let high = e(self
+            .b
+            .build_right_shift(bits, i32t.const_int(16, false), false, ""))?;
+        let nan = e(self.b.build_float_compare(FloatPredicate::UNO, v, v, ""))?;
+        let high = e(self
+            .b
+            .build_select(nan, i32t.const_int(0x7fc0, false), high, ""))?
+        .into_int_value();
+        let h = e(self.b.build_int_truncate(high, self.ctx.i16_type(), ""))?;
+        e(self.b.build_store(self.at(base, Elt::Bf16, off)?, h))?;
+        Ok(())
     }
 
     fn add_i(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
@@ -737,6 +787,8 @@ impl<'ctx> Gen<'ctx> {
                     .ok_or_else(|| "missing buffer parameter".to_string())
             })
             .collect::<R<_>>()?;
+        let all: Vec<&Buf> = k.inputs.iter().chain(&k.outputs).collect();
+        self.buffer_elts(&bufs, &all);
         let (ins, outs) = bufs.split_at(k.inputs.len());
         self.body(k, i, ins, outs)?;
         e(self.b.build_return(None))?;
@@ -1157,19 +1209,7 @@ impl<'ctx> Gen<'ctx> {
                 self.stf(outs[1], i, m)?;
                 self.stf(outs[2], i, v)?;
             }
-            Body::Copy => {
-                let elt = k.inputs[0].elt;
-                let ty: BasicTypeEnum = match elt {
-                    Elt::F32 => f32t.into(),
-                    Elt::I64 => self.ctx.i64_type().into(),
-                };
-                let v = e(self.b.build_load(ty, self.at(ins[0], elt, i)?, ""))?;
-                let st = e(self.b.build_store(self.at(outs[0], elt, i)?, v))?;
-                if elt == Elt::I64 {
-                    align8(v.as_instruction_value())?;
-                    align8(Some(st))?;
-                }
-            }
+            Body::Copy => self.copy_elt(ins[0], i, outs[0], i, k.inputs[0].elt)?,
             Body::Rotary { s, d } => {
                 // ins: x, cos, sin (tables [s, d/2]).
                 let half = d / 2;
@@ -1604,10 +1644,11 @@ impl<'ctx> Gen<'ctx> {
         o: IntValue<'ctx>,
         elt: Elt,
     ) -> R<()> {
-        let ty: BasicTypeEnum = match elt {
-            Elt::F32 => self.ctx.f32_type().into(),
-            Elt::I64 => self.ctx.i64_type().into(),
-        };
+        if elt.is_float() {
+            // Through f32: each side widens or rounds as its storage needs.
+            return self.stf(out, o, self.ldf(x, src)?);
+        }
+        let ty: BasicTypeEnum = self.ctx.i64_type().into();
         let v = e(self.b.build_load(ty, self.at(x, elt, src)?, ""))?;
         let st = e(self.b.build_store(self.at(out, elt, o)?, v))?;
         if elt == Elt::I64 {
@@ -1620,7 +1661,7 @@ impl<'ctx> Gen<'ctx> {
     /// `out[o] = 0` for a buffer of `elt`s.
     fn store_zero(&self, out: PointerValue<'ctx>, elt: Elt, o: IntValue<'ctx>) -> R<()> {
         match elt {
-            Elt::F32 => self.stf(out, o, self.fconst(0.0)),
+            Elt::F32 | Elt::Bf16 => self.stf(out, o, self.fconst(0.0)),
             Elt::I64 => {
                 let st = e(self.b.build_store(self.at(out, elt, o)?, self.i64c(0)))?;
                 align8(Some(st))

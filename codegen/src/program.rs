@@ -452,6 +452,21 @@ pub fn compile(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
 /// [`compile`] for the devices `devs` of `mesh` (a pipeline rank's), with calls of
 /// functions with bodies inlined ([`inline`]; `g` linked to its callees).
 pub fn compile_on(g: &Graph, mesh: Option<&Mesh>, devs: &Devices) -> Result<Program, String> {
+    compile_stored(g, mesh, devs, true)
+}
+
+/// [`compile`] with every bf16 value in an f32 buffer (no [`store_bf16`]): the program
+/// 2-byte storage must compute the same bits as.
+pub fn compile_f32_storage(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
+    compile_stored(g, mesh, &Devices::all(mesh), false)
+}
+
+fn compile_stored(
+    g: &Graph,
+    mesh: Option<&Mesh>,
+    devs: &Devices,
+    bf16_storage: bool,
+) -> Result<Program, String> {
     let (g, mbs) = inline(g)?;
     let g = &g;
     let groups = fuse(g)?;
@@ -643,7 +658,124 @@ pub fn compile_on(g: &Graph, mesh: Option<&Mesh>, devs: &Devices) -> Result<Prog
             }
         }
     }
+    if bf16_storage {
+        store_bf16(&mut p, g);
+    }
     Ok(p)
+}
+
+/// Stores bf16 values in 2 bytes ([`Elt::Bf16`]) where nothing needs their 4: a value of
+/// type bf16 that is not an argument or a result of the function (the tensor files hold
+/// f32), not a collective's or a message's operand (collectives reduce f32s; both ends of
+/// a message must agree), and whose writer is an elementwise formula, a matrix product, a
+/// transpose or a copy: kernels that store each element once, so rounding on store is
+/// the one rounding the f32 emulation applies afterwards, and the in-place rounding
+/// launch that followed the value's producer ([`round_bf16`]) goes. Kernels widen the 2
+/// bytes back to the same f32 on load, so the results are the same bits as with f32
+/// storage, and the value takes half the memory and bandwidth (on a GPU the matrix
+/// products read it as bf16).
+pub(crate) fn store_bf16(p: &mut Program, g: &Graph) {
+    let n = g.values.len();
+    let mut ok: Vec<bool> = (0..n)
+        .map(|v| p.values[v].is_some() && g.values[v].elem == Elem::BF16)
+        .collect();
+    for &v in p.inputs.iter().chain(&p.outputs) {
+        ok[v] = false;
+    }
+    // The in-place rounding launches: (launch, value).
+    let rounding = |l: &Launch, kernels: &[Kernel]| -> Option<ValueId> {
+        let Work::Kernel(k) = l.work else { return None };
+        match (&kernels[k].body, l.bufs.as_slice()) {
+            (Body::Map(e), [BufId::Value(a), BufId::Value(b)])
+                if a == b && *e == vec![x(0).round_bf16()] =>
+            {
+                Some(*a)
+            }
+            _ => None,
+        }
+    };
+    for l in &p.launches {
+        if rounding(l, &p.kernels).is_some() {
+            continue;
+        }
+        let Work::Kernel(k) = l.work else {
+            // Collectives, sends and receives keep f32.
+            for b in &l.bufs {
+                if let BufId::Value(v) = b {
+                    ok[*v] = false;
+                }
+            }
+            continue;
+        };
+        let kern = &p.kernels[k];
+        let stores_once = matches!(
+            kern.body,
+            Body::Map(_) | Body::Gemm(_) | Body::Transpose(_) | Body::Copy
+        );
+        let nin = kern.inputs.len();
+        for (j, b) in l.bufs.iter().enumerate() {
+            if let BufId::Value(v) = b {
+                let writes = j >= nin;
+                if writes && (!stores_once || l.bufs[..nin].contains(b)) {
+                    ok[*v] = false;
+                }
+            }
+        }
+    }
+    // A kernel's buffer types are set per launch, so each kernel must have one launch
+    // (as compile_on makes them); else keep f32 everywhere.
+    let mut launched = vec![0usize; p.kernels.len()];
+    for l in &p.launches {
+        if let Work::Kernel(k) = l.work {
+            launched[k] += 1;
+        }
+    }
+    if !ok.iter().any(|&b| b) || launched.iter().any(|&c| c > 1) {
+        return;
+    }
+    let launches = std::mem::take(&mut p.launches);
+    for l in launches {
+        if rounding(&l, &p.kernels).is_some_and(|v| ok[v]) {
+            continue;
+        }
+        if let Work::Kernel(k) = l.work {
+            let kern = &mut p.kernels[k];
+            let nin = kern.inputs.len();
+            for (j, b) in l.bufs.iter().enumerate() {
+                if let BufId::Value(v) = b {
+                    if ok[*v] {
+                        let buf = if j < nin {
+                            &mut kern.inputs[j]
+                        } else {
+                            &mut kern.outputs[j - nin]
+                        };
+                        buf.elt = Elt::Bf16;
+                    }
+                }
+            }
+        }
+        p.launches.push(l);
+    }
+    for (v, b) in p.values.iter_mut().enumerate() {
+        if let Some(b) = b {
+            if ok[v] {
+                b.elt = Elt::Bf16;
+            }
+        }
+    }
+    // The dropped rounding launches' kernels go too (launched kernels renumbered).
+    let mut keep = vec![None; p.kernels.len()];
+    let mut kernels = Vec::with_capacity(p.kernels.len());
+    for l in &mut p.launches {
+        if let Work::Kernel(k) = &mut l.work {
+            let new = *keep[*k].get_or_insert_with(|| {
+                kernels.push(p.kernels[*k].clone());
+                kernels.len() - 1
+            });
+            *k = new;
+        }
+    }
+    p.kernels = kernels;
 }
 
 /// A launch of `kernel` on node `k`'s first operand and its result.

@@ -179,6 +179,8 @@ pub enum Data {
     F32(Vec<f32>),
     /// i64 elements.
     I64(Vec<i64>),
+    /// bf16 elements (2-byte storage: an f32's high half).
+    Bf16(Vec<u16>),
 }
 
 impl Data {
@@ -186,18 +188,21 @@ impl Data {
         match elt {
             Elt::F32 => Data::F32(vec![0.0; n]),
             Elt::I64 => Data::I64(vec![0; n]),
+            Elt::Bf16 => Data::Bf16(vec![0; n]),
         }
     }
     fn len(&self) -> usize {
         match self {
             Data::F32(v) => v.len(),
             Data::I64(v) => v.len(),
+            Data::Bf16(v) => v.len(),
         }
     }
     fn elt(&self) -> Elt {
         match self {
             Data::F32(_) => Elt::F32,
             Data::I64(_) => Elt::I64,
+            Data::Bf16(_) => Elt::Bf16,
         }
     }
     /// A pointer for a kernel to write through.
@@ -205,6 +210,7 @@ impl Data {
         match self {
             Data::F32(v) => v.as_mut_ptr().cast(),
             Data::I64(v) => v.as_mut_ptr().cast(),
+            Data::Bf16(v) => v.as_mut_ptr().cast(),
         }
     }
     /// A pointer for a kernel to read through (never written: kernels write outputs and
@@ -213,6 +219,7 @@ impl Data {
         match self {
             Data::F32(v) => v.as_ptr().cast_mut().cast(),
             Data::I64(v) => v.as_ptr().cast_mut().cast(),
+            Data::Bf16(v) => v.as_ptr().cast_mut().cast(),
         }
     }
     fn from_bytes(elt: Elt, b: &[u8]) -> Self {
@@ -227,6 +234,11 @@ impl Data {
                     .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
                     .collect(),
             ),
+            Elt::Bf16 => Data::Bf16(
+                b.chunks_exact(2)
+                    .map(|c| u16::from_le_bytes(c.try_into().expect("2 bytes")))
+                    .collect(),
+            ),
         }
     }
     /// The f32 elements (an error for i64 data).
@@ -234,6 +246,7 @@ impl Data {
         match self {
             Data::F32(v) => Ok(v),
             Data::I64(_) => Err("i64 data where f32 was expected".into()),
+            Data::Bf16(_) => Err("2-byte bf16 data where f32 was expected".into()),
         }
     }
 }

@@ -6,7 +6,7 @@
 //! `ptxas` for sm_90.
 
 use nnscaler_codegen::{
-    covered, fuse, lower, ptx, Body, Buf, Data, Gpu, Group, HostKernels, Kernel,
+    covered, fuse, lower, ptx, Body, Buf, Data, Elt, Gpu, Group, HostKernels, Kernel,
 };
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::dnn;
@@ -1113,7 +1113,23 @@ fn every_ptx_module_passes_ptxas() {
             kernels.push(gr.kernel);
         }
     }
+    // The bf16 step's program: kernels on 2-byte bf16 buffers (program::store_bf16).
+    let p = nnscaler_codegen::compile(&training_step_in("nanogpt-cpu", true), None).unwrap();
+    for mut k in p.kernels {
+        if k.inputs
+            .iter()
+            .chain(&k.outputs)
+            .any(|b| b.elt == Elt::Bf16)
+        {
+            k.name = format!("stored_bf16_{}", k.name);
+            kernels.push(k);
+        }
+    }
     let text = ptx(&kernels, Gpu::default()).unwrap();
+    assert!(
+        text.contains("ld.global.u16") && text.contains("st.global.u16"),
+        "2-byte bf16 buffers are read and written as 16-bit words"
+    );
     if let Some(p) = std::env::var_os("NNSCALER_DUMP_PTX") {
         std::fs::write(p, &text).unwrap();
     }
@@ -1149,7 +1165,7 @@ fn every_ptx_module_passes_ptxas() {
         String::from_utf8_lossy(&out.stderr)
     );
     println!(
-        "codegen: {} kernels (every op case, the collectives' reducers, the fused kernels of nanogpt-cpu (f32 and bf16) and llama-tiny steps): {} lines of PTX, accepted by ptxas for sm_90",
+        "codegen: {} kernels (every op case, the collectives' reducers, the fused kernels of nanogpt-cpu (f32 and bf16) and llama-tiny steps, the bf16 step's kernels on 2-byte buffers): {} lines of PTX, accepted by ptxas for sm_90",
         kernels.len(),
         text.lines().count()
     );
@@ -1236,11 +1252,56 @@ fn whole_llama_step_matches_the_interpreter() {
     whole_step("llama-tiny", 11);
 }
 
-/// Mixed precision: bf16 values in f32 buffers, rounded where they are stored (fused
-/// formulas, and a rounding launch after GEMMs, attention, reductions).
+/// Mixed precision: bf16 values rounded where they are stored (fused formulas, and a
+/// rounding launch after attention, reductions), most of them in 2-byte buffers.
 #[test]
 fn whole_bf16_gpt_step_matches_the_interpreter() {
     whole_step_in("nanogpt-cpu", 65, true);
+}
+
+/// 2-byte bf16 storage (`program::store_bf16`) computes the same bits as bf16 values in
+/// f32 buffers, with fewer launches (no rounding after a product that stores bf16) and
+/// fewer bytes.
+#[test]
+fn bf16_storage_gives_the_same_bits_as_f32_storage() {
+    let g = training_step_in("nanogpt-cpu", true);
+    let p16 = nnscaler_codegen::compile(&g, None).unwrap();
+    let p32 = nnscaler_codegen::program::compile_f32_storage(&g, None).unwrap();
+    let stored = |p: &nnscaler_codegen::Program, elt: Elt| -> (usize, usize) {
+        let bs: Vec<&Buf> = p.values.iter().flatten().filter(|b| b.elt == elt).collect();
+        (bs.len(), bs.iter().map(|b| b.len() * elt.size()).sum())
+    };
+    let (n16, bytes16) = stored(&p16, Elt::Bf16);
+    let (_, f32_16) = stored(&p16, Elt::F32);
+    let (_, f32_32) = stored(&p32, Elt::F32);
+    assert!(n16 > 0, "no value stored as bf16");
+    assert_eq!(stored(&p32, Elt::Bf16).0, 0);
+    assert!(
+        p16.launches.len() < p32.launches.len(),
+        "no rounding launch saved"
+    );
+    let ins = step_inputs(&g, 65);
+    let run = |p: &nnscaler_codegen::Program| {
+        HostKernels::new(&p.kernels)
+            .unwrap()
+            .run_program(p, ins.iter().map(data).collect())
+            .unwrap()
+    };
+    let (a, b) = (run(&p16), run(&p32));
+    for ((x, y), o) in a.iter().zip(&b).zip(&g.outputs) {
+        let (x, y) = (x.f32().unwrap(), y.f32().unwrap());
+        let same = x.len() == y.len() && x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits());
+        assert!(same, "{}: 2-byte storage differs", o.name().unwrap_or("?"));
+    }
+    println!(
+        "codegen: nanogpt-cpu bf16 step: {n16} values stored as bf16 ({bytes16} bytes; {} as f32 before), value buffers {} -> {} bytes, {} -> {} launches; {} results the same bits",
+        bytes16 * 2,
+        f32_32,
+        f32_16 + bytes16,
+        p32.launches.len(),
+        p16.launches.len(),
+        a.len()
+    );
 }
 
 /// `dnn.cast` to bf16 on the host JIT rounds bit for bit as the reference does: ties to

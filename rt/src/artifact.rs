@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 /// The file's first four bytes.
 pub const MAGIC: &[u8; 4] = b"NNSX";
 /// The format version this build reads and writes.
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 /// Threads per block of a kernel with one thread per index (and of the reducers).
 pub const BLOCK: u32 = 256;
 
@@ -34,6 +34,10 @@ pub enum Elt {
     F32,
     /// 8-byte signed integer.
     I64,
+    /// 2-byte bfloat16 (an f32's high half), only inside a program: kernels widen it on
+    /// load and round to it on store; never an argument, a result, a collective's or a
+    /// message's buffer.
+    Bf16,
 }
 
 impl Elt {
@@ -42,6 +46,7 @@ impl Elt {
         match self {
             Elt::F32 => 4,
             Elt::I64 => 8,
+            Elt::Bf16 => 2,
         }
     }
 }

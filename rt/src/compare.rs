@@ -111,8 +111,14 @@ fn error(elt: Elt, got: &[u8], want: &[u8]) -> f64 {
                 f64::INFINITY
             }
         }
-        Elt::F32 => {
+        Elt::F32 | Elt::Bf16 => {
             let f = |b: &[u8]| -> Vec<f32> {
+                if elt == Elt::Bf16 {
+                    return b
+                        .chunks_exact(2)
+                        .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                        .collect();
+                }
                 b.chunks_exact(4)
                     .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
                     .collect()

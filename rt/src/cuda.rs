@@ -9,7 +9,7 @@
 //! programs run under the host backend's scheduler ([`crate::host`]); a send copies its
 //! buffer into a device parcel, which the receive copies into the other program's arena.
 
-use crate::artifact::{Artifact, Buffer, Gemm, Step, BLOCK};
+use crate::artifact::{Artifact, Buffer, Elt, Gemm, Step, BLOCK};
 use crate::collective::{moves, scratch_bytes, At, Move, Places};
 use crate::compare::{Comparison, Lockstep};
 use crate::host::{load_inputs, results, schedule, Arenas, Engine, HostEngine};
@@ -51,6 +51,16 @@ impl std::fmt::Debug for CudaProgram {
         f.debug_struct("CudaProgram")
             .field("kernels", &self.fns.len())
             .finish()
+    }
+}
+
+/// Whether cuBLAS computes a product on operands stored as `elts` (A, B, C): all f32, or
+/// A and B bf16 (C either); other mixes run the artifact's generated kernel.
+fn gemm_by_blas(elts: [Elt; 3]) -> bool {
+    match elts {
+        [Elt::F32, Elt::F32, Elt::F32] => true,
+        [Elt::Bf16, Elt::Bf16, c] => c != Elt::I64,
+        _ => false,
     }
 }
 
@@ -122,8 +132,19 @@ impl CudaProgram {
     }
 
     /// `out = A B` for row-major operands (a column-major BLAS computes `out^T = B^T A^T`:
-    /// the operands swap, each transposed flag read against its stored layout).
-    fn gemm(&self, blas: &CudaBlas, g: &Gemm, a: u64, b: u64, c: u64) -> Result<(), String> {
+    /// the operands swap, each transposed flag read against its stored layout), stored
+    /// as `elts` (A, B, C): all f32 through
+    /// `cublasSgemmStridedBatched`; A and B bf16 (C bf16 or f32) through
+    /// `cublasGemmStridedBatchedEx` computing in f32 (tensor cores; C rounded to nearest
+    /// on store, as the generated kernel rounds). Other mixes are not cuBLAS's
+    /// ([`gemm_by_blas`]).
+    fn gemm_of(
+        &self,
+        blas: &CudaBlas,
+        g: &Gemm,
+        [a, b, c]: [u64; 3],
+        elts: [Elt; 3],
+    ) -> Result<(), String> {
         let (m, n, k) = (g.m as i32, g.n as i32, g.k as i32);
         let op = |t: bool| {
             if t {
@@ -136,6 +157,41 @@ impl CudaProgram {
         let ldb = if g.tb { k } else { n };
         let (alpha, beta) = (1.0f32, 0.0f32);
         let stride_b = if g.b_batched { g.k * g.n } else { 0 };
+        if elts != [Elt::F32; 3] {
+            let ty = |e: Elt| match e {
+                Elt::Bf16 => blas_sys::cudaDataType::CUDA_R_16BF,
+                _ => blas_sys::cudaDataType::CUDA_R_32F,
+            };
+            // SAFETY: as below; each operand's type is its storage's.
+            return unsafe {
+                blas::gemm_strided_batched_ex(
+                    *blas.handle(),
+                    op(g.tb),
+                    op(g.ta),
+                    n,
+                    m,
+                    k,
+                    (&alpha as *const f32).cast(),
+                    b as *const std::ffi::c_void,
+                    ty(elts[1]),
+                    ldb,
+                    stride_b as i64,
+                    a as *const std::ffi::c_void,
+                    ty(elts[0]),
+                    lda,
+                    (g.m * g.k) as i64,
+                    (&beta as *const f32).cast(),
+                    c as *mut std::ffi::c_void,
+                    ty(elts[2]),
+                    n,
+                    (g.m * g.n) as i64,
+                    g.batch as i32,
+                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| format!("cuBLAS: {e}"));
+        }
         // SAFETY: a, b, c point into this device's arena at buffers of the product's
         // sizes (the compiler's memory plan); the scalars are host values cuBLAS reads
         // during the call.
@@ -267,10 +323,23 @@ impl CudaProgram {
 
     /// Launches kernel `kernel` on buffers at device addresses `ptrs` (a matrix product
     /// through cuBLAS when it loaded).
-    pub(crate) fn launch(&self, kernel: usize, ptrs: &[u64]) -> Result<(), String> {
+    /// Launches kernel `kernel` of program `p` on its buffers `buffers` at device
+    /// addresses `ptrs` (a matrix product through cuBLAS when it loaded and takes the
+    /// operands' storage, [`gemm_by_blas`]).
+    pub(crate) fn launch(
+        &self,
+        p: usize,
+        kernel: usize,
+        buffers: &[usize],
+        ptrs: &[u64],
+    ) -> Result<(), String> {
         let k = &self.art.header.kernels[kernel];
         if let (Some(g), Some(blas)) = (&k.gemm, &self.blas) {
-            return self.gemm(blas, g, ptrs[0], ptrs[1], ptrs[2]);
+            let bufs = &self.art.header.programs[p].buffers;
+            let elts = [0, 1, 2].map(|j| bufs[buffers[j]].elt);
+            if gemm_by_blas(elts) {
+                return self.gemm_of(blas, g, [ptrs[0], ptrs[1], ptrs[2]], elts);
+            }
         }
         let n = k.len as i64;
         let mut launch = self.stream.launch_builder(&self.fns[kernel]);
@@ -424,7 +493,7 @@ impl Engine for Gpu<'_> {
                 .iter()
                 .map(|&b| base + prog.buffers[b].offset)
                 .collect();
-            this.launch(*kernel, &ptrs)?;
+            this.launch(p, *kernel, buffers, &ptrs)?;
         }
         Ok(())
     }
@@ -503,6 +572,21 @@ impl Engine for Gpu<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::gemm_by_blas;
+    use crate::artifact::Elt::{Bf16, F32, I64};
+
+    /// cuBLAS takes all-f32 products and bf16 x bf16 ones (tensor cores, f32 or bf16
+    /// out); a product mixing an f32 and a bf16 operand runs the generated kernel.
+    #[test]
+    fn products_go_to_cublas_when_it_takes_their_storage() {
+        assert!(gemm_by_blas([F32, F32, F32]));
+        assert!(gemm_by_blas([Bf16, Bf16, Bf16]));
+        assert!(gemm_by_blas([Bf16, Bf16, F32]));
+        assert!(!gemm_by_blas([F32, Bf16, Bf16]));
+        assert!(!gemm_by_blas([F32, F32, Bf16]));
+        assert!(!gemm_by_blas([Bf16, Bf16, I64]));
+    }
+
     #[test]
     fn without_a_driver_the_backend_says_so() {
         match super::available() {

@@ -625,6 +625,8 @@ pub(crate) fn results(art: &Artifact, arenas: &Arenas) -> Result<Vec<Tensor>, St
                 }
             }
             let data = match b.elt {
+                // (The reader refuses bf16 ports.)
+                Elt::Bf16 => return Err(format!("'{}' is stored as bf16", p.name)),
                 Elt::F32 => Values::F32(
                     whole
                         .chunks_exact(4)

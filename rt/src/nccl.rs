@@ -178,7 +178,7 @@ impl Rank for GpuRank<'_> {
             .iter()
             .map(|&b| base + prog.buffers[b].offset)
             .collect();
-        self.prog.launch(kernel, &ptrs)
+        self.prog.launch(self.p, kernel, buffers, &ptrs)
     }
 
     fn copy(&mut self, m: &Move) -> Result<(), String> {

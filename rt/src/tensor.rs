@@ -84,6 +84,7 @@ pub fn to_bytes(tensors: &[(String, Tensor)]) -> Result<Vec<u8>, String> {
             let dtype = match t.elt() {
                 Elt::F32 => Dtype::F32,
                 Elt::I64 => Dtype::I64,
+                Elt::Bf16 => Dtype::BF16,
             };
             (
                 n.clone(),

@@ -150,6 +150,8 @@ impl<'g, 'ctx> Team<'g, 'ctx> {
         let bufs: Vec<PointerValue<'ctx>> = (0..nb)
             .map(|j| p(5 + j).map(|v| v.into_pointer_value()))
             .collect::<Result<_, _>>()?;
+        let all: Vec<&crate::kernel::Buf> = self.k.inputs.iter().chain(&self.k.outputs).collect();
+        g.buffer_elts(&bufs, &all);
         let (ins, outs) = bufs.split_at(self.k.inputs.len());
         let l = Lane {
             row: p(0)?.into_int_value(),
