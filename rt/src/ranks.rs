@@ -32,7 +32,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex};
 
 /// The communicator groups of an artifact: every distinct group of its collective
-/// steps (devices in member order), numbered; group 0 is every device (point to point).
+/// steps (devices in member order), numbered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Groups {
     /// Each group's devices, in member order.
@@ -41,20 +41,12 @@ pub struct Groups {
 }
 
 impl Groups {
-    /// The groups of `art`'s collectives, after the group of all its devices.
+    /// The groups of `art`'s collectives.
     pub fn of(art: &Artifact) -> Groups {
-        let mut all: Vec<usize> = art
-            .header
-            .programs
-            .iter()
-            .flat_map(|p| p.devices.iter().copied())
-            .collect();
-        all.sort_unstable();
         let mut g = Groups {
             list: Vec::new(),
             index: HashMap::new(),
         };
-        g.add(all);
         for p in &art.header.programs {
             for s in &p.steps {
                 for grp in step_groups(s) {
@@ -242,8 +234,8 @@ pub enum RankOp {
     },
 }
 
-/// How many pieces of `b` along `dim` come before... : the dims before `dim`, whose
-/// product 1 makes a piece along `dim` contiguous.
+/// The product of `b`'s dims before `dim`: where it is 1, a piece along `dim` is
+/// contiguous (the members' pieces lie one after another, as NCCL's calls want them).
 fn outer(b: &Buffer, dim: usize) -> u64 {
     b.shape[..dim].iter().product()
 }
@@ -472,7 +464,10 @@ pub fn lanes(art: &Artifact) -> Result<Vec<Vec<usize>>, String> {
     for &(from, to) in keys {
         let (fname, tname) = (&progs[from].name, &progs[to].name);
         let mut msgs = Vec::new();
-        for (&(tag, _), &(si, ri)) in &pairs[&(from, to)] {
+        // In step order, so the first message without its partner is the one named.
+        let mut all: Vec<_> = pairs[&(from, to)].iter().collect();
+        all.sort_by_key(|(_, &(si, ri))| (si.unwrap_or(usize::MAX), ri.unwrap_or(usize::MAX)));
+        for (&(tag, _), &(si, ri)) in all {
             match (si, ri) {
                 (Some(si), Some(ri)) => msgs.push((si, ri)),
                 (Some(_), None) => {
