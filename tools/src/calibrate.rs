@@ -1,7 +1,7 @@
 //! `nnscaler calibrate --device cpu [-o CLUSTER.toml]`: the cost model's device entries
 //! measured by microbenchmarks on this machine, one thread (the CPU runtime's kernels):
 //! matrix products in the three forms of a training step (A B, A B^T, A^T B; one side
-//! four times the others, as token rows are) from 8 to 256 (the efficiency curve and the
+//! four times the others, as token rows are) from 8 to 512 (the efficiency curve and the
 //! peak), an
 //! elementwise op on 4M floats (memory bandwidth), gelu on 1M floats (the vector rate,
 //! counted by the op spec's FLOPs) and a chain of 1,998 small ops (add, transpose, matmul,
@@ -339,10 +339,12 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     let mut report = String::from("calibrating the CPU, one thread\n");
     // Matrix products in the three forms a training step runs (forward A B, the input's
     // gradient A B^T, the weight's gradient A^T B), each with one long side four times
-    // the others (rows are tokens), from s = 8 to 256; timed together.
+    // the others (rows are tokens), from s = 8 to 512 (a GPT-2 layer's products are
+    // 1-5 GFLOP; below s = 512 the rate still grows, and a curve that stopped at 256 took
+    // the rate there for the peak); timed together.
     let mut rates = Vec::new();
     let t_attr = |k: &str| -> Attrs { [(k.to_string(), AttrValue::Bool(true))].into() };
-    for s in [8usize, 16, 32, 64, 128, 256] {
+    for s in [8usize, 16, 32, 64, 128, 256, 512] {
         let l = 4 * s;
         // (attributes, A's shape, B's shape, the result's shape)
         type Form = (Attrs, [usize; 2], [usize; 2], [usize; 2]);
