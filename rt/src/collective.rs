@@ -107,7 +107,47 @@ pub(crate) struct Places<B> {
     pub scratch: (B, u64),
 }
 
+/// A copy [`Move`] located in its places: (base, offset) of its source and destination,
+/// and its runs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Located<B> {
+    pub src: (B, u64),
+    pub dst: (B, u64),
+    pub width: u64,
+    pub rows: u64,
+    pub src_pitch: u64,
+    pub dst_pitch: u64,
+}
+
 impl<B: Copy> Places<B> {
+    /// A copy move's source and destination located (checked to lie in their places);
+    /// `None` for an empty copy; an error for a reduction (a rank's local moves are
+    /// copies).
+    pub(crate) fn local_copy(&self, m: &Move) -> Result<Option<Located<B>>, String> {
+        let Move::Copy {
+            width,
+            rows,
+            src_pitch,
+            dst_pitch,
+            ..
+        } = *m
+        else {
+            return Err("a rank's local move is a reduction".into());
+        };
+        let [(src, src_span), (dst, dst_span)] = m.spans();
+        if src_span == 0 {
+            return Ok(None);
+        }
+        Ok(Some(Located {
+            src: self.locate(src, src_span)?,
+            dst: self.locate(dst, dst_span)?,
+            width,
+            rows,
+            src_pitch,
+            dst_pitch,
+        }))
+    }
+
     /// The base of `a`'s place and `a`'s offset in it, checked so that `bytes` from
     /// there lie inside the place.
     pub(crate) fn locate(&self, a: At, bytes: u64) -> Result<(B, u64), String> {

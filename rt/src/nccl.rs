@@ -182,28 +182,20 @@ impl Rank for GpuRank<'_> {
     }
 
     fn copy(&mut self, m: &Move) -> Result<(), String> {
-        let Move::Copy {
-            width,
-            rows,
-            src_pitch,
-            dst_pitch,
-            ..
-        } = *m
-        else {
-            return Err("a rank's local move is a reduction".into());
-        };
-        let [(src, src_span), (dst, dst_span)] = m.spans();
-        if src_span == 0 {
+        let Some(c) = self.places().local_copy(m)? else {
             return Ok(());
-        }
-        let places = self.places();
-        let (sb, so) = places.locate(src, src_span)?;
-        let (db, dof) = places.locate(dst, dst_span)?;
-        // SAFETY: both spans lie in this rank's arena or scratch (checked just above);
+        };
+        // SAFETY: both spans lie in this rank's arena or scratch (checked by local_copy);
         // a rank's plan never copies a region onto itself.
         unsafe {
-            self.prog
-                .copy2d(sb + so, db + dof, width, rows, src_pitch, dst_pitch)
+            self.prog.copy2d(
+                c.src.0 + c.src.1,
+                c.dst.0 + c.dst.1,
+                c.width,
+                c.rows,
+                c.src_pitch,
+                c.dst_pitch,
+            )
         }
     }
 
