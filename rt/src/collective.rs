@@ -223,7 +223,7 @@ pub(crate) fn at(place: Place, offset: u64) -> At {
 }
 
 /// A contiguous copy of `bytes`.
-pub(crate) fn copy(src: At, dst: At, bytes: u64) -> Move {
+fn copy(src: At, dst: At, bytes: u64) -> Move {
     Move::Copy {
         src,
         dst,

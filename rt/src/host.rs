@@ -106,6 +106,17 @@ pub struct HostProgram {
     art: Artifact,
     lib: *mut c_void,
     fns: Vec<HostFn>,
+    /// What running as ranks needs of the artifact (its lanes, groups and scratch words),
+    /// worked out at the first run as ranks (a training run makes one per step).
+    ranks: std::sync::OnceLock<Result<RankSetup, String>>,
+}
+
+/// [`HostProgram::run_ranks_timed`]'s plan of an artifact.
+#[derive(Debug)]
+struct RankSetup {
+    lanes: Vec<Vec<usize>>,
+    groups: Groups,
+    scratch: usize,
 }
 
 fn dl_error() -> String {
@@ -155,7 +166,12 @@ impl HostProgram {
             // format's contract for host.so).
             fns.push(unsafe { std::mem::transmute::<*mut c_void, HostFn>(f) });
         }
-        Ok(HostProgram { art, lib, fns })
+        Ok(HostProgram {
+            art,
+            lib,
+            fns,
+            ranks: std::sync::OnceLock::new(),
+        })
     }
 
     /// The artifact.
@@ -202,15 +218,27 @@ impl HostProgram {
         inputs: &[Tensor],
         repeat: usize,
     ) -> Result<(Vec<Tensor>, Vec<f64>), String> {
-        let lanes = lanes(&self.art)?;
-        let groups = Groups::of(&self.art);
-        let scratch = rank_scratch(&self.art, &groups)?.div_ceil(8) as usize;
+        let setup = self.ranks.get_or_init(|| {
+            let lanes = lanes(&self.art)?;
+            let groups = Groups::of(&self.art);
+            let scratch = rank_scratch(&self.art, &groups)?.div_ceil(8) as usize;
+            Ok(RankSetup {
+                lanes,
+                groups,
+                scratch,
+            })
+        });
+        let RankSetup {
+            lanes,
+            groups,
+            scratch,
+        } = setup.as_ref().map_err(Clone::clone)?;
         let mut times = Vec::new();
         let mut out = Vec::new();
         for _ in 0..repeat.max(1) {
             let mut arenas = load_inputs(&self.art, inputs)?;
             let started = std::time::Instant::now();
-            run_ranks(&self.art, &lanes, &self.fns, &groups, scratch, &mut arenas)?;
+            run_ranks(&self.art, lanes, &self.fns, groups, *scratch, &mut arenas)?;
             times.push(started.elapsed().as_secs_f64());
             out = results(&self.art, &arenas)?;
         }
@@ -285,20 +313,8 @@ fn run_ranks(
     scratch: usize,
     arenas: &mut Arenas,
 ) -> Result<(), String> {
-    let devices = art
-        .header
-        .programs
-        .iter()
-        .map(|p| p.devices.len())
-        .sum::<usize>();
-    let top = art
-        .header
-        .programs
-        .iter()
-        .flat_map(|p| p.devices.iter().copied())
-        .max()
-        .unwrap_or(0);
-    let comm = HostComm::new(devices.max(top + 1), groups);
+    // The programs partition the mesh's devices, numbered 0.. (checked on reading).
+    let comm = HostComm::new(art.devices().max(1), groups);
     let comm = &comm;
     let failed: Vec<String> = std::thread::scope(|sc| {
         let mut handles = Vec::new();

@@ -221,40 +221,36 @@ impl Rank for GpuRank<'_> {
         // SAFETY (every call): the addresses lie in this rank's arena and scratch on its
         // GPU (located above) for the sizes given; the communicator is this rank's of
         // the group, used by this thread only; the call is queued on the rank's stream.
+        let kind = op.kind();
         match op {
-            Flat::AllReduce { send, recv, n, max } => check(
-                unsafe {
-                    nccl::all_reduce(
-                        ptr(send),
-                        ptr(recv),
-                        n as usize,
-                        f32t,
-                        red(max),
-                        comm,
-                        stream,
-                    )
-                },
-                "all_reduce",
-            ),
+            // The same arguments: n f32s per member reduced; all of them to every member,
+            // or member k's piece to member k.
+            Flat::AllReduce { send, recv, n, max } | Flat::ReduceScatter { send, recv, n, max } => {
+                let call = if kind == "all_reduce" {
+                    nccl::all_reduce
+                } else {
+                    nccl::reduce_scatter
+                };
+                check(
+                    unsafe {
+                        call(
+                            ptr(send),
+                            ptr(recv),
+                            n as usize,
+                            f32t,
+                            red(max),
+                            comm,
+                            stream,
+                        )
+                    },
+                    kind,
+                )
+            }
             Flat::AllGather { send, recv, bytes } => check(
                 unsafe {
                     nccl::all_gather(ptr(send), ptr(recv), bytes as usize, u8t, comm, stream)
                 },
                 "all_gather",
-            ),
-            Flat::ReduceScatter { send, recv, n, max } => check(
-                unsafe {
-                    nccl::reduce_scatter(
-                        ptr(send),
-                        ptr(recv),
-                        n as usize,
-                        f32t,
-                        red(max),
-                        comm,
-                        stream,
-                    )
-                },
-                "reduce_scatter",
             ),
             Flat::Broadcast {
                 send,

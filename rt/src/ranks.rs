@@ -205,7 +205,13 @@ impl<A: Copy> Flat<A> {
         })
     }
 
-    fn kind(&self) -> &'static str {
+    /// The collective without its addresses: what every member must agree on.
+    fn shape(&self) -> Flat<()> {
+        self.map(0, &mut |_, _| Ok(()))
+            .expect("an address-free map does not fail")
+    }
+
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Flat::AllReduce { .. } => "all_reduce",
             Flat::AllGather { .. } => "all_gather",
@@ -560,12 +566,6 @@ enum Status {
     Done,
 }
 
-/// A member's arrival at a group's collective (addresses are host pointers).
-#[derive(Clone, Debug)]
-struct Arrival {
-    op: Flat<usize>,
-}
-
 /// Messages from one device to another on one lane: (from, to, lane).
 type Lane = (usize, usize, usize);
 
@@ -574,7 +574,7 @@ struct State {
     status: Vec<Status>,
     /// Per group: collectives completed, and the arrivals at the next one (by member).
     done: Vec<u64>,
-    arrived: Vec<Vec<Option<Arrival>>>,
+    arrived: Vec<Vec<Option<Flat<usize>>>>,
     /// Per (from, to) device and lane: what was sent and not yet received (tag, bytes),
     /// in the order sent.
     mail: HashMap<Lane, VecDeque<(String, Vec<u8>)>>,
@@ -737,12 +737,12 @@ impl HostComm {
         }
         let seq = st.done[group];
         let kind = op.kind();
-        st.arrived[group][member] = Some(Arrival { op });
+        st.arrived[group][member] = Some(op);
         if st.arrived[group].iter().all(Option::is_some) {
             let ops: Vec<Flat<usize>> =
                 std::mem::replace(&mut st.arrived[group], vec![None; self.groups[group].len()])
                     .into_iter()
-                    .map(|a| a.map(|a| a.op).expect("every member arrived"))
+                    .map(|a| a.expect("every member arrived"))
                     .collect();
             // SAFETY: every member waits in this call until `done` moves on, so their
             // memory is this thread's to read and write now (the caller's contract).
@@ -782,30 +782,7 @@ impl HostComm {
     /// As [`HostComm::collective`], for every member.
     unsafe fn execute(ops: &[Flat<usize>]) -> Result<(), String> {
         let first = &ops[0];
-        let same = ops.iter().all(|o| {
-            std::mem::discriminant(o) == std::mem::discriminant(first)
-                && match (o, first) {
-                    (Flat::AllReduce { n, max, .. }, Flat::AllReduce { n: n0, max: m0, .. })
-                    | (
-                        Flat::ReduceScatter { n, max, .. },
-                        Flat::ReduceScatter { n: n0, max: m0, .. },
-                    ) => n == n0 && max == m0,
-                    (Flat::AllGather { bytes, .. }, Flat::AllGather { bytes: b0, .. })
-                    | (Flat::Exchange { bytes, .. }, Flat::Exchange { bytes: b0, .. }) => {
-                        bytes == b0
-                    }
-                    (
-                        Flat::Broadcast { bytes, root, .. },
-                        Flat::Broadcast {
-                            bytes: b0,
-                            root: r0,
-                            ..
-                        },
-                    ) => bytes == b0 && root == r0,
-                    _ => false,
-                }
-        });
-        if !same {
+        if ops.iter().any(|o| o.shape() != first.shape()) {
             return Err(format!(
                 "the members disagree on it ({})",
                 ops.iter().map(Flat::kind).collect::<Vec<_>>().join(", ")
