@@ -116,6 +116,31 @@ impl CudaProgram {
         })
     }
 
+    /// The same program on a stream of its own on the same GPU (the module is shared;
+    /// cuBLAS gets a handle of its own on the new stream): a virtual device's when the
+    /// devices run as ranks on one GPU (`crate::streams`). The stream does not wait for
+    /// the legacy default stream, nor it for this one.
+    pub fn fork(&self) -> Result<Self, String> {
+        let stream = cuda(self.stream.context().new_stream(), "creating a stream")?;
+        let (blas, gemms) = match &self.blas {
+            None => (None, self.gemms.clone()),
+            Some(_) => match CudaBlas::new(stream.clone()) {
+                Ok(b) => (Some(b), self.gemms.clone()),
+                Err(e) => (
+                    None,
+                    format!("matrix products by generated kernels (cuBLAS: {e})"),
+                ),
+            },
+        };
+        Ok(CudaProgram {
+            art: self.art.clone(),
+            stream,
+            fns: self.fns.clone(),
+            blas,
+            gemms,
+        })
+    }
+
     /// The artifact.
     pub fn artifact(&self) -> &Artifact {
         &self.art
@@ -258,29 +283,36 @@ impl CudaProgram {
                     // (checked above) and do not overlap.
                     unsafe { self.copy2d(s, d, width, rows, src_pitch, dst_pitch) }?;
                 }
-                Move::Reduce { n, max, .. } => {
-                    let r = self
-                        .art
-                        .header
-                        .reducers
-                        .ok_or("the artifact has no reducers")?;
-                    let k = if max { r.max } else { r.sum };
-                    let n = n as i64;
-                    let mut launch = self.stream.launch_builder(&self.fns[k]);
-                    launch.arg(&d).arg(&s).arg(&d).arg(&n);
-                    let cfg = LaunchConfig {
-                        grid_dim: ((n as u64).div_ceil(u64::from(BLOCK)).max(1) as u32, 1, 1),
-                        block_dim: (BLOCK, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    // SAFETY: the reducer reads and writes `n` f32s at each pointer, all
-                    // inside live allocations (checked); `d` is read and written element
-                    // by element, which the kernel allows.
-                    cuda(unsafe { launch.launch(cfg) }, "launching a reducer")?;
-                }
+                // SAFETY: `n` f32s at each address, inside live allocations (checked).
+                Move::Reduce { n, max, .. } => unsafe { self.reduce(d, s, n, max) }?,
             }
         }
         Ok(())
+    }
+
+    /// `acc = acc + x` (or the maximum) over `n` f32s at device addresses `acc` and `x`,
+    /// element by element, on the stream (the artifact's reducer kernels).
+    ///
+    /// # Safety
+    /// Both must hold `n` f32s in live device allocations of this context.
+    pub(crate) unsafe fn reduce(&self, acc: u64, x: u64, n: u64, max: bool) -> Result<(), String> {
+        let r = self
+            .art
+            .header
+            .reducers
+            .ok_or("the artifact has no reducers")?;
+        let k = if max { r.max } else { r.sum };
+        let n = n as i64;
+        let mut launch = self.stream.launch_builder(&self.fns[k]);
+        launch.arg(&acc).arg(&x).arg(&acc).arg(&n);
+        let cfg = LaunchConfig {
+            grid_dim: ((n as u64).div_ceil(u64::from(BLOCK)).max(1) as u32, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the caller's contract; `acc` is read and written element by element,
+        // which the kernel allows.
+        cuda(unsafe { launch.launch(cfg) }, "launching a reducer").map(|_| ())
     }
 
     /// `rows` runs of `width` bytes from device address `s + r * src_pitch` to `d + r *
@@ -456,6 +488,64 @@ impl CudaProgram {
         }
         cuda(self.stream.synchronize(), "reading the results")?;
         Ok((results(&self.art, &host)?, times))
+    }
+}
+
+/// A rank's program and memory on its GPU (`crate::nccl`, `crate::streams`): its own
+/// arena and scratch space; its launches and local copies go to the program's stream.
+pub(crate) struct RankMemory<'a> {
+    pub(crate) prog: &'a CudaProgram,
+    /// The program of the artifact the rank runs.
+    pub(crate) p: usize,
+    pub(crate) arena: &'a CudaSlice<u64>,
+    pub(crate) scratch: &'a CudaSlice<u64>,
+}
+
+impl RankMemory<'_> {
+    /// The rank's places: its arena (`Device(0)`) and scratch, by device address.
+    pub(crate) fn places(&self) -> Places<u64> {
+        let stream = self.prog.stream();
+        let base = |s: &CudaSlice<u64>| s.device_ptr(stream).0;
+        Places {
+            devices: vec![(base(self.arena), self.arena.len() as u64 * 8)],
+            scratch: (base(self.scratch), self.scratch.len() as u64 * 8),
+        }
+    }
+
+    /// The device address of `a`, checked to hold `bytes` bytes in its place.
+    pub(crate) fn address(&self, a: At, bytes: u64) -> Result<u64, String> {
+        let (base, off) = self.places().locate(a, bytes)?;
+        Ok(base + off)
+    }
+
+    /// Launches kernel `kernel` on the program's buffers `buffers` in the arena.
+    pub(crate) fn launch(&self, kernel: usize, buffers: &[usize]) -> Result<(), String> {
+        let prog = &self.prog.artifact().header.programs[self.p];
+        let base = self.places().devices[0].0;
+        let ptrs: Vec<u64> = buffers
+            .iter()
+            .map(|&b| base + prog.buffers[b].offset)
+            .collect();
+        self.prog.launch(self.p, kernel, buffers, &ptrs)
+    }
+
+    /// A strided copy within the arena and scratch.
+    pub(crate) fn copy(&self, m: &Move) -> Result<(), String> {
+        let Some(c) = self.places().local_copy(m)? else {
+            return Ok(());
+        };
+        // SAFETY: both spans lie in this rank's arena or scratch (checked by local_copy);
+        // a rank's plan never copies a region onto itself.
+        unsafe {
+            self.prog.copy2d(
+                c.src.0 + c.src.1,
+                c.dst.0 + c.dst.1,
+                c.width,
+                c.rows,
+                c.src_pitch,
+                c.dst_pitch,
+            )
+        }
     }
 }
 

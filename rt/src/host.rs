@@ -9,7 +9,7 @@
 
 use crate::artifact::{Artifact, Buffer, Elt, Step};
 use crate::collective::{moves, scratch_bytes, At, Move, Places};
-use crate::ranks::{lanes, rank_scratch, run_rank, Flat, Groups, HostComm, P2p, Rank};
+use crate::ranks::{lanes, on_threads, rank_scratch, run_rank, Flat, Groups, HostComm, P2p, Rank};
 use crate::tensor::{Tensor, Values};
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_void, CString};
@@ -316,43 +316,30 @@ fn run_ranks(
     // The programs partition the mesh's devices, numbered 0.. (checked on reading).
     let comm = HostComm::new(art.devices().max(1), groups);
     let comm = &comm;
-    let failed: Vec<String> = std::thread::scope(|sc| {
-        let mut handles = Vec::new();
-        for (p, prog) in arenas.iter_mut().enumerate() {
-            for (k, arena) in prog.iter_mut().enumerate() {
-                let device = art.header.programs[p].devices[k];
-                let base = bytes_mut(arena).as_mut_ptr() as usize;
-                let len = arena.len() as u64 * 8;
-                handles.push(sc.spawn(move || {
-                    let mut rank = HostRank {
-                        art,
-                        fns,
-                        comm,
-                        p,
-                        device,
-                        arena: (base, len),
-                        scratch: vec![0u64; scratch.max(1)],
-                    };
-                    // A panic is this rank's error too, so the others stop instead
-                    // of waiting for it.
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        run_rank(art, &lanes[p], p, device, groups, &mut rank)
-                    }))
-                    .unwrap_or_else(|_| Err(format!("device {device}'s thread panicked")));
-                    comm.finish(device, &r);
-                    r
-                }));
-            }
-        }
-        handles
-            .into_iter()
-            .filter_map(|h| match h.join() {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e),
-                Err(_) => Some("a rank's thread panicked".into()),
-            })
-            .collect()
-    });
+    let failed: Vec<String> = on_threads(
+        art,
+        arenas,
+        |p, device, arena| {
+            let mut rank = HostRank {
+                art,
+                fns,
+                comm,
+                p,
+                device,
+                arena: (
+                    bytes_mut(arena).as_mut_ptr() as usize,
+                    arena.len() as u64 * 8,
+                ),
+                scratch: vec![0u64; scratch.max(1)],
+            };
+            run_rank(art, &lanes[p], p, device, groups, &mut rank)
+        },
+        // A failure (a panic too) stops the others instead of leaving them waiting.
+        |device, r| comm.finish(device, r),
+    )
+    .into_iter()
+    .filter_map(Result::err)
+    .collect();
     match comm
         .failure()
         .or(failed.into_iter().next())

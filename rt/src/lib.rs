@@ -8,6 +8,9 @@
 //! and, with the `cuda` feature, [`cuda`] (the PTX through the driver API, matrix
 //! products through cuBLAS). Both run collectives as the same moves (`collective`):
 //! strided copies between the virtual devices' arenas and the artifact's reducer kernels.
+//! As ranks (`ranks`: a thread per device), the host runs an in-process communicator, the
+//! CUDA backend NCCL with a GPU per device ([`nccl`]) or a stream per device on one GPU
+//! ([`streams`]).
 
 pub mod artifact;
 pub mod bench;
@@ -20,6 +23,8 @@ pub mod host;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 mod ranks;
+#[cfg(feature = "cuda")]
+pub mod streams;
 pub mod tensor;
 
 pub use artifact::{Artifact, Header, MAGIC, VERSION};

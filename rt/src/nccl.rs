@@ -20,10 +20,10 @@
 //! sends are done. A receive runs on the kernels' stream (the next kernels need it).
 
 use crate::artifact::{Artifact, Step};
-use crate::collective::{At, Move, Places};
-use crate::cuda::{available, CudaProgram};
+use crate::collective::{At, Move};
+use crate::cuda::{available, CudaProgram, RankMemory};
 use crate::host::{load_inputs, results};
-use crate::ranks::{lanes, rank_scratch, run_rank, Flat, Groups, P2p, Rank};
+use crate::ranks::{lanes, on_threads, rank_scratch, run_rank, Flat, Gate, Groups, P2p, Rank};
 use crate::tensor::Tensor;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
@@ -31,7 +31,6 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::sync::{Condvar, Mutex};
 
 /// One NCCL communicator handle (a rank of one group).
 struct Handle(nccl_sys::ncclComm_t);
@@ -129,34 +128,21 @@ fn check(r: Result<nccl::NcclStatus, nccl::NcclError>, what: &str) -> Result<(),
     r.map(|_| ()).map_err(|e| format!("NCCL: {what}: {e:?}"))
 }
 
-/// A device of a run: its program on its GPU, its arena and scratch there, and the
-/// communicators.
+/// A device of a run: its program, arena and scratch on its GPU, and the communicators.
 struct GpuRank<'a> {
-    prog: &'a CudaProgram,
-    p: usize,
+    mem: RankMemory<'a>,
     device: usize,
     /// Per (receiving device, lane), the stream this rank sends on (so a send waiting for
     /// its receive holds up neither the kernels nor the other lanes).
     lane_streams: HashMap<(usize, usize), Arc<CudaStream>>,
     /// Sent bytes, kept until the sends are done ([`GpuRank::drain`]).
     staging: Vec<CudaSlice<u8>>,
-    arena: &'a CudaSlice<u64>,
-    scratch: &'a CudaSlice<u64>,
     comms: &'a Comms,
 }
 
 impl GpuRank<'_> {
-    fn places(&self) -> Places<u64> {
-        let stream = self.prog.stream();
-        let base = |s: &CudaSlice<u64>| s.device_ptr(stream).0;
-        Places {
-            devices: vec![(base(self.arena), self.arena.len() as u64 * 8)],
-            scratch: (base(self.scratch), self.scratch.len() as u64 * 8),
-        }
-    }
-
     fn stream(&self) -> nccl_sys::cudaStream_t {
-        self.prog.stream().cu_stream() as nccl_sys::cudaStream_t
+        self.mem.prog.stream().cu_stream() as nccl_sys::cudaStream_t
     }
 
     /// Waits for every send to finish, then frees what they sent.
@@ -172,41 +158,17 @@ impl GpuRank<'_> {
 
 impl Rank for GpuRank<'_> {
     fn launch(&mut self, kernel: usize, buffers: &[usize]) -> Result<(), String> {
-        let prog = &self.prog.artifact().header.programs[self.p];
-        let base = self.places().devices[0].0;
-        let ptrs: Vec<u64> = buffers
-            .iter()
-            .map(|&b| base + prog.buffers[b].offset)
-            .collect();
-        self.prog.launch(self.p, kernel, buffers, &ptrs)
+        self.mem.launch(kernel, buffers)
     }
 
     fn copy(&mut self, m: &Move) -> Result<(), String> {
-        let Some(c) = self.places().local_copy(m)? else {
-            return Ok(());
-        };
-        // SAFETY: both spans lie in this rank's arena or scratch (checked by local_copy);
-        // a rank's plan never copies a region onto itself.
-        unsafe {
-            self.prog.copy2d(
-                c.src.0 + c.src.1,
-                c.dst.0 + c.dst.1,
-                c.width,
-                c.rows,
-                c.src_pitch,
-                c.dst_pitch,
-            )
-        }
+        self.mem.copy(m)
     }
 
     fn collective(&mut self, group: usize, member: usize, op: &Flat<At>) -> Result<(), String> {
         let comm = self.comms.groups[group][member].0;
         let members = self.comms.groups[group].len() as u64;
-        let places = self.places();
-        let op = op.map(members, &mut |a, bytes| {
-            let (base, off) = places.locate(a, bytes)?;
-            Ok(base + off)
-        })?;
+        let op = op.map(members, &mut |a, bytes| self.mem.address(a, bytes))?;
         let stream = self.stream();
         let red = |max: bool| {
             if max {
@@ -309,8 +271,8 @@ impl Rank for GpuRank<'_> {
         let device = self.device;
         let cu =
             |e: cudarc::driver::DriverError| format!("CUDA: device {device}: '{}': {e}", op.tag);
-        let (base, off) = self.places().locate(op.at, op.bytes)?;
-        let compute = self.prog.stream().clone();
+        let at = self.mem.address(op.at, op.bytes)?;
+        let compute = self.mem.prog.stream().clone();
         // The bytes as they are now, copied on the kernels' stream (later kernels may
         // write over the buffer), then sent from there on the lane's stream.
         // SAFETY: the staging space is written whole by the copy before it is read.
@@ -319,8 +281,9 @@ impl Rank for GpuRank<'_> {
         // SAFETY: the buffer lies in this rank's arena (located); the staging space is
         // fresh, `bytes` long.
         unsafe {
-            self.prog
-                .copy2d(base + off, dst, op.bytes, 1, op.bytes, op.bytes)
+            self.mem
+                .prog
+                .copy2d(at, dst, op.bytes, 1, op.bytes, op.bytes)
         }?;
         let ready = compute.record_event(None).map_err(cu)?;
         let lane = match self.lane_streams.get(&(op.peer, op.lane)) {
@@ -358,7 +321,7 @@ impl Rank for GpuRank<'_> {
     }
 
     fn recv(&mut self, op: &P2p<At>) -> Result<(), String> {
-        let (base, off) = self.places().locate(op.at, op.bytes)?;
+        let at = self.mem.address(op.at, op.bytes)?;
         let comm = self
             .comms
             .lanes
@@ -372,7 +335,7 @@ impl Rank for GpuRank<'_> {
         check(
             unsafe {
                 nccl::recv(
-                    (base + off) as *mut c_void,
+                    at as *mut c_void,
                     op.bytes as usize,
                     u8t,
                     0,
@@ -382,49 +345,6 @@ impl Rank for GpuRank<'_> {
             },
             &op.tag,
         )
-    }
-}
-
-/// A barrier that fails: every device waits at it before each run (so the runs start
-/// together), and a device that failed opens it for the others with an error instead of
-/// leaving them waiting.
-struct Gate {
-    state: Mutex<(usize, u64, bool)>,
-    cv: Condvar,
-    n: usize,
-}
-
-impl Gate {
-    fn new(n: usize) -> Gate {
-        Gate {
-            state: Mutex::new((0, 0, false)),
-            cv: Condvar::new(),
-            n,
-        }
-    }
-
-    /// Waits until every device arrived (`Err` once one failed).
-    fn wait(&self) -> Result<(), String> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let generation = st.1;
-        st.0 += 1;
-        if st.0 == self.n {
-            st.0 = 0;
-            st.1 += 1;
-            self.cv.notify_all();
-        }
-        while st.1 == generation && !st.2 {
-            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
-        if st.2 {
-            return Err("stopped: another device failed".into());
-        }
-        Ok(())
-    }
-
-    fn fail(&self) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).2 = true;
-        self.cv.notify_all();
     }
 }
 
@@ -465,13 +385,15 @@ impl RankRun<'_> {
             self.gate.wait()?;
             let t = std::time::Instant::now();
             let mut rank = GpuRank {
-                prog: &prog,
-                p: self.p,
+                mem: RankMemory {
+                    prog: &prog,
+                    p: self.p,
+                    arena: &a,
+                    scratch: &scratch,
+                },
                 device,
                 lane_streams: HashMap::new(),
                 staging: Vec::new(),
-                arena: &a,
-                scratch: &scratch,
                 comms: self.comms,
             };
             run_rank(self.art, self.lanes, self.p, device, self.groups, &mut rank)?;
@@ -516,45 +438,32 @@ pub fn run_ranks_timed(
     let repeat = repeat.max(1);
     let gate = Gate::new(devices);
     let (comms, gate, groups, lanes) = (&comms, &gate, &groups, &lanes);
-    let per_device: Vec<Result<Vec<f64>, String>> = std::thread::scope(|sc| {
-        let mut handles = Vec::new();
-        for (p, arenas) in host.iter_mut().enumerate() {
-            for (k, h_arena) in arenas.iter_mut().enumerate() {
-                let device = art.header.programs[p].devices[k];
-                handles.push(sc.spawn(move || -> Result<Vec<f64>, String> {
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        let run = RankRun {
-                            art,
-                            p,
-                            device,
-                            words,
-                            repeat,
-                            gate,
-                            comms,
-                            groups,
-                            lanes: &lanes[p],
-                        };
-                        run.run(h_arena)
-                    }))
-                    .unwrap_or_else(|_| Err(format!("device {device}'s thread panicked")));
-                    if r.is_err() {
-                        // The others stop at the next gate, and those waiting in NCCL
-                        // for this device return instead of hanging.
-                        gate.fail();
-                        comms.abort();
-                    }
-                    r
-                }));
+    let per_device = on_threads(
+        art,
+        &mut host,
+        |p, device, h_arena| {
+            RankRun {
+                art,
+                p,
+                device,
+                words,
+                repeat,
+                gate,
+                comms,
+                groups,
+                lanes: &lanes[p],
             }
-        }
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("a rank's thread panicked".into()))
-            })
-            .collect()
-    });
+            .run(h_arena)
+        },
+        |_, r| {
+            if r.is_err() {
+                // The others stop at the next gate, and those waiting in NCCL for this
+                // device return instead of hanging.
+                gate.fail();
+                comms.abort();
+            }
+        },
+    );
     let mut times = vec![0.0f64; repeat];
     for r in per_device {
         for (t, d) in times.iter_mut().zip(r?) {
@@ -562,32 +471,4 @@ pub fn run_ranks_timed(
         }
     }
     Ok((results(art, &host)?, times))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Gate;
-
-    /// Devices pass the gate together run after run; one that fails lets the others go
-    /// with an error instead of leaving them waiting for it.
-    #[test]
-    fn the_gate_opens_together_and_on_failure() {
-        let gate = Gate::new(3);
-        let passed: Vec<usize> = std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..3)
-                .map(|_| sc.spawn(|| (0..5).filter(|_| gate.wait().is_ok()).count()))
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        assert_eq!(passed, [5, 5, 5]);
-        let gate = Gate::new(3);
-        let got: Vec<Result<(), String>> = std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..2).map(|_| sc.spawn(|| gate.wait())).collect();
-            gate.fail();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        assert!(got
-            .iter()
-            .all(|r| r == &Err("stopped: another device failed".to_string())));
-    }
 }

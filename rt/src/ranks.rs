@@ -557,7 +557,7 @@ pub fn run_rank<R: Rank>(
     Ok(())
 }
 
-/// What a rank of the host communicator is doing.
+/// What a rank of a communicator is doing.
 #[derive(Clone, Debug)]
 enum Status {
     Running,
@@ -569,83 +569,265 @@ enum Status {
 /// Messages from one device to another on one lane: (from, to, lane).
 type Lane = (usize, usize, usize);
 
-#[derive(Debug, Default)]
-struct State {
+/// A message in a communicator's mail: its tag, its bytes, and what carries them.
+#[derive(Debug)]
+struct Letter<P> {
+    tag: String,
+    bytes: u64,
+    payload: P,
+}
+
+/// A member at a collective: its addresses and its token.
+type Arrival<E> = (Flat<usize>, E);
+
+#[derive(Debug)]
+struct State<P, E> {
     status: Vec<Status>,
-    /// Per group: collectives completed, and the arrivals at the next one (by member).
+    /// Per group: collectives completed, the arrivals at the next one (by member: its
+    /// addresses and its token), and the last completed one's token.
     done: Vec<u64>,
-    arrived: Vec<Vec<Option<Flat<usize>>>>,
-    /// Per (from, to) device and lane: what was sent and not yet received (tag, bytes),
-    /// in the order sent.
-    mail: HashMap<Lane, VecDeque<(String, Vec<u8>)>>,
+    arrived: Vec<Vec<Option<Arrival<E>>>>,
+    outcome: Vec<Option<E>>,
+    /// Per (from, to) device and lane: what was sent and not yet received, in the order
+    /// sent.
+    mail: HashMap<Lane, VecDeque<Letter<P>>>,
     /// Per device: the lane it waits to receive on.
     awaits: Vec<Option<Lane>>,
     failed: Option<String>,
 }
 
-/// The host's in-process communicator: the ranks of one run, each a thread (see the
-/// module's docs). Addresses are host pointers into the ranks' arenas and scratch.
+/// An in-process communicator: the ranks of one run, each a thread (see the module's
+/// docs). It matches arrivals and messages and detects deadlocks; what a collective
+/// does and what a message carries are its backend's. `P` is what a message carries
+/// (the bytes on the host, a device parcel and its event on a GPU); `E` a token a member
+/// hands in at a collective and gets back when it completes (nothing on the host, where
+/// a collective is complete when it returns; stream events on a GPU, whose collectives
+/// are queued).
 #[derive(Debug)]
-pub struct HostComm {
+pub struct Comm<P, E> {
     groups: Vec<Vec<usize>>,
-    state: Mutex<State>,
+    state: Mutex<State<P, E>>,
     cv: Condvar,
 }
 
-/// Reads `n` f32s at host address `a`.
-///
-/// # Safety
-/// `a` must point to `n` readable f32s that nothing writes meanwhile.
-unsafe fn f32s(a: usize, n: u64) -> Vec<f32> {
-    // SAFETY: the caller's contract; arenas are 8-byte words, offsets multiples of 4.
-    unsafe { std::slice::from_raw_parts(a as *const f32, n as usize) }.to_vec()
-}
+/// The host's communicator: the bytes of every message copied into the receiver's mail,
+/// and the collective run by the group's last member to arrive.
+pub type HostComm = Comm<Vec<u8>, ()>;
 
-/// Writes `v`'s bytes at host address `a`.
-///
-/// # Safety
-/// `a` must point to `v.len()` writable bytes that nothing else uses meanwhile.
-unsafe fn put(a: usize, v: &[u8]) {
-    // SAFETY: the caller's contract.
-    unsafe { std::ptr::copy(v.as_ptr(), a as *mut u8, v.len()) }
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// Reads `bytes` bytes at host address `a`.
-///
-/// # Safety
-/// As [`f32s`].
-unsafe fn read(a: usize, bytes: u64) -> Vec<u8> {
-    // SAFETY: the caller's contract.
-    unsafe { std::slice::from_raw_parts(a as *const u8, bytes as usize) }.to_vec()
-}
-
-/// The members' f32s reduced in member order (the lockstep's order and arithmetic).
-fn reduce(parts: Vec<Vec<f32>>, max: bool) -> Vec<f32> {
-    let mut it = parts.into_iter();
-    let mut acc = it.next().unwrap_or_default();
-    for x in it {
-        for (a, b) in acc.iter_mut().zip(x) {
-            *a = if max { a.max(b) } else { *a + b };
+/// That the members of a collective agree on it (its kind and sizes; their addresses
+/// are their own), and for an exchange that every member names every member.
+pub(crate) fn agree(ops: &[Flat<usize>]) -> Result<(), String> {
+    let first = &ops[0];
+    if ops.iter().any(|o| o.shape() != first.shape()) {
+        return Err(format!(
+            "the members disagree on it ({})",
+            ops.iter().map(Flat::kind).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if let Flat::Exchange { sends, recvs, .. } = first {
+        if sends.len() != ops.len() || recvs.len() != ops.len() {
+            return Err("an exchange names another number of members".into());
         }
     }
-    acc
+    Ok(())
 }
 
-impl HostComm {
+/// A step of a flat collective that one thread runs over every member's memory, where
+/// the members share an address space (virtual devices: the host's threads, or streams
+/// on one GPU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shared {
+    /// `bytes` bytes from `src` to `dst`.
+    Copy {
+        /// Read.
+        src: usize,
+        /// Written.
+        dst: usize,
+        /// Bytes.
+        bytes: u64,
+    },
+    /// `acc = acc + x` (or the maximum) over `n` f32s, element by element.
+    Reduce {
+        /// Read and written.
+        acc: usize,
+        /// Read.
+        x: usize,
+        /// f32s.
+        n: u64,
+        /// Maximum instead of sum.
+        max: bool,
+    },
+}
+
+/// The steps, run in order, that perform the flat collective `ops` (every member's
+/// addresses, in member order; they agree, [`agree`]): sums in member order (the
+/// lockstep's order and arithmetic, so the results are the same bits), an all-reduce
+/// into the first member's `recv` and copied from there. A member's `recv` may be its
+/// `send` (an all-reduce or a broadcast in place); any other overlap of what is written
+/// with what is read is an error, so the steps can run one after another on one stream.
+pub fn shared_plan(ops: &[Flat<usize>]) -> Result<Vec<Shared>, String> {
+    // Copies first, then reductions (an all-reduce's copies to the others last).
+    let mut steps = Vec::new();
+    let mut reduces = Vec::new();
+    let mut after = Vec::new();
+    let copy = |steps: &mut Vec<Shared>, src: usize, dst: usize, bytes: u64| {
+        if src != dst && bytes > 0 {
+            steps.push(Shared::Copy { src, dst, bytes });
+        }
+    };
+    let m = ops.len();
+    // What the steps read and write: (address, bytes), checked for overlaps.
+    let mut reads: Vec<Span> = Vec::new();
+    let mut writes: Vec<Span> = Vec::new();
+    let unagreed = || -> ! { unreachable!("the members agree") };
+    match &ops[0] {
+        Flat::AllReduce { n, max, .. } => {
+            let (s, r): (Vec<usize>, Vec<usize>) = ops
+                .iter()
+                .map(|o| match o {
+                    Flat::AllReduce { send, recv, .. } => (*send, *recv),
+                    _ => unagreed(),
+                })
+                .unzip();
+            let b = n * 4;
+            copy(&mut steps, s[0], r[0], b);
+            for &x in &s[1..] {
+                reduces.push(Shared::Reduce {
+                    acc: r[0],
+                    x,
+                    n: *n,
+                    max: *max,
+                });
+            }
+            // Copied to the others once complete (a member whose `recv` is its `send`
+            // has been read by then).
+            for &d in &r[1..] {
+                copy(&mut after, r[0], d, b);
+            }
+            reads.extend(
+                s.iter()
+                    .zip(&r)
+                    .filter(|(s, r)| s != r)
+                    .map(|(&s, _)| (s, b)),
+            );
+            writes.extend(r.iter().map(|&r| (r, b)));
+        }
+        Flat::ReduceScatter { n, max, .. } => {
+            let w = n * 4;
+            let sends: Vec<usize> = ops
+                .iter()
+                .map(|o| match o {
+                    Flat::ReduceScatter { send, .. } => *send,
+                    _ => unagreed(),
+                })
+                .collect();
+            for (k, o) in ops.iter().enumerate() {
+                let Flat::ReduceScatter { recv, .. } = o else {
+                    unagreed()
+                };
+                let piece = |s: usize| s + k * w as usize;
+                copy(&mut steps, piece(sends[0]), *recv, w);
+                for &s in &sends[1..] {
+                    reduces.push(Shared::Reduce {
+                        acc: *recv,
+                        x: piece(s),
+                        n: *n,
+                        max: *max,
+                    });
+                }
+                writes.push((*recv, w));
+            }
+            reads.extend(sends.iter().map(|&s| (s, w * m as u64)));
+        }
+        Flat::AllGather { bytes, .. } => {
+            let sends: Vec<usize> = ops
+                .iter()
+                .map(|o| match o {
+                    Flat::AllGather { send, .. } => *send,
+                    _ => unagreed(),
+                })
+                .collect();
+            for o in ops {
+                let Flat::AllGather { recv, .. } = o else {
+                    unagreed()
+                };
+                for (k, &s) in sends.iter().enumerate() {
+                    copy(&mut steps, s, recv + k * *bytes as usize, *bytes);
+                }
+                writes.push((*recv, bytes * m as u64));
+            }
+            reads.extend(sends.iter().map(|&s| (s, *bytes)));
+        }
+        Flat::Broadcast { bytes, root, .. } => {
+            let Some(Flat::Broadcast { send, .. }) = ops.get(*root) else {
+                return Err(format!("root {root} is not a member"));
+            };
+            for o in ops {
+                let Flat::Broadcast { recv, .. } = o else {
+                    unagreed()
+                };
+                copy(&mut steps, *send, *recv, *bytes);
+                if recv != send {
+                    writes.push((*recv, *bytes));
+                }
+            }
+            reads.push((*send, *bytes));
+        }
+        Flat::Exchange { bytes, .. } => {
+            for (p, o) in ops.iter().enumerate() {
+                let Flat::Exchange { sends, .. } = o else {
+                    unagreed()
+                };
+                for (k, &a) in sends.iter().enumerate() {
+                    let Flat::Exchange { recvs, .. } = &ops[k] else {
+                        unagreed()
+                    };
+                    copy(&mut steps, a, recvs[p], *bytes);
+                    reads.push((a, *bytes));
+                    writes.push((recvs[p], *bytes));
+                }
+            }
+        }
+    }
+    check_overlaps(&reads, &writes)?;
+    steps.append(&mut reduces);
+    steps.append(&mut after);
+    Ok(steps)
+}
+
+/// Memory at an address: (address, bytes).
+type Span = (usize, u64);
+
+/// That no written span overlaps a read one or another written one.
+fn check_overlaps(reads: &[Span], writes: &[Span]) -> Result<(), String> {
+    let meet = |(a, x): Span, (b, y): Span| a < b + y as usize && b < a + x as usize;
+    for (i, &w) in writes.iter().enumerate() {
+        if let Some(r) = reads.iter().find(|&&r| meet(w, r)) {
+            return Err(format!(
+                "it writes {} bytes at {:#x} over {} bytes it reads at {:#x}",
+                w.1, w.0, r.1, r.0
+            ));
+        }
+        if writes[..i].iter().any(|&v| meet(w, v)) {
+            return Err(format!("it writes {} bytes at {:#x} twice", w.1, w.0));
+        }
+    }
+    Ok(())
+}
+
+impl<P, E: Clone> Comm<P, E> {
     /// A communicator for `devices` devices and `groups` ([`Groups::list`]).
-    pub fn new(devices: usize, groups: &Groups) -> HostComm {
-        HostComm {
+    pub fn new(devices: usize, groups: &Groups) -> Comm<P, E> {
+        Comm {
             groups: groups.list.clone(),
             state: Mutex::new(State {
                 status: vec![Status::Running; devices],
                 done: vec![0; groups.list.len()],
                 arrived: groups.list.iter().map(|g| vec![None; g.len()]).collect(),
+                outcome: vec![None; groups.list.len()],
+                mail: HashMap::new(),
                 awaits: vec![None; devices],
-                ..State::default()
+                failed: None,
             }),
             cv: Condvar::new(),
         }
@@ -661,7 +843,7 @@ impl HostComm {
         self.lock().failed.clone()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<P, E>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -679,7 +861,7 @@ impl HostComm {
 
     /// When every rank left waits, none can move: the run fails, naming what each waits
     /// for.
-    fn check_deadlock(st: &mut State) {
+    fn check_deadlock(st: &mut State<P, E>) {
         let waiting: Vec<String> = st
             .status
             .iter()
@@ -698,11 +880,11 @@ impl HostComm {
     /// Blocks `device` until `ready` holds (or the run failed).
     fn wait_guard<'g>(
         &'g self,
-        mut st: std::sync::MutexGuard<'g, State>,
+        mut st: std::sync::MutexGuard<'g, State<P, E>>,
         device: usize,
         what: String,
-        ready: impl Fn(&State) -> bool,
-    ) -> Result<std::sync::MutexGuard<'g, State>, String> {
+        ready: impl Fn(&State<P, E>) -> bool,
+    ) -> Result<std::sync::MutexGuard<'g, State<P, E>>, String> {
         if !ready(&st) {
             st.status[device] = Status::Waiting(what);
             Self::check_deadlock(&mut st);
@@ -718,6 +900,153 @@ impl HostComm {
         }
     }
 
+    /// `device`, member `member` of group `group`, arrives at a flat collective (its
+    /// addresses `op`, its token `token`). The last member to arrive calls `run` with
+    /// every member's addresses and tokens, in member order (after checking that they
+    /// agree, [`agree`]); every member returns its token when it has. `run` is called
+    /// with the communicator locked: it must not wait for another rank.
+    pub fn meet(
+        &self,
+        device: usize,
+        group: usize,
+        member: usize,
+        op: Flat<usize>,
+        token: E,
+        run: impl FnOnce(&[Flat<usize>], Vec<E>) -> Result<E, String>,
+    ) -> Result<E, String> {
+        let mut st = self.lock();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        let seq = st.done[group];
+        let kind = op.kind();
+        st.arrived[group][member] = Some((op, token));
+        if st.arrived[group].iter().all(Option::is_some) {
+            let (ops, tokens): (Vec<Flat<usize>>, Vec<E>) =
+                std::mem::replace(&mut st.arrived[group], vec![None; self.groups[group].len()])
+                    .into_iter()
+                    .map(|a| a.expect("every member arrived"))
+                    .unzip();
+            let r = agree(&ops).and_then(|_| run(&ops, tokens));
+            match r {
+                Ok(t) => st.outcome[group] = Some(t),
+                Err(e) => {
+                    let e = format!("collective {seq} of devices {:?}: {e}", self.groups[group]);
+                    st.failed.get_or_insert(e);
+                }
+            }
+            st.done[group] += 1;
+            for &d in &self.groups[group] {
+                if matches!(st.status[d], Status::Waiting(_)) {
+                    st.status[d] = Status::Running;
+                }
+            }
+            self.cv.notify_all();
+        } else {
+            let what = format!(
+                "{kind} {seq} of devices {:?} (arrived: {:?})",
+                self.groups[group],
+                self.groups[group]
+                    .iter()
+                    .zip(&st.arrived[group])
+                    .filter(|(_, a)| a.is_some())
+                    .map(|(d, _)| *d)
+                    .collect::<Vec<_>>()
+            );
+            st = self.wait_guard(st, device, what, |s| s.done[group] > seq)?;
+        }
+        // No member arrives at the group's next collective before this one left, so the
+        // outcome is still this collective's.
+        match (&st.failed, &st.outcome[group]) {
+            (Some(e), _) => Err(e.clone()),
+            (None, Some(t)) => Ok(t.clone()),
+            (None, None) => Err("a collective completed without its outcome".into()),
+        }
+    }
+
+    /// `device` posts a message of `bytes` bytes tagged `tag` to `peer` on `lane`,
+    /// carried by `payload`; it does not wait for the receive.
+    pub fn post(
+        &self,
+        device: usize,
+        peer: usize,
+        lane: usize,
+        tag: &str,
+        bytes: u64,
+        payload: P,
+    ) -> Result<(), String> {
+        let mut st = self.lock();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        let key = (device, peer, lane);
+        st.mail.entry(key).or_default().push_back(Letter {
+            tag: tag.to_string(),
+            bytes,
+            payload,
+        });
+        if st.awaits[peer] == Some(key) {
+            st.status[peer] = Status::Running;
+        }
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    /// `device` takes the next message from `peer` on `lane`, waiting for it; its tag
+    /// and size must be `tag` and `bytes`.
+    pub fn take(
+        &self,
+        device: usize,
+        peer: usize,
+        lane: usize,
+        tag: &str,
+        bytes: u64,
+    ) -> Result<P, String> {
+        let key = (peer, device, lane);
+        let mut st = self.lock();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        let has = |s: &State<P, E>| s.mail.get(&key).is_some_and(|q| !q.is_empty());
+        if !has(&st) {
+            st.awaits[device] = Some(key);
+            let what = format!("'{tag}' from device {peer}");
+            st = self.wait_guard(st, device, what, has)?;
+            st.awaits[device] = None;
+        }
+        let letter = st
+            .mail
+            .get_mut(&key)
+            .and_then(VecDeque::pop_front)
+            .ok_or("a message vanished")?;
+        if letter.tag != tag || letter.bytes != bytes {
+            let e = format!(
+                "device {device} receives '{tag}' ({bytes} bytes) from device {peer} on lane {lane}, which sent '{}' ({} bytes) there",
+                letter.tag, letter.bytes
+            );
+            st.failed.get_or_insert(e.clone());
+            self.cv.notify_all();
+            return Err(e);
+        }
+        Ok(letter.payload)
+    }
+
+    /// A message sent and never received, if one was (after every rank finished).
+    pub fn unreceived(&self) -> Option<String> {
+        let st = self.lock();
+        let mut left: Vec<_> = st
+            .mail
+            .iter()
+            .filter_map(|(k, q)| q.front().map(|l| (*k, l.tag.clone())))
+            .collect();
+        left.sort();
+        left.first().map(|((from, to, _), tag)| {
+            format!("device {from} sent '{tag}' to device {to}, which never received it")
+        })
+    }
+}
+
+impl HostComm {
     /// `device`, member `member` of group `group`, takes part in a flat collective
     /// (host addresses); returns when it is complete.
     ///
@@ -731,149 +1060,40 @@ impl HostComm {
         member: usize,
         op: Flat<usize>,
     ) -> Result<(), String> {
-        let mut st = self.lock();
-        if let Some(e) = &st.failed {
-            return Err(e.clone());
-        }
-        let seq = st.done[group];
-        let kind = op.kind();
-        st.arrived[group][member] = Some(op);
-        if st.arrived[group].iter().all(Option::is_some) {
-            let ops: Vec<Flat<usize>> =
-                std::mem::replace(&mut st.arrived[group], vec![None; self.groups[group].len()])
-                    .into_iter()
-                    .map(|a| a.expect("every member arrived"))
-                    .collect();
-            // SAFETY: every member waits in this call until `done` moves on, so their
-            // memory is this thread's to read and write now (the caller's contract).
-            if let Err(e) = unsafe { Self::execute(&ops) } {
-                let e = format!("collective {seq} of devices {:?}: {e}", self.groups[group]);
-                st.failed.get_or_insert(e);
-            }
-            st.done[group] += 1;
-            for &d in &self.groups[group] {
-                if matches!(st.status[d], Status::Waiting(_)) {
-                    st.status[d] = Status::Running;
-                }
-            }
-            self.cv.notify_all();
-            return match &st.failed {
-                Some(e) => Err(e.clone()),
-                None => Ok(()),
-            };
-        }
-        let what = format!(
-            "{kind} {seq} of devices {:?} (arrived: {:?})",
-            self.groups[group],
-            self.groups[group]
-                .iter()
-                .zip(&st.arrived[group])
-                .filter(|(_, a)| a.is_some())
-                .map(|(d, _)| *d)
-                .collect::<Vec<_>>()
-        );
-        self.wait_guard(st, device, what, |s| s.done[group] > seq)
-            .map(|_| ())
+        // SAFETY: every member waits in `meet` until the last one ran the collective, so
+        // their memory is that thread's to read and write then (the caller's contract;
+        // `shared_plan` checks that no step writes what a later one reads).
+        self.meet(device, group, member, op, (), |ops, _| {
+            let steps = shared_plan(ops)?;
+            unsafe { Self::execute(&steps) };
+            Ok(())
+        })
     }
 
-    /// Runs a flat collective given every member's addresses, in member order.
+    /// Runs the steps of [`shared_plan`] on host addresses.
     ///
     /// # Safety
-    /// As [`HostComm::collective`], for every member.
-    unsafe fn execute(ops: &[Flat<usize>]) -> Result<(), String> {
-        let first = &ops[0];
-        if ops.iter().any(|o| o.shape() != first.shape()) {
-            return Err(format!(
-                "the members disagree on it ({})",
-                ops.iter().map(Flat::kind).collect::<Vec<_>>().join(", ")
-            ));
-        }
-        // Every read happens before any write, so a member's recv may be its send.
-        // SAFETY (all blocks): the caller's contract.
-        match first {
-            Flat::AllReduce { n, max, .. } => {
-                let parts = ops
-                    .iter()
-                    .map(|o| match o {
-                        Flat::AllReduce { send, .. } => unsafe { f32s(*send, *n) },
-                        _ => unreachable!("checked above"),
-                    })
-                    .collect();
-                let sum = f32_bytes(&reduce(parts, *max));
-                for o in ops {
-                    if let Flat::AllReduce { recv, .. } = o {
-                        unsafe { put(*recv, &sum) };
-                    }
-                }
-            }
-            Flat::ReduceScatter { n, max, .. } => {
-                let m = ops.len() as u64;
-                let parts = ops
-                    .iter()
-                    .map(|o| match o {
-                        Flat::ReduceScatter { send, .. } => unsafe { f32s(*send, n * m) },
-                        _ => unreachable!("checked above"),
-                    })
-                    .collect();
-                let sum = f32_bytes(&reduce(parts, *max));
-                let w = (*n * 4) as usize;
-                for (k, o) in ops.iter().enumerate() {
-                    if let Flat::ReduceScatter { recv, .. } = o {
-                        unsafe { put(*recv, &sum[k * w..(k + 1) * w]) };
-                    }
-                }
-            }
-            Flat::AllGather { bytes, .. } => {
-                let all: Vec<u8> = ops
-                    .iter()
-                    .flat_map(|o| match o {
-                        Flat::AllGather { send, .. } => unsafe { read(*send, *bytes) },
-                        _ => unreachable!("checked above"),
-                    })
-                    .collect();
-                for o in ops {
-                    if let Flat::AllGather { recv, .. } = o {
-                        unsafe { put(*recv, &all) };
-                    }
-                }
-            }
-            Flat::Broadcast { bytes, root, .. } => {
-                let Some(Flat::Broadcast { send, .. }) = ops.get(*root) else {
-                    return Err(format!("root {root} is not a member"));
-                };
-                let v = unsafe { read(*send, *bytes) };
-                for o in ops {
-                    if let Flat::Broadcast { recv, .. } = o {
-                        unsafe { put(*recv, &v) };
-                    }
-                }
-            }
-            Flat::Exchange { bytes, .. } => {
-                let m = ops.len();
-                let mut pieces = vec![Vec::new(); m * m];
-                for (p, o) in ops.iter().enumerate() {
-                    if let Flat::Exchange { sends, .. } = o {
-                        if sends.len() != m {
-                            return Err("an exchange names another number of members".into());
-                        }
-                        for (k, &a) in sends.iter().enumerate() {
-                            pieces[p * m + k] = unsafe { read(a, *bytes) };
-                        }
-                    }
-                }
-                for (k, o) in ops.iter().enumerate() {
-                    if let Flat::Exchange { recvs, .. } = o {
-                        if recvs.len() != m {
-                            return Err("an exchange names another number of members".into());
-                        }
-                        for (p, &a) in recvs.iter().enumerate() {
-                            unsafe { put(a, &pieces[p * m + k]) };
-                        }
+    /// Every step's spans must be valid host memory that nothing else uses meanwhile.
+    unsafe fn execute(steps: &[Shared]) {
+        for st in steps {
+            match *st {
+                // SAFETY (both arms): the caller's contract.
+                Shared::Copy { src, dst, bytes } => unsafe {
+                    std::ptr::copy(src as *const u8, dst as *mut u8, bytes as usize)
+                },
+                Shared::Reduce { acc, x, n, max } => {
+                    let (acc, x) = unsafe {
+                        (
+                            std::slice::from_raw_parts_mut(acc as *mut f32, n as usize),
+                            std::slice::from_raw_parts(x as *const f32, n as usize),
+                        )
+                    };
+                    for (a, b) in acc.iter_mut().zip(x) {
+                        *a = if max { a.max(*b) } else { *a + *b };
                     }
                 }
             }
         }
-        Ok(())
     }
 
     /// `device` sends `op.bytes` at host address `op.at` to `op.peer` on `op.lane`: the
@@ -883,21 +1103,9 @@ impl HostComm {
     /// `op.at` must be valid for `op.bytes` bytes.
     pub unsafe fn send(&self, device: usize, op: &P2p<usize>) -> Result<(), String> {
         // SAFETY: the caller's contract.
-        let data = unsafe { read(op.at, op.bytes) };
-        let mut st = self.lock();
-        if let Some(e) = &st.failed {
-            return Err(e.clone());
-        }
-        let key = (device, op.peer, op.lane);
-        st.mail
-            .entry(key)
-            .or_default()
-            .push_back((op.tag.clone(), data));
-        if st.awaits[op.peer] == Some(key) {
-            st.status[op.peer] = Status::Running;
-        }
-        self.cv.notify_all();
-        Ok(())
+        let data =
+            unsafe { std::slice::from_raw_parts(op.at as *const u8, op.bytes as usize) }.to_vec();
+        self.post(device, op.peer, op.lane, &op.tag, op.bytes, data)
     }
 
     /// `device` receives the next message from `op.peer` on `op.lane` into host address
@@ -907,53 +1115,228 @@ impl HostComm {
     /// # Safety
     /// `op.at` must be valid for `op.bytes` bytes that nothing else uses meanwhile.
     pub unsafe fn recv(&self, device: usize, op: &P2p<usize>) -> Result<(), String> {
-        let key = (op.peer, device, op.lane);
-        let mut st = self.lock();
-        if let Some(e) = &st.failed {
-            return Err(e.clone());
-        }
-        let has = |s: &State| s.mail.get(&key).is_some_and(|q| !q.is_empty());
-        if !has(&st) {
-            st.awaits[device] = Some(key);
-            let what = format!("'{}' from device {}", op.tag, op.peer);
-            st = self.wait_guard(st, device, what, has)?;
-            st.awaits[device] = None;
-        }
-        let (tag, data) = st
-            .mail
-            .get_mut(&key)
-            .and_then(VecDeque::pop_front)
-            .ok_or("a message vanished")?;
-        if tag != op.tag || data.len() as u64 != op.bytes {
-            let e = format!(
-                "device {device} receives '{}' ({} bytes) from device {} on lane {}, which sent '{tag}' ({} bytes) there",
-                op.tag,
-                op.bytes,
-                op.peer,
-                op.lane,
-                data.len()
-            );
-            st.failed.get_or_insert(e.clone());
-            self.cv.notify_all();
-            return Err(e);
-        }
-        drop(st);
+        let data = self.take(device, op.peer, op.lane, &op.tag, op.bytes)?;
         // SAFETY: the caller's contract.
-        unsafe { put(op.at, &data) };
+        unsafe { std::ptr::copy(data.as_ptr(), op.at as *mut u8, data.len()) };
+        Ok(())
+    }
+}
+
+/// Runs `run(p, device, arena)` for every device of `art` on a thread of its own, with
+/// `arenas` its arenas (by program, then device, as [`crate::host::load_inputs`] gives
+/// them); a panic is its device's error. `done(device, &result)` is called on each
+/// device's thread as it ends (so a failure can stop the others). The results by
+/// program, then device.
+pub(crate) fn on_threads<T: Send>(
+    art: &Artifact,
+    arenas: &mut [Vec<Vec<u64>>],
+    run: impl Fn(usize, usize, &mut Vec<u64>) -> Result<T, String> + Sync,
+    done: impl Fn(usize, &Result<T, String>) + Sync,
+) -> Vec<Result<T, String>> {
+    let (run, done) = (&run, &done);
+    std::thread::scope(|sc| {
+        let mut handles = Vec::new();
+        for (p, prog) in arenas.iter_mut().enumerate() {
+            for (k, arena) in prog.iter_mut().enumerate() {
+                let device = art.header.programs[p].devices[k];
+                handles.push(sc.spawn(move || {
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run(p, device, arena)
+                    }))
+                    .unwrap_or_else(|_| Err(format!("device {device}'s thread panicked")));
+                    done(device, &r);
+                    r
+                }));
+            }
+        }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a rank's thread panicked".into()))
+            })
+            .collect()
+    })
+}
+
+/// A barrier that fails: every device waits at it before each run (so the runs start
+/// together), and a device that failed opens it for the others with an error instead of
+/// leaving them waiting.
+#[derive(Debug)]
+pub(crate) struct Gate {
+    /// Arrived, generation, failed.
+    state: Mutex<(usize, u64, bool)>,
+    cv: Condvar,
+    n: usize,
+}
+
+impl Gate {
+    pub(crate) fn new(n: usize) -> Gate {
+        Gate {
+            state: Mutex::new((0, 0, false)),
+            cv: Condvar::new(),
+            n,
+        }
+    }
+
+    /// Waits until every device arrived (`Err` once one failed).
+    pub(crate) fn wait(&self) -> Result<(), String> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let generation = st.1;
+        st.0 += 1;
+        if st.0 == self.n {
+            st.0 = 0;
+            st.1 += 1;
+            self.cv.notify_all();
+        }
+        while st.1 == generation && !st.2 {
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if st.2 {
+            return Err("stopped: another device failed".into());
+        }
         Ok(())
     }
 
-    /// A message sent and never received, if one was (after every rank finished).
-    pub fn unreceived(&self) -> Option<String> {
-        let st = self.lock();
-        let mut left: Vec<_> = st
-            .mail
-            .iter()
-            .filter_map(|(k, q)| q.front().map(|(tag, _)| (*k, tag.clone())))
+    /// Opens the gate for good, with an error for those waiting and those to come.
+    pub(crate) fn fail(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).2 = true;
+        self.cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{shared_plan, Flat, Gate, HostComm, Shared};
+
+    /// `shared_plan`'s steps run one after another compute each collective: sums in
+    /// member order (the same bits as `((a + b) + c)`), in place where a member's `recv`
+    /// is its `send`; a `recv` overlapping what is read is refused.
+    #[test]
+    fn shared_plans_compute_the_collectives_in_member_order() {
+        let n = 5usize;
+        // Three members' memory in one space: send at k * 4n, recv at 12n + k * 4n
+        // (f32 indices k * n and 3n + k * n).
+        let mut mem: Vec<f32> = (0..6 * n).map(|i| 0.1 + (i as f32) * 0.37).collect();
+        let base = mem.as_mut_ptr() as usize;
+        let at = |i: usize| base + 4 * i;
+        let run = |ops: &[Flat<usize>]| {
+            let steps = shared_plan(ops).unwrap();
+            // SAFETY: every span lies in `mem`, which nothing else touches meanwhile.
+            unsafe { HostComm::execute(&steps) };
+            steps
+        };
+        let before = mem.clone();
+        let sum: Vec<f32> = (0..n)
+            .map(|i| (before[i] + before[n + i]) + before[2 * n + i])
             .collect();
-        left.sort();
-        left.first().map(|((from, to, _), tag)| {
-            format!("device {from} sent '{tag}' to device {to}, which never received it")
-        })
+        // Out of place: every member's recv gets the sum.
+        let ops: Vec<Flat<usize>> = (0..3)
+            .map(|k| Flat::AllReduce {
+                send: at(k * n),
+                recv: at(3 * n + k * n),
+                n: n as u64,
+                max: false,
+            })
+            .collect();
+        let steps = run(&ops);
+        for k in 0..3 {
+            assert_eq!(mem[3 * n + k * n..4 * n + k * n], sum[..], "member {k}");
+        }
+        assert_eq!(steps.len(), 1 + 2 + 2, "{steps:?}");
+        // In place (recv = send): the same bits.
+        mem.copy_from_slice(&before);
+        let ops: Vec<Flat<usize>> = (0..3)
+            .map(|k| Flat::AllReduce {
+                send: at(k * n),
+                recv: at(k * n),
+                n: n as u64,
+                max: false,
+            })
+            .collect();
+        run(&ops);
+        for k in 0..3 {
+            assert_eq!(mem[k * n..(k + 1) * n], sum[..], "member {k} in place");
+        }
+        // A reduce-scatter (maximum) over 2 members: pieces of n f32s, send 2n each.
+        let m = 2usize;
+        mem.copy_from_slice(&before);
+        let ops: Vec<Flat<usize>> = (0..m)
+            .map(|k| Flat::ReduceScatter {
+                send: at(k * 2 * n),
+                recv: at(4 * n + k * n),
+                n: n as u64,
+                max: true,
+            })
+            .collect();
+        run(&ops);
+        for k in 0..m {
+            for i in 0..n {
+                let want = before[k * n + i].max(before[2 * n + k * n + i]);
+                assert_eq!(mem[4 * n + k * n + i], want, "piece {k}");
+            }
+        }
+        // Member 1's recv over member 0's send: refused, naming the overlap.
+        let ops = vec![
+            Flat::AllGather {
+                send: at(0),
+                recv: at(2 * n),
+                bytes: 4 * n as u64,
+            },
+            Flat::AllGather {
+                send: at(n),
+                recv: at(0),
+                bytes: 4 * n as u64,
+            },
+        ];
+        let e = shared_plan(&ops).unwrap_err();
+        assert!(e.contains("over") && e.contains("it reads"), "{e}");
+        // A broadcast from member 1 copies its send to every other recv, itself in place.
+        let ops: Vec<Flat<usize>> = (0..3)
+            .map(|k| Flat::Broadcast {
+                send: at(k * n),
+                recv: at(k * n),
+                bytes: 4 * n as u64,
+                root: 1,
+            })
+            .collect();
+        assert_eq!(
+            shared_plan(&ops).unwrap(),
+            [
+                Shared::Copy {
+                    src: at(n),
+                    dst: at(0),
+                    bytes: 4 * n as u64
+                },
+                Shared::Copy {
+                    src: at(n),
+                    dst: at(2 * n),
+                    bytes: 4 * n as u64
+                }
+            ]
+        );
+    }
+
+    /// Devices pass the gate together run after run; one that fails lets the others go
+    /// with an error instead of leaving them waiting for it.
+    #[test]
+    fn the_gate_opens_together_and_on_failure() {
+        let gate = Gate::new(3);
+        let passed: Vec<usize> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..3)
+                .map(|_| sc.spawn(|| (0..5).filter(|_| gate.wait().is_ok()).count()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(passed, [5, 5, 5]);
+        let gate = Gate::new(3);
+        let got: Vec<Result<(), String>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..2).map(|_| sc.spawn(|| gate.wait())).collect();
+            gate.fail();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(got
+            .iter()
+            .all(|r| r == &Err("stopped: another device failed".to_string())));
     }
 }

@@ -366,7 +366,15 @@ impl Compiled {
             (Backend::Cuda(p), false) => p.run_timed(&args, repeat)?,
             #[cfg(feature = "cuda")]
             (Backend::Cuda(p), true) => {
-                nnscaler_rt::nccl::run_ranks_timed(p.artifact(), &args, repeat)?
+                // A GPU per device where there are enough, else a stream per device.
+                let (outs, times, line) = nnscaler_rt::streams::run_ranks(
+                    p,
+                    &args,
+                    repeat,
+                    nnscaler_rt::streams::Placement::Auto,
+                )?;
+                eprintln!("nnscaler: {line}");
+                (outs, times)
             }
         };
         Ok((outs.iter().map(from_rt).collect::<Result<_, _>>()?, times))

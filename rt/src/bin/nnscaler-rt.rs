@@ -17,7 +17,8 @@ use std::process::ExitCode;
         partitioned program a virtual device) and cuda (the PTX on GPU 0, every device of \
         the mesh a virtual device on it; in binaries built with --features cuda). With \
         run --ranks every device runs on a thread of its own instead (cuda: on a GPU of \
-        its own, collectives and messages through NCCL)."
+        its own, collectives and messages through NCCL, or on a stream of its own on one \
+        GPU)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -52,10 +53,14 @@ enum Cmd {
         /// messages matched in order as NCCL matches them (on lanes where a schedule
         /// receives in another order than it sends); a deadlock is reported, naming what
         /// each device waits for. host: the in-process communicator (results the same
-        /// bits as without --ranks; the devices compute at once); cuda: NCCL, device d on
-        /// GPU d (as many GPUs as devices).
-        #[arg(long)]
-        ranks: bool,
+        /// bits as without --ranks; the devices compute at once). cuda: =gpus puts device
+        /// d on GPU d, collectives and messages through NCCL (as many GPUs as devices);
+        /// =streams makes every device a stream of its own on GPU 0 (collectives by
+        /// device copies and reducer kernels, results the host's bits); =auto (the
+        /// default) takes gpus where there are enough GPUs and NCCL loads, else streams.
+        #[arg(long, value_name = "ON", num_args = 0..=1, require_equals = true,
+              default_missing_value = "auto", value_parser = ["auto", "gpus", "streams"])]
+        ranks: Option<String>,
     },
     /// Run a program once on the GPU and on the host in lockstep, comparing what every
     /// step writes (a kernel's outputs, a collective's, a received buffer) on every
@@ -238,15 +243,22 @@ fn run(
     output: &str,
     backend: &str,
     repeat: usize,
-    ranks: bool,
+    on: Option<&str>,
 ) -> Result<String, String> {
+    let ranks = on.is_some();
+    if backend != "cuda" && matches!(on, Some("gpus" | "streams")) {
+        return Err(format!(
+            "--ranks={} places ranks on GPUs: it needs --backend cuda",
+            on.unwrap_or_default()
+        ));
+    }
     let a = load(path)?;
     let args = arguments(&a, inputs)?;
     let names: Vec<String> = a.header.outputs.iter().map(|p| p.name.clone()).collect();
     let devices = a.devices();
     let (outs, mut times) = match (backend, ranks) {
         ("cuda", false) => run_cuda(a, &args, repeat)?,
-        ("cuda", true) => run_cuda_ranks(a, &args, repeat)?,
+        ("cuda", true) => run_cuda_ranks(a, &args, repeat, on.unwrap_or("auto"))?,
         (_, false) => HostProgram::load(a)?.run_timed(&args, repeat)?,
         (_, true) => HostProgram::load(a)?.run_ranks_timed(&args, repeat)?,
     };
@@ -266,7 +278,7 @@ fn run(
     Ok(format!(
         "ran {path} on the {} ({} device{}{}) in {secs:.6} s{timing}; {} results in {output}\n",
         match (backend, ranks) {
-            ("cuda", true) => "GPUs",
+            ("cuda", true) => "GPU(s)",
             ("cuda", false) => "GPU",
             _ => "host",
         },
@@ -289,18 +301,28 @@ fn run_cuda(
     prog.run_timed(args, repeat)
 }
 
-/// Runs with device d on GPU d, a thread each, through NCCL.
+/// Runs as ranks on GPUs, placed by `on` (auto, gpus or streams); says where on stderr.
 #[cfg(feature = "cuda")]
 fn run_cuda_ranks(
     a: Artifact,
     args: &[Tensor],
     repeat: usize,
+    on: &str,
 ) -> Result<(Vec<Tensor>, Vec<f64>), String> {
-    nnscaler_rt::nccl::run_ranks_timed(&a, args, repeat)
+    let prog = nnscaler_rt::cuda::CudaProgram::load(a, 0)?;
+    eprintln!("nnscaler-rt: {}", prog.gemms());
+    let (outs, times, line) = nnscaler_rt::streams::run_ranks(&prog, args, repeat, on.parse()?)?;
+    eprintln!("nnscaler-rt: {line}");
+    Ok((outs, times))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_cuda_ranks(_: Artifact, _: &[Tensor], _: usize) -> Result<(Vec<Tensor>, Vec<f64>), String> {
+fn run_cuda_ranks(
+    _: Artifact,
+    _: &[Tensor],
+    _: usize,
+    _: &str,
+) -> Result<(Vec<Tensor>, Vec<f64>), String> {
     Err("this nnscaler-rt was built without the CUDA backend (cargo build --release -p nnscaler-rt --features cuda)".into())
 }
 
@@ -407,7 +429,14 @@ fn main() -> ExitCode {
             backend,
             repeat,
             ranks,
-        } => run(artifact, inputs, output, backend, *repeat as usize, *ranks),
+        } => run(
+            artifact,
+            inputs,
+            output,
+            backend,
+            *repeat as usize,
+            ranks.as_deref(),
+        ),
         Cmd::Compare {
             artifact,
             inputs,
