@@ -7,7 +7,7 @@
 # agreement of the CUDA backend with the CPU runtime (whole
 # training steps, one device, dp2 x tp2 on 4 virtual devices, and a pp2 x dp2 x tp2 1F1B
 # pipeline on 8, gpt-tiny's step in mixed precision; the same as ranks, a GPU each through
-# NCCL, where the GPUs suffice); the nanoGPT GPU-config
+# NCCL, where the GPUs suffice, and a stream each on one GPU); the nanoGPT GPU-config
 # step time against PyTorch eager on the same GPU, in fp32 and in mixed precision (bf16
 # against torch.autocast); the GEMM rate against torch.matmul;
 # and the calibration benchmarks' times (calib-timings.json, copied to $OUT when set).
@@ -70,6 +70,14 @@ for spec in gpt-tiny-step:1 gpt-tiny-dptp:4 gpt-tiny-pp:8; do
   ./nnscaler-rt run "$c.nnsx" --backend cuda --ranks --repeat 3 --inputs "$c.in.safetensors" \
       --inputs "$c.params.safetensors" -o "$c.ranks.safetensors" \
     && "$py" compare.py close "$c.ranks.safetensors" "$c.want.safetensors" 1e-4 || status=1
+done
+# Ranks as streams: every device a stream and a thread of its own on GPU 0 (any number of
+# devices), collectives by device copies and reducer kernels ordered by events.
+for c in gpt-tiny-dptp gpt-tiny-pp; do
+  echo "== $c as ranks (a stream per device on one GPU)"
+  ./nnscaler-rt run "$c.nnsx" --backend cuda --ranks=streams --repeat 3 --inputs "$c.in.safetensors" \
+      --inputs "$c.params.safetensors" -o "$c.streams.safetensors" \
+    && "$py" compare.py close "$c.streams.safetensors" "$c.want.safetensors" 1e-4 || status=1
 done
 echo "== nanogpt GPU config (6 layers, 6 heads, 384 wide, block 256, batch 64; fp32)"
 "$py" compare.py params nanogpt-gpu-step.nnsx nanogpt-gpu-step.params.safetensors

@@ -1162,6 +1162,7 @@ pub(crate) fn on_threads<T: Send>(
 /// A barrier that fails: every device waits at it before each run (so the runs start
 /// together), and a device that failed opens it for the others with an error instead of
 /// leaving them waiting.
+#[cfg(any(test, feature = "cuda"))]
 #[derive(Debug)]
 pub(crate) struct Gate {
     /// Arrived, generation, failed.
@@ -1170,6 +1171,7 @@ pub(crate) struct Gate {
     n: usize,
 }
 
+#[cfg(any(test, feature = "cuda"))]
 impl Gate {
     pub(crate) fn new(n: usize) -> Gate {
         Gate {

@@ -271,7 +271,8 @@ impl Compiled {
 
     /// Runs every device on a thread of its own (`nnscaler-rt run --ranks`: on the host
     /// through the in-process communicator, the same bits as lockstep; on CUDA one GPU
-    /// per device through NCCL) when `on`, else all devices in lockstep.
+    /// per device through NCCL, or a stream per device on GPU 0 when the GPUs are fewer
+    /// or NCCL does not load) when `on`, else all devices in lockstep.
     pub fn with_ranks(mut self, on: bool) -> Self {
         self.ranks = on;
         self

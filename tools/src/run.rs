@@ -76,7 +76,8 @@ pub struct RunArgs {
     /// of a cluster do, instead of all devices in lockstep: collectives through a
     /// communicator, messages matched in order as NCCL matches them (a deadlock is
     /// reported). host: an in-process communicator, the same results bit for bit; cuda:
-    /// NCCL, device d on GPU d.
+    /// NCCL, device d on GPU d, or a stream per device on GPU 0 when the GPUs are fewer
+    /// than the devices or NCCL does not load.
     #[arg(long)]
     pub ranks: bool,
     /// Run it this many times and print the median and fastest time of a run (to stderr;

@@ -200,7 +200,8 @@ pub struct TrainSection {
     pub backend: String,
     /// With backend host or cuda: every device on a thread of its own (nnscaler-rt's
     /// ranks: on the host an in-process communicator, the same results; on cuda NCCL,
-    /// device d on GPU d) instead of all devices in lockstep.
+    /// device d on GPU d, or a stream per device on GPU 0 when the GPUs are fewer) instead
+    /// of all devices in lockstep.
     #[serde(default)]
     pub ranks: bool,
     /// Loss-curve SVG written at the end.

@@ -56,7 +56,8 @@ enum Cmd {
         /// bits as without --ranks; the devices compute at once). cuda: =gpus puts device
         /// d on GPU d, collectives and messages through NCCL (as many GPUs as devices);
         /// =streams makes every device a stream of its own on GPU 0 (collectives by
-        /// device copies and reducer kernels, results the host's bits); =auto (the
+        /// device copies and reducer kernels summing in member order, as without
+        /// --ranks); =auto (the
         /// default) takes gpus where there are enough GPUs and NCCL loads, else streams.
         #[arg(long, value_name = "ON", num_args = 0..=1, require_equals = true,
               default_missing_value = "auto", value_parser = ["auto", "gpus", "streams"])]
