@@ -194,8 +194,21 @@ pub enum Body {
         /// The logits are a class shard (a fifth input).
         sharded: bool,
     },
-    /// Column `i` of an embedding's gradient: `dy, ids -> table`, tokens in order.
-    EmbeddingGrad,
+    /// Token `i`'s link in the list of tokens with its id (an embedding gradient of a
+    /// table above [`EMBED_ROWS_MAX`]): `ids -> links` (i64, one per token): the next
+    /// token with the same id (`tokens` if none), plus `tokens + 1` where an earlier token
+    /// has the id too (then `i` does not head its list); -1 for an id outside the table's
+    /// `rows`. Each thread scans every id once.
+    EmbeddingLinks {
+        /// The table's rows.
+        rows: usize,
+    },
+    /// Element `i` of `[tokens, columns]` (token `t`, column `c`) of an embedding's
+    /// gradient of a large table: where `t` heads its id's list ([`Body::EmbeddingLinks`]),
+    /// column `c` of `dy` summed over the list in token order (from 0, as the reference
+    /// sums, so the same bits) into the id's row of the table; other threads store
+    /// nothing: `dy, ids, links -> table`, the table zeroed before (rows no token names).
+    EmbeddingGradLists,
     /// Row `i` of an embedding's gradient (`dy, ids -> table`), a team kernel: each lane
     /// owns columns `lane, lane + t, ...` and sums, for each, the `dy` of the tokens
     /// whose id is `i`, in token order (the reference's order, so the same bits). Every
@@ -486,8 +499,10 @@ pub const SPLIT_PARTS: usize = 1024;
 
 /// The largest embedding table whose gradient is computed by rows
 /// ([`Body::EmbeddingGradRows`]): each row scans every token id, `rows x columns x tokens`
-/// steps in all, against the column kernel's `tokens` dependent updates per thread (on a
-/// GPU, about 400 cycles each); they cost the same near 2^21 elements.
+/// steps in all. Larger tables are zeroed, then each token id's list of tokens is summed
+/// per column by the thread of its first token ([`Body::EmbeddingLinks`],
+/// [`Body::EmbeddingGradLists`]): `tokens^2` steps to link the lists and `tokens x
+/// columns` threads, of which the lists' heads each add their list's `dy`s.
 pub const EMBED_ROWS_MAX: usize = 1 << 21;
 
 /// The shortest line a team of threads computes (shorter ones: one thread each).
@@ -940,7 +955,58 @@ pub fn lower(
         "dnn.embedding_grad" if out0.len() <= EMBED_ROWS_MAX => {
             kernel(Body::EmbeddingGradRows, out0.shape[0])
         }
-        "dnn.embedding_grad" => kernel(Body::EmbeddingGrad, out0.shape[1]),
+        "dnn.embedding_grad" => {
+            // Zero the table; link each id's tokens; sum each list by its head's threads.
+            let (rows, width) = (out0.shape[0], out0.shape[1]);
+            let n = ins[1].len();
+            let links = Buf {
+                elt: Elt::I64,
+                ..Buf::f32(&[n])
+            };
+            let part =
+                |suffix: &str, body: Body, inputs: Vec<Buf>, outputs: Vec<Buf>, len| Kernel {
+                    name: format!("{name}_{suffix}"),
+                    body,
+                    inputs,
+                    outputs,
+                    len,
+                };
+            return Ok(Lowered {
+                kernels: vec![
+                    part(
+                        "zero",
+                        Body::Map(vec![Expr::Const(0.0)]),
+                        Vec::new(),
+                        vec![out0.clone()],
+                        out0.len(),
+                    ),
+                    part(
+                        "links",
+                        Body::EmbeddingLinks { rows },
+                        vec![ins[1].clone()],
+                        vec![links.clone()],
+                        n,
+                    ),
+                    part(
+                        "lists",
+                        Body::EmbeddingGradLists,
+                        vec![ins[0].clone(), ins[1].clone(), links.clone()],
+                        vec![out0.clone()],
+                        n * width,
+                    ),
+                ],
+                temps: vec![links],
+                consts: Vec::new(),
+                launches: vec![
+                    (0, vec![Slot::Out(0)]),
+                    (1, vec![Slot::In(1), Slot::Temp(0)]),
+                    (
+                        2,
+                        vec![Slot::In(0), Slot::In(1), Slot::Temp(0), Slot::Out(0)],
+                    ),
+                ],
+            });
+        }
         "dnn.cross_entropy" => {
             let rows = tokens(&ins[0]);
             let count = match int(attrs, "count", 0) {

@@ -516,6 +516,35 @@ impl<'ctx> Gen<'ctx> {
         self.for_step(self.i64c(0), n, 1, f)
     }
 
+    /// `j = f(j)` from `start` while `j` is below `end` (a list's walk).
+    fn walk(
+        &self,
+        start: IntValue<'ctx>,
+        end: IntValue<'ctx>,
+        mut f: impl FnMut(&Self, IntValue<'ctx>) -> R<IntValue<'ctx>>,
+    ) -> R<()> {
+        let func = self
+            .b
+            .get_insert_block()
+            .and_then(|b| b.get_parent())
+            .ok_or("no function")?;
+        let at = self.var(start.into())?;
+        let cond = self.ctx.append_basic_block(func, "walk.cond");
+        let body = self.ctx.append_basic_block(func, "walk.body");
+        let exit = self.ctx.append_basic_block(func, "walk.end");
+        e(self.b.build_unconditional_branch(cond))?;
+        self.b.position_at_end(cond);
+        let j = self.geti(at)?;
+        let more = e(self.b.build_int_compare(IntPredicate::ULT, j, end, ""))?;
+        e(self.b.build_conditional_branch(more, body, exit))?;
+        self.b.position_at_end(body);
+        let next = f(self, j)?;
+        self.set(at, next)?;
+        e(self.b.build_unconditional_branch(cond))?;
+        self.b.position_at_end(exit);
+        Ok(())
+    }
+
     /// `f(j)` for `j` in `start, start + step, ...` below `n`.
     fn for_step(
         &self,
@@ -1090,20 +1119,73 @@ impl<'ctx> Gen<'ctx> {
                     g.stf(outs[0], at, y)
                 })?;
             }
-            Body::EmbeddingGrad => {
-                let (v, w) = (k.outputs[0].shape[0], k.outputs[0].shape[1]);
-                let tokens = k.inputs[1].len();
-                self.for_range(self.i64c(v), |g, r| {
-                    g.stf(outs[0], g.add_i(g.mul_i(r, g.i64c(w))?, i)?, g.fconst(0.0))
+            Body::EmbeddingLinks { rows } => {
+                let n = k.inputs[0].len();
+                let id = self.ldi(ins[0], i)?;
+                let inside =
+                    e(self
+                        .b
+                        .build_int_compare(IntPredicate::ULT, id, self.i64c(*rows), ""))?;
+                // The first later token with the id (n: none); whether an earlier has it.
+                let next = self.var(self.i64c(n).into())?;
+                let head = self.var(self.i64c(1).into())?;
+                self.for_range(self.i64c(n), |g, u| {
+                    let same =
+                        e(g.b.build_int_compare(IntPredicate::EQ, g.ldi(ins[0], u)?, id, ""))?;
+                    let before = e(g.b.build_int_compare(IntPredicate::ULT, u, i, ""))?;
+                    let after = e(g.b.build_int_compare(IntPredicate::UGT, u, i, ""))?;
+                    let first =
+                        e(g.b.build_int_compare(IntPredicate::EQ, g.geti(next)?, g.i64c(n), ""))?;
+                    let earlier = e(g.b.build_and(same, before, ""))?;
+                    let later = e(g.b.build_and(same, e(g.b.build_and(after, first, ""))?, ""))?;
+                    let h = e(g.b.build_select(earlier, g.i64c(0), g.geti(head)?, ""))?;
+                    g.set(head, h)?;
+                    let x = e(g.b.build_select(later, u, g.geti(next)?, ""))?;
+                    g.set(next, x)
                 })?;
-                self.for_range(self.i64c(tokens), |g, t| {
-                    let id = g.ldi(ins[1], t)?;
-                    let inside = e(g.b.build_int_compare(IntPredicate::ULT, id, g.i64c(v), ""))?;
-                    g.when(inside, |g| {
-                        let at = g.add_i(g.mul_i(id, g.i64c(w))?, i)?;
-                        let d = g.ldf(ins[0], g.add_i(g.mul_i(t, g.i64c(w))?, i)?)?;
-                        g.stf(outs[0], at, g.fadd(g.ldf(outs[0], at)?, d)?)
-                    })
+                let nx = self.geti(next)?;
+                let is_head = e(self.b.build_int_compare(
+                    IntPredicate::NE,
+                    self.geti(head)?,
+                    self.i64c(0),
+                    "",
+                ))?;
+                let link =
+                    e(self
+                        .b
+                        .build_select(is_head, nx, self.add_i(nx, self.i64c(n + 1))?, ""))?
+                    .into_int_value();
+                let link = e(self
+                    .b
+                    .build_select(inside, link, self.i64c(-1i64 as usize), ""))?;
+                let at = self.at(outs[0], Elt::I64, i)?;
+                align8(e(self.b.build_store(at, link))?.into())?;
+            }
+            Body::EmbeddingGradLists => {
+                // ins: dy [n, w], ids [n], links [n]; out: the table [rows, w].
+                let w = k.outputs[0].shape[1];
+                let n = k.inputs[2].len();
+                let t = self.div_i(i, w)?;
+                let c = self.rem_i(i, w)?;
+                let link = self.ldi(ins[2], t)?;
+                let heads = e(self
+                    .b
+                    .build_int_compare(IntPredicate::ULE, link, self.i64c(n), ""))?;
+                self.when(heads, |g| {
+                    let acc = g.var(g.fconst(0.0).into())?;
+                    // Along the list: each token's dy, then on to its link (less the
+                    // non-head mark, n + 1), until n.
+                    g.walk(t, g.i64c(n), |g, u| {
+                        let d = g.ldf(ins[0], g.add_i(g.mul_i(u, g.i64c(w))?, c)?)?;
+                        g.set(acc, g.fadd(g.getf(acc, g.ctx.f32_type())?, d)?)?;
+                        let l = g.ldi(ins[2], u)?;
+                        let marked = e(g.b.build_int_compare(IntPredicate::UGT, l, g.i64c(n), ""))?;
+                        let unmarked = g.e_sub(l, g.i64c(n + 1))?;
+                        Ok(e(g.b.build_select(marked, unmarked, l, ""))?.into_int_value())
+                    })?;
+                    let row = g.ldi(ins[1], t)?;
+                    let at = g.add_i(g.mul_i(row, g.i64c(w))?, c)?;
+                    g.stf(outs[0], at, g.getf(acc, g.ctx.f32_type())?)
                 })?;
             }
             Body::XentRows => {
