@@ -859,6 +859,14 @@ impl<P, E: Clone> Comm<P, E> {
         self.cv.notify_all();
     }
 
+    /// Every device running again (a new run of the steps, every device having
+    /// [`Comm::finish`]ed the last one and none waiting here).
+    pub fn restart(&self) {
+        let mut st = self.lock();
+        st.status.fill(Status::Running);
+        st.awaits.fill(None);
+    }
+
     /// When every rank left waits, none can move: the run fails, naming what each waits
     /// for.
     fn check_deadlock(st: &mut State<P, E>) {
@@ -1183,10 +1191,16 @@ impl Gate {
 
     /// Waits until every device arrived (`Err` once one failed).
     pub(crate) fn wait(&self) -> Result<(), String> {
+        self.wait_and(|| ())
+    }
+
+    /// [`Gate::wait`], the last device to arrive calling `on_open` before any passes.
+    pub(crate) fn wait_and(&self, on_open: impl FnOnce()) -> Result<(), String> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let generation = st.1;
         st.0 += 1;
         if st.0 == self.n {
+            on_open();
             st.0 = 0;
             st.1 += 1;
             self.cv.notify_all();

@@ -206,7 +206,9 @@ pub fn run_ranks_timed(
                 // Every run starts from the arguments.
                 let a = cu(stream.clone_htod(h_arena.as_slice()), device, "arguments")?;
                 cu(stream.synchronize(), device, "arguments")?;
-                gate.wait()?;
+                // Every device finished the last run (so a device waiting for one at
+                // its gate was a deadlock, found); all run again.
+                gate.wait_and(|| comm.restart())?;
                 let t = std::time::Instant::now();
                 let mut rank = StreamRank {
                     mem: RankMemory {
@@ -220,6 +222,9 @@ pub fn run_ranks_timed(
                     kept: Vec::new(),
                 };
                 run_rank(art, &lanes[p], p, device, groups, &mut rank)?;
+                // Done with this run's steps: a device still waiting for this one then
+                // waits for ever, which the communicator reports as a deadlock.
+                comm.finish(device, &Ok(()));
                 cu(stream.synchronize(), device, "the step")?;
                 times.push(t.elapsed().as_secs_f64());
                 drop(rank);
