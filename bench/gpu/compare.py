@@ -5,6 +5,16 @@
   compare.py params ARTIFACT OUT    random parameters for an artifact's param inputs
                                     (normal(0, 0.02); norm weights 1, biases 0), seed 0
   compare.py inputs ARTIFACT OUT    uniform(-1, 1) values for every f32 input, seed 0
+  compare.py warm FILE              the optimizer state in FILE (adam.m.*, adam.v.*) made
+                                    warm, in place, seed 0
+  compare.py covers ARTIFACT FILE.. the files hold every input of the artifact, with its
+                                    shape (exits 1 naming the first that is missing)
+
+Optimizer state is drawn warm, as a few hundred steps leave it (adam.m normal(0, 1e-3),
+adam.v uniform(1e-6, 1e-5)), not zero: from zero, Adam's first steps move each parameter
+by about lr * sign(gradient), so a gradient element near 0, whose value depends on the
+order its sum runs in, decides the update alone, and a GPU that sums in another order
+than the CPU disagrees there by much more than rounding.
 """
 import array
 import json
@@ -66,18 +76,45 @@ def header(artifact):
     return json.loads(raw[16:16 + n])
 
 
+def warm_state(name, count, rng):
+    """Warm optimizer state for input `name`, or None if it is not optimizer state."""
+    if name.startswith("adam.m."):
+        return [rng.gauss(0.0, 1e-3) for _ in range(count)]
+    if name.startswith("adam.v."):
+        return [rng.uniform(1e-6, 1e-5) for _ in range(count)]
+    return None
+
+
+def warm(path):
+    t = load(path)
+    rng = random.Random(0)
+    n = 0
+    for name in sorted(t):
+        shape, arr = t[name]
+        vals = warm_state(name, len(arr), rng)
+        if vals is not None:
+            t[name] = (shape, array.array("f", vals))
+            n += 1
+    save(path, t)
+    print(f"warm: {n} optimizer state tensors in {path}")
+
+
 def params(artifact, out):
     h = header(artifact)
     rng = random.Random(0)
     t = {}
     for p in h["inputs"]:
-        if not p["param"]:
-            continue
         shape = p["global_shape"]
         count = 1
         for d in shape:
             count *= d
         name = p["name"]
+        state = warm_state(name, count, rng)
+        if state is not None:
+            t[name] = (shape, array.array("f", state))
+            continue
+        if not p["param"]:
+            continue
         if "ln" in name and name.endswith(".weight"):
             vals = [1.0] * count
         elif name.endswith(".bias"):
@@ -86,7 +123,7 @@ def params(artifact, out):
             vals = [rng.gauss(0.0, 0.02) for _ in range(count)]
         t[name] = (shape, array.array("f", vals))
     save(out, t)
-    print(f"params: {len(t)} tensors for {artifact}")
+    print(f"params: {len(t)} tensors (parameters and optimizer state) for {artifact}")
 
 
 def inputs(artifact, out):
@@ -102,6 +139,25 @@ def inputs(artifact, out):
     print(f"inputs: {len(t)} tensors for {artifact}")
 
 
+def covers(artifact, files):
+    have = {}
+    for f in files:
+        raw = open(f, "rb").read(8)
+        (n,) = struct.unpack("<Q", raw)
+        with open(f, "rb") as fh:
+            fh.seek(8)
+            for name, info in json.loads(fh.read(n)).items():
+                if name != "__metadata__":
+                    have[name] = info["shape"]
+    ins = header(artifact)["inputs"]
+    for p in ins:
+        if p["name"] not in have:
+            sys.exit(f"{artifact}: no tensor '{p['name']}' in {', '.join(files)}")
+        if have[p["name"]] != p["global_shape"]:
+            sys.exit(f"{artifact}: '{p['name']}' is {have[p['name']]}, the program takes {p['global_shape']}")
+    print(f"covers: {len(ins)} inputs of {artifact}")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "close":
@@ -110,5 +166,9 @@ if __name__ == "__main__":
         params(sys.argv[2], sys.argv[3])
     elif cmd == "inputs":
         inputs(sys.argv[2], sys.argv[3])
+    elif cmd == "warm":
+        warm(sys.argv[2])
+    elif cmd == "covers":
+        covers(sys.argv[2], sys.argv[3:])
     else:
         sys.exit(__doc__)

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The device check's flow without a GPU: runs check.sh from a copy of the folder
+# bench/gpu/prepare.sh made, with nnscaler-rt's CUDA backend replaced by its host backend
+# (--backend cuda -> host, --ranks=streams|gpus -> --ranks), so the cases' files,
+# arguments, tolerances and reference results are checked here before a GPU session
+# spends its time on them. Skipped: the per-kernel comparison and the benchmarks (they
+# need the GPU), the nanoGPT GPU-config and GEMM timings (far too slow on a CPU; their
+# inputs are still drawn) and the PyTorch reference (it needs CUDA); each says so.
+#   bench/gpu/prepare.sh DIR && bench/gpu/dry_run.sh DIR
+set -euo pipefail
+src=$(cd "${1:?usage: bench/gpu/dry_run.sh PREPARED_DIR}" && pwd)
+dry=$(mktemp -d)
+trap 'rm -rf "$dry"' EXIT
+cp -r "$src/." "$dry/"
+cd "$dry"
+mv nnscaler-rt nnscaler-rt.real
+cat > nnscaler-rt <<'SHIM'
+#!/usr/bin/env bash
+args=()
+files=()
+prev=
+for a in "$@"; do
+  case $a in
+    cuda) args+=(host) ;;
+    --ranks=streams|--ranks=gpus) args+=(--ranks) ;;
+    *) args+=("$a") ;;
+  esac
+  if [ "$prev" = --inputs ]; then files+=("$a"); fi
+  prev=$a
+done
+# Too slow on a CPU: only check that the inputs given cover the program's.
+case "${2:-}" in
+  gemm.nnsx|nanogpt-gpu*.nnsx)
+    python3 "$(dirname "$0")/compare.py" covers "$2" "${files[@]}" || exit 1
+    echo "(dry run: running $2 skipped)"; exit 0 ;;
+esac
+case "${1:-}" in compare|bench) echo "(dry run: nnscaler-rt $1 skipped)"; exit 0 ;; esac
+exec "$(dirname "$0")/nnscaler-rt.real" "${args[@]}"
+SHIM
+cat > python-dry <<'SHIM'
+#!/usr/bin/env bash
+case "${1:-}" in
+  torch_ref.py) echo "(dry run: torch_ref.py $2 skipped)"; exit 0 ;;
+esac
+exec python3 "$@"
+SHIM
+chmod +x nnscaler-rt python-dry
+# No GPUs: nvidia-smi prints nothing, so the NCCL cases say they are skipped.
+ln -s /bin/true nvidia-smi
+PATH=$PWD:$PATH PYTHON=$PWD/python-dry ./check.sh
