@@ -861,6 +861,7 @@ impl<P, E: Clone> Comm<P, E> {
 
     /// Every device running again (a new run of the steps, every device having
     /// [`Comm::finish`]ed the last one and none waiting here).
+    #[cfg(feature = "cuda")]
     pub fn restart(&self) {
         let mut st = self.lock();
         st.status.fill(Status::Running);
