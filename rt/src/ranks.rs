@@ -861,7 +861,7 @@ impl<P, E: Clone> Comm<P, E> {
 
     /// Every device running again (a new run of the steps, every device having
     /// [`Comm::finish`]ed the last one and none waiting here).
-    #[cfg(feature = "cuda")]
+    #[cfg(any(test, feature = "cuda"))]
     pub fn restart(&self) {
         let mut st = self.lock();
         st.status.fill(Status::Running);
@@ -1168,6 +1168,39 @@ pub(crate) fn on_threads<T: Send>(
     })
 }
 
+/// Device `device`'s `repeat` runs of its steps beside the other devices' threads (ranks
+/// on GPUs): `ready()` before each (its arguments in place), then the gate, whose last
+/// arrival sets every device running again ([`Comm::restart`]), then `steps(ready's
+/// value)`, timed; after each, the device is marked done in the communicator, so a device
+/// still waiting for it (at a collective it never joins, for a message it never sends)
+/// is a deadlock, reported, not a hang while this one waits at the next gate. `finish`
+/// (after the steps, still timed) waits for the device to complete them. The seconds of
+/// each run, and the last run's value of `ready`.
+#[cfg(any(test, feature = "cuda"))]
+pub(crate) fn runs<P, E: Clone, T>(
+    comm: &Comm<P, E>,
+    gate: &Gate,
+    device: usize,
+    repeat: usize,
+    mut ready: impl FnMut() -> Result<T, String>,
+    mut steps: impl FnMut(&T) -> Result<(), String>,
+    mut finish: impl FnMut(&T) -> Result<(), String>,
+) -> Result<(Vec<f64>, Option<T>), String> {
+    let mut times = Vec::with_capacity(repeat);
+    let mut last = None;
+    for _ in 0..repeat {
+        let t = ready()?;
+        gate.wait_and(|| comm.restart())?;
+        let started = std::time::Instant::now();
+        steps(&t)?;
+        comm.finish(device, &Ok(()));
+        finish(&t)?;
+        times.push(started.elapsed().as_secs_f64());
+        last = Some(t);
+    }
+    Ok((times, last))
+}
+
 /// A barrier that fails: every device waits at it before each run (so the runs start
 /// together), and a device that failed opens it for the others with an error instead of
 /// leaving them waiting.
@@ -1224,7 +1257,7 @@ impl Gate {
 
 #[cfg(test)]
 mod tests {
-    use super::{shared_plan, Flat, Gate, HostComm, Shared};
+    use super::{runs, shared_plan, Flat, Gate, Groups, HostComm, Shared};
 
     /// `shared_plan`'s steps run one after another compute each collective: sums in
     /// member order (the same bits as `((a + b) + c)`), in place where a member's `recv`
@@ -1331,6 +1364,85 @@ mod tests {
                     bytes: 4 * n as u64
                 }
             ]
+        );
+    }
+
+    /// Repeated runs on threads: while every device joins the same collectives, all
+    /// runs complete; when a device joins one more collective in its second run than
+    /// the other, it is reported as a deadlock (the other is done with that run and waits
+    /// at the next run's gate), and the other stops at its gate, instead of both hanging.
+    #[test]
+    fn repeated_runs_report_a_deadlock_instead_of_hanging() {
+        let groups = Groups {
+            list: vec![vec![0, 1]],
+            index: [(vec![0, 1], 0)].into(),
+        };
+        type Runs = Result<(Vec<f64>, Option<()>), String>;
+        let go = |extra_in_run: Option<usize>| -> Vec<Runs> {
+            let comm = HostComm::new(2, &groups);
+            let gate = Gate::new(2);
+            let (comm, gate) = (&comm, &gate);
+            std::thread::scope(|sc| {
+                let hs: Vec<_> = (0..2usize)
+                    .map(|d| {
+                        sc.spawn(move || {
+                            let mut mem = vec![d as f32 + 1.0; 4];
+                            let at = mem.as_mut_ptr() as usize;
+                            let mut run = 0;
+                            let all_reduce = || Flat::AllReduce {
+                                send: at,
+                                recv: at,
+                                n: 4,
+                                max: false,
+                            };
+                            let r = runs(
+                                comm,
+                                gate,
+                                d,
+                                3,
+                                || Ok(()),
+                                |_| {
+                                    run += 1;
+                                    let times = if d == 1 && extra_in_run == Some(run) {
+                                        2
+                                    } else {
+                                        1
+                                    };
+                                    for _ in 0..times {
+                                        // SAFETY: `mem` is this thread's, untouched until
+                                        // the collective returns.
+                                        unsafe { comm.collective(d, 0, d, all_reduce()) }?;
+                                    }
+                                    Ok(())
+                                },
+                                |_| Ok(()),
+                            );
+                            comm.finish(d, &r.as_ref().map(|_| ()).map_err(Clone::clone));
+                            if r.is_err() {
+                                gate.fail();
+                            }
+                            r
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        };
+        let fine = go(None);
+        assert!(
+            fine.iter()
+                .all(|r| r.as_ref().is_ok_and(|t| t.0.len() == 3)),
+            "{fine:?}"
+        );
+        let stuck = go(Some(2));
+        let e = stuck[1].as_ref().unwrap_err();
+        assert!(
+            e.contains("deadlock") && e.contains("device 1 waits for all_reduce"),
+            "{e}"
+        );
+        assert_eq!(
+            stuck[0].as_ref().unwrap_err(),
+            "stopped: another device failed"
         );
     }
 

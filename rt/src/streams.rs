@@ -23,8 +23,8 @@ use crate::collective::{At, Move};
 use crate::cuda::{CudaProgram, RankMemory};
 use crate::host::{load_inputs, results};
 use crate::ranks::{
-    lanes, on_threads, rank_scratch, run_rank, shared_plan, Comm, Flat, Gate, Groups, P2p, Rank,
-    Shared,
+    lanes, on_threads, rank_scratch, run_rank, runs, shared_plan, Comm, Flat, Gate, Groups, P2p,
+    Rank, Shared,
 };
 use crate::tensor::Tensor;
 use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr};
@@ -200,36 +200,45 @@ pub fn run_ranks_timed(
             let mine = prog.fork()?;
             let stream = mine.stream().clone();
             let scratch = cu(stream.alloc_zeros::<u64>(words), device, "scratch")?;
-            let mut times = Vec::with_capacity(repeat);
-            let mut arena = None;
-            for _ in 0..repeat {
+            // Parcels received in a run, kept until the stream has copied them.
+            let kept = std::cell::RefCell::new(Vec::new());
+            let (times, arena) = runs(
+                comm,
+                gate,
+                device,
+                repeat,
                 // Every run starts from the arguments.
-                let a = cu(stream.clone_htod(h_arena.as_slice()), device, "arguments")?;
-                cu(stream.synchronize(), device, "arguments")?;
-                // Every device finished the last run (so a device waiting for one at
-                // its gate was a deadlock, found); all run again.
-                gate.wait_and(|| comm.restart())?;
-                let t = std::time::Instant::now();
-                let mut rank = StreamRank {
-                    mem: RankMemory {
-                        prog: &mine,
-                        p,
-                        arena: &a,
-                        scratch: &scratch,
-                    },
-                    device,
-                    comm,
-                    kept: Vec::new(),
-                };
-                run_rank(art, &lanes[p], p, device, groups, &mut rank)?;
-                // Done with this run's steps: a device still waiting for this one then
-                // waits for ever, which the communicator reports as a deadlock.
-                comm.finish(device, &Ok(()));
-                cu(stream.synchronize(), device, "the step")?;
-                times.push(t.elapsed().as_secs_f64());
-                drop(rank);
-                arena = Some(a);
-            }
+                || {
+                    let a = cu(stream.clone_htod(h_arena.as_slice()), device, "arguments")?;
+                    cu(stream.synchronize(), device, "arguments")?;
+                    Ok(a)
+                },
+                |a| {
+                    let mut rank = StreamRank {
+                        mem: RankMemory {
+                            prog: &mine,
+                            p,
+                            arena: a,
+                            scratch: &scratch,
+                        },
+                        device,
+                        comm,
+                        kept: Vec::new(),
+                    };
+                    let r = run_rank(art, &lanes[p], p, device, groups, &mut rank);
+                    kept.borrow_mut().append(&mut rank.kept);
+                    if r.is_err() {
+                        // Nothing queued may still read a parcel when they are freed.
+                        let _ = stream.synchronize();
+                    }
+                    r
+                },
+                |_| {
+                    cu(stream.synchronize(), device, "the step")?;
+                    kept.borrow_mut().clear();
+                    Ok(())
+                },
+            )?;
             if let Some(a) = arena {
                 cu(
                     stream.memcpy_dtoh(&a, h_arena.as_mut_slice()),
