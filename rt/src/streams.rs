@@ -10,9 +10,10 @@
 //! member makes its own stream wait for all of them, queues the collective on its stream
 //! as [`shared_plan`]'s device copies and reducer launches over the members' memory (all
 //! in one address space: one GPU), and records an event that every member's stream then
-//! waits for. Sums are in member order, so the results are the host's bits wherever the
-//! kernels are. No thread waits for the GPU at a collective: only the host-side
-//! rendezvous waits, so deadlocks are found as on the host.
+//! waits for. Sums are in member order, as the lockstep backends sum, so a collective
+//! gives the lockstep's bits from the same inputs. No thread waits for the GPU at a
+//! collective: only the host-side rendezvous waits, so deadlocks are found as on the
+//! host.
 //!
 //! A send copies its buffer into a fresh device parcel on the sender's stream and posts
 //! it with an event; the receive makes its stream wait for that event and copies the
