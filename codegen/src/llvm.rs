@@ -516,7 +516,8 @@ impl<'ctx> Gen<'ctx> {
         self.for_step(self.i64c(0), n, 1, f)
     }
 
-    /// `j = f(j)` from `start` while `j` is below `end` (a list's walk).
+    /// `j = f(j)` from `start` while `j` is below `end`: a counted loop ([`Self::for_step`])
+    /// or a list's walk.
     fn walk(
         &self,
         start: IntValue<'ctx>,
@@ -529,9 +530,9 @@ impl<'ctx> Gen<'ctx> {
             .and_then(|b| b.get_parent())
             .ok_or("no function")?;
         let at = self.var(start.into())?;
-        let cond = self.ctx.append_basic_block(func, "walk.cond");
-        let body = self.ctx.append_basic_block(func, "walk.body");
-        let exit = self.ctx.append_basic_block(func, "walk.end");
+        let cond = self.ctx.append_basic_block(func, "loop.cond");
+        let body = self.ctx.append_basic_block(func, "loop.body");
+        let exit = self.ctx.append_basic_block(func, "loop.end");
         e(self.b.build_unconditional_branch(cond))?;
         self.b.position_at_end(cond);
         let j = self.geti(at)?;
@@ -553,27 +554,10 @@ impl<'ctx> Gen<'ctx> {
         step: usize,
         mut f: impl FnMut(&Self, IntValue<'ctx>) -> R<()>,
     ) -> R<()> {
-        let func = self
-            .b
-            .get_insert_block()
-            .and_then(|b| b.get_parent())
-            .ok_or("no function")?;
-        let idx = self.var(start.into())?;
-        let cond = self.ctx.append_basic_block(func, "for.cond");
-        let body = self.ctx.append_basic_block(func, "for.body");
-        let exit = self.ctx.append_basic_block(func, "for.end");
-        e(self.b.build_unconditional_branch(cond))?;
-        self.b.position_at_end(cond);
-        let j = self.geti(idx)?;
-        let more = e(self.b.build_int_compare(IntPredicate::ULT, j, n, ""))?;
-        e(self.b.build_conditional_branch(more, body, exit))?;
-        self.b.position_at_end(body);
-        f(self, j)?;
-        let next = e(self.b.build_int_add(j, self.i64c(step), ""))?;
-        self.set(idx, next)?;
-        e(self.b.build_unconditional_branch(cond))?;
-        self.b.position_at_end(exit);
-        Ok(())
+        self.walk(start, n, |g, j| {
+            f(g, j)?;
+            e(g.b.build_int_add(j, g.i64c(step), ""))
+        })
     }
 
     /// The offset, in a reduction's input of `shape`, of output element `i`'s first

@@ -181,6 +181,15 @@ pub struct Reducers {
     pub max: usize,
 }
 
+impl Header {
+    /// The kernel (index into [`Header::kernels`]) of the sum reducer, or with `max` of
+    /// the maximum one.
+    pub fn reducer(&self, max: bool) -> Result<usize, String> {
+        let r = self.reducers.ok_or("the artifact has no reducers")?;
+        Ok(if max { r.max } else { r.sum })
+    }
+}
+
 /// One step of the program.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

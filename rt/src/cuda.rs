@@ -296,12 +296,7 @@ impl CudaProgram {
     /// # Safety
     /// Both must hold `n` f32s in live device allocations of this context.
     pub(crate) unsafe fn reduce(&self, acc: u64, x: u64, n: u64, max: bool) -> Result<(), String> {
-        let r = self
-            .art
-            .header
-            .reducers
-            .ok_or("the artifact has no reducers")?;
-        let k = if max { r.max } else { r.sum };
+        let k = self.art.header.reducer(max)?;
         let n = n as i64;
         let mut launch = self.stream.launch_builder(&self.fns[k]);
         launch.arg(&acc).arg(&x).arg(&acc).arg(&n);

@@ -284,12 +284,7 @@ impl HostProgram {
                     unsafe { strided(s, d, width, rows, src_pitch, dst_pitch) };
                 }
                 Move::Reduce { n, max, .. } => {
-                    let r = self
-                        .art
-                        .header
-                        .reducers
-                        .ok_or("the artifact has no reducers")?;
-                    let k = if max { r.max } else { r.sum };
+                    let k = self.art.header.reducer(max)?;
                     let args = [d, s, d];
                     // SAFETY: the reducer reads and writes `n` f32s at each pointer,
                     // all inside their places (checked); `dst` is both read and written
