@@ -151,7 +151,8 @@ pub fn differentiate_with(g: &Graph, derive: &mut Vec<String>) -> Result<Graph, 
         .filter(|n| n.op != "func.return")
         .all(|n| n.attrs.contains_key("nns.stage"));
     if placed {
-        complete_stages(&mut out);
+        let all = vec![true; out.nodes.len()];
+        crate::place::complete_stages(&mut out, &all);
     }
     Ok(out)
 }
@@ -269,46 +270,6 @@ fn backprop(
         }
     }
     Ok(grads)
-}
-
-/// Gives the ops autodiff added outside any forward op (the loss seed, zero gradients) of
-/// a placed program a stage: the latest stage of their operands' producers, else
-/// the earliest of their users', else 0.
-fn complete_stages(g: &mut Graph) {
-    let stage_of = |n: &nnscaler_dialects::graph::Node| match n.attrs.get("nns.stage") {
-        Some(AttrValue::Int(s)) => Some(*s),
-        _ => None,
-    };
-    if !g.nodes.iter().any(|n| stage_of(n).is_some()) {
-        return;
-    }
-    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
-    for (k, n) in g.nodes.iter().enumerate() {
-        for &o in &n.outputs {
-            producer[o] = Some(k);
-        }
-    }
-    for k in 0..g.nodes.len() {
-        if stage_of(&g.nodes[k]).is_some() {
-            continue;
-        }
-        let from_inputs = g.nodes[k]
-            .inputs
-            .iter()
-            .filter_map(|&v| producer[v].and_then(|p| stage_of(&g.nodes[p])))
-            .max();
-        let outs = g.nodes[k].outputs.clone();
-        let from_users = g
-            .nodes
-            .iter()
-            .filter(|u| u.inputs.iter().any(|v| outs.contains(v)))
-            .filter_map(stage_of)
-            .min();
-        let s = from_inputs.or(from_users).unwrap_or(0);
-        g.nodes[k]
-            .attrs
-            .insert("nns.stage".into(), AttrValue::Int(s));
-    }
 }
 
 /// The backward of a call of user op `u`: a call of its VJP function on the operands and

@@ -60,6 +60,9 @@ enum Source {
     Named(&'static str),
     /// A per-rank action table (`schedule::parse_text`).
     File(String),
+    /// The schedule the plan chose (`nns.schedule` on the step, from `--plan ...
+    /// schedule=S` or `--plan=auto`).
+    Chosen,
 }
 
 /// The pass.
@@ -70,6 +73,7 @@ pub struct SchedulePass {
     microbatches: Option<usize>,
     chunks: usize,
     axis: String,
+    remarks: Diagnostics,
 }
 
 impl SchedulePass {
@@ -87,6 +91,11 @@ impl SchedulePass {
         Self::new("schedule-from".into(), Source::File(file.to_string()), o)
     }
 
+    /// `--schedule`: the schedule the plan chose.
+    pub fn chosen(o: &PassOptions) -> Result<Self, String> {
+        Self::new("schedule".into(), Source::Chosen, o)
+    }
+
     fn new(flag: String, source: Source, o: &PassOptions) -> Result<Self, String> {
         let count = |k: &str| -> Result<Option<usize>, String> {
             o.get(k)
@@ -99,9 +108,9 @@ impl SchedulePass {
                 .transpose()
         };
         let chunks = count("chunks")?;
-        if chunks.is_some() && !matches!(source, Source::Named("interleaved")) {
+        if chunks.is_some() && !matches!(source, Source::Named("interleaved") | Source::Chosen) {
             return Err(format!(
-                "{flag}: 'chunks' is an option of --schedule-interleaved only"
+                "{flag}: 'chunks' is an option of --schedule-interleaved and --schedule only"
             ));
         }
         Ok(SchedulePass {
@@ -110,12 +119,21 @@ impl SchedulePass {
             axis: o.get("axis").unwrap_or("pp").to_string(),
             flag,
             source,
+            remarks: Diagnostics::default(),
         })
     }
 
-    fn schedule(&self, p: usize, m: usize) -> Result<Schedule, String> {
+    /// The schedule for `p` ranks and `m` micro-batches; `chosen` is the step's
+    /// `nns.schedule` (for [`Source::Chosen`]).
+    fn schedule(&self, p: usize, m: usize, chosen: Option<&str>) -> Result<Schedule, String> {
         let s = match &self.source {
             Source::Named(n) => schedule::by_name(n, p, m, self.chunks)?,
+            Source::Chosen => schedule::by_name(
+                chosen.ok_or("the step has no chosen schedule (nns.schedule)")?,
+                p,
+                m,
+                self.chunks,
+            )?,
             Source::File(f) => {
                 let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
                 schedule::parse_text(&text, f)?
@@ -142,36 +160,6 @@ impl ModulePass for SchedulePass {
     fn run(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
         let flag = self.flag.clone();
         let here = file_loc("");
-        let mesh = the_mesh(module, &flag)?;
-        let p = mesh.axis(&self.axis).ok_or_else(|| {
-            error(
-                &here,
-                format!(
-                    "{flag}: mesh '@{}' has no pipeline axis '{}'; add one (--plan=\"... pp=N\", or 'pp = N' in the mesh), or name it with axis=",
-                    mesh.name, self.axis
-                ),
-            )
-        })? as usize;
-        let m = mesh.microbatch_axis().map_or(1, |a| a.size as usize);
-        if let Some(want) = self.microbatches.filter(|&w| w != m) {
-            return Err(error(
-                &here,
-                if mesh.microbatch_axis().is_none() {
-                    format!(
-                        "{flag}: microbatches={want}, but mesh '@{}' has no micro-batch axis: the batch is cut into micro-batches before --propagate-layouts; add 'microbatches={want}' to --plan (or an axis 'mb = {want} (microbatches)' to the mesh, splitting the data inputs' batch dim)",
-                        mesh.name
-                    )
-                } else {
-                    format!(
-                        "{flag}: microbatches={want}, but mesh '@{}' cuts the batch into {m}",
-                        mesh.name
-                    )
-                },
-            ));
-        }
-        let sched = self
-            .schedule(p, m)
-            .map_err(|e| error(&here, format!("{flag}: {e}")))?;
         let mut targets = Vec::new();
         let mut problems = Diagnostics::default();
         // Training steps: functions of ours returning gradients (helpers, user ops and
@@ -205,7 +193,81 @@ impl ModulePass for SchedulePass {
                 ),
             });
         }
+        let chosen = |g: &Graph| match g.func_attrs.get("nns.schedule") {
+            Some(AttrValue::Str(s)) => Some(s.clone()),
+            _ => None,
+        };
+        if matches!(self.source, Source::Chosen) {
+            // Steps the plan did not pipeline are left as they are.
+            let unchosen: Vec<&Graph> = targets
+                .iter()
+                .map(|(_, g)| g)
+                .filter(|g| chosen(g).is_none())
+                .collect();
+            if unchosen.len() == targets.len() {
+                let mut d = Diagnostics::default();
+                let meshes = nnscaler_dialects::verify::Meshes::collect(module, &mut d);
+                if let Some(m) = meshes.0.first().filter(|m| {
+                    m.axis(&self.axis).is_some_and(|p| p > 1) || m.microbatch_axis().is_some()
+                }) {
+                    return Err(error(
+                        &unchosen[0].loc,
+                        format!(
+                            "{flag}: @{} runs on mesh '@{}', which has a pipeline axis or micro-batches, but no schedule was chosen for it; give --plan ... schedule=NAME or run a --schedule-NAME pass",
+                            unchosen[0].name, m.name
+                        ),
+                    ));
+                }
+                self.remarks.remark(
+                    &unchosen[0].loc,
+                    format!(
+                        "{flag}: @{} is not pipelined (its plan chose no schedule); left as it is",
+                        unchosen[0].name
+                    ),
+                );
+                return Ok(());
+            }
+            if let Some(g) = unchosen.first() {
+                return Err(error(
+                    &g.loc,
+                    format!(
+                        "{flag}: @{} has no chosen schedule (nns.schedule) while other steps have one",
+                        g.name
+                    ),
+                ));
+            }
+        }
+        let mesh = the_mesh(module, &flag)?;
+        let p = mesh.axis(&self.axis).ok_or_else(|| {
+            error(
+                &here,
+                format!(
+                    "{flag}: mesh '@{}' has no pipeline axis '{}'; add one (--plan=\"... pp=N\", or 'pp = N' in the mesh), or name it with axis=",
+                    mesh.name, self.axis
+                ),
+            )
+        })? as usize;
+        let m = mesh.microbatch_axis().map_or(1, |a| a.size as usize);
+        if let Some(want) = self.microbatches.filter(|&w| w != m) {
+            return Err(error(
+                &here,
+                if mesh.microbatch_axis().is_none() {
+                    format!(
+                        "{flag}: microbatches={want}, but mesh '@{}' has no micro-batch axis: the batch is cut into micro-batches before --propagate-layouts; add 'microbatches={want}' to --plan (or an axis 'mb = {want} (microbatches)' to the mesh, splitting the data inputs' batch dim)",
+                        mesh.name
+                    )
+                } else {
+                    format!(
+                        "{flag}: microbatches={want}, but mesh '@{}' cuts the batch into {m}",
+                        mesh.name
+                    )
+                },
+            ));
+        }
         for (raw, g) in targets {
+            let sched = self
+                .schedule(p, m, chosen(&g).as_deref())
+                .map_err(|e| error(&g.loc, format!("{flag}: {e}")))?;
             let made = build(&g, &mesh, &sched, &self.axis, &flag)?;
             let mut after = raw;
             for f in &made {
@@ -220,6 +282,10 @@ impl ModulePass for SchedulePass {
                 .map_err(|e| error(&g.loc, format!("{flag}: {e}")))?;
         }
         Ok(())
+    }
+
+    fn take_remarks(&mut self) -> Diagnostics {
+        std::mem::take(&mut self.remarks)
     }
 }
 

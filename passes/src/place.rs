@@ -24,8 +24,21 @@
 //! `layout="E,t*2|t*2,L"`.
 //!
 //! Run it before `--autodiff`, which gives each backward op the stage of the forward op it
-//! differentiates. A remark reports each stage's ops and FLOPs and the balance (slowest /
-//! mean).
+//! differentiates, or on a training step (after `--autodiff`, `--recompute`,
+//! `--optimizer`), which it stages as `--autodiff` would have: the forward (the ops the
+//! loss depends on) is placed as above; every other op with a forward op's location (a
+//! VJP rule's ops, the sums of reused gradients, `--recompute`'s clones: they all carry the
+//! location of the forward op they come from) takes that op's stage; the constants
+//! `--autodiff` adds at the function's location (the loss's seed, zero gradients) take
+//! their earliest user's stage; the optimizer's ops (also at the function's location)
+//! stay unstaged, as they are when `--optimizer` follows `--autodiff` on a placed forward
+//! (the schedule passes run them after the micro-batches, on their readers' rank). So
+//! `--autodiff --optimizer --place` writes what `--place --autodiff --optimizer` writes.
+//! The locations must survive: in one `nnscaler-opt` run they do; a step printed and read
+//! back keeps them only when printed with `--mlir-print-debuginfo` (otherwise every op
+//! has its own line and the pass says so instead of guessing).
+//!
+//! A remark reports each stage's ops and FLOPs and the balance (slowest / mean).
 
 use crate::layouts::error;
 use crate::pipeline::{FunctionPass, PassOptions};
@@ -37,6 +50,7 @@ use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::spec::OpCtx;
 use nnscaler_dialects::types::AttrValue;
+use std::collections::HashMap;
 
 /// How stages are chosen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,12 +131,11 @@ impl Place {
     }
 }
 
-/// A run of ops placed together.
+/// A run of forward ops placed together.
 #[derive(Debug)]
 struct Unit {
-    /// Op indices `first..end`.
-    first: usize,
-    end: usize,
+    /// Op indices, in program order.
+    ops: Vec<usize>,
     /// The layer it is (`None`: ops outside any layer).
     layer: Option<String>,
     item: Item,
@@ -145,16 +158,27 @@ impl FunctionPass for Place {
                 "place: the function is localized; place stages before --localize",
             ));
         }
-        if g.outputs
-            .iter()
-            .any(|o| o.name().is_some_and(|n| n.starts_with("grad.")))
-        {
-            return Err(error(
-                &g.loc,
-                format!("place: @{} already has its backward; run --place before --autodiff (backward ops follow their forward op's stage)", g.name),
-            ));
+        // A training step: its forward is placed, the rest follows (see the module docs).
+        let step = crate::recompute::has_backward(&g);
+        let fwd = if step {
+            crate::recompute::forward_ops(&g)
+        } else {
+            vec![true; g.nodes.len()]
+        };
+        if step {
+            if let Some(k) =
+                (0..g.nodes.len()).find(|&k| !fwd[k] && g.nodes[k].attrs.contains_key("nns.stage"))
+            {
+                return Err(error(
+                    &g.nodes[k].loc,
+                    format!(
+                        "place: @{} is placed already: '{}', not a forward op, has a stage",
+                        g.name, g.nodes[k].op
+                    ),
+                ));
+            }
         }
-        let n = g.nodes.len();
+        let n = fwd.iter().filter(|&&f| f).count();
         if n < self.stages {
             return Err(error(
                 &g.loc,
@@ -165,7 +189,7 @@ impl FunctionPass for Place {
             ));
         }
         let costs: Vec<f64> = g.nodes.iter().map(|node| op_flops(&g, node)).collect();
-        let units = self.units(&g, &costs)?;
+        let units = self.units(&g, &costs, &fwd)?;
         let unit_stage = match &self.solver {
             Solver::Layout(l) => {
                 layout_stages(l, &units).map_err(|m| error(&g.loc, format!("place: {m}")))?
@@ -178,10 +202,10 @@ impl FunctionPass for Place {
                     let loc = units[k]
                         .loc
                         .clone()
-                        .unwrap_or_else(|| g.nodes[units[k].first].loc.clone());
+                        .unwrap_or_else(|| g.nodes[units[k].ops[0]].loc.clone());
                     error(
                         &loc,
-                        format!("place: '{}': {why}", g.nodes[units[k].first].op),
+                        format!("place: '{}': {why}", g.nodes[units[k].ops[0]].op),
                     )
                 })?
             }
@@ -252,13 +276,16 @@ impl FunctionPass for Place {
         let mut per = vec![(0usize, 0.0f64); self.stages];
         for (u, unit) in units.iter().enumerate() {
             let s = unit_stage[u];
-            let ops = &mut g.nodes[unit.first..unit.end];
-            for (node, c) in ops.iter_mut().zip(&costs[unit.first..unit.end]) {
-                node.attrs
+            for &k in &unit.ops {
+                g.nodes[k]
+                    .attrs
                     .insert("nns.stage".into(), AttrValue::Int(s as i64));
                 per[s].0 += 1;
-                per[s].1 += c;
+                per[s].1 += costs[k];
             }
+        }
+        if step {
+            stage_the_rest(&mut g, &fwd)?;
         }
         let max = per.iter().map(|p| p.1).fold(0.0, f64::max);
         let mean = per.iter().map(|p| p.1).sum::<f64>() / self.stages as f64;
@@ -270,9 +297,10 @@ impl FunctionPass for Place {
         self.remarks.remark(
             &g.loc,
             format!(
-                "place @{}: {} stages; {}; slowest / mean = {:.3}",
+                "place @{}: {} stage{}; {}; slowest / mean = {:.3}",
                 g.name,
                 self.stages,
+                if self.stages == 1 { "" } else { "s" },
                 list.join("; "),
                 if mean > 0.0 { max / mean } else { 1.0 }
             ),
@@ -287,9 +315,8 @@ impl FunctionPass for Place {
 
 impl Place {
     /// The items to place: layers, runs of ops outside layers, and constrained ops alone.
-    fn units(&self, g: &Graph, costs: &[f64]) -> Result<Vec<Unit>, Diagnostics> {
-        let n = g.nodes.len();
-        let layer = crate::recompute::layers(g, &vec![true; n]);
+    fn units(&self, g: &Graph, costs: &[f64], fwd: &[bool]) -> Result<Vec<Unit>, Diagnostics> {
+        let layer = crate::recompute::layers(g, fwd);
         let stages = self.stages;
         // Memory model (see the module docs).
         let axis = |a: &str| {
@@ -326,7 +353,7 @@ impl Place {
         let mut first_use = vec![false; g.values.len()];
         let mut units: Vec<Unit> = Vec::new();
         let mut prev_constrained = false;
-        for (k, node) in g.nodes.iter().enumerate() {
+        for (k, node) in g.nodes.iter().enumerate().filter(|&(k, _)| fwd[k]) {
             let fail = |m: String| error(&node.loc, format!("place: '{}': {m}", node.op));
             let (mut lo, mut hi) = (0usize, stages - 1);
             let mut what: Vec<String> = Vec::new();
@@ -370,8 +397,7 @@ impl Place {
             prev_constrained = constrained;
             if fresh {
                 units.push(Unit {
-                    first: k,
-                    end: k,
+                    ops: Vec::new(),
                     layer: layer[k].clone(),
                     item: Item {
                         cost: 0,
@@ -384,7 +410,7 @@ impl Place {
                 });
             }
             let u = units.last_mut().expect("a unit was just made");
-            u.end = k + 1;
+            u.ops.push(k);
             u.item.cost = u.item.cost.saturating_add(costs[k].max(0.0).round() as u64);
             if constrained {
                 u.item.lo = lo;
@@ -404,6 +430,101 @@ impl Place {
             }
         }
         Ok(units)
+    }
+}
+
+/// Whether `--place` can stage training step `g` (see the module docs): it has a
+/// backward, nothing but forward ops carry a stage, and its backward ops carry their
+/// forward ops' locations. The error says why not.
+pub fn placeable(g: &Graph) -> Result<(), String> {
+    if !crate::recompute::has_backward(g) {
+        return Err(format!("@{} has no backward", g.name));
+    }
+    let fwd = crate::recompute::forward_ops(g);
+    if (0..g.nodes.len()).any(|k| !fwd[k] && g.nodes[k].attrs.contains_key("nns.stage")) {
+        return Err(format!("@{} is placed already", g.name));
+    }
+    let mut trial = g.clone();
+    for (n, _) in trial.nodes.iter_mut().zip(&fwd).filter(|(_, &f)| f) {
+        n.attrs.insert("nns.stage".into(), AttrValue::Int(0));
+    }
+    stage_the_rest(&mut trial, &fwd).map_err(|d| {
+        d.0.first()
+            .map_or_else(String::new, |e| format!("{}: {}", e.loc, e.message))
+    })
+}
+
+/// Stages a training step's ops other than its forward, whose forward ops are staged (see
+/// the module docs).
+fn stage_the_rest(g: &mut Graph, fwd: &[bool]) -> Result<(), Diagnostics> {
+    // The stage of the forward op at each location (the last one there, when several
+    // share one: the casts `--autocast` puts before an op carry its location).
+    let mut at: HashMap<SrcLoc, AttrValue> = HashMap::new();
+    for (n, _) in g.nodes.iter().zip(fwd).filter(|(_, &f)| f) {
+        if let Some(s) = n.attrs.get("nns.stage") {
+            at.insert(n.loc.clone(), s.clone());
+        }
+    }
+    let mut constants = vec![false; g.nodes.len()];
+    for k in (0..g.nodes.len()).filter(|&k| !fwd[k]) {
+        let n = &g.nodes[k];
+        if let Some(s) = at.get(&n.loc).filter(|_| n.loc.line != 0) {
+            let s = s.clone();
+            g.nodes[k].attrs.insert("nns.stage".into(), s);
+        } else if n.loc == g.loc {
+            // --autodiff's constants take their users' stage; the optimizer's ops none.
+            constants[k] = n.inputs.is_empty();
+        } else {
+            return Err(error(
+                &n.loc,
+                format!(
+                    "place: '{}' is not a forward op of @{} and has no forward op's location, so its stage is unknown: backward ops are staged by the location of the forward op they differentiate, which a step printed without --mlir-print-debuginfo and read back has lost (run --place before --autodiff, or in the same nnscaler-opt run)",
+                    n.op, g.name
+                ),
+            ));
+        }
+    }
+    complete_stages(g, &constants);
+    Ok(())
+}
+
+/// Gives the ops of `g` marked in `which` that have no stage one: the latest stage of
+/// their operands' producers, else the earliest of their users', else 0 (how `--autodiff`
+/// stages the ops it adds outside any forward op of a placed program).
+pub(crate) fn complete_stages(g: &mut Graph, which: &[bool]) {
+    let stage_of = |n: &nnscaler_dialects::graph::Node| match n.attrs.get("nns.stage") {
+        Some(AttrValue::Int(s)) => Some(*s),
+        _ => None,
+    };
+    if !g.nodes.iter().any(|n| stage_of(n).is_some()) {
+        return;
+    }
+    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
+    for (k, n) in g.nodes.iter().enumerate() {
+        for &o in &n.outputs {
+            producer[o] = Some(k);
+        }
+    }
+    for k in (0..g.nodes.len()).filter(|&k| which[k]) {
+        if stage_of(&g.nodes[k]).is_some() {
+            continue;
+        }
+        let from_inputs = g.nodes[k]
+            .inputs
+            .iter()
+            .filter_map(|&v| producer[v].and_then(|p| stage_of(&g.nodes[p])))
+            .max();
+        let outs = g.nodes[k].outputs.clone();
+        let from_users = g
+            .nodes
+            .iter()
+            .filter(|u| u.inputs.iter().any(|v| outs.contains(v)))
+            .filter_map(stage_of)
+            .min();
+        let s = from_inputs.or(from_users).unwrap_or(0);
+        g.nodes[k]
+            .attrs
+            .insert("nns.stage".into(), AttrValue::Int(s));
     }
 }
 

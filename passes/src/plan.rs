@@ -33,10 +33,13 @@
 //! dim 0 is then split over `mb` too, inside `dp` (each device's batch cut into `M`
 //! micro-batches), so propagation makes every batch-dim value a micro-batch piece and
 //! everything reduced over the batch partial over `mb` — what a `--schedule-*` pass
-//! accumulates.
+//! accumulates. `schedule=S` (gpipe, 1f1b, interleaved, zb-h1, zb-v) records on each
+//! training step the schedule to run (`nns.schedule = "S"`), which `--schedule` then runs:
+//! so a plan, `--plan=auto`'s included, carries its pipeline schedule with it.
 
 use crate::layouts::error;
 use crate::pipeline::{ModulePass, PassOptions};
+use crate::recompute::has_backward;
 use crate::rewrite::rewrite_funcs;
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
@@ -103,6 +106,9 @@ pub struct Plan {
     zero: u8,
     /// The cluster `tp-search` predicts costs on (`cluster=`).
     cluster: Option<crate::cost::Cluster>,
+    /// The pipeline schedule `--schedule` is to run (`schedule=`), written on the training
+    /// steps as `nns.schedule`.
+    schedule: Option<String>,
     remarks: Diagnostics,
 }
 
@@ -113,7 +119,7 @@ impl Plan {
             o.get("policy")
                 .ok_or("plan needs a policy, e.g. --plan=dp")?,
         )?;
-        for k in ["devices", "max_sp"] {
+        for k in ["devices", "max_sp", "max_pp", "top"] {
             if o.get(k).is_some() {
                 return Err(format!(
                     "plan: '{k}' applies to policy auto (--plan=\"auto cluster=... devices=N\")"
@@ -187,9 +193,20 @@ impl Plan {
                 policy_name(policy)
             ));
         }
+        let schedule = match o.get("schedule") {
+            None => None,
+            Some(name) if crate::schedule::NAMES.contains(&name) => Some(name.to_string()),
+            Some(name) => {
+                return Err(format!(
+                    "plan: unknown schedule '{name}' (schedules: {})",
+                    crate::schedule::NAMES.join(", ")
+                ))
+            }
+        };
         Ok(Plan {
             policy,
             sizes,
+            schedule,
             pp: size("pp")?,
             sp: size("sp")?,
             microbatches: size("microbatches")?,
@@ -310,7 +327,19 @@ impl ModulePass for Plan {
                 ))
             }
         };
+        if let Some(name) = &self.schedule {
+            if mesh.axis("pp").is_none() && mesh.microbatch_axis().is_none() {
+                return Err(error(
+                    &file_loc(""),
+                    format!(
+                        "plan: 'schedule={name}' schedules a pipeline, but mesh '@{}' has neither a pipeline axis nor micro-batches; add pp=N or microbatches=N",
+                        mesh.name
+                    ),
+                ));
+            }
+        }
         let (policy, zero) = (self.policy, self.zero);
+        let schedule = self.schedule.clone();
         let cluster = self.cluster.clone();
         let remarks = &mut self.remarks;
         rewrite_funcs(module, &mut |g| {
@@ -339,6 +368,11 @@ impl ModulePass for Plan {
                 }
                 _ => plan(g, policy, &mesh)?,
             };
+            let mut g = g;
+            if let Some(name) = schedule.as_ref().filter(|_| has_backward(&g)) {
+                g.func_attrs
+                    .insert("nns.schedule".into(), AttrValue::Str(name.clone()));
+            }
             Ok(Some(if zero > 0 {
                 zero_state(g, &mesh, zero, remarks)
             } else {

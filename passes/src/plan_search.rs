@@ -1,16 +1,27 @@
 //! `--plan="auto cluster=... devices=N"`: the plan search ([`crate::search`], the one
-//! behind `nnscaler plan`) restricted to what `--plan` applies in place to the module it
-//! runs on: data x context x tensor parallel factorizations of the devices (tensor
-//! parallelism within the innermost network level), one stage, one micro-batch, no
-//! recompute, and ZeRO 0-3 for a step with optimizer state. The fastest plan is written
-//! as `--plan` would write it; the ranking, and what was out and why (a degree the
-//! compiler refuses, memory), is a remark. Pipelines,
-//! micro-batches and recompute need passes before `--autodiff` (`--place`): `nnscaler
-//! plan` searches them and prints those passes.
+//! behind `nnscaler plan`) over what can be applied in place to the training step it runs
+//! on: data x context x tensor x pipeline parallel factorizations of the devices (tensor
+//! parallelism within the innermost network level), micro-batch size and count, the
+//! pipeline schedule, the recompute policy and, for a step with optimizer state, ZeRO 0-3.
+//! The fastest plan is written into the step as directives: its stages as `--place` writes
+//! them on a training step (the searched cut, as a `layout=`), its recompute as
+//! `--recompute` does, its mesh, splits and layouts as `--plan` does, and its schedule as
+//! `nns.schedule` on the step, which `--schedule` runs; so one pass pipeline
+//! (`--propagate-layouts --split-tensor --schedule --lower-relayouts --localize`) carries
+//! out whatever plan was chosen. The ranking, and what was out and why (a degree the
+//! compiler refuses, memory), is a remark.
+//!
+//! Pipelines and micro-batches are searched when the step can be placed
+//! ([`crate::place::placeable`]: its backward ops carry their forward ops' locations, so in
+//! the `nnscaler-opt` run that made the backward, or one that read a step printed with
+//! `--mlir-print-debuginfo`), otherwise the space is one stage of one micro-batch and the
+//! remark says why; `max_pp=1` keeps them out too. Recompute is searched unless the step
+//! is recomputed already.
 
 use crate::cost::{self, Cluster};
 use crate::layouts::error;
-use crate::pipeline::{ModulePass, PassOptions, Step};
+use crate::pipeline::{FunctionPass, ModulePass, PassOptions, Step};
+use crate::rewrite::rewrite_funcs;
 use crate::search::{self, Estimate, Profiles, Recompute, Space};
 use melior::ir::OperationRef;
 use nnscaler_dialects::context::IrContext;
@@ -27,6 +38,10 @@ pub struct PlanSearch {
     devices: i64,
     /// The largest context-parallel degree (`max_sp=`; default: the search's).
     max_sp: Option<u64>,
+    /// The largest pipeline degree (`max_pp=`; 1: no pipelines nor micro-batches).
+    max_pp: Option<u64>,
+    /// Plans the ranking remark lists (`top=`; default: the search's 20).
+    top: Option<u64>,
     remarks: Diagnostics,
 }
 
@@ -46,16 +61,20 @@ impl PlanSearch {
             .ok()
             .filter(|&n| n > 0)
             .ok_or("plan: 'devices' must be a positive integer")?;
-        let max_sp = match o.get("max_sp") {
-            None => None,
-            Some(v) => Some(
-                v.parse::<u64>()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or("plan: 'max_sp' must be a positive integer")?,
-            ),
+        let positive = |k: &str| -> Result<Option<u64>, String> {
+            o.get(k)
+                .map(|v| {
+                    v.parse::<u64>()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or(format!("plan: '{k}' must be a positive integer"))
+                })
+                .transpose()
         };
-        for k in ["dp", "sp", "tp", "pp", "microbatches", "zero"] {
+        let max_sp = positive("max_sp")?;
+        let max_pp = positive("max_pp")?;
+        let top = positive("top")?;
+        for k in ["dp", "sp", "tp", "pp", "microbatches", "zero", "schedule"] {
             if o.get(k).is_some() {
                 return Err(format!(
                     "plan: auto chooses '{k}' itself; give a named policy to set it"
@@ -67,8 +86,52 @@ impl PlanSearch {
             cluster_spec,
             devices,
             max_sp,
+            max_pp,
+            top,
             remarks: Diagnostics::default(),
         })
+    }
+}
+
+/// The schedule `--schedule` runs for plan `c` (a single stage's micro-batches: 1F1B).
+fn schedule_of(c: &search::Config) -> &str {
+    if c.schedule == "none" {
+        "1f1b"
+    } else {
+        &c.schedule
+    }
+}
+
+impl PlanSearch {
+    /// Runs function pass `name` (`place`, `recompute`) with `options` on the step
+    /// `@func` of `module` only.
+    fn on_step(
+        &mut self,
+        module: &OperationRef<'_, '_>,
+        func: &str,
+        name: &str,
+        options: &str,
+    ) -> Result<(), Diagnostics> {
+        let step = Step::new(name, options).map_err(|e| error(&SrcLoc::default(), e))?;
+        let mut pass: Box<dyn FunctionPass> = match name {
+            "place" => Box::new(
+                crate::place::Place::new(&step.options)
+                    .map_err(|e| error(&SrcLoc::default(), e))?,
+            ),
+            _ => Box::new(
+                crate::recompute::Recompute::new(&step.options)
+                    .map_err(|e| error(&SrcLoc::default(), e))?,
+            ),
+        };
+        rewrite_funcs(module, &mut |g| {
+            if g.name == func {
+                pass.run_on_function(g)
+            } else {
+                Ok(None)
+            }
+        })?;
+        self.remarks.extend(pass.take_remarks());
+        Ok(())
     }
 }
 
@@ -83,7 +146,12 @@ impl ModulePass for PlanSearch {
             ));
         }
         // The module's main function (its largest), read on a copy.
-        let text = module.to_string();
+        // With locations: they tell --place which forward op each backward op is of.
+        let flags =
+            melior::ir::operation::OperationPrintingFlags::new().enable_debug_info(true, false);
+        let text = module
+            .to_string_with_flags(flags)
+            .map_err(|e| error(&SrcLoc::default(), format!("plan: auto: {e}")))?;
         let ir = IrContext::new();
         let m = ir
             .parse(&text, "plan-search")
@@ -94,16 +162,40 @@ impl ModulePass for PlanSearch {
             .max_by_key(|g| g.nodes.len())
             .ok_or_else(|| error(&SrcLoc::default(), "plan: auto found no function to plan"))?;
         let training = g.args.iter().any(|a| a.attrs.contains_key("nns.state_of"));
-        // What --plan applies in place: one stage, one micro-batch, no recompute; ZeRO
-        // for a step with optimizer state.
         let mut space = Space::new(self.devices as u64);
-        space.pipelines = false;
         space.max_sp = self.max_sp.or(space.max_sp);
-        space.recompute = vec![Recompute::None];
+        space.max_pp = self.max_pp.or(space.max_pp);
+        if let Some(t) = self.top {
+            space.keep = t as usize;
+        }
         space.zero = if training { vec![0, 1, 2, 3] } else { vec![0] };
-        let found = search::search(&g, &self.cluster, &space, &mut Profiles::new(), &mut |_| {})
+        // Pipelines and recompute when the step can take them in place.
+        let recomputed = g
+            .nodes
+            .iter()
+            .any(|n| n.attrs.contains_key("nns.recompute"));
+        let why_not = match crate::place::placeable(&g) {
+            Err(e) => Some(format!("the step cannot be placed in stages: {e}")),
+            Ok(()) if self.max_pp == Some(1) => Some("max_pp=1".to_string()),
+            Ok(()) => None,
+        };
+        space.pipelines = why_not.is_none();
+        if recomputed {
+            space.recompute = vec![Recompute::None];
+        }
+        let mut profiles = Profiles::new();
+        let found = search::search(&g, &self.cluster, &space, &mut profiles, &mut |_| {})
             .map_err(|e| error(&SrcLoc::default(), format!("plan: auto: {e}")))?;
-        let plan_of = |e: &Estimate| e.config.plan_options(&self.cluster_spec);
+        let plan_of = |e: &Estimate| {
+            let mut p = e.config.plan_options(&self.cluster_spec);
+            if e.config.pipelined() {
+                p += &format!(" schedule={}", schedule_of(&e.config));
+            }
+            if e.config.recompute != Recompute::None {
+                p += &format!(", recompute={}", e.config.recompute.name());
+            }
+            p
+        };
         let mut lines: Vec<String> = found
             .ranked
             .iter()
@@ -117,6 +209,9 @@ impl ModulePass for PlanSearch {
             })
             .collect();
         lines.extend(found.out.iter().map(|(r, k)| format!("{k} out ({r})")));
+        if let Some(why) = &why_not {
+            lines.push(format!("pipelines and micro-batches not searched ({why})"));
+        }
         let Some(best) = found.ranked.first() else {
             let least = found
                 .least_memory
@@ -137,18 +232,40 @@ impl ModulePass for PlanSearch {
                 ),
             ));
         };
-        let best = plan_of(best);
+        let chosen = plan_of(best);
         self.remarks.remark(
             &SrcLoc::default(),
             format!(
-                "plan: auto chose \"{best}\" on {} x {} ({}); predicted per device: {}",
+                "plan: auto chose \"{chosen}\" on {} x {} ({}); predicted per device: {}",
                 self.devices,
                 self.cluster.device.name,
                 self.cluster.name,
                 lines.join("; ")
             ),
         );
-        let step = Step::new("plan", &best).map_err(|e| error(&SrcLoc::default(), e))?;
+        let c = &best.config;
+        if c.pipelined() {
+            // The stages: the searched cut (the profile's items, as --place lays them out).
+            let stages = c.stage_starts.len();
+            let layout = profiles
+                .get(&search::profile_key(c))
+                .and_then(|p| p.as_ref().ok())
+                .and_then(|p| p.place_layout(&c.stage_starts))
+                .filter(|_| stages > 1);
+            let options = match layout {
+                Some(l) => format!("stages={stages} layout={l}"),
+                None => format!("stages={stages}"),
+            };
+            self.on_step(module, &g.name, "place", &options)?;
+        }
+        if c.recompute != Recompute::None {
+            self.on_step(module, &g.name, "recompute", c.recompute.name())?;
+        }
+        let mut options = c.plan_options(&self.cluster_spec);
+        if c.pipelined() {
+            options += &format!(" schedule={}", schedule_of(c));
+        }
+        let step = Step::new("plan", &options).map_err(|e| error(&SrcLoc::default(), e))?;
         let mut plan =
             crate::plan::Plan::new(&step.options).map_err(|e| error(&SrcLoc::default(), e))?;
         plan.run(module)?;

@@ -205,8 +205,20 @@ pub static PASSES: &[PassInfo] = &[
                 help: "with policies tp-search and auto: the cluster the plan is for (a preset: dgx-a100, dgx-h100, h200, cpu; or a TOML file)",
             },
             OptionInfo {
+                name: "schedule",
+                help: "with pp= or microbatches=: the pipeline schedule --schedule runs (gpipe, 1f1b, interleaved, zb-h1, zb-v), recorded on the step as nns.schedule",
+            },
+            OptionInfo {
                 name: "devices",
                 help: "with policy auto: how many devices to plan for",
+            },
+            OptionInfo {
+                name: "max_pp",
+                help: "with policy auto: the largest pipeline degree to try (1: no pipelines nor micro-batches; default: no limit)",
+            },
+            OptionInfo {
+                name: "top",
+                help: "with policy auto: how many ranked plans the remark lists (default: 20)",
             },
             OptionInfo {
                 name: "max_sp",
@@ -275,6 +287,13 @@ pub static PASSES: &[PassInfo] = &[
         options: &[],
         anchor: Anchor::Function,
         factory: Factory::Native(|o| Ok(Native::Function(Box::new(SplitTensor::new(o)?)))),
+    },
+    PassInfo {
+        name: "schedule",
+        summary: "Pipeline the training step with the schedule its plan chose (nns.schedule, from --plan ... schedule=NAME or --plan=auto), as the --schedule-NAME pass would; a step whose plan chose none is left as it is (so one pipeline serves every plan --plan=auto may choose)",
+        options: INTERLEAVED_OPTIONS,
+        anchor: Anchor::Module,
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::chosen(o)?)))),
     },
     PassInfo {
         name: "schedule-gpipe",

@@ -230,6 +230,45 @@ impl TpPolicy {
 }
 
 impl Profile {
+    /// The `--place` layout of a plan's stages: `E` before the layers, `t` a layer, `L`
+    /// after them (`None` when the items are not of that form).
+    pub fn place_layout(&self, starts: &[usize]) -> Option<String> {
+        let code = |name: &str| match name {
+            "(before)" => "E",
+            "(after)" => "L",
+            _ => "t",
+        };
+        let mut stages = Vec::new();
+        for (s, &lo) in starts.iter().enumerate() {
+            let hi = starts.get(s + 1).copied().unwrap_or(self.items.len());
+            let mut parts: Vec<(String, usize)> = Vec::new();
+            for it in &self.items[lo..hi] {
+                let c = code(&it.name);
+                match parts.last_mut() {
+                    Some((last, k)) if last == c => *k += 1,
+                    _ => parts.push((c.to_string(), 1)),
+                }
+            }
+            if parts.iter().any(|(c, k)| c != "t" && *k > 1) {
+                return None;
+            }
+            stages.push(
+                parts
+                    .iter()
+                    .map(|(c, k)| {
+                        if *k > 1 {
+                            format!("{c}*{k}")
+                        } else {
+                            c.clone()
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
+        Some(stages.join("|"))
+    }
+
     /// Seconds of one micro-batch's forward and backward on one device, and the update.
     pub fn seconds(&self) -> f64 {
         self.items
@@ -1777,9 +1816,7 @@ pub fn search_with(
             continue;
         }
         if !space.pipelines && pp > 1 {
-            *out.entry(
-                    "pipelines and micro-batches: not in this space (they place the forward before --autodiff)".into(),
-                )
+            *out.entry("pipelines and micro-batches: not in this space".into())
                 .or_default() += 1;
             continue;
         }
@@ -1817,10 +1854,8 @@ pub fn search_with(
                 };
                 let m = batch / dp / micro;
                 if !space.pipelines && (pp > 1 || m > 1) {
-                    *out.entry(
-                        "pipelines and micro-batches: not in this space (they place the forward before --autodiff)".into(),
-                    )
-                    .or_default() += 1;
+                    *out.entry("pipelines and micro-batches: not in this space".into())
+                        .or_default() += 1;
                     continue;
                 }
                 let schedules: Vec<String> = if pp == 1 {

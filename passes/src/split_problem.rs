@@ -11,7 +11,8 @@
 //! the unsat core, made minimal by dropping each constraint the others conflict without,
 //! names them (and with the cap among them, `Optimize` finds the leanest the others
 //! allow). Then `Optimize` minimises the weighted sum (weights in nanoseconds) as soft
-//! constraints (MaxSAT). [`Problem::evaluate`] computes the same objective for any
+//! constraints (MaxSAT), and among the selections that reach it the memory (a second
+//! objective, lexicographically after the first). [`Problem::evaluate`] computes the same objective for any
 //! selection; [`Problem::brute_force`] enumerates them (the tests compare the two).
 
 use crate::propagate_layouts::Decided;
@@ -409,6 +410,23 @@ impl Problem {
         }
         for (b, w) in &costs {
             opt.assert_soft(&b.not(), *w, None);
+        }
+        // Among equally fast selections the leanest (a second objective, after the first
+        // in Z3's lexicographic order): without it the one Z3 happens on first, which
+        // differed from run to run when other solves ran on other threads.
+        let lean = z3::Symbol::String("memory".into());
+        for (c, class) in self.classes.iter().enumerate() {
+            let bytes: Vec<u64> = class
+                .choices
+                .iter()
+                .map(|ch| ch.memory.saturating_mul(class.members.len() as u64))
+                .collect();
+            let least = bytes.iter().copied().min().unwrap_or(0);
+            for (k, &b) in bytes.iter().enumerate() {
+                if b > least {
+                    opt.assert_soft(&x[c][k].not(), b - least, Some(lean.clone()));
+                }
+            }
         }
         match opt.check(&[]) {
             SatResult::Sat => {}

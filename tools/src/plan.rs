@@ -196,45 +196,6 @@ pub fn cut_step(text: &str, file: &str, bf16: bool) -> Result<Option<search::Cut
     Ok(Some(search::Cut { step, runs: r.runs }))
 }
 
-/// The `--place` layout of a plan's stages: `E` before the layers, `t` a layer, `L`
-/// after them (`None` when the items are not of that form).
-fn place_layout(p: &Profile, starts: &[usize]) -> Option<String> {
-    let code = |name: &str| match name {
-        "(before)" => "E",
-        "(after)" => "L",
-        _ => "t",
-    };
-    let mut stages = Vec::new();
-    for (s, &lo) in starts.iter().enumerate() {
-        let hi = starts.get(s + 1).copied().unwrap_or(p.items.len());
-        let mut parts: Vec<(String, usize)> = Vec::new();
-        for it in &p.items[lo..hi] {
-            let c = code(&it.name);
-            match parts.last_mut() {
-                Some((last, k)) if last == c => *k += 1,
-                _ => parts.push((c.to_string(), 1)),
-            }
-        }
-        if parts.iter().any(|(c, k)| c != "t" && *k > 1) {
-            return None;
-        }
-        stages.push(
-            parts
-                .iter()
-                .map(|(c, k)| {
-                    if *k > 1 {
-                        format!("{c}*{k}")
-                    } else {
-                        c.clone()
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join(","),
-        );
-    }
-    Some(stages.join("|"))
-}
-
 /// Passes as (name, options).
 pub type Passes = Vec<(String, String)>;
 
@@ -249,7 +210,7 @@ pub fn apply_passes(e: &Estimate, p: &Profile, forward: bool, cluster: &str) -> 
     let pipelined = c.pipelined();
     if pipelined {
         let stages = c.stage_starts.len();
-        match place_layout(p, &c.stage_starts) {
+        match p.place_layout(&c.stage_starts) {
             Some(l) if stages > 1 => {
                 before.push(pass("place", format!("stages={stages} layout={l}")))
             }
@@ -397,8 +358,14 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     space.max_pp = a.max_pp;
     space.max_micro = a.max_micro.max(1);
     space.keep = space.keep.max(a.top + 1);
-    // A training step cannot be placed in pipeline stages any more.
-    space.pipelines = differentiated;
+    // A training step can be placed in pipeline stages when its backward ops kept their
+    // forward ops' locations (a step printed with --mlir-print-debuginfo).
+    let unplaceable = if differentiated {
+        None
+    } else {
+        nnscaler_passes::place::placeable(&step).err()
+    };
+    space.pipelines = unplaceable.is_none();
     let mut mesh_cap = None;
     // A mesh the module declares (for its ops' constraints) fixes its dp / tp / pp axes'
     // sizes, and its memory_cap caps memory.
@@ -625,6 +592,12 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     }
     for (r, k) in &found.out {
         let _ = writeln!(o, "out: {k} plan{} ({r})", if *k == 1 { "" } else { "s" });
+    }
+    if let Some(why) = &unplaceable {
+        let _ = writeln!(
+            o,
+            "pipelines and micro-batches not searched: the step cannot be placed in stages ({why})"
+        );
     }
     if let Some(g) = &grid {
         match g.ranked.first() {

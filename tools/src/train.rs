@@ -103,12 +103,18 @@ pub struct DataSection {
     pub text: Option<String>,
 }
 
-/// `[plan]`: a named policy and mesh.
+/// `[plan]`: a named policy and mesh, or `auto` (the plan search).
 #[derive(Deserialize, Serialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct PlanSection {
-    /// dp | megatron | dp-megatron | megatron-sp | dp-megatron-sp.
+    /// dp | megatron | dp-megatron | megatron-sp | dp-megatron-sp | auto.
     pub policy: String,
+    /// With `auto`: the cluster to plan for (a preset or a TOML file).
+    #[serde(default)]
+    pub cluster: Option<String>,
+    /// With `auto`: how many devices.
+    #[serde(default)]
+    pub devices: Option<u32>,
     /// Data-parallel degree.
     #[serde(default)]
     pub dp: Option<u32>,
@@ -433,9 +439,51 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
         .chain([step("autodiff", "")?, step("optimizer", &opt)?])
         .collect();
     let mut steps = single.clone();
-    let mut schedule = None;
-    if let Some(p) = &c.plan {
+    if let Some(p) = c.plan.as_ref().filter(|p| p.policy == "auto") {
+        // The plan search chooses the degrees, the stages, recompute and the schedule, and
+        // writes them into the step; --schedule runs the schedule it chose, if any.
+        let set: Vec<&str> = [
+            ("dp", p.dp.is_some()),
+            ("tp", p.tp.is_some()),
+            ("pp", p.pp.is_some()),
+            ("microbatches", p.microbatches.is_some()),
+            ("schedule", p.schedule.is_some()),
+            ("zero", p.zero > 0),
+        ]
+        .into_iter()
+        .filter_map(|(k, on)| on.then_some(k))
+        .collect();
+        if !set.is_empty() {
+            return Err(format!(
+                "plan: policy 'auto' chooses {} itself; give a named policy to set them",
+                set.join(", ")
+            ));
+        }
+        let (Some(cluster), Some(devices)) = (&p.cluster, p.devices) else {
+            return Err("plan: policy 'auto' needs cluster (a preset: dgx-a100, dgx-h100, h200, cpu; or a TOML file) and devices".into());
+        };
+        steps.push(step(
+            "plan",
+            &format!("auto cluster={cluster} devices={devices}"),
+        )?);
+        for name in [
+            "propagate-layouts",
+            "split-tensor",
+            "schedule",
+            "lower-relayouts",
+            "localize",
+        ] {
+            steps.push(step(name, "")?);
+        }
+    } else if let Some(p) = &c.plan {
+        if p.cluster.is_some() || p.devices.is_some() {
+            return Err(format!(
+                "plan: cluster and devices go with policy 'auto', not '{}'",
+                p.policy
+            ));
+        }
         let mut plan = p.policy.clone();
+        let mut schedule = None;
         for (k, v) in [
             ("dp", p.dp),
             ("tp", p.tp),
@@ -483,8 +531,21 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
         let mut m = ir
             .parse(text, "model.mlir")
             .map_err(|d| d.render_limited(Some(text), 20))?;
-        pipeline::run(&ir, &mut m, steps, &mut |_, _| {}, "model.mlir")
+        let remarks = pipeline::run(&ir, &mut m, steps, &mut |_, _| {}, "model.mlir")
             .map_err(|d| d.render_limited(Some(text), 20))?;
+        // The plan the search chose, without its ranking.
+        for r in remarks
+            .0
+            .iter()
+            .filter(|r| r.message.starts_with("plan: auto chose"))
+        {
+            let chosen = r
+                .message
+                .split("; predicted per device")
+                .next()
+                .unwrap_or_default();
+            eprintln!("nnscaler train: {chosen}");
+        }
         let mut d = Default::default();
         let mesh = Meshes::collect(&m.as_operation(), &mut d)
             .0
@@ -508,7 +569,12 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
     };
     let forward = train(&compile(&eval_text, &cast)?.0)?;
     let (all, mesh) = compile(&text, &steps)?;
-    let (step_graph, pipeline_programs) = if schedule.is_some() {
+    // Pipelined: a --schedule-* pass made programs per rank (the named plan's, or the
+    // schedule the plan search chose).
+    let pipelined = all
+        .iter()
+        .any(|g| g.func_attrs.contains_key("nns.pipeline"));
+    let (step_graph, pipeline_programs) = if pipelined {
         // The programs of each rank, and the single-device step whose signature they index.
         let programs = pipeline_programs(&all, "train")?;
         let single = train(&compile(&text, &single)?.0)?;
