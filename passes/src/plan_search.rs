@@ -169,7 +169,7 @@ impl ModulePass for PlanSearch {
             space.keep = t as usize;
         }
         space.zero = if training { vec![0, 1, 2, 3] } else { vec![0] };
-        // Pipelines and recompute when the step can take them in place.
+        // Pipelines when the step can be placed; recompute unless it is recomputed already.
         let recomputed = g
             .nodes
             .iter()

@@ -787,8 +787,8 @@ pub struct Space {
     pub megatron: bool,
     /// Plans to rank (the search is exact for these).
     pub keep: usize,
-    /// Pipelines and micro-batches (`false`: one stage, one micro-batch; a training step
-    /// cannot be placed in stages any more).
+    /// Pipelines and micro-batches (`false`: one stage, one micro-batch; for a training
+    /// step that `--place` cannot stage, [`crate::place::placeable`]).
     pub pipelines: bool,
     /// Brute force (tests): every contiguous stage cut instead of the dynamic program's,
     /// every plan simulated (no bounds).

@@ -30,8 +30,10 @@ use std::time::Instant;
         Prints the best plan (step time, MFU, memory per device), the next best ones and \
         why they lost, and the nnscaler-opt flags that apply it.\n\n\
         The model is a forward ending in a loss (nnscaler import) or a training step \
-        (after --autodiff, --optimizer); a forward gets --autodiff --optimizer first, a \
-        training step gets no pipelines or micro-batches (they place the forward). \
+        (after --autodiff, --optimizer); a forward gets --autodiff --optimizer first. A \
+        training step gets pipelines and micro-batches only when --place can stage it: \
+        its backward ops must carry their forward ops' locations (print it with \
+        nnscaler-opt --mlir-print-debuginfo); otherwise the output says why not. \
         Constraints on its ops (nns.split, nns.forbid) are kept: plans that break one are \
         out, named at the op. A mesh the module declares (constraints name its axes) \
         fixes the sizes of the dp, tp and pp axes it has; its memory_cap caps memory."
