@@ -297,6 +297,8 @@ impl ModulePass for Plan {
                     ),
                 ] {
                     match (have, want) {
+                        // One micro-batch is what a mesh without a micro-batch axis runs.
+                        (None, Some(1)) if what == "microbatches" => {}
                         (None, Some(w)) => {
                             return Err(error(
                                 &file_loc(""),

@@ -17,6 +17,12 @@
 //! `--mlir-print-debuginfo`), otherwise the space is one stage of one micro-batch and the
 //! remark says why; `max_pp=1` keeps them out too. Recompute is searched unless the step
 //! is recomputed already.
+//!
+//! A mesh the module declares (the axes its ops' constraints name: `nns.split`,
+//! `nns.pin`, `nns.forbid`) fixes the sizes of its `dp`, `sp`, `tp` and `pp` axes (an axis
+//! it lacks is 1), the micro-batches (its micro-batch axis's size, else one) and, with a
+//! `memory_cap`, the memory per device, as it does for `nnscaler plan`; `devices` must be
+//! its device count, and the plan is applied on it.
 
 use crate::cost::{self, Cluster};
 use crate::layouts::error;
@@ -139,12 +145,19 @@ impl ModulePass for PlanSearch {
     fn run(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
         let mut d = Diagnostics::default();
         let meshes = Meshes::collect(module, &mut d);
-        if !meshes.0.is_empty() {
+        if d.has_errors() {
+            return Err(d);
+        }
+        if meshes.0.len() > 1 {
             return Err(error(
                 &SrcLoc::default(),
-                "plan: auto plans a module without a mesh; this one has one already",
+                "plan: the module has several meshes; only one is supported",
             ));
         }
+        // A mesh the module declares (its ops' constraints name its axes) fixes the sizes
+        // of its axes, the micro-batches (its micro-batch axis, else one) and, with a
+        // memory_cap, the memory per device.
+        let mesh = meshes.0.first().cloned();
         // The module's main function (its largest), read on a copy.
         // With locations: they tell --place which forward op each backward op is of.
         let flags =
@@ -163,6 +176,35 @@ impl ModulePass for PlanSearch {
             .ok_or_else(|| error(&SrcLoc::default(), "plan: auto found no function to plan"))?;
         let training = g.args.iter().any(|a| a.attrs.contains_key("nns.state_of"));
         let mut space = Space::new(self.devices as u64);
+        if let Some(m) = &mesh {
+            for axis in m.axes.iter().filter(|x| !x.microbatches) {
+                if !["dp", "sp", "tp", "pp"].contains(&axis.name.as_str()) {
+                    return Err(error(
+                        &SrcLoc::default(),
+                        format!(
+                            "plan: auto: mesh '@{}' has axis '{}'; auto knows dp, sp, tp and pp",
+                            m.name, axis.name
+                        ),
+                    ));
+                }
+                space
+                    .fixed
+                    .push((axis.name.clone(), axis.size.max(1) as u64));
+            }
+            if m.devices() != self.devices {
+                return Err(error(
+                    &SrcLoc::default(),
+                    format!(
+                        "plan: auto: devices={} disagrees with mesh '@{}', which has {} devices",
+                        self.devices,
+                        m.name,
+                        m.devices()
+                    ),
+                ));
+            }
+            space.microbatches = Some(m.microbatch_axis().map_or(1, |a| a.size.max(1) as u64));
+            space.memory_cap = m.memory_cap.map(|c| c.max(0) as u64);
+        }
         space.max_sp = self.max_sp.or(space.max_sp);
         space.max_pp = self.max_pp.or(space.max_pp);
         if let Some(t) = self.top {
@@ -215,11 +257,14 @@ impl ModulePass for PlanSearch {
         let Some(best) = found.ranked.first() else {
             let least = found
                 .least_memory
-                .map(|m| {
-                    format!(
+                .map(|m| match space.memory_cap {
+                    Some(cap) if cap < self.cluster.device.memory => format!(
+                        "; the leanest plan needs at least {m} bytes per device, the mesh's memory_cap is {cap}"
+                    ),
+                    _ => format!(
                         "; the leanest plan needs at least {m} bytes per device, the device has {}",
                         self.cluster.device.memory
-                    )
+                    ),
                 })
                 .unwrap_or_default();
             return Err(error(

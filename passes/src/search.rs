@@ -766,6 +766,9 @@ pub struct Space {
     /// Degrees the user fixed (a mesh the module declares: its `dp`, `sp`, `tp`, `pp`
     /// axes).
     pub fixed: Vec<(String, u64)>,
+    /// Micro-batches per step the user fixed (a mesh the module declares: its micro-batch
+    /// axis's size, 1 without one).
+    pub microbatches: Option<u64>,
     /// Largest tensor-parallel degree (default: the innermost network level's size).
     pub max_tp: Option<u64>,
     /// Largest context-parallel degree (default: the innermost network level's size, and
@@ -839,6 +842,7 @@ impl Space {
             devices,
             memory_cap: None,
             fixed: Vec::new(),
+            microbatches: None,
             max_tp: None,
             max_sp: None,
             max_pp: None,
@@ -1853,6 +1857,11 @@ pub fn search_with(
                     }
                 };
                 let m = batch / dp / micro;
+                if space.microbatches.is_some_and(|f| f != m) {
+                    *out.entry("the module's mesh fixes the micro-batches".into())
+                        .or_default() += 1;
+                    continue;
+                }
                 if !space.pipelines && (pp > 1 || m > 1) {
                     *out.entry("pipelines and micro-batches: not in this space".into())
                         .or_default() += 1;

@@ -383,6 +383,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
                 .fixed
                 .push((axis.name.clone(), axis.size.max(1) as u64));
         }
+        space.microbatches = Some(m.microbatch_axis().map_or(1, |a| a.size.max(1) as u64));
         if let Some(cap) = m.memory_cap {
             let cap = cap.max(0) as u64;
             space.memory_cap = Some(space.memory_cap.map_or(cap, |c| c.min(cap)));
