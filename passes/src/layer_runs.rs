@@ -161,3 +161,72 @@ pub fn expand(mut p: Profile, runs: &[Run]) -> Profile {
     p.items = items;
     p
 }
+
+/// The forward of training step `g`: the ops its loss depends on
+/// ([`crate::recompute::forward_ops`]), the loss as its one result, and the parameters
+/// and the data arguments those ops read (optimizer state and the step's scalars
+/// dropped); `None` when `g` has no backward.
+pub fn forward_of_step(g: &Graph) -> Option<Graph> {
+    if !has_backward(g) {
+        return None;
+    }
+    let fwd = crate::recompute::forward_ops(g);
+    let loss = g
+        .outputs
+        .iter()
+        .find(|o| !o.name().is_some_and(|n| n.starts_with("grad.")))?
+        .clone();
+    let mut f = g.clone();
+    f.nodes = g
+        .nodes
+        .iter()
+        .zip(&fwd)
+        .filter(|(_, &keep)| keep)
+        .map(|(n, _)| {
+            let mut n = n.clone();
+            n.attrs.remove("nns.stage");
+            n
+        })
+        .collect();
+    let read: std::collections::HashSet<ValueId> = f
+        .nodes
+        .iter()
+        .flat_map(|n| n.inputs.iter().copied())
+        .collect();
+    f.args.retain(|a| {
+        !a.attrs.contains_key("nns.state_of") && (a.is_param() || read.contains(&a.value))
+    });
+    f.outputs = vec![loss];
+    f.func_attrs.remove("nns.schedule");
+    Some(f)
+}
+
+/// Training step `g` with its runs of identical layers cut, for profiling in its stead
+/// (what `nnscaler plan` profiles for a forward): its forward ([`forward_of_step`])
+/// [`reduce`]d, then `--autodiff` and, when `g` updates its parameters, `--optimizer`
+/// (with `g`'s clipping: its ops cost time; the other options only change constants).
+/// `None` when nothing is cut or the cut step cannot be made.
+pub fn cut_step(g: &Graph) -> Option<crate::search::Cut> {
+    let forward = forward_of_step(g)?;
+    let r = reduce(&forward)?;
+    let ir = nnscaler_dialects::context::IrContext::new();
+    let text = r.forward.to_mlir();
+    let mut m = ir.parse(&text, "cut-step").ok()?;
+    let mut steps = vec![crate::pipeline::Step::new("autodiff", "").ok()?];
+    if g.args.iter().any(|a| a.attrs.contains_key("nns.state_of")) {
+        let clip = g.nodes.iter().find_map(|n| match n.attrs.get("max_norm") {
+            Some(nnscaler_dialects::types::AttrValue::Float(c)) if n.op == "dnn.clip_scale" => {
+                Some(*c)
+            }
+            _ => None,
+        });
+        let options = clip.map(|c| format!("clip={c}")).unwrap_or_default();
+        steps.push(crate::pipeline::Step::new("optimizer", &options).ok()?);
+    }
+    crate::pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, "cut-step").ok()?;
+    let step = Graph::all_in(&m)
+        .into_iter()
+        .filter_map(Result::ok)
+        .max_by_key(|g| g.nodes.len())?;
+    Some(crate::search::Cut { step, runs: r.runs })
+}

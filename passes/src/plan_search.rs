@@ -225,9 +225,22 @@ impl ModulePass for PlanSearch {
         if recomputed {
             space.recompute = vec![Recompute::None];
         }
+        // Repeated layers profiled once (the step cut as `nnscaler plan` cuts a forward).
+        let cut = if mesh.is_none() {
+            crate::layer_runs::cut_step(&g)
+        } else {
+            None
+        };
         let mut profiles = Profiles::new();
-        let found = search::search(&g, &self.cluster, &space, &mut profiles, &mut |_| {})
-            .map_err(|e| error(&SrcLoc::default(), format!("plan: auto: {e}")))?;
+        let found = search::search_with(
+            &g,
+            cut.as_ref(),
+            &self.cluster,
+            &space,
+            &mut profiles,
+            &mut |_| {},
+        )
+        .map_err(|e| error(&SrcLoc::default(), format!("plan: auto: {e}")))?;
         let plan_of = |e: &Estimate| {
             let mut p = e.config.plan_options(&self.cluster_spec);
             if e.config.pipelined() {

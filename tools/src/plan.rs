@@ -401,10 +401,10 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     };
     // Profiles compile the forward with its runs of identical layers cut to their first,
     // second and last (layer_runs.rs): a 96-layer model profiles as a 3-layer one.
-    let cut = if differentiated && mesh.is_none() {
-        cut_step(&text, &name, bf16)?
-    } else {
-        None
+    let cut = match (differentiated, &mesh) {
+        (true, None) => cut_step(&text, &name, bf16)?,
+        (false, None) => nnscaler_passes::layer_runs::cut_step(&step),
+        _ => None,
     };
     if let Some(c) = &cut {
         let layers: usize = c.runs.iter().map(|r| r.names.len() - 1).sum();

@@ -185,7 +185,9 @@ fn refined_cuts_come_close_to_brute_force() {
 
 /// Profiles of the forward with its runs of identical layers cut to two, expanded, equal
 /// the whole step's (every field of every item, the optimizer), for Megatron's splits and
-/// the searched ones, with and without tensor parallelism.
+/// the searched ones, with and without tensor parallelism; and so do those of the cut a
+/// training step gives (`layer_runs::cut_step`: its forward recovered from the step, what
+/// `--plan=auto` and `nnscaler plan` profile for a step).
 #[test]
 fn cut_profiles_equal_whole_ones() {
     for (name, sizes) in [
@@ -201,17 +203,22 @@ fn cut_profiles_equal_whole_ones() {
         }
         let text = build_module(&c).unwrap();
         let whole = training_step(&text, name, false).unwrap().0;
-        let cut = nnscaler_tools::plan::cut_step(&text, name, false)
+        let from_forward = nnscaler_tools::plan::cut_step(&text, name, false)
             .unwrap()
             .expect("the layers are cut");
+        let from_step = nnscaler_passes::layer_runs::cut_step(&whole).expect("the step is cut");
+        assert_eq!(from_step.runs, from_forward.runs, "{name}");
         let cluster = cost::preset("dgx-h100").unwrap();
-        for (tp, sp, micro, t) in [
-            (1, 1, 1, search::TpPolicy::Megatron),
-            (2, 1, 2, search::TpPolicy::Megatron),
-            (2, 1, 1, search::TpPolicy::Search),
-            (1, 2, 2, search::TpPolicy::Megatron),
-            (2, 2, 1, search::TpPolicy::Sp),
-        ] {
+        for (cut, (tp, sp, micro, t)) in [&from_forward, &from_step].into_iter().flat_map(|c| {
+            [
+                (1, 1, 1, search::TpPolicy::Megatron),
+                (2, 1, 2, search::TpPolicy::Megatron),
+                (2, 1, 1, search::TpPolicy::Search),
+                (1, 2, 2, search::TpPolicy::Megatron),
+                (2, 2, 1, search::TpPolicy::Sp),
+            ]
+            .map(|k| (c, k))
+        }) {
             let want = search::profile_sp(&whole, tp, sp, micro, &cluster, t).unwrap();
             let mut profiles = Profiles::new();
             let mut space = Space::new(tp * sp);
@@ -221,7 +228,7 @@ fn cut_profiles_equal_whole_ones() {
             space.pipelines = true;
             search::search_with(
                 &whole,
-                Some(&cut),
+                Some(cut),
                 &cluster,
                 &space,
                 &mut profiles,
