@@ -12,8 +12,10 @@
 //! hi>` bounds it, and with a `memory_cap` on the module's mesh each stage's device must
 //! hold its parameters with their gradients and Adam state (4 x the parameter bytes,
 //! split over `tp`) and its activations for the micro-batches the schedule keeps in flight
-//! on it (1F1B and ZB-H1: min(p - r, m) of m on rank r, ZB-V: min(p, m), GPipe: m; split
-//! over `dp` x `tp`).
+//! on it, split over `dp` x `tp`: read off the schedule's action order
+//! ([`crate::schedule::peak_in_flight_by_stage`]; 1F1B and ZB-H1: min(p - r, m) of m on
+//! rank r, GPipe: m, interleaved and ZB-V per stage as the schedule orders them; the
+//! interleaved schedule on 2 ranks with 4 micro-batches holds 4, 3, 2, 1 on its stages).
 //!
 //! Solvers (`solver=`): `z3` (default) — [`crate::place_z3`], a bisection on the slowest
 //! stage's cost with Z3, whose unsat core names the constraints that cannot hold together;
@@ -342,14 +344,28 @@ impl Place {
             })
             .unwrap_or(1)
             .max(1);
-        let in_flight: Vec<u64> = (0..stages as i64)
-            .map(|k| match self.schedule.as_str() {
-                "gpipe" => m,
-                // ZB-V keeps p micro-batches of each of a rank's two stages.
-                "zb-v" => p.min(m),
-                _ => (p - k % p).min(m),
-            } as u64)
-            .collect();
+        // Each stage's in-flight micro-batches, read off the schedule itself; a schedule
+        // that cannot be made for these sizes (interleaved with m not a multiple of p)
+        // falls back to the closed forms.
+        let chunks = (stages as i64 / p).max(1) as usize;
+        let made = (stages as i64 % p == 0)
+            .then(|| crate::schedule::by_name(&self.schedule, p as usize, m as usize, chunks).ok())
+            .flatten()
+            .filter(|s| s.stages == stages);
+        let in_flight: Vec<u64> = match made {
+            Some(s) => crate::schedule::peak_in_flight_by_stage(&s)
+                .into_iter()
+                .map(|x| x as u64)
+                .collect(),
+            None => (0..stages as i64)
+                .map(|k| match self.schedule.as_str() {
+                    "gpipe" => m,
+                    // ZB-V keeps p micro-batches of each of a rank's two stages.
+                    "zb-v" => p.min(m),
+                    _ => (p - k % p).min(m),
+                } as u64)
+                .collect(),
+        };
         let mut first_use = vec![false; g.values.len()];
         let mut units: Vec<Unit> = Vec::new();
         let mut prev_constrained = false;

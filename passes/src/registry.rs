@@ -254,7 +254,7 @@ pub static PASSES: &[PassInfo] = &[
             },
             OptionInfo {
                 name: "schedule",
-                help: "whose in-flight micro-batches the memory cap counts: 1f1b (default; min(p - r, m) on rank r), gpipe (m), zb-h1 (as 1f1b), zb-v (min(p, m)), interleaved (as 1f1b)",
+                help: "whose in-flight micro-batches the memory cap counts, per stage as the schedule orders its actions: 1f1b (default; min(p - r, m) on rank r), gpipe (m), zb-h1 (as 1f1b), zb-v, interleaved",
             },
             OptionInfo {
                 name: "microbatches",

@@ -658,6 +658,27 @@ pub fn simulate_verified(s: &Schedule, cost: &dyn Fn(Action) -> f64) -> Result<T
     })
 }
 
+/// Per stage, the most micro-batches whose forward activations it holds at once (from a
+/// micro-batch's `F` to its `B`, as [`Timeline::peak_in_flight`] counts them), in the
+/// order its device runs its actions: what the stage's activation memory must hold.
+pub fn peak_in_flight_by_stage(s: &Schedule) -> Vec<usize> {
+    let mut peak = vec![0usize; s.stages];
+    for actions in &s.actions {
+        let mut held = vec![0usize; s.stages];
+        for a in actions {
+            match a.kind {
+                Kind::F => {
+                    held[a.stage] += 1;
+                    peak[a.stage] = peak[a.stage].max(held[a.stage]);
+                }
+                Kind::B => held[a.stage] = held[a.stage].saturating_sub(1),
+                Kind::W => {}
+            }
+        }
+    }
+    peak
+}
+
 /// A Gantt chart of `t` as SVG: devices as rows, F / B / W coloured, micro-batch numbers
 /// (and stages, when a device holds several) inside the boxes, the time axis below.
 pub fn svg(s: &Schedule, t: &Timeline) -> String {
@@ -876,6 +897,60 @@ mod tests {
             simulate(&zb_v(4, m).unwrap(), c).unwrap();
         }
         assert_eq!(v_placement(3), vec![0, 1, 2, 2, 1, 0]);
+    }
+
+    #[test]
+    fn peaks_in_flight_by_stage() {
+        for (p, m) in [(2, 4), (4, 8), (4, 2), (3, 7)] {
+            // One stage per rank: 1F1B and ZB-H1 hold min(p - s, m), GPipe all m.
+            for name in ["1f1b", "zb-h1"] {
+                let s = by_name(name, p, m, 1).unwrap();
+                let want: Vec<usize> = (0..p).map(|r| (p - r).min(m)).collect();
+                assert_eq!(peak_in_flight_by_stage(&s), want, "{name} p={p} m={m}");
+            }
+            let s = by_name("gpipe", p, m, 1).unwrap();
+            assert_eq!(peak_in_flight_by_stage(&s), vec![m; p], "gpipe p={p} m={m}");
+        }
+        // Two stages per rank: never more than m, never fewer than one, and a rank's
+        // stages together hold at least what its timeline holds at its peak.
+        for (name, p, m) in [
+            ("interleaved", 2, 4),
+            ("interleaved", 4, 8),
+            ("zb-v", 2, 4),
+            ("zb-v", 4, 8),
+        ] {
+            let s = by_name(name, p, m, 2).unwrap();
+            let peaks = peak_in_flight_by_stage(&s);
+            assert!(
+                peaks.iter().all(|&x| (1..=m).contains(&x)),
+                "{name} {peaks:?}"
+            );
+            let t = simulate(
+                &s,
+                Costs {
+                    f: 1.0,
+                    b: 1.0,
+                    w: 1.0,
+                },
+            )
+            .unwrap();
+            for d in 0..p {
+                let sum: usize = (0..s.stages)
+                    .filter(|&st| s.device_of[st] == d)
+                    .map(|st| peaks[st])
+                    .sum();
+                assert!(
+                    sum as f64 >= t.peak_in_flight[d] * 2.0 - 1e-9,
+                    "{name} {peaks:?} {d}"
+                );
+            }
+        }
+        // Interleaved 1F1B on 2 ranks, 4 micro-batches. Rank 0 runs 0F0 0F1 2F0 2F1 0F2
+        // 2B0 0F3 2B1 2F2 0B0 ...: stage 0 holds all 4 before 0B0, stage 2 two; rank 1
+        // runs 1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 ...: stage 1 holds 3, stage 3 one. The
+        // 1F1B estimate (p - s mod p) said 2, 1, 2, 1.
+        let s = by_name("interleaved", 2, 4, 2).unwrap();
+        assert_eq!(peak_in_flight_by_stage(&s), vec![4, 3, 2, 1]);
     }
 
     #[test]
