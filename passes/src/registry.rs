@@ -83,6 +83,21 @@ const INTERLEAVED_OPTIONS: &[OptionInfo] = &[
     },
 ];
 
+const SCHEDULE_CHOSEN_OPTIONS: &[OptionInfo] = &[
+    OptionInfo {
+        name: "chunks",
+        help: "when the chosen schedule is interleaved: stages per rank (default: 2)",
+    },
+    OptionInfo {
+        name: "microbatches",
+        help: "as for --schedule-1f1b",
+    },
+    OptionInfo {
+        name: "axis",
+        help: "as for --schedule-1f1b",
+    },
+];
+
 const SCHEDULE_FROM_OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         name: "file",
@@ -291,7 +306,7 @@ pub static PASSES: &[PassInfo] = &[
     PassInfo {
         name: "schedule",
         summary: "Pipeline the training step with the schedule its plan chose (nns.schedule, from --plan ... schedule=NAME or --plan=auto), as the --schedule-NAME pass would; a step whose plan chose none is left as it is (so one pipeline serves every plan --plan=auto may choose)",
-        options: INTERLEAVED_OPTIONS,
+        options: SCHEDULE_CHOSEN_OPTIONS,
         anchor: Anchor::Module,
         factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::chosen(o)?)))),
     },

@@ -525,6 +525,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
             "considered": found.considered,
             "simulated": found.simulated,
             "out": found.out,
+            "pipelines_not_searched": unplaceable,
             "search_seconds": searched,
             "megatron": grid.as_ref().map(|g: &Outcome| g.ranked.first()),
         });
