@@ -98,14 +98,7 @@ impl SchedulePass {
 
     fn new(flag: String, source: Source, o: &PassOptions) -> Result<Self, String> {
         let count = |k: &str| -> Result<Option<usize>, String> {
-            o.get(k)
-                .map(|v| {
-                    v.parse::<usize>()
-                        .ok()
-                        .filter(|&n| n > 0)
-                        .ok_or(format!("{flag}: '{k}={v}' must be a positive integer"))
-                })
-                .transpose()
+            Ok(o.positive(k, &flag)?.map(|n| n as usize))
         };
         let chunks = count("chunks")?;
         if chunks.is_some() && !matches!(source, Source::Named("interleaved") | Source::Chosen) {

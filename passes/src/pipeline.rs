@@ -132,6 +132,19 @@ impl PassOptions {
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).map(String::as_str)
     }
+
+    /// Option `key` as a positive integer (`None` when absent); the error names `pass`, the
+    /// key and the value.
+    pub fn positive(&self, key: &str, pass: &str) -> Result<Option<u64>, String> {
+        self.get(key)
+            .map(|v| {
+                v.parse::<u64>()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or(format!("{pass}: '{key}={v}' must be a positive integer"))
+            })
+            .transpose()
+    }
 }
 
 /// One step of a pipeline: a registered pass with its options.

@@ -168,9 +168,7 @@ impl FunctionPass for Place {
             vec![true; g.nodes.len()]
         };
         if step {
-            if let Some(k) =
-                (0..g.nodes.len()).find(|&k| !fwd[k] && g.nodes[k].attrs.contains_key("nns.stage"))
-            {
+            if let Some(k) = staged_backward_op(&g, &fwd) {
                 return Err(error(
                     &g.nodes[k].loc,
                     format!(
@@ -457,7 +455,7 @@ pub fn placeable(g: &Graph) -> Result<(), String> {
         return Err(format!("@{} has no backward", g.name));
     }
     let fwd = crate::recompute::forward_ops(g);
-    if (0..g.nodes.len()).any(|k| !fwd[k] && g.nodes[k].attrs.contains_key("nns.stage")) {
+    if staged_backward_op(g, &fwd).is_some() {
         return Err(format!("@{} is placed already", g.name));
     }
     let mut trial = g.clone();
@@ -468,6 +466,12 @@ pub fn placeable(g: &Graph) -> Result<(), String> {
         d.0.first()
             .map_or_else(String::new, |e| format!("{}: {}", e.loc, e.message))
     })
+}
+
+/// An op of training step `g` outside its forward (`fwd`) that has a stage already: the
+/// step is placed.
+fn staged_backward_op(g: &Graph, fwd: &[bool]) -> Option<usize> {
+    (0..g.nodes.len()).find(|&k| !fwd[k] && g.nodes[k].attrs.contains_key("nns.stage"))
 }
 
 /// Stages a training step's ops other than its forward, whose forward ops are staged (see

@@ -139,14 +139,7 @@ impl Plan {
             (_, None) => None,
         };
         let size = |k: &str| -> Result<Option<i64>, String> {
-            o.get(k)
-                .map(|v| {
-                    v.parse::<i64>()
-                        .ok()
-                        .filter(|&n| n > 0)
-                        .ok_or(format!("plan: '{k}={v}' must be a positive integer"))
-                })
-                .transpose()
+            Ok(o.positive(k, "plan")?.map(|n| n as i64))
         };
         for axis in ["dp", "tp"] {
             if o.get(axis).is_some() && !policy.axes().contains(&axis) {

@@ -61,25 +61,11 @@ impl PlanSearch {
             .to_string();
         let cluster = cost::load(&cluster_spec).map_err(|e| format!("plan: {e}"))?;
         let devices = o
-            .get("devices")
-            .ok_or("plan: auto needs devices=N")?
-            .parse::<i64>()
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or("plan: 'devices' must be a positive integer")?;
-        let positive = |k: &str| -> Result<Option<u64>, String> {
-            o.get(k)
-                .map(|v| {
-                    v.parse::<u64>()
-                        .ok()
-                        .filter(|&n| n > 0)
-                        .ok_or(format!("plan: '{k}' must be a positive integer"))
-                })
-                .transpose()
-        };
-        let max_sp = positive("max_sp")?;
-        let max_pp = positive("max_pp")?;
-        let top = positive("top")?;
+            .positive("devices", "plan")?
+            .ok_or("plan: auto needs devices=N")? as i64;
+        let max_sp = o.positive("max_sp", "plan")?;
+        let max_pp = o.positive("max_pp", "plan")?;
+        let top = o.positive("top", "plan")?;
         for k in ["dp", "sp", "tp", "pp", "microbatches", "zero", "schedule"] {
             if o.get(k).is_some() {
                 return Err(format!(

@@ -62,25 +62,26 @@ const SCHEDULE_OPTIONS: &[OptionInfo] = &[
         name: "microbatches",
         help: "the micro-batches (default: the size of the mesh's micro-batch axis, 1 without one; a different number is an error: --plan's microbatches= cuts the batch)",
     },
-    OptionInfo {
-        name: "axis",
-        help: "the mesh axis of the pipeline ranks (default: pp)",
-    },
+    AXIS,
 ];
+
+/// The other schedule passes' `microbatches` and `axis`.
+const MICROBATCHES_AS_1F1B: OptionInfo = OptionInfo {
+    name: "microbatches",
+    help: "as for --schedule-1f1b",
+};
+const AXIS: OptionInfo = OptionInfo {
+    name: "axis",
+    help: "the mesh axis of the pipeline ranks (default: pp)",
+};
 
 const INTERLEAVED_OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         name: "chunks",
         help: "stages per rank (default: 2); the program must be placed in pp x chunks stages, stage s on rank s mod pp",
     },
-    OptionInfo {
-        name: "microbatches",
-        help: "as for --schedule-1f1b",
-    },
-    OptionInfo {
-        name: "axis",
-        help: "as for --schedule-1f1b",
-    },
+    MICROBATCHES_AS_1F1B,
+    AXIS,
 ];
 
 const SCHEDULE_CHOSEN_OPTIONS: &[OptionInfo] = &[
@@ -88,14 +89,8 @@ const SCHEDULE_CHOSEN_OPTIONS: &[OptionInfo] = &[
         name: "chunks",
         help: "when the chosen schedule is interleaved: stages per rank (default: 2)",
     },
-    OptionInfo {
-        name: "microbatches",
-        help: "as for --schedule-1f1b",
-    },
-    OptionInfo {
-        name: "axis",
-        help: "as for --schedule-1f1b",
-    },
+    MICROBATCHES_AS_1F1B,
+    AXIS,
 ];
 
 const SCHEDULE_FROM_OPTIONS: &[OptionInfo] = &[
@@ -103,10 +98,7 @@ const SCHEDULE_FROM_OPTIONS: &[OptionInfo] = &[
         name: "file",
         help: "the schedule: one line per rank of actions <stage><F|B|W><micro-batch> (0F0 0F1 0B0 ...), '#' comments; may be written alone: --schedule-from=FILE",
     },
-    OptionInfo {
-        name: "axis",
-        help: "as for --schedule-1f1b",
-    },
+    AXIS,
 ];
 
 /// Every pass nnscaler-opt knows, in `--help` order.
