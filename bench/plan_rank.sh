@@ -4,10 +4,13 @@
 # simulated devices, apply each ranked plan with the flags it prints, time it with
 # `nnscaler run --devices N --repeat R` (the simulated devices' own time), and print
 # predicted and measured step times, the median and the fastest run, with Spearman's rank
-# correlation between the prediction and each. One simulated device runs per
-# thread, so give it a machine with at least N quiet cores.
-#   bench/plan_rank.sh [PRESET BATCH DEVICES PLANS REPEAT ROUNDS]
-#   (default: nanogpt-cpu 8 2 12 9 3)
+# correlation between the prediction and each. TIMING is how the simulated devices are
+# timed (nnscaler run --timing, and the calibration's network with it): serial (they take
+# turns on one core, each timed by its thread's CPU time on a virtual clock: steady on a
+# busy machine, any number of devices) or wall (a thread each at once: give it a machine
+# with at least N quiet cores).
+#   bench/plan_rank.sh [PRESET BATCH DEVICES PLANS REPEAT ROUNDS TIMING]
+#   (default: nanogpt-cpu 8 2 12 9 3 serial)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/target/release
@@ -17,11 +20,12 @@ devices=${3:-2}
 plans=${4:-12}
 repeat=${5:-9}
 rounds=${6:-3}
+timing=${7:-serial}
 cargo build --release -q --bin nnscaler --bin nnscaler-opt --manifest-path "$root/Cargo.toml"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
-"$bin/nnscaler" calibrate --device cpu -o cpu.toml > /dev/null
+"$bin/nnscaler" calibrate --device cpu --timing "$timing" -o cpu.toml > /dev/null
 case $preset in
   llama*) family=llama ;;
   mlp*) family=mlp ;;
@@ -70,8 +74,8 @@ n=$i
 for round in $(seq "$rounds"); do
   for i in $(seq 0 $((n - 1))); do
     "$bin/nnscaler" run p$i.mlir --devices "$devices" --inputs batch.safetensors --init-seed 0 \
-      --repeat "$repeat" -o /dev/null 2>&1 \
-      | sed -n 's/.*simulated devices: median \([0-9.]*\) s, fastest \([0-9.]*\) s.*/\1 \2/p' >> "t$i.txt"
+      --repeat "$repeat" --timing "$timing" -o /dev/null 2>&1 \
+      | sed -n 's/.*simulated devices[^:]*: median \([0-9.]*\) s, fastest \([0-9.]*\) s.*/\1 \2/p' >> "t$i.txt"
   done
 done
 printf '%-48s %12s %12s %12s\n' plan predicted median fastest

@@ -27,6 +27,10 @@ pub struct Options {
     pub check_finite: bool,
     /// On simulated devices: time every device's ops ([`crate::spmd::device_profiles`]).
     pub profile_devices: bool,
+    /// On simulated devices: run them one at a time and time them on a virtual clock by
+    /// their threads' CPU time (serial timing, see [`crate::spmd`]). Use one thread for
+    /// matrix products: other threads' time is not counted.
+    pub serial_devices: bool,
 }
 
 /// Time spent per op name, accumulated over runs.

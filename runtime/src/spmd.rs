@@ -8,6 +8,16 @@
 //! group (the devices that share every coordinate off the collective's axes); each member
 //! then computes the result itself in member order, so reductions are deterministic and
 //! identical on every member.
+//!
+//! **Serial timing** ([`Options::serial_devices`]): the devices take turns, one computing
+//! at a time (a baton passed at collectives, receives and the end of a device's
+//! program), and each is timed by its own thread's CPU time on a virtual clock. A device
+//! leaves a collective at the latest of its members' arrival times and a receive no
+//! earlier than the send; [`device_seconds`] is then the latest device's clock: the step
+//! time of the devices with a core each and nothing else running, whatever the machine
+//! is doing meanwhile. Communication costs what the devices' threads do for it (copies
+//! and reductions); waiting costs nothing but the wait for a partner. Results are the
+//! same bits either way.
 
 use crate::interp::{run_on, Options, Profile, RunError};
 use crate::tensor::{numel, Data, Tensor};
@@ -20,8 +30,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::{Condvar, Mutex};
 
-/// One collective in flight: each member's deposit, and how many have read them.
-type Slot = (Vec<Option<Tensor>>, usize);
+/// One collective in flight: each member's deposit with its arrival time on the serial
+/// clock, and how many have read them.
+type Slot = (Vec<Option<(Tensor, f64)>>, usize);
 
 /// A collective's meeting place: (its axes, the group, the group's n-th collective over
 /// those axes). Members of a group run the same collectives in the same order, so the
@@ -31,8 +42,11 @@ type SlotKey = (Vec<usize>, usize, usize);
 #[derive(Default)]
 struct State {
     slots: HashMap<SlotKey, Slot>,
-    /// Point-to-point messages in flight: (from device, to device, tag) → the piece.
-    mail: HashMap<(usize, usize, String), Tensor>,
+    /// Point-to-point messages in flight: (from device, to device, tag) → the piece and
+    /// when it was sent on the serial clock.
+    mail: HashMap<(usize, usize, String), (Tensor, f64)>,
+    /// Under serial timing, the device computing (holding the baton).
+    turn: Option<usize>,
     failed: bool,
     /// Why the run stopped, when the exchange itself found out (a deadlock).
     why: Option<String>,
@@ -52,6 +66,8 @@ const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 pub struct Exchange {
     state: Mutex<State>,
     cv: Condvar,
+    /// The devices take turns (serial timing).
+    serial: bool,
 }
 
 impl std::fmt::Debug for Exchange {
@@ -61,8 +77,11 @@ impl std::fmt::Debug for Exchange {
 }
 
 impl Exchange {
-    fn with_devices(n: usize) -> Self {
-        let x = Exchange::default();
+    fn with_devices(n: usize, serial: bool) -> Self {
+        let x = Exchange {
+            serial,
+            ..Exchange::default()
+        };
         if let Ok(mut st) = x.state.lock() {
             st.live = n;
         }
@@ -126,48 +145,97 @@ impl Exchange {
         out.map(|()| st)
     }
 
-    /// Deposits `t` as member `member` of a `size`-member group at `key`, waits for the
-    /// others, and returns every member's tensor in member order.
+    /// Deposits `t` as member `member` of a `size`-member group at `key`, arriving at
+    /// `at` on the serial clock, waits for the others, and returns every member's tensor
+    /// in member order and the latest arrival. Device `me` gives up its turn while it
+    /// waits (serial timing).
     fn all(
         &self,
         key: SlotKey,
-        member: usize,
-        size: usize,
+        (member, size, me): (usize, usize, usize),
         t: Tensor,
-    ) -> Result<Vec<Tensor>, String> {
+        at: f64,
+    ) -> Result<(Vec<Tensor>, f64), String> {
         let mut st = self.state.lock().map_err(|_| "a device thread panicked")?;
         {
             let slot = st
                 .slots
                 .entry(key.clone())
                 .or_insert_with(|| (vec![None; size], 0));
-            slot.0[member] = Some(t);
+            slot.0[member] = Some((t, at));
             st.progress += 1;
         }
+        self.pass_turn(&mut st, me);
         self.cv.notify_all();
         let k2 = key.clone();
+        let serial = self.serial;
         let mut st = self.wait_until(st, &|| "a collective".to_string(), &|st: &State| {
             st.slots
                 .get(&k2)
                 .is_some_and(|s| s.0.iter().all(Option::is_some))
+                && (!serial || st.turn.is_none())
         })?;
+        self.take_turn(&mut st, me);
         st.progress += 1;
         let slot = st
             .slots
             .get_mut(&key)
             .expect("slot exists while members read it");
-        let parts: Vec<Tensor> = slot.0.iter().map(|p| p.clone().expect("full")).collect();
+        let mut latest = f64::NEG_INFINITY;
+        let parts: Vec<Tensor> = slot
+            .0
+            .iter()
+            .map(|p| {
+                let (t, at) = p.as_ref().expect("full");
+                latest = latest.max(*at);
+                t.clone()
+            })
+            .collect();
         slot.1 += 1;
         if slot.1 == size {
             st.slots.remove(&key);
         }
-        Ok(parts)
+        Ok((parts, latest))
     }
 
-    /// Leaves `t` for device `to` under `tag` (does not wait).
-    fn send(&self, from: usize, to: usize, tag: &str, t: Tensor) -> Result<(), String> {
+    /// Under serial timing: device `me` stops computing and lets another take its turn.
+    fn pass_turn(&self, st: &mut State, me: usize) {
+        if self.serial && st.turn == Some(me) {
+            st.turn = None;
+            st.progress += 1;
+        }
+    }
+
+    /// Under serial timing: device `me` takes the turn (the caller waited until it was
+    /// free).
+    fn take_turn(&self, st: &mut State, me: usize) {
+        if self.serial {
+            st.turn = Some(me);
+        }
+    }
+
+    /// Under serial timing: waits until no device computes, then device `me` does.
+    fn start_turn(&self, me: usize) -> Result<(), String> {
+        if !self.serial {
+            return Ok(());
+        }
+        let st = self.state.lock().map_err(|_| "a device thread panicked")?;
+        let mut st = self.wait_until(st, &|| "its turn".to_string(), &|st: &State| {
+            st.turn.is_none()
+        })?;
+        self.take_turn(&mut st, me);
+        Ok(())
+    }
+
+    /// Leaves `t` for device `to` under `tag`, sent at `at` on the serial clock (does not
+    /// wait).
+    fn send(&self, from: usize, to: usize, tag: &str, t: Tensor, at: f64) -> Result<(), String> {
         let mut st = self.state.lock().map_err(|_| "a device thread panicked")?;
-        if st.mail.insert((from, to, tag.to_string()), t).is_some() {
+        if st
+            .mail
+            .insert((from, to, tag.to_string()), (t, at))
+            .is_some()
+        {
             return Err(format!("'{tag}' is sent twice to device {to}"));
         }
         st.progress += 1;
@@ -175,24 +243,31 @@ impl Exchange {
         Ok(())
     }
 
-    /// Waits for the message `tag` from device `from` to device `to` and takes it.
-    fn recv(&self, from: usize, to: usize, tag: &str) -> Result<Tensor, String> {
-        let st = self.state.lock().map_err(|_| "a device thread panicked")?;
+    /// Waits for the message `tag` from device `from` to device `to` and takes it, with
+    /// when it was sent on the serial clock. Device `to` gives up its turn while it waits
+    /// (serial timing).
+    fn recv(&self, from: usize, to: usize, tag: &str) -> Result<(Tensor, f64), String> {
+        let mut st = self.state.lock().map_err(|_| "a device thread panicked")?;
+        self.pass_turn(&mut st, to);
+        self.cv.notify_all();
         let key = (from, to, tag.to_string());
+        let serial = self.serial;
         let mut st = self.wait_until(
             st,
             &|| format!("'{tag}' from device {from}"),
-            &|st: &State| st.mail.contains_key(&key),
+            &|st: &State| st.mail.contains_key(&key) && (!serial || st.turn.is_none()),
         )?;
+        self.take_turn(&mut st, to);
         st.progress += 1;
         Ok(st.mail.remove(&key).expect("the message is there"))
     }
 
-    /// A device is done (its program ended or failed).
-    fn finished(&self) {
+    /// Device `me` is done (its program ended or failed); it gives up its turn.
+    fn finished(&self, me: usize) {
         if let Ok(mut st) = self.state.lock() {
             st.live = st.live.saturating_sub(1);
             st.progress += 1;
+            self.pass_turn(&mut st, me);
         }
         self.cv.notify_all();
     }
@@ -235,9 +310,54 @@ pub struct Device<'a> {
     /// While a pipeline fragment of micro-batch `i` runs: `i`, this device's coordinate on
     /// the micro-batch axis (what dropout's mask offsets by).
     pub microbatch: std::cell::Cell<Option<usize>>,
+    /// Under serial timing: its time on the virtual clock when it last took its turn...
+    pub clock: std::cell::Cell<f64>,
+    /// ... and its thread's CPU time then.
+    pub since: std::cell::Cell<f64>,
+}
+
+/// This thread's CPU time in seconds.
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to write; the clock id is a constant
+    // Linux supports for every thread.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 impl Device<'_> {
+    /// Its time on the serial clock now (0 without serial timing).
+    fn now(&self) -> f64 {
+        if self.exchange.serial {
+            self.clock.get() + (thread_cpu_seconds() - self.since.get())
+        } else {
+            0.0
+        }
+    }
+
+    /// Under serial timing: its turn starts (again) at `at` on the virtual clock, or at
+    /// its own time if that is later.
+    fn resume(&self, at: f64) {
+        if self.exchange.serial {
+            self.clock.set(self.clock.get().max(at));
+            self.since.set(thread_cpu_seconds());
+        }
+    }
+
+    /// Under serial timing: stops its clock (before it waits or ends).
+    fn pause(&self) {
+        if self.exchange.serial {
+            self.clock.set(self.now());
+            self.since.set(thread_cpu_seconds());
+        }
+    }
+
     /// Its coordinates, the micro-batch axis at the running fragment's micro-batch.
     pub fn current_coords(&self) -> Vec<usize> {
         let mut c = self.coords.clone();
@@ -314,13 +434,29 @@ impl Device<'_> {
     /// `nns.send`: leaves this device's piece for its peer.
     pub fn send(&self, n: &Node, x: &Tensor) -> Result<(), String> {
         let to = self.peer(n)?;
-        self.exchange.send(self.id, to, Self::tag(n)?, x.clone())
+        let piece = x.clone();
+        self.exchange
+            .send(self.id, to, Self::tag(n)?, piece, self.now())
     }
 
     /// `nns.recv`: waits for the peer's piece.
     pub fn recv(&self, n: &Node) -> Result<Tensor, String> {
         let from = self.peer(n)?;
-        self.exchange.recv(from, self.id, Self::tag(n)?)
+        self.pause();
+        let (t, sent) = self.exchange.recv(from, self.id, Self::tag(n)?)?;
+        self.resume(sent);
+        Ok(t)
+    }
+
+    /// Every member's piece of the collective `k`, this device member `me` of `size`.
+    fn all(&self, k: SlotKey, me: usize, size: usize, x: &Tensor) -> Result<Vec<Tensor>, String> {
+        let piece = x.clone();
+        self.pause();
+        let (parts, latest) = self
+            .exchange
+            .all(k, (me, size, self.id), piece, self.clock.get())?;
+        self.resume(latest);
+        Ok(parts)
     }
 
     /// Executes collective node `n` on this device's piece `x`.
@@ -353,21 +489,21 @@ impl Device<'_> {
         let reduce_max = matches!(n.attrs.get("reduce"), Some(AttrValue::Str(r)) if r == "max");
         match n.op.as_str() {
             "nns.all_reduce" => {
-                let parts = self.exchange.all(k.clone(), me, size, x.clone())?;
+                let parts = self.all(k.clone(), me, size, x)?;
                 reduce(&parts, reduce_max)
             }
             "nns.all_gather" => {
-                let parts = self.exchange.all(k.clone(), me, size, x.clone())?;
+                let parts = self.all(k.clone(), me, size, x)?;
                 concat(&parts, int("dim")?)
             }
             "nns.reduce_scatter" => {
-                let parts = self.exchange.all(k.clone(), me, size, x.clone())?;
+                let parts = self.all(k.clone(), me, size, x)?;
                 let r = reduce(&parts, reduce_max)?;
                 piece(&r, int("dim")?, size, me)
             }
             "nns.all_to_all" => {
                 let (split, cat) = (int("split_dim")?, int("concat_dim")?);
-                let parts = self.exchange.all(k.clone(), me, size, x.clone())?;
+                let parts = self.all(k.clone(), me, size, x)?;
                 let mine = parts
                     .iter()
                     .map(|p| piece(p, split, size, me))
@@ -380,7 +516,7 @@ impl Device<'_> {
                 if root >= size {
                     return Err(format!("root {root} of a group of {size}"));
                 }
-                let mut parts = self.exchange.all(k.clone(), me, size, x.clone())?;
+                let mut parts = self.all(k.clone(), me, size, x)?;
                 Ok(parts.swap_remove(root))
             }
             "nns.partition" => {
@@ -654,7 +790,8 @@ pub fn device_profiles() -> Vec<Profile> {
 
 /// Seconds the simulated devices of this thread's last [`run_spmd`] or [`run_pipeline`]
 /// ran, from the first device's start to the last one's end: the step without the
-/// harness's cutting of global inputs into pieces and assembling of results.
+/// harness's cutting of global inputs into pieces and assembling of results. Under serial
+/// timing ([`Options::serial_devices`]), the latest device's virtual clock.
 pub fn device_seconds() -> f64 {
     DEVICE_SECONDS.with(|c| c.get())
 }
@@ -668,11 +805,11 @@ fn run_devices<'g>(
     mesh: &Mesh,
     opts: &Options,
 ) -> Result<Vec<Vec<Tensor>>, RunError> {
-    let exchange = Exchange::with_devices(devices);
+    let exchange = Exchange::with_devices(devices, opts.serial_devices);
     // Each device's pieces are cut before the clock starts.
     let jobs: Vec<DeviceJob<'g>> = (0..devices).map(job).collect();
     let started = std::time::Instant::now();
-    let results: Vec<(Result<Vec<Tensor>, RunError>, Profile)> = std::thread::scope(|s| {
+    let results: Vec<(Result<Vec<Tensor>, RunError>, Profile, f64)> = std::thread::scope(|s| {
         let handles: Vec<_> = jobs
             .into_iter()
             .enumerate()
@@ -687,13 +824,22 @@ fn run_devices<'g>(
                         pipeline,
                         seq: Default::default(),
                         microbatch: Default::default(),
+                        clock: Default::default(),
+                        since: Default::default(),
                     };
                     let mut profile = Profile::default();
                     let timed = opts.profile_devices.then_some(&mut profile);
                     // A panicking kernel must not leave the other devices waiting forever
                     // at a collective: catch it and wake them.
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        run_on(g, local, opts, timed, Some(&dev))
+                        exchange.start_turn(d).map_err(|message| RunError {
+                            loc: g.loc.clone(),
+                            message,
+                        })?;
+                        dev.resume(0.0);
+                        let r = run_on(g, local, opts, timed, Some(&dev));
+                        dev.pause();
+                        r
                     }))
                     .unwrap_or_else(|_| {
                         Err(RunError {
@@ -704,8 +850,8 @@ fn run_devices<'g>(
                     if r.is_err() {
                         exchange.fail();
                     }
-                    exchange.finished();
-                    (r, profile)
+                    exchange.finished(d);
+                    (r, profile, dev.clock.get())
                 })
             })
             .collect();
@@ -719,13 +865,16 @@ fn run_devices<'g>(
                             message: "a device thread panicked".into(),
                         }),
                         Profile::default(),
+                        0.0,
                     )
                 })
             })
             .collect()
     });
-    DEVICE_SECONDS.with(|c| c.set(started.elapsed().as_secs_f64()));
-    let (results, profiles): (Vec<_>, Vec<_>) = results.into_iter().unzip();
+    let wall = started.elapsed().as_secs_f64();
+    let latest = results.iter().map(|r| r.2).fold(0.0, f64::max);
+    DEVICE_SECONDS.with(|c| c.set(if opts.serial_devices { latest } else { wall }));
+    let (results, profiles): (Vec<_>, Vec<_>) = results.into_iter().map(|(r, p, _)| (r, p)).unzip();
     DEVICE_PROFILES.with(|p| {
         *p.borrow_mut() = if opts.profile_devices {
             profiles
@@ -942,6 +1091,75 @@ fn place(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Serial timing: at most one device computes at any moment (each holds the turn
+    /// between the start, a collective, a receive and its end); a collective's members
+    /// leave at the latest arrival on the virtual clock, a receive learns when the message
+    /// was sent, and the values exchanged are the same.
+    #[test]
+    fn serial_devices_take_turns_and_meet_at_the_latest_clock() {
+        let x = Exchange::with_devices(3, true);
+        let (inside, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let compute = || {
+            let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(n, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            inside.fetch_sub(1, Ordering::SeqCst);
+        };
+        std::thread::scope(|s| {
+            for d in 0..3 {
+                let (x, compute) = (&x, &compute);
+                s.spawn(move || {
+                    x.start_turn(d).unwrap();
+                    compute();
+                    let piece = Tensor::f32(&[1], vec![d as f32]);
+                    let (parts, latest) = x
+                        .all((vec![0], 0, 1), (d, 3, d), piece, 10.0 * d as f64)
+                        .unwrap();
+                    assert_eq!(latest, 20.0);
+                    let got: Vec<f32> = parts.iter().map(|p| p.f().unwrap()[0]).collect();
+                    assert_eq!(got, [0.0, 1.0, 2.0]);
+                    compute();
+                    if d == 0 {
+                        x.send(0, 2, "m", Tensor::f32(&[1], vec![7.0]), 25.0)
+                            .unwrap();
+                    }
+                    if d == 2 {
+                        let (t, sent) = x.recv(0, 2, "m").unwrap();
+                        assert_eq!((t.f().unwrap()[0], sent), (7.0, 25.0));
+                        compute();
+                    }
+                    x.finished(d);
+                });
+            }
+        });
+        assert_eq!(most.load(Ordering::SeqCst), 1);
+    }
+
+    /// Serial timing still finds a deadlock: two devices each waiting to receive from
+    /// the other, neither holding the turn.
+    #[test]
+    fn serial_devices_report_a_deadlock() {
+        let x = Exchange::with_devices(2, true);
+        let errs: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|d| {
+                    let x = &x;
+                    s.spawn(move || {
+                        x.start_turn(d).unwrap();
+                        let e = x.recv(1 - d, d, "never").map(|_| ()).unwrap_err();
+                        x.finished(d);
+                        e
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(errs
+            .iter()
+            .any(|e| e.starts_with("deadlock: every device is waiting")));
+    }
 
     /// Pieces land at their ranges row by row; a replica that agrees bit for bit is
     /// accepted, one that differs names the whole tensor's element; ints too.

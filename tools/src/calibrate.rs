@@ -7,7 +7,8 @@
 //! counted by the op spec's FLOPs) and a chain of 1,998 small ops (add, transpose, matmul,
 //! reshape, sum, subtract on 8 x 8) run by the interpreter (the per-op overhead), and
 //! chains of all_reduces between two simulated devices, one thread each, of 16 floats
-//! (the latency of a step) and of 1M floats (the bandwidth): the in-process network; and
+//! (the latency of a step) and of 1M floats (the bandwidth): the in-process network,
+//! timed as `--timing` says (as `nnscaler run --timing` times the devices); and
 //! per op of two synthetic models' training steps, its kernel at two sizes run by the
 //! interpreter (`Device::kernels`, see `kernel_factors`).
 //! Each figure is the median of repeated runs. Never
@@ -68,6 +69,12 @@ pub struct CalibrateArgs {
     /// Where to write the cluster TOML ('-': standard output).
     #[arg(short = 'o', long = "output", value_name = "FILE", default_value = "-")]
     pub output: String,
+    /// cpu: how the in-process network's all_reduces are timed, as `nnscaler run
+    /// --timing` times simulated devices: wall (two threads at once, the wall clock) or
+    /// serial (taking turns, each thread's CPU time on a virtual clock). Calibrate with the
+    /// timing the predictions are to be checked against.
+    #[arg(long, value_name = "MODE", default_value = "wall", value_parser = ["wall", "serial"])]
+    pub timing: String,
 }
 
 /// The matrix product sides `--prepare` times, up to `max`.
@@ -324,6 +331,9 @@ fn time_kernel(op: &str, attrs: &Attrs, ins: &[Tensor], out: &[TensorType]) -> R
 
 /// Runs the command; returns the report to print.
 pub fn main(a: &CalibrateArgs) -> Result<String, String> {
+    if a.device == "gpu" && a.timing != "wall" {
+        return Err("--timing applies to --device cpu (the in-process network)".into());
+    }
     match (a.device.as_str(), &a.prepare, &a.timings) {
         ("gpu", Some(dir), _) => return prepare_gpu(a, dir),
         ("gpu", None, Some(t)) => return fit_gpu(a, t),
@@ -451,10 +461,14 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
             .ok_or("no function")?
             .map_err(|e| e.message)?;
         let x = random(&[floats], 7);
+        let opts = Options {
+            serial_devices: a.timing == "serial",
+            ..Options::default()
+        };
         // The median of 21 runs: the in-process network's time is the scheduler's too.
         let mut ts = Vec::new();
         for _ in 0..21 {
-            nnscaler_runtime::spmd::run_spmd(&g, &mesh, vec![x.clone()], &Options::default())
+            nnscaler_runtime::spmd::run_spmd(&g, &mesh, vec![x.clone()], &opts)
                 .map_err(|e| e.message)?;
             ts.push(nnscaler_runtime::spmd::device_seconds() / chain as f64);
         }
@@ -475,7 +489,8 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     );
     let net_bandwidth = sent / (big - 2.0 * latency).max(1e-9);
     report += &format!(
-        "  all_reduce between 2 simulated devices: {:.2} us latency a step, {:.2} GB/s\n",
+        "  all_reduce between 2 simulated devices ({} timing): {:.2} us latency a step, {:.2} GB/s\n",
+        a.timing,
         latency * 1e6,
         net_bandwidth / 1e9
     );
@@ -493,7 +508,15 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     let (kernels, lines) = kernel_factors(&c)?;
     report += &lines;
     c.device.kernels = kernels;
-    c.device.source = format!("nnscaler calibrate --device cpu, {}", chrono_free_date());
+    c.device.source = format!(
+        "nnscaler calibrate --device cpu{}, {}",
+        if a.timing == "serial" {
+            " --timing serial"
+        } else {
+            ""
+        },
+        chrono_free_date()
+    );
     report += &write_cluster(&c, &a.output)?;
     Ok(report)
 }

@@ -96,12 +96,27 @@ pub struct RunArgs {
     #[arg(long, value_name = "CLUSTER", num_args = 0..=1, default_missing_value = "cpu",
           require_equals = true)]
     pub profile: Option<String>,
+    /// How simulated devices are timed (--repeat's "simulated devices" figures): wall (they
+    /// run at once, a thread each, timed by the wall clock: what this machine does) or
+    /// serial (they take turns on one core, each timed by its thread's CPU time on a
+    /// virtual clock that collectives and messages synchronise: the step of devices with a
+    /// core each and nothing else running, steady on a busy or small machine; needs
+    /// --threads 1). The results are the same bits either way. The runs' own times (and a
+    /// single-device function's) are wall-clock times either way.
+    #[arg(long, value_name = "MODE", default_value = "wall", value_parser = ["wall", "serial"])]
+    pub timing: String,
 }
 
 /// Runs `nnscaler run`. Errors are complete messages (at most `error_limit` errors).
 pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     if a.ranks && a.backend == "reference" {
         return Err("--ranks needs --backend host or cuda (the reference backend's simulated devices already run a thread each)".into());
+    }
+    if a.timing == "serial" && a.threads > 1 {
+        return Err(format!("--timing serial times each device by its own thread's CPU time, which matrix products on {} threads would leave out; use --threads 1", a.threads));
+    }
+    if a.timing == "serial" && a.backend != "reference" {
+        return Err("--timing serial times the reference backend's simulated devices; --backend host and cuda time the launch plan's steps".into());
     }
     kernels::set_threads(usize::from(a.threads));
     let model = a.model.clone();
@@ -243,6 +258,7 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     let opts = Options {
         check_finite: a.check_finite,
         profile_devices: a.profile.is_some(),
+        serial_devices: a.timing == "serial",
     };
     let cluster = profile_cluster(a)?;
     if a.backend != "reference" {
@@ -300,7 +316,7 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
             }
         }
     }
-    report_times(&g.name, &mut times, &mut device_times);
+    report_times(&g.name, &mut times, &mut device_times, &a.timing);
     if let Some(c) = &cluster {
         let devices = mesh.map_or(1, |m| m.devices() as u32);
         let runs = if a.repeat > 1 { a.repeat - 1 } else { 1 };
@@ -422,7 +438,7 @@ fn predict_ops(
 /// With `--repeat N > 1`: the median and fastest of the runs, on stderr; on simulated
 /// devices also the median and fastest of the devices' own time (without cutting the inputs into
 /// pieces and assembling the results).
-fn report_times(name: &str, times: &mut [f64], device_times: &mut [f64]) {
+fn report_times(name: &str, times: &mut [f64], device_times: &mut [f64], timing: &str) {
     if times.len() > 1 {
         times.sort_by(f64::total_cmp);
         device_times.sort_by(f64::total_cmp);
@@ -430,7 +446,12 @@ fn report_times(name: &str, times: &mut [f64], device_times: &mut [f64]) {
             .get(device_times.len() / 2)
             .map(|t| {
                 format!(
-                    "; the simulated devices: median {t:.6} s, fastest {:.6} s",
+                    "; the simulated devices{}: median {t:.6} s, fastest {:.6} s",
+                    if timing == "serial" {
+                        " (serial timing)"
+                    } else {
+                        ""
+                    },
                     device_times[0]
                 )
             })
@@ -666,6 +687,7 @@ fn run_pipelined(
     let opts = Options {
         check_finite: a.check_finite,
         profile_devices: cluster.is_some(),
+        serial_devices: a.timing == "serial",
     };
     // Per rank, its devices' op times added up (the tables show their mean).
     let dsizes: Vec<i64> = dmesh.axes.iter().map(|x| x.size).collect();
@@ -693,7 +715,7 @@ fn run_pipelined(
             }
         }
     }
-    report_times(name, &mut times, &mut device_times);
+    report_times(name, &mut times, &mut device_times, &a.timing);
     if let Some(c) = &cluster {
         let runs = if a.repeat > 1 { a.repeat - 1 } else { 1 };
         let per_rank = (mesh.devices() as u32 / programs.len().max(1) as u32).max(1);
