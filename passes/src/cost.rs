@@ -496,11 +496,12 @@ pub fn node_cost(
             .all(|&v| !g.values[v].elem.is_float() || g.values[v].elem == Elem::BF16);
     let seconds = if matrix {
         // Batched products run one at a time: their efficiency is that of one product
-        // (the leading dims of operand 0 when operand 1 has them too; a rank-2
-        // operand 1 folds the rows into one product).
-        let products: f64 = match (n.inputs.first(), n.inputs.get(1)) {
-            (Some(&a), Some(&b)) if g.values[b].rank() > 2 => {
-                let s = &g.values[a].shape;
+        // (the result's leading dims when operand 1 has leading dims too). A rank-2
+        // operand 1 folds the rows into one product (`linear`), and so does a rank-2
+        // result (`linear_weight_grad`: the leading dims are the contraction's).
+        let products: f64 = match (n.inputs.get(1), n.outputs.first()) {
+            (Some(&b), Some(&r)) if g.values[b].rank() > 2 => {
+                let s = &g.values[r].shape;
                 s[..s.len().saturating_sub(2)]
                     .iter()
                     .product::<i64>()
