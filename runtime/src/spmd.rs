@@ -316,8 +316,8 @@ pub struct Device<'a> {
     pub since: std::cell::Cell<f64>,
 }
 
-/// This thread's CPU time in seconds.
-fn thread_cpu_seconds() -> f64 {
+/// This thread's CPU time in seconds (what serial timing counts).
+pub fn thread_cpu_seconds() -> f64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

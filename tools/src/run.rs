@@ -101,8 +101,9 @@ pub struct RunArgs {
     /// serial (they take turns on one core, each timed by its thread's CPU time on a
     /// virtual clock that collectives and messages synchronise: the step of devices with a
     /// core each and nothing else running, steady on a busy or small machine; needs
-    /// --threads 1). The results are the same bits either way. The runs' own times (and a
-    /// single-device function's) are wall-clock times either way.
+    /// --threads 1; a single-device function is then timed by its thread's CPU time as
+    /// well). The results are the same bits either way, and so is the runs' wall-clock
+    /// time printed first.
     #[arg(long, value_name = "MODE", default_value = "wall", value_parser = ["wall", "serial"])]
     pub timing: String,
 }
@@ -294,6 +295,7 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         // and is left out of the profile.
         let timed = cluster.is_some() && (run > 0 || a.repeat == 1);
         let started = std::time::Instant::now();
+        let cpu = nnscaler_runtime::spmd::thread_cpu_seconds();
         outs = match mesh {
             Some(mesh) => run_spmd(&g, mesh, inputs, &opts),
             None => {
@@ -306,6 +308,10 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
             render(d)
         })?;
         times.push(started.elapsed().as_secs_f64());
+        if mesh.is_none() && a.timing == "serial" {
+            // One device runs on this thread: its CPU time.
+            device_times.push(nnscaler_runtime::spmd::thread_cpu_seconds() - cpu);
+        }
         if mesh.is_some() {
             device_times.push(nnscaler_runtime::spmd::device_seconds());
             // Every device's op times, added up: the table shows their mean.
@@ -316,7 +322,12 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
             }
         }
     }
-    report_times(&g.name, &mut times, &mut device_times, &a.timing);
+    report_times(
+        &g.name,
+        &mut times,
+        &mut device_times,
+        (&a.timing, mesh.is_some()),
+    );
     if let Some(c) = &cluster {
         let devices = mesh.map_or(1, |m| m.devices() as u32);
         let runs = if a.repeat > 1 { a.repeat - 1 } else { 1 };
@@ -435,10 +446,15 @@ fn predict_ops(
     }
 }
 
-/// With `--repeat N > 1`: the median and fastest of the runs, on stderr; on simulated
-/// devices also the median and fastest of the devices' own time (without cutting the inputs into
-/// pieces and assembling the results).
-fn report_times(name: &str, times: &mut [f64], device_times: &mut [f64], timing: &str) {
+/// With `--repeat N > 1`: the median and fastest run, and of `device_times` (the
+/// simulated devices' own time when `devices`, else the single device's CPU time under
+/// serial timing), on stderr.
+fn report_times(
+    name: &str,
+    times: &mut [f64],
+    device_times: &mut [f64],
+    (timing, devices): (&str, bool),
+) {
     if times.len() > 1 {
         times.sort_by(f64::total_cmp);
         device_times.sort_by(f64::total_cmp);
@@ -446,11 +462,11 @@ fn report_times(name: &str, times: &mut [f64], device_times: &mut [f64], timing:
             .get(device_times.len() / 2)
             .map(|t| {
                 format!(
-                    "; the simulated devices{}: median {t:.6} s, fastest {:.6} s",
-                    if timing == "serial" {
-                        " (serial timing)"
-                    } else {
-                        ""
+                    "; {}: median {t:.6} s, fastest {:.6} s",
+                    match (timing, devices) {
+                        (_, true) if timing == "serial" => "the simulated devices (serial timing)",
+                        (_, true) => "the simulated devices",
+                        _ => "its CPU time (serial timing)",
                     },
                     device_times[0]
                 )
@@ -715,7 +731,7 @@ fn run_pipelined(
             }
         }
     }
-    report_times(name, &mut times, &mut device_times, &a.timing);
+    report_times(name, &mut times, &mut device_times, (&a.timing, true));
     if let Some(c) = &cluster {
         let runs = if a.repeat > 1 { a.repeat - 1 } else { 1 };
         let per_rank = (mesh.devices() as u32 / programs.len().max(1) as u32).max(1);
