@@ -393,6 +393,16 @@ impl Cluster {
             .or(self.network.last())
     }
 
+    /// Seconds of a point-to-point message of `bytes` between devices `span` numbers
+    /// apart: the latency and bandwidth of the network level the span reaches (none for
+    /// an empty message).
+    pub fn p2p_time(&self, span: u64, bytes: u64) -> f64 {
+        match self.level(span) {
+            Some(l) if bytes > 0 => l.latency + bytes as f64 / l.bandwidth,
+            _ => 0.0,
+        }
+    }
+
     /// Seconds of collective `op` among `group` devices spanning `span` device numbers,
     /// each sending `sent` bytes (the collectives' own cost model): ring steps of latency
     /// plus the bytes at the level's bandwidth.

@@ -941,14 +941,6 @@ fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
     s
 }
 
-/// The network level's latency and bandwidth between devices `span` numbers apart.
-fn p2p_time(cluster: &Cluster, span: u64, bytes: u64) -> f64 {
-    match cluster.level(span) {
-        Some(l) if bytes > 0 => l.latency + bytes as f64 / l.bandwidth,
-        _ => 0.0,
-    }
-}
-
 /// Time of `tensors` collectives over a group of `group` devices `stride` apart, `bytes`
 /// each in all (one per tensor: each pays the latency, the bytes are paid once).
 fn coll_time(
@@ -1393,9 +1385,9 @@ fn score(
     let frag = |a: Action| -> f64 {
         let s = &st[a.stage];
         let send = if a.kind == Kind::F && a.stage + 1 < stages {
-            p2p_time(cluster, p2p_span, s.cut)
+            cluster.p2p_time(p2p_span, s.cut)
         } else if a.kind == Kind::B && a.stage > 0 {
-            p2p_time(cluster, p2p_span, st[a.stage - 1].cut)
+            cluster.p2p_time(p2p_span, st[a.stage - 1].cut)
         } else {
             0.0
         };
@@ -1442,7 +1434,7 @@ fn score(
             }
         };
         let sends: f64 = (0..stages.saturating_sub(1))
-            .map(|s| 2.0 * p2p_time(cluster, p2p_span, st[s].cut))
+            .map(|s| 2.0 * cluster.p2p_time(p2p_span, st[s].cut))
             .fold(0.0, f64::max)
             * m as f64;
         (

@@ -147,15 +147,16 @@ impl Exchange {
 
     /// Deposits `t` as member `member` of a `size`-member group at `key`, arriving at
     /// `at` on the serial clock, waits for the others, and returns every member's tensor
-    /// in member order and the latest arrival. Device `me` gives up its turn while it
-    /// waits (serial timing).
+    /// in member order, the latest arrival and the CPU seconds this thread took to copy
+    /// the tensors out (its own work, which serial timing counts). Device `me` gives up
+    /// its turn while it waits (serial timing).
     fn all(
         &self,
         key: SlotKey,
         (member, size, me): (usize, usize, usize),
         t: Tensor,
         at: f64,
-    ) -> Result<(Vec<Tensor>, f64), String> {
+    ) -> Result<(Vec<Tensor>, f64, f64), String> {
         let mut st = self.state.lock().map_err(|_| "a device thread panicked")?;
         {
             let slot = st
@@ -182,6 +183,11 @@ impl Exchange {
             .get_mut(&key)
             .expect("slot exists while members read it");
         let mut latest = f64::NEG_INFINITY;
+        let copying = if self.serial {
+            thread_cpu_seconds()
+        } else {
+            0.0
+        };
         let parts: Vec<Tensor> = slot
             .0
             .iter()
@@ -191,11 +197,16 @@ impl Exchange {
                 t.clone()
             })
             .collect();
+        let copying = if self.serial {
+            thread_cpu_seconds() - copying
+        } else {
+            0.0
+        };
         slot.1 += 1;
         if slot.1 == size {
             st.slots.remove(&key);
         }
-        Ok((parts, latest))
+        Ok((parts, latest, copying))
     }
 
     /// Under serial timing: device `me` stops computing and lets another take its turn.
@@ -452,10 +463,10 @@ impl Device<'_> {
     fn all(&self, k: SlotKey, me: usize, size: usize, x: &Tensor) -> Result<Vec<Tensor>, String> {
         let piece = x.clone();
         self.pause();
-        let (parts, latest) = self
-            .exchange
-            .all(k, (me, size, self.id), piece, self.clock.get())?;
-        self.resume(latest);
+        let (parts, latest, copying) =
+            self.exchange
+                .all(k, (me, size, self.id), piece, self.clock.get())?;
+        self.resume(latest + copying);
         Ok(parts)
     }
 
@@ -1114,7 +1125,7 @@ mod tests {
                     x.start_turn(d).unwrap();
                     compute();
                     let piece = Tensor::f32(&[1], vec![d as f32]);
-                    let (parts, latest) = x
+                    let (parts, latest, _) = x
                         .all((vec![0], 0, 1), (d, 3, d), piece, 10.0 * d as f64)
                         .unwrap();
                     assert_eq!(latest, 20.0);

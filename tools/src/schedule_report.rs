@@ -2,7 +2,11 @@
 
 use crate::output::Outputs;
 use crate::read_input;
-use nnscaler_passes::schedule::{self, Costs};
+use nnscaler_dialects::graph::{Graph, ValueId};
+use nnscaler_dialects::types::AttrValue;
+use nnscaler_passes::cost::{self, Cluster};
+use nnscaler_passes::schedule::{self, Costs, Kind, Schedule};
+use std::collections::HashMap;
 
 /// `nnscaler schedule-report`'s command line.
 #[derive(clap::Args, Debug)]
@@ -33,12 +37,22 @@ pub struct ScheduleArgs {
     pub from: Option<String>,
     /// A pipelined program (the output of a --schedule-* pass, before or after
     /// --localize) to read instead: its ranks' orders, and each fragment's time from its
-    /// FLOPs (per device once localized) at --flops.
+    /// FLOPs (per device once localized) at --flops, or predicted by the cost model for
+    /// --cluster.
     #[arg(long, value_name = "FILE.mlir")]
     pub program: Option<String>,
-    /// A device's speed for --program, FLOP/s.
-    #[arg(long, value_name = "F", default_value_t = 1e14)]
-    pub flops: f64,
+    /// A device's speed for --program, FLOP/s (default 1e14).
+    #[arg(long, value_name = "F", conflicts_with = "cluster")]
+    pub flops: Option<f64>,
+    /// For a localized --program: each fragment's time predicted by the cost model on a
+    /// device of CLUSTER (a preset such as dgx-h100, or a TOML file such as `nnscaler
+    /// calibrate` writes), its collectives included; each send after a fragment at the
+    /// latency and bandwidth of the network level between the two ranks' devices (added
+    /// to the fragment that sends); and the rank's own ops outside the fragments
+    /// (accumulating the micro-batches, the gradient synchronisation, the optimizer)
+    /// after the pipeline.
+    #[arg(long, value_name = "CLUSTER", requires = "program")]
+    pub cluster: Option<String>,
     /// Pipeline devices (one stage each; `chunks` each when interleaved).
     #[arg(long, value_name = "P", default_value_t = 4)]
     pub stages: usize,
@@ -106,11 +120,11 @@ pub fn main(a: &ScheduleArgs) -> Result<String, String> {
 /// (`nns.schedule`), each fragment's time its FLOPs at `--flops`.
 fn program_report(a: &ScheduleArgs, path: &str) -> Result<String, String> {
     use nnscaler_dialects::context::IrContext;
-    use nnscaler_dialects::graph::Graph;
-    use nnscaler_dialects::types::AttrValue;
-    if !(a.flops.is_finite() && a.flops > 0.0) {
-        return Err(format!("--flops must be a speed > 0, not {}", a.flops));
+    let speed = a.flops.unwrap_or(1e14);
+    if !(speed.is_finite() && speed > 0.0) {
+        return Err(format!("--flops must be a speed > 0, not {speed}"));
     }
+    let cluster = a.cluster.as_deref().map(cost::load).transpose()?;
     let text = read_input(path)?;
     let ir = IrContext::new();
     let module = ir
@@ -162,6 +176,14 @@ fn program_report(a: &ScheduleArgs, path: &str) -> Result<String, String> {
     let localized = graphs
         .iter()
         .any(|g| g.name == format!("{name}.s0.F") && g.is_localized());
+    if let Some(c) = &cluster {
+        if !localized {
+            return Err(format!(
+                "{path}: --cluster predicts each device's ops, but @{name}'s fragments are not localized (run --lower-relayouts --localize after the --schedule-* pass)"
+            ));
+        }
+        return predicted_report(a, (&s, &graphs, &module), &name, c);
+    }
     let share = if localized {
         1.0
     } else {
@@ -181,7 +203,6 @@ fn program_report(a: &ScheduleArgs, path: &str) -> Result<String, String> {
             flops(st, "W") * share,
         ]);
     }
-    let speed = a.flops;
     let cost = |x: schedule::Action| -> f64 {
         let [f, b, w] = per[x.stage];
         (match x.kind {
@@ -225,4 +246,181 @@ fn program_report(a: &ScheduleArgs, path: &str) -> Result<String, String> {
     }
     outputs.commit()?;
     Ok(report)
+}
+
+/// `--program` with `--cluster`: the timeline of localized pipelined program `name`
+/// (schedule `s`, functions `graphs` of `module`), each fragment predicted by the cost
+/// model on a device of `c`, with its sends; then the ranks' own ops.
+fn predicted_report(
+    a: &ScheduleArgs,
+    (s, graphs, module): (&Schedule, &[Graph], &melior::ir::Module<'_>),
+    name: &str,
+    c: &Cluster,
+) -> Result<String, String> {
+    let mut d = Default::default();
+    let meshes = nnscaler_dialects::verify::Meshes::collect(&module.as_operation(), &mut d);
+    let mesh = meshes.resolve(None)?;
+    let kind_index = |k: char| match k {
+        'F' => Some(0),
+        'B' => Some(1),
+        'W' => Some(2),
+        _ => None,
+    };
+    // Each fragment's predicted seconds on one device: [F, B, W] per stage.
+    let mut per = vec![[0.0f64; 3]; s.stages];
+    for (st, row) in per.iter_mut().enumerate() {
+        for (k, kind) in ["F", "B", "W"].iter().enumerate() {
+            if let Some(g) = graphs
+                .iter()
+                .find(|g| g.name == format!("{name}.s{st}.{kind}"))
+            {
+                row[k] = cost::predict(g, c, Some(mesh)).seconds();
+            }
+        }
+    }
+    // Sends after each stage's fragments (micro-batch 0's, as every micro-batch sends
+    // the same), and each rank's own ops outside the fragments.
+    let mut sends = vec![[0.0f64; 3]; s.stages];
+    let mut own = Vec::new();
+    let ranks: Vec<&Graph> = {
+        let mut v: Vec<(i64, &Graph)> = graphs
+            .iter()
+            .filter(|g| g.func_attrs.get("nns.pipeline") == Some(&AttrValue::Str(name.into())))
+            .filter_map(|g| match g.func_attrs.get("nns.pipeline_rank") {
+                Some(AttrValue::Int(r)) => Some((*r, g)),
+                _ => None,
+            })
+            .collect();
+        v.sort_by_key(|(r, _)| *r);
+        v.into_iter().map(|(_, g)| g).collect()
+    };
+    let devices: Vec<&nnscaler_dialects::nns::Axis> =
+        mesh.axes.iter().filter(|x| !x.microbatches).collect();
+    for (rank, g) in ranks.iter().enumerate() {
+        // The fragment (stage, kind, micro-batch) each value comes from: a call's results,
+        // and what ops after it compute from them.
+        let mut from: HashMap<ValueId, (usize, usize, usize)> = HashMap::new();
+        let mut seconds = 0.0;
+        for n in &g.nodes {
+            let tag = match n.attrs.get("nns.fragment") {
+                Some(AttrValue::Str(t)) => Some(t.clone()),
+                _ => None,
+            };
+            if let (Some(t), "func.call") = (&tag, n.op.as_str()) {
+                let frag = parse_fragment(t, &kind_index);
+                if let Some(f) = frag {
+                    for &o in &n.outputs {
+                        from.insert(o, f);
+                    }
+                }
+                continue;
+            }
+            if n.op == "nns.send" {
+                let (Some(&v), Some(AttrValue::Int(peer)), Some(AttrValue::Str(axis))) =
+                    (n.inputs.first(), n.attrs.get("peer"), n.attrs.get("axis"))
+                else {
+                    continue;
+                };
+                let Some(&(st, k, mb)) = from.get(&v) else {
+                    continue;
+                };
+                if mb != 0 || st >= s.stages {
+                    continue;
+                }
+                // Devices are numbered row-major with the pipeline axis outermost of the
+                // axes it precedes: ranks `stride` device numbers apart.
+                let at = devices.iter().position(|x| &x.name == axis);
+                let stride: u64 = at.map_or(1, |i| {
+                    devices[i + 1..].iter().map(|x| x.size as u64).product()
+                });
+                let span = (*peer - rank as i64).unsigned_abs() * stride + 1;
+                sends[st][k] += c.p2p_time(span, g.values[v].bytes());
+                continue;
+            }
+            if matches!(n.op.as_str(), "nns.recv" | "nns.microbatch" | "func.call") {
+                if let Some(&f) = n.inputs.iter().find_map(|i| from.get(i)) {
+                    for &o in &n.outputs {
+                        from.insert(o, f);
+                    }
+                }
+                continue;
+            }
+            if let Some(&f) = n.inputs.iter().find_map(|i| from.get(i)) {
+                for &o in &n.outputs {
+                    from.insert(o, f);
+                }
+            }
+            if let Some(cost) = cost::node_cost(g, n, c, Some(mesh)) {
+                seconds += cost.seconds;
+            }
+        }
+        own.push(seconds);
+    }
+    let cost = |x: schedule::Action| -> f64 {
+        let (f, b, w) = (per[x.stage], sends[x.stage], x.kind);
+        match w {
+            Kind::F => f[0] + b[0],
+            Kind::B if s.split_backward => f[1] + b[1],
+            Kind::B => f[1] + f[2] + b[1] + b[2],
+            Kind::W => f[2] + b[2],
+        }
+    };
+    let t = schedule::simulate_with(s, &cost)?;
+    let mut report = schedule::report_scaled(s, &t, 1e3, "ms");
+    report.push_str(&format!(
+        "fragment times predicted on a device of {} (the cost model, collectives included); each send after its fragment at the network level between the two ranks' devices\n",
+        c.device.name
+    ));
+    let ms = |x: f64| x * 1e3;
+    for (st, ([f, b, w], [sf, sb, sw])) in per.iter().zip(&sends).enumerate() {
+        let split = if s.split_backward {
+            format!(", W {:.3} ms", ms(*w))
+        } else {
+            String::new()
+        };
+        report.push_str(&format!(
+            "  stage {st}: F {:.3} ms, B {:.3} ms{split}; sends {:.3} ms after F, {:.3} ms after B{}\n",
+            ms(*f),
+            ms(*b),
+            ms(*sf),
+            ms(sb + sw),
+            if s.split_backward { " and W" } else { "" }
+        ));
+    }
+    let last = own.iter().copied().fold(0.0, f64::max);
+    for (r, x) in own.iter().enumerate() {
+        report.push_str(&format!(
+            "  rank {r}: {:.3} ms of its own ops outside the fragments (micro-batch accumulation, gradient synchronisation, optimizer)\n",
+            ms(*x)
+        ));
+    }
+    report.push_str(&format!(
+        "predicted step: {:.3} ms (the pipeline's {:.3} ms, then the slowest rank's own ops, {:.3} ms)\n",
+        ms(t.makespan + last),
+        ms(t.makespan),
+        ms(last)
+    ));
+    let mut outputs = Outputs::new();
+    if let Some(p) = &a.svg {
+        outputs.stage(p, schedule::svg(s, &t).into_bytes())?;
+    }
+    match a.table.as_deref() {
+        Some("-") => report.push_str(&schedule::to_text(s)),
+        Some(p) => outputs.stage(p, schedule::to_text(s).into_bytes())?,
+        None => {}
+    }
+    outputs.commit()?;
+    Ok(report)
+}
+
+/// `(stage, kind index, micro-batch)` of a fragment tag such as `1B3`.
+fn parse_fragment(
+    t: &str,
+    kind_index: &dyn Fn(char) -> Option<usize>,
+) -> Option<(usize, usize, usize)> {
+    let at = t.find(|ch: char| !ch.is_ascii_digit())?;
+    let stage = t[..at].parse().ok()?;
+    let kind = kind_index(t[at..].chars().next()?)?;
+    let mb = t[at + 1..].parse().ok()?;
+    Some((stage, kind, mb))
 }
