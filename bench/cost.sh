@@ -4,7 +4,8 @@
 # time of one training step (forward + backward; --print-stats=cluster=...) with the
 # measured median of the CPU runtime's runs, one thread, by the thread's CPU time
 # (nnscaler run --timing serial: time the host takes away is not counted; 5 runs, 41
-# for steps predicted under 10 ms). Prints predicted, measured and
+# for steps predicted under 10 ms), the calibration's microbenchmarks timed the same way
+# (nnscaler calibrate --timing serial). Prints predicted, measured and
 # their ratio per model; the model is calibrated from microbenchmarks only, never from
 # these timings. Run it on a quiet machine: both sides are timings.
 #   bench/cost.sh [CASES...]   (a case: "FAMILY PRESET BATCH"; default: the list below)
@@ -15,7 +16,7 @@ cargo build --release -q --bin nnscaler --bin nnscaler-opt --manifest-path "$roo
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
-"$bin/nnscaler" calibrate --device cpu -o cpu.toml
+"$bin/nnscaler" calibrate --device cpu --timing serial -o cpu.toml
 if [ $# -eq 0 ]; then
   set -- "mlp mlp-tiny 64" "mlp mlp-tiny 1024" "gpt gpt-tiny 8" "gpt nanogpt-cpu 4" \
     "gpt nanogpt-cpu 12" "gpt nanogpt-cpu 32" "llama llama-tiny 8" "gpt gpt2-124m 1"

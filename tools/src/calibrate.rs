@@ -7,11 +7,12 @@
 //! counted by the op spec's FLOPs) and a chain of 1,998 small ops (add, transpose, matmul,
 //! reshape, sum, subtract on 8 x 8) run by the interpreter (the per-op overhead), and
 //! chains of all_reduces between two simulated devices, one thread each, of 16 floats
-//! (the latency of a step) and of 1M floats (the bandwidth): the in-process network,
-//! timed as `--timing` says (as `nnscaler run --timing` times the devices); and
+//! (the latency of a step) and of 1M floats (the bandwidth): the in-process network; and
 //! per op of two synthetic models' training steps, its kernel at two sizes run by the
 //! interpreter (`Device::kernels`, see `kernel_factors`).
-//! Each figure is the median of repeated runs. Never
+//! Each figure is the median of repeated runs, timed by the wall clock or (`--timing
+//! serial`, as `nnscaler run --timing serial` times a run) by the thread's CPU time and,
+//! for the network, the simulated devices' serial clock. Never
 //! an end-to-end model timing: those check the model (bench/cost.sh), they do not fit it.
 //!
 //! `--device gpu` (a machine with only nnscaler-rt): `--prepare DIR` writes benchmark
@@ -28,7 +29,22 @@ use nnscaler_runtime::kernels::{kernel, set_threads, Ctx};
 use nnscaler_runtime::tensor::Tensor;
 use nnscaler_runtime::{rng, Options};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+
+/// Whether the microbenchmarks are timed by this thread's CPU time (`--timing serial`)
+/// rather than the wall clock.
+static CPU_CLOCK: AtomicBool = AtomicBool::new(false);
+
+/// Seconds on the clock the microbenchmarks are timed by (see [`CPU_CLOCK`]), from an
+/// arbitrary origin.
+fn clock(origin: Instant) -> f64 {
+    if CPU_CLOCK.load(Ordering::Relaxed) {
+        nnscaler_runtime::spmd::thread_cpu_seconds()
+    } else {
+        origin.elapsed().as_secs_f64()
+    }
+}
 
 /// `nnscaler calibrate`'s command line.
 #[derive(clap::Args, Debug)]
@@ -69,10 +85,11 @@ pub struct CalibrateArgs {
     /// Where to write the cluster TOML ('-': standard output).
     #[arg(short = 'o', long = "output", value_name = "FILE", default_value = "-")]
     pub output: String,
-    /// cpu: how the in-process network's all_reduces are timed, as `nnscaler run
-    /// --timing` times simulated devices: wall (two threads at once, the wall clock) or
-    /// serial (taking turns, each thread's CPU time on a virtual clock). Calibrate with the
-    /// timing the predictions are to be checked against.
+    /// cpu: how the microbenchmarks are timed, as `nnscaler run --timing` times a run:
+    /// wall (the wall clock; the in-process network's two threads at once) or serial (the
+    /// thread's CPU time, so time the host takes away is not counted; the network's two
+    /// devices taking turns on a virtual clock). Calibrate with the timing the
+    /// predictions are to be checked against.
     #[arg(long, value_name = "MODE", default_value = "wall", value_parser = ["wall", "serial"])]
     pub timing: String,
 }
@@ -284,9 +301,9 @@ fn median_secs(mut f: impl FnMut()) -> f64 {
     let mut ts = Vec::new();
     let start = Instant::now();
     while ts.len() < 3 || (start.elapsed().as_secs_f64() < 0.3 && ts.len() < 200) {
-        let t = Instant::now();
+        let t = clock(start);
         f();
-        ts.push(t.elapsed().as_secs_f64());
+        ts.push(clock(start) - t);
     }
     ts.sort_by(f64::total_cmp);
     ts[ts.len() / 2]
@@ -346,7 +363,15 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         _ => {}
     }
     set_threads(1);
-    let mut report = String::from("calibrating the CPU, one thread\n");
+    CPU_CLOCK.store(a.timing == "serial", Ordering::Relaxed);
+    let mut report = format!(
+        "calibrating the CPU, one thread, timed by {}\n",
+        if a.timing == "serial" {
+            "its CPU time"
+        } else {
+            "the wall clock"
+        }
+    );
     // Matrix products in the three forms a training step runs (forward A B, the input's
     // gradient A B^T, the weight's gradient A^T B), each with one long side four times
     // the others (rows are tokens), from s = 8 to 512 (a GPT-2 layer's products are
@@ -617,9 +642,10 @@ fn time_node(g: &Graph, k: usize, copies: usize) -> Result<f64, String> {
     let mut ts: Vec<f64> = (0..7)
         .map(|_| {
             let set = ins.clone();
-            let t = Instant::now();
+            let origin = Instant::now();
+            let t = clock(origin);
             let _ = nnscaler_runtime::run(&f, set, &opts);
-            t.elapsed().as_secs_f64() / copies.max(1) as f64
+            (clock(origin) - t) / copies.max(1) as f64
         })
         .collect();
     ts.sort_by(f64::total_cmp);
