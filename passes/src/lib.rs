@@ -29,3 +29,4 @@ pub mod search;
 pub mod split_problem;
 pub mod split_search;
 pub mod split_tensor;
+pub mod timeline;

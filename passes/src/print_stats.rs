@@ -62,8 +62,41 @@ pub struct FuncStats {
     /// The pipeline of the module's mesh, when it has one: (ranks, micro-batches).
     pub pipeline: Option<(i64, i64)>,
     /// The cost model's time of one run on a cluster's device (`cluster=`), with the
-    /// cluster's name and device.
+    /// cluster's name and device. Not for a pipeline rank's program, whose calls run
+    /// fragments: see `pipeline_step`.
     pub predicted: Option<(String, crate::cost::Device, crate::cost::Prediction)>,
+    /// For a pipeline rank's program with `cluster=`: the pipeline's predicted step
+    /// ([`crate::timeline`]), or why there is none.
+    pub pipeline_step: Option<Result<PipelineStep, String>>,
+}
+
+/// A pipelined program's predicted step, as one rank's program reports it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PipelineStep {
+    /// The cluster's name.
+    pub cluster: String,
+    /// Its device's name.
+    pub device: String,
+    /// The pipeline's name.
+    pub pipeline: String,
+    /// The step: the pipeline, then the slowest rank's own ops.
+    pub step: f64,
+    /// The pipeline's makespan.
+    pub makespan: f64,
+    /// Idle time over all ranks' time in the pipeline.
+    pub bubble: f64,
+    /// This rank and the ranks.
+    pub rank: usize,
+    /// Pipeline ranks.
+    pub ranks: usize,
+    /// This rank's busy time in the pipeline (its fragments and sends).
+    pub busy: f64,
+    /// This rank's own ops outside the fragments.
+    pub own: f64,
+    /// Model FLOPs utilization over the step (every rank's FLOPs).
+    pub mfu: f64,
+    /// Whether MFU is against the bf16 peak.
+    pub bf16: bool,
 }
 
 /// Bytes kept from the forward for the backward: as is, with full and with selective
@@ -223,6 +256,30 @@ impl FuncStats {
                 let _ = writeln!(s, "  {k:<24} {ops} ops, {} bytes", group(*b as u64));
             }
         }
+        match &self.pipeline_step {
+            Some(Ok(p)) => {
+                let _ = writeln!(
+                    s,
+                    "predicted step of pipeline @{} on {} ({}): {:.6} s (the pipeline {:.6} s, {:.1}% bubble, then the slowest rank's own ops); rank {} of {}: busy {:.6} s, own ops {:.6} s; MFU {:.1}% of the {} matrix peak",
+                    p.pipeline,
+                    p.device,
+                    p.cluster,
+                    p.step,
+                    p.makespan,
+                    100.0 * p.bubble,
+                    p.rank,
+                    p.ranks,
+                    p.busy,
+                    p.own,
+                    100.0 * p.mfu,
+                    if p.bf16 { "bf16" } else { "f32" }
+                );
+            }
+            Some(Err(why)) => {
+                let _ = writeln!(s, "predicted step: none ({why})");
+            }
+            None => {}
+        }
         if let Some((cluster, d, p)) = &self.predicted {
             let _ = writeln!(
                 s,
@@ -282,6 +339,20 @@ pub fn module_stats_on(
     let mut out = Vec::new();
     let mut ignored = Diagnostics::default();
     let meshes = Meshes::collect(module, &mut ignored);
+    // With a cluster: every function, for pipeline ranks' programs (their calls run the
+    // fragments), and each pipeline's prediction once.
+    let mut all: Vec<Graph> = Vec::new();
+    if cluster.is_some() {
+        top_level_ops(module, &mut |op| {
+            if FuncView::of(op).is_some() {
+                if let Ok(g) = Graph::from_func(op) {
+                    all.push(g);
+                }
+            }
+        });
+    }
+    let mut pipelines: BTreeMap<String, Result<crate::timeline::PipelinePrediction, String>> =
+        BTreeMap::new();
     top_level_ops(module, &mut |op| {
         let Some(f) = FuncView::of(op) else { return };
         let mut st = FuncStats {
@@ -296,17 +367,56 @@ pub fn module_stats_on(
             }
         }
         if let Ok(g) = Graph::from_func(op) {
-            if let Some(c) = cluster {
-                let mesh = if g.is_localized() {
-                    meshes.resolve(None).ok()
-                } else {
-                    None
-                };
-                st.predicted = Some((
-                    c.name.clone(),
-                    c.device.clone(),
-                    crate::cost::predict(&g, c, mesh),
-                ));
+            let pipeline = match (
+                g.func_attrs.get("nns.pipeline"),
+                g.func_attrs.get("nns.pipeline_rank"),
+            ) {
+                (Some(AttrValue::Str(p)), Some(AttrValue::Int(r))) => {
+                    Some((p.clone(), *r as usize))
+                }
+                _ => None,
+            };
+            match (cluster, pipeline) {
+                (Some(c), Some((name, rank))) => {
+                    let p = pipelines.entry(name.clone()).or_insert_with(|| {
+                        let (_, s) = crate::timeline::recorded_schedule(&all, "the module")?;
+                        let mesh = meshes.resolve(None)?;
+                        crate::timeline::predict_pipeline(&all, &name, &s, c, mesh)
+                    });
+                    st.pipeline_step = Some(p.clone().map(|p| {
+                        let bf16 = all.iter().any(|f| {
+                            f.name.starts_with(&format!("{name}.s"))
+                                && crate::cost::predict(f, c, None).bf16
+                        }) && c.device.matrix_flops_bf16.is_some();
+                        PipelineStep {
+                            cluster: c.name.clone(),
+                            device: c.device.name.clone(),
+                            pipeline: name.clone(),
+                            step: p.step(),
+                            makespan: p.timeline.makespan,
+                            bubble: p.timeline.bubble_ratio(),
+                            rank,
+                            ranks: p.own.len(),
+                            busy: p.timeline.busy.get(rank).copied().unwrap_or(0.0),
+                            own: p.own.get(rank).copied().unwrap_or(0.0),
+                            mfu: p.mfu(c, bf16),
+                            bf16,
+                        }
+                    }));
+                }
+                (Some(c), None) => {
+                    let mesh = if g.is_localized() {
+                        meshes.resolve(None).ok()
+                    } else {
+                        None
+                    };
+                    st.predicted = Some((
+                        c.name.clone(),
+                        c.device.clone(),
+                        crate::cost::predict(&g, c, mesh),
+                    ));
+                }
+                (None, _) => {}
             }
             if g.is_localized() {
                 collect_comm(&mut st, &g, &meshes);

@@ -2,11 +2,10 @@
 
 use crate::output::Outputs;
 use crate::read_input;
-use nnscaler_dialects::graph::{Graph, ValueId};
-use nnscaler_dialects::types::AttrValue;
-use nnscaler_passes::cost::{self, Cluster};
-use nnscaler_passes::schedule::{self, Costs, Kind, Schedule};
-use std::collections::HashMap;
+use nnscaler_dialects::graph::Graph;
+use nnscaler_passes::cost;
+use nnscaler_passes::schedule::{self, Costs, Schedule, Timeline};
+use nnscaler_passes::timeline;
 
 /// `nnscaler schedule-report`'s command line.
 #[derive(clap::Args, Debug)]
@@ -134,30 +133,7 @@ fn program_report(a: &ScheduleArgs, path: &str) -> Result<String, String> {
         .into_iter()
         .filter_map(Result::ok)
         .collect();
-    let mut ranks: Vec<(i64, String, String)> = Vec::new();
-    for g in &graphs {
-        if let (Some(AttrValue::Str(p)), Some(AttrValue::Int(r)), Some(AttrValue::Str(s))) = (
-            g.func_attrs.get("nns.pipeline"),
-            g.func_attrs.get("nns.pipeline_rank"),
-            g.func_attrs.get("nns.schedule"),
-        ) {
-            ranks.push((*r, p.clone(), s.clone()));
-        }
-    }
-    if ranks.is_empty() {
-        return Err(format!(
-            "{path}: no pipelined program (functions with nns.pipeline, made by a --schedule-* pass)"
-        ));
-    }
-    ranks.sort();
-    let name = ranks[0].1.clone();
-    let sched_name = ranks[0].2.split(':').next().unwrap_or("").to_string();
-    let table: String = ranks
-        .iter()
-        .map(|(_, _, s)| format!("{}\n", s.split_once(':').map_or(s.as_str(), |x| x.1).trim()))
-        .collect();
-    let mut s = schedule::parse_text(&table, path)?;
-    s.name = format!("@{name} ({sched_name})");
+    let (name, s) = timeline::recorded_schedule(&graphs, path)?;
     // Each fragment's FLOPs: @<name>.s<stage>.<F|B|W>.
     let flops = |stage: usize, kind: &str| -> f64 {
         graphs
@@ -177,12 +153,14 @@ fn program_report(a: &ScheduleArgs, path: &str) -> Result<String, String> {
         .iter()
         .any(|g| g.name == format!("{name}.s0.F") && g.is_localized());
     if let Some(c) = &cluster {
-        if !localized {
-            return Err(format!(
-                "{path}: --cluster predicts each device's ops, but @{name}'s fragments are not localized (run --lower-relayouts --localize after the --schedule-* pass)"
-            ));
-        }
-        return predicted_report(a, (&s, &graphs, &module), &name, c);
+        let mut d = Default::default();
+        let meshes = nnscaler_dialects::verify::Meshes::collect(&module.as_operation(), &mut d);
+        let mesh = meshes.resolve(None)?;
+        let p = timeline::predict_pipeline(&graphs, &name, &s, c, mesh)
+            .map_err(|e| format!("{path}: {e}"))?;
+        let mut report = schedule::report_scaled(&s, &p.timeline, 1e3, "ms");
+        report.push_str(&timeline::describe(&p, c));
+        return finish(a, &s, &p.timeline, report);
     }
     let share = if localized {
         1.0
@@ -235,174 +213,20 @@ fn program_report(a: &ScheduleArgs, path: &str) -> Result<String, String> {
             }
         ));
     }
-    let mut outputs = Outputs::new();
-    if let Some(p) = &a.svg {
-        outputs.stage(p, schedule::svg(&s, &t).into_bytes())?;
-    }
-    match a.table.as_deref() {
-        Some("-") => report.push_str(&schedule::to_text(&s)),
-        Some(p) => outputs.stage(p, schedule::to_text(&s).into_bytes())?,
-        None => {}
-    }
-    outputs.commit()?;
-    Ok(report)
+    finish(a, &s, &t, report)
 }
 
-/// `--program` with `--cluster`: the timeline of localized pipelined program `name`
-/// (schedule `s`, functions `graphs` of `module`), each fragment predicted by the cost
-/// model on a device of `c`, with its sends; then the ranks' own ops.
-fn predicted_report(
+/// Writes the chart and table `a` asks for (all or nothing) and returns the report, the
+/// table appended for `--table -`.
+fn finish(
     a: &ScheduleArgs,
-    (s, graphs, module): (&Schedule, &[Graph], &melior::ir::Module<'_>),
-    name: &str,
-    c: &Cluster,
+    s: &Schedule,
+    t: &Timeline,
+    mut report: String,
 ) -> Result<String, String> {
-    let mut d = Default::default();
-    let meshes = nnscaler_dialects::verify::Meshes::collect(&module.as_operation(), &mut d);
-    let mesh = meshes.resolve(None)?;
-    let kind_index = |k: char| match k {
-        'F' => Some(0),
-        'B' => Some(1),
-        'W' => Some(2),
-        _ => None,
-    };
-    // Each fragment's predicted seconds on one device: [F, B, W] per stage.
-    let mut per = vec![[0.0f64; 3]; s.stages];
-    for (st, row) in per.iter_mut().enumerate() {
-        for (k, kind) in ["F", "B", "W"].iter().enumerate() {
-            if let Some(g) = graphs
-                .iter()
-                .find(|g| g.name == format!("{name}.s{st}.{kind}"))
-            {
-                row[k] = cost::predict(g, c, Some(mesh)).seconds();
-            }
-        }
-    }
-    // Sends after each stage's fragments (micro-batch 0's, as every micro-batch sends
-    // the same), and each rank's own ops outside the fragments.
-    let mut sends = vec![[0.0f64; 3]; s.stages];
-    let mut own = Vec::new();
-    let ranks: Vec<&Graph> = {
-        let mut v: Vec<(i64, &Graph)> = graphs
-            .iter()
-            .filter(|g| g.func_attrs.get("nns.pipeline") == Some(&AttrValue::Str(name.into())))
-            .filter_map(|g| match g.func_attrs.get("nns.pipeline_rank") {
-                Some(AttrValue::Int(r)) => Some((*r, g)),
-                _ => None,
-            })
-            .collect();
-        v.sort_by_key(|(r, _)| *r);
-        v.into_iter().map(|(_, g)| g).collect()
-    };
-    let devices: Vec<&nnscaler_dialects::nns::Axis> =
-        mesh.axes.iter().filter(|x| !x.microbatches).collect();
-    for (rank, g) in ranks.iter().enumerate() {
-        // The fragment (stage, kind, micro-batch) each value comes from: a call's results,
-        // and what ops after it compute from them.
-        let mut from: HashMap<ValueId, (usize, usize, usize)> = HashMap::new();
-        let mut seconds = 0.0;
-        for n in &g.nodes {
-            let tag = match n.attrs.get("nns.fragment") {
-                Some(AttrValue::Str(t)) => Some(t.clone()),
-                _ => None,
-            };
-            if let (Some(t), "func.call") = (&tag, n.op.as_str()) {
-                let frag = parse_fragment(t, &kind_index);
-                if let Some(f) = frag {
-                    for &o in &n.outputs {
-                        from.insert(o, f);
-                    }
-                }
-                continue;
-            }
-            if n.op == "nns.send" {
-                let (Some(&v), Some(AttrValue::Int(peer)), Some(AttrValue::Str(axis))) =
-                    (n.inputs.first(), n.attrs.get("peer"), n.attrs.get("axis"))
-                else {
-                    continue;
-                };
-                let Some(&(st, k, mb)) = from.get(&v) else {
-                    continue;
-                };
-                if mb != 0 || st >= s.stages {
-                    continue;
-                }
-                // Devices are numbered row-major with the pipeline axis outermost of the
-                // axes it precedes: ranks `stride` device numbers apart.
-                let at = devices.iter().position(|x| &x.name == axis);
-                let stride: u64 = at.map_or(1, |i| {
-                    devices[i + 1..].iter().map(|x| x.size as u64).product()
-                });
-                let span = (*peer - rank as i64).unsigned_abs() * stride + 1;
-                sends[st][k] += c.p2p_time(span, g.values[v].bytes());
-                continue;
-            }
-            if matches!(n.op.as_str(), "nns.recv" | "nns.microbatch" | "func.call") {
-                if let Some(&f) = n.inputs.iter().find_map(|i| from.get(i)) {
-                    for &o in &n.outputs {
-                        from.insert(o, f);
-                    }
-                }
-                continue;
-            }
-            if let Some(&f) = n.inputs.iter().find_map(|i| from.get(i)) {
-                for &o in &n.outputs {
-                    from.insert(o, f);
-                }
-            }
-            if let Some(cost) = cost::node_cost(g, n, c, Some(mesh)) {
-                seconds += cost.seconds;
-            }
-        }
-        own.push(seconds);
-    }
-    let cost = |x: schedule::Action| -> f64 {
-        let (f, b, w) = (per[x.stage], sends[x.stage], x.kind);
-        match w {
-            Kind::F => f[0] + b[0],
-            Kind::B if s.split_backward => f[1] + b[1],
-            Kind::B => f[1] + f[2] + b[1] + b[2],
-            Kind::W => f[2] + b[2],
-        }
-    };
-    let t = schedule::simulate_with(s, &cost)?;
-    let mut report = schedule::report_scaled(s, &t, 1e3, "ms");
-    report.push_str(&format!(
-        "fragment times predicted on a device of {} (the cost model, collectives included); each send after its fragment at the network level between the two ranks' devices\n",
-        c.device.name
-    ));
-    let ms = |x: f64| x * 1e3;
-    for (st, ([f, b, w], [sf, sb, sw])) in per.iter().zip(&sends).enumerate() {
-        let split = if s.split_backward {
-            format!(", W {:.3} ms", ms(*w))
-        } else {
-            String::new()
-        };
-        report.push_str(&format!(
-            "  stage {st}: F {:.3} ms, B {:.3} ms{split}; sends {:.3} ms after F, {:.3} ms after B{}\n",
-            ms(*f),
-            ms(*b),
-            ms(*sf),
-            ms(sb + sw),
-            if s.split_backward { " and W" } else { "" }
-        ));
-    }
-    let last = own.iter().copied().fold(0.0, f64::max);
-    for (r, x) in own.iter().enumerate() {
-        report.push_str(&format!(
-            "  rank {r}: {:.3} ms of its own ops outside the fragments (micro-batch accumulation, gradient synchronisation, optimizer)\n",
-            ms(*x)
-        ));
-    }
-    report.push_str(&format!(
-        "predicted step: {:.3} ms (the pipeline's {:.3} ms, then the slowest rank's own ops, {:.3} ms)\n",
-        ms(t.makespan + last),
-        ms(t.makespan),
-        ms(last)
-    ));
     let mut outputs = Outputs::new();
     if let Some(p) = &a.svg {
-        outputs.stage(p, schedule::svg(s, &t).into_bytes())?;
+        outputs.stage(p, schedule::svg(s, t).into_bytes())?;
     }
     match a.table.as_deref() {
         Some("-") => report.push_str(&schedule::to_text(s)),
@@ -411,16 +235,4 @@ fn predicted_report(
     }
     outputs.commit()?;
     Ok(report)
-}
-
-/// `(stage, kind index, micro-batch)` of a fragment tag such as `1B3`.
-fn parse_fragment(
-    t: &str,
-    kind_index: &dyn Fn(char) -> Option<usize>,
-) -> Option<(usize, usize, usize)> {
-    let at = t.find(|ch: char| !ch.is_ascii_digit())?;
-    let stage = t[..at].parse().ok()?;
-    let kind = kind_index(t[at..].chars().next()?)?;
-    let mb = t[at + 1..].parse().ok()?;
-    Some((stage, kind, mb))
 }

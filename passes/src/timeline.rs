@@ -1,0 +1,258 @@
+//! The predicted timeline of a pipelined program (the per-rank programs a `--schedule-*`
+//! pass writes, after `--localize`): the schedule its ranks record, each fragment
+//! predicted by the cost model on one device ([`crate::cost::predict`], its collectives
+//! included), each `nns.send` after a fragment at the latency and bandwidth of the
+//! network level between the two ranks' devices ([`Cluster::p2p_time`], added to the
+//! fragment that sends, as the plan search adds it), and each rank's own ops outside the
+//! fragments (accumulating the micro-batches, the gradient synchronisation, the
+//! optimizer) after the pipeline. Shared by `nnscaler schedule-report --program
+//! --cluster` and `--print-stats=cluster=...` on a rank's program.
+
+use crate::cost::{self, Cluster};
+use crate::schedule::{self, Action, Kind, Schedule, Timeline};
+use nnscaler_dialects::graph::{Graph, ValueId};
+use nnscaler_dialects::nns::Mesh;
+use nnscaler_dialects::types::AttrValue;
+use std::collections::HashMap;
+
+/// The ranks' programs of pipeline `name` among `graphs`, by rank.
+pub fn ranks<'g>(graphs: &'g [Graph], name: &str) -> Vec<&'g Graph> {
+    let mut v: Vec<(i64, &Graph)> = graphs
+        .iter()
+        .filter(|g| g.func_attrs.get("nns.pipeline") == Some(&AttrValue::Str(name.into())))
+        .filter_map(|g| match g.func_attrs.get("nns.pipeline_rank") {
+            Some(AttrValue::Int(r)) => Some((*r, g)),
+            _ => None,
+        })
+        .collect();
+    v.sort_by_key(|(r, _)| *r);
+    v.into_iter().map(|(_, g)| g).collect()
+}
+
+/// The first pipeline among `graphs` (functions with `nns.pipeline`,
+/// `nns.pipeline_rank` and `nns.schedule`): its name and the schedule its ranks record
+/// (verified when simulated). `file` names the source in errors.
+pub fn recorded_schedule(graphs: &[Graph], file: &str) -> Result<(String, Schedule), String> {
+    let mut found: Vec<(i64, String, String)> = Vec::new();
+    for g in graphs {
+        if let (Some(AttrValue::Str(p)), Some(AttrValue::Int(r)), Some(AttrValue::Str(s))) = (
+            g.func_attrs.get("nns.pipeline"),
+            g.func_attrs.get("nns.pipeline_rank"),
+            g.func_attrs.get("nns.schedule"),
+        ) {
+            found.push((*r, p.clone(), s.clone()));
+        }
+    }
+    let Some(first) = found.iter().min_by_key(|(r, p, _)| (p.clone(), *r)) else {
+        return Err(format!(
+            "{file}: no pipelined program (functions with nns.pipeline, made by a --schedule-* pass)"
+        ));
+    };
+    let name = first.1.clone();
+    found.retain(|(_, p, _)| *p == name);
+    found.sort();
+    let sched_name = found[0].2.split(':').next().unwrap_or("").to_string();
+    let table: String = found
+        .iter()
+        .map(|(_, _, s)| format!("{}\n", s.split_once(':').map_or(s.as_str(), |x| x.1).trim()))
+        .collect();
+    let mut s = schedule::parse_text(&table, file)?;
+    s.name = format!("@{name} ({sched_name})");
+    Ok((name, s))
+}
+
+/// A pipelined program's predicted step on one cluster.
+#[derive(Clone, Debug)]
+pub struct PipelinePrediction {
+    /// The schedule the ranks record.
+    pub schedule: Schedule,
+    /// Its simulated timeline (fragments with their sends).
+    pub timeline: Timeline,
+    /// Per stage, the predicted seconds of one device's F, B and W fragment.
+    pub fragments: Vec<[f64; 3]>,
+    /// Per stage, the seconds of the sends after its F, B and W fragments.
+    pub sends: Vec<[f64; 3]>,
+    /// Per rank, the seconds of its own ops outside the fragments.
+    pub own: Vec<f64>,
+    /// Per rank, one device's FLOPs in a step (its fragments' for every micro-batch and
+    /// its own ops').
+    pub flops: Vec<f64>,
+}
+
+impl PipelinePrediction {
+    /// The step: the pipeline, then the slowest rank's own ops.
+    pub fn step(&self) -> f64 {
+        self.timeline.makespan + self.own.iter().copied().fold(0.0, f64::max)
+    }
+
+    /// Model FLOPs utilization of a device of `c` over the step (every rank's FLOPs over
+    /// the ranks' time at the peak; `bf16`: against the bf16 peak).
+    pub fn mfu(&self, c: &Cluster, bf16: bool) -> f64 {
+        let total: f64 = self.flops.iter().sum();
+        total / (self.flops.len().max(1) as f64 * self.step() * c.device.matrix_rate(bf16))
+    }
+}
+
+/// `(stage, kind index: F 0 / B 1 / W 2, micro-batch)` of a fragment tag such as `1B3`.
+pub fn parse_fragment(t: &str) -> Option<(usize, usize, usize)> {
+    let at = t.find(|ch: char| !ch.is_ascii_digit())?;
+    let stage = t[..at].parse().ok()?;
+    let kind = match t[at..].chars().next()? {
+        'F' => 0,
+        'B' => 1,
+        'W' => 2,
+        _ => return None,
+    };
+    let mb = t[at + 1..].parse().ok()?;
+    Some((stage, kind, mb))
+}
+
+/// The predicted step of localized pipeline `name` among `graphs` (its ranks'
+/// programs, recording schedule `s`, and its fragments `@<name>.s<stage>.<F|B|W>`) on
+/// devices of `c`, devices numbered row-major over `mesh`.
+pub fn predict_pipeline(
+    graphs: &[Graph],
+    name: &str,
+    s: &Schedule,
+    c: &Cluster,
+    mesh: &Mesh,
+) -> Result<PipelinePrediction, String> {
+    let fragment = |st: usize, kind: &str| {
+        graphs
+            .iter()
+            .find(|g| g.name == format!("{name}.s{st}.{kind}"))
+    };
+    if let Some(g) = fragment(0, "F").filter(|g| !g.is_localized()) {
+        return Err(format!(
+            "@{}: the cost model predicts each device's ops, but @{name}'s fragments are not localized (run --lower-relayouts --localize after the --schedule-* pass)",
+            g.name
+        ));
+    }
+    let mut fragments = vec![[0.0f64; 3]; s.stages];
+    let mut fragment_flops = vec![[0.0f64; 3]; s.stages];
+    for (st, (row, fl)) in fragments.iter_mut().zip(&mut fragment_flops).enumerate() {
+        for (k, kind) in ["F", "B", "W"].iter().enumerate() {
+            if let Some(g) = fragment(st, kind) {
+                let p = cost::predict(g, c, Some(mesh));
+                row[k] = p.seconds();
+                fl[k] = p.flops;
+            }
+        }
+    }
+    let ranks = ranks(graphs, name);
+    let devices: Vec<&nnscaler_dialects::nns::Axis> =
+        mesh.axes.iter().filter(|x| !x.microbatches).collect();
+    let mut sends = vec![[0.0f64; 3]; s.stages];
+    let mut own = Vec::with_capacity(ranks.len());
+    let mut flops = Vec::with_capacity(ranks.len());
+    for (rank, g) in ranks.iter().enumerate() {
+        // The fragment (stage, kind, micro-batch) each value comes from: a call's
+        // results, and what ops after it compute from them.
+        let mut from: HashMap<ValueId, (usize, usize, usize)> = HashMap::new();
+        let (mut seconds, mut work) = (0.0, 0.0);
+        for n in &g.nodes {
+            if n.op == "func.call" {
+                if let Some(AttrValue::Str(t)) = n.attrs.get("nns.fragment") {
+                    if let Some(f @ (st, k, _)) = parse_fragment(t) {
+                        work += fragment_flops.get(st).map_or(0.0, |x| x[k]);
+                        for &o in &n.outputs {
+                            from.insert(o, f);
+                        }
+                    }
+                }
+                continue;
+            }
+            let origin = n.inputs.iter().find_map(|i| from.get(i)).copied();
+            if n.op == "nns.send" {
+                let (Some(&v), Some(AttrValue::Int(peer)), Some(AttrValue::Str(axis))) =
+                    (n.inputs.first(), n.attrs.get("peer"), n.attrs.get("axis"))
+                else {
+                    continue;
+                };
+                // Micro-batch 0's sends (every micro-batch sends the same).
+                let Some((st, k, 0)) = origin.filter(|o| o.0 < s.stages) else {
+                    continue;
+                };
+                // Pipeline ranks are the devices' outermost axis of those it precedes:
+                // `stride` device numbers apart.
+                let stride: u64 = devices.iter().position(|x| &x.name == axis).map_or(1, |i| {
+                    devices[i + 1..].iter().map(|x| x.size as u64).product()
+                });
+                let span = (*peer - rank as i64).unsigned_abs() * stride + 1;
+                sends[st][k] += c.p2p_time(span, g.values[v].bytes());
+                continue;
+            }
+            if let Some(f) = origin {
+                for &o in &n.outputs {
+                    from.insert(o, f);
+                }
+            }
+            if matches!(n.op.as_str(), "nns.recv" | "nns.microbatch") {
+                continue;
+            }
+            if let Some(cost) = cost::node_cost(g, n, c, Some(mesh)) {
+                seconds += cost.seconds;
+                work += cost.flops;
+            }
+        }
+        own.push(seconds);
+        flops.push(work);
+    }
+    let cost = |a: Action| -> f64 {
+        let (f, x) = (fragments[a.stage], sends[a.stage]);
+        match a.kind {
+            Kind::F => f[0] + x[0],
+            Kind::B if s.split_backward => f[1] + x[1],
+            Kind::B => f[1] + f[2] + x[1] + x[2],
+            Kind::W => f[2] + x[2],
+        }
+    };
+    let timeline = schedule::simulate_with(s, &cost)?;
+    Ok(PipelinePrediction {
+        schedule: s.clone(),
+        timeline,
+        fragments,
+        sends,
+        own,
+        flops,
+    })
+}
+
+/// The lines `schedule-report --program --cluster` prints after the timeline's report:
+/// each stage's fragments and sends, each rank's own ops, and the step.
+pub fn describe(p: &PipelinePrediction, c: &Cluster) -> String {
+    let ms = |x: f64| x * 1e3;
+    let split = p.schedule.split_backward;
+    let mut out = format!(
+        "fragment times predicted on a device of {} (the cost model, collectives included); each send after its fragment at the network level between the two ranks' devices\n",
+        c.device.name
+    );
+    for (st, ([f, b, w], [sf, sb, sw])) in p.fragments.iter().zip(&p.sends).enumerate() {
+        let wpart = if split {
+            format!(", W {:.3} ms", ms(*w))
+        } else {
+            String::new()
+        };
+        out += &format!(
+            "  stage {st}: F {:.3} ms, B {:.3} ms{wpart}; sends {:.3} ms after F, {:.3} ms after B{}\n",
+            ms(*f),
+            ms(*b),
+            ms(*sf),
+            ms(sb + sw),
+            if split { " and W" } else { "" }
+        );
+    }
+    for (r, x) in p.own.iter().enumerate() {
+        out += &format!(
+            "  rank {r}: {:.3} ms of its own ops outside the fragments (micro-batch accumulation, gradient synchronisation, optimizer)\n",
+            ms(*x)
+        );
+    }
+    out += &format!(
+        "predicted step: {:.3} ms (the pipeline's {:.3} ms, then the slowest rank's own ops, {:.3} ms)\n",
+        ms(p.step()),
+        ms(p.timeline.makespan),
+        ms(p.step() - p.timeline.makespan)
+    );
+    out
+}
