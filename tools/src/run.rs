@@ -463,10 +463,11 @@ fn report_times(
             .map(|t| {
                 format!(
                     "; {}: median {t:.6} s, fastest {:.6} s",
-                    match (timing, devices) {
-                        (_, true) if timing == "serial" => "the simulated devices (serial timing)",
-                        (_, true) => "the simulated devices",
-                        _ => "its CPU time (serial timing)",
+                    match (devices, timing == "serial") {
+                        (true, true) => "the simulated devices (serial timing)",
+                        (true, false) => "the simulated devices",
+                        // One device: only serial timing records its CPU time.
+                        (false, _) => "its CPU time (serial timing)",
                     },
                     device_times[0]
                 )

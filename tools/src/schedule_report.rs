@@ -20,7 +20,12 @@ use nnscaler_passes::timeline;
         first: every micro-batch runs F, B (and W when the backward is split) once on every \
         stage, each stage on its device, and the order cannot deadlock. Costs are per stage \
         (a chunk of an interleaved device costs 1/chunks of them); communication takes no \
-        time. Files are written only when everything succeeded."
+        time.\n\n\
+        --program reads a pipelined program instead: its ranks' recorded orders, each \
+        fragment's FLOPs at --flops, or with --cluster (after --localize) each fragment, \
+        its sends and the ranks' own ops predicted by the cost model, as \
+        --print-stats=cluster=... predicts them. Files are written only when everything \
+        succeeded."
 )]
 pub struct ScheduleArgs {
     /// gpipe | 1f1b | interleaved | zb-h1 | zb-v.
