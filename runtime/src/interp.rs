@@ -124,6 +124,17 @@ fn run_graph(
     depth: usize,
 ) -> Result<Vec<Tensor>, RunError> {
     crate::alloc::keep_freed_memory();
+    // The profile's clock: the wall clock, or under serial timing the device's serial
+    // clock (its own CPU time, and at a collective or receive the wait for its partners
+    // as the serial clock counts it) or, on one device, this thread's CPU time.
+    let origin = std::time::Instant::now();
+    let clock = || -> f64 {
+        match (opts.serial_devices, device) {
+            (true, Some(d)) => d.serial_now(),
+            (true, None) => crate::spmd::thread_cpu_seconds(),
+            (false, _) => origin.elapsed().as_secs_f64(),
+        }
+    };
     let device_info = device.map(|d| crate::kernels::DeviceInfo {
         names: d.mesh.axes.iter().map(|a| a.name.clone()).collect(),
         sizes: d.mesh.axes.iter().map(|a| a.size as usize).collect(),
@@ -186,10 +197,10 @@ fn run_graph(
             })?;
             let here = |e: String| fail(&n.loc, format!("'{}': {e}", n.op));
             // Communication is profiled too: its time includes waiting for the peers.
-            let start = profile.as_ref().map(|_| std::time::Instant::now());
+            let start = profile.as_ref().map(|_| clock());
             let timed = |p: &mut Option<&mut Profile>| {
                 if let (Some(p), Some(t)) = (p.as_deref_mut(), start) {
-                    p.add(&n.op, t.elapsed().as_secs_f64());
+                    p.add(&n.op, clock() - t);
                 }
             };
             if n.op == "nns.recv" {
@@ -246,13 +257,13 @@ fn run_graph(
             let name =
                 callee(&n.attrs).ok_or_else(|| fail(&n.loc, "'func.call' has no callee".into()))?;
             let what = format!("@{name}");
-            let start = profile.as_ref().map(|_| std::time::Instant::now());
+            let start = profile.as_ref().map(|_| clock());
             let outs = if let Some(spec) = g.user_ops.1 .0.get(name) {
                 // A user op implemented in C.
                 let outs = crate::ckernel::call(spec, name, &ins, &out_types)
                     .map_err(|e| fail(&n.loc, e))?;
                 if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
-                    p.add(&what, t.elapsed().as_secs_f64());
+                    p.add(&what, clock() - t);
                 }
                 outs
             } else {
@@ -309,10 +320,10 @@ fn run_graph(
                 out: &out_types,
                 device: device_info.as_ref(),
             };
-            let start = profile.as_ref().map(|_| std::time::Instant::now());
+            let start = profile.as_ref().map(|_| clock());
             let outs = f(&ctx, &ins).map_err(|e| fail(&n.loc, format!("'{}': {e}", n.op)))?;
             if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
-                p.add(&n.op, t.elapsed().as_secs_f64());
+                p.add(&n.op, clock() - t);
             }
             (format!("'{}'", n.op), outs)
         };

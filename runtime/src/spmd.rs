@@ -344,7 +344,7 @@ pub fn thread_cpu_seconds() -> f64 {
 
 impl Device<'_> {
     /// Its time on the serial clock now (0 without serial timing).
-    fn now(&self) -> f64 {
+    pub fn serial_now(&self) -> f64 {
         if self.exchange.serial {
             self.clock.get() + (thread_cpu_seconds() - self.since.get())
         } else {
@@ -364,7 +364,7 @@ impl Device<'_> {
     /// Under serial timing: stops its clock (before it waits or ends).
     fn pause(&self) {
         if self.exchange.serial {
-            self.clock.set(self.now());
+            self.clock.set(self.serial_now());
             self.since.set(thread_cpu_seconds());
         }
     }
@@ -447,7 +447,7 @@ impl Device<'_> {
         let to = self.peer(n)?;
         let piece = x.clone();
         self.exchange
-            .send(self.id, to, Self::tag(n)?, piece, self.now())
+            .send(self.id, to, Self::tag(n)?, piece, self.serial_now())
     }
 
     /// `nns.recv`: waits for the peer's piece.

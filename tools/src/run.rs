@@ -92,7 +92,9 @@ pub struct RunArgs {
     /// CLUSTER (a preset or a TOML file such as `nnscaler calibrate`'s; default: cpu). On
     /// simulated devices: the mean of the devices; for a pipeline, one table per rank (the
     /// mean of the rank's devices, against its program's prediction). With --repeat N, the
-    /// runs after the first (which warms up). --backend reference.
+    /// runs after the first (which warms up). With --timing serial, by the serial clock
+    /// (each op's CPU time; a collective or receive also its wait for the partners on
+    /// that clock). --backend reference.
     #[arg(long, value_name = "CLUSTER", num_args = 0..=1, default_missing_value = "cpu",
           require_equals = true)]
     pub profile: Option<String>,
