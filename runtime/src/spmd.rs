@@ -5,9 +5,10 @@
 //! results are assembled from the devices' pieces by the results' `nns.layout` (replicated
 //! copies must agree exactly, which catches plans that compute different values on
 //! devices meant to be replicas). A collective exchanges whole local tensors among its
-//! group (the devices that share every coordinate off the collective's axes); each member
-//! then computes the result itself in member order, so reductions are deterministic and
-//! identical on every member.
+//! group (the devices that share every coordinate off the collective's axes): each member
+//! deposits a copy of its piece, which the others read where it is; each member then
+//! computes the result itself in member order (a reduce_scatter only its own piece), so
+//! reductions are deterministic and identical on every member.
 //!
 //! **Serial timing** ([`Options::serial_devices`]): the devices take turns, one computing
 //! at a time (a baton passed at collectives, receives and the end of a device's
@@ -28,11 +29,11 @@ use nnscaler_dialects::sharding::{coords, Sharding};
 use nnscaler_dialects::types::AttrValue;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
-/// One collective in flight: each member's deposit with its arrival time on the serial
-/// clock, and how many have read them.
-type Slot = (Vec<Option<(Tensor, f64)>>, usize);
+/// One collective in flight: each member's deposit (shared: members read it where it is)
+/// with its arrival time on the serial clock, and how many have read them.
+type Slot = (Vec<Option<(Arc<Tensor>, f64)>>, usize);
 
 /// A collective's meeting place: (its axes, the group, the group's n-th collective over
 /// those axes). Members of a group run the same collectives in the same order, so the
@@ -147,16 +148,15 @@ impl Exchange {
 
     /// Deposits `t` as member `member` of a `size`-member group at `key`, arriving at
     /// `at` on the serial clock, waits for the others, and returns every member's tensor
-    /// in member order, the latest arrival and the CPU seconds this thread took to copy
-    /// the tensors out (its own work, which serial timing counts). Device `me` gives up
+    /// in member order (shared, not copied) and the latest arrival. Device `me` gives up
     /// its turn while it waits (serial timing).
     fn all(
         &self,
         key: SlotKey,
         (member, size, me): (usize, usize, usize),
-        t: Tensor,
+        t: Arc<Tensor>,
         at: f64,
-    ) -> Result<(Vec<Tensor>, f64, f64), String> {
+    ) -> Result<(Vec<Arc<Tensor>>, f64), String> {
         let mut st = self.state.lock().map_err(|_| "a device thread panicked")?;
         {
             let slot = st
@@ -183,30 +183,20 @@ impl Exchange {
             .get_mut(&key)
             .expect("slot exists while members read it");
         let mut latest = f64::NEG_INFINITY;
-        let copying = if self.serial {
-            thread_cpu_seconds()
-        } else {
-            0.0
-        };
-        let parts: Vec<Tensor> = slot
+        let parts: Vec<Arc<Tensor>> = slot
             .0
             .iter()
             .map(|p| {
                 let (t, at) = p.as_ref().expect("full");
                 latest = latest.max(*at);
-                t.clone()
+                Arc::clone(t)
             })
             .collect();
-        let copying = if self.serial {
-            thread_cpu_seconds() - copying
-        } else {
-            0.0
-        };
         slot.1 += 1;
         if slot.1 == size {
             st.slots.remove(&key);
         }
-        Ok((parts, latest, copying))
+        Ok((parts, latest))
     }
 
     /// Under serial timing: device `me` stops computing and lets another take its turn.
@@ -459,14 +449,21 @@ impl Device<'_> {
         Ok(t)
     }
 
-    /// Every member's piece of the collective `k`, this device member `me` of `size`.
-    fn all(&self, k: SlotKey, me: usize, size: usize, x: &Tensor) -> Result<Vec<Tensor>, String> {
-        let piece = x.clone();
+    /// Every member's piece of the collective `k`, this device member `me` of `size`
+    /// (shared, in member order).
+    fn all(
+        &self,
+        k: SlotKey,
+        me: usize,
+        size: usize,
+        x: &Tensor,
+    ) -> Result<Vec<Arc<Tensor>>, String> {
+        let piece = Arc::new(x.clone());
         self.pause();
-        let (parts, latest, copying) =
-            self.exchange
-                .all(k, (me, size, self.id), piece, self.clock.get())?;
-        self.resume(latest + copying);
+        let (parts, latest) = self
+            .exchange
+            .all(k, (me, size, self.id), piece, self.clock.get())?;
+        self.resume(latest);
         Ok(parts)
     }
 
@@ -508,9 +505,15 @@ impl Device<'_> {
                 concat(&parts, int("dim")?)
             }
             "nns.reduce_scatter" => {
+                // Only this member's piece of each part is summed (in member order, as a
+                // whole reduction would sum it).
                 let parts = self.all(k.clone(), me, size, x)?;
-                let r = reduce(&parts, reduce_max)?;
-                piece(&r, int("dim")?, size, me)
+                let dim = int("dim")?;
+                let mine = parts
+                    .iter()
+                    .map(|p| piece(p, dim, size, me).map(Arc::new))
+                    .collect::<Result<Vec<_>, _>>()?;
+                reduce(&mine, reduce_max)
             }
             "nns.all_to_all" => {
                 let (split, cat) = (int("split_dim")?, int("concat_dim")?);
@@ -528,7 +531,8 @@ impl Device<'_> {
                     return Err(format!("root {root} of a group of {size}"));
                 }
                 let mut parts = self.all(k.clone(), me, size, x)?;
-                Ok(parts.swap_remove(root))
+                let r = parts.swap_remove(root);
+                Ok(Arc::try_unwrap(r).unwrap_or_else(|shared| (*shared).clone()))
             }
             "nns.partition" => {
                 let k = 1.0 / size as f32;
@@ -542,7 +546,7 @@ impl Device<'_> {
     }
 }
 
-fn reduce(parts: &[Tensor], max: bool) -> Result<Tensor, String> {
+fn reduce(parts: &[Arc<Tensor>], max: bool) -> Result<Tensor, String> {
     let mut acc = parts[0].f()?.to_vec();
     for p in &parts[1..] {
         for (a, &b) in acc.iter_mut().zip(p.f()?) {
@@ -594,7 +598,8 @@ fn piece(t: &Tensor, dim: usize, n: usize, i: usize) -> Result<Tensor, String> {
     Ok(narrow(t, dim, i * k..(i + 1) * k))
 }
 
-fn concat(parts: &[Tensor], dim: usize) -> Result<Tensor, String> {
+fn concat<T: std::borrow::Borrow<Tensor>>(parts: &[T], dim: usize) -> Result<Tensor, String> {
+    let parts: Vec<&Tensor> = parts.iter().map(|p| p.borrow()).collect();
     let mut shape = parts[0].shape.clone();
     shape[dim] = parts.iter().map(|p| p.shape[dim]).sum();
     let outer: usize = shape[..dim].iter().product();
@@ -603,7 +608,7 @@ fn concat(parts: &[Tensor], dim: usize) -> Result<Tensor, String> {
         ($get:ident, $mk:ident) => {{
             let mut out = Vec::with_capacity(numel(&shape));
             for o in 0..outer {
-                for p in parts {
+                for p in &parts {
                     let n = p.shape[dim];
                     out.extend_from_slice(&p.$get()?[o * n * inner..(o + 1) * n * inner]);
                 }
@@ -1124,8 +1129,8 @@ mod tests {
                 s.spawn(move || {
                     x.start_turn(d).unwrap();
                     compute();
-                    let piece = Tensor::f32(&[1], vec![d as f32]);
-                    let (parts, latest, _) = x
+                    let piece = Arc::new(Tensor::f32(&[1], vec![d as f32]));
+                    let (parts, latest) = x
                         .all((vec![0], 0, 1), (d, 3, d), piece, 10.0 * d as f64)
                         .unwrap();
                     assert_eq!(latest, 20.0);
