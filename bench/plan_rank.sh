@@ -78,13 +78,14 @@ for round in $(seq "$rounds"); do
       | sed -n 's/.*simulated devices[^:]*: median \([0-9.]*\) s, fastest \([0-9.]*\) s.*/\1 \2/p' >> "t$i.txt"
   done
 done
-printf '%-48s %12s %12s %12s\n' plan predicted median fastest
+printf '%-48s %12s %12s %12s %8s\n' plan predicted median fastest pred/med
 : > times.txt
 i=0
 while IFS=$'\t' read -r pred flags name; do
   meas=$(sort -g -k1 "t$i.txt" | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
   fast=$(sort -g -k2 "t$i.txt" | awk 'NR == 1 { print $2 }')
-  printf '%-48s %12.6f %12.6f %12.6f\n' "$name" "$pred" "$meas" "$fast"
+  printf '%-48s %12.6f %12.6f %12.6f %8.2f\n' "$name" "$pred" "$meas" "$fast" \
+    "$(awk "BEGIN { print $pred / $meas }")"
   echo "$pred $meas $fast" >> times.txt
   i=$((i + 1))
 done < plans.txt
