@@ -379,16 +379,12 @@ pub fn module_stats_on(
             match (cluster, pipeline) {
                 (Some(c), Some((name, rank))) => {
                     let p = pipelines.entry(name.clone()).or_insert_with(|| {
-                        let (_, s) = crate::timeline::recorded_schedule(&all, "the module")?;
+                        let s = crate::timeline::schedule_of(&all, &name, "the module")?;
                         let mesh = meshes.resolve(None)?;
                         crate::timeline::predict_pipeline(&all, &name, &s, c, mesh)
                     });
-                    st.pipeline_step = Some(p.clone().map(|p| {
-                        let bf16 = all.iter().any(|f| {
-                            f.name.starts_with(&format!("{name}.s"))
-                                && crate::cost::predict(f, c, None).bf16
-                        }) && c.device.matrix_flops_bf16.is_some();
-                        PipelineStep {
+                    st.pipeline_step =
+                        Some(p.as_ref().map_err(Clone::clone).map(|p| PipelineStep {
                             cluster: c.name.clone(),
                             device: c.device.name.clone(),
                             pipeline: name.clone(),
@@ -399,10 +395,9 @@ pub fn module_stats_on(
                             ranks: p.own.len(),
                             busy: p.timeline.busy.get(rank).copied().unwrap_or(0.0),
                             own: p.own.get(rank).copied().unwrap_or(0.0),
-                            mfu: p.mfu(c, bf16),
-                            bf16,
-                        }
-                    }));
+                            mfu: p.mfu(c),
+                            bf16: p.bf16 && c.device.matrix_flops_bf16.is_some(),
+                        }));
                 }
                 (Some(c), None) => {
                     let mesh = if g.is_localized() {

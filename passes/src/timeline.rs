@@ -30,35 +30,47 @@ pub fn ranks<'g>(graphs: &'g [Graph], name: &str) -> Vec<&'g Graph> {
 }
 
 /// The first pipeline among `graphs` (functions with `nns.pipeline`,
-/// `nns.pipeline_rank` and `nns.schedule`): its name and the schedule its ranks record
-/// (verified when simulated). `file` names the source in errors.
+/// `nns.pipeline_rank` and `nns.schedule`), by name: its name and the schedule its ranks
+/// record ([`schedule_of`]). `file` names the source in errors.
 pub fn recorded_schedule(graphs: &[Graph], file: &str) -> Result<(String, Schedule), String> {
-    let mut found: Vec<(i64, String, String)> = Vec::new();
-    for g in graphs {
-        if let (Some(AttrValue::Str(p)), Some(AttrValue::Int(r)), Some(AttrValue::Str(s))) = (
-            g.func_attrs.get("nns.pipeline"),
-            g.func_attrs.get("nns.pipeline_rank"),
-            g.func_attrs.get("nns.schedule"),
-        ) {
-            found.push((*r, p.clone(), s.clone()));
-        }
-    }
-    let Some(first) = found.iter().min_by_key(|(r, p, _)| (p.clone(), *r)) else {
-        return Err(format!(
-            "{file}: no pipelined program (functions with nns.pipeline, made by a --schedule-* pass)"
-        ));
-    };
-    let name = first.1.clone();
-    found.retain(|(_, p, _)| *p == name);
-    found.sort();
-    let sched_name = found[0].2.split(':').next().unwrap_or("").to_string();
-    let table: String = found
+    let name = graphs
         .iter()
-        .map(|(_, _, s)| format!("{}\n", s.split_once(':').map_or(s.as_str(), |x| x.1).trim()))
+        .filter(|g| g.func_attrs.contains_key("nns.schedule"))
+        .filter_map(|g| match g.func_attrs.get("nns.pipeline") {
+            Some(AttrValue::Str(p)) => Some(p.clone()),
+            _ => None,
+        })
+        .min()
+        .ok_or_else(|| {
+            format!(
+                "{file}: no pipelined program (functions with nns.pipeline, made by a --schedule-* pass)"
+            )
+        })?;
+    let s = schedule_of(graphs, &name, file)?;
+    Ok((name, s))
+}
+
+/// The schedule the ranks' programs of pipeline `name` record (`nns.schedule`, one line
+/// of actions per rank; verified when simulated).
+pub fn schedule_of(graphs: &[Graph], name: &str, file: &str) -> Result<Schedule, String> {
+    let recorded: Vec<&str> = ranks(graphs, name)
+        .into_iter()
+        .filter_map(|g| match g.func_attrs.get("nns.schedule") {
+            Some(AttrValue::Str(s)) => Some(s.as_str()),
+            _ => None,
+        })
+        .collect();
+    let Some(first) = recorded.first() else {
+        return Err(format!("{file}: pipeline @{name} records no schedule"));
+    };
+    let sched_name = first.split(':').next().unwrap_or("").to_string();
+    let table: String = recorded
+        .iter()
+        .map(|s| format!("{}\n", s.split_once(':').map_or(*s, |x| x.1).trim()))
         .collect();
     let mut s = schedule::parse_text(&table, file)?;
     s.name = format!("@{name} ({sched_name})");
-    Ok((name, s))
+    Ok(s)
 }
 
 /// A pipelined program's predicted step on one cluster.
@@ -77,6 +89,8 @@ pub struct PipelinePrediction {
     /// Per rank, one device's FLOPs in a step (its fragments' for every micro-batch and
     /// its own ops').
     pub flops: Vec<f64>,
+    /// Whether the fragments' matrix products run in bf16 (MFU against the bf16 peak).
+    pub bf16: bool,
 }
 
 impl PipelinePrediction {
@@ -86,10 +100,11 @@ impl PipelinePrediction {
     }
 
     /// Model FLOPs utilization of a device of `c` over the step (every rank's FLOPs over
-    /// the ranks' time at the peak; `bf16`: against the bf16 peak).
-    pub fn mfu(&self, c: &Cluster, bf16: bool) -> f64 {
+    /// the ranks' time at the peak: the bf16 one when the products run in bf16 and `c`
+    /// has one).
+    pub fn mfu(&self, c: &Cluster) -> f64 {
         let total: f64 = self.flops.iter().sum();
-        total / (self.flops.len().max(1) as f64 * self.step() * c.device.matrix_rate(bf16))
+        total / (self.flops.len().max(1) as f64 * self.step() * c.device.matrix_rate(self.bf16))
     }
 }
 
@@ -130,12 +145,14 @@ pub fn predict_pipeline(
     }
     let mut fragments = vec![[0.0f64; 3]; s.stages];
     let mut fragment_flops = vec![[0.0f64; 3]; s.stages];
+    let mut bf16 = false;
     for (st, (row, fl)) in fragments.iter_mut().zip(&mut fragment_flops).enumerate() {
         for (k, kind) in ["F", "B", "W"].iter().enumerate() {
             if let Some(g) = fragment(st, kind) {
                 let p = cost::predict(g, c, Some(mesh));
                 row[k] = p.seconds();
                 fl[k] = p.flops;
+                bf16 |= p.bf16;
             }
         }
     }
@@ -215,6 +232,7 @@ pub fn predict_pipeline(
         sends,
         own,
         flops,
+        bf16,
     })
 }
 

@@ -157,9 +157,9 @@ fn program_report(a: &ScheduleArgs, path: &str) -> Result<String, String> {
     let localized = graphs
         .iter()
         .any(|g| g.name == format!("{name}.s0.F") && g.is_localized());
+    let mut d = Default::default();
+    let meshes = nnscaler_dialects::verify::Meshes::collect(&module.as_operation(), &mut d);
     if let Some(c) = &cluster {
-        let mut d = Default::default();
-        let meshes = nnscaler_dialects::verify::Meshes::collect(&module.as_operation(), &mut d);
         let mesh = meshes.resolve(None)?;
         let p = timeline::predict_pipeline(&graphs, &name, &s, c, mesh)
             .map_err(|e| format!("{path}: {e}"))?;
@@ -170,8 +170,6 @@ fn program_report(a: &ScheduleArgs, path: &str) -> Result<String, String> {
     let share = if localized {
         1.0
     } else {
-        let mut d = Default::default();
-        let meshes = nnscaler_dialects::verify::Meshes::collect(&module.as_operation(), &mut d);
         let per_stage = meshes
             .resolve(None)
             .map(|m| (m.devices() / s.devices.max(1) as i64).max(1))
