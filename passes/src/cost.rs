@@ -12,8 +12,9 @@
 //! [`nnscaler_dialects::spec::Traits::matrix`]) or at the vector rate; memory is the bytes
 //! of its operands and results at the memory bandwidth. A program's step time is the sum
 //! over its ops (the CPU runtime and a GPU stream both run ops one at a time) and, for one
-//! device's share of a partitioned program, its collectives: ring steps of the network
-//! level the group spans plus the bytes each device sends (the collectives' own
+//! device's share of a partitioned program, its collectives: ring (or, for an all_reduce
+//! on a level that allows it, tree) steps of the network level the group spans plus the
+//! bytes each device sends (the collectives' own
 //! `sent_bytes`) at that level's bandwidth, not overlapped with compute.
 
 use crate::place::op_flops;
@@ -68,6 +69,15 @@ pub struct Device {
     /// transposes, views that move nothing). Ops not listed: `op_overhead + roofline`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub kernels: BTreeMap<String, [f64; 2]>,
+    /// Per op that runs one attention head at a time (the CPU runtime's `dnn.attention`
+    /// and `dnn.attention_grad`): `[per head, per query row, per score, per score and
+    /// head dim]` in seconds, the op taking `op_overhead + heads x (c0 + c1 s + c2 s t +
+    /// c3 s t (d + e))` for `s` queries, `t` keys, head dims `d` (queries and keys) and
+    /// `e` (values). Such a kernel's time at small heads is per head and row more than per
+    /// FLOP, which no roofline carries; `nnscaler calibrate` fits the four over a grid of
+    /// head shapes. Takes precedence over a `kernels` entry.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub head_kernels: BTreeMap<String, [f64; 4]>,
     /// Where the figures come from (a datasheet, a calibration and its date).
     #[serde(default)]
     pub source: String,
@@ -85,6 +95,13 @@ pub struct Level {
     pub bandwidth: f64,
     /// Seconds per message.
     pub latency: f64,
+    /// Whether an all_reduce here may run as a tree (NCCL's double binary tree, which
+    /// NCCL picks over the ring where it is faster): `2 ceil(log2 n)` steps of latency
+    /// instead of the ring's `2 (n - 1)`, the same bytes per device (two trees, each
+    /// carrying half). Off: rings only (the CPU runtime's in-process collectives, whose
+    /// latency the calibration fits as ring steps).
+    #[serde(default)]
+    pub tree: bool,
 }
 
 const GIB: u64 = 1 << 30;
@@ -102,12 +119,14 @@ pub fn preset(name: &str) -> Option<Cluster> {
         devices: 8,
         bandwidth: bw,
         latency: 5e-6,
+        tree: true,
     };
     let fabric = |bw: f64| Level {
         name: "infiniband".into(),
         devices: 8 * 1024,
         bandwidth: bw,
         latency: 10e-6,
+        tree: true,
     };
     Some(match name {
         "dgx-a100" => Cluster {
@@ -122,6 +141,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 matrix_efficiency: gpu_eff,
                 op_overhead: 5e-6,
                 kernels: BTreeMap::new(),
+                head_kernels: BTreeMap::new(),
                 source: "NVIDIA A100 datasheet".into(),
             },
             // NVLink 3: 300 GB/s each way per GPU; 8 x 200 Gb/s HDR per node.
@@ -144,6 +164,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 matrix_efficiency: gpu_eff,
                 op_overhead: 4e-6,
                 kernels: BTreeMap::new(),
+                head_kernels: BTreeMap::new(),
                 source: "NVIDIA H100/H200 datasheets".into(),
             },
             // NVLink 4: 450 GB/s each way per GPU; 8 x 400 Gb/s NDR per node.
@@ -169,8 +190,6 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 op_overhead: 4.523e-07,
                 kernels: [
                     ("dnn.add", [1.991e-07, 0.406]),
-                    ("dnn.attention", [0.0, 4.272]),
-                    ("dnn.attention_grad", [5.685e-06, 3.385]),
                     ("dnn.cross_entropy", [6.843e-07, 3.137]),
                     ("dnn.cross_entropy_grad", [8.386e-07, 7.519]),
                     ("dnn.embedding", [4.925e-07, 0.1337]),
@@ -195,6 +214,15 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 .into_iter()
                 .map(|(op, k)| (op.to_string(), k))
                 .collect(),
+                // A later run's (2026-12-03, --timing serial): the attention kernels by
+                // their heads' shapes, which replaced their `kernels` entries.
+                head_kernels: [
+                    ("dnn.attention", [2.868e-07, 1.177e-07, 2.711e-09, 3.458e-11]),
+                    ("dnn.attention_grad", [8.74e-07, 1.192e-07, 3.891e-09, 8.325e-11]),
+                ]
+                .into_iter()
+                .map(|(op, k)| (op.to_string(), k))
+                .collect(),
                 source: "nnscaler calibrate --device cpu, 2026-12-02 (one run, quiet; a shared machine: recalibrate)"
                     .into(),
             },
@@ -206,6 +234,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 devices: 64,
                 bandwidth: 1.426e9,
                 latency: 1.845e-6,
+                tree: false,
             }],
         },
         _ => return None,
@@ -242,6 +271,14 @@ pub fn parse(text: &str) -> Result<Cluster, String> {
             return Err(format!("device.{what} must be a positive rate, got {v}"));
         }
     }
+    if d.memory == 0 {
+        return Err("device.memory must be bytes > 0, got 0".into());
+    }
+    if let Some(r) = d.matrix_flops_bf16.filter(|r| !(r.is_finite() && *r > 0.0)) {
+        return Err(format!(
+            "device.matrix_flops_bf16 must be a positive rate, got {r}"
+        ));
+    }
     if d.matrix_efficiency.windows(2).any(|w| w[1][0] <= w[0][0])
         || d.matrix_efficiency
             .iter()
@@ -259,6 +296,13 @@ pub fn parse(text: &str) -> Result<Cluster, String> {
     {
         return Err(format!(
             "device.kernels: '{op}' must be [fixed seconds >= 0, factor > 0], got [{fixed}, {factor}]"
+        ));
+    }
+    if let Some((op, terms)) = d.head_kernels.iter().find(|(_, t)| {
+        t.iter().any(|x| !(x.is_finite() && *x >= 0.0)) || t.iter().all(|x| *x == 0.0)
+    }) {
+        return Err(format!(
+            "device.head_kernels: '{op}' must be four seconds >= 0 (per head, row, score, score and dim), not all 0, got {terms:?}"
         ));
     }
     if !(d.op_overhead.is_finite() && d.op_overhead >= 0.0) {
@@ -335,6 +379,14 @@ impl Device {
         }
     }
 
+    /// Seconds of op `op` over `heads` attention heads of `s` queries and `t` keys, head
+    /// dims `d` (queries, keys) and `e` (values), by its `head_kernels` entry (`None`
+    /// without one).
+    pub fn head_kernel_time(&self, op: &str, [heads, s, t, d, e]: [f64; 5]) -> Option<f64> {
+        let [c0, c1, c2, c3] = self.head_kernels.get(op)?;
+        Some(self.op_overhead + heads * (c0 + c1 * s + c2 * s * t + c3 * s * t * (d + e)))
+    }
+
     /// Seconds of non-matrix op `op` of `flops` moving `bytes`: its roofline at the vector
     /// rate and the memory bandwidth, through its kernel entry ([`Device::kernel_time`]).
     pub fn vector_op_time(&self, op: &str, flops: f64, bytes: f64) -> f64 {
@@ -405,12 +457,23 @@ impl Cluster {
 
     /// Seconds of collective `op` among `group` devices spanning `span` device numbers,
     /// each sending `sent` bytes (the collectives' own cost model): ring steps of latency
+    /// (an all_reduce: the fewer of a ring's and, where the level allows it, a tree's)
     /// plus the bytes at the level's bandwidth.
     pub fn collective_time(&self, op: &str, group: u64, span: u64, sent: f64) -> f64 {
         let Some(l) = self.level(span) else {
             return 0.0;
         };
-        let steps = group.saturating_sub(1) as f64 * if op == "nns.all_reduce" { 2.0 } else { 1.0 };
+        let ring = group.saturating_sub(1) as f64;
+        let steps = if op == "nns.all_reduce" {
+            let tree = if l.tree && group > 1 {
+                2.0 * (64 - (group - 1).leading_zeros()) as f64
+            } else {
+                f64::INFINITY
+            };
+            (2.0 * ring).min(tree)
+        } else {
+            ring
+        };
         steps * l.latency + sent / l.bandwidth
     }
 }
@@ -520,11 +583,15 @@ pub fn node_cost(
             _ => 1.0,
         };
         let one = flops / products;
-        device.kernel_time(
-            &n.op,
-            (flops / (device.matrix_rate(bf16) * device.efficiency(one)))
-                .max(bytes / device.memory_bandwidth),
-        )
+        if let Some(t) = head_shape(g, n).and_then(|shape| device.head_kernel_time(&n.op, shape)) {
+            t
+        } else {
+            device.kernel_time(
+                &n.op,
+                (flops / (device.matrix_rate(bf16) * device.efficiency(one)))
+                    .max(bytes / device.memory_bandwidth),
+            )
+        }
     } else {
         device.vector_op_time(&n.op, flops, bytes)
     };
@@ -535,6 +602,23 @@ pub fn node_cost(
         bf16,
         axes: None,
     })
+}
+
+/// An attention op's heads: `[heads, queries, keys, query/key head dim, value head dim]`
+/// from its operands (`q [b, h, s, d]`, `k [b, g, t, d]`, `v [b, g, t, e]`; the
+/// gradient's after `dout`); `None` for other ops.
+pub fn head_shape(g: &Graph, n: &nnscaler_dialects::graph::Node) -> Option<[f64; 5]> {
+    let first = match n.op.as_str() {
+        "dnn.attention" => 0,
+        "dnn.attention_grad" => 1,
+        _ => return None,
+    };
+    let shape = |i: usize| {
+        let s = &g.values[*n.inputs.get(first + i)?].shape;
+        (s.len() == 4).then(|| s.iter().map(|&x| x as f64).collect::<Vec<f64>>())
+    };
+    let (q, k, v) = (shape(0)?, shape(1)?, shape(2)?);
+    Some([q[0] * q[1], q[2], k[2], q[3], v[3]])
 }
 
 /// The predicted time of running `g` once on a device of `cluster` (its ops one after
@@ -591,8 +675,20 @@ mod tests {
         // 8 devices of a node: NVLink; 16 spanning two nodes: the fabric.
         assert_eq!(c.level(8).unwrap().name, "nvlink");
         assert_eq!(c.level(16).unwrap().name, "infiniband");
+        // An all_reduce of 8 takes the tree's 2 x 3 latency steps, not the ring's 14; a
+        // level without trees keeps the ring, and so do gathers.
         let t = c.collective_time("nns.all_reduce", 8, 8, 450e9);
+        assert!((t - (6.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
+        let t = c.collective_time("nns.all_reduce", 2, 2, 450e9);
+        assert!((t - (2.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
+        let t = c.collective_time("nns.all_reduce", 5, 8, 450e9);
+        assert!((t - (6.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
+        let mut rings = c.clone();
+        rings.network[0].tree = false;
+        let t = rings.collective_time("nns.all_reduce", 8, 8, 450e9);
         assert!((t - (14.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
+        let t = c.collective_time("nns.all_gather", 8, 8, 450e9);
+        assert!((t - (7.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
         let t = c.collective_time("nns.all_gather", 2, 9, 50e9);
         assert!((t - (10e-6 + 1.0)).abs() < 1e-9, "{t}");
     }
@@ -613,6 +709,45 @@ mod tests {
     }
 
     #[test]
+    fn attention_costs_per_head_by_its_head_kernel_entry() {
+        use nnscaler_dialects::context::IrContext;
+        let ir = IrContext::new();
+        // 2 x 4 query heads of 8 positions, dim 4; 2 key/value heads with value dim 6.
+        let src = r#"func.func @f(%q: tensor<2x4x8x4xf32> {nns.name = "q"}, %k: tensor<2x2x16x4xf32> {nns.name = "k"}, %v: tensor<2x2x16x6xf32> {nns.name = "v"}) -> tensor<2x4x8x6xf32> {
+  %0 = "dnn.attention"(%q, %k, %v) {causal = true} : (tensor<2x4x8x4xf32>, tensor<2x2x16x4xf32>, tensor<2x2x16x6xf32>) -> tensor<2x4x8x6xf32>
+  return %0 : tensor<2x4x8x6xf32>
+}"#;
+        let m = ir.parse(src, "a.mlir").unwrap();
+        let g = Graph::all_in(&m).remove(0).unwrap();
+        let n = &g.nodes[0];
+        assert_eq!(head_shape(&g, n), Some([8.0, 8.0, 16.0, 4.0, 6.0]));
+        let mut c = preset("cpu").unwrap();
+        c.device.head_kernels.clear();
+        c.device.kernels.clear();
+        let roofline = node_cost(&g, n, &c, None).unwrap().seconds;
+        c.device
+            .head_kernels
+            .insert("dnn.attention".into(), [1e-6, 1e-7, 1e-9, 1e-11]);
+        let per_head = 1e-6 + 8.0 * 1e-7 + 128.0 * 1e-9 + 128.0 * 10.0 * 1e-11;
+        let t = node_cost(&g, n, &c, None).unwrap().seconds;
+        assert!(
+            (t - (c.device.op_overhead + 8.0 * per_head)).abs() < 1e-15,
+            "{t}"
+        );
+        assert!(t != roofline);
+        // Negative or all-zero terms are refused.
+        c.device
+            .head_kernels
+            .insert("dnn.attention".into(), [0.0; 4]);
+        let e = parse(&c.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("device.head_kernels: 'dnn.attention'"), "{e}");
+        c.device
+            .head_kernels
+            .insert("dnn.attention".into(), [1e-6, -1.0, 0.0, 0.0]);
+        assert!(parse(&c.to_toml().unwrap()).is_err());
+    }
+
+    #[test]
     fn bad_clusters_are_named() {
         let mut c = preset("cpu").unwrap();
         c.device.matrix_flops = 0.0;
@@ -626,6 +761,14 @@ mod tests {
         c.network[0].bandwidth = 0.0;
         let e = parse(&c.to_toml().unwrap()).unwrap_err();
         assert!(e.contains("in-process") && e.contains("bandwidth"), "{e}");
+        let mut c = preset("cpu").unwrap();
+        c.device.memory = 0;
+        let e = parse(&c.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("device.memory"), "{e}");
+        let mut c = preset("dgx-h100").unwrap();
+        c.device.matrix_flops_bf16 = Some(-1.0);
+        let e = parse(&c.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("device.matrix_flops_bf16"), "{e}");
         let e = parse("[device]\nname = 1").unwrap_err();
         assert!(!e.is_empty());
         assert!(load("no-such-cluster")

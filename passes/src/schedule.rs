@@ -413,18 +413,23 @@ pub fn parse_text(text: &str, file: &str) -> Result<Schedule, String> {
     })
 }
 
+/// The actions a fragment waits for (on any device), without allocating.
+fn deps_of(a: Action, stages: usize) -> [Option<Action>; 2] {
+    match a.kind {
+        Kind::F if a.stage > 0 => [Some(action(a.stage - 1, Kind::F, a.mb)), None],
+        Kind::F => [None, None],
+        Kind::B if a.stage + 1 < stages => [
+            Some(action(a.stage + 1, Kind::B, a.mb)),
+            Some(action(a.stage, Kind::F, a.mb)),
+        ],
+        Kind::B => [Some(action(a.stage, Kind::F, a.mb)), None],
+        Kind::W => [Some(action(a.stage, Kind::B, a.mb)), None],
+    }
+}
+
 /// The actions a fragment waits for (on any device).
 fn deps(a: Action, stages: usize) -> Vec<Action> {
-    match a.kind {
-        Kind::F if a.stage > 0 => vec![action(a.stage - 1, Kind::F, a.mb)],
-        Kind::F => vec![],
-        Kind::B if a.stage + 1 < stages => vec![
-            action(a.stage + 1, Kind::B, a.mb),
-            action(a.stage, Kind::F, a.mb),
-        ],
-        Kind::B => vec![action(a.stage, Kind::F, a.mb)],
-        Kind::W => vec![action(a.stage, Kind::B, a.mb)],
-    }
+    deps_of(a, stages).into_iter().flatten().collect()
 }
 
 /// Checks `s`: every stage sits on its device (`device_of`), every (stage,
@@ -602,23 +607,51 @@ pub fn simulate_with(s: &Schedule, cost: &dyn Fn(Action) -> f64) -> Result<Timel
 /// simulates one schedule with many costs).
 pub fn simulate_verified(s: &Schedule, cost: &dyn Fn(Action) -> f64) -> Result<Timeline, String> {
     let chunks = (s.stages / s.devices) as f64;
-    let mut done: HashMap<Action, f64> = HashMap::new();
+    // When each action ended, by (stage, micro-batch, kind) (a search simulates many
+    // schedules: no hashing, no allocation per action).
+    let slot = |a: Action| (a.stage * s.microbatches + a.mb) * 3 + a.kind as usize;
+    let mut done: Vec<Option<f64>> = vec![None; s.stages * s.microbatches * 3];
+    let mut finished = 0usize;
     let mut next = vec![0usize; s.devices];
     let mut free = vec![0.0f64; s.devices];
-    let mut runs: Vec<Vec<(Action, f64, f64)>> = vec![Vec::new(); s.devices];
+    let mut runs: Vec<Vec<(Action, f64, f64)>> = s
+        .actions
+        .iter()
+        .map(|a| Vec::with_capacity(a.len()))
+        .collect();
     let total: usize = s.actions.iter().map(Vec::len).sum();
-    while done.len() < total {
+    if s.actions
+        .iter()
+        .flatten()
+        .any(|a| a.stage >= s.stages || a.mb >= s.microbatches)
+    {
+        return Err(format!(
+            "{}: an action outside its stages or micro-batches",
+            s.name
+        ));
+    }
+    while finished < total {
         let mut progressed = false;
         for d in 0..s.devices {
             while let Some(&a) = s.actions[d].get(next[d]) {
-                let inputs: Option<Vec<f64>> = deps(a, s.stages)
-                    .iter()
-                    .map(|x| done.get(x).copied())
-                    .collect();
-                let Some(inputs) = inputs else { break };
-                let start = inputs.into_iter().fold(free[d], f64::max);
+                let mut start = free[d];
+                let mut ready = true;
+                for x in deps_of(a, s.stages).into_iter().flatten() {
+                    match done[slot(x)] {
+                        Some(t) => start = start.max(t),
+                        None => {
+                            ready = false;
+                            break;
+                        }
+                    }
+                }
+                if !ready {
+                    break;
+                }
                 let end = start + cost(a);
-                done.insert(a, end);
+                if done[slot(a)].replace(end).is_none() {
+                    finished += 1;
+                }
                 runs[d].push((a, start, end));
                 free[d] = end;
                 next[d] += 1;

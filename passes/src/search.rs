@@ -1807,6 +1807,10 @@ pub fn search_with(
     let mut candidates: Vec<(f64, Config)> = Vec::new();
     let mut considered = 0usize;
     let mut least_memory: Option<u64> = None;
+    // Balanced cuts by profile, stages and recompute: plans of other data-parallel
+    // degrees, schedules of as many chunks and ZeRO stages share them.
+    type CutKey = (Degrees, TpPolicy, usize, Recompute);
+    let mut balanced: HashMap<CutKey, Option<Vec<usize>>> = HashMap::new();
     for (tp, sp, pp) in factorizations(space, max_tp, (inner, positions)) {
         if space.max_pp.is_some_and(|m| pp > m) {
             continue;
@@ -1881,7 +1885,10 @@ pub fn search_with(
                         {
                             every_cut(prof.items.len(), stages)
                         } else {
-                            balanced_cut(&prof.items, stages, r, &held)
+                            balanced
+                                .entry((Degrees { tp, sp, micro }, tensor, stages, r))
+                                .or_insert_with(|| balanced_cut(&prof.items, stages, r, &held))
+                                .clone()
                                 .into_iter()
                                 .collect()
                         };

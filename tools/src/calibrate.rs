@@ -9,7 +9,9 @@
 //! chains of all_reduces between two simulated devices, one thread each, of 16 floats
 //! (the latency of a step) and of 1M floats (the bandwidth): the in-process network; and
 //! per op of two synthetic models' training steps, its kernel at two sizes run by the
-//! interpreter (`Device::kernels`, see `kernel_factors`).
+//! interpreter (`Device::kernels`, see `kernel_factors`), except attention and its
+//! gradient, fitted by their heads' shapes over a grid (`Device::head_kernels`, see
+//! `head_terms`).
 //! Each figure is the median of repeated runs, timed by the wall clock or (`--timing
 //! serial`, as `nnscaler run --timing serial` times a run) by the thread's CPU time and,
 //! for the network, the simulated devices' serial clock. Never
@@ -52,10 +54,10 @@ fn clock(origin: Instant) -> f64 {
     about = "Measure this machine's entries of the cost model (a cluster TOML for --print-stats=cluster=...)",
     long_about = "Measure this machine's entries of the cost model by microbenchmarks, one \
         thread: matrix-product efficiency by size, the vector and memory rates, the per-op \
-        overhead, the in-process network, and per op how the runtime's kernel compares \
-        with that roofline. Prints them and writes a cluster TOML that \
+        overhead, the in-process network, per op how the runtime's kernel compares \
+        with that roofline, and attention's cost by its heads' shapes. Prints them and writes a cluster TOML that \
         --print-stats=cluster=FILE, nnscaler plan --cluster FILE and \
-        --plan=\"tp-search cluster=FILE\" read. Takes about fifteen seconds.\n\n\
+        --plan=\"tp-search cluster=FILE\" read. Takes about ten seconds.\n\n\
         A GPU (--device gpu) is measured where only nnscaler-rt runs: --prepare DIR writes \
         benchmark artifacts and DIR/calibrate.json, 'nnscaler-rt bench DIR/calibrate.json \
         --backend cuda -o timings.json' times them on the GPU's machine, and --timings \
@@ -530,6 +532,9 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     c.device.matrix_efficiency = efficiency.iter().map(|&[f, e]| [f, sig(e)]).collect();
     c.device.op_overhead = sig(overhead);
     c.device.kernels.clear();
+    let (heads, lines) = head_terms()?;
+    report += &lines;
+    c.device.head_kernels = heads;
     let (kernels, lines) = kernel_factors(&c)?;
     report += &lines;
     c.device.kernels = kernels;
@@ -578,6 +583,7 @@ fn instances<'a>(steps: &'a [Graph], c: &Cluster) -> BTreeMap<String, (f64, &'a 
                 n.op.as_str(),
                 "dnn.matmul" | "dnn.linear" | "dnn.linear_weight_grad"
             ) || kernel(&n.op).is_none()
+                || c.device.head_kernels.contains_key(&n.op)
             {
                 continue;
             }
@@ -733,6 +739,128 @@ fn kernel_factors(c: &Cluster) -> Result<(BTreeMap<String, [f64; 2]>, String), S
     Ok((kernels, lines))
 }
 
+/// Per attention op (`dnn.attention`, `dnn.attention_grad`; causal), the CPU runtime's
+/// kernel as a function of its heads' shapes (`Device::head_kernels`): timed by
+/// [`time_kernel`] on a grid of heads (queries = keys from 6 to 192, head dims 6, 20 and
+/// 56: sizes unlike the zoo's), each call over enough heads to take tens of
+/// microseconds, and `[per head, per row, per score, per score and dim]` fitted to the
+/// grid by least squares on the relative error with every coefficient >= 0 (the best of
+/// the non-negative solutions over the subsets of the four terms). The report gives the
+/// fit's largest relative error over the grid.
+fn head_terms() -> Result<(BTreeMap<String, [f64; 4]>, String), String> {
+    let mut terms = BTreeMap::new();
+    let mut lines = String::new();
+    let mut attrs = Attrs::new();
+    attrs.insert("causal".into(), AttrValue::Bool(true));
+    for op in ["dnn.attention", "dnn.attention_grad"] {
+        let mut rows: Vec<([f64; 4], f64)> = Vec::new();
+        for s in [6usize, 12, 24, 48, 96, 192] {
+            for d in [6usize, 20, 56] {
+                let heads = ((1usize << 20) / (s * s * d)).clamp(1, 64);
+                let shape = [1, heads, s, d];
+                let qkv = [random(&shape, 21), random(&shape, 22), random(&shape, 23)];
+                let (ins, out): (Vec<Tensor>, Vec<TensorType>) = if op == "dnn.attention" {
+                    (qkv.to_vec(), vec![ty(&shape)])
+                } else {
+                    let mut ins = vec![random(&shape, 24)];
+                    ins.extend(qkv);
+                    (ins, vec![ty(&shape); 3])
+                };
+                let t = time_kernel(op, &attrs, &ins, &out)?;
+                let (h, s, d) = (heads as f64, s as f64, d as f64);
+                rows.push(([h, h * s, h * s * s, h * s * s * 2.0 * d], t));
+            }
+        }
+        let coef =
+            nonnegative_fit(&rows).ok_or_else(|| format!("{op}: no fit of its heads' times"))?;
+        let worst = rows
+            .iter()
+            .map(|(x, t)| ((x.iter().zip(&coef).map(|(a, b)| a * b).sum::<f64>() - t) / t).abs())
+            .fold(0.0, f64::max);
+        lines += &format!(
+            "  {op} per head: {:.3} us + {:.1} ns a row + {:.2} ns a score + {:.3} ns a score and dim ({} shapes, worst {:.0}% off)\n",
+            coef[0] * 1e6,
+            coef[1] * 1e9,
+            coef[2] * 1e9,
+            coef[3] * 1e9,
+            rows.len(),
+            worst * 100.0
+        );
+        terms.insert(op.to_string(), coef.map(sig));
+    }
+    Ok((terms, lines))
+}
+
+/// Non-negative least squares on the relative error, `min sum ((x . c - t) / t)^2` over
+/// `c >= 0`, for a few terms: the best of the unconstrained solutions over every subset
+/// of the terms (the others 0) that come out non-negative. `None` when no subset does.
+fn nonnegative_fit<const N: usize>(rows: &[([f64; N], f64)]) -> Option<[f64; N]> {
+    let mut best: Option<([f64; N], f64)> = None;
+    for mask in 1u32..(1 << N) {
+        let keep: Vec<usize> = (0..N).filter(|i| mask & (1 << i) != 0).collect();
+        let m = keep.len();
+        // Normal equations of the weighted rows over the kept terms.
+        let mut a = vec![vec![0.0; m + 1]; m];
+        for (x, t) in rows {
+            let w: Vec<f64> = keep.iter().map(|&i| x[i] / t).collect();
+            for r in 0..m {
+                for c in 0..m {
+                    a[r][c] += w[r] * w[c];
+                }
+                a[r][m] += w[r];
+            }
+        }
+        // Each term scaled to unit norm: the terms' sizes differ by orders of magnitude.
+        let norm: Vec<f64> = (0..m).map(|r| a[r][r].sqrt().max(1e-300)).collect();
+        for r in 0..m {
+            for c in 0..m {
+                a[r][c] /= norm[r] * norm[c];
+            }
+            a[r][m] /= norm[r];
+        }
+        let Some(sol) = solve(a) else { continue };
+        let sol: Vec<f64> = sol.iter().zip(&norm).map(|(v, n)| v / n).collect();
+        if sol.iter().any(|&v| v < 0.0) {
+            continue;
+        }
+        let mut c = [0.0; N];
+        for (k, &i) in keep.iter().enumerate() {
+            c[i] = sol[k];
+        }
+        let err: f64 = rows
+            .iter()
+            .map(|(x, t)| (x.iter().zip(&c).map(|(a, b)| a * b).sum::<f64>() / t - 1.0).powi(2))
+            .sum();
+        if best.as_ref().is_none_or(|(_, e)| err < *e) {
+            best = Some((c, err));
+        }
+    }
+    best.map(|(c, _)| c)
+}
+
+/// The solution of the augmented square system `a` (Gaussian elimination with partial
+/// pivoting); `None` when it is singular.
+fn solve(mut a: Vec<Vec<f64>>) -> Option<Vec<f64>> {
+    let m = a.len();
+    for col in 0..m {
+        let p = (col..m).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        if a[p][col].abs() < 1e-300 {
+            return None;
+        }
+        a.swap(col, p);
+        let pivot = a[col].clone();
+        for (r, row) in a.iter_mut().enumerate() {
+            if r != col {
+                let f = row[col] / pivot[col];
+                for (x, p) in row[col..].iter_mut().zip(&pivot[col..]) {
+                    *x -= f * p;
+                }
+            }
+        }
+    }
+    Some((0..m).map(|r| a[r][m] / a[r][r]).collect())
+}
+
 /// `x` to four significant digits (what a timing on a shared machine supports), so that
 /// the written TOML reads `2.4e-7`, not `2.4000000000000003e-7`.
 fn sig(x: f64) -> f64 {
@@ -757,4 +885,43 @@ fn chrono_free_date() -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     format!("{}-{m:02}-{d:02}", if m <= 2 { y + 1 } else { y })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonnegative_fit_recovers_terms_and_drops_negative_ones() {
+        // Exact data from known coefficients of very different sizes.
+        let c = [1e-6, 1e-7, 4e-9, 8e-11];
+        let rows: Vec<([f64; 4], f64)> = [
+            (8.0, 4.0),
+            (16.0, 16.0),
+            (64.0, 32.0),
+            (128.0, 8.0),
+            (32.0, 64.0),
+        ]
+        .iter()
+        .map(|&(s, d): &(f64, f64)| {
+            let x = [1.0, s, s * s, s * s * d];
+            (x, x.iter().zip(&c).map(|(a, b)| a * b).sum())
+        })
+        .collect();
+        let got = nonnegative_fit(&rows).expect("a fit");
+        for (g, w) in got.iter().zip(&c) {
+            assert!((g / w - 1.0).abs() < 1e-6, "{got:?}");
+        }
+        // A time that falls with the second term: its coefficient would be negative, so
+        // the fit leaves it out and stays non-negative.
+        let rows: Vec<([f64; 2], f64)> = (1..6)
+            .map(|k| {
+                let x = [1.0, k as f64];
+                (x, 10.0 - k as f64)
+            })
+            .collect();
+        let got = nonnegative_fit(&rows).expect("a fit");
+        assert_eq!(got[1], 0.0);
+        assert!(got[0] > 0.0);
+    }
 }
