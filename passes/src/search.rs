@@ -1683,6 +1683,9 @@ fn fill_profiles(
             first.push(k);
         }
     }
+    // The searched splits' solves first (the longest tasks), so that the threads do not
+    // wait on one at the end of the phase.
+    first.sort_by_key(|&(d, t)| !(t == TpPolicy::Search && d.tp > 1));
     let mut choices: HashMap<(u64, u64), Vec<String>> = HashMap::new();
     for phase in [first, later] {
         let done = compile_profiles(g, cut, cluster, &phase, &choices, threads);
