@@ -226,13 +226,15 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 source: "nnscaler calibrate --device cpu, 2026-12-02 (one run, quiet; a shared machine: recalibrate)"
                     .into(),
             },
-            // Simulated devices exchange through memory: chains of all_reduces between
-            // two simulated devices (a later run, 2026-12-02, after the devices began to
-            // spin before sleeping at a collective).
+            // Simulated devices exchange through memory: all_reduces between two
+            // simulated devices, the latency from a chain (a later run, 2026-12-02, after
+            // the devices began to spin before sleeping at a collective), the bandwidth
+            // from all_reduces of operands of their own, cold as a step's gradients are
+            // (2026-12-03; a chain on one hot operand measured 1.43 GB/s).
             network: vec![Level {
                 name: "in-process".into(),
                 devices: 64,
-                bandwidth: 1.426e9,
+                bandwidth: 0.9e9,
                 latency: 1.845e-6,
                 tree: false,
             }],

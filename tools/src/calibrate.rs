@@ -6,8 +6,9 @@
 //! elementwise op on 4M floats (memory bandwidth), gelu on 1M floats (the vector rate,
 //! counted by the op spec's FLOPs) and a chain of 1,998 small ops (add, transpose, matmul,
 //! reshape, sum, subtract on 8 x 8) run by the interpreter (the per-op overhead), and
-//! chains of all_reduces between two simulated devices, one thread each, of 16 floats
-//! (the latency of a step) and of 1M floats (the bandwidth): the in-process network; and
+//! all_reduces between two simulated devices, one thread each: a chain of 16 floats (the
+//! latency of a step) and twenty of 1M floats on operands of their own, cold (the
+//! bandwidth): the in-process network; and
 //! per op of two synthetic models' training steps, its kernel at two sizes run by the
 //! interpreter (`Device::kernels`, see `kernel_factors`), except attention and its
 //! gradient, fitted by their heads' shapes over a grid (`Device::head_kernels`, see
@@ -454,20 +455,28 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     });
     let overhead = t / ops as f64;
     report += &format!("  interpreter: {:.2} us per op\n", overhead * 1e6);
-    // The in-process network: a chain of all_reduces between two simulated devices (one
-    // thread each), small (latency) and large (bandwidth), timed as the devices run.
-    let reduce = |floats: usize, chain: usize| -> Result<f64, String> {
+    // The in-process network: all_reduces between two simulated devices (one thread
+    // each), small (latency: a chain, each on the last one's result) and large
+    // (bandwidth: each on an operand of its own, so that it reads cold data, as a step's
+    // gradient sync does: a chain's operand is in the cache, and measured 2-3 times as
+    // fast), timed as the devices run.
+    let reduce = |floats: usize, chain: usize, cold: bool| -> Result<f64, String> {
         let t = format!("tensor<{floats}xf32>");
         let mut text = String::from(
             "\"nns.mesh\"() {sym_name = \"world\", axes = #nns.axes<dp = 2>} : () -> ()\n",
         );
+        let args: Vec<String> = (0..if cold { chain } else { 1 })
+            .map(|k| format!("%x{k}: {t} {{nns.name = \"x{k}\"}}"))
+            .collect();
         text += &format!(
-            "func.func @f(%x: {t} {{nns.name = \"x\"}}) -> ({t} {{nns.name = \"y\"}}) attributes {{nns.localized = #nns.axes<dp = 2>}} {{\n"
+            "func.func @f({}) -> ({t} {{nns.name = \"y\"}}) attributes {{nns.localized = #nns.axes<dp = 2>}} {{\n",
+            args.join(", ")
         );
-        let mut last = "%x".to_string();
+        let mut last = "%x0".to_string();
         for k in 0..chain {
+            let operand = if cold { format!("%x{k}") } else { last };
             text += &format!(
-                "  %r{k} = \"nns.all_reduce\"({last}) {{axes = [\"dp\"], reduce = \"max\"}} : ({t}) -> {t}\n"
+                "  %r{k} = \"nns.all_reduce\"({operand}) {{axes = [\"dp\"], reduce = \"max\"}} : ({t}) -> {t}\n"
             );
             last = format!("%r{k}");
         }
@@ -488,6 +497,9 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
             .ok_or("no function")?
             .map_err(|e| e.message)?;
         let x = random(&[floats], 7);
+        let inputs: Vec<Tensor> = (0..if cold { chain } else { 1 })
+            .map(|_| x.clone())
+            .collect();
         let opts = Options {
             serial_devices: a.timing == "serial",
             ..Options::default()
@@ -495,16 +507,16 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         // The median of 21 runs: the in-process network's time is the scheduler's too.
         let mut ts = Vec::new();
         for _ in 0..21 {
-            nnscaler_runtime::spmd::run_spmd(&g, &mesh, vec![x.clone()], &opts)
+            nnscaler_runtime::spmd::run_spmd(&g, &mesh, inputs.clone(), &opts)
                 .map_err(|e| e.message)?;
             ts.push(nnscaler_runtime::spmd::device_seconds() / chain as f64);
         }
         ts.sort_by(f64::total_cmp);
         Ok(ts[ts.len() / 2])
     };
-    let small = reduce(16, 400)?;
+    let small = reduce(16, 400, false)?;
     let big_floats = 1 << 20;
-    let big = reduce(big_floats, 20)?;
+    let big = reduce(big_floats, 20, true)?;
     // A ring all_reduce of two devices: two latency steps, each device sending its bytes
     // once (nns::sent_bytes).
     let latency = small / 2.0;
