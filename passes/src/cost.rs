@@ -384,9 +384,10 @@ impl Device {
     /// Seconds of op `op` over `heads` attention heads of `s` queries and `t` keys, head
     /// dims `d` (queries, keys) and `e` (values), by its `head_kernels` entry (`None`
     /// without one).
-    pub fn head_kernel_time(&self, op: &str, [heads, s, t, d, e]: [f64; 5]) -> Option<f64> {
-        let [c0, c1, c2, c3] = self.head_kernels.get(op)?;
-        Some(self.op_overhead + heads * (c0 + c1 * s + c2 * s * t + c3 * s * t * (d + e)))
+    pub fn head_kernel_time(&self, op: &str, shape: [f64; 5]) -> Option<f64> {
+        let c = self.head_kernels.get(op)?;
+        let x = head_terms(shape);
+        Some(self.op_overhead + x.iter().zip(c).map(|(x, c)| x * c).sum::<f64>())
     }
 
     /// Seconds of non-matrix op `op` of `flops` moving `bytes`: its roofline at the vector
@@ -604,6 +605,13 @@ pub fn node_cost(
         bf16,
         axes: None,
     })
+}
+
+/// What each `head_kernels` coefficient multiplies for attention of shape `[heads, s,
+/// t, d, e]` ([`head_shape`]): heads, query rows, scores, and scores times `d + e`
+/// (`nnscaler calibrate` fits the coefficients on the same terms).
+pub fn head_terms([heads, s, t, d, e]: [f64; 5]) -> [f64; 4] {
+    [heads, heads * s, heads * s * t, heads * s * t * (d + e)]
 }
 
 /// An attention op's heads: `[heads, queries, keys, query/key head dim, value head dim]`

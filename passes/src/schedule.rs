@@ -43,6 +43,22 @@ pub struct Action {
     pub mb: usize,
 }
 
+impl Action {
+    /// The action a tag such as `1B3` names (`<stage><F|B|W><micro-batch>`, as
+    /// [`Action`]'s `Display` writes it and fragments' `nns.fragment` records it).
+    pub fn parse(tag: &str) -> Option<Action> {
+        let k = tag.find(['F', 'B', 'W'])?;
+        let stage = tag[..k].parse().ok()?;
+        let mb = tag[k + 1..].parse().ok()?;
+        let kind = match &tag[k..k + 1] {
+            "F" => Kind::F,
+            "B" => Kind::B,
+            _ => Kind::W,
+        };
+        Some(action(stage, kind, mb))
+    }
+}
+
 impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}{:?}{}", self.stage, self.kind, self.mb)
@@ -363,18 +379,11 @@ pub fn parse_text(text: &str, file: &str) -> Result<Schedule, String> {
                     ln + 1
                 )
             };
-            let k = item.find(['F', 'B', 'W']).ok_or_else(bad)?;
-            let stage: usize = item[..k].parse().map_err(|_| bad())?;
-            let mb: usize = item[k + 1..].parse().map_err(|_| bad())?;
-            let kind = match &item[k..k + 1] {
-                "F" => Kind::F,
-                "B" => Kind::B,
-                _ => Kind::W,
-            };
-            split |= kind == Kind::W;
-            stages = stages.max(stage + 1);
-            mbs = mbs.max(mb + 1);
-            dev.push(action(stage, kind, mb));
+            let a = Action::parse(item).ok_or_else(bad)?;
+            split |= a.kind == Kind::W;
+            stages = stages.max(a.stage + 1);
+            mbs = mbs.max(a.mb + 1);
+            dev.push(a);
         }
         actions.push(dev);
     }

@@ -108,20 +108,6 @@ impl PipelinePrediction {
     }
 }
 
-/// `(stage, kind index: F 0 / B 1 / W 2, micro-batch)` of a fragment tag such as `1B3`.
-pub fn parse_fragment(t: &str) -> Option<(usize, usize, usize)> {
-    let at = t.find(|ch: char| !ch.is_ascii_digit())?;
-    let stage = t[..at].parse().ok()?;
-    let kind = match t[at..].chars().next()? {
-        'F' => 0,
-        'B' => 1,
-        'W' => 2,
-        _ => return None,
-    };
-    let mb = t[at + 1..].parse().ok()?;
-    Some((stage, kind, mb))
-}
-
 /// The predicted step of localized pipeline `name` among `graphs` (its ranks'
 /// programs, recording schedule `s`, and its fragments `@<name>.s<stage>.<F|B|W>`) on
 /// devices of `c`, devices numbered row-major over `mesh`.
@@ -133,9 +119,8 @@ pub fn predict_pipeline(
     mesh: &Mesh,
 ) -> Result<PipelinePrediction, String> {
     let fragment = |st: usize, kind: &str| {
-        graphs
-            .iter()
-            .find(|g| g.name == format!("{name}.s{st}.{kind}"))
+        let want = format!("{name}.s{st}.{kind}");
+        graphs.iter().find(|g| g.name == want)
     };
     if let Some(g) = fragment(0, "F").filter(|g| !g.is_localized()) {
         return Err(format!(
@@ -165,13 +150,15 @@ pub fn predict_pipeline(
     for (rank, g) in ranks.iter().enumerate() {
         // The fragment (stage, kind, micro-batch) each value comes from: a call's
         // results, and what ops after it compute from them.
-        let mut from: HashMap<ValueId, (usize, usize, usize)> = HashMap::new();
+        let mut from: HashMap<ValueId, Action> = HashMap::new();
         let (mut seconds, mut work) = (0.0, 0.0);
         for n in &g.nodes {
             if n.op == "func.call" {
                 if let Some(AttrValue::Str(t)) = n.attrs.get("nns.fragment") {
-                    if let Some(f @ (st, k, _)) = parse_fragment(t) {
-                        work += fragment_flops.get(st).map_or(0.0, |x| x[k]);
+                    if let Some(f) = Action::parse(t) {
+                        work += fragment_flops
+                            .get(f.stage)
+                            .map_or(0.0, |x| x[f.kind as usize]);
                         for &o in &n.outputs {
                             from.insert(o, f);
                         }
@@ -187,7 +174,8 @@ pub fn predict_pipeline(
                     continue;
                 };
                 // Micro-batch 0's sends (every micro-batch sends the same).
-                let Some((st, k, 0)) = origin.filter(|o| o.0 < s.stages) else {
+                let Some(Action { stage, kind, mb: 0 }) = origin.filter(|o| o.stage < s.stages)
+                else {
                     continue;
                 };
                 // Pipeline ranks are the devices' outermost axis of those it precedes:
@@ -196,7 +184,7 @@ pub fn predict_pipeline(
                     devices[i + 1..].iter().map(|x| x.size as u64).product()
                 });
                 let span = (*peer - rank as i64).unsigned_abs() * stride + 1;
-                sends[st][k] += c.p2p_time(span, g.values[v].bytes());
+                sends[stage][kind as usize] += c.p2p_time(span, g.values[v].bytes());
                 continue;
             }
             if let Some(f) = origin {

@@ -780,14 +780,14 @@ fn head_terms() -> Result<(BTreeMap<String, [f64; 4]>, String), String> {
                 };
                 let t = time_kernel(op, &attrs, &ins, &out)?;
                 let (h, s, d) = (heads as f64, s as f64, d as f64);
-                rows.push(([h, h * s, h * s * s, h * s * s * 2.0 * d], t));
+                rows.push((cost::head_terms([h, s, s, d, d]), t));
             }
         }
         let coef =
             nonnegative_fit(&rows).ok_or_else(|| format!("{op}: no fit of its heads' times"))?;
         let worst = rows
             .iter()
-            .map(|(x, t)| ((x.iter().zip(&coef).map(|(a, b)| a * b).sum::<f64>() - t) / t).abs())
+            .map(|(x, t)| (dot(x, &coef) / t - 1.0).abs())
             .fold(0.0, f64::max);
         lines += &format!(
             "  {op} per head: {:.3} us + {:.1} ns a row + {:.2} ns a score + {:.3} ns a score and dim ({} shapes, worst {:.0}% off)\n",
@@ -841,13 +841,17 @@ fn nonnegative_fit<const N: usize>(rows: &[([f64; N], f64)]) -> Option<[f64; N]>
         }
         let err: f64 = rows
             .iter()
-            .map(|(x, t)| (x.iter().zip(&c).map(|(a, b)| a * b).sum::<f64>() / t - 1.0).powi(2))
+            .map(|(x, t)| (dot(x, &c) / t - 1.0).powi(2))
             .sum();
         if best.as_ref().is_none_or(|(_, e)| err < *e) {
             best = Some((c, err));
         }
     }
     best.map(|(c, _)| c)
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// The solution of the augmented square system `a` (Gaussian elimination with partial
