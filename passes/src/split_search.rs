@@ -888,7 +888,12 @@ fn arg_choices(f: &Facts<'_>, arg: &nnscaler_dialects::graph::Arg, here: Shardin
 /// logits split on the classes (`vocab`). Each choice is costed by compiling the op and
 /// its VJP alone ([`scratch_costs`]); user ops, which the scratch compilation cannot take,
 /// by the mirror rule ([`mirror_grads`], backward twice the forward).
-fn op_choices(f: &Facts<'_>, k: usize, pn: &Node) -> Result<Vec<Choice>, Diagnostics> {
+fn op_choices(
+    f: &Facts<'_>,
+    k: usize,
+    pn: &Node,
+    only: Option<&str>,
+) -> Result<Vec<Choice>, Diagnostics> {
     let (g, mesh, axis, tp) = (f.g, f.mesh, f.axis, f.tp);
     let n = &g.nodes[k];
     let at = |e: String| f.error(n, e);
@@ -932,6 +937,9 @@ fn op_choices(f: &Facts<'_>, k: usize, pn: &Node) -> Result<Vec<Choice>, Diagnos
         if n.op == "dnn.cross_entropy" && classes % tp == 0 {
             options.push(("vocab".into(), base_binds.clone(), false, true));
         }
+    }
+    if let Some(label) = only {
+        options.retain(|(l, ..)| l == label);
     }
     let in_ranks: Vec<usize> = n.inputs.iter().map(|&v| g.values[v].rank()).collect();
     let out_ranks: Vec<usize> = n.outputs.iter().map(|&v| g.values[v].rank()).collect();
@@ -1237,6 +1245,20 @@ fn flow_terms(
 
 /// Prepares the search on training step `g` (single device, global shapes) over `mesh`.
 pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diagnostics> {
+    Ok(prepare_with(g, mesh, o, None)?.expect("a full problem is always prepared"))
+}
+
+/// [`prepare`], each class given only the choice `only` names for it (by label, as
+/// [`Problem::labels`] gives them) when `only` is given: a problem of one selection,
+/// without the other choices' scratch compilations and transitions. `None` when `only`
+/// does not fit: another number of classes, a class without that choice, or a user
+/// constraint the choice breaks.
+fn prepare_with(
+    g: &Graph,
+    mesh: &Mesh,
+    o: &Options<'_>,
+    only: Option<&[String]>,
+) -> Result<Option<Prepared>, Diagnostics> {
     let axis = mesh
         .axes
         .iter()
@@ -1254,23 +1276,39 @@ pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diag
     let base = plan(g.clone(), Policy::Dp, mesh)?;
     let (pre, pre_node, pre_layouts) = data_parallel(&f, &base)?;
     let (mut classes, class_of) = classes(&f);
-    for class in classes.iter_mut() {
+    if only.is_some_and(|l| l.len() != classes.len()) {
+        return Ok(None);
+    }
+    for (c, class) in classes.iter_mut().enumerate() {
+        let label = only.map(|l| l[c].as_str());
         class.choices = match class.members[0] {
             Member::Arg(a) => {
                 let v = base.args[a].value;
                 let here = pre_layouts[v]
                     .clone()
                     .unwrap_or_else(|| Sharding::replicated(g.values[v].rank(), mesh.axes.len()));
-                arg_choices(&f, &base.args[a], here)
+                let mut choices = arg_choices(&f, &base.args[a], here);
+                if let Some(label) = label {
+                    choices.retain(|ch| ch.label == label);
+                }
+                choices
             }
             Member::Op(k) => match pre_node[k] {
-                Some(j) => op_choices(&f, k, &pre.nodes[j])?,
+                Some(j) => op_choices(&f, k, &pre.nodes[j], label)?,
                 None => continue,
             },
         };
+        if label.is_some() && class.choices.len() != 1 {
+            return Ok(None);
+        }
     }
     for class in &mut classes {
-        class.constraint = user_constraint(&f, class)?;
+        class.constraint = match (user_constraint(&f, class), only) {
+            (Ok(c), _) => c,
+            // The one choice breaks the constraint.
+            (Err(_), Some(_)) => return Ok(None),
+            (Err(e), None) => return Err(e),
+        };
     }
     let (terms, impossible) = flow_terms(&f, &classes, &class_of);
     let cap = o.memory_cap.map(|c| {
@@ -1279,7 +1317,7 @@ pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diag
             format!("the memory_cap of {c} bytes per device on @{}", mesh.name),
         )
     });
-    Ok(Prepared {
+    Ok(Some(Prepared {
         problem: Problem {
             classes,
             terms,
@@ -1288,7 +1326,7 @@ pub fn prepare(g: &Graph, mesh: &Mesh, o: &Options<'_>) -> Result<Prepared, Diag
             cap_loc: o.cap_loc.clone(),
         },
         base,
-    })
+    }))
 }
 
 impl Prepared {
@@ -1445,7 +1483,9 @@ pub fn tp_search(
 
 /// [`tp_search`], taking the choices `reuse` names (a [`Searched::labels`] of the same
 /// step on another mesh of the same `axis` size) instead of solving, when each class has
-/// that choice and the selection keeps the constraints; else it solves.
+/// that choice and the selection keeps the constraints; else it solves. A reused
+/// selection is prepared alone (the other choices are neither compiled nor costed), so
+/// the result's problem then holds one choice per class.
 pub fn tp_search_reusing(
     g: Graph,
     mesh: &Mesh,
@@ -1454,27 +1494,31 @@ pub fn tp_search_reusing(
     reuse: Option<&[String]>,
 ) -> Result<Searched, Diagnostics> {
     let o = Options::on(mesh, cluster, axis);
-    let prepared = prepare(&g, mesh, &o)?;
-    let p = &prepared.problem;
-    let reused: Option<Vec<usize>> = reuse
-        .filter(|l| l.len() == p.classes.len())
-        .and_then(|labels| {
-            p.classes
-                .iter()
-                .zip(labels)
-                .map(|(c, l)| c.choices.iter().position(|ch| ch.label == *l))
-                .collect::<Option<Vec<usize>>>()
-        })
-        .filter(|sel| p.allows(sel));
-    let solution = match reused {
-        Some(choice) => Solution {
-            seconds: p.evaluate(&choice),
-            memory: p.memory(&choice),
-            choice,
-        },
-        None => p
-            .solve()
-            .map_err(|e| conflict_diagnostics(&e, &g.loc, axis))?,
+    // The reused selection, as a problem of its choices alone, when it holds.
+    let reused = match reuse {
+        Some(labels) => prepare_with(&g, mesh, &o, Some(labels))?.and_then(|p| {
+            let choice = vec![0; p.problem.classes.len()];
+            p.problem.allows(&choice).then(|| {
+                let solution = Solution {
+                    seconds: p.problem.evaluate(&choice),
+                    memory: p.problem.memory(&choice),
+                    choice,
+                };
+                (p, solution)
+            })
+        }),
+        None => None,
+    };
+    let (prepared, solution) = match reused {
+        Some(found) => found,
+        None => {
+            let prepared = prepare(&g, mesh, &o)?;
+            let solution = prepared
+                .problem
+                .solve()
+                .map_err(|e| conflict_diagnostics(&e, &g.loc, axis))?;
+            (prepared, solution)
+        }
     };
     let mut planned = prepared.apply(&solution, mesh, axis);
     crate::plan::state_layouts(&mut planned);

@@ -1,7 +1,8 @@
 //! The per-op split search (`--plan="tp-search ..."`, `nnscaler_passes::split_search`):
 //! Z3's optimum equals brute force over the same problem; its objective predicts the
 //! compiled per-device program; the compiled plan is never worse than Megatron's on the
-//! same mesh; repeated layers are solved once; the memory cap is kept.
+//! same mesh; repeated layers are solved once; the memory cap is kept; a reused selection
+//! plans what the solve planned.
 
 use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::graph::Graph;
@@ -10,7 +11,8 @@ use nnscaler_frontends::{build_module, preset};
 use nnscaler_passes::cost;
 use nnscaler_passes::plan::{plan, Policy};
 use nnscaler_passes::split_search::{
-    compiled_seconds, prepare, tp_search, Choice, Class, Infeasible, Member, Options, Problem, Term,
+    compiled_seconds, prepare, tp_search, tp_search_reusing, Choice, Class, Infeasible, Member,
+    Options, Problem, Term,
 };
 use nnscaler_tools::plan::training_step;
 
@@ -327,5 +329,54 @@ fn the_memory_cap_is_kept() {
             assert!(least > 1000 && least <= s.memory, "{least}");
         }
         other => panic!("{other:?}"),
+    }
+}
+
+/// A selection reused by label (prepared alone, without the other choices) plans the step
+/// as the solve that found it did; labels that do not fit fall back to solving.
+#[test]
+fn a_reused_selection_plans_what_the_solve_planned() {
+    let c = cluster("compute-bound");
+    for (sizes, m) in [
+        (vec![("heads", "4"), ("vocab", "12")], mesh(1, 2)),
+        (vec![("heads", "4"), ("seq", "8")], mesh_sp(1, 2, 2)),
+    ] {
+        let g = step("gpt-tiny", &sizes);
+        let solved = tp_search(g.clone(), &m, &c, "tp").unwrap();
+        let labels = solved.labels();
+        assert!(
+            labels.iter().any(|l| l != "R"),
+            "nothing split, the test shows little: {labels:?}"
+        );
+        let full = solved.prepared.problem.classes.iter();
+        assert!(full.map(|c| c.choices.len()).sum::<usize>() > labels.len());
+        let reused = tp_search_reusing(g.clone(), &m, &c, "tp", Some(&labels)).unwrap();
+        let classes = &reused.prepared.problem.classes;
+        assert!(
+            classes.iter().all(|c| c.choices.len() == 1),
+            "the reused problem kept other choices"
+        );
+        assert_eq!(reused.labels(), labels);
+        assert_eq!(reused.solution.seconds, solved.solution.seconds);
+        assert_eq!(reused.solution.memory, solved.solution.memory);
+        assert_eq!(
+            format!("{:?}", reused.planned),
+            format!("{:?}", solved.planned)
+        );
+        assert_eq!(
+            format!("{:?}", reused.propagated),
+            format!("{:?}", solved.propagated)
+        );
+        // A label no class has, or too few labels: solved again.
+        let mut wrong = labels.clone();
+        wrong[0] = "no such split".into();
+        for bad in [wrong, labels[1..].to_vec()] {
+            let again = tp_search_reusing(g.clone(), &m, &c, "tp", Some(&bad)).unwrap();
+            let classes = &again.prepared.problem.classes;
+            assert!(classes.iter().any(|c| c.choices.len() > 1));
+            // The optimum again (Z3 may take another of equal cost).
+            let (a, b) = (again.solution.seconds, solved.solution.seconds);
+            assert!((a - b).abs() <= 1e-9 * b, "{a} s against {b} s");
+        }
     }
 }
