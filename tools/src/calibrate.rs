@@ -1,11 +1,12 @@
 //! `nnscaler calibrate --device cpu [-o CLUSTER.toml]`: the cost model's device entries
 //! measured by microbenchmarks on this machine, one thread (the CPU runtime's kernels):
-//! matrix products in the three forms of a training step (A B, A B^T, A^T B; one side
-//! four times the others, as token rows are) from 8 to 512 (the efficiency curve and the
-//! peak), an
+//! a chain of 1,998 small ops (add, transpose, matmul, reshape, sum, subtract on 8 x 8)
+//! run by the interpreter (the per-op overhead), matrix products in the three forms of a
+//! training step (A B, A B^T, A^T B; one side four times the others, as token rows are)
+//! from 8 to 512 run by the interpreter (the efficiency curve and the peak, each
+//! product's time less that overhead, which the model charges every op besides), an
 //! elementwise op on 4M floats (memory bandwidth), gelu on 1M floats (the vector rate,
-//! counted by the op spec's FLOPs) and a chain of 1,998 small ops (add, transpose, matmul,
-//! reshape, sum, subtract on 8 x 8) run by the interpreter (the per-op overhead), and
+//! counted by the op spec's FLOPs), and
 //! all_reduces between two simulated devices, one thread each: a chain of 16 floats (the
 //! latency of a step) and twenty of 1M floats on operands of their own, cold (the
 //! bandwidth): the in-process network; and
@@ -232,27 +233,34 @@ fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
     };
     let of = |k: Kind| m.entries.iter().filter(move |e| e.kind == k);
     let mut report = format!("fitting {path} (timed on the {backend} backend)\n");
-    let mut rates = Vec::new();
-    for e in of(Kind::Gemm) {
-        let r = e.flops / secs(e)?;
-        report += &format!("  {}: {:.2} GFLOP/s\n", e.name, r / 1e9);
-        rates.push((e.flops, r));
-    }
     let one = |k: Kind, what: &str| -> Result<&nnscaler_rt::bench::Entry, String> {
         of(k)
             .next()
             .ok_or_else(|| format!("{path}: no {what} benchmark"))
     };
-    if rates.is_empty() {
+    let launches = one(Kind::Launch, "launch")?;
+    let overhead = secs(launches)? / launches.ops.max(1) as f64;
+    let mut products = Vec::new();
+    for e in of(Kind::Gemm) {
+        products.push((e.flops, secs(e)?));
+    }
+    if products.is_empty() {
         return Err(format!("{path}: no matrix product benchmark"));
     }
-    let peak = rates.iter().map(|r| r.1).fold(0.0f64, f64::max);
+    // Each product's launch is the model's op_overhead: taken out of its rate.
+    let (peak, efficiency) = efficiency_curve(&products, overhead);
+    for (e, [_, eff]) in of(Kind::Gemm).zip(&efficiency) {
+        report += &format!(
+            "  {}: {:.2} GFLOP/s ({:.2} after the launch)\n",
+            e.name,
+            e.flops / secs(e)? / 1e9,
+            eff * peak / 1e9
+        );
+    }
     let stream = one(Kind::Stream, "memory")?;
     let bandwidth = stream.bytes / secs(stream)?;
     let vector = one(Kind::Vector, "vector")?;
     let vector_rate = vector.flops / secs(vector)?;
-    let launches = one(Kind::Launch, "launch")?;
-    let overhead = secs(launches)? / launches.ops.max(1) as f64;
     report += &format!(
         "  {}: {:.2} GB/s\n  {}: {:.2} GFLOP/s\n  {}: {:.2} us a kernel\n",
         stream.name,
@@ -265,7 +273,7 @@ fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
     let mut c = cost::load(&a.base)?;
     c.name = format!("{}-measured", c.name);
     c.device.matrix_flops = sig(peak);
-    c.device.matrix_efficiency = rates.iter().map(|&(f, r)| [f, sig(r / peak)]).collect();
+    c.device.matrix_efficiency = efficiency.iter().map(|&[f, e]| [f, sig(e)]).collect();
     c.device.memory_bandwidth = sig(bandwidth);
     c.device.vector_flops = sig(vector_rate);
     c.device.op_overhead = sig(overhead);
@@ -375,40 +383,6 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
             "the wall clock"
         }
     );
-    // Matrix products in the three forms a training step runs (forward A B, the input's
-    // gradient A B^T, the weight's gradient A^T B), each with one long side four times
-    // the others (rows are tokens), from s = 8 to 512 (a GPT-2 layer's products are
-    // 1-5 GFLOP; below s = 512 the rate still grows, and a curve that stopped at 256 took
-    // the rate there for the peak); timed together.
-    let mut rates = Vec::new();
-    let t_attr = |k: &str| -> Attrs { [(k.to_string(), AttrValue::Bool(true))].into() };
-    for s in [8usize, 16, 32, 64, 128, 256, 512] {
-        let l = 4 * s;
-        // (attributes, A's shape, B's shape, the result's shape)
-        type Form = (Attrs, [usize; 2], [usize; 2], [usize; 2]);
-        let forms: [Form; 3] = [
-            (Attrs::new(), [l, s], [s, s], [l, s]),
-            (t_attr("transpose_b"), [l, s], [s, s], [l, s]),
-            (t_attr("transpose_a"), [l, s], [l, s], [s, s]),
-        ];
-        let mut t = 0.0;
-        for (attrs, a, b, out) in &forms {
-            t += time_kernel(
-                "dnn.matmul",
-                attrs,
-                &[random(a, 1), random(b, 2)],
-                &[ty(out)],
-            )?;
-        }
-        let flops = 2.0 * (l * s * s) as f64;
-        rates.push((flops, 3.0 * flops / t));
-        report += &format!(
-            "  matmul {l:>4} x {s:>3} x {s:>3}: {:>8.2} GFLOP/s (A B, A B^T, A^T B together)\n",
-            3.0 * flops / t / 1e9
-        );
-    }
-    let peak = rates.iter().map(|r| r.1).fold(0.0f64, f64::max);
-    let efficiency: Vec<[f64; 2]> = rates.iter().map(|&(f, r)| [f, r / peak]).collect();
     // Memory: an add of two 4M-float tensors (three 16 MiB streams).
     let n = 4 << 20;
     let t = time_kernel(
@@ -455,6 +429,40 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     });
     let overhead = t / ops as f64;
     report += &format!("  interpreter: {:.2} us per op\n", overhead * 1e6);
+    // Matrix products in the three forms a training step runs (forward A B, the input's
+    // gradient A B^T, the weight's gradient A^T B), each with one long side four times
+    // the others (rows are tokens), from s = 8 to 512 (a GPT-2 layer's products are
+    // 1-5 GFLOP; below s = 512 the rate still grows, and a curve that stopped at 256 took
+    // the rate there for the peak); each run by the interpreter as a model runs it
+    // ([`time_node`]), its dispatch then taken out ([`efficiency_curve`]): the model
+    // charges a product `op_overhead` plus its FLOPs at the curve's rate.
+    let mut products = Vec::new();
+    for s in [8usize, 16, 32, 64, 128, 256, 512] {
+        let l = 4 * s;
+        // (attributes, A's shape, B's shape, the result's shape)
+        type Form = (&'static str, [usize; 2], [usize; 2], [usize; 2]);
+        let forms: [Form; 3] = [
+            ("", [l, s], [s, s], [l, s]),
+            ("{transpose_b = true}", [l, s], [s, s], [l, s]),
+            ("{transpose_a = true}", [l, s], [l, s], [s, s]),
+        ];
+        let flops = 2.0 * (l * s * s) as f64;
+        let mut t = 0.0;
+        for (attrs, a, b, out) in forms {
+            t += time_matmul(attrs, a, b, out, flops)?;
+        }
+        products.push((flops, t / 3.0));
+    }
+    let (peak, efficiency) = efficiency_curve(&products, overhead);
+    for (&(flops, t), [_, e]) in products.iter().zip(&efficiency) {
+        let s = ((flops / 8.0).cbrt()).round() as usize;
+        report += &format!(
+            "  matmul {:>4} x {s:>3} x {s:>3}: {:>6.2} us a product, {:>6.2} GFLOP/s after the dispatch (A B, A B^T, A^T B)\n",
+            4 * s,
+            t * 1e6,
+            e * peak / 1e9
+        );
+    }
     // The in-process network: all_reduces between two simulated devices (one thread
     // each), small (latency: a chain, each on the last one's result) and large
     // (bandwidth: each on an operand of its own, so that it reads cold data, as a step's
@@ -668,6 +676,45 @@ fn time_node(g: &Graph, k: usize, copies: usize) -> Result<f64, String> {
         .collect();
     ts.sort_by(f64::total_cmp);
     Ok(ts[3])
+}
+
+/// Seconds of one matrix product `A B` (`attrs`: `{transpose_a = true}` or
+/// `{transpose_b = true}` for the other forms) of `flops` on `a` and `b` giving `out`,
+/// run by the interpreter ([`time_node`]) in copies enough to take about 2 ms.
+fn time_matmul(
+    attrs: &str,
+    a: [usize; 2],
+    b: [usize; 2],
+    out: [usize; 2],
+    flops: f64,
+) -> Result<f64, String> {
+    let t = |s: [usize; 2]| format!("tensor<{}x{}xf32>", s[0], s[1]);
+    let (ta, tb, to) = (t(a), t(b), t(out));
+    let text = format!(
+        "func.func @f(%a: {ta} {{nns.name = \"a\"}}, %b: {tb} {{nns.name = \"b\"}}) -> ({to} {{nns.name = \"y\"}}) {{\n\
+         \x20 %r = \"dnn.matmul\"(%a, %b) {attrs} : ({ta}, {tb}) -> {to}\n\
+         \x20 return %r : {to}\n}}\n"
+    );
+    let g = first_function(&text, "calibrate")?;
+    // Roughly: a microsecond of dispatch and 20 GFLOP/s.
+    let guess = 1e-6 + flops / 20e9;
+    time_node(&g, 0, (2e-3 / guess).clamp(1.0, 400.0) as usize)
+}
+
+/// The matrix peak and efficiency curve (`Device::matrix_efficiency`) from products
+/// `(flops, seconds)` each timed with its dispatch, the per-op overhead `dispatch` (what
+/// the model charges every op besides): a product's rate is its FLOPs over its time less
+/// the dispatch, that time kept to at least a quarter of the whole (small products, whose
+/// time is mostly dispatch, would otherwise pass for the fastest), the peak the best
+/// rate, and each point's efficiency its rate over the peak. The model then predicts each
+/// product at its measured time.
+fn efficiency_curve(products: &[(f64, f64)], dispatch: f64) -> (f64, Vec<[f64; 2]>) {
+    let rates: Vec<(f64, f64)> = products
+        .iter()
+        .map(|&(flops, t)| (flops, flops / (t - dispatch).max(t / 4.0)))
+        .collect();
+    let peak = rates.iter().map(|r| r.1).fold(0.0f64, f64::max);
+    (peak, rates.iter().map(|&(f, r)| [f, r / peak]).collect())
 }
 
 /// Per op, the CPU runtime's kernel against the roofline the rates above give
@@ -939,5 +986,32 @@ mod tests {
         let got = nonnegative_fit(&rows).expect("a fit");
         assert_eq!(got[1], 0.0);
         assert!(got[0] > 0.0);
+    }
+
+    #[test]
+    fn efficiency_curve_takes_the_dispatch_out() {
+        // Products timed at a dispatch plus their FLOPs at a rate that grows with size;
+        // the smallest is almost all dispatch.
+        let (dispatch, peak) = (1e-6, 50e9);
+        let truth = [(1e3, 0.5), (4e3, 0.2), (3e5, 0.8), (3e7, 1.0), (3e8, 0.9)];
+        let timed: Vec<(f64, f64)> = truth
+            .iter()
+            .map(|&(f, e)| (f, dispatch + f / (peak * e)))
+            .collect();
+        let (p, curve) = efficiency_curve(&timed, dispatch);
+        assert!((p / peak - 1.0).abs() < 1e-9, "{p}");
+        for (((f, e), [g, got]), &(_, t)) in truth.iter().zip(&curve).zip(&timed) {
+            assert_eq!(f, g);
+            // The model's time (dispatch + FLOPs at the curve's rate): the measured one,
+            // except where the dispatch is over three quarters of it, whose compute is
+            // kept to a quarter (charged more, never passing for the peak).
+            let model = dispatch + f / (p * got);
+            if dispatch < 0.75 * t {
+                assert!((got / e - 1.0).abs() < 1e-9, "{f}: {got} against {e}");
+                assert!((model / t - 1.0).abs() < 1e-9, "{f}: {model} against {t}");
+            } else {
+                assert!(model > t && *got < 1.0, "{f}: {got}, {model} against {t}");
+            }
+        }
     }
 }
