@@ -624,32 +624,42 @@ fn instances<'a>(steps: &'a [Graph], c: &Cluster) -> BTreeMap<String, (f64, &'a 
 /// copies of the op on the same operands (floats drawn at random, integers such as
 /// token ids zero), the median of 7 runs over `copies`.
 fn time_node(g: &Graph, k: usize, copies: usize) -> Result<f64, String> {
+    time_node_over(g, k, copies, 1)
+}
+
+/// [`time_node`], the copies cycling through `sets` copies of the operands (cold caches
+/// when they are many, as in [`time_kernel`]).
+fn time_node_over(g: &Graph, k: usize, copies: usize, sets: usize) -> Result<f64, String> {
     let n = &g.nodes[k];
     let mut f = Graph {
         name: "calibrate".into(),
         ..Graph::default()
     };
     let mut ins: Vec<Tensor> = Vec::new();
-    let args: Vec<usize> = n
-        .inputs
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| {
-            let t = g.values[v].clone();
-            let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-            ins.push(if t.elem.is_float() {
-                random(&shape, 10 + i as u64)
-            } else {
-                Tensor::i64(&shape, vec![0; shape.iter().product()])
-            });
-            let mut attrs = Attrs::new();
-            attrs.insert("nns.name".into(), AttrValue::Str(format!("in{i}")));
-            f.add_arg(t, attrs)
+    let sets = sets.clamp(1, copies.max(1));
+    let args: Vec<Vec<usize>> = (0..sets)
+        .map(|set| {
+            n.inputs
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let t = g.values[v].clone();
+                    let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+                    ins.push(if t.elem.is_float() {
+                        random(&shape, 10 + i as u64)
+                    } else {
+                        Tensor::i64(&shape, vec![0; shape.iter().product()])
+                    });
+                    let mut attrs = Attrs::new();
+                    attrs.insert("nns.name".into(), AttrValue::Str(format!("in{set}_{i}")));
+                    f.add_arg(t, attrs)
+                })
+                .collect()
         })
         .collect();
-    for _ in 0..copies.max(1) {
+    for c in 0..copies.max(1) {
         let mut m = n.clone();
-        m.inputs = args.clone();
+        m.inputs = args[c % sets].clone();
         m.outputs = n
             .outputs
             .iter()
@@ -680,7 +690,8 @@ fn time_node(g: &Graph, k: usize, copies: usize) -> Result<f64, String> {
 
 /// Seconds of one matrix product `A B` (`attrs`: `{transpose_a = true}` or
 /// `{transpose_b = true}` for the other forms) of `flops` on `a` and `b` giving `out`,
-/// run by the interpreter ([`time_node`]) in copies enough to take about 2 ms.
+/// run by the interpreter ([`time_node_over`]) in copies enough to take about 2 ms, on
+/// operands with cold caches.
 fn time_matmul(
     attrs: &str,
     a: [usize; 2],
@@ -698,7 +709,11 @@ fn time_matmul(
     let g = first_function(&text, "calibrate")?;
     // Roughly: a microsecond of dispatch and 20 GFLOP/s.
     let guess = 1e-6 + flops / 20e9;
-    time_node(&g, 0, (2e-3 / guess).clamp(1.0, 400.0) as usize)
+    // Operands cold as in a model (a weight was last read a step ago): as many sets as
+    // fill 64 MiB, at most one a copy.
+    let bytes = 4 * (a[0] * a[1] + b[0] * b[1]);
+    let sets = (64usize << 20).div_ceil(bytes).clamp(1, 256);
+    time_node_over(&g, 0, ((2e-3 / guess) as usize).clamp(1, 400), sets)
 }
 
 /// The matrix peak and efficiency curve (`Device::matrix_efficiency`) from products
