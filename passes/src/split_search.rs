@@ -1293,9 +1293,11 @@ fn prepare_with(
                 }
                 choices
             }
-            Member::Op(k) => match pre_node[k] {
-                Some(j) => op_choices(&f, k, &pre.nodes[j], label)?,
-                None => continue,
+            Member::Op(k) => match (pre_node[k], label) {
+                (Some(j), _) => op_choices(&f, k, &pre.nodes[j], label)?,
+                // Nothing to select from: solved instead.
+                (None, Some(_)) => return Ok(None),
+                (None, None) => continue,
             },
         };
         if label.is_some() && class.choices.len() != 1 {
