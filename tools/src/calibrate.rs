@@ -249,11 +249,11 @@ fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
     }
     // Each product's launch is the model's op_overhead: taken out of its rate.
     let (peak, efficiency) = efficiency_curve(&products, overhead);
-    for (e, [_, eff]) in of(Kind::Gemm).zip(&efficiency) {
+    for ((e, &(flops, t)), [_, eff]) in of(Kind::Gemm).zip(&products).zip(&efficiency) {
         report += &format!(
             "  {}: {:.2} GFLOP/s ({:.2} after the launch)\n",
             e.name,
-            e.flops / secs(e)? / 1e9,
+            flops / t / 1e9,
             eff * peak / 1e9
         );
     }
@@ -346,7 +346,7 @@ fn time_kernel(op: &str, attrs: &Attrs, ins: &[Tensor], out: &[TensorType]) -> R
         device: None,
     };
     let bytes: usize = ins.iter().map(|t| t.numel() * 4).sum::<usize>().max(1);
-    let copies = (64usize << 20).div_ceil(bytes).clamp(1, 256);
+    let copies = cold_sets(bytes);
     let sets: Vec<Vec<Tensor>> = (0..copies).map(|_| ins.to_vec()).collect();
     let refs: Vec<Vec<&Tensor>> = sets.iter().map(|s| s.iter().collect()).collect();
     f(&ctx, &refs[0])?;
@@ -436,8 +436,9 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     // the rate there for the peak); each run by the interpreter as a model runs it
     // ([`time_node`]), its dispatch then taken out ([`efficiency_curve`]): the model
     // charges a product `op_overhead` plus its FLOPs at the curve's rate.
+    let sides = [8usize, 16, 32, 64, 128, 256, 512];
     let mut products = Vec::new();
-    for s in [8usize, 16, 32, 64, 128, 256, 512] {
+    for s in sides {
         let l = 4 * s;
         // (attributes, A's shape, B's shape, the result's shape)
         type Form = (&'static str, [usize; 2], [usize; 2], [usize; 2]);
@@ -454,8 +455,7 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         products.push((flops, t / 3.0));
     }
     let (peak, efficiency) = efficiency_curve(&products, overhead);
-    for (&(flops, t), [_, e]) in products.iter().zip(&efficiency) {
-        let s = ((flops / 8.0).cbrt()).round() as usize;
+    for ((s, &(_, t)), [_, e]) in sides.iter().zip(&products).zip(&efficiency) {
         report += &format!(
             "  matmul {:>4} x {s:>3} x {s:>3}: {:>6.2} us a product, {:>6.2} GFLOP/s after the dispatch (A B, A B^T, A^T B)\n",
             4 * s,
@@ -711,9 +711,14 @@ fn time_matmul(
     let guess = 1e-6 + flops / 20e9;
     // Operands cold as in a model (a weight was last read a step ago): as many sets as
     // fill 64 MiB, at most one a copy.
-    let bytes = 4 * (a[0] * a[1] + b[0] * b[1]);
-    let sets = (64usize << 20).div_ceil(bytes).clamp(1, 256);
+    let sets = cold_sets(4 * (a[0] * a[1] + b[0] * b[1]));
     time_node_over(&g, 0, ((2e-3 / guess) as usize).clamp(1, 400), sets)
+}
+
+/// How many copies of operands of `bytes` bytes fill 64 MiB, at most 256: cycled through,
+/// they leave each call's operands cold in the cache.
+fn cold_sets(bytes: usize) -> usize {
+    (64usize << 20).div_ceil(bytes.max(1)).clamp(1, 256)
 }
 
 /// The matrix peak and efficiency curve (`Device::matrix_efficiency`) from products
