@@ -10,7 +10,7 @@
 # busy machine, any number of devices) or wall (a thread each at once: give it a machine
 # with at least N quiet cores).
 #   bench/plan_rank.sh [PRESET BATCH DEVICES PLANS REPEAT ROUNDS TIMING]
-#   (default: nanogpt-cpu 8 2 12 9 3 serial)
+#   (default: nanogpt-cpu 8 2 12 9 5 serial)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/target/release
@@ -19,7 +19,7 @@ batch=${2:-8}
 devices=${3:-2}
 plans=${4:-12}
 repeat=${5:-9}
-rounds=${6:-3}
+rounds=${6:-5}
 timing=${7:-serial}
 cargo build --release -q --bin nnscaler --bin nnscaler-opt --manifest-path "$root/Cargo.toml"
 work=$(mktemp -d)

@@ -59,6 +59,16 @@ pub struct Device {
     /// ascending in FLOPs; interpolated log-linearly, flat beyond the ends (empty: 1).
     #[serde(default)]
     pub matrix_efficiency: Vec<[f64; 2]>,
+    /// A matrix product's time by its shape, for a kernel whose cost FLOPs alone do not
+    /// describe (the CPU runtime's `gemm`: packing its operands and writing its result
+    /// cost per element, which products with a short side feel most): `[per product, per
+    /// FLOP, per element of the result, per element of the operands]` in seconds, one `m x
+    /// k` by `k x n` product taking `c0 + c1 2mkn + c2 mn + c3 (mk + kn)` (its FLOPs at
+    /// the bf16 rate scaled by `matrix_flops / matrix_flops_bf16`). `nnscaler calibrate
+    /// --device cpu` fits the four over products of many shapes; when present, the
+    /// products' compute time comes from them instead of `matrix_efficiency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matrix_terms: Option<[f64; 4]>,
     /// Fixed cost of running one op (a kernel launch, an interpreter dispatch), seconds.
     #[serde(default)]
     pub op_overhead: f64,
@@ -139,6 +149,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 memory: 80 * GIB,
                 memory_bandwidth: 2.039e12,
                 matrix_efficiency: gpu_eff,
+                matrix_terms: None,
                 op_overhead: 5e-6,
                 kernels: BTreeMap::new(),
                 head_kernels: BTreeMap::new(),
@@ -162,6 +173,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 memory: if name == "h200" { 141 } else { 80 } * GIB,
                 memory_bandwidth: if name == "h200" { 4.8e12 } else { 3.35e12 },
                 matrix_efficiency: gpu_eff,
+                matrix_terms: None,
                 op_overhead: 4e-6,
                 kernels: BTreeMap::new(),
                 head_kernels: BTreeMap::new(),
@@ -174,56 +186,58 @@ pub fn preset(name: &str) -> Option<Cluster> {
             name: name.into(),
             device: Device {
                 name: "this machine's CPU, one thread".into(),
-                matrix_flops: 76760000000.0,
+                matrix_flops: 65740000000.0,
                 matrix_flops_bf16: None,
-                vector_flops: 3226000000.0,
+                vector_flops: 3584000000.0,
                 memory: 24 * GIB,
-                memory_bandwidth: 15040000000.0,
+                memory_bandwidth: 13290000000.0,
                 // Each product's dispatch taken out (the model adds `op_overhead`).
                 matrix_efficiency: vec![
-                    [4096.0, 0.1676],
-                    [32768.0, 0.5016],
-                    [262144.0, 0.7538],
-                    [2097152.0, 0.8738],
-                    [16777216.0, 0.9961],
+                    [4096.0, 0.2778],
+                    [32768.0, 0.5224],
+                    [262144.0, 0.6934],
+                    [2097152.0, 0.6537],
+                    [16777216.0, 0.7213],
                     [134217728.0, 1.0],
-                    [1073741824.0, 0.7754],
+                    [1073741824.0, 0.8937],
                 ],
-                op_overhead: 4.949e-07,
+                // Used for the products' time in place of the curve above.
+                matrix_terms: Some([1.405e-07, 1.465e-11, 3.202e-10, 3.069e-10]),
+                op_overhead: 6.741e-07,
                 kernels: [
-                    ("dnn.add", [2.483e-07, 0.8132]),
-                    ("dnn.cross_entropy", [1.444e-06, 2.748]),
-                    ("dnn.cross_entropy_grad", [1.554e-06, 7.078]),
-                    ("dnn.embedding", [1.008e-06, 0.2335]),
-                    ("dnn.embedding_grad", [8.954e-07, 0.6025]),
-                    ("dnn.gelu", [0.0, 0.9431]),
-                    ("dnn.gelu_grad", [0.0, 0.812]),
-                    ("dnn.layer_norm", [1.287e-06, 0.8024]),
-                    ("dnn.layer_norm_grad", [1.904e-06, 1.488]),
-                    ("dnn.mul", [0.0, 0.8139]),
-                    ("dnn.relu", [5.227e-07, 0.7095]),
-                    ("dnn.relu_grad", [7.898e-07, 0.2532]),
-                    ("dnn.reshape", [6.65e-07, 0.1072]),
-                    ("dnn.rms_norm", [3.779e-07, 0.7994]),
-                    ("dnn.rms_norm_grad", [1.501e-06, 1.146]),
-                    ("dnn.rotary", [3.124e-06, 0.9227]),
-                    ("dnn.rotary_grad", [8.914e-07, 1.417]),
-                    ("dnn.silu", [4.521e-07, 1.28]),
-                    ("dnn.silu_grad", [3.111e-07, 0.7172]),
-                    ("dnn.sum", [6.833e-07, 5.417]),
-                    ("dnn.transpose", [1.832e-06, 0.6293]),
+                    ("dnn.add", [3.261e-07, 0.717]),
+                    ("dnn.cross_entropy", [1.628e-06, 2.909]),
+                    ("dnn.cross_entropy_grad", [1.985e-06, 7.682]),
+                    ("dnn.embedding", [9.454e-07, 0.2068]),
+                    ("dnn.embedding_grad", [9.006e-07, 0.5667]),
+                    ("dnn.gelu", [6.664e-08, 1.018]),
+                    ("dnn.gelu_grad", [4.72e-07, 0.8508]),
+                    ("dnn.layer_norm", [1.309e-06, 0.8951]),
+                    ("dnn.layer_norm_grad", [3.079e-06, 1.303]),
+                    ("dnn.mul", [0.0, 0.5902]),
+                    ("dnn.relu", [3.516e-07, 0.4909]),
+                    ("dnn.relu_grad", [3.976e-07, 0.2715]),
+                    ("dnn.reshape", [6.83e-07, 0.1315]),
+                    ("dnn.rms_norm", [9.942e-07, 0.9212]),
+                    ("dnn.rms_norm_grad", [8.563e-07, 1.197]),
+                    ("dnn.rotary", [1.396e-06, 1.474]),
+                    ("dnn.rotary_grad", [2.312e-06, 1.544]),
+                    ("dnn.silu", [0.0, 1.453]),
+                    ("dnn.silu_grad", [4.74e-07, 0.7751]),
+                    ("dnn.sum", [7.627e-06, 2.603]),
+                    ("dnn.transpose", [1.085e-06, 0.5325]),
                 ]
                 .into_iter()
                 .map(|(op, k)| (op.to_string(), k))
                 .collect(),
                 head_kernels: [
-                    ("dnn.attention", [4.834e-07, 1.205e-07, 2.918e-09, 4.529e-11]),
-                    ("dnn.attention_grad", [2.76e-06, 0.0, 6.282e-09, 9.124e-11]),
+                    ("dnn.attention", [3.483e-07, 1.566e-07, 3.404e-09, 4.407e-11]),
+                    ("dnn.attention_grad", [2.19e-06, 1.203e-07, 4.344e-09, 1.068e-10]),
                 ]
                 .into_iter()
                 .map(|(op, k)| (op.to_string(), k))
                 .collect(),
-                source: "nnscaler calibrate --device cpu --timing serial, 2026-12-03 (one run of three, the middle one by its predictions; a shared machine: recalibrate)"
+                source: "nnscaler calibrate --device cpu --timing serial, 2026-12-03 (one run of six, a middle one by its predictions, in a slow hour of the host: a shared machine, recalibrate)"
                     .into(),
             },
             // Simulated devices exchange through memory: all_reduces between two
@@ -290,6 +304,14 @@ pub fn parse(text: &str) -> Result<Cluster, String> {
             "device.matrix_efficiency must be [flops, fraction] pairs, flops ascending, fractions in (0, 1]"
                 .into(),
         );
+    }
+    if let Some(t) = d
+        .matrix_terms
+        .filter(|t| t.iter().any(|c| !(c.is_finite() && *c >= 0.0)) || t[1] <= 0.0)
+    {
+        return Err(format!(
+            "device.matrix_terms must be four seconds >= 0 (per product, FLOP, result and operand element), the FLOP's > 0, got {t:?}"
+        ));
     }
     if let Some((op, [fixed, factor])) = d
         .kernels
@@ -394,6 +416,20 @@ impl Device {
     /// rate and the memory bandwidth, through its kernel entry ([`Device::kernel_time`]).
     pub fn vector_op_time(&self, op: &str, flops: f64, bytes: f64) -> f64 {
         self.kernel_time(op, self.op_time(flops, bytes, false) - self.op_overhead)
+    }
+
+    /// Compute seconds of `products` matrix products of `m x k` by `k x n` each (`bf16`:
+    /// at the bf16 rate): by `matrix_terms` where the device has them, else their FLOPs
+    /// at the matrix rate times the efficiency of one product's FLOPs.
+    pub fn matrix_seconds(&self, products: f64, [m, k, n]: [f64; 3], bf16: bool) -> f64 {
+        let one = 2.0 * m * k * n;
+        match self.matrix_terms {
+            Some([c0, c1, c2, c3]) => {
+                let per_flop = c1 * self.matrix_flops / self.matrix_rate(bf16);
+                products * (c0 + per_flop * one + c2 * m * n + c3 * (m * k + k * n))
+            }
+            None => products * one / (self.matrix_rate(bf16) * self.efficiency(one)),
+        }
     }
 
     /// Seconds for an op of `flops` (`matrix`: at the matrix rate) moving `bytes`.
@@ -585,13 +621,13 @@ pub fn node_cost(
             }
             _ => 1.0,
         };
-        let one = flops / products;
         if let Some(t) = head_shape(g, n).and_then(|shape| device.head_kernel_time(&n.op, shape)) {
             t
         } else {
             device.kernel_time(
                 &n.op,
-                (flops / (device.matrix_rate(bf16) * device.efficiency(one)))
+                device
+                    .matrix_seconds(products, product_shape(g, n, products, flops), bf16)
                     .max(bytes / device.memory_bandwidth),
             )
         }
@@ -605,6 +641,25 @@ pub fn node_cost(
         bf16,
         axes: None,
     })
+}
+
+/// One product's `[m, k, n]` of matrix op `n` of `flops` in `products` products: `n` the
+/// result's last dim, `m` the rest of one product's result (the rows a `linear` folds
+/// into one product; a `linear_weight_grad`'s output rows), `k` what the FLOPs leave
+/// (`2 m k n` a product: a `linear_weight_grad` sums over the rows).
+fn product_shape(
+    g: &Graph,
+    n: &nnscaler_dialects::graph::Node,
+    products: f64,
+    flops: f64,
+) -> [f64; 3] {
+    let Some(r) = n.outputs.first().map(|&v| &g.values[v]) else {
+        return [1.0, flops / 2.0, 1.0];
+    };
+    let cols = r.shape.last().map_or(1, |&d| d.max(1)) as f64;
+    let elems = (r.shape.iter().product::<i64>().max(1)) as f64;
+    let rows = (elems / products / cols).max(1.0);
+    [rows, flops / (2.0 * elems), cols]
 }
 
 /// What each `head_kernels` coefficient multiplies for attention of shape `[heads, s,
@@ -755,6 +810,59 @@ mod tests {
             .head_kernels
             .insert("dnn.attention".into(), [1e-6, -1.0, 0.0, 0.0]);
         assert!(parse(&c.to_toml().unwrap()).is_err());
+    }
+
+    #[test]
+    fn matrix_terms_price_each_product_by_its_shape() {
+        use nnscaler_dialects::context::IrContext;
+        let ir = IrContext::new();
+        // A linear folding 2 x 8 rows ([16, 32] x [32, 24]^T), its weight's gradient
+        // (a [24, 16] x [16, 32] product over the rows), and 3 batched [8, 32] x [32, 4].
+        let src = r#"func.func @f(%x: tensor<2x8x32xf32> {nns.name = "x"}, %w: tensor<24x32xf32> {nns.name = "w"}, %dy: tensor<2x8x24xf32> {nns.name = "dy"}, %a: tensor<3x8x32xf32> {nns.name = "a"}, %b: tensor<3x32x4xf32> {nns.name = "b"}) -> (tensor<2x8x24xf32>, tensor<24x32xf32>, tensor<3x8x4xf32>) {
+  %0 = "dnn.linear"(%x, %w) : (tensor<2x8x32xf32>, tensor<24x32xf32>) -> tensor<2x8x24xf32>
+  %1 = "dnn.linear_weight_grad"(%dy, %x) : (tensor<2x8x24xf32>, tensor<2x8x32xf32>) -> tensor<24x32xf32>
+  %2 = "dnn.matmul"(%a, %b) : (tensor<3x8x32xf32>, tensor<3x32x4xf32>) -> tensor<3x8x4xf32>
+  return %0, %1, %2 : tensor<2x8x24xf32>, tensor<24x32xf32>, tensor<3x8x4xf32>
+}"#;
+        let m = ir.parse(src, "m.mlir").unwrap();
+        let g = Graph::all_in(&m).remove(0).unwrap();
+        let mut c = preset("cpu").unwrap();
+        c.device.kernels.clear();
+        c.device.memory_bandwidth = 1e30;
+        let terms = [1e-7, 1e-11, 4e-10, 3e-10];
+        c.device.matrix_terms = Some(terms);
+        let one = |[m, k, n]: [f64; 3]| {
+            terms[0] + terms[1] * 2.0 * m * k * n + terms[2] * m * n + terms[3] * (m * k + k * n)
+        };
+        for (node, products, shape) in [
+            (0, 1.0, [16.0, 32.0, 24.0]),
+            (1, 1.0, [24.0, 16.0, 32.0]),
+            (2, 3.0, [8.0, 32.0, 4.0]),
+        ] {
+            let t = node_cost(&g, &g.nodes[node], &c, None).unwrap().seconds;
+            let want = c.device.op_overhead + products * one(shape);
+            assert!((t - want).abs() < 1e-15, "node {node}: {t} against {want}");
+        }
+        // At equal FLOPs a product with a short side costs more than a square one.
+        let d = &c.device;
+        let thin = d.matrix_seconds(1.0, [8.0, 512.0, 512.0], false);
+        let square = d.matrix_seconds(1.0, [128.0, 128.0, 128.0], false);
+        assert!(thin > square * 1.5, "{thin} against {square}");
+        // Without terms: the FLOPs at the curve's efficiency.
+        c.device.matrix_terms = None;
+        let d = &c.device;
+        let flops = 2.0 * 128.0f64.powi(3);
+        let t = d.matrix_seconds(2.0, [128.0, 128.0, 128.0], false);
+        assert!((t - 2.0 * flops / (d.matrix_flops * d.efficiency(flops))).abs() < 1e-15);
+        // A TOML with them reads back; a negative term or a free FLOP is refused.
+        let mut c = preset("cpu").unwrap();
+        c.device.matrix_terms = Some(terms);
+        assert_eq!(parse(&c.to_toml().unwrap()).unwrap(), c);
+        for bad in [[1e-7, 1e-11, -1.0, 0.0], [1e-7, 0.0, 1e-10, 1e-10]] {
+            c.device.matrix_terms = Some(bad);
+            let e = parse(&c.to_toml().unwrap()).unwrap_err();
+            assert!(e.contains("device.matrix_terms"), "{e}");
+        }
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! run by the interpreter (the per-op overhead), matrix products in the three forms of a
 //! training step (A B, A B^T, A^T B; one side four times the others, as token rows are)
 //! from 8 to 512 run by the interpreter (the efficiency curve and the peak, each
-//! product's time less that overhead, which the model charges every op besides), an
+//! product's time less that overhead, which the model charges every op besides), with
+//! products of every shape of sides 8, 32, 128 and 512 besides (the products' terms by
+//! shape, `Device::matrix_terms`, which the model uses in place of the curve), an
 //! elementwise op on 4M floats (memory bandwidth), gelu on 1M floats (the vector rate,
 //! counted by the op spec's FLOPs), and
 //! all_reduces between two simulated devices, one thread each: a chain of 16 floats (the
@@ -59,7 +61,7 @@ fn clock(origin: Instant) -> f64 {
         overhead, the in-process network, per op how the runtime's kernel compares \
         with that roofline, and attention's cost by its heads' shapes. Prints them and writes a cluster TOML that \
         --print-stats=cluster=FILE, nnscaler plan --cluster FILE and \
-        --plan=\"tp-search cluster=FILE\" read. Takes about ten seconds.\n\n\
+        --plan=\"tp-search cluster=FILE\" read. Takes about twenty seconds.\n\n\
         A GPU (--device gpu) is measured where only nnscaler-rt runs: --prepare DIR writes \
         benchmark artifacts and DIR/calibrate.json, 'nnscaler-rt bench DIR/calibrate.json \
         --backend cuda -o timings.json' times them on the GPU's machine, and --timings \
@@ -438,21 +440,17 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     // charges a product `op_overhead` plus its FLOPs at the curve's rate.
     let sides = [8usize, 16, 32, 64, 128, 256, 512];
     let mut products = Vec::new();
+    // Every product timed, by shape `[m, k, n]`, for the terms by shape below.
+    let mut shaped = Vec::new();
     for s in sides {
         let l = 4 * s;
-        // (attributes, A's shape, B's shape, the result's shape)
-        type Form = (&'static str, [usize; 2], [usize; 2], [usize; 2]);
-        let forms: [Form; 3] = [
-            ("", [l, s], [s, s], [l, s]),
-            ("{transpose_b = true}", [l, s], [s, s], [l, s]),
-            ("{transpose_a = true}", [l, s], [l, s], [s, s]),
-        ];
-        let flops = 2.0 * (l * s * s) as f64;
         let mut t = 0.0;
-        for (attrs, a, b, out) in forms {
-            t += time_matmul(attrs, a, b, out, flops)?;
+        for (form, shape) in [(0, [l, s, s]), (1, [l, s, s]), (2, [s, l, s])] {
+            let one = time_form(form, shape)?;
+            shaped.push((shape, one));
+            t += one;
         }
-        products.push((flops, t / 3.0));
+        products.push((2.0 * (l * s * s) as f64, t / 3.0));
     }
     let (peak, efficiency) = efficiency_curve(&products, overhead);
     for ((s, &(_, t)), [_, e]) in sides.iter().zip(&products).zip(&efficiency) {
@@ -463,6 +461,8 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
             e * peak / 1e9
         );
     }
+    let (terms, lines) = matrix_terms(shaped, overhead)?;
+    report += &lines;
     // The in-process network: all_reduces between two simulated devices (one thread
     // each), small (latency: a chain, each on the last one's result) and large
     // (bandwidth: each on an operand of its own, so that it reads cold data, as a step's
@@ -550,6 +550,7 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     c.device.vector_flops = sig(vector);
     c.device.memory_bandwidth = sig(bandwidth);
     c.device.matrix_efficiency = efficiency.iter().map(|&[f, e]| [f, sig(e)]).collect();
+    c.device.matrix_terms = Some(terms.map(sig));
     c.device.op_overhead = sig(overhead);
     c.device.kernels.clear();
     let (heads, lines) = head_terms()?;
@@ -713,6 +714,74 @@ fn time_matmul(
     // fill 64 MiB, at most one a copy.
     let sets = cold_sets(4 * (a[0] * a[1] + b[0] * b[1]));
     time_node_over(&g, 0, ((2e-3 / guess) as usize).clamp(1, 400), sets)
+}
+
+/// Seconds of one `m x k` by `k x n` product (`shape`) in form `form`: 0 `A B`, 1 `A
+/// B^T`, 2 `A^T B` (the three a training step runs), as [`time_matmul`] times it.
+fn time_form(form: usize, [m, k, n]: [usize; 3]) -> Result<f64, String> {
+    let flops = 2.0 * (m * k * n) as f64;
+    match form {
+        0 => time_matmul("", [m, k], [k, n], [m, n], flops),
+        1 => time_matmul("{transpose_b = true}", [m, k], [n, k], [m, n], flops),
+        _ => time_matmul("{transpose_a = true}", [k, m], [k, n], [m, n], flops),
+    }
+}
+
+/// The matrix products' terms by shape (`Device::matrix_terms`): besides the efficiency
+/// curve's products (`timed`, `([m, k, n], seconds)`), every product of sides 8, 32, 128
+/// and 512 in each of the three forms, the forms of a shape averaged, fitted as `c0 + c1
+/// 2mkn + c2 mn + c3 (mk + kn)` by non-negative least squares on the relative error of
+/// the whole time, `c0` then less the per-op `dispatch` (which the model charges every
+/// op). Returns the terms and the report's lines.
+fn matrix_terms(
+    mut timed: Vec<([usize; 3], f64)>,
+    dispatch: f64,
+) -> Result<([f64; 4], String), String> {
+    const SIDES: [usize; 4] = [8, 32, 128, 512];
+    for m in SIDES {
+        for k in SIDES {
+            for n in SIDES {
+                for form in 0..3 {
+                    timed.push(([m, k, n], time_form(form, [m, k, n])?));
+                }
+            }
+        }
+    }
+    // Each shape's forms averaged: the terms have no form, and the forms differ by up to
+    // a factor of 3 at a side of 8 (by 0.8-1.25 of their average at sides of 32 and more).
+    let mut by_shape: BTreeMap<[usize; 3], (f64, f64)> = BTreeMap::new();
+    for (shape, t) in timed {
+        let e = by_shape.entry(shape).or_default();
+        *e = (e.0 + t, e.1 + 1.0);
+    }
+    let rows: Vec<([f64; 4], f64)> = by_shape
+        .into_iter()
+        .map(|([m, k, n], (sum, count))| {
+            let t = sum / count;
+            let (m, k, n) = (m as f64, k as f64, n as f64);
+            ([1.0, 2.0 * m * k * n, m * n, m * k + k * n], t)
+        })
+        .collect();
+    let mut c = nonnegative_fit(&rows)
+        .filter(|c| c[1] > 0.0)
+        .ok_or("the matrix products' times fit no terms with a positive cost per FLOP")?;
+    let mut ratios: Vec<f64> = rows.iter().map(|(x, t)| dot(x, &c) / t).collect();
+    // The model charges the dispatch as `op_overhead`: the fixed term keeps the rest.
+    c[0] = (c[0] - dispatch).max(0.0);
+    ratios.sort_by(f64::total_cmp);
+    let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
+    let lines = format!(
+        "  matmul by shape ({} products, sides 8-2048): the dispatch + {:.3} us + 2mkn / {:.2} GFLOP/s + {:.3} ns x mn + {:.3} ns x (mk + kn); fitted / measured {:.2} (10%), {:.2} (median), {:.2} (90%)\n",
+        rows.len(),
+        c[0] * 1e6,
+        1.0 / c[1] / 1e9,
+        c[2] * 1e9,
+        c[3] * 1e9,
+        at(0.1),
+        at(0.5),
+        at(0.9)
+    );
+    Ok((c, lines))
 }
 
 /// How many copies of operands of `bytes` bytes fill 64 MiB, at most 256: cycled through,
