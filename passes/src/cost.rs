@@ -69,6 +69,15 @@ pub struct Device {
     /// products' compute time comes from them instead of `matrix_efficiency`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matrix_terms: Option<[f64; 4]>,
+    /// `matrix_terms` measured on operands already in the cache, for a program whose
+    /// values all fit in `cache_bytes` ([`Cluster::for_program`]): `matrix_terms` are
+    /// measured on cold operands, as a larger program's products find theirs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matrix_terms_hot: Option<[f64; 4]>,
+    /// Bytes a program's values may take and still stay in the cache between their uses
+    /// (one core's L2 on a CPU); 0: none do.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_bytes: u64,
     /// Fixed cost of running one op (a kernel launch, an interpreter dispatch), seconds.
     #[serde(default)]
     pub op_overhead: f64,
@@ -116,6 +125,10 @@ pub struct Level {
 
 const GIB: u64 = 1 << 30;
 
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
 /// The built-in clusters. GPU figures are datasheet peaks (dense, no sparsity) with an
 /// assumed cuBLAS-like efficiency curve (to be replaced by `nnscaler calibrate` on a GPU);
 /// `cpu` is this project's development machine, one thread, as one run of `nnscaler
@@ -150,6 +163,8 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 memory_bandwidth: 2.039e12,
                 matrix_efficiency: gpu_eff,
                 matrix_terms: None,
+                matrix_terms_hot: None,
+                cache_bytes: 0,
                 op_overhead: 5e-6,
                 kernels: BTreeMap::new(),
                 head_kernels: BTreeMap::new(),
@@ -174,6 +189,8 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 memory_bandwidth: if name == "h200" { 4.8e12 } else { 3.35e12 },
                 matrix_efficiency: gpu_eff,
                 matrix_terms: None,
+                matrix_terms_hot: None,
+                cache_bytes: 0,
                 op_overhead: 4e-6,
                 kernels: BTreeMap::new(),
                 head_kernels: BTreeMap::new(),
@@ -186,58 +203,60 @@ pub fn preset(name: &str) -> Option<Cluster> {
             name: name.into(),
             device: Device {
                 name: "this machine's CPU, one thread".into(),
-                matrix_flops: 65740000000.0,
+                matrix_flops: 78850000000.0,
                 matrix_flops_bf16: None,
-                vector_flops: 3584000000.0,
+                vector_flops: 4710000000.0,
                 memory: 24 * GIB,
-                memory_bandwidth: 13290000000.0,
+                memory_bandwidth: 16970000000.0,
                 // Each product's dispatch taken out (the model adds `op_overhead`).
                 matrix_efficiency: vec![
-                    [4096.0, 0.2778],
-                    [32768.0, 0.5224],
-                    [262144.0, 0.6934],
-                    [2097152.0, 0.6537],
-                    [16777216.0, 0.7213],
-                    [134217728.0, 1.0],
-                    [1073741824.0, 0.8937],
+                    [4096.0, 0.171],
+                    [32768.0, 0.4856],
+                    [262144.0, 0.7087],
+                    [2097152.0, 0.8444],
+                    [16777216.0, 0.9753],
+                    [134217728.0, 0.9816],
+                    [1073741824.0, 1.0],
                 ],
                 // Used for the products' time in place of the curve above.
-                matrix_terms: Some([1.405e-07, 1.465e-11, 3.202e-10, 3.069e-10]),
-                op_overhead: 6.741e-07,
+                matrix_terms: Some([7.853e-08, 1.173e-11, 2.639e-10, 2.132e-10]),
+                matrix_terms_hot: Some([0.0, 1.022e-11, 3.311e-10, 1.216e-10]),
+                cache_bytes: 2097152,
+                op_overhead: 4.917e-07,
                 kernels: [
-                    ("dnn.add", [3.261e-07, 0.717]),
-                    ("dnn.cross_entropy", [1.628e-06, 2.909]),
-                    ("dnn.cross_entropy_grad", [1.985e-06, 7.682]),
-                    ("dnn.embedding", [9.454e-07, 0.2068]),
-                    ("dnn.embedding_grad", [9.006e-07, 0.5667]),
-                    ("dnn.gelu", [6.664e-08, 1.018]),
-                    ("dnn.gelu_grad", [4.72e-07, 0.8508]),
-                    ("dnn.layer_norm", [1.309e-06, 0.8951]),
-                    ("dnn.layer_norm_grad", [3.079e-06, 1.303]),
-                    ("dnn.mul", [0.0, 0.5902]),
-                    ("dnn.relu", [3.516e-07, 0.4909]),
-                    ("dnn.relu_grad", [3.976e-07, 0.2715]),
-                    ("dnn.reshape", [6.83e-07, 0.1315]),
-                    ("dnn.rms_norm", [9.942e-07, 0.9212]),
-                    ("dnn.rms_norm_grad", [8.563e-07, 1.197]),
-                    ("dnn.rotary", [1.396e-06, 1.474]),
-                    ("dnn.rotary_grad", [2.312e-06, 1.544]),
-                    ("dnn.silu", [0.0, 1.453]),
-                    ("dnn.silu_grad", [4.74e-07, 0.7751]),
-                    ("dnn.sum", [7.627e-06, 2.603]),
-                    ("dnn.transpose", [1.085e-06, 0.5325]),
+                    ("dnn.add", [1.953e-07, 0.8256]),
+                    ("dnn.cross_entropy", [1.203e-06, 2.671]),
+                    ("dnn.cross_entropy_grad", [1.158e-06, 7.743]),
+                    ("dnn.embedding", [6.052e-07, 0.2668]),
+                    ("dnn.embedding_grad", [3.603e-07, 0.7256]),
+                    ("dnn.gelu", [0.0, 1.014]),
+                    ("dnn.gelu_grad", [0.0, 0.8412]),
+                    ("dnn.layer_norm", [6.982e-07, 0.9916]),
+                    ("dnn.layer_norm_grad", [1.448e-06, 1.621]),
+                    ("dnn.mul", [0.0, 0.7481]),
+                    ("dnn.relu", [3.077e-07, 0.6249]),
+                    ("dnn.relu_grad", [5.873e-07, 0.2926]),
+                    ("dnn.reshape", [3.864e-07, 0.1433]),
+                    ("dnn.rms_norm", [3.583e-07, 1.128]),
+                    ("dnn.rms_norm_grad", [1.98e-06, 1.284]),
+                    ("dnn.rotary", [1.31e-06, 1.334]),
+                    ("dnn.rotary_grad", [1.385e-06, 1.314]),
+                    ("dnn.silu", [2.263e-07, 1.273]),
+                    ("dnn.silu_grad", [0.0, 1.02]),
+                    ("dnn.sum", [2.332e-06, 4.79]),
+                    ("dnn.transpose", [9.357e-07, 1.029]),
                 ]
                 .into_iter()
                 .map(|(op, k)| (op.to_string(), k))
                 .collect(),
                 head_kernels: [
-                    ("dnn.attention", [3.483e-07, 1.566e-07, 3.404e-09, 4.407e-11]),
-                    ("dnn.attention_grad", [2.19e-06, 1.203e-07, 4.344e-09, 1.068e-10]),
+                    ("dnn.attention", [0.0, 1.534e-07, 2.532e-09, 3.43e-11]),
+                    ("dnn.attention_grad", [8.195e-07, 1.496e-07, 3.751e-09, 8.122e-11]),
                 ]
                 .into_iter()
                 .map(|(op, k)| (op.to_string(), k))
                 .collect(),
-                source: "nnscaler calibrate --device cpu --timing serial, 2026-12-03 (one run of six, a middle one by its predictions, in a slow hour of the host: a shared machine, recalibrate)"
+                source: "nnscaler calibrate --device cpu --timing serial, 2026-12-03 (one run of three, the middle one by its predictions; a shared machine: recalibrate)"
                     .into(),
             },
             // Simulated devices exchange through memory: all_reduces between two
@@ -305,13 +324,17 @@ pub fn parse(text: &str) -> Result<Cluster, String> {
                 .into(),
         );
     }
-    if let Some(t) = d
-        .matrix_terms
-        .filter(|t| t.iter().any(|c| !(c.is_finite() && *c >= 0.0)) || t[1] <= 0.0)
-    {
-        return Err(format!(
-            "device.matrix_terms must be four seconds >= 0 (per product, FLOP, result and operand element), the FLOP's > 0, got {t:?}"
-        ));
+    for (what, terms) in [
+        ("matrix_terms", d.matrix_terms),
+        ("matrix_terms_hot", d.matrix_terms_hot),
+    ] {
+        if let Some(t) =
+            terms.filter(|t| t.iter().any(|c| !(c.is_finite() && *c >= 0.0)) || t[1] <= 0.0)
+        {
+            return Err(format!(
+                "device.{what} must be four seconds >= 0 (per product, FLOP, result and operand element), the FLOP's > 0, got {t:?}"
+            ));
+        }
     }
     if let Some((op, [fixed, factor])) = d
         .kernels
@@ -357,6 +380,20 @@ fn toml_parse(text: &str) -> Result<Cluster, String> {
 }
 
 impl Cluster {
+    /// This cluster as it runs program `g` (one device's): with `matrix_terms_hot` for
+    /// the matrix products where the device has them and `g`'s values ([`footprint`])
+    /// fit in its `cache_bytes`, else as it is.
+    pub fn for_program(&self, g: &Graph) -> Cluster {
+        let mut c = self.clone();
+        let d = &mut c.device;
+        if let Some(hot) = d.matrix_terms_hot {
+            if d.matrix_terms.is_some() && footprint(g) <= d.cache_bytes {
+                d.matrix_terms = Some(hot);
+            }
+        }
+        c
+    }
+
     /// As TOML.
     pub fn to_toml(&self) -> Result<String, String> {
         toml::to_string_pretty(self).map_err(|e| e.to_string())
@@ -441,6 +478,20 @@ impl Device {
         };
         self.op_overhead + compute.max(bytes / self.memory_bandwidth)
     }
+}
+
+/// Bytes of every value of `g` and of the functions it calls: what one run touches.
+pub fn footprint(g: &Graph) -> u64 {
+    fn walk(g: &Graph, depth: usize) -> u64 {
+        let own: u64 = g.values.iter().map(|v| v.bytes()).sum();
+        let called: u64 = if depth < 64 {
+            g.callees.values().map(|f| walk(f, depth + 1)).sum()
+        } else {
+            0
+        };
+        own + called
+    }
+    walk(g, 0)
 }
 
 /// A program's predicted time on one device of a cluster.
@@ -843,6 +894,30 @@ mod tests {
             let want = c.device.op_overhead + products * one(shape);
             assert!((t - want).abs() < 1e-15, "node {node}: {t} against {want}");
         }
+        // A program whose values fit in the cache takes the hot terms; a larger one, or
+        // a device without a cache size, keeps the cold ones.
+        let hot = [0.0, 5e-12, 1e-10, 1e-10];
+        c.device.matrix_terms_hot = Some(hot);
+        c.device.cache_bytes = footprint(&g);
+        // The five arguments and three results, f32.
+        let elems = 2 * 8 * 32 + 24 * 32 + 2 * 8 * 24 + 3 * 8 * 32 + 3 * 32 * 4;
+        assert_eq!(
+            footprint(&g),
+            4 * (elems + 2 * 8 * 24 + 24 * 32 + 3 * 8 * 4)
+        );
+        assert_eq!(c.for_program(&g).device.matrix_terms, Some(hot));
+        let t = node_cost(&g, &g.nodes[0], &c.for_program(&g), None)
+            .unwrap()
+            .seconds;
+        let want = c.device.op_overhead
+            + 5e-12 * 2.0 * 16.0 * 32.0 * 24.0
+            + 1e-10 * (16.0 * 24.0 + 16.0 * 32.0 + 32.0 * 24.0);
+        assert!((t - want).abs() < 1e-15, "{t} against {want}");
+        c.device.cache_bytes = footprint(&g) - 1;
+        assert_eq!(c.for_program(&g).device.matrix_terms, Some(terms));
+        c.device.cache_bytes = 0;
+        assert_eq!(c.for_program(&g), c);
+        c.device.matrix_terms_hot = None;
         // At equal FLOPs a product with a short side costs more than a square one.
         let d = &c.device;
         let thin = d.matrix_seconds(1.0, [8.0, 512.0, 512.0], false);
@@ -863,6 +938,10 @@ mod tests {
             let e = parse(&c.to_toml().unwrap()).unwrap_err();
             assert!(e.contains("device.matrix_terms"), "{e}");
         }
+        c.device.matrix_terms = Some(terms);
+        c.device.matrix_terms_hot = Some([0.0, 1e-11, f64::NAN, 0.0]);
+        let e = parse(&c.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("device.matrix_terms_hot"), "{e}");
     }
 
     #[test]

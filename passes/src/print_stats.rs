@@ -408,7 +408,7 @@ pub fn module_stats_on(
                     st.predicted = Some((
                         c.name.clone(),
                         c.device.clone(),
-                        crate::cost::predict(&g, c, mesh),
+                        crate::cost::predict(&g, &c.for_program(&g), mesh),
                     ));
                 }
                 (None, _) => {}

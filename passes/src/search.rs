@@ -430,6 +430,7 @@ pub(crate) fn compact(mut g: Graph) -> Graph {
 
 /// The profile of a localized per-device program (see the module docs).
 fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster) -> Profile {
+    let cluster = &cluster.for_program(g);
     let n = g.nodes.len();
     let fwd = forward_ops(g);
     let layer = layers(g, &fwd);

@@ -1619,5 +1619,6 @@ pub fn compiled_seconds(
     mesh: &Mesh,
     cluster: &Cluster,
 ) -> Result<f64, Diagnostics> {
-    Ok(cost::predict(&compile(planned, mesh)?, cluster, Some(mesh)).seconds())
+    let local = compile(planned, mesh)?;
+    Ok(cost::predict(&local, &cluster.for_program(&local), Some(mesh)).seconds())
 }

@@ -446,7 +446,7 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         let l = 4 * s;
         let mut t = 0.0;
         for (form, shape) in [(0, [l, s, s]), (1, [l, s, s]), (2, [s, l, s])] {
-            let one = time_form(form, shape)?;
+            let one = time_form(form, shape, true)?;
             shaped.push((shape, one));
             t += one;
         }
@@ -461,8 +461,20 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
             e * peak / 1e9
         );
     }
-    let (terms, lines) = matrix_terms(shaped, overhead)?;
+    let (terms, lines) = matrix_terms(shaped, &[8, 32, 128, 512], true, overhead)?;
     report += &lines;
+    // Hot: the products of a program whose values all stay in the cache (one core's
+    // L2), which only small products make up.
+    let (hot, lines) = matrix_terms(Vec::new(), &[8, 32, 128], false, overhead)?;
+    report += &lines;
+    let cache = l2_bytes();
+    report += &match cache {
+        0 => "  L2 cache: not found (the hot terms go unused)\n".to_string(),
+        b => format!(
+            "  L2 cache: {} KiB a core (programs within it take the hot terms)\n",
+            b >> 10
+        ),
+    };
     // The in-process network: all_reduces between two simulated devices (one thread
     // each), small (latency: a chain, each on the last one's result) and large
     // (bandwidth: each on an operand of its own, so that it reads cold data, as a step's
@@ -551,6 +563,8 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     c.device.memory_bandwidth = sig(bandwidth);
     c.device.matrix_efficiency = efficiency.iter().map(|&[f, e]| [f, sig(e)]).collect();
     c.device.matrix_terms = Some(terms.map(sig));
+    c.device.matrix_terms_hot = Some(hot.map(sig));
+    c.device.cache_bytes = cache;
     c.device.op_overhead = sig(overhead);
     c.device.kernels.clear();
     let (heads, lines) = head_terms()?;
@@ -692,13 +706,14 @@ fn time_node_over(g: &Graph, k: usize, copies: usize, sets: usize) -> Result<f64
 /// Seconds of one matrix product `A B` (`attrs`: `{transpose_a = true}` or
 /// `{transpose_b = true}` for the other forms) of `flops` on `a` and `b` giving `out`,
 /// run by the interpreter ([`time_node_over`]) in copies enough to take about 2 ms, on
-/// operands with cold caches.
+/// operands with cold caches (`cold`) or on one set of operands, hot.
 fn time_matmul(
     attrs: &str,
     a: [usize; 2],
     b: [usize; 2],
     out: [usize; 2],
     flops: f64,
+    cold: bool,
 ) -> Result<f64, String> {
     let t = |s: [usize; 2]| format!("tensor<{}x{}xf32>", s[0], s[1]);
     let (ta, tb, to) = (t(a), t(b), t(out));
@@ -711,42 +726,49 @@ fn time_matmul(
     // Roughly: a microsecond of dispatch and 20 GFLOP/s.
     let guess = 1e-6 + flops / 20e9;
     // Operands cold as in a model (a weight was last read a step ago): as many sets as
-    // fill 64 MiB, at most one a copy.
-    let sets = cold_sets(4 * (a[0] * a[1] + b[0] * b[1]));
+    // fill 64 MiB, at most one a copy; or (not `cold`) one set, in the cache.
+    let sets = if cold {
+        cold_sets(4 * (a[0] * a[1] + b[0] * b[1]))
+    } else {
+        1
+    };
     time_node_over(&g, 0, ((2e-3 / guess) as usize).clamp(1, 400), sets)
 }
 
 /// Seconds of one `m x k` by `k x n` product (`shape`) in form `form`: 0 `A B`, 1 `A
 /// B^T`, 2 `A^T B` (the three a training step runs), as [`time_matmul`] times it.
-fn time_form(form: usize, [m, k, n]: [usize; 3]) -> Result<f64, String> {
+fn time_form(form: usize, [m, k, n]: [usize; 3], cold: bool) -> Result<f64, String> {
     let flops = 2.0 * (m * k * n) as f64;
     match form {
-        0 => time_matmul("", [m, k], [k, n], [m, n], flops),
-        1 => time_matmul("{transpose_b = true}", [m, k], [n, k], [m, n], flops),
-        _ => time_matmul("{transpose_a = true}", [k, m], [k, n], [m, n], flops),
+        0 => time_matmul("", [m, k], [k, n], [m, n], flops, cold),
+        1 => time_matmul("{transpose_b = true}", [m, k], [n, k], [m, n], flops, cold),
+        _ => time_matmul("{transpose_a = true}", [k, m], [k, n], [m, n], flops, cold),
     }
 }
 
-/// The matrix products' terms by shape (`Device::matrix_terms`): besides the efficiency
-/// curve's products (`timed`, `([m, k, n], seconds)`), every product of sides 8, 32, 128
-/// and 512 in each of the three forms, the forms of a shape averaged, fitted as `c0 + c1
-/// 2mkn + c2 mn + c3 (mk + kn)` by non-negative least squares on the relative error of
-/// the whole time, `c0` then less the per-op `dispatch` (which the model charges every
-/// op). Returns the terms and the report's lines.
+/// The matrix products' terms by shape (`Device::matrix_terms`, or with `cold` false
+/// `matrix_terms_hot`): besides the products already `timed` (`([m, k, n], seconds)`:
+/// the efficiency curve's), every product of `sides` in each of the three forms, on cold
+/// operands or hot ones, the forms of a shape averaged, fitted as `c0 + c1 2mkn + c2
+/// mn + c3 (mk + kn)` by non-negative least squares on the relative error of the whole time,
+/// `c0` then less the per-op `dispatch` (which the model charges every op). Returns the
+/// terms and the report's line.
 fn matrix_terms(
     mut timed: Vec<([usize; 3], f64)>,
+    sides: &[usize],
+    cold: bool,
     dispatch: f64,
 ) -> Result<([f64; 4], String), String> {
-    const SIDES: [usize; 4] = [8, 32, 128, 512];
-    for m in SIDES {
-        for k in SIDES {
-            for n in SIDES {
+    for &m in sides {
+        for &k in sides {
+            for &n in sides {
                 for form in 0..3 {
-                    timed.push(([m, k, n], time_form(form, [m, k, n])?));
+                    timed.push(([m, k, n], time_form(form, [m, k, n], cold)?));
                 }
             }
         }
     }
+    let largest = timed.iter().flat_map(|(s, _)| *s).max().unwrap_or(0);
     // Each shape's forms averaged: the terms have no form, and the forms differ by up to
     // a factor of 3 at a side of 8 (by 0.8-1.25 of their average at sides of 32 and more).
     let mut by_shape: BTreeMap<[usize; 3], (f64, f64)> = BTreeMap::new();
@@ -771,7 +793,8 @@ fn matrix_terms(
     ratios.sort_by(f64::total_cmp);
     let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
     let lines = format!(
-        "  matmul by shape ({} products, sides 8-2048): the dispatch + {:.3} us + 2mkn / {:.2} GFLOP/s + {:.3} ns x mn + {:.3} ns x (mk + kn); fitted / measured {:.2} (10%), {:.2} (median), {:.2} (90%)\n",
+        "  matmul by shape, {} operands ({} products, sides 8-{largest}): the dispatch + {:.3} us + 2mkn / {:.2} GFLOP/s + {:.3} ns x mn + {:.3} ns x (mk + kn); fitted / measured {:.2} (10%), {:.2} (median), {:.2} (90%)\n",
+        if cold { "cold" } else { "hot" },
         rows.len(),
         c[0] * 1e6,
         1.0 / c[1] / 1e9,
@@ -782,6 +805,34 @@ fn matrix_terms(
         at(0.9)
     );
     Ok((c, lines))
+}
+
+/// The size of cpu 0's level-2 data (or unified) cache from sysfs; 0 where it says none.
+fn l2_bytes() -> u64 {
+    let base = "/sys/devices/system/cpu/cpu0/cache";
+    let read = |p: String| std::fs::read_to_string(p).map(|s| s.trim().to_string());
+    (0..8)
+        .filter_map(|i| {
+            let dir = format!("{base}/index{i}");
+            let level = read(format!("{dir}/level")).ok()?;
+            let kind = read(format!("{dir}/type")).ok()?;
+            (level == "2" && kind != "Instruction").then_some(())?;
+            parse_size(&read(format!("{dir}/size")).ok()?)
+        })
+        .next()
+        .unwrap_or(0)
+}
+
+/// `2048K`, `2M` or `512` (bytes) as bytes.
+fn parse_size(s: &str) -> Option<u64> {
+    let (digits, unit) = match s.strip_suffix(['K', 'k']) {
+        Some(d) => (d, 1u64 << 10),
+        None => match s.strip_suffix(['M', 'm']) {
+            Some(d) => (d, 1 << 20),
+            None => (s, 1),
+        },
+    };
+    digits.trim().parse::<u64>().ok().map(|v| v * unit)
 }
 
 /// How many copies of operands of `bytes` bytes fill 64 MiB, at most 256: cycled through,

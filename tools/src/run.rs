@@ -350,7 +350,7 @@ fn profile_table(
     (runs, devices): (u32, u32),
 ) -> String {
     let mut predicted: std::collections::HashMap<String, f64> = Default::default();
-    predict_ops(g, mesh, cluster, &mut predicted, 0);
+    predict_ops(g, mesh, &cluster.for_program(g), &mut predicted, 0);
     let per = f64::from(runs.max(1)) * f64::from(devices.max(1));
     let mut rows: Vec<(String, f64, f64, Option<f64>)> = measured
         .ops
