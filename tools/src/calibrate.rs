@@ -57,7 +57,8 @@ fn clock(origin: Instant) -> f64 {
 #[command(
     about = "Measure this machine's entries of the cost model (a cluster TOML for --print-stats=cluster=...)",
     long_about = "Measure this machine's entries of the cost model by microbenchmarks, one \
-        thread: matrix-product efficiency by size, the vector and memory rates, the per-op \
+        thread: matrix-product efficiency by size and cost by shape (on cold operands, and \
+        on hot ones for programs that fit in the L2), the vector and memory rates, the per-op \
         overhead, the in-process network, per op how the runtime's kernel compares \
         with that roofline, and attention's cost by its heads' shapes. Prints them and writes a cluster TOML that \
         --print-stats=cluster=FILE, nnscaler plan --cluster FILE and \
