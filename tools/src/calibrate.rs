@@ -437,8 +437,9 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     // the others (rows are tokens), from s = 8 to 512 (a GPT-2 layer's products are
     // 1-5 GFLOP; below s = 512 the rate still grows, and a curve that stopped at 256 took
     // the rate there for the peak); each run by the interpreter as a model runs it
-    // ([`time_node`]), its dispatch then taken out ([`efficiency_curve`]): the model
-    // charges a product `op_overhead` plus its FLOPs at the curve's rate.
+    // ([`time_node`]), its dispatch then taken out ([`efficiency_curve`]): the peak and
+    // the curve (the model's for a device without terms by shape), and with the grid
+    // below the terms by shape the model charges a product besides `op_overhead`.
     let sides = [8usize, 16, 32, 64, 128, 256, 512];
     let mut products = Vec::new();
     // Every product timed, by shape `[m, k, n]`, for the terms by shape below.
