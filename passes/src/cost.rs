@@ -382,16 +382,18 @@ fn toml_parse(text: &str) -> Result<Cluster, String> {
 impl Cluster {
     /// This cluster as it runs program `g` (one device's): with `matrix_terms_hot` for
     /// the matrix products where the device has them and `g`'s values ([`footprint`])
-    /// fit in its `cache_bytes`, else as it is.
-    pub fn for_program(&self, g: &Graph) -> Cluster {
-        let mut c = self.clone();
-        let d = &mut c.device;
-        if let Some(hot) = d.matrix_terms_hot {
-            if d.matrix_terms.is_some() && footprint(g) <= d.cache_bytes {
-                d.matrix_terms = Some(hot);
+    /// fit in its `cache_bytes`, else as it is (borrowed: no copy on the GPU presets,
+    /// which have no hot terms, nor for a program too large for the cache).
+    pub fn for_program(&self, g: &Graph) -> std::borrow::Cow<'_, Cluster> {
+        let d = &self.device;
+        match d.matrix_terms_hot {
+            Some(hot) if d.matrix_terms.is_some() && footprint(g) <= d.cache_bytes => {
+                let mut c = self.clone();
+                c.device.matrix_terms = Some(hot);
+                std::borrow::Cow::Owned(c)
             }
+            _ => std::borrow::Cow::Borrowed(self),
         }
-        c
     }
 
     /// As TOML.
@@ -916,7 +918,7 @@ mod tests {
         c.device.cache_bytes = footprint(&g) - 1;
         assert_eq!(c.for_program(&g).device.matrix_terms, Some(terms));
         c.device.cache_bytes = 0;
-        assert_eq!(c.for_program(&g), c);
+        assert_eq!(*c.for_program(&g), c);
         c.device.matrix_terms_hot = None;
         // At equal FLOPs a product with a short side costs more than a square one.
         let d = &c.device;

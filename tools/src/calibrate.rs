@@ -960,7 +960,7 @@ fn kernel_factors(c: &Cluster) -> Result<(BTreeMap<String, [f64; 2]>, String), S
                 [(t0 - factor * r0).max(0.0), factor]
             });
         let factor = factor.clamp(0.05, 50.0);
-        let worst = rows
+        let (lo, hi) = rows
             .iter()
             .map(|(x, t)| (x[0] * fixed + x[1] * factor) / t)
             .fold((f64::INFINITY, 0.0f64), |(lo, hi), r| {
@@ -969,11 +969,12 @@ fn kernel_factors(c: &Cluster) -> Result<(BTreeMap<String, [f64; 2]>, String), S
         lines += &format!(
             "  {op}: {} instances, rooflines {:.2}-{:.1} us: {:.2} us + x{factor:.2} (fitted / measured {:.2}-{:.2})\n",
             rows.len(),
-            small.last().map_or(r0, |i| i.0).min(r0) * 1e6,
+            // The instances are largest first.
+            small[small.len() - 1].0 * 1e6,
             r1 * 1e6,
             fixed * 1e6,
-            worst.0,
-            worst.1
+            lo,
+            hi
         );
         kernels.insert(op.clone(), [sig(fixed), sig(factor)]);
     }
