@@ -98,6 +98,8 @@ fn cases() -> Vec<Case> {
         case("dnn.linear", &[(&[5], N), (&[3, 5], N), (&[3], N)], &[]),
         case("dnn.add", &[(&[2, 3], N), (&[3], N)], &[]),
         case("dnn.add", &[(&[2, 1, 4], N), (&[3, 1], N)], &[]),
+        case("dnn.add", &[(&[2, 3, 4], N), (&[3, 4], N)], &[]),
+        case("dnn.mul", &[(&[2, 3, 4], N), (&[2, 3, 1], N)], &[]),
         case("dnn.sub", &[(&[2, 3], N), (&[2, 1], N)], &[]),
         case("dnn.mul", &[(&[3, 4], N), (&[], N)], &[]),
         case("dnn.mul", &[(&[1, 4], N), (&[3, 1], N)], &[]),
@@ -191,6 +193,11 @@ fn cases() -> Vec<Case> {
         case(
             "dnn.broadcast_to",
             &[(&[3, 1], N)],
+            &[("shape", ints(&[2, 3, 4]))],
+        ),
+        case(
+            "dnn.broadcast_to",
+            &[(&[3, 4], N)],
             &[("shape", ints(&[2, 3, 4]))],
         ),
         case(

@@ -21,13 +21,41 @@ fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
         .collect()
 }
 
-/// Calls `f(out_index, a_offset, b_offset)` for every element of `out`, in order.
+/// `out` with its strides in two operands, `sa` and `sb` (0 on broadcast dims), with
+/// unit dims dropped and each run of dims that both operands walk as one (each stride is
+/// the next one's times that dim, or both are 0) merged into one dim: `[3, 12, 24] +
+/// [12, 24]` becomes 3 rows of 288 contiguous elements in the first and the same 288 in
+/// the second.
+fn coalesce(out: &[usize], sa: &[usize], sb: &[usize]) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
+    let (mut o, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
+    for d in (0..out.len()).rev() {
+        if out[d] == 1 {
+            continue;
+        }
+        match (o.last_mut(), a.last(), b.last()) {
+            (Some(n), Some(&ia), Some(&ib)) if sa[d] == ia * *n && sb[d] == ib * *n => *n *= out[d],
+            _ => {
+                o.push(out[d]);
+                a.push(sa[d]);
+                b.push(sb[d]);
+            }
+        }
+    }
+    o.reverse();
+    a.reverse();
+    b.reverse();
+    (o, a, b)
+}
+
+/// Calls `f(out_index, a_offset, b_offset, n, a_stride, b_stride)` for each run of `n`
+/// elements of `out` along its (coalesced) last dim, in order.
 fn for_each_broadcast(
     out: &[usize],
     sa: &[usize],
     sb: &[usize],
     mut f: impl FnMut(usize, usize, usize, usize, usize, usize),
 ) {
+    let (out, sa, sb) = coalesce(out, sa, sb);
     let r = out.len();
     if r == 0 {
         f(0, 0, 0, 1, 0, 0);
@@ -65,22 +93,44 @@ fn binary(
     if x[0].shape == out && x[1].shape == out {
         return Ok(vec![Tensor::f32(&out, map2(a, b, f))]);
     }
-    if x[0].shape == out && b.len() == 1 {
-        let q = b[0];
-        return Ok(vec![Tensor::f32(
-            &out,
-            a.iter().map(|&p| f(p, q)).collect(),
-        )]);
-    }
-    let sa = broadcast_strides(&x[0].shape, &out);
-    let sb = broadcast_strides(&x[1].shape, &out);
-    let mut v = vec![0.0f32; numel(&out)];
-    for_each_broadcast(&out, &sa, &sb, |o, oa, ob, n, ia, ib| {
-        for j in 0..n {
-            v[o + j] = f(a[oa + j * ia], b[ob + j * ib]);
+    let v = broadcast2(a, &x[0].shape, b, &x[1].shape, &out, f);
+    Ok(vec![Tensor::f32(&out, v)])
+}
+
+/// `f(a, b)` of `a` (shape `sa`) and `b` (shape `sb`) broadcast to `out`.
+fn broadcast2(
+    a: &[f32],
+    sa: &[usize],
+    b: &[f32],
+    sb: &[usize],
+    out: &[usize],
+    f: impl Fn(f32, f32) -> f32 + Copy,
+) -> Vec<f32> {
+    let sa = broadcast_strides(sa, out);
+    let sb = broadcast_strides(sb, out);
+    let mut v = vec![0.0f32; numel(out)];
+    for_each_broadcast(out, &sa, &sb, |o, oa, ob, n, ia, ib| {
+        let y = &mut v[o..o + n];
+        // Runs of contiguous elements, or of one element against contiguous ones (a
+        // bias, a row's scale), go through the vectorized loops.
+        match (ia, ib) {
+            (1, 1) => map2_into(&a[oa..oa + n], &b[ob..ob + n], y, f),
+            (1, 0) => {
+                let q = b[ob];
+                map1_into(&a[oa..oa + n], y, |p| f(p, q))
+            }
+            (0, 1) => {
+                let p = a[oa];
+                map1_into(&b[ob..ob + n], y, |q| f(p, q))
+            }
+            _ => {
+                for (j, y) in y.iter_mut().enumerate() {
+                    *y = f(a[oa + j * ia], b[ob + j * ib]);
+                }
+            }
         }
     });
-    Ok(vec![Tensor::f32(&out, v)])
+    v
 }
 
 pub(super) fn add(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
@@ -150,7 +200,7 @@ pub(super) fn relu(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     unary(x[0], |p| p.max(0.0))
 }
 
-use super::math::{erf_and_gauss, exp as fast_exp, map1, map2, sigmoid};
+use super::math::{erf_and_gauss, exp as fast_exp, map1, map1_into, map2, map2_into, sigmoid};
 
 pub(super) fn silu(_: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     unary(x[0], |p| p * sigmoid(p))
@@ -302,9 +352,13 @@ pub(super) fn broadcast_to(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, St
     match &x[0].data {
         Data::F32(a) => {
             let mut v = vec![0.0f32; numel(&out)];
-            for_each_broadcast(&out, &sa, &zero, |o, oa, _, n, ia, _| {
-                for j in 0..n {
-                    v[o + j] = a[oa + j * ia];
+            for_each_broadcast(&out, &sa, &zero, |o, oa, _, n, ia, _| match ia {
+                0 => v[o..o + n].fill(a[oa]),
+                1 => v[o..o + n].copy_from_slice(&a[oa..oa + n]),
+                _ => {
+                    for j in 0..n {
+                        v[o + j] = a[oa + j * ia];
+                    }
                 }
             });
             Ok(vec![Tensor::f32(&out, v)])
@@ -378,4 +432,76 @@ pub fn clip_scale(c: &Ctx<'_>, x: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let max = c.float("max_norm", 1.0) as f32;
     let k = (max / (s.sqrt() + 1e-6)).min(1.0);
     Ok(vec![Tensor::f32(&[], vec![k])])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Element `i` of `out` read from `shape` by the broadcasting rules, index by index.
+    fn naive_offset(i: usize, shape: &[usize], out: &[usize]) -> usize {
+        let (so, s) = (strides(out), strides(shape));
+        let off = out.len() - shape.len();
+        (0..out.len())
+            .filter(|&d| d >= off && shape[d - off] != 1)
+            .map(|d| (i / so[d] % out[d]) * s[d - off])
+            .sum()
+    }
+
+    #[test]
+    fn broadcasts_equal_the_index_by_index_rule() {
+        // Suffixes, per-row scalars, broadcasts on both sides, inner broadcast dims, unit
+        // dims, scalars and empty tensors: every path of `binary`.
+        let cases: &[(&[usize], &[usize])] = &[
+            (&[2, 3, 4], &[3, 4]),
+            (&[2, 3, 4], &[2, 3, 1]),
+            (&[2, 1, 4], &[2, 3, 4]),
+            (&[4, 1], &[4, 5]),
+            (&[2, 1, 4], &[3, 1]),
+            (&[1, 4], &[3, 1]),
+            (&[3, 1, 5, 1], &[1, 2, 5, 6]),
+            (&[2, 3, 4], &[]),
+            (&[], &[2, 3]),
+            (&[1, 1], &[1]),
+            (&[2, 3], &[2, 3]),
+            (&[2, 1, 3], &[1, 3]),
+            (&[0, 3], &[3]),
+        ];
+        for (sa, sb) in cases {
+            let r = sa.len().max(sb.len());
+            let pad = |s: &[usize]| [vec![1; r - s.len()], s.to_vec()].concat();
+            let (pa, pb) = (pad(sa), pad(sb));
+            let out: Vec<usize> = (0..r)
+                .map(|d| if pa[d] == 1 { pb[d] } else { pa[d] })
+                .collect();
+            let a: Vec<f32> = (0..numel(sa)).map(|i| i as f32 * 0.5 + 1.0).collect();
+            let b: Vec<f32> = (0..numel(sb)).map(|i| 100.0 - i as f32).collect();
+            let f = |p: f32, q: f32| p * 3.0 - q;
+            let got = broadcast2(&a, sa, &b, sb, &out, f);
+            let want: Vec<f32> = (0..numel(&out))
+                .map(|i| f(a[naive_offset(i, sa, &out)], b[naive_offset(i, sb, &out)]))
+                .collect();
+            assert_eq!(got, want, "{sa:?} and {sb:?} to {out:?}");
+        }
+    }
+
+    #[test]
+    fn coalescing_merges_the_runs_both_operands_walk() {
+        let out = [2, 3, 4];
+        let (sa, sb) = (
+            broadcast_strides(&[2, 3, 4], &out),
+            broadcast_strides(&[3, 4], &out),
+        );
+        assert_eq!(
+            coalesce(&out, &sa, &sb),
+            (vec![2, 12], vec![12, 1], vec![0, 1])
+        );
+        let sb = broadcast_strides(&[2, 3, 1], &out);
+        assert_eq!(
+            coalesce(&out, &sa, &sb),
+            (vec![6, 4], vec![4, 1], vec![1, 0])
+        );
+        let sb = broadcast_strides(&[], &out);
+        assert_eq!(coalesce(&out, &sa, &sb), (vec![24], vec![1], vec![0]));
+    }
 }

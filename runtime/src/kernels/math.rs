@@ -58,28 +58,39 @@ pub fn sigmoid(x: f32) -> f32 {
 /// of SSE2's 4; the baseline x86-64 target only promises SSE2).
 pub fn map1(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> Vec<f32> {
     let mut out = vec![0.0f32; x.len()];
+    map1_into(x, &mut out, f);
+    out
+}
+
+/// [`map1`] into `out` (of `x`'s length).
+pub fn map1_into(x: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32 + Copy) {
+    assert_eq!(x.len(), out.len());
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
-        unsafe { map1_avx2(x, &mut out, f) };
-        return out;
+        unsafe { map1_avx2(x, out, f) };
+        return;
     }
-    map1_any(x, &mut out, f);
-    out
+    map1_any(x, out, f);
 }
 
 /// `f(a, b)` over pairs of elements (equal lengths), AVX2 when available.
 pub fn map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Copy) -> Vec<f32> {
-    assert_eq!(a.len(), b.len());
     let mut out = vec![0.0f32; a.len()];
+    map2_into(a, b, &mut out, f);
+    out
+}
+
+/// [`map2`] into `out` (all three of one length).
+pub fn map2_into(a: &[f32], b: &[f32], out: &mut [f32], f: impl Fn(f32, f32) -> f32 + Copy) {
+    assert!(a.len() == b.len() && a.len() == out.len());
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
-        unsafe { map2_avx2(a, b, &mut out, f) };
-        return out;
+        unsafe { map2_avx2(a, b, out, f) };
+        return;
     }
-    map2_any(a, b, &mut out, f);
-    out
+    map2_any(a, b, out, f);
 }
 
 #[inline(always)]
