@@ -367,9 +367,10 @@ pub const ATTN_TILE: usize = 64;
 /// The f32 words of a tiled attention's shared array at most (48 KiB, the static shared
 /// memory a block may have).
 pub const ATTN_TILE_WORDS: usize = 12288;
-/// The longest key sequence a tiled attention takes: each lane keeps a score (and in the
-/// backward a `dP`) per key in its own memory, which on a GPU is reserved for every
-/// resident thread (up to 10 KiB each here); longer ones use the row kernels.
+/// The longest key sequence whose tiled attention keeps its scores: each lane keeps a
+/// score (and in the backward a `dP`) per key in its own memory, which on a GPU is
+/// reserved for every resident thread (up to 10 KiB each here). Longer ones score each
+/// key again in each pass over the key tiles, as the row kernels do ([`Tiles::scores`]).
 pub const ATTN_TILE_KEYS: usize = 1024;
 
 /// How a tiled attention's work is cut ([`Attn::tiles`]).
@@ -377,7 +378,8 @@ pub const ATTN_TILE_KEYS: usize = 1024;
 pub struct Tiles {
     /// Lanes (query rows) per block of the forward and of the backward's `dq` kernel.
     pub q_lanes: usize,
-    /// Key rows per shared tile of the forward (keys, then values).
+    /// Key rows per shared tile of the forward (keys, then values; both at once where
+    /// the lanes do not keep their scores).
     pub fwd_rows: usize,
     /// Key rows per shared tile of the backward's `dq` kernel (keys and values at once).
     pub back_rows: usize,
@@ -385,6 +387,11 @@ pub struct Tiles {
     pub k_lanes: usize,
     /// Query rows per shared tile of the `dk`/`dv` kernel (`q`, `dO`, statistics).
     pub kv_rows: usize,
+    /// Each lane keeps its row's scores (keys up to [`ATTN_TILE_KEYS`]): the forward and
+    /// the `dq` kernel score each key once. Without, they score it in each pass over the
+    /// key tiles (three in the forward, four in the backward's), as the row kernels do,
+    /// and the forward stages keys and values together in its last pass.
+    pub scores: bool,
 }
 
 impl Tiles {
@@ -423,19 +430,22 @@ pub enum AttnForm {
 }
 
 impl Attn {
-    /// The tiling of this attention, or `None` where it takes the row kernels: keys past
-    /// [`ATTN_TILE_KEYS`], or rows too wide for a shared tile of one row.
+    /// The tiling of this attention, or `None` where it takes the row kernels: rows too
+    /// wide for a shared tile of one row.
     pub fn tiles(&self) -> Option<Tiles> {
-        if self.t > ATTN_TILE_KEYS {
-            return None;
-        }
         let (q_lanes, k_lanes) = (tile_lanes(self.s), tile_lanes(self.t));
+        let scores = self.t <= ATTN_TILE_KEYS;
         Some(Tiles {
             q_lanes,
-            fwd_rows: tile_rows(q_lanes, self.d.max(self.e))?,
+            fwd_rows: if scores {
+                tile_rows(q_lanes, self.d.max(self.e))?
+            } else {
+                tile_rows(q_lanes, self.d + self.e)?
+            },
             back_rows: tile_rows(q_lanes, self.d + self.e)?,
             k_lanes,
             kv_rows: tile_rows(k_lanes, self.d + self.e + 3)?,
+            scores,
         })
     }
 
@@ -1332,7 +1342,8 @@ pub fn lower(
 
 /// An attention's kernels (`dnn.attention`, `dnn.attention_grad`) in `form`, or the one
 /// its shape gets ([`Attn::form`]) where `form` is `None`. Both forms compute the same
-/// bits; the row form stays for long sequences (and is tested against the tiles).
+/// bits; the row form stays for rows too wide for a shared tile (and is tested against
+/// the tiles).
 pub fn lower_attention(
     name: &str,
     op: &str,

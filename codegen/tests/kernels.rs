@@ -472,7 +472,7 @@ fn op_cases() -> Vec<Case> {
         vec![ty(&[1, 2, 5, 4]), ty(&[1, 2, 7, 4]), ty(&[1, 2, 7, 6])],
     ));
     // Tiled attention over several tiles (the last ones short), and rows wide enough to
-    // halve the shared tiles; keys past ATTN_TILE_KEYS take the row kernels.
+    // halve the shared tiles; keys past ATTN_TILE_KEYS are scored again in each pass.
     let causal = attrs(&[("causal", AttrValue::Bool(true))]);
     for (q, kv, a) in [
         (ty(&[1, 4, 100, 8]), ty(&[1, 2, 100, 8]), causal.clone()),
@@ -485,6 +485,8 @@ fn op_cases() -> Vec<Case> {
         ));
         cases.push(("dnn.attention_grad", a, vec![q.clone(), q, kv.clone(), kv]));
     }
+    // Long keys: the tiles' rescoring form. (The row kernels, left for rows too wide for
+    // any shared tile, are checked against the tiles bit for bit below.)
     let (q, kv) = (ty(&[1, 2, 3, 4]), ty(&[1, 2, 1100, 4]));
     cases.push((
         "dnn.attention",
@@ -747,12 +749,6 @@ fn every_covered_op_matches_the_reference() {
     ] {
         assert!(forms.contains(f), "no team kernel for {f} (has {forms:?})");
     }
-    // And the row kernels, for the long key sequence.
-    assert!(
-        kernels.iter().any(|k| matches!(k.body, Body::Attention(_)))
-            && kernels.iter().any(|k| matches!(k.body, Body::AttnDkDv(_))),
-        "no attention row kernels"
-    );
     let host = HostKernels::new(&kernels).unwrap();
     let mut worst = 0.0f64;
     for (c, (op, a, _)) in cases.iter().enumerate() {
@@ -829,6 +825,9 @@ fn tiled_attention_equals_the_row_kernels_bit_for_bit() {
         (vec![1, 2, 65, 4], vec![1, 1, 140, 4], Attrs::new()),
         (vec![1, 2, 140, 4], vec![1, 2, 33, 4], causal.clone()),
         (vec![1, 1, 70, 128], vec![1, 1, 70, 128], causal.clone()),
+        // Past ATTN_TILE_KEYS: the lanes score each key again in each pass.
+        (vec![1, 4, 20, 8], vec![1, 2, 1100, 8], Attrs::new()),
+        (vec![1, 1, 1040, 4], vec![1, 1, 1040, 4], causal.clone()),
         (
             vec![1, 2, 40, 8],
             vec![1, 2, 40, 8],
@@ -1112,6 +1111,31 @@ fn every_ptx_module_passes_ptxas() {
         .flat_map(|(l, _)| l.kernels)
         .chain(nnscaler_codegen::artifact::reducers())
         .collect();
+    // The attention row kernels (only rows too wide for a shared tile take them).
+    {
+        use nnscaler_codegen::kernel::{lower_attention, AttnForm};
+        let (q, kv) = (ty(&[1, 2, 5, 8]), ty(&[1, 1, 7, 8]));
+        let causal = attrs(&[("causal", AttrValue::Bool(true))]);
+        for (op, tys, outs) in [
+            ("dnn.attention", vec![&q, &kv, &kv], vec![&q]),
+            (
+                "dnn.attention_grad",
+                vec![&q, &q, &kv, &kv],
+                vec![&q, &kv, &kv],
+            ),
+        ] {
+            let ins: Vec<Buf> = tys.into_iter().map(Buf::of).collect();
+            let outs: Vec<Buf> = outs.into_iter().map(Buf::of).collect();
+            let name = format!("rows_{}", op.trim_start_matches("dnn."));
+            let l = lower_attention(&name, op, &causal, &ins, &outs, Some(AttnForm::Rows));
+            let l = l.unwrap();
+            assert!(l
+                .kernels
+                .iter()
+                .any(|k| matches!(k.body, Body::Attention(_) | Body::AttnDkDv(_))));
+            kernels.extend(l.kernels);
+        }
+    }
     for (name, bf16) in [
         ("nanogpt-cpu", false),
         ("llama-tiny", false),

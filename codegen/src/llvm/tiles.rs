@@ -11,6 +11,11 @@
 //! weighted sum. The `dk`/`dv` kernel is the same with the roles turned: a lane per key
 //! row, and the queries' `q`, `dO` and statistics staged a tile at a time.
 //!
+//! Past [`crate::kernel::ATTN_TILE_KEYS`] keys a lane's scores would not fit its
+//! memory, and the forward and the `dq` kernel score each key again in each pass over
+//! the key tiles instead (the maximum, the sum, then the weighted sum; the backward also
+//! `sum P dP` before `dq`), as the row kernels do, but from staged tiles.
+//!
 //! Every sum is the row kernels' (`llvm.rs`, `Body::Attention` and the rest): the same
 //! f32 operations on the same values in the same order, so the two forms give the same
 //! bits (`codegen/tests/kernels.rs` checks it). An online softmax (one pass, rescaling
@@ -180,9 +185,198 @@ impl<'ctx> Gen<'ctx> {
         Ok((m, self.fdiv(self.fconst(1.0), self.getf(sum, f32t)?)?))
     }
 
+    /// One pass over the key tiles of a query-tile block: a phase stages each tile's
+    /// keys (input `k_in`, at word 0) and, with `values = Some(word)`, its values (input
+    /// `k_in + 1`, at that word), and the next calls `f(g, lane, jt, score)` for each key
+    /// the lane sees (`jt`: the key's row in the tile), the lane's query at word `lq` of
+    /// its memory.
+    #[allow(clippy::too_many_arguments)]
+    fn score_pass(
+        tm: &mut Team<'_, 'ctx>,
+        a: &Attn,
+        (lanes, tiles, rows): (usize, usize, usize),
+        k_in: usize,
+        values: Option<usize>,
+        lq: usize,
+        f: impl Fn(&Self, &Lane<'ctx>, IntValue<'ctx>, FloatValue<'ctx>) -> R<()>,
+    ) -> R<()> {
+        let a = *a;
+        tm.repeat(a.t.div_ceil(rows), |tm| {
+            tm.phase(lanes, |g, l| {
+                let q = g.query_lane(&a, lanes, tiles, l)?;
+                let (ts, n) = g.key_tile(&a, rows, l)?;
+                g.when(g.ult(ts, q.need)?, |g| {
+                    let first = g.add_i(q.kv_base, ts)?;
+                    g.stage(l, lanes, l.ins[k_in], first, n, a.d, 0)?;
+                    match values {
+                        Some(vt) => g.stage(l, lanes, l.ins[k_in + 1], first, n, a.e, vt),
+                        None => Ok(()),
+                    }
+                })
+            })?;
+            tm.phase(lanes, |g, l| {
+                let q = g.query_lane(&a, lanes, tiles, l)?;
+                let (ts, n) = g.key_tile(&a, rows, l)?;
+                let qp = g.local_at(l, lq)?;
+                g.tile_keys(&q, ts, n, |g, _, jt| {
+                    let dot = g.dot(qp, g.i64c(0), l.sh, g.mul_i(jt, g.i64c(a.d))?, a.d)?;
+                    f(g, l, jt, g.fmul(g.fconst(a.scale), dot)?)
+                })
+            })
+        })
+    }
+
+    /// `max = maxf(max, s)` and `sum += exp(s - max)` passes of a lane whose maximum and
+    /// sum are at words `lst` and `lst + 1` of its memory (set to -inf and 0 before);
+    /// leaves `1 / sum` at `lst + 1`: [`Gen::attn_softmax`] from staged keys.
+    fn softmax_passes(
+        tm: &mut Team<'_, 'ctx>,
+        a: &Attn,
+        cut: (usize, usize, usize),
+        k_in: usize,
+        lq: usize,
+        lst: usize,
+    ) -> R<()> {
+        let (lanes, tiles, _) = cut;
+        let f32t = tm.g.ctx.f32_type();
+        Self::score_pass(tm, a, cut, k_in, None, lq, |g, l, _, s| {
+            let mx = g.local_at(l, lst)?;
+            g.set(mx, g.maxf(g.getf(mx, f32t)?, s)?)
+        })?;
+        Self::score_pass(tm, a, cut, k_in, None, lq, |g, l, _, s| {
+            let m = g.getf(g.local_at(l, lst)?, f32t)?;
+            let sum = g.local_at(l, lst + 1)?;
+            let y = g.call(g.exp_fn()?, &[g.fsub(s, m)?])?;
+            g.set(sum, g.fadd(g.getf(sum, f32t)?, y)?)
+        })?;
+        let a = *a;
+        tm.phase(lanes, |g, l| {
+            let q = g.query_lane(&a, lanes, tiles, l)?;
+            g.when(q.valid, |g| {
+                let sum = g.local_at(l, lst + 1)?;
+                g.set(sum, g.fdiv(g.fconst(1.0), g.getf(sum, f32t)?)?)
+            })
+        })
+    }
+
+    /// `exp(s - max) * inv` from a lane's statistics at words `lst` and `lst + 1`.
+    fn prob(&self, l: &Lane<'ctx>, lst: usize, s: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let f32t = self.ctx.f32_type();
+        let m = self.getf(self.local_at(l, lst)?, f32t)?;
+        let inv = self.getf(self.local_at(l, lst + 1)?, f32t)?;
+        let y = self.call(self.exp_fn()?, &[self.fsub(s, m)?])?;
+        self.fmul(y, inv)
+    }
+
+    /// The forward without kept scores ([`crate::kernel::Tiles::scores`] false): three
+    /// passes over the key tiles.
+    fn attn_tiles_rescore(&self, tm: &mut Team<'_, 'ctx>, a: &Attn) -> R<()> {
+        let ti = a.tiles().ok_or("this attention has no tiling")?;
+        let (lanes, rows, tiles) = (ti.q_lanes, ti.fwd_rows, ti.q_tiles(a));
+        let cut = (lanes, tiles, rows);
+        let (d, ev) = (a.d, a.e);
+        // A lane's memory: q [d], acc [e], max, sum (then 1/sum).
+        let (lq, lacc, lst) = (0, d, d + ev);
+        // Shared: key rows [rows, d], then (the last pass) value rows [rows, e].
+        let vt = rows * d;
+        tm.shared = Shared::Tile(rows * (d + ev));
+        tm.local = lst + 2;
+        let a = *a;
+        tm.phase(lanes, |g, l| {
+            let q = g.query_lane(&a, lanes, tiles, l)?;
+            g.when(q.valid, |g| {
+                let qb = g.mul_i(q.q_row, g.i64c(d))?;
+                g.copy_words(l.ins[0], qb, g.local_at(l, lq)?, d)?;
+                g.zero_words(g.local_at(l, lacc)?, ev)?;
+                g.set(g.local_at(l, lst)?, g.fconst(f32::NEG_INFINITY))?;
+                g.set(g.local_at(l, lst + 1)?, g.fconst(0.0))
+            })
+        })?;
+        Self::softmax_passes(tm, &a, cut, 1, lq, lst)?;
+        Self::score_pass(tm, &a, cut, 1, Some(vt), lq, |g, l, jt, s| {
+            let p = g.prob(l, lst, s)?;
+            let vb = g.add_i(g.i64c(vt), g.mul_i(jt, g.i64c(ev))?)?;
+            g.axpy(g.local_at(l, lacc)?, p, l.sh, vb, ev)
+        })?;
+        tm.phase(lanes, |g, l| {
+            let q = g.query_lane(&a, lanes, tiles, l)?;
+            g.when(q.valid, |g| {
+                let ob = g.mul_i(q.q_row, g.i64c(ev))?;
+                g.store_array(g.local_at(l, lacc)?, l.outs[0], ob, ev)
+            })
+        })
+    }
+
+    /// The backward's statistics and `dq` without kept scores: four passes over the key
+    /// tiles (the maximum, the sum, `sum P dP`, then `dq`).
+    fn attn_tiles_back_rescore(&self, tm: &mut Team<'_, 'ctx>, a: &Attn) -> R<()> {
+        let ti = a.tiles().ok_or("this attention has no tiling")?;
+        let (lanes, rows, tiles) = (ti.q_lanes, ti.back_rows, ti.q_tiles(a));
+        let cut = (lanes, tiles, rows);
+        let (d, ev) = (a.d, a.e);
+        // A lane's memory: q [d], dO [e], acc [d], max, sum (then 1/sum), rowsum(P dP).
+        let (lq, ldo, lacc, lst) = (0, d, d + ev, 2 * d + ev);
+        let vt = rows * d;
+        tm.shared = Shared::Tile(rows * (d + ev));
+        tm.local = lst + 3;
+        let a = *a;
+        let f32t = self.ctx.f32_type();
+        tm.phase(lanes, |g, l| {
+            let q = g.query_lane(&a, lanes, tiles, l)?;
+            g.when(q.valid, |g| {
+                let qb = g.mul_i(q.q_row, g.i64c(d))?;
+                g.copy_words(l.ins[1], qb, g.local_at(l, lq)?, d)?;
+                let ob = g.mul_i(q.q_row, g.i64c(ev))?;
+                g.copy_words(l.ins[0], ob, g.local_at(l, ldo)?, ev)?;
+                g.zero_words(g.local_at(l, lacc)?, d)?;
+                g.set(g.local_at(l, lst)?, g.fconst(f32::NEG_INFINITY))?;
+                g.set(g.local_at(l, lst + 1)?, g.fconst(0.0))?;
+                g.set(g.local_at(l, lst + 2)?, g.fconst(0.0))
+            })
+        })?;
+        Self::softmax_passes(tm, &a, cut, 2, lq, lst)?;
+        // dP = dO . V_j of key row `jt` of the staged tile.
+        let dp = move |g: &Self, l: &Lane<'ctx>, jt| {
+            let vb = g.add_i(g.i64c(vt), g.mul_i(jt, g.i64c(ev))?)?;
+            g.dot(g.local_at(l, ldo)?, g.i64c(0), l.sh, vb, ev)
+        };
+        Self::score_pass(tm, &a, cut, 2, Some(vt), lq, |g, l, jt, s| {
+            let p = g.prob(l, lst, s)?;
+            let dot = g.local_at(l, lst + 2)?;
+            g.set(dot, g.fadd(g.getf(dot, f32t)?, g.fmul(p, dp(g, l, jt)?)?)?)
+        })?;
+        tm.phase(lanes, |g, l| {
+            let q = g.query_lane(&a, lanes, tiles, l)?;
+            g.when(q.valid, |g| {
+                let s = g.mul_i(q.q_row, g.i64c(3))?;
+                for k in 0..3 {
+                    let v = g.getf(g.local_at(l, lst + k)?, f32t)?;
+                    g.stf(l.outs[0], g.add_i(s, g.i64c(k))?, v)?;
+                }
+                Ok(())
+            })
+        })?;
+        Self::score_pass(tm, &a, cut, 2, Some(vt), lq, |g, l, jt, s| {
+            let p = g.prob(l, lst, s)?;
+            let dsum = g.getf(g.local_at(l, lst + 2)?, f32t)?;
+            let ds = g.fmul(g.fmul(p, g.fsub(dp(g, l, jt)?, dsum)?)?, g.fconst(a.scale))?;
+            g.axpy(g.local_at(l, lacc)?, ds, l.sh, g.mul_i(jt, g.i64c(d))?, d)
+        })?;
+        tm.phase(lanes, |g, l| {
+            let q = g.query_lane(&a, lanes, tiles, l)?;
+            g.when(q.valid, |g| {
+                let ob = g.mul_i(q.q_row, g.i64c(d))?;
+                g.store_array(g.local_at(l, lacc)?, l.outs[1], ob, d)
+            })
+        })
+    }
+
     /// The forward ([`crate::kernel::Body::AttnTiles`]): `q, k, v (, offset) -> out`.
     pub(super) fn attn_tiles(&self, tm: &mut Team<'_, 'ctx>, a: &Attn) -> R<()> {
         let ti = a.tiles().ok_or("this attention has no tiling")?;
+        if !ti.scores {
+            return self.attn_tiles_rescore(tm, a);
+        }
         let (lanes, rows, tiles) = (ti.q_lanes, ti.fwd_rows, ti.q_tiles(a));
         let (d, ev, t) = (a.d, a.e, a.t);
         // A lane's memory: q [d], acc [e], scores [t], max, 1/sum.
@@ -262,6 +456,9 @@ impl<'ctx> Gen<'ctx> {
     /// `dout, q, k, v (, offset) -> stats, dq`.
     pub(super) fn attn_tiles_back(&self, tm: &mut Team<'_, 'ctx>, a: &Attn) -> R<()> {
         let ti = a.tiles().ok_or("this attention has no tiling")?;
+        if !ti.scores {
+            return self.attn_tiles_back_rescore(tm, a);
+        }
         let (lanes, rows, tiles) = (ti.q_lanes, ti.back_rows, ti.q_tiles(a));
         let (d, ev, t) = (a.d, a.e, a.t);
         // A lane's memory: q [d], dO [e], acc [d], P (scores, then weights) [t], dP [t],
