@@ -74,6 +74,14 @@ pub struct Device {
     /// measured on cold operands, as a larger program's products find theirs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matrix_terms_hot: Option<[f64; 4]>,
+    /// Factors on `matrix_terms` (or `matrix_terms_hot`) by the product's form: `[A B, A
+    /// B^T, A^T B]` (`matmul`; `linear` and a `matmul` with `transpose_b`; the weight's
+    /// gradient and a `matmul` with `transpose_a`), averaging 1: the terms are fitted to
+    /// the forms' average, and a `gemm` packs a transposed operand at another cost.
+    /// `nnscaler calibrate --device cpu` measures them; absent, every form costs the
+    /// terms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matrix_forms: Option<[f64; 3]>,
     /// Bytes a program's values may take and still stay in the cache between their uses
     /// (one core's L2 on a CPU); 0: none do.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -164,6 +172,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 matrix_efficiency: gpu_eff,
                 matrix_terms: None,
                 matrix_terms_hot: None,
+                matrix_forms: None,
                 cache_bytes: 0,
                 op_overhead: 5e-6,
                 kernels: BTreeMap::new(),
@@ -190,6 +199,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 matrix_efficiency: gpu_eff,
                 matrix_terms: None,
                 matrix_terms_hot: None,
+                matrix_forms: None,
                 cache_bytes: 0,
                 op_overhead: 4e-6,
                 kernels: BTreeMap::new(),
@@ -221,6 +231,9 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 // Used for the products' time in place of the curve above.
                 matrix_terms: Some([1.433e-08, 1.107e-11, 3.027e-10, 2.653e-10]),
                 matrix_terms_hot: Some([0.0, 1.068e-11, 3.449e-10, 1.133e-10]),
+                // The median of four calibrations on 2026-12-04 (A B 0.925-0.957, A B^T
+                // 1.040-1.053, A^T B 1.002-1.024), added to the run above.
+                matrix_forms: Some([0.935, 1.042, 1.023]),
                 cache_bytes: 2097152,
                 op_overhead: 5.126e-07,
                 kernels: [
@@ -335,6 +348,14 @@ pub fn parse(text: &str) -> Result<Cluster, String> {
                 "device.{what} must be four seconds >= 0 (per product, FLOP, result and operand element), the FLOP's > 0, got {t:?}"
             ));
         }
+    }
+    if let Some(f) = d
+        .matrix_forms
+        .filter(|f| f.iter().any(|x| !(x.is_finite() && *x > 0.0)))
+    {
+        return Err(format!(
+            "device.matrix_forms must be three factors > 0 (A B, A B^T, A^T B), got {f:?}"
+        ));
     }
     if let Some((op, [fixed, factor])) = d
         .kernels
@@ -458,14 +479,26 @@ impl Device {
     }
 
     /// Compute seconds of `products` matrix products of `m x k` by `k x n` each (`bf16`:
-    /// at the bf16 rate): by `matrix_terms` where the device has them, else their FLOPs
-    /// at the matrix rate times the efficiency of one product's FLOPs.
-    pub fn matrix_seconds(&self, products: f64, [m, k, n]: [f64; 3], bf16: bool) -> f64 {
+    /// at the bf16 rate) in `form` (0 `A B`, 1 `A B^T`, 2 `A^T B`; `None`: another, or
+    /// unknown): by `matrix_terms` (times the form's `matrix_forms` factor) where the
+    /// device has them, else their FLOPs at the matrix rate times the efficiency of one
+    /// product's FLOPs.
+    pub fn matrix_seconds(
+        &self,
+        products: f64,
+        [m, k, n]: [f64; 3],
+        bf16: bool,
+        form: Option<usize>,
+    ) -> f64 {
         let one = 2.0 * m * k * n;
         match self.matrix_terms {
             Some([c0, c1, c2, c3]) => {
                 let per_flop = c1 * self.matrix_flops / self.matrix_rate(bf16);
-                products * (c0 + per_flop * one + c2 * m * n + c3 * (m * k + k * n))
+                let factor = match (self.matrix_forms, form) {
+                    (Some(f), Some(i)) if i < 3 => f[i],
+                    _ => 1.0,
+                };
+                factor * products * (c0 + per_flop * one + c2 * m * n + c3 * (m * k + k * n))
             }
             None => products * one / (self.matrix_rate(bf16) * self.efficiency(one)),
         }
@@ -680,7 +713,12 @@ pub fn node_cost(
             device.kernel_time(
                 &n.op,
                 device
-                    .matrix_seconds(products, product_shape(g, n, products, flops), bf16)
+                    .matrix_seconds(
+                        products,
+                        product_shape(g, n, products, flops),
+                        bf16,
+                        product_form(n),
+                    )
                     .max(bytes / device.memory_bandwidth),
             )
         }
@@ -713,6 +751,28 @@ fn product_shape(
     let elems = (r.shape.iter().product::<i64>().max(1)) as f64;
     let rows = (elems / products / cols).max(1.0);
     [rows, flops / (2.0 * elems), cols]
+}
+
+/// The form of matrix op `n`'s products, as [`Device::matrix_seconds`] takes it: 0 `A
+/// B`, 1 `A B^T`, 2 `A^T B`; `None` for both operands transposed and other ops.
+pub fn product_form(n: &nnscaler_dialects::graph::Node) -> Option<usize> {
+    let flag = |k: &str| {
+        matches!(
+            n.attrs.get(k),
+            Some(AttrValue::Bool(true) | AttrValue::Unit)
+        )
+    };
+    match n.op.as_str() {
+        "dnn.linear" => Some(1),
+        "dnn.linear_weight_grad" => Some(2),
+        "dnn.matmul" => match (flag("transpose_a"), flag("transpose_b")) {
+            (false, false) => Some(0),
+            (false, true) => Some(1),
+            (true, false) => Some(2),
+            (true, true) => None,
+        },
+        _ => None,
+    }
 }
 
 /// What each `head_kernels` coefficient multiplies for attention of shape `[heads, s,
@@ -882,6 +942,7 @@ mod tests {
         let mut c = preset("cpu").unwrap();
         c.device.kernels.clear();
         c.device.memory_bandwidth = 1e30;
+        c.device.matrix_forms = None;
         let terms = [1e-7, 1e-11, 4e-10, 3e-10];
         c.device.matrix_terms = Some(terms);
         let one = |[m, k, n]: [f64; 3]| {
@@ -896,6 +957,21 @@ mod tests {
             let want = c.device.op_overhead + products * one(shape);
             assert!((t - want).abs() < 1e-15, "node {node}: {t} against {want}");
         }
+        // The forms' factors: the linear is A B^T, its weight's gradient A^T B, the
+        // batched matmul A B.
+        let forms = [0.9, 1.05, 1.1];
+        c.device.matrix_forms = Some(forms);
+        for (node, form, products, shape) in [
+            (0, 1, 1.0, [16.0, 32.0, 24.0]),
+            (1, 2, 1.0, [24.0, 16.0, 32.0]),
+            (2, 0, 3.0, [8.0, 32.0, 4.0]),
+        ] {
+            assert_eq!(product_form(&g.nodes[node]), Some(form));
+            let t = node_cost(&g, &g.nodes[node], &c, None).unwrap().seconds;
+            let want = c.device.op_overhead + forms[form] * products * one(shape);
+            assert!((t - want).abs() < 1e-15, "node {node}: {t} against {want}");
+        }
+        c.device.matrix_forms = None;
         // A program whose values fit in the cache takes the hot terms; a larger one, or
         // a device without a cache size, keeps the cold ones.
         let hot = [0.0, 5e-12, 1e-10, 1e-10];
@@ -922,14 +998,14 @@ mod tests {
         c.device.matrix_terms_hot = None;
         // At equal FLOPs a product with a short side costs more than a square one.
         let d = &c.device;
-        let thin = d.matrix_seconds(1.0, [8.0, 512.0, 512.0], false);
-        let square = d.matrix_seconds(1.0, [128.0, 128.0, 128.0], false);
+        let thin = d.matrix_seconds(1.0, [8.0, 512.0, 512.0], false, None);
+        let square = d.matrix_seconds(1.0, [128.0, 128.0, 128.0], false, None);
         assert!(thin > square * 1.5, "{thin} against {square}");
         // Without terms: the FLOPs at the curve's efficiency.
         c.device.matrix_terms = None;
         let d = &c.device;
         let flops = 2.0 * 128.0f64.powi(3);
-        let t = d.matrix_seconds(2.0, [128.0, 128.0, 128.0], false);
+        let t = d.matrix_seconds(2.0, [128.0, 128.0, 128.0], false, None);
         assert!((t - 2.0 * flops / (d.matrix_flops * d.efficiency(flops))).abs() < 1e-15);
         // A TOML with them reads back; a negative term or a free FLOP is refused.
         let mut c = preset("cpu").unwrap();
@@ -944,6 +1020,30 @@ mod tests {
         c.device.matrix_terms_hot = Some([0.0, 1e-11, f64::NAN, 0.0]);
         let e = parse(&c.to_toml().unwrap()).unwrap_err();
         assert!(e.contains("device.matrix_terms_hot"), "{e}");
+        c.device.matrix_terms_hot = None;
+        c.device.matrix_forms = Some([0.9, 1.05, 1.1]);
+        assert_eq!(parse(&c.to_toml().unwrap()).unwrap(), c);
+        c.device.matrix_forms = Some([0.9, 0.0, 1.1]);
+        let e = parse(&c.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("device.matrix_forms"), "{e}");
+    }
+
+    #[test]
+    fn product_forms_follow_the_transposes() {
+        use nnscaler_dialects::context::IrContext;
+        let ir = IrContext::new();
+        let src = r#"func.func @f(%a: tensor<4x4xf32> {nns.name = "a"}) -> (tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>) {
+  %0 = "dnn.matmul"(%a, %a) : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %1 = "dnn.matmul"(%a, %a) {transpose_b = true} : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %2 = "dnn.matmul"(%a, %a) {transpose_a = true} : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %3 = "dnn.matmul"(%a, %a) {transpose_a = true, transpose_b = true} : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %4 = "dnn.add"(%a, %a) : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  return %0, %1, %2, %3, %4 : tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>
+}"#;
+        let m = ir.parse(src, "m.mlir").unwrap();
+        let g = Graph::all_in(&m).remove(0).unwrap();
+        let forms: Vec<Option<usize>> = g.nodes[..5].iter().map(product_form).collect();
+        assert_eq!(forms, [Some(0), Some(1), Some(2), None, None]);
     }
 
     #[test]

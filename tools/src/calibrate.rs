@@ -57,8 +57,9 @@ fn clock(origin: Instant) -> f64 {
 #[command(
     about = "Measure this machine's entries of the cost model (a cluster TOML for --print-stats=cluster=...)",
     long_about = "Measure this machine's entries of the cost model by microbenchmarks, one \
-        thread: matrix-product efficiency by size and cost by shape (on cold operands, and \
-        on hot ones for programs that fit in the L2), the vector and memory rates, the per-op \
+        thread: matrix-product efficiency by size, cost by shape (on cold operands, and \
+        on hot ones for programs that fit in the L2) and factor by form (A B, A B^T, \
+        A^T B), the vector and memory rates, the per-op \
         overhead, the in-process network, per op how the runtime's kernel compares \
         with that roofline, and attention's cost by its heads' shapes. Prints them and writes a cluster TOML that \
         --print-stats=cluster=FILE, nnscaler plan --cluster FILE and \
@@ -449,7 +450,7 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         let mut t = 0.0;
         for (form, shape) in [(0, [l, s, s]), (1, [l, s, s]), (2, [s, l, s])] {
             let one = time_form(form, shape, true)?;
-            shaped.push((shape, one));
+            shaped.push((form, shape, one));
             t += one;
         }
         products.push((2.0 * (l * s * s) as f64, t / 3.0));
@@ -463,11 +464,12 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
             e * peak / 1e9
         );
     }
-    let (terms, lines) = matrix_terms(shaped, &[8, 32, 128, 512], true, overhead)?;
+    let (terms, forms, lines) = matrix_terms(shaped, &[8, 32, 128, 512], true, overhead)?;
     report += &lines;
     // Hot: the products of a program whose values all stay in the cache (one core's
-    // L2), which only small products make up.
-    let (hot, lines) = matrix_terms(Vec::new(), &[8, 32, 128], false, overhead)?;
+    // L2), which only small products make up. (The forms' factors are the cold grid's,
+    // whose sides reach 512.)
+    let (hot, _, lines) = matrix_terms(Vec::new(), &[8, 32, 128], false, overhead)?;
     report += &lines;
     let cache = l2_bytes();
     report += &match cache {
@@ -566,6 +568,7 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     c.device.matrix_efficiency = efficiency.iter().map(|&[f, e]| [f, sig(e)]).collect();
     c.device.matrix_terms = Some(terms.map(sig));
     c.device.matrix_terms_hot = Some(hot.map(sig));
+    c.device.matrix_forms = Some(forms.map(sig));
     c.device.cache_bytes = cache;
     c.device.op_overhead = sig(overhead);
     c.device.kernels.clear();
@@ -759,51 +762,87 @@ fn time_form(form: usize, [m, k, n]: [usize; 3], cold: bool) -> Result<f64, Stri
 }
 
 /// The matrix products' terms by shape (`Device::matrix_terms`, or with `cold` false
-/// `matrix_terms_hot`): besides the products already `timed` (`([m, k, n], seconds)`:
-/// the efficiency curve's), every product of `sides` in each of the three forms, on cold
-/// operands or hot ones, the forms of a shape averaged, fitted as `c0 + c1 2mkn + c2
-/// mn + c3 (mk + kn)` by non-negative least squares on the relative error of the whole time,
-/// `c0` then less the per-op `dispatch` (which the model charges every op). Returns the
-/// terms and the report's line.
+/// `matrix_terms_hot`) and the forms' factors (`Device::matrix_forms`): besides the
+/// products already `timed` (`(form, [m, k, n], seconds)`: the efficiency curve's), every
+/// product of `sides` in each of the three forms, on cold operands or hot ones. The
+/// terms are fitted to each shape's forms averaged, as `c0 + c1 2mkn + c2 mn + c3 (mk +
+/// kn)` by non-negative least squares on the relative error of the whole time, `c0`
+/// then less the per-op `dispatch` (which the model charges every op); each form's
+/// factor is the geometric mean, over the grid's shapes with every side at least 32, of
+/// its time over the shape's average, the three scaled to average 1. Returns the terms,
+/// the factors and the report's lines.
 fn matrix_terms(
-    mut timed: Vec<([usize; 3], f64)>,
+    mut timed: Vec<(usize, [usize; 3], f64)>,
     sides: &[usize],
     cold: bool,
     dispatch: f64,
-) -> Result<([f64; 4], String), String> {
+) -> Result<([f64; 4], [f64; 3], String), String> {
     for &m in sides {
         for &k in sides {
             for &n in sides {
                 for form in 0..3 {
-                    timed.push(([m, k, n], time_form(form, [m, k, n], cold)?));
+                    timed.push((form, [m, k, n], time_form(form, [m, k, n], cold)?));
                 }
             }
         }
     }
-    let largest = timed.iter().flat_map(|(s, _)| *s).max().unwrap_or(0);
+    let largest = timed.iter().flat_map(|(_, s, _)| *s).max().unwrap_or(0);
     // Each shape's forms averaged: the terms have no form, and the forms differ by up to
     // a factor of 3 at a side of 8 (by 0.8-1.25 of their average at sides of 32 and more).
-    let mut by_shape: BTreeMap<[usize; 3], (f64, f64)> = BTreeMap::new();
-    for (shape, t) in timed {
-        let e = by_shape.entry(shape).or_default();
-        *e = (e.0 + t, e.1 + 1.0);
+    let mut by_shape: BTreeMap<[usize; 3], Vec<(usize, f64)>> = BTreeMap::new();
+    for &(form, shape, t) in &timed {
+        by_shape.entry(shape).or_default().push((form, t));
     }
+    let mean = |ts: &[(usize, f64)]| ts.iter().map(|(_, t)| t).sum::<f64>() / ts.len() as f64;
     let rows: Vec<([f64; 4], f64)> = by_shape
-        .into_iter()
-        .map(|([m, k, n], (sum, count))| {
-            let t = sum / count;
+        .iter()
+        .map(|(&[m, k, n], ts)| {
             let (m, k, n) = (m as f64, k as f64, n as f64);
-            ([1.0, 2.0 * m * k * n, m * n, m * k + k * n], t)
+            ([1.0, 2.0 * m * k * n, m * n, m * k + k * n], mean(ts))
         })
         .collect();
     let mut c = nonnegative_fit(&rows)
         .filter(|c| c[1] > 0.0)
         .ok_or("the matrix products' times fit no terms with a positive cost per FLOP")?;
     let mut ratios: Vec<f64> = rows.iter().map(|(x, t)| dot(x, &c) / t).collect();
+    // The forms' factors, from the shapes timed in all three (the grid's).
+    let mut logs = [0.0f64; 3];
+    let mut shapes = 0usize;
+    for (s, ts) in &by_shape {
+        let full = (0..3).all(|f| ts.iter().filter(|(g, _)| *g == f).count() == 1);
+        if !full || s.iter().any(|&d| d < 32) {
+            continue;
+        }
+        let avg = mean(ts);
+        for &(f, t) in ts {
+            logs[f] += (t / avg).ln();
+        }
+        shapes += 1;
+    }
+    let mut forms = [1.0f64; 3];
+    if shapes > 0 {
+        forms = logs.map(|l| (l / shapes as f64).exp());
+        let norm = forms.iter().sum::<f64>() / 3.0;
+        forms = forms.map(|f| f / norm);
+    }
+    // Each product's own time against the terms times its form's factor (and without).
+    let fits: Vec<(f64, usize, f64)> = by_shape
+        .iter()
+        .flat_map(|(&[m, k, n], ts)| {
+            let (m, k, n) = (m as f64, k as f64, n as f64);
+            let x = [1.0, 2.0 * m * k * n, m * n, m * k + k * n];
+            let fit = dot(&x, &c);
+            ts.iter().map(move |&(f, t)| (fit, f, t))
+        })
+        .collect();
+    let mut each: Vec<f64> = fits.iter().map(|&(fit, f, t)| fit * forms[f] / t).collect();
+    let mut plain: Vec<f64> = fits.iter().map(|&(fit, _, t)| fit / t).collect();
     // The model charges the dispatch as `op_overhead`: the fixed term keeps the rest.
     c[0] = (c[0] - dispatch).max(0.0);
-    ratios.sort_by(f64::total_cmp);
-    let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
+    let at = |v: &mut Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * q).round() as usize]
+    };
     let lines = format!(
         "  matmul by shape, {} operands ({} products, sides 8-{largest}): the dispatch + {:.3} us + 2mkn / {:.2} GFLOP/s + {:.3} ns x mn + {:.3} ns x (mk + kn); fitted / measured {:.2} (10%), {:.2} (median), {:.2} (90%)\n",
         if cold { "cold" } else { "hot" },
@@ -812,11 +851,27 @@ fn matrix_terms(
         1.0 / c[1] / 1e9,
         c[2] * 1e9,
         c[3] * 1e9,
-        at(0.1),
-        at(0.5),
-        at(0.9)
-    );
-    Ok((c, lines))
+        at(&mut ratios, 0.1),
+        at(&mut ratios, 0.5),
+        at(&mut ratios, 0.9)
+    ) + &if cold {
+        format!(
+            "  matmul by form ({shapes} shapes, sides >= 32): A B x{:.3}, A B^T x{:.3}, A^T B x{:.3}; each of {} products, fitted x form / measured {:.2} (10%), {:.2} (median), {:.2} (90%); without the factors {:.2}, {:.2}, {:.2}\n",
+            forms[0],
+            forms[1],
+            forms[2],
+            each.len(),
+            at(&mut each, 0.1),
+            at(&mut each, 0.5),
+            at(&mut each, 0.9),
+            at(&mut plain, 0.1),
+            at(&mut plain, 0.5),
+            at(&mut plain, 0.9)
+        )
+    } else {
+        String::new()
+    };
+    Ok((c, forms, lines))
 }
 
 /// The size of cpu 0's level-2 data (or unified) cache from sysfs; 0 where it says none.
