@@ -4,8 +4,10 @@
 # simulated devices, apply each ranked plan with the flags it prints, time it with
 # `nnscaler run --devices N --repeat R` (the simulated devices' own time), and print
 # predicted and measured step times, the median and the fastest run, with Spearman's rank
-# correlation between the prediction and each. TIMING is how the simulated devices are
-# timed (nnscaler run --timing, and the calibration's network with it): serial (they take
+# correlation between the prediction and each, and with the measured times taken round by
+# round relative to the round's median plan (the host's drift between rounds taken out).
+# TIMING is how the simulated devices are timed (nnscaler run --timing, and the
+# calibration's network with it): serial (they take
 # turns on one core, each timed by its thread's CPU time on a virtual clock: steady on a
 # busy machine, any number of devices) or wall (a thread each at once: give it a machine
 # with at least N quiet cores).
@@ -86,7 +88,7 @@ while IFS=$'\t' read -r pred flags name; do
   fast=$(sort -g -k2 "t$i.txt" | awk 'NR == 1 { print $2 }')
   printf '%-48s %12.6f %12.6f %12.6f %8.2f\n' "$name" "$pred" "$meas" "$fast" \
     "$(awk "BEGIN { print $pred / $meas }")"
-  echo "$pred $meas $fast" >> times.txt
+  echo "$pred $meas $fast $(awk '{ printf "%s ", $1 }' "t$i.txt")" >> times.txt
   i=$((i + 1))
 done < plans.txt
 python3 - times.txt <<'EOF'
@@ -117,4 +119,17 @@ for k, what in ((1, 'median'), (2, 'fastest')):
     ratio = sorted(r[0] / r[k] for r in rows)[n // 2]
     print('plans %d, measured by the %s: Spearman rho %.3f, median predicted / measured %.2f'
           % (n, what, rho(pred, [r[k] for r in rows]), ratio))
+# The host's speed drifts between rounds and moves every plan of a round alike: each
+# plan's time in a round over that round's median plan, then the median over rounds,
+# ranks the plans with that common factor taken out.
+def median(xs):
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+per_round = [r[3:] for r in rows]
+rounds = min(len(p) for p in per_round)
+if rounds > 1:
+    centre = [median([p[j] for p in per_round]) for j in range(rounds)]
+    rel = [median([p[j] / centre[j] for j in range(rounds)]) for p in per_round]
+    print('plans %d, measured by each round over its median plan (%d rounds): Spearman rho %.3f'
+          % (n, rounds, rho(pred, rel)))
 EOF
