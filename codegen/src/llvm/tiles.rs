@@ -185,6 +185,56 @@ impl<'ctx> Gen<'ctx> {
         Ok((m, self.fdiv(self.fconst(1.0), self.getf(sum, f32t)?)?))
     }
 
+    /// The first phase of a query-tile kernel: each lane with a query row copies row
+    /// `q_row` of each `(input, width, word)` of `rows` to that word of its memory, zeroes
+    /// each `(word, len)` of `zeros`, and sets each `(word, value)` of `sets`.
+    fn load_query_rows(
+        tm: &mut Team<'_, 'ctx>,
+        a: &Attn,
+        (lanes, tiles): (usize, usize),
+        rows: &[(usize, usize, usize)],
+        zeros: &[(usize, usize)],
+        sets: &[(usize, f32)],
+    ) -> R<()> {
+        let a = *a;
+        tm.phase(lanes, |g, l| {
+            let q = g.query_lane(&a, lanes, tiles, l)?;
+            g.when(q.valid, |g| {
+                for &(input, width, word) in rows {
+                    let base = g.mul_i(q.q_row, g.i64c(width))?;
+                    g.copy_words(l.ins[input], base, g.local_at(l, word)?, width)?;
+                }
+                for &(word, len) in zeros {
+                    g.zero_words(g.local_at(l, word)?, len)?;
+                }
+                for &(word, v) in sets {
+                    g.set(g.local_at(l, word)?, g.fconst(v))?;
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// The last phase of a query-tile kernel: each lane with a query row stores the
+    /// `width` words at `word` of its memory to row `q_row` of output `out`.
+    fn store_query_row(
+        tm: &mut Team<'_, 'ctx>,
+        a: &Attn,
+        (lanes, tiles): (usize, usize),
+        word: usize,
+        out: usize,
+        width: usize,
+    ) -> R<()> {
+        let a = *a;
+        tm.phase(lanes, |g, l| {
+            let q = g.query_lane(&a, lanes, tiles, l)?;
+            g.when(q.valid, |g| {
+                let ob = g.mul_i(q.q_row, g.i64c(width))?;
+                g.store_array(g.local_at(l, word)?, l.outs[out], ob, width)
+            })
+        })
+    }
+
     /// One pass over the key tiles of a query-tile block: a phase stages each tile's
     /// keys (input `k_in`, at word 0) and, with `values = Some(word)`, its values (input
     /// `k_in + 1`, at that word), and the next calls `f(g, lane, jt, score)` for each key
@@ -282,29 +332,21 @@ impl<'ctx> Gen<'ctx> {
         tm.shared = Shared::Tile(rows * (d + ev));
         tm.local = lst + 2;
         let a = *a;
-        tm.phase(lanes, |g, l| {
-            let q = g.query_lane(&a, lanes, tiles, l)?;
-            g.when(q.valid, |g| {
-                let qb = g.mul_i(q.q_row, g.i64c(d))?;
-                g.copy_words(l.ins[0], qb, g.local_at(l, lq)?, d)?;
-                g.zero_words(g.local_at(l, lacc)?, ev)?;
-                g.set(g.local_at(l, lst)?, g.fconst(f32::NEG_INFINITY))?;
-                g.set(g.local_at(l, lst + 1)?, g.fconst(0.0))
-            })
-        })?;
+        Self::load_query_rows(
+            tm,
+            &a,
+            (lanes, tiles),
+            &[(0, d, lq)],
+            &[(lacc, ev)],
+            &[(lst, f32::NEG_INFINITY), (lst + 1, 0.0)],
+        )?;
         Self::softmax_passes(tm, &a, cut, 1, lq, lst)?;
         Self::score_pass(tm, &a, cut, 1, Some(vt), lq, |g, l, jt, s| {
             let p = g.prob(l, lst, s)?;
             let vb = g.add_i(g.i64c(vt), g.mul_i(jt, g.i64c(ev))?)?;
             g.axpy(g.local_at(l, lacc)?, p, l.sh, vb, ev)
         })?;
-        tm.phase(lanes, |g, l| {
-            let q = g.query_lane(&a, lanes, tiles, l)?;
-            g.when(q.valid, |g| {
-                let ob = g.mul_i(q.q_row, g.i64c(ev))?;
-                g.store_array(g.local_at(l, lacc)?, l.outs[0], ob, ev)
-            })
-        })
+        Self::store_query_row(tm, &a, (lanes, tiles), lacc, 0, ev)
     }
 
     /// The backward's statistics and `dq` without kept scores: four passes over the key
@@ -321,19 +363,14 @@ impl<'ctx> Gen<'ctx> {
         tm.local = lst + 3;
         let a = *a;
         let f32t = self.ctx.f32_type();
-        tm.phase(lanes, |g, l| {
-            let q = g.query_lane(&a, lanes, tiles, l)?;
-            g.when(q.valid, |g| {
-                let qb = g.mul_i(q.q_row, g.i64c(d))?;
-                g.copy_words(l.ins[1], qb, g.local_at(l, lq)?, d)?;
-                let ob = g.mul_i(q.q_row, g.i64c(ev))?;
-                g.copy_words(l.ins[0], ob, g.local_at(l, ldo)?, ev)?;
-                g.zero_words(g.local_at(l, lacc)?, d)?;
-                g.set(g.local_at(l, lst)?, g.fconst(f32::NEG_INFINITY))?;
-                g.set(g.local_at(l, lst + 1)?, g.fconst(0.0))?;
-                g.set(g.local_at(l, lst + 2)?, g.fconst(0.0))
-            })
-        })?;
+        Self::load_query_rows(
+            tm,
+            &a,
+            (lanes, tiles),
+            &[(1, d, lq), (0, ev, ldo)],
+            &[(lacc, d)],
+            &[(lst, f32::NEG_INFINITY), (lst + 1, 0.0), (lst + 2, 0.0)],
+        )?;
         Self::softmax_passes(tm, &a, cut, 2, lq, lst)?;
         // dP = dO . V_j of key row `jt` of the staged tile.
         let dp = move |g: &Self, l: &Lane<'ctx>, jt| {
@@ -362,13 +399,7 @@ impl<'ctx> Gen<'ctx> {
             let ds = g.fmul(g.fmul(p, g.fsub(dp(g, l, jt)?, dsum)?)?, g.fconst(a.scale))?;
             g.axpy(g.local_at(l, lacc)?, ds, l.sh, g.mul_i(jt, g.i64c(d))?, d)
         })?;
-        tm.phase(lanes, |g, l| {
-            let q = g.query_lane(&a, lanes, tiles, l)?;
-            g.when(q.valid, |g| {
-                let ob = g.mul_i(q.q_row, g.i64c(d))?;
-                g.store_array(g.local_at(l, lacc)?, l.outs[1], ob, d)
-            })
-        })
+        Self::store_query_row(tm, &a, (lanes, tiles), lacc, 1, d)
     }
 
     /// The forward ([`crate::kernel::Body::AttnTiles`]): `q, k, v (, offset) -> out`.
@@ -385,14 +416,7 @@ impl<'ctx> Gen<'ctx> {
         tm.local = lst + 2;
         let key_tiles = t.div_ceil(rows);
         let a = *a;
-        tm.phase(lanes, |g, l| {
-            let q = g.query_lane(&a, lanes, tiles, l)?;
-            g.when(q.valid, |g| {
-                let qb = g.mul_i(q.q_row, g.i64c(d))?;
-                g.copy_words(l.ins[0], qb, g.local_at(l, lq)?, d)?;
-                g.zero_words(g.local_at(l, lacc)?, ev)
-            })
-        })?;
+        Self::load_query_rows(tm, &a, (lanes, tiles), &[(0, d, lq)], &[(lacc, ev)], &[])?;
         // Scores, a key tile at a time.
         tm.repeat(key_tiles, |tm| {
             tm.phase(lanes, |g, l| {
@@ -443,13 +467,7 @@ impl<'ctx> Gen<'ctx> {
                 })
             })
         })?;
-        tm.phase(lanes, |g, l| {
-            let q = g.query_lane(&a, lanes, tiles, l)?;
-            g.when(q.valid, |g| {
-                let ob = g.mul_i(q.q_row, g.i64c(ev))?;
-                g.store_array(g.local_at(l, lacc)?, l.outs[0], ob, ev)
-            })
-        })
+        Self::store_query_row(tm, &a, (lanes, tiles), lacc, 0, ev)
     }
 
     /// The backward's statistics and `dq` ([`crate::kernel::Body::AttnTilesBack`]):
@@ -471,20 +489,14 @@ impl<'ctx> Gen<'ctx> {
         let vt = rows * d;
         let a = *a;
         let f32t = self.ctx.f32_type();
-        tm.phase(lanes, |g, l| {
-            let q = g.query_lane(&a, lanes, tiles, l)?;
-            g.when(q.valid, |g| {
-                g.copy_words(
-                    l.ins[1],
-                    g.mul_i(q.q_row, g.i64c(d))?,
-                    g.local_at(l, lq)?,
-                    d,
-                )?;
-                let ob = g.mul_i(q.q_row, g.i64c(ev))?;
-                g.copy_words(l.ins[0], ob, g.local_at(l, ldo)?, ev)?;
-                g.zero_words(g.local_at(l, lacc)?, d)
-            })
-        })?;
+        Self::load_query_rows(
+            tm,
+            &a,
+            (lanes, tiles),
+            &[(1, d, lq), (0, ev, ldo)],
+            &[(lacc, d)],
+            &[],
+        )?;
         // Scores and dP = dO . V, a key tile (keys and values) at a time.
         tm.repeat(key_tiles, |tm| {
             tm.phase(lanes, |g, l| {
@@ -554,13 +566,7 @@ impl<'ctx> Gen<'ctx> {
                 })
             })
         })?;
-        tm.phase(lanes, |g, l| {
-            let q = g.query_lane(&a, lanes, tiles, l)?;
-            g.when(q.valid, |g| {
-                let ob = g.mul_i(q.q_row, g.i64c(d))?;
-                g.store_array(g.local_at(l, lacc)?, l.outs[1], ob, d)
-            })
-        })
+        Self::store_query_row(tm, &a, (lanes, tiles), lacc, 1, d)
     }
 
     /// `dk` and `dv` by key tiles ([`crate::kernel::Body::AttnTilesKv`]):
