@@ -15,7 +15,7 @@
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::scalar::{Expr, Un};
-use nnscaler_dialects::types::{AttrValue, Attrs, Elem, TensorType};
+use nnscaler_dialects::types::{flag, AttrValue, Attrs, Elem, TensorType};
 use std::collections::HashMap;
 
 /// A buffer's element type.
@@ -437,11 +437,14 @@ impl Attn {
         let scores = self.t <= ATTN_TILE_KEYS;
         Some(Tiles {
             q_lanes,
-            fwd_rows: if scores {
-                tile_rows(q_lanes, self.d.max(self.e))?
-            } else {
-                tile_rows(q_lanes, self.d + self.e)?
-            },
+            fwd_rows: tile_rows(
+                q_lanes,
+                if scores {
+                    self.d.max(self.e)
+                } else {
+                    self.d + self.e
+                },
+            )?,
             back_rows: tile_rows(q_lanes, self.d + self.e)?,
             k_lanes,
             kv_rows: tile_rows(k_lanes, self.d + self.e + 3)?,
@@ -473,10 +476,7 @@ impl Attn {
             d,
             e: v.shape[3],
             scale: float(attrs, "scale", 1.0 / (d as f64).sqrt()) as f32,
-            causal: matches!(
-                attrs.get("causal"),
-                Some(AttrValue::Bool(true) | AttrValue::Unit)
-            ),
+            causal: flag(attrs, "causal"),
             q_offset: attrs.contains_key("seq_axes"),
         })
     }
@@ -1305,9 +1305,7 @@ pub fn lower(
             )
         }
         "dnn.matmul" => {
-            let flag =
-                |n: &str| matches!(attrs.get(n), Some(AttrValue::Bool(true) | AttrValue::Unit));
-            let (ta, tb) = (flag("transpose_a"), flag("transpose_b"));
+            let (ta, tb) = (flag(attrs, "transpose_a"), flag(attrs, "transpose_b"));
             let (sa, sb) = (&ins[0].shape, &ins[1].shape);
             let (r, rb) = (sa.len(), sb.len());
             if r < 2 || rb < 2 {

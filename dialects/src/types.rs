@@ -436,6 +436,14 @@ fn unescape(s: &str) -> String {
 /// Named attributes of one op.
 pub type Attrs = BTreeMap<String, AttrValue>;
 
+/// Whether boolean attribute `name` is set: `true`, or present as a unit attribute.
+pub fn flag(attrs: &Attrs, name: &str) -> bool {
+    matches!(
+        attrs.get(name),
+        Some(AttrValue::Bool(true) | AttrValue::Unit)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

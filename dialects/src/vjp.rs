@@ -486,12 +486,7 @@ fn unreduce(c: &mut VjpCtx<'_>, d: ValueId) -> Result<ValueId, String> {
 fn matmul(c: &mut VjpCtx<'_>) -> Result<Vec<Option<ValueId>>, String> {
     let d = c.dy(0)?;
     let (a, b) = (c.x(0), c.x(1));
-    let flag = |k: &str| {
-        matches!(
-            c.node.attrs.get(k),
-            Some(AttrValue::Bool(true) | AttrValue::Unit)
-        )
-    };
+    let flag = |k: &str| crate::types::flag(&c.node.attrs, k);
     let (ta, tb) = (flag("transpose_a"), flag("transpose_b"));
     let (sa, sb) = (c.shape(a), c.shape(b));
     let batch = sa.len() - 2;

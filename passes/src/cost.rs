@@ -498,7 +498,8 @@ impl Device {
                     (Some(f), Some(i)) if i < 3 => f[i],
                     _ => 1.0,
                 };
-                factor * products * (c0 + per_flop * one + c2 * m * n + c3 * (m * k + k * n))
+                let x = product_terms([m, k, n]);
+                factor * products * (c0 * x[0] + per_flop * x[1] + c2 * x[2] + c3 * x[3])
             }
             None => products * one / (self.matrix_rate(bf16) * self.efficiency(one)),
         }
@@ -753,15 +754,17 @@ fn product_shape(
     [rows, flops / (2.0 * elems), cols]
 }
 
+/// What each `matrix_terms` coefficient multiplies for one `m x k` by `k x n` product:
+/// 1, its FLOPs `2mkn`, the result's elements `mn` and the operands' `mk + kn`
+/// (`nnscaler calibrate` fits the coefficients on the same terms).
+pub fn product_terms([m, k, n]: [f64; 3]) -> [f64; 4] {
+    [1.0, 2.0 * m * k * n, m * n, m * k + k * n]
+}
+
 /// The form of matrix op `n`'s products, as [`Device::matrix_seconds`] takes it: 0 `A
 /// B`, 1 `A B^T`, 2 `A^T B`; `None` for both operands transposed and other ops.
 pub fn product_form(n: &nnscaler_dialects::graph::Node) -> Option<usize> {
-    let flag = |k: &str| {
-        matches!(
-            n.attrs.get(k),
-            Some(AttrValue::Bool(true) | AttrValue::Unit)
-        )
-    };
+    let flag = |k: &str| nnscaler_dialects::types::flag(&n.attrs, k);
     match n.op.as_str() {
         "dnn.linear" => Some(1),
         "dnn.linear_weight_grad" => Some(2),

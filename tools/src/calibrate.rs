@@ -6,7 +6,8 @@
 //! from 8 to 512 run by the interpreter (the efficiency curve and the peak, each
 //! product's time less that overhead, which the model charges every op besides), with
 //! products of every shape of sides 8, 32, 128 and 512 besides (the products' terms by
-//! shape, `Device::matrix_terms`, which the model uses in place of the curve), an
+//! shape, `Device::matrix_terms`, which the model uses in place of the curve, and the
+//! forms' factors on them, `Device::matrix_forms`), an
 //! elementwise op on 4M floats (memory bandwidth), gelu on 1M floats (the vector rate,
 //! counted by the op spec's FLOPs), and
 //! all_reduces between two simulated devices, one thread each: a chain of 16 floats (the
@@ -797,8 +798,8 @@ fn matrix_terms(
     let rows: Vec<([f64; 4], f64)> = by_shape
         .iter()
         .map(|(&[m, k, n], ts)| {
-            let (m, k, n) = (m as f64, k as f64, n as f64);
-            ([1.0, 2.0 * m * k * n, m * n, m * k + k * n], mean(ts))
+            let x = cost::product_terms([m as f64, k as f64, n as f64]);
+            (x, mean(ts))
         })
         .collect();
     let mut c = nonnegative_fit(&rows)
@@ -829,9 +830,7 @@ fn matrix_terms(
     let fits: Vec<(f64, usize, f64)> = by_shape
         .iter()
         .flat_map(|(&[m, k, n], ts)| {
-            let (m, k, n) = (m as f64, k as f64, n as f64);
-            let x = [1.0, 2.0 * m * k * n, m * n, m * k + k * n];
-            let fit = dot(&x, &c);
+            let fit = dot(&cost::product_terms([m as f64, k as f64, n as f64]), &c);
             ts.iter().map(move |&(f, t)| (fit, f, t))
         })
         .collect();

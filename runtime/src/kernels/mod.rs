@@ -72,10 +72,7 @@ impl Ctx<'_> {
     }
 
     pub(crate) fn flag(&self, name: &str) -> bool {
-        matches!(
-            self.attrs.get(name),
-            Some(AttrValue::Bool(true) | AttrValue::Unit)
-        )
+        nnscaler_dialects::types::flag(self.attrs, name)
     }
 
     pub(crate) fn string<'s>(&'s self, name: &str, default: &'s str) -> &'s str {
