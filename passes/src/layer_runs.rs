@@ -4,7 +4,7 @@
 //! second and last layers, and expands each profile back, the second layer standing for
 //! every middle layer of its run. A 96-layer model is profiled as a 3-layer one, so a
 //! profile costs what a small model's does; the items are those of the whole model
-//! (tested equal in `tools/tests/plan_search.rs`): a middle layer reads what the layer
+//! (tested equal in `tools/tests/integration/plan_search.rs`): a middle layer reads what the layer
 //! before it made and feeds the next, whichever they are, and its ops compile alike.
 
 use crate::recompute::{has_backward, layers};

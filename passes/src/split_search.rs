@@ -44,7 +44,7 @@
 //! follow a split that does not divide its dimension (a gradient split 8 ways reshaped
 //! into 12 heads), it gets `R(tp)` for that axis (lenient propagation decides which). The
 //! objective then predicts the compiled per-device program within a few percent
-//! (`tools/tests/split_search.rs`).
+//! (`tools/tests/integration/split_search.rs`).
 
 use crate::cost::{self, Cluster};
 use crate::layouts::{

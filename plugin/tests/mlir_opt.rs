@@ -2,7 +2,7 @@
 //! it carries no second copy of MLIR, and runs the lit tests of test/plugin/ with it.
 //!
 //! The lit tests also use `nnscaler` and `nnscaler-opt` from the same target directory: run
-//! them as part of the workspace (`cargo test --workspace --all-targets`, as CI does).
+//! them as part of the workspace (`cargo test --workspace --tests --benches`, as CI does).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,7 +36,7 @@ fn the_plugin_runs_our_passes_inside_mlir_opt() {
     for tool in ["nnscaler", "nnscaler-opt"] {
         assert!(
             bin.join(tool).exists(),
-            "{tool} is not built in {}: run the workspace's tests (cargo test --workspace --all-targets)",
+            "{tool} is not built in {}: run the workspace's tests (cargo test --workspace --tests --benches)",
             bin.display()
         );
     }

@@ -17,7 +17,7 @@
 //! command succeeded, and on failure a first line that locates the problem (`file:line:col`
 //! or `file:` for the IR; a file, flag or function named for `run`).
 //!
-//! `cargo test` runs a bounded number of cases (`tools/tests/fuzz.rs`); `nnscaler-fuzz`
+//! `cargo test` runs a bounded number of cases (`tools/tests/integration/fuzz.rs`); `nnscaler-fuzz`
 //! runs longer campaigns.
 
 use nnscaler_dialects::types::Elem;

@@ -3,7 +3,7 @@
 //! with `clip_grad_norm_` given the same gradients (`test/oracle/adamw.py`), every step,
 //! within 1e-6 relative to each parameter's largest magnitude.
 
-mod common;
+use crate::common;
 
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::graph::Graph;

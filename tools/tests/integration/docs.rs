@@ -1,5 +1,5 @@
 //! docs/dialects.md is generated from the op specs; this test keeps it true to the code.
-//! Regenerate with `NNSCALER_BLESS=1 cargo test -p nnscaler-tools --test docs`.
+//! Regenerate with `NNSCALER_BLESS=1 cargo test -p nnscaler-tools --test integration docs::`.
 
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::spec::OpCtx;
@@ -45,7 +45,7 @@ fn example_view(ir: &IrContext, example: &str) -> OpView {
 fn generate() -> String {
     let ir = IrContext::new();
     let mut s = String::from(
-        "# Dialect reference\n\n<!-- Generated from dialects/src/dnn.rs and nns.rs by tools/tests/docs.rs; do not edit. -->\n\n\
+        "# Dialect reference\n\n<!-- Generated from dialects/src/dnn.rs and nns.rs by tools/tests/integration/docs.rs; do not edit. -->\n\n\
          Ops are written in MLIR generic form. Annotations use nnScaler's language (see\n\
          `dialects/src/annotation.rs`): `x` spatial, `x+` summed, `x^` frozen, numbers fixed,\n\
          `(a b)` compound (only the first part splits), `*` leading dims, `?` non-tensor, an\n\
@@ -166,7 +166,7 @@ fn dialect_reference_is_current() {
     let have = std::fs::read_to_string(path).unwrap_or_default();
     assert!(
         have == want,
-        "docs/dialects.md is stale; run NNSCALER_BLESS=1 cargo test -p nnscaler-tools --test docs"
+        "docs/dialects.md is stale; run NNSCALER_BLESS=1 cargo test -p nnscaler-tools --test integration docs::"
     );
 }
 

@@ -7,7 +7,7 @@
 //! Plans: dp2, dp4, tp2, tp4, dp2 x tp2, and Megatron sequence parallelism on 2.
 //! Tolerance: 1e-5 relative to each tensor's largest magnitude.
 
-mod common;
+use crate::common;
 
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::graph::Graph;

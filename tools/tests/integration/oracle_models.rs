@@ -4,7 +4,7 @@
 //! Loss and every parameter gradient must agree to 1e-4 (relative to the tensor's largest
 //! magnitude).
 
-mod common;
+use crate::common;
 
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::graph::Graph;

@@ -7,7 +7,7 @@
 //! PyTorch autograd (test/oracle/ops.py). Errors are `max|ours - torch| / max|torch|` per
 //! tensor.
 
-mod common;
+use crate::common;
 
 use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::graph::{Graph, Output, ValueId};
