@@ -89,6 +89,15 @@ pub struct Device {
     /// Fixed cost of running one op (a kernel launch, an interpreter dispatch), seconds.
     #[serde(default)]
     pub op_overhead: f64,
+    /// How far devices drift apart between synchronisations, in seconds per square root of
+    /// a second: a device's time for `T` seconds of compute varies by `sync_jitter x
+    /// sqrt(T)` (one standard deviation; independent noise per op adds up that way), and
+    /// a collective waits for the slowest of its group, on average `c(n) x sync_jitter x
+    /// sqrt(T)` past the mean for a group of `n` ([`expected_max_normal`]), `T` the
+    /// compute since the group last met ([`Drift`]). `nnscaler calibrate --device cpu`
+    /// measures it on simulated devices; 0 (the GPU presets, not measured): no drift.
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub sync_jitter: f64,
     /// Per op, its kernel against the roofline above: `[fixed seconds, factor]`, the op
     /// taking `fixed + factor x roofline` (`fixed` in place of `op_overhead`), measured by
     /// `nnscaler calibrate` on a small and a training-sized instance: kernels the rates do
@@ -133,6 +142,10 @@ pub struct Level {
 
 const GIB: u64 = 1 << 30;
 
+fn is_zero_f64(v: &f64) -> bool {
+    *v == 0.0
+}
+
 fn is_zero(v: &u64) -> bool {
     *v == 0
 }
@@ -175,6 +188,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 matrix_forms: None,
                 cache_bytes: 0,
                 op_overhead: 5e-6,
+                sync_jitter: 0.0,
                 kernels: BTreeMap::new(),
                 head_kernels: BTreeMap::new(),
                 source: "NVIDIA A100 datasheet".into(),
@@ -202,6 +216,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 matrix_forms: None,
                 cache_bytes: 0,
                 op_overhead: 4e-6,
+                sync_jitter: 0.0,
                 kernels: BTreeMap::new(),
                 head_kernels: BTreeMap::new(),
                 source: "NVIDIA H100/H200 datasheets".into(),
@@ -236,6 +251,10 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 matrix_forms: Some([0.935, 1.042, 1.023]),
                 cache_bytes: 2097152,
                 op_overhead: 5.126e-07,
+                // The simulated devices' drift between collectives under serial timing
+                // (a later run, 2026-12-04: six group sizes and segment lengths gave
+                // 0.3e-3 to 3.5e-3, the median 3.0e-3).
+                sync_jitter: 3.0e-3,
                 kernels: [
                     ("dnn.add", [5.88e-07, 0.6188]),
                     ("dnn.cross_entropy", [7.613e-07, 4.391]),
@@ -373,6 +392,12 @@ pub fn parse(text: &str) -> Result<Cluster, String> {
             "device.head_kernels: '{op}' must be four seconds >= 0 (per head, row, score, score and dim), not all 0, got {terms:?}"
         ));
     }
+    if !(d.sync_jitter.is_finite() && d.sync_jitter >= 0.0) {
+        return Err(format!(
+            "device.sync_jitter must be seconds per square root of a second >= 0, got {}",
+            d.sync_jitter
+        ));
+    }
     if !(d.op_overhead.is_finite() && d.op_overhead >= 0.0) {
         return Err(format!(
             "device.op_overhead must be seconds >= 0, got {}",
@@ -505,6 +530,15 @@ impl Device {
         }
     }
 
+    /// The expected wait, past the group's mean, of a collective among `group` devices
+    /// after `since` seconds of compute since the group last met ([`Device::sync_jitter`]).
+    pub fn skew(&self, group: u64, since: f64) -> f64 {
+        if self.sync_jitter == 0.0 || group < 2 || since <= 0.0 {
+            return 0.0;
+        }
+        expected_max_normal(group) * self.sync_jitter * since.sqrt()
+    }
+
     /// Seconds for an op of `flops` (`matrix`: at the matrix rate) moving `bytes`.
     pub fn op_time(&self, flops: f64, bytes: f64, matrix: bool) -> f64 {
         let compute = if matrix {
@@ -513,6 +547,74 @@ impl Device {
             flops / self.vector_flops
         };
         self.op_overhead + compute.max(bytes / self.memory_bandwidth)
+    }
+}
+
+/// The expected largest of `n` independent standard normal draws (0 for one; 0.564 for
+/// two, 1.029 for four, 3.248 for 1024): how far past the mean the slowest of `n`
+/// devices arrives, in standard deviations. By quadrature of `E = integral of (1 - F^n)
+/// over x > 0 minus F^n over x < 0`, `F` the normal CDF; memoised per `n`.
+pub fn expected_max_normal(n: u64) -> f64 {
+    thread_local! {
+        static MEMO: std::cell::RefCell<std::collections::HashMap<u64, f64>> =
+            Default::default();
+    }
+    if n < 2 {
+        return 0.0;
+    }
+    MEMO.with(|m| {
+        *m.borrow_mut().entry(n).or_insert_with(|| {
+            // E = integral over x > 0 of 1 - F(x)^n - F(-x)^n (the two halves folded
+            // into one smooth integrand), by Simpson's rule on [0, 12]: F^n for n up to
+            // millions stays within it.
+            let steps = 2400;
+            let h = 12.0 / steps as f64;
+            let f = |x: f64| 1.0 - normal_cdf(x).powf(n as f64) - normal_cdf(-x).powf(n as f64);
+            let mut sum = f(0.0) + f(12.0);
+            for i in 1..steps {
+                let w = if i % 2 == 1 { 4.0 } else { 2.0 };
+                sum += w * f(i as f64 * h);
+            }
+            sum * h / 3.0
+        })
+    })
+}
+
+/// The standard normal CDF.
+fn normal_cdf(x: f64) -> f64 {
+    0.5 * libm::erfc(-x / std::f64::consts::SQRT_2)
+}
+
+/// Tracks a device's drift from the devices it meets, walking its program in order
+/// ([`Device::sync_jitter`]): compute since each group of axes last met, so that a
+/// collective's expected wait for its slowest member can be added to its time. A
+/// collective over axes `X` brings together the devices that differ only on `X`; they
+/// last met at the latest earlier collective over `X` or over more axes than `X` (which
+/// met them and others), or at the start.
+#[derive(Clone, Debug, Default)]
+pub struct Drift {
+    now: f64,
+    met: Vec<(Vec<String>, f64)>,
+}
+
+impl Drift {
+    /// `seconds` of compute on this device.
+    pub fn compute(&mut self, seconds: f64) {
+        self.now += seconds;
+    }
+
+    /// The expected wait at a collective over `axes` among `group` devices, which then
+    /// counts as the group meeting.
+    pub fn meet(&mut self, device: &Device, axes: &[String], group: u64) -> f64 {
+        let last = self
+            .met
+            .iter()
+            .filter(|(a, _)| axes.iter().all(|x| a.contains(x)))
+            .map(|&(_, t)| t)
+            .fold(0.0, f64::max);
+        self.met.retain(|(a, _)| a.as_slice() != axes);
+        self.met.push((axes.to_vec(), self.now));
+        device.skew(group, self.now - last)
     }
 }
 
@@ -617,6 +719,9 @@ pub struct NodeCost {
     pub bf16: bool,
     /// For a collective that moves data: the mesh axes its group spans.
     pub axes: Option<Vec<String>>,
+    /// For a collective: the devices in its group that it meets (0 otherwise; 1 for one
+    /// that sends nothing, such as a slice or a partition).
+    pub group: u64,
 }
 
 /// Seconds of collective `op` over mesh `axes` of `mesh` whose local operand and result
@@ -631,6 +736,17 @@ pub fn collective_seconds(
     input: f64,
     output: f64,
 ) -> Option<f64> {
+    let (group, span) = group_of(mesh, axes);
+    if group < 2 {
+        return None;
+    }
+    let sent = nns::sent_bytes(op, group as f64, input, output);
+    Some(cluster.collective_time(op, group, span, sent))
+}
+
+/// The devices in a group over mesh `axes` and the device numbers it spans (numbered
+/// row-major over the device axes; the micro-batch axis is time, not devices).
+pub fn group_of(mesh: &Mesh, axes: &[String]) -> (u64, u64) {
     let devs: Vec<&nnscaler_dialects::nns::Axis> =
         mesh.axes.iter().filter(|a| !a.microbatches).collect();
     let mut group = 1u64;
@@ -643,11 +759,7 @@ pub fn collective_seconds(
         group *= devs[k].size as u64;
         span += (devs[k].size as u64 - 1) * stride as u64;
     }
-    if group < 2 {
-        return None;
-    }
-    let sent = nns::sent_bytes(op, group as f64, input, output);
-    Some(cluster.collective_time(op, group, span, sent))
+    (group, span)
 }
 
 /// The predicted time of op `n` of `g` on a device of `cluster` (see [`predict`]); `None`
@@ -675,9 +787,16 @@ pub fn node_cost(
         } else {
             seconds
         };
+        // Only an op that sends data meets its group (not a slice or a partition).
+        let group = if nns::sent_bytes(&n.op, 2.0, 1.0, 1.0) > 0.0 {
+            group_of(mesh, axes).0
+        } else {
+            1
+        };
         return Some(NodeCost {
             seconds,
             axes: Some(axes.clone()),
+            group,
             ..NodeCost::default()
         });
     }
@@ -732,6 +851,7 @@ pub fn node_cost(
         matrix,
         bf16,
         axes: None,
+        group: 0,
     })
 }
 
@@ -805,17 +925,20 @@ pub fn head_shape(g: &Graph, n: &nnscaler_dialects::graph::Node) -> Option<[f64;
 /// The predicted time of running `g` once on a device of `cluster` (its ops one after
 /// another; ops of other dialects and data-free ones such as reshapes count their
 /// overhead and bytes); a per-device program's collectives over `mesh` (devices numbered
-/// row-major) at the network level their groups span.
+/// row-major) at the network level their groups span, each with its expected wait for
+/// the group's slowest member ([`Drift`]).
 pub fn predict(g: &Graph, cluster: &Cluster, mesh: Option<&Mesh>) -> Prediction {
     let mut p = Prediction::default();
+    let mut drift = Drift::default();
     for n in &g.nodes {
         let Some(c) = node_cost(g, n, cluster, mesh) else {
             continue;
         };
-        if c.axes.is_some() {
-            p.comm += c.seconds;
+        if let Some(axes) = &c.axes {
+            p.comm += c.seconds + drift.meet(&cluster.device, axes, c.group);
             continue;
         }
+        drift.compute(c.seconds);
         if c.matrix {
             p.matrix += c.seconds;
             p.bf16 |= c.bf16;
@@ -1047,6 +1170,90 @@ mod tests {
         let g = Graph::all_in(&m).remove(0).unwrap();
         let forms: Vec<Option<usize>> = g.nodes[..5].iter().map(product_form).collect();
         assert_eq!(forms, [Some(0), Some(1), Some(2), None, None]);
+    }
+
+    #[test]
+    fn the_expected_largest_normal_draw() {
+        // Closed forms for two and three: 1 / sqrt(pi) and 3 / (2 sqrt(pi)).
+        let pi = std::f64::consts::PI;
+        assert_eq!(expected_max_normal(1), 0.0);
+        assert!((expected_max_normal(2) - 1.0 / pi.sqrt()).abs() < 1e-6);
+        assert!((expected_max_normal(3) - 1.5 / pi.sqrt()).abs() < 1e-6);
+        // Tabulated: 1.02938 for four, 1.42360 for eight, 3.24144 for a thousand.
+        assert!((expected_max_normal(4) - 1.02938).abs() < 1e-5);
+        assert!((expected_max_normal(8) - 1.42360).abs() < 1e-5);
+        assert!((expected_max_normal(1000) - 3.24144).abs() < 1e-4);
+    }
+
+    #[test]
+    fn collectives_wait_for_the_drift_since_their_group_met() {
+        let mut d = preset("cpu").unwrap().device;
+        d.sync_jitter = 1e-3;
+        let c2 = expected_max_normal(2);
+        let c4 = expected_max_normal(4);
+        let tp = ["tp".to_string()];
+        let dp = ["dp".to_string()];
+        let both = ["dp".to_string(), "tp".to_string()];
+        let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+        let mut drift = Drift::default();
+        drift.compute(1.0);
+        close(drift.meet(&d, &tp, 2), c2 * 1e-3);
+        drift.compute(3.0);
+        // tp met a second ago; dp never did: the whole 4 s of compute.
+        close(drift.meet(&d, &tp, 2), c2 * 1e-3 * 3f64.sqrt());
+        close(drift.meet(&d, &dp, 2), c2 * 1e-3 * 2.0);
+        drift.compute(9.0);
+        // dp x tp met nobody before; it meets both groups, so tp then waits for nothing.
+        close(drift.meet(&d, &both, 4), c4 * 1e-3 * 13f64.sqrt());
+        close(drift.meet(&d, &tp, 2), 0.0);
+        // A group of one and a device without jitter wait for nothing.
+        drift.compute(1.0);
+        close(drift.meet(&d, &dp, 1), 0.0);
+        d.sync_jitter = 0.0;
+        close(drift.meet(&d, &tp, 2), 0.0);
+
+        // In a prediction: two all_reduces over tp = 2 after two and one products.
+        let ir = nnscaler_dialects::context::IrContext::new();
+        let t = "tensor<64x64xf32>";
+        let src = format!(
+            "func.func @f(%x: {t}) -> {t} {{\n\
+             \x20 %a = \"dnn.matmul\"(%x, %x) : ({t}, {t}) -> {t}\n\
+             \x20 %b = \"dnn.matmul\"(%a, %x) : ({t}, {t}) -> {t}\n\
+             \x20 %r = \"nns.all_reduce\"(%b) {{axes = [\"tp\"]}} : ({t}) -> {t}\n\
+             \x20 %c = \"dnn.matmul\"(%r, %x) : ({t}, {t}) -> {t}\n\
+             \x20 %s = \"nns.all_reduce\"(%c) {{axes = [\"tp\"]}} : ({t}) -> {t}\n\
+             \x20 return %s : {t}\n}}\n"
+        );
+        let m = ir.parse(&src, "d.mlir").unwrap();
+        let g = Graph::all_in(&m).into_iter().next().unwrap().unwrap();
+        let mesh = Mesh {
+            name: "world".into(),
+            axes: vec![nnscaler_dialects::nns::Axis {
+                name: "tp".into(),
+                size: 2,
+                microbatches: false,
+            }],
+            memory_cap: None,
+        };
+        let mut c = preset("cpu").unwrap();
+        c.device.sync_jitter = 0.0;
+        let still = predict(&g, &c, Some(&mesh));
+        c.device.sync_jitter = 2e-3;
+        let drifting = predict(&g, &c, Some(&mesh));
+        let product = node_cost(&g, &g.nodes[0], &c, None).unwrap().seconds;
+        let waits = c2 * 2e-3 * ((2.0 * product).sqrt() + product.sqrt());
+        assert!(
+            (drifting.comm - still.comm - waits).abs() < 1e-12,
+            "{} {} {waits}",
+            drifting.comm,
+            still.comm
+        );
+        assert_eq!(drifting.matrix, still.matrix);
+        // It round-trips, and a negative one is refused.
+        assert_eq!(parse(&c.to_toml().unwrap()).unwrap(), c);
+        c.device.sync_jitter = -1.0;
+        let e = parse(&c.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("device.sync_jitter"), "{e}");
     }
 
     #[test]

@@ -537,6 +537,7 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
         .collect();
     let mut optimizer = 0.0;
     let mut bf16 = false;
+    let mut drift = cost::Drift::default();
     // An optimizer op updates the parameter it reads (or what an update of it made).
     let mut update_of: Vec<Option<usize>> = vec![None; g.values.len()];
     for (&v, &it) in &param_item {
@@ -564,20 +565,28 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
             }
             continue;
         }
+        // A collective waits for its group's slowest member besides.
+        let seconds = match &c.axes {
+            Some(axes) => c.seconds + drift.meet(&cluster.device, axes, c.group),
+            None => {
+                drift.compute(c.seconds);
+                c.seconds
+            }
+        };
         let it = &mut items[item[k]];
         if c.axes.is_some() {
-            it.comm += c.seconds;
+            it.comm += seconds;
         }
         it.flops += c.flops;
         if fwd[k] {
-            it.fwd += c.seconds;
+            it.fwd += seconds;
             if !matches!(node.op.as_str(), "dnn.linear" | "dnn.matmul") {
-                it.fwd_selective += c.seconds;
+                it.fwd_selective += seconds;
             }
         } else if is_b[k] {
-            it.bwd_input += c.seconds;
+            it.bwd_input += seconds;
         } else {
-            it.bwd_weight += c.seconds;
+            it.bwd_weight += seconds;
         }
     }
     // Parameters.
@@ -1332,6 +1341,19 @@ fn sync_time(cluster: &Cluster, c: &Config, params: (u64, u64)) -> f64 {
         }
 }
 
+/// The gradient sync's expected wait for its slowest member ([`cost::Drift`]): its
+/// groups (dp x sp; under ZeRO sp, then dp) have not met since the step began, `since`
+/// seconds of compute before (tp's collectives and the pipeline's messages meet other
+/// groups).
+fn sync_skew(cluster: &Cluster, c: &Config, since: f64) -> f64 {
+    let d = &cluster.device;
+    if c.zero == 0 {
+        d.skew(c.dp * c.sp, since)
+    } else {
+        d.skew(c.sp, since) + d.skew(c.dp, since)
+    }
+}
+
 /// Seconds of adding up `microbatches` micro-batches' gradients of `params` (bytes,
 /// tensors): the compiled step adds each gradient tensor's pieces one `dnn.add` at a time
 /// (`microbatches - 1` adds of each, f32, memory-bound).
@@ -1369,20 +1391,22 @@ fn score(
     // tp devices away), and ZeRO-3's gathers of the stage's parameters.
     let p2p_span = dp * c.sp * tp + 1;
     let gather = |s: &StageCost| {
-        if c.zero == 3 {
-            // dp's ranks are sp x tp devices apart.
+        if c.zero == 3 && s.tensors > 0 {
+            // dp's ranks are sp x tp devices apart; the first gather of a fragment waits
+            // for the dp group's slowest, which met at the last fragment's gathers.
             coll_time(
                 cluster,
                 "nns.all_gather",
                 dp,
                 c.sp * tp,
                 (s.params, s.tensors),
-            )
+            ) + cluster.device.skew(dp, 0.5 * (s.f + s.b + s.w))
         } else {
             0.0
         }
     };
     let split = matches!(c.schedule.as_str(), "zb-h1" | "zb-v");
+    let device_of = rank_of(c);
     let frag = |a: Action| -> f64 {
         let s = &st[a.stage];
         let send = if a.kind == Kind::F && a.stage + 1 < stages {
@@ -1392,12 +1416,17 @@ fn score(
         } else {
             0.0
         };
-        match a.kind {
-            Kind::F => s.f + send + gather(s),
+        let work = match a.kind {
+            Kind::F => s.f,
             // An unsplit backward does the weight gradients too.
-            Kind::B if split => s.b + send + gather(s),
-            Kind::B => s.b + s.w + send + gather(s),
+            Kind::B if split => s.b,
+            Kind::B => s.b + s.w,
             Kind::W => s.w,
+        };
+        let wait = crate::timeline::receive_wait(&cluster.device, a, &device_of, work);
+        match a.kind {
+            Kind::W => work,
+            _ => work + send + gather(s) + wait,
         }
     };
     let m = c.microbatches as usize;
@@ -1445,7 +1474,6 @@ fn score(
             sends,
         )
     };
-    let device_of = rank_of(c);
     let mut sync = 0.0f64;
     let mut opt = 0.0f64;
     let mut memory = 0u64;
@@ -1465,7 +1493,12 @@ fn score(
             + (in_flight.get(d).copied().unwrap_or(1.0) * saved as f64).ceil() as u64
             + transient;
         memory = memory.max(mem);
-        let s = sync_time(cluster, c, (params, tensors));
+        let s = sync_time(cluster, c, (params, tensors))
+            + if tensors > 0 {
+                sync_skew(cluster, c, makespan)
+            } else {
+                0.0
+            };
         let o =
             update_time(p, c, params) + accumulate_time(cluster, (params, tensors), c.microbatches);
         sync = sync.max(s);

@@ -152,6 +152,9 @@ pub fn predict_pipeline(
         // results, and what ops after it compute from them.
         let mut from: HashMap<ValueId, Action> = HashMap::new();
         let (mut seconds, mut work) = (0.0, 0.0);
+        // The fragments' compute, since the rank's own collectives (the gradient sync)
+        // wait for the slowest of a group that has not met since the step began.
+        let mut drift = cost::Drift::default();
         for n in &g.nodes {
             if n.op == "func.call" {
                 if let Some(AttrValue::Str(t)) = n.attrs.get("nns.fragment") {
@@ -159,6 +162,7 @@ pub fn predict_pipeline(
                         work += fragment_flops
                             .get(f.stage)
                             .map_or(0.0, |x| x[f.kind as usize]);
+                        drift.compute(fragments.get(f.stage).map_or(0.0, |x| x[f.kind as usize]));
                         for &o in &n.outputs {
                             from.insert(o, f);
                         }
@@ -198,6 +202,10 @@ pub fn predict_pipeline(
             if let Some(cost) = cost::node_cost(g, n, c, Some(mesh)) {
                 seconds += cost.seconds;
                 work += cost.flops;
+                match &cost.axes {
+                    Some(axes) => seconds += drift.meet(&c.device, axes, cost.group),
+                    None => drift.compute(cost.seconds),
+                }
             }
         }
         own.push(seconds);
@@ -205,12 +213,13 @@ pub fn predict_pipeline(
     }
     let cost = |a: Action| -> f64 {
         let (f, x) = (fragments[a.stage], sends[a.stage]);
-        match a.kind {
-            Kind::F => f[0] + x[0],
-            Kind::B if s.split_backward => f[1] + x[1],
-            Kind::B => f[1] + f[2] + x[1] + x[2],
-            Kind::W => f[2] + x[2],
-        }
+        let (work, send) = match a.kind {
+            Kind::F => (f[0], x[0]),
+            Kind::B if s.split_backward => (f[1], x[1]),
+            Kind::B => (f[1] + f[2], x[1] + x[2]),
+            Kind::W => (f[2], x[2]),
+        };
+        work + send + receive_wait(&c.device, a, &s.device_of, work)
     };
     let timeline = schedule::simulate_with(s, &cost)?;
     Ok(PipelinePrediction {
@@ -222,6 +231,22 @@ pub fn predict_pipeline(
         flops,
         bf16,
     })
+}
+
+/// The expected wait of fragment `a` of `work` seconds for its sender's drift
+/// ([`cost::Drift`]): a forward receives from the stage before it, a backward from the
+/// stage after, when that stage is on another device (`device_of`, per stage); the two
+/// last met a fragment's compute before. The schedule simulator has the planned waits.
+pub fn receive_wait(d: &cost::Device, a: Action, device_of: &[usize], work: f64) -> f64 {
+    let from = match a.kind {
+        Kind::F if a.stage > 0 => a.stage - 1,
+        Kind::B if a.stage + 1 < device_of.len() => a.stage + 1,
+        _ => return 0.0,
+    };
+    if device_of.get(from) == device_of.get(a.stage) {
+        return 0.0;
+    }
+    d.skew(2, work)
 }
 
 /// The lines `schedule-report --program --cluster` prints after the timeline's report:
@@ -261,4 +286,32 @@ pub fn describe(p: &PipelinePrediction, c: &Cluster) -> String {
         ms(p.step() - p.timeline.makespan)
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fragments_wait_for_a_sender_on_another_device() {
+        let mut d = cost::preset("cpu").unwrap().device;
+        d.sync_jitter = 1e-3;
+        let at = |stage, kind| Action { stage, kind, mb: 0 };
+        let wait = d.skew(2, 4e-3);
+        assert!(wait > 0.0);
+        // Four stages on two devices (1F1B's s mod p) and on V (0, 1, 1, 0).
+        let rows = [0, 1, 0, 1];
+        let v = [0, 1, 1, 0];
+        assert_eq!(receive_wait(&d, at(0, Kind::F), &rows, 4e-3), 0.0);
+        assert_eq!(receive_wait(&d, at(1, Kind::F), &rows, 4e-3), wait);
+        assert_eq!(receive_wait(&d, at(3, Kind::B), &rows, 4e-3), 0.0);
+        assert_eq!(receive_wait(&d, at(2, Kind::B), &rows, 4e-3), wait);
+        assert_eq!(receive_wait(&d, at(2, Kind::W), &rows, 4e-3), 0.0);
+        // V's middle stages share a device: no message between them.
+        assert_eq!(receive_wait(&d, at(2, Kind::F), &v, 4e-3), 0.0);
+        assert_eq!(receive_wait(&d, at(1, Kind::B), &v, 4e-3), 0.0);
+        assert_eq!(receive_wait(&d, at(3, Kind::F), &v, 4e-3), wait);
+        d.sync_jitter = 0.0;
+        assert_eq!(receive_wait(&d, at(1, Kind::F), &rows, 4e-3), 0.0);
+    }
 }

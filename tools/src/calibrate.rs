@@ -12,7 +12,9 @@
 //! counted by the op spec's FLOPs), and
 //! all_reduces between two simulated devices, one thread each: a chain of 16 floats (the
 //! latency of a step) and twenty of 1M floats on operands of their own, cold (the
-//! bandwidth): the in-process network; and
+//! bandwidth): the in-process network; groups of 2 and 4 simulated devices running
+//! stretches of products with and without an all_reduce between them (how far they
+//! drift apart between collectives, `Device::sync_jitter`, see `sync_jitter`); and
 //! per op of two synthetic models' training steps, its kernel at two sizes run by the
 //! interpreter (`Device::kernels`, see `kernel_factors`), except attention and its
 //! gradient, fitted by their heads' shapes over a grid (`Device::head_kernels`, see
@@ -506,21 +508,7 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
             last = format!("%r{k}");
         }
         text += &format!("  return {last} : {t}\n}}\n");
-        let ir = IrContext::new();
-        let m = ir
-            .parse(&text, "calibrate-network")
-            .map_err(|d| d.render_limited(Some(&text), 5))?;
-        let mut d = nnscaler_dialects::diag::Diagnostics::default();
-        let mesh = nnscaler_dialects::verify::Meshes::collect(&m.as_operation(), &mut d)
-            .0
-            .first()
-            .cloned()
-            .ok_or("no mesh")?;
-        let g = Graph::all_in(&m)
-            .into_iter()
-            .next()
-            .ok_or("no function")?
-            .map_err(|e| e.message)?;
+        let (g, mesh) = localized(&text)?;
         let x = random(&[floats], 7);
         let inputs: Vec<Tensor> = (0..if cold { chain } else { 1 })
             .map(|_| x.clone())
@@ -563,6 +551,9 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         l.latency = sig(latency);
         l.bandwidth = sig(net_bandwidth);
     }
+    let (jitter, lines) = sync_jitter(a.timing == "serial", latency)?;
+    report += &lines;
+    c.device.sync_jitter = sig(jitter);
     c.device.matrix_flops = sig(peak);
     c.device.vector_flops = sig(vector);
     c.device.memory_bandwidth = sig(bandwidth);
@@ -590,6 +581,123 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     );
     report += &write_cluster(&c, &a.output)?;
     Ok(report)
+}
+
+/// A localized function and its mesh, from IR text.
+fn localized(text: &str) -> Result<(Graph, nnscaler_dialects::nns::Mesh), String> {
+    let ir = IrContext::new();
+    let m = ir
+        .parse(text, "calibrate-network")
+        .map_err(|d| d.render_limited(Some(text), 5))?;
+    let mut d = nnscaler_dialects::diag::Diagnostics::default();
+    let mesh = nnscaler_dialects::verify::Meshes::collect(&m.as_operation(), &mut d)
+        .0
+        .first()
+        .cloned()
+        .ok_or("no mesh")?;
+    let g = Graph::all_in(&m)
+        .into_iter()
+        .next()
+        .ok_or("no function")?
+        .map_err(|e| e.message)?;
+    Ok((g, mesh))
+}
+
+/// How far simulated devices drift apart between collectives (`Device::sync_jitter`),
+/// with `latency` the network's per step: groups of 2 and 4 devices each run `S = 12`
+/// segments of `k` products of 128 x 128 (k = 2, 8, 32: about 0.1, 0.5 and 2 ms), once
+/// with an all_reduce of 16 floats after every segment and once without, the two
+/// interleaved, 11 runs each, timed as the devices run. With `T` a segment's compute and
+/// `c` the group's expected largest normal draw, the model puts the first at `S (T + c J
+/// sqrt(T) + collective)` and the second at `S T + c J sqrt(S T)` (its devices meet only
+/// at the end), so `J = (difference - S collective) / (c sqrt(T) (S - sqrt(S)))`. The
+/// median of the six `J`s.
+fn sync_jitter(serial: bool, latency: f64) -> Result<(f64, String), String> {
+    const SEGMENTS: usize = 12;
+    let side = 128;
+    let t = format!("tensor<{side}x{side}xf32>");
+    let s16 = "tensor<16xf32>";
+    let program = |devices: usize, k: usize, meet: bool| {
+        let mut text = format!(
+            "\"nns.mesh\"() {{sym_name = \"world\", axes = #nns.axes<dp = {devices}>}} : () -> ()\n\
+             func.func @f(%x: {t} {{nns.name = \"x\"}}, %w: {t} {{nns.name = \"w\"}}, %s: {s16} {{nns.name = \"s\"}}) -> ({t} {{nns.name = \"y\"}}, {s16} {{nns.name = \"z\"}}) attributes {{nns.localized = #nns.axes<dp = {devices}>}} {{\n"
+        );
+        let (mut a, mut r) = ("%x".to_string(), "%s".to_string());
+        for seg in 0..SEGMENTS {
+            for j in 0..k {
+                text += &format!("  %a{seg}_{j} = \"dnn.matmul\"({a}, %w) : ({t}, {t}) -> {t}\n");
+                a = format!("%a{seg}_{j}");
+            }
+            if meet {
+                text += &format!(
+                    "  %r{seg} = \"nns.all_reduce\"({r}) {{axes = [\"dp\"], reduce = \"max\"}} : ({s16}) -> {s16}\n"
+                );
+                r = format!("%r{seg}");
+            }
+        }
+        text += &format!("  return {a}, {r} : {t}, {s16}\n}}\n");
+        localized(&text)
+    };
+    // A weight of variance 1 / side keeps a row's norm, so 32 products in a row stay
+    // finite.
+    let x = random(&[side, side], 8);
+    let w = Tensor::f32(
+        &[side, side],
+        (0..(side * side) as u64)
+            .map(|i| (rng::normal(9, 0, i) / (side as f64).sqrt()) as f32)
+            .collect(),
+    );
+    let s = random(&[16], 10);
+    let opts = Options {
+        serial_devices: serial,
+        ..Options::default()
+    };
+    let mut report = String::new();
+    let mut js = Vec::new();
+    for devices in [2usize, 4] {
+        for k in [2usize, 8, 32] {
+            let (meet, mesh) = program(devices, k, true)?;
+            let (apart, _) = program(devices, k, false)?;
+            let (mut ta, mut tb) = (Vec::new(), Vec::new());
+            for _ in 0..11 {
+                for (g, into) in [(&meet, &mut ta), (&apart, &mut tb)] {
+                    nnscaler_runtime::spmd::run_spmd(
+                        g,
+                        &mesh,
+                        vec![x.clone(), w.clone(), s.clone()],
+                        &opts,
+                    )
+                    .map_err(|e| e.message)?;
+                    into.push(nnscaler_runtime::spmd::device_seconds());
+                }
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let (a, b) = (median(&mut ta), median(&mut tb));
+            let n = SEGMENTS as f64;
+            let segment = b / n;
+            let collective = 2.0 * (devices - 1) as f64 * latency;
+            let c = cost::expected_max_normal(devices as u64);
+            let j = (a - b - n * collective) / (c * segment.sqrt() * (n - n.sqrt()));
+            report += &format!(
+                "  drift: {devices} devices, segments of {:.2} ms: {:.1} us a collective past the compute, J = {:.2} ms^0.5\n",
+                segment * 1e3,
+                (a - b) / n * 1e6,
+                j * 1e3 / 1e3f64.sqrt()
+            );
+            js.push(j);
+        }
+    }
+    js.sort_by(f64::total_cmp);
+    let j = js[js.len() / 2].max(0.0);
+    report += &format!(
+        "  devices' drift between collectives: sync_jitter {:.2e} s^0.5 (the median; a collective after 1 ms of compute waits {:.1} us for the slower of 2)\n",
+        j,
+        cost::expected_max_normal(2) * j * 1e-3f64.sqrt() * 1e6
+    );
+    Ok((j, report))
 }
 
 /// The training step (forward and backward) of zoo preset `name` resized by `sets`.

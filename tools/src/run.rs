@@ -350,7 +350,13 @@ fn profile_table(
     (runs, devices): (u32, u32),
 ) -> String {
     let mut predicted: std::collections::HashMap<String, f64> = Default::default();
-    predict_ops(g, mesh, &cluster.for_program(g), &mut predicted, 0);
+    predict_ops(
+        g,
+        mesh,
+        &cluster.for_program(g),
+        &mut predicted,
+        (0, &mut Default::default()),
+    );
     let per = f64::from(runs.max(1)) * f64::from(devices.max(1));
     let mut rows: Vec<(String, f64, f64, Option<f64>)> = measured
         .ops
@@ -426,7 +432,7 @@ fn predict_ops(
     mesh: Option<&nnscaler_dialects::nns::Mesh>,
     cluster: &nnscaler_passes::cost::Cluster,
     into: &mut std::collections::HashMap<String, f64>,
-    depth: usize,
+    (depth, drift): (usize, &mut nnscaler_passes::cost::Drift),
 ) {
     for n in &g.nodes {
         if n.op == "func.call" {
@@ -434,16 +440,25 @@ fn predict_ops(
                 continue;
             };
             match g.callees.get(c) {
-                Some(f) if depth < 64 => predict_ops(f, mesh, cluster, into, depth + 1),
+                Some(f) if depth < 64 => predict_ops(f, mesh, cluster, into, (depth + 1, drift)),
                 Some(_) => {}
                 None => {
                     if let Some(cost) = nnscaler_passes::cost::node_cost(g, n, cluster, mesh) {
+                        drift.compute(cost.seconds);
                         *into.entry(format!("@{c}")).or_default() += cost.seconds;
                     }
                 }
             }
         } else if let Some(cost) = nnscaler_passes::cost::node_cost(g, n, cluster, mesh) {
-            *into.entry(n.op.clone()).or_default() += cost.seconds;
+            // A collective with its expected wait for the group's slowest member.
+            let seconds = match &cost.axes {
+                Some(axes) => cost.seconds + drift.meet(&cluster.device, axes, cost.group),
+                None => {
+                    drift.compute(cost.seconds);
+                    cost.seconds
+                }
+            };
+            *into.entry(n.op.clone()).or_default() += seconds;
         }
     }
 }
