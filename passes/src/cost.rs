@@ -603,6 +603,18 @@ impl Drift {
         self.now += seconds;
     }
 
+    /// Op cost `c`'s seconds as the device runs it: compute adds to the drift, a
+    /// collective adds its wait for the group's slowest member ([`Drift::meet`]).
+    pub fn charge(&mut self, device: &Device, c: &NodeCost) -> f64 {
+        match &c.axes {
+            Some(axes) => c.seconds + self.meet(device, axes, c.group),
+            None => {
+                self.compute(c.seconds);
+                c.seconds
+            }
+        }
+    }
+
     /// The expected wait at a collective over `axes` among `group` devices, which then
     /// counts as the group meeting.
     pub fn meet(&mut self, device: &Device, axes: &[String], group: u64) -> f64 {
@@ -934,11 +946,11 @@ pub fn predict(g: &Graph, cluster: &Cluster, mesh: Option<&Mesh>) -> Prediction 
         let Some(c) = node_cost(g, n, cluster, mesh) else {
             continue;
         };
-        if let Some(axes) = &c.axes {
-            p.comm += c.seconds + drift.meet(&cluster.device, axes, c.group);
+        let seconds = drift.charge(&cluster.device, &c);
+        if c.axes.is_some() {
+            p.comm += seconds;
             continue;
         }
-        drift.compute(c.seconds);
         if c.matrix {
             p.matrix += c.seconds;
             p.bf16 |= c.bf16;

@@ -566,13 +566,7 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
             continue;
         }
         // A collective waits for its group's slowest member besides.
-        let seconds = match &c.axes {
-            Some(axes) => c.seconds + drift.meet(&cluster.device, axes, c.group),
-            None => {
-                drift.compute(c.seconds);
-                c.seconds
-            }
-        };
+        let seconds = drift.charge(&cluster.device, &c);
         let it = &mut items[item[k]];
         if c.axes.is_some() {
             it.comm += seconds;

@@ -200,12 +200,8 @@ pub fn predict_pipeline(
                 continue;
             }
             if let Some(cost) = cost::node_cost(g, n, c, Some(mesh)) {
-                seconds += cost.seconds;
+                seconds += drift.charge(&c.device, &cost);
                 work += cost.flops;
-                match &cost.axes {
-                    Some(axes) => seconds += drift.meet(&c.device, axes, cost.group),
-                    None => drift.compute(cost.seconds),
-                }
             }
         }
         own.push(seconds);

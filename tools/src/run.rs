@@ -444,21 +444,14 @@ fn predict_ops(
                 Some(_) => {}
                 None => {
                     if let Some(cost) = nnscaler_passes::cost::node_cost(g, n, cluster, mesh) {
-                        drift.compute(cost.seconds);
-                        *into.entry(format!("@{c}")).or_default() += cost.seconds;
+                        *into.entry(format!("@{c}")).or_default() +=
+                            drift.charge(&cluster.device, &cost);
                     }
                 }
             }
         } else if let Some(cost) = nnscaler_passes::cost::node_cost(g, n, cluster, mesh) {
             // A collective with its expected wait for the group's slowest member.
-            let seconds = match &cost.axes {
-                Some(axes) => cost.seconds + drift.meet(&cluster.device, axes, cost.group),
-                None => {
-                    drift.compute(cost.seconds);
-                    cost.seconds
-                }
-            };
-            *into.entry(n.op.clone()).or_default() += seconds;
+            *into.entry(n.op.clone()).or_default() += drift.charge(&cluster.device, &cost);
         }
     }
 }
