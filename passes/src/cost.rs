@@ -651,8 +651,11 @@ pub struct Prediction {
     pub matrix: f64,
     /// Seconds of the other ops.
     pub other: f64,
-    /// Seconds of the collectives (not overlapped with compute).
+    /// Seconds of the collectives (not overlapped with compute), their waits for their
+    /// groups' slowest members included.
     pub comm: f64,
+    /// Of `comm`, the waits for the slowest members ([`Drift`]).
+    pub wait: f64,
     /// FLOPs of the program.
     pub flops: f64,
     /// Ops counted.
@@ -949,6 +952,7 @@ pub fn predict(g: &Graph, cluster: &Cluster, mesh: Option<&Mesh>) -> Prediction 
         let seconds = drift.charge(&cluster.device, &c);
         if c.axes.is_some() {
             p.comm += seconds;
+            p.wait += seconds - c.seconds;
             continue;
         }
         if c.matrix {
@@ -1261,6 +1265,7 @@ mod tests {
             still.comm
         );
         assert_eq!(drifting.matrix, still.matrix);
+        assert!((drifting.wait - waits).abs() < 1e-12 && still.wait == 0.0);
         // It round-trips, and a negative one is refused.
         assert_eq!(parse(&c.to_toml().unwrap()).unwrap(), c);
         c.device.sync_jitter = -1.0;

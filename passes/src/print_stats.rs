@@ -283,12 +283,17 @@ impl FuncStats {
         if let Some((cluster, d, p)) = &self.predicted {
             let _ = writeln!(
                 s,
-                "predicted time per run on {} ({cluster}): {:.6} s (matrix products {:.6} s, other ops {:.6} s, collectives {:.6} s; {} ops); MFU {:.1}% of the {} matrix peak",
+                "predicted time per run on {} ({cluster}): {:.6} s (matrix products {:.6} s, other ops {:.6} s, collectives {:.6} s{}; {} ops); MFU {:.1}% of the {} matrix peak",
                 d.name,
                 p.seconds(),
                 p.matrix,
                 p.other,
                 p.comm,
+                if p.wait > 0.0 {
+                    format!(", {:.6} s of it waiting for the slowest of a group", p.wait)
+                } else {
+                    String::new()
+                },
                 p.ops,
                 100.0 * p.mfu(d),
                 if p.bf16 && d.matrix_flops_bf16.is_some() {
