@@ -5,7 +5,9 @@
 # `nnscaler run --devices N --repeat R` (the simulated devices' own time), and print
 # predicted and measured step times, the median and the fastest run, with Spearman's rank
 # correlation between the prediction and each, and with the measured times taken round by
-# round relative to the round's median plan (the host's drift between rounds taken out).
+# round relative to the round's median plan (the host's drift between rounds taken out),
+# and how well the measurements rank the plans against themselves (split halves of the
+# rounds): the noise's ceiling on rho.
 # TIMING is how the simulated devices are timed (nnscaler run --timing, and the
 # calibration's network with it): serial (they take
 # turns on one core, each timed by its thread's CPU time on a virtual clock: steady on a
@@ -132,4 +134,21 @@ if rounds > 1:
     rel = [median([p[j] / centre[j] for j in range(rounds)]) for p in per_round]
     print('plans %d, measured by each round over its median plan (%d rounds): Spearman rho %.3f'
           % (n, rounds, rho(pred, rel)))
+# The noise's ceiling: the measurements against themselves. For every split of the rounds
+# into two halves, rho between the halves' round-normalised medians, and the prediction's
+# rho against each half. A prediction cannot be expected to rank the plans more alike to
+# the measurements than the measurements rank themselves.
+if rounds > 2:
+    import itertools
+    norm = [[p[j] / centre[j] for j in range(rounds)] for p in per_round]
+    halves, against = [], []
+    for a in itertools.combinations(range(rounds), rounds // 2):
+        b = [j for j in range(rounds) if j not in a]
+        ha = [median([r[j] for j in a]) for r in norm]
+        hb = [median([r[j] for j in b]) for r in norm]
+        halves.append(rho(ha, hb))
+        against += [rho(pred, ha), rho(pred, hb)]
+    print('split halves of the rounds (%d splits): the measurements against themselves rho %.3f '
+          '(%.3f-%.3f), the prediction against a half %.3f (medians)'
+          % (len(halves), median(halves), min(halves), max(halves), median(against)))
 EOF
