@@ -616,8 +616,12 @@ impl Drift {
     }
 
     /// The expected wait at a collective over `axes` among `group` devices, which then
-    /// counts as the group meeting.
+    /// counts as the group meeting (a group of one, an op that sends nothing, meets
+    /// nobody).
     pub fn meet(&mut self, device: &Device, axes: &[String], group: u64) -> f64 {
+        if group < 2 {
+            return 0.0;
+        }
         let last = self
             .met
             .iter()
@@ -1222,9 +1226,12 @@ mod tests {
         // dp x tp met nobody before; it meets both groups, so tp then waits for nothing.
         close(drift.meet(&d, &both, 4), c4 * 1e-3 * 13f64.sqrt());
         close(drift.meet(&d, &tp, 2), 0.0);
-        // A group of one and a device without jitter wait for nothing.
+        // A group of one (a slice) waits for nothing and meets nobody; a device without
+        // jitter waits for nothing.
         drift.compute(1.0);
         close(drift.meet(&d, &dp, 1), 0.0);
+        close(drift.meet(&d, &dp, 2), c2 * 1e-3);
+        drift.compute(1.0);
         d.sync_jitter = 0.0;
         close(drift.meet(&d, &tp, 2), 0.0);
 

@@ -683,10 +683,10 @@ fn sync_jitter(serial: bool, latency: f64) -> Result<(f64, String), String> {
             let c = cost::expected_max_normal(devices as u64);
             let j = (a - b - n * collective) / (c * segment.sqrt() * (n - n.sqrt()));
             report += &format!(
-                "  drift: {devices} devices, segments of {:.2} ms: {:.1} us a collective past the compute, J = {:.2} ms^0.5\n",
+                "  drift: {devices} devices, segments of {:.2} ms: {:.1} us a collective past the compute, J = {:.2e} s^0.5\n",
                 segment * 1e3,
                 (a - b) / n * 1e6,
-                j * 1e3 / 1e3f64.sqrt()
+                j
             );
             js.push(j);
         }
