@@ -138,6 +138,14 @@ pub struct Level {
     /// latency the calibration fits as ring steps).
     #[serde(default)]
     pub tree: bool,
+    /// Per collective (`nns.reduce_scatter`, ...), the bytes per second it moves where
+    /// that differs from `bandwidth` (which the others take). The CPU runtime's
+    /// in-process collectives are copies and sums in memory, not a ring: an all_gather
+    /// only copies, a reduce_scatter copies its whole operand and sums a piece, so each
+    /// moves the ring's bytes at its own rate; `nnscaler calibrate --device cpu` measures
+    /// them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub bandwidths: BTreeMap<String, f64>,
 }
 
 const GIB: u64 = 1 << 30;
@@ -164,6 +172,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
         bandwidth: bw,
         latency: 5e-6,
         tree: true,
+        bandwidths: BTreeMap::new(),
     };
     let fabric = |bw: f64| Level {
         name: "infiniband".into(),
@@ -171,6 +180,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
         bandwidth: bw,
         latency: 10e-6,
         tree: true,
+        bandwidths: BTreeMap::new(),
     };
     Some(match name {
         "dgx-a100" => Cluster {
@@ -295,13 +305,22 @@ pub fn preset(name: &str) -> Option<Cluster> {
             // simulated devices, the latency from a chain (a later run, 2026-12-02, after
             // the devices began to spin before sleeping at a collective), the bandwidth
             // from all_reduces of operands of their own, cold as a step's gradients are
-            // (2026-12-03; a chain on one hot operand measured 1.43 GB/s).
+            // (2026-12-03; a chain on one hot operand measured 1.43 GB/s); the
+            // reduce_scatters and all_gathers at the medians of five calibrations'
+            // ratios to the all_reduces' rate (2026-12-04: 0.79-0.93 and 1.00-1.68).
             network: vec![Level {
                 name: "in-process".into(),
                 devices: 64,
                 bandwidth: 0.9e9,
                 latency: 1.845e-6,
                 tree: false,
+                bandwidths: [
+                    ("nns.reduce_scatter", 0.83 * 0.9e9),
+                    ("nns.all_gather", 1.48 * 0.9e9),
+                ]
+                .into_iter()
+                .map(|(op, b)| (op.to_string(), b))
+                .collect(),
             }],
         },
         _ => return None,
@@ -409,6 +428,16 @@ pub fn parse(text: &str) -> Result<Cluster, String> {
             return Err(format!(
                 "network level '{}': bandwidth must be a positive rate, got {}",
                 l.name, l.bandwidth
+            ));
+        }
+        if let Some((op, b)) = l
+            .bandwidths
+            .iter()
+            .find(|(op, b)| nns::collective(op).is_none() || !(b.is_finite() && **b > 0.0))
+        {
+            return Err(format!(
+                "network level '{}': bandwidths: '{op}' must be a collective with a positive rate, got {b}",
+                l.name
             ));
         }
         if !(l.latency.is_finite() && l.latency >= 0.0) || l.devices == 0 {
@@ -721,7 +750,7 @@ impl Cluster {
         } else {
             ring
         };
-        steps * l.latency + sent / l.bandwidth
+        steps * l.latency + sent / l.bandwidths.get(op).copied().unwrap_or(l.bandwidth)
     }
 }
 
@@ -1015,6 +1044,26 @@ mod tests {
         assert!((t - (7.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
         let t = c.collective_time("nns.all_gather", 2, 9, 50e9);
         assert!((t - (10e-6 + 1.0)).abs() < 1e-9, "{t}");
+        // A collective with a rate of its own at a level moves its bytes at that rate;
+        // the others keep the level's.
+        let mut own = c.clone();
+        own.network[0]
+            .bandwidths
+            .insert("nns.all_gather".into(), 225e9);
+        let t = own.collective_time("nns.all_gather", 8, 8, 450e9);
+        assert!((t - (7.0 * 5e-6 + 2.0)).abs() < 1e-9, "{t}");
+        let t = own.collective_time("nns.reduce_scatter", 8, 8, 450e9);
+        assert!((t - (7.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
+        assert_eq!(parse(&own.to_toml().unwrap()).unwrap(), own);
+        own.network[0].bandwidths.insert("nns.gather".into(), 1e9);
+        let e = parse(&own.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("'nns.gather'"), "{e}");
+        own.network[0].bandwidths.remove("nns.gather");
+        own.network[0]
+            .bandwidths
+            .insert("nns.all_gather".into(), 0.0);
+        let e = parse(&own.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("bandwidths") && e.contains("positive"), "{e}");
     }
 
     #[test]

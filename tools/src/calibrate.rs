@@ -488,8 +488,21 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     // (bandwidth: each on an operand of its own, so that it reads cold data, as a step's
     // gradient sync does: a chain's operand is in the cache, and measured 2-3 times as
     // fast), timed as the devices run.
-    let reduce = |floats: usize, chain: usize, cold: bool| -> Result<f64, String> {
+    // `op` on operands of `floats` (its result: as many for an all_reduce, half for a
+    // reduce_scatter, twice for an all_gather; a chain needs them equal).
+    let reduce = |op: &str, floats: usize, chain: usize, cold: bool| -> Result<f64, String> {
         let t = format!("tensor<{floats}xf32>");
+        // A reduce_scatter leaves each device its piece of the result.
+        let (r, attrs, layout) = match op {
+            "nns.reduce_scatter" => (
+                floats / 2,
+                "dim = 0 : i64",
+                "nns.layout = #nns.layout<@world, dp = D(0)>, ",
+            ),
+            "nns.all_gather" => (floats * 2, "dim = 0 : i64", ""),
+            _ => (floats, "reduce = \"max\"", ""),
+        };
+        let rt = format!("tensor<{r}xf32>");
         let mut text = String::from(
             "\"nns.mesh\"() {sym_name = \"world\", axes = #nns.axes<dp = 2>} : () -> ()\n",
         );
@@ -497,18 +510,18 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
             .map(|k| format!("%x{k}: {t} {{nns.name = \"x{k}\"}}"))
             .collect();
         text += &format!(
-            "func.func @f({}) -> ({t} {{nns.name = \"y\"}}) attributes {{nns.localized = #nns.axes<dp = 2>}} {{\n",
+            "func.func @f({}) -> ({rt} {{{layout}nns.name = \"y\"}}) attributes {{nns.localized = #nns.axes<dp = 2>}} {{\n",
             args.join(", ")
         );
         let mut last = "%x0".to_string();
         for k in 0..chain {
             let operand = if cold { format!("%x{k}") } else { last };
             text += &format!(
-                "  %r{k} = \"nns.all_reduce\"({operand}) {{axes = [\"dp\"], reduce = \"max\"}} : ({t}) -> {t}\n"
+                "  %r{k} = \"{op}\"({operand}) {{axes = [\"dp\"], {attrs}}} : ({t}) -> {rt}\n"
             );
             last = format!("%r{k}");
         }
-        text += &format!("  return {last} : {t}\n}}\n");
+        text += &format!("  return {last} : {rt}\n}}\n");
         let (g, mesh) = localized(&text)?;
         let x = random(&[floats], 7);
         let inputs: Vec<Tensor> = (0..if cold { chain } else { 1 })
@@ -528,9 +541,9 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         ts.sort_by(f64::total_cmp);
         Ok(ts[ts.len() / 2])
     };
-    let small = reduce(16, 400, false)?;
+    let small = reduce("nns.all_reduce", 16, 400, false)?;
     let big_floats = 1 << 20;
-    let big = reduce(big_floats, 20, true)?;
+    let big = reduce("nns.all_reduce", big_floats, 20, true)?;
     // A ring all_reduce of two devices: two latency steps, each device sending its bytes
     // once (nns::sent_bytes).
     let latency = small / 2.0;
@@ -547,10 +560,35 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         latency * 1e6,
         net_bandwidth / 1e9
     );
+    // The other collectives a step runs, on cold operands of their own as the
+    // all_reduces: each moves the ring's bytes (nns::sent_bytes) at a rate of its own
+    // (`Level::bandwidths`), after its one latency step.
+    let mut bandwidths = BTreeMap::new();
+    for (op, floats) in [
+        ("nns.reduce_scatter", big_floats),
+        ("nns.all_gather", big_floats / 2),
+    ] {
+        let t = reduce(op, floats, 20, true)?;
+        let (operand, result) = if op == "nns.all_gather" {
+            (floats, 2 * floats)
+        } else {
+            (floats, floats / 2)
+        };
+        let sent =
+            nnscaler_dialects::nns::sent_bytes(op, 2.0, 4.0 * operand as f64, 4.0 * result as f64);
+        let rate = sent / (t - latency).max(1e-9);
+        report += &format!(
+            "  {op} between 2 simulated devices: {:.2} GB/s of the ring's bytes ({:.2} times the all_reduce's)\n",
+            rate / 1e9,
+            rate / net_bandwidth
+        );
+        bandwidths.insert(op.to_string(), sig(rate));
+    }
     let mut c: Cluster = cost::preset("cpu").expect("the cpu preset");
     if let Some(l) = c.network.first_mut() {
         l.latency = sig(latency);
         l.bandwidth = sig(net_bandwidth);
+        l.bandwidths = bandwidths;
     }
     let (jitter, lines) = sync_jitter(a.timing == "serial", latency)?;
     report += &lines;
