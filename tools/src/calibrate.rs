@@ -12,7 +12,8 @@
 //! counted by the op spec's FLOPs), and
 //! all_reduces between two simulated devices, one thread each: a chain of 16 floats (the
 //! latency of a step) and twenty of 1M floats on operands of their own, cold (the
-//! bandwidth): the in-process network; groups of 2 and 4 simulated devices running
+//! bandwidth), and twenty reduce_scatters and all_gathers the same way (their own rates,
+//! `Level::bandwidths`): the in-process network; groups of 2 and 4 simulated devices running
 //! stretches of products with and without an all_reduce between them (how far they
 //! drift apart between collectives, `Device::sync_jitter`, see `sync_jitter`); and
 //! per op of two synthetic models' training steps, its kernel at two sizes run by the
