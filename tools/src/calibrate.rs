@@ -491,7 +491,7 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     // fast), timed as the devices run.
     // `op` on operands of `floats` (its result: as many for an all_reduce, half for a
     // reduce_scatter, twice for an all_gather; a chain needs them equal).
-    let reduce = |op: &str, floats: usize, chain: usize, cold: bool| -> Result<f64, String> {
+    let collective = |op: &str, floats: usize, chain: usize, cold: bool| -> Result<f64, String> {
         let t = format!("tensor<{floats}xf32>");
         // A reduce_scatter leaves each device its piece of the result.
         let (r, attrs, layout) = match op {
@@ -542,9 +542,9 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         ts.sort_by(f64::total_cmp);
         Ok(ts[ts.len() / 2])
     };
-    let small = reduce("nns.all_reduce", 16, 400, false)?;
+    let small = collective("nns.all_reduce", 16, 400, false)?;
     let big_floats = 1 << 20;
-    let big = reduce("nns.all_reduce", big_floats, 20, true)?;
+    let big = collective("nns.all_reduce", big_floats, 20, true)?;
     // A ring all_reduce of two devices: two latency steps, each device sending its bytes
     // once (nns::sent_bytes).
     let latency = small / 2.0;
@@ -569,7 +569,7 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         ("nns.reduce_scatter", big_floats),
         ("nns.all_gather", big_floats / 2),
     ] {
-        let t = reduce(op, floats, 20, true)?;
+        let t = collective(op, floats, 20, true)?;
         let (operand, result) = if op == "nns.all_gather" {
             (floats, 2 * floats)
         } else {
