@@ -828,16 +828,20 @@ pub fn node_cost(
         };
         let input = n.inputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
         let output = n.outputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
-        let seconds = collective_seconds(cluster, mesh, &n.op, axes, input, output)?;
+        let (members, span) = group_of(mesh, axes);
+        if members < 2 {
+            return None;
+        }
         // A slice keeps this device's piece: no message, a local copy of the piece.
         let seconds = if n.op == "nns.slice" {
             device.op_time(0.0, 2.0 * output, false)
         } else {
-            seconds
+            let sent = nns::sent_bytes(&n.op, members as f64, input, output);
+            cluster.collective_time(&n.op, members, span, sent)
         };
         // Only an op that sends data meets its group (not a slice or a partition).
         let group = if nns::sent_bytes(&n.op, 2.0, 1.0, 1.0) > 0.0 {
-            group_of(mesh, axes).0
+            members
         } else {
             1
         };
