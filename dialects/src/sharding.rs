@@ -722,8 +722,10 @@ pub fn op_layouts(
 
 /// Split binds that make an op without a directive follow its operands: for each operand
 /// (in order) and each of its split dims, the identifier annotating that dim is bound to
-/// the same axes, unless the identifier or the axes are already taken. Partial operands
-/// propose nothing (they are reduced before the op).
+/// the same axes, unless the identifier or the axes are already taken; an identifier
+/// already bound to the outer axes of a dim split over more (`tp`, then `(tp, dp)`)
+/// takes the inner ones too when nothing else holds them. Partial operands propose
+/// nothing (they are reduced before the op).
 pub fn infer_binds(anno: &Annotation, binding: &Binding, operands: &[Option<&Sharding>]) -> Binds {
     let order: Vec<usize> = (0..operands.len()).collect();
     infer_binds_in(anno, binding, operands, &order)
@@ -759,6 +761,20 @@ pub fn infer_binds_in(
                 .any(|(id, v)| id == &c.id || v.iter().any(|a| axes.contains(a)));
             if !taken {
                 binds.push((c.id.clone(), axes.clone()));
+                continue;
+            }
+            // An identifier bound to outer axes of this dim's split (a ZeRO shard's `tp`,
+            // then `dp` inside each tp block) takes its inner axes too, when no other
+            // identifier has them: the op runs on the finer blocks, as the operand is.
+            let Some(at) = binds.iter().position(|(id, _)| id == &c.id) else {
+                continue;
+            };
+            let outer = binds[at].1.len();
+            let inner_free = binds.iter().all(|(id, v)| {
+                id == &c.id || !v.iter().any(|a| axes[outer.min(axes.len())..].contains(a))
+            });
+            if axes.len() > outer && axes.starts_with(&binds[at].1) && inner_free {
+                binds[at].1 = axes.clone();
             }
         }
     }
@@ -1115,6 +1131,33 @@ mod tests {
         assert_eq!(
             binds,
             vec![("m".to_string(), vec![0]), ("k".to_string(), vec![1])]
+        );
+    }
+
+    #[test]
+    fn inference_extends_a_bind_to_a_nested_split() {
+        // An elementwise op on a tensor-parallel block (tp = D(0)) and its ZeRO shard
+        // (tp = D(0), dp = D(0): dp inside each tp block) runs on the finer blocks.
+        let m = mesh("dp = 2, tp = 2");
+        let anno = Annotation::parse("a, a -> a").unwrap();
+        let binding = anno.bind(&[Some(&[8]), Some(&[8])]).unwrap();
+        let block = sh(&m, "tp = D(0)", 1);
+        let shard = sh(&m, "tp = D(0), dp = D(0)", 1);
+        let binds = infer_binds(&anno, &binding, &[Some(&block), Some(&shard)]);
+        assert_eq!(binds, vec![("a".to_string(), vec![1, 0])]);
+        // Not the other way round (dp outside tp's blocks is another split), nor when
+        // the inner axis is another identifier's.
+        let outer = sh(&m, "dp = D(0), tp = D(0)", 1);
+        let binds = infer_binds(&anno, &binding, &[Some(&block), Some(&outer)]);
+        assert_eq!(binds, vec![("a".to_string(), vec![1])]);
+        let anno2 = Annotation::parse("a b, a b -> a b").unwrap();
+        let binding2 = anno2.bind(&[Some(&[8, 4]), Some(&[8, 4])]).unwrap();
+        let first = sh(&m, "tp = D(0), dp = D(1)", 2);
+        let second = sh(&m, "tp = D(0), dp = D(0)", 2);
+        let binds = infer_binds(&anno2, &binding2, &[Some(&first), Some(&second)]);
+        assert_eq!(
+            binds,
+            vec![("a".to_string(), vec![1]), ("b".to_string(), vec![0])]
         );
     }
 

@@ -382,10 +382,12 @@ impl ModulePass for Plan {
 }
 
 /// ZeRO-1: each optimizer state argument (and its next value) is split over `dp` on its
-/// first whole dim that `dp` divides, so every data-parallel device updates its
+/// first whole dim that `dp` divides, else on the first dim split over other axes (tp)
+/// whose blocks `dp` divides, `dp` innermost, so every data-parallel device updates its
 /// shard: the gradient arrives by reduce_scatter and the next parameter leaves by
 /// all_gather, both from the transition search. The next parameters keep the parameter's
-/// layout. A state no dim of which `dp` divides stays as it was, with a remark.
+/// layout (ZeRO-3: the parameters are split alike). A state no dim of which `dp` divides
+/// stays as it was, with a remark.
 fn zero_state(mut g: Graph, mesh: &Mesh, zero: u8, remarks: &mut Diagnostics) -> Graph {
     let Some(dp) = mesh.axis("dp").filter(|&n| n > 1) else {
         return g;
@@ -418,9 +420,13 @@ fn zero_state(mut g: Graph, mesh: &Mesh, zero: u8, remarks: &mut Diagnostics) ->
                 .map(|(a, _)| mesh.axis(a).unwrap_or(1))
                 .product()
         };
-        // A whole dim dp divides (a dim split by an earlier mesh axis would put dp outside
-        // it, which no reduce_scatter of the gradient reaches).
-        let Some(d) = (0..shape.len()).find(|&d| split_by(d) == 1 && shape[d] % dp == 0) else {
+        // A whole dim dp divides; else a dim other axes split (tp's piece of a bias or a
+        // norm's weight) whose blocks dp divides, dp then innermost: each device's block
+        // cut again over dp, which is what a reduce_scatter over dp of the gradient's
+        // block leaves (the search's memory model shards every state so).
+        let whole = (0..shape.len()).find(|&d| split_by(d) == 1 && shape[d] % dp == 0);
+        let nested = || (0..shape.len()).find(|&d| shape[d] % (split_by(d) * dp) == 0);
+        let Some(d) = whole.or_else(nested) else {
             unsharded.push(name);
             continue;
         };
@@ -473,27 +479,36 @@ fn zero_state(mut g: Graph, mesh: &Mesh, zero: u8, remarks: &mut Diagnostics) ->
     // Clipping squares each gradient before the optimizer uses it: square the dp shard
     // the update needs (reduce_scatter) instead of the whole gradient (all_reduce); the
     // sums of squares are then partial, reduced as one scalar.
-    let sharded_dim = |v: usize| -> Option<usize> {
+    // The dim dp shards and every axis splitting it, outer first (`tp` before `dp` for a
+    // tensor-parallel bias's shard).
+    let sharded_dim = |v: usize| -> Option<(usize, Vec<String>)> {
         let a = g.args.iter().find(|a| a.value == v)?;
         a.attrs.get("nns.state_of")?;
-        layout_of(&a.attrs).into_iter().find_map(|(x, l)| match l {
-            AxisLayout::D(d) if x == "dp" => Some(d),
+        let axes = layout_of(&a.attrs);
+        let d = axes.iter().find_map(|(x, l)| match l {
+            AxisLayout::D(d) if x == "dp" => Some(*d),
             _ => None,
-        })
+        })?;
+        let over: Vec<String> = axes
+            .into_iter()
+            .filter(|(_, l)| *l == AxisLayout::D(d))
+            .map(|(x, _)| x)
+            .collect();
+        Some((d, over))
     };
-    let mut directives: Vec<(usize, usize)> = Vec::new();
+    let mut directives: Vec<(usize, usize, Vec<String>)> = Vec::new();
     for n in g.nodes.iter().filter(|n| n.op == "dnn.adamw") {
-        let Some(d) = sharded_dim(n.inputs[2]) else {
+        let Some((d, over)) = sharded_dim(n.inputs[2]) else {
             continue;
         };
         let grad = n.inputs[1];
         for (k, u) in g.nodes.iter().enumerate() {
             if u.op == "dnn.mul" && u.inputs == [grad, grad] {
-                directives.push((k, d));
+                directives.push((k, d, over.clone()));
             }
         }
     }
-    for (k, d) in directives {
+    for (k, d, over) in directives {
         // The annotation's name of the result's dim d (binary ops name dims a, b, ...).
         let n = &g.nodes[k];
         let operands: Vec<Option<nnscaler_dialects::types::TensorType>> = n
@@ -518,7 +533,10 @@ fn zero_state(mut g: Graph, mesh: &Mesh, zero: u8, remarks: &mut Diagnostics) ->
                 .entry("nns.split".into())
                 .or_insert(AttrValue::Nns {
                     kind: "split".into(),
-                    body: format!("{id} = dp"),
+                    body: match over.as_slice() {
+                        [one] => format!("{id} = {one}"),
+                        many => format!("{id} = ({})", many.join(", ")),
+                    },
                 });
         }
     }
@@ -526,8 +544,13 @@ fn zero_state(mut g: Graph, mesh: &Mesh, zero: u8, remarks: &mut Diagnostics) ->
         remarks.remark(
             &g.loc,
             format!(
-                "plan: zero=1 leaves {} optimizer state tensor(s) unsharded: no whole dim of theirs divides by dp = {dp} ({})",
+                "plan: zero={zero} leaves {} {} unsharded: no dim of theirs, nor a split dim's block, divides by dp = {dp} ({})",
                 unsharded.len(),
+                if zero >= 3 {
+                    "parameter(s) and optimizer state tensor(s)"
+                } else {
+                    "optimizer state tensor(s)"
+                },
                 unsharded.join(", ")
             ),
         );
