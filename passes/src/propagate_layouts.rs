@@ -394,27 +394,52 @@ fn wanted_grads(
 }
 
 /// The order in which an op's operands propose splits: parameters (and their casts) split
-/// only over their compute axes first, so a weight keeps the split its directives gave it
-/// and the activation it meets is gathered (`dy · W` of a row-parallel weight under
-/// Megatron-SP gathers `dy`'s positions rather than the weight), then the rest in order.
+/// over their compute axes first, proposing that split only, so a weight keeps the split
+/// its directives gave it and the activation it meets is gathered (`dy · W` of a
+/// row-parallel weight under Megatron-SP gathers `dy`'s positions rather than the
+/// weight), then the rest in order. A ZeRO-3 parameter's `dp` split is no compute axis
+/// (the forward and the backward gather it): it neither proposes nor keeps the weight
+/// from going first. Returns the order and, per operand, the split it proposes when
+/// that is not its layout (a first parameter's split over its compute axes).
 fn operand_order(
     n: &Node,
     layouts: &[Option<Sharding>],
     copies: &[Option<usize>],
     compute: &[Vec<usize>],
-) -> Vec<usize> {
-    let first = |v: ValueId| {
-        copies[v].is_some_and(|p| {
-            layouts[v].as_ref().is_some_and(|s| {
-                let axes: Vec<usize> = s.split.iter().flatten().copied().collect();
-                !axes.is_empty() && axes.iter().all(|a| compute[p].contains(a))
+) -> (Vec<usize>, Vec<Option<Sharding>>) {
+    let mut proposes: Vec<Option<Sharding>> = vec![None; n.inputs.len()];
+    let mut first = Vec::new();
+    let mut rest = Vec::new();
+    for (i, &v) in n.inputs.iter().enumerate() {
+        let own = copies[v].and_then(|p| Some((p, layouts[v].as_ref()?)));
+        let Some((p, s)) = own else {
+            rest.push(i);
+            continue;
+        };
+        let split: Vec<Vec<usize>> = s
+            .split
+            .iter()
+            .map(|d| {
+                d.iter()
+                    .copied()
+                    .filter(|a| compute[p].contains(a))
+                    .collect()
             })
-        })
-    };
-    let (mut order, rest): (Vec<usize>, Vec<usize>) =
-        (0..n.inputs.len()).partition(|&i| first(n.inputs[i]));
-    order.extend(rest);
-    order
+            .collect();
+        if split.iter().all(Vec::is_empty) {
+            rest.push(i);
+            continue;
+        }
+        first.push(i);
+        if split != s.split {
+            proposes[i] = Some(Sharding {
+                split,
+                partial: s.partial.clone(),
+            });
+        }
+    }
+    first.extend(rest);
+    (first, proposes)
 }
 
 /// Values to reduce as soon as they are made, by the layout to reduce them to.
@@ -547,12 +572,17 @@ fn propagate_pass(
             }
         }
         // Values propagation made (the vocabulary-parallel ops') have no copies entry.
-        let order = if n.inputs.iter().all(|&v| v < copies.len()) {
+        let (order, proposes) = if n.inputs.iter().all(|&v| v < copies.len()) {
             operand_order(&n, &layouts, &copies, &compute)
         } else {
-            (0..n.inputs.len()).collect()
+            ((0..n.inputs.len()).collect(), vec![None; n.inputs.len()])
         };
-        proposed.extend(infer_binds_in(&anno, &binding, &ops, &order));
+        let proposing: Vec<Option<&Sharding>> = ops
+            .iter()
+            .zip(&proposes)
+            .map(|(&o, p)| p.as_ref().or(o))
+            .collect();
+        proposed.extend(infer_binds_in(&anno, &binding, &proposing, &order));
         for (id, axes) in proposed {
             let taken = binds
                 .iter()
