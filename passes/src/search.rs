@@ -14,12 +14,15 @@
 //! that program is predicted ([`crate::cost::node_cost`]) and charged to an *item*: the
 //! ops before the first layer, each layer (`h.3`, `layers.3`: as `--place` and
 //! `--recompute` find them), the ops after the last. Per item the profile keeps its
-//! forward seconds (tensor-parallel collectives included), its backward split as
+//! forward seconds (tensor-parallel collectives included; the tp reductions of weight
+//! gradients, which the compiler runs once a step after adding up the micro-batches'
+//! partial gradients, apart as `grad_sync`), its backward split as
 //! zero-bubble schedules split it (`B`: the ops on the path to the item's input gradient;
 //! `W`: the rest, which only feed weight gradients), its parameter bytes per device, the
 //! activation bytes it keeps for backward per micro-batch with no, selective (matrix
-//! products' results kept, the rest recomputed) and full recompute (its inputs only), and
-//! the bytes a pipeline cut after it sends. The optimizer update's seconds are kept whole;
+//! products' results kept, reduced, the rest recomputed) and full recompute (its inputs
+//! only; the ops before and after the layers, which `--recompute` leaves alone, keep
+//! everything under both), and the bytes a pipeline cut after it sends. The optimizer update's seconds are kept whole;
 //! data-parallel collectives are left out and costed per plan below. So the profile is
 //! exact for the ops and collectives the compiler emits; a few compilations serve the
 //! whole space.
@@ -35,7 +38,7 @@
 //! stage's items, plus the point-to-point send of the cut at the bandwidth of the level
 //! the two devices span, plus under ZeRO-3 the all_gather of its parameters; recompute
 //! adds the recomputed forward to `B`). The step is the simulated makespan, then the
-//! gradient synchronisation over `dp` (over `dp x sp`, one group, under context
+//! weight gradients' tp reductions (once) and the gradient synchronisation over `dp` (over `dp x sp`, one group, under context
 //! parallelism; all_reduce; ZeRO-1/2: reduce_scatter + all_gather;
 //! ZeRO-3: reduce_scatter; one collective per parameter tensor, as the compiler emits
 //! them, each paying the network's latency), the adding up of the micro-batches'
@@ -101,8 +104,13 @@ pub struct Item {
     pub name: String,
     /// Forward seconds (tensor-parallel collectives included).
     pub fwd: f64,
-    /// Forward seconds of what selective recompute repeats (all but matrix products).
+    /// Forward seconds of what selective recompute repeats: a layer's ops but its matrix
+    /// products and the reduce_scatters of their partial sums, whose results are kept (0
+    /// outside the layers, which no policy recomputes).
     pub fwd_selective: f64,
+    /// Forward seconds of what full recompute repeats: a layer's whole forward (0 outside
+    /// the layers).
+    pub fwd_full: f64,
     /// Backward seconds on the path to the input gradient (`B`).
     pub bwd_input: f64,
     /// Backward seconds that only feed weight gradients (`W`).
@@ -116,14 +124,20 @@ pub struct Item {
     pub tensors: u64,
     /// Activation bytes kept for backward: no recompute.
     pub saved: u64,
-    /// ... selective recompute.
+    /// ... selective recompute (outside the layers: `saved`).
     pub saved_selective: u64,
-    /// ... full recompute.
+    /// ... full recompute (outside the layers: `saved`).
     pub saved_full: u64,
     /// Bytes a pipeline cut after this item sends forward (and its gradient back).
     pub cut: u64,
-    /// Seconds of tensor-parallel collectives (forward and backward; in the times above).
+    /// Seconds of tensor-parallel collectives (forward and backward; in the times above,
+    /// `grad_sync` aside).
     pub comm: f64,
+    /// Seconds of the tensor-parallel reductions of its weight gradients (a row-parallel
+    /// weight's reduce_scatter, a norm's all_reduce): once a step, after the
+    /// micro-batches' partial gradients are added up, as the compiler emits them (not
+    /// in `bwd_weight`).
+    pub grad_sync: f64,
     /// Seconds of the optimizer update of its parameters (not sharded; in the profile's
     /// `optimizer`).
     pub update: f64,
@@ -528,6 +542,20 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
             })
         });
     }
+    // Reductions of weight gradients: backward collectives whose results only the
+    // optimizer reads (directly or through other such collectives). The compiler adds up
+    // the micro-batches' partial gradients first and reduces them once a step.
+    let mut per_step = vec![false; n];
+    for k in (0..n).rev() {
+        let node = &g.nodes[k];
+        if fwd[k] || opt[k] || !matches!(node.op.as_str(), "nns.all_reduce" | "nns.reduce_scatter")
+        {
+            continue;
+        }
+        per_step[k] = node.outputs.iter().all(|&o| {
+            !consumers[o].is_empty() && consumers[o].iter().all(|&c| opt[c] || per_step[c])
+        });
+    }
     let mut items: Vec<Item> = names
         .iter()
         .map(|name| Item {
@@ -568,13 +596,27 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
         // A collective waits for its group's slowest member besides.
         let seconds = drift.charge(&cluster.device, &c);
         let it = &mut items[item[k]];
+        if per_step[k] {
+            it.grad_sync += seconds;
+            continue;
+        }
         if c.axes.is_some() {
             it.comm += seconds;
         }
         it.flops += c.flops;
         if fwd[k] {
             it.fwd += seconds;
-            if !matches!(node.op.as_str(), "dnn.linear" | "dnn.matmul") {
+            it.fwd_full += seconds;
+            // What the compiled selective recompute runs again: not the matrix products
+            // (their results are kept) nor the reduce_scatters of their partial sums (the
+            // recomputed ops start from the scattered values: Megatron-SP's and the
+            // searched splits'); Megatron's all_reduces run again with the adds the
+            // partial sums flowed through (nanogpt-cpu, counted in the compiled programs).
+            let kept = matches!(
+                node.op.as_str(),
+                "dnn.linear" | "dnn.matmul" | "nns.reduce_scatter"
+            );
+            if !kept {
                 it.fwd_selective += seconds;
             }
         } else if is_b[k] {
@@ -637,6 +679,14 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
     for (i, it) in items.iter_mut().enumerate() {
         run += cut_diff[i];
         it.cut = run.max(0) as u64;
+        // `--recompute` recomputes layers only: the ops before and after them keep
+        // everything they saved (a language model's logits among them).
+        if i == 0 || i == after {
+            it.fwd_selective = 0.0;
+            it.fwd_full = 0.0;
+            it.saved_selective = it.saved;
+            it.saved_full = it.saved;
+        }
     }
     items.retain(|it| it.fwd > 0.0 || it.params > 0 || it.bwd_input + it.bwd_weight > 0.0);
     Profile {
@@ -912,6 +962,7 @@ struct StageCost {
     flops: f64,
     cut: u64,
     comm: f64,
+    grad_sync: f64,
 }
 
 fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
@@ -922,22 +973,28 @@ fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
             + match r {
                 Recompute::None => 0.0,
                 Recompute::Selective => it.fwd_selective,
-                Recompute::Full => it.fwd,
+                Recompute::Full => it.fwd_full,
             };
         s.w += it.bwd_weight;
         s.params += it.params;
         s.tensors += it.tensors;
         s.flops += it.flops;
         s.comm += it.comm;
+        s.grad_sync += it.grad_sync;
         match r {
             Recompute::None => s.saved += it.saved,
+            // (An item recomputed holds its activations again while its backward runs.)
             Recompute::Selective => {
                 s.saved += it.saved_selective.min(it.saved);
-                s.transient = s.transient.max(it.saved);
+                if it.fwd_full > 0.0 {
+                    s.transient = s.transient.max(it.saved);
+                }
             }
             Recompute::Full => {
                 s.saved += it.saved_full.min(it.saved);
-                s.transient = s.transient.max(it.saved);
+                if it.fwd_full > 0.0 {
+                    s.transient = s.transient.max(it.saved);
+                }
             }
         }
     }
@@ -1493,12 +1550,14 @@ fn score(
             } else {
                 0.0
             };
+        let grad_sync: f64 = mine.iter().map(|s| s.grad_sync).sum();
+        let s = s + grad_sync;
         let o =
             update_time(p, c, params) + accumulate_time(cluster, (params, tensors), c.microbatches);
         sync = sync.max(s);
         opt = opt.max(o);
         flops = flops.max(mine.iter().map(|s| s.flops).sum::<f64>() * m as f64);
-        tp_comm = tp_comm.max(mine.iter().map(|s| s.comm).sum::<f64>() * m as f64);
+        tp_comm = tp_comm.max(mine.iter().map(|s| s.comm).sum::<f64>() * m as f64 + grad_sync);
         let gathers: f64 = mine.iter().map(|s| 2.0 * gather(s)).sum::<f64>() * m as f64;
         dp_comm = dp_comm.max(s + gathers);
     }
@@ -1565,6 +1624,7 @@ fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
     let rank = rank_of(c);
     let mut work = vec![0.0f64; pp];
     let mut params = vec![(0u64, 0u64); pp];
+    let mut grad_sync = vec![0.0f64; pp];
     // Rank d holds stages d and later only (one per rank, interleaved d + k pp, V 2 pp -
     // 1 - d), so it starts no earlier than the first micro-batch's forward through
     // stages 0 .. d.
@@ -1572,6 +1632,7 @@ fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
     let mut before = 0.0;
     for (s, sc) in stages_of(p, c).iter().enumerate() {
         work[rank[s]] += sc.f + sc.b + sc.w;
+        grad_sync[rank[s]] += sc.grad_sync;
         params[rank[s]].0 += sc.params;
         params[rank[s]].1 += sc.tensors;
         if s < pp {
@@ -1583,6 +1644,7 @@ fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
         .map(|d| {
             head[d]
                 + work[d] * c.microbatches as f64
+                + grad_sync[d]
                 + sync_time(cluster, c, params[d])
                 + update_time(p, c, params[d].0)
                 + accumulate_time(cluster, params[d], c.microbatches)

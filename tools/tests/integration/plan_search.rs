@@ -56,12 +56,37 @@ fn profiles_cover_the_step() {
         assert!(it.cut > 0);
     }
     assert!(p1.optimizer > 0.0);
+    // `--recompute` recomputes layers only: the ops before and after them keep everything
+    // they save, and repeat nothing, under every policy.
+    for it in [&p1.items[0], &p1.items[4]] {
+        assert_eq!((it.fwd_selective, it.fwd_full), (0.0, 0.0), "{it:?}");
+        assert_eq!(
+            (it.saved_selective, it.saved_full),
+            (it.saved, it.saved),
+            "{it:?}"
+        );
+    }
+    for it in &p1.items[1..4] {
+        assert_eq!(it.fwd_full, it.fwd);
+        assert!(
+            0.0 < it.fwd_selective && it.fwd_selective < it.fwd,
+            "{it:?}"
+        );
+    }
     // Tensor parallelism shards the layers' parameters and adds their collectives.
     let p2 = search::profile(&g, 2, 4, &c).unwrap();
     // (norms and row-parallel biases stay whole)
     let (a, b) = (p2.items[1].params as f64, p1.items[1].params as f64);
     assert!(a < 0.6 * b, "{a} {b}");
     assert!(p2.items[1].fwd > 0.0);
+    // Megatron's weight gradients are whole on each device; Megatron-SP's norm weights
+    // and row-parallel weights get partial gradients, reduced over tp once a step (after
+    // the micro-batches are added up): `grad_sync`, not in `bwd_weight`.
+    assert!(p2.items[1..4].iter().all(|it| it.grad_sync == 0.0));
+    let sp = search::profile_with(&g, 2, 4, &c, search::TpPolicy::Sp).unwrap();
+    for it in &sp.items[1..4] {
+        assert!(it.grad_sync > 0.0 && it.bwd_weight > 0.0, "{it:?}");
+    }
     // A smaller micro-batch keeps fewer activations.
     let half = search::profile(&g, 1, 2, &c).unwrap();
     assert_eq!(half.items[1].saved * 2, p1.items[1].saved);
