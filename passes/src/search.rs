@@ -1395,14 +1395,19 @@ fn sync_time(cluster: &Cluster, c: &Config, params: (u64, u64)) -> f64 {
 /// The gradient sync's expected wait for its slowest member ([`cost::Drift`]): its
 /// groups (dp x sp; under ZeRO sp, then dp) have not met since the step began, `since`
 /// seconds of compute before (tp's collectives and the pipeline's messages meet other
-/// groups).
-fn sync_skew(cluster: &Cluster, c: &Config, since: f64) -> f64 {
+/// groups). The compiler syncs each of the `tensors` gradients right before its update
+/// (and under ZeRO-1/2 gathers it right after), so every later tensor's collectives wait
+/// again, for the drift over one tensor's share of the `update` seconds.
+fn sync_skew(cluster: &Cluster, c: &Config, since: f64, (tensors, update): (u64, f64)) -> f64 {
     let d = &cluster.device;
-    if c.zero == 0 {
-        d.skew(c.dp * c.sp, since)
-    } else {
-        d.skew(c.sp, since) + d.skew(c.dp, since)
-    }
+    let group = if c.zero == 0 { c.dp * c.sp } else { c.dp };
+    let later = tensors.saturating_sub(1) as f64 * d.skew(group, update / tensors.max(1) as f64);
+    later
+        + if c.zero == 0 {
+            d.skew(c.dp * c.sp, since)
+        } else {
+            d.skew(c.sp, since) + d.skew(c.dp, since)
+        }
 }
 
 /// Seconds of adding up `microbatches` micro-batches' gradients of `params` (bytes,
@@ -1443,15 +1448,18 @@ fn score(
     let p2p_span = dp * c.sp * tp + 1;
     let gather = |s: &StageCost| {
         if c.zero == 3 && s.tensors > 0 {
-            // dp's ranks are sp x tp devices apart; the first gather of a fragment waits
-            // for the dp group's slowest, which met at the last fragment's gathers.
+            // dp's ranks are sp x tp devices apart. The compiler gathers each parameter
+            // right before its first use, so every gather waits for the dp group's
+            // slowest, which met at the gather before, a tensor's share of the
+            // fragment's compute earlier.
+            let n = s.tensors as f64;
             coll_time(
                 cluster,
                 "nns.all_gather",
                 dp,
                 c.sp * tp,
                 (s.params, s.tensors),
-            ) + cluster.device.skew(dp, 0.5 * (s.f + s.b + s.w))
+            ) + n * cluster.device.skew(dp, 0.5 * (s.f + s.b + s.w) / n)
         } else {
             0.0
         }
@@ -1546,7 +1554,7 @@ fn score(
         memory = memory.max(mem);
         let s = sync_time(cluster, c, (params, tensors))
             + if tensors > 0 {
-                sync_skew(cluster, c, makespan)
+                sync_skew(cluster, c, makespan, (tensors, update_time(p, c, params)))
             } else {
                 0.0
             };
