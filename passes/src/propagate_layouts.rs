@@ -332,6 +332,14 @@ fn compute_axes(g: &Graph, mesh: &Mesh, copies: &[Option<usize>]) -> Vec<Vec<usi
     axes
 }
 
+/// Sharding `s`'s split per dim restricted to mesh `axes` (a parameter's compute axes).
+fn split_over(s: &Sharding, axes: &[usize]) -> Vec<Vec<usize>> {
+    s.split
+        .iter()
+        .map(|d| d.iter().copied().filter(|a| axes.contains(a)).collect())
+        .collect()
+}
+
 /// Per value, the layout a weight gradient should be computed in: a `grad.<p>` result
 /// (and, backwards through the `dnn.cast`s and same-shape `dnn.add`s accumulating it, the
 /// values it is made of) wants parameter `p`'s layout over `p`'s compute axes. Seeding an
@@ -359,16 +367,7 @@ fn wanted_grads(
         let Some(s) = layouts[g.args[i].value].as_ref() else {
             continue;
         };
-        let split: Vec<Vec<usize>> = s
-            .split
-            .iter()
-            .map(|d| {
-                d.iter()
-                    .copied()
-                    .filter(|a| compute[i].contains(a))
-                    .collect()
-            })
-            .collect();
+        let split = split_over(s, &compute[i]);
         if split.iter().all(Vec::is_empty) || split.len() != g.values[o.value].rank() {
             continue;
         }
@@ -416,16 +415,7 @@ fn operand_order(
             rest.push(i);
             continue;
         };
-        let split: Vec<Vec<usize>> = s
-            .split
-            .iter()
-            .map(|d| {
-                d.iter()
-                    .copied()
-                    .filter(|a| compute[p].contains(a))
-                    .collect()
-            })
-            .collect();
+        let split = split_over(s, &compute[p]);
         if split.iter().all(Vec::is_empty) {
             rest.push(i);
             continue;
