@@ -37,7 +37,8 @@
 //! The schedule is simulated with each fragment's predicted time (a
 //! stage's items, plus the point-to-point send of the cut at the bandwidth of the level
 //! the two devices span, plus under ZeRO-3 the all_gather of its parameters; recompute
-//! adds the recomputed forward to `B`). The step is the simulated makespan, then the
+//! adds the recomputed forward to `B`, but for what only weight gradients need, which
+//! the compiled clones run in `W`). The step is the simulated makespan, then the
 //! weight gradients' tp reductions (once) and the gradient synchronisation over `dp` (over `dp x sp`, one group, under context
 //! parallelism; all_reduce; ZeRO-1/2: reduce_scatter + all_gather;
 //! ZeRO-3: reduce_scatter; one collective per parameter tensor, as the compiler emits
@@ -111,6 +112,11 @@ pub struct Item {
     /// Forward seconds of what full recompute repeats: a layer's whole forward (0 outside
     /// the layers).
     pub fwd_full: f64,
+    /// Of `fwd_selective`, what only weight-gradient ops need: the compiled clones run
+    /// where the first op needing them does, so these run in `W`, the rest in `B`.
+    pub fwd_selective_w: f64,
+    /// Of `fwd_full`, what only weight-gradient ops need (in `W`).
+    pub fwd_full_w: f64,
     /// Backward seconds on the path to the input gradient (`B`).
     pub bwd_input: f64,
     /// Backward seconds that only feed weight gradients (`W`).
@@ -556,6 +562,27 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
             !consumers[o].is_empty() && consumers[o].iter().all(|&c| opt[c] || per_step[c])
         });
     }
+    // The recomputed forward ops the input gradient's side (`B`) needs: read by a `B`
+    // op, or by another such op recomputed in the same item (a clone runs in the
+    // fragment of the first op that needs it; one only weight gradients need runs in
+    // `W`). Per policy: selective keeps the products and their reduce_scatters.
+    let kept_by_selective =
+        |op: &str| matches!(op, "dnn.linear" | "dnn.matmul" | "nns.reduce_scatter");
+    let b_side = |selective: bool| -> Vec<bool> {
+        let mut side = vec![false; n];
+        for k in (0..n).rev() {
+            if !fwd[k] || (selective && kept_by_selective(&g.nodes[k].op)) {
+                continue;
+            }
+            side[k] = g.nodes[k].outputs.iter().any(|&o| {
+                consumers[o].iter().any(|&c| {
+                    (!fwd[c] && !opt[c] && is_b[c]) || (fwd[c] && item[c] == item[k] && side[c])
+                })
+            });
+        }
+        side
+    };
+    let (b_selective, b_full) = (b_side(true), b_side(false));
     let mut items: Vec<Item> = names
         .iter()
         .map(|name| Item {
@@ -607,17 +634,19 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
         if fwd[k] {
             it.fwd += seconds;
             it.fwd_full += seconds;
+            if !b_full[k] {
+                it.fwd_full_w += seconds;
+            }
             // What the compiled selective recompute runs again: not the matrix products
             // (their results are kept) nor the reduce_scatters of their partial sums (the
             // recomputed ops start from the scattered values: Megatron-SP's and the
             // searched splits'); Megatron's all_reduces run again with the adds the
             // partial sums flowed through (nanogpt-cpu, counted in the compiled programs).
-            let kept = matches!(
-                node.op.as_str(),
-                "dnn.linear" | "dnn.matmul" | "nns.reduce_scatter"
-            );
-            if !kept {
+            if !kept_by_selective(&node.op) {
                 it.fwd_selective += seconds;
+                if !b_selective[k] {
+                    it.fwd_selective_w += seconds;
+                }
             }
         } else if is_b[k] {
             it.bwd_input += seconds;
@@ -684,6 +713,8 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
         if i == 0 || i == after {
             it.fwd_selective = 0.0;
             it.fwd_full = 0.0;
+            it.fwd_selective_w = 0.0;
+            it.fwd_full_w = 0.0;
             it.saved_selective = it.saved;
             it.saved_full = it.saved;
         }
@@ -969,13 +1000,13 @@ fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
     let mut s = StageCost::default();
     for it in items {
         s.f += it.fwd;
-        s.b += it.bwd_input
-            + match r {
-                Recompute::None => 0.0,
-                Recompute::Selective => it.fwd_selective,
-                Recompute::Full => it.fwd_full,
-            };
-        s.w += it.bwd_weight;
+        let (again, again_w) = match r {
+            Recompute::None => (0.0, 0.0),
+            Recompute::Selective => (it.fwd_selective, it.fwd_selective_w),
+            Recompute::Full => (it.fwd_full, it.fwd_full_w),
+        };
+        s.b += it.bwd_input + again - again_w;
+        s.w += it.bwd_weight + again_w;
         s.params += it.params;
         s.tensors += it.tensors;
         s.flops += it.flops;
