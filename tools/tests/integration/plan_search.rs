@@ -72,6 +72,15 @@ fn profiles_cover_the_step() {
             0.0 < it.fwd_selective && it.fwd_selective < it.fwd,
             "{it:?}"
         );
+        // Some of what selective recompute repeats only weight gradients need (a norm's
+        // output for the next product's weight gradient: in `W`), some the input
+        // gradient (the attention for its gradient: in `B`). Full recompute repeats the
+        // products too, and through them the input gradient needs the rest.
+        assert!(0.0 < it.fwd_selective_w && it.fwd_selective_w < it.fwd_selective);
+        assert!(it.fwd_full_w < it.fwd_full, "{it:?}");
+    }
+    for it in [&p1.items[0], &p1.items[4]] {
+        assert_eq!((it.fwd_selective_w, it.fwd_full_w), (0.0, 0.0));
     }
     // Tensor parallelism shards the layers' parameters and adds their collectives.
     let p2 = search::profile(&g, 2, 4, &c).unwrap();
