@@ -820,7 +820,8 @@ pub struct Estimate {
     pub seconds: f64,
     /// Of which: the pipeline (or the micro-batches on one stage).
     pub pipeline: f64,
-    /// The gradient synchronisation over `dp` (and `sp`).
+    /// The gradient synchronisation over `dp` (and `sp`), with the tensor-parallel
+    /// reductions of weight gradients that run once a step beside it.
     pub dp_sync: f64,
     /// The optimizer update, and the adding up of the micro-batches' gradients before it.
     pub optimizer: f64,
@@ -1583,22 +1584,20 @@ fn score(
             + (in_flight.get(d).copied().unwrap_or(1.0) * saved as f64).ceil() as u64
             + transient;
         memory = memory.max(mem);
-        let s = sync_time(cluster, c, (params, tensors))
+        let update = update_time(p, c, params);
+        let dp_sync = sync_time(cluster, c, (params, tensors))
             + if tensors > 0 {
-                sync_skew(cluster, c, makespan, (tensors, update_time(p, c, params)))
+                sync_skew(cluster, c, makespan, (tensors, update))
             } else {
                 0.0
             };
         let grad_sync: f64 = mine.iter().map(|s| s.grad_sync).sum();
-        let s = s + grad_sync;
-        let o =
-            update_time(p, c, params) + accumulate_time(cluster, (params, tensors), c.microbatches);
-        sync = sync.max(s);
-        opt = opt.max(o);
+        sync = sync.max(dp_sync + grad_sync);
+        opt = opt.max(update + accumulate_time(cluster, (params, tensors), c.microbatches));
         flops = flops.max(mine.iter().map(|s| s.flops).sum::<f64>() * m as f64);
         tp_comm = tp_comm.max(mine.iter().map(|s| s.comm).sum::<f64>() * m as f64 + grad_sync);
         let gathers: f64 = mine.iter().map(|s| 2.0 * gather(s)).sum::<f64>() * m as f64;
-        dp_comm = dp_comm.max(s + gathers);
+        dp_comm = dp_comm.max(dp_sync + gathers);
     }
     if memory > cap {
         return Err(format!(

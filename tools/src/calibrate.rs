@@ -489,21 +489,19 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     // (bandwidth: each on an operand of its own, so that it reads cold data, as a step's
     // gradient sync does: a chain's operand is in the cache, and measured 2-3 times as
     // fast), timed as the devices run.
-    // `op` on operands of `floats` (its result: as many for an all_reduce, half for a
-    // reduce_scatter, twice for an all_gather; a chain needs them equal).
+    // `op` on operands of `floats` (its result `result_floats`; a chain needs them equal).
     let collective = |op: &str, floats: usize, chain: usize, cold: bool| -> Result<f64, String> {
         let t = format!("tensor<{floats}xf32>");
         // A reduce_scatter leaves each device its piece of the result.
-        let (r, attrs, layout) = match op {
+        let (attrs, layout) = match op {
             "nns.reduce_scatter" => (
-                floats / 2,
                 "dim = 0 : i64",
                 "nns.layout = #nns.layout<@world, dp = D(0)>, ",
             ),
-            "nns.all_gather" => (floats * 2, "dim = 0 : i64", ""),
-            _ => (floats, "reduce = \"max\"", ""),
+            "nns.all_gather" => ("dim = 0 : i64", ""),
+            _ => ("reduce = \"max\"", ""),
         };
-        let rt = format!("tensor<{r}xf32>");
+        let rt = format!("tensor<{}xf32>", result_floats(op, floats));
         let mut text = String::from(
             "\"nns.mesh\"() {sym_name = \"world\", axes = #nns.axes<dp = 2>} : () -> ()\n",
         );
@@ -570,13 +568,9 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         ("nns.all_gather", big_floats / 2),
     ] {
         let t = collective(op, floats, 20, true)?;
-        let (operand, result) = if op == "nns.all_gather" {
-            (floats, 2 * floats)
-        } else {
-            (floats, floats / 2)
-        };
+        let result = result_floats(op, floats);
         let sent =
-            nnscaler_dialects::nns::sent_bytes(op, 2.0, 4.0 * operand as f64, 4.0 * result as f64);
+            nnscaler_dialects::nns::sent_bytes(op, 2.0, 4.0 * floats as f64, 4.0 * result as f64);
         let rate = sent / (t - latency).max(1e-9);
         report += &format!(
             "  {op} between 2 simulated devices: {:.2} GB/s of the ring's bytes ({:.2} times the all_reduce's)\n",
@@ -621,6 +615,16 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     );
     report += &write_cluster(&c, &a.output)?;
     Ok(report)
+}
+
+/// Floats of the result of collective `op` over two devices on an operand of `floats`:
+/// half for a reduce_scatter, twice for an all_gather, as many for an all_reduce.
+fn result_floats(op: &str, floats: usize) -> usize {
+    match op {
+        "nns.reduce_scatter" => floats / 2,
+        "nns.all_gather" => floats * 2,
+        _ => floats,
+    }
 }
 
 /// A localized function and its mesh, from IR text.
