@@ -15,6 +15,8 @@
 # with at least N quiet cores).
 #   bench/plan_rank.sh [PRESET BATCH DEVICES PLANS REPEAT ROUNDS TIMING]
 #   (default: nanogpt-cpu 8 2 12 9 5 serial)
+# With KEEP=DIR the calibration, the model, the plans (pN.mlir, plans.txt) and the times
+# are left in DIR (created) for a look at one plan (nnscaler run --profile=DIR/cpu.toml).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/target/release
@@ -26,8 +28,14 @@ repeat=${5:-9}
 rounds=${6:-5}
 timing=${7:-serial}
 cargo build --release -q --bin nnscaler --bin nnscaler-opt --manifest-path "$root/Cargo.toml"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+if [ -n "${KEEP:-}" ]; then
+  mkdir -p "$KEEP"
+  work=$(cd "$KEEP" && pwd)
+  rm -f "$work"/t*.txt
+else
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+fi
 cd "$work"
 "$bin/nnscaler" calibrate --device cpu --timing "$timing" -o cpu.toml > /dev/null
 case $preset in

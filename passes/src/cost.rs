@@ -146,6 +146,48 @@ pub struct Level {
     /// them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub bandwidths: BTreeMap<String, f64>,
+    /// Per collective, its rate by message size where one rate does not describe it:
+    /// `[bytes, bytes per second]` pairs ascending in bytes, the bytes the larger of one
+    /// device's operand and result, the rate that of the ring's bytes (as `bandwidth`);
+    /// interpolated log-linearly in the size, flat beyond the ends. The in-process
+    /// collectives copy and sum through the caches, so a gradient of 256 KiB moves
+    /// several times as fast as one of 4 MiB; NCCL's rate likewise grows with the
+    /// message. Takes precedence over `bandwidths` and `bandwidth` for that collective;
+    /// `nnscaler calibrate --device cpu` measures the curves.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rates: BTreeMap<String, Vec<[f64; 2]>>,
+}
+
+/// `points` (`[x, y]` ascending in `x`) at `x`: interpolated linearly in `ln x`, flat
+/// beyond the ends; `None` for no points.
+fn log_linear(points: &[[f64; 2]], x: f64) -> Option<f64> {
+    Some(match points {
+        [] => return None,
+        [first, ..] if x <= first[0] => first[1],
+        [.., last] if x >= last[0] => last[1],
+        _ => {
+            let k = points
+                .iter()
+                .position(|p| p[0] >= x)
+                .unwrap_or(points.len() - 1);
+            let ([x0, y0], [x1, y1]) = (points[k - 1], points[k]);
+            let t = (x.ln() - x0.ln()) / (x1.ln() - x0.ln());
+            y0 + t * (y1 - y0)
+        }
+    })
+}
+
+impl Level {
+    /// Bytes per second collective `op` moves (of the ring's bytes) on messages of
+    /// `message` bytes (the larger of a device's operand and result): its `rates` curve,
+    /// else its `bandwidths` entry, else `bandwidth`.
+    pub fn rate(&self, op: &str, message: f64) -> f64 {
+        self.rates
+            .get(op)
+            .and_then(|c| log_linear(c, message))
+            .or_else(|| self.bandwidths.get(op).copied())
+            .unwrap_or(self.bandwidth)
+    }
 }
 
 const GIB: u64 = 1 << 30;
@@ -173,6 +215,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
         latency: 5e-6,
         tree: true,
         bandwidths: BTreeMap::new(),
+        rates: BTreeMap::new(),
     };
     let fabric = |bw: f64| Level {
         name: "infiniband".into(),
@@ -181,6 +224,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
         latency: 10e-6,
         tree: true,
         bandwidths: BTreeMap::new(),
+        rates: BTreeMap::new(),
     };
     Some(match name {
         "dgx-a100" => Cluster {
@@ -321,6 +365,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 .into_iter()
                 .map(|(op, b)| (op.to_string(), b))
                 .collect(),
+                rates: BTreeMap::new(),
             }],
         },
         _ => return None,
@@ -440,6 +485,19 @@ pub fn parse(text: &str) -> Result<Cluster, String> {
                 l.name
             ));
         }
+        if let Some(op) = l.rates.iter().find_map(|(op, c)| {
+            let bad = nns::collective(op).is_none()
+                || c.is_empty()
+                || c.windows(2).any(|w| w[1][0] <= w[0][0])
+                || c.iter()
+                    .any(|&[x, r]| !(x.is_finite() && x > 0.0 && r.is_finite() && r > 0.0));
+            bad.then_some(op)
+        }) {
+            return Err(format!(
+                "network level '{}': rates: '{op}' must be a collective with [bytes, bytes per second] pairs, bytes ascending, both positive",
+                l.name
+            ));
+        }
         if !(l.latency.is_finite() && l.latency >= 0.0) || l.devices == 0 {
             return Err(format!(
                 "network level '{}': latency must be seconds >= 0 and devices at least 1",
@@ -480,21 +538,7 @@ impl Cluster {
 impl Device {
     /// The fraction of the matrix peak a product of `flops` reaches.
     pub fn efficiency(&self, flops: f64) -> f64 {
-        let pts = &self.matrix_efficiency;
-        match pts.as_slice() {
-            [] => 1.0,
-            [first, ..] if flops <= first[0] => first[1],
-            [.., last] if flops >= last[0] => last[1],
-            _ => {
-                let k = pts
-                    .iter()
-                    .position(|p| p[0] >= flops)
-                    .unwrap_or(pts.len() - 1);
-                let ([x0, y0], [x1, y1]) = (pts[k - 1], pts[k]);
-                let t = (flops.ln() - x0.ln()) / (x1.ln() - x0.ln());
-                y0 + t * (y1 - y0)
-            }
-        }
+        log_linear(&self.matrix_efficiency, flops).unwrap_or(1.0)
     }
 
     /// The peak matrix-product rate for products in bf16 (`bf16`: the tensor-core rate,
@@ -732,10 +776,11 @@ impl Cluster {
     }
 
     /// Seconds of collective `op` among `group` devices spanning `span` device numbers,
-    /// each sending `sent` bytes (the collectives' own cost model): ring steps of latency
-    /// (an all_reduce: the fewer of a ring's and, where the level allows it, a tree's)
-    /// plus the bytes at the level's bandwidth.
-    pub fn collective_time(&self, op: &str, group: u64, span: u64, sent: f64) -> f64 {
+    /// each sending `sent` bytes of messages of `message` bytes (the larger of its
+    /// operand and result) (the collectives' own cost model): ring steps of latency (an
+    /// all_reduce: the fewer of a ring's and, where the level allows it, a tree's) plus
+    /// the bytes at the level's rate for the op and size ([`Level::rate`]).
+    pub fn collective_time(&self, op: &str, group: u64, span: u64, sent: f64, message: f64) -> f64 {
         let Some(l) = self.level(span) else {
             return 0.0;
         };
@@ -750,7 +795,7 @@ impl Cluster {
         } else {
             ring
         };
-        steps * l.latency + sent / l.bandwidths.get(op).copied().unwrap_or(l.bandwidth)
+        steps * l.latency + sent / l.rate(op, message)
     }
 }
 
@@ -789,7 +834,7 @@ pub fn collective_seconds(
         return None;
     }
     let sent = nns::sent_bytes(op, group as f64, input, output);
-    Some(cluster.collective_time(op, group, span, sent))
+    Some(cluster.collective_time(op, group, span, sent, input.max(output)))
 }
 
 /// The devices in a group over mesh `axes` and the device numbers it spans (numbered
@@ -837,7 +882,7 @@ pub fn node_cost(
             device.op_time(0.0, 2.0 * output, false)
         } else {
             let sent = nns::sent_bytes(&n.op, members as f64, input, output);
-            cluster.collective_time(&n.op, members, span, sent)
+            cluster.collective_time(&n.op, members, span, sent, input.max(output))
         };
         // Only an op that sends data meets its group (not a slice or a partition).
         let group = if nns::sent_bytes(&n.op, 2.0, 1.0, 1.0) > 0.0 {
@@ -1034,19 +1079,19 @@ mod tests {
         assert_eq!(c.level(16).unwrap().name, "infiniband");
         // An all_reduce of 8 takes the tree's 2 x 3 latency steps, not the ring's 14; a
         // level without trees keeps the ring, and so do gathers.
-        let t = c.collective_time("nns.all_reduce", 8, 8, 450e9);
+        let t = c.collective_time("nns.all_reduce", 8, 8, 450e9, 1e9);
         assert!((t - (6.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
-        let t = c.collective_time("nns.all_reduce", 2, 2, 450e9);
+        let t = c.collective_time("nns.all_reduce", 2, 2, 450e9, 1e9);
         assert!((t - (2.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
-        let t = c.collective_time("nns.all_reduce", 5, 8, 450e9);
+        let t = c.collective_time("nns.all_reduce", 5, 8, 450e9, 1e9);
         assert!((t - (6.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
         let mut rings = c.clone();
         rings.network[0].tree = false;
-        let t = rings.collective_time("nns.all_reduce", 8, 8, 450e9);
+        let t = rings.collective_time("nns.all_reduce", 8, 8, 450e9, 1e9);
         assert!((t - (14.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
-        let t = c.collective_time("nns.all_gather", 8, 8, 450e9);
+        let t = c.collective_time("nns.all_gather", 8, 8, 450e9, 1e9);
         assert!((t - (7.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
-        let t = c.collective_time("nns.all_gather", 2, 9, 50e9);
+        let t = c.collective_time("nns.all_gather", 2, 9, 50e9, 1e9);
         assert!((t - (10e-6 + 1.0)).abs() < 1e-9, "{t}");
         // A collective with a rate of its own at a level moves its bytes at that rate;
         // the others keep the level's.
@@ -1054,9 +1099,9 @@ mod tests {
         own.network[0]
             .bandwidths
             .insert("nns.all_gather".into(), 225e9);
-        let t = own.collective_time("nns.all_gather", 8, 8, 450e9);
+        let t = own.collective_time("nns.all_gather", 8, 8, 450e9, 1e9);
         assert!((t - (7.0 * 5e-6 + 2.0)).abs() < 1e-9, "{t}");
-        let t = own.collective_time("nns.reduce_scatter", 8, 8, 450e9);
+        let t = own.collective_time("nns.reduce_scatter", 8, 8, 450e9, 1e9);
         assert!((t - (7.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
         assert_eq!(parse(&own.to_toml().unwrap()).unwrap(), own);
         own.network[0].bandwidths.insert("nns.gather".into(), 1e9);
@@ -1068,6 +1113,53 @@ mod tests {
             .insert("nns.all_gather".into(), 0.0);
         let e = parse(&own.to_toml().unwrap()).unwrap_err();
         assert!(e.contains("bandwidths") && e.contains("positive"), "{e}");
+    }
+
+    #[test]
+    fn collective_rates_follow_the_message_size() {
+        let mut c = preset("cpu").unwrap();
+        c.network[0].latency = 0.0;
+        c.network[0].bandwidth = 1e9;
+        c.network[0].bandwidths.clear();
+        c.network[0].bandwidths.insert("nns.all_gather".into(), 2e9);
+        // all_reduces: 4 GB/s on 64 KiB messages, 1 GB/s on 4 MiB ones, log-linear
+        // between (2.5 GB/s at 512 KiB, halfway in the log), flat beyond.
+        c.network[0].rates.insert(
+            "nns.all_reduce".into(),
+            vec![[65536.0, 4e9], [4194304.0, 1e9]],
+        );
+        let l = &c.network[0];
+        assert_eq!(l.rate("nns.all_reduce", 1024.0), 4e9);
+        assert_eq!(l.rate("nns.all_reduce", 65536.0), 4e9);
+        assert!((l.rate("nns.all_reduce", 524288.0) - 2.5e9).abs() < 1.0);
+        assert_eq!(l.rate("nns.all_reduce", 1e9), 1e9);
+        // The others keep their own rate or the level's.
+        assert_eq!(l.rate("nns.all_gather", 65536.0), 2e9);
+        assert_eq!(l.rate("nns.reduce_scatter", 65536.0), 1e9);
+        // Two devices each send their operand once: 4e9 bytes at 4 GB/s on small
+        // messages, at 1 GB/s on large ones.
+        let t = c.collective_time("nns.all_reduce", 2, 2, 4e9, 1024.0);
+        assert!((t - 1.0).abs() < 1e-9, "{t}");
+        let t = c.collective_time("nns.all_reduce", 2, 2, 4e9, 8e6);
+        assert!((t - 4.0).abs() < 1e-9, "{t}");
+        assert_eq!(parse(&c.to_toml().unwrap()).unwrap(), c);
+        // Sizes must ascend and rates be positive, on collectives.
+        for bad in [
+            vec![[4194304.0, 1e9], [65536.0, 4e9]],
+            vec![[65536.0, 0.0]],
+            vec![],
+        ] {
+            let mut b = c.clone();
+            b.network[0].rates.insert("nns.all_reduce".into(), bad);
+            let e = parse(&b.to_toml().unwrap()).unwrap_err();
+            assert!(e.contains("rates: 'nns.all_reduce'"), "{e}");
+        }
+        let mut b = c.clone();
+        b.network[0]
+            .rates
+            .insert("dnn.add".into(), vec![[1.0, 1.0]]);
+        let e = parse(&b.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("'dnn.add'"), "{e}");
     }
 
     #[test]

@@ -1055,7 +1055,7 @@ fn coll_time(
         _ => (b, b),
     };
     let sent = nns::sent_bytes(op, group as f64, operand / n, result / n);
-    n * cluster.collective_time(op, group, span, sent)
+    n * cluster.collective_time(op, group, span, sent, operand.max(result) / n)
 }
 
 /// Chunks (stages per pipeline rank) of a schedule.

@@ -12,8 +12,9 @@
 //! counted by the op spec's FLOPs), and
 //! all_reduces between two simulated devices, one thread each: a chain of 16 floats (the
 //! latency of a step) and twenty of 1M floats on operands of their own, cold (the
-//! bandwidth), and twenty reduce_scatters and all_gathers the same way (their own rates,
-//! `Level::bandwidths`): the in-process network; groups of 2 and 4 simulated devices running
+//! bandwidth), and twenty all_reduces, reduce_scatters, all_gathers and all_to_alls the
+//! same way at each message size from 16 KiB to 4 MiB (their rates by size,
+//! `Level::rates`): the in-process network; groups of 2 and 4 simulated devices running
 //! stretches of products with and without an all_reduce between them (how far they
 //! drift apart between collectives, `Device::sync_jitter`, see `sync_jitter`); and
 //! per op of two synthetic models' training steps, its kernel at two sizes run by the
@@ -492,12 +493,11 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     // `op` on operands of `floats` (its result `result_floats`; a chain needs them equal).
     let collective = |op: &str, floats: usize, chain: usize, cold: bool| -> Result<f64, String> {
         let t = format!("tensor<{floats}xf32>");
-        // A reduce_scatter leaves each device its piece of the result.
+        // A reduce_scatter or an all_to_all leaves each device its own piece.
+        let split = "nns.layout = #nns.layout<@world, dp = D(0)>, ";
         let (attrs, layout) = match op {
-            "nns.reduce_scatter" => (
-                "dim = 0 : i64",
-                "nns.layout = #nns.layout<@world, dp = D(0)>, ",
-            ),
+            "nns.reduce_scatter" => ("dim = 0 : i64", split),
+            "nns.all_to_all" => ("split_dim = 0 : i64, concat_dim = 0 : i64", split),
             "nns.all_gather" => ("dim = 0 : i64", ""),
             _ => ("reduce = \"max\"", ""),
         };
@@ -559,31 +559,55 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         latency * 1e6,
         net_bandwidth / 1e9
     );
-    // The other collectives a step runs, on cold operands of their own as the
-    // all_reduces: each moves the ring's bytes (nns::sent_bytes) at a rate of its own
-    // (`Level::bandwidths`), after its one latency step.
-    let mut bandwidths = BTreeMap::new();
-    for (op, floats) in [
-        ("nns.reduce_scatter", big_floats),
-        ("nns.all_gather", big_floats / 2),
+    // Each collective a step runs, by message size (`Level::rates`): on cold operands of
+    // their own as the all_reduces above, from 16 KiB to 4 MiB (a small model's
+    // gradients and activations to a large one's): the ring's bytes (nns::sent_bytes)
+    // over the time less the latency steps. The rate moves with the size (the copies and
+    // sums run through the caches; on one 2026-12-04 run, an all_reduce moved 5.5 GB/s
+    // at 256 KiB and 1.0 at 4 MiB), so one rate priced a small model's gradient sync at
+    // 3 times its time.
+    let mut rates = BTreeMap::new();
+    for op in [
+        "nns.all_reduce",
+        "nns.reduce_scatter",
+        "nns.all_gather",
+        "nns.all_to_all",
     ] {
-        let t = collective(op, floats, 20, true)?;
-        let result = result_floats(op, floats);
-        let sent =
-            nnscaler_dialects::nns::sent_bytes(op, 2.0, 4.0 * floats as f64, 4.0 * result as f64);
-        let rate = sent / (t - latency).max(1e-9);
-        report += &format!(
-            "  {op} between 2 simulated devices: {:.2} GB/s of the ring's bytes ({:.2} times the all_reduce's)\n",
-            rate / 1e9,
-            rate / net_bandwidth
-        );
-        bandwidths.insert(op.to_string(), sig(rate));
+        let mut curve = Vec::new();
+        let mut line = format!("  {op:<18} by message:");
+        for message in [4096usize, 16384, 65536, 262144, 1 << 20] {
+            // The operand that makes a message (the larger of operand and result) of
+            // `message` floats.
+            let floats = if op == "nns.all_gather" {
+                message / 2
+            } else {
+                message
+            };
+            let t = collective(op, floats, 20, true)?;
+            let result = result_floats(op, floats);
+            let sent = nnscaler_dialects::nns::sent_bytes(
+                op,
+                2.0,
+                4.0 * floats as f64,
+                4.0 * result as f64,
+            );
+            let steps = if op == "nns.all_reduce" { 2.0 } else { 1.0 };
+            // At least half the time is the bytes': a latency step measured high would
+            // otherwise pass for an unbounded rate on the smallest messages.
+            let rate = sent / (t - steps * latency).max(t / 2.0);
+            curve.push([4.0 * message as f64, sig(rate)]);
+            line += &format!(" {} KiB {:.2} GB/s,", message * 4 / 1024, rate / 1e9);
+        }
+        report += line.trim_end_matches(',');
+        report += "\n";
+        rates.insert(op.to_string(), curve);
     }
     let mut c: Cluster = cost::preset("cpu").expect("the cpu preset");
     if let Some(l) = c.network.first_mut() {
         l.latency = sig(latency);
         l.bandwidth = sig(net_bandwidth);
-        l.bandwidths = bandwidths;
+        l.bandwidths.clear();
+        l.rates = rates;
     }
     let (jitter, lines) = sync_jitter(a.timing == "serial", latency)?;
     report += &lines;
@@ -618,7 +642,8 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
 }
 
 /// Floats of the result of collective `op` over two devices on an operand of `floats`:
-/// half for a reduce_scatter, twice for an all_gather, as many for an all_reduce.
+/// half for a reduce_scatter, twice for an all_gather, as many for an all_reduce or an
+/// all_to_all (whose pieces trade places).
 fn result_floats(op: &str, floats: usize) -> usize {
     match op {
         "nns.reduce_scatter" => floats / 2,
@@ -754,6 +779,39 @@ fn step_of(name: &str, sets: &[(&str, &str)]) -> Result<Graph, String> {
     differentiate(&first_function(&text, name)?).map_err(|(_, e)| e)
 }
 
+/// A function of one AdamW update per parameter shape in `shapes` (lr and step scalar
+/// arguments), for the update's kernel entry.
+fn adamw_step(shapes: &[&[usize]]) -> Result<Graph, String> {
+    let mut args = vec![
+        "%lr: tensor<f32> {nns.name = \"lr\"}".to_string(),
+        "%step: tensor<f32> {nns.name = \"step\"}".to_string(),
+    ];
+    let mut body = String::new();
+    let mut results = Vec::new();
+    for (i, shape) in shapes.iter().enumerate() {
+        let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+        let t = format!("tensor<{}xf32>", dims.join("x"));
+        for p in ["p", "g", "m", "v"] {
+            args.push(format!("%{p}{i}: {t} {{nns.name = \"{p}{i}\"}}"));
+        }
+        body += &format!(
+            "  %u{i}:3 = \"dnn.adamw\"(%p{i}, %g{i}, %m{i}, %v{i}, %lr, %step) {{beta1 = 0.9 : f64, beta2 = 0.999 : f64, eps = 1.0e-8 : f64, weight_decay = 0.01 : f64}} : ({t}, {t}, {t}, {t}, tensor<f32>, tensor<f32>) -> ({t}, {t}, {t})\n"
+        );
+        results.push((format!("%u{i}#0"), t));
+    }
+    let (names, types): (Vec<String>, Vec<String>) = results.into_iter().unzip();
+    first_function(
+        &format!(
+            "func.func @adamw({}) -> ({}) {{\n{body}  return {} : {}\n}}\n",
+            args.join(", "),
+            types.join(", "),
+            names.join(", "),
+            types.join(", ")
+        ),
+        "adamw",
+    )
+}
+
 /// The first function of module `text` (named `name` in messages), as a graph.
 fn first_function(text: &str, name: &str) -> Result<Graph, String> {
     let ir = IrContext::new();
@@ -828,7 +886,10 @@ fn time_node_over(g: &Graph, k: usize, copies: usize, sets: usize) -> Result<f64
                 .map(|(i, &v)| {
                     let t = g.values[v].clone();
                     let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-                    ins.push(if t.elem.is_float() {
+                    ins.push(if n.op == "dnn.adamw" && i >= 4 {
+                        // lr and step (which counts from 1).
+                        Tensor::scalar([1e-3, 3.0, 1.0][i - 4])
+                    } else if t.elem.is_float() {
                         random(&shape, 10 + i as u64)
                     } else {
                         Tensor::i64(&shape, vec![0; shape.iter().product()])
@@ -1134,6 +1195,17 @@ fn kernel_factors(c: &Cluster) -> Result<(BTreeMap<String, [f64; 2]>, String), S
         llama("256", "8", "4", "512", "128", "2048", "4")?,
         mlp("192", "384", "100", "512")?,
     ];
+    // The optimizer's update, which the steps above (gradients only) do not run: AdamW
+    // on the parameter shapes of the small and the large gpt (its FLOPs at gelu's vector
+    // rate priced it at twice its time).
+    let (small, large) = (
+        [&small[..], &[adamw_step(&[&[20, 24], &[24, 72], &[24]])?]].concat(),
+        [
+            &large[..],
+            &[adamw_step(&[&[2048, 256], &[256, 768], &[256]])?],
+        ]
+        .concat(),
+    );
     let (small, large) = (instances(&small, c), instances(&large, c));
     let mut kernels = BTreeMap::new();
     let mut lines = String::new();
@@ -1155,7 +1227,16 @@ fn kernel_factors(c: &Cluster) -> Result<(BTreeMap<String, [f64; 2]>, String), S
             rows.push(([1.0, r], time_node(g, k, 50)?));
         }
         for &(r, g, k) in large {
-            rows.push(([1.0, r], time_node(g, k, 2)?));
+            // The update reads each parameter's moments once a step: cold, on operand
+            // sets of their own.
+            let t = if op == "dnn.adamw" {
+                let bytes: u64 = g.nodes[k].inputs.iter().map(|&v| g.values[v].bytes()).sum();
+                let sets = cold_sets(bytes as usize);
+                time_node_over(g, k, sets.max(2), sets)?
+            } else {
+                time_node(g, k, 2)?
+            };
+            rows.push(([1.0, r], t));
         }
         let [fixed, factor] = nonnegative_fit(&rows)
             .filter(|c| c[1] > 0.0)
