@@ -939,6 +939,8 @@ pub fn node_cost(
                     .max(bytes / device.memory_bandwidth),
             )
         }
+    } else if n.attrs.contains_key("nns.accumulate") {
+        accumulate_seconds(device, flops, bytes)
     } else {
         device.vector_op_time(&n.op, flops, bytes)
     };
@@ -950,6 +952,15 @@ pub fn node_cost(
         axes: None,
         group: 0,
     })
+}
+
+/// Seconds of a gradient accumulation's add (`nns.accumulate`: a micro-batch's gradient
+/// added to the sum of the earlier ones) of `flops` moving `bytes`: the sum was last
+/// touched a micro-batch earlier and has left the cache, so the add streams at
+/// `memory_bandwidth` (a streaming add's, measured beyond the cache) rather than at its
+/// kernel entry's rate, fitted to adds whose operands a step had just written.
+pub fn accumulate_seconds(device: &Device, flops: f64, bytes: f64) -> f64 {
+    device.op_time(flops, bytes, false)
 }
 
 /// One product's `[m, k, n]` of matrix op `n` of `flops` in `products` products: `n` the
@@ -1335,6 +1346,32 @@ mod tests {
         let g = Graph::all_in(&m).remove(0).unwrap();
         let forms: Vec<Option<usize>> = g.nodes[..5].iter().map(product_form).collect();
         assert_eq!(forms, [Some(0), Some(1), Some(2), None, None]);
+    }
+
+    #[test]
+    fn accumulation_adds_stream_past_the_cache() {
+        use nnscaler_dialects::context::IrContext;
+        let ir = IrContext::new();
+        let src = r#"func.func @f(%a: tensor<64x64xf32> {nns.name = "a"}) -> (tensor<64x64xf32>, tensor<64x64xf32>) {
+  %0 = "dnn.add"(%a, %a) : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
+  %1 = "dnn.add"(%0, %a) {nns.accumulate} : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<64x64xf32>
+  return %0, %1 : tensor<64x64xf32>, tensor<64x64xf32>
+}"#;
+        let m = ir.parse(src, "m.mlir").unwrap();
+        let g = Graph::all_in(&m).remove(0).unwrap();
+        let mut c = preset("cpu").unwrap();
+        c.device.kernels.insert("dnn.add".into(), [1e-6, 0.5]);
+        let (flops, bytes) = (4096.0, 3.0 * 4.0 * 4096.0);
+        let plain = node_cost(&g, &g.nodes[0], &c, None).unwrap().seconds;
+        let acc = node_cost(&g, &g.nodes[1], &c, None).unwrap().seconds;
+        // A step's add takes its kernel entry; an accumulation's the streaming roofline.
+        let roofline = c.device.op_time(flops, bytes, false) - c.device.op_overhead;
+        assert!((plain - (1e-6 + 0.5 * roofline)).abs() < 1e-15, "{plain}");
+        assert!(
+            (acc - c.device.op_time(flops, bytes, false)).abs() < 1e-15,
+            "{acc}"
+        );
+        assert_eq!(acc, accumulate_seconds(&c.device, flops, bytes));
     }
 
     #[test]

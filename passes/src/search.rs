@@ -1444,7 +1444,8 @@ fn sync_skew(cluster: &Cluster, c: &Config, since: f64, (tensors, update): (u64,
 
 /// Seconds of adding up `microbatches` micro-batches' gradients of `params` (bytes,
 /// tensors): the compiled step adds each gradient tensor's pieces one `dnn.add` at a time
-/// (`microbatches - 1` adds of each, f32, memory-bound).
+/// (`microbatches - 1` adds of each, f32, memory-bound, out of the cache:
+/// [`cost::accumulate_seconds`]).
 fn accumulate_time(cluster: &Cluster, (bytes, tensors): (u64, u64), microbatches: u64) -> f64 {
     if microbatches <= 1 || tensors == 0 {
         return 0.0;
@@ -1452,7 +1453,7 @@ fn accumulate_time(cluster: &Cluster, (bytes, tensors): (u64, u64), microbatches
     let d = &cluster.device;
     let n = tensors as f64;
     let (elems, moved) = (bytes as f64 / 4.0 / n, 3.0 * bytes as f64 / n);
-    let one = d.vector_op_time("dnn.add", elems, moved);
+    let one = cost::accumulate_seconds(d, elems, moved);
     (microbatches - 1) as f64 * n * one
 }
 
