@@ -128,6 +128,10 @@ pub struct Item {
     /// Parameter tensors: the compiler synchronises (and ZeRO-3 gathers) each one by its
     /// own collective, so each pays the network's latency.
     pub tensors: u64,
+    /// The sum of each parameter tensor's bytes squared: `params_sq / params` is the
+    /// byte-weighted mean tensor, the message size at which a collective's rate by size
+    /// (`cost::Level::rates`) prices their bytes (most of which are in the large ones).
+    pub params_sq: f64,
     /// Activation bytes kept for backward: no recompute.
     pub saved: u64,
     /// ... selective recompute (outside the layers: `saved`).
@@ -663,8 +667,10 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
                 .position(|x| x.inputs.contains(&a.value))
                 .map_or(0, |k| item[k].min(after))
         });
-        items[it].params += g.values[a.value].bytes();
+        let bytes = g.values[a.value].bytes();
+        items[it].params += bytes;
         items[it].tensors += 1;
+        items[it].params_sq += (bytes as f64).powi(2);
     }
     // Saved activations and cuts, from each forward value's producer and users.
     let mut cut_diff = vec![0i128; names.len() + 1];
@@ -988,6 +994,7 @@ struct StageCost {
     w: f64,
     params: u64,
     tensors: u64,
+    params_sq: f64,
     saved: u64,
     /// The largest item's activations while it is recomputed.
     transient: u64,
@@ -1010,6 +1017,7 @@ fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
         s.w += it.bwd_weight + again_w;
         s.params += it.params;
         s.tensors += it.tensors;
+        s.params_sq += it.params_sq;
         s.flops += it.flops;
         s.comm += it.comm;
         s.grad_sync += it.grad_sync;
@@ -1035,13 +1043,14 @@ fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
 }
 
 /// Time of `tensors` collectives over a group of `group` devices `stride` apart, `bytes`
-/// each in all (one per tensor: each pays the latency, the bytes are paid once).
+/// each in all (one per tensor: each pays the latency, the bytes are paid once, at the
+/// rate of the byte-weighted mean tensor, `sq / bytes`, `sq` their bytes squared summed).
 fn coll_time(
     cluster: &Cluster,
     op: &str,
     group: u64,
     stride: u64,
-    (bytes, tensors): (u64, u64),
+    (bytes, tensors, sq): Tensors,
 ) -> f64 {
     if group < 2 || bytes == 0 {
         return 0.0;
@@ -1055,8 +1064,14 @@ fn coll_time(
         _ => (b, b),
     };
     let sent = nns::sent_bytes(op, group as f64, operand / n, result / n);
-    n * cluster.collective_time(op, group, span, sent, operand.max(result) / n)
+    // Each tensor's message is its whole size (an all_gather's result, the others'
+    // operand).
+    n * cluster.collective_time(op, group, span, sent, sq / b)
 }
+
+/// Parameter tensors for their collectives: bytes in all, how many, and each one's bytes
+/// squared, summed ([`Item::params_sq`]).
+type Tensors = (u64, u64, f64);
 
 /// Chunks (stages per pipeline rank) of a schedule.
 fn chunks(schedule: &str) -> u64 {
@@ -1404,13 +1419,13 @@ fn state_bytes(c: &Config, params: u64) -> u64 {
     shard(c.zero >= 3) + shard(c.zero >= 2) + 2 * shard(c.zero >= 1)
 }
 
-/// Seconds of the gradient synchronisation of `params` (bytes, tensors) over dp:
+/// Seconds of the gradient synchronisation of `params` ([`Tensors`]) over dp:
 /// all_reduce; ZeRO-1/2: reduce_scatter + all_gather; ZeRO-3: reduce_scatter; one
 /// collective per tensor. A split of the positions (sp) leaves weight gradients partial
 /// over it as dp's batch does: without ZeRO one all_reduce over dp x sp; with ZeRO (which
 /// shards over dp) an all_reduce over sp first, then dp's collectives, as the compiler
 /// emits them.
-fn sync_time(cluster: &Cluster, c: &Config, params: (u64, u64)) -> f64 {
+fn sync_time(cluster: &Cluster, c: &Config, params: Tensors) -> f64 {
     let sp = c.sp;
     if c.zero == 0 {
         return coll_time(cluster, "nns.all_reduce", c.dp * sp, c.tp, params);
@@ -1442,11 +1457,11 @@ fn sync_skew(cluster: &Cluster, c: &Config, since: f64, (tensors, update): (u64,
         }
 }
 
-/// Seconds of adding up `microbatches` micro-batches' gradients of `params` (bytes,
-/// tensors): the compiled step adds each gradient tensor's pieces one `dnn.add` at a time
+/// Seconds of adding up `microbatches` micro-batches' gradients of `params` (bytes and
+/// tensors, [`Tensors`]): the compiled step adds each gradient tensor's pieces one `dnn.add` at a time
 /// (`microbatches - 1` adds of each, f32, memory-bound, out of the cache:
 /// [`cost::accumulate_seconds`]).
-fn accumulate_time(cluster: &Cluster, (bytes, tensors): (u64, u64), microbatches: u64) -> f64 {
+fn accumulate_time(cluster: &Cluster, (bytes, tensors, _): Tensors, microbatches: u64) -> f64 {
     if microbatches <= 1 || tensors == 0 {
         return 0.0;
     }
@@ -1491,7 +1506,7 @@ fn score(
                 "nns.all_gather",
                 dp,
                 c.sp * tp,
-                (s.params, s.tensors),
+                (s.params, s.tensors, s.params_sq),
             ) + n * cluster.device.skew(dp, 0.5 * (s.f + s.b + s.w) / n)
         } else {
             0.0
@@ -1579,6 +1594,7 @@ fn score(
             .collect();
         let params: u64 = mine.iter().map(|s| s.params).sum();
         let tensors: u64 = mine.iter().map(|s| s.tensors).sum();
+        let sq: f64 = mine.iter().map(|s| s.params_sq).sum();
         let saved: u64 = mine.iter().map(|s| s.saved).sum();
         let transient = mine.iter().map(|s| s.transient).max().unwrap_or(0);
         let mem = state_bytes(c, params)
@@ -1586,7 +1602,7 @@ fn score(
             + transient;
         memory = memory.max(mem);
         let update = update_time(p, c, params);
-        let dp_sync = sync_time(cluster, c, (params, tensors))
+        let dp_sync = sync_time(cluster, c, (params, tensors, sq))
             + if tensors > 0 {
                 sync_skew(cluster, c, makespan, (tensors, update))
             } else {
@@ -1594,7 +1610,7 @@ fn score(
             };
         let grad_sync: f64 = mine.iter().map(|s| s.grad_sync).sum();
         sync = sync.max(dp_sync + grad_sync);
-        opt = opt.max(update + accumulate_time(cluster, (params, tensors), c.microbatches));
+        opt = opt.max(update + accumulate_time(cluster, (params, tensors, sq), c.microbatches));
         flops = flops.max(mine.iter().map(|s| s.flops).sum::<f64>() * m as f64);
         tp_comm = tp_comm.max(mine.iter().map(|s| s.comm).sum::<f64>() * m as f64 + grad_sync);
         let gathers: f64 = mine.iter().map(|s| 2.0 * gather(s)).sum::<f64>() * m as f64;
@@ -1662,7 +1678,7 @@ fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
     let pp = (c.pp as usize).max(1);
     let rank = rank_of(c);
     let mut work = vec![0.0f64; pp];
-    let mut params = vec![(0u64, 0u64); pp];
+    let mut params: Vec<Tensors> = vec![(0, 0, 0.0); pp];
     let mut grad_sync = vec![0.0f64; pp];
     // Rank d holds stages d and later only (one per rank, interleaved d + k pp, V 2 pp -
     // 1 - d), so it starts no earlier than the first micro-batch's forward through
@@ -1674,6 +1690,7 @@ fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
         grad_sync[rank[s]] += sc.grad_sync;
         params[rank[s]].0 += sc.params;
         params[rank[s]].1 += sc.tensors;
+        params[rank[s]].2 += sc.params_sq;
         if s < pp {
             head[s] = before;
             before += sc.f;
@@ -2174,6 +2191,29 @@ pub fn search_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Many tensors' collectives pay the rate of the tensors that hold the bytes: one
+    /// large tensor and 99 tiny ones at the large one's rate (the byte-weighted mean
+    /// size), not at the rate of their average size.
+    #[test]
+    fn collectives_price_bytes_at_the_weighted_tensor_size() {
+        let mut c = cost::preset("cpu").unwrap();
+        let l = &mut c.network[0];
+        l.latency = 1e-6;
+        l.rates
+            .insert("nns.all_reduce".into(), vec![[1e3, 1e9], [1e6, 4e9]]);
+        let sizes: Vec<f64> = std::iter::once(1e6).chain([10.0; 99]).collect();
+        let bytes: f64 = sizes.iter().sum();
+        let sq: f64 = sizes.iter().map(|b| b * b).sum();
+        let t = coll_time(&c, "nns.all_reduce", 2, 1, (bytes as u64, 100, sq));
+        // Two devices: 2 latency steps a tensor, each sends its operand once.
+        let want = 100.0 * 2.0 * 1e-6 + bytes / c.network[0].rate("nns.all_reduce", sq / bytes);
+        assert!((t - want).abs() < 1e-12, "{t} {want}");
+        assert!(c.network[0].rate("nns.all_reduce", sq / bytes) > 3.99e9);
+        // The average tensor (10 KB) would have moved at about 2.0 GB/s.
+        let average = bytes / 100.0;
+        assert!(c.network[0].rate("nns.all_reduce", average) < 2.1e9);
+    }
 
     /// `bound_conflict` says "no conflict" exactly when some cut keeps every bound (brute
     /// force over every cut), on random bounds of up to three ops over up to seven items.
