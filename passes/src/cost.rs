@@ -203,9 +203,8 @@ fn is_zero(v: &u64) -> bool {
 /// The built-in clusters. GPU figures are datasheet peaks (dense, no sparsity) with an
 /// assumed cuBLAS-like efficiency curve (to be replaced by `nnscaler calibrate` on a GPU);
 /// `cpu` is this project's development machine, one thread, as one run of `nnscaler
-/// calibrate --device cpu` measured it on 2026-12-02 (rates, efficiency curve and kernel
-/// entries together, so the entries are consistent; the in-process network from a later
-/// run, after the simulated devices began to spin at collectives).
+/// calibrate --device cpu --timing serial` measured it on 2026-12-04 (the device, its
+/// kernel entries and the in-process network together, so they are consistent).
 pub fn preset(name: &str) -> Option<Cluster> {
     let gpu_eff = vec![[1e6, 0.02], [1e8, 0.2], [1e10, 0.6], [1e12, 0.8]];
     let node = |bw: f64| Level {
@@ -282,90 +281,88 @@ pub fn preset(name: &str) -> Option<Cluster> {
             name: name.into(),
             device: Device {
                 name: "this machine's CPU, one thread".into(),
-                matrix_flops: 78280000000.0,
+                matrix_flops: 100800000000.0,
                 matrix_flops_bf16: None,
-                vector_flops: 4763000000.0,
+                vector_flops: 2805000000.0,
                 memory: 24 * GIB,
-                memory_bandwidth: 15950000000.0,
+                memory_bandwidth: 21520000000.0,
                 // Each product's dispatch taken out (the model adds `op_overhead`).
                 matrix_efficiency: vec![
-                    [4096.0, 0.1899],
-                    [32768.0, 0.4916],
-                    [262144.0, 0.7453],
-                    [2097152.0, 0.8607],
-                    [16777216.0, 0.9873],
-                    [134217728.0, 1.0],
-                    [1073741824.0, 0.9822],
+                    [4096.0, 0.1881],
+                    [32768.0, 0.4875],
+                    [262144.0, 0.7462],
+                    [2097152.0, 0.8788],
+                    [16777216.0, 0.9916],
+                    [134217728.0, 0.9933],
+                    [1073741824.0, 1.0],
                 ],
                 // Used for the products' time in place of the curve above.
-                matrix_terms: Some([1.433e-08, 1.107e-11, 3.027e-10, 2.653e-10]),
-                matrix_terms_hot: Some([0.0, 1.068e-11, 3.449e-10, 1.133e-10]),
-                // The median of four calibrations on 2026-12-04 (A B 0.925-0.957, A B^T
-                // 1.040-1.053, A^T B 1.002-1.024), added to the run above.
-                matrix_forms: Some([0.935, 1.042, 1.023]),
+                matrix_terms: Some([0.0, 8.693e-12, 2.065e-10, 1.867e-10]),
+                matrix_terms_hot: Some([0.0, 8.088e-12, 2.856e-10, 8.321e-11]),
+                matrix_forms: Some([0.941, 1.022, 1.037]),
                 cache_bytes: 2097152,
-                op_overhead: 5.126e-07,
+                op_overhead: 3.505e-07,
                 // The simulated devices' drift between collectives under serial timing
-                // (a later run, 2026-12-04: six group sizes and segment lengths gave
-                // 0.3e-3 to 3.5e-3, the median 3.0e-3).
-                sync_jitter: 3.0e-3,
+                // (three calibrations that day: 1.00e-3, 1.04e-3, 1.69e-3).
+                sync_jitter: 0.001035,
                 kernels: [
-                    ("dnn.add", [5.88e-07, 0.6188]),
-                    ("dnn.cross_entropy", [7.613e-07, 4.391]),
-                    ("dnn.cross_entropy_grad", [1.007e-06, 11.02]),
-                    ("dnn.embedding", [9.054e-07, 0.291]),
-                    ("dnn.embedding_grad", [8.296e-07, 0.6628]),
-                    ("dnn.gelu", [0.0, 1.386]),
-                    ("dnn.gelu_grad", [1.178e-07, 1.19]),
-                    ("dnn.layer_norm", [1.459e-06, 1.176]),
-                    ("dnn.layer_norm_grad", [2.39e-06, 2.22]),
-                    ("dnn.mul", [0.0, 0.761]),
-                    ("dnn.relu", [5.481e-07, 0.6744]),
-                    ("dnn.relu_grad", [6.709e-07, 0.3503]),
-                    ("dnn.reshape", [6.576e-07, 0.1216]),
-                    ("dnn.rms_norm", [9.68e-07, 1.263]),
-                    ("dnn.rms_norm_grad", [1.609e-06, 1.763]),
-                    ("dnn.rotary", [2.364e-06, 2.33]),
-                    ("dnn.rotary_grad", [2.481e-06, 2.34]),
-                    ("dnn.silu", [6.299e-07, 1.786]),
-                    ("dnn.silu_grad", [5.912e-07, 1.048]),
-                    ("dnn.sum", [9.507e-07, 4.993]),
-                    ("dnn.transpose", [1.652e-06, 0.7537]),
+                    ("dnn.adamw", [4.757e-07, 0.3883]),
+                    ("dnn.add", [1.654e-07, 0.545]),
+                    ("dnn.cross_entropy", [3.441e-07, 1.291]),
+                    ("dnn.cross_entropy_grad", [3.217e-07, 3.419]),
+                    ("dnn.embedding", [4.41e-07, 0.2286]),
+                    ("dnn.embedding_grad", [2.31e-07, 0.7043]),
+                    ("dnn.gelu", [0.0, 0.4181]),
+                    ("dnn.gelu_grad", [0.0, 0.3504]),
+                    ("dnn.layer_norm", [4.728e-07, 0.437]),
+                    ("dnn.layer_norm_grad", [1.062e-06, 0.7155]),
+                    ("dnn.mul", [0.0, 0.6144]),
+                    ("dnn.relu", [2.145e-07, 0.6326]),
+                    ("dnn.relu_grad", [2.753e-07, 0.1393]),
+                    ("dnn.reshape", [2.66e-07, 0.1057]),
+                    ("dnn.rms_norm", [2.65e-07, 0.4912]),
+                    ("dnn.rms_norm_grad", [6.062e-07, 0.5703]),
+                    ("dnn.rotary", [8.198e-07, 0.6723]),
+                    ("dnn.rotary_grad", [8.786e-07, 0.6728]),
+                    ("dnn.silu", [1.21e-07, 0.5705]),
+                    ("dnn.silu_grad", [2.066e-08, 0.3347]),
+                    ("dnn.sum", [4.068e-07, 3.053]),
+                    ("dnn.transpose", [6.185e-07, 0.6028]),
                 ]
                 .into_iter()
                 .map(|(op, k)| (op.to_string(), k))
                 .collect(),
                 head_kernels: [
-                    ("dnn.attention", [3.904e-07, 1.327e-07, 3.819e-09, 4.493e-11]),
-                    ("dnn.attention_grad", [1.799e-06, 1.742e-07, 5.189e-09, 1.096e-10]),
+                    ("dnn.attention", [1.217e-07, 7.64e-08, 1.914e-09, 2.918e-11]),
+                    ("dnn.attention_grad", [7.767e-07, 7.627e-08, 2.892e-09, 6.742e-11]),
                 ]
                 .into_iter()
                 .map(|(op, k)| (op.to_string(), k))
                 .collect(),
-                source: "nnscaler calibrate --device cpu --timing serial, 2026-12-04 (one run of three, the middle one by its predictions; a shared machine: recalibrate)"
+                source: "nnscaler calibrate --device cpu --timing serial, 2026-12-04 (a host of two cores of their own, a 2 MiB L2 each; one run of three, the middle one by its prediction of nanogpt-cpu's step, the three within 0.2%; a shared machine: recalibrate)"
                     .into(),
             },
             // Simulated devices exchange through memory: all_reduces between two
-            // simulated devices, the latency from a chain (a later run, 2026-12-02, after
-            // the devices began to spin before sleeping at a collective), the bandwidth
-            // from all_reduces of operands of their own, cold as a step's gradients are
-            // (2026-12-03; a chain on one hot operand measured 1.43 GB/s); the
-            // reduce_scatters and all_gathers at the medians of five calibrations'
-            // ratios to the all_reduces' rate (2026-12-04: 0.79-0.93 and 1.00-1.68).
+            // simulated devices, the latency from a chain, the bandwidth from all_reduces
+            // of 4 MiB operands of their own (cold, as a step's gradients are; what the
+            // pipelines' sends take), and each collective's rate by message size from
+            // 16 KiB to 4 MiB (`rates`, same run).
             network: vec![Level {
                 name: "in-process".into(),
                 devices: 64,
-                bandwidth: 0.9e9,
-                latency: 1.845e-6,
+                bandwidth: 1625000000.0,
+                latency: 4.957e-07,
                 tree: false,
-                bandwidths: [
-                    ("nns.reduce_scatter", 0.83 * 0.9e9),
-                    ("nns.all_gather", 1.48 * 0.9e9),
+                bandwidths: BTreeMap::new(),
+                rates: [
+                    ("nns.all_gather", vec![[16384.0, 2378000000.0], [65536.0, 3885000000.0], [262144.0, 5169000000.0], [1048576.0, 4463000000.0], [4194304.0, 2876000000.0]]),
+                    ("nns.all_reduce", vec![[16384.0, 2785000000.0], [65536.0, 4502000000.0], [262144.0, 5126000000.0], [1048576.0, 2815000000.0], [4194304.0, 1681000000.0]]),
+                    ("nns.all_to_all", vec![[16384.0, 1968000000.0], [65536.0, 3132000000.0], [262144.0, 3384000000.0], [1048576.0, 2081000000.0], [4194304.0, 1198000000.0]]),
+                    ("nns.reduce_scatter", vec![[16384.0, 1985000000.0], [65536.0, 2915000000.0], [262144.0, 3350000000.0], [1048576.0, 2193000000.0], [4194304.0, 1395000000.0]]),
                 ]
                 .into_iter()
-                .map(|(op, b)| (op.to_string(), b))
+                .map(|(op, r)| (op.to_string(), r))
                 .collect(),
-                rates: BTreeMap::new(),
             }],
         },
         _ => return None,
@@ -1132,6 +1129,7 @@ mod tests {
         c.network[0].latency = 0.0;
         c.network[0].bandwidth = 1e9;
         c.network[0].bandwidths.clear();
+        c.network[0].rates.clear();
         c.network[0].bandwidths.insert("nns.all_gather".into(), 2e9);
         // all_reduces: 4 GB/s on 64 KiB messages, 1 GB/s on 4 MiB ones, log-linear
         // between (2.5 GB/s at 512 KiB, halfway in the log), flat beyond.
