@@ -697,8 +697,20 @@ fn profile_local(g: &Graph, mesh: &Mesh, tp: u64, micro: u64, cluster: &Cluster)
                 .map(|&c| item[c])
                 .max();
             if let Some(last) = last {
-                cut_diff[p] += bytes as i128;
-                cut_diff[last] -= bytes as i128;
+                // Megatron's residual stream runs as a partial sum whose all_reduce feeds
+                // the next layer's norm: both reach the next layer, but a pipeline cut
+                // there sends one of them (the stage boundary is placed before the
+                // partitioning, on the one value the layers pass), so the all_reduce's
+                // result adds nothing to a cut its operand crosses.
+                let partner_crosses = node.op == "nns.all_reduce"
+                    && node.inputs.first().is_some_and(|&i| {
+                        producer[i].is_some_and(|q| fwd[q] && item[q] == p)
+                            && consumers[i].iter().any(|&c| fwd[c] && item[c] > p)
+                    });
+                if !partner_crosses {
+                    cut_diff[p] += bytes as i128;
+                    cut_diff[last] -= bytes as i128;
+                }
                 let mut seen = Vec::new();
                 for &c in users.iter().filter(|&&c| fwd[c] && item[c] > p) {
                     if !seen.contains(&item[c]) {
@@ -1396,7 +1408,15 @@ fn stages_of(p: &Profile, c: &Config) -> Vec<StageCost> {
         .map(|s| {
             let lo = c.stage_starts[s];
             let hi = c.stage_starts.get(s + 1).copied().unwrap_or(p.items.len());
-            stage_cost(&p.items[lo..hi], c.recompute)
+            let mut st = stage_cost(&p.items[lo..hi], c.recompute);
+            // No stage waits for the first stage's input gradient (the model's inputs
+            // take none): its whole backward is weight gradients, `W`, as the compiler
+            // splits it, none of it `B` on the pipeline's critical path.
+            if s == 0 {
+                st.w += st.b;
+                st.b = 0.0;
+            }
+            st
         })
         .collect()
 }
