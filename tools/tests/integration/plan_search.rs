@@ -92,6 +92,12 @@ fn profiles_cover_the_step() {
     // and row-parallel weights get partial gradients, reduced over tp once a step (after
     // the micro-batches are added up): `grad_sync`, not in `bwd_weight`.
     assert!(p2.items[1..4].iter().all(|it| it.grad_sync == 0.0));
+    // A cut after a layer sends its output once, whole on each device: Megatron's
+    // residual stream runs as a partial sum all-reduced for the next norm, and both
+    // reach the next layer, but a pipeline stage boundary passes one of them.
+    for (a, b) in p2.items[1..3].iter().zip(&p1.items[1..3]) {
+        assert_eq!(a.cut, b.cut, "{} {}", a.name, b.name);
+    }
     let sp = search::profile_with(&g, 2, 4, &c, search::TpPolicy::Sp).unwrap();
     for it in &sp.items[1..4] {
         assert!(it.grad_sync > 0.0 && it.bwd_weight > 0.0, "{it:?}");
