@@ -2212,6 +2212,41 @@ pub fn search_with(
 mod tests {
     use super::*;
 
+    /// The first stage's backward is all weight gradients (`W`): no stage waits for the
+    /// model inputs' gradient. The later stages keep their `B`.
+    #[test]
+    fn the_first_stage_has_no_input_gradient() {
+        let items: Vec<Item> = (0..4)
+            .map(|i| Item {
+                name: format!("i{i}"),
+                fwd: 1.0,
+                bwd_input: 1.0,
+                bwd_weight: 0.5,
+                ..Item::default()
+            })
+            .collect();
+        let p = Profile {
+            items,
+            ..Profile::default()
+        };
+        let c = Config {
+            dp: 1,
+            tp: 1,
+            sp: 1,
+            pp: 2,
+            micro: 1,
+            microbatches: 2,
+            schedule: "zb-h1".into(),
+            recompute: Recompute::None,
+            zero: 0,
+            stage_starts: vec![0, 2],
+            tensor: TpPolicy::Megatron,
+        };
+        let st = stages_of(&p, &c);
+        assert_eq!((st[0].f, st[0].b, st[0].w), (2.0, 0.0, 3.0));
+        assert_eq!((st[1].f, st[1].b, st[1].w), (2.0, 2.0, 1.0));
+    }
+
     /// Many tensors' collectives pay the rate of the tensors that hold the bytes: one
     /// large tensor and 99 tiny ones at the large one's rate (the byte-weighted mean
     /// size), not at the rate of their average size.
