@@ -65,9 +65,10 @@ fn clock(origin: Instant) -> f64 {
         thread: matrix-product efficiency by size, cost by shape (on cold operands, and \
         on hot ones for programs that fit in the L2) and factor by form (A B, A B^T, \
         A^T B), the vector and memory rates, the per-op \
-        overhead, the in-process network and how far simulated devices drift apart \
+        overhead, the in-process network (each collective's rate by message size, \
+        16 KiB to 4 MiB) and how far simulated devices drift apart \
         between collectives, per op how the runtime's kernel compares \
-        with that roofline, and attention's cost by its heads' shapes. Prints them and writes a cluster TOML that \
+        with that roofline (AdamW's on cold operands), and attention's cost by its heads' shapes. Prints them and writes a cluster TOML that \
         --print-stats=cluster=FILE, nnscaler plan --cluster FILE and \
         --plan=\"tp-search cluster=FILE\" read. Takes about half a minute.\n\n\
         A GPU (--device gpu) is measured where only nnscaler-rt runs: --prepare DIR writes \
