@@ -354,15 +354,22 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 latency: 4.957e-07,
                 tree: false,
                 bandwidths: BTreeMap::new(),
-                rates: [
-                    ("nns.all_gather", vec![[16384.0, 2378000000.0], [65536.0, 3885000000.0], [262144.0, 5169000000.0], [1048576.0, 4463000000.0], [4194304.0, 2876000000.0]]),
-                    ("nns.all_reduce", vec![[16384.0, 2785000000.0], [65536.0, 4502000000.0], [262144.0, 5126000000.0], [1048576.0, 2815000000.0], [4194304.0, 1681000000.0]]),
-                    ("nns.all_to_all", vec![[16384.0, 1968000000.0], [65536.0, 3132000000.0], [262144.0, 3384000000.0], [1048576.0, 2081000000.0], [4194304.0, 1198000000.0]]),
-                    ("nns.reduce_scatter", vec![[16384.0, 1985000000.0], [65536.0, 2915000000.0], [262144.0, 3350000000.0], [1048576.0, 2193000000.0], [4194304.0, 1395000000.0]]),
-                ]
-                .into_iter()
-                .map(|(op, r)| (op.to_string(), r))
-                .collect(),
+                rates: {
+                    // Messages of 16 KiB to 4 MiB, and each collective's rate at each.
+                    let sizes = [16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0];
+                    [
+                        ("nns.all_gather", [2.378e9, 3.885e9, 5.169e9, 4.463e9, 2.876e9]),
+                        ("nns.all_reduce", [2.785e9, 4.502e9, 5.126e9, 2.815e9, 1.681e9]),
+                        ("nns.all_to_all", [1.968e9, 3.132e9, 3.384e9, 2.081e9, 1.198e9]),
+                        ("nns.reduce_scatter", [1.985e9, 2.915e9, 3.35e9, 2.193e9, 1.395e9]),
+                    ]
+                    .into_iter()
+                    .map(|(op, rates)| {
+                        let curve = sizes.into_iter().zip(rates).map(|(b, r)| [b, r]);
+                        (op.to_string(), curve.collect())
+                    })
+                    .collect()
+                },
             }],
         },
         _ => return None,

@@ -1478,9 +1478,9 @@ fn sync_skew(cluster: &Cluster, c: &Config, since: f64, (tensors, update): (u64,
 }
 
 /// Seconds of adding up `microbatches` micro-batches' gradients of `params` (bytes and
-/// tensors, [`Tensors`]): the compiled step adds each gradient tensor's pieces one `dnn.add` at a time
-/// (`microbatches - 1` adds of each, f32, memory-bound, out of the cache:
-/// [`cost::accumulate_seconds`]).
+/// tensors, [`Tensors`]): the compiled step adds each gradient tensor's pieces one
+/// `dnn.add` at a time (`microbatches - 1` adds of each, f32, memory-bound, out of the
+/// cache: [`cost::accumulate_seconds`]).
 fn accumulate_time(cluster: &Cluster, (bytes, tensors, _): Tensors, microbatches: u64) -> f64 {
     if microbatches <= 1 || tensors == 0 {
         return 0.0;
