@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check, one command on a machine with an NVIDIA GPU, from the folder
 # bench/gpu/prepare.sh made (nothing is built or downloaded here):
-#   ./check.sh
+#   ./check.sh            (QUICK=1 ./check.sh: the correctness of gpt-tiny's step and of
+#                          the attention kernels, and the timings against PyTorch, without
+#                          the per-kernel comparison, the multi-device cases, what a user
+#                          runs, the GEMM rate and the calibration benchmarks: a second run
+#                          of a session, after a change, in about two minutes)
 # Prints: the GPU; per kernel, the GPU against the host kernels step by step
 # (nnscaler-rt compare, on gpt-tiny's step and on any case that disagrees); per case,
 # agreement of the CUDA backend with the CPU runtime (whole
@@ -9,7 +13,10 @@
 # pipeline on 8, gpt-tiny's step in mixed precision; the same as ranks, a GPU each through
 # NCCL, where the GPUs suffice, and a stream each on one GPU); the nanoGPT GPU-config
 # step time against PyTorch eager on the same GPU, in fp32 and in mixed precision (bf16
-# against torch.autocast); the GEMM rate against torch.matmul;
+# against torch.autocast); the tiled attention kernels against the CPU runtime and, alone,
+# against PyTorch's scaled_dot_product_attention; GPT-2 124M's step against PyTorch; what a
+# user runs instead (torch_user.py); the GEMM rate against torch.matmul; ncu's per-launch
+# kernel times of the attention kernels and the nanoGPT steps (files in $OUT), by family;
 # and the calibration benchmarks' times (calib-timings.json, copied to $OUT when set).
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -38,12 +45,15 @@ status=0
 # Per kernel: the GPU against the host kernels (which equal the CPU reference op by op),
 # step by step, on gpt-tiny's training step; and on any case below whose results
 # disagree, to name the first kernel that does.
+quick=${QUICK:-}
 echo "== per kernel: gpt-tiny-step, GPU against the host kernels"
-./nnscaler-rt compare gpt-tiny-step.nnsx --inputs gpt-tiny-step.in.safetensors \
+[ -n "$quick" ] || ./nnscaler-rt compare gpt-tiny-step.nnsx --inputs gpt-tiny-step.in.safetensors \
   --inputs gpt-tiny-step.params.safetensors || status=1
 # bf16 results: cuBLAS's tensor cores sum in their own order, and a sum a rounding apart
 # rounds to a neighbouring bf16 (2^-8 relative), so the bf16 step is held to 3e-2.
-for c in gpt-tiny-step gpt-tiny-dptp gpt-tiny-pp nanogpt-cpu-step gpt-tiny-bf16-step; do
+cases="gpt-tiny-step gpt-tiny-dptp gpt-tiny-pp nanogpt-cpu-step gpt-tiny-bf16-step"
+[ -z "$quick" ] || cases="gpt-tiny-step gpt-tiny-bf16-step"
+for c in $cases; do
   echo "== $c"
   tol=1e-4
   case $c in *bf16*) tol=3e-2 ;; esac
@@ -60,7 +70,7 @@ done
 # Ranks: a thread and a GPU per device, collectives and messages through NCCL (as many
 # GPUs as devices; a case needing more is skipped and says so).
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-for spec in gpt-tiny-step:1 gpt-tiny-dptp:4 gpt-tiny-pp:8; do
+for spec in $([ -n "$quick" ] || echo gpt-tiny-step:1 gpt-tiny-dptp:4 gpt-tiny-pp:8); do
   c=${spec%%:*}; need=${spec##*:}
   echo "== $c as ranks (NCCL, $need GPU(s))"
   if [ "${gpus:-0}" -lt "$need" ]; then
@@ -73,11 +83,32 @@ for spec in gpt-tiny-step:1 gpt-tiny-dptp:4 gpt-tiny-pp:8; do
 done
 # Ranks as streams: every device a stream and a thread of its own on GPU 0 (any number of
 # devices), collectives by device copies and reducer kernels ordered by events.
-for c in gpt-tiny-dptp gpt-tiny-pp; do
+for c in $([ -n "$quick" ] || echo gpt-tiny-dptp gpt-tiny-pp); do
   echo "== $c as ranks (a stream per device on one GPU)"
   ./nnscaler-rt run "$c.nnsx" --backend cuda --ranks=streams --repeat 3 --inputs "$c.in.safetensors" \
       --inputs "$c.params.safetensors" -o "$c.streams.safetensors" \
     && "$py" compare.py close "$c.streams.safetensors" "$c.want.safetensors" 1e-4 || status=1
+done
+# The tiled attention kernels (FlashAttention-2 form: online softmax, nothing per key kept)
+# against the CPU runtime at head width 64, several tiles: each op within 1e-5 of the
+# tensor's scale.
+echo "== attention kernels (width 64; causal T300, grouped heads T130 x 200) against the CPU runtime"
+if ./nnscaler-rt run attn-check.nnsx --backend cuda --repeat 3 --inputs attn-check.in.safetensors \
+    --inputs attn-check.params.safetensors -o attn-check.got.safetensors \
+  && "$py" compare.py close attn-check.got.safetensors attn-check.want.safetensors 1e-5; then
+  :
+else
+  status=1
+fi
+# Attention alone against PyTorch's scaled_dot_product_attention on the same GPU.
+for spec in nanogpt:64:6:256 gpt2:8:12:1024; do
+  IFS=: read -r c b h t <<< "$spec"
+  echo "== attention alone, $c shape (B$b H$h T$t d64, causal, fp32): forward, then forward + backward"
+  "$py" compare.py inputs "attn-$c.nnsx" "attn-$c.in.safetensors" || status=1
+  ./nnscaler-rt run "attn-$c-fwd.nnsx" --backend cuda --repeat 20 --inputs "attn-$c.in.safetensors" -o /dev/null || status=1
+  ./nnscaler-rt run "attn-$c.nnsx" --backend cuda --repeat 20 --inputs "attn-$c.in.safetensors" -o /dev/null || status=1
+  "$py" torch_ref.py attn "$b" "$h" "$t" 64 || status=1
+  "$py" torch_ref.py attn "$b" "$h" "$t" 64 bf16 || status=1
 done
 echo "== nanogpt GPU config (6 layers, 6 heads, 384 wide, block 256, batch 64; fp32)"
 "$py" compare.py params nanogpt-gpu-step.nnsx nanogpt-gpu-step.params.safetensors
@@ -90,12 +121,41 @@ cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-bf16-step.params.safetensors
 ./nnscaler-rt run nanogpt-gpu-bf16-step.nnsx --backend cuda --repeat 5 --inputs nanogpt-gpu-bf16-step.in.safetensors \
   --inputs nanogpt-gpu-bf16-step.params.safetensors -o /dev/null || status=1
 "$py" torch_ref.py step 6 6 384 256 64 65 bf16 || status=1
-echo "== GEMM 2048^3 fp32"
-"$py" compare.py inputs gemm.nnsx gemm.in.safetensors
-./nnscaler-rt run gemm.nnsx --backend cuda --repeat 5 --inputs gemm.in.safetensors -o /dev/null || status=1
-"$py" torch_ref.py gemm 2048 || status=1
+echo "== GPT-2 124M (12 layers, 12 heads, 768 wide, block 1024, batch 8, vocab 50257; fp32, then mixed precision)"
+"$py" compare.py params gpt2-step.nnsx gpt2-step.params.safetensors
+./nnscaler-rt run gpt2-step.nnsx --backend cuda --repeat 5 --inputs gpt2-step.in.safetensors \
+  --inputs gpt2-step.params.safetensors -o /dev/null || status=1
+"$py" torch_ref.py step 12 12 768 1024 8 50257 || status=1
+./nnscaler-rt run gpt2-bf16-step.nnsx --backend cuda --repeat 5 --inputs gpt2-bf16-step.in.safetensors \
+  --inputs gpt2-step.params.safetensors -o /dev/null || status=1
+"$py" torch_ref.py step 12 12 768 1024 8 50257 bf16 || status=1
+rm -f gpt2-step.params.safetensors
+if [ -z "$quick" ]; then
+  echo "== what a user runs instead (nn.Module, SDPA; eager fp32, TF32, bf16 autocast + fused AdamW)"
+  "$py" torch_user.py || status=1
+  "$py" torch_user.py --gpt2 || status=1
+  echo "== GEMM 2048^3 fp32"
+  "$py" compare.py inputs gemm.nnsx gemm.in.safetensors
+  ./nnscaler-rt run gemm.nnsx --backend cuda --repeat 5 --inputs gemm.in.safetensors -o /dev/null || status=1
+  "$py" torch_ref.py gemm 2048 || status=1
+fi
+# Per-launch kernel times (ncu), into $OUT when set: the attention kernels alone (with
+# their registers and occupancy), and the nanoGPT GPU config's fp32 step.
+ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+if [ -x "$ncu" ] && [ -n "${OUT:-}" ]; then
+  echo "== ncu: attention kernels (nanoGPT shape), then every launch of the nanoGPT steps"
+  timeout 120 "$ncu" --csv --metrics gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed \
+    ./nnscaler-rt run attn-nanogpt.nnsx --backend cuda --inputs attn-nanogpt.in.safetensors -o /dev/null > "$OUT/attn-nanogpt.ncu.csv" 2>&1 || true
+  grep -E 'attn|atten' "$OUT/attn-nanogpt.ncu.csv" | head -20 || true
+  timeout 100 "$ncu" --csv --metrics gpu__time_duration.sum ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda \
+    --inputs nanogpt-gpu-step.in.safetensors --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > "$OUT/nanogpt-gpu-step.ncu.csv" 2>&1 || true
+  "$py" compare.py families "$OUT/nanogpt-gpu-step.ncu.csv" || true
+else
+  echo "== ncu: skipped (no ncu, or no \$OUT for its files)"
+fi
+if [ -n "$quick" ]; then exit $status; fi
 echo "== calibration benchmarks (fit them with: nnscaler calibrate --device gpu --timings calib-timings.json)"
-./nnscaler-rt bench calib/calibrate.json --backend cuda -o calib-timings.json || status=1
+timeout 120 ./nnscaler-rt bench calib/calibrate.json --backend cuda -o calib-timings.json || status=1
 if [ -n "${OUT:-}" ] && [ -f calib-timings.json ]; then cp calib-timings.json "$OUT/"; fi
 cat calib-timings.json 2>/dev/null || true
 exit $status

@@ -1,7 +1,12 @@
 """Helpers for bench/gpu/check.sh, in plain Python (no numpy needed on the GPU machine).
 
-  compare.py close GOT WANT TOL     every tensor of GOT equals WANT's within TOL relative to
-                                    WANT's largest magnitude; prints the worst, exits 1 if not
+  compare.py close GOT WANT TOL [--same-nonfinite]
+                                    every tensor of GOT equals WANT's within TOL relative to
+                                    WANT's largest finite magnitude (absolutely where that is
+                                    below 1e-6), with the same names, shapes and lengths;
+                                    a NaN or infinity in either fails (with --same-nonfinite,
+                                    one both hold at the same place passes); prints the worst,
+                                    exits 1 naming the tensor and first bad index if not
   compare.py params ARTIFACT OUT    random parameters for an artifact's param inputs
                                     (normal(0, 0.02); norm weights 1, biases 0), seed 0
   compare.py inputs ARTIFACT OUT    uniform(-1, 1) values for every f32 input, seed 0
@@ -9,6 +14,8 @@
                                     warm, in place, seed 0
   compare.py covers ARTIFACT FILE.. the files hold every input of the artifact, with its
                                     shape (exits 1 naming the first that is missing)
+  compare.py families NCU.csv       ncu's per-launch times (gpu__time_duration) summed by
+                                    kernel family (the name less its kernel number prefix)
 
 Optimizer state is drawn warm, as a few hundred steps leave it (adam.m normal(0, 1e-3),
 adam.v uniform(1e-6, 1e-5)), not zero: from zero, Adam's first steps move each parameter
@@ -54,19 +61,49 @@ def save(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def close(got, want, tol):
+def finite(v):
+    return v == v and v not in (float("inf"), float("-inf"))
+
+
+def mismatch(name, x, y, shape_x, shape_y, tol, same_nonfinite=False):
+    """The first reason tensor `name` of GOT (`x`, `shape_x`) is not WANT's (`y`, `shape_y`)
+    within `tol`, or None; and the relative error (0 on a mismatch of another kind)."""
+    if list(shape_x) != list(shape_y):
+        return f"{name}: shape {list(shape_x)}, want {list(shape_y)}", 0.0
+    if len(x) != len(y):
+        return f"{name}: {len(x)} elements, want {len(y)}", 0.0
+    for i, (p, q) in enumerate(zip(x, y)):
+        if not (finite(p) and finite(q)):
+            same = (p != p and q != q) or p == q
+            if not (same_nonfinite and same):
+                return f"{name}: element {i} is {p}, want {q} (non-finite)", 0.0
+    scale = max((abs(v) for v in y if finite(v)), default=0.0)
+    worst, at = 0.0, -1
+    for i, (p, q) in enumerate(zip(x, y)):
+        if finite(p) and finite(q):
+            d = abs(p - q)
+            if d > worst:
+                worst, at = d, i
+    err = worst / scale if scale >= 1e-6 else worst
+    if not err <= tol:
+        return f"{name}: relative error {err:.3e} > {tol} (first worst at element {at})", err
+    return None, err
+
+
+def close(got, want, tol, same_nonfinite=False):
     a, b = load(got), load(want)
-    if sorted(a) != sorted(b):
-        sys.exit(f"names differ: {sorted(set(a) ^ set(b))}")
+    missing = sorted(set(b) - set(a))
+    extra = sorted(set(a) - set(b))
+    if missing:
+        sys.exit(f"{got}: no tensor {missing[0]!r} (WANT has it; missing: {missing})")
+    if extra:
+        sys.exit(f"{got}: tensor {extra[0]!r} is not in {want} (extra: {extra})")
     worst = 0.0
-    for k in b:
-        x, y = a[k][1], b[k][1]
-        scale = max((abs(v) for v in y), default=0.0)
-        diff = max((abs(p - q) for p, q in zip(x, y)), default=0.0)
-        err = diff / scale if scale >= 1e-6 else diff
+    for k in sorted(b):
+        why, err = mismatch(k, a[k][1], b[k][1], a[k][0], b[k][0], tol, same_nonfinite)
+        if why:
+            sys.exit(why)
         worst = max(worst, err)
-        if err > tol:
-            sys.exit(f"{k}: relative error {err:.3e} > {tol}")
     print(f"close: {len(b)} tensors, worst relative error {worst:.2e}")
 
 
@@ -101,6 +138,13 @@ def warm(path):
 
 def params(artifact, out):
     h = header(artifact)
+    total = sum(count_of(p["global_shape"]) for p in h["inputs"])
+    if total > 10_000_000:
+        try:
+            import numpy  # noqa: F401  (large models: drawn with numpy, seconds not minutes)
+            return params_np(h, artifact, out)
+        except ImportError:
+            pass
     rng = random.Random(0)
     t = {}
     for p in h["inputs"]:
@@ -126,8 +170,68 @@ def params(artifact, out):
     print(f"params: {len(t)} tensors (parameters and optimizer state) for {artifact}")
 
 
+def count_of(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def params_np(h, artifact, out):
+    """params() for large models, with numpy's generator (the same distributions, other
+    draws): written tensor by tensor, never the whole file in memory twice."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    t = {}
+    for p in h["inputs"]:
+        shape, name = p["global_shape"], p["name"]
+        if name.startswith("adam.m."):
+            t[name] = rng.normal(0.0, 1e-3, shape).astype(np.float32)
+        elif name.startswith("adam.v."):
+            t[name] = rng.uniform(1e-6, 1e-5, shape).astype(np.float32)
+        elif not p["param"]:
+            continue
+        elif "ln" in name and name.endswith(".weight"):
+            t[name] = np.ones(shape, np.float32)
+        elif name.endswith(".bias"):
+            t[name] = np.zeros(shape, np.float32)
+        else:
+            t[name] = rng.normal(0.0, 0.02, shape).astype(np.float32)
+    header_, off = {}, 0
+    for name in sorted(t):
+        header_[name] = {"dtype": "F32", "shape": list(t[name].shape), "data_offsets": [off, off + t[name].nbytes]}
+        off += t[name].nbytes
+    hb = json.dumps(header_).encode()
+    hb += b" " * ((8 - len(hb) % 8) % 8)
+    with open(out, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)) + hb)
+        for name in sorted(t):
+            f.write(t[name].tobytes())
+    print(f"params: {len(t)} tensors (parameters and optimizer state) for {artifact} (numpy)")
+
+
 def inputs(artifact, out):
     h = header(artifact)
+    if sum(count_of(p["global_shape"]) for p in h["inputs"]) > 1_000_000:
+        try:
+            import numpy as np
+            rng = np.random.default_rng(0)
+            t = {p["name"]: rng.uniform(-1, 1, p["global_shape"]).astype(np.float32) for p in h["inputs"]}
+            header_, off = {}, 0
+            for name in sorted(t):
+                header_[name] = {"dtype": "F32", "shape": list(t[name].shape),
+                                 "data_offsets": [off, off + t[name].nbytes]}
+                off += t[name].nbytes
+            hb = json.dumps(header_).encode()
+            hb += b" " * ((8 - len(hb) % 8) % 8)
+            with open(out, "wb") as f:
+                f.write(struct.pack("<Q", len(hb)) + hb)
+                for name in sorted(t):
+                    f.write(t[name].tobytes())
+            print(f"inputs: {len(t)} tensors for {artifact} (numpy)")
+            return
+        except ImportError:
+            pass
     rng = random.Random(0)
     t = {}
     for p in h["inputs"]:
@@ -158,16 +262,45 @@ def covers(artifact, files):
     print(f"covers: {len(ins)} inputs of {artifact}")
 
 
+def families(path):
+    import csv
+    import re
+    fam, total = {}, 0.0
+    with open(path, newline="") as f:
+        lines = [ln for ln in f if ln.startswith('"') or ln[:1].isdigit() or ln.startswith("ID")]
+    for r in csv.DictReader(lines):
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        ns = float(r["Metric Value"].replace(",", ""))
+        if r.get("Metric Unit") == "usecond":
+            ns *= 1e3
+        elif r.get("Metric Unit") == "msecond":
+            ns *= 1e6
+        name = re.sub(r"^[a-z]+[0-9]+_", "", r["Kernel Name"])
+        name = "cuBLAS " + name[:40] if ("gemm" in name or "cutlass" in name or "cublas" in name) else name
+        c, t = fam.get(name, (0, 0.0))
+        fam[name] = (c + 1, t + ns)
+        total += ns
+    print(f"{path}: {sum(c for c, _ in fam.values())} launches, {total / 1e6:.3f} ms of kernels")
+    for name, (c, t) in sorted(fam.items(), key=lambda x: -x[1][1])[:25]:
+        print(f"  {name[:60]:60s} {c:5d} {t / 1e6:9.3f} ms {100 * t / max(total, 1):5.1f}%")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "close":
-        close(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+        flags = [x for x in sys.argv[5:] if x.startswith("--")]
+        if len(sys.argv) < 5 or set(flags) - {"--same-nonfinite"} or len(sys.argv) - len(flags) != 5:
+            sys.exit(__doc__)
+        close(sys.argv[2], sys.argv[3], float(sys.argv[4]), "--same-nonfinite" in flags)
     elif cmd == "params":
         params(sys.argv[2], sys.argv[3])
     elif cmd == "inputs":
         inputs(sys.argv[2], sys.argv[3])
     elif cmd == "warm":
         warm(sys.argv[2])
+    elif cmd == "families":
+        families(sys.argv[2])
     elif cmd == "covers":
         covers(sys.argv[2], sys.argv[3:])
     else:

@@ -79,6 +79,67 @@ func.func @train(%a: tensor<2048x2048xf32> {nns.name = "a"}, %b: tensor<2048x204
 }
 MLIR
 "$bin/nnscaler" compile gemm.mlir -o "$out/gemm.nnsx" > /dev/null
+# Attention alone (causal, fp32), for its time against PyTorch's scaled_dot_product_attention
+# at the nanoGPT GPU config's and GPT-2's shapes: the forward, and forward + backward
+# (inputs drawn on the GPU machine: compare.py inputs); and a check of the tiled kernels
+# against the CPU runtime at head width 64 over several tiles (causal, and grouped heads
+# with more keys than queries).
+attn_mlir() { # NAME B H T D GRAD
+  local ty="tensor<$2x$3x$4x$5xf32>"
+  if [ "$6" = 1 ]; then
+    cat > "$1.mlir" <<MLIR
+func.func @train(%q: $ty {nns.name = "q"}, %k: $ty {nns.name = "k"}, %v: $ty {nns.name = "v"}, %dy: $ty {nns.name = "dy"}) -> ($ty {nns.name = "out"}, $ty {nns.name = "dq"}, $ty {nns.name = "dk"}, $ty {nns.name = "dv"}) {
+  %o = "dnn.attention"(%q, %k, %v) {causal = true} : ($ty, $ty, $ty) -> $ty
+  %dq, %dk, %dv = "dnn.attention_grad"(%dy, %q, %k, %v) {causal = true} : ($ty, $ty, $ty, $ty) -> ($ty, $ty, $ty)
+  return %o, %dq, %dk, %dv : $ty, $ty, $ty, $ty
+}
+MLIR
+  else
+    cat > "$1.mlir" <<MLIR
+func.func @train(%q: $ty {nns.name = "q"}, %k: $ty {nns.name = "k"}, %v: $ty {nns.name = "v"}) -> ($ty {nns.name = "out"}) {
+  %o = "dnn.attention"(%q, %k, %v) {causal = true} : ($ty, $ty, $ty) -> $ty
+  return %o : $ty
+}
+MLIR
+  fi
+  "$bin/nnscaler" compile "$1.mlir" -o "$out/$1.nnsx" > /dev/null
+}
+attn_mlir attn-nanogpt-fwd 64 6 256 64 0
+attn_mlir attn-nanogpt 64 6 256 64 1
+attn_mlir attn-gpt2-fwd 8 12 1024 64 0
+attn_mlir attn-gpt2 8 12 1024 64 1
+echo "prepared attention timing cases"
+cat > attn-check.mlir <<'MLIR'
+func.func @train(%q: tensor<2x2x300x64xf32> {nns.name = "q"}, %dy: tensor<2x2x300x64xf32> {nns.name = "dy"},
+                 %gq: tensor<1x4x130x64xf32> {nns.name = "gq"}, %gk: tensor<1x2x200x64xf32> {nns.name = "gk"},
+                 %gv: tensor<1x2x200x64xf32> {nns.name = "gv"}, %gdy: tensor<1x4x130x64xf32> {nns.name = "gdy"})
+    -> (tensor<2x2x300x64xf32> {nns.name = "out"}, tensor<2x2x300x64xf32> {nns.name = "dq"}, tensor<2x2x300x64xf32> {nns.name = "dk"}, tensor<2x2x300x64xf32> {nns.name = "dv"},
+        tensor<1x4x130x64xf32> {nns.name = "gout"}, tensor<1x4x130x64xf32> {nns.name = "gdq"}, tensor<1x2x200x64xf32> {nns.name = "gdk"}, tensor<1x2x200x64xf32> {nns.name = "gdv"}) {
+  %o = "dnn.attention"(%q, %q, %dy) {causal = true} : (tensor<2x2x300x64xf32>, tensor<2x2x300x64xf32>, tensor<2x2x300x64xf32>) -> tensor<2x2x300x64xf32>
+  %dq, %dk, %dv = "dnn.attention_grad"(%dy, %q, %q, %dy) {causal = true} : (tensor<2x2x300x64xf32>, tensor<2x2x300x64xf32>, tensor<2x2x300x64xf32>, tensor<2x2x300x64xf32>) -> (tensor<2x2x300x64xf32>, tensor<2x2x300x64xf32>, tensor<2x2x300x64xf32>)
+  %go = "dnn.attention"(%gq, %gk, %gv) : (tensor<1x4x130x64xf32>, tensor<1x2x200x64xf32>, tensor<1x2x200x64xf32>) -> tensor<1x4x130x64xf32>
+  %gdq, %gdk, %gdv = "dnn.attention_grad"(%gdy, %gq, %gk, %gv) : (tensor<1x4x130x64xf32>, tensor<1x4x130x64xf32>, tensor<1x2x200x64xf32>, tensor<1x2x200x64xf32>) -> (tensor<1x4x130x64xf32>, tensor<1x2x200x64xf32>, tensor<1x2x200x64xf32>)
+  return %o, %dq, %dk, %dv, %go, %gdq, %gdk, %gdv : tensor<2x2x300x64xf32>, tensor<2x2x300x64xf32>, tensor<2x2x300x64xf32>, tensor<2x2x300x64xf32>, tensor<1x4x130x64xf32>, tensor<1x4x130x64xf32>, tensor<1x2x200x64xf32>, tensor<1x2x200x64xf32>
+}
+MLIR
+case_ attn-check attn-check.mlir
+# GPT-2 124M (12 layers, 12 heads, width 768, block 1024, batch 8, vocab 50257): timing
+# only, fp32 and mixed precision; parameters drawn on the GPU machine (compare.py params).
+"$bin/nnscaler" import gpt --preset nanogpt-cpu --layers 12 --heads 12 --width 768 --block 1024 --batch 8 --vocab 50257 -o gpt2.mlir
+"$bin/nnscaler-opt" --autodiff --optimizer="clip=1.0 weight_decay=0.1" gpt2.mlir -o gpt2-step.mlir
+"$bin/nnscaler" compile gpt2-step.mlir -o "$out/gpt2-step.nnsx" > /dev/null
+"$bin/nnscaler-opt" --autocast=bf16 --autodiff --optimizer="clip=1.0 weight_decay=0.1" gpt2.mlir -o gpt2-bf16-step.mlir
+"$bin/nnscaler" compile gpt2-bf16-step.mlir -o "$out/gpt2-bf16-step.nnsx" > /dev/null
+# The batch and the schedule's scalars only (the parameters are drawn there).
+"$py" -c "
+import sys; sys.path.insert(0, '$root/test/oracle'); import st, numpy as np
+r = np.random.default_rng(0)
+st.save('$out/gpt2-step.in.safetensors', {'tokens': r.integers(0, 50257, (8, 1024)), 'targets': r.integers(0, 50257, (8, 1024)),
+         'lr': np.array(1e-3, np.float32), 'step': np.array(3.0, np.float32)})"
+cp "$out/gpt2-step.in.safetensors" "$out/gpt2-bf16-step.in.safetensors"
+echo "prepared gpt2-step, gpt2-bf16-step (timing)"
+cp "$root/bench/gpu/torch_user.py" "$out/"
+
 # The cost model's GPU entries: benchmarks nnscaler-rt bench times there (fitted here
 # afterwards with nnscaler calibrate --device gpu --timings).
 rm -rf "$out/calib"

@@ -4,6 +4,9 @@
       (eager, fp32, TF32 off; with bf16 under torch.autocast(dtype=torch.bfloat16), fp32
       master weights): forward, backward, clipping at 1, AdamW; median of 10 after 3 warm-ups
   torch_ref.py gemm N                                      torch.matmul TFLOP/s, fp32, TF32 off
+  torch_ref.py attn B H T D [bf16]                         causal scaled_dot_product_attention:
+      forward, and forward + backward, median of 20 after 3 warm-ups (PyTorch picks its
+      fastest kernel: flash or memory-efficient)
 """
 import statistics
 import sys
@@ -56,11 +59,30 @@ def gemm(n):
     print(f"torch.matmul {n}^3 fp32: {2 * n ** 3 / s / 1e12:.2f} TFLOP/s ({s:.6f} s)")
 
 
+def attn(b, h, t, d, bf16=False):
+    import torch.nn.functional as F
+    dt = torch.bfloat16 if bf16 else torch.float32
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
+    g = torch.randn(b, h, t, d, device="cuda", dtype=dt)
+    fw = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), runs=20)
+
+    def fb():
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        o.backward(g)
+
+    tb = timed(fb, runs=20)
+    print(f"pytorch sdpa causal B{b} H{h} T{t} d{d} {'bf16' if bf16 else 'fp32'}: "
+          f"forward {fw:.6f} s, forward+backward {tb:.6f} s")
+
+
 if __name__ == "__main__":
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     if sys.argv[1] == "step":
         step(*map(int, sys.argv[2:8]), bf16=sys.argv[8:9] == ["bf16"])
+    elif sys.argv[1] == "attn":
+        attn(*map(int, sys.argv[2:6]), bf16=sys.argv[6:7] == ["bf16"])
     elif sys.argv[1] == "gemm":
         gemm(int(sys.argv[2]))
     else:

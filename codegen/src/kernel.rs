@@ -296,22 +296,23 @@ pub enum Body {
     /// Key row `i` of `dk` and `dv` (every query head of its group, rows in order):
     /// `dout, q, k, v, stats -> dk, dv`.
     AttnDkDv(Attn),
-    /// Attention by tiles, a team kernel: block `r` is query tile `r % q_tiles` of head
-    /// `r / q_tiles` ([`Tiles`]), a lane per query row; the keys, then the values, are
-    /// staged a tile at a time in shared memory, and each lane keeps its row's scores in
-    /// its own memory, so each score is computed once (the row kernel scores a key three
-    /// times: maximum, sum, weights). The arithmetic is [`Body::Attention`]'s, in its
-    /// order: the same bits. `q, k, v -> out`.
+    /// Attention by tiles (FlashAttention-2, `llvm/tiles.rs`), a team kernel: block `r`
+    /// is query tile `r % q_tiles` of head `r / q_tiles` ([`Tiles`]), a lane per query
+    /// row; keys and values are staged a tile at a time in shared memory and folded into
+    /// the lane's online softmax (running maximum, sum and weighted sum in registers), each
+    /// key scored once. `q, k, v -> out`.
     AttnTiles(Attn),
     /// Attention's backward statistics and `dq` by query tiles (as [`Body::AttnTiles`]):
-    /// scores and `dP` once per key, then the row's statistics, then `dq` from a second
-    /// pass over key tiles. `dout, q, k, v -> stats, dq`, [`Body::AttnStats`] and
-    /// [`Body::AttnDq`] in one kernel, with their bits.
+    /// the forward's pass for the row's maximum, `1/sum` and `D = dO . out` (=
+    /// `rowsum(dP * P)`), stored as the statistics, then `dq` from a second pass over the
+    /// key tiles, recomputing `P` from them. `dout, q, k, v -> stats, dq`: what
+    /// [`Body::AttnStats`] and [`Body::AttnDq`] compute, within rounding.
     AttnTilesBack(Attn),
     /// `dk, dv` by key tiles: block `r` is key tile `r % k_tiles` of key/value head
     /// `r / k_tiles`, a lane per key row, the queries (their `q`, `dO` and statistics)
     /// staged a tile at a time in shared memory, heads of the group then positions in
-    /// order, as [`Body::AttnDkDv`]. `dout, q, k, v, stats -> dk, dv`.
+    /// order, as [`Body::AttnDkDv`]; `P` recomputed from the statistics. `dout, q, k, v,
+    /// stats -> dk, dv`.
     AttnTilesKv(Attn),
 }
 
@@ -367,31 +368,30 @@ pub const ATTN_TILE: usize = 64;
 /// The f32 words of a tiled attention's shared array at most (48 KiB, the static shared
 /// memory a block may have).
 pub const ATTN_TILE_WORDS: usize = 12288;
-/// The longest key sequence whose tiled attention keeps its scores: each lane keeps a
-/// score (and in the backward a `dP`) per key in its own memory, which on a GPU is
-/// reserved for every resident thread (up to 10 KiB each here). Longer ones score each
-/// key again in each pass over the key tiles, as the row kernels do ([`Tiles::scores`]).
-pub const ATTN_TILE_KEYS: usize = 1024;
+/// Lanes (key rows) of a `dk`/`dv` block.
+pub const ATTN_KV_LANES: usize = 32;
+/// Words after each lane's own value row in the `dk`/`dv` kernel's shared array: lanes
+/// reading their own rows (16 bytes at a time, 8 lanes a wavefront) hit distinct banks.
+pub const ATTN_PAD: usize = 4;
+/// The widest query/key and value rows that take the tiled kernels. A lane keeps its
+/// query and its running output (the forward), or its key and both gradients (`dk`/`dv`),
+/// in registers: rows of 64 fit the GPU's 255 a thread; rows of 128 spill some to local
+/// memory (still far faster than the row kernels, which wider rows take).
+pub const ATTN_TILE_WIDTH: usize = 128;
 
 /// How a tiled attention's work is cut ([`Attn::tiles`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tiles {
     /// Lanes (query rows) per block of the forward and of the backward's `dq` kernel.
     pub q_lanes: usize,
-    /// Key rows per shared tile of the forward (keys, then values; both at once where
-    /// the lanes do not keep their scores).
+    /// Key rows per shared tile of the forward (keys and values).
     pub fwd_rows: usize,
-    /// Key rows per shared tile of the backward's `dq` kernel (keys and values at once).
+    /// Key rows per shared tile of the backward's `dq` kernel (keys and values).
     pub back_rows: usize,
     /// Lanes (key rows) per block of the `dk`/`dv` kernel.
     pub k_lanes: usize,
     /// Query rows per shared tile of the `dk`/`dv` kernel (`q`, `dO`, statistics).
     pub kv_rows: usize,
-    /// Each lane keeps its row's scores (keys up to [`ATTN_TILE_KEYS`]): the forward and
-    /// the `dq` kernel score each key once. Without, they score it in each pass over the
-    /// key tiles (three in the forward, four in the backward's), as the row kernels do,
-    /// and the forward stages keys and values together in its last pass.
-    pub scores: bool,
 }
 
 impl Tiles {
@@ -411,10 +411,10 @@ fn tile_lanes(n: usize) -> usize {
 }
 
 /// Rows of `width` words per shared tile: up to `lanes`, halved until the tile fits
-/// [`ATTN_TILE_WORDS`].
-fn tile_rows(lanes: usize, width: usize) -> Option<usize> {
+/// `words`.
+fn tile_rows(lanes: usize, width: usize, words: usize) -> Option<usize> {
     let mut r = lanes;
-    while r > 0 && r * width > ATTN_TILE_WORDS {
+    while r > 0 && r * width > words {
         r /= 2;
     }
     (r > 0).then_some(r)
@@ -430,26 +430,31 @@ pub enum AttnForm {
 }
 
 impl Attn {
-    /// The tiling of this attention, or `None` where it takes the row kernels: rows too
-    /// wide for a shared tile of one row.
+    /// The tiling of this attention, or `None` where it takes the row kernels: rows
+    /// wider than [`ATTN_TILE_WIDTH`].
     pub fn tiles(&self) -> Option<Tiles> {
-        let (q_lanes, k_lanes) = (tile_lanes(self.s), tile_lanes(self.t));
-        let scores = self.t <= ATTN_TILE_KEYS;
+        if self.d > ATTN_TILE_WIDTH || self.e > ATTN_TILE_WIDTH {
+            return None;
+        }
+        // The backward's lanes keep their gradient accumulators in shared rows of their
+        // own; the dk/dv kernel's two, so a warp of them leaves room for a tile of queries.
+        let (q_lanes, k_lanes) = (tile_lanes(self.s), ATTN_KV_LANES);
+        let (d, e) = (self.d, self.e);
+        let back_own = q_lanes * (d + ATTN_PAD);
+        let kv_own = k_lanes * (d + e + 2 * ATTN_PAD) + 3;
         Some(Tiles {
             q_lanes,
-            fwd_rows: tile_rows(
-                q_lanes,
-                if scores {
-                    self.d.max(self.e)
-                } else {
-                    self.d + self.e
-                },
-            )?,
-            back_rows: tile_rows(q_lanes, self.d + self.e)?,
+            fwd_rows: tile_rows(q_lanes, d + e, ATTN_TILE_WORDS)?,
+            back_rows: tile_rows(q_lanes, d + e, ATTN_TILE_WORDS.checked_sub(back_own)?)?,
             k_lanes,
-            kv_rows: tile_rows(k_lanes, self.d + self.e + 3)?,
-            scores,
+            kv_rows: tile_rows(ATTN_TILE, d + e + 3, ATTN_TILE_WORDS.checked_sub(kv_own)?)?,
         })
+    }
+
+    /// The tiled kernels read rows of shared memory 16 bytes at a time: widths that are
+    /// multiples of 4 (every row of their shared tiles then starts 16-byte aligned).
+    pub fn vector_rows(&self) -> bool {
+        self.d.is_multiple_of(4) && self.e.is_multiple_of(4)
     }
 
     /// The kernels chosen for this shape: tiles where [`Attn::tiles`] has them.
@@ -550,7 +555,7 @@ impl Kernel {
                 return w.next_power_of_two().clamp(32, TEAM_MAX);
             }
             Body::AttnTiles(a) | Body::AttnTilesBack(a) => return tile_lanes(a.s),
-            Body::AttnTilesKv(a) => return tile_lanes(a.t),
+            Body::AttnTilesKv(_) => return ATTN_KV_LANES,
             _ => return 1,
         };
         if line < TEAM_MIN {
@@ -1339,9 +1344,9 @@ pub fn lower(
 }
 
 /// An attention's kernels (`dnn.attention`, `dnn.attention_grad`) in `form`, or the one
-/// its shape gets ([`Attn::form`]) where `form` is `None`. Both forms compute the same
-/// bits; the row form stays for rows too wide for a shared tile (and is tested against
-/// the tiles).
+/// its shape gets ([`Attn::form`]) where `form` is `None`. Both compute the reference's
+/// attention within rounding (the tiles' online softmax sums in another order); the row
+/// form stays for rows wider than [`ATTN_TILE_WIDTH`] (and is tested against the tiles).
 pub fn lower_attention(
     name: &str,
     op: &str,

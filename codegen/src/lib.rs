@@ -20,10 +20,9 @@
 //! clipping's factor, rotary, dropout, the vocabulary-parallel pieces,
 //! slice, pad, concat, split, broadcast_to, max_grad: every dnn op ([`kernel::covered`]).
 //! Reductions along lines of 64 or more elements are team kernels (one GPU block per
-//! line, `llvm/team.rs`); attention over key sequences up to 1024 is tiled (team kernels
-//! staging key/value or query tiles in shared memory, `llvm/tiles.rs`). Not built yet
-//! (issue 13): 2-byte bf16 buffers (bf16 values live in f32 buffers, rounded where
-//! stored), an online-softmax attention.
+//! line, `llvm/team.rs`); attention is FlashAttention-2 (team kernels staging key/value or
+//! query tiles in shared memory, an online softmax in registers, `llvm/tiles.rs`). Not
+//! built yet: attention and elementwise chains at tensor-core and HBM speed (issue 40).
 
 pub mod artifact;
 pub mod kernel;

@@ -472,7 +472,7 @@ fn op_cases() -> Vec<Case> {
         vec![ty(&[1, 2, 5, 4]), ty(&[1, 2, 7, 4]), ty(&[1, 2, 7, 6])],
     ));
     // Tiled attention over several tiles (the last ones short), and rows wide enough to
-    // halve the shared tiles; keys past ATTN_TILE_KEYS are scored again in each pass.
+    // halve the shared tiles.
     let causal = attrs(&[("causal", AttrValue::Bool(true))]);
     for (q, kv, a) in [
         (ty(&[1, 4, 100, 8]), ty(&[1, 2, 100, 8]), causal.clone()),
@@ -485,8 +485,8 @@ fn op_cases() -> Vec<Case> {
         ));
         cases.push(("dnn.attention_grad", a, vec![q.clone(), q, kv.clone(), kv]));
     }
-    // Long keys: the tiles' rescoring form. (The row kernels, left for rows too wide for
-    // any shared tile, are checked against the tiles bit for bit below.)
+    // Long keys: many key tiles folded into the online softmax. (The row kernels, left
+    // for rows wider than ATTN_TILE_WIDTH, are checked with the tiles below.)
     let (q, kv) = (ty(&[1, 2, 3, 4]), ty(&[1, 2, 1100, 4]));
     cases.push((
         "dnn.attention",
@@ -812,11 +812,101 @@ fn every_covered_op_matches_the_reference() {
     );
 }
 
-/// The tiled attention kernels compute the row kernels' bits: forward and backward,
-/// causal or not, grouped heads, queries and keys in several tiles with short last ones,
-/// more queries than keys, and rows wide enough to halve the shared tiles.
+/// Attention in float64, the exact function both kernel forms approximate: `q [b, h, s,
+/// d]`, `k [b, g, t, d]`, `v [b, g, t, e]`; with `dout`, the gradients `dq, dk, dv`, else
+/// the output.
+fn attention_f64(
+    shapes: (&[usize], &[usize], usize),
+    scale: f64,
+    causal: bool,
+    ops: &[&[f32]],
+    grad: bool,
+) -> Vec<Vec<f64>> {
+    let ((qs, ks, e), x) = (shapes, |v: &[f32]| -> Vec<f64> {
+        v.iter().map(|&a| f64::from(a)).collect()
+    });
+    let [b, h, s, d] = [qs[0], qs[1], qs[2], qs[3]];
+    let (g, t) = (ks[1], ks[2]);
+    let (dout, q, k, v) = if grad {
+        (x(ops[0]), x(ops[1]), x(ops[2]), x(ops[3]))
+    } else {
+        (Vec::new(), x(ops[0]), x(ops[1]), x(ops[2]))
+    };
+    let mut out = vec![0.0; b * h * s * e];
+    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    for bi in 0..b {
+        for hi in 0..h {
+            let kh = bi * g + hi / (h / g);
+            for i in 0..s {
+                let qr = ((bi * h + hi) * s + i) * d;
+                let lim = if causal { (i + 1).min(t) } else { t };
+                let sc: Vec<f64> = (0..lim)
+                    .map(|j| {
+                        let kr = (kh * t + j) * d;
+                        scale * (0..d).map(|c| q[qr + c] * k[kr + c]).sum::<f64>()
+                    })
+                    .collect();
+                let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = sc.iter().map(|y| (y - m).exp()).sum();
+                let p: Vec<f64> = sc.iter().map(|y| (y - m).exp() / z).collect();
+                let or = ((bi * h + hi) * s + i) * e;
+                if !grad {
+                    for (j, pj) in p.iter().enumerate() {
+                        for c in 0..e {
+                            out[or + c] += pj * v[(kh * t + j) * e + c];
+                        }
+                    }
+                    continue;
+                }
+                let dp: Vec<f64> = (0..lim)
+                    .map(|j| (0..e).map(|c| dout[or + c] * v[(kh * t + j) * e + c]).sum())
+                    .collect();
+                let dsum: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..lim {
+                    let ds = p[j] * (dp[j] - dsum) * scale;
+                    let (kr, vr) = ((kh * t + j) * d, (kh * t + j) * e);
+                    for c in 0..d {
+                        dq[qr + c] += ds * k[kr + c];
+                        dk[kr + c] += ds * q[qr + c];
+                    }
+                    for c in 0..e {
+                        dv[vr + c] += p[j] * dout[or + c];
+                    }
+                }
+            }
+        }
+    }
+    if grad {
+        vec![dq, dk, dv]
+    } else {
+        vec![out]
+    }
+}
+
+/// The largest difference between `got` and the float64 `want`, relative to `want`'s
+/// largest magnitude; a non-finite value fails.
+fn error_f64(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "length");
+    let scale = want.iter().fold(0.0f64, |m, w| m.max(w.abs())).max(1e-30);
+    got.iter()
+        .zip(want)
+        .enumerate()
+        .map(|(i, (&g, &w))| {
+            assert!(g.is_finite(), "element {i}: {g}");
+            (f64::from(g) - w).abs() / scale
+        })
+        .fold(0.0, f64::max)
+}
+
+/// The tiled attention kernels (FlashAttention-2: an online softmax) and the row kernels
+/// (the CPU reference's two-pass softmax, op for op) against attention in float64:
+/// forward and backward, causal or not, grouped heads, queries and keys in several tiles
+/// with short last ones, more queries than keys, long key sequences, rows up to the
+/// widest tiled ones. Both within 1e-5 of the tensor's scale, and the tiles no further
+/// from float64 than a few times the row kernels: the tolerance is the algorithm's
+/// rounding, not a bug's.
 #[test]
-fn tiled_attention_equals_the_row_kernels_bit_for_bit() {
+fn tiled_attention_matches_float64() {
     use nnscaler_codegen::kernel::{lower_attention, AttnForm};
     let causal = attrs(&[("causal", AttrValue::Bool(true))]);
     let shapes: Vec<(Vec<i64>, Vec<i64>, Attrs)> = vec![
@@ -824,8 +914,8 @@ fn tiled_attention_equals_the_row_kernels_bit_for_bit() {
         (vec![1, 3, 130, 16], vec![1, 3, 130, 16], causal.clone()),
         (vec![1, 2, 65, 4], vec![1, 1, 140, 4], Attrs::new()),
         (vec![1, 2, 140, 4], vec![1, 2, 33, 4], causal.clone()),
+        (vec![1, 2, 100, 64], vec![1, 2, 100, 64], causal.clone()),
         (vec![1, 1, 70, 128], vec![1, 1, 70, 128], causal.clone()),
-        // Past ATTN_TILE_KEYS: the lanes score each key again in each pass.
         (vec![1, 4, 20, 8], vec![1, 2, 1100, 8], Attrs::new()),
         (vec![1, 1, 1040, 4], vec![1, 1, 1040, 4], causal.clone()),
         (
@@ -870,29 +960,53 @@ fn tiled_attention_equals_the_row_kernels_bit_for_bit() {
                 kernels.extend(l.kernels.clone());
                 pair.push(l);
             }
-            runs.push((format!("{op} {qs:?} {ks:?}"), pair, operands));
+            runs.push((qs.clone(), ks.clone(), a.clone(), grad, pair, operands));
         }
     }
     let host = HostKernels::new(&kernels).unwrap();
-    for (what, pair, operands) in &runs {
+    let (mut worst_rows, mut worst_tiles) = (0.0f64, 0.0f64);
+    for (qs, ks, a, grad, pair, operands) in &runs {
+        let what = format!("{} {qs:?} {ks:?}", if *grad { "grad" } else { "forward" });
         let ins: Vec<Data> = operands.iter().map(data).collect();
         let ins: Vec<&Data> = ins.iter().collect();
         let rows = host.run_lowered(&pair[0], &ins).unwrap();
         let tiles = host.run_lowered(&pair[1], &ins).unwrap();
-        for (k, (r, t)) in rows.iter().zip(&tiles).enumerate() {
-            let (r, t) = (r.f32().unwrap(), t.f32().unwrap());
-            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            let differ = bits(r).iter().zip(bits(t)).filter(|(a, b)| *a != b).count();
-            assert_eq!(
-                differ,
-                0,
-                "{what}: result {k}: {differ} of {} elements differ",
-                r.len()
+        let us = |v: &[i64]| v.iter().map(|&x| x as usize).collect::<Vec<_>>();
+        let scale = match a.get("scale") {
+            Some(AttrValue::Float(f)) => *f as f32,
+            _ => 1.0 / (qs[3] as f32).sqrt(),
+        };
+        let opsv: Vec<&[f32]> = operands.iter().map(|t| t.f().unwrap()).collect();
+        let want = attention_f64(
+            (&us(qs), &us(ks), ks[3] as usize),
+            f64::from(scale),
+            a.contains_key("causal"),
+            &opsv,
+            *grad,
+        );
+        assert_eq!(rows.len(), want.len(), "{what}: result count");
+        assert_eq!(tiles.len(), want.len(), "{what}: result count");
+        for (k, w) in want.iter().enumerate() {
+            let er = error_f64(rows[k].f32().unwrap(), w);
+            let et = error_f64(tiles[k].f32().unwrap(), w);
+            assert!(
+                er <= 1e-5,
+                "{what}: result {k}: row kernels {er:.2e} from float64"
             );
+            assert!(
+                et <= 1e-5,
+                "{what}: result {k}: tiles {et:.2e} from float64"
+            );
+            assert!(
+                et <= 4.0 * er.max(1e-7),
+                "{what}: result {k}: tiles {et:.2e}, rows {er:.2e} from float64"
+            );
+            worst_rows = worst_rows.max(er);
+            worst_tiles = worst_tiles.max(et);
         }
     }
     println!(
-        "codegen: tiled attention equals the row kernels bit for bit on {} cases",
+        "codegen: attention on {} cases, from float64 at most: row kernels {worst_rows:.2e}, tiles (online softmax) {worst_tiles:.2e}",
         runs.len()
     );
 }
@@ -1253,11 +1367,17 @@ fn whole_step_in(name: &str, vocab: i64, bf16: bool) {
     let got = host
         .run_program(&p, ins.iter().map(data).collect())
         .unwrap();
+    // In mixed precision a value a rounding apart in f32 (the attention's online softmax
+    // sums in another order than the reference) can round to the neighbouring bf16, 2^-8
+    // relative, and carry on from there: bf16 results are held to one bf16 step of the
+    // tensor's scale.
+    let tol = if bf16 { 2f64.powi(-8) } else { 1e-5 };
     let mut worst = 0.0f64;
     let mut over = Vec::new();
+    assert_eq!(got.len(), want.len(), "{name}: result count");
     for ((o, w), gv) in g.outputs.iter().zip(&want).zip(&got) {
         let err = error_floor(gv.f32().unwrap(), w.f().unwrap(), 1.0);
-        if err > 1e-5 {
+        if err > tol {
             over.push(format!("{} {err:.2e}", o.name().unwrap_or("?")));
         }
         worst = worst.max(err);
@@ -1384,4 +1504,98 @@ fn bf16_rounding_matches_the_reference() {
     assert_eq!(want[4], 1.0 + 4.0 * tie);
     assert_eq!(want[5], 1.0 + 2.0 * tie);
     assert_eq!(want[9], f32::INFINITY);
+}
+
+/// The tiled attention kernels at the nanoGPT GPU config's and GPT-2's shapes (rows of 64,
+/// causal, f32 and 2-byte bf16 buffers) keep their rows in registers: `ptxas -v` reports
+/// no stack frame and no spills for any of them. (`NNSCALER_PTXAS_LOG=FILE` keeps its
+/// report, `NNSCALER_DUMP_ATTN_PTX=FILE` the PTX.)
+#[test]
+fn attention_kernels_use_no_local_memory() {
+    use nnscaler_codegen::kernel::lower_attention;
+    let causal = attrs(&[("causal", AttrValue::Bool(true))]);
+    let mut kernels = Vec::new();
+    for (tag, b, h, s) in [("nanogpt", 64, 6, 256), ("gpt2", 8, 12, 1024)] {
+        for elt in [Elt::F32, Elt::Bf16] {
+            let q = Buf {
+                shape: vec![b, h, s, 64],
+                elt,
+            };
+            let name = format!("{tag}_{}", if elt == Elt::F32 { "f32" } else { "bf16" });
+            let bufs = |n: usize| vec![q.clone(); n];
+            let fwd = lower_attention(
+                &format!("{name}_fwd"),
+                "dnn.attention",
+                &causal,
+                &bufs(3),
+                &bufs(1),
+                None,
+            )
+            .unwrap();
+            let bwd = lower_attention(
+                &format!("{name}_bwd"),
+                "dnn.attention_grad",
+                &causal,
+                &bufs(4),
+                &bufs(3),
+                None,
+            )
+            .unwrap();
+            for k in fwd.kernels.into_iter().chain(bwd.kernels) {
+                assert!(
+                    matches!(
+                        k.body,
+                        Body::AttnTiles(_) | Body::AttnTilesBack(_) | Body::AttnTilesKv(_)
+                    ),
+                    "{}: not a tiled attention kernel",
+                    k.name
+                );
+                kernels.push(k);
+            }
+        }
+    }
+    let text = ptx(&kernels, Gpu::default()).unwrap();
+    if let Some(p) = std::env::var_os("NNSCALER_DUMP_ATTN_PTX") {
+        std::fs::write(p, &text).unwrap();
+    }
+    let dir = std::env::temp_dir().join(format!("nnscaler-attn-ptx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("attention.ptx");
+    std::fs::write(&file, &text).unwrap();
+    let out = Command::new(ptxas())
+        .args(["-v", "--gpu-name", "sm_90", "-o"])
+        .arg(dir.join("attention.cubin"))
+        .arg(&file)
+        .output()
+        .expect("ptxas runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    if let Some(p) = std::env::var_os("NNSCALER_PTXAS_LOG") {
+        std::fs::write(p, &log).unwrap();
+    }
+    assert!(out.status.success(), "ptxas rejected the PTX: {log}");
+    // Per function: "Compiling entry function 'NAME'", then "N bytes stack frame, N bytes
+    // spill stores, N bytes spill loads" and "Used N registers".
+    let mut seen = 0;
+    let mut current = String::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            current = rest.split('\'').next().unwrap_or("").to_string();
+        }
+        if line.contains("bytes stack frame") {
+            seen += 1;
+            assert!(
+                line.contains(" 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"),
+                "{current} uses local memory: {line}"
+            );
+        }
+        if line.contains("Used ") && line.contains("registers") {
+            println!("codegen: {current}: {}", line.trim());
+        }
+    }
+    assert_eq!(seen, kernels.len(), "a report per kernel: {log}");
+    println!(
+        "codegen: {} attention kernels (nanoGPT and GPT-2 shapes, f32 and bf16): no local memory",
+        kernels.len()
+    );
 }

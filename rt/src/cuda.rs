@@ -56,6 +56,18 @@ impl std::fmt::Debug for CudaProgram {
 
 /// Whether cuBLAS computes a product on operands stored as `elts` (A, B, C): all f32, or
 /// A and B bf16 (C either); other mixes run the artifact's generated kernel.
+/// The batch count and rows of `g` as cuBLAS is called: products that share their `B`
+/// with `A` stored untransposed (a linear layer over a batch of sequences) are one product
+/// of `batch * m` rows (`A`'s and `C`'s rows follow each other in memory), which cuBLAS
+/// tiles far better than `batch` products of `m` rows; others as they are.
+fn folded(g: &Gemm) -> (u64, u64) {
+    if g.batch > 1 && !g.b_batched && !g.ta {
+        (1, g.batch * g.m)
+    } else {
+        (g.batch, g.m)
+    }
+}
+
 fn gemm_by_blas(elts: [Elt; 3]) -> bool {
     match elts {
         [Elt::F32, Elt::F32, Elt::F32] => true,
@@ -170,7 +182,8 @@ impl CudaProgram {
         [a, b, c]: [u64; 3],
         elts: [Elt; 3],
     ) -> Result<(), String> {
-        let (m, n, k) = (g.m as i32, g.n as i32, g.k as i32);
+        let (batch, rows) = folded(g);
+        let (m, n, k) = (rows as i32, g.n as i32, g.k as i32);
         let op = |t: bool| {
             if t {
                 blas_sys::cublasOperation_t::CUBLAS_OP_T
@@ -210,7 +223,7 @@ impl CudaProgram {
                     ty(elts[2]),
                     n,
                     (g.m * g.n) as i64,
-                    g.batch as i32,
+                    batch as i32,
                     blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                     blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                 )
@@ -239,7 +252,7 @@ impl CudaProgram {
                 c as *mut f32,
                 n,
                 (g.m * g.n) as i64,
-                g.batch as i32,
+                batch as i32,
             )
         }
         .map_err(|e| format!("cuBLAS: {e}"))
@@ -657,7 +670,26 @@ impl Engine for Gpu<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::gemm_by_blas;
+    use super::{folded, gemm_by_blas};
+    use crate::artifact::Gemm;
+
+    #[test]
+    fn shared_weight_products_fold_into_one() {
+        let g = |batch, ta, b_batched| Gemm {
+            batch,
+            m: 256,
+            n: 1152,
+            k: 384,
+            ta,
+            tb: false,
+            b_batched,
+        };
+        assert_eq!(folded(&g(64, false, false)), (1, 64 * 256));
+        // A transposed: its rows are not the result's; B per product: not one product.
+        assert_eq!(folded(&g(64, true, false)), (64, 256));
+        assert_eq!(folded(&g(64, false, true)), (64, 256));
+        assert_eq!(folded(&g(1, false, false)), (1, 256));
+    }
     use crate::artifact::Elt::{Bf16, F32, I64};
 
     /// cuBLAS takes all-f32 products and bf16 x bf16 ones (tensor cores, f32 or bf16

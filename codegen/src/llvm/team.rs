@@ -860,7 +860,13 @@ impl<'ctx> Gen<'ctx> {
                     .into(),
             )?,
             Shared::Tile(w) => {
-                self.entry_alloca(self.ctx.f32_type().array_type(w as u32).into())?
+                // 16-byte aligned, as the GPU's shared array: tiles read rows 4 words at a
+                // time.
+                let a = self.entry_alloca(self.ctx.f32_type().array_type(w as u32).into())?;
+                e(a.as_instruction()
+                    .ok_or("an alloca that is no instruction")?
+                    .set_alignment(16))?;
+                a
             }
         };
         let heap = |g: &Self, sym: &str, ty: inkwell::types::FunctionType<'ctx>| {

@@ -1,32 +1,49 @@
-//! Tiled attention: team kernels ([`super::team`]) whose blocks stage tiles of the rows
-//! all their lanes read in shared memory.
+//! Attention as FlashAttention-2 on team kernels ([`super::team`]): blocks stage tiles
+//! of the rows all their lanes read in shared memory, and each lane keeps its running
+//! results in registers.
 //!
-//! A block of the forward (or of the backward's `dq` kernel) is a tile of up to
-//! [`crate::kernel::ATTN_TILE`] query rows of one head, a lane per row. In a loop over
-//! key tiles, a phase copies the tile's key rows into the shared array, the lanes reading
-//! consecutive words (coalesced), and the next phase scores the lane's query against each
-//! of them, reading the same shared word in every lane (a broadcast). Each lane keeps its
-//! scores in its own memory, so the softmax's maximum, sum and weights read them instead
-//! of scoring every key three times, and a second loop stages the value rows for the
-//! weighted sum. The `dk`/`dv` kernel is the same with the roles turned: a lane per key
-//! row, and the queries' `q`, `dO` and statistics staged a tile at a time.
+//! A block of the forward (or of the backward's statistics-and-`dq` kernel) is a tile of
+//! up to [`crate::kernel::ATTN_TILE`] query rows of one head, a lane per row. In a loop
+//! over key tiles, one phase copies the tile's key and value rows into the shared array
+//! (consecutive lanes, consecutive words: coalesced; rows past the tile's end are zeros),
+//! and the next one takes the tile [`FWD_STEP`] keys at a time: the lane scores its query
+//! against each (every lane reads the same shared word: a broadcast), and an *online
+//! softmax* folds them into the row's running maximum `m`, sum `l` and weighted sum of
+//! values `o` (each rescaled by `exp(m_old - m_new)` once per step). Nothing per key is
+//! kept, so the key sequence has no length limit and no lane has a score array; `o` is
+//! `out * l` at the end. A causal block skips the key tiles past its last query.
 //!
-//! Past [`crate::kernel::ATTN_TILE_KEYS`] keys a lane's scores would not fit its
-//! memory, and the forward and the `dq` kernel score each key again in each pass over
-//! the key tiles instead (the maximum, the sum, then the weighted sum; the backward also
-//! `sum P dP` before `dq`), as the row kernels do, but from staged tiles.
+//! The backward recomputes: its query-tile kernel runs the same pass for the row's `m`,
+//! `1/l` and `D = dO . out` (which equals `sum_j P dP`), stores them as the row's
+//! statistics, then runs a second pass over the key tiles for `dq = scale sum_j dS_j k_j`,
+//! `dS = P (dP - D)` (the lane's `dO` row in a padded shared row of its own). The
+//! `dk`/`dv` kernel turns the roles: a lane per key row (its key, pre-scaled, and its
+//! value in padded shared rows of its own, the two gradients in registers), the
+//! queries' `q`, `dO` and statistics staged a query tile at a time (every query head of
+//! the key/value head's group), [`KV_STEP`] queries a step. No two lanes add into one
+//! element (no atomics), and every sum runs in a fixed order: the same bits every run.
 //!
-//! Every sum is the row kernels' (`llvm.rs`, `Body::Attention` and the rest): the same
-//! f32 operations on the same values in the same order, so the two forms give the same
-//! bits (`codegen/tests/kernels.rs` checks it). An online softmax (one pass, rescaling
-//! the running sum) would save the lanes' score memory but round differently; see
-//! `docs/gpu.md` for why it was left out.
+//! Every word of a lane's own memory is addressed by a constant and every loop over a
+//! row's width is unrolled, so on the GPU the lane's memory (an array in the entry) is
+//! promoted to registers: no local memory (`codegen/tests/kernels.rs` checks the PTX
+//! with `ptxas -v`). The host runs the same IR, phase by phase, lane by lane, and is
+//! tested against the CPU runtime's attention (a two-pass softmax) within the tolerance
+//! of a reordered sum, as PyTorch holds its flash kernels to its math path.
 
 use super::team::{Lane, Shared, Team};
 use super::{e, Gen, R};
-use crate::kernel::Attn;
-use inkwell::values::{FloatValue, IntValue, PointerValue};
-use inkwell::IntPredicate;
+use crate::kernel::{Attn, ATTN_PAD};
+use inkwell::values::{BasicValue, FloatValue, IntValue, PointerValue};
+use inkwell::{FloatPredicate, IntPredicate};
+
+/// Keys a lane scores together in the forward's (and the statistics') inner step: as many
+/// independent dot products in flight, one rescaling of the running sums per step.
+pub(crate) const FWD_STEP: usize = 16;
+/// Keys per inner step of the `dq` pass (fewer: its lanes hold their query and `dO` rows).
+pub(crate) const BACK_STEP: usize = 8;
+/// Queries per inner step of the `dk`/`dv` kernel (its lanes hold their key and value rows,
+/// and each query's statistics take registers too).
+pub(crate) const KV_STEP: usize = 4;
 
 /// Where a lane of a query-tile block is.
 struct QueryLane<'ctx> {
@@ -59,45 +76,6 @@ impl<'ctx> Gen<'ctx> {
         e(unsafe {
             self.b
                 .build_in_bounds_gep(self.ctx.f32_type(), l.local, &[self.i64c(w)], "")
-        })
-    }
-
-    /// `dst[c] = src[base + c]` for `c` in `0..len`.
-    fn copy_words(
-        &self,
-        src: PointerValue<'ctx>,
-        base: IntValue<'ctx>,
-        dst: PointerValue<'ctx>,
-        len: usize,
-    ) -> R<()> {
-        self.for_range(self.i64c(len), |g, c| {
-            g.stf(dst, c, g.ldf(src, g.add_i(base, c)?)?)
-        })
-    }
-
-    fn zero_words(&self, dst: PointerValue<'ctx>, len: usize) -> R<()> {
-        self.for_range(self.i64c(len), |g, c| g.stf(dst, c, g.fconst(0.0)))
-    }
-
-    /// The team copies `rows` rows of `width` words of `x`, from row `first`, to the
-    /// shared array at word `at`: lane `l` copies words `l, l + t, ...` (consecutive lanes,
-    /// consecutive words).
-    #[allow(clippy::too_many_arguments)]
-    fn stage(
-        &self,
-        l: &Lane<'ctx>,
-        t: usize,
-        x: PointerValue<'ctx>,
-        first: IntValue<'ctx>,
-        rows: IntValue<'ctx>,
-        width: usize,
-        at: usize,
-    ) -> R<()> {
-        let n = self.mul_i(rows, self.i64c(width))?;
-        let src = self.mul_i(first, self.i64c(width))?;
-        self.for_step(l.lane, n, t, |g, w| {
-            let v = g.ldf(x, g.add_i(src, w)?)?;
-            g.stf(l.sh, g.add_i(g.i64c(at), w)?, v)
         })
     }
 
@@ -149,424 +127,523 @@ impl<'ctx> Gen<'ctx> {
         Ok((ts, n))
     }
 
-    /// `f(j, j - ts)` for the keys `j` of the tile at `ts` (`n` long) that the lane sees,
-    /// where the lane has a query.
-    fn tile_keys(
-        &self,
-        q: &QueryLane<'ctx>,
-        ts: IntValue<'ctx>,
-        n: IntValue<'ctx>,
-        mut f: impl FnMut(&Self, IntValue<'ctx>, IntValue<'ctx>) -> R<()>,
-    ) -> R<()> {
-        self.when(q.valid, |g| {
-            let end = g.min_i(g.add_i(ts, n)?, q.lim)?;
-            g.for_step(ts, end, 1, |g, j| f(g, j, g.e_sub(j, ts)?))
-        })
+    /// Word `w` of a lane's own memory.
+    fn lw(&self, l: &Lane<'ctx>, w: usize) -> R<FloatValue<'ctx>> {
+        self.getf(self.local_at(l, w)?, self.ctx.f32_type())
     }
 
-    /// The row's softmax maximum and `1 / sum` from its scores `s[0..lim]`, as
-    /// [`Gen::attn_softmax`] computes them (the same operations in the same order).
-    fn scores_softmax(
-        &self,
-        s: PointerValue<'ctx>,
-        lim: IntValue<'ctx>,
-    ) -> R<(FloatValue<'ctx>, FloatValue<'ctx>)> {
-        let f32t = self.ctx.f32_type();
-        let mx = self.var(self.fconst(f32::NEG_INFINITY).into())?;
-        self.for_range(lim, |g, j| {
-            g.set(mx, g.maxf(g.getf(mx, f32t)?, g.ldf(s, j)?)?)
-        })?;
-        let m = self.getf(mx, f32t)?;
-        let sum = self.var(self.fconst(0.0).into())?;
-        self.for_range(lim, |g, j| {
-            let y = g.call(g.exp_fn()?, &[g.fsub(g.ldf(s, j)?, m)?])?;
-            g.set(sum, g.fadd(g.getf(sum, f32t)?, y)?)
-        })?;
-        Ok((m, self.fdiv(self.fconst(1.0), self.getf(sum, f32t)?)?))
+    /// Sets word `w` of a lane's own memory.
+    fn lput(&self, l: &Lane<'ctx>, w: usize, v: FloatValue<'ctx>) -> R<()> {
+        self.set(self.local_at(l, w)?, v)
     }
 
-    /// The first phase of a query-tile kernel: each lane with a query row copies row
-    /// `q_row` of each `(input, width, word)` of `rows` to that word of its memory, zeroes
-    /// each `(word, len)` of `zeros`, and sets each `(word, value)` of `sets`.
-    fn load_query_rows(
-        tm: &mut Team<'_, 'ctx>,
-        a: &Attn,
-        (lanes, tiles): (usize, usize),
-        rows: &[(usize, usize, usize)],
-        zeros: &[(usize, usize)],
-        sets: &[(usize, f32)],
-    ) -> R<()> {
-        let a = *a;
-        tm.phase(lanes, |g, l| {
-            let q = g.query_lane(&a, lanes, tiles, l)?;
-            g.when(q.valid, |g| {
-                for &(input, width, word) in rows {
-                    let base = g.mul_i(q.q_row, g.i64c(width))?;
-                    g.copy_words(l.ins[input], base, g.local_at(l, word)?, width)?;
-                }
-                for &(word, len) in zeros {
-                    g.zero_words(g.local_at(l, word)?, len)?;
-                }
-                for &(word, v) in sets {
-                    g.set(g.local_at(l, word)?, g.fconst(v))?;
-                }
-                Ok(())
-            })
-        })
+    /// Shared word `base + c`.
+    fn shw(&self, l: &Lane<'ctx>, base: IntValue<'ctx>, c: usize) -> R<FloatValue<'ctx>> {
+        self.ldf(l.sh, self.add_i(base, self.i64c(c))?)
     }
 
-    /// The last phase of a query-tile kernel: each lane with a query row stores the
-    /// `width` words at `word` of its memory to row `q_row` of output `out`.
-    fn store_query_row(
-        tm: &mut Team<'_, 'ctx>,
-        a: &Attn,
-        (lanes, tiles): (usize, usize),
-        word: usize,
-        out: usize,
-        width: usize,
-    ) -> R<()> {
-        let a = *a;
-        tm.phase(lanes, |g, l| {
-            let q = g.query_lane(&a, lanes, tiles, l)?;
-            g.when(q.valid, |g| {
-                let ob = g.mul_i(q.q_row, g.i64c(width))?;
-                g.store_array(g.local_at(l, word)?, l.outs[out], ob, width)
-            })
-        })
-    }
-
-    /// One pass over the key tiles of a query-tile block: a phase stages each tile's
-    /// keys (input `k_in`, at word 0) and, with `values = Some(word)`, its values (input
-    /// `k_in + 1`, at that word), and the next calls `f(g, lane, jt, score)` for each key
-    /// the lane sees (`jt`: the key's row in the tile), the lane's query at word `lq` of
-    /// its memory.
+    /// The team stages `rows` rows of `width` words of `x`, from row `first`, into the
+    /// shared array at word `at`, a row every `pitch` words: rows `n..rows` are zeros (a
+    /// short tile's masked keys then weigh `0 * 0`, never `0 * NaN` from stale memory).
+    /// Lane `l` copies words `l, l + t, ...` of the tile (consecutive lanes, consecutive
+    /// words).
     #[allow(clippy::too_many_arguments)]
-    fn score_pass(
+    fn stage_rows(
+        &self,
+        l: &Lane<'ctx>,
+        t: usize,
+        x: PointerValue<'ctx>,
+        first: IntValue<'ctx>,
+        (n, rows): (IntValue<'ctx>, usize),
+        width: usize,
+        (at, pitch): (usize, usize),
+    ) -> R<()> {
+        let src = self.mul_i(first, self.i64c(width))?;
+        let have = self.mul_i(n, self.i64c(width))?;
+        self.for_step(l.lane, self.i64c(rows * width), t, |g, w| {
+            let inside = g.ult(w, have)?;
+            let v = g.var(g.fconst(0.0).into())?;
+            g.when(inside, |g| g.set(v, g.ldf(x, g.add_i(src, w)?)?))?;
+            let v = g.getf(v, g.ctx.f32_type())?;
+            let to = if pitch == width {
+                w
+            } else {
+                let (r, c) = (g.div_i(w, width)?, g.rem_i(w, width)?);
+                g.add_i(g.mul_i(r, g.i64c(pitch))?, c)?
+            };
+            g.stf(l.sh, g.add_i(g.i64c(at), to)?, v)
+        })
+    }
+
+    /// `a * b + c` (one FMA on the GPU, where `mul` and `add` would each round).
+    fn fma(
+        &self,
+        a: FloatValue<'ctx>,
+        b: FloatValue<'ctx>,
+        c: FloatValue<'ctx>,
+    ) -> R<FloatValue<'ctx>> {
+        let f = self.intrinsic("llvm.fmuladd")?;
+        let r = e(self.b.build_call(f, &[a.into(), b.into(), c.into()], ""))?;
+        r.try_as_basic_value()
+            .basic()
+            .map(|v| v.into_float_value())
+            .ok_or_else(|| "fmuladd returned nothing".to_string())
+    }
+
+    /// The address of shared words `base + c ..`, and whether it starts a 16-byte word
+    /// group: `base` a multiple of 4 (every row the tiles read as vectors starts at one:
+    /// [`crate::kernel::Attn::vector_rows`]) and `c` too.
+    fn sh_ptr(&self, l: &Lane<'ctx>, base: IntValue<'ctx>, c: usize) -> R<PointerValue<'ctx>> {
+        let at = self.add_i(base, self.i64c(c))?;
+        // SAFETY of the generated code: every word read is inside the kernel's shared
+        // array (the tiles' layout).
+        e(unsafe {
+            self.b
+                .build_in_bounds_gep(self.ctx.f32_type(), l.sh, &[at], "")
+        })
+    }
+
+    /// Shared words `base..base + len`: four at a time (one 16-byte load) where `vec`
+    /// (the row starts 16-byte aligned and `len` is a multiple of 4), else one by one.
+    fn sh_row(
+        &self,
+        l: &Lane<'ctx>,
+        base: IntValue<'ctx>,
+        len: usize,
+        vec: bool,
+    ) -> R<Vec<FloatValue<'ctx>>> {
+        if !vec || !len.is_multiple_of(4) {
+            return (0..len).map(|c| self.shw(l, base, c)).collect();
+        }
+        let v4 = self.ctx.f32_type().vec_type(4);
+        let mut out = Vec::with_capacity(len);
+        for c in (0..len).step_by(4) {
+            let v = e(self.b.build_load(v4, self.sh_ptr(l, base, c)?, ""))?.into_vector_value();
+            let ins = v
+                .as_instruction_value()
+                .ok_or("a load that is no instruction")?;
+            e(ins.set_alignment(16))?;
+            for k in 0..4u64 {
+                let x = e(self.b.build_extract_element(
+                    v,
+                    self.ctx.i32_type().const_int(k, false),
+                    "",
+                ))?;
+                out.push(x.into_float_value());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stores `vals` to shared words `base..`, as [`Self::sh_row`] reads them.
+    fn sh_put_row(
+        &self,
+        l: &Lane<'ctx>,
+        base: IntValue<'ctx>,
+        vals: &[FloatValue<'ctx>],
+        vec: bool,
+    ) -> R<()> {
+        if !vec || !vals.len().is_multiple_of(4) {
+            for (c, v) in vals.iter().enumerate() {
+                self.stf(l.sh, self.add_i(base, self.i64c(c))?, *v)?;
+            }
+            return Ok(());
+        }
+        let v4 = self.ctx.f32_type().vec_type(4);
+        for (c, chunk) in vals.chunks(4).enumerate() {
+            let mut v = v4.get_undef();
+            for (k, x) in chunk.iter().enumerate() {
+                let i = self.ctx.i32_type().const_int(k as u64, false);
+                v = e(self.b.build_insert_element(v, *x, i, ""))?;
+            }
+            let st = e(self.b.build_store(self.sh_ptr(l, base, 4 * c)?, v))?;
+            e(st.set_alignment(16))?;
+        }
+        Ok(())
+    }
+
+    /// `sum_c local[lw + c] * shared[sb + c]` over `c` in `0..len`, unrolled.
+    fn dot_ls(
+        &self,
+        l: &Lane<'ctx>,
+        lw: usize,
+        sb: IntValue<'ctx>,
+        len: usize,
+        vec: bool,
+    ) -> R<FloatValue<'ctx>> {
+        let row = self.sh_row(l, sb, len, vec)?;
+        let mut acc = self.fmul(self.lw(l, lw)?, row[0])?;
+        for (c, x) in row.iter().enumerate().skip(1) {
+            acc = self.fma(self.lw(l, lw + c)?, *x, acc)?;
+        }
+        Ok(acc)
+    }
+
+    /// `local[lw + c] = local[lw + c] * keep + sum_b w[b] * shared[rows[b] + c]` for `c`
+    /// in `0..len` (`keep` none: 1), unrolled.
+    #[allow(clippy::too_many_arguments)]
+    fn gather_rows(
+        &self,
+        l: &Lane<'ctx>,
+        lw: usize,
+        keep: Option<FloatValue<'ctx>>,
+        w: &[FloatValue<'ctx>],
+        rows: &[IntValue<'ctx>],
+        len: usize,
+        vec: bool,
+    ) -> R<()> {
+        // Four words at a time (one 16-byte load of each row), every row's weight applied
+        // before the next four: few values live at once.
+        let chunk = if vec && len.is_multiple_of(4) { 4 } else { 1 };
+        for c0 in (0..len).step_by(chunk) {
+            let mut acc = Vec::with_capacity(chunk);
+            for c in c0..c0 + chunk {
+                let a = self.lw(l, lw + c)?;
+                acc.push(match keep {
+                    Some(k) => self.fmul(a, k)?,
+                    None => a,
+                });
+            }
+            for (wb, rb) in w.iter().zip(rows) {
+                let part = self.sh_row(l, self.add_i(*rb, self.i64c(c0))?, chunk, vec)?;
+                for (a, x) in acc.iter_mut().zip(part) {
+                    *a = self.fma(*wb, x, *a)?;
+                }
+            }
+            for (k, a) in acc.into_iter().enumerate() {
+                self.lput(l, lw + c0 + k, a)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `shared[acc + c] += sum_b w[b] * shared[rows[b] + c]` for `c` in `0..len` (a
+    /// lane's own row of shared words), unrolled.
+    fn gather_shared(
+        &self,
+        l: &Lane<'ctx>,
+        acc: IntValue<'ctx>,
+        w: &[FloatValue<'ctx>],
+        rows: &[IntValue<'ctx>],
+        len: usize,
+        vec: bool,
+    ) -> R<()> {
+        let chunk = if vec && len.is_multiple_of(4) { 4 } else { 1 };
+        for c0 in (0..len).step_by(chunk) {
+            let at = self.add_i(acc, self.i64c(c0))?;
+            let mut a = self.sh_row(l, at, chunk, vec)?;
+            for (wb, rb) in w.iter().zip(rows) {
+                let part = self.sh_row(l, self.add_i(*rb, self.i64c(c0))?, chunk, vec)?;
+                for (x, y) in a.iter_mut().zip(part) {
+                    *x = self.fma(*wb, y, *x)?;
+                }
+            }
+            self.sh_put_row(l, at, &a, vec)?;
+        }
+        Ok(())
+    }
+
+    /// Sets words `lw..lw + len` of a lane's memory to `v`.
+    fn fill_local(&self, l: &Lane<'ctx>, lw: usize, len: usize, v: f32) -> R<()> {
+        for c in 0..len {
+            self.lput(l, lw + c, self.fconst(v))?;
+        }
+        Ok(())
+    }
+
+    /// Copies row `row` (`len` words) of `x`, times `scale`, to words `lw..` of a lane's
+    /// memory.
+    fn load_row(
+        &self,
+        l: &Lane<'ctx>,
+        x: PointerValue<'ctx>,
+        row: IntValue<'ctx>,
+        len: usize,
+        lw: usize,
+        scale: f32,
+    ) -> R<()> {
+        let base = self.mul_i(row, self.i64c(len))?;
+        for c in 0..len {
+            let v = self.ldf(x, self.add_i(base, self.i64c(c))?)?;
+            let v = if scale == 1.0 {
+                v
+            } else {
+                self.fmul(v, self.fconst(scale))?
+            };
+            self.lput(l, lw + c, v)?;
+        }
+        Ok(())
+    }
+
+    /// Stores words `lw..lw + len` of a lane's memory, times `f`, to row `row` of `out`.
+    fn store_row(
+        &self,
+        l: &Lane<'ctx>,
+        out: PointerValue<'ctx>,
+        row: IntValue<'ctx>,
+        len: usize,
+        lw: usize,
+        f: FloatValue<'ctx>,
+    ) -> R<()> {
+        let base = self.mul_i(row, self.i64c(len))?;
+        for c in 0..len {
+            let v = self.fmul(self.lw(l, lw + c)?, f)?;
+            self.stf(out, self.add_i(base, self.i64c(c))?, v)?;
+        }
+        Ok(())
+    }
+
+    fn select_f(
+        &self,
+        c: IntValue<'ctx>,
+        a: FloatValue<'ctx>,
+        b: FloatValue<'ctx>,
+    ) -> R<FloatValue<'ctx>> {
+        Ok(e(self.b.build_select(c, a, b, ""))?.into_float_value())
+    }
+
+    /// Keys (or queries) of a staged tile of `n` that the block takes, in steps of
+    /// `step`: `ceil(n' / step)`, `n'` = `n` where the block needs the tile, else 0.
+    fn steps_of(
+        &self,
+        n: IntValue<'ctx>,
+        needed: IntValue<'ctx>,
+        step: usize,
+    ) -> R<IntValue<'ctx>> {
+        let s = self.div_i(self.add_i(n, self.i64c(step - 1))?, step)?;
+        Ok(e(self.b.build_select(needed, s, self.i64c(0), ""))?.into_int_value())
+    }
+
+    /// One online-softmax step of a query lane: `s` the step's scores (-inf where masked),
+    /// `vrows` the shared words of their value rows; the lane's `m`, `l` at words `lm`,
+    /// `lm + 1`, its weighted sum at `lo` (`ev` words).
+    fn online_step(
+        &self,
+        l: &Lane<'ctx>,
+        s: &[FloatValue<'ctx>],
+        vrows: &[IntValue<'ctx>],
+        (lo, ev, lm): (usize, usize, usize),
+        vec: bool,
+    ) -> R<()> {
+        let m = self.lw(l, lm)?;
+        let mut mx = m;
+        for &sb in s {
+            mx = self.maxf(mx, sb)?;
+        }
+        // Nothing seen yet (every score so far masked): subtract 0, not -inf (-inf - -inf
+        // is NaN); every weight is then exp(-inf) = 0.
+        let none = self.select(
+            FloatPredicate::OEQ,
+            mx,
+            self.fconst(f32::NEG_INFINITY),
+            self.fconst(0.0),
+            mx,
+        )?;
+        let exp = self.exp_fn()?;
+        let corr = self.call(exp, &[self.fsub(m, none)?])?;
+        let mut p = Vec::with_capacity(s.len());
+        let mut sum = self.fmul(self.lw(l, lm + 1)?, corr)?;
+        for &sb in s {
+            let pb = self.call(exp, &[self.fsub(sb, none)?])?;
+            sum = self.fadd(sum, pb)?;
+            p.push(pb);
+        }
+        self.lput(l, lm + 1, sum)?;
+        self.lput(l, lm, mx)?;
+        self.gather_rows(l, lo, Some(corr), &p, vrows, ev, vec)
+    }
+
+    /// A pass over the key tiles of a query-tile block folding every key the lane sees
+    /// into its online softmax: the lane's query (pre-scaled) at word `lq`, `o` at `lo`,
+    /// `m`, `l` at `lm`, `lm + 1`. Keys are input `k_in`, values `k_in + 1`.
+    fn online_pass(
         tm: &mut Team<'_, 'ctx>,
         a: &Attn,
         (lanes, tiles, rows): (usize, usize, usize),
         k_in: usize,
-        values: Option<usize>,
-        lq: usize,
-        f: impl Fn(&Self, &Lane<'ctx>, IntValue<'ctx>, FloatValue<'ctx>) -> R<()>,
+        (lq, lo, lm): (usize, usize, usize),
     ) -> R<()> {
         let a = *a;
+        let (d, ev) = (a.d, a.e);
+        let vt = rows * d;
+        let step = FWD_STEP.min(rows);
         tm.repeat(a.t.div_ceil(rows), |tm| {
+            Self::stage_keys(tm, &a, (lanes, tiles, rows), k_in)?;
             tm.phase(lanes, |g, l| {
                 let q = g.query_lane(&a, lanes, tiles, l)?;
                 let (ts, n) = g.key_tile(&a, rows, l)?;
-                g.when(g.ult(ts, q.need)?, |g| {
-                    let first = g.add_i(q.kv_base, ts)?;
-                    g.stage(l, lanes, l.ins[k_in], first, n, a.d, 0)?;
-                    match values {
-                        Some(vt) => g.stage(l, lanes, l.ins[k_in + 1], first, n, a.e, vt),
-                        None => Ok(()),
-                    }
-                })
-            })?;
-            tm.phase(lanes, |g, l| {
-                let q = g.query_lane(&a, lanes, tiles, l)?;
-                let (ts, n) = g.key_tile(&a, rows, l)?;
-                let qp = g.local_at(l, lq)?;
-                g.tile_keys(&q, ts, n, |g, _, jt| {
-                    let dot = g.dot(qp, g.i64c(0), l.sh, g.mul_i(jt, g.i64c(a.d))?, a.d)?;
-                    f(g, l, jt, g.fmul(g.fconst(a.scale), dot)?)
+                let steps = g.steps_of(n, g.ult(ts, q.need)?, step)?;
+                g.when(q.valid, |g| {
+                    g.for_range(steps, |g, sb| {
+                        let jt0 = g.mul_i(sb, g.i64c(step))?;
+                        let mut s = Vec::with_capacity(step);
+                        let mut vrows = Vec::with_capacity(step);
+                        for b in 0..step {
+                            let jt = g.add_i(jt0, g.i64c(b))?;
+                            let dot =
+                                g.dot_ls(l, lq, g.mul_i(jt, g.i64c(d))?, d, a.vector_rows())?;
+                            let seen = g.ult(g.add_i(ts, jt)?, q.lim)?;
+                            s.push(g.select_f(seen, dot, g.fconst(f32::NEG_INFINITY))?);
+                            vrows.push(g.add_i(g.i64c(vt), g.mul_i(jt, g.i64c(ev))?)?);
+                        }
+                        g.online_step(l, &s, &vrows, (lo, ev, lm), a.vector_rows())
+                    })
                 })
             })
         })
     }
 
-    /// `max = maxf(max, s)` and `sum += exp(s - max)` passes of a lane whose maximum and
-    /// sum are at words `lst` and `lst + 1` of its memory (set to -inf and 0 before);
-    /// leaves `1 / sum` at `lst + 1`: [`Gen::attn_softmax`] from staged keys.
-    fn softmax_passes(
+    /// The phase staging key tile `l.iter` (keys of input `k_in` at word 0, values of
+    /// `k_in + 1` after them) where some lane of the block sees it.
+    fn stage_keys(
         tm: &mut Team<'_, 'ctx>,
         a: &Attn,
-        cut: (usize, usize, usize),
+        (lanes, tiles, rows): (usize, usize, usize),
         k_in: usize,
-        lq: usize,
-        lst: usize,
     ) -> R<()> {
-        let (lanes, tiles, _) = cut;
-        let f32t = tm.g.ctx.f32_type();
-        Self::score_pass(tm, a, cut, k_in, None, lq, |g, l, _, s| {
-            let mx = g.local_at(l, lst)?;
-            g.set(mx, g.maxf(g.getf(mx, f32t)?, s)?)
-        })?;
-        Self::score_pass(tm, a, cut, k_in, None, lq, |g, l, _, s| {
-            let m = g.getf(g.local_at(l, lst)?, f32t)?;
-            let sum = g.local_at(l, lst + 1)?;
-            let y = g.call(g.exp_fn()?, &[g.fsub(s, m)?])?;
-            g.set(sum, g.fadd(g.getf(sum, f32t)?, y)?)
-        })?;
         let a = *a;
         tm.phase(lanes, |g, l| {
             let q = g.query_lane(&a, lanes, tiles, l)?;
-            g.when(q.valid, |g| {
-                let sum = g.local_at(l, lst + 1)?;
-                g.set(sum, g.fdiv(g.fconst(1.0), g.getf(sum, f32t)?)?)
+            let (ts, n) = g.key_tile(&a, rows, l)?;
+            g.when(g.ult(ts, q.need)?, |g| {
+                let first = g.add_i(q.kv_base, ts)?;
+                g.stage_rows(l, lanes, l.ins[k_in], first, (n, rows), a.d, (0, a.d))?;
+                let vt = rows * a.d;
+                g.stage_rows(l, lanes, l.ins[k_in + 1], first, (n, rows), a.e, (vt, a.e))
             })
         })
-    }
-
-    /// `exp(s - max) * inv` from a lane's statistics at words `lst` and `lst + 1`.
-    fn prob(&self, l: &Lane<'ctx>, lst: usize, s: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
-        let f32t = self.ctx.f32_type();
-        let m = self.getf(self.local_at(l, lst)?, f32t)?;
-        let inv = self.getf(self.local_at(l, lst + 1)?, f32t)?;
-        let y = self.call(self.exp_fn()?, &[self.fsub(s, m)?])?;
-        self.fmul(y, inv)
-    }
-
-    /// The forward without kept scores ([`crate::kernel::Tiles::scores`] false): three
-    /// passes over the key tiles.
-    fn attn_tiles_rescore(&self, tm: &mut Team<'_, 'ctx>, a: &Attn) -> R<()> {
-        let ti = a.tiles().ok_or("this attention has no tiling")?;
-        let (lanes, rows, tiles) = (ti.q_lanes, ti.fwd_rows, ti.q_tiles(a));
-        let cut = (lanes, tiles, rows);
-        let (d, ev) = (a.d, a.e);
-        // A lane's memory: q [d], acc [e], max, sum (then 1/sum).
-        let (lq, lacc, lst) = (0, d, d + ev);
-        // Shared: key rows [rows, d], then (the last pass) value rows [rows, e].
-        let vt = rows * d;
-        tm.shared = Shared::Tile(rows * (d + ev));
-        tm.local = lst + 2;
-        let a = *a;
-        Self::load_query_rows(
-            tm,
-            &a,
-            (lanes, tiles),
-            &[(0, d, lq)],
-            &[(lacc, ev)],
-            &[(lst, f32::NEG_INFINITY), (lst + 1, 0.0)],
-        )?;
-        Self::softmax_passes(tm, &a, cut, 1, lq, lst)?;
-        Self::score_pass(tm, &a, cut, 1, Some(vt), lq, |g, l, jt, s| {
-            let p = g.prob(l, lst, s)?;
-            let vb = g.add_i(g.i64c(vt), g.mul_i(jt, g.i64c(ev))?)?;
-            g.axpy(g.local_at(l, lacc)?, p, l.sh, vb, ev)
-        })?;
-        Self::store_query_row(tm, &a, (lanes, tiles), lacc, 0, ev)
-    }
-
-    /// The backward's statistics and `dq` without kept scores: four passes over the key
-    /// tiles (the maximum, the sum, `sum P dP`, then `dq`).
-    fn attn_tiles_back_rescore(&self, tm: &mut Team<'_, 'ctx>, a: &Attn) -> R<()> {
-        let ti = a.tiles().ok_or("this attention has no tiling")?;
-        let (lanes, rows, tiles) = (ti.q_lanes, ti.back_rows, ti.q_tiles(a));
-        let cut = (lanes, tiles, rows);
-        let (d, ev) = (a.d, a.e);
-        // A lane's memory: q [d], dO [e], acc [d], max, sum (then 1/sum), rowsum(P dP).
-        let (lq, ldo, lacc, lst) = (0, d, d + ev, 2 * d + ev);
-        let vt = rows * d;
-        tm.shared = Shared::Tile(rows * (d + ev));
-        tm.local = lst + 3;
-        let a = *a;
-        let f32t = self.ctx.f32_type();
-        Self::load_query_rows(
-            tm,
-            &a,
-            (lanes, tiles),
-            &[(1, d, lq), (0, ev, ldo)],
-            &[(lacc, d)],
-            &[(lst, f32::NEG_INFINITY), (lst + 1, 0.0), (lst + 2, 0.0)],
-        )?;
-        Self::softmax_passes(tm, &a, cut, 2, lq, lst)?;
-        // dP = dO . V_j of key row `jt` of the staged tile.
-        let dp = move |g: &Self, l: &Lane<'ctx>, jt| {
-            let vb = g.add_i(g.i64c(vt), g.mul_i(jt, g.i64c(ev))?)?;
-            g.dot(g.local_at(l, ldo)?, g.i64c(0), l.sh, vb, ev)
-        };
-        Self::score_pass(tm, &a, cut, 2, Some(vt), lq, |g, l, jt, s| {
-            let p = g.prob(l, lst, s)?;
-            let dot = g.local_at(l, lst + 2)?;
-            g.set(dot, g.fadd(g.getf(dot, f32t)?, g.fmul(p, dp(g, l, jt)?)?)?)
-        })?;
-        tm.phase(lanes, |g, l| {
-            let q = g.query_lane(&a, lanes, tiles, l)?;
-            g.when(q.valid, |g| {
-                let s = g.mul_i(q.q_row, g.i64c(3))?;
-                for k in 0..3 {
-                    let v = g.getf(g.local_at(l, lst + k)?, f32t)?;
-                    g.stf(l.outs[0], g.add_i(s, g.i64c(k))?, v)?;
-                }
-                Ok(())
-            })
-        })?;
-        Self::score_pass(tm, &a, cut, 2, Some(vt), lq, |g, l, jt, s| {
-            let p = g.prob(l, lst, s)?;
-            let dsum = g.getf(g.local_at(l, lst + 2)?, f32t)?;
-            let ds = g.fmul(g.fmul(p, g.fsub(dp(g, l, jt)?, dsum)?)?, g.fconst(a.scale))?;
-            g.axpy(g.local_at(l, lacc)?, ds, l.sh, g.mul_i(jt, g.i64c(d))?, d)
-        })?;
-        Self::store_query_row(tm, &a, (lanes, tiles), lacc, 1, d)
     }
 
     /// The forward ([`crate::kernel::Body::AttnTiles`]): `q, k, v (, offset) -> out`.
     pub(super) fn attn_tiles(&self, tm: &mut Team<'_, 'ctx>, a: &Attn) -> R<()> {
         let ti = a.tiles().ok_or("this attention has no tiling")?;
-        if !ti.scores {
-            return self.attn_tiles_rescore(tm, a);
-        }
         let (lanes, rows, tiles) = (ti.q_lanes, ti.fwd_rows, ti.q_tiles(a));
-        let (d, ev, t) = (a.d, a.e, a.t);
-        // A lane's memory: q [d], acc [e], scores [t], max, 1/sum.
-        let (lq, lacc, ls, lst) = (0, d, d + ev, d + ev + t);
-        tm.shared = Shared::Tile(rows * d.max(ev));
-        tm.local = lst + 2;
-        let key_tiles = t.div_ceil(rows);
+        let (d, ev) = (a.d, a.e);
+        // A lane's memory: q * scale [d], o [e], m, l.
+        let (lq, lo, lm) = (0, d, d + ev);
+        tm.shared = Shared::Tile(rows * (d + ev));
+        tm.local = lm + 2;
         let a = *a;
-        Self::load_query_rows(tm, &a, (lanes, tiles), &[(0, d, lq)], &[(lacc, ev)], &[])?;
-        // Scores, a key tile at a time.
-        tm.repeat(key_tiles, |tm| {
-            tm.phase(lanes, |g, l| {
-                let q = g.query_lane(&a, lanes, tiles, l)?;
-                let (ts, n) = g.key_tile(&a, rows, l)?;
-                g.when(g.ult(ts, q.need)?, |g| {
-                    g.stage(l, lanes, l.ins[1], g.add_i(q.kv_base, ts)?, n, d, 0)
-                })
-            })?;
-            tm.phase(lanes, |g, l| {
-                let q = g.query_lane(&a, lanes, tiles, l)?;
-                let (ts, n) = g.key_tile(&a, rows, l)?;
-                let (qp, sp) = (g.local_at(l, lq)?, g.local_at(l, ls)?);
-                g.tile_keys(&q, ts, n, |g, j, jt| {
-                    let dot = g.dot(qp, g.i64c(0), l.sh, g.mul_i(jt, g.i64c(d))?, d)?;
-                    g.stf(sp, j, g.fmul(g.fconst(a.scale), dot)?)
-                })
-            })
-        })?;
         tm.phase(lanes, |g, l| {
             let q = g.query_lane(&a, lanes, tiles, l)?;
             g.when(q.valid, |g| {
-                let (m, inv) = g.scores_softmax(g.local_at(l, ls)?, q.lim)?;
-                g.set(g.local_at(l, lst)?, m)?;
-                g.set(g.local_at(l, lst + 1)?, inv)
+                g.load_row(l, l.ins[0], q.q_row, d, lq, a.scale)?;
+                g.fill_local(l, lo, ev, 0.0)?;
+                g.fill_local(l, lm, 1, f32::NEG_INFINITY)?;
+                g.fill_local(l, lm + 1, 1, 0.0)
             })
         })?;
-        // The weighted sum of the values, a tile at a time.
-        tm.repeat(key_tiles, |tm| {
-            tm.phase(lanes, |g, l| {
-                let q = g.query_lane(&a, lanes, tiles, l)?;
-                let (ts, n) = g.key_tile(&a, rows, l)?;
-                g.when(g.ult(ts, q.need)?, |g| {
-                    g.stage(l, lanes, l.ins[2], g.add_i(q.kv_base, ts)?, n, ev, 0)
-                })
-            })?;
-            tm.phase(lanes, |g, l| {
-                let q = g.query_lane(&a, lanes, tiles, l)?;
-                let (ts, n) = g.key_tile(&a, rows, l)?;
-                let f32t = g.ctx.f32_type();
-                let (sp, acc) = (g.local_at(l, ls)?, g.local_at(l, lacc)?);
-                let (mx, inv) = (g.local_at(l, lst)?, g.local_at(l, lst + 1)?);
-                g.tile_keys(&q, ts, n, |g, j, jt| {
-                    let (m, inv) = (g.getf(mx, f32t)?, g.getf(inv, f32t)?);
-                    let y = g.call(g.exp_fn()?, &[g.fsub(g.ldf(sp, j)?, m)?])?;
-                    let p = g.fmul(y, inv)?;
-                    g.axpy(acc, p, l.sh, g.mul_i(jt, g.i64c(ev))?, ev)
-                })
+        Self::online_pass(tm, &a, (lanes, tiles, rows), 1, (lq, lo, lm))?;
+        tm.phase(lanes, |g, l| {
+            let q = g.query_lane(&a, lanes, tiles, l)?;
+            g.when(q.valid, |g| {
+                let inv = g.fdiv(g.fconst(1.0), g.lw(l, lm + 1)?)?;
+                g.store_row(l, l.outs[0], q.q_row, ev, lo, inv)
             })
-        })?;
-        Self::store_query_row(tm, &a, (lanes, tiles), lacc, 0, ev)
+        })
     }
 
     /// The backward's statistics and `dq` ([`crate::kernel::Body::AttnTilesBack`]):
-    /// `dout, q, k, v (, offset) -> stats, dq`.
+    /// `dout, q, k, v (, offset) -> stats, dq`; the statistics `[m, 1/l, D]` per query
+    /// row (`D = dO . out`).
     pub(super) fn attn_tiles_back(&self, tm: &mut Team<'_, 'ctx>, a: &Attn) -> R<()> {
         let ti = a.tiles().ok_or("this attention has no tiling")?;
-        if !ti.scores {
-            return self.attn_tiles_back_rescore(tm, a);
-        }
         let (lanes, rows, tiles) = (ti.q_lanes, ti.back_rows, ti.q_tiles(a));
-        let (d, ev, t) = (a.d, a.e, a.t);
-        // A lane's memory: q [d], dO [e], acc [d], P (scores, then weights) [t], dP [t],
-        // max, 1/sum, rowsum(dP * P).
-        let (lq, ldo, lacc) = (0, d, d + ev);
-        let (lp, ldp, lst) = (2 * d + ev, 2 * d + ev + t, 2 * d + ev + 2 * t);
-        tm.shared = Shared::Tile(rows * (d + ev));
-        tm.local = lst + 3;
-        let key_tiles = t.div_ceil(rows);
-        let vt = rows * d;
+        let (d, ev) = (a.d, a.e);
+        // A lane's memory: q * scale [d], o [e] (the first pass), then dO [e] (the
+        // second), m, l (then 1/l), D.
+        let (lq, lo, lm) = (0, d, d + ev);
+        // Shared: key rows [rows, d], value rows [rows, e], then each lane's `dq`
+        // accumulator [lanes, d + ATTN_PAD]: registers hold two rows of 64 and the step's
+        // work, not three.
+        let (vt, sdq) = (rows * d, rows * (d + ev));
+        let qp = d + ATTN_PAD;
+        tm.shared = Shared::Tile(sdq + lanes * qp);
+        tm.local = lm + 3;
+        let step = BACK_STEP.min(rows);
+        let vec = a.vector_rows();
         let a = *a;
-        let f32t = self.ctx.f32_type();
-        Self::load_query_rows(
-            tm,
-            &a,
-            (lanes, tiles),
-            &[(1, d, lq), (0, ev, ldo)],
-            &[(lacc, d)],
-            &[],
-        )?;
-        // Scores and dP = dO . V, a key tile (keys and values) at a time.
-        tm.repeat(key_tiles, |tm| {
-            tm.phase(lanes, |g, l| {
-                let q = g.query_lane(&a, lanes, tiles, l)?;
-                let (ts, n) = g.key_tile(&a, rows, l)?;
-                g.when(g.ult(ts, q.need)?, |g| {
-                    let first = g.add_i(q.kv_base, ts)?;
-                    g.stage(l, lanes, l.ins[2], first, n, d, 0)?;
-                    g.stage(l, lanes, l.ins[3], first, n, ev, vt)
-                })
-            })?;
-            tm.phase(lanes, |g, l| {
-                let q = g.query_lane(&a, lanes, tiles, l)?;
-                let (ts, n) = g.key_tile(&a, rows, l)?;
-                let (qp, dop) = (g.local_at(l, lq)?, g.local_at(l, ldo)?);
-                let (pp, dpp) = (g.local_at(l, lp)?, g.local_at(l, ldp)?);
-                g.tile_keys(&q, ts, n, |g, j, jt| {
-                    let dot = g.dot(qp, g.i64c(0), l.sh, g.mul_i(jt, g.i64c(d))?, d)?;
-                    g.stf(pp, j, g.fmul(g.fconst(a.scale), dot)?)?;
-                    let vb = g.add_i(g.i64c(vt), g.mul_i(jt, g.i64c(ev))?)?;
-                    g.stf(dpp, j, g.dot(dop, g.i64c(0), l.sh, vb, ev)?)
-                })
-            })
-        })?;
-        // The row's statistics ([`Gen::attn_softmax`], then `AttnStats`'s sum of P dP);
-        // P replaces the scores.
+        let mine =
+            move |g: &Gen<'ctx>, l: &Lane<'ctx>| g.add_i(g.i64c(sdq), g.mul_i(l.lane, g.i64c(qp))?);
         tm.phase(lanes, |g, l| {
             let q = g.query_lane(&a, lanes, tiles, l)?;
             g.when(q.valid, |g| {
-                let (pp, dpp) = (g.local_at(l, lp)?, g.local_at(l, ldp)?);
-                let (m, inv) = g.scores_softmax(pp, q.lim)?;
-                let dot = g.var(g.fconst(0.0).into())?;
-                g.for_range(q.lim, |g, j| {
-                    let y = g.call(g.exp_fn()?, &[g.fsub(g.ldf(pp, j)?, m)?])?;
-                    let p = g.fmul(y, inv)?;
-                    g.stf(pp, j, p)?;
-                    g.set(dot, g.fadd(g.getf(dot, f32t)?, g.fmul(p, g.ldf(dpp, j)?)?)?)
-                })?;
-                let dsum = g.getf(dot, f32t)?;
+                g.load_row(l, l.ins[1], q.q_row, d, lq, a.scale)?;
+                g.fill_local(l, lo, ev, 0.0)?;
+                g.fill_local(l, lm, 1, f32::NEG_INFINITY)?;
+                g.fill_local(l, lm + 1, 1, 0.0)
+            })
+        })?;
+        Self::online_pass(tm, &a, (lanes, tiles, rows), 2, (lq, lo, lm))?;
+        // The row's statistics, then dO in o's place and a zero `dq`.
+        tm.phase(lanes, |g, l| {
+            let q = g.query_lane(&a, lanes, tiles, l)?;
+            g.when(q.valid, |g| {
+                let inv = g.fdiv(g.fconst(1.0), g.lw(l, lm + 1)?)?;
+                let ob = g.mul_i(q.q_row, g.i64c(ev))?;
+                let mut dsum = g.fconst(0.0);
+                for c in 0..ev {
+                    let dov = g.ldf(l.ins[0], g.add_i(ob, g.i64c(c))?)?;
+                    dsum = g.fadd(dsum, g.fmul(dov, g.lw(l, lo + c)?)?)?;
+                    g.lput(l, lo + c, dov)?;
+                }
+                let dsum = g.fmul(dsum, inv)?;
+                g.lput(l, lm + 1, inv)?;
+                g.lput(l, lm + 2, dsum)?;
                 let s = g.mul_i(q.q_row, g.i64c(3))?;
-                for (k, v) in [m, inv, dsum].into_iter().enumerate() {
-                    g.stf(l.outs[0], g.add_i(s, g.i64c(k))?, v)?;
-                    g.set(g.local_at(l, lst + k)?, v)?;
+                for k in 0..3 {
+                    g.stf(l.outs[0], g.add_i(s, g.i64c(k))?, g.lw(l, lm + k)?)?;
+                }
+                let my = mine(g, l)?;
+                for c in 0..d {
+                    g.stf(l.sh, g.add_i(my, g.i64c(c))?, g.fconst(0.0))?;
                 }
                 Ok(())
             })
         })?;
-        // dq = sum_j dS_j K_j, a key tile at a time.
-        tm.repeat(key_tiles, |tm| {
+        // dq = scale sum_j P (dP - D) k_j, `BACK_STEP` keys a step.
+        tm.repeat(a.t.div_ceil(rows), |tm| {
+            Self::stage_keys(tm, &a, (lanes, tiles, rows), 2)?;
             tm.phase(lanes, |g, l| {
                 let q = g.query_lane(&a, lanes, tiles, l)?;
                 let (ts, n) = g.key_tile(&a, rows, l)?;
-                g.when(g.ult(ts, q.need)?, |g| {
-                    g.stage(l, lanes, l.ins[2], g.add_i(q.kv_base, ts)?, n, d, 0)
-                })
-            })?;
-            tm.phase(lanes, |g, l| {
-                let q = g.query_lane(&a, lanes, tiles, l)?;
-                let (ts, n) = g.key_tile(&a, rows, l)?;
-                let (pp, dpp) = (g.local_at(l, lp)?, g.local_at(l, ldp)?);
-                let (acc, sump) = (g.local_at(l, lacc)?, g.local_at(l, lst + 2)?);
-                g.tile_keys(&q, ts, n, |g, j, jt| {
-                    let dsum = g.getf(sump, f32t)?;
-                    let (p, dp) = (g.ldf(pp, j)?, g.ldf(dpp, j)?);
-                    let ds = g.fmul(g.fmul(p, g.fsub(dp, dsum)?)?, g.fconst(a.scale))?;
-                    g.axpy(acc, ds, l.sh, g.mul_i(jt, g.i64c(d))?, d)
+                let steps = g.steps_of(n, g.ult(ts, q.need)?, step)?;
+                let my = mine(g, l)?;
+                g.when(q.valid, |g| {
+                    let (m, inv, dsum) = (g.lw(l, lm)?, g.lw(l, lm + 1)?, g.lw(l, lm + 2)?);
+                    let exp = g.exp_fn()?;
+                    g.for_range(steps, |g, sb| {
+                        let jt0 = g.mul_i(sb, g.i64c(step))?;
+                        let mut ds = Vec::with_capacity(step);
+                        let mut krows = Vec::with_capacity(step);
+                        for b in 0..step {
+                            let jt = g.add_i(jt0, g.i64c(b))?;
+                            let kb = g.mul_i(jt, g.i64c(d))?;
+                            let s = g.dot_ls(l, lq, kb, d, vec)?;
+                            let p = g.fmul(g.call(exp, &[g.fsub(s, m)?])?, inv)?;
+                            let seen = g.ult(g.add_i(ts, jt)?, q.lim)?;
+                            let p = g.select_f(seen, p, g.fconst(0.0))?;
+                            let vb = g.add_i(g.i64c(vt), g.mul_i(jt, g.i64c(ev))?)?;
+                            let dp = g.dot_ls(l, lo, vb, ev, vec)?;
+                            ds.push(g.fmul(p, g.fsub(dp, dsum)?)?);
+                            krows.push(kb);
+                        }
+                        g.gather_shared(l, my, &ds, &krows, d, vec)
+                    })
                 })
             })
         })?;
-        Self::store_query_row(tm, &a, (lanes, tiles), lacc, 1, d)
+        tm.phase(lanes, |g, l| {
+            let q = g.query_lane(&a, lanes, tiles, l)?;
+            g.when(q.valid, |g| {
+                let (my, ob) = (mine(g, l)?, g.mul_i(q.q_row, g.i64c(d))?);
+                for c in 0..d {
+                    let v = g.fmul(g.shw(l, my, c)?, g.fconst(a.scale))?;
+                    g.stf(l.outs[1], g.add_i(ob, g.i64c(c))?, v)?;
+                }
+                Ok(())
+            })
+        })
     }
 
     /// `dk` and `dv` by key tiles ([`crate::kernel::Body::AttnTilesKv`]):
@@ -575,17 +652,24 @@ impl<'ctx> Gen<'ctx> {
         let ti = a.tiles().ok_or("this attention has no tiling")?;
         let (lanes, rows, tiles) = (ti.k_lanes, ti.kv_rows, ti.k_tiles(a));
         let (d, ev) = (a.d, a.e);
-        // A lane's memory: k [d], v [e], dk [d], dv [e].
-        let (lk, lv, ldk, ldv) = (0, d, d + ev, 2 * d + ev);
-        // Shared: q rows [rows, d], dO rows [rows, e], statistics [rows, 3].
+        // A lane's memory: k * scale [d], v [e].
+        let (lk, lv) = (0, d);
+        // Shared: q rows [rows, d], dO rows [rows, e], statistics [rows, 3], then each
+        // lane's accumulators dk [lanes, d + ATTN_PAD] and dv [lanes, e + ATTN_PAD].
+        // (dk starts on a 16-byte boundary: its rows are read 4 words at a time.)
         let (sdo, sst) = (rows * d, rows * (d + ev));
-        tm.shared = Shared::Tile(rows * (d + ev + 3));
-        tm.local = 2 * (d + ev);
+        let sdk = (rows * (d + ev + 3)).next_multiple_of(4);
+        let (kp, vp) = (d + ATTN_PAD, ev + ATTN_PAD);
+        let sdv = sdk + lanes * kp;
+        tm.shared = Shared::Tile(sdv + lanes * vp);
+        tm.local = d + ev;
         let per = a.h / a.g;
         let q_tiles = a.s.div_ceil(rows);
+        let step = KV_STEP.min(rows);
+        let vec = a.vector_rows();
         let a = *a;
         // Key row `i`, its position `j`, whether the lane has one, the batch and the
-        // key/value head.
+        // key/value head, the block's first key position.
         let key = move |g: &Gen<'ctx>, l: &Lane<'ctx>| {
             let bg = g.div_i(l.row, tiles)?;
             let first = g.mul_i(g.rem_i(l.row, tiles)?, g.i64c(lanes))?;
@@ -594,82 +678,106 @@ impl<'ctx> Gen<'ctx> {
             let (bi, kvh) = (g.div_i(bg, a.g)?, g.rem_i(bg, a.g)?);
             Ok::<_, String>((i, j, g.ult(j, g.i64c(a.t))?, bi, kvh, first))
         };
-        // Iteration `l.iter`'s query tile: its first flat query row, first position and
-        // length.
-        let queries = move |g: &Gen<'ctx>, l: &Lane<'ctx>, bi, kvh| {
+        // Iteration `l.iter`'s query tile: its first flat query row, first position,
+        // length, and whether the block needs it (causal: its last query sees the block's
+        // first key).
+        let queries = move |g: &Gen<'ctx>, l: &Lane<'ctx>, bi, kvh, first| {
             let hh = g.div_i(l.iter, q_tiles)?;
             let q0 = g.mul_i(g.rem_i(l.iter, q_tiles)?, g.i64c(rows))?;
             let hi = g.add_i(g.mul_i(kvh, g.i64c(per))?, hh)?;
             let qh = g.add_i(g.mul_i(bi, g.i64c(a.h))?, hi)?;
             let n = g.min_i(g.i64c(rows), g.e_sub(g.i64c(a.s), q0)?)?;
-            Ok::<_, String>((g.add_i(g.mul_i(qh, g.i64c(a.s))?, q0)?, q0, n))
+            let needed = if a.causal {
+                let off = g.query_offset(&a, &l.ins)?;
+                g.ult(first, g.add_i(g.add_i(q0, n)?, off)?)?
+            } else {
+                g.ctx.bool_type().const_int(1, false)
+            };
+            Ok::<_, String>((g.add_i(g.mul_i(qh, g.i64c(a.s))?, q0)?, q0, n, needed))
+        };
+        let own = move |g: &Gen<'ctx>, l: &Lane<'ctx>| {
+            let k = g.add_i(g.i64c(sdk), g.mul_i(l.lane, g.i64c(kp))?)?;
+            let v = g.add_i(g.i64c(sdv), g.mul_i(l.lane, g.i64c(vp))?)?;
+            Ok::<_, String>((k, v))
         };
         tm.phase(lanes, |g, l| {
             let (i, _, valid, _, _, _) = key(g, l)?;
+            let (mk, mv) = own(g, l)?;
             g.when(valid, |g| {
-                g.copy_words(l.ins[2], g.mul_i(i, g.i64c(d))?, g.local_at(l, lk)?, d)?;
-                g.copy_words(l.ins[3], g.mul_i(i, g.i64c(ev))?, g.local_at(l, lv)?, ev)?;
-                g.zero_words(g.local_at(l, ldk)?, d)?;
-                g.zero_words(g.local_at(l, ldv)?, ev)
+                g.load_row(l, l.ins[2], i, d, lk, a.scale)?;
+                g.load_row(l, l.ins[3], i, ev, lv, 1.0)?;
+                for (at, len) in [(mk, d), (mv, ev)] {
+                    for c in 0..len {
+                        g.stf(l.sh, g.add_i(at, g.i64c(c))?, g.fconst(0.0))?;
+                    }
+                }
+                Ok(())
             })
         })?;
         tm.repeat(per * q_tiles, |tm| {
             tm.phase(lanes, |g, l| {
                 let (_, _, _, bi, kvh, first) = key(g, l)?;
-                let (row0, q0, n) = queries(g, l, bi, kvh)?;
-                // A causal tile matters if its last query sees the block's first key.
-                let needed = if a.causal {
-                    let off = g.query_offset(&a, &l.ins)?;
-                    g.ult(first, g.add_i(g.add_i(q0, n)?, off)?)?
-                } else {
-                    g.ctx.bool_type().const_int(1, false)
-                };
+                let (row0, _, n, needed) = queries(g, l, bi, kvh, first)?;
                 g.when(needed, |g| {
-                    g.stage(l, lanes, l.ins[1], row0, n, d, 0)?;
-                    g.stage(l, lanes, l.ins[0], row0, n, ev, sdo)?;
-                    g.stage(l, lanes, l.ins[4], row0, n, 3, sst)
+                    let nr = (n, rows);
+                    g.stage_rows(l, lanes, l.ins[1], row0, nr, d, (0, d))?;
+                    g.stage_rows(l, lanes, l.ins[0], row0, nr, ev, (sdo, ev))?;
+                    g.stage_rows(l, lanes, l.ins[4], row0, nr, 3, (sst, 3))
                 })
             })?;
             tm.phase(lanes, |g, l| {
-                let (_, j, valid, bi, kvh, _) = key(g, l)?;
-                let (_, q0, n) = queries(g, l, bi, kvh)?;
+                let (_, j, valid, bi, kvh, first) = key(g, l)?;
+                let (_, q0, n, needed) = queries(g, l, bi, kvh, first)?;
+                let steps = g.steps_of(n, needed, step)?;
                 let off = g.query_offset(&a, &l.ins)?;
-                let (kp, vp) = (g.local_at(l, lk)?, g.local_at(l, lv)?);
-                let (dk, dv) = (g.local_at(l, ldk)?, g.local_at(l, ldv)?);
+                let (mk, mv) = own(g, l)?;
                 g.when(valid, |g| {
-                    g.for_range(n, |g, r| {
-                        // Causal: query q0 + r sees key j only when j <= its position.
-                        let seen = if a.causal {
-                            let pos = g.add_i(g.add_i(q0, r)?, off)?;
-                            e(g.b.build_int_compare(IntPredicate::ULE, j, pos, ""))?
-                        } else {
-                            g.ctx.bool_type().const_int(1, false)
-                        };
-                        g.when(seen, |g| {
-                            let st = g.add_i(g.i64c(sst), g.mul_i(r, g.i64c(3))?)?;
-                            let mx = g.ldf(l.sh, st)?;
-                            let inv = g.ldf(l.sh, g.add_i(st, g.i64c(1))?)?;
-                            let dsum = g.ldf(l.sh, g.add_i(st, g.i64c(2))?)?;
+                    let exp = g.exp_fn()?;
+                    g.for_range(steps, |g, sb| {
+                        let r0 = g.mul_i(sb, g.i64c(step))?;
+                        let (mut p, mut ds) = (Vec::new(), Vec::new());
+                        let (mut qrows, mut orows) = (Vec::new(), Vec::new());
+                        for b in 0..step {
+                            let r = g.add_i(r0, g.i64c(b))?;
                             let qb = g.mul_i(r, g.i64c(d))?;
                             let ob = g.add_i(g.i64c(sdo), g.mul_i(r, g.i64c(ev))?)?;
-                            let s =
-                                g.fmul(g.fconst(a.scale), g.dot(l.sh, qb, kp, g.i64c(0), d)?)?;
-                            let y = g.call(g.exp_fn()?, &[g.fsub(s, mx)?])?;
-                            let p = g.fmul(y, inv)?;
-                            let dp = g.dot(l.sh, ob, vp, g.i64c(0), ev)?;
-                            let ds = g.fmul(g.fmul(p, g.fsub(dp, dsum)?)?, g.fconst(a.scale))?;
-                            g.axpy(dv, p, l.sh, ob, ev)?;
-                            g.axpy(dk, ds, l.sh, qb, d)
-                        })
+                            let st = g.add_i(g.i64c(sst), g.mul_i(r, g.i64c(3))?)?;
+                            let (m, inv, dsum) =
+                                (g.shw(l, st, 0)?, g.shw(l, st, 1)?, g.shw(l, st, 2)?);
+                            // s = (scale k) . q
+                            let s = g.dot_ls(l, lk, qb, d, vec)?;
+                            let pb = g.fmul(g.call(exp, &[g.fsub(s, m)?])?, inv)?;
+                            let mut seen = g.ult(r, n)?;
+                            if a.causal {
+                                let pos = g.add_i(g.add_i(q0, r)?, off)?;
+                                let ok = e(g.b.build_int_compare(IntPredicate::ULE, j, pos, ""))?;
+                                seen = e(g.b.build_and(seen, ok, ""))?;
+                            }
+                            let pb = g.select_f(seen, pb, g.fconst(0.0))?;
+                            let dp = g.dot_ls(l, lv, ob, ev, vec)?;
+                            ds.push(g.fmul(pb, g.fsub(dp, dsum)?)?);
+                            p.push(pb);
+                            qrows.push(qb);
+                            orows.push(ob);
+                        }
+                        g.gather_shared(l, mv, &p, &orows, ev, vec)?;
+                        g.gather_shared(l, mk, &ds, &qrows, d, vec)
                     })
                 })
             })
         })?;
         tm.phase(lanes, |g, l| {
             let (i, _, valid, _, _, _) = key(g, l)?;
+            let (mk, mv) = own(g, l)?;
             g.when(valid, |g| {
-                g.store_array(g.local_at(l, ldk)?, l.outs[0], g.mul_i(i, g.i64c(d))?, d)?;
-                g.store_array(g.local_at(l, ldv)?, l.outs[1], g.mul_i(i, g.i64c(ev))?, ev)
+                for (at, out, len, f) in [(mk, 0, d, a.scale), (mv, 1, ev, 1.0)] {
+                    let ob = g.mul_i(i, g.i64c(len))?;
+                    for c in 0..len {
+                        let v = g.fmul(g.shw(l, at, c)?, g.fconst(f))?;
+                        g.stf(l.outs[out], g.add_i(ob, g.i64c(c))?, v)?;
+                    }
+                }
+                Ok(())
             })
         })
     }
