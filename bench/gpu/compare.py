@@ -177,6 +177,21 @@ def count_of(shape):
     return n
 
 
+def save_np(path, tensors):
+    """Writes numpy f32 arrays as safetensors, one array at a time."""
+    header_, off = {}, 0
+    for name in sorted(tensors):
+        header_[name] = {"dtype": "F32", "shape": list(tensors[name].shape),
+                         "data_offsets": [off, off + tensors[name].nbytes]}
+        off += tensors[name].nbytes
+    hb = json.dumps(header_).encode()
+    hb += b" " * ((8 - len(hb) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)) + hb)
+        for name in sorted(tensors):
+            f.write(tensors[name].tobytes())
+
+
 def params_np(h, artifact, out):
     """params() for large models, with numpy's generator (the same distributions, other
     draws): written tensor by tensor, never the whole file in memory twice."""
@@ -197,16 +212,7 @@ def params_np(h, artifact, out):
             t[name] = np.zeros(shape, np.float32)
         else:
             t[name] = rng.normal(0.0, 0.02, shape).astype(np.float32)
-    header_, off = {}, 0
-    for name in sorted(t):
-        header_[name] = {"dtype": "F32", "shape": list(t[name].shape), "data_offsets": [off, off + t[name].nbytes]}
-        off += t[name].nbytes
-    hb = json.dumps(header_).encode()
-    hb += b" " * ((8 - len(hb) % 8) % 8)
-    with open(out, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)) + hb)
-        for name in sorted(t):
-            f.write(t[name].tobytes())
+    save_np(out, t)
     print(f"params: {len(t)} tensors (parameters and optimizer state) for {artifact} (numpy)")
 
 
@@ -217,17 +223,7 @@ def inputs(artifact, out):
             import numpy as np
             rng = np.random.default_rng(0)
             t = {p["name"]: rng.uniform(-1, 1, p["global_shape"]).astype(np.float32) for p in h["inputs"]}
-            header_, off = {}, 0
-            for name in sorted(t):
-                header_[name] = {"dtype": "F32", "shape": list(t[name].shape),
-                                 "data_offsets": [off, off + t[name].nbytes]}
-                off += t[name].nbytes
-            hb = json.dumps(header_).encode()
-            hb += b" " * ((8 - len(hb) % 8) % 8)
-            with open(out, "wb") as f:
-                f.write(struct.pack("<Q", len(hb)) + hb)
-                for name in sorted(t):
-                    f.write(t[name].tobytes())
+            save_np(out, t)
             print(f"inputs: {len(t)} tensors for {artifact} (numpy)")
             return
         except ImportError:
