@@ -379,6 +379,41 @@ pub const ATTN_PAD: usize = 4;
 /// memory (still far faster than the row kernels, which wider rows take).
 pub const ATTN_TILE_WIDTH: usize = 128;
 
+/// Keys a lane scores together in the forward's (and the backward statistics') inner step:
+/// as many independent dot products in flight, one rescaling of the running sums a step.
+/// Measured on an H200 (2026-12-04, `bench/gpu/runs/2026-12-04/sweep-3.log`): 8 keys (175
+/// registers a lane) beat 16 (223) and 32 (245) by 7-12% on attention alone.
+pub const FWD_STEP: usize = 8;
+/// Keys per inner step of the backward's `dq` pass (fewer: its lanes hold their query and
+/// `dO` rows).
+pub const BACK_STEP: usize = 8;
+/// Queries per inner step of the `dk`/`dv` kernel (its lanes hold their key and value
+/// rows, and each query's statistics take registers too).
+pub const KV_STEP: usize = 4;
+
+/// The inner steps of the tiled attention kernels: [`FWD_STEP`], [`BACK_STEP`],
+/// [`KV_STEP`], or `NNSCALER_ATTN_STEPS=F,B,K` (powers of two up to 32; a tuning knob
+/// for benchmarks, `bench/gpu/prepare.sh` sweeps it) when set and valid.
+pub fn attn_steps() -> (usize, usize, usize) {
+    static STEPS: std::sync::OnceLock<(usize, usize, usize)> = std::sync::OnceLock::new();
+    *STEPS.get_or_init(|| {
+        let default = (FWD_STEP, BACK_STEP, KV_STEP);
+        let Ok(v) = std::env::var("NNSCALER_ATTN_STEPS") else {
+            return default;
+        };
+        let n: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        match n[..] {
+            [f, b, k] if [f, b, k].iter().all(|x| x.is_power_of_two() && *x <= 32) => (f, b, k),
+            _ => {
+                eprintln!(
+                    "nnscaler: NNSCALER_ATTN_STEPS={v:?} ignored: three powers of two up to 32, as F,B,K"
+                );
+                default
+            }
+        }
+    })
+}
+
 /// How a tiled attention's work is cut ([`Attn::tiles`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tiles {
@@ -392,6 +427,9 @@ pub struct Tiles {
     pub k_lanes: usize,
     /// Query rows per shared tile of the `dk`/`dv` kernel (`q`, `dO`, statistics).
     pub kv_rows: usize,
+    /// The kernels' inner steps ([`attn_steps`]): keys of the forward, keys of the `dq`
+    /// pass, queries of the `dk`/`dv` kernel.
+    pub steps: (usize, usize, usize),
 }
 
 impl Tiles {
@@ -448,6 +486,7 @@ impl Attn {
             back_rows: tile_rows(q_lanes, d + e, ATTN_TILE_WORDS.checked_sub(back_own)?)?,
             k_lanes,
             kv_rows: tile_rows(ATTN_TILE, d + e + 3, ATTN_TILE_WORDS.checked_sub(kv_own)?)?,
+            steps: attn_steps(),
         })
     }
 

@@ -6,8 +6,9 @@
 //! up to [`crate::kernel::ATTN_TILE`] query rows of one head, a lane per row. In a loop
 //! over key tiles, one phase copies the tile's key and value rows into the shared array
 //! (consecutive lanes, consecutive words: coalesced; rows past the tile's end are zeros),
-//! and the next one takes the tile [`FWD_STEP`] keys at a time: the lane scores its query
-//! against each (every lane reads the same shared word: a broadcast), and an *online
+//! and the next one takes the tile [`crate::kernel::FWD_STEP`] keys at a time: the lane
+//! scores its query against each (every lane reads the same shared row: a broadcast,
+//! 16 bytes a load), and an *online
 //! softmax* folds them into the row's running maximum `m`, sum `l` and weighted sum of
 //! values `o` (each rescaled by `exp(m_old - m_new)` once per step). Nothing per key is
 //! kept, so the key sequence has no length limit and no lane has a score array; `o` is
@@ -20,7 +21,7 @@
 //! `dk`/`dv` kernel turns the roles: a lane per key row (its key, pre-scaled, and its
 //! value in padded shared rows of its own, the two gradients in registers), the
 //! queries' `q`, `dO` and statistics staged a query tile at a time (every query head of
-//! the key/value head's group), [`KV_STEP`] queries a step. No two lanes add into one
+//! the key/value head's group), [`crate::kernel::KV_STEP`] queries a step. No two lanes add into one
 //! element (no atomics), and every sum runs in a fixed order: the same bits every run.
 //!
 //! Every word of a lane's own memory is addressed by a constant and every loop over a
@@ -35,15 +36,6 @@ use super::{e, Gen, R};
 use crate::kernel::{Attn, ATTN_PAD};
 use inkwell::values::{BasicValue, FloatValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
-
-/// Keys a lane scores together in the forward's (and the statistics') inner step: as many
-/// independent dot products in flight, one rescaling of the running sums per step.
-pub(crate) const FWD_STEP: usize = 16;
-/// Keys per inner step of the `dq` pass (fewer: its lanes hold their query and `dO` rows).
-pub(crate) const BACK_STEP: usize = 8;
-/// Queries per inner step of the `dk`/`dv` kernel (its lanes hold their key and value rows,
-/// and each query's statistics take registers too).
-pub(crate) const KV_STEP: usize = 4;
 
 /// Where a lane of a query-tile block is.
 struct QueryLane<'ctx> {
@@ -466,7 +458,7 @@ impl<'ctx> Gen<'ctx> {
         let a = *a;
         let (d, ev) = (a.d, a.e);
         let vt = rows * d;
-        let step = FWD_STEP.min(rows);
+        let step = a.tiles().map_or(1, |t| t.steps.0).min(rows);
         tm.repeat(a.t.div_ceil(rows), |tm| {
             Self::stage_keys(tm, &a, (lanes, tiles, rows), k_in)?;
             tm.phase(lanes, |g, l| {
@@ -560,7 +552,7 @@ impl<'ctx> Gen<'ctx> {
         let qp = d + ATTN_PAD;
         tm.shared = Shared::Tile(sdq + lanes * qp);
         tm.local = lm + 3;
-        let step = BACK_STEP.min(rows);
+        let step = ti.steps.1.min(rows);
         let vec = a.vector_rows();
         let a = *a;
         let mine =
@@ -601,7 +593,7 @@ impl<'ctx> Gen<'ctx> {
                 Ok(())
             })
         })?;
-        // dq = scale sum_j P (dP - D) k_j, `BACK_STEP` keys a step.
+        // dq = scale sum_j P (dP - D) k_j, `steps.1` keys a step.
         tm.repeat(a.t.div_ceil(rows), |tm| {
             Self::stage_keys(tm, &a, (lanes, tiles, rows), 2)?;
             tm.phase(lanes, |g, l| {
@@ -665,7 +657,7 @@ impl<'ctx> Gen<'ctx> {
         tm.local = d + ev;
         let per = a.h / a.g;
         let q_tiles = a.s.div_ceil(rows);
-        let step = KV_STEP.min(rows);
+        let step = ti.steps.2.min(rows);
         let vec = a.vector_rows();
         let a = *a;
         // Key row `i`, its position `j`, whether the lane has one, the batch and the
