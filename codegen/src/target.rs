@@ -132,15 +132,31 @@ pub fn host_shared_object(kernels: &[Kernel]) -> R<Vec<u8>> {
     let obj = tm
         .write_to_memory_buffer(&g.module, FileType::Object)
         .map_err(|e| format!("host code emission failed: {e}"))?;
-    let dir = std::env::temp_dir().join(format!(
-        "nnscaler-so-{}-{:x}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    ));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // A fresh directory of our own (mode 0700; `create`, not `create_all`, fails on
+    // anything already at that name, a planted link too): the object and the library
+    // are written and read where no other user can swap them.
+    let dir = {
+        use std::os::unix::fs::DirBuilderExt;
+        let mut made = Err(String::new());
+        for attempt in 0..16u32 {
+            let d = std::env::temp_dir().join(format!(
+                "nnscaler-so-{}-{:x}-{attempt}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0)
+            ));
+            match std::fs::DirBuilder::new().mode(0o700).create(&d) {
+                Ok(()) => {
+                    made = Ok(d);
+                    break;
+                }
+                Err(e) => made = Err(format!("{}: {e}", d.display())),
+            }
+        }
+        made?
+    };
     let (o, so) = (dir.join("kernels.o"), dir.join("kernels.so"));
     let result = (|| {
         std::fs::write(&o, obj.as_slice()).map_err(|e| format!("{}: {e}", o.display()))?;

@@ -131,24 +131,76 @@ fn dl_error() -> String {
     }
 }
 
+/// `dlopen`s a shared object held in memory without a file another user could create,
+/// replace or point elsewhere: an anonymous memory file (`memfd_create`, loaded as
+/// `/proc/self/fd/N`), or where that is missing a file created with `O_EXCL |
+/// O_NOFOLLOW`, mode 0600, in a fresh directory of mode 0700 (removed once loaded).
+/// Returns the handle, or null with `dlerror` set.
+fn dlopen_bytes(so: &[u8]) -> Result<*mut c_void, String> {
+    use std::io::Write;
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let open = |path: &std::path::Path| -> Result<*mut c_void, String> {
+        let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
+        // SAFETY: `c` is a NUL-terminated path; the library is our kernels (no
+        // constructors besides the C runtime's).
+        Ok(unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) })
+    };
+    // SAFETY: a NUL-terminated name and flags; the result is a new fd or -1.
+    let fd = unsafe { libc::memfd_create(c"nnscaler-host-kernels".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd >= 0 {
+        // SAFETY: `fd` is a fresh descriptor this function owns (closed when `f` drops).
+        let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+        f.write_all(so)
+            .map_err(|e| format!("host kernels in memory: {e}"))?;
+        let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+        if path.exists() {
+            return open(&path);
+        }
+    }
+    // No memfd (or no /proc): a private directory.
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let tmp = std::env::temp_dir();
+    let mut last = String::new();
+    for attempt in 0..16u32 {
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let dir = tmp.join(format!(
+            "nnscaler-rt-{}-{nonce:x}-{attempt}",
+            std::process::id()
+        ));
+        // `create` (not `create_all`) fails on anything already there, a planted link too.
+        if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            last = format!("{}: {e}", dir.display());
+            continue;
+        }
+        let path = dir.join("host.so");
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .and_then(|mut f| f.write_all(so));
+        let lib = match written {
+            Ok(()) => open(&path),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        };
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_dir(&dir);
+        return lib;
+    }
+    Err(format!("no private directory for the host kernels: {last}"))
+}
+
 impl HostProgram {
     /// Loads the artifact's host kernels.
     pub fn load(art: Artifact) -> Result<Self, String> {
         let so = art
             .section("host.so")
             .ok_or("the artifact has no host.so section (compiled without host kernels)")?;
-        // dlopen needs a file: a private temporary, removed once loaded.
-        let path = std::env::temp_dir().join(format!(
-            "nnscaler-rt-{}-{:016x}.so",
-            std::process::id(),
-            crate::artifact::fnv1a64(so)
-        ));
-        std::fs::write(&path, so).map_err(|e| format!("{}: {e}", path.display()))?;
-        let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
-        // SAFETY: `c` is a NUL-terminated path; the library is our kernels (no
-        // constructors besides the C runtime's).
-        let lib = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        let _ = std::fs::remove_file(&path);
+        let lib = dlopen_bytes(so)?;
         if lib.is_null() {
             return Err(format!("cannot load the host kernels: {}", dl_error()));
         }
@@ -741,6 +793,70 @@ impl Drop for HostProgram {
     fn drop(&mut self) {
         // SAFETY: `lib` came from dlopen; no kernel pointer outlives `self`.
         unsafe { libc::dlclose(self.lib) };
+    }
+}
+
+#[cfg(test)]
+mod load_tests {
+    use super::HostProgram;
+    use crate::tensor::{Tensor, Values};
+
+    /// A host.so with the sample artifact's kernel `k0.host`: `y = 2 x`.
+    fn doubling_so(dir: &std::path::Path) -> Vec<u8> {
+        let c = dir.join("k.c");
+        std::fs::write(
+            &c,
+            "void k0(float **a, unsigned long n) __asm__(\"k0.host\");\n\
+             void k0(float **a, unsigned long n) { for (unsigned long i = 0; i < n; i++) a[1][i] = 2 * a[0][i]; }\n",
+        )
+        .unwrap();
+        let so = dir.join("k.so");
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let st = std::process::Command::new(cc)
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&so)
+            .arg(&c)
+            .status()
+            .expect("a C compiler");
+        assert!(st.success());
+        std::fs::read(&so).unwrap()
+    }
+
+    /// The host kernels are never written where another user could plant a file: a
+    /// symbolic link at the path nnscaler-rt used to write them to
+    /// (`$TMPDIR/nnscaler-rt-<pid>-<hash>.so`, a plain write that followed it) is left
+    /// alone, its target unchanged, and the kernels load and run.
+    #[test]
+    fn host_kernels_load_without_a_file_another_user_can_plant() {
+        let work = std::env::temp_dir().join(format!("nnscaler-load-test-{}", std::process::id()));
+        std::fs::create_dir_all(&work).unwrap();
+        let so = doubling_so(&work);
+        let victim = work.join("victim.txt");
+        std::fs::write(&victim, b"precious").unwrap();
+        let old = std::env::temp_dir().join(format!(
+            "nnscaler-rt-{}-{:016x}.so",
+            std::process::id(),
+            crate::artifact::fnv1a64(&so)
+        ));
+        let _ = std::fs::remove_file(&old);
+        std::os::unix::fs::symlink(&victim, &old).unwrap();
+        let mut art = crate::artifact::tests_support::sample();
+        art.sections.push(("host.so".into(), so));
+        let prog = HostProgram::load(art);
+        let planted = std::fs::read(&victim).unwrap();
+        let _ = std::fs::remove_file(&old);
+        let _ = std::fs::remove_dir_all(&work);
+        assert_eq!(
+            planted, b"precious",
+            "the planted link's target was written"
+        );
+        let prog = prog.unwrap();
+        let x = Tensor {
+            shape: vec![4],
+            data: Values::F32(vec![1.0, 2.0, 3.0, 4.0]),
+        };
+        let y = prog.run(&[x]).unwrap();
+        assert_eq!(y[0].data, Values::F32(vec![2.0, 4.0, 6.0, 8.0]));
     }
 }
 
