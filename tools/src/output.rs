@@ -186,6 +186,30 @@ impl Outputs {
         if let Some(e) = failed {
             return Err(e);
         }
+        // The renames made durable: each directory they changed is synced (a crash after
+        // this leaves the new files, not the old ones or none). Filesystems that cannot
+        // sync a directory say so with EINVAL; that is not an error here.
+        let mut dirs: Vec<&Path> = atomic
+            .iter()
+            .filter_map(|s| match &s.target {
+                Target::Atomic { dest, .. } => Some(
+                    dest.parent()
+                        .filter(|d| !d.as_os_str().is_empty())
+                        .unwrap_or(Path::new(".")),
+                ),
+                _ => None,
+            })
+            .collect();
+        dirs.sort();
+        dirs.dedup();
+        for d in dirs {
+            let synced = fs::File::open(d).and_then(|f| f.sync_all());
+            if let Err(e) = synced {
+                if e.raw_os_error() != Some(libc::EINVAL) {
+                    return Err(format!("cannot sync directory '{}': {e}", d.display()));
+                }
+            }
+        }
         for mut s in rest {
             let written = match &mut s.target {
                 Target::Stdout => {

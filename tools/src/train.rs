@@ -52,6 +52,10 @@ pub struct TrainArgs {
     /// continues it exactly.
     #[arg(long, value_name = "STEP")]
     pub until: Option<u64>,
+    /// Refuse to start when training is estimated to need more memory than this (e.g. 8G;
+    /// default: the memory this process may still use, as `nnscaler run`).
+    #[arg(long, value_name = "BYTES", value_parser = crate::cli::parse_bytes)]
+    pub memory_limit: Option<u64>,
 }
 
 /// The config file.
@@ -642,6 +646,11 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
     }
     let data = Dataset::load(&c.data.dir)?;
     let p = compile(&c, data.vocab)?;
+    // Before any parameter is drawn or read: refuse a run that cannot fit in memory.
+    let devices = p.mesh.as_ref().map_or(1, |m| m.devices() as u64);
+    let need = nnscaler_runtime::memory::estimate(&p.step, &p.view, devices);
+    nnscaler_runtime::memory::check(&need, a.memory_limit, devices.saturating_sub(1))
+        .map_err(|e| format!("{}: {e}", a.config))?;
     // The state: every parameter and moment, whole, by name.
     let mut state: BTreeMap<String, Tensor> = BTreeMap::new();
     let mut start = 0u64;
@@ -656,7 +665,18 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
         let stored = io::load(path)?;
         for s in stored {
             if s.name == STEP_TENSOR {
-                start = s.tensor.f()?.first().copied().unwrap_or(0.0) as u64;
+                // An integer since 2026-12-04 (f32 before: exact only to 2^24).
+                start = match s.tensor.ints() {
+                    Ok(v) => v.first().copied().filter(|&x| x > 0).unwrap_or(0) as u64,
+                    Err(_) => {
+                        let v = s.tensor.f()?.first().copied().unwrap_or(0.0);
+                        if v.fract() == 0.0 && v > 0.0 {
+                            v as u64
+                        } else {
+                            0
+                        }
+                    }
+                };
             } else {
                 state.insert(s.name, s.tensor);
             }
@@ -747,6 +767,8 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
     if end <= start {
         return Err(format!("--until {end}: the run is already at step {start}"));
     }
+    // The last checkpoint on disk (a resumed run's is its start).
+    let mut last_ckpt = a.resume.then_some(start);
     for t in start + 1..=end {
         let lr = learning_rate(&c.optimizer, c.train.steps, t - 1);
         let (x, y) = data.batch(Split::Train, p.batch, p.block, c.train.seed, t)?;
@@ -795,6 +817,35 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
             }
         }
         let tps = tokens / t0.elapsed().as_secs_f64();
+        // A diverged run stops here: its log keeps this step's line, and no checkpoint is
+        // written over the last good one.
+        let diverged = if !loss.is_finite() {
+            Some(format!("the loss is {loss}"))
+        } else {
+            first_non_finite(&state)
+        };
+        if let Some(what) = diverged {
+            log.push_str(&line(&Line {
+                kind: "step",
+                step: t,
+                loss: loss.is_finite().then_some(loss),
+                val_loss: None,
+                lr: Some(lr),
+                tokens_per_s: Some(tps),
+            })?);
+            if let Some(path) = &c.train.log {
+                append(path, &log, t == start + 1 && start == 0)?;
+            }
+            bar.finish_and_clear();
+            let kept = match (&c.checkpoint, last_ckpt) {
+                (Some(k), Some(s)) => format!("the checkpoint of step {s} in {} is kept", k.dir),
+                (Some(k), None) => format!("no checkpoint was written to {}", k.dir),
+                (None, _) => "no checkpoints are configured".to_string(),
+            };
+            return Err(format!(
+                "step {t}: training diverged: {what} (lr {lr:e}); stopped, {kept}"
+            ));
+        }
         curve.push((t, loss));
         log.push_str(&line(&Line {
             kind: "step",
@@ -830,6 +881,7 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
             .is_some_and(|k| t % k.every == 0 || t == end);
         if ckpt_now {
             save_checkpoint(&c, &state, t)?;
+            last_ckpt = Some(t);
         }
         // The log is appended as it goes (a killed run keeps its lines).
         if let Some(path) = &c.train.log {
@@ -876,6 +928,16 @@ fn append(path: &str, text: &str, fresh: bool) -> Result<(), String> {
         .map_err(|e| format!("{path}: {e}"))
 }
 
+/// The first non-finite value of the training state (parameters and moments after a
+/// step): the tensor and the element.
+fn first_non_finite(state: &BTreeMap<String, Tensor>) -> Option<String> {
+    state.iter().find_map(|(name, t)| {
+        let v = t.f().ok()?;
+        let i = v.iter().position(|x| !x.is_finite())?;
+        Some(format!("'{name}' has {} at element {i}", v[i]))
+    })
+}
+
 /// The mean loss over `eval_batches` batches of `split`, the forward on one device.
 fn evaluate(
     p: &Programs,
@@ -915,12 +977,13 @@ fn save_checkpoint(c: &Config, state: &BTreeMap<String, Tensor>, t: u64) -> Resu
         return Ok(());
     };
     std::fs::create_dir_all(&k.dir).map_err(|e| format!("{}: {e}", k.dir))?;
-    let step = Tensor::f32(&[], vec![t as f32]);
+    // The step as an integer (an f32 is exact only to 2^24 steps).
+    let step = Tensor::i64(&[], vec![t as i64]);
     let mut named: Vec<(String, Elem, &Tensor)> = state
         .iter()
         .map(|(n, t)| (n.clone(), Elem::F32, t))
         .collect();
-    named.push((STEP_TENSOR.into(), Elem::F32, &step));
+    named.push((STEP_TENSOR.into(), Elem::I64, &step));
     let mut out = Outputs::new();
     let path = Path::new(&k.dir).join(CHECKPOINT).display().to_string();
     out.stage(&path, io::to_bytes(&named)?)?;
