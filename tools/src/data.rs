@@ -32,6 +32,10 @@ enum DataCmd {
         /// The directory to write (made if missing; files are written only on success).
         #[arg(short = 'o', long = "output", value_name = "DIR")]
         output: String,
+        /// Refuse a corpus whose train or val part is too short for one block of this many
+        /// positions (the model's context).
+        #[arg(long, value_name = "N")]
+        block: Option<usize>,
     },
     /// A random batch for MODEL's data arguments (@train's non-parameter arguments):
     /// integer ids below the vocabulary (the embedding table's rows, the logits' classes),
@@ -51,7 +55,11 @@ enum DataCmd {
 /// Runs the command; returns what to print.
 pub fn main(a: &DataArgs) -> Result<String, String> {
     match &a.cmd {
-        DataCmd::PrepareChar { text, output } => prepare_char(text, output),
+        DataCmd::PrepareChar {
+            text,
+            output,
+            block,
+        } => prepare_char(text, output, *block),
         DataCmd::Random {
             model,
             output,
@@ -60,48 +68,185 @@ pub fn main(a: &DataArgs) -> Result<String, String> {
     }
 }
 
-/// `nnscaler data prepare-char TEXT -o DIR`: DIR/train.bin and val.bin (u16 ids, the first
-/// 90% and the last 10%) and meta.json (the vocabulary), written atomically; the summary.
-pub fn prepare_char(text_path: &str, dir: &str) -> Result<String, String> {
-    let text = read_input(text_path)?;
-    let mut chars: Vec<char> = text.chars().collect();
-    chars.sort_unstable();
-    chars.dedup();
-    if chars.is_empty() {
-        return Err(format!("{text_path}: the text is empty"));
+/// Calls `f` on every character of the UTF-8 text at `path`, read a buffer at a time
+/// (never the whole file); `-` is standard input, read once. Invalid UTF-8, a NUL byte
+/// (binary data, never in a text corpus) or a character cut off at the end is an error
+/// naming its byte offset. Returns the bytes read.
+fn for_each_char(path: &str, mut f: impl FnMut(char) -> Result<(), String>) -> Result<u64, String> {
+    use std::io::BufRead;
+    let reader: Box<dyn std::io::Read> = if path == "-" {
+        Box::new(std::io::stdin())
+    } else {
+        Box::new(std::fs::File::open(path).map_err(|e| format!("cannot read '{path}': {e}"))?)
+    };
+    let mut r = std::io::BufReader::with_capacity(1 << 20, reader);
+    // Bytes of a character split across two reads, carried to the next.
+    let mut pending: Vec<u8> = Vec::new();
+    let mut offset = 0u64;
+    let mut each = |text: &str, at: u64| -> Result<(), String> {
+        for (i, c) in text.char_indices() {
+            if c == '\0' {
+                return Err(format!(
+                    "{path}: a NUL byte at offset {}: binary data, not a text corpus",
+                    at + i as u64
+                ));
+            }
+            f(c)?;
+        }
+        Ok(())
+    };
+    loop {
+        let buf = r
+            .fill_buf()
+            .map_err(|e| format!("cannot read '{path}': {e}"))?;
+        if buf.is_empty() {
+            break;
+        }
+        let n = buf.len();
+        pending.extend_from_slice(buf);
+        r.consume(n);
+        let good = match std::str::from_utf8(&pending) {
+            Ok(text) => {
+                each(text, offset)?;
+                pending.len()
+            }
+            Err(e) => {
+                let good = e.valid_up_to();
+                let text = std::str::from_utf8(&pending[..good]).map_err(|e| e.to_string())?;
+                each(text, offset)?;
+                if e.error_len().is_some() {
+                    return Err(format!(
+                        "{path}: not UTF-8 text: an invalid byte at offset {} (binary data?)",
+                        offset + good as u64
+                    ));
+                }
+                good
+            }
+        };
+        offset += good as u64;
+        pending.drain(..good);
     }
-    if chars.len() > usize::from(u16::MAX) {
+    if !pending.is_empty() {
         return Err(format!(
-            "{text_path}: {} distinct characters do not fit u16 ids",
-            chars.len()
+            "{path}: not UTF-8 text: a character cut off at the end (offset {offset})"
         ));
     }
-    let id = |c: char| {
-        chars
-            .binary_search(&c)
-            .expect("every char is in the vocabulary") as u16
+    Ok(offset)
+}
+
+/// `nnscaler data prepare-char TEXT -o DIR`: DIR/train.bin and val.bin (u16 ids, the first
+/// 90% and the last 10%) and meta.json (the vocabulary), written atomically; the summary.
+/// The text is read twice, a buffer at a time (the vocabulary, then the ids, written as
+/// they are made): memory stays flat whatever its size (standard input is read whole
+/// once: it cannot be read twice). With `block`, a corpus whose train or val part is too
+/// short for one block of `block + 1` tokens is refused.
+pub fn prepare_char(text_path: &str, dir: &str, block: Option<usize>) -> Result<String, String> {
+    // Standard input cannot be read twice: kept as it came.
+    let stdin_text = if text_path == "-" {
+        let mut b = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b)
+            .map_err(|e| format!("cannot read stdin: {e}"))?;
+        Some(b)
+    } else {
+        None
     };
-    let ids: Vec<u16> = text.chars().map(id).collect();
-    let n = ids.len() * 9 / 10;
-    let bytes = |s: &[u16]| -> Vec<u8> { s.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let pass = |f: &mut dyn FnMut(char) -> Result<(), String>| match &stdin_text {
+        Some(b) => {
+            let tmp = std::str::from_utf8(b).map_err(|e| {
+                format!(
+                    "-: not UTF-8 text: an invalid byte at offset {}",
+                    e.valid_up_to()
+                )
+            })?;
+            for (i, c) in tmp.char_indices() {
+                if c == '\0' {
+                    return Err(format!(
+                        "-: a NUL byte at offset {i}: binary data, not a text corpus"
+                    ));
+                }
+                f(c)?;
+            }
+            Ok(b.len() as u64)
+        }
+        None => for_each_char(text_path, f),
+    };
+    // Pass 1: the vocabulary and the length.
+    let mut set = std::collections::BTreeSet::new();
+    let mut count = 0u64;
+    pass(&mut |c| {
+        count += 1;
+        if set.insert(c) && set.len() > usize::from(u16::MAX) {
+            return Err(format!(
+                "{text_path}: more than {} distinct characters do not fit u16 ids",
+                u16::MAX
+            ));
+        }
+        Ok(())
+    })?;
+    if count == 0 {
+        return Err(format!("{text_path}: the text is empty"));
+    }
+    let chars: Vec<char> = set.into_iter().collect();
+    let n = count * 9 / 10;
+    if let Some(b) = block {
+        let need = b as u64 + 2;
+        if n < need || count - n < need {
+            return Err(format!(
+                "{text_path}: {count} characters make {n} train and {} val tokens, too few for one block of {b} (each part needs {need})",
+                count - n
+            ));
+        }
+    }
+    let ids: std::collections::HashMap<char, u16> = chars
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| (c, i as u16))
+        .collect();
+    std::fs::create_dir_all(dir).map_err(|e| format!("{dir}: cannot make the directory: {e}"))?;
+    let path = |f: &str| Path::new(dir).join(f).display().to_string();
+    // Pass 2: the ids, streamed into the two files (the text must not change between the
+    // passes: a different length or character is an error).
+    let mut val: Vec<u8> = Vec::new();
+    let mut out = Outputs::new();
+    {
+        use std::io::Write;
+        let mut seen = 0u64;
+        let mut changed = None;
+        let mut encode = |w_train: &mut dyn Write, w_val: &mut dyn Write| -> std::io::Result<()> {
+            let r = pass(&mut |c| {
+                let Some(&id) = ids.get(&c) else {
+                    changed.get_or_insert(format!("{text_path}: changed while it was read"));
+                    return Ok(());
+                };
+                let w: &mut dyn Write = if seen < n { &mut *w_train } else { &mut *w_val };
+                seen += 1;
+                w.write_all(&id.to_le_bytes()).map_err(|e| e.to_string())
+            });
+            r.map_err(std::io::Error::other)?;
+            Ok(())
+        };
+        // Both files are written in one pass: val's bytes wait in memory (10% of the ids).
+        out.stage_with(&path("train.bin"), |w| encode(w, &mut val))
+            .map_err(|e| e.to_string())?;
+        if let Some(e) = changed {
+            return Err(e);
+        }
+        if seen != count {
+            return Err(format!("{text_path}: changed while it was read"));
+        }
+    }
+    out.stage(&path("val.bin"), val)?;
     let meta = serde_json::json!({
         "vocab_size": chars.len(),
         "chars": chars.iter().collect::<String>(),
         "source": text_path,
     });
-    std::fs::create_dir_all(dir).map_err(|e| format!("{dir}: cannot make the directory: {e}"))?;
-    let path = |f: &str| Path::new(dir).join(f).display().to_string();
-    let mut out = Outputs::new();
-    out.stage(&path("train.bin"), bytes(&ids[..n]))?;
-    out.stage(&path("val.bin"), bytes(&ids[n..]))?;
     out.stage(&path("meta.json"), format!("{meta:#}\n").into_bytes())?;
     out.commit()?;
     Ok(format!(
-        "{text_path}: {} characters, vocabulary {}; {dir}/train.bin {} tokens, {dir}/val.bin {} tokens\n",
-        ids.len(),
+        "{text_path}: {count} characters, vocabulary {}; {dir}/train.bin {n} tokens, {dir}/val.bin {} tokens\n",
         chars.len(),
-        n,
-        ids.len() - n
+        count - n
     ))
 }
 

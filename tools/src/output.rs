@@ -49,6 +49,12 @@ pub struct Outputs {
     seen: HashSet<PathBuf>,
 }
 
+/// What `write` writes, in memory.
+fn collect(write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> std::io::Result<Vec<u8>> {
+    let mut data = Vec::new();
+    write(&mut data).map(|()| data)
+}
+
 /// Follows symbolic links from `path` to the file that would really be written. A dangling
 /// link resolves to the path it points at (which will be created).
 fn resolve(path: &Path) -> Result<PathBuf, String> {
@@ -78,7 +84,19 @@ impl Outputs {
     /// temporary file now, so that a full disk or a missing directory shows up before
     /// anything is committed. Errors name the path.
     pub fn stage(&mut self, path: &str, data: Vec<u8>) -> Result<(), String> {
+        self.stage_with(path, |w| w.write_all(&data))
+    }
+
+    /// [`Outputs::stage`] with the data written by `write` as it is made: to a regular
+    /// file's temporary through a buffer (nothing of it held in memory whole), to standard
+    /// output or a device into memory until the commit.
+    pub fn stage_with(
+        &mut self,
+        path: &str,
+        write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<(), String> {
         let fail = |e: &dyn std::fmt::Display| format!("cannot write '{path}': {e}");
+
         if path == "-" {
             if self
                 .staged
@@ -87,6 +105,7 @@ impl Outputs {
             {
                 return Err("two outputs go to standard output ('-')".into());
             }
+            let data = collect(write).map_err(|e| fail(&e))?;
             self.staged.push(Staged {
                 shown: path.into(),
                 target: Target::Stdout,
@@ -120,6 +139,7 @@ impl Outputs {
                 .write(true)
                 .open(&dest)
                 .map_err(|e| fail(&e))?;
+            let data = collect(write).map_err(|e| fail(&e))?;
             self.staged.push(Staged {
                 shown: path.into(),
                 target: Target::Through { file },
@@ -141,8 +161,10 @@ impl Outputs {
             self.staged.len()
         ));
         let written = (|| -> std::io::Result<()> {
-            let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-            f.write_all(&data)?;
+            let f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            write(&mut w)?;
+            let f = w.into_inner().map_err(|e| e.into_error())?;
             f.sync_all()?;
             if let Some(m) = &existing {
                 f.set_permissions(m.permissions())?;

@@ -641,11 +641,23 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
     }
     if let Some(text) = &c.data.text {
         if !Path::new(&c.data.dir).join("meta.json").exists() {
-            eprint!("{}", crate::data::prepare_char(text, &c.data.dir)?);
+            eprint!("{}", crate::data::prepare_char(text, &c.data.dir, None)?);
         }
     }
     let data = Dataset::load(&c.data.dir)?;
     let p = compile(&c, data.vocab)?;
+    // A corpus too short for one block is refused before anything runs.
+    for (part, ids) in [("train.bin", &data.train), ("val.bin", &data.val)] {
+        if ids.len() <= p.block + 1 {
+            return Err(format!(
+                "{}/{part}: {} tokens, too few for one block of {} (the model's context needs {})",
+                c.data.dir,
+                ids.len(),
+                p.block,
+                p.block + 2
+            ));
+        }
+    }
     // Before any parameter is drawn or read: refuse a run that cannot fit in memory.
     let devices = p.mesh.as_ref().map_or(1, |m| m.devices() as u64);
     let need = nnscaler_runtime::memory::estimate(&p.step, &p.view, devices);
