@@ -33,6 +33,8 @@ got = st.load(os.path.join(d, "out.safetensors"))
 worst = 0.0
 for name, want in [("loss", loss.detach().numpy()), ("grad.fc1.weight", t1.grad.numpy()),
                    ("grad.fc2.weight", t2.grad.numpy())]:
+    assert got[name].shape == want.shape, f"{name}: shape {got[name].shape}, want {want.shape}"
+    assert np.isfinite(got[name]).all(), f"{name}: a non-finite value"
     err = float(np.abs(got[name] - want).max() / max(np.abs(want).max(), 1e-30))
     worst = max(worst, err)
     assert err < 1e-5, f"{name}: relative error {err:.2e}"

@@ -216,6 +216,11 @@ fn difference(got: &Tensor, want: &Tensor, what: &str) -> f64 {
 
 /// `difference`, with absolute comparison where `want`'s largest magnitude is below `floor`.
 fn difference_above(got: &Tensor, want: &Tensor, what: &str, floor: f32) -> f64 {
+    // A non-finite value on either side is never close (f32::max would skip a NaN).
+    let finite = |t: &Tensor| t.f().unwrap().iter().all(|v| v.is_finite());
+    if !finite(got) || !finite(want) {
+        return f64::INFINITY;
+    }
     let linf = want.f().unwrap().iter().fold(0.0f32, |m, v| m.max(v.abs()));
     if linf < floor {
         f64::from(got.f().unwrap().iter().fold(0.0f32, |m, v| m.max(v.abs())))
