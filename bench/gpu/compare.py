@@ -109,8 +109,9 @@ def close(got, want, tol, same_nonfinite=False):
 
 def header(artifact):
     raw = open(artifact, "rb").read()
+    # "NNSX", version (u32), header length (u64), header checksum (u64), header.
     (n,) = struct.unpack("<Q", raw[8:16])
-    return json.loads(raw[16:16 + n])
+    return json.loads(raw[24:24 + n])
 
 
 def warm_state(name, count, rng):

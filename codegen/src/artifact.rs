@@ -440,7 +440,7 @@ fn program(
 /// launch covers any number of elements.
 pub fn reducers() -> [Kernel; 2] {
     let k = |f: Expr, what: &str| Kernel {
-        name: format!("nns_reduce_{what}"),
+        name: format!("{}{what}", crate::kernel::ANY_LEN_PREFIX),
         body: Body::Map(vec![f]),
         inputs: vec![Buf::f32(&[1]), Buf::f32(&[1])],
         outputs: vec![Buf::f32(&[1])],
@@ -554,6 +554,15 @@ fn build(
                         b_batched: m.b_batched,
                     }),
                     _ => None,
+                },
+                sizes: if k.any_len() {
+                    Vec::new()
+                } else {
+                    k.inputs
+                        .iter()
+                        .chain(&k.outputs)
+                        .map(|b| b.bytes() as u64)
+                        .collect()
                 },
             })
             .collect(),

@@ -56,6 +56,10 @@ pub struct Buf {
 }
 
 impl Buf {
+    /// Bytes.
+    pub fn bytes(&self) -> usize {
+        self.len() * self.elt.size()
+    }
     /// An f32 buffer.
     pub fn f32(shape: &[usize]) -> Self {
         Buf {
@@ -564,7 +568,16 @@ pub const TEAM_MIN: usize = 64;
 /// The largest team (threads of one GPU block).
 pub const TEAM_MAX: usize = 256;
 
+/// The names of the kernels launched over any count (the collectives' reducers,
+/// `artifact::reducers`) start with this; every other kernel runs at most its `len`.
+pub const ANY_LEN_PREFIX: &str = "nns_reduce_";
+
 impl Kernel {
+    /// Launched over any count (a collective's reducer), not its `len`.
+    pub fn any_len(&self) -> bool {
+        self.name.starts_with(ANY_LEN_PREFIX)
+    }
+
     /// Threads that compute one index together: 1 (one thread per index), or, for a
     /// reduction along a line of at least [`TEAM_MIN`] elements (the row of a softmax, a
     /// norm, a cross-entropy, a sum), a power of two up to [`TEAM_MAX`]: one GPU block

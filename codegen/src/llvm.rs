@@ -53,6 +53,9 @@ pub struct Gen<'ctx> {
     b: Builder<'ctx>,
     /// The team kernels built ([`Kernel::team`] > 1): how their entries run them.
     teams: RefCell<HashMap<String, team::Plan>>,
+    /// Each kernel's compiled index count, which its entries never exceed whatever count
+    /// they are launched with (none: a reducer, launched over any count).
+    limits: RefCell<HashMap<String, u64>>,
     /// The element type of each buffer parameter of the kernel being built (a pointer
     /// not listed, such as a lane's own array, holds f32s): [`Gen::ldf`] and
     /// [`Gen::stf`] widen and round for [`Elt::Bf16`] buffers.
@@ -75,6 +78,7 @@ impl<'ctx> Gen<'ctx> {
             module: ctx.create_module(name),
             b: ctx.create_builder(),
             teams: RefCell::new(HashMap::new()),
+            limits: RefCell::new(HashMap::new()),
             elts: RefCell::new(HashMap::new()),
         }
     }
@@ -773,6 +777,7 @@ impl<'ctx> Gen<'ctx> {
     /// Adds a kernel's code: `K.body(i64 i, ptr buffers...)` (inputs, then outputs), or a
     /// team kernel's phases (`team.rs`).
     pub fn kernel(&self, k: &Kernel) -> R<()> {
+        self.kernel_facts(k)?;
         if k.team() > 1 {
             return self.team_kernel(k);
         }
@@ -1895,6 +1900,50 @@ impl<'ctx> Gen<'ctx> {
         Ok((self.trunc(mean)?, self.trunc(r)?))
     }
 
+    /// Records `k`'s index count for its entries ([`Gen::clamped`]) and adds the globals
+    /// `nns_len_<name>` (its index count) and `nns_sizes_<name>` (the bytes of each
+    /// buffer it takes), which the PTX and the host library export: `nnscaler-rt` checks
+    /// an artifact's header against them, so a header whose counts or sizes were changed
+    /// is refused instead of launching past its buffers. A reducer (launched over any
+    /// count, [`Kernel::any_len`]) has neither.
+    fn kernel_facts(&self, k: &Kernel) -> R<()> {
+        if k.any_len() {
+            return Ok(());
+        }
+        let len = k.len as u64;
+        self.limits.borrow_mut().insert(k.name.clone(), len);
+        let i64t = self.ctx.i64_type();
+        let global = AddressSpace::from(1u16);
+        let g = self
+            .module
+            .add_global(i64t, Some(global), &format!("nns_len_{}", k.name));
+        g.set_initializer(&i64t.const_int(len, false));
+        g.set_constant(true);
+        let sizes: Vec<IntValue> = k
+            .inputs
+            .iter()
+            .chain(&k.outputs)
+            .map(|b| i64t.const_int(b.bytes() as u64, false))
+            .collect();
+        let ty = i64t.array_type(sizes.len() as u32);
+        let g = self
+            .module
+            .add_global(ty, Some(global), &format!("nns_sizes_{}", k.name));
+        g.set_initializer(&i64t.const_array(&sizes));
+        g.set_constant(true);
+        Ok(())
+    }
+
+    /// The count an entry of `name` runs: `n`, at most the kernel's compiled count.
+    pub(crate) fn clamped(&self, name: &str, n: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let Some(&limit) = self.limits.borrow().get(name) else {
+            return Ok(n);
+        };
+        let l = self.i64c(limit as usize);
+        let over = e(self.b.build_int_compare(IntPredicate::UGT, n, l, ""))?;
+        Ok(e(self.b.build_select(over, l, n, ""))?.into_int_value())
+    }
+
     /// A PTX special register (`tid.x`, `ctaid.x`, ...), read and widened to i64.
     fn sreg(&self, r: &str) -> R<IntValue<'ctx>> {
         let name = format!("llvm.nvvm.read.ptx.sreg.{r}");
@@ -1944,6 +1993,7 @@ impl<'ctx> Gen<'ctx> {
             .get_nth_param(buffers as u32)
             .ok_or("no length")?
             .into_int_value();
+        let n = self.clamped(name, n)?;
         let inside = e(self.b.build_int_compare(IntPredicate::ULT, i, n, ""))?;
         e(self.b.build_conditional_branch(inside, run, done))?;
         self.b.position_at_end(run);
@@ -1986,6 +2036,7 @@ impl<'ctx> Gen<'ctx> {
         self.b.position_at_end(entry);
         let argv = f.get_nth_param(0).ok_or("no args")?.into_pointer_value();
         let n = f.get_nth_param(1).ok_or("no length")?.into_int_value();
+        let n = self.clamped(name, n)?;
         let mut bufs: Vec<BasicMetadataValueEnum> = Vec::new();
         for j in 0..buffers {
             // SAFETY of the generated code: `args` holds `buffers` pointers.

@@ -18,11 +18,12 @@
 //! its arena.
 
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 
 /// The file's first four bytes.
 pub const MAGIC: &[u8; 4] = b"NNSX";
 /// The format version this build reads and writes.
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
 /// Threads per block of a kernel with one thread per index (and of the reducers).
 pub const BLOCK: u32 = 256;
 
@@ -72,17 +73,23 @@ pub struct Buffer {
 }
 
 impl Buffer {
-    /// Elements.
+    /// Elements (saturating: a read artifact's are checked, [`Buffer::checked_bytes`]).
     pub fn len(&self) -> u64 {
-        self.shape.iter().product()
+        self.shape.iter().fold(1u64, |n, &d| n.saturating_mul(d))
     }
     /// Whether it has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Bytes.
+    /// Bytes (saturating).
     pub fn bytes(&self) -> u64 {
-        self.len() * self.elt.size()
+        self.len().saturating_mul(self.elt.size())
+    }
+    /// Bytes, or `None` when they overflow a u64.
+    pub fn checked_bytes(&self) -> Option<u64> {
+        self.shape
+            .iter()
+            .try_fold(self.elt.size(), |n, &d| n.checked_mul(d))
     }
 }
 
@@ -168,6 +175,11 @@ pub struct Kernel {
     /// Set when the kernel is a matrix product.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemm: Option<Gemm>,
+    /// The bytes it reads or writes of each buffer it takes (their sizes when compiled):
+    /// a launch's buffers must hold at least these. Empty for the reducers, which are
+    /// launched over any count (the runtime's collective plans size them).
+    #[serde(default)]
+    pub sizes: Vec<u64>,
 }
 
 /// The element-wise kernels collectives reduce with, each launched on buffers
@@ -188,6 +200,54 @@ impl Header {
         let r = self.reducers.ok_or("the artifact has no reducers")?;
         Ok(if max { r.max } else { r.sum })
     }
+}
+
+/// What the PTX says of each kernel it was compiled with: `nns_len_<name>` (its index
+/// count) and `nns_sizes_<name>` (the bytes of each buffer it takes, as little-endian u64
+/// bytes), which the generated code exports beside its entry.
+pub fn code_facts(ptx: &str) -> HashMap<String, (u64, Vec<u64>)> {
+    let mut lens: HashMap<String, u64> = HashMap::new();
+    let mut sizes: HashMap<String, Vec<u64>> = HashMap::new();
+    for line in ptx.lines().filter(|l| l.starts_with(".visible .global")) {
+        let Some((decl, init)) = line.trim_end_matches(';').split_once(" = ") else {
+            continue;
+        };
+        let name = decl.rsplit(' ').next().unwrap_or("");
+        if let Some(k) = name.strip_prefix("nns_len_") {
+            if let Ok(v) = init.trim().parse() {
+                lens.insert(k.to_string(), v);
+            }
+        } else if let Some(rest) = name.strip_prefix("nns_sizes_") {
+            let Some((k, n)) = rest.split_once('[') else {
+                continue;
+            };
+            let Ok(n) = n.trim_end_matches(']').parse::<usize>() else {
+                continue;
+            };
+            let mut bytes: Vec<u8> = init
+                .trim()
+                .trim_start_matches('{')
+                .trim_end_matches('}')
+                .split(',')
+                .filter_map(|b| b.trim().parse().ok())
+                .collect();
+            if bytes.len() > n || n % 8 != 0 {
+                continue;
+            }
+            bytes.resize(n, 0);
+            let words = bytes
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
+            sizes.insert(k.to_string(), words);
+        }
+    }
+    lens.into_iter()
+        .map(|(k, l)| {
+            let s = sizes.remove(&k).unwrap_or_default();
+            (k, (l, s))
+        })
+        .collect()
 }
 
 /// One step of the program.
@@ -429,10 +489,11 @@ impl Artifact {
             offset += bytes.len() as u64;
         }
         let json = serde_json::to_vec_pretty(&header).map_err(|e| e.to_string())?;
-        let mut out = Vec::with_capacity(16 + json.len() + offset as usize);
+        let mut out = Vec::with_capacity(24 + json.len() + offset as usize);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
         out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        out.extend_from_slice(&fnv1a64(&json).to_le_bytes());
         out.extend_from_slice(&json);
         for (_, bytes) in &self.sections {
             out.extend_from_slice(bytes);
@@ -443,7 +504,7 @@ impl Artifact {
     /// Reads an artifact; `what` (the file name) starts every error.
     pub fn from_bytes(bytes: &[u8], what: &str) -> Result<Self, String> {
         let bad = |m: String| format!("{what}: {m}");
-        if bytes.len() < 16 || &bytes[..4] != MAGIC {
+        if bytes.len() < 8 || &bytes[..4] != MAGIC {
             return Err(bad("not an nnscaler artifact (no NNSX magic)".into()));
         }
         let version = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
@@ -452,8 +513,15 @@ impl Artifact {
                 "artifact format version {version}; this nnscaler-rt reads version {VERSION} (recompile with the nnscaler that matches it)"
             )));
         }
+        if bytes.len() < 24 {
+            return Err(bad(format!(
+                "truncated: {} bytes, fewer than the 24 before the header",
+                bytes.len()
+            )));
+        }
         let hlen = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
-        let body = &bytes[16..];
+        let hsum = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
+        let body = &bytes[24..];
         if hlen > body.len() as u64 {
             return Err(bad(format!(
                 "truncated: the header needs {hlen} bytes, {} remain",
@@ -461,6 +529,12 @@ impl Artifact {
             )));
         }
         let (json, rest) = body.split_at(hlen as usize);
+        let sum = fnv1a64(json);
+        if sum != hsum {
+            return Err(bad(format!(
+                "the header is corrupt (checksum {sum:016x}, the file says {hsum:016x})"
+            )));
+        }
         let header: Header =
             serde_json::from_slice(json).map_err(|e| bad(format!("corrupt header ({e})")))?;
         let mut sections = Vec::new();
@@ -520,6 +594,56 @@ impl Artifact {
         }
         if let Some(d) = owner.iter().position(Option::is_none) {
             return Err(format!("device {d} runs no program"));
+        }
+        // Every kernel but the reducers: its header entry as its code was compiled (the
+        // code exports its index count and buffer sizes), its geometry exact.
+        let facts = code_facts(&String::from_utf8_lossy(self.section("ptx").unwrap_or(&[])));
+        let reducer = |i: usize| h.reducers.is_some_and(|r| r.sum == i || r.max == i);
+        for (i, k) in h.kernels.iter().enumerate() {
+            if k.block == 0 || !k.block.is_power_of_two() || k.block > 1024 {
+                return Err(format!(
+                    "kernel {} has blocks of {} threads (a power of two up to 1024)",
+                    k.name, k.block
+                ));
+            }
+            if reducer(i) {
+                continue;
+            }
+            let grid = if k.team {
+                k.len
+            } else {
+                k.len.div_ceil(u64::from(k.block))
+            };
+            if k.grid != grid {
+                return Err(format!(
+                    "kernel {}'s grid of {} blocks is not the {grid} its {} indices take",
+                    k.name, k.grid, k.len
+                ));
+            }
+            match facts.get(&k.name) {
+                Some((len, sizes)) if *len == k.len && *sizes == k.sizes => {}
+                Some((len, sizes)) => {
+                    return Err(format!(
+                        "kernel {}: the header says {} indices over buffers of {:?} bytes, its code was compiled for {len} over {sizes:?}",
+                        k.name, k.len, k.sizes
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "kernel {} is not in the PTX (or says nothing of its sizes)",
+                        k.name
+                    ))
+                }
+            }
+            if k.sizes.len() != k.buffers || k.outputs > k.buffers {
+                return Err(format!(
+                    "kernel {} takes {} buffers ({} written) and gives sizes for {}",
+                    k.name,
+                    k.buffers,
+                    k.outputs,
+                    k.sizes.len()
+                ));
+            }
         }
         let reduces = h
             .programs
@@ -588,6 +712,34 @@ impl Artifact {
                 }
             }
         }
+        // Every receive names another program of as many devices, which sends its tag.
+        for (pi, p) in h.programs.iter().enumerate() {
+            for (i, s) in p.steps.iter().enumerate() {
+                let Step::Recv { from, tag, .. } = s else {
+                    continue;
+                };
+                let q = h
+                    .programs
+                    .get(*from)
+                    .filter(|q| *from != pi && q.devices.len() == p.devices.len())
+                    .ok_or_else(|| {
+                        format!(
+                            "program '{}' step {i} receives from program {from}, which does not exist or has other devices",
+                            p.name
+                        )
+                    })?;
+                let sent = q
+                    .steps
+                    .iter()
+                    .any(|r| matches!(r, Step::Send { to, tag: t, .. } if *to == pi && t == tag));
+                if !sent {
+                    return Err(format!(
+                        "program '{}' receives '{tag}' from '{}', which never sends it",
+                        p.name, q.name
+                    ));
+                }
+            }
+        }
         if let Some(k) = computed.iter().position(|&c| c != 1) {
             return Err(format!(
                 "result '{}' is computed by {} programs, not one",
@@ -601,7 +753,17 @@ impl Artifact {
     fn check_program(&self, p: &Program) -> Result<(), String> {
         let h = &self.header;
         for (i, b) in p.buffers.iter().enumerate() {
-            if b.offset % 256 != 0 || b.offset.saturating_add(b.bytes()) > p.arena_bytes {
+            let Some(bytes) = b.checked_bytes() else {
+                return Err(format!(
+                    "buffer {i}'s shape {:?} overflows a 64-bit size",
+                    b.shape
+                ));
+            };
+            if b.offset % 256 != 0
+                || b.offset
+                    .checked_add(bytes)
+                    .is_none_or(|e| e > p.arena_bytes)
+            {
                 return Err(format!(
                     "buffer {i} ({} bytes at {}) lies outside the {}-byte arena",
                     b.bytes(),
@@ -670,27 +832,31 @@ impl Artifact {
                     let k = h.kernels.get(*kernel).ok_or_else(|| {
                         format!("step {i} launches kernel {kernel}, which does not exist")
                     })?;
-                    if !k.block.is_power_of_two() || k.block > 1024 {
-                        return Err(format!(
-                            "kernel {} has blocks of {} threads (a power of two up to 1024)",
-                            k.name, k.block
-                        ));
-                    }
-                    let covered = k.grid * if k.team { 1 } else { u64::from(k.block) };
-                    if covered < k.len {
-                        return Err(format!(
-                            "kernel {}'s grid of {} blocks does not cover its {} indices",
-                            k.name, k.grid, k.len
-                        ));
-                    }
-                    if buffers.len() != k.buffers
-                        || k.outputs > k.buffers
-                        || buffers.iter().any(|&b| missing(b))
-                    {
+                    if buffers.len() != k.buffers || buffers.iter().any(|&b| missing(b)) {
                         return Err(format!(
                             "step {i} gives kernel {} the wrong buffers",
                             k.name
                         ));
+                    }
+                    if k.sizes.len() != k.buffers {
+                        return Err(format!(
+                            "step {i} launches kernel {}, which is launched over any count (a reducer)",
+                            k.name
+                        ));
+                    }
+                    for (j, (&b, &need)) in buffers.iter().zip(&k.sizes).enumerate() {
+                        let have = p.buffers[b].bytes();
+                        if have < need {
+                            return Err(format!(
+                                "step {i} gives kernel {} buffer {b} of {have} bytes as its argument {j}, which takes {need}",
+                                k.name
+                            ));
+                        }
+                    }
+                    if let Some(g) = &k.gemm {
+                        let bufs: Vec<&Buffer> = buffers.iter().map(|&b| &p.buffers[b]).collect();
+                        gemm_fits(g, &bufs)
+                            .map_err(|e| format!("step {i}, kernel {}: {e}", k.name))?;
                     }
                 }
                 Step::Send { buffer, .. } | Step::Recv { buffer, .. } => {
@@ -751,6 +917,34 @@ impl Artifact {
         }
         Ok(())
     }
+}
+
+/// Whether a matrix product's operands, as its shape says (what cuBLAS reads and writes),
+/// lie inside the buffers it is given: `A` (`batch * m * k`), `B` (`k * n`, per product
+/// when `b_batched`), `C` (`batch * m * n`), each at its buffer's element size, by
+/// checked arithmetic.
+fn gemm_fits(g: &Gemm, bufs: &[&Buffer]) -> Result<(), String> {
+    if bufs.len() < 3 {
+        return Err("a matrix product with fewer than 3 buffers".into());
+    }
+    let b_count = if g.b_batched { g.batch } else { 1 };
+    let dims = [
+        [g.batch, g.m, g.k],
+        [b_count, g.k, g.n],
+        [g.batch, g.m, g.n],
+    ];
+    for (what, (d, b)) in ["A", "B", "C"].iter().zip(dims.iter().zip(bufs)) {
+        let need = d.iter().try_fold(b.elt.size(), |n, &x| n.checked_mul(x));
+        let have = b.bytes();
+        match need {
+            Some(n) if n <= have => {}
+            _ => return Err(format!(
+                "its product {}x{}x{} (batch {}) needs more of {what} than its {have}-byte buffer",
+                g.m, g.n, g.k, g.batch
+            )),
+        }
+    }
+    Ok(())
 }
 
 /// Whether a collective's buffers fit it: the reductions on f32 and the output's shape
@@ -903,6 +1097,9 @@ mod tests {
         }
     }
 
+    /// What the sample's PTX says of its kernel (as generated code exports it).
+    const SAMPLE_PTX: &str = "// ptx\n.visible .global .align 8 .u64 nns_len_k0 = 4;\n.visible .global .align 8 .b8 nns_sizes_k0[16] = {16, 0, 0, 0, 0, 0, 0, 0, 16};\n";
+
     pub(super) fn sample() -> Artifact {
         let mut p = program(
             "f",
@@ -930,12 +1127,13 @@ mod tests {
                     buffers: 2,
                     outputs: 1,
                     gemm: None,
+                    sizes: vec![16, 16],
                 }],
                 reducers: None,
                 programs: vec![p],
                 sections: Vec::new(),
             },
-            sections: vec![("ptx".into(), b"// ptx".to_vec())],
+            sections: vec![("ptx".into(), SAMPLE_PTX.as_bytes().to_vec())],
         }
     }
 
@@ -1056,8 +1254,14 @@ mod tests {
         let e = Artifact::from_bytes(&v, "a.nnsx").unwrap_err();
         assert!(e.contains("section 'ptx' is corrupt"), "{e}");
 
+        // The header is inside a checksum of its own; past it, JSON that does not parse.
         let mut v = bytes.clone();
-        v[20] = b'#';
+        v[30] = b'#';
+        let e = Artifact::from_bytes(&v, "a.nnsx").unwrap_err();
+        assert!(e.contains("the header is corrupt (checksum"), "{e}");
+        let n = u64::from_le_bytes(v[8..16].try_into().unwrap()) as usize;
+        let sum = fnv1a64(&v[24..24 + n]);
+        v[16..24].copy_from_slice(&sum.to_le_bytes());
         let e = Artifact::from_bytes(&v, "a.nnsx").unwrap_err();
         assert!(e.contains("corrupt header"), "{e}");
 
@@ -1128,7 +1332,71 @@ mod tests {
         b.header.kernels[0].block = 64;
         let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
         assert!(
-            e.contains("kernel k0's grid of 1 blocks does not cover its 4 indices"),
+            e.contains("kernel k0's grid of 1 blocks is not the 4 its 4 indices take"),
+            "{e}"
+        );
+        // A header whose counts or sizes differ from what the code was compiled for (the
+        // issue's crafted artifact: every kernel's len and grid times 64, the header's
+        // checksum made right) is refused, naming both.
+        let mut b = sample();
+        b.header.kernels[0].len *= 64;
+        b.header.kernels[0].grid = 1;
+        let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+        assert!(
+            e.contains("kernel k0: the header says 256 indices over buffers of [16, 16] bytes, its code was compiled for 4 over [16, 16]"),
+            "{e}"
+        );
+        let mut b = sample();
+        b.header.kernels[0].sizes = vec![16, 8];
+        let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+        assert!(
+            e.contains("its code was compiled for 4 over [16, 16]"),
+            "{e}"
+        );
+        // A launch's buffers hold what the kernel touches.
+        let mut b = sample();
+        b.header.programs[0].buffers.push(Buffer {
+            shape: vec![2],
+            elt: Elt::F32,
+            offset: 256,
+        });
+        b.header.programs[0].steps = vec![Step::Launch {
+            kernel: 0,
+            buffers: vec![0, 2],
+        }];
+        let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+        assert!(
+            e.contains(
+                "step 0 gives kernel k0 buffer 2 of 8 bytes as its argument 1, which takes 16"
+            ),
+            "{e}"
+        );
+        // Sizes by checked arithmetic: a shape whose bytes overflow.
+        let mut b = sample();
+        b.header.programs[0].buffers[1].shape = vec![1 << 40, 1 << 40];
+        let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+        assert!(e.contains("overflows a 64-bit size"), "{e}");
+        // A matrix product's shape inside its buffers.
+        let mut b = sample();
+        b.header.kernels[0].buffers = 3;
+        b.header.kernels[0].sizes = vec![16, 16, 16];
+        b.header.kernels[0].gemm = Some(Gemm {
+            batch: 1,
+            m: 2,
+            n: 2,
+            k: 4,
+            ta: false,
+            tb: false,
+            b_batched: false,
+        });
+        b.header.programs[0].steps = vec![Step::Launch {
+            kernel: 0,
+            buffers: vec![0, 0, 1],
+        }];
+        b.sections[0].1 = b"// ptx\n.visible .global .align 8 .u64 nns_len_k0 = 4;\n.visible .global .align 8 .b8 nns_sizes_k0[24] = {16, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 16};\n".to_vec();
+        let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
+        assert!(
+            e.contains("step 0, kernel k0: its product 2x2x4 (batch 1) needs more of A than its 16-byte buffer"),
             "{e}"
         );
 
@@ -1136,5 +1404,39 @@ mod tests {
         b.header.programs[0].buffers[1].offset = 512;
         let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
         assert!(e.contains("outside the 512-byte arena"), "{e}");
+    }
+
+    /// A receive names an existing peer that sends its tag (a `from` naming no program
+    /// panicked the scheduler before).
+    #[test]
+    fn receives_name_their_senders() {
+        let mut a = pipeline();
+        if let Some(Step::Recv { from, .. }) = a.header.programs[1]
+            .steps
+            .iter_mut()
+            .find(|s| matches!(s, Step::Recv { .. }))
+        {
+            *from = 7;
+        }
+        let e = Artifact::from_bytes(&a.to_bytes().unwrap(), "p.nnsx").unwrap_err();
+        assert!(
+            e.contains("receives from program 7, which does not exist")
+                || e.contains("which never receives it"),
+            "{e}"
+        );
+        let mut a = pipeline();
+        a.header.programs[1].steps.insert(
+            0,
+            Step::Recv {
+                buffer: 0,
+                from: 0,
+                tag: "nobody".into(),
+            },
+        );
+        let e = Artifact::from_bytes(&a.to_bytes().unwrap(), "p.nnsx").unwrap_err();
+        assert!(
+            e.contains("receives 'nobody' from 'f.pp0', which never sends it"),
+            "{e}"
+        );
     }
 }

@@ -90,6 +90,13 @@ impl CudaProgram {
         let text =
             String::from_utf8(ptx.to_vec()).map_err(|e| format!("the PTX is not text: {e}"))?;
         let ctx = cuda(CudaContext::new(ordinal), "opening the device")?;
+        // The arenas against the GPU's free memory before anything is allocated.
+        let free = cuda(ctx.mem_get_info(), "querying its memory")?.0;
+        crate::memory::check(
+            &art,
+            None,
+            Some((free as u64, format!("GPU {ordinal}'s free memory"))),
+        )?;
         let module = cuda(
             ctx.load_module(cudarc::nvrtc::Ptx::from_src(text)),
             "loading the PTX (a driver older than the artifact's PTX version refuses it)",

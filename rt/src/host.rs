@@ -197,6 +197,8 @@ fn dlopen_bytes(so: &[u8]) -> Result<*mut c_void, String> {
 impl HostProgram {
     /// Loads the artifact's host kernels.
     pub fn load(art: Artifact) -> Result<Self, String> {
+        // The arenas against the host's memory before anything is allocated.
+        crate::memory::check(&art, None, crate::memory::host_available())?;
         let so = art
             .section("host.so")
             .ok_or("the artifact has no host.so section (compiled without host kernels)")?;

@@ -20,6 +20,7 @@ pub mod compare;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod host;
+pub mod memory;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 mod ranks;

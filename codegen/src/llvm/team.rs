@@ -798,6 +798,7 @@ impl<'ctx> Gen<'ctx> {
             .get_nth_param(buffers as u32)
             .ok_or("no length")?
             .into_int_value();
+        let n = self.clamped(name, n)?;
         let inside = e(self.b.build_int_compare(IntPredicate::ULT, row, n, ""))?;
         e(self.b.build_conditional_branch(inside, run, done))?;
         self.b.position_at_end(run);
@@ -852,6 +853,7 @@ impl<'ctx> Gen<'ctx> {
         self.b.position_at_end(entry);
         let argv = f.get_nth_param(0).ok_or("no args")?.into_pointer_value();
         let n = f.get_nth_param(1).ok_or("no length")?.into_int_value();
+        let n = self.clamped(name, n)?;
         let sh = match plan.shared {
             Shared::Stats => self.entry_alloca(
                 self.ctx

@@ -62,6 +62,11 @@ enum Cmd {
         #[arg(long, value_name = "ON", num_args = 0..=1, require_equals = true,
               default_missing_value = "auto", value_parser = ["auto", "gpus", "streams"])]
         ranks: Option<String>,
+        /// Refuse to start when the program's arenas (every program's, on every device)
+        /// need more than this (e.g. 8G, 512M, or bytes); without it, more than the host's
+        /// available memory (host) or the GPU's free memory (cuda) is refused.
+        #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+        memory_limit: Option<u64>,
     },
     /// Run a program once on the GPU and on the host in lockstep, comparing what every
     /// step writes (a kernel's outputs, a collective's, a received buffer) on every
@@ -238,6 +243,27 @@ fn arguments(a: &Artifact, inputs: &[String]) -> Result<Vec<Tensor>, String> {
     Ok(args)
 }
 
+/// A byte count: digits with an optional K, M, G or T (powers of 1024, an optional B or iB).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    num.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("'{s}' is not a byte count (e.g. 8G, 512M, 1000000)"))
+}
+
 fn run(
     path: &str,
     inputs: &[String],
@@ -245,6 +271,7 @@ fn run(
     backend: &str,
     repeat: usize,
     on: Option<&str>,
+    memory_limit: Option<u64>,
 ) -> Result<String, String> {
     let ranks = on.is_some();
     if backend != "cuda" && matches!(on, Some("gpus" | "streams")) {
@@ -254,6 +281,13 @@ fn run(
         ));
     }
     let a = load(path)?;
+    // The arenas against --memory-limit, or the host's memory (the GPU's free memory is
+    // checked when the CUDA backend opens the device).
+    let available = match (memory_limit, backend) {
+        (None, "host") => nnscaler_rt::memory::host_available(),
+        _ => None,
+    };
+    nnscaler_rt::memory::check(&a, memory_limit, available).map_err(|e| format!("{path}: {e}"))?;
     let args = arguments(&a, inputs)?;
     let names: Vec<String> = a.header.outputs.iter().map(|p| p.name.clone()).collect();
     let devices = a.devices();
@@ -430,6 +464,7 @@ fn main() -> ExitCode {
             backend,
             repeat,
             ranks,
+            memory_limit,
         } => run(
             artifact,
             inputs,
@@ -437,6 +472,7 @@ fn main() -> ExitCode {
             backend,
             *repeat as usize,
             ranks.as_deref(),
+            *memory_limit,
         ),
         Cmd::Compare {
             artifact,

@@ -1,0 +1,124 @@
+//! What an artifact's arenas take, and the refusal of a run that cannot have it: before
+//! the first allocation, the arenas of every program on every device (the collectives'
+//! scratch space is small beside them) against `--memory-limit`, or what the machine has:
+//! the host's available memory (and its cgroup's limit), or the GPU's free memory.
+
+use crate::artifact::Artifact;
+
+/// The bytes of every program's arena on every device (saturating).
+pub fn arenas(art: &Artifact) -> u64 {
+    art.header.programs.iter().fold(0u64, |n, p| {
+        n.saturating_add(p.arena_bytes.saturating_mul(p.devices.len() as u64))
+    })
+}
+
+/// Memory this process may still use on the host, and where that figure comes from:
+/// `MemAvailable` of `/proc/meminfo`, or less where its cgroup (v2) allows less.
+pub fn host_available() -> Option<(u64, String)> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    let mut best = (
+        kb.saturating_mul(1024),
+        "the host's available memory".to_string(),
+    );
+    let read = |f: &str| -> Option<u64> {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/{f}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    if let (Some(max), Some(cur)) = (read("memory.max"), read("memory.current")) {
+        let left = max.saturating_sub(cur);
+        if left < best.0 {
+            best = (left, "the cgroup's memory limit".to_string());
+        }
+    }
+    Some(best)
+}
+
+/// Refuses `art` when its arenas need more than `limit` (`--memory-limit`) or, without
+/// one, than `available` says the machine has (nothing to compare with: no refusal).
+pub fn check(
+    art: &Artifact,
+    limit: Option<u64>,
+    available: Option<(u64, String)>,
+) -> Result<(), String> {
+    let (limit, what) = match (limit, available) {
+        (Some(l), _) => (l, "--memory-limit".to_string()),
+        (None, Some(a)) => a,
+        (None, None) => return Ok(()),
+    };
+    let need = arenas(art);
+    if need > limit {
+        let worst = art
+            .header
+            .programs
+            .iter()
+            .max_by_key(|p| p.arena_bytes)
+            .map(|p| {
+                format!(
+                    "; the largest, program '{}', {} bytes on each of {} device(s)",
+                    p.name,
+                    p.arena_bytes,
+                    p.devices.len()
+                )
+            })
+            .unwrap_or_default();
+        return Err(format!(
+            "the program's arenas need {} ({need} bytes{worst}), but {what} leaves {} ({limit} bytes)",
+            human(need),
+            human(limit)
+        ));
+    }
+    Ok(())
+}
+
+/// Bytes in binary units.
+fn human(b: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", units[u])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arenas_past_the_limit_are_refused_naming_need_and_limit() {
+        let mut a = crate::artifact::tests_support::sample();
+        assert_eq!(arenas(&a), 512);
+        assert!(check(&a, Some(512), None).is_ok());
+        a.header.programs[0].arena_bytes = 1 << 52;
+        let e = check(
+            &a,
+            None,
+            Some((1 << 30, "the host's available memory".into())),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "the program's arenas need 4.0 PiB (4503599627370496 bytes; the largest, program 'f', 4503599627370496 bytes on each of 1 device(s)), but the host's available memory leaves 1.0 GiB (1073741824 bytes)"
+        );
+        let e = check(&a, Some(1000), None).unwrap_err();
+        assert!(
+            e.ends_with("but --memory-limit leaves 1000.0 B (1000 bytes)"),
+            "{e}"
+        );
+        assert!(check(&a, None, None).is_ok());
+        assert!(host_available().is_some_and(|(b, _)| b > 0));
+    }
+}
