@@ -458,7 +458,10 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 impl Artifact {
     /// Devices the programs run on.
     pub fn devices(&self) -> usize {
-        self.header.mesh.iter().map(|a| a.size as usize).product()
+        self.header
+            .mesh
+            .iter()
+            .fold(1usize, |n, a| n.saturating_mul(a.size as usize))
     }
 
     /// Steps of every program.
@@ -575,6 +578,16 @@ impl Artifact {
         if h.programs.is_empty() {
             return Err("the artifact has no program".into());
         }
+        // Every device of the mesh runs one program: as many devices as the programs list.
+        let listed: usize = h.programs.iter().map(|p| p.devices.len()).sum();
+        let mesh = h.mesh.iter().try_fold(1u64, |n, a| n.checked_mul(a.size));
+        if mesh != Some(listed as u64) {
+            return Err(format!(
+                "the mesh {:?} has {} devices, and its programs run on {listed}",
+                h.mesh.iter().map(|a| a.size).collect::<Vec<_>>(),
+                mesh.map_or("more than 2^64".to_string(), |m| m.to_string())
+            ));
+        }
         let mut owner: Vec<Option<usize>> = vec![None; devices];
         for (pi, p) in h.programs.iter().enumerate() {
             for &d in &p.devices {
@@ -665,10 +678,29 @@ impl Artifact {
             }
             None => {}
         }
-        let mut computed = vec![0usize; h.outputs.len()];
-        for (pi, p) in h.programs.iter().enumerate() {
+        // Whole tensors of the signature: their sizes fit a u64.
+        for (what, ports) in [("argument", &h.inputs), ("result", &h.outputs)] {
+            for port in ports.iter() {
+                let b = Buffer {
+                    shape: port.global_shape.clone(),
+                    elt: port.elt,
+                    offset: 0,
+                };
+                if b.checked_bytes().is_none() {
+                    return Err(format!(
+                        "{what} '{}' of shape {:?} overflows a 64-bit size",
+                        port.name, port.global_shape
+                    ));
+                }
+            }
+        }
+        // Every program on its own first: the checks between them index its buffers.
+        for p in &h.programs {
             self.check_program(p)
                 .map_err(|e| format!("program '{}': {e}", p.name))?;
+        }
+        let mut computed = vec![0usize; h.outputs.len()];
+        for (pi, p) in h.programs.iter().enumerate() {
             for b in &p.outputs {
                 if let Some(c) = computed.get_mut(b.port) {
                     *c += 1;
@@ -825,6 +857,40 @@ impl Artifact {
                 }
             }
         }
+        // A result's pieces tile its whole tensor: the distinct ones do not overlap, and
+        // their volumes add up to its own (nothing of it left unwritten).
+        for bd in &p.outputs {
+            let port = &h.outputs[bd.port];
+            let mut boxes: Vec<&Vec<[u64; 2]>> = bd.shards.iter().collect();
+            boxes.sort();
+            boxes.dedup();
+            let volume = |r: &[[u64; 2]]| {
+                r.iter()
+                    .try_fold(1u64, |n, &[lo, hi]| n.checked_mul(hi - lo))
+            };
+            let whole = port
+                .global_shape
+                .iter()
+                .try_fold(1u64, |n, &d| n.checked_mul(d));
+            let covered = boxes
+                .iter()
+                .try_fold(0u64, |n, b| volume(b).and_then(|v| n.checked_add(v)));
+            let overlap = |a: &[[u64; 2]], b: &[[u64; 2]]| {
+                a.iter()
+                    .zip(b)
+                    .all(|(&[a0, a1], &[b0, b1])| a0 < b1 && b0 < a1)
+            };
+            let overlapping = boxes
+                .iter()
+                .enumerate()
+                .any(|(i, a)| boxes[i + 1..].iter().any(|b| overlap(a, b)));
+            if covered.is_none() || covered != whole || overlapping {
+                return Err(format!(
+                    "result '{}''s pieces do not tile its {:?} tensor",
+                    port.name, port.global_shape
+                ));
+            }
+        }
         let missing = |b: usize| b >= p.buffers.len();
         for (i, s) in p.steps.iter().enumerate() {
             match s {
@@ -938,10 +1004,12 @@ fn gemm_fits(g: &Gemm, bufs: &[&Buffer]) -> Result<(), String> {
         let have = b.bytes();
         match need {
             Some(n) if n <= have => {}
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "its product {}x{}x{} (batch {}) needs more of {what} than its {have}-byte buffer",
                 g.m, g.n, g.k, g.batch
-            )),
+            ))
+            }
         }
     }
     Ok(())
@@ -1218,7 +1286,10 @@ mod tests {
         a.header.programs.pop();
         a.header.programs[0].steps.clear();
         let e = err(a);
-        assert!(e.contains("device 1 runs no program"), "{e}");
+        assert!(
+            e.contains("the mesh [2] has 2 devices, and its programs run on 1"),
+            "{e}"
+        );
 
         let mut a = pipeline();
         a.header.programs[0].outputs = vec![bind(0, 1, 1)];

@@ -642,7 +642,7 @@ pub(crate) fn results(art: &Artifact, arenas: &Arenas) -> Result<Vec<Tensor>, St
             let es = b.elt.size() as usize;
             let n: u64 = p.global_shape.iter().product();
             let mut whole = vec![0u8; n as usize * es];
-            let mut owner: Vec<Option<usize>> = vec![None; n as usize];
+            let mut owner: Vec<u32> = vec![u32::MAX; n as usize];
             for (d, arena) in arenas.iter().enumerate() {
                 let piece = &bytes(arena)[b.offset as usize..][..b.bytes() as usize];
                 let device = prog.devices[d];
@@ -768,23 +768,25 @@ fn place_checked(
     ranges: &[[u64; 2]],
     piece: &[u8],
     es: usize,
-    owner: &mut [Option<usize>],
+    owner: &mut [u32],
     device: usize,
 ) -> Option<(usize, usize)> {
+    // `owner[i]`: the device that wrote element `i` first, `u32::MAX` before any did (4
+    // bytes an element: a whole result is held at most twice beside it).
     let mut clash = None;
     runs(shape, ranges, |w, p, len| {
         for k in 0..len {
             let (wi, pi) = (w + k, p + k);
             let src = &piece[pi * es..(pi + 1) * es];
             match owner[wi] {
-                Some(first) if &whole[wi * es..(wi + 1) * es] != src => {
-                    clash.get_or_insert((wi, first));
-                }
-                Some(_) => {}
-                None => {
+                u32::MAX => {
                     whole[wi * es..(wi + 1) * es].copy_from_slice(src);
-                    owner[wi] = Some(device);
+                    owner[wi] = device as u32;
                 }
+                first if &whole[wi * es..(wi + 1) * es] != src => {
+                    clash.get_or_insert((wi, first as usize));
+                }
+                _ => {}
             }
         }
     });
@@ -882,7 +884,7 @@ mod tests {
         place(&mut back, &shape, &ranges, &piece, 4);
         assert_eq!(&back[20..28], &whole[20..28]);
         // Replicas must agree bit for bit.
-        let mut owner = vec![None; 12];
+        let mut owner = vec![u32::MAX; 12];
         let mut out = vec![0u8; whole.len()];
         assert_eq!(
             place_checked(&mut out, &shape, &ranges, &piece, 4, &mut owner, 0),

@@ -1,7 +1,8 @@
-//! What an artifact's arenas take, and the refusal of a run that cannot have it: before
-//! the first allocation, the arenas of every program on every device (the collectives'
-//! scratch space is small beside them) against `--memory-limit`, or what the machine has:
-//! the host's available memory (and its cgroup's limit), or the GPU's free memory.
+//! What a run of an artifact takes, and the refusal of one that cannot have it: before the
+//! first allocation, the arenas of every program on every device (the collectives' scratch
+//! space is small beside them) and the whole arguments and results, against
+//! `--memory-limit`, or what the machine has: the host's available memory (and its
+//! cgroup's limit), or the GPU's free memory.
 
 use crate::artifact::Artifact;
 
@@ -9,6 +10,29 @@ use crate::artifact::Artifact;
 pub fn arenas(art: &Artifact) -> u64 {
     art.header.programs.iter().fold(0u64, |n, p| {
         n.saturating_add(p.arena_bytes.saturating_mul(p.devices.len() as u64))
+    })
+}
+
+/// The bytes a run holds on the host for the whole arguments and results (saturating): an
+/// argument twice (its file's bytes and the tensor), a result twice and 4 bytes an
+/// element more (its assembly from the devices' pieces, which checks that replicas agree).
+pub fn whole_tensors(art: &Artifact) -> u64 {
+    let h = &art.header;
+    let whole = |p: &crate::artifact::Port| crate::artifact::Buffer {
+        shape: p.global_shape.clone(),
+        elt: p.elt,
+        offset: 0,
+    };
+    let args = h.inputs.iter().fold(0u64, |n, p| {
+        n.saturating_add(whole(p).bytes().saturating_mul(2))
+    });
+    h.outputs.iter().fold(args, |n, p| {
+        let b = whole(p);
+        n.saturating_add(
+            b.bytes()
+                .saturating_mul(2)
+                .saturating_add(b.len().saturating_mul(4)),
+        )
     })
 }
 
@@ -56,7 +80,8 @@ pub fn check(
         (None, Some(a)) => a,
         (None, None) => return Ok(()),
     };
-    let need = arenas(art);
+    let (a, w) = (arenas(art), whole_tensors(art));
+    let need = a.saturating_add(w);
     if need > limit {
         let worst = art
             .header
@@ -65,7 +90,7 @@ pub fn check(
             .max_by_key(|p| p.arena_bytes)
             .map(|p| {
                 format!(
-                    "; the largest, program '{}', {} bytes on each of {} device(s)",
+                    ", the largest program '{}''s {} bytes on each of {} device(s)",
                     p.name,
                     p.arena_bytes,
                     p.devices.len()
@@ -73,7 +98,7 @@ pub fn check(
             })
             .unwrap_or_default();
         return Err(format!(
-            "the program's arenas need {} ({need} bytes{worst}), but {what} leaves {} ({limit} bytes)",
+            "the run needs {} ({need} bytes: arenas {a}{worst}; whole arguments and results {w}), but {what} leaves {} ({limit} bytes)",
             human(need),
             human(limit)
         ));
@@ -101,7 +126,10 @@ mod tests {
     fn arenas_past_the_limit_are_refused_naming_need_and_limit() {
         let mut a = crate::artifact::tests_support::sample();
         assert_eq!(arenas(&a), 512);
-        assert!(check(&a, Some(512), None).is_ok());
+        // x: 16 bytes twice; y: 16 bytes twice and 4 elements of 4 bytes.
+        assert_eq!(whole_tensors(&a), 80);
+        assert!(check(&a, Some(592), None).is_ok());
+        assert!(check(&a, Some(591), None).is_err());
         a.header.programs[0].arena_bytes = 1 << 52;
         let e = check(
             &a,
@@ -111,7 +139,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e,
-            "the program's arenas need 4.0 PiB (4503599627370496 bytes; the largest, program 'f', 4503599627370496 bytes on each of 1 device(s)), but the host's available memory leaves 1.0 GiB (1073741824 bytes)"
+            "the run needs 4.0 PiB (4503599627370576 bytes: arenas 4503599627370496, the largest program 'f''s 4503599627370496 bytes on each of 1 device(s); whole arguments and results 80), but the host's available memory leaves 1.0 GiB (1073741824 bytes)"
         );
         let e = check(&a, Some(1000), None).unwrap_err();
         assert!(

@@ -11,6 +11,13 @@
 //! - **differential**: a random zoo model and plan; the partitioned program on simulated
 //!   devices must give the single-device results, or both must fail on the same bad data
 //!   (an out-of-range label), or the plan must be refused with a located error.
+//! - **artifact**: compiled `.nnsx` artifacts (gpt-tiny's training step, the same in
+//!   mixed precision on 2-byte buffers, and a pp2 x dp2 x tp2 1F1B pipeline), mutated (bytes
+//!   flipped, the file cut short; and, the header's checksum made right, a header's
+//!   numbers set to 0, 1, one off, times 64, 2^32, 2^52 or the largest u64, array entries
+//!   dropped, repeated or swapped, flags flipped, names changed), run by `nnscaler-rt run`
+//!   on the host backend: it must refuse what is wrong with a message, never corrupt
+//!   memory, panic, abort or hang.
 //!
 //! Each process runs under a timeout. Every case checks: exit code 0 or 1 (no panic, no
 //! signal), nothing on stdout when an output file is given, an output file exactly when the
@@ -82,6 +89,10 @@ pub struct Config {
     pub run_cases: usize,
     /// See [`Config::ir_cases`].
     pub diff_cases: usize,
+    /// See [`Config::ir_cases`].
+    pub artifact_cases: usize,
+    /// The `nnscaler-rt` binary (for the artifact cases).
+    pub rt: PathBuf,
     /// Stop starting new cases after this long (the counts are then upper bounds).
     pub deadline: Option<Duration>,
     /// A process that runs longer than this is a hang.
@@ -101,9 +112,9 @@ pub struct Failure {
 #[derive(Clone, Debug, Default)]
 pub struct Report {
     /// Cases run, by part.
-    pub ran: [usize; 3],
+    pub ran: [usize; 4],
     /// Cases whose command succeeded, by part.
-    pub succeeded: [usize; 3],
+    pub succeeded: [usize; 4],
     /// Rule violations.
     pub failures: Vec<Failure>,
 }
@@ -112,13 +123,15 @@ impl Report {
     /// One line: cases and outcomes per part.
     pub fn summary(&self) -> String {
         format!(
-            "ir: {} cases ({} accepted); run: {} cases ({} succeeded); differential: {} cases ({} compared equal); {} failures",
+            "ir: {} cases ({} accepted); run: {} cases ({} succeeded); differential: {} cases ({} compared equal); artifact: {} cases ({} ran); {} failures",
             self.ran[0],
             self.succeeded[0],
             self.ran[1],
             self.succeeded[1],
             self.ran[2],
             self.succeeded[2],
+            self.ran[3],
+            self.succeeded[3],
             self.failures.len()
         )
     }
@@ -1067,7 +1080,318 @@ fn diff_case(cfg: &Config, rng: &mut Rng, case: usize) -> Result<bool, Failure> 
 
 // ---------------------------------------------------------------------------------------
 
-/// Runs a campaign; `progress` is called after every case with the part (0..3) and the
+// ---------------------------------------------------------------------------------------
+// Part 4: mutated artifacts through nnscaler-rt.
+
+/// A compiled artifact and the tensor files it runs on.
+struct ArtBase {
+    name: String,
+    bytes: Vec<u8>,
+    inputs: Vec<PathBuf>,
+}
+
+/// Runs `args` of binary `bin` in `dir`, or says why it failed.
+fn step(bin: &Path, dir: &Path, args: &[&str], timeout: Duration) -> Result<(), String> {
+    let o = spawn(Command::new(bin).current_dir(dir).args(args), timeout);
+    if o.code == Some(0) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} {}: {}",
+            bin.display(),
+            args.join(" "),
+            tail(&o.stderr)
+        ))
+    }
+}
+
+/// The artifacts the artifact cases mutate: gpt-tiny's training step, in f32 and in mixed
+/// precision, and a pp2 x dp2 x tp2 1F1B pipeline, with their batches and parameters.
+fn artifact_base(cfg: &Config) -> Result<Vec<ArtBase>, String> {
+    let dir = cfg.work.join("artifact-base");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let t = cfg.timeout;
+    let (cli, opt) = (&cfg.cli, &cfg.opt);
+    step(
+        cli,
+        &dir,
+        &[
+            "import", "gpt", "--preset", "gpt-tiny", "--batch", "4", "--heads", "2", "-o",
+            "gpt.mlir",
+        ],
+        t,
+    )?;
+    step(opt, &dir, &["--autodiff", "gpt.mlir", "-o", "step.mlir"], t)?;
+    step(
+        opt,
+        &dir,
+        &[
+            "--autocast=bf16",
+            "--autodiff",
+            "gpt.mlir",
+            "-o",
+            "bf16.mlir",
+        ],
+        t,
+    )?;
+    step(
+        cli,
+        &dir,
+        &[
+            "import",
+            "gpt",
+            "--preset",
+            "gpt-tiny",
+            "--batch",
+            "8",
+            "--heads",
+            "4",
+            "-o",
+            "gpt8.mlir",
+        ],
+        t,
+    )?;
+    step(
+        opt,
+        &dir,
+        &["--autodiff", "gpt8.mlir", "-o", "gpt8-step.mlir"],
+        t,
+    )?;
+    step(
+        opt,
+        &dir,
+        &[
+            "--place=stages=2",
+            "--autodiff",
+            "--plan=dp-megatron dp=2 tp=2 pp=2 microbatches=4",
+            "--split-tensor",
+            "--schedule-1f1b",
+            "--lower-relayouts",
+            "--localize",
+            "gpt8.mlir",
+            "-o",
+            "pp.mlir",
+        ],
+        t,
+    )?;
+    let mut out = Vec::new();
+    for (name, model, whole) in [
+        ("step", "step.mlir", "step.mlir"),
+        ("bf16", "bf16.mlir", "step.mlir"),
+        ("pp", "pp.mlir", "gpt8-step.mlir"),
+    ] {
+        let art = format!("{name}.nnsx");
+        let (ins, params) = (
+            format!("{name}.in.safetensors"),
+            format!("{name}.p.safetensors"),
+        );
+        step(cli, &dir, &["compile", model, "-o", &art], t)?;
+        step(cli, &dir, &["data", "random", whole, "-o", &ins], t)?;
+        let want = format!("{name}.want.safetensors");
+        step(
+            cli,
+            &dir,
+            &[
+                "run",
+                whole,
+                "--inputs",
+                &ins,
+                "--init-seed",
+                "1",
+                "--save-params",
+                &params,
+                "-o",
+                &want,
+            ],
+            t,
+        )?;
+        out.push(ArtBase {
+            name: name.into(),
+            bytes: std::fs::read(dir.join(&art)).map_err(|e| e.to_string())?,
+            inputs: vec![dir.join(ins), dir.join(params)],
+        });
+    }
+    Ok(out)
+}
+
+/// The JSON pointers of `v`'s numbers, arrays, booleans and strings.
+fn leaves(v: &serde_json::Value, at: String, out: &mut Vec<(String, u8)>) {
+    use serde_json::Value;
+    match v {
+        Value::Number(_) => out.push((at, b'n')),
+        Value::Bool(_) => out.push((at, b'b')),
+        Value::String(_) => out.push((at, b's')),
+        Value::Array(a) => {
+            out.push((at.clone(), b'a'));
+            for (i, x) in a.iter().enumerate() {
+                leaves(x, format!("{at}/{i}"), out);
+            }
+        }
+        Value::Object(o) => {
+            for (k, x) in o {
+                leaves(
+                    x,
+                    format!("{at}/{}", k.replace('~', "~0").replace('/', "~1")),
+                    out,
+                );
+            }
+        }
+        Value::Null => {}
+    }
+}
+
+/// An artifact's bytes with its header replaced by `header` (its length and checksum made
+/// right; the sections as they were).
+fn with_header(bytes: &[u8], header: &[u8]) -> Vec<u8> {
+    let n = u64::from_le_bytes(bytes[8..16].try_into().unwrap_or([0; 8])) as usize;
+    let rest = bytes.get(24 + n..).unwrap_or(&[]);
+    let mut v = bytes[..8].to_vec();
+    v.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    v.extend_from_slice(&nnscaler_rt::artifact::fnv1a64(header).to_le_bytes());
+    v.extend_from_slice(header);
+    v.extend_from_slice(rest);
+    v
+}
+
+/// A mutation of a (well-formed) artifact, and what it was.
+pub fn mutate_artifact(rng: &mut Rng, bytes: &[u8]) -> (Vec<u8>, String) {
+    use serde_json::Value;
+    let n = u64::from_le_bytes(bytes[8..16].try_into().unwrap_or([0; 8])) as usize;
+    match rng.below(10) {
+        0 => {
+            let mut v = bytes.to_vec();
+            let k = 1 + rng.below(8);
+            for _ in 0..k {
+                let i = 4 + rng.below(v.len() - 4);
+                v[i] ^= 1 << rng.below(8);
+            }
+            (v, format!("{k} bits flipped"))
+        }
+        1 => {
+            let cut = rng.below(bytes.len());
+            (bytes[..cut].to_vec(), format!("cut at byte {cut}"))
+        }
+        _ => {
+            let Ok(mut h) = serde_json::from_slice::<Value>(&bytes[24..24 + n]) else {
+                return (bytes.to_vec(), "unchanged".into());
+            };
+            let mut what = Vec::new();
+            for _ in 0..1 + rng.below(3) {
+                let mut ls = Vec::new();
+                leaves(&h, String::new(), &mut ls);
+                if ls.is_empty() {
+                    break;
+                }
+                let (at, kind) = rng.pick(&ls).clone();
+                let Some(x) = h.pointer_mut(&at) else {
+                    continue;
+                };
+                match kind {
+                    b'n' => {
+                        let old = x.as_u64().unwrap_or(0);
+                        let new = *rng.pick(&[
+                            0,
+                            1,
+                            old.wrapping_add(1),
+                            old.saturating_sub(1),
+                            old.saturating_mul(64),
+                            old.saturating_mul(1 << 20),
+                            1 << 32,
+                            1 << 52,
+                            u64::MAX,
+                        ]);
+                        *x = Value::from(new);
+                        what.push(format!("{at} = {new}"));
+                    }
+                    b'b' => {
+                        let b = x.as_bool().unwrap_or(false);
+                        *x = Value::Bool(!b);
+                        what.push(format!("{at} = {}", !b));
+                    }
+                    b's' => {
+                        let s = x.as_str().unwrap_or("").to_string();
+                        *x = Value::String(format!("{s}x"));
+                        what.push(format!("{at} += 'x'"));
+                    }
+                    _ => {
+                        if let Value::Array(a) = x {
+                            if a.is_empty() {
+                                continue;
+                            }
+                            let i = rng.below(a.len());
+                            match rng.below(3) {
+                                0 => {
+                                    a.remove(i);
+                                    what.push(format!("{at}/{i} removed"));
+                                }
+                                1 => {
+                                    let e = a[i].clone();
+                                    a.insert(i, e);
+                                    what.push(format!("{at}/{i} repeated"));
+                                }
+                                _ => {
+                                    let j = rng.below(a.len());
+                                    a.swap(i, j);
+                                    what.push(format!("{at}/{i} and /{j} swapped"));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let header = serde_json::to_vec(&h).unwrap_or_default();
+            (with_header(bytes, &header), what.join(", "))
+        }
+    }
+}
+
+fn artifact_case(
+    cfg: &Config,
+    rng: &mut Rng,
+    arts: &[ArtBase],
+    case: usize,
+) -> Result<bool, Failure> {
+    let base = rng.pick(arts);
+    let (bytes, what) = mutate_artifact(rng, &base.bytes);
+    let dir = cfg.work.join(format!("artifact-{case}"));
+    let _ = std::fs::create_dir_all(&dir);
+    let art = dir.join(format!("{}.nnsx", base.name));
+    let out = dir.join("out.safetensors");
+    let _ = std::fs::write(&art, &bytes);
+    let mut args: Vec<String> = vec!["run".into(), art.display().to_string()];
+    for f in &base.inputs {
+        args.extend(["--inputs".into(), f.display().to_string()]);
+    }
+    if rng.chance(0.3) {
+        args.push("--ranks".into());
+    }
+    args.extend(["-o".into(), out.display().to_string()]);
+    let fail = |problem: String| Failure {
+        case: format!(
+            "artifact case {case} ({} mutated: {what}): nnscaler-rt {}",
+            base.name,
+            args.join(" ")
+        ),
+        problem,
+    };
+    let mut o = spawn(Command::new(&cfg.rt).args(&args), cfg.timeout);
+    // nnscaler-rt reports a run on stdout (what it ran, in how long): not a rule here.
+    o.stdout.clear();
+    let ok = check_process(&o, &out).map_err(&fail)?;
+    if !ok && !o.stderr.starts_with("nnscaler-rt: error: ") {
+        return Err(fail(format!(
+            "the error is not nnscaler-rt's:
+{}",
+            tail(&o.stderr)
+        )));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(ok)
+}
+
+// ---------------------------------------------------------------------------------------
+
+/// Runs a campaign; `progress` is called after every case with the part (0..4) and the
 /// report so far.
 pub fn run(cfg: &Config, progress: &mut dyn FnMut(usize, &Report)) -> Result<Report, String> {
     let _ = std::fs::remove_dir_all(&cfg.work);
@@ -1079,11 +1403,21 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(usize, &Report)) -> Result<Rep
     let corpus = corpus(cfg)?;
     let mut rng = Rng::new(cfg.seed);
     let base = run_base(cfg, &mut rng)?;
+    let arts = if cfg.artifact_cases > 0 {
+        artifact_base(cfg)?
+    } else {
+        Vec::new()
+    };
     // The parts interleave, so that a deadline leaves a share of each.
-    let total = cfg.ir_cases.max(cfg.run_cases).max(cfg.diff_cases);
+    let counts = [
+        cfg.ir_cases,
+        cfg.run_cases,
+        cfg.diff_cases,
+        cfg.artifact_cases,
+    ];
+    let total = counts.iter().copied().max().unwrap_or(0);
     for i in 0..total {
-        for part in 0..3 {
-            let n = [cfg.ir_cases, cfg.run_cases, cfg.diff_cases][part];
+        for (part, &n) in counts.iter().enumerate() {
             // Spread each part's cases evenly over the campaign.
             if n == 0 || (i * n) / total == ((i + 1) * n) / total {
                 continue;
@@ -1096,7 +1430,8 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(usize, &Report)) -> Result<Rep
             let r = match part {
                 0 => ir_case(cfg, &mut case_rng, &corpus, case),
                 1 => run_case(cfg, &mut case_rng, &base, case),
-                _ => diff_case(cfg, &mut case_rng, case),
+                2 => diff_case(cfg, &mut case_rng, case),
+                _ => artifact_case(cfg, &mut case_rng, &arts, case),
             };
             report.ran[part] += 1;
             match r {

@@ -15,7 +15,7 @@ use std::time::Duration;
 #[command(
     name = "nnscaler-fuzz",
     version,
-    about = "Fuzz nnscaler-opt and nnscaler run: mutated IR, tensor files and flags, and random plans against one device"
+    about = "Fuzz nnscaler-opt, nnscaler run and nnscaler-rt run: mutated IR, tensor files, flags and artifacts, and random plans against one device"
 )]
 struct Cli {
     /// The campaign's seed (cases are deterministic for a seed).
@@ -33,6 +33,9 @@ struct Cli {
     /// Most differential cases.
     #[arg(long, default_value_t = 50_000)]
     diff: usize,
+    /// Most mutated-artifact cases (nnscaler-rt run; 0: none).
+    #[arg(long, default_value_t = 300_000)]
+    artifact: usize,
     /// Directory for the cases' files (emptied first).
     #[arg(long, default_value = "target/fuzz")]
     work: PathBuf,
@@ -65,6 +68,8 @@ fn main() -> ExitCode {
         ir_cases: cli.ir,
         run_cases: cli.run,
         diff_cases: cli.diff,
+        artifact_cases: cli.artifact,
+        rt: bin.join("nnscaler-rt"),
         deadline: Some(Duration::from_secs(cli.seconds)),
         timeout: Duration::from_secs(60),
     };

@@ -9,6 +9,23 @@ use std::time::Duration;
 fn fuzz_the_tools() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let corpus = fuzz::mlir_files(&root.join("test"));
+    let bin = Path::new(env!("CARGO_BIN_EXE_nnscaler"))
+        .parent()
+        .expect("binary directory")
+        .to_path_buf();
+    // nnscaler-rt is another package's binary: `cargo test --workspace` builds it; a
+    // narrower `cargo test -p nnscaler-tools` does not, so build it here then.
+    if !bin.join("nnscaler-rt").exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "-p", "nnscaler-rt", "--bin", "nnscaler-rt"])
+            .status()
+            .expect("run cargo build");
+        assert!(
+            status.success(),
+            "cannot build nnscaler-rt for the fuzz test"
+        );
+    }
     let cfg = Config {
         opt: PathBuf::from(env!("CARGO_BIN_EXE_nnscaler-opt")),
         cli: PathBuf::from(env!("CARGO_BIN_EXE_nnscaler")),
@@ -18,6 +35,8 @@ fn fuzz_the_tools() {
         ir_cases: 600,
         run_cases: 200,
         diff_cases: 20,
+        artifact_cases: 150,
+        rt: bin.join("nnscaler-rt"),
         // A slow machine runs fewer cases rather than a longer test.
         deadline: Some(Duration::from_secs(60)),
         timeout: Duration::from_secs(60),
@@ -36,13 +55,16 @@ fn fuzz_the_tools() {
         text.join("\n\n")
     );
     assert!(
-        report.ran[0] >= 50 && report.ran[1] >= 15 && report.ran[2] >= 2,
+        report.ran[0] >= 50 && report.ran[1] >= 15 && report.ran[2] >= 2 && report.ran[3] >= 15,
         "{}",
         report.summary()
     );
     // Every part exercised both outcomes.
     assert!(
-        report.succeeded[0] > 0 && report.succeeded[1] > 0 && report.succeeded[2] > 0,
+        report.succeeded[0] > 0
+            && report.succeeded[1] > 0
+            && report.succeeded[2] > 0
+            && report.succeeded[3] > 0,
         "{}",
         report.summary()
     );
