@@ -17,6 +17,7 @@
 # against PyTorch's scaled_dot_product_attention; GPT-2 124M's step against PyTorch; what a
 # user runs instead (torch_user.py); the GEMM rate against torch.matmul; ncu's per-launch
 # kernel times of the attention kernels and the nanoGPT steps (files in $OUT), by family;
+# the steps' profiles by kernel family (nnscaler-rt run --profile: CUDA events per launch);
 # and the calibration benchmarks' times (calib-timings.json, copied to $OUT when set).
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -112,18 +113,18 @@ for spec in nanogpt:64:6:256 gpt2:8:12:1024; do
 done
 echo "== nanogpt GPU config (6 layers, 6 heads, 384 wide, block 256, batch 64; fp32)"
 "$py" compare.py params nanogpt-gpu-step.nnsx nanogpt-gpu-step.params.safetensors
-./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --inputs nanogpt-gpu-step.in.safetensors \
+./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
   --inputs nanogpt-gpu-step.params.safetensors -o /dev/null || status=1
 "$py" torch_ref.py step 6 6 384 256 64 65 || status=1
 echo "== nanogpt GPU config in mixed precision (bf16 products, 2-byte bf16 buffers; PyTorch: autocast bf16)"
 # The same parameters and optimizer state (f32 master weights: the same inputs).
 cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-bf16-step.params.safetensors
-./nnscaler-rt run nanogpt-gpu-bf16-step.nnsx --backend cuda --repeat 5 --inputs nanogpt-gpu-bf16-step.in.safetensors \
+./nnscaler-rt run nanogpt-gpu-bf16-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-bf16-step.in.safetensors \
   --inputs nanogpt-gpu-bf16-step.params.safetensors -o /dev/null || status=1
 "$py" torch_ref.py step 6 6 384 256 64 65 bf16 || status=1
 echo "== GPT-2 124M (12 layers, 12 heads, 768 wide, block 1024, batch 8, vocab 50257; fp32, then mixed precision)"
 "$py" compare.py params gpt2-step.nnsx gpt2-step.params.safetensors
-./nnscaler-rt run gpt2-step.nnsx --backend cuda --repeat 5 --inputs gpt2-step.in.safetensors \
+./nnscaler-rt run gpt2-step.nnsx --backend cuda --repeat 5 --profile --inputs gpt2-step.in.safetensors \
   --inputs gpt2-step.params.safetensors -o /dev/null || status=1
 "$py" torch_ref.py step 12 12 768 1024 8 50257 || status=1
 ./nnscaler-rt run gpt2-bf16-step.nnsx --backend cuda --repeat 5 --inputs gpt2-bf16-step.in.safetensors \

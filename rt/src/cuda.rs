@@ -504,6 +504,48 @@ impl CudaProgram {
         cuda(self.stream.synchronize(), "reading the results")?;
         Ok((results(&self.art, &host)?, times))
     }
+
+    /// One run with every step timed by CUDA events on the stream (no synchronization
+    /// between steps): the run's profile by kernel family ([`crate::profile`]).
+    pub fn run_profiled(&self, inputs: &[Tensor]) -> Result<crate::profile::Profile, String> {
+        let host = load_inputs(&self.art, inputs)?;
+        let scratch = self.scratch()?;
+        let mut dev = self.upload(&host)?;
+        let mut clock = Events {
+            stream: self.stream.clone(),
+        };
+        let mut timed = crate::profile::Profiled::new(
+            Gpu {
+                prog: self,
+                dev: &mut dev,
+                scratch: &scratch,
+            },
+            &mut clock,
+            &self.art,
+        );
+        schedule(&self.art, &mut timed)?;
+        cuda(self.stream.synchronize(), "finishing the step")?;
+        timed.profile()
+    }
+}
+
+/// Marks on a stream: CUDA events that record timing.
+struct Events {
+    stream: Arc<CudaStream>,
+}
+
+impl crate::profile::Clock for Events {
+    type Mark = cudarc::driver::CudaEvent;
+    fn mark(&mut self) -> Result<Self::Mark, String> {
+        cuda(
+            self.stream
+                .record_event(Some(driver_sys::CUevent_flags::CU_EVENT_DEFAULT)),
+            "recording an event",
+        )
+    }
+    fn between(&self, a: &Self::Mark, b: &Self::Mark) -> Result<f64, String> {
+        Ok(f64::from(cuda(a.elapsed_ms(b), "timing a step")?) / 1e3)
+    }
 }
 
 /// A rank's program and memory on its GPU (`crate::nccl`, `crate::streams`): its own

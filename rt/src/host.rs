@@ -259,6 +259,23 @@ impl HostProgram {
         Ok((out, times))
     }
 
+    /// [`HostProgram::run`] with every step timed: the results and the run's profile by
+    /// kernel family ([`crate::profile`]).
+    pub fn run_profiled(
+        &self,
+        inputs: &[Tensor],
+    ) -> Result<(Vec<Tensor>, crate::profile::Profile), String> {
+        let mut arenas = load_inputs(&self.art, inputs)?;
+        let mut clock = crate::profile::Wall;
+        let profile = {
+            let engine = HostEngine::new(self, &mut arenas)?;
+            let mut timed = crate::profile::Profiled::new(engine, &mut clock, &self.art);
+            schedule(&self.art, &mut timed)?;
+            timed.profile()?
+        };
+        Ok((results(&self.art, &arenas)?, profile))
+    }
+
     fn execute(&self, arenas: &mut Arenas) -> Result<(), String> {
         schedule(&self.art, &mut HostEngine::new(self, arenas)?)
     }
@@ -800,13 +817,11 @@ impl Drop for HostProgram {
     }
 }
 
+/// Host programs for the crate's tests.
 #[cfg(test)]
-mod load_tests {
-    use super::HostProgram;
-    use crate::tensor::{Tensor, Values};
-
+pub(crate) mod tests_support {
     /// A host.so with the sample artifact's kernel `k0.host`: `y = 2 x`.
-    fn doubling_so(dir: &std::path::Path) -> Vec<u8> {
+    pub(crate) fn doubling_so(dir: &std::path::Path) -> Vec<u8> {
         let c = dir.join("k.c");
         std::fs::write(
             &c,
@@ -825,6 +840,29 @@ mod load_tests {
         assert!(st.success());
         std::fs::read(&so).unwrap()
     }
+
+    /// The sample artifact (`crate::artifact::tests_support::sample`) with the doubling
+    /// host.so, loaded.
+    pub(crate) fn doubling(art: &crate::artifact::Artifact) -> Option<super::HostProgram> {
+        let dir = std::env::temp_dir().join(format!(
+            "nnscaler-doubling-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&dir).ok()?;
+        let so = doubling_so(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut art = art.clone();
+        art.sections.push(("host.so".into(), so));
+        super::HostProgram::load(art).ok()
+    }
+}
+
+#[cfg(test)]
+mod load_tests {
+    use super::tests_support::doubling_so;
+    use super::HostProgram;
+    use crate::tensor::{Tensor, Values};
 
     /// The host kernels are never written where another user could plant a file: a
     /// symbolic link at the path nnscaler-rt used to write them to

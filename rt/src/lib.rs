@@ -23,6 +23,7 @@ pub mod host;
 pub mod memory;
 #[cfg(feature = "cuda")]
 pub mod nccl;
+pub mod profile;
 mod ranks;
 #[cfg(feature = "cuda")]
 pub mod streams;

@@ -67,6 +67,12 @@ enum Cmd {
         /// available memory (host) or the GPU's free memory (cuda) is refused.
         #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
         memory_limit: Option<u64>,
+        /// After the runs, one more with every step timed (CUDA events on the GPU, the
+        /// clock on the host), printed as a table by kernel family: time, share,
+        /// launches, and GB/s (the bytes of the buffers it touches, each once) and
+        /// TFLOP/s (matrix products) where the kernel knows them. Not with --ranks.
+        #[arg(long)]
+        profile: bool,
     },
     /// Run a program once on the GPU and on the host in lockstep, comparing what every
     /// step writes (a kernel's outputs, a collective's, a received buffer) on every
@@ -264,6 +270,7 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{s}' is not a byte count (e.g. 8G, 512M, 1000000)"))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(
     path: &str,
     inputs: &[String],
@@ -272,8 +279,12 @@ fn run(
     repeat: usize,
     on: Option<&str>,
     memory_limit: Option<u64>,
+    profile: bool,
 ) -> Result<String, String> {
     let ranks = on.is_some();
+    if profile && ranks {
+        return Err("--profile times the lockstep run: leave out --ranks".into());
+    }
     if backend != "cuda" && matches!(on, Some("gpus" | "streams")) {
         return Err(format!(
             "--ranks={} places ranks on GPUs: it needs --backend cuda",
@@ -291,6 +302,7 @@ fn run(
     let args = arguments(&a, inputs)?;
     let names: Vec<String> = a.header.outputs.iter().map(|p| p.name.clone()).collect();
     let devices = a.devices();
+    let profiled = profile.then(|| a.clone());
     let (outs, mut times) = match (backend, ranks) {
         ("cuda", false) => run_cuda(a, &args, repeat)?,
         ("cuda", true) => run_cuda_ranks(a, &args, repeat, on.unwrap_or("auto"))?,
@@ -308,10 +320,14 @@ fn run(
     } else {
         String::new()
     };
+    let table = match profiled {
+        Some(a) => profile_run(a, &args, backend)?.table(),
+        None => String::new(),
+    };
     let named: Vec<(String, Tensor)> = names.into_iter().zip(outs).collect();
     write(output, &tensor::to_bytes(&named)?)?;
     Ok(format!(
-        "ran {path} on the {} ({} device{}{}) in {secs:.6} s{timing}; {} results in {output}\n",
+        "ran {path} on the {} ({} device{}{}) in {secs:.6} s{timing}; {} results in {output}\n{table}",
         match (backend, ranks) {
             ("cuda", true) => "GPU(s)",
             ("cuda", false) => "GPU",
@@ -322,6 +338,28 @@ fn run(
         if ranks { ", a thread each" } else { "" },
         named.len()
     ))
+}
+
+/// One more run with every step timed ([`nnscaler_rt::profile`]).
+fn profile_run(
+    a: Artifact,
+    args: &[Tensor],
+    backend: &str,
+) -> Result<nnscaler_rt::profile::Profile, String> {
+    match backend {
+        "cuda" => profile_cuda(a, args),
+        _ => Ok(HostProgram::load(a)?.run_profiled(args)?.1),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn profile_cuda(a: Artifact, args: &[Tensor]) -> Result<nnscaler_rt::profile::Profile, String> {
+    nnscaler_rt::cuda::CudaProgram::load(a, 0)?.run_profiled(args)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn profile_cuda(_: Artifact, _: &[Tensor]) -> Result<nnscaler_rt::profile::Profile, String> {
+    Err("this nnscaler-rt was built without the CUDA backend (cargo build --release -p nnscaler-rt --features cuda)".into())
 }
 
 /// Runs on GPU 0 (the times cover the steps, not loading the PTX or copying tensors).
@@ -465,6 +503,7 @@ fn main() -> ExitCode {
             repeat,
             ranks,
             memory_limit,
+            profile,
         } => run(
             artifact,
             inputs,
@@ -473,6 +512,7 @@ fn main() -> ExitCode {
             *repeat as usize,
             ranks.as_deref(),
             *memory_limit,
+            *profile,
         ),
         Cmd::Compare {
             artifact,
