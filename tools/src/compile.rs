@@ -38,6 +38,11 @@ pub struct CompileArgs {
     /// Where to write the artifact.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: String,
+    /// Refuse an artifact whose runs would need more than this (the arenas of every
+    /// program on every device, and the whole arguments and results: what nnscaler-rt
+    /// checks before it allocates), e.g. the target GPU's memory, 80G; nothing is written.
+    #[arg(long, value_name = "BYTES", value_parser = crate::cli::parse_bytes)]
+    pub memory_limit: Option<u64>,
 }
 
 /// Runs the command; returns the summary to print.
@@ -125,6 +130,10 @@ pub fn main(a: &CompileArgs, error_limit: usize) -> Result<String, String> {
         .map_err(|e| format!("{}: @{}: {e}", a.program, g.name))?;
         (format!("@{}", g.name), art)
     };
+    // What a run of it needs, against the target's memory when given: refused before
+    // anything is written.
+    nnscaler_rt::memory::check(&art, a.memory_limit, None)
+        .map_err(|e| format!("{}: {e}", a.program))?;
     let bytes = art.to_bytes()?;
     crate::write_one(&a.output, bytes.clone())?;
     let h = &art.header;
@@ -138,13 +147,14 @@ pub fn main(a: &CompileArgs, error_limit: usize) -> Result<String, String> {
         .sum();
     let arena = h.programs.iter().map(|p| p.arena_bytes).max().unwrap_or(0);
     Ok(format!(
-        "compiled {what} for sm_{} in {:.1} s: {} kernels, {} steps; arena {} bytes for {} bytes of buffers; PTX {} bytes, host kernels {} bytes; {} ({} bytes)\n",
+        "compiled {what} for sm_{} in {:.1} s: {} kernels, {} steps; arena {} bytes for {} bytes of buffers (a run needs {} bytes with the whole arguments and results); PTX {} bytes, host kernels {} bytes; {} ({} bytes)\n",
         a.sm,
         started.elapsed().as_secs_f64(),
         h.kernels.len(),
         art.steps(),
         arena,
         values,
+        nnscaler_rt::memory::arenas(&art).saturating_add(nnscaler_rt::memory::whole_tensors(&art)),
         ptx,
         so,
         a.output,
