@@ -831,10 +831,18 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
         let tps = tokens / t0.elapsed().as_secs_f64();
         // A diverged run stops here: its log keeps this step's line, and no checkpoint is
         // written over the last good one.
+        let ckpt_now = c
+            .checkpoint
+            .as_ref()
+            .is_some_and(|k| t % k.every == 0 || t == end);
+        // The state is scanned only before it is saved (a non-finite value in it makes the
+        // next step's loss non-finite anyway).
         let diverged = if !loss.is_finite() {
             Some(format!("the loss is {loss}"))
-        } else {
+        } else if ckpt_now {
             first_non_finite(&state)
+        } else {
+            None
         };
         if let Some(what) = diverged {
             log.push_str(&line(&Line {
@@ -887,10 +895,6 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
                 tokens_per_s: None,
             })?);
         }
-        let ckpt_now = c
-            .checkpoint
-            .as_ref()
-            .is_some_and(|k| t % k.every == 0 || t == end);
         if ckpt_now {
             save_checkpoint(&c, &state, t)?;
             last_ckpt = Some(t);
