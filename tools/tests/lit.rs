@@ -10,19 +10,22 @@ fn lit_tests() {
         .expect("binary directory")
         .to_path_buf();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../test");
-    // nnscaler-rt is another package's binary: `cargo test --workspace` builds it; a
-    // narrower `cargo test -p nnscaler-tools` does not, so build it here then.
-    if !bin.join("nnscaler-rt").exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "nnscaler-rt", "--bin", "nnscaler-rt"])
-            .status()
-            .expect("run cargo build");
-        assert!(
-            status.success(),
-            "cannot build nnscaler-rt for the lit tests"
-        );
+    // nnscaler-rt is another package's binary, which `cargo test` does not rebuild for
+    // this package's tests: built here, in this build's profile (quick when up to date;
+    // a stale one from before a change would fail tests of new flags).
+    let mut args = vec!["build", "-p", "nnscaler-rt", "--bin", "nnscaler-rt"];
+    if bin.ends_with("release") {
+        args.push("--release");
     }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(&args)
+        .status()
+        .expect("run cargo build");
+    assert!(
+        status.success(),
+        "cannot build nnscaler-rt for the lit tests"
+    );
     let path = format!(
         "{}:{}",
         bin.display(),

@@ -13,19 +13,21 @@ fn fuzz_the_tools() {
         .parent()
         .expect("binary directory")
         .to_path_buf();
-    // nnscaler-rt is another package's binary: `cargo test --workspace` builds it; a
-    // narrower `cargo test -p nnscaler-tools` does not, so build it here then.
-    if !bin.join("nnscaler-rt").exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "-p", "nnscaler-rt", "--bin", "nnscaler-rt"])
-            .status()
-            .expect("run cargo build");
-        assert!(
-            status.success(),
-            "cannot build nnscaler-rt for the fuzz test"
-        );
+    // nnscaler-rt is another package's binary, which `cargo test` does not rebuild for
+    // this package's tests: built here, in this build's profile (quick when up to date).
+    let mut args = vec!["build", "-p", "nnscaler-rt", "--bin", "nnscaler-rt"];
+    if bin.ends_with("release") {
+        args.push("--release");
     }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(&args)
+        .status()
+        .expect("run cargo build");
+    assert!(
+        status.success(),
+        "cannot build nnscaler-rt for the fuzz test"
+    );
     let cfg = Config {
         opt: PathBuf::from(env!("CARGO_BIN_EXE_nnscaler-opt")),
         cli: PathBuf::from(env!("CARGO_BIN_EXE_nnscaler")),
