@@ -132,31 +132,9 @@ pub fn host_shared_object(kernels: &[Kernel]) -> R<Vec<u8>> {
     let obj = tm
         .write_to_memory_buffer(&g.module, FileType::Object)
         .map_err(|e| format!("host code emission failed: {e}"))?;
-    // A fresh directory of our own (mode 0700; `create`, not `create_all`, fails on
-    // anything already at that name, a planted link too): the object and the library
-    // are written and read where no other user can swap them.
-    let dir = {
-        use std::os::unix::fs::DirBuilderExt;
-        let mut made = Err(String::new());
-        for attempt in 0..16u32 {
-            let d = std::env::temp_dir().join(format!(
-                "nnscaler-so-{}-{:x}-{attempt}",
-                std::process::id(),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos())
-                    .unwrap_or(0)
-            ));
-            match std::fs::DirBuilder::new().mode(0o700).create(&d) {
-                Ok(()) => {
-                    made = Ok(d);
-                    break;
-                }
-                Err(e) => made = Err(format!("{}: {e}", d.display())),
-            }
-        }
-        made?
-    };
+    // A fresh directory of our own (mode 0700): the object and the library are written
+    // and read where no other user can swap them.
+    let dir = nnscaler_rt::host::private_dir("nnscaler-so")?;
     let (o, so) = (dir.join("kernels.o"), dir.join("kernels.so"));
     let result = (|| {
         std::fs::write(&o, obj.as_slice()).map_err(|e| format!("{}: {e}", o.display()))?;

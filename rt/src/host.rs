@@ -158,40 +158,47 @@ fn dlopen_bytes(so: &[u8]) -> Result<*mut c_void, String> {
         }
     }
     // No memfd (or no /proc): a private directory.
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    let tmp = std::env::temp_dir();
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = private_dir("nnscaler-rt")
+        .map_err(|e| format!("no private directory for the host kernels: {e}"))?;
+    let path = dir.join("host.so");
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .and_then(|mut f| f.write_all(so));
+    let lib = match written {
+        Ok(()) => open(&path),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    };
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir(&dir);
+    lib
+}
+
+/// A fresh directory `$TMPDIR/<prefix>-<pid>-<nonce>-<k>` of mode 0700: `create`, not
+/// `create_all`, fails on anything already at that name (a planted link too), so what is
+/// written there no other user can swap. The caller removes it.
+pub fn private_dir(prefix: &str) -> Result<std::path::PathBuf, String> {
+    use std::os::unix::fs::DirBuilderExt;
     let mut last = String::new();
     for attempt in 0..16u32 {
         let nonce = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        let dir = tmp.join(format!(
-            "nnscaler-rt-{}-{nonce:x}-{attempt}",
+        let dir = std::env::temp_dir().join(format!(
+            "{prefix}-{}-{nonce:x}-{attempt}",
             std::process::id()
         ));
-        // `create` (not `create_all`) fails on anything already there, a planted link too.
-        if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            last = format!("{}: {e}", dir.display());
-            continue;
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) => last = format!("{}: {e}", dir.display()),
         }
-        let path = dir.join("host.so");
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .and_then(|mut f| f.write_all(so));
-        let lib = match written {
-            Ok(()) => open(&path),
-            Err(e) => Err(format!("{}: {e}", path.display())),
-        };
-        let _ = std::fs::remove_file(&path);
-        let _ = std::fs::remove_dir(&dir);
-        return lib;
     }
-    Err(format!("no private directory for the host kernels: {last}"))
+    Err(last)
 }
 
 impl HostProgram {

@@ -24,38 +24,9 @@ pub fn clap_exit(e: clap::Error) -> ExitCode {
     }
 }
 
-/// Parses a byte count: a number with an optional K, M, G or T suffix (powers of 1024,
-/// `B`/`iB` allowed: `512M`, `2GiB`, `1073741824`).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (num, shift) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let shift = match c.to_ascii_uppercase() {
-                'K' => 10,
-                'M' => 20,
-                'G' => 30,
-                'T' => 40,
-                _ => return Err(format!("'{text}': unknown unit '{c}' (use K, M, G or T)")),
-            };
-            (&t[..i], shift)
-        }
-        _ => (t, 0),
-    };
-    let n: f64 = num
-        .parse()
-        .ok()
-        .filter(|n: &f64| n.is_finite() && *n > 0.0)
-        .ok_or_else(|| format!("'{text}' is not a positive size (e.g. 512M, 2G)"))?;
-    let bytes = n * (1u64 << shift) as f64;
-    if bytes >= u64::MAX as f64 {
-        return Err(format!("'{text}' is too large"));
-    }
-    Ok(bytes as u64)
-}
+/// Parses a byte count (`512M`, `2GiB`, `1073741824`): nnscaler-rt's, shared by every
+/// `--memory-limit` and `--memory-cap`.
+pub use nnscaler_rt::memory::parse_bytes;
 
 #[cfg(test)]
 mod tests {

@@ -844,15 +844,16 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
         } else {
             None
         };
+        // The step's line (a non-finite loss left out), kept in the log either way.
+        log.push_str(&line(&Line {
+            kind: "step",
+            step: t,
+            loss: loss.is_finite().then_some(loss),
+            val_loss: None,
+            lr: Some(lr),
+            tokens_per_s: Some(tps),
+        })?);
         if let Some(what) = diverged {
-            log.push_str(&line(&Line {
-                kind: "step",
-                step: t,
-                loss: loss.is_finite().then_some(loss),
-                val_loss: None,
-                lr: Some(lr),
-                tokens_per_s: Some(tps),
-            })?);
             if let Some(path) = &c.train.log {
                 append(path, &log, t == start + 1 && start == 0)?;
             }
@@ -867,14 +868,6 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
             ));
         }
         curve.push((t, loss));
-        log.push_str(&line(&Line {
-            kind: "step",
-            step: t,
-            loss: Some(loss),
-            val_loss: None,
-            lr: Some(lr),
-            tokens_per_s: Some(tps),
-        })?);
         bar.set_position(t);
         bar.set_message(format!("loss {loss:.4} | {tps:.0} tok/s"));
         let eval_now =

@@ -451,14 +451,14 @@ impl<'ctx> Gen<'ctx> {
     fn online_pass(
         tm: &mut Team<'_, 'ctx>,
         a: &Attn,
-        (lanes, tiles, rows): (usize, usize, usize),
+        (lanes, tiles, rows, step): (usize, usize, usize, usize),
         k_in: usize,
         (lq, lo, lm): (usize, usize, usize),
     ) -> R<()> {
         let a = *a;
         let (d, ev) = (a.d, a.e);
         let vt = rows * d;
-        let step = a.tiles().map_or(1, |t| t.steps.0).min(rows);
+        let step = step.min(rows);
         tm.repeat(a.t.div_ceil(rows), |tm| {
             Self::stage_keys(tm, &a, (lanes, tiles, rows), k_in)?;
             tm.phase(lanes, |g, l| {
@@ -525,7 +525,7 @@ impl<'ctx> Gen<'ctx> {
                 g.fill_local(l, lm + 1, 1, 0.0)
             })
         })?;
-        Self::online_pass(tm, &a, (lanes, tiles, rows), 1, (lq, lo, lm))?;
+        Self::online_pass(tm, &a, (lanes, tiles, rows, ti.steps.0), 1, (lq, lo, lm))?;
         tm.phase(lanes, |g, l| {
             let q = g.query_lane(&a, lanes, tiles, l)?;
             g.when(q.valid, |g| {
@@ -566,7 +566,7 @@ impl<'ctx> Gen<'ctx> {
                 g.fill_local(l, lm + 1, 1, 0.0)
             })
         })?;
-        Self::online_pass(tm, &a, (lanes, tiles, rows), 2, (lq, lo, lm))?;
+        Self::online_pass(tm, &a, (lanes, tiles, rows, ti.steps.0), 2, (lq, lo, lm))?;
         // The row's statistics, then dO in o's place and a zero `dq`.
         tm.phase(lanes, |g, l| {
             let q = g.query_lane(&a, lanes, tiles, l)?;

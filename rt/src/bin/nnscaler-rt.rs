@@ -65,7 +65,7 @@ enum Cmd {
         /// Refuse to start when the program's arenas (every program's, on every device)
         /// need more than this (e.g. 8G, 512M, or bytes); without it, more than the host's
         /// available memory (host) or the GPU's free memory (cuda) is refused.
-        #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+        #[arg(long, value_name = "BYTES", value_parser = nnscaler_rt::memory::parse_bytes)]
         memory_limit: Option<u64>,
         /// After the runs, one more with every step timed (CUDA events on the GPU, the
         /// clock on the host), printed as a table by kernel family: time, share,
@@ -247,27 +247,6 @@ fn arguments(a: &Artifact, inputs: &[String]) -> Result<Vec<Tensor>, String> {
         })
         .collect::<Result<_, _>>()?;
     Ok(args)
-}
-
-/// A byte count: digits with an optional K, M, G or T (powers of 1024, an optional B or iB).
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (num, mult) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    num.trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("'{s}' is not a byte count (e.g. 8G, 512M, 1000000)"))
 }
 
 #[allow(clippy::too_many_arguments)]
