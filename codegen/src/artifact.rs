@@ -6,6 +6,7 @@
 use crate::kernel::{Body, Buf, Elt, Kernel};
 use crate::program::{compile_on, BufId, Collective, Devices, Program, Work};
 use crate::target::{host_shared_object, ptx, Gpu};
+use nnscaler_dialects::domain::Domain;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::scalar::{x, Bin, Expr};
@@ -195,6 +196,7 @@ fn port_of(
             attrs.get("nns.param"),
             Some(AttrValue::Unit | AttrValue::Bool(true))
         ),
+        domain: None,
         name,
     };
     Ok((port, shards))
@@ -501,6 +503,26 @@ fn build(
             max: kernels.add(&max, ""),
         }
     });
+    // What each argument may hold, read from its uses in every program (the largest id
+    // bound: a program may see only its piece of a table).
+    for u in units {
+        for (k, &port) in u.arg_ports.iter().enumerate() {
+            let found = match nnscaler_dialects::domain::of_arg(u.g, k) {
+                Some(Domain::Below(n)) => nx::Domain::Below(n.max(0) as u64),
+                Some(Domain::AtLeast(m)) => nx::Domain::AtLeast(m.ceil() as i64),
+                None => continue,
+            };
+            if let Some(p) = ins[port].as_mut() {
+                p.domain = Some(match (p.domain, found) {
+                    (Some(nx::Domain::Below(a)), nx::Domain::Below(b)) => {
+                        nx::Domain::Below(a.max(b))
+                    }
+                    (Some(d), _) => d,
+                    (None, d) => d,
+                });
+            }
+        }
+    }
     let complete = |t: Vec<Option<nx::Port>>, what: &str| -> Result<Vec<nx::Port>, String> {
         t.into_iter()
             .enumerate()

@@ -11,12 +11,14 @@
 //! * [`builder`]: typed builders, so no caller writes attribute strings;
 //! * [`scalar`]: elementwise ops' formulas, for kernel generators;
 //! * [`graph`]: a function as an SSA graph, written back in place through [`rewriter`];
+//! * [`domain`]: what values an argument may hold (ids below a table's rows, AdamW's step);
 //! * [`context`] and [`diag`]: the MLIR context owner and located diagnostics.
 pub mod annotation;
 pub mod builder;
 pub mod context;
 pub mod diag;
 pub mod dnn;
+pub mod domain;
 pub mod graph;
 pub mod irdl;
 pub mod nns;

@@ -117,6 +117,47 @@ pub struct Port {
     /// A parameter (`nns.param`).
     #[serde(default)]
     pub param: bool,
+    /// The values an argument may hold, as the compiler read them from its uses (ids
+    /// below a table's rows or a logit's classes, AdamW's step from 1); the runtime
+    /// refuses inputs outside it, as the reference runtime's kernels do. Absent: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<Domain>,
+}
+
+/// What values a port may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Domain {
+    /// Integer ids in `[0, n)`.
+    Below(u64),
+    /// Numbers at least this (AdamW's step counts from 1).
+    AtLeast(i64),
+}
+
+impl Domain {
+    /// Why `t` (port `name`'s tensor) is outside the domain, if it is.
+    pub fn check(self, name: &str, t: &crate::tensor::Tensor) -> Result<(), String> {
+        use crate::tensor::Values;
+        match (self, &t.data) {
+            (Domain::Below(n), Values::I64(v)) => match v.iter().position(|&x| x < 0 || x as u64 >= n) {
+                Some(i) => Err(format!(
+                    "'{name}' holds {} at element {i}; its ids must be in [0, {n}) (the rows or classes it indexes)",
+                    v[i]
+                )),
+                None => Ok(()),
+            },
+            (Domain::AtLeast(m), Values::F32(v)) => {
+                match v.iter().position(|&x| !(f64::from(x) >= m as f64)) {
+                    Some(i) => Err(format!(
+                        "'{name}' holds {} at element {i}; it must be at least {m} (AdamW's step counts from 1)",
+                        v[i]
+                    )),
+                    None => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Where a program keeps a port: its buffer, and each device's piece.
@@ -1140,6 +1181,7 @@ mod tests {
             elt: Elt::F32,
             layout: None,
             param: false,
+            domain: None,
         }
     }
 

@@ -621,6 +621,9 @@ pub(crate) fn load_inputs(art: &Artifact, inputs: &[Tensor]) -> Result<Arenas, S
                 t.shape
             ));
         }
+        if let Some(d) = p.domain {
+            d.check(&p.name, t)?;
+        }
     }
     let whole: Vec<Vec<u8>> = inputs.iter().map(Tensor::bytes).collect();
     let consts = art.section("consts").unwrap_or_default();

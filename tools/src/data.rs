@@ -7,7 +7,7 @@
 use crate::output::Outputs;
 use crate::read_input;
 use nnscaler_dialects::context::IrContext;
-use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::domain::Domain;
 use nnscaler_dialects::types::Elem;
 use nnscaler_runtime::tensor::{dims, Tensor};
 use nnscaler_runtime::{io, rng};
@@ -37,9 +37,13 @@ enum DataCmd {
         #[arg(long, value_name = "N")]
         block: Option<usize>,
     },
-    /// A random batch for MODEL's data arguments (@train's non-parameter arguments):
-    /// integer ids below the vocabulary (the embedding table's rows, the logits' classes),
-    /// floats from normal(0, 1), as safetensors for `nnscaler run --inputs`.
+    /// A random batch for the arguments `nnscaler run MODEL` binds from --inputs (every
+    /// argument but parameters and optimizer state), whole tensors: for a partitioned
+    /// program (localized or pipelined) the one-device shapes, which `run` cuts for the
+    /// devices. Integer ids are drawn below the vocabulary (the embedding table's rows, the
+    /// logits' classes), floats from normal(0, 1); an optimizer step's `step` is --step
+    /// and its `lr` --lr. Safetensors for `nnscaler run --inputs` and `nnscaler-rt run
+    /// --inputs`.
     Random {
         /// The model (.mlir).
         model: String,
@@ -49,6 +53,16 @@ enum DataCmd {
         /// The random seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// The function (as `nnscaler run --func`; default: the only one, or @train).
+        #[arg(long, value_name = "NAME")]
+        func: Option<String>,
+        /// An optimizer step's step number (AdamW's bias correction; counts from 1).
+        #[arg(long, value_name = "N", default_value_t = 1,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        step: u32,
+        /// An optimizer step's learning rate.
+        #[arg(long, value_name = "LR", default_value_t = 1e-3)]
+        lr: f32,
     },
 }
 
@@ -64,7 +78,20 @@ pub fn main(a: &DataArgs) -> Result<String, String> {
             model,
             output,
             seed,
-        } => random(model, output, *seed),
+            func,
+            step,
+            lr,
+        } => {
+            if !lr.is_finite() {
+                return Err(format!("--lr {lr}: the learning rate must be finite"));
+            }
+            let o = RandomOpts {
+                func: func.as_deref(),
+                step: *step as f32,
+                lr: *lr,
+            };
+            random(model, output, *seed, &o)
+        }
     }
 }
 
@@ -347,75 +374,82 @@ impl Dataset {
     }
 }
 
-/// The ids an integer argument of `g` may hold: the rows of the embedding table it
-/// indexes, or the classes of the logits it is the target of (followed through reshapes).
-pub fn id_bound(g: &Graph, arg: usize) -> Option<i64> {
-    let mut v = g.args[arg].value;
-    for n in &g.nodes {
-        if !n.inputs.contains(&v) {
-            continue;
-        }
-        match n.op.as_str() {
-            "dnn.reshape" => v = n.outputs[0],
-            "dnn.embedding" if n.inputs[0] == v => {
-                return g.values[n.inputs[1]].shape.first().copied()
-            }
-            "dnn.cross_entropy" | "dnn.pick" if n.inputs.get(1) == Some(&v) => {
-                return g.values[n.inputs[0]].shape.last().copied()
-            }
-            _ => {}
-        }
-    }
-    None
+/// What `data random` draws besides the seed: the function, and an optimizer step's
+/// scalars.
+struct RandomOpts<'a> {
+    func: Option<&'a str>,
+    step: f32,
+    lr: f32,
 }
 
-fn random(model: &str, output: &str, seed: u64) -> Result<String, String> {
+fn random(model: &str, output: &str, seed: u64, o: &RandomOpts<'_>) -> Result<String, String> {
     let text = read_input(model)?;
     let ir = IrContext::new();
+    crate::parse_guard::check_parses(&text, model)
+        .map_err(|d| d.in_file(model).render_limited(Some(&text), 20))?;
     let m = ir
         .parse(&text, model)
         .map_err(|d| d.in_file(model).render_limited(Some(&text), 20))?;
-    let graphs: Vec<Graph> = Graph::all_in(&m)
-        .into_iter()
-        .filter_map(Result::ok)
-        .collect();
-    let g = graphs
-        .iter()
-        .find(|g| g.name == "train")
-        .or(graphs.first())
-        .ok_or(format!("{model}: no function"))?;
+    let d = nnscaler_dialects::verify::verify_module(&m);
+    if d.has_errors() {
+        return Err(d.in_file(model).render_limited(Some(&text), 20));
+    }
+    let (func, args) = crate::run::step_args(&m, model, o.func)?;
     let mut tensors: Vec<(String, Elem, Tensor)> = Vec::new();
-    for (i, a) in g.args.iter().enumerate() {
-        if a.is_state() {
-            continue;
-        }
-        let ty = &g.values[a.value];
-        let name = a.name().map(str::to_string).unwrap_or(format!("arg{i}"));
-        let shape = dims(ty);
+    let mut drawn = Vec::new();
+    for a in args.iter().filter(|a| !a.state) {
+        let shape = dims(&a.ty);
         let n: usize = shape.iter().product();
-        let stream = rng::name_stream(&name);
-        let t = if ty.elem.is_float() {
-            Tensor::f32(
+        let stream = rng::name_stream(&a.name);
+        let t = match (a.domain, a.ty.elem.is_float()) {
+            (Some(Domain::AtLeast(_)), true) => {
+                drawn.push(format!("{} = {}", a.name, o.step));
+                Tensor::f32(&shape, vec![o.step; n])
+            }
+            // The learning rate: a scalar named `lr` (what --optimizer makes).
+            (None, true) if a.name == "lr" && n == 1 => {
+                drawn.push(format!("{} = {}", a.name, o.lr));
+                Tensor::f32(&shape, vec![o.lr; n])
+            }
+            (_, true) => Tensor::f32(
                 &shape,
                 (0..n as u64)
                     .map(|k| rng::normal(seed, stream, k) as f32)
                     .collect(),
-            )
-        } else {
-            let hi = id_bound(g, i).ok_or(format!(
-                "{model}: argument '{name}' holds integers, but no embedding or loss says below what"
-            ))?;
-            Tensor::i64(
+            ),
+            (Some(Domain::Below(hi)), false) if hi > 0 => Tensor::i64(
                 &shape,
                 (0..n as u64)
                     .map(|k| (rng::bits(seed, stream, k) % hi as u64) as i64)
                     .collect(),
-            )
+            ),
+            (_, false) => {
+                return Err(format!(
+                    "{model}: @{func}: argument '{}' holds integers, but no embedding or loss says below what",
+                    a.name
+                ))
+            }
         };
-        tensors.push((name, ty.elem, t));
+        tensors.push((a.name.clone(), a.ty.elem, t));
     }
     let refs: Vec<(String, Elem, &Tensor)> =
         tensors.iter().map(|(n, e, t)| (n.clone(), *e, t)).collect();
     crate::write_one(output, io::to_bytes(&refs)?)?;
-    Ok(String::new())
+    let names: Vec<String> = tensors
+        .iter()
+        .map(|(n, _, t)| format!("{n} {:?}", t.shape))
+        .collect();
+    let mut said = format!(
+        "wrote {output}: {} tensor(s) for @{func}: {}",
+        tensors.len(),
+        names.join(", ")
+    );
+    if !drawn.is_empty() {
+        said.push_str(&format!(" ({})", drawn.join(", ")));
+    }
+    if args.iter().any(|a| a.state) {
+        said.push_str("; parameters and optimizer state come from --params or --init-seed");
+    }
+    said.push('\n');
+    Ok(said)
 }

@@ -608,7 +608,6 @@ fn run_pipelined(
     name: &str,
     render: &dyn Fn(Diagnostics) -> String,
 ) -> Result<(), String> {
-    use nnscaler_dialects::types::AttrValue;
     let model = &a.model;
     if a.autodiff {
         return Err(format!(
@@ -633,59 +632,13 @@ fn run_pipelined(
             mesh.name
         ));
     }
-    // The step as one function: the programs' arguments and results, in the original
-    // order (the view files bind against).
     let dmesh = mesh.device_mesh();
-    let mut step = Graph {
-        name: name.to_string(),
-        ..Graph::default()
-    };
-    let mut arg_slots: std::collections::BTreeMap<
-        usize,
-        (
-            nnscaler_dialects::types::TensorType,
-            nnscaler_dialects::types::Attrs,
-        ),
-    > = Default::default();
-    let mut res_slots: std::collections::BTreeMap<
-        usize,
-        (
-            nnscaler_dialects::types::TensorType,
-            nnscaler_dialects::types::Attrs,
-        ),
-    > = Default::default();
-    for p in &programs {
-        let view = global_view(p, &dmesh).map_err(|e| format!("{model}: @{}: {e}", p.name))?;
-        for (k, x) in view.args.iter().enumerate() {
-            if let Some(AttrValue::Int(i)) = x.attrs.get("nns.arg") {
-                let mut attrs = x.attrs.clone();
-                // Seeded init decides a parameter's rule by its uses, which are inside the
-                // fragments the program calls: ask the program, make it explicit.
-                if x.is_state() && !attrs.contains_key("nns.init") {
-                    let rule = p
-                        .init_rule(k)
-                        .map_err(|e| format!("{model}: @{}: {e}", p.name))?;
-                    attrs.insert("nns.init".into(), AttrValue::Str(rule.to_string()));
-                }
-                arg_slots.insert(*i as usize, (view.values[x.value].clone(), attrs));
-            }
-        }
-        for o in &view.outputs {
-            if let Some(AttrValue::Int(i)) = o.attrs.get("nns.result") {
-                res_slots.insert(*i as usize, (view.values[o.value].clone(), o.attrs.clone()));
-            }
-        }
-    }
-    let arg_index: Vec<usize> = arg_slots.keys().copied().collect();
-    for (ty, attrs) in arg_slots.into_values() {
-        step.add_arg(ty, attrs);
-    }
-    let res_index: Vec<usize> = res_slots.keys().copied().collect();
-    for (ty, attrs) in res_slots.into_values() {
-        let value = step.new_value(ty);
-        step.outputs
-            .push(nnscaler_dialects::graph::Output { value, attrs });
-    }
+    let PipelineStep {
+        step,
+        arg_index,
+        res_index,
+        ..
+    } = pipeline_step(&programs, name, &dmesh).map_err(|e| format!("{model}: {e}"))?;
     let need = memory::estimate(&step, &step, 1);
     memory::check(
         &need,
@@ -755,4 +708,167 @@ fn run_pipelined(
         .map(|i| outs.remove(i).expect("every result is assembled"))
         .collect();
     write_results(a, &step, &outs, saved_params)
+}
+
+/// A pipelined step as one function: the programs' arguments and results in the original
+/// function's order (what tensor files bind against), and where each sits.
+pub(crate) struct PipelineStep {
+    /// The step's signature (no body): whole types, the programs' attributes.
+    pub step: Graph,
+    /// The original argument index of each of `step`'s arguments (`nns.arg`).
+    pub arg_index: Vec<usize>,
+    /// The original result index of each of `step`'s results (`nns.result`).
+    pub res_index: Vec<usize>,
+    /// Per argument of `step`, the (program, argument) pairs that take it.
+    pub arg_uses: Vec<Vec<(usize, usize)>>,
+}
+
+/// Assembles pipeline `name`'s step from its per-rank `programs` (`dmesh`: the device
+/// mesh, the micro-batch axis left out).
+pub(crate) fn pipeline_step(
+    programs: &[Graph],
+    name: &str,
+    dmesh: &nnscaler_dialects::nns::Mesh,
+) -> Result<PipelineStep, String> {
+    use nnscaler_dialects::types::{AttrValue, Attrs, TensorType};
+    use std::collections::BTreeMap;
+    let mut step = Graph {
+        name: name.to_string(),
+        ..Graph::default()
+    };
+    let mut arg_slots: BTreeMap<usize, (TensorType, Attrs, Vec<(usize, usize)>)> = BTreeMap::new();
+    let mut res_slots: BTreeMap<usize, (TensorType, Attrs)> = BTreeMap::new();
+    for (pi, p) in programs.iter().enumerate() {
+        let view = global_view(p, dmesh).map_err(|e| format!("@{}: {e}", p.name))?;
+        for (k, x) in view.args.iter().enumerate() {
+            if let Some(AttrValue::Int(i)) = x.attrs.get("nns.arg") {
+                let mut attrs = x.attrs.clone();
+                // Seeded init decides a parameter's rule by its uses, which are inside the
+                // fragments the program calls: ask the program, make it explicit.
+                if x.is_state() && !attrs.contains_key("nns.init") {
+                    let rule = p.init_rule(k).map_err(|e| format!("@{}: {e}", p.name))?;
+                    attrs.insert("nns.init".into(), AttrValue::Str(rule.to_string()));
+                }
+                let slot = arg_slots
+                    .entry(*i as usize)
+                    .or_insert_with(|| (view.values[x.value].clone(), attrs, Vec::new()));
+                slot.2.push((pi, k));
+            }
+        }
+        for o in &view.outputs {
+            if let Some(AttrValue::Int(i)) = o.attrs.get("nns.result") {
+                res_slots.insert(*i as usize, (view.values[o.value].clone(), o.attrs.clone()));
+            }
+        }
+    }
+    let arg_index: Vec<usize> = arg_slots.keys().copied().collect();
+    let mut arg_uses = Vec::new();
+    for (ty, attrs, uses) in arg_slots.into_values() {
+        step.add_arg(ty, attrs);
+        arg_uses.push(uses);
+    }
+    let res_index: Vec<usize> = res_slots.keys().copied().collect();
+    for (ty, attrs) in res_slots.into_values() {
+        let value = step.new_value(ty);
+        step.outputs
+            .push(nnscaler_dialects::graph::Output { value, attrs });
+    }
+    Ok(PipelineStep {
+        step,
+        arg_index,
+        res_index,
+        arg_uses,
+    })
+}
+
+/// An argument of the step `nnscaler run` would run: its name, whole type, whether it is
+/// trained state (parameters and optimizer state, which come from --params or
+/// --init-seed) and the values it may hold.
+pub(crate) struct StepArg {
+    pub name: String,
+    pub ty: nnscaler_dialects::types::TensorType,
+    pub state: bool,
+    pub domain: Option<nnscaler_dialects::domain::Domain>,
+}
+
+/// The arguments of the step `nnscaler run MODEL [--func NAME]` runs, as it binds tensor
+/// files to them: a single-device function's own, a localized function's whole tensors,
+/// a pipelined step's in the original function's order.
+pub(crate) fn step_args(
+    module: &melior::ir::Module<'_>,
+    model: &str,
+    func: Option<&str>,
+) -> Result<(String, Vec<StepArg>), String> {
+    use nnscaler_dialects::domain;
+    let all: Vec<Graph> = Graph::all_in(module)
+        .into_iter()
+        .filter_map(Result::ok)
+        .collect();
+    if all.is_empty() {
+        return Err(format!("{model}: the module has no function"));
+    }
+    let names: Vec<&str> = all.iter().map(|g| g.name.as_str()).collect();
+    let arg = |x: &nnscaler_dialects::graph::Arg, i: usize, ty, domain| StepArg {
+        name: x.name().map(str::to_string).unwrap_or(format!("arg{i}")),
+        ty,
+        state: x.is_state(),
+        domain,
+    };
+    let mut d = Diagnostics::default();
+    let meshes = Meshes::collect(&module.as_operation(), &mut d);
+    if let Some(name) = crate::compile::pipeline_named(&all, func) {
+        let mesh = meshes.resolve(None).map_err(|e| format!("{model}: {e}"))?;
+        let programs = pipeline_programs(&all, &name).map_err(|e| format!("{model}: {e}"))?;
+        let p = pipeline_step(&programs, &name, &mesh.device_mesh())
+            .map_err(|e| format!("{model}: {e}"))?;
+        let args = p
+            .step
+            .args
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let found = p.arg_uses[i]
+                    .iter()
+                    .filter_map(|&(pi, k)| domain::of_arg(&programs[pi], k));
+                let dom = found.reduce(|a, b| match (a, b) {
+                    (domain::Domain::Below(m), domain::Domain::Below(n)) => {
+                        domain::Domain::Below(m.max(n))
+                    }
+                    (a, _) => a,
+                });
+                arg(x, p.arg_index[i], p.step.values[x.value].clone(), dom)
+            })
+            .collect();
+        return Ok((name, args));
+    }
+    let pick = match func {
+        Some(f) => names.iter().position(|n| *n == f).ok_or_else(|| {
+            format!(
+                "{model}: no function @{f} (functions: {})",
+                names.join(", ")
+            )
+        })?,
+        None if all.len() == 1 => 0,
+        None => names.iter().position(|n| *n == "train").ok_or_else(|| {
+            format!(
+                "{model}: several functions ({}); choose one with --func",
+                names.join(", ")
+            )
+        })?,
+    };
+    let mut g = all[pick].clone();
+    g.link(&all);
+    let view = if g.is_localized() {
+        let mesh = meshes.resolve(None).map_err(|e| format!("{model}: {e}"))?;
+        global_view(&g, mesh).map_err(|e| format!("{model}: @{}: {e}", g.name))?
+    } else {
+        g.clone()
+    };
+    let args = view
+        .args
+        .iter()
+        .enumerate()
+        .map(|(i, x)| arg(x, i, view.values[x.value].clone(), domain::of_arg(&g, i)))
+        .collect();
+    Ok((g.name.clone(), args))
 }

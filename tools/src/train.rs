@@ -16,6 +16,7 @@
 use crate::data::{Dataset, Split};
 use crate::output::Outputs;
 use nnscaler_dialects::context::IrContext;
+use nnscaler_dialects::domain::{self, Domain};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::types::Elem;
@@ -363,7 +364,7 @@ fn model_texts(c: &Config, vocab: usize) -> Result<(String, String), String> {
                 .ok_or(format!(
                     "model.file: @train of {f} has no 'tokens' argument"
                 ))?;
-            if let Some(rows) = crate::data::id_bound(&g, tokens) {
+            if let Some(Domain::Below(rows)) = domain::of_arg(&g, tokens) {
                 if (rows as usize) < vocab {
                     return Err(format!(
                         "model.file: {f} embeds {rows} token ids; the corpus has a vocabulary of {vocab} (nnscaler import --vocab {vocab})"

@@ -211,8 +211,13 @@ fn info(path: &str) -> Result<String, String> {
                 Some(_) => String::new(),
                 None => " (unused)".into(),
             };
+            let domain = match p.domain {
+                Some(nnscaler_rt::artifact::Domain::Below(n)) => format!(" (ids below {n})"),
+                Some(nnscaler_rt::artifact::Domain::AtLeast(m)) => format!(" (at least {m})"),
+                None => String::new(),
+            };
             s += &format!(
-                "{what} {} {:?} {:?}{piece}{}\n",
+                "{what} {} {:?} {:?}{piece}{}{domain}\n",
                 p.name,
                 p.elt,
                 p.global_shape,
