@@ -86,14 +86,6 @@ impl PlanSearch {
 }
 
 /// The schedule `--schedule` runs for plan `c` (a single stage's micro-batches: 1F1B).
-fn schedule_of(c: &search::Config) -> &str {
-    if c.schedule == "none" {
-        "1f1b"
-    } else {
-        &c.schedule
-    }
-}
-
 impl PlanSearch {
     /// Runs function pass `name` (`place`, `recompute`) with `options` on the step
     /// `@func` of `module` only.
@@ -230,7 +222,7 @@ impl ModulePass for PlanSearch {
         let plan_of = |e: &Estimate| {
             let mut p = e.config.plan_options(&self.cluster_spec);
             if e.config.pipelined() {
-                p += &format!(" schedule={}", schedule_of(&e.config));
+                p += &format!(" schedule={}", e.config.schedule_name());
             }
             if e.config.recompute != Recompute::None {
                 p += &format!(", recompute={}", e.config.recompute.name());
@@ -280,11 +272,11 @@ impl ModulePass for PlanSearch {
         self.remarks.remark(
             &SrcLoc::default(),
             format!(
-                "plan: auto chose \"{chosen}\" on {} x {} ({}); predicted per device: {}",
+                "plan: auto chose \"{chosen}\" on {} x {} ({}); predicted per device:\n  {}",
                 self.devices,
                 self.cluster.device.name,
                 self.cluster.name,
-                lines.join("; ")
+                lines.join("\n  ")
             ),
         );
         let c = &best.config;
@@ -307,7 +299,7 @@ impl ModulePass for PlanSearch {
         }
         let mut options = c.plan_options(&self.cluster_spec);
         if c.pipelined() {
-            options += &format!(" schedule={}", schedule_of(c));
+            options += &format!(" schedule={}", c.schedule_name());
         }
         let step = Step::new("plan", &options).map_err(|e| error(&SrcLoc::default(), e))?;
         let mut plan =

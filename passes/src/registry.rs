@@ -297,7 +297,7 @@ pub static PASSES: &[PassInfo] = &[
     },
     PassInfo {
         name: "schedule",
-        summary: "Pipeline the training step with the schedule its plan chose (nns.schedule, from --plan ... schedule=NAME or --plan=auto), as the --schedule-NAME pass would; a step whose plan chose none is left as it is (so one pipeline serves every plan --plan=auto may choose)",
+        summary: "Pipeline the training step with the schedule its plan chose (nns.schedule, from --plan ... schedule=NAME or --plan=auto), as the --schedule-NAME pass would; a step whose plan chose none is left as it is when its mesh has no pipeline axis or micro-batches (so one pipeline serves every plan --plan=auto may choose), and is an error when it has them (nnscaler plan -o records the schedule it chose)",
         options: SCHEDULE_CHOSEN_OPTIONS,
         anchor: Anchor::Module,
         factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::chosen(o)?)))),

@@ -804,6 +804,15 @@ impl Config {
         plan
     }
 
+    /// The schedule a pipelined plan runs (`1f1b` where the search chose none).
+    pub fn schedule_name(&self) -> &str {
+        if self.schedule == "none" {
+            "1f1b"
+        } else {
+            &self.schedule
+        }
+    }
+
     /// The plan as `nnscaler-opt` options: `--plan` and, for pipelines, `--place`,
     /// `--recompute` and the schedule.
     pub fn describe(&self) -> String {

@@ -232,18 +232,19 @@ pub fn apply_passes(e: &Estimate, p: &Profile, forward: bool, cluster: &str) -> 
     if forward {
         before.push(pass("optimizer", String::new()));
     }
-    before.push(pass("plan", c.plan_options(cluster)));
+    // The schedule goes into the plan (recorded on the step as `nns.schedule`), so the
+    // written module carries it and `--schedule` runs it.
+    let mut plan = c.plan_options(cluster);
+    if pipelined {
+        plan += &format!(" schedule={}", c.schedule_name());
+    }
+    before.push(pass("plan", plan));
     let mut after = vec![
         pass("propagate-layouts", String::new()),
         pass("split-tensor", String::new()),
     ];
     if pipelined {
-        let s = if c.schedule == "none" {
-            "1f1b"
-        } else {
-            &c.schedule
-        };
-        after.push(pass(&format!("schedule-{s}"), String::new()));
+        after.push(pass("schedule", String::new()));
     }
     after.push(pass("lower-relayouts", String::new()));
     after.push(pass("localize", String::new()));

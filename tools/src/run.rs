@@ -279,7 +279,8 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         )
         .map_err(|e| format!("{model}: @{}: {e}", g.name))?;
         report_compiled(&g.name, a, &mut times);
-        return write_results(a, &g, &outs, saved_params);
+        let ran = Ran::new(&g.name, compiled_place(a, devices), &times);
+        return write_results(a, &g, &outs, saved_params, &ran);
     }
     let mut times = Vec::new();
     let mut device_times = Vec::new();
@@ -330,12 +331,17 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         &mut device_times,
         (&a.timing, mesh.is_some()),
     );
+    let place = match mesh {
+        Some(m) => format!("the reference runtime, {} simulated devices", m.devices()),
+        None => "the reference runtime".to_string(),
+    };
+    let ran = Ran::new(&g.name, place, &times);
     if let Some(c) = &cluster {
         let devices = mesh.map_or(1, |m| m.devices() as u32);
         let runs = if a.repeat > 1 { a.repeat - 1 } else { 1 };
         eprint!("{}", profile_table(&g, mesh, c, &profile, (runs, devices)));
     }
-    write_results(a, &g, &outs, saved_params)
+    write_results(a, &g, &outs, saved_params, &ran)
 }
 
 /// `--profile`'s table: per op name (a call of a C kernel as `@callee`; the ops of an IR
@@ -557,12 +563,76 @@ fn bind_all(
     Ok((values, saved_params))
 }
 
-/// Writes the results of `g` (and the parameters, when asked) once everything succeeded.
+/// What ran where, for the summary line.
+struct Ran {
+    name: String,
+    place: String,
+    /// The median run's seconds.
+    seconds: f64,
+}
+
+impl Ran {
+    fn new(name: &str, place: String, times: &[f64]) -> Ran {
+        let mut t = times.to_vec();
+        t.sort_by(f64::total_cmp);
+        Ran {
+            name: name.to_string(),
+            place,
+            seconds: t.get(t.len() / 2).copied().unwrap_or(0.0),
+        }
+    }
+}
+
+/// A compiled backend's place in the summary line.
+fn compiled_place(a: &RunArgs, devices: u64) -> String {
+    format!(
+        "the {} backend, {devices} device{}{}",
+        a.backend,
+        if devices == 1 { "" } else { "s" },
+        if a.ranks { ", a thread each" } else { "" }
+    )
+}
+
+/// The summary line of a successful run: where it ran, how long it took, the scalar
+/// results (such as the loss) and where everything went.
+fn summary(a: &RunArgs, ran: &Ran, named: &[(String, Elem, &nnscaler_runtime::Tensor)]) -> String {
+    const SHOWN: usize = 4;
+    let scalars: Vec<String> = named
+        .iter()
+        .filter(|(_, _, t)| t.shape.is_empty())
+        .filter_map(|(n, _, t)| match t.f() {
+            Ok([x]) => Some(format!("{n} = {x}")),
+            _ => None,
+        })
+        .collect();
+    let mut s = format!("ran @{} on {} in {:.3} s", ran.name, ran.place, ran.seconds);
+    if !scalars.is_empty() {
+        s += ": ";
+        s += &scalars[..scalars.len().min(SHOWN)].join(", ");
+        if scalars.len() > SHOWN {
+            s += &format!(" (and {} more scalars)", scalars.len() - SHOWN);
+        }
+    }
+    s += &format!(
+        "; {} result{} in {}",
+        named.len(),
+        if named.len() == 1 { "" } else { "s" },
+        a.output
+    );
+    if let Some(p) = &a.save_params {
+        s += &format!(", the parameters in {p}");
+    }
+    s
+}
+
+/// Writes the results of `g` (and the parameters, when asked) once everything succeeded,
+/// then says so in one line (on stderr when the results go to standard output).
 fn write_results(
     a: &RunArgs,
     g: &Graph,
     outs: &[nnscaler_runtime::Tensor],
     saved_params: Option<SavedParams>,
+    ran: &Ran,
 ) -> Result<(), String> {
     let named: Vec<(String, Elem, &nnscaler_runtime::Tensor)> = g
         .outputs
@@ -585,7 +655,14 @@ fn write_results(
         outputs.stage(&path, bytes)?;
     }
     outputs.stage(&a.output, results)?;
-    outputs.commit()
+    outputs.commit()?;
+    let line = summary(a, ran, &named);
+    if a.output == "-" || a.output == "/dev/stdout" {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
+    Ok(())
 }
 
 /// The cluster `--profile` predicts for (refused with a compiled backend).
@@ -662,7 +739,13 @@ fn run_pipelined(
             .run_indexed_timed(&inputs, a.repeat as usize)
             .map_err(|e| format!("{model}: pipeline @{name}: {e}"))?;
         report_compiled(name, a, &mut times);
-        return write_results(a, &step, &outs, saved_params);
+        let place = format!(
+            "{} ({} pipeline ranks)",
+            compiled_place(a, mesh.devices() as u64),
+            programs.len()
+        );
+        let ran = Ran::new(name, place, &times);
+        return write_results(a, &step, &outs, saved_params, &ran);
     }
     let opts = Options {
         check_finite: a.check_finite,
@@ -696,6 +779,12 @@ fn run_pipelined(
         }
     }
     report_times(name, &mut times, &mut device_times, (&a.timing, true));
+    let place = format!(
+        "the reference runtime, {} simulated devices ({} pipeline ranks)",
+        mesh.devices(),
+        programs.len()
+    );
+    let ran = Ran::new(name, place, &times);
     if let Some(c) = &cluster {
         let runs = if a.repeat > 1 { a.repeat - 1 } else { 1 };
         let per_rank = (mesh.devices() as u32 / programs.len().max(1) as u32).max(1);
@@ -707,7 +796,7 @@ fn run_pipelined(
         .iter()
         .map(|i| outs.remove(i).expect("every result is assembled"))
         .collect();
-    write_results(a, &step, &outs, saved_params)
+    write_results(a, &step, &outs, saved_params, &ran)
 }
 
 /// A pipelined step as one function: the programs' arguments and results in the original

@@ -8,7 +8,8 @@
 //! schedule (linear warm-up, then cosine to `min_lr`, nanoGPT's), one run of the compiled
 //! step, whose `next.*` results replace the parameters and moments. Every `eval_every`
 //! steps the mean loss over `eval_batches` batches of train and val data (the forward alone,
-//! on one device). Outputs: a progress bar on a terminal, one JSON line per step and per
+//! on one device). Outputs: a progress bar on a terminal, a line per evaluation on stdout
+//! (step, train and val loss, lr, tokens/s), one JSON line per step and per
 //! evaluation in `log`, a loss-curve SVG in `curve`, and checkpoints (all parameters and
 //! moments as whole tensors, with the step) written atomically every `checkpoint.every`
 //! steps and at the end; `--resume` continues from the last one exactly.
@@ -782,6 +783,8 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
     }
     // The last checkpoint on disk (a resumed run's is its start).
     let mut last_ckpt = a.resume.then_some(start);
+    // Training time and steps since the last evaluation line (its tokens/s).
+    let (mut since_eval, mut steps_since_eval) = (0.0f64, 0u64);
     for t in start + 1..=end {
         let lr = learning_rate(&c.optimizer, c.train.steps, t - 1);
         let (x, y) = data.batch(Split::Train, p.batch, p.block, c.train.seed, t)?;
@@ -829,7 +832,10 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
                 None => {}
             }
         }
-        let tps = tokens / t0.elapsed().as_secs_f64();
+        let secs = t0.elapsed().as_secs_f64();
+        let tps = tokens / secs;
+        since_eval += secs;
+        steps_since_eval += 1;
         // A diverged run stops here: its log keeps this step's line, and no checkpoint is
         // written over the last good one.
         let ckpt_now = c
@@ -877,9 +883,14 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
             let train_loss = evaluate(&p, &data, &state, Split::Train, &c)?;
             let val_loss = evaluate(&p, &data, &state, Split::Val, &c)?;
             evals.push((t, train_loss, val_loss));
-            bar.println(format!(
-                "step {t}: train loss {train_loss:.4}, val loss {val_loss:.4}"
-            ));
+            // A line per evaluation stays in the terminal (stdout, above the bar; the
+            // same lines when stdout is a file or pipe).
+            let rate = tokens * steps_since_eval as f64 / since_eval.max(1e-9);
+            let said = format!(
+                "step {t}: train loss {train_loss:.4}, val loss {val_loss:.4} (lr {lr:.3e}, {rate:.0} tokens/s)"
+            );
+            bar.suspend(|| println!("{said}"));
+            (since_eval, steps_since_eval) = (0.0, 0);
             log.push_str(&line(&Line {
                 kind: "eval",
                 step: t,

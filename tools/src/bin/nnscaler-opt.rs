@@ -9,7 +9,7 @@ use nnscaler_dialects::nns;
 use nnscaler_dialects::verify::verify_module;
 use nnscaler_passes::pipeline::{self, Step};
 use nnscaler_passes::registry::PASSES;
-use nnscaler_tools::{expected, read_input, write_one};
+use nnscaler_tools::{expected, read_input, write_one, Outputs};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -64,6 +64,10 @@ struct Cli {
     /// Print the time of parsing, verifying, every pass and printing (to stderr).
     #[arg(long = "mlir-timing")]
     timing: bool,
+    /// Write the passes' remarks (what a pass decided: the plan search's ranking, the
+    /// placement, ...) to FILE instead of stderr; written with the output, on success.
+    #[arg(long, value_name = "FILE")]
+    remarks_file: Option<String>,
     /// Print locations (loc(...)) in the output, as mlir-opt does.
     #[arg(long = "mlir-print-debuginfo")]
     print_debuginfo: bool,
@@ -341,6 +345,7 @@ fn main() -> ExitCode {
     };
     let ir = IrContext::new();
     let mut outputs = Vec::new();
+    let mut remark_text = String::new();
     let mut failed = false;
     for chunk in chunks(&source, cli.split_input_file) {
         let result = process(&ir, &chunk, name, &cli, &steps).map_err(|d| d.in_file(name));
@@ -368,7 +373,13 @@ fn main() -> ExitCode {
         match result {
             Ok((out, remarks)) => {
                 if !remarks.is_empty() {
-                    eprintln!("{}", remarks.render_limited(Some(&source), cli.error_limit));
+                    let r = remarks.render_limited(Some(&source), cli.error_limit);
+                    if cli.remarks_file.is_some() {
+                        remark_text += &r;
+                        remark_text.push('\n');
+                    } else {
+                        eprintln!("{r}");
+                    }
                 }
                 outputs.push(out)
             }
@@ -382,7 +393,14 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let text = outputs.join("// -----\n");
-    match write_one(&cli.output, text.into_bytes()) {
+    let mut out = Outputs::new();
+    let staged = out
+        .stage(&cli.output, text.into_bytes())
+        .and_then(|()| match &cli.remarks_file {
+            Some(f) => out.stage(f, remark_text.into_bytes()),
+            None => Ok(()),
+        });
+    match staged.and_then(|()| out.commit()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }
