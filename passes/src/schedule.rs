@@ -721,26 +721,79 @@ pub fn peak_in_flight_by_stage(s: &Schedule) -> Vec<usize> {
     peak
 }
 
-/// A Gantt chart of `t` as SVG: devices as rows, F / B / W coloured, micro-batch numbers
-/// (and stages, when a device holds several) inside the boxes, the time axis below.
-pub fn svg(s: &Schedule, t: &Timeline) -> String {
+/// Round tick positions for an axis from `lo` to `hi`: a step of 1, 2 or 5 times a power
+/// of ten giving about `n` ticks, and the decimals that step needs.
+pub fn ticks(lo: f64, hi: f64, n: f64) -> (Vec<f64>, usize) {
+    if !(hi > lo) || !lo.is_finite() || !hi.is_finite() {
+        return (vec![lo], 2);
+    }
+    let raw = ((hi - lo) / n).max(f64::MIN_POSITIVE);
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|&x| x >= raw)
+        .unwrap_or(10.0 * mag);
+    let decimals = (-step.log10().floor()).max(0.0) as usize;
+    let first = (lo / step).ceil() as i64;
+    let mut out = Vec::new();
+    let mut k = first;
+    while (k as f64) * step <= hi + step * 1e-9 && out.len() < 1000 {
+        out.push(k as f64 * step);
+        k += 1;
+    }
+    (out, decimals)
+}
+
+/// A Gantt chart of `t` as SVG: devices as rows, F / B / W coloured (with a legend),
+/// micro-batch numbers (and stages, when a device holds several) inside the boxes, the
+/// time axis below in `unit` (times multiplied by `scale`; an empty unit: the schedule's
+/// own time units, as `--tf`/`--tb`/`--tw` give them).
+pub fn svg(s: &Schedule, t: &Timeline, scale: f64, unit: &str) -> String {
     // About 1200 pixels across for long schedules, at most 40 per mean fragment.
     let frags: usize = t.runs.iter().map(Vec::len).sum();
     let mean = t.runs.iter().flatten().map(|(_, a, b)| b - a).sum::<f64>() / frags.max(1) as f64;
     let span = t.makespan.max(30.0 * mean);
-    let unit = if span > 0.0 { 1200.0 / span } else { 40.0 };
-    let (row, left, top) = (28.0, 70.0, 24.0);
-    let width = left + t.makespan * unit + 20.0;
-    let height = top + row * s.devices as f64 + 40.0;
+    let px = if span > 0.0 { 1200.0 / span } else { 40.0 };
+    let (row, left, top) = (28.0, 70.0, 40.0);
+    let width = (left + t.makespan * px + 20.0).max(560.0);
+    let height = top + row * s.devices as f64 + 56.0;
+    let (shown_unit, axis_label) = if unit.is_empty() {
+        (
+            "time units".to_string(),
+            "time (units of --tf, --tb, --tw)".to_string(),
+        )
+    } else {
+        (unit.to_string(), format!("time ({unit})"))
+    };
+    let makespan = format!("{:.4}", t.makespan * scale);
+    let makespan = makespan.trim_end_matches('0').trim_end_matches('.');
     let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" font-family=\"sans-serif\" font-size=\"11\">\n<text x=\"4\" y=\"15\">{} — {} devices, {} stages, {} micro-batches, makespan {:.2}, bubble {:.1}%</text>\n",
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" font-family=\"sans-serif\" font-size=\"11\">\n<text x=\"4\" y=\"15\">{} — {} devices, {} stages, {} micro-batches, makespan {makespan} {shown_unit}, bubble {:.1}%</text>\n",
         s.name,
         s.devices,
         s.stages,
         s.microbatches,
-        t.makespan,
         100.0 * t.bubble_ratio()
     );
+    // The legend: the three kinds of work.
+    let kinds: &[(&str, &str)] = if s.split_backward {
+        &[
+            ("#8ecae6", "F forward"),
+            ("#ffb703", "B backward (input gradients)"),
+            ("#90be6d", "W weight gradients"),
+        ]
+    } else {
+        &[("#8ecae6", "F forward"), ("#ffb703", "B backward")]
+    };
+    let mut lx = 4.0;
+    for (color, what) in kinds {
+        out.push_str(&format!(
+            "<rect x=\"{lx:.1}\" y=\"22\" width=\"12\" height=\"10\" fill=\"{color}\" stroke=\"#333\"/><text x=\"{:.1}\" y=\"31\">{what}</text>\n",
+            lx + 16.0
+        ));
+        lx += 16.0 + 7.0 * what.len() as f64 + 14.0;
+    }
     let chunked = s.stages > s.devices;
     for (d, r) in t.runs.iter().enumerate() {
         let y = top + row * d as f64;
@@ -754,8 +807,8 @@ pub fn svg(s: &Schedule, t: &Timeline) -> String {
                 Kind::B => "#ffb703",
                 Kind::W => "#90be6d",
             };
-            let x = left + s0 * unit;
-            let w = (s1 - s0) * unit;
+            let x = left + s0 * px;
+            let w = (s1 - s0) * px;
             let label = if chunked {
                 format!("{}{:?}{}", a.stage, a.kind, a.mb)
             } else {
@@ -769,26 +822,28 @@ pub fn svg(s: &Schedule, t: &Timeline) -> String {
             ));
         }
     }
-    let axis_y = top + row * s.devices as f64 + 14.0;
-    // Ticks at a round step giving about ten of them.
-    let raw = (t.makespan / 10.0).max(f64::MIN_POSITIVE);
-    let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0]
-        .iter()
-        .map(|m| m * mag)
-        .find(|&x| x >= raw)
-        .unwrap_or(10.0 * mag);
-    let decimals = (-step.log10().floor()).max(0.0) as usize;
-    let mut i = 0u32;
-    while f64::from(i) * step <= t.makespan + step * 1e-9 && t.makespan > 0.0 {
-        let tick = f64::from(i) * step;
-        out.push_str(&format!(
-            "<text x=\"{:.1}\" y=\"{axis_y:.1}\" text-anchor=\"middle\">{tick:.decimals$}</text>\n",
-            left + tick * unit,
-        ));
-        i += 1;
+    // The time axis: a line, ticks at round values (in `unit`), its label.
+    let axis = top + row * s.devices as f64 + 2.0;
+    out.push_str(&format!(
+        "<line x1=\"{left:.1}\" y1=\"{axis:.1}\" x2=\"{:.1}\" y2=\"{axis:.1}\" stroke=\"#333\"/>\n",
+        left + t.makespan * px
+    ));
+    if t.makespan > 0.0 {
+        let (marks, decimals) = ticks(0.0, t.makespan * scale, 10.0);
+        for m in marks {
+            let x = left + m / scale * px;
+            out.push_str(&format!(
+                "<line x1=\"{x:.1}\" y1=\"{axis:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"#333\"/><text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{m:.decimals$}</text>\n",
+                axis + 4.0,
+                axis + 16.0
+            ));
+        }
     }
-    out.push_str("</svg>\n");
+    out.push_str(&format!(
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{axis_label}</text>\n</svg>\n",
+        left + t.makespan * px / 2.0,
+        axis + 34.0
+    ));
     out
 }
 
@@ -844,6 +899,23 @@ pub fn report_scaled(s: &Schedule, t: &Timeline, scale: f64, unit: &str) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ticks_are_round_and_inside_the_range() {
+        assert_eq!(
+            ticks(0.0, 1.9684, 10.0),
+            ((0..=9).map(|k| k as f64 * 0.2).collect(), 1)
+        );
+        let (t, d) = ticks(2.67, 3.34, 6.0);
+        assert_eq!(d, 1);
+        assert!(t.iter().all(|&v| (2.67..=3.34).contains(&v)));
+        assert_eq!(t.len(), 3);
+        assert_eq!(
+            ticks(1.0, 60.0, 8.0).0,
+            vec![10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+        );
+        assert_eq!(ticks(5.0, 5.0, 8.0).0, vec![5.0]);
+    }
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9

@@ -109,7 +109,7 @@ pub fn main(a: &ScheduleArgs) -> Result<String, String> {
     let mut report = schedule::report(&s, &t);
     let mut outputs = Outputs::new();
     if let Some(path) = &a.svg {
-        outputs.stage(path, schedule::svg(&s, &t).into_bytes())?;
+        outputs.stage(path, schedule::svg(&s, &t, 1.0, "").into_bytes())?;
     }
     match a.table.as_deref() {
         Some("-") => report.push_str(&schedule::to_text(&s)),
@@ -229,7 +229,7 @@ fn finish(
 ) -> Result<String, String> {
     let mut outputs = Outputs::new();
     if let Some(p) = &a.svg {
-        outputs.stage(p, schedule::svg(s, t).into_bytes())?;
+        outputs.stage(p, schedule::svg(s, t, 1e3, "ms").into_bytes())?;
     }
     match a.table.as_deref() {
         Some("-") => report.push_str(&schedule::to_text(s)),

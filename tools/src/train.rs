@@ -1013,7 +1013,11 @@ fn save_checkpoint(c: &Config, state: &BTreeMap<String, Tensor>, t: u64) -> Resu
 
 /// The loss curve: each step's loss, and the evaluations' train and val losses.
 fn svg(curve: &[(u64, f64)], evals: &[(u64, f64, f64)]) -> String {
-    let (w, h, l, b) = (720.0, 400.0, 60.0, 40.0);
+    use nnscaler_passes::schedule::ticks;
+    // The plot area: left margin for the loss ticks, bottom for the step ticks, top for
+    // the title and legend.
+    let (w, h) = (760.0, 440.0);
+    let (left, right, top, bottom) = (64.0, 20.0, 46.0, 52.0);
     let last = curve.last().map_or(1, |c| c.0).max(1) as f64;
     let first = curve.first().map_or(0, |c| c.0) as f64;
     let losses = curve
@@ -1024,8 +1028,8 @@ fn svg(curve: &[(u64, f64)], evals: &[(u64, f64, f64)]) -> String {
         .filter(|x| x.is_finite())
         .fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
     let (lo, hi) = if lo < hi { (lo, hi) } else { (0.0, 1.0) };
-    let x = |s: f64| l + (s - first) / (last - first).max(1.0) * (w - l - 20.0);
-    let y = |v: f64| 20.0 + (hi - v) / (hi - lo) * (h - b - 20.0);
+    let x = |s: f64| left + (s - first) / (last - first).max(1.0) * (w - left - right);
+    let y = |v: f64| top + (hi - v) / (hi - lo) * (h - top - bottom);
     let points: Vec<String> = curve
         .iter()
         .filter(|c| c.1.is_finite())
@@ -1033,9 +1037,44 @@ fn svg(curve: &[(u64, f64)], evals: &[(u64, f64, f64)]) -> String {
         .collect();
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n\
-         <polyline fill=\"none\" stroke=\"#8ecae6\" points=\"{}\"/>\n",
-        points.join(" ")
+         <text x=\"4\" y=\"15\">training loss (cross-entropy, nats per token) by step</text>\n"
     );
+    // Axes with round ticks.
+    let (x0, y0, x1, y1) = (left, h - bottom, w - right, top);
+    s.push_str(&format!(
+        "<line x1=\"{x0}\" y1=\"{y0}\" x2=\"{x1}\" y2=\"{y0}\" stroke=\"#333\"/><line x1=\"{x0}\" y1=\"{y0}\" x2=\"{x0}\" y2=\"{y1}\" stroke=\"#333\"/>\n"
+    ));
+    let (steps, _) = ticks(first, last, 8.0);
+    for t in steps {
+        let px = x(t);
+        s.push_str(&format!(
+            "<line x1=\"{px:.1}\" y1=\"{y0}\" x2=\"{px:.1}\" y2=\"{:.1}\" stroke=\"#333\"/><text x=\"{px:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{t:.0}</text>\n",
+            y0 + 4.0,
+            y0 + 16.0
+        ));
+    }
+    let (marks, decimals) = ticks(lo, hi, 6.0);
+    for v in marks {
+        let py = y(v);
+        s.push_str(&format!(
+            "<line x1=\"{:.1}\" y1=\"{py:.1}\" x2=\"{x1}\" y2=\"{py:.1}\" stroke=\"#ddd\"/><line x1=\"{:.1}\" y1=\"{py:.1}\" x2=\"{x0}\" y2=\"{py:.1}\" stroke=\"#333\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{v:.decimals$}</text>\n",
+            x0 + 1.0,
+            x0 - 4.0,
+            x0 - 6.0,
+            py + 4.0
+        ));
+    }
+    s.push_str(&format!(
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">step</text>\n\
+         <text transform=\"translate(14,{:.1}) rotate(-90)\" text-anchor=\"middle\">loss (nats)</text>\n",
+        (x0 + x1) / 2.0,
+        h - 12.0,
+        (y0 + y1) / 2.0
+    ));
+    s.push_str(&format!(
+        "<polyline fill=\"none\" stroke=\"#8ecae6\" points=\"{}\"/>\n",
+        points.join(" ")
+    ));
     for (t, tr, va) in evals {
         s.push_str(&format!(
             "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#219ebc\"/><circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#fb8500\"/>\n",
@@ -1045,16 +1084,11 @@ fn svg(curve: &[(u64, f64)], evals: &[(u64, f64, f64)]) -> String {
             y(*va)
         ));
     }
-    s.push_str(&format!(
-        "<text x=\"4\" y=\"{:.1}\">{hi:.2}</text><text x=\"4\" y=\"{:.1}\">{lo:.2}</text>\n\
-         <text x=\"{l}\" y=\"{:.1}\">step {first}</text><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">step {last}</text>\n\
-         <text x=\"{:.1}\" y=\"14\" text-anchor=\"end\">loss per step (light), eval train (blue) and val (orange)</text>\n</svg>\n",
-        y(hi) + 4.0,
-        y(lo),
-        h - 10.0,
-        w - 20.0,
-        h - 10.0,
-        w - 20.0
-    ));
+    // The legend.
+    s.push_str(
+        "<line x1=\"4\" y1=\"30\" x2=\"20\" y2=\"30\" stroke=\"#8ecae6\" stroke-width=\"2\"/><text x=\"24\" y=\"34\">loss of each step's batch</text>\n\
+         <circle cx=\"180\" cy=\"30\" r=\"3\" fill=\"#219ebc\"/><text x=\"188\" y=\"34\">evaluation: train</text>\n\
+         <circle cx=\"300\" cy=\"30\" r=\"3\" fill=\"#fb8500\"/><text x=\"308\" y=\"34\">evaluation: val</text>\n</svg>\n",
+    );
     s
 }

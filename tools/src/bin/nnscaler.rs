@@ -37,7 +37,8 @@ enum Cmd {
     Compile(nnscaler_tools::compile::CompileArgs),
     Calibrate(nnscaler_tools::calibrate::CalibrateArgs),
     Plan(nnscaler_tools::plan::PlanArgs),
-    /// List the model presets.
+    /// List the model presets (nnscaler import --preset, [model] preset) and the cluster
+    /// presets (--cluster, cluster=).
     Presets,
 }
 
@@ -179,10 +180,16 @@ fn main() -> ExitCode {
         Cmd::ScheduleReport(a) => nnscaler_tools::schedule_report::main(a)
             .and_then(|report| write_one("-", report.into_bytes())),
         Cmd::Presets => {
-            let text: String = PRESETS
-                .iter()
-                .map(|(n, d)| format!("{n:<14} {d}\n"))
-                .collect();
+            let mut text = String::from("models (nnscaler import --preset NAME, [model] preset = NAME):\n");
+            for (n, d) in PRESETS {
+                text += &format!("  {n:<14} {d}\n");
+            }
+            text += "clusters (--cluster NAME, cluster=NAME; or a TOML file, see nnscaler calibrate):\n";
+            for n in nnscaler_passes::cost::PRESETS {
+                if let Some(c) = nnscaler_passes::cost::preset(n) {
+                    text += &format!("  {n:<14} {}\n", cluster_line(&c));
+                }
+            }
             write_one("-", text.into_bytes())
         }
     };
@@ -193,4 +200,35 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// One line about a cluster preset: its device's peaks and memory, the network levels.
+fn cluster_line(c: &nnscaler_passes::cost::Cluster) -> String {
+    let d = &c.device;
+    let rate = |x: f64, unit: &str| match x {
+        x if x >= 1e12 => format!("{:.1} T{unit}/s", x / 1e12),
+        x => format!("{:.1} G{unit}/s", x / 1e9),
+    };
+    let mut s = format!(
+        "{}: {} f32 matrix products",
+        d.name,
+        rate(d.matrix_flops, "FLOP")
+    );
+    if let Some(b) = d.matrix_flops_bf16 {
+        s += &format!(", {} bf16", rate(b, "FLOP"));
+    }
+    s += &format!(
+        ", {:.0} GiB at {}",
+        d.memory as f64 / (1u64 << 30) as f64,
+        rate(d.memory_bandwidth, "B")
+    );
+    for l in &c.network {
+        s += &format!(
+            "; {} ({} devices, {:.1} GB/s)",
+            l.name,
+            l.devices,
+            l.bandwidth / 1e9
+        );
+    }
+    s
 }
