@@ -282,6 +282,10 @@ fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
         overhead * 1e6
     );
     let mut c = cost::load(&a.base)?;
+    for w in implausible(&c, &a.base, &backend, [peak, bandwidth, vector_rate]) {
+        eprintln!("nnscaler calibrate: warning: {w}");
+        report += &format!("  warning: {w}\n");
+    }
     c.name = format!("{}-measured", c.name);
     c.device.matrix_flops = sig(peak);
     c.device.matrix_efficiency = efficiency.iter().map(|&[f, e]| [f, sig(e)]).collect();
@@ -305,6 +309,51 @@ fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
     );
     report += &write_cluster(&c, &a.output)?;
     Ok(report)
+}
+
+/// Fitted figures (`[matrix FLOP/s, memory bytes/s, vector FLOP/s]`) a factor of 100 or
+/// more from base preset `c`'s (timings from another machine than the base describes,
+/// e.g. the host backend's onto a GPU preset), and a bf16 rate kept from the base that the
+/// fitted f32 rate makes implausible: one warning each.
+fn implausible(c: &Cluster, base: &str, backend: &str, fitted: [f64; 3]) -> Vec<String> {
+    const FACTOR: f64 = 100.0;
+    let d = &c.device;
+    let mut out = Vec::new();
+    let named = [
+        ("matrix products", d.matrix_flops, fitted[0], "FLOP/s"),
+        ("memory bandwidth", d.memory_bandwidth, fitted[1], "B/s"),
+        ("vector ops", d.vector_flops, fitted[2], "FLOP/s"),
+    ];
+    for (what, was, now, unit) in named {
+        if was > 0.0 && now > 0.0 && (now / was >= FACTOR || was / now >= FACTOR) {
+            out.push(format!(
+                "the fitted {what} ({} {unit}) are {} the {base} preset's ({} {unit}){}",
+                sig(now),
+                if now < was {
+                    format!("{:.0}x below", was / now)
+                } else {
+                    format!("{:.0}x above", now / was)
+                },
+                sig(was),
+                if backend == "host" {
+                    ": timed on the host backend, they describe this CPU, not the base's device"
+                } else {
+                    ": were the timings made on the device the base describes?"
+                }
+            ));
+        }
+    }
+    if let Some(b) = d.matrix_flops_bf16 {
+        if fitted[0] > 0.0 && b / fitted[0] >= FACTOR {
+            out.push(format!(
+                "the bf16 rate kept from {base} ({} FLOP/s) is {:.0}x the fitted f32 rate ({} FLOP/s); a step in bf16 would be predicted on the base's device, the rest on the timed one",
+                sig(b),
+                b / fitted[0],
+                sig(fitted[0])
+            ));
+        }
+    }
+    out
 }
 
 /// Writes `c` as TOML to `output` ('-': returns it for the report); what to add to the

@@ -529,6 +529,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
             "pipelines_not_searched": unplaceable,
             "search_seconds": searched,
             "megatron": grid.as_ref().map(|g: &Outcome| g.ranked.first()),
+            "mfu_peak_flops": cluster.device.matrix_rate(prof.bf16),
         });
         return serde_json::to_string_pretty(&j)
             .map(|s| s + "\n")
@@ -551,6 +552,22 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
         o,
         "searched {} plans ({} simulated; the rest out of memory by a lower bound, or bounded out) in {searched:.2} s",
         found.considered, found.simulated
+    );
+    let peak = cluster.device.matrix_rate(prof.bf16);
+    let _ = writeln!(
+        o,
+        "MFU: the model's FLOPs per second against the device's {} matrix peak ({:.1} TFLOP/s){}",
+        if prof.bf16 && cluster.device.matrix_flops_bf16.is_some() {
+            "bf16"
+        } else {
+            "f32"
+        },
+        peak / 1e12,
+        if prof.bf16 {
+            ""
+        } else {
+            "; --precision bf16 plans mixed precision, against the bf16 peak"
+        }
     );
     let _ = writeln!(o, "best: {}", line(best));
     let names: Vec<String> = best
