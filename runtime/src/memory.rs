@@ -50,19 +50,39 @@ impl Estimate {
 
 impl fmt::Display for Estimate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} (parameters {}, inputs {}, activations {}{}, results {})",
-            human(self.total()),
-            human(self.params),
-            human(self.inputs),
+        f.write_str(&self.describe(0))
+    }
+}
+
+impl Estimate {
+    /// The total and its parts, which add up to it (`stacks`: bytes reserved for threads'
+    /// stacks, counted in the total and named when nonzero).
+    fn describe(&self, stacks: u64) -> String {
+        // Tensors read from files exist twice while they are parsed.
+        let twice = |x: u64| {
+            if x == 0 {
+                human(0)
+            } else {
+                format!("{} (2 x {})", human(x.saturating_mul(2)), human(x))
+            }
+        };
+        format!(
+            "{} (parameters {}, inputs {}, activations {}{}, results {}{})",
+            human(self.total().saturating_add(stacks)),
+            twice(self.params),
+            twice(self.inputs),
             human(self.activations),
             if self.devices > 1 {
                 format!(" over {} devices", self.devices)
             } else {
                 String::new()
             },
-            human(self.results)
+            human(self.results),
+            if stacks > 0 {
+                format!(", threads' stacks {}", human(stacks))
+            } else {
+                String::new()
+            }
         )
     }
 }
@@ -248,14 +268,17 @@ pub fn check(need: &Estimate, limit: Option<u64>, threads: u64) -> Result<(), St
             None => return Ok(()),
         },
     };
-    let mut total = need.total();
-    if what.contains("ulimit -v") {
-        total = total.saturating_add(threads.saturating_mul(THREAD_RESERVE));
-    }
-    if total > limit {
+    // Under an address-space limit, threads' stacks count too.
+    let stacks = if what.contains("ulimit -v") {
+        threads.saturating_mul(THREAD_RESERVE)
+    } else {
+        0
+    };
+    if need.total().saturating_add(stacks) > limit {
         return Err(format!(
-            "the run needs an estimated {need}, but {what} leaves {}; use fewer or smaller \
+            "the run needs an estimated {}, but {what} leaves {}; use fewer or smaller \
              tensors (a smaller --batch), more devices, or a machine with more memory",
+            need.describe(stacks),
             human(limit)
         ));
     }
