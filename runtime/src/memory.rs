@@ -315,7 +315,12 @@ mod tests {
         assert_eq!(e.total(), 2 * 4096 + 2 * 4096 + e.activations + 4);
         let err = check(&e, Some(1000), 0).unwrap_err();
         assert!(err.contains("needs an estimated 28.0 KiB"), "{err}");
-        assert!(err.contains("parameters 4.0 KiB, inputs 4.0 KiB"), "{err}");
+        assert!(
+            err.contains(
+                "(parameters 8.0 KiB (2 x 4.0 KiB), inputs 8.0 KiB (2 x 4.0 KiB), activations 12.0 KiB, results 4 B)"
+            ),
+            "{err}"
+        );
         assert!(err.contains("--memory-limit leaves 1000 B"), "{err}");
         assert!(check(&e, Some(1 << 20), 0).is_ok());
     }
