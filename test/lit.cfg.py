@@ -7,6 +7,9 @@ config.name = "nnscaler"
 config.test_format = lit.formats.ShTest(True)
 config.suffixes = [".mlir", ".test"]
 config.test_source_root = os.path.dirname(__file__)
+# Where each test's Output/ goes: next to the tests (ignored by git), or under
+# `--param out=DIR`.
+config.test_exec_root = lit_config.params.get("out", config.test_source_root)
 config.environment["PATH"] = os.environ["PATH"]
 # Tests must leave the tree clean: no __pycache__ next to test/oracle/*.py.
 config.environment["PYTHONDONTWRITEBYTECODE"] = "1"
