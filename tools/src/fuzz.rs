@@ -217,10 +217,18 @@ fn check_process(out: &Outcome, output: &Path) -> Result<bool, String> {
             format!("killed by a signal:\n{}", tail(&out.stderr))
         }
     })?;
-    if !out.stdout.is_empty() {
+    // With -o given, stdout holds nothing but, on success, one line saying what was done
+    // and naming the output (nnscaler run's summary).
+    let said = String::from_utf8_lossy(&out.stdout);
+    let summary = code == 0
+        && said.ends_with('\n')
+        && said.lines().count() == 1
+        && said.contains(&output.display().to_string());
+    if !out.stdout.is_empty() && !summary {
         return Err(format!(
-            "wrote {} bytes on stdout with -o given",
-            out.stdout.len()
+            "wrote {} bytes on stdout with -o given: {}",
+            out.stdout.len(),
+            tail(&said)
         ));
     }
     match code {

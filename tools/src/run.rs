@@ -21,7 +21,9 @@ use std::path::Path;
         Arguments are read by their nns.name: inputs from --inputs, nns.param arguments from \
         --params or drawn with --init-seed (normal(0, 0.02); norm weights 1, biases 0; nns.init \
         overrides). Results are written under their nns.name (or out0, out1, ...). Outputs are \
-        written only when the whole run succeeded.\n\n\
+        written only when the whole run succeeded; then one line says where it ran, how long \
+        it took, the scalar results (such as the loss) and where the results went (on stderr \
+        when they go to standard output). nnscaler data random MODEL writes inputs for it.\n\n\
         A function made by --localize runs on every device of its mesh (a thread each, \
         in-process collectives): inputs are cut and results assembled by their nns.layout, so \
         the tensor files are the same as on one device."

@@ -36,7 +36,9 @@ enum Cmd {
     Run {
         /// The artifact.
         artifact: String,
-        /// Tensors for the arguments, by name (repeatable; later files override).
+        /// Tensors for the arguments, by name (repeatable; later files override). Each must
+        /// have its argument's shape and type, and hold values its ops accept (ids below
+        /// the table's rows or the logits' classes, AdamW's step from 1; `info` shows them).
         #[arg(long = "inputs", value_name = "FILE.safetensors", required = true)]
         inputs: Vec<String>,
         /// Where to write the results (safetensors, by name), written only on success.
