@@ -724,7 +724,7 @@ pub fn peak_in_flight_by_stage(s: &Schedule) -> Vec<usize> {
 /// Round tick positions for an axis from `lo` to `hi`: a step of 1, 2 or 5 times a power
 /// of ten giving about `n` ticks, and the decimals that step needs.
 pub fn ticks(lo: f64, hi: f64, n: f64) -> (Vec<f64>, usize) {
-    if !(hi > lo) || !lo.is_finite() || !hi.is_finite() {
+    if !lo.is_finite() || !hi.is_finite() || hi <= lo {
         return (vec![lo], 2);
     }
     let raw = ((hi - lo) / n).max(f64::MIN_POSITIVE);

@@ -147,7 +147,7 @@ impl Domain {
                 None => Ok(()),
             },
             (Domain::AtLeast(m), Values::F32(v)) => {
-                match v.iter().position(|&x| !(f64::from(x) >= m as f64)) {
+                match v.iter().position(|&x| x.is_nan() || f64::from(x) < m as f64) {
                     Some(i) => Err(format!(
                         "'{name}' holds {} at element {i}; it must be at least {m} (AdamW's step counts from 1)",
                         v[i]

@@ -827,7 +827,9 @@ pub(crate) fn pipeline_step(
         name: name.to_string(),
         ..Graph::default()
     };
-    let mut arg_slots: BTreeMap<usize, (TensorType, Attrs, Vec<(usize, usize)>)> = BTreeMap::new();
+    // Per original argument index: its whole type, attributes and (program, argument)s.
+    type Slot = (TensorType, Attrs, Vec<(usize, usize)>);
+    let mut arg_slots: BTreeMap<usize, Slot> = BTreeMap::new();
     let mut res_slots: BTreeMap<usize, (TensorType, Attrs)> = BTreeMap::new();
     for (pi, p) in programs.iter().enumerate() {
         let view = global_view(p, dmesh).map_err(|e| format!("@{}: {e}", p.name))?;
