@@ -138,6 +138,36 @@ pub enum Body {
         /// Parts per output.
         parts: usize,
     },
+    /// Team `i` of a reduction over leading dims, the input viewed as `[rows, cols]`
+    /// (rows: the reduced leading dims, cols: the kept trailing ones, contiguous): team
+    /// `i` is part `i / tiles` of the rows and tile `i % tiles` of [`COL_TILE`] columns.
+    /// Lane `l` owns column `l % COL_TILE` of the tile and rows `l / COL_TILE, + COL_GROUPS,
+    /// ...` of the part, so a warp reads consecutive columns of one row (coalesced, where a
+    /// team per column reads one word per row `cols` apart); the groups' f64 partials are
+    /// added in group order. With one part it writes the result; with more, each part's
+    /// f64 sum (or max) as an f32 pair `[parts, 2, cols]` (the rounded value, then what
+    /// rounding left: about 48 bits), which a `ColReduce` with `pairs` adds up.
+    ColReduce {
+        /// The reduction (a mean divides by its count at the end).
+        op: Reduce,
+        /// Rows reduced.
+        rows: usize,
+        /// Columns kept.
+        cols: usize,
+        /// Parts the rows are cut into (1: the whole reduction here).
+        parts: usize,
+        /// The input is pairs `[rows, 2, cols]` (the parts of another `ColReduce`).
+        pairs: bool,
+    },
+    /// A norm's weight gradients by column tiles, as [`Body::ColReduce`] maps lanes:
+    /// `dy, x, stats -> dw [, db]` (one part) or their parts' sums as pairs
+    /// `[parts, 2, h]`.
+    NormGradColTiles {
+        /// RMS norm (no bias gradient).
+        rms: bool,
+        /// Parts the rows are cut into.
+        parts: usize,
+    },
     /// Input element `i` of `max`'s gradient: `dy, x -> dx`, `dy` of its group (the
     /// elements reduced together over `dims`) split evenly among the group's maxima.
     MaxGrad {
@@ -213,12 +243,19 @@ pub enum Body {
     /// sums, so the same bits) into the id's row of the table; other threads store
     /// nothing: `dy, ids, links -> table`, the table zeroed before (rows no token names).
     EmbeddingGradLists,
-    /// Row `i` of an embedding's gradient (`dy, ids -> table`), a team kernel: each lane
-    /// owns columns `lane, lane + t, ...` and sums, for each, the `dy` of the tokens
-    /// whose id is `i`, in token order (the reference's order, so the same bits). Every
-    /// row reads every id: for tables of up to [`EMBED_ROWS_MAX`] elements, where that
+    /// Team `i` of an embedding's gradient by rows: row `i % rows` of the table over part
+    /// `i / rows` of the tokens (`dy, ids -> out`), a team kernel: each lane owns columns
+    /// `lane, lane + t, ...` and sums, for each, the `dy` of the part's tokens whose id is
+    /// the row, in token order. One part: the table (the reference's order, so the same
+    /// bits); more: each part's f64 sums as f32 pairs `[parts, 2, rows x columns]`, added
+    /// up by a [`Body::ColReduce`], so the scan of the ids is spread over `rows x parts`
+    /// teams.
+    /// For tables of up to [`EMBED_ROWS_MAX`] elements, where reading the ids per row
     /// costs less than the column kernel's one dependent read-modify-write per token.
-    EmbeddingGradRows,
+    EmbeddingGradRows {
+        /// Parts the tokens are cut into.
+        parts: usize,
+    },
     /// Row `i`'s cross-entropy `lse - logit[target]` (f64 sums): `logits, targets -> loss`.
     XentRows,
     /// The mean of the row losses (`count` rows), one thread: `loss -> mean`.
@@ -563,6 +600,25 @@ pub const SPLIT_PARTS: usize = 1024;
 /// columns` threads, of which the lists' heads each add their list's `dy`s.
 pub const EMBED_ROWS_MAX: usize = 1 << 21;
 
+/// Columns of a column reduction's tile ([`Body::ColReduce`]): a warp's width.
+pub const COL_TILE: usize = 32;
+/// Row groups of a column reduction's team: `COL_TILE x COL_GROUPS` lanes.
+pub const COL_GROUPS: usize = 8;
+/// Teams a column reduction aims for, at least (enough blocks for every SM of a large GPU
+/// several times over), cutting its rows into parts of at least [`COL_PART_ROWS`].
+pub const COL_TEAMS: usize = 1024;
+/// The fewest rows of a part of a column reduction.
+pub const COL_PART_ROWS: usize = 64;
+
+/// How many parts a column reduction of `rows x cols` cuts its rows into.
+pub fn col_parts(rows: usize, cols: usize) -> usize {
+    let tiles = cols.div_ceil(COL_TILE).max(1);
+    COL_TEAMS
+        .div_ceil(tiles)
+        .min(rows / COL_PART_ROWS)
+        .clamp(1, SPLIT_PARTS)
+}
+
 /// The shortest line a team of threads computes (shorter ones: one thread each).
 pub const TEAM_MIN: usize = 64;
 /// The largest team (threads of one GPU block).
@@ -602,8 +658,11 @@ impl Kernel {
             }
             Body::MeanOf { .. } => first(&self.inputs),
             Body::ReducePart { .. } => return TEAM_MAX,
-            Body::EmbeddingGradRows => {
-                let w = self.outputs.first().map_or(1, |b| b.shape[1]);
+            Body::ColReduce { .. } | Body::NormGradColTiles { .. } => return COL_TILE * COL_GROUPS,
+            Body::EmbeddingGradRows { .. } => {
+                // dy [tokens, w], ids [tokens]: the table's width.
+                let tokens = self.inputs.get(1).map_or(1, Buf::len).max(1);
+                let w = first(&self.inputs) / tokens;
                 return w.next_power_of_two().clamp(32, TEAM_MAX);
             }
             Body::AttnTiles(a) | Body::AttnTilesBack(a) => return tile_lanes(a.s),
@@ -694,6 +753,79 @@ impl Lowered {
             consts: Vec::new(),
             launches: vec![(0, slots)],
         }
+    }
+}
+
+/// The fewest tokens of a part of an embedding's gradient by rows.
+pub const EMBED_PART_TOKENS: usize = 256;
+
+/// A reduction of `input`'s `rows` leading rows (`[rows, cols]`) into `out`
+/// ([`Body::ColReduce`]): one kernel, or its parts then their total.
+fn col_reduce(name: &str, op: Reduce, input: &Buf, rows: usize, cols: usize, out: &Buf) -> Lowered {
+    let parts = col_parts(rows, cols);
+    let tiles = cols.div_ceil(COL_TILE);
+    if parts == 1 {
+        return Lowered::one(Kernel {
+            name: name.to_string(),
+            body: Body::ColReduce {
+                op,
+                rows,
+                cols,
+                parts,
+                pairs: false,
+            },
+            inputs: vec![input.clone()],
+            outputs: vec![out.clone()],
+            len: tiles,
+        });
+    }
+    let partial = Buf::f32(&[parts, 2, cols]);
+    let first = match op {
+        Reduce::Max => Reduce::Max,
+        _ => Reduce::Sum,
+    };
+    Lowered {
+        kernels: vec![
+            Kernel {
+                name: format!("{name}_parts"),
+                body: Body::ColReduce {
+                    op: first,
+                    rows,
+                    cols,
+                    parts,
+                    pairs: false,
+                },
+                inputs: vec![input.clone()],
+                outputs: vec![partial.clone()],
+                len: parts * tiles,
+            },
+            col_total(name, op, &partial, out),
+        ],
+        temps: vec![partial],
+        consts: Vec::new(),
+        launches: vec![
+            (0, vec![Slot::In(0), Slot::Temp(0)]),
+            (1, vec![Slot::Temp(0), Slot::Out(0)]),
+        ],
+    }
+}
+
+/// The kernel that reduces column partials `partial` (pairs `[parts, 2, cols]`) into
+/// `out` by `op`.
+fn col_total(name: &str, op: Reduce, partial: &Buf, out: &Buf) -> Kernel {
+    let (parts, cols) = (partial.shape[0], partial.shape[2]);
+    Kernel {
+        name: format!("{name}_total"),
+        body: Body::ColReduce {
+            op,
+            rows: parts,
+            cols,
+            parts: 1,
+            pairs: true,
+        },
+        inputs: vec![partial.clone()],
+        outputs: vec![out.clone()],
+        len: cols.div_ceil(COL_TILE),
     }
 }
 
@@ -834,6 +966,15 @@ pub fn lower(
                 }
             };
             let count: usize = dims.iter().map(|&d| ins[0].shape[d]).product();
+            // Over leading dims (a bias's gradient: the rows of `[rows, cols]`): by column
+            // tiles, coalesced.
+            let lead = dims.len();
+            if lead > 0 && lead < rank && dims.iter().enumerate().all(|(i, &d)| i == d) {
+                let cols = ins[0].len() / count.max(1);
+                if count >= TEAM_MIN && cols >= 2 {
+                    return Ok(col_reduce(name, reduce, &ins[0], count, cols, out0));
+                }
+            }
             if out0.len() >= SPLIT_BELOW || count < SPLIT_FROM {
                 return Ok(Lowered::one(kernel(
                     Body::Reduce { op: reduce, dims },
@@ -920,32 +1061,79 @@ pub fn lower(
                 outputs: vec![outs[0].clone(), stats.clone()],
                 len: rows,
             };
-            let k_cols = Kernel {
-                name: format!("{name}_cols"),
-                body: Body::NormGradCols { rms },
-                inputs: vec![ins[0].clone(), ins[1].clone(), stats.clone()],
-                outputs: outs[1..].to_vec(),
-                len: h,
-            };
+            let row_slots = vec![
+                Slot::In(0),
+                Slot::In(1),
+                Slot::In(2),
+                Slot::Out(0),
+                Slot::Temp(0),
+            ];
+            let cols_in = vec![ins[0].clone(), ins[1].clone(), stats.clone()];
             let mut col_slots = vec![Slot::In(0), Slot::In(1), Slot::Temp(0)];
-            col_slots.extend((1..outs.len()).map(Slot::Out));
+            if rows < TEAM_MIN {
+                // Short columns: a thread each.
+                col_slots.extend((1..outs.len()).map(Slot::Out));
+                return Ok(Lowered {
+                    kernels: vec![
+                        k_rows,
+                        Kernel {
+                            name: format!("{name}_cols"),
+                            body: Body::NormGradCols { rms },
+                            inputs: cols_in,
+                            outputs: outs[1..].to_vec(),
+                            len: h,
+                        },
+                    ],
+                    temps: vec![stats],
+                    consts: Vec::new(),
+                    launches: vec![(0, row_slots), (1, col_slots)],
+                });
+            }
+            // By column tiles (coalesced), the rows cut into parts; the parts' partial
+            // gradients summed by a column reduction each.
+            let parts = col_parts(rows, h);
+            let tiles = h.div_ceil(COL_TILE);
+            let grads = outs.len() - 1;
+            let mut temps = vec![stats];
+            let mut kernels = vec![k_rows];
+            let mut launches = vec![(0, row_slots)];
+            if parts == 1 {
+                col_slots.extend((1..outs.len()).map(Slot::Out));
+                kernels.push(Kernel {
+                    name: format!("{name}_cols"),
+                    body: Body::NormGradColTiles { rms, parts },
+                    inputs: cols_in,
+                    outputs: outs[1..].to_vec(),
+                    len: tiles,
+                });
+                launches.push((1, col_slots));
+            } else {
+                let partial = Buf::f32(&[parts, 2, h]);
+                col_slots.extend((0..grads).map(|g| Slot::Temp(1 + g)));
+                kernels.push(Kernel {
+                    name: format!("{name}_cols"),
+                    body: Body::NormGradColTiles { rms, parts },
+                    inputs: cols_in,
+                    outputs: vec![partial.clone(); grads],
+                    len: parts * tiles,
+                });
+                launches.push((1, col_slots));
+                for g in 0..grads {
+                    temps.push(partial.clone());
+                    kernels.push(col_total(
+                        &format!("{name}_cols{g}"),
+                        Reduce::Sum,
+                        &partial,
+                        &outs[1 + g],
+                    ));
+                    launches.push((2 + g, vec![Slot::Temp(1 + g), Slot::Out(1 + g)]));
+                }
+            }
             return Ok(Lowered {
-                kernels: vec![k_rows, k_cols],
-                temps: vec![stats],
+                kernels,
+                temps,
                 consts: Vec::new(),
-                launches: vec![
-                    (
-                        0,
-                        vec![
-                            Slot::In(0),
-                            Slot::In(1),
-                            Slot::In(2),
-                            Slot::Out(0),
-                            Slot::Temp(0),
-                        ],
-                    ),
-                    (1, col_slots),
-                ],
+                launches,
             });
         }
         "dnn.embedding" | "dnn.pick" | "dnn.softmax_xent_grad" => {
@@ -1020,7 +1208,39 @@ pub fn lower(
             });
         }
         "dnn.embedding_grad" if out0.len() <= EMBED_ROWS_MAX => {
-            kernel(Body::EmbeddingGradRows, out0.shape[0])
+            // Teams of (row, part of the tokens): enough of them for a large GPU, each
+            // part at least EMBED_PART_TOKENS tokens; the parts' tables then summed.
+            let rows = out0.shape[0];
+            let tokens = ins[1].len();
+            let parts = COL_TEAMS
+                .div_ceil(rows.max(1))
+                .min(tokens / EMBED_PART_TOKENS)
+                .clamp(1, SPLIT_PARTS);
+            if parts == 1 {
+                return Ok(Lowered::one(kernel(
+                    Body::EmbeddingGradRows { parts },
+                    rows,
+                )));
+            }
+            let partial = Buf::f32(&[parts, 2, out0.len()]);
+            return Ok(Lowered {
+                kernels: vec![
+                    Kernel {
+                        name: format!("{name}_parts"),
+                        body: Body::EmbeddingGradRows { parts },
+                        inputs: ins.to_vec(),
+                        outputs: vec![partial.clone()],
+                        len: parts * rows,
+                    },
+                    col_total(name, Reduce::Sum, &partial, out0),
+                ],
+                temps: vec![partial],
+                consts: Vec::new(),
+                launches: vec![
+                    (0, vec![Slot::In(0), Slot::In(1), Slot::Temp(0)]),
+                    (1, vec![Slot::Temp(0), Slot::Out(0)]),
+                ],
+            });
         }
         "dnn.embedding_grad" => {
             // Zero the table; link each id's tokens; sum each list by its head's threads.

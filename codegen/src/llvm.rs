@@ -872,7 +872,9 @@ impl<'ctx> Gen<'ctx> {
                 self.stf(outs[0], i, v)?;
             }
             Body::ReducePart { .. }
-            | Body::EmbeddingGradRows
+            | Body::ColReduce { .. }
+            | Body::NormGradColTiles { .. }
+            | Body::EmbeddingGradRows { .. }
             | Body::AttnTiles(_)
             | Body::AttnTilesBack(_)
             | Body::AttnTilesKv(_) => return Err(format!("{} is a team kernel", k.name)),

@@ -22,7 +22,7 @@
 //! more accurate than the reference); maxima in f64 too (exact for f32 values).
 
 use super::{e, Gen, R};
-use crate::kernel::{classes, Body, Kernel, Line, Reduce};
+use crate::kernel::{classes, Body, Kernel, Line, Reduce, COL_GROUPS, COL_TILE};
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::module::Linkage;
 use inkwell::types::BasicMetadataTypeEnum;
@@ -250,6 +250,94 @@ impl<'g, 'ctx> Team<'g, 'ctx> {
     }
 }
 
+/// Where a lane of a column-tile team works ([`Body::ColReduce`]'s mapping).
+struct ColLane<'ctx> {
+    /// The team's part of the rows.
+    part: IntValue<'ctx>,
+    /// The lane's column of the whole `[rows, cols]`.
+    col: IntValue<'ctx>,
+    /// Whether the column exists (the last tile may be short).
+    inside: IntValue<'ctx>,
+}
+
+impl<'g, 'ctx> Team<'g, 'ctx> {
+    /// A column-tile team's place: team `row` is part `row / tiles`, tile `row % tiles`;
+    /// lane `l` owns column `l % COL_TILE` of the tile.
+    fn col_lane(g: &Gen<'ctx>, l: &Lane<'ctx>, tiles: usize, cols: usize) -> R<ColLane<'ctx>> {
+        let part = g.div_i(l.row, tiles)?;
+        let tile = g.rem_i(l.row, tiles)?;
+        let c = g.rem_i(l.lane, COL_TILE)?;
+        let col = g.add_i(g.mul_i(tile, g.i64c(COL_TILE))?, c)?;
+        let inside =
+            e(g.b.build_int_compare(IntPredicate::ULT, col, g.i64c(cols), ""))?;
+        Ok(ColLane { part, col, inside })
+    }
+
+    /// Column tiles' reductions over rows: in one phase of all lanes, lane `(c, grp)`
+    /// combines `f(row, col)` (a value per combiner) over rows `grp, grp + COL_GROUPS, ...`
+    /// of its team's part (`run` rows, the last part short) into per-lane f64 partials;
+    /// then, in a phase of `COL_TILE` lanes, lane `c` combines its column's group
+    /// partials in group order and calls `fin(col, totals)` where the column exists.
+    #[allow(clippy::too_many_arguments)]
+    fn col_reduce(
+        &mut self,
+        combs: &[Comb],
+        tiles: usize,
+        run: usize,
+        rows: usize,
+        cols: usize,
+        f: impl Fn(&Gen<'ctx>, &Lane<'ctx>, IntValue<'ctx>, IntValue<'ctx>) -> R<Vec<FloatValue<'ctx>>>,
+        fin: impl Fn(&Gen<'ctx>, &Lane<'ctx>, &ColLane<'ctx>, &[FloatValue<'ctx>]) -> R<()>,
+    ) -> R<()> {
+        let t = self.t;
+        if t != COL_TILE * COL_GROUPS || combs.len() * t > 2 * t {
+            return Err(format!("{}: not a column-tile team", self.k.name));
+        }
+        self.phase(t, |g, l| {
+            let cl = Self::col_lane(g, l, tiles, cols)?;
+            let accs = combs
+                .iter()
+                .map(|c| g.var(identity(g, *c).into()))
+                .collect::<R<Vec<_>>>()?;
+            g.when(cl.inside, |g| {
+                let grp = g.div_i(l.lane, COL_TILE)?;
+                let first = g.mul_i(cl.part, g.i64c(run))?;
+                let start = g.add_i(first, grp)?;
+                let next = g.add_i(first, g.i64c(run))?;
+                let over =
+                    e(g.b.build_int_compare(IntPredicate::UGT, next, g.i64c(rows), ""))?;
+                let end = e(g.b.build_select(over, g.i64c(rows), next, ""))?.into_int_value();
+                g.for_step(start, end, COL_GROUPS, |g, r| {
+                    let vals = f(g, l, r, cl.col)?;
+                    for ((acc, c), v) in accs.iter().zip(combs).zip(vals) {
+                        let a = g.getf(*acc, g.ctx.f64_type())?;
+                        g.set(*acc, combine(g, *c, a, v)?)?;
+                    }
+                    Ok(())
+                })
+            })?;
+            for (a, acc) in accs.iter().enumerate() {
+                let v = g.getf(*acc, g.ctx.f64_type())?;
+                g.sh_st(l, g.add_i(g.i64c(a * t), l.lane)?, v)?;
+            }
+            Ok(())
+        })?;
+        self.phase(COL_TILE, |g, l| {
+            let cl = Self::col_lane(g, l, tiles, cols)?;
+            let mut totals = Vec::new();
+            for (a, c) in combs.iter().enumerate() {
+                let mut v = identity(g, *c);
+                for grp in 0..COL_GROUPS {
+                    let w = g.add_i(g.i64c(a * t + grp * COL_TILE), l.lane)?;
+                    v = combine(g, *c, v, g.sh_ld(l, w)?)?;
+                }
+                totals.push(v);
+            }
+            g.when(cl.inside, |g| fin(g, l, &cl, &totals))
+        })
+    }
+}
+
 fn identity<'ctx>(g: &Gen<'ctx>, c: Comb) -> FloatValue<'ctx> {
     match c {
         Comb::Sum => g.dconst(0.0),
@@ -274,6 +362,43 @@ fn combine<'ctx>(
 }
 
 impl<'ctx> Gen<'ctx> {
+    /// Stores f64 `v` as an f32 pair: the rounded value at `at`, what rounding left at
+    /// `at + stride` (their sum within about 2^-48 of `v`).
+    fn st_pair(
+        &self,
+        out: PointerValue<'ctx>,
+        at: IntValue<'ctx>,
+        stride: usize,
+        v: FloatValue<'ctx>,
+    ) -> R<()> {
+        let hi = self.trunc(v)?;
+        let lo = self.trunc(self.fsub(v, self.ext(hi)?)?)?;
+        // An infinite value leaves inf - inf: its remainder is 0.
+        let nan = e(self
+            .b
+            .build_float_compare(inkwell::FloatPredicate::UNO, lo, lo, ""))?;
+        let lo = e(self.b.build_select(nan, self.fconst(0.0), lo, ""))?.into_float_value();
+        self.stf(out, at, hi)?;
+        self.stf(out, self.add_i(at, self.i64c(stride))?, lo)
+    }
+
+    /// A column-tile team's result for its column: the value (one part) or the part's
+    /// pair in `[parts, 2, cols]`.
+    fn st_part(
+        &self,
+        out: PointerValue<'ctx>,
+        cl: &ColLane<'ctx>,
+        cols: usize,
+        parts: usize,
+        v: FloatValue<'ctx>,
+    ) -> R<()> {
+        if parts == 1 {
+            return self.stf(out, cl.col, self.trunc(v)?);
+        }
+        let at = self.add_i(self.mul_i(cl.part, self.i64c(2 * cols))?, cl.col)?;
+        self.st_pair(out, at, cols, v)
+    }
+
     fn sh_at(&self, l: &Lane<'ctx>, w: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
         // SAFETY of the generated code: every word index is below `shared_words(t)`.
         e(unsafe {
@@ -413,6 +538,79 @@ impl<'ctx> Gen<'ctx> {
                 })?[0];
                 tm.phase(1, |g, l| g.stf(l.outs[0], l.row, g.stat32(l, t, s)?))?;
             }
+            Body::ColReduce {
+                op,
+                rows,
+                cols,
+                parts,
+                pairs,
+            } => {
+                let (rows, cols, parts, pairs) = (*rows, *cols, *parts, *pairs);
+                let tiles = cols.div_ceil(COL_TILE);
+                let comb = if *op == Reduce::Max {
+                    Comb::Max
+                } else {
+                    Comb::Sum
+                };
+                let op = *op;
+                tm.col_reduce(
+                    &[comb],
+                    tiles,
+                    rows.div_ceil(parts),
+                    rows,
+                    cols,
+                    |g, l, r, col| {
+                        if pairs {
+                            let at = g.add_i(g.mul_i(r, g.i64c(2 * cols))?, col)?;
+                            let hi = g.ext(g.ldf(l.ins[0], at)?)?;
+                            let lo = g.ext(g.ldf(l.ins[0], g.add_i(at, g.i64c(cols))?)?)?;
+                            return Ok(vec![g.fadd(hi, lo)?]);
+                        }
+                        let x = g.ldf(l.ins[0], g.add_i(g.mul_i(r, g.i64c(cols))?, col)?)?;
+                        Ok(vec![g.ext(x)?])
+                    },
+                    |g, l, cl, v| {
+                        let mut v = v[0];
+                        if let Reduce::Mean(n) = op {
+                            v = g.fdiv(v, g.dconst(n as f64))?;
+                        }
+                        g.st_part(l.outs[0], cl, cols, parts, v)
+                    },
+                )?;
+            }
+            Body::NormGradColTiles { rms, parts } => {
+                let rows = k.inputs[2].shape[0];
+                let h = k.inputs[0].len() / rows.max(1);
+                let (rms, parts) = (*rms, *parts);
+                let tiles = h.div_ceil(COL_TILE);
+                tm.col_reduce(
+                    &[Comb::Sum, Comb::Sum],
+                    tiles,
+                    rows.div_ceil(parts),
+                    rows,
+                    h,
+                    |g, l, row, col| {
+                        let at = g.add_i(g.mul_i(row, g.i64c(h))?, col)?;
+                        let (d, x) = (g.ldf(l.ins[0], at)?, g.ldf(l.ins[1], at)?);
+                        let s = g.mul_i(row, g.i64c(2))?;
+                        let mean = g.ldf(l.ins[2], s)?;
+                        let r = g.ldf(l.ins[2], g.add_i(s, g.i64c(1))?)?;
+                        let v = if rms {
+                            g.fmul(g.fmul(d, x)?, r)?
+                        } else {
+                            g.fmul(d, g.fmul(g.fsub(x, mean)?, r)?)?
+                        };
+                        Ok(vec![g.ext(v)?, g.ext(d)?])
+                    },
+                    |g, l, cl, v| {
+                        g.st_part(l.outs[0], cl, h, parts, v[0])?;
+                        if !rms {
+                            g.st_part(l.outs[1], cl, h, parts, v[1])?;
+                        }
+                        Ok(())
+                    },
+                )?;
+            }
             Body::Lines { op, dim } => {
                 let shape = &k.inputs[0].shape;
                 let n = shape[*dim];
@@ -547,31 +745,6 @@ impl<'ctx> Gen<'ctx> {
                     g.stf(l.outs[1], g.add_i(s, g.i64c(1))?, r)
                 })?;
             }
-            Body::NormGradCols { rms } => {
-                let rows = k.inputs[2].shape[0];
-                let h = k.inputs[0].len() / rows.max(1);
-                let rms = *rms;
-                let acc = tm.reduce(rows, &[Comb::Sum, Comb::Sum], |g, l, row| {
-                    let at = g.add_i(g.mul_i(row, g.i64c(h))?, l.row)?;
-                    let (d, x) = (g.ldf(l.ins[0], at)?, g.ldf(l.ins[1], at)?);
-                    let s = g.mul_i(row, g.i64c(2))?;
-                    let mean = g.ldf(l.ins[2], s)?;
-                    let r = g.ldf(l.ins[2], g.add_i(s, g.i64c(1))?)?;
-                    let v = if rms {
-                        g.fmul(g.fmul(d, x)?, r)?
-                    } else {
-                        g.fmul(d, g.fmul(g.fsub(x, mean)?, r)?)?
-                    };
-                    Ok(vec![g.ext(v)?, g.ext(d)?])
-                })?;
-                tm.phase(1, |g, l| {
-                    g.stf(l.outs[0], l.row, g.stat32(l, t, acc[0])?)?;
-                    if !rms {
-                        g.stf(l.outs[1], l.row, g.stat32(l, t, acc[1])?)?;
-                    }
-                    Ok(())
-                })?;
-            }
             Body::XentRows => {
                 let v = classes(&k.inputs[0]);
                 let z = move |g: &Gen<'ctx>, l: &Lane<'ctx>, j: IntValue<'ctx>| {
@@ -592,26 +765,57 @@ impl<'ctx> Gen<'ctx> {
                     })
                 })?;
             }
-            Body::EmbeddingGradRows => {
-                let w = k.outputs[0].shape[1];
+            Body::EmbeddingGradRows { parts } => {
+                // dy [tokens, w], ids -> out: the table [rows, w], or `parts` of them.
+                let w = k.inputs[0].len() / k.inputs[1].len().max(1);
                 let tokens = k.inputs[1].len();
+                // The table's rows (the output holds `parts` pairs of tables when cut).
+                let copies = if *parts > 1 { 2 * parts } else { 1 };
+                let rows = k.outputs[0].len() / (w * copies).max(1);
+                let run = tokens.div_ceil(*parts);
+                // One part sums in f32 in token order, the reference's bits; parts in f64
+                // (each rounded once, then summed by the total).
+                let wide = *parts > 1;
                 tm.each(w, |g, l, c| {
-                    let f32t = g.ctx.f32_type();
-                    let acc = g.var(g.fconst(0.0).into())?;
-                    g.for_range(g.i64c(tokens), |g, tk| {
+                    let acc_t = if wide {
+                        g.ctx.f64_type()
+                    } else {
+                        g.ctx.f32_type()
+                    };
+                    let id = g.rem_i(l.row, rows)?;
+                    let part = g.div_i(l.row, rows)?;
+                    let first = g.mul_i(part, g.i64c(run))?;
+                    let next = g.add_i(first, g.i64c(run))?;
+                    let over =
+                        e(g.b.build_int_compare(IntPredicate::UGT, next, g.i64c(tokens), ""))?;
+                    let end = e(g.b.build_select(over, g.i64c(tokens), next, ""))?.into_int_value();
+                    let zero = if wide { g.dconst(0.0) } else { g.fconst(0.0) };
+                    let acc = g.var(zero.into())?;
+                    g.for_step(first, end, 1, |g, tk| {
                         let hit = e(g.b.build_int_compare(
                             IntPredicate::EQ,
                             g.ldi(l.ins[1], tk)?,
-                            l.row,
+                            id,
                             "",
                         ))?;
                         g.when(hit, |g| {
                             let d = g.ldf(l.ins[0], g.add_i(g.mul_i(tk, g.i64c(w))?, c)?)?;
-                            g.set(acc, g.fadd(g.getf(acc, f32t)?, d)?)
+                            let d = if wide { g.ext(d)? } else { d };
+                            g.set(acc, g.fadd(g.getf(acc, acc_t)?, d)?)
                         })
                     })?;
-                    let at = g.add_i(g.mul_i(l.row, g.i64c(w))?, c)?;
-                    g.stf(l.outs[0], at, g.getf(acc, f32t)?)
+                    let v = g.getf(acc, acc_t)?;
+                    if !wide {
+                        let at = g.add_i(g.mul_i(id, g.i64c(w))?, c)?;
+                        return g.stf(l.outs[0], at, v);
+                    }
+                    // Part p's pair of tables at p * 2 * rows * w.
+                    let table = rows * w;
+                    let at = g.add_i(
+                        g.mul_i(part, g.i64c(2 * table))?,
+                        g.add_i(g.mul_i(id, g.i64c(w))?, c)?,
+                    )?;
+                    g.st_pair(l.outs[0], at, table, v)
                 })?;
             }
             Body::MeanOf { count } => {
