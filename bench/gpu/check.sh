@@ -101,6 +101,14 @@ if ./nnscaler-rt run attn-check.nnsx --backend cuda --repeat 3 --inputs attn-che
 else
   status=1
 fi
+# Our profile by family of work beside PyTorch's time for the same work on this GPU
+# (torch_families.py: each family timed alone at the model's shapes), with the ratios.
+side() {
+  local spec="$1 $2 $3 $4 $5 $6" prof=$7 dt=${8:-}
+  echo "-- by family, beside PyTorch (eager${dt:+, $dt})"
+  "$py" torch_families.py $spec $dt > "$prof.torch.txt" 2>&1 || { cat "$prof.torch.txt"; status=1; return; }
+  "$py" compare.py side "$prof" "$prof.torch.txt" || status=1
+}
 # Attention alone against PyTorch's scaled_dot_product_attention on the same GPU.
 for spec in nanogpt:64:6:256 gpt2:8:12:1024; do
   IFS=: read -r c b h t <<< "$spec"
@@ -114,19 +122,25 @@ done
 echo "== nanogpt GPU config (6 layers, 6 heads, 384 wide, block 256, batch 64; fp32)"
 "$py" compare.py params nanogpt-gpu-step.nnsx nanogpt-gpu-step.params.safetensors
 ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
-  --inputs nanogpt-gpu-step.params.safetensors -o /dev/null || status=1
+  --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > nanogpt.profile.txt 2>&1 || status=1
+cat nanogpt.profile.txt
 "$py" torch_ref.py step 6 6 384 256 64 65 || status=1
+side 6 6 384 256 64 65 nanogpt.profile.txt
 echo "== nanogpt GPU config in mixed precision (bf16 products, 2-byte bf16 buffers; PyTorch: autocast bf16)"
 # The same parameters and optimizer state (f32 master weights: the same inputs).
 cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-bf16-step.params.safetensors
 ./nnscaler-rt run nanogpt-gpu-bf16-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-bf16-step.in.safetensors \
-  --inputs nanogpt-gpu-bf16-step.params.safetensors -o /dev/null || status=1
+  --inputs nanogpt-gpu-bf16-step.params.safetensors -o /dev/null > nanogpt-bf16.profile.txt 2>&1 || status=1
+cat nanogpt-bf16.profile.txt
 "$py" torch_ref.py step 6 6 384 256 64 65 bf16 || status=1
+side 6 6 384 256 64 65 nanogpt-bf16.profile.txt bf16
 echo "== GPT-2 124M (12 layers, 12 heads, 768 wide, block 1024, batch 8, vocab 50257; fp32, then mixed precision)"
 "$py" compare.py params gpt2-step.nnsx gpt2-step.params.safetensors
 ./nnscaler-rt run gpt2-step.nnsx --backend cuda --repeat 5 --profile --inputs gpt2-step.in.safetensors \
-  --inputs gpt2-step.params.safetensors -o /dev/null || status=1
+  --inputs gpt2-step.params.safetensors -o /dev/null > gpt2.profile.txt 2>&1 || status=1
+cat gpt2.profile.txt
 "$py" torch_ref.py step 12 12 768 1024 8 50257 || status=1
+side 12 12 768 1024 8 50257 gpt2.profile.txt
 ./nnscaler-rt run gpt2-bf16-step.nnsx --backend cuda --repeat 5 --inputs gpt2-bf16-step.in.safetensors \
   --inputs gpt2-step.params.safetensors -o /dev/null || status=1
 "$py" torch_ref.py step 12 12 768 1024 8 50257 bf16 || status=1

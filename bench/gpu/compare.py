@@ -16,6 +16,10 @@
                                     shape (exits 1 naming the first that is missing)
   compare.py families NCU.csv       ncu's per-launch times (gpu__time_duration) summed by
                                     kernel family (the name less its kernel number prefix)
+  compare.py side PROFILE TORCH     nnscaler-rt run --profile's table (PROFILE: its output)
+                                    grouped into the families torch_families.py times
+                                    (TORCH: its output), side by side with PyTorch's, with
+                                    the ratios; which of our kernel families went where
 
 Optimizer state is drawn warm, as a few hundred steps leave it (adam.m normal(0, 1e-3),
 adam.v uniform(1e-6, 1e-5)), not zero: from zero, Adam's first steps move each parameter
@@ -283,6 +287,58 @@ def families(path):
         print(f"  {name[:60]:60s} {c:5d} {t / 1e6:9.3f} ms {100 * t / max(total, 1):5.1f}%")
 
 
+# Our kernel families (nnscaler-rt --profile's names) by the family of work PyTorch is
+# timed on (torch_families.py); the first rule that matches. The optimizer's `sum`s and
+# `mul`s are the clipping's squared norms (the biases' sums are `*_cols`).
+SIDE_RULES = [
+    (r"^(linear|linear_gemm|linear_weight_grad|linear_input_grad|matmul)$", "matrix products"),
+    (r"^attention", "attention"),
+    (r"^(layer_norm|rms_norm)", "layer norm"),
+    (r"_cols(_parts|_total)?$", "bias gradients"),
+    (r"^gelu", "gelu"),
+    (r"^embedding", "embedding"),
+    (r"^(cross_entropy|softmax_xent|pick|log_softmax)", "cross entropy"),
+    (r"^(adamw|clip_scale|sum|sum_parts|sum_total|mul)$", "optimizer"),
+    (r"^(transpose|reshape|copy|microbatch)", "copies"),
+    (r"", "elementwise"),
+]
+
+
+def side(profile_path, torch_path):
+    import re
+    ours, where = {}, {}
+    rows = 0
+    for line in open(profile_path):
+        m = re.match(r"^(\S+)\s+([0-9.]+)\s+[0-9.]+%\s+([0-9]+)\s", line)
+        if not m or line.startswith("profile:"):
+            continue
+        name, ms = m.group(1), float(m.group(2))
+        rows += 1
+        fam = next(f for rule, f in SIDE_RULES if re.search(rule, name))
+        ours[fam] = ours.get(fam, 0.0) + ms
+        where.setdefault(fam, []).append(name)
+    if rows == 0:
+        sys.exit(f"{profile_path}: no profile table (nnscaler-rt run --profile's output)")
+    theirs = {}
+    for line in open(torch_path):
+        m = re.match(r"^([a-z ]+): ([0-9.]+) ms$", line.strip())
+        if m and m.group(1) != "total":
+            theirs[m.group(1)] = float(m.group(2))
+    if not theirs:
+        sys.exit(f"{torch_path}: no 'family: N ms' lines (torch_families.py's output)")
+    fams = [f for _, f in SIDE_RULES]
+    print(f"{'family':18s} {'ours ms':>10s} {'PyTorch ms':>11s} {'ours/PyTorch':>13s}  our kernel families")
+    for f in fams:
+        if f not in ours and f not in theirs:
+            continue
+        a, b = ours.get(f, 0.0), theirs.get(f)
+        ratio = f"{a / b:.2f}" if b else "-"
+        shown = "-" if b is None else f"{b:.3f}"
+        print(f"{f:18s} {a:10.3f} {shown:>11s} {ratio:>13s}  {', '.join(where.get(f, [])) or '-'}")
+    ta, tb = sum(ours.values()), sum(theirs.values())
+    print(f"{'total':18s} {ta:10.3f} {tb:11.3f} {ta / tb if tb else 0:13.2f}")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "close":
@@ -300,5 +356,7 @@ if __name__ == "__main__":
         families(sys.argv[2])
     elif cmd == "covers":
         covers(sys.argv[2], sys.argv[3:])
+    elif cmd == "side" and len(sys.argv) == 4:
+        side(sys.argv[2], sys.argv[3])
     else:
         sys.exit(__doc__)

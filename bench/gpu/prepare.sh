@@ -13,7 +13,7 @@ cd "$root"
 cargo build --release -q --bin nnscaler --bin nnscaler-opt
 cargo build --release -q -p nnscaler-rt --features cuda
 bin=$root/target/release
-cp "$bin/nnscaler-rt" bench/gpu/check.sh bench/gpu/compare.py bench/gpu/torch_ref.py test/oracle/models.py "$out/"
+cp "$bin/nnscaler-rt" bench/gpu/check.sh bench/gpu/compare.py bench/gpu/torch_ref.py bench/gpu/torch_families.py test/oracle/models.py "$out/"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -25,16 +25,16 @@ sched() { "$py" -c "import sys; sys.path.insert(0, '$root/test/oracle'); import 
 case_() {
   local name=$1 model=$2 devices=${3:-1} whole=${4:-$2}
   "$bin/nnscaler" compile "$model" -o "$out/$name.nnsx" > /dev/null
-  "$bin/nnscaler" data random "$whole" -o "$out/$name.in.safetensors"
+  "$bin/nnscaler" data random "$whole" -o "$out/$name.in.safetensors" > /dev/null
   if grep -q '"step"' "$model"; then sched "$out/$name.in.safetensors"; fi
   "$bin/nnscaler" run "$model" --devices "$devices" --inputs "$out/$name.in.safetensors" \
-    --init-seed 0 --save-params "$out/$name.params.safetensors" -o "$out/$name.want.safetensors"
+    --init-seed 0 --save-params "$out/$name.params.safetensors" -o "$out/$name.want.safetensors" > /dev/null
   # A training step with an optimizer: its state warm, not zero (compare.py says why),
   # and the CPU runtime's results from that.
   if grep -q '"adam\.' "$model"; then
     "$py" "$root/bench/gpu/compare.py" warm "$out/$name.params.safetensors" > /dev/null
     "$bin/nnscaler" run "$model" --devices "$devices" --inputs "$out/$name.in.safetensors" \
-      --params "$out/$name.params.safetensors" -o "$out/$name.want.safetensors"
+      --params "$out/$name.params.safetensors" -o "$out/$name.want.safetensors" > /dev/null
   fi
   echo "prepared $name"
 }
@@ -63,7 +63,7 @@ case_ nanogpt-cpu-step nano-step.mlir
 "$bin/nnscaler" import gpt --preset nanogpt-cpu --layers 6 --heads 6 --width 384 --block 256 --batch 64 --vocab 65 -o big.mlir
 "$bin/nnscaler-opt" --autodiff --optimizer="clip=1.0 weight_decay=0.1" big.mlir -o big-step.mlir
 "$bin/nnscaler" compile big-step.mlir -o "$out/nanogpt-gpu-step.nnsx" > /dev/null
-"$bin/nnscaler" data random big-step.mlir -o "$out/nanogpt-gpu-step.in.safetensors"
+"$bin/nnscaler" data random big-step.mlir -o "$out/nanogpt-gpu-step.in.safetensors" > /dev/null
 sched "$out/nanogpt-gpu-step.in.safetensors"
 echo "prepared nanogpt-gpu-step (timing)"
 "$bin/nnscaler-opt" --autocast=bf16 --autodiff --optimizer="clip=1.0 weight_decay=0.1" big.mlir -o big-bf16-step.mlir

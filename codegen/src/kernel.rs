@@ -972,7 +972,8 @@ pub fn lower(
             if lead > 0 && lead < rank && dims.iter().enumerate().all(|(i, &d)| i == d) {
                 let cols = ins[0].len() / count.max(1);
                 if count >= TEAM_MIN && cols >= 2 {
-                    return Ok(col_reduce(name, reduce, &ins[0], count, cols, out0));
+                    let name = format!("{name}_cols");
+                    return Ok(col_reduce(&name, reduce, &ins[0], count, cols, out0));
                 }
             }
             if out0.len() >= SPLIT_BELOW || count < SPLIT_FROM {
