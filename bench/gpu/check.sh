@@ -126,6 +126,14 @@ echo "== nanogpt GPU config (6 layers, 6 heads, 384 wide, block 256, batch 64; f
 cat nanogpt.profile.txt
 "$py" torch_ref.py step 6 6 384 256 64 65 || status=1
 side 6 6 384 256 64 65 nanogpt.profile.txt
+# The row teams' size (elements a lane aims for; the step above is 1): the whole step's
+# time and its row families, on the same inputs, to choose the default from.
+echo "== nanogpt GPU config, row teams swept (NNSCALER_ROW_ELEMS 2, 4, 8, 16; the step above: 1)"
+for e in 2 4 8 16; do
+  ./nnscaler-rt run "nanogpt-gpu-step-rows$e.nnsx" --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
+    --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > "rows$e.profile.txt" 2>&1 || status=1
+  grep -E '^ran |^(layer_norm|cross_entropy|softmax|log_softmax|sum|mean)[a-z_]* ' "rows$e.profile.txt" | sed "s/^/rows$e: /" || true
+done
 echo "== nanogpt GPU config in mixed precision (bf16 products, 2-byte bf16 buffers; PyTorch: autocast bf16)"
 # The same parameters and optimizer state (f32 master weights: the same inputs).
 cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-bf16-step.params.safetensors

@@ -70,6 +70,12 @@ echo "prepared nanogpt-gpu-step (timing)"
 "$bin/nnscaler" compile big-bf16-step.mlir -o "$out/nanogpt-gpu-bf16-step.nnsx" > /dev/null
 cp "$out/nanogpt-gpu-step.in.safetensors" "$out/nanogpt-gpu-bf16-step.in.safetensors"
 echo "prepared nanogpt-gpu-bf16-step (timing)"
+# The row teams' size swept (NNSCALER_ROW_ELEMS: elements a lane aims for; 1 is the
+# default), for check.sh to time on the same inputs and choose the default from.
+for e in 2 4 8 16; do
+  NNSCALER_ROW_ELEMS=$e "$bin/nnscaler" compile big-step.mlir -o "$out/nanogpt-gpu-step-rows$e.nnsx" > /dev/null
+done
+echo "prepared nanogpt-gpu-step-rows{2,4,8,16} (the row-team sweep)"
 
 # A 2048^3 matrix product alone, for the GEMM rate.
 cat > gemm.mlir <<'MLIR'

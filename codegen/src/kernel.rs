@@ -434,7 +434,7 @@ pub const KV_STEP: usize = 4;
 
 /// The inner steps of the tiled attention kernels: [`FWD_STEP`], [`BACK_STEP`],
 /// [`KV_STEP`], or `NNSCALER_ATTN_STEPS=F,B,K` (powers of two up to 32; a tuning knob
-/// for benchmarks, `bench/gpu/prepare.sh` sweeps it) when set and valid.
+/// for benchmarks: compile artifacts with several and time them) when set and valid.
 pub fn attn_steps() -> (usize, usize, usize) {
     static STEPS: std::sync::OnceLock<(usize, usize, usize)> = std::sync::OnceLock::new();
     *STEPS.get_or_init(|| {
@@ -453,6 +453,38 @@ pub fn attn_steps() -> (usize, usize, usize) {
             }
         }
     })
+}
+
+/// Elements of its line a lane of a row team (norms, softmax, cross-entropy, reductions
+/// along a line) aims for: 1 (a lane per element, up to [`TEAM_MAX`] lanes: a row of 384
+/// takes 256 lanes) or `NNSCALER_ROW_ELEMS=E` (a power of two up to 32: `ceil(line / E)`
+/// lanes rounded up to a power of two, at least a warp), a tuning knob that
+/// `bench/gpu/prepare.sh` sweeps for the next GPU run to choose the default from.
+pub const ROW_ELEMS: usize = 1;
+
+/// [`ROW_ELEMS`], or `NNSCALER_ROW_ELEMS` when set and valid.
+pub fn row_elems() -> usize {
+    static ELEMS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ELEMS.get_or_init(|| {
+        let Ok(v) = std::env::var("NNSCALER_ROW_ELEMS") else {
+            return ROW_ELEMS;
+        };
+        match v.trim().parse::<usize>() {
+            Ok(e) if e.is_power_of_two() && e <= 32 => e,
+            _ => {
+                eprintln!("nnscaler: NNSCALER_ROW_ELEMS={v:?} ignored: a power of two up to 32");
+                ROW_ELEMS
+            }
+        }
+    })
+}
+
+/// The lanes of a row team for a line of `line` elements, each lane aiming for `elems`
+/// of them (`line` at least [`TEAM_MIN`]).
+pub fn row_lanes(line: usize, elems: usize) -> usize {
+    line.div_ceil(elems.max(1))
+        .next_power_of_two()
+        .clamp(32, TEAM_MAX)
 }
 
 /// How a tiled attention's work is cut ([`Attn::tiles`]).
@@ -672,7 +704,7 @@ impl Kernel {
         if line < TEAM_MIN {
             1
         } else {
-            line.next_power_of_two().min(TEAM_MAX)
+            row_lanes(line, row_elems())
         }
     }
 }
@@ -1900,4 +1932,34 @@ pub fn fuse(g: &Graph) -> Result<Vec<Group>, String> {
         gr.kernel.name = name;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_teams_by_elements_per_lane() {
+        // One element a lane: as many lanes as the line, up to a block of 256.
+        for (line, lanes) in [(64, 64), (65, 128), (300, 256), (384, 256), (50257, 256)] {
+            assert_eq!(row_lanes(line, 1), lanes, "line {line}");
+        }
+        // More a lane: fewer lanes, never below a warp.
+        assert_eq!(row_lanes(384, 4), 128);
+        assert_eq!(row_lanes(384, 8), 64);
+        assert_eq!(row_lanes(384, 32), 32);
+        assert_eq!(row_lanes(64, 32), 32);
+    }
+
+    #[test]
+    fn column_parts_aim_for_many_blocks() {
+        // nanoGPT's bias gradients: 16384 rows; 384 columns are 12 tiles.
+        assert_eq!(col_parts(16384, 384), 86);
+        assert_eq!(col_parts(16384, 1536), 22);
+        // Few rows: one part (at least 64 rows a part).
+        assert_eq!(col_parts(100, 40), 1);
+        assert_eq!(col_parts(300, 40), 4);
+        // Wide: enough tiles alone.
+        assert_eq!(col_parts(16384, 50257), 1);
+    }
 }
