@@ -402,6 +402,12 @@ pub struct Attn {
     /// The queries are a shard of the positions (context parallelism): the kernel takes
     /// one more input, last, the i64 global position of its first query.
     pub q_offset: bool,
+    /// The forward's row statistics are kept for the backward (tiled kernels): the
+    /// forward ([`Body::AttnTiles`]) writes `[max, 1/sum]` per query row as a second
+    /// output, and the backward's statistics-and-`dq` kernel ([`Body::AttnTilesBack`])
+    /// takes the forward's output and those statistics (two more inputs after `v`) instead
+    /// of running the forward's pass again.
+    pub saved: bool,
 }
 
 /// Rows per tile of a tiled attention at most, and the lanes of its teams.
@@ -595,6 +601,7 @@ impl Attn {
             scale: float(attrs, "scale", 1.0 / (d as f64).sqrt()) as f32,
             causal: flag(attrs, "causal"),
             q_offset: attrs.contains_key("seq_axes"),
+            saved: false,
         })
     }
 }
@@ -1660,6 +1667,28 @@ pub fn lower_attention(
     outs: &[Buf],
     form: Option<AttnForm>,
 ) -> Result<Lowered, String> {
+    lower_attention_kept(name, op, attrs, ins, outs, form, false)
+}
+
+/// Whether an attention of these operands (`q, k, v`) takes the tiled kernels, which can
+/// keep the forward's statistics for the backward ([`lower_attention_kept`]).
+pub fn attention_tiles(attrs: &Attrs, q: &Buf, k: &Buf, v: &Buf) -> bool {
+    Attn::of(attrs, q, k, v).is_ok_and(|a| a.form() == AttnForm::Tiles)
+}
+
+/// [`lower_attention`]; with `kept` (tiled kernels only), the forward also writes its
+/// row statistics to a temporary (its `Slot::Temp(0)`, `[rows, 2]`), and the backward
+/// takes two more operands after `v`: the forward's output and those statistics
+/// ([`Attn::saved`]): the program pairs a forward with its backward.
+pub fn lower_attention_kept(
+    name: &str,
+    op: &str,
+    attrs: &Attrs,
+    ins: &[Buf],
+    outs: &[Buf],
+    form: Option<AttnForm>,
+    kept: bool,
+) -> Result<Lowered, String> {
     let grad = match op {
         "dnn.attention" => false,
         "dnn.attention_grad" => true,
@@ -1672,8 +1701,21 @@ pub fn lower_attention(
         ));
     }
     let qi = usize::from(grad);
-    let a = Attn::of(attrs, &ins[qi], &ins[qi + 1], &ins[qi + 2])?;
+    let mut a = Attn::of(attrs, &ins[qi], &ins[qi + 1], &ins[qi + 2])?;
     let form = form.unwrap_or_else(|| a.form());
+    if kept {
+        if form != AttnForm::Tiles {
+            return Err(format!("'{op}': only the tiled kernels keep statistics"));
+        }
+        if grad && ins.len() != need + 2 {
+            return Err(format!(
+                "'{op}' keeping statistics takes the forward's output and statistics after v"
+            ));
+        }
+        a.saved = true;
+    }
+    // The op's own operands (the kept backward's two more come after them).
+    let (ins, kept_ins) = ins.split_at(need);
     let tiles = match form {
         AttnForm::Tiles => Some(
             a.tiles()
@@ -1698,19 +1740,29 @@ pub fn lower_attention(
             Some(t) => (Body::AttnTiles(a), a.b * a.h * t.q_tiles(&a)),
             None => (Body::Attention(a), rows),
         };
+        let kept_stats = Buf::f32(&[rows, 2]);
+        let (outputs, temps, out_slots) = if a.saved {
+            (
+                vec![outs[0].clone(), kept_stats.clone()],
+                vec![kept_stats],
+                vec![Slot::Out(0), Slot::Temp(0)],
+            )
+        } else {
+            (outs.to_vec(), Vec::new(), vec![Slot::Out(0)])
+        };
         return Ok(Lowered {
             kernels: vec![Kernel {
                 name: name.to_string(),
                 body,
                 inputs: [ins, &extra[..]].concat(),
-                outputs: outs.to_vec(),
+                outputs,
                 len,
             }],
-            temps: Vec::new(),
+            temps,
             consts,
             launches: vec![(
                 0,
-                [&op_slots[..], &extra_slots[..], &[Slot::Out(0)]].concat(),
+                [&op_slots[..], &extra_slots[..], &out_slots[..]].concat(),
             )],
         });
     }
@@ -1721,6 +1773,10 @@ pub fn lower_attention(
     let with_stats = [ins, &[stats.clone()][..], &extra[..]].concat();
     let plain_slots = [&op_slots[..], &extra_slots[..]].concat();
     let stats_slots = [&op_slots[..], &[Slot::Temp(0)][..], &extra_slots[..]].concat();
+    // The kept backward's first kernel also reads the forward's output and statistics.
+    let kept_slots: Vec<Slot> = (need..need + kept_ins.len()).map(Slot::In).collect();
+    let back_in = [ins, kept_ins, &extra[..]].concat();
+    let back_slots = [&op_slots[..], &kept_slots[..], &extra_slots[..]].concat();
     let kernel = |suffix: &str, body: Body, inputs: &[Buf], outputs: Vec<Buf>, len: usize| Kernel {
         name: format!("{name}_{suffix}"),
         body,
@@ -1736,7 +1792,7 @@ pub fn lower_attention(
                 kernel(
                     "back",
                     Body::AttnTilesBack(a),
-                    &plain,
+                    &back_in,
                     vec![stats.clone(), dq],
                     a.b * a.h * t.q_tiles(&a),
                 ),
@@ -1751,7 +1807,7 @@ pub fn lower_attention(
             vec![
                 (
                     0,
-                    [&plain_slots[..], &[Slot::Temp(0), Slot::Out(0)]].concat(),
+                    [&back_slots[..], &[Slot::Temp(0), Slot::Out(0)]].concat(),
                 ),
                 (
                     1,

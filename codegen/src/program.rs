@@ -9,7 +9,9 @@
 //! dropout's masks, depend on); its `nns.microbatch` cuts become copy kernels and its
 //! `nns.send` / `nns.recv` become [`Work::Send`] / [`Work::Recv`] steps.
 
-use crate::kernel::{fuse, lower, rotary_table, Body, Buf, ConstValues, Elt, Kernel, Slot};
+use crate::kernel::{
+    fuse, lower, lower_attention_kept, rotary_table, Body, Buf, ConstValues, Elt, Kernel, Slot,
+};
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node, ValueId};
 use nnscaler_dialects::nns::Mesh;
@@ -491,6 +493,9 @@ fn compile_stored(
     let touch = |p: &mut Program, v: ValueId| {
         p.values[v].get_or_insert_with(|| Buf::of(&g.values[v]));
     };
+    let kept = kept_attention(g, &in_group);
+    // A kept forward's statistics temporary, by its node.
+    let mut kept_temp: HashMap<usize, usize> = HashMap::new();
     for &v in p.inputs.clone().iter().chain(&p.outputs.clone()) {
         touch(&mut p, v);
     }
@@ -618,13 +623,32 @@ fn compile_stored(
             unary_launch(&mut p, g, k, kernel);
             continue;
         }
-        let ins: Vec<Buf> = n.inputs.iter().map(|&v| Buf::of(&g.values[v])).collect();
+        let mut ins: Vec<Buf> = n.inputs.iter().map(|&v| Buf::of(&g.values[v])).collect();
         let outs: Vec<Buf> = n.outputs.iter().map(|&v| Buf::of(&g.values[v])).collect();
         let name = format!("n{k}_{}", n.op.trim_start_matches("dnn.").replace('.', "_"));
-        let l =
-            lower(&name, &n.op, &n.attrs, &ins, &outs).map_err(|e| format!("{}: {e}", n.loc))?;
+        // A backward paired with its forward reads the forward's output and statistics:
+        // two operands after its own.
+        let mut more: Vec<BufId> = Vec::new();
+        let l = if let Some(&f) = kept.backward.get(&k) {
+            let out = g.nodes[f].outputs[0];
+            let t = *kept_temp
+                .get(&f)
+                .ok_or_else(|| at("a kept attention's backward before its forward".into()))?;
+            ins.push(Buf::of(&g.values[out]));
+            ins.push(p.temps[t].clone());
+            more = vec![BufId::Value(out), BufId::Temp(t)];
+            lower_attention_kept(&name, &n.op, &n.attrs, &ins, &outs, None, true)
+        } else if kept.forward.contains(&k) {
+            lower_attention_kept(&name, &n.op, &n.attrs, &ins, &outs, None, true)
+        } else {
+            lower(&name, &n.op, &n.attrs, &ins, &outs)
+        }
+        .map_err(|e| format!("{}: {e}", n.loc))?;
         let base = p.kernels.len();
         let temp0 = p.temps.len();
+        if kept.forward.contains(&k) {
+            kept_temp.insert(k, temp0);
+        }
         p.temps.extend(l.temps.iter().cloned());
         let const0 = p.consts.len();
         for (b, v) in &l.consts {
@@ -638,6 +662,7 @@ fn compile_stored(
             let bufs = slots
                 .iter()
                 .map(|s| match *s {
+                    Slot::In(j) if j >= n.inputs.len() => more[j - n.inputs.len()],
                     Slot::In(j) => BufId::Value(n.inputs[j]),
                     Slot::Out(j) => BufId::Value(n.outputs[j]),
                     Slot::Temp(j) => BufId::Temp(temp0 + j),
@@ -662,6 +687,48 @@ fn compile_stored(
         store_bf16(&mut p, g);
     }
     Ok(p)
+}
+
+/// Attention forwards whose backward runs later in the same program on the same `q, k, v`
+/// (and the same `causal`, `scale`, `seq_axes`), on the tiled kernels: the forward keeps
+/// its row statistics and output for them, so the backward does not run the forward's pass
+/// again (as FlashAttention keeps the log-sum-exp). A recomputed forward (`--recompute`)
+/// pairs with the backward that reads its clones' values, the latest such forward.
+struct Kept {
+    /// The forwards that keep their statistics.
+    forward: std::collections::HashSet<usize>,
+    /// Each paired backward's forward.
+    backward: HashMap<usize, usize>,
+}
+
+fn kept_attention(g: &Graph, in_group: &[bool]) -> Kept {
+    let mut kept = Kept {
+        forward: Default::default(),
+        backward: HashMap::new(),
+    };
+    let same = |a: &Node, b: &Node| {
+        ["causal", "scale", "seq_axes"]
+            .iter()
+            .all(|key| a.attrs.get(*key) == b.attrs.get(*key))
+    };
+    for (k, n) in g.nodes.iter().enumerate() {
+        if n.op != "dnn.attention_grad" || in_group[k] || n.inputs.len() != 4 {
+            continue;
+        }
+        let fwd = (0..k).rev().find(|&f| {
+            let m = &g.nodes[f];
+            m.op == "dnn.attention" && !in_group[f] && m.inputs[..] == n.inputs[1..] && same(m, n)
+        });
+        let Some(f) = fwd else { continue };
+        let m = &g.nodes[f];
+        let buf = |i: usize| Buf::of(&g.values[m.inputs[i]]);
+        if !crate::kernel::attention_tiles(&m.attrs, &buf(0), &buf(1), &buf(2)) {
+            continue;
+        }
+        kept.forward.insert(f);
+        kept.backward.insert(k, f);
+    }
+    kept
 }
 
 /// Stores bf16 values in 2 bytes ([`Elt::Bf16`]) where nothing needs their 4: a value of

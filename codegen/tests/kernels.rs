@@ -1436,6 +1436,18 @@ fn whole_step(name: &str, vocab: i64) {
 fn whole_step_in(name: &str, vocab: i64, bf16: bool) {
     let g = training_step_in(name, bf16);
     let p = nnscaler_codegen::compile(&g, None).unwrap_or_else(|e| panic!("{name}: {e}"));
+    // Every layer's attention keeps its statistics for its backward.
+    let attentions = g.nodes.iter().filter(|n| n.op == "dnn.attention").count();
+    let kept = p
+        .kernels
+        .iter()
+        .filter(|k| matches!(&k.body, Body::AttnTilesBack(a) if a.saved))
+        .count();
+    assert!(attentions > 0, "{name}: no attention");
+    assert_eq!(
+        kept, attentions,
+        "{name}: backward kernels keeping the forward's statistics"
+    );
     let host = HostKernels::new(&p.kernels).unwrap();
     let ins = step_inputs(&g, vocab);
     let want = nnscaler_runtime::run(&g, ins.clone(), &Default::default())
@@ -1617,7 +1629,40 @@ fn attention_kernels_use_no_local_memory() {
                 None,
             )
             .unwrap();
-            for k in fwd.kernels.into_iter().chain(bwd.kernels) {
+            // The forms keeping the forward's statistics for the backward.
+            let stats = Buf {
+                shape: vec![b * h * s, 2],
+                elt: Elt::F32,
+            };
+            let kept_fwd = nnscaler_codegen::kernel::lower_attention_kept(
+                &format!("{name}_kfwd"),
+                "dnn.attention",
+                &causal,
+                &bufs(3),
+                &bufs(1),
+                None,
+                true,
+            )
+            .unwrap();
+            let mut kept_ins = bufs(5);
+            kept_ins.push(stats);
+            let kept_bwd = nnscaler_codegen::kernel::lower_attention_kept(
+                &format!("{name}_kbwd"),
+                "dnn.attention_grad",
+                &causal,
+                &kept_ins,
+                &bufs(3),
+                None,
+                true,
+            )
+            .unwrap();
+            let kept: Vec<Kernel> = kept_fwd
+                .kernels
+                .into_iter()
+                .chain(kept_bwd.kernels)
+                .filter(|k| !matches!(k.body, Body::AttnTilesKv(_)))
+                .collect();
+            for k in fwd.kernels.into_iter().chain(bwd.kernels).chain(kept) {
                 assert!(
                     matches!(
                         k.body,
@@ -1673,5 +1718,91 @@ fn attention_kernels_use_no_local_memory() {
     println!(
         "codegen: {} attention kernels (nanoGPT and GPT-2 shapes, f32 and bf16): no local memory",
         kernels.len()
+    );
+}
+
+/// An attention's forward and its backward in one program: the forward keeps its row
+/// statistics and output for the backward (`Attn::saved`), which then skips the forward's
+/// pass. Against attention in float64 (forward and gradients) on the shapes of
+/// `tiled_attention_matches_float64` that pair (causal or not, grouped heads, short last
+/// tiles, long keys, a scale), and the kept form is what the program holds.
+#[test]
+fn kept_attention_statistics_match_float64() {
+    let shapes: Vec<(Vec<i64>, Vec<i64>, &str)> = vec![
+        (vec![2, 4, 9, 8], vec![2, 2, 9, 8], "{causal = true}"),
+        (vec![1, 3, 130, 16], vec![1, 3, 130, 16], "{causal = true}"),
+        (vec![1, 2, 65, 4], vec![1, 1, 140, 4], "{}"),
+        (vec![1, 2, 100, 64], vec![1, 2, 100, 64], "{causal = true}"),
+        (vec![1, 4, 20, 8], vec![1, 2, 1100, 8], "{}"),
+        (
+            vec![1, 2, 40, 8],
+            vec![1, 2, 40, 8],
+            "{causal = true, scale = 3.000000e-01 : f64}",
+        ),
+    ];
+    let t = |s: &[i64]| {
+        format!(
+            "tensor<{}xf32>",
+            s.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("x")
+        )
+    };
+    let mut worst = 0.0f64;
+    for (c, (qs, ks, a)) in shapes.iter().enumerate() {
+        let (q, kv) = (t(qs), t(ks));
+        let src = format!(
+            r#"func.func @f(%q: {q} {{nns.name = "q"}}, %k: {kv} {{nns.name = "k"}}, %v: {kv} {{nns.name = "v"}}, %g: {q} {{nns.name = "g"}}) -> ({q}, {q}, {kv}, {kv}) {{
+  %o = "dnn.attention"(%q, %k, %v) {a} : ({q}, {kv}, {kv}) -> {q}
+  %dq, %dk, %dv = "dnn.attention_grad"(%g, %q, %k, %v) {a} : ({q}, {q}, {kv}, {kv}) -> ({q}, {kv}, {kv})
+  return %o, %dq, %dk, %dv : {q}, {q}, {kv}, {kv}
+}}"#
+        );
+        let ir = IrContext::new();
+        let m = ir
+            .parse(&src, "kept.mlir")
+            .unwrap_or_else(|d| panic!("{d:?}"));
+        let g = Graph::all_in(&m).remove(0).unwrap();
+        let p = nnscaler_codegen::compile(&g, None).unwrap();
+        let kept = p
+            .kernels
+            .iter()
+            .filter(|k| matches!(&k.body, Body::AttnTiles(x) | Body::AttnTilesBack(x) if x.saved))
+            .count();
+        assert_eq!(
+            kept, 2,
+            "case {c}: the forward and the backward keep statistics"
+        );
+        let tys = [ty(qs), ty(ks), ty(ks), ty(qs)];
+        let ops: Vec<Tensor> = tys
+            .iter()
+            .enumerate()
+            .map(|(i, tt)| operand(tt, (c * 10 + i) as u64, -3.0, 3.0, 11))
+            .collect();
+        let host = HostKernels::new(&p.kernels).unwrap();
+        let got = host
+            .run_program(&p, ops.iter().map(data).collect())
+            .unwrap();
+        let us = |v: &[i64]| v.iter().map(|&x| x as usize).collect::<Vec<_>>();
+        let scale = if a.contains("scale") {
+            0.3
+        } else {
+            1.0 / (qs[3] as f64).sqrt()
+        };
+        let causal = a.contains("causal");
+        let f: Vec<&[f32]> = ops.iter().map(|x| x.f().unwrap()).collect();
+        let dims = (&us(qs)[..], &us(ks)[..], ks[3] as usize);
+        let fwd = attention_f64(dims, scale, causal, &f[..3], false);
+        let back = attention_f64(dims, scale, causal, &[f[3], f[0], f[1], f[2]], true);
+        for (k, w) in fwd.iter().chain(&back).enumerate() {
+            let e = error_f64(got[k].f32().unwrap(), w);
+            assert!(e <= 1e-5, "case {c}: result {k}: {e:.2e} from float64");
+            worst = worst.max(e);
+        }
+    }
+    println!(
+        "codegen: kept attention statistics on {} cases, from float64 at most {worst:.2e}",
+        shapes.len()
     );
 }

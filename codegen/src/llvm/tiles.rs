@@ -530,7 +530,14 @@ impl<'ctx> Gen<'ctx> {
             let q = g.query_lane(&a, lanes, tiles, l)?;
             g.when(q.valid, |g| {
                 let inv = g.fdiv(g.fconst(1.0), g.lw(l, lm + 1)?)?;
-                g.store_row(l, l.outs[0], q.q_row, ev, lo, inv)
+                g.store_row(l, l.outs[0], q.q_row, ev, lo, inv)?;
+                if a.saved {
+                    // The row's statistics for the backward: [max, 1/sum].
+                    let s = g.mul_i(q.q_row, g.i64c(2))?;
+                    g.stf(l.outs[1], s, g.lw(l, lm)?)?;
+                    g.stf(l.outs[1], g.add_i(s, g.i64c(1))?, inv)?;
+                }
+                Ok(())
             })
         })
     }
@@ -557,6 +564,60 @@ impl<'ctx> Gen<'ctx> {
         let a = *a;
         let mine =
             move |g: &Gen<'ctx>, l: &Lane<'ctx>| g.add_i(g.i64c(sdq), g.mul_i(l.lane, g.i64c(qp))?);
+        if a.saved {
+            // The forward kept its statistics: [max, 1/sum] (input 5) and its output
+            // (input 4) give D = dO . out; no pass over the keys.
+            tm.phase(lanes, |g, l| {
+                let q = g.query_lane(&a, lanes, tiles, l)?;
+                g.when(q.valid, |g| {
+                    g.load_row(l, l.ins[1], q.q_row, d, lq, a.scale)?;
+                    let ob = g.mul_i(q.q_row, g.i64c(ev))?;
+                    let mut dsum = g.fconst(0.0);
+                    for c in 0..ev {
+                        let at = g.add_i(ob, g.i64c(c))?;
+                        let dov = g.ldf(l.ins[0], at)?;
+                        dsum = g.fma(dov, g.ldf(l.ins[4], at)?, dsum)?;
+                        g.lput(l, lo + c, dov)?;
+                    }
+                    let s2 = g.mul_i(q.q_row, g.i64c(2))?;
+                    g.lput(l, lm, g.ldf(l.ins[5], s2)?)?;
+                    g.lput(l, lm + 1, g.ldf(l.ins[5], g.add_i(s2, g.i64c(1))?)?)?;
+                    g.lput(l, lm + 2, dsum)?;
+                    let s = g.mul_i(q.q_row, g.i64c(3))?;
+                    for k in 0..3 {
+                        g.stf(l.outs[0], g.add_i(s, g.i64c(k))?, g.lw(l, lm + k)?)?;
+                    }
+                    let my = mine(g, l)?;
+                    for c in 0..d {
+                        g.stf(l.sh, g.add_i(my, g.i64c(c))?, g.fconst(0.0))?;
+                    }
+                    Ok(())
+                })
+            })?;
+        } else {
+            Self::back_stats(tm, &a, (lanes, tiles, rows), (lq, lo, lm), mine)?;
+        }
+        Self::back_dq(
+            tm,
+            &a,
+            (lanes, tiles, rows, step, vt, vec),
+            (lq, lo, lm),
+            mine,
+        )
+    }
+
+    /// The backward's first pass (the forward's, again) and the row's statistics
+    /// `[m, 1/l, D]`, then `dO` in `o`'s place and a zero `dq`.
+    fn back_stats(
+        tm: &mut Team<'_, 'ctx>,
+        a: &Attn,
+        (lanes, tiles, rows): (usize, usize, usize),
+        (lq, lo, lm): (usize, usize, usize),
+        mine: impl Fn(&Gen<'ctx>, &Lane<'ctx>) -> R<IntValue<'ctx>> + Copy,
+    ) -> R<()> {
+        let (d, ev) = (a.d, a.e);
+        let ti = a.tiles().ok_or("this attention has no tiling")?;
+        let a = *a;
         tm.phase(lanes, |g, l| {
             let q = g.query_lane(&a, lanes, tiles, l)?;
             g.when(q.valid, |g| {
@@ -592,8 +653,20 @@ impl<'ctx> Gen<'ctx> {
                 }
                 Ok(())
             })
-        })?;
-        // dq = scale sum_j P (dP - D) k_j, `steps.1` keys a step.
+        })
+    }
+
+    /// `dq = scale sum_j P (dP - D) k_j` over the key tiles, `step` keys a step, from the
+    /// statistics in a lane's memory; then `dq` stored.
+    fn back_dq(
+        tm: &mut Team<'_, 'ctx>,
+        a: &Attn,
+        (lanes, tiles, rows, step, vt, vec): (usize, usize, usize, usize, usize, bool),
+        (lq, lo, lm): (usize, usize, usize),
+        mine: impl Fn(&Gen<'ctx>, &Lane<'ctx>) -> R<IntValue<'ctx>> + Copy,
+    ) -> R<()> {
+        let (d, ev) = (a.d, a.e);
+        let a = *a;
         tm.repeat(a.t.div_ceil(rows), |tm| {
             Self::stage_keys(tm, &a, (lanes, tiles, rows), 2)?;
             tm.phase(lanes, |g, l| {
