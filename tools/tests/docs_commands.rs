@@ -8,7 +8,8 @@
 //! ```
 //!
 //! So a documented command that fails, or names a file no earlier step of its document
-//! made, fails here. `cargo test --test docs_commands -- --nocapture` lists what ran and
+//! made, fails here; a command documented as failing, written `! command`, fails the
+//! test when it succeeds. `cargo test --test docs_commands -- --nocapture` lists what ran and
 //! what was skipped, with the reasons.
 
 #[path = "support/bins.rs"]
@@ -74,6 +75,22 @@ fn blocks(text: &str, file: &str) -> Vec<Block> {
     out
 }
 
+/// A documented `! command` (the shell's "this fails") made to stop the block when the
+/// command succeeds: `set -e` lets a negated command through either way.
+fn expect_failures(text: &str) -> String {
+    text.lines()
+        .map(|l| {
+            let t = l.trim_start();
+            if t.starts_with("! ") && !t.trim_end().ends_with('\\') {
+                format!("{l} || exit 1")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The repository's root.
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -137,7 +154,7 @@ fn run_document(doc: &str) {
             println!("skipped {doc}:{}: {why}", b.line);
             continue;
         }
-        let script = format!("set -euo pipefail\n{}\n", b.text);
+        let script = format!("set -euo pipefail\n{}\n", expect_failures(&b.text));
         let out = Command::new("bash")
             .arg("-c")
             .arg(&script)
@@ -189,6 +206,24 @@ fn every_document_is_checked() {
             "docs/testing.md"
         ]
     );
+}
+
+#[test]
+fn documented_failures_must_fail() {
+    assert_eq!(
+        expect_failures("a\n! nnscaler check-op x @y\nb"),
+        "a\n! nnscaler check-op x @y || exit 1\nb"
+    );
+    let run = |t: &str| {
+        Command::new("bash")
+            .arg("-c")
+            .arg(format!("set -euo pipefail\n{}\n", expect_failures(t)))
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(run("! false"));
+    assert!(!run("! true"));
 }
 
 #[test]
