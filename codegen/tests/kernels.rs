@@ -1448,6 +1448,16 @@ fn whole_step_in(name: &str, vocab: i64, bf16: bool) {
         kept, attentions,
         "{name}: backward kernels keeping the forward's statistics"
     );
+    // Reshapes take their operand's buffer: no copy launch of one remains.
+    let reshapes = g.nodes.iter().filter(|n| n.op == "dnn.reshape").count();
+    let copies = p
+        .launches
+        .iter()
+        .filter(|l| l.nodes.iter().any(|&k| g.nodes[k].op == "dnn.reshape"))
+        .filter(|l| matches!(l.work, nnscaler_codegen::Work::Kernel(k) if p.kernels[k].body == Body::Copy))
+        .count();
+    println!("codegen: {name}: {reshapes} reshapes, {copies} copied");
+    assert_eq!(copies, 0, "{name}: reshape copies left");
     let host = HostKernels::new(&p.kernels).unwrap();
     let ins = step_inputs(&g, vocab);
     let want = nnscaler_runtime::run(&g, ins.clone(), &Default::default())
