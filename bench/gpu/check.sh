@@ -134,6 +134,12 @@ for e in 2 4 8 16; do
     --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > "rows$e.profile.txt" 2>&1 || status=1
   grep -E '^ran |^(layer_norm|cross_entropy|softmax|log_softmax|sum|mean)[a-z_]* ' "rows$e.profile.txt" | sed "s/^/rows$e: /" || true
 done
+# Single products through cublasSgemm instead of the strided-batched call with one batch
+# (NNSCALER_CUBLAS=plain): the step and its matrix-product families, to choose the default.
+echo "== nanogpt GPU config, single products through cublasSgemm (NNSCALER_CUBLAS=plain)"
+NNSCALER_CUBLAS=plain ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
+  --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > plain.profile.txt 2>&1 || status=1
+grep -E '^nnscaler-rt: matrix|^ran |^(linear|linear_gemm|linear_weight_grad|matmul) ' plain.profile.txt | sed "s/^/plain: /" || true
 echo "== nanogpt GPU config in mixed precision (bf16 products, 2-byte bf16 buffers; PyTorch: autocast bf16)"
 # The same parameters and optimizer state (f32 master weights: the same inputs).
 cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-bf16-step.params.safetensors

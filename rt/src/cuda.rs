@@ -119,7 +119,15 @@ impl CudaProgram {
             )
         } else {
             match CudaBlas::new(stream.clone()) {
-                Ok(b) => (Some(b), "matrix products by cuBLAS".to_string()),
+                Ok(b) => (
+                    Some(b),
+                    if Self::plain_gemm() {
+                        "matrix products by cuBLAS (single products through cublasSgemm: NNSCALER_CUBLAS=plain)"
+                            .to_string()
+                    } else {
+                        "matrix products by cuBLAS".to_string()
+                    },
+                ),
                 Err(e) => (
                     None,
                     format!("matrix products by generated kernels (cuBLAS: {e})"),
@@ -133,6 +141,15 @@ impl CudaProgram {
             blas,
             gemms,
         })
+    }
+
+    /// Whether single f32 products go through `cublasSgemm` rather than
+    /// `cublasSgemmStridedBatched` with one batch (`NNSCALER_CUBLAS=plain`): cuBLAS may pick
+    /// other kernels for the two (run 2's profile had SIMT `cutlass_80` kernels beside `xmma`
+    /// ones); a knob for the device check to time both, the default unchanged until it has.
+    fn plain_gemm() -> bool {
+        static PLAIN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *PLAIN.get_or_init(|| std::env::var("NNSCALER_CUBLAS").is_ok_and(|v| v == "plain"))
     }
 
     /// The same program on a stream of its own on the same GPU (the module is shared;
@@ -202,6 +219,28 @@ impl CudaProgram {
         let ldb = if g.tb { k } else { n };
         let (alpha, beta) = (1.0f32, 0.0f32);
         let stride_b = if g.b_batched { g.k * g.n } else { 0 };
+        if batch == 1 && elts == [Elt::F32; 3] && Self::plain_gemm() {
+            // SAFETY: as below (one product).
+            return unsafe {
+                blas::sgemm(
+                    *blas.handle(),
+                    op(g.tb),
+                    op(g.ta),
+                    n,
+                    m,
+                    k,
+                    &alpha,
+                    b as *const f32,
+                    ldb,
+                    a as *const f32,
+                    lda,
+                    &beta,
+                    c as *mut f32,
+                    n,
+                )
+            }
+            .map_err(|e| format!("cuBLAS: {e}"));
+        }
         if elts != [Elt::F32; 3] {
             let ty = |e: Elt| match e {
                 Elt::Bf16 => blas_sys::cudaDataType::CUDA_R_16BF,
