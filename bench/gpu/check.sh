@@ -43,6 +43,8 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so '; then
   fi
 fi
 status=0
+# Everything printed also goes to check.log, which the summary below reads.
+exec > >(tee check.log) 2>&1
 # Per kernel: the GPU against the host kernels (which equal the CPU reference op by op),
 # step by step, on gpt-tiny's training step; and on any case below whose results
 # disagree, to name the first kernel that does.
@@ -168,6 +170,10 @@ if [ -z "$quick" ]; then
   ./nnscaler-rt run gemm.nnsx --backend cuda --repeat 5 --inputs gemm.in.safetensors -o /dev/null || status=1
   "$py" torch_ref.py gemm 2048 || status=1
 fi
+# The step times above as one table, with the ratios.
+sleep 0.2
+echo "== summary: step times (ms), ours against PyTorch on this GPU"
+"$py" compare.py summary check.log || status=1
 # Per-launch kernel times (ncu), into $OUT when set: the attention kernels alone (with
 # their registers and occupancy), and the nanoGPT GPU config's fp32 step.
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)

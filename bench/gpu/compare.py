@@ -16,6 +16,10 @@
                                     shape (exits 1 naming the first that is missing)
   compare.py families NCU.csv       ncu's per-launch times (gpu__time_duration) summed by
                                     kernel family (the name less its kernel number prefix)
+  compare.py summary CHECK.log      the step times of a check.sh log as one table: workload,
+                                    ours, PyTorch eager in the same precision, the user's
+                                    PyTorch module (SDPA; bf16 with fused AdamW), and
+                                    torch.compile where run, with our ratio to each
   compare.py side PROFILE TORCH     nnscaler-rt run --profile's table (PROFILE: its output)
                                     grouped into the families torch_families.py times
                                     (TORCH: its output), side by side with PyTorch's, with
@@ -339,6 +343,57 @@ def side(profile_path, torch_path):
     print(f"{'total':18s} {ta:10.3f} {tb:11.3f} {ta / tb if tb else 0:13.2f}")
 
 
+# check.sh's artifacts of the timed steps: (workload, precision).
+SUMMARY_STEPS = {
+    "nanogpt-gpu-step.nnsx": ("nanoGPT GPU config", "fp32"),
+    "nanogpt-gpu-bf16-step.nnsx": ("nanoGPT GPU config", "bf16"),
+    "gpt2-step.nnsx": ("GPT-2 124M B8 T1024", "fp32"),
+    "gpt2-bf16-step.nnsx": ("GPT-2 124M B8 T1024", "bf16"),
+}
+
+
+def summary(path):
+    import re
+    rows = {k: {} for k in SUMMARY_STEPS.values()}
+    last = None
+    models = list(dict.fromkeys(m for m, _ in SUMMARY_STEPS.values()))
+    user_model = -1
+    for line in open(path, errors="replace"):
+        line = line.strip()
+        m = re.match(r"^ran (\S+) on the GPU .* in ([0-9.]+) s \(median", line)
+        if m and m.group(1) in SUMMARY_STEPS:
+            last = SUMMARY_STEPS[m.group(1)]
+            rows[last]["ours"] = float(m.group(2)) * 1e3
+            continue
+        m = re.match(r"^pytorch eager step( \(autocast bf16\))? ([0-9.]+) s$", line)
+        if m and last is not None:
+            key = (last[0], "bf16" if m.group(1) else "fp32")
+            rows[key]["eager"] = float(m.group(2)) * 1e3
+            continue
+        # torch_user.py prints torch's version first, once per model (nanoGPT, then GPT-2).
+        if re.match(r"^[0-9]+\.[0-9]+\.[0-9]+\S* ", line):
+            user_model += 1
+            continue
+        m = re.match(r"^user-torch (.+): step ([0-9.]+) ms", line)
+        if m and 0 <= user_model < len(models):
+            name, ms = m.group(1), float(m.group(2))
+            model = models[user_model]
+            if name.startswith("eager fp32 (TF32 off"):
+                rows[(model, "fp32")]["user"] = ms
+            elif name.startswith("eager bf16"):
+                rows[(model, "bf16")]["user"] = ms
+            elif name.startswith("torch.compile bf16"):
+                rows[(model, "bf16")]["compile"] = ms
+    cell = lambda v: "-" if v is None else f"{v:.1f}"
+    ratio = lambda a, b: "-" if a is None or not b else f"{a / b:.2f}"
+    print(f"{'workload':32s} {'ours ms':>9s} {'eager ms':>9s} {'ratio':>6s} {'module ms':>10s} {'ratio':>6s} {'compile ms':>11s} {'ratio':>6s}")
+    for (model, prec), r in rows.items():
+        o = r.get("ours")
+        print(f"{model + ', ' + prec:32s} {cell(o):>9s} {cell(r.get('eager')):>9s} {ratio(o, r.get('eager')):>6s} "
+              f"{cell(r.get('user')):>10s} {ratio(o, r.get('user')):>6s} {cell(r.get('compile')):>11s} {ratio(o, r.get('compile')):>6s}")
+    print("eager: torch_ref.py (the same model, TF32 off; bf16: autocast); module: torch_user.py (nn.Module with SDPA; bf16: autocast + fused AdamW)")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "close":
@@ -356,6 +411,8 @@ if __name__ == "__main__":
         families(sys.argv[2])
     elif cmd == "covers":
         covers(sys.argv[2], sys.argv[3:])
+    elif cmd == "summary" and len(sys.argv) == 3:
+        summary(sys.argv[2])
     elif cmd == "side" and len(sys.argv) == 4:
         side(sys.argv[2], sys.argv[3])
     else:
