@@ -193,23 +193,11 @@ impl<'g, 'ctx> Team<'g, 'ctx> {
             return Err(format!("{}: too many team statistics", self.k.name));
         }
         self.phase(t, |g, l| {
-            let accs = combs
-                .iter()
-                .map(|c| g.var(identity(g, *c).into()))
-                .collect::<R<Vec<_>>>()?;
+            let accs = accumulators(g, combs)?;
             g.for_step(l.lane, g.i64c(n), t, |g, j| {
-                let vals = f(g, l, j)?;
-                for ((acc, c), v) in accs.iter().zip(combs).zip(vals) {
-                    let a = g.getf(*acc, g.ctx.f64_type())?;
-                    g.set(*acc, combine(g, *c, a, v)?)?;
-                }
-                Ok(())
+                fold(g, &accs, combs, f(g, l, j)?)
             })?;
-            for (a, acc) in accs.iter().enumerate() {
-                let v = g.getf(*acc, g.ctx.f64_type())?;
-                g.sh_st(l, g.add_i(g.i64c(a * t), l.lane)?, v)?;
-            }
-            Ok(())
+            store_partials(g, l, &accs, t)
         })?;
         let slots: Vec<usize> = (self.stats..self.stats + combs.len()).collect();
         self.stats += combs.len();
@@ -295,31 +283,17 @@ impl<'g, 'ctx> Team<'g, 'ctx> {
         }
         self.phase(t, |g, l| {
             let cl = Self::col_lane(g, l, tiles, cols)?;
-            let accs = combs
-                .iter()
-                .map(|c| g.var(identity(g, *c).into()))
-                .collect::<R<Vec<_>>>()?;
+            let accs = accumulators(g, combs)?;
             g.when(cl.inside, |g| {
                 let grp = g.div_i(l.lane, COL_TILE)?;
                 let first = g.mul_i(cl.part, g.i64c(run))?;
                 let start = g.add_i(first, grp)?;
-                let next = g.add_i(first, g.i64c(run))?;
-                let over =
-                    e(g.b.build_int_compare(IntPredicate::UGT, next, g.i64c(rows), ""))?;
-                let end = e(g.b.build_select(over, g.i64c(rows), next, ""))?.into_int_value();
+                let end = g.min_i(g.add_i(first, g.i64c(run))?, g.i64c(rows))?;
                 g.for_step(start, end, COL_GROUPS, |g, r| {
-                    let vals = f(g, l, r, cl.col)?;
-                    for ((acc, c), v) in accs.iter().zip(combs).zip(vals) {
-                        let a = g.getf(*acc, g.ctx.f64_type())?;
-                        g.set(*acc, combine(g, *c, a, v)?)?;
-                    }
-                    Ok(())
+                    fold(g, &accs, combs, f(g, l, r, cl.col)?)
                 })
             })?;
-            for (a, acc) in accs.iter().enumerate() {
-                let v = g.getf(*acc, g.ctx.f64_type())?;
-                g.sh_st(l, g.add_i(g.i64c(a * t), l.lane)?, v)?;
-            }
+            store_partials(g, l, &accs, t)?;
             Ok(())
         })?;
         self.phase(COL_TILE, |g, l| {
@@ -336,6 +310,43 @@ impl<'g, 'ctx> Team<'g, 'ctx> {
             g.when(cl.inside, |g| fin(g, l, &cl, &totals))
         })
     }
+}
+
+/// A lane's f64 accumulators, one per combiner, at its identity.
+fn accumulators<'ctx>(g: &Gen<'ctx>, combs: &[Comb]) -> R<Vec<PointerValue<'ctx>>> {
+    combs
+        .iter()
+        .map(|c| g.var(identity(g, *c).into()))
+        .collect()
+}
+
+/// Combines `vals` into the accumulators, each by its combiner.
+fn fold<'ctx>(
+    g: &Gen<'ctx>,
+    accs: &[PointerValue<'ctx>],
+    combs: &[Comb],
+    vals: Vec<FloatValue<'ctx>>,
+) -> R<()> {
+    for ((acc, c), v) in accs.iter().zip(combs).zip(vals) {
+        let a = g.getf(*acc, g.ctx.f64_type())?;
+        g.set(*acc, combine(g, *c, a, v)?)?;
+    }
+    Ok(())
+}
+
+/// Stores a lane's accumulators as its partials: accumulator `a` at shared word
+/// `a * t + lane`.
+fn store_partials<'ctx>(
+    g: &Gen<'ctx>,
+    l: &Lane<'ctx>,
+    accs: &[PointerValue<'ctx>],
+    t: usize,
+) -> R<()> {
+    for (a, acc) in accs.iter().enumerate() {
+        let v = g.getf(*acc, g.ctx.f64_type())?;
+        g.sh_st(l, g.add_i(g.i64c(a * t), l.lane)?, v)?;
+    }
+    Ok(())
 }
 
 fn identity<'ctx>(g: &Gen<'ctx>, c: Comb) -> FloatValue<'ctx> {
@@ -785,10 +796,7 @@ impl<'ctx> Gen<'ctx> {
                     let id = g.rem_i(l.row, rows)?;
                     let part = g.div_i(l.row, rows)?;
                     let first = g.mul_i(part, g.i64c(run))?;
-                    let next = g.add_i(first, g.i64c(run))?;
-                    let over =
-                        e(g.b.build_int_compare(IntPredicate::UGT, next, g.i64c(tokens), ""))?;
-                    let end = e(g.b.build_select(over, g.i64c(tokens), next, ""))?.into_int_value();
+                    let end = g.min_i(g.add_i(first, g.i64c(run))?, g.i64c(tokens))?;
                     let zero = if wide { g.dconst(0.0) } else { g.fconst(0.0) };
                     let acc = g.var(zero.into())?;
                     g.for_step(first, end, 1, |g, tk| {

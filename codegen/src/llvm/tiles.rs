@@ -53,7 +53,7 @@ struct QueryLane<'ctx> {
 }
 
 impl<'ctx> Gen<'ctx> {
-    fn min_i(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+    pub(super) fn min_i(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
         let lt = e(self.b.build_int_compare(IntPredicate::ULT, a, b, ""))?;
         Ok(e(self.b.build_select(lt, a, b, ""))?.into_int_value())
     }
@@ -583,15 +583,7 @@ impl<'ctx> Gen<'ctx> {
                     g.lput(l, lm, g.ldf(l.ins[5], s2)?)?;
                     g.lput(l, lm + 1, g.ldf(l.ins[5], g.add_i(s2, g.i64c(1))?)?)?;
                     g.lput(l, lm + 2, dsum)?;
-                    let s = g.mul_i(q.q_row, g.i64c(3))?;
-                    for k in 0..3 {
-                        g.stf(l.outs[0], g.add_i(s, g.i64c(k))?, g.lw(l, lm + k)?)?;
-                    }
-                    let my = mine(g, l)?;
-                    for c in 0..d {
-                        g.stf(l.sh, g.add_i(my, g.i64c(c))?, g.fconst(0.0))?;
-                    }
-                    Ok(())
+                    g.stats_and_zero_dq(l, q.q_row, lm, mine(g, l)?, d)
                 })
             })?;
         } else {
@@ -643,17 +635,30 @@ impl<'ctx> Gen<'ctx> {
                 let dsum = g.fmul(dsum, inv)?;
                 g.lput(l, lm + 1, inv)?;
                 g.lput(l, lm + 2, dsum)?;
-                let s = g.mul_i(q.q_row, g.i64c(3))?;
-                for k in 0..3 {
-                    g.stf(l.outs[0], g.add_i(s, g.i64c(k))?, g.lw(l, lm + k)?)?;
-                }
-                let my = mine(g, l)?;
-                for c in 0..d {
-                    g.stf(l.sh, g.add_i(my, g.i64c(c))?, g.fconst(0.0))?;
-                }
-                Ok(())
+                g.stats_and_zero_dq(l, q.q_row, lm, mine(g, l)?, d)
             })
         })
+    }
+
+    /// Stores a query row's statistics `[m, 1/l, D]` (words `lm..lm + 3` of the lane's
+    /// memory) to output 0, and zeroes the lane's `dq` accumulator (`d` shared words from
+    /// `my`).
+    fn stats_and_zero_dq(
+        &self,
+        l: &Lane<'ctx>,
+        q_row: IntValue<'ctx>,
+        lm: usize,
+        my: IntValue<'ctx>,
+        d: usize,
+    ) -> R<()> {
+        let s = self.mul_i(q_row, self.i64c(3))?;
+        for k in 0..3 {
+            self.stf(l.outs[0], self.add_i(s, self.i64c(k))?, self.lw(l, lm + k)?)?;
+        }
+        for c in 0..d {
+            self.stf(l.sh, self.add_i(my, self.i64c(c))?, self.fconst(0.0))?;
+        }
+        Ok(())
     }
 
     /// `dq = scale sum_j P (dP - D) k_j` over the key tiles, `step` keys a step, from the

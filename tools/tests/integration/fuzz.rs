@@ -9,25 +9,8 @@ use std::time::Duration;
 fn fuzz_the_tools() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let corpus = fuzz::mlir_files(&root.join("test"));
-    let bin = Path::new(env!("CARGO_BIN_EXE_nnscaler"))
-        .parent()
-        .expect("binary directory")
-        .to_path_buf();
-    // nnscaler-rt is another package's binary, which `cargo test` does not rebuild for
-    // this package's tests: built here, in this build's profile (quick when up to date).
-    let mut args = vec!["build", "-p", "nnscaler-rt", "--bin", "nnscaler-rt"];
-    if bin.ends_with("release") {
-        args.push("--release");
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args(&args)
-        .status()
-        .expect("run cargo build");
-    assert!(
-        status.success(),
-        "cannot build nnscaler-rt for the fuzz test"
-    );
+    // nnscaler-rt built in this build's profile (the shared helper of the test crates).
+    let bin = crate::bins::bin_dir();
     let cfg = Config {
         opt: PathBuf::from(env!("CARGO_BIN_EXE_nnscaler-opt")),
         cli: PathBuf::from(env!("CARGO_BIN_EXE_nnscaler")),

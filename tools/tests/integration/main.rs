@@ -3,6 +3,10 @@
 //! `cargo test -p nnscaler-tools --test integration equivalence::` (a module's name).
 //! `lit.rs` and `train_kill.rs` drive the built binaries, link neither, and stay apart.
 
+// The binaries' directory, nnscaler-rt built in it (shared with lit.rs, docs_commands.rs).
+#[path = "../support/bins.rs"]
+#[allow(dead_code)]
+mod bins;
 mod common;
 
 mod coverage;
