@@ -802,21 +802,14 @@ pub const EMBED_PART_TOKENS: usize = 256;
 /// ([`Body::ColReduce`]): one kernel, or its parts then their total.
 fn col_reduce(name: &str, op: Reduce, input: &Buf, rows: usize, cols: usize, out: &Buf) -> Lowered {
     let parts = col_parts(rows, cols);
-    let tiles = cols.div_ceil(COL_TILE);
     if parts == 1 {
-        return Lowered::one(Kernel {
-            name: name.to_string(),
-            body: Body::ColReduce {
-                op,
-                rows,
-                cols,
-                parts,
-                pairs: false,
-            },
-            inputs: vec![input.clone()],
-            outputs: vec![out.clone()],
-            len: tiles,
-        });
+        return Lowered::one(col_kernel(
+            name.to_string(),
+            op,
+            (rows, cols, 1, false),
+            input,
+            out,
+        ));
     }
     let partial = Buf::f32(&[parts, 2, cols]);
     let first = match op {
@@ -825,19 +818,13 @@ fn col_reduce(name: &str, op: Reduce, input: &Buf, rows: usize, cols: usize, out
     };
     Lowered {
         kernels: vec![
-            Kernel {
-                name: format!("{name}_parts"),
-                body: Body::ColReduce {
-                    op: first,
-                    rows,
-                    cols,
-                    parts,
-                    pairs: false,
-                },
-                inputs: vec![input.clone()],
-                outputs: vec![partial.clone()],
-                len: parts * tiles,
-            },
+            col_kernel(
+                format!("{name}_parts"),
+                first,
+                (rows, cols, parts, false),
+                input,
+                &partial,
+            ),
             col_total(name, op, &partial, out),
         ],
         temps: vec![partial],
@@ -853,18 +840,36 @@ fn col_reduce(name: &str, op: Reduce, input: &Buf, rows: usize, cols: usize, out
 /// `out` by `op`.
 fn col_total(name: &str, op: Reduce, partial: &Buf, out: &Buf) -> Kernel {
     let (parts, cols) = (partial.shape[0], partial.shape[2]);
+    col_kernel(
+        format!("{name}_total"),
+        op,
+        (parts, cols, 1, true),
+        partial,
+        out,
+    )
+}
+
+/// A [`Body::ColReduce`] kernel of `(rows, cols, parts, pairs)`, a team per part and
+/// column tile.
+fn col_kernel(
+    name: String,
+    op: Reduce,
+    (rows, cols, parts, pairs): (usize, usize, usize, bool),
+    input: &Buf,
+    out: &Buf,
+) -> Kernel {
     Kernel {
-        name: format!("{name}_total"),
+        name,
         body: Body::ColReduce {
             op,
-            rows: parts,
+            rows,
             cols,
-            parts: 1,
-            pairs: true,
+            parts,
+            pairs,
         },
-        inputs: vec![partial.clone()],
+        inputs: vec![input.clone()],
         outputs: vec![out.clone()],
-        len: cols.div_ceil(COL_TILE),
+        len: parts * cols.div_ceil(COL_TILE),
     }
 }
 

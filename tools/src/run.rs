@@ -156,21 +156,7 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         let all: Vec<Graph> = funcs.into_iter().filter_map(Result::ok).collect();
         return run_pipelined(a, &module, all, &p, &render);
     }
-    let pick = match &a.func {
-        Some(f) => names.iter().position(|n| n == f).ok_or_else(|| {
-            format!(
-                "{model}: no function @{f} (functions: {})",
-                names.join(", ")
-            )
-        })?,
-        None if funcs.len() == 1 => 0,
-        None => names.iter().position(|n| n == "train").ok_or_else(|| {
-            format!(
-                "{model}: several functions ({}); choose one with --func",
-                names.join(", ")
-            )
-        })?,
-    };
+    let pick = pick_function(&names, a.func.as_deref(), model.as_str())?;
     let mut g = funcs.swap_remove(pick).map_err(|(loc, m)| {
         let mut d = Diagnostics::default();
         d.error(&loc, m);
@@ -874,6 +860,35 @@ pub(crate) fn pipeline_step(
     })
 }
 
+/// The function `nnscaler run MODEL [--func NAME]` runs among `names` (the module's
+/// functions, in order): NAME, else the only one, else `@train`.
+fn pick_function<S: AsRef<str>>(
+    names: &[S],
+    func: Option<&str>,
+    model: &str,
+) -> Result<usize, String> {
+    let list = || {
+        names
+            .iter()
+            .map(AsRef::as_ref)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let find = |want: &str| names.iter().position(|n| n.as_ref() == want);
+    match func {
+        Some(f) => {
+            find(f).ok_or_else(|| format!("{model}: no function @{f} (functions: {})", list()))
+        }
+        None if names.len() == 1 => Ok(0),
+        None => find("train").ok_or_else(|| {
+            format!(
+                "{model}: several functions ({}); choose one with --func",
+                list()
+            )
+        }),
+    }
+}
+
 /// An argument of the step `nnscaler run` would run: its name, whole type, whether it is
 /// trained state (parameters and optimizer state, which come from --params or
 /// --init-seed) and the values it may hold.
@@ -934,21 +949,7 @@ pub(crate) fn step_args(
             .collect();
         return Ok((name, args));
     }
-    let pick = match func {
-        Some(f) => names.iter().position(|n| *n == f).ok_or_else(|| {
-            format!(
-                "{model}: no function @{f} (functions: {})",
-                names.join(", ")
-            )
-        })?,
-        None if all.len() == 1 => 0,
-        None => names.iter().position(|n| *n == "train").ok_or_else(|| {
-            format!(
-                "{model}: several functions ({}); choose one with --func",
-                names.join(", ")
-            )
-        })?,
-    };
+    let pick = pick_function(&names, func, model)?;
     let mut g = all[pick].clone();
     g.link(&all);
     let view = if g.is_localized() {
