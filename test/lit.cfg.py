@@ -21,3 +21,7 @@ config.substitutions.append(("mlir-opt", "mlir-opt-19"))
 # A Python with numpy (Debian's python3-numpy), for tests that write safetensors inputs.
 config.substitutions.append(("%python", os.environ.get("NNSCALER_PYTHON", "/usr/bin/python3")))
 config.substitutions.append(("%oracle", os.path.join(config.test_source_root, "oracle")))
+# torchrun's stand-in: N processes with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+config.substitutions.append(
+    ("%launch", os.environ.get("NNSCALER_PYTHON", "/usr/bin/python3") + " "
+     + os.path.join(os.path.dirname(config.test_source_root), "scripts", "launch-local.py")))

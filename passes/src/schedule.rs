@@ -721,29 +721,7 @@ pub fn peak_in_flight_by_stage(s: &Schedule) -> Vec<usize> {
     peak
 }
 
-/// Round tick positions for an axis from `lo` to `hi`: a step of 1, 2 or 5 times a power
-/// of ten giving about `n` ticks, and the decimals that step needs.
-pub fn ticks(lo: f64, hi: f64, n: f64) -> (Vec<f64>, usize) {
-    if !lo.is_finite() || !hi.is_finite() || hi <= lo {
-        return (vec![lo], 2);
-    }
-    let raw = ((hi - lo) / n).max(f64::MIN_POSITIVE);
-    let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0]
-        .iter()
-        .map(|m| m * mag)
-        .find(|&x| x >= raw)
-        .unwrap_or(10.0 * mag);
-    let decimals = (-step.log10().floor()).max(0.0) as usize;
-    let first = (lo / step).ceil() as i64;
-    let mut out = Vec::new();
-    let mut k = first;
-    while (k as f64) * step <= hi + step * 1e-9 && out.len() < 1000 {
-        out.push(k as f64 * step);
-        k += 1;
-    }
-    (out, decimals)
-}
+pub use nnscaler_rt::plot::ticks;
 
 /// A Gantt chart of `t` as SVG: devices as rows, F / B / W coloured (with a legend),
 /// micro-batch numbers (and stages, when a device holds several) inside the boxes, the

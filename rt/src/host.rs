@@ -14,7 +14,7 @@ use crate::tensor::{Tensor, Values};
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_void, CString};
 
-type HostFn = unsafe extern "C" fn(*const *mut u8, u64);
+pub(crate) type HostFn = unsafe extern "C" fn(*const *mut u8, u64);
 
 /// Per program, one arena per device of it (8-byte words; offsets are multiples of 256).
 pub(crate) type Arenas = Vec<Vec<Vec<u64>>>;
@@ -105,6 +105,8 @@ pub(crate) fn schedule<E: Engine>(art: &Artifact, e: &mut E) -> Result<(), Strin
 pub struct HostProgram {
     art: Artifact,
     lib: *mut c_void,
+    /// The memory file the library was loaded from (kept open while it is loaded).
+    _memfd: Option<std::fs::File>,
     fns: Vec<HostFn>,
     /// What running as ranks needs of the artifact (its lanes, groups and scratch words),
     /// worked out at the first run as ranks (a training run makes one per step).
@@ -135,8 +137,10 @@ fn dl_error() -> String {
 /// replace or point elsewhere: an anonymous memory file (`memfd_create`, loaded as
 /// `/proc/self/fd/N`), or where that is missing a file created with `O_EXCL |
 /// O_NOFOLLOW`, mode 0600, in a fresh directory of mode 0700 (removed once loaded).
-/// Returns the handle, or null with `dlerror` set.
-fn dlopen_bytes(so: &[u8]) -> Result<*mut c_void, String> {
+/// Returns the handle (null with `dlerror` set), and the memory file, which must stay
+/// open while the library is loaded: the dynamic loader knows a library by its path, so
+/// a second library loaded from a reused `/proc/self/fd/N` would be taken for the first.
+fn dlopen_bytes(so: &[u8]) -> Result<(*mut c_void, Option<std::fs::File>), String> {
     use std::io::Write;
     use std::os::fd::{AsRawFd, FromRawFd};
     let open = |path: &std::path::Path| -> Result<*mut c_void, String> {
@@ -154,7 +158,7 @@ fn dlopen_bytes(so: &[u8]) -> Result<*mut c_void, String> {
             .map_err(|e| format!("host kernels in memory: {e}"))?;
         let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
         if path.exists() {
-            return open(&path);
+            return Ok((open(&path)?, Some(f)));
         }
     }
     // No memfd (or no /proc): a private directory.
@@ -175,7 +179,7 @@ fn dlopen_bytes(so: &[u8]) -> Result<*mut c_void, String> {
     };
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_dir(&dir);
-    lib
+    Ok((lib?, None))
 }
 
 /// A fresh directory `$TMPDIR/<prefix>-<pid>-<nonce>-<k>` of mode 0700: `create`, not
@@ -209,7 +213,7 @@ impl HostProgram {
         let so = art
             .section("host.so")
             .ok_or("the artifact has no host.so section (compiled without host kernels)")?;
-        let lib = dlopen_bytes(so)?;
+        let (lib, memfd) = dlopen_bytes(so)?;
         if lib.is_null() {
             return Err(format!("cannot load the host kernels: {}", dl_error()));
         }
@@ -230,6 +234,7 @@ impl HostProgram {
         Ok(HostProgram {
             art,
             lib,
+            _memfd: memfd,
             fns,
             ranks: std::sync::OnceLock::new(),
         })
@@ -238,6 +243,11 @@ impl HostProgram {
     /// The artifact.
     pub fn artifact(&self) -> &Artifact {
         &self.art
+    }
+
+    /// Its kernels' entry points, by kernel.
+    pub(crate) fn fns(&self) -> &[HostFn] {
+        &self.fns
     }
 
     /// Runs the program once on its arguments (whole tensors, in order) on every device
@@ -423,20 +433,74 @@ fn run_ranks(
     }
 }
 
+/// What a host rank's collectives, sends and receives go through: the in-process
+/// communicator ([`HostComm`]), or the network between processes (`crate::procs`).
+pub(crate) trait HostWire: Sync {
+    /// How many devices group `group` has.
+    fn members(&self, group: usize) -> usize;
+    /// `device`, member `member` of group `group`, takes part in a flat collective at
+    /// host addresses; returns when its part is complete.
+    ///
+    /// # Safety
+    /// The addresses must be valid for the collective's sizes, and the member must not
+    /// touch that memory until this returns.
+    unsafe fn collective(
+        &self,
+        device: usize,
+        group: usize,
+        member: usize,
+        op: Flat<usize>,
+    ) -> Result<(), String>;
+    /// `device` sends `op.bytes` at `op.at` to `op.peer`; does not wait for the receive.
+    ///
+    /// # Safety
+    /// `op.at` must be valid for `op.bytes` bytes.
+    unsafe fn send(&self, device: usize, op: &P2p<usize>) -> Result<(), String>;
+    /// `device` receives the next message from `op.peer` on its lane into `op.at`.
+    ///
+    /// # Safety
+    /// `op.at` must be valid for `op.bytes` bytes that nothing else uses meanwhile.
+    unsafe fn recv(&self, device: usize, op: &P2p<usize>) -> Result<(), String>;
+}
+
+impl HostWire for HostComm {
+    fn members(&self, group: usize) -> usize {
+        HostComm::members(self, group)
+    }
+    unsafe fn collective(
+        &self,
+        device: usize,
+        group: usize,
+        member: usize,
+        op: Flat<usize>,
+    ) -> Result<(), String> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { HostComm::collective(self, device, group, member, op) }
+    }
+    unsafe fn send(&self, device: usize, op: &P2p<usize>) -> Result<(), String> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { HostComm::send(self, device, op) }
+    }
+    unsafe fn recv(&self, device: usize, op: &P2p<usize>) -> Result<(), String> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { HostComm::recv(self, device, op) }
+    }
+}
+
 /// A device of a host run on its own thread ([`HostProgram::run_ranks_timed`]): its
 /// arena (a host address and its bytes; used only through this address while the run
 /// lasts) and its scratch space.
-struct HostRank<'a> {
-    art: &'a Artifact,
-    fns: &'a [HostFn],
-    comm: &'a HostComm,
-    p: usize,
-    device: usize,
-    arena: (usize, u64),
-    scratch: Vec<u64>,
+pub(crate) struct HostRank<'a, W: HostWire> {
+    pub(crate) art: &'a Artifact,
+    pub(crate) fns: &'a [HostFn],
+    pub(crate) comm: &'a W,
+    pub(crate) p: usize,
+    pub(crate) device: usize,
+    pub(crate) arena: (usize, u64),
+    pub(crate) scratch: Vec<u64>,
 }
 
-impl HostRank<'_> {
+impl<W: HostWire> HostRank<'_, W> {
     /// A send or receive at its host address.
     fn locate(&mut self, op: &P2p<At>) -> Result<P2p<usize>, String> {
         let (base, off) = self.places().locate(op.at, op.bytes)?;
@@ -460,7 +524,7 @@ impl HostRank<'_> {
     }
 }
 
-impl Rank for HostRank<'_> {
+impl<W: HostWire> Rank for HostRank<'_, W> {
     fn launch(&mut self, kernel: usize, buffers: &[usize]) -> Result<(), String> {
         let prog = &self.art.header.programs[self.p];
         let base = self.arena.0 as *mut u8;
@@ -728,12 +792,12 @@ pub(crate) fn bytes_mut(a: &mut [u64]) -> &mut [u8] {
 }
 
 /// Copies `bytes` into an arena at byte `offset`.
-fn write_at(arena: &mut [u64], offset: u64, bytes: &[u8]) {
+pub(crate) fn write_at(arena: &mut [u64], offset: u64, bytes: &[u8]) {
     bytes_mut(arena)[offset as usize..][..bytes.len()].copy_from_slice(bytes);
 }
 
 /// A buffer's bytes in an arena.
-fn get(arena: &[u64], b: &Buffer) -> Vec<u8> {
+pub(crate) fn get(arena: &[u64], b: &Buffer) -> Vec<u8> {
     bytes(arena)[b.offset as usize..][..b.bytes() as usize].to_vec()
 }
 
@@ -770,7 +834,7 @@ fn runs(shape: &[u64], ranges: &[[u64; 2]], mut f: impl FnMut(usize, usize, usiz
 }
 
 /// The block `ranges` of a whole tensor's bytes.
-fn cut(whole: &[u8], shape: &[u64], ranges: &[[u64; 2]], es: usize) -> Vec<u8> {
+pub(crate) fn cut(whole: &[u8], shape: &[u64], ranges: &[[u64; 2]], es: usize) -> Vec<u8> {
     let n: u64 = ranges.iter().map(|[lo, hi]| hi - lo).product();
     let mut out = vec![0u8; n as usize * es];
     runs(shape, ranges, |w, p, len| {
@@ -789,7 +853,7 @@ fn place(whole: &mut [u8], shape: &[u64], ranges: &[[u64; 2]], piece: &[u8], es:
 
 /// [`place`], where an element already written by another device must be equal bit for
 /// bit; returns the first element that is not, and the device that wrote it first.
-fn place_checked(
+pub(crate) fn place_checked(
     whole: &mut [u8],
     shape: &[u64],
     ranges: &[[u64; 2]],
@@ -909,6 +973,52 @@ mod load_tests {
         };
         let y = prog.run(&[x]).unwrap();
         assert_eq!(y[0].data, Values::F32(vec![2.0, 4.0, 6.0, 8.0]));
+    }
+
+    /// Two programs loaded at once each run their own kernels (the second one's memory
+    /// file used to reuse the first one's descriptor number, and the dynamic loader,
+    /// which knows a library by its path, handed back the first library).
+    #[test]
+    fn two_programs_loaded_at_once_keep_their_own_kernels() {
+        let work = std::env::temp_dir().join(format!("nnscaler-two-{}", std::process::id()));
+        std::fs::create_dir_all(&work).unwrap();
+        let double = doubling_so(&work);
+        let c = work.join("t.c");
+        std::fs::write(
+            &c,
+            "void k0(float **a, unsigned long n) __asm__(\"k0.host\");\n\
+             void k0(float **a, unsigned long n) { for (unsigned long i = 0; i < n; i++) a[1][i] = 3 * a[0][i]; }\n",
+        )
+        .unwrap();
+        let so = work.join("t.so");
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let st = std::process::Command::new(cc)
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&so)
+            .arg(&c)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let triple = std::fs::read(&so).unwrap();
+        let _ = std::fs::remove_dir_all(&work);
+        let load = |so: Vec<u8>| {
+            let mut art = crate::artifact::tests_support::sample();
+            art.sections.push(("host.so".into(), so));
+            HostProgram::load(art).unwrap()
+        };
+        let (a, b) = (load(double), load(triple));
+        let x = Tensor {
+            shape: vec![4],
+            data: Values::F32(vec![1.0, 2.0, 3.0, 4.0]),
+        };
+        assert_eq!(
+            a.run(std::slice::from_ref(&x)).unwrap()[0].data,
+            Values::F32(vec![2.0, 4.0, 6.0, 8.0])
+        );
+        assert_eq!(
+            b.run(&[x]).unwrap()[0].data,
+            Values::F32(vec![3.0, 6.0, 9.0, 12.0])
+        );
     }
 }
 

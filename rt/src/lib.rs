@@ -19,15 +19,21 @@ mod collective;
 pub mod compare;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod data;
 pub mod host;
 pub mod memory;
 #[cfg(feature = "cuda")]
 pub mod nccl;
+pub mod net;
+pub mod plot;
+pub mod procs;
 pub mod profile;
 mod ranks;
+pub mod rng;
 #[cfg(feature = "cuda")]
 pub mod streams;
 pub mod tensor;
+pub mod train;
 
 pub use artifact::{Artifact, Header, MAGIC, VERSION};
 pub use host::HostProgram;

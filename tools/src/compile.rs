@@ -363,6 +363,28 @@ impl Compiled {
         self.run_args(&picked, repeat)
     }
 
+    /// [`Compiled::run`] on nnscaler-rt's tensors (no conversions).
+    pub fn run_rt(
+        &self,
+        inputs: &[nnscaler_rt::Tensor],
+    ) -> Result<Vec<nnscaler_rt::Tensor>, String> {
+        let args: Vec<nnscaler_rt::Tensor> = match &self.args {
+            None => inputs.to_vec(),
+            Some(ids) => ids
+                .iter()
+                .map(|&i| {
+                    inputs.get(i).cloned().ok_or_else(|| {
+                        format!(
+                            "the step has {} arguments; argument {i} is read",
+                            inputs.len()
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        Ok(self.run_on(&args, 1)?.0)
+    }
+
     fn run_args(
         &self,
         inputs: &[&nnscaler_runtime::tensor::Tensor],
@@ -370,17 +392,26 @@ impl Compiled {
     ) -> Result<(Vec<nnscaler_runtime::tensor::Tensor>, Vec<f64>), String> {
         let args: Vec<nnscaler_rt::Tensor> =
             inputs.iter().map(|t| to_rt(t)).collect::<Result<_, _>>()?;
+        let (outs, times) = self.run_on(&args, repeat)?;
+        Ok((outs.iter().map(from_rt).collect::<Result<_, _>>()?, times))
+    }
+
+    fn run_on(
+        &self,
+        args: &[nnscaler_rt::Tensor],
+        repeat: usize,
+    ) -> Result<(Vec<nnscaler_rt::Tensor>, Vec<f64>), String> {
         let (outs, times) = match (&self.backend, self.ranks) {
-            (Backend::Host(p), false) => p.run_timed(&args, repeat)?,
-            (Backend::Host(p), true) => p.run_ranks_timed(&args, repeat)?,
+            (Backend::Host(p), false) => p.run_timed(args, repeat)?,
+            (Backend::Host(p), true) => p.run_ranks_timed(args, repeat)?,
             #[cfg(feature = "cuda")]
-            (Backend::Cuda(p), false) => p.run_timed(&args, repeat)?,
+            (Backend::Cuda(p), false) => p.run_timed(args, repeat)?,
             #[cfg(feature = "cuda")]
             (Backend::Cuda(p), true) => {
                 // A GPU per device where there are enough, else a stream per device.
                 let (outs, times, line) = nnscaler_rt::streams::run_ranks(
                     p,
-                    &args,
+                    args,
                     repeat,
                     nnscaler_rt::streams::Placement::Auto,
                 )?;
@@ -388,7 +419,7 @@ impl Compiled {
                 (outs, times)
             }
         };
-        Ok((outs.iter().map(from_rt).collect::<Result<_, _>>()?, times))
+        Ok((outs, times))
     }
 }
 
@@ -408,7 +439,8 @@ pub fn run_compiled(
         .run_timed(&inputs, repeat)
 }
 
-fn to_rt(t: &nnscaler_runtime::tensor::Tensor) -> Result<nnscaler_rt::Tensor, String> {
+/// A reference-runtime tensor as nnscaler-rt's.
+pub fn to_rt(t: &nnscaler_runtime::tensor::Tensor) -> Result<nnscaler_rt::Tensor, String> {
     let shape = t.shape.iter().map(|&d| d as u64).collect();
     let data = match t.f() {
         Ok(v) => nnscaler_rt::Values::F32(v.to_vec()),
@@ -417,7 +449,8 @@ fn to_rt(t: &nnscaler_runtime::tensor::Tensor) -> Result<nnscaler_rt::Tensor, St
     Ok(nnscaler_rt::Tensor { shape, data })
 }
 
-fn from_rt(t: &nnscaler_rt::Tensor) -> Result<nnscaler_runtime::tensor::Tensor, String> {
+/// An nnscaler-rt tensor as the reference runtime's.
+pub fn from_rt(t: &nnscaler_rt::Tensor) -> Result<nnscaler_runtime::tensor::Tensor, String> {
     let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
     Ok(match &t.data {
         nnscaler_rt::Values::F32(v) => nnscaler_runtime::tensor::Tensor::f32(&shape, v.clone()),

@@ -14,18 +14,20 @@
 //! moments as whole tensors, with the step) written atomically every `checkpoint.every`
 //! steps and at the end; `--resume` continues from the last one exactly.
 
-use crate::data::{Dataset, Split};
-use crate::output::Outputs;
+use crate::compile::{from_rt, to_rt};
+use crate::data::Dataset;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::domain::{self, Domain};
 use nnscaler_dialects::graph::Graph;
-use nnscaler_dialects::nns::Mesh;
-use nnscaler_dialects::types::Elem;
+use nnscaler_dialects::nns::{Init, Mesh};
 use nnscaler_dialects::verify::Meshes;
 use nnscaler_passes::pipeline::{self, Step};
+use nnscaler_rt::train::{
+    self as rt, Checkpointing, Loop, LrSchedule, RunFn, RunOpts, StateSpec, Whole,
+};
 use nnscaler_runtime::spmd::{global_view, pipeline_programs, run_pipeline, run_spmd};
 use nnscaler_runtime::tensor::Tensor;
-use nnscaler_runtime::{init, io, kernels, run, Options};
+use nnscaler_runtime::{kernels, run, Options};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -58,6 +60,14 @@ pub struct TrainArgs {
     /// default: the memory this process may still use, as `nnscaler run`).
     #[arg(long, value_name = "BYTES", value_parser = crate::cli::parse_bytes)]
     pub memory_limit: Option<u64>,
+    /// Compile everything a run needs into the directory DIR and stop: the training step
+    /// and the evaluation forward as artifacts (PTX and host kernels), the corpus, the
+    /// state's initialization (with --resume: the checkpoint's tensors and step) and the
+    /// resolved config, versioned and checksummed. `nnscaler-rt train DIR` trains it on a
+    /// machine without MLIR or LLVM (docs/gpu.md, "Training on a cluster"). DIR is
+    /// written whole or not at all; a bundle already there is replaced.
+    #[arg(long, value_name = "DIR")]
+    pub bundle: Option<String>,
 }
 
 /// The config file.
@@ -301,20 +311,6 @@ pub fn load_config(path: &str, sets: &[String]) -> Result<Config, String> {
         return Err(format!("{path}: checkpoint.every must be at least 1"));
     }
     Ok(c)
-}
-
-/// The learning rate at 0-based step `it` (nanoGPT's schedule).
-pub fn learning_rate(o: &OptimizerSection, steps: u64, it: u64) -> f64 {
-    let decay = o.decay_steps.unwrap_or(steps);
-    if it < o.warmup {
-        return o.lr * (it + 1) as f64 / (o.warmup + 1) as f64;
-    }
-    if it > decay {
-        return o.min_lr;
-    }
-    let ratio = (it - o.warmup) as f64 / (decay - o.warmup).max(1) as f64;
-    let coeff = 0.5 * (1.0 + (std::f64::consts::PI * ratio).cos());
-    o.min_lr + coeff * (o.lr - o.min_lr)
 }
 
 /// The compiled programs: the step (maybe partitioned) and the forward for evaluation.
@@ -609,38 +605,72 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
     })
 }
 
-/// One JSON line of the metrics log.
-#[derive(Serialize)]
-struct Line<'a> {
-    kind: &'a str,
-    step: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    loss: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    val_loss: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lr: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tokens_per_s: Option<f64>,
+/// The loop's settings from the config and the model's batch and block.
+fn the_loop(c: &Config, p: &Programs) -> Loop {
+    let o = &c.optimizer;
+    Loop {
+        steps: c.train.steps,
+        eval_every: c.train.eval_every,
+        eval_batches: c.train.eval_batches,
+        seed: c.train.seed,
+        batch: p.batch as u64,
+        block: p.block as u64,
+        log: c.train.log.clone(),
+        curve: c.train.curve.clone(),
+        schedule: LrSchedule {
+            lr: o.lr,
+            min_lr: o.min_lr,
+            warmup: o.warmup,
+            decay_steps: o.decay_steps,
+        },
+        checkpoint: c.checkpoint.as_ref().map(|k| Checkpointing {
+            dir: k.dir.clone(),
+            every: k.every,
+        }),
+    }
 }
 
-const CHECKPOINT: &str = "checkpoint.safetensors";
-const STEP_TENSOR: &str = "train.step";
+/// The training state: every state argument of the step (parameters and moments), its
+/// shape and its initialization rule.
+fn state_specs(view: &Graph) -> Result<Vec<StateSpec>, String> {
+    let mut out = Vec::new();
+    for (i, arg) in view.args.iter().enumerate() {
+        if !arg.is_state() {
+            continue;
+        }
+        let name = arg.name().unwrap_or("").to_string();
+        let shape = nnscaler_runtime::tensor::dims(&view.values[arg.value])
+            .iter()
+            .map(|&d| d as u64)
+            .collect();
+        let init = match view.init_rule(i).map_err(|e| format!("'{name}': {e}"))? {
+            Init::Const(value) => rt::Init::Const { value },
+            Init::Normal { mean, std } => rt::Init::Normal { mean, std },
+            Init::Uniform { lo, hi } => rt::Init::Uniform { lo, hi },
+        };
+        out.push(StateSpec { name, shape, init });
+    }
+    Ok(out)
+}
+
+/// The names of a graph's arguments and results.
+fn names(g: &Graph) -> (Vec<String>, Vec<String>) {
+    (
+        g.args
+            .iter()
+            .map(|a| a.name().unwrap_or("").to_string())
+            .collect(),
+        g.outputs
+            .iter()
+            .map(|o| o.name().unwrap_or("").to_string())
+            .collect(),
+    )
+}
 
 /// Runs the command; returns the summary to print.
 pub fn main(a: &TrainArgs) -> Result<String, String> {
     let c = load_config(&a.config, &a.set)?;
     kernels::set_threads(c.train.threads.max(1));
-    // The outputs' directories are made now, so a bad path fails before any training.
-    for path in [&c.train.log, &c.train.curve].into_iter().flatten() {
-        if let Some(dir) = Path::new(path)
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-        {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("{path}: cannot make its directory: {e}"))?;
-        }
-    }
     if let Some(text) = &c.data.text {
         if !Path::new(&c.data.dir).join("meta.json").exists() {
             eprint!("{}", crate::data::prepare_char(text, &c.data.dir, None)?);
@@ -649,446 +679,193 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
     let data = Dataset::load(&c.data.dir)?;
     let p = compile(&c, data.vocab)?;
     // A corpus too short for one block is refused before anything runs.
-    for (part, ids) in [("train.bin", &data.train), ("val.bin", &data.val)] {
-        if ids.len() <= p.block + 1 {
-            return Err(format!(
-                "{}/{part}: {} tokens, too few for one block of {} (the model's context needs {})",
-                c.data.dir,
-                ids.len(),
-                p.block,
-                p.block + 2
-            ));
-        }
+    data.check_block(&c.data.dir, p.block)?;
+    let l = the_loop(&c, &p);
+    let specs = state_specs(&p.view)?;
+    if let Some(dir) = &a.bundle {
+        return write_bundle(a, &c, &p, &l, specs, dir, data.vocab as u64);
     }
     // Before any parameter is drawn or read: refuse a run that cannot fit in memory.
     let devices = p.mesh.as_ref().map_or(1, |m| m.devices() as u64);
     let need = nnscaler_runtime::memory::estimate(&p.step, &p.view, devices);
     nnscaler_runtime::memory::check(&need, a.memory_limit, devices.saturating_sub(1))
         .map_err(|e| format!("{}: {e}", a.config))?;
-    // The state: every parameter and moment, whole, by name.
-    let mut state: BTreeMap<String, Tensor> = BTreeMap::new();
-    let mut start = 0u64;
-    let ckpt_path = c
-        .checkpoint
-        .as_ref()
-        .map(|k| Path::new(&k.dir).join(CHECKPOINT));
-    if a.resume {
-        let path = ckpt_path
-            .as_ref()
-            .ok_or("--resume needs [checkpoint] dir in the config")?;
-        let stored = io::load(path)?;
-        for s in stored {
-            if s.name == STEP_TENSOR {
-                // An integer since 2026-12-04 (f32 before: exact only to 2^24).
-                start = match s.tensor.ints() {
-                    Ok(v) => v.first().copied().filter(|&x| x > 0).unwrap_or(0) as u64,
-                    Err(_) => {
-                        let v = s.tensor.f()?.first().copied().unwrap_or(0.0);
-                        if v.fract() == 0.0 && v > 0.0 {
-                            v as u64
-                        } else {
-                            0
-                        }
-                    }
-                };
-            } else {
-                state.insert(s.name, s.tensor);
-            }
-        }
-        if start == 0 {
-            return Err(format!(
-                "{}: not a training checkpoint (no '{STEP_TENSOR}')",
-                path.display()
-            ));
-        }
-    }
-    for (i, arg) in p.view.args.iter().enumerate() {
-        if !arg.is_state() {
-            continue;
-        }
-        let name = arg.name().unwrap_or("").to_string();
-        let want = nnscaler_runtime::tensor::dims(&p.view.values[arg.value]);
-        match state.get(&name) {
-            Some(t) if t.shape == want => {}
-            Some(t) => {
-                return Err(format!(
-                    "checkpoint: '{name}' is {:?} but the model's is {want:?}",
-                    t.shape
-                ))
-            }
-            None if a.resume => {
-                return Err(format!("checkpoint: no tensor '{name}' for this model"))
-            }
-            None => {
-                state.insert(name, init::init_param(&p.view, i, c.train.seed)?);
-            }
-        }
-    }
-    if start >= c.train.steps {
-        return Err(format!(
-            "the checkpoint is at step {start}, at or past train.steps = {}",
-            c.train.steps
-        ));
-    }
-    let mut log = String::new();
-    let mut curve: Vec<(u64, f64)> = Vec::new();
-    let mut evals: Vec<(u64, f64, f64)> = Vec::new();
-    let opts = Options {
-        check_finite: true,
-        ..Options::default()
-    };
-    // A compiled step (--backend host or cuda) is compiled once, before the first step.
+    let (state, start) = rt::initial_state(&l, &specs, None, a.resume)?;
     if c.train.ranks && c.train.backend == "reference" {
         return Err("train.ranks = true needs train.backend = \"host\" or \"cuda\"".into());
     }
-    let compiled = match c.train.backend.as_str() {
-        "reference" => None,
+    let (step_in, step_out) = names(&p.view);
+    let (fwd_in, _) = names(&p.forward);
+    let opts = RunOpts {
+        resume: a.resume,
+        until: a.until,
+        lead: true,
+    };
+    match c.train.backend.as_str() {
+        "reference" => {
+            let check = Options {
+                check_finite: true,
+                ..Options::default()
+            };
+            let step: RunFn<'_> = Box::new(|inputs: &[rt::RtTensor]| {
+                let inputs: Vec<Tensor> = inputs.iter().map(from_rt).collect::<Result<_, _>>()?;
+                let outs = match (&p.pipeline, &p.mesh) {
+                    (Some(programs), Some(m)) => {
+                        let by_index = inputs.into_iter().enumerate().collect();
+                        run_pipeline(programs, m, "pp", &by_index, &check).map(|mut o| {
+                            (0..p.view.outputs.len())
+                                .filter_map(|k| o.remove(&k))
+                                .collect::<Vec<_>>()
+                        })
+                    }
+                    (_, Some(m)) => run_spmd(&p.step, m, inputs, &check),
+                    _ => run(&p.step, inputs, &check),
+                }
+                .map_err(|e| e.message)?;
+                outs.iter().map(to_rt).collect()
+            });
+            let forward: RunFn<'_> = Box::new(|inputs: &[rt::RtTensor]| {
+                let inputs: Vec<Tensor> = inputs.iter().map(from_rt).collect::<Result<_, _>>()?;
+                let outs = run(&p.forward, inputs, &Options::default()).map_err(|e| e.message)?;
+                outs.iter().map(to_rt).collect()
+            });
+            let mut e = Whole::new(step_in, step_out, step, fwd_in, forward);
+            rt::train(&mut e, &l, &data, state, start, &opts)
+        }
         "host" | "cuda" => {
+            // The step and the evaluation forward are compiled once, before the first step.
+            let backend = &c.train.backend;
+            let fail = |e: String| format!("train.backend = \"{backend}\": {e}");
             let compiled = match (&p.pipeline, &p.mesh) {
                 (Some(programs), Some(m)) => {
-                    crate::compile::Compiled::pipeline(programs, m, "pp", "train", &c.train.backend)
+                    crate::compile::Compiled::pipeline(programs, m, "pp", "train", backend)
                 }
-                _ => crate::compile::Compiled::new(
-                    &p.step,
-                    p.mesh.as_ref(),
-                    "train",
-                    &c.train.backend,
-                ),
-            };
-            Some(
-                compiled
-                    .map_err(|e| format!("train.backend = \"{}\": {e}", c.train.backend))?
-                    .with_ranks(c.train.ranks),
-            )
+                _ => crate::compile::Compiled::new(&p.step, p.mesh.as_ref(), "train", backend),
+            }
+            .map_err(fail)?
+            .with_ranks(c.train.ranks);
+            let eval =
+                crate::compile::Compiled::new(&p.forward, None, "eval", backend).map_err(fail)?;
+            let step: RunFn<'_> = Box::new(|inputs: &[rt::RtTensor]| compiled.run_rt(inputs));
+            let forward: RunFn<'_> = Box::new(|inputs: &[rt::RtTensor]| eval.run_rt(inputs));
+            let mut e = Whole::new(step_in, step_out, step, fwd_in, forward);
+            rt::train(&mut e, &l, &data, state, start, &opts)
         }
-        other => {
-            return Err(format!(
-                "train.backend: '{other}' is not a backend (reference, host, cuda)"
-            ))
-        }
-    };
-    let bar = indicatif::ProgressBar::new(c.train.steps);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
-        )
-        .map_err(|e| e.to_string())?,
-    );
-    bar.set_position(start);
-    let tokens = (p.batch * p.block) as f64;
-    let started = Instant::now();
-    let end = a.until.unwrap_or(c.train.steps).min(c.train.steps);
-    if end <= start {
-        return Err(format!("--until {end}: the run is already at step {start}"));
+        other => Err(format!(
+            "train.backend: '{other}' is not a backend (reference, host, cuda)"
+        )),
     }
-    // The last checkpoint on disk (a resumed run's is its start).
-    let mut last_ckpt = a.resume.then_some(start);
-    // Training time and steps since the last evaluation line (its tokens/s).
-    let (mut since_eval, mut steps_since_eval) = (0.0f64, 0u64);
-    for t in start + 1..=end {
-        let lr = learning_rate(&c.optimizer, c.train.steps, t - 1);
-        let (x, y) = data.batch(Split::Train, p.batch, p.block, c.train.seed, t)?;
-        let t0 = Instant::now();
-        let mut inputs = Vec::with_capacity(p.view.args.len());
-        for arg in &p.view.args {
-            let name = arg.name().unwrap_or("");
-            inputs.push(match name {
-                "tokens" => x.clone(),
-                "targets" => y.clone(),
-                "step" => Tensor::f32(&[], vec![t as f32]),
-                "lr" => Tensor::f32(&[], vec![lr as f32]),
-                n => state
-                    .get(n)
-                    .cloned()
-                    .ok_or(format!("no value for the step's argument '{n}'"))?,
-            });
-        }
-        let outs = match (&p.pipeline, &p.mesh) {
-            _ if compiled.is_some() => {
-                let prog = compiled.as_ref().expect("checked");
-                Ok(prog.run(&inputs).map_err(|e| format!("step {t}: {e}"))?)
-            }
-            (Some(programs), Some(m)) => {
-                let by_index = inputs.into_iter().enumerate().collect();
-                run_pipeline(programs, m, "pp", &by_index, &opts).map(|mut o| {
-                    (0..p.view.outputs.len())
-                        .filter_map(|k| o.remove(&k))
-                        .collect()
-                })
-            }
-            (_, Some(m)) => run_spmd(&p.step, m, inputs, &opts),
-            _ => run(&p.step, inputs, &opts),
-        }
-        .map_err(|e| format!("step {t}: {}", e.message))?;
-        let mut loss = f64::NAN;
-        for (o, v) in p.view.outputs.iter().zip(outs) {
-            match o.name() {
-                Some("loss") => loss = f64::from(v.f()?[0]),
-                Some(n) => {
-                    if let Some(key) = n.strip_prefix("next.") {
-                        state.insert(key.to_string(), v);
-                    }
-                }
-                None => {}
-            }
-        }
-        let secs = t0.elapsed().as_secs_f64();
-        let tps = tokens / secs;
-        since_eval += secs;
-        steps_since_eval += 1;
-        // A diverged run stops here: its log keeps this step's line, and no checkpoint is
-        // written over the last good one.
-        let ckpt_now = c
-            .checkpoint
-            .as_ref()
-            .is_some_and(|k| t % k.every == 0 || t == end);
-        // The state is scanned only before it is saved (a non-finite value in it makes the
-        // next step's loss non-finite anyway).
-        let diverged = if !loss.is_finite() {
-            Some(format!("the loss is {loss}"))
-        } else if ckpt_now {
-            first_non_finite(&state)
-        } else {
-            None
-        };
-        // The step's line (a non-finite loss left out), kept in the log either way.
-        log.push_str(&line(&Line {
-            kind: "step",
-            step: t,
-            loss: loss.is_finite().then_some(loss),
-            val_loss: None,
-            lr: Some(lr),
-            tokens_per_s: Some(tps),
-        })?);
-        if let Some(what) = diverged {
-            if let Some(path) = &c.train.log {
-                append(path, &log, t == start + 1 && start == 0)?;
-            }
-            bar.finish_and_clear();
-            let kept = match (&c.checkpoint, last_ckpt) {
-                (Some(k), Some(s)) => format!("the checkpoint of step {s} in {} is kept", k.dir),
-                (Some(k), None) => format!("no checkpoint was written to {}", k.dir),
-                (None, _) => "no checkpoints are configured".to_string(),
-            };
+}
+
+/// `--bundle DIR`: the step and the evaluation forward compiled, the corpus, the state's
+/// initialization (or the checkpoint's tensors with `--resume`) and the resolved config,
+/// written to `DIR` whole or not at all.
+fn write_bundle(
+    a: &TrainArgs,
+    c: &Config,
+    p: &Programs,
+    l: &Loop,
+    mut specs: Vec<StateSpec>,
+    dir: &str,
+    vocab: u64,
+) -> Result<String, String> {
+    use nnscaler_codegen::Gpu;
+    let started = Instant::now();
+    let gpu = Gpu::default();
+    let step = match (&p.pipeline, &p.mesh) {
+        (Some(programs), Some(m)) => nnscaler_codegen::pipeline_artifact(
+            programs,
+            &format!("{} @train", a.config),
+            m,
+            "pp",
+            gpu,
+        ),
+        _ => nnscaler_codegen::artifact(
+            &p.step,
+            &format!("{} @train", a.config),
+            p.mesh.as_ref(),
+            gpu,
+        ),
+    }
+    .map_err(|e| format!("{}: the training step: {e}", a.config))?;
+    let eval = nnscaler_codegen::artifact(
+        &p.forward,
+        &format!("{} @train (evaluation)", a.config),
+        None,
+        gpu,
+    )
+    .map_err(|e| format!("{}: the evaluation forward: {e}", a.config))?;
+    // Every argument of the step must be something the loop binds.
+    let known: std::collections::BTreeSet<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    for port in &step.header.inputs {
+        let n = port.name.as_str();
+        if !(matches!(n, "tokens" | "targets" | "step" | "lr") || known.contains(n)) {
             return Err(format!(
-                "step {t}: training diverged: {what} (lr {lr:e}); stopped, {kept}"
+                "{}: the step's argument '{n}' is neither data, the step, the learning rate nor training state",
+                a.config
             ));
         }
-        curve.push((t, loss));
-        bar.set_position(t);
-        bar.set_message(format!("loss {loss:.4} | {tps:.0} tok/s"));
-        let eval_now =
-            t == c.train.steps || (c.train.eval_every > 0 && t % c.train.eval_every == 0);
-        if eval_now {
-            let train_loss = evaluate(&p, &data, &state, Split::Train, &c)?;
-            let val_loss = evaluate(&p, &data, &state, Split::Val, &c)?;
-            evals.push((t, train_loss, val_loss));
-            // A line per evaluation stays in the terminal (stdout, above the bar; the
-            // same lines when stdout is a file or pipe).
-            let rate = tokens * steps_since_eval as f64 / since_eval.max(1e-9);
-            let said = format!(
-                "step {t}: train loss {train_loss:.4}, val loss {val_loss:.4} (lr {lr:.3e}, {rate:.0} tokens/s)"
-            );
-            bar.suspend(|| println!("{said}"));
-            (since_eval, steps_since_eval) = (0.0, 0);
-            log.push_str(&line(&Line {
-                kind: "eval",
-                step: t,
-                loss: Some(train_loss),
-                val_loss: Some(val_loss),
-                lr: None,
-                tokens_per_s: None,
-            })?);
-        }
-        if ckpt_now {
-            save_checkpoint(&c, &state, t)?;
-            last_ckpt = Some(t);
-        }
-        // The log is appended as it goes (a killed run keeps its lines).
-        if let Some(path) = &c.train.log {
-            append(path, &log, t == start + 1 && start == 0)?;
-        }
-        log.clear();
     }
-    bar.finish_and_clear();
-    if let Some(path) = &c.train.curve {
-        crate::write_one(path, svg(&curve, &evals).into_bytes())?;
+    if !step.header.outputs.iter().any(|o| o.name == "loss") {
+        return Err(format!("{}: the step has no 'loss' result", a.config));
     }
-    let secs = started.elapsed().as_secs_f64();
-    let steps = end - start;
-    let (last_t, last_train, last_val) = evals.last().copied().unwrap_or((0, f64::NAN, f64::NAN));
-    Ok(format!(
-        "trained steps {}..{end} in {secs:.1} s ({:.0} tokens/s); step {last_t}: train loss {last_train:.4}, val loss {last_val:.4}{}\n",
-        start + 1,
-        tokens * steps as f64 / secs,
-        c.train
-            .curve
-            .as_ref()
-            .map(|p| format!("; loss curve in {p}"))
-            .unwrap_or_default()
-    ))
-}
-
-fn line(l: &Line<'_>) -> Result<String, String> {
-    serde_json::to_string(l)
-        .map(|s| s + "\n")
-        .map_err(|e| e.to_string())
-}
-
-/// Appends `text` to `path` (truncating it first when `fresh`).
-fn append(path: &str, text: &str, fresh: bool) -> Result<(), String> {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(!fresh)
-        .write(true)
-        .truncate(fresh)
-        .open(path)
-        .map_err(|e| format!("{path}: {e}"))?;
-    f.write_all(text.as_bytes())
-        .map_err(|e| format!("{path}: {e}"))
-}
-
-/// The first non-finite value of the training state (parameters and moments after a
-/// step): the tensor and the element.
-fn first_non_finite(state: &BTreeMap<String, Tensor>) -> Option<String> {
-    state.iter().find_map(|(name, t)| {
-        let v = t.f().ok()?;
-        let i = v.iter().position(|x| !x.is_finite())?;
-        Some(format!("'{name}' has {} at element {i}", v[i]))
-    })
-}
-
-/// The mean loss over `eval_batches` batches of `split`, the forward on one device.
-fn evaluate(
-    p: &Programs,
-    data: &Dataset,
-    state: &BTreeMap<String, Tensor>,
-    split: Split,
-    c: &Config,
-) -> Result<f64, String> {
-    let n = c.train.eval_batches.max(1);
-    let mut sum = 0.0;
-    for k in 0..n {
-        // Evaluation batches are drawn from their own seed stream, the same every time.
-        let (x, y) = data.batch(split, p.batch, p.block, c.train.seed ^ 0x5eed_e7a1, k)?;
-        let inputs = p
-            .forward
-            .args
-            .iter()
-            .map(|a| match a.name().unwrap_or("") {
-                "tokens" => Ok(x.clone()),
-                "targets" => Ok(y.clone()),
-                n => state
-                    .get(n)
-                    .cloned()
-                    .ok_or(format!("no parameter '{n}' to evaluate with")),
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-        let outs = run(&p.forward, inputs, &Options::default())
-            .map_err(|e| format!("evaluation: {}", e.message))?;
-        sum += f64::from(outs[0].f()?[0]);
+    let mut files: Vec<(String, Vec<u8>)> = vec![
+        ("step.nnsx".into(), step.to_bytes()?),
+        ("eval.nnsx".into(), eval.to_bytes()?),
+    ];
+    for f in ["train.bin", "val.bin", "meta.json"] {
+        let path = Path::new(&c.data.dir).join(f);
+        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        files.push((format!("data/{f}"), bytes));
     }
-    Ok(sum / n as f64)
-}
-
-/// Writes every parameter and moment (whole) and the step, atomically.
-fn save_checkpoint(c: &Config, state: &BTreeMap<String, Tensor>, t: u64) -> Result<(), String> {
-    let Some(k) = &c.checkpoint else {
-        return Ok(());
+    let mut start = 0;
+    if a.resume {
+        // The checkpoint's tensors are the bundle's initial state, and its step the
+        // bundle's start.
+        let (state, at) = rt::initial_state(l, &specs, None, true)?;
+        let named: Vec<(String, rt::RtTensor)> = state.into_iter().collect();
+        files.push((
+            "init.safetensors".into(),
+            nnscaler_rt::tensor::to_bytes(&named)?,
+        ));
+        for s in &mut specs {
+            s.init = rt::Init::Stored;
+        }
+        start = at;
+    }
+    let resolved = toml::to_string(c).map_err(|e| e.to_string())?;
+    files.push((
+        "config.toml".into(),
+        format!(
+            "# {} as nnscaler train resolved it (overrides applied)\n{resolved}",
+            a.config
+        )
+        .into_bytes(),
+    ));
+    let manifest = rt::Manifest {
+        format: rt::FORMAT.into(),
+        version: rt::VERSION,
+        source: a.config.clone(),
+        run: l.clone(),
+        start,
+        state: specs,
+        step: "step.nnsx".into(),
+        eval: "eval.nnsx".into(),
+        data: "data".into(),
+        vocab,
+        devices: p.mesh.as_ref().map_or(1, |m| m.devices() as u64),
+        files: Vec::new(),
     };
-    std::fs::create_dir_all(&k.dir).map_err(|e| format!("{}: {e}", k.dir))?;
-    // The step as an integer (an f32 is exact only to 2^24 steps).
-    let step = Tensor::i64(&[], vec![t as i64]);
-    let mut named: Vec<(String, Elem, &Tensor)> = state
-        .iter()
-        .map(|(n, t)| (n.clone(), Elem::F32, t))
-        .collect();
-    named.push((STEP_TENSOR.into(), Elem::I64, &step));
-    let mut out = Outputs::new();
-    let path = Path::new(&k.dir).join(CHECKPOINT).display().to_string();
-    out.stage(&path, io::to_bytes(&named)?)?;
-    out.commit()
-}
-
-/// The loss curve: each step's loss, and the evaluations' train and val losses.
-fn svg(curve: &[(u64, f64)], evals: &[(u64, f64, f64)]) -> String {
-    use nnscaler_passes::schedule::ticks;
-    // The plot area: left margin for the loss ticks, bottom for the step ticks, top for
-    // the title and legend.
-    let (w, h) = (760.0, 440.0);
-    let (left, right, top, bottom) = (64.0, 20.0, 46.0, 52.0);
-    let last = curve.last().map_or(1, |c| c.0).max(1) as f64;
-    let first = curve.first().map_or(0, |c| c.0) as f64;
-    let losses = curve
-        .iter()
-        .map(|c| c.1)
-        .chain(evals.iter().flat_map(|e| [e.1, e.2]));
-    let (lo, hi) = losses
-        .filter(|x| x.is_finite())
-        .fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
-    let (lo, hi) = if lo < hi { (lo, hi) } else { (0.0, 1.0) };
-    let x = |s: f64| left + (s - first) / (last - first).max(1.0) * (w - left - right);
-    let y = |v: f64| top + (hi - v) / (hi - lo) * (h - top - bottom);
-    let points: Vec<String> = curve
-        .iter()
-        .filter(|c| c.1.is_finite())
-        .map(|c| format!("{:.1},{:.1}", x(c.0 as f64), y(c.1)))
-        .collect();
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n\
-         <text x=\"4\" y=\"15\">training loss (cross-entropy, nats per token) by step</text>\n"
-    );
-    // Axes with round ticks.
-    let (x0, y0, x1, y1) = (left, h - bottom, w - right, top);
-    s.push_str(&format!(
-        "<line x1=\"{x0}\" y1=\"{y0}\" x2=\"{x1}\" y2=\"{y0}\" stroke=\"#333\"/><line x1=\"{x0}\" y1=\"{y0}\" x2=\"{x0}\" y2=\"{y1}\" stroke=\"#333\"/>\n"
-    ));
-    let (steps, _) = ticks(first, last, 8.0);
-    for t in steps {
-        let px = x(t);
-        s.push_str(&format!(
-            "<line x1=\"{px:.1}\" y1=\"{y0}\" x2=\"{px:.1}\" y2=\"{:.1}\" stroke=\"#333\"/><text x=\"{px:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{t:.0}</text>\n",
-            y0 + 4.0,
-            y0 + 16.0
-        ));
-    }
-    let (marks, decimals) = ticks(lo, hi, 6.0);
-    for v in marks {
-        let py = y(v);
-        s.push_str(&format!(
-            "<line x1=\"{:.1}\" y1=\"{py:.1}\" x2=\"{x1}\" y2=\"{py:.1}\" stroke=\"#ddd\"/><line x1=\"{:.1}\" y1=\"{py:.1}\" x2=\"{x0}\" y2=\"{py:.1}\" stroke=\"#333\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{v:.decimals$}</text>\n",
-            x0 + 1.0,
-            x0 - 4.0,
-            x0 - 6.0,
-            py + 4.0
-        ));
-    }
-    s.push_str(&format!(
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">step</text>\n\
-         <text transform=\"translate(14,{:.1}) rotate(-90)\" text-anchor=\"middle\">loss (nats)</text>\n",
-        (x0 + x1) / 2.0,
-        h - 12.0,
-        (y0 + y1) / 2.0
-    ));
-    s.push_str(&format!(
-        "<polyline fill=\"none\" stroke=\"#8ecae6\" points=\"{}\"/>\n",
-        points.join(" ")
-    ));
-    for (t, tr, va) in evals {
-        s.push_str(&format!(
-            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#219ebc\"/><circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#fb8500\"/>\n",
-            x(*t as f64),
-            y(*tr),
-            x(*t as f64),
-            y(*va)
-        ));
-    }
-    // The legend.
-    s.push_str(
-        "<line x1=\"4\" y1=\"30\" x2=\"20\" y2=\"30\" stroke=\"#8ecae6\" stroke-width=\"2\"/><text x=\"24\" y=\"34\">loss of each step's batch</text>\n\
-         <circle cx=\"180\" cy=\"30\" r=\"3\" fill=\"#219ebc\"/><text x=\"188\" y=\"34\">evaluation: train</text>\n\
-         <circle cx=\"300\" cy=\"30\" r=\"3\" fill=\"#fb8500\"/><text x=\"308\" y=\"34\">evaluation: val</text>\n</svg>\n",
-    );
-    s
+    let files = rt::BundleFiles { manifest, files }.finish()?;
+    let total: usize = files.iter().map(|f| f.1.len()).sum();
+    rt::write_dir(Path::new(dir), &files)?;
+    Ok(format!(
+        "bundled {} for {} device{} in {:.1} s: {dir} ({} files, {:.1} MiB); train it with: nnscaler-rt train {dir}\n",
+        a.config,
+        p.mesh.as_ref().map_or(1, |m| m.devices()),
+        if p.mesh.as_ref().map_or(1, |m| m.devices()) == 1 { "" } else { "s" },
+        started.elapsed().as_secs_f64(),
+        files.len(),
+        total as f64 / (1 << 20) as f64
+    ))
 }

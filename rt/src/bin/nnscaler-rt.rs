@@ -99,6 +99,43 @@ enum Cmd {
         #[arg(long)]
         drift: bool,
     },
+    /// Train a bundle ('nnscaler train --config F.toml --bundle DIR' makes it): the loop
+    /// of 'nnscaler train' (the same batches, schedule, evaluation, log, checkpoints and
+    /// loss curve; paths in the config are relative to where this runs). As one of several
+    /// processes, where a launcher set torchrun's variables (RANK, WORLD_SIZE,
+    /// LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or Slurm's (SLURM_PROCID, SLURM_NTASKS,
+    /// SLURM_LOCALID, SLURM_JOB_NODELIST), it meets the others at MASTER_ADDR:MASTER_PORT
+    /// and runs its share of the mesh's devices; rank 0 evaluates, logs and writes.
+    Train {
+        /// The bundle's directory.
+        bundle: String,
+        /// Continue from the checkpoint in the config's checkpoint.dir, exactly.
+        #[arg(long)]
+        resume: bool,
+        /// Stop after this step (checkpointing there), as if the run were stopped;
+        /// --resume continues it exactly.
+        #[arg(long, value_name = "STEP")]
+        until: Option<u64>,
+        /// Where the kernels run: host, or cuda (GPU LOCAL_RANK; binaries built with
+        /// --features cuda).
+        #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
+        backend: String,
+        /// One process: every device on a thread of its own instead of lockstep (as
+        /// 'run --ranks'; the same results on the host).
+        #[arg(long, value_name = "ON", num_args = 0..=1, require_equals = true,
+              default_missing_value = "auto", value_parser = ["auto", "gpus", "streams"])]
+        ranks: Option<String>,
+        /// How the processes find rank 0: tcp (rank 0 listens at MASTER_ADDR:MASTER_PORT)
+        /// or file:PATH (rank 0 writes its address into PATH on a shared file system; the
+        /// others read it).
+        #[arg(long, default_value = "tcp", value_name = "HOW")]
+        rendezvous: String,
+        /// Seconds a process waits for the others: at the rendezvous (then the ranks that
+        /// never arrived are named) and for any message during training (then the rank
+        /// that never sent it is named).
+        #[arg(long, default_value_t = 600, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+        timeout: u64,
+    },
     /// Time the calibration benchmarks 'nnscaler calibrate --device gpu --prepare DIR'
     /// wrote, and write them back with each one's median seconds (for 'nnscaler
     /// calibrate --device gpu --timings FILE' to fit).
@@ -477,6 +514,42 @@ fn write(path: &str, bytes: &[u8]) -> Result<(), String> {
     })
 }
 
+fn train(
+    bundle: &str,
+    resume: bool,
+    until: Option<u64>,
+    backend: &str,
+    ranks: Option<String>,
+    rendezvous: &str,
+    timeout: u64,
+) -> Result<String, String> {
+    use nnscaler_rt::net::{world_from, Rendezvous};
+    let rendezvous = match rendezvous.split_once(':') {
+        _ if rendezvous == "tcp" => Rendezvous::Tcp,
+        Some(("file", path)) if !path.is_empty() => Rendezvous::File(path.to_string()),
+        _ => return Err(format!("--rendezvous {rendezvous}: give tcp or file:PATH")),
+    };
+    let world = world_from(|k| std::env::var(k).ok())?;
+    let rank = world.rank;
+    nnscaler_rt::train::run_bundle(&nnscaler_rt::train::BundleRun {
+        dir: bundle.to_string(),
+        resume,
+        until,
+        backend: backend.to_string(),
+        ranks,
+        world,
+        rendezvous,
+        timeout: std::time::Duration::from_secs(timeout),
+    })
+    .map_err(|e| {
+        if rank > 0 {
+            format!("rank {rank}: {e}")
+        } else {
+            e
+        }
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match &cli.cmd {
@@ -513,6 +586,23 @@ fn main() -> ExitCode {
             runs,
             backend,
         } => bench(manifest, output, *runs as usize, backend),
+        Cmd::Train {
+            bundle,
+            resume,
+            until,
+            backend,
+            ranks,
+            rendezvous,
+            timeout,
+        } => train(
+            bundle,
+            *resume,
+            *until,
+            backend,
+            ranks.clone(),
+            rendezvous,
+            *timeout,
+        ),
     };
     match r {
         Ok(s) => {
@@ -520,7 +610,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("nnscaler-rt: error: {e}");
+            // One write, so lines of processes sharing a terminal do not interleave.
+            use std::io::Write;
+            let _ = std::io::stderr().write_all(format!("nnscaler-rt: error: {e}\n").as_bytes());
             ExitCode::FAILURE
         }
     }

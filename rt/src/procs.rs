@@ -1,0 +1,818 @@
+//! Training as one of several processes (torchrun, srun, mpirun: one per GPU on a
+//! cluster; on a CPU, processes on loopback): the host backend's [`Engine`] where each
+//! process runs its share of the mesh's devices.
+//!
+//! The mesh's devices are dealt out in order: with `D` devices and `W` processes, rank
+//! `r` runs devices `r*D/W ..< (r+1)*D/W`, each on a thread of its own. A device keeps its
+//! pieces of the training state between steps (what its program reads of each
+//! parameter and moment; the step's `next.*` results replace them, the same pieces), so a
+//! step moves only what the step's collectives and messages move. Those go over the
+//! network ([`crate::net`]) as keyed messages: a collective's member sends every other
+//! member what it needs and reduces what it receives in member order, the lockstep's
+//! order and arithmetic, so the results are the same bits as one process's. The loss
+//! reaches every process; the whole state (for evaluation and checkpoints) is gathered
+//! on rank 0, the lead, which evaluates, logs and writes.
+
+use crate::artifact::{Artifact, Elt};
+use crate::host::{cut, get, place_checked, write_at, HostProgram, HostRank, HostWire};
+use crate::net::{Key, Net};
+use crate::ranks::{lanes, rank_scratch, run_rank, Flat, Groups, P2p};
+use crate::tensor::{Tensor, Values};
+use crate::train::{scalar, Engine, StateSpec};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+/// Message kinds (a [`Key`]'s first number).
+const P2P: u64 = 1;
+const COLLECTIVE: u64 = 2;
+const ROUND: u64 = 3;
+const REFRESH: u64 = 4;
+
+/// The network as a host rank's communicator: devices on other processes reached by
+/// message.
+struct NetWire<'a> {
+    net: &'a Net,
+    /// Per device, the rank of the process running it.
+    owner: &'a [usize],
+    groups: &'a [Vec<usize>],
+    /// Per (device, group): the collectives it has joined (a collective's messages carry
+    /// its number).
+    seq: &'a Mutex<HashMap<(usize, usize), u64>>,
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect()
+}
+
+fn le(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// `acc = acc + x` (or the maximum), element by element: the lockstep's reduction.
+fn reduce(acc: &mut [f32], x: &[f32], max: bool) {
+    for (a, b) in acc.iter_mut().zip(x) {
+        *a = if max { a.max(*b) } else { *a + *b };
+    }
+}
+
+/// # Safety
+/// `at` must be valid for `n` bytes.
+unsafe fn read(at: usize, n: u64) -> Vec<u8> {
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts(at as *const u8, n as usize) }.to_vec()
+}
+
+/// # Safety
+/// `at` must be valid for `b.len()` bytes that nothing else uses meanwhile.
+unsafe fn write(at: usize, b: &[u8]) {
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy(b.as_ptr(), at as *mut u8, b.len()) };
+}
+
+impl HostWire for NetWire<'_> {
+    fn members(&self, group: usize) -> usize {
+        self.groups[group].len()
+    }
+
+    unsafe fn collective(
+        &self,
+        device: usize,
+        group: usize,
+        member: usize,
+        op: Flat<usize>,
+    ) -> Result<(), String> {
+        let seq = {
+            let mut s = self.seq.lock().unwrap_or_else(|e| e.into_inner());
+            let c = s.entry((device, group)).or_default();
+            *c += 1;
+            *c - 1
+        };
+        let g = &self.groups[group];
+        let kind = op.kind();
+        let key = |from: usize, to: usize| -> Key {
+            [
+                COLLECTIVE,
+                group as u64,
+                seq,
+                ((from as u64) << 32) | to as u64,
+            ]
+        };
+        let send_to = |k: usize, b: &[u8]| self.net.send(self.owner[g[k]], key(member, k), b);
+        let take_from = |k: usize| {
+            self.net.take(self.owner[g[k]], key(k, member), &|| {
+                format!("{kind} {seq} of devices {g:?}: device {}'s part", g[k])
+            })
+        };
+        let others = (0..g.len()).filter(|&k| k != member);
+        // SAFETY (every read and write below): the addresses are valid for the
+        // collective's sizes and this member's alone until it returns (the caller's
+        // contract).
+        match op {
+            Flat::AllReduce { send, recv, n, max } => {
+                let mine = unsafe { read(send, n * 4) };
+                for k in others {
+                    send_to(k, &mine)?;
+                }
+                let mut acc = if member == 0 {
+                    f32s(&mine)
+                } else {
+                    f32s(&take_from(0)?)
+                };
+                for k in 1..g.len() {
+                    let x = if k == member {
+                        f32s(&mine)
+                    } else {
+                        f32s(&take_from(k)?)
+                    };
+                    reduce(&mut acc, &x, max);
+                }
+                unsafe { write(recv, &le(&acc)) };
+            }
+            Flat::ReduceScatter { send, recv, n, max } => {
+                let w = (n * 4) as usize;
+                let mine = unsafe { read(send, n * 4 * g.len() as u64) };
+                for k in others {
+                    send_to(k, &mine[k * w..(k + 1) * w])?;
+                }
+                let own = f32s(&mine[member * w..(member + 1) * w]);
+                let mut acc = if member == 0 {
+                    own.clone()
+                } else {
+                    f32s(&take_from(0)?)
+                };
+                for k in 1..g.len() {
+                    let x = if k == member {
+                        own.clone()
+                    } else {
+                        f32s(&take_from(k)?)
+                    };
+                    reduce(&mut acc, &x, max);
+                }
+                unsafe { write(recv, &le(&acc)) };
+            }
+            Flat::AllGather { send, recv, bytes } => {
+                let mine = unsafe { read(send, bytes) };
+                for k in others {
+                    send_to(k, &mine)?;
+                }
+                let mut all = Vec::with_capacity(bytes as usize * g.len());
+                for k in 0..g.len() {
+                    if k == member {
+                        all.extend_from_slice(&mine);
+                    } else {
+                        all.extend_from_slice(&take_from(k)?);
+                    }
+                }
+                unsafe { write(recv, &all) };
+            }
+            Flat::Broadcast {
+                send,
+                recv,
+                bytes,
+                root,
+            } => {
+                if member == root {
+                    let mine = unsafe { read(send, bytes) };
+                    for k in others {
+                        send_to(k, &mine)?;
+                    }
+                    if recv != send {
+                        unsafe { write(recv, &mine) };
+                    }
+                } else {
+                    let b = take_from(root)?;
+                    unsafe { write(recv, &b) };
+                }
+            }
+            Flat::Exchange {
+                sends,
+                recvs,
+                bytes,
+            } => {
+                let mine: Vec<Vec<u8>> = sends.iter().map(|&a| unsafe { read(a, bytes) }).collect();
+                for k in others {
+                    send_to(k, &mine[k])?;
+                }
+                for (j, &at) in recvs.iter().enumerate() {
+                    let b = if j == member {
+                        mine[j].clone()
+                    } else {
+                        take_from(j)?
+                    };
+                    unsafe { write(at, &b) };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    unsafe fn send(&self, device: usize, op: &P2p<usize>) -> Result<(), String> {
+        let mut b = (op.tag.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(op.tag.as_bytes());
+        // SAFETY: the caller's contract.
+        b.extend_from_slice(&unsafe { read(op.at, op.bytes) });
+        self.net.send(
+            self.owner[op.peer],
+            [P2P, device as u64, op.peer as u64, op.lane as u64],
+            &b,
+        )
+    }
+
+    unsafe fn recv(&self, device: usize, op: &P2p<usize>) -> Result<(), String> {
+        let b = self.net.take(
+            self.owner[op.peer],
+            [P2P, op.peer as u64, device as u64, op.lane as u64],
+            &|| format!("'{}' from device {}", op.tag, op.peer),
+        )?;
+        let n = b
+            .get(..8)
+            .map(|h| u64::from_le_bytes(h.try_into().expect("8 bytes")) as usize)
+            .ok_or("a message without its header")?;
+        let tag = String::from_utf8_lossy(b.get(8..8 + n).ok_or("a short message")?);
+        let data = &b[8 + n..];
+        if tag != op.tag || data.len() as u64 != op.bytes {
+            return Err(format!(
+                "device {device} receives '{}' ({} bytes) from device {} on lane {}, which sent '{tag}' ({} bytes) there",
+                op.tag,
+                op.bytes,
+                op.peer,
+                op.lane,
+                data.len()
+            ));
+        }
+        // SAFETY: the caller's contract.
+        unsafe { write(op.at, data) };
+        Ok(())
+    }
+}
+
+/// A device this process runs: its program, its position among the program's devices,
+/// and its pieces of the training state.
+#[derive(Debug)]
+struct Local {
+    device: usize,
+    p: usize,
+    k: usize,
+    pieces: BTreeMap<String, Vec<u8>>,
+}
+
+/// The engine of one process among several (see the module's docs).
+#[derive(Debug)]
+pub struct Procs {
+    net: Net,
+    step: HostProgram,
+    /// The evaluation forward (on the lead).
+    eval: Option<HostProgram>,
+    owner: Vec<usize>,
+    lanes: Vec<Vec<usize>>,
+    groups: Groups,
+    scratch: usize,
+    locals: Vec<Local>,
+    specs: Vec<StateSpec>,
+    /// The state pieces devices read but do not compute (a pipeline's tied weights),
+    /// and who computes them.
+    refresh: Vec<Refresh>,
+    seq: Mutex<HashMap<(usize, usize), u64>>,
+    /// Exchanges between the processes so far (their messages carry the number).
+    round: u64,
+}
+
+/// A device that reads a piece of state `name` without computing its new value, and the
+/// device whose `next.NAME` piece (`from_ranges`) holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Refresh {
+    /// The state's input port.
+    port: usize,
+    /// The reader and the ranges it reads.
+    to: usize,
+    to_ranges: Vec<[u64; 2]>,
+    /// The computing device and the ranges of its `next.NAME` piece.
+    from: usize,
+    from_ranges: Vec<[u64; 2]>,
+}
+
+/// Every [`Refresh`] of `art`: for each device reading a state tensor it does not
+/// compute, the first device computing a piece of its new value that covers it.
+fn refresh_plan(art: &Artifact) -> Result<Vec<Refresh>, String> {
+    let h = &art.header;
+    let mut out = Vec::new();
+    for prog in &h.programs {
+        for (k, &d) in prog.devices.iter().enumerate() {
+            for i in &prog.inputs {
+                let name = &h.inputs[i.port].name;
+                let next = format!("next.{name}");
+                let computes = prog.outputs.iter().any(|o| h.outputs[o.port].name == next);
+                let Some(out_port) = h.outputs.iter().position(|o| o.name == next) else {
+                    continue;
+                };
+                if computes {
+                    continue;
+                }
+                let want = &i.shards[k];
+                let source = h.programs.iter().find_map(|q| {
+                    let o = q.outputs.iter().find(|o| o.port == out_port)?;
+                    q.devices.iter().zip(&o.shards).find_map(|(&s, r)| {
+                        let covers = r
+                            .iter()
+                            .zip(want)
+                            .all(|(a, b)| a[0] <= b[0] && b[1] <= a[1]);
+                        covers.then(|| (s, r.clone()))
+                    })
+                });
+                let (from, from_ranges) = source.ok_or_else(|| {
+                    format!("device {d} reads '{name}', and no device computes the piece of next.{name} it needs")
+                })?;
+                out.push(Refresh {
+                    port: i.port,
+                    to: d,
+                    to_ranges: want.clone(),
+                    from,
+                    from_ranges,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The devices process `rank` of `world` runs among `devices`.
+pub fn share(devices: usize, rank: usize, world: usize) -> Result<std::ops::Range<usize>, String> {
+    if world > devices || !devices.is_multiple_of(world) {
+        return Err(format!(
+            "{world} processes cannot share the mesh's {devices} devices evenly (give a number of processes that divides {devices})"
+        ));
+    }
+    let per = devices / world;
+    Ok(rank * per..(rank + 1) * per)
+}
+
+impl Procs {
+    /// This process's share of `step` (the training step's artifact; `eval`, the
+    /// forward's, on the lead) over `net`, for the state `specs`.
+    pub fn new(
+        net: Net,
+        step: Artifact,
+        eval: Option<Artifact>,
+        specs: Vec<StateSpec>,
+    ) -> Result<Procs, String> {
+        let devices = step.devices().max(1);
+        let (rank, world) = (net.world.rank, net.world.size);
+        let mine = share(devices, rank, world)?;
+        let per = devices / world;
+        let owner: Vec<usize> = (0..devices).map(|d| d / per).collect();
+        let h = &step.header;
+        let mut locals = Vec::new();
+        for d in mine {
+            let (p, k) = h
+                .programs
+                .iter()
+                .enumerate()
+                .find_map(|(p, prog)| prog.devices.iter().position(|&x| x == d).map(|k| (p, k)))
+                .ok_or_else(|| format!("no program runs device {d}"))?;
+            // A device's new pieces of the state must be the pieces it reads.
+            let prog = &h.programs[p];
+            for o in &prog.outputs {
+                let Some(x) = h.outputs[o.port].name.strip_prefix("next.") else {
+                    continue;
+                };
+                let read = prog
+                    .inputs
+                    .iter()
+                    .find(|i| h.inputs[i.port].name == x)
+                    .map(|i| &i.shards[k]);
+                if read != Some(&o.shards[k]) {
+                    return Err(format!(
+                        "device {d} computes a piece of next.{x} other than the piece of '{x}' it reads; this plan needs one process"
+                    ));
+                }
+            }
+            locals.push(Local {
+                device: d,
+                p,
+                k,
+                pieces: BTreeMap::new(),
+            });
+        }
+        let refresh = refresh_plan(&step)?;
+        let lanes = lanes(&step)?;
+        let groups = Groups::of(&step);
+        let scratch = rank_scratch(&step, &groups)?.div_ceil(8) as usize;
+        Ok(Procs {
+            step: HostProgram::load(step)?,
+            eval: eval.map(HostProgram::load).transpose()?,
+            net,
+            owner,
+            lanes,
+            groups,
+            scratch,
+            locals,
+            specs,
+            refresh,
+            seq: Mutex::new(HashMap::new()),
+            round: 0,
+        })
+    }
+
+    /// Every process sends `mine` to every process in `to` and takes theirs: by rank
+    /// (`None` for those it does not take from).
+    fn exchange(&mut self, mine: &[u8], to: &[usize]) -> Result<Vec<Option<Vec<u8>>>, String> {
+        let round = self.round;
+        self.round += 1;
+        let (rank, world) = (self.net.world.rank, self.net.world.size);
+        for &r in to {
+            self.net.send(r, [ROUND, round, rank as u64, 0], mine)?;
+        }
+        let mut out = vec![None; world];
+        if to.contains(&rank) {
+            for (r, slot) in out.iter_mut().enumerate() {
+                *slot = Some(self.net.take(r, [ROUND, round, r as u64, 0], &|| {
+                    format!("exchange {round} (the loss or the state)")
+                })?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Waits until every process arrived here, then lets connections close.
+    pub fn finish(mut self) -> Result<(), String> {
+        let all: Vec<usize> = (0..self.net.world.size).collect();
+        self.exchange(&[], &all)?;
+        self.net.close();
+        Ok(())
+    }
+
+    fn lead(&self) -> bool {
+        self.net.world.rank == 0
+    }
+}
+
+/// A piece of a state tensor being sent: its name, its ranges and its bytes.
+type PieceRef<'a> = (&'a str, &'a [[u64; 2]], &'a [u8]);
+
+/// What a device's step leaves: its new state pieces by name, and the loss if it has it.
+type Stepped = (BTreeMap<String, Vec<u8>>, Option<f32>);
+
+/// Pieces as bytes: per piece its name, its ranges and its bytes.
+fn pack(pieces: &[PieceRef<'_>]) -> Vec<u8> {
+    let mut b = Vec::new();
+    let u = |b: &mut Vec<u8>, x: u64| b.extend_from_slice(&x.to_le_bytes());
+    u(&mut b, pieces.len() as u64);
+    for (name, ranges, data) in pieces {
+        u(&mut b, name.len() as u64);
+        b.extend_from_slice(name.as_bytes());
+        u(&mut b, ranges.len() as u64);
+        for [lo, hi] in ranges.iter() {
+            u(&mut b, *lo);
+            u(&mut b, *hi);
+        }
+        u(&mut b, data.len() as u64);
+        b.extend_from_slice(data);
+    }
+    b
+}
+
+type Piece = (String, Vec<[u64; 2]>, Vec<u8>);
+
+/// Reads what [`pack`] wrote.
+fn unpack(b: &[u8]) -> Result<Vec<Piece>, String> {
+    struct Cursor<'a>(&'a [u8], usize);
+    impl<'a> Cursor<'a> {
+        fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+            let s = self
+                .0
+                .get(self.1..self.1 + n)
+                .ok_or("a short message of state pieces")?;
+            self.1 += n;
+            Ok(s)
+        }
+        fn u(&mut self) -> Result<u64, String> {
+            Ok(u64::from_le_bytes(
+                self.take(8)?.try_into().expect("8 bytes"),
+            ))
+        }
+    }
+    let mut c = Cursor(b, 0);
+    let n = c.u()?;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let len = c.u()? as usize;
+        let name = String::from_utf8_lossy(c.take(len)?).into_owned();
+        let dims = c.u()? as usize;
+        let mut ranges = Vec::with_capacity(dims.min(64));
+        for _ in 0..dims {
+            ranges.push([c.u()?, c.u()?]);
+        }
+        let len = c.u()? as usize;
+        out.push((name, ranges, c.take(len)?.to_vec()));
+    }
+    Ok(out)
+}
+
+impl Engine for Procs {
+    fn set_state(&mut self, state: BTreeMap<String, Tensor>) -> Result<(), String> {
+        let h = &self.step.artifact().header;
+        for l in &mut self.locals {
+            l.pieces.clear();
+            for b in &h.programs[l.p].inputs {
+                let port = &h.inputs[b.port];
+                if let Some(t) = state.get(&port.name) {
+                    let es = port.elt.size() as usize;
+                    l.pieces.insert(
+                        port.name.clone(),
+                        cut(&t.bytes(), &port.global_shape, &b.shards[l.k], es),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        tokens: &Tensor,
+        targets: &Tensor,
+        step: u64,
+        lr: f32,
+    ) -> Result<f64, String> {
+        let art = self.step.artifact();
+        let h = &art.header;
+        let fns = self.step.fns();
+        let whole: HashMap<&str, Vec<u8>> = [
+            ("tokens", tokens.bytes()),
+            ("targets", targets.bytes()),
+            ("step", scalar(step as f32).bytes()),
+            ("lr", scalar(lr).bytes()),
+        ]
+        .into_iter()
+        .collect();
+        for p in &h.inputs {
+            if let (Some(d), Some(t)) = (
+                p.domain,
+                [("tokens", tokens), ("targets", targets)]
+                    .iter()
+                    .find(|(n, _)| *n == p.name)
+                    .map(|x| x.1),
+            ) {
+                d.check(&p.name, t)?;
+            }
+        }
+        let consts = art.section("consts").unwrap_or_default();
+        let wire = NetWire {
+            net: &self.net,
+            owner: &self.owner,
+            groups: &self.groups.list,
+            seq: &self.seq,
+        };
+        let (lanes, groups, scratch) = (&self.lanes, &self.groups, self.scratch);
+        let results: Vec<Result<Stepped, String>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = self
+                .locals
+                .iter()
+                .map(|l| {
+                    let (wire, whole) = (&wire, &whole);
+                    sc.spawn(move || -> Result<Stepped, String> {
+                        let prog = &h.programs[l.p];
+                        let mut arena = vec![0u64; prog.arena_bytes.div_ceil(8) as usize];
+                        for c in &prog.constants {
+                            let b = &prog.buffers[c.buffer];
+                            let at = c.offsets[if c.offsets.len() > 1 { l.k } else { 0 }] as usize;
+                            write_at(&mut arena, b.offset, &consts[at..][..b.bytes() as usize]);
+                        }
+                        for bd in &prog.inputs {
+                            let port = &h.inputs[bd.port];
+                            let b = &prog.buffers[bd.buffer];
+                            let piece =
+                                match (l.pieces.get(&port.name), whole.get(port.name.as_str())) {
+                                    (Some(p), _) => p.clone(),
+                                    (None, Some(w)) => cut(
+                                        w,
+                                        &port.global_shape,
+                                        &bd.shards[l.k],
+                                        b.elt.size() as usize,
+                                    ),
+                                    (None, None) => {
+                                        return Err(format!(
+                                            "no value for the step's argument '{}'",
+                                            port.name
+                                        ))
+                                    }
+                                };
+                            write_at(&mut arena, b.offset, &piece);
+                        }
+                        let mut rank = HostRank {
+                            art,
+                            fns,
+                            comm: wire,
+                            p: l.p,
+                            device: l.device,
+                            arena: (
+                                crate::host::bytes_mut(&mut arena).as_mut_ptr() as usize,
+                                arena.len() as u64 * 8,
+                            ),
+                            scratch: vec![0u64; scratch.max(1)],
+                        };
+                        let r = run_rank(art, &lanes[l.p], l.p, l.device, groups, &mut rank);
+                        if let Err(e) = &r {
+                            wire.net.fail(&format!("device {}: {e}", l.device));
+                        }
+                        r?;
+                        let mut next = BTreeMap::new();
+                        let mut loss = None;
+                        for bd in &prog.outputs {
+                            let name = &h.outputs[bd.port].name;
+                            let b = &prog.buffers[bd.buffer];
+                            if name == "loss" && b.elt == Elt::F32 {
+                                loss = f32s(&get(&arena, b)).first().copied();
+                            } else if let Some(x) = name.strip_prefix("next.") {
+                                next.insert(x.to_string(), get(&arena, b));
+                            }
+                        }
+                        Ok((next, loss))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("a device's thread panicked".into()))
+                })
+                .collect()
+        });
+        let mut loss = None;
+        for (l, r) in self.locals.iter_mut().zip(results) {
+            let (next, lo) = r?;
+            for (x, b) in next {
+                l.pieces.insert(x, b);
+            }
+            loss = loss.or(lo);
+        }
+        // State read where it is not computed: from the device that computes it.
+        let rank = self.net.world.rank;
+        for (n, f) in self.refresh.iter().enumerate() {
+            let key = [REFRESH, n as u64, f.from as u64, f.to as u64];
+            if self.owner[f.from] == rank {
+                let name = &h.inputs[f.port].name;
+                let piece = self
+                    .locals
+                    .iter()
+                    .find(|l| l.device == f.from)
+                    .and_then(|l| l.pieces.get(name))
+                    .ok_or_else(|| format!("device {} has no new '{name}'", f.from))?;
+                self.net.send(self.owner[f.to], key, piece)?;
+            }
+        }
+        for (n, f) in self.refresh.iter().enumerate() {
+            if self.owner[f.to] != rank {
+                continue;
+            }
+            let port = &h.inputs[f.port];
+            let key = [REFRESH, n as u64, f.from as u64, f.to as u64];
+            let got = self.net.take(self.owner[f.from], key, &|| {
+                format!("the new '{}' from device {}", port.name, f.from)
+            })?;
+            // The reader's ranges within the source's piece.
+            let shape: Vec<u64> = f.from_ranges.iter().map(|[a, b]| b - a).collect();
+            let within: Vec<[u64; 2]> = f
+                .to_ranges
+                .iter()
+                .zip(&f.from_ranges)
+                .map(|(t, s)| [t[0] - s[0], t[1] - s[0]])
+                .collect();
+            let piece = cut(&got, &shape, &within, port.elt.size() as usize);
+            if let Some(l) = self.locals.iter_mut().find(|l| l.device == f.to) {
+                l.pieces.insert(port.name.clone(), piece);
+            }
+        }
+        // The loss to every process (from the lowest rank that computes it).
+        let mine = match loss {
+            Some(x) => [vec![1u8], x.to_le_bytes().to_vec()].concat(),
+            None => vec![0u8],
+        };
+        let all: Vec<usize> = (0..self.net.world.size).collect();
+        let got = self.exchange(&mine, &all)?;
+        got.iter()
+            .flatten()
+            .find(|b| b.first() == Some(&1) && b.len() == 5)
+            .map(|b| f64::from(f32::from_le_bytes(b[1..5].try_into().expect("4 bytes"))))
+            .ok_or_else(|| "no process computes the loss".to_string())
+    }
+
+    fn state(&mut self) -> Result<Option<BTreeMap<String, Tensor>>, String> {
+        let h = &self.step.artifact().header;
+        let mut mine: Vec<PieceRef<'_>> = Vec::new();
+        for l in &self.locals {
+            for b in &h.programs[l.p].inputs {
+                let name = h.inputs[b.port].name.as_str();
+                if let Some(p) = l.pieces.get(name) {
+                    mine.push((name, &b.shards[l.k], p));
+                }
+            }
+        }
+        let packed = pack(&mine);
+        let got = self.exchange(&packed, &[0])?;
+        if !self.lead() {
+            return Ok(None);
+        }
+        let mut whole: BTreeMap<String, (Vec<u8>, Vec<u32>)> = self
+            .specs
+            .iter()
+            .map(|s| {
+                let n: u64 = s.shape.iter().product();
+                (
+                    s.name.clone(),
+                    (vec![0u8; n as usize * 4], vec![u32::MAX; n as usize]),
+                )
+            })
+            .collect();
+        for (r, b) in got.iter().enumerate() {
+            let b = b.as_ref().ok_or("a process's state is missing")?;
+            for (name, ranges, data) in unpack(b)? {
+                let spec = self.specs.iter().find(|s| s.name == name).ok_or_else(|| {
+                    format!("rank {r} sent a piece of '{name}', which is not state")
+                })?;
+                let (w, owner) = whole.get_mut(&name).expect("every spec has its tensor");
+                if let Some((i, first)) = place_checked(w, &spec.shape, &ranges, &data, 4, owner, r)
+                {
+                    return Err(format!(
+                        "replicas of '{name}' disagree: element {i} on ranks {first} and {r}"
+                    ));
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        for s in &self.specs {
+            let (w, owner) = whole.remove(&s.name).expect("every spec has its tensor");
+            if let Some(i) = owner.iter().position(|&o| o == u32::MAX) {
+                return Err(format!("no device holds element {i} of '{}'", s.name));
+            }
+            out.insert(
+                s.name.clone(),
+                Tensor {
+                    shape: s.shape.clone(),
+                    data: Values::F32(f32s(&w)),
+                },
+            );
+        }
+        Ok(Some(out))
+    }
+
+    fn forward(
+        &mut self,
+        state: &BTreeMap<String, Tensor>,
+        tokens: &Tensor,
+        targets: &Tensor,
+    ) -> Result<f64, String> {
+        let eval = self
+            .eval
+            .as_ref()
+            .ok_or("only the lead process evaluates")?;
+        let inputs = eval
+            .artifact()
+            .header
+            .inputs
+            .iter()
+            .map(|p| match p.name.as_str() {
+                "tokens" => Ok(tokens.clone()),
+                "targets" => Ok(targets.clone()),
+                n => state
+                    .get(n)
+                    .cloned()
+                    .ok_or(format!("no parameter '{n}' to evaluate with")),
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let outs = eval.run(&inputs).map_err(|e| format!("evaluation: {e}"))?;
+        match outs.first().map(|t| &t.data) {
+            Some(Values::F32(v)) if !v.is_empty() => Ok(f64::from(v[0])),
+            _ => Err("evaluation: the forward's first result is not an f32 loss".into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_pack_and_unpack() {
+        let r = [[0u64, 2], [1, 3]];
+        let b = pack(&[("w", &r, &[1, 2, 3]), ("b", &[], &[])]);
+        let u = unpack(&b).unwrap();
+        assert_eq!(u[0], ("w".into(), r.to_vec(), vec![1, 2, 3]));
+        assert_eq!(u[1], ("b".into(), vec![], vec![]));
+        assert!(unpack(&b[..b.len() - 2]).is_err());
+    }
+
+    #[test]
+    fn devices_are_dealt_out_evenly() {
+        assert_eq!(share(4, 1, 2).unwrap(), 2..4);
+        assert_eq!(share(4, 3, 4).unwrap(), 3..4);
+        let e = share(4, 0, 3).unwrap_err();
+        assert!(
+            e.contains("3 processes cannot share the mesh's 4 devices"),
+            "{e}"
+        );
+    }
+}

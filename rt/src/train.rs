@@ -1,0 +1,1157 @@
+//! Training: the loop `nnscaler train` and `nnscaler-rt train` share, and the training
+//! bundles `nnscaler train --bundle DIR` writes for `nnscaler-rt train DIR` to run where
+//! the GPUs are.
+//!
+//! The loop ([`train`]): each step a batch of random blocks of the training data (a
+//! counter-based draw from the seed and the step, so a resumed run, or another process,
+//! sees the same batches), the learning rate of the schedule ([`LrSchedule`]: linear
+//! warm-up, then cosine to `min_lr`, nanoGPT's), one run of the compiled step by an
+//! [`Engine`], whose `next.*` results replace the parameters and moments. Every
+//! `eval_every` steps the mean loss over `eval_batches` batches of train and val data (the
+//! forward alone, on one device). Outputs (on the lead process): a progress bar on a
+//! terminal, a line per evaluation on stdout (step, train and val loss, lr, tokens/s), one
+//! JSON line per step and per evaluation in `log`, a loss-curve SVG in `curve`, and
+//! checkpoints (every parameter and moment as a whole tensor, and the step) written
+//! atomically every `checkpoint.every` steps and at the end; a resumed run continues from
+//! the last one exactly. A non-finite loss stops the run, keeping the last checkpoint.
+//!
+//! A bundle ([`Bundle`]) is a directory: `bundle.json` (the [`Manifest`]: format version,
+//! the loop's settings, the state's names, shapes and initialization, every file's size
+//! and FNV-1a checksum), `step.nnsx` and `eval.nnsx` (the artifacts of the training step
+//! and the evaluation forward), `data/` (the corpus), `config.toml` (the resolved config,
+//! for people) and, when the initial parameters came from a checkpoint, `init.safetensors`.
+
+use crate::data::{Dataset, Split};
+pub use crate::tensor::Tensor as RtTensor;
+use crate::tensor::{Tensor, Values};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The manifest's `format`.
+pub const FORMAT: &str = "nnscaler-bundle";
+/// The bundle format version this runtime reads and writes.
+pub const VERSION: u32 = 1;
+/// The manifest's file name in a bundle.
+pub const MANIFEST: &str = "bundle.json";
+/// A checkpoint's file name in `checkpoint.dir`.
+pub const CHECKPOINT: &str = "checkpoint.safetensors";
+/// The checkpoint's tensor holding the step (an integer).
+pub const STEP_TENSOR: &str = "train.step";
+/// The seed stream evaluation batches are drawn from (the same batches every time).
+const EVAL_SEED: u64 = 0x5eed_e7a1;
+
+/// The learning-rate schedule: linear warm-up, then cosine to `min_lr` (nanoGPT's).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LrSchedule {
+    /// Peak learning rate.
+    pub lr: f64,
+    /// The floor the cosine decays to.
+    pub min_lr: f64,
+    /// Warm-up steps (linear from lr / (warmup + 1)).
+    pub warmup: u64,
+    /// Decay until this step (absent: the run's steps).
+    #[serde(default)]
+    pub decay_steps: Option<u64>,
+}
+
+impl LrSchedule {
+    /// The learning rate at 0-based step `it` of a run of `steps`.
+    pub fn at(&self, steps: u64, it: u64) -> f64 {
+        let decay = self.decay_steps.unwrap_or(steps);
+        if it < self.warmup {
+            return self.lr * (it + 1) as f64 / (self.warmup + 1) as f64;
+        }
+        if it > decay {
+            return self.min_lr;
+        }
+        let ratio = (it - self.warmup) as f64 / (decay - self.warmup).max(1) as f64;
+        let coeff = 0.5 * (1.0 + (std::f64::consts::PI * ratio).cos());
+        self.min_lr + coeff * (self.lr - self.min_lr)
+    }
+}
+
+/// Checkpoints: where, and how often.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Checkpointing {
+    /// The directory (`checkpoint.safetensors` in it).
+    pub dir: String,
+    /// Write every this many steps (and at the end).
+    pub every: u64,
+}
+
+/// The loop's settings (a config's `[train]`, `[optimizer]` schedule and `[checkpoint]`,
+/// and the model's batch and block).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Loop {
+    /// Steps to train.
+    pub steps: u64,
+    /// Evaluate every this many steps (0: only at the end).
+    pub eval_every: u64,
+    /// Batches per evaluation.
+    pub eval_batches: u64,
+    /// Seed of the initial parameters and the batches.
+    pub seed: u64,
+    /// Sequences per batch.
+    pub batch: u64,
+    /// Tokens per sequence.
+    pub block: u64,
+    /// JSON-lines metrics log.
+    #[serde(default)]
+    pub log: Option<String>,
+    /// Loss-curve SVG written at the end.
+    #[serde(default)]
+    pub curve: Option<String>,
+    /// The learning-rate schedule.
+    pub schedule: LrSchedule,
+    /// Checkpoints.
+    #[serde(default)]
+    pub checkpoint: Option<Checkpointing>,
+}
+
+/// How a state tensor starts (a parameter's rule; moments start at zero).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Init {
+    /// Every element `value`.
+    Const {
+        /// The value.
+        value: f64,
+    },
+    /// normal(mean, std), drawn from the tensor's own stream (a hash of its name).
+    Normal {
+        /// Mean.
+        mean: f64,
+        /// Standard deviation.
+        std: f64,
+    },
+    /// uniform(lo, hi), drawn the same way.
+    Uniform {
+        /// Low end.
+        lo: f64,
+        /// High end.
+        hi: f64,
+    },
+    /// Read from the bundle's `init.safetensors` (a run started from a checkpoint).
+    Stored,
+}
+
+/// A tensor of the training state: a parameter or an optimizer moment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSpec {
+    /// Its name (the step's argument; its new value is the result `next.NAME`).
+    pub name: String,
+    /// Its shape.
+    pub shape: Vec<u64>,
+    /// How it starts.
+    pub init: Init,
+}
+
+impl StateSpec {
+    /// Its initial value under `seed` (not for [`Init::Stored`]).
+    pub fn draw(&self, seed: u64) -> Result<Tensor, String> {
+        use crate::rng;
+        let n: u64 = self.shape.iter().product();
+        let stream = rng::name_stream(&self.name);
+        let v: Vec<f32> = match self.init {
+            Init::Const { value } => vec![value as f32; n as usize],
+            Init::Normal { mean, std } => (0..n)
+                .map(|i| (mean + std * rng::normal(seed, stream, i)) as f32)
+                .collect(),
+            Init::Uniform { lo, hi } => (0..n)
+                .map(|i| (lo + (hi - lo) * rng::uniform(seed, stream, i)) as f32)
+                .collect(),
+            Init::Stored => {
+                return Err(format!(
+                    "'{}' is stored, not drawn (init.safetensors)",
+                    self.name
+                ))
+            }
+        };
+        Ok(Tensor {
+            shape: self.shape.clone(),
+            data: Values::F32(v),
+        })
+    }
+}
+
+/// A file of a bundle, with its size and checksum.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSum {
+    /// The path inside the bundle.
+    pub path: String,
+    /// Bytes.
+    pub bytes: u64,
+    /// FNV-1a, 64 bits, as 16 hex digits.
+    pub fnv1a64: String,
+}
+
+/// A bundle's `bundle.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// The format version ([`VERSION`]).
+    pub version: u32,
+    /// What it was built from (the config).
+    pub source: String,
+    /// The loop's settings.
+    #[serde(rename = "loop")]
+    pub run: Loop,
+    /// The step the initial state is at (a bundle made from a checkpoint: its step).
+    #[serde(default)]
+    pub start: u64,
+    /// The training state, in the step's argument order.
+    pub state: Vec<StateSpec>,
+    /// The training step's artifact.
+    pub step: String,
+    /// The evaluation forward's artifact (one device, no dropout).
+    pub eval: String,
+    /// The corpus's directory (as `nnscaler data prepare-char` writes it).
+    pub data: String,
+    /// The vocabulary size.
+    pub vocab: u64,
+    /// The devices of the step's mesh (1: one device).
+    pub devices: u64,
+    /// Every file with its size and checksum.
+    pub files: Vec<FileSum>,
+}
+
+/// A bundle opened for a run: its directory and its checked manifest.
+#[derive(Debug)]
+pub struct Bundle {
+    /// The directory.
+    pub dir: PathBuf,
+    /// The manifest.
+    pub manifest: Manifest,
+}
+
+/// The files of a bundle in memory, to be written.
+#[derive(Debug)]
+pub struct BundleFiles {
+    /// The manifest (its `files` filled in by [`BundleFiles::finish`]).
+    pub manifest: Manifest,
+    /// Path inside the bundle, bytes.
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+impl BundleFiles {
+    /// The manifest's bytes (with every file's size and checksum), and every file: what
+    /// goes into the directory, `bundle.json` last.
+    pub fn finish(mut self) -> Result<Vec<(String, Vec<u8>)>, String> {
+        self.manifest.files = self
+            .files
+            .iter()
+            .map(|(p, b)| FileSum {
+                path: p.clone(),
+                bytes: b.len() as u64,
+                fnv1a64: format!("{:016x}", crate::artifact::fnv1a64(b)),
+            })
+            .collect();
+        let json = serde_json::to_vec_pretty(&self.manifest).map_err(|e| e.to_string())?;
+        self.files.push((MANIFEST.into(), json));
+        Ok(self.files)
+    }
+}
+
+impl Bundle {
+    /// Opens bundle `dir`: its manifest (format and version), and every file it lists
+    /// present with its size and checksum.
+    pub fn open(dir: &str) -> Result<Bundle, String> {
+        let path = Path::new(dir).join(MANIFEST);
+        let text = std::fs::read(&path).map_err(|e| {
+            format!(
+                "{}: {e} (a bundle is a directory made by 'nnscaler train --bundle')",
+                path.display()
+            )
+        })?;
+        let head: serde_json::Value = serde_json::from_slice(&text)
+            .map_err(|e| format!("{}: not JSON ({e})", path.display()))?;
+        if head["format"] != FORMAT {
+            return Err(format!("{}: not an nnscaler bundle", path.display()));
+        }
+        if head["version"] != VERSION {
+            return Err(format!(
+                "{}: bundle format version {}; this nnscaler-rt reads version {VERSION} (rebuild the bundle with the nnscaler that matches it)",
+                path.display(),
+                head["version"]
+            ));
+        }
+        let manifest: Manifest =
+            serde_json::from_value(head).map_err(|e| format!("{}: {e}", path.display()))?;
+        for f in &manifest.files {
+            let p = Path::new(dir).join(&f.path);
+            if f.path.split('/').any(|c| c == ".." || c.is_empty()) || f.path.starts_with('/') {
+                return Err(format!(
+                    "{}: file path '{}' leaves the bundle",
+                    path.display(),
+                    f.path
+                ));
+            }
+            let bytes = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            if bytes.len() as u64 != f.bytes {
+                return Err(format!(
+                    "{}: {} bytes, the manifest says {} (a truncated copy?)",
+                    p.display(),
+                    bytes.len(),
+                    f.bytes
+                ));
+            }
+            let sum = format!("{:016x}", crate::artifact::fnv1a64(&bytes));
+            if sum != f.fnv1a64 {
+                return Err(format!(
+                    "{}: checksum {sum}, the manifest says {} (the file changed or is corrupt)",
+                    p.display(),
+                    f.fnv1a64
+                ));
+            }
+        }
+        for needed in [&manifest.step, &manifest.eval] {
+            if !manifest.files.iter().any(|f| &f.path == needed) {
+                return Err(format!(
+                    "{}: '{needed}' is not among its files",
+                    path.display()
+                ));
+            }
+        }
+        Ok(Bundle {
+            dir: PathBuf::from(dir),
+            manifest,
+        })
+    }
+
+    /// A file of the bundle.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// An artifact of the bundle.
+    pub fn artifact(&self, name: &str) -> Result<crate::Artifact, String> {
+        let p = self.path(name);
+        let bytes = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        crate::Artifact::from_bytes(&bytes, &p.display().to_string())
+    }
+
+    /// The corpus.
+    pub fn dataset(&self) -> Result<Dataset, String> {
+        let d = Dataset::load(&self.path(&self.manifest.data).display().to_string())?;
+        if d.vocab as u64 != self.manifest.vocab {
+            return Err(format!(
+                "{}: vocabulary {}, the bundle's model embeds {}",
+                self.manifest.data, d.vocab, self.manifest.vocab
+            ));
+        }
+        Ok(d)
+    }
+
+    /// The stored initial state (`init.safetensors`), if any of it is stored.
+    pub fn stored(&self) -> Result<Option<BTreeMap<String, Tensor>>, String> {
+        if !self.manifest.state.iter().any(|s| s.init == Init::Stored) {
+            return Ok(None);
+        }
+        let p = self.path("init.safetensors");
+        crate::tensor::read(&p.display().to_string()).map(Some)
+    }
+}
+
+/// What runs the training step and the evaluation forward: on one process over whole
+/// tensors ([`Whole`]), or as one of several processes each running its devices
+/// (`crate::procs`).
+pub trait Engine {
+    /// Takes the whole state (every parameter and moment by name) to start from.
+    fn set_state(&mut self, state: BTreeMap<String, Tensor>) -> Result<(), String>;
+    /// Runs one step on a batch with the step number and learning rate; returns the loss.
+    fn step(
+        &mut self,
+        tokens: &Tensor,
+        targets: &Tensor,
+        step: u64,
+        lr: f32,
+    ) -> Result<f64, String>;
+    /// The whole state (on the lead process; `None` on the others, which take part).
+    fn state(&mut self) -> Result<Option<BTreeMap<String, Tensor>>, String>;
+    /// The evaluation forward's loss on a batch with `state` (on the lead process).
+    fn forward(
+        &mut self,
+        state: &BTreeMap<String, Tensor>,
+        tokens: &Tensor,
+        targets: &Tensor,
+    ) -> Result<f64, String>;
+}
+
+/// A function run on whole tensors (its arguments in order; its results in order).
+pub type RunFn<'a> = Box<dyn FnMut(&[Tensor]) -> Result<Vec<Tensor>, String> + 'a>;
+
+/// The engine of one process: the whole state on the host, the step and the forward run
+/// by functions over whole tensors (a compiled artifact on the host or a GPU, or the
+/// reference runtime).
+pub struct Whole<'a> {
+    step_inputs: Vec<String>,
+    step_outputs: Vec<String>,
+    step: RunFn<'a>,
+    forward_inputs: Vec<String>,
+    forward: RunFn<'a>,
+    state: BTreeMap<String, Tensor>,
+}
+
+impl std::fmt::Debug for Whole<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Whole")
+            .field("step_inputs", &self.step_inputs)
+            .field("step_outputs", &self.step_outputs)
+            .field("forward_inputs", &self.forward_inputs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Whole<'a> {
+    /// The step (its arguments' and results' names, and how it runs) and the forward
+    /// (its arguments' names; its first result is the loss).
+    pub fn new(
+        step_inputs: Vec<String>,
+        step_outputs: Vec<String>,
+        step: RunFn<'a>,
+        forward_inputs: Vec<String>,
+        forward: RunFn<'a>,
+    ) -> Self {
+        Whole {
+            step_inputs,
+            step_outputs,
+            step,
+            forward_inputs,
+            forward,
+            state: BTreeMap::new(),
+        }
+    }
+}
+
+/// A scalar f32 tensor.
+pub fn scalar(x: f32) -> Tensor {
+    Tensor {
+        shape: Vec::new(),
+        data: Values::F32(vec![x]),
+    }
+}
+
+/// The first element of a result as f64.
+fn first(t: &Tensor, what: &str) -> Result<f64, String> {
+    match &t.data {
+        Values::F32(v) => v.first().map(|&x| f64::from(x)),
+        Values::I64(_) => None,
+    }
+    .ok_or_else(|| format!("{what} is not an f32 scalar"))
+}
+
+impl Engine for Whole<'_> {
+    fn set_state(&mut self, state: BTreeMap<String, Tensor>) -> Result<(), String> {
+        self.state = state;
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        tokens: &Tensor,
+        targets: &Tensor,
+        step: u64,
+        lr: f32,
+    ) -> Result<f64, String> {
+        let mut inputs = Vec::with_capacity(self.step_inputs.len());
+        for name in &self.step_inputs {
+            inputs.push(match name.as_str() {
+                "tokens" => tokens.clone(),
+                "targets" => targets.clone(),
+                "step" => scalar(step as f32),
+                "lr" => scalar(lr),
+                n => self
+                    .state
+                    .get(n)
+                    .cloned()
+                    .ok_or(format!("no value for the step's argument '{n}'"))?,
+            });
+        }
+        let outs = (self.step)(&inputs)?;
+        let mut loss = f64::NAN;
+        for (name, v) in self.step_outputs.iter().zip(outs) {
+            if name == "loss" {
+                loss = first(&v, "the loss")?;
+            } else if let Some(key) = name.strip_prefix("next.") {
+                self.state.insert(key.to_string(), v);
+            }
+        }
+        Ok(loss)
+    }
+
+    fn state(&mut self) -> Result<Option<BTreeMap<String, Tensor>>, String> {
+        Ok(Some(self.state.clone()))
+    }
+
+    fn forward(
+        &mut self,
+        state: &BTreeMap<String, Tensor>,
+        tokens: &Tensor,
+        targets: &Tensor,
+    ) -> Result<f64, String> {
+        let inputs = self
+            .forward_inputs
+            .iter()
+            .map(|n| match n.as_str() {
+                "tokens" => Ok(tokens.clone()),
+                "targets" => Ok(targets.clone()),
+                n => state
+                    .get(n)
+                    .cloned()
+                    .ok_or(format!("no parameter '{n}' to evaluate with")),
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let outs = (self.forward)(&inputs).map_err(|e| format!("evaluation: {e}"))?;
+        first(
+            outs.first()
+                .ok_or("evaluation: the forward has no result")?,
+            "evaluation's loss",
+        )
+    }
+}
+
+/// How a run goes: resumed or not, where it stops, and whether this process is the
+/// lead (which prints, logs, plots and checkpoints).
+#[derive(Clone, Debug)]
+pub struct RunOpts {
+    /// Continue from the checkpoint in `checkpoint.dir`.
+    pub resume: bool,
+    /// Stop after this step (checkpointing there).
+    pub until: Option<u64>,
+    /// The lead process.
+    pub lead: bool,
+}
+
+/// One JSON line of the metrics log.
+#[derive(Serialize)]
+struct Line<'a> {
+    kind: &'a str,
+    step: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    val_loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lr: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tokens_per_s: Option<f64>,
+}
+
+fn line(l: &Line<'_>) -> Result<String, String> {
+    serde_json::to_string(l)
+        .map(|s| s + "\n")
+        .map_err(|e| e.to_string())
+}
+
+/// Appends `text` to `path` (truncating it first when `fresh`).
+fn append(path: &str, text: &str, fresh: bool) -> Result<(), String> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(!fresh)
+        .write(true)
+        .truncate(fresh)
+        .open(path)
+        .map_err(|e| format!("{path}: {e}"))?;
+    f.write_all(text.as_bytes())
+        .map_err(|e| format!("{path}: {e}"))
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file beside it, then a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Some(d) = dir {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("out"),
+        std::process::id()
+    ));
+    let r = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = r {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(format!("{}: {e}", path.display()));
+    }
+    Ok(())
+}
+
+/// Writes `files` (paths inside the directory, bytes) as directory `dir`, whole or not at
+/// all: into a fresh directory beside it, renamed into place; a bundle already at `dir`
+/// is replaced, anything else there is refused.
+pub fn write_dir(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<(), String> {
+    if dir.exists() {
+        let empty = std::fs::read_dir(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .next()
+            .is_none();
+        if !empty && !dir.join(MANIFEST).exists() {
+            return Err(format!(
+                "{}: exists and is not a bundle (no {MANIFEST}); give a new directory",
+                dir.display()
+            ));
+        }
+    }
+    let name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| format!("{}: not a directory name", dir.display()))?;
+    let parent = dir.parent().filter(|d| !d.as_os_str().is_empty());
+    let beside = |tag: &str| {
+        let n = format!(".{name}.{tag}{}", std::process::id());
+        parent.map_or_else(|| PathBuf::from(&n), |p| p.join(&n))
+    };
+    let (tmp, old) = (beside("new"), beside("old"));
+    if let Some(p) = parent {
+        std::fs::create_dir_all(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    let written = (|| -> Result<(), String> {
+        for (path, bytes) in files {
+            let p = tmp.join(path);
+            if let Some(d) = p.parent() {
+                std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+            }
+            std::fs::write(&p, bytes).map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+        if dir.exists() {
+            std::fs::rename(dir, &old).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        std::fs::rename(&tmp, dir).map_err(|e| format!("{}: {e}", dir.display()))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        if old.exists() && !dir.exists() {
+            let _ = std::fs::rename(&old, dir);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&old);
+    written
+}
+
+/// The first non-finite value of the training state: the tensor and the element.
+fn first_non_finite(state: &BTreeMap<String, Tensor>) -> Option<String> {
+    state.iter().find_map(|(name, t)| {
+        let Values::F32(v) = &t.data else {
+            return None;
+        };
+        let i = v.iter().position(|x| !x.is_finite())?;
+        Some(format!("'{name}' has {} at element {i}", v[i]))
+    })
+}
+
+/// The step a checkpoint holds (an integer; an f32 in checkpoints before 2026-12-04).
+fn checkpoint_step(t: &Tensor) -> u64 {
+    match &t.data {
+        Values::I64(v) => v.first().copied().filter(|&x| x > 0).unwrap_or(0) as u64,
+        Values::F32(v) => {
+            let x = v.first().copied().unwrap_or(0.0);
+            if x.fract() == 0.0 && x > 0.0 {
+                x as u64
+            } else {
+                0
+            }
+        }
+    }
+}
+
+/// The state a run starts from, and its step: the checkpoint's (`resume`), else
+/// `stored` tensors (at step `stored_at`) and the others drawn under the seed; each
+/// checked against its spec's shape.
+pub fn initial_state(
+    l: &Loop,
+    specs: &[StateSpec],
+    stored: Option<(&BTreeMap<String, Tensor>, u64)>,
+    resume: bool,
+) -> Result<(BTreeMap<String, Tensor>, u64), String> {
+    let mut state = BTreeMap::new();
+    let mut start = stored.map_or(0, |s| s.1);
+    if resume {
+        let k = l
+            .checkpoint
+            .as_ref()
+            .ok_or("--resume needs [checkpoint] dir in the config")?;
+        let path = Path::new(&k.dir).join(CHECKPOINT).display().to_string();
+        for (name, t) in crate::tensor::read(&path)? {
+            if name == STEP_TENSOR {
+                start = checkpoint_step(&t);
+            } else {
+                state.insert(name, t);
+            }
+        }
+        if start == 0 {
+            return Err(format!(
+                "{path}: not a training checkpoint (no '{STEP_TENSOR}')"
+            ));
+        }
+    }
+    for s in specs {
+        match state.get(&s.name) {
+            Some(t) if t.shape == s.shape => {}
+            Some(t) => {
+                return Err(format!(
+                    "checkpoint: '{}' is {:?} but the model's is {:?}",
+                    s.name, t.shape, s.shape
+                ))
+            }
+            None if resume => {
+                return Err(format!("checkpoint: no tensor '{}' for this model", s.name))
+            }
+            None => {
+                let t = match (s.init, stored) {
+                    (Init::Stored, Some((m, _))) => m
+                        .get(&s.name)
+                        .cloned()
+                        .ok_or(format!("init.safetensors: no tensor '{}'", s.name))?,
+                    _ => s.draw(l.seed)?,
+                };
+                if t.shape != s.shape {
+                    return Err(format!(
+                        "init.safetensors: '{}' is {:?} but the model's is {:?}",
+                        s.name, t.shape, s.shape
+                    ));
+                }
+                state.insert(s.name.clone(), t);
+            }
+        }
+    }
+    if start >= l.steps {
+        return Err(format!(
+            "the checkpoint is at step {start}, at or past train.steps = {}",
+            l.steps
+        ));
+    }
+    Ok((state, start))
+}
+
+/// Writes every parameter and moment (whole) and the step, atomically.
+fn save_checkpoint(
+    k: &Checkpointing,
+    state: &BTreeMap<String, Tensor>,
+    t: u64,
+) -> Result<(), String> {
+    let mut named: Vec<(String, Tensor)> =
+        state.iter().map(|(n, t)| (n.clone(), t.clone())).collect();
+    named.push((
+        STEP_TENSOR.into(),
+        Tensor {
+            shape: Vec::new(),
+            data: Values::I64(vec![t as i64]),
+        },
+    ));
+    let bytes = crate::tensor::to_bytes(&named)?;
+    write_atomic(&Path::new(&k.dir).join(CHECKPOINT), &bytes)
+}
+
+/// The mean loss over `eval_batches` batches of `split`, the forward on one device.
+fn evaluate(
+    e: &mut dyn Engine,
+    l: &Loop,
+    data: &Dataset,
+    state: &BTreeMap<String, Tensor>,
+    split: Split,
+) -> Result<f64, String> {
+    let n = l.eval_batches.max(1);
+    let mut sum = 0.0;
+    for k in 0..n {
+        // Evaluation batches come from their own seed stream, the same every time.
+        let (x, y) = data.batch(
+            split,
+            l.batch as usize,
+            l.block as usize,
+            l.seed ^ EVAL_SEED,
+            k,
+        )?;
+        sum += e.forward(state, &x, &y)?;
+    }
+    Ok(sum / n as f64)
+}
+
+/// Trains with `e` from `state` at step `start` (from [`initial_state`]); returns the
+/// summary line to print (on the lead).
+pub fn train(
+    e: &mut dyn Engine,
+    l: &Loop,
+    data: &Dataset,
+    state: BTreeMap<String, Tensor>,
+    start: u64,
+    o: &RunOpts,
+) -> Result<String, String> {
+    data.check_block("the corpus", l.block as usize)?;
+    if o.lead {
+        // The outputs' directories are made now, so a bad path fails before any training.
+        for path in [&l.log, &l.curve].into_iter().flatten() {
+            if let Some(dir) = Path::new(path)
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+            {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| format!("{path}: cannot make its directory: {e}"))?;
+            }
+        }
+    }
+    let end = o.until.unwrap_or(l.steps).min(l.steps);
+    if end <= start {
+        return Err(format!("--until {end}: the run is already at step {start}"));
+    }
+    e.set_state(state)?;
+    let bar = if o.lead {
+        indicatif::ProgressBar::new(l.steps)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
+        )
+        .map_err(|e| e.to_string())?,
+    );
+    bar.set_position(start);
+    let tokens = (l.batch * l.block) as f64;
+    let started = Instant::now();
+    let mut log = String::new();
+    let mut curve: Vec<(u64, f64)> = Vec::new();
+    let mut evals: Vec<(u64, f64, f64)> = Vec::new();
+    // The last checkpoint on disk (a resumed run's is its start).
+    let mut last_ckpt = o.resume.then_some(start);
+    // Training time and steps since the last evaluation line (its tokens/s).
+    let (mut since_eval, mut steps_since_eval) = (0.0f64, 0u64);
+    for t in start + 1..=end {
+        let lr = l.schedule.at(l.steps, t - 1);
+        let (x, y) = data.batch(Split::Train, l.batch as usize, l.block as usize, l.seed, t)?;
+        let t0 = Instant::now();
+        let loss = e
+            .step(&x, &y, t, lr as f32)
+            .map_err(|e| format!("step {t}: {e}"))?;
+        let secs = t0.elapsed().as_secs_f64();
+        let tps = tokens / secs;
+        since_eval += secs;
+        steps_since_eval += 1;
+        let ckpt_now = l
+            .checkpoint
+            .as_ref()
+            .is_some_and(|k| t % k.every == 0 || t == end);
+        let eval_now = t == l.steps || (l.eval_every > 0 && t % l.eval_every == 0);
+        // The whole state, where a checkpoint or an evaluation needs it (every process
+        // takes part in gathering it; the lead gets it).
+        let whole = if (ckpt_now || eval_now) && loss.is_finite() {
+            e.state()?
+        } else {
+            None
+        };
+        // A diverged run stops here: its log keeps this step's line, and no checkpoint
+        // is written over the last good one. The state is scanned only before it is
+        // saved (a non-finite value in it makes the next step's loss non-finite anyway).
+        let diverged = if !loss.is_finite() {
+            Some(format!("the loss is {loss}"))
+        } else if ckpt_now {
+            whole.as_ref().and_then(first_non_finite)
+        } else {
+            None
+        };
+        log.push_str(&line(&Line {
+            kind: "step",
+            step: t,
+            loss: loss.is_finite().then_some(loss),
+            val_loss: None,
+            lr: Some(lr),
+            tokens_per_s: Some(tps),
+        })?);
+        if let Some(what) = diverged {
+            if let (Some(path), true) = (&l.log, o.lead) {
+                append(path, &log, t == start + 1 && start == 0)?;
+            }
+            bar.finish_and_clear();
+            let kept = match (&l.checkpoint, last_ckpt) {
+                (Some(k), Some(s)) => format!("the checkpoint of step {s} in {} is kept", k.dir),
+                (Some(k), None) => format!("no checkpoint was written to {}", k.dir),
+                (None, _) => "no checkpoints are configured".to_string(),
+            };
+            return Err(format!(
+                "step {t}: training diverged: {what} (lr {lr:e}); stopped, {kept}"
+            ));
+        }
+        curve.push((t, loss));
+        bar.set_position(t);
+        bar.set_message(format!("loss {loss:.4} | {tps:.0} tok/s"));
+        if let (true, Some(state)) = (eval_now, &whole) {
+            let train_loss = evaluate(e, l, data, state, Split::Train)?;
+            let val_loss = evaluate(e, l, data, state, Split::Val)?;
+            evals.push((t, train_loss, val_loss));
+            // A line per evaluation stays in the terminal (stdout, above the bar; the
+            // same lines when stdout is a file or pipe).
+            let rate = tokens * steps_since_eval as f64 / since_eval.max(1e-9);
+            let said = format!(
+                "step {t}: train loss {train_loss:.4}, val loss {val_loss:.4} (lr {lr:.3e}, {rate:.0} tokens/s)"
+            );
+            bar.suspend(|| println!("{said}"));
+            log.push_str(&line(&Line {
+                kind: "eval",
+                step: t,
+                loss: Some(train_loss),
+                val_loss: Some(val_loss),
+                lr: None,
+                tokens_per_s: None,
+            })?);
+        }
+        if eval_now {
+            (since_eval, steps_since_eval) = (0.0, 0);
+        }
+        if let (true, Some(k), Some(state)) = (ckpt_now, &l.checkpoint, &whole) {
+            save_checkpoint(k, state, t)?;
+        }
+        if ckpt_now {
+            last_ckpt = Some(t);
+        }
+        // The log is appended as it goes (a killed run keeps its lines).
+        if let (Some(path), true) = (&l.log, o.lead) {
+            append(path, &log, t == start + 1 && start == 0)?;
+        }
+        log.clear();
+    }
+    bar.finish_and_clear();
+    if let (Some(path), true) = (&l.curve, o.lead) {
+        write_atomic(
+            Path::new(path),
+            crate::plot::loss_curve(&curve, &evals).as_bytes(),
+        )?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let steps = end - start;
+    // The last evaluation, if the run reached one.
+    let evaluated = evals
+        .last()
+        .map(|(t, tr, va)| format!("; step {t}: train loss {tr:.4}, val loss {va:.4}"))
+        .unwrap_or_default();
+    Ok(format!(
+        "trained steps {}..{end} in {secs:.1} s ({:.0} tokens/s){evaluated}{}\n",
+        start + 1,
+        tokens * steps as f64 / secs,
+        l.curve
+            .as_ref()
+            .map(|p| format!("; loss curve in {p}"))
+            .unwrap_or_default()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schedule_warms_up_then_decays_to_the_floor() {
+        let s = LrSchedule {
+            lr: 1e-3,
+            min_lr: 1e-4,
+            warmup: 10,
+            decay_steps: None,
+        };
+        assert!((s.at(100, 0) - 1e-3 / 11.0).abs() < 1e-12);
+        assert!((s.at(100, 9) - 1e-3 * 10.0 / 11.0).abs() < 1e-12);
+        assert!((s.at(100, 10) - 1e-3).abs() < 1e-12);
+        assert!((s.at(100, 100) - 1e-4).abs() < 1e-12);
+        assert!((s.at(100, 500) - 1e-4).abs() < 1e-12);
+        let mid = s.at(100, 55);
+        assert!((mid - 5.5e-4).abs() < 1e-12, "{mid}");
+    }
+
+    #[test]
+    fn a_bundle_refuses_changed_files() {
+        let dir = crate::host::private_dir("bundle-test").unwrap();
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            version: VERSION,
+            source: "t.toml".into(),
+            run: Loop {
+                steps: 1,
+                eval_every: 0,
+                eval_batches: 1,
+                seed: 0,
+                batch: 1,
+                block: 1,
+                log: None,
+                curve: None,
+                schedule: LrSchedule {
+                    lr: 1.0,
+                    min_lr: 0.0,
+                    warmup: 0,
+                    decay_steps: None,
+                },
+                checkpoint: None,
+            },
+            state: vec![],
+            step: "step.nnsx".into(),
+            eval: "eval.nnsx".into(),
+            data: "data".into(),
+            vocab: 2,
+            devices: 1,
+            start: 0,
+            files: vec![],
+        };
+        let files = BundleFiles {
+            manifest,
+            files: vec![
+                ("step.nnsx".into(), b"step".to_vec()),
+                ("eval.nnsx".into(), b"eval".to_vec()),
+            ],
+        }
+        .finish()
+        .unwrap();
+        for (p, b) in &files {
+            std::fs::write(dir.join(p), b).unwrap();
+        }
+        let d = dir.display().to_string();
+        assert!(Bundle::open(&d).is_ok());
+        std::fs::write(dir.join("eval.nnsx"), b"evil").unwrap();
+        let e = Bundle::open(&d).unwrap_err();
+        assert!(e.contains("eval.nnsx: checksum"), "{e}");
+        std::fs::write(dir.join("eval.nnsx"), b"ev").unwrap();
+        let e = Bundle::open(&d).unwrap_err();
+        assert!(e.contains("2 bytes, the manifest says 4"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// How `nnscaler-rt train` runs a bundle.
+#[derive(Clone, Debug)]
+pub struct BundleRun {
+    /// The bundle's directory.
+    pub dir: String,
+    /// Continue from the checkpoint.
+    pub resume: bool,
+    /// Stop after this step.
+    pub until: Option<u64>,
+    /// `host` or `cuda`.
+    pub backend: String,
+    /// One process: every device on a thread of its own (`auto`, `gpus`, `streams` on
+    /// cuda; any on the host) instead of lockstep.
+    pub ranks: Option<String>,
+    /// Where this process stands among the run's.
+    pub world: crate::net::World,
+    /// How the processes meet.
+    pub rendezvous: crate::net::Rendezvous,
+    /// How long a process waits for the others (at the rendezvous, and for any message).
+    pub timeout: std::time::Duration,
+}
+
+/// Trains bundle `o.dir` (see [`BundleRun`]); the summary to print (empty on processes
+/// other than the lead).
+pub fn run_bundle(o: &BundleRun) -> Result<String, String> {
+    let b = Bundle::open(&o.dir)?;
+    let m = &b.manifest;
+    let data = b.dataset()?;
+    let stored = b.stored()?;
+    let (state, start) = initial_state(
+        &m.run,
+        &m.state,
+        stored.as_ref().map(|s| (s, m.start)),
+        o.resume,
+    )?;
+    let w = &o.world;
+    let opts = RunOpts {
+        resume: o.resume,
+        until: o.until,
+        lead: w.rank == 0,
+    };
+    let step = b.artifact(&m.step)?;
+    let eval = b.artifact(&m.eval)?;
+    if w.size > 1 {
+        if o.backend != "host" {
+            return Err(format!(
+                "{} processes on the {} backend: training across processes runs on the host backend so far (NCCL between processes is not built yet); on one GPU run one process",
+                w.size, o.backend
+            ));
+        }
+        if o.ranks.is_some() {
+            return Err("--ranks runs one process's devices on threads; with several processes each runs its own devices already".into());
+        }
+        let devices = step.devices().max(1);
+        let mine = crate::procs::share(devices, w.rank, w.size)?;
+        let token = crate::artifact::fnv1a64(
+            &std::fs::read(b.path(MANIFEST)).map_err(|e| format!("{}: {e}", o.dir))?,
+        );
+        let net = crate::net::Net::connect(w.clone(), &o.rendezvous, token, o.timeout)?;
+        if opts.lead {
+            eprintln!(
+                "nnscaler-rt: {} processes ({}), devices {}..{} of {devices} here; met at {}",
+                w.size,
+                w.launcher,
+                mine.start,
+                mine.end,
+                match &o.rendezvous {
+                    crate::net::Rendezvous::Tcp => w.master.clone(),
+                    crate::net::Rendezvous::File(f) => f.clone(),
+                }
+            );
+        }
+        let mut e =
+            crate::procs::Procs::new(net, step, opts.lead.then_some(eval), m.state.clone())?;
+        let said = train(&mut e, &m.run, &data, state, start, &opts)?;
+        e.finish()?;
+        return Ok(if opts.lead { said } else { String::new() });
+    }
+    let names = |a: &crate::Artifact| -> (Vec<String>, Vec<String>) {
+        (
+            a.header.inputs.iter().map(|p| p.name.clone()).collect(),
+            a.header.outputs.iter().map(|p| p.name.clone()).collect(),
+        )
+    };
+    let ((step_in, step_out), (fwd_in, _)) = (names(&step), names(&eval));
+    match o.backend.as_str() {
+        "host" => {
+            let (sp, ep) = (
+                crate::HostProgram::load(step)?,
+                crate::HostProgram::load(eval)?,
+            );
+            let ranks = o.ranks.is_some();
+            let run_step: RunFn<'_> = Box::new(|x: &[Tensor]| {
+                if ranks {
+                    Ok(sp.run_ranks_timed(x, 1)?.0)
+                } else {
+                    sp.run(x)
+                }
+            });
+            let run_eval: RunFn<'_> = Box::new(|x: &[Tensor]| ep.run(x));
+            let mut e = Whole::new(step_in, step_out, run_step, fwd_in, run_eval);
+            train(&mut e, &m.run, &data, state, start, &opts)
+        }
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            let gpu = w.local_rank;
+            let (sp, ep) = (
+                crate::cuda::CudaProgram::load(step, gpu)?,
+                crate::cuda::CudaProgram::load(eval, gpu)?,
+            );
+            let placement: Option<crate::streams::Placement> =
+                o.ranks.as_deref().map(str::parse).transpose()?;
+            let run_step: RunFn<'_> = Box::new(|x: &[Tensor]| match placement {
+                Some(p) => {
+                    let (outs, _, _) = crate::streams::run_ranks(&sp, x, 1, p)?;
+                    Ok(outs)
+                }
+                None => Ok(sp.run_timed(x, 1)?.0),
+            });
+            let run_eval: RunFn<'_> = Box::new(|x: &[Tensor]| Ok(ep.run_timed(x, 1)?.0));
+            let mut e = Whole::new(step_in, step_out, run_step, fwd_in, run_eval);
+            train(&mut e, &m.run, &data, state, start, &opts)
+        }
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => Err("this nnscaler-rt was built without the CUDA backend (cargo build --release -p nnscaler-rt --features cuda)".into()),
+        other => Err(format!("unknown backend '{other}' (host, cuda)")),
+    }
+}
