@@ -1160,6 +1160,11 @@ pub(crate) mod tests_support {
     pub(crate) fn sample() -> super::Artifact {
         super::tests::sample()
     }
+
+    /// Two programs on a mesh of 2: rank 0 sends `x` to rank 1, which computes `y`.
+    pub(crate) fn pipeline() -> super::Artifact {
+        super::tests::pipeline()
+    }
 }
 
 #[cfg(test)]
@@ -1248,7 +1253,7 @@ mod tests {
     }
 
     /// Two programs on a mesh of 2: rank 0 sends `x` to rank 1, which computes `y`.
-    fn pipeline() -> Artifact {
+    pub(super) fn pipeline() -> Artifact {
         let mut a = sample();
         a.header.mesh = vec![MeshAxis {
             name: "pp".into(),

@@ -568,6 +568,123 @@ impl CudaProgram {
     }
 }
 
+/// A program's arenas kept on its GPU between runs, for a [`crate::session::Session`]:
+/// a training step's parameters and moments stay there, and a run moves only its batch
+/// in and the results asked for out.
+pub struct CudaResident<'a> {
+    prog: &'a CudaProgram,
+    dev: Vec<Vec<CudaSlice<u64>>>,
+    scratch: CudaSlice<u64>,
+}
+
+impl std::fmt::Debug for CudaResident<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaResident").finish_non_exhaustive()
+    }
+}
+
+impl<'a> CudaResident<'a> {
+    /// Every device's arena of `prog` allocated on its GPU.
+    pub fn new(prog: &'a CudaProgram) -> Result<Self, String> {
+        let dev = prog
+            .art
+            .header
+            .programs
+            .iter()
+            .map(|p| {
+                let words = p.arena_bytes.div_ceil(8).max(1) as usize;
+                p.devices
+                    .iter()
+                    .map(|_| cuda(prog.stream.alloc_zeros::<u64>(words), "allocating an arena"))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(CudaResident {
+            scratch: prog.scratch()?,
+            prog,
+            dev,
+        })
+    }
+
+    fn gpu(&mut self) -> Gpu<'_> {
+        Gpu {
+            prog: self.prog,
+            dev: &mut self.dev,
+            scratch: &self.scratch,
+        }
+    }
+}
+
+impl crate::session::Resident for CudaResident<'_> {
+    type Kept = Vec<CudaSlice<u64>>;
+    fn artifact(&self) -> &Artifact {
+        &self.prog.art
+    }
+    fn zero(&mut self) -> Result<(), String> {
+        for a in self.dev.iter_mut().flatten() {
+            cuda(self.prog.stream.memset_zeros(a), "zeroing an arena")?;
+        }
+        Ok(())
+    }
+    fn put(&mut self, p: usize, b: usize, pieces: Vec<Vec<u8>>) -> Result<(), String> {
+        self.gpu().put_bytes(p, b, pieces)
+    }
+    fn get(&mut self, p: usize, b: usize) -> Result<Vec<Vec<u8>>, String> {
+        self.gpu().bytes(p, b)
+    }
+    fn save(&mut self, p: usize, b: usize, kept: &mut Option<Self::Kept>) -> Result<(), String> {
+        let w = Gpu::words(&self.prog.art.header.programs[p].buffers[b]);
+        let stream = &self.prog.stream;
+        match kept {
+            Some(k) => {
+                for (arena, piece) in self.dev[p].iter().zip(k.iter_mut()) {
+                    cuda(
+                        stream.memcpy_dtod(&arena.slice(w.clone()), piece),
+                        "keeping a value",
+                    )?;
+                }
+            }
+            None => {
+                *kept = Some(
+                    self.dev[p]
+                        .iter()
+                        .map(|arena| {
+                            cuda(
+                                stream.clone_dtod(&arena.slice(w.clone())),
+                                "keeping a value",
+                            )
+                        })
+                        .collect::<Result<_, _>>()?,
+                );
+            }
+        }
+        Ok(())
+    }
+    fn load(&mut self, p: usize, b: usize, kept: &Self::Kept) -> Result<(), String> {
+        let w = Gpu::words(&self.prog.art.header.programs[p].buffers[b]);
+        let stream = &self.prog.stream;
+        for (arena, piece) in self.dev[p].iter_mut().zip(kept) {
+            cuda(
+                stream.memcpy_dtod(piece, &mut arena.slice_mut(w.clone())),
+                "writing a kept value",
+            )?;
+        }
+        Ok(())
+    }
+    fn execute(&mut self) -> Result<(), String> {
+        let art = &self.prog.art;
+        schedule(
+            art,
+            &mut Gpu {
+                prog: self.prog,
+                dev: &mut self.dev,
+                scratch: &self.scratch,
+            },
+        )?;
+        cuda(self.prog.stream.synchronize(), "finishing the step")
+    }
+}
+
 /// Marks on a stream: CUDA events that record timing.
 struct Events {
     stream: Arc<CudaStream>,

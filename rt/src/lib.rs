@@ -30,6 +30,7 @@ pub mod procs;
 pub mod profile;
 mod ranks;
 pub mod rng;
+pub mod session;
 #[cfg(feature = "cuda")]
 pub mod streams;
 pub mod tensor;

@@ -124,6 +124,8 @@ struct Mail {
 
 /// The key of a goodbye: the sender is done and closes its connection.
 const BYE: Key = [u64::MAX; 4];
+/// The key of a failure: the sender stops, and says why (the first cause it knows).
+const FAIL: Key = [u64::MAX, u64::MAX, u64::MAX, 0];
 
 /// This process's connections to the others.
 #[derive(Debug)]
@@ -466,6 +468,30 @@ impl Net {
         cv.notify_all();
     }
 
+    /// This process stops with error `e`: tells every peer the first cause it knows (a
+    /// peer that went away, or `e`), so their errors name it too, whichever connection
+    /// they see end first.
+    pub fn abort(&self, e: &str) {
+        let (m, _) = &*self.mail;
+        let why = {
+            let mut mail = m.lock().unwrap_or_else(|e| e.into_inner());
+            mail.closing = true;
+            mail.failed
+                .clone()
+                .unwrap_or_else(|| format!("rank {} failed: {e}", self.world.rank))
+        };
+        for s in self.links.iter().flatten() {
+            let mut s = s.lock().unwrap_or_else(|e| e.into_inner());
+            let b = why.as_bytes();
+            let _ = put_u64s(
+                &mut *s,
+                &[FAIL[0], FAIL[1], FAIL[2], FAIL[3], b.len() as u64],
+            )
+            .and_then(|_| s.write_all(b));
+            let _ = s.shutdown(Shutdown::Write);
+        }
+    }
+
     /// The end of the run (every process got what it needs from this one): says
     /// goodbye to every peer, so its connection ending is not a failure there, and
     /// closes; connections ending here from now on are not failures either.
@@ -507,6 +533,9 @@ fn read_loop(s: TcpStream, from: usize, mail: Arc<(Mutex<Mail>, Condvar)>) {
         let key = [head[0], head[1], head[2], head[3]];
         if key == BYE {
             mail.gone.insert(from);
+        } else if key == FAIL {
+            mail.failed
+                .get_or_insert_with(|| String::from_utf8_lossy(&b).into_owned());
         } else {
             mail.queues.entry(key).or_default().push_back(b);
         }

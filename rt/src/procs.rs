@@ -443,6 +443,11 @@ impl Procs {
         Ok(())
     }
 
+    /// This process stops with error `e`: its peers learn why ([`Net::abort`]).
+    pub fn abort(&self, e: &str) {
+        self.net.abort(e);
+    }
+
     fn lead(&self) -> bool {
         self.net.world.rank == 0
     }

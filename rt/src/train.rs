@@ -22,6 +22,7 @@
 //! for people) and, when the initial parameters came from a checkpoint, `init.safetensors`.
 
 use crate::data::{Dataset, Split};
+use crate::session::{Resident, Session};
 pub use crate::tensor::Tensor as RtTensor;
 use crate::tensor::{Tensor, Values};
 use serde::{Deserialize, Serialize};
@@ -516,6 +517,100 @@ impl Engine for Whole<'_> {
                 .ok_or("evaluation: the forward has no result")?,
             "evaluation's loss",
         )
+    }
+}
+
+/// The engine of one process whose state stays where the step runs ([`Session`]s of the
+/// step and of the evaluation forward): a step moves its batch in and its loss out; the
+/// state comes to the host for checkpoints and evaluations only, and the forward takes
+/// the parameters once per evaluation.
+#[derive(Debug)]
+pub struct Kept<R: Resident, Q: Resident> {
+    step: Session<R>,
+    eval: Session<Q>,
+    names: Vec<String>,
+    /// The forward's parameters are older than the state.
+    stale: bool,
+}
+
+impl<R: Resident, Q: Resident> Kept<R, Q> {
+    /// The step's session and the forward's; `names`: the state's tensors.
+    pub fn new(step: Session<R>, eval: Session<Q>, names: Vec<String>) -> Self {
+        Kept {
+            step,
+            eval,
+            names,
+            stale: true,
+        }
+    }
+}
+
+impl<R: Resident, Q: Resident> Engine for Kept<R, Q> {
+    fn set_state(&mut self, state: BTreeMap<String, Tensor>) -> Result<(), String> {
+        self.stale = true;
+        self.step.keep(&state)
+    }
+
+    fn step(
+        &mut self,
+        tokens: &Tensor,
+        targets: &Tensor,
+        step: u64,
+        lr: f32,
+    ) -> Result<f64, String> {
+        self.stale = true;
+        let (s, l) = (scalar(step as f32), scalar(lr));
+        let inputs = [
+            ("tokens", tokens),
+            ("targets", targets),
+            ("step", &s),
+            ("lr", &l),
+        ];
+        let out = self.step.run(&inputs, &["loss"])?;
+        first(&out[0], "the loss")
+    }
+
+    fn state(&mut self) -> Result<Option<BTreeMap<String, Tensor>>, String> {
+        let mut out = BTreeMap::new();
+        for n in &self.names {
+            out.insert(n.clone(), self.step.kept(n)?);
+        }
+        Ok(Some(out))
+    }
+
+    fn forward(
+        &mut self,
+        state: &BTreeMap<String, Tensor>,
+        tokens: &Tensor,
+        targets: &Tensor,
+    ) -> Result<f64, String> {
+        let h = &self.eval.resident().artifact().header;
+        let loss = h
+            .outputs
+            .first()
+            .map(|p| p.name.clone())
+            .ok_or("evaluation: the forward has no result")?;
+        if self.stale {
+            let params: BTreeMap<String, Tensor> = h
+                .inputs
+                .iter()
+                .filter(|p| p.name != "tokens" && p.name != "targets")
+                .map(|p| {
+                    state
+                        .get(&p.name)
+                        .cloned()
+                        .map(|t| (p.name.clone(), t))
+                        .ok_or(format!("no parameter '{}' to evaluate with", p.name))
+                })
+                .collect::<Result<_, _>>()?;
+            self.eval.keep(&params)?;
+            self.stale = false;
+        }
+        let out = self
+            .eval
+            .run(&[("tokens", tokens), ("targets", targets)], &[&loss])
+            .map_err(|e| format!("evaluation: {e}"))?;
+        first(&out[0], "evaluation's loss")
     }
 }
 
@@ -1101,7 +1196,13 @@ pub fn run_bundle(o: &BundleRun) -> Result<String, String> {
         }
         let mut e =
             crate::procs::Procs::new(net, step, opts.lead.then_some(eval), m.state.clone())?;
-        let said = train(&mut e, &m.run, &data, state, start, &opts)?;
+        let said = match train(&mut e, &m.run, &data, state, start, &opts) {
+            Ok(s) => s,
+            Err(err) => {
+                e.abort(&err);
+                return Err(err);
+            }
+        };
         e.finish()?;
         return Ok(if opts.lead { said } else { String::new() });
     }
@@ -1118,16 +1219,19 @@ pub fn run_bundle(o: &BundleRun) -> Result<String, String> {
                 crate::HostProgram::load(step)?,
                 crate::HostProgram::load(eval)?,
             );
-            let ranks = o.ranks.is_some();
-            let run_step: RunFn<'_> = Box::new(|x: &[Tensor]| {
-                if ranks {
-                    Ok(sp.run_ranks_timed(x, 1)?.0)
-                } else {
-                    sp.run(x)
-                }
-            });
-            let run_eval: RunFn<'_> = Box::new(|x: &[Tensor]| ep.run(x));
-            let mut e = Whole::new(step_in, step_out, run_step, fwd_in, run_eval);
+            if o.ranks.is_some() {
+                // Every device on a thread of its own: whole tensors in and out.
+                let run_step: RunFn<'_> = Box::new(|x: &[Tensor]| Ok(sp.run_ranks_timed(x, 1)?.0));
+                let run_eval: RunFn<'_> = Box::new(|x: &[Tensor]| ep.run(x));
+                let mut e = Whole::new(step_in, step_out, run_step, fwd_in, run_eval);
+                return train(&mut e, &m.run, &data, state, start, &opts);
+            }
+            use crate::session::HostResident;
+            let mut e = Kept::new(
+                Session::new(HostResident::new(&sp)),
+                Session::new(HostResident::new(&ep)),
+                m.state.iter().map(|s| s.name.clone()).collect(),
+            );
             train(&mut e, &m.run, &data, state, start, &opts)
         }
         #[cfg(feature = "cuda")]
@@ -1137,17 +1241,22 @@ pub fn run_bundle(o: &BundleRun) -> Result<String, String> {
                 crate::cuda::CudaProgram::load(step, gpu)?,
                 crate::cuda::CudaProgram::load(eval, gpu)?,
             );
-            let placement: Option<crate::streams::Placement> =
-                o.ranks.as_deref().map(str::parse).transpose()?;
-            let run_step: RunFn<'_> = Box::new(|x: &[Tensor]| match placement {
-                Some(p) => {
-                    let (outs, _, _) = crate::streams::run_ranks(&sp, x, 1, p)?;
-                    Ok(outs)
-                }
-                None => Ok(sp.run_timed(x, 1)?.0),
-            });
-            let run_eval: RunFn<'_> = Box::new(|x: &[Tensor]| Ok(ep.run_timed(x, 1)?.0));
-            let mut e = Whole::new(step_in, step_out, run_step, fwd_in, run_eval);
+            if let Some(p) = o.ranks.as_deref() {
+                let placement: crate::streams::Placement = p.parse()?;
+                let run_step: RunFn<'_> = Box::new(|x: &[Tensor]| {
+                    Ok(crate::streams::run_ranks(&sp, x, 1, placement)?.0)
+                });
+                let run_eval: RunFn<'_> = Box::new(|x: &[Tensor]| Ok(ep.run_timed(x, 1)?.0));
+                let mut e = Whole::new(step_in, step_out, run_step, fwd_in, run_eval);
+                return train(&mut e, &m.run, &data, state, start, &opts);
+            }
+            use crate::cuda::CudaResident;
+            eprintln!("nnscaler-rt: GPU {gpu}: {}", sp.gemms());
+            let mut e = Kept::new(
+                Session::new(CudaResident::new(&sp)?),
+                Session::new(CudaResident::new(&ep)?),
+                m.state.iter().map(|s| s.name.clone()).collect(),
+            );
             train(&mut e, &m.run, &data, state, start, &opts)
         }
         #[cfg(not(feature = "cuda"))]

@@ -288,6 +288,29 @@ impl Compiled {
         self
     }
 
+    /// The program on the host backend (`None` on CUDA).
+    pub fn host(&self) -> Option<&nnscaler_rt::HostProgram> {
+        match &self.backend {
+            Backend::Host(p) => Some(p),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => None,
+        }
+    }
+
+    /// The program on the CUDA backend (`None` on the host).
+    #[cfg(feature = "cuda")]
+    pub fn cuda(&self) -> Option<&nnscaler_rt::cuda::CudaProgram> {
+        match &self.backend {
+            Backend::Cuda(p) => Some(p),
+            Backend::Host(_) => None,
+        }
+    }
+
+    /// Whether every device runs on a thread of its own ([`Compiled::with_ranks`]).
+    pub fn ranks(&self) -> bool {
+        self.ranks
+    }
+
     fn load(art: nnscaler_rt::Artifact, backend: &str) -> Result<Backend, String> {
         match backend {
             "host" => Ok(Backend::Host(nnscaler_rt::HostProgram::load(art)?)),

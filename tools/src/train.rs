@@ -746,6 +746,29 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
             .with_ranks(c.train.ranks);
             let eval =
                 crate::compile::Compiled::new(&p.forward, None, "eval", backend).map_err(fail)?;
+            let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
+            // One thread: the state stays where the step runs (sessions).
+            if let (false, Some(sp), Some(ep)) = (compiled.ranks(), compiled.host(), eval.host()) {
+                use nnscaler_rt::session::{HostResident, Session};
+                let mut e = rt::Kept::new(
+                    Session::new(HostResident::new(sp)),
+                    Session::new(HostResident::new(ep)),
+                    names,
+                );
+                return rt::train(&mut e, &l, &data, state, start, &opts);
+            }
+            #[cfg(feature = "cuda")]
+            if let (false, Some(sp), Some(ep)) = (compiled.ranks(), compiled.cuda(), eval.cuda()) {
+                use nnscaler_rt::cuda::CudaResident;
+                use nnscaler_rt::session::Session;
+                let mut e = rt::Kept::new(
+                    Session::new(CudaResident::new(sp).map_err(fail)?),
+                    Session::new(CudaResident::new(ep).map_err(fail)?),
+                    names,
+                );
+                return rt::train(&mut e, &l, &data, state, start, &opts);
+            }
+            // Every device on a thread of its own: whole tensors in and out.
             let step: RunFn<'_> = Box::new(|inputs: &[rt::RtTensor]| compiled.run_rt(inputs));
             let forward: RunFn<'_> = Box::new(|inputs: &[rt::RtTensor]| eval.run_rt(inputs));
             let mut e = Whole::new(step_in, step_out, step, fwd_in, forward);
