@@ -20,6 +20,11 @@
                                     ours, PyTorch eager in the same precision, the user's
                                     PyTorch module (SDPA; bf16 with fused AdamW), and
                                     torch.compile where run, with our ratio to each
+  compare.py train LOG STEPS GOAL TOKENS
+                                    a training log (nnscaler-rt train's JSON lines; TOKENS
+                                    per step): each evaluation's losses, the median step
+                                    time, how long all STEPS take at it, and whether the
+                                    last validation loss reached GOAL (or where it stopped)
   compare.py side PROFILE TORCH     nnscaler-rt run --profile's table (PROFILE: its output)
                                     grouped into the families torch_families.py times
                                     (TORCH: its output), side by side with PyTorch's, with
@@ -352,6 +357,35 @@ SUMMARY_STEPS = {
 }
 
 
+def train(path, steps, goal, tokens):
+    import json
+    try:
+        lines = [json.loads(l) for l in open(path)]
+    except OSError as e:
+        print(f"train: {e}")
+        sys.exit(1)
+    runs = [l for l in lines if l["kind"] == "step"]
+    evals = [l for l in lines if l["kind"] == "eval"]
+    if not runs:
+        print(f"train: {path} has no steps")
+        sys.exit(1)
+    for e in evals:
+        print(f"step {e['step']:5d}: train loss {e['loss']:.4f}, val loss {e['val_loss']:.4f}")
+    # A step's tokens over its tokens/s: its seconds (the first steps load the kernels).
+    rates = sorted(l["tokens_per_s"] for l in runs[min(5, len(runs) - 1):] if l.get("tokens_per_s"))
+    rate = rates[len(rates) // 2]
+    done = runs[-1]["step"]
+    step = tokens / rate
+    print(f"{len(runs)} steps logged (last {done} of {steps}); median step {step * 1e3:.1f} ms ({rate:.0f} tokens/s); all {steps} steps: {steps * step / 60:.1f} min of steps")
+    if evals:
+        last = evals[-1]
+        if last["step"] >= steps:
+            verdict = "reached" if last["val_loss"] <= goal else "MISSED"
+            print(f"final val loss {last['val_loss']:.4f}: {verdict} the goal {goal}")
+        else:
+            print(f"stopped at step {last['step']} of {steps} (val loss {last['val_loss']:.4f}); the goal {goal} is judged at step {steps}")
+
+
 def summary(path):
     import re
     rows = {k: {} for k in SUMMARY_STEPS.values()}
@@ -413,6 +447,8 @@ if __name__ == "__main__":
         covers(sys.argv[2], sys.argv[3:])
     elif cmd == "summary" and len(sys.argv) == 3:
         summary(sys.argv[2])
+    elif cmd == "train" and len(sys.argv) == 6:
+        train(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
     elif cmd == "side" and len(sys.argv) == 4:
         side(sys.argv[2], sys.argv[3])
     else:

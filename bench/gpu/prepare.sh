@@ -13,7 +13,7 @@ cd "$root"
 cargo build --release -q --bin nnscaler --bin nnscaler-opt
 cargo build --release -q -p nnscaler-rt --features cuda
 bin=$root/target/release
-cp "$bin/nnscaler-rt" bench/gpu/check.sh bench/gpu/compare.py bench/gpu/torch_ref.py bench/gpu/torch_families.py test/oracle/models.py "$out/"
+cp "$bin/nnscaler-rt" bench/gpu/check.sh bench/gpu/train.sh bench/gpu/compare.py bench/gpu/torch_ref.py bench/gpu/torch_families.py test/oracle/models.py "$out/"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -38,6 +38,15 @@ case_() {
   fi
   echo "prepared $name"
 }
+
+# nanoGPT's GPU example as a training bundle for train.sh (the corpus prepared from
+# ../shared/data's tinyshakespeare; the config's log, curve and checkpoint paths are
+# relative to where train.sh runs).
+shakespeare=$root/../shared/data/tinyshakespeare/input.txt
+"$bin/nnscaler" data prepare-char "$shakespeare" -o shakespeare_char > /dev/null
+"$bin/nnscaler" train --config "$root/examples/nanogpt/gpu.toml" --set data.dir='"shakespeare_char"' \
+  --bundle "$out/nanogpt-gpu.bundle" > /dev/null
+echo "prepared nanogpt-gpu.bundle (train.sh)"
 
 "$bin/nnscaler" import gpt --preset gpt-tiny --batch 4 --heads 4 -o gpt.mlir
 "$bin/nnscaler-opt" --autodiff --optimizer="clip=1.0 weight_decay=0.1" gpt.mlir -o gpt-step.mlir

@@ -413,12 +413,28 @@ impl Net {
             .as_ref()
             .ok_or_else(|| format!("no connection to rank {to}"))?;
         let mut s = link.lock().unwrap_or_else(|e| e.into_inner());
-        put_u64s(
+        let sent = put_u64s(
             &mut *s,
             &[key[0], key[1], key[2], key[3], bytes.len() as u64],
         )
-        .and_then(|_| s.write_all(bytes))
-        .map_err(|e| format!("sending to rank {to}: {e} (it exited or failed)"))
+        .and_then(|_| s.write_all(bytes));
+        drop(s);
+        sent.map_err(|e| {
+            use std::io::ErrorKind::*;
+            let why = match e.kind() {
+                BrokenPipe | ConnectionReset | ConnectionAborted => "the connection ended".into(),
+                _ => e.to_string(),
+            };
+            // The first cause this process knows, if a peer's end was seen already.
+            let (m, cv) = &*self.mail;
+            let mut mail = m.lock().unwrap_or_else(|e| e.into_inner());
+            let e = mail
+                .failed
+                .get_or_insert_with(|| format!("rank {to} is gone ({why}): it exited or failed"))
+                .clone();
+            cv.notify_all();
+            e
+        })
     }
 
     /// Takes the next message under `key` (from rank `from`, named in errors), waiting

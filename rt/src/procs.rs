@@ -705,6 +705,12 @@ impl Engine for Procs {
             .ok_or_else(|| "no process computes the loss".to_string())
     }
 
+    fn agree(&mut self, stop: bool) -> Result<bool, String> {
+        let all: Vec<usize> = (0..self.net.world.size).collect();
+        let got = self.exchange(&[u8::from(stop)], &all)?;
+        Ok(got[0].as_deref() == Some(&[1u8][..]))
+    }
+
     fn state(&mut self) -> Result<Option<BTreeMap<String, Tensor>>, String> {
         let h = &self.step.artifact().header;
         let mut mine: Vec<PieceRef<'_>> = Vec::new();

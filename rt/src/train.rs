@@ -385,6 +385,10 @@ pub trait Engine {
         tokens: &Tensor,
         targets: &Tensor,
     ) -> Result<f64, String>;
+    /// The lead process's `stop` on every process (one process: its own).
+    fn agree(&mut self, stop: bool) -> Result<bool, String> {
+        Ok(stop)
+    }
 }
 
 /// A function run on whole tensors (its arguments in order; its results in order).
@@ -624,6 +628,9 @@ pub struct RunOpts {
     pub until: Option<u64>,
     /// The lead process.
     pub lead: bool,
+    /// Stop after the step during which this many seconds of training have passed
+    /// (evaluating and checkpointing there), as `until` stops.
+    pub max_time: Option<f64>,
 }
 
 /// One JSON line of the metrics log.
@@ -926,6 +933,8 @@ pub fn train(
     let mut last_ckpt = o.resume.then_some(start);
     // Training time and steps since the last evaluation line (its tokens/s).
     let (mut since_eval, mut steps_since_eval) = (0.0f64, 0u64);
+    // Where a time limit stopped the run early.
+    let mut stopped = None;
     for t in start + 1..=end {
         let lr = l.schedule.at(l.steps, t - 1);
         let (x, y) = data.batch(Split::Train, l.batch as usize, l.block as usize, l.seed, t)?;
@@ -937,11 +946,20 @@ pub fn train(
         let tps = tokens / secs;
         since_eval += secs;
         steps_since_eval += 1;
+        // Out of time: every process stops at the step the lead says.
+        let out_of_time = match o.max_time {
+            Some(limit) => {
+                e.agree(t < end && started.elapsed().as_secs_f64() >= limit)?
+            }
+            None => false,
+        };
+        let last = t == end || out_of_time;
         let ckpt_now = l
             .checkpoint
             .as_ref()
-            .is_some_and(|k| t % k.every == 0 || t == end);
-        let eval_now = t == l.steps || (l.eval_every > 0 && t % l.eval_every == 0);
+            .is_some_and(|k| t % k.every == 0 || last);
+        let eval_now =
+            t == l.steps || out_of_time || (l.eval_every > 0 && t % l.eval_every == 0);
         // The whole state, where a checkpoint or an evaluation needs it (every process
         // takes part in gathering it; the lead gets it).
         let whole = if (ckpt_now || eval_now) && loss.is_finite() {
@@ -1018,8 +1036,13 @@ pub fn train(
             append(path, &log, t == start + 1 && start == 0)?;
         }
         log.clear();
+        if out_of_time {
+            stopped = Some(t);
+            break;
+        }
     }
     bar.finish_and_clear();
+    let end = stopped.unwrap_or(end);
     if let (Some(path), true) = (&l.curve, o.lead) {
         write_atomic(
             Path::new(path),
@@ -1033,8 +1056,15 @@ pub fn train(
         .last()
         .map(|(t, tr, va)| format!("; step {t}: train loss {tr:.4}, val loss {va:.4}"))
         .unwrap_or_default();
+    let limited = match (stopped, o.max_time) {
+        (Some(t), Some(limit)) => format!(
+            "stopped at step {t} of {} by --max-time {limit} (resume with --resume); ",
+            l.steps
+        ),
+        _ => String::new(),
+    };
     Ok(format!(
-        "trained steps {}..{end} in {secs:.1} s ({:.0} tokens/s){evaluated}{}\n",
+        "{limited}trained steps {}..{end} in {secs:.1} s ({:.0} tokens/s){evaluated}{}\n",
         start + 1,
         tokens * steps as f64 / secs,
         l.curve
@@ -1142,6 +1172,8 @@ pub struct BundleRun {
     pub rendezvous: crate::net::Rendezvous,
     /// How long a process waits for the others (at the rendezvous, and for any message).
     pub timeout: std::time::Duration,
+    /// Stop after the step during which this many seconds passed.
+    pub max_time: Option<f64>,
 }
 
 /// Trains bundle `o.dir` (see [`BundleRun`]); the summary to print (empty on processes
@@ -1162,6 +1194,7 @@ pub fn run_bundle(o: &BundleRun) -> Result<String, String> {
         resume: o.resume,
         until: o.until,
         lead: w.rank == 0,
+        max_time: o.max_time,
     };
     let step = b.artifact(&m.step)?;
     let eval = b.artifact(&m.eval)?;

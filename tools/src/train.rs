@@ -700,6 +700,7 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
         resume: a.resume,
         until: a.until,
         lead: true,
+        max_time: None,
     };
     match c.train.backend.as_str() {
         "reference" => {

@@ -27,9 +27,10 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Print an artifact's signature, memory plan and steps.
+    /// Print an artifact's signature, memory plan and steps, or a training bundle's
+    /// summary (its files checked against their checksums).
     Info {
-        /// The artifact.
+        /// The artifact, or a bundle's directory.
         artifact: String,
     },
     /// Run a program once: arguments from safetensors files by name, results to one.
@@ -135,6 +136,10 @@ enum Cmd {
         /// that never sent it is named).
         #[arg(long, default_value_t = 600, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
         timeout: u64,
+        /// Stop after the step during which this many seconds of training passed,
+        /// evaluating and checkpointing there (a job's time limit); --resume continues.
+        #[arg(long, value_name = "SECONDS")]
+        max_time: Option<f64>,
     },
     /// Time the calibration benchmarks 'nnscaler calibrate --device gpu --prepare DIR'
     /// wrote, and write them back with each one's median seconds (for 'nnscaler
@@ -159,7 +164,45 @@ fn load(path: &str) -> Result<Artifact, String> {
     Artifact::from_bytes(&bytes, path)
 }
 
+/// A training bundle's summary (its files checked).
+fn bundle_info(path: &str) -> Result<String, String> {
+    let b = nnscaler_rt::train::Bundle::open(path)?;
+    let m = &b.manifest;
+    let l = &m.run;
+    let elements: u64 = m
+        .state
+        .iter()
+        .map(|s| s.shape.iter().product::<u64>())
+        .sum();
+    let bytes: u64 = m.files.iter().map(|f| f.bytes).sum();
+    let mut s = format!(
+        "{path}: training bundle (format {}) of {}: {} steps{} of batch {} x block {}, on {} device{}; state {} tensors ({elements} elements){}; {} files, {bytes} bytes, checksums good\n",
+        m.version,
+        m.source,
+        l.steps,
+        if m.start > 0 { format!(" from step {}", m.start) } else { String::new() },
+        l.batch,
+        l.block,
+        m.devices,
+        if m.devices == 1 { "" } else { "s" },
+        m.state.len(),
+        if m.state.iter().any(|s| s.init == nnscaler_rt::train::Init::Stored) {
+            ", from init.safetensors"
+        } else {
+            ", drawn from the seed"
+        },
+        m.files.len(),
+    );
+    for f in &m.files {
+        s += &format!("file {} {} bytes\n", f.path, f.bytes);
+    }
+    Ok(s)
+}
+
 fn info(path: &str) -> Result<String, String> {
+    if std::path::Path::new(path).is_dir() {
+        return bundle_info(path);
+    }
     let a = load(path)?;
     let h = &a.header;
     let arena = h.programs.iter().map(|p| p.arena_bytes).max().unwrap_or(0);
@@ -521,7 +564,7 @@ fn train(
     backend: &str,
     ranks: Option<String>,
     rendezvous: &str,
-    timeout: u64,
+    (timeout, max_time): (u64, Option<f64>),
 ) -> Result<String, String> {
     use nnscaler_rt::net::{world_from, Rendezvous};
     let rendezvous = match rendezvous.split_once(':') {
@@ -529,6 +572,9 @@ fn train(
         Some(("file", path)) if !path.is_empty() => Rendezvous::File(path.to_string()),
         _ => return Err(format!("--rendezvous {rendezvous}: give tcp or file:PATH")),
     };
+    if max_time.is_some_and(|t| !(t.is_finite() && t > 0.0)) {
+        return Err("--max-time: give a positive number of seconds".into());
+    }
     let world = world_from(|k| std::env::var(k).ok())?;
     let rank = world.rank;
     nnscaler_rt::train::run_bundle(&nnscaler_rt::train::BundleRun {
@@ -540,6 +586,7 @@ fn train(
         world,
         rendezvous,
         timeout: std::time::Duration::from_secs(timeout),
+        max_time,
     })
     .map_err(|e| {
         if rank > 0 {
@@ -594,6 +641,7 @@ fn main() -> ExitCode {
             ranks,
             rendezvous,
             timeout,
+            max_time,
         } => train(
             bundle,
             *resume,
@@ -601,7 +649,7 @@ fn main() -> ExitCode {
             backend,
             ranks.clone(),
             rendezvous,
-            *timeout,
+            (*timeout, *max_time),
         ),
     };
     match r {
