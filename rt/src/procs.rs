@@ -816,6 +816,127 @@ mod tests {
         assert!(unpack(&b[..b.len() - 2]).is_err());
     }
 
+    /// Three processes (threads with their own connections on loopback), one device
+    /// each, run every kind of collective through the network: the results are the
+    /// lockstep's (sums and maxima in member order, pieces in member order), bit for bit.
+    #[test]
+    fn collectives_over_the_network_are_the_lockstep_ones() {
+        use crate::net::{Rendezvous, World};
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let n = 6usize;
+        // Member k's input: distinct, non-associative-friendly values.
+        let input = |k: usize| -> Vec<f32> {
+            (0..3 * n)
+                .map(|i| 0.1 + (k * 31 + i) as f32 * 0.37)
+                .collect()
+        };
+        let groups = vec![vec![0usize, 1, 2]];
+        let owner = vec![0usize, 1, 2];
+        let results: Vec<Vec<Vec<f32>>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..3)
+                .map(|rank| {
+                    let (groups, owner) = (&groups, &owner);
+                    sc.spawn(move || {
+                        let w = World {
+                            rank,
+                            size: 3,
+                            local_rank: 0,
+                            master: format!("127.0.0.1:{port}"),
+                            launcher: "test",
+                        };
+                        let net = Net::connect(
+                            w,
+                            &Rendezvous::Tcp,
+                            1,
+                            std::time::Duration::from_secs(20),
+                        )
+                        .unwrap();
+                        let seq = Mutex::new(HashMap::new());
+                        let wire = NetWire {
+                            net: &net,
+                            owner,
+                            groups,
+                            seq: &seq,
+                        };
+                        let mine = input(rank);
+                        let addr = |v: &Vec<f32>| v.as_ptr() as usize;
+                        let mut outs = Vec::new();
+                        let run = |op: Flat<usize>| {
+                            // SAFETY: the addresses are this thread's vectors, sized
+                            // for the collective, untouched until it returns.
+                            unsafe { wire.collective(rank, 0, rank, op) }.unwrap();
+                        };
+                        for max in [false, true] {
+                            let out = vec![0f32; n];
+                            run(Flat::AllReduce {
+                                send: addr(&mine),
+                                recv: addr(&out),
+                                n: n as u64,
+                                max,
+                            });
+                            outs.push(out);
+                        }
+                        let out = vec![0f32; n];
+                        run(Flat::ReduceScatter {
+                            send: addr(&mine),
+                            recv: addr(&out),
+                            n: n as u64,
+                            max: false,
+                        });
+                        outs.push(out);
+                        let out = vec![0f32; 3 * n];
+                        run(Flat::AllGather {
+                            send: addr(&mine),
+                            recv: addr(&out),
+                            bytes: 4 * n as u64,
+                        });
+                        outs.push(out);
+                        let out = vec![0f32; n];
+                        run(Flat::Broadcast {
+                            send: addr(&mine),
+                            recv: addr(&out),
+                            bytes: 4 * n as u64,
+                            root: 1,
+                        });
+                        outs.push(out);
+                        let out = vec![0f32; 3 * n];
+                        run(Flat::Exchange {
+                            sends: (0..3).map(|k| addr(&mine) + 4 * k * n).collect(),
+                            recvs: (0..3).map(|k| addr(&out) + 4 * k * n).collect(),
+                            bytes: 4 * n as u64,
+                        });
+                        outs.push(out);
+                        // Every process has what it needs before any closes.
+                        net.close();
+                        outs
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let x: Vec<Vec<f32>> = (0..3).map(input).collect();
+        for (r, outs) in results.iter().enumerate() {
+            let sum: Vec<f32> = (0..n).map(|i| (x[0][i] + x[1][i]) + x[2][i]).collect();
+            let max: Vec<f32> = (0..n).map(|i| x[0][i].max(x[1][i]).max(x[2][i])).collect();
+            assert_eq!(outs[0], sum, "all_reduce on {r}");
+            assert_eq!(outs[1], max, "all_reduce max on {r}");
+            let piece: Vec<f32> = (0..n)
+                .map(|i| (x[0][r * n + i] + x[1][r * n + i]) + x[2][r * n + i])
+                .collect();
+            assert_eq!(outs[2], piece, "reduce_scatter on {r}");
+            let gathered: Vec<f32> = (0..3).flat_map(|k| x[k][..n].to_vec()).collect();
+            assert_eq!(outs[3], gathered, "all_gather on {r}");
+            assert_eq!(outs[4], x[1][..n].to_vec(), "broadcast on {r}");
+            let exchanged: Vec<f32> = (0..3)
+                .flat_map(|k| x[k][r * n..(r + 1) * n].to_vec())
+                .collect();
+            assert_eq!(outs[5], exchanged, "all_to_all on {r}");
+        }
+    }
+
     #[test]
     fn devices_are_dealt_out_evenly() {
         assert_eq!(share(4, 1, 2).unwrap(), 2..4);

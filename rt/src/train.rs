@@ -948,9 +948,7 @@ pub fn train(
         steps_since_eval += 1;
         // Out of time: every process stops at the step the lead says.
         let out_of_time = match o.max_time {
-            Some(limit) => {
-                e.agree(t < end && started.elapsed().as_secs_f64() >= limit)?
-            }
+            Some(limit) => e.agree(t < end && started.elapsed().as_secs_f64() >= limit)?,
             None => false,
         };
         let last = t == end || out_of_time;
@@ -958,8 +956,7 @@ pub fn train(
             .checkpoint
             .as_ref()
             .is_some_and(|k| t % k.every == 0 || last);
-        let eval_now =
-            t == l.steps || out_of_time || (l.eval_every > 0 && t % l.eval_every == 0);
+        let eval_now = t == l.steps || out_of_time || (l.eval_every > 0 && t % l.eval_every == 0);
         // The whole state, where a checkpoint or an evaluation needs it (every process
         // takes part in gathering it; the lead gets it).
         let whole = if (ckpt_now || eval_now) && loss.is_finite() {
