@@ -124,6 +124,27 @@ pub struct Port {
     pub domain: Option<Domain>,
 }
 
+impl Port {
+    /// That `t` can be this port's value: its shape and element type, and its values
+    /// inside the port's domain.
+    pub fn check(&self, t: &crate::tensor::Tensor) -> Result<(), String> {
+        if t.shape != self.global_shape || t.elt() != self.elt {
+            return Err(format!(
+                "'{}' must be {:?} {:?}, given {:?} {:?}",
+                self.name,
+                self.elt,
+                self.global_shape,
+                t.elt(),
+                t.shape
+            ));
+        }
+        match self.domain {
+            Some(d) => d.check(&self.name, t),
+            None => Ok(()),
+        }
+    }
+}
+
 /// What values a port may hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -408,6 +429,22 @@ pub struct Constant {
     /// Byte offsets in the `consts` section: one (every device reads it), or one per
     /// device of the program.
     pub offsets: Vec<u64>,
+}
+
+impl Constant {
+    /// Its bytes for device `k` of its program (`buf`: its buffer) in the `consts`
+    /// section.
+    pub fn bytes<'a>(&self, consts: &'a [u8], buf: &Buffer, k: usize) -> Result<&'a [u8], String> {
+        let at = self.offsets[if self.offsets.len() > 1 { k } else { 0 }] as usize;
+        consts
+            .get(at..at.saturating_add(buf.bytes() as usize))
+            .ok_or_else(|| {
+                format!(
+                    "constant buffer {} lies outside the consts section",
+                    self.buffer
+                )
+            })
+    }
 }
 
 /// A section's place in the file (after the header) and its checksum.

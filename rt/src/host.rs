@@ -675,19 +675,7 @@ pub(crate) fn load_inputs(art: &Artifact, inputs: &[Tensor]) -> Result<Arenas, S
         ));
     }
     for (p, t) in h.inputs.iter().zip(inputs) {
-        if t.shape != p.global_shape || t.elt() != p.elt {
-            return Err(format!(
-                "'{}' must be {:?} {:?}, given {:?} {:?}",
-                p.name,
-                p.elt,
-                p.global_shape,
-                t.elt(),
-                t.shape
-            ));
-        }
-        if let Some(d) = p.domain {
-            d.check(&p.name, t)?;
-        }
+        p.check(t)?;
     }
     let whole: Vec<Vec<u8>> = inputs.iter().map(Tensor::bytes).collect();
     let consts = art.section("consts").unwrap_or_default();
@@ -698,9 +686,7 @@ pub(crate) fn load_inputs(art: &Artifact, inputs: &[Tensor]) -> Result<Arenas, S
         for c in &prog.constants {
             let b = &prog.buffers[c.buffer];
             for (d, arena) in arenas.iter_mut().enumerate() {
-                let at = c.offsets[if c.offsets.len() > 1 { d } else { 0 }] as usize;
-                let src = &consts[at..][..b.bytes() as usize];
-                write_at(arena, b.offset, src);
+                write_at(arena, b.offset, c.bytes(consts, b, d)?);
             }
         }
         for bd in &prog.inputs {
@@ -896,14 +882,21 @@ impl Drop for HostProgram {
 pub(crate) mod tests_support {
     /// A host.so with the sample artifact's kernel `k0.host`: `y = 2 x`.
     pub(crate) fn doubling_so(dir: &std::path::Path) -> Vec<u8> {
-        let c = dir.join("k.c");
+        scaling_so(dir, 2)
+    }
+
+    /// A host.so whose kernel `k0.host` is `y = factor x` (built in `dir`).
+    pub(crate) fn scaling_so(dir: &std::path::Path, factor: u32) -> Vec<u8> {
+        let c = dir.join(format!("k{factor}.c"));
         std::fs::write(
             &c,
-            "void k0(float **a, unsigned long n) __asm__(\"k0.host\");\n\
-             void k0(float **a, unsigned long n) { for (unsigned long i = 0; i < n; i++) a[1][i] = 2 * a[0][i]; }\n",
+            format!(
+                "void k0(float **a, unsigned long n) __asm__(\"k0.host\");\n\
+                 void k0(float **a, unsigned long n) {{ for (unsigned long i = 0; i < n; i++) a[1][i] = {factor} * a[0][i]; }}\n"
+            ),
         )
         .unwrap();
-        let so = dir.join("k.so");
+        let so = dir.join(format!("k{factor}.so"));
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
         let st = std::process::Command::new(cc)
             .args(["-shared", "-fPIC", "-o"])
@@ -983,23 +976,7 @@ mod load_tests {
         let work = std::env::temp_dir().join(format!("nnscaler-two-{}", std::process::id()));
         std::fs::create_dir_all(&work).unwrap();
         let double = doubling_so(&work);
-        let c = work.join("t.c");
-        std::fs::write(
-            &c,
-            "void k0(float **a, unsigned long n) __asm__(\"k0.host\");\n\
-             void k0(float **a, unsigned long n) { for (unsigned long i = 0; i < n; i++) a[1][i] = 3 * a[0][i]; }\n",
-        )
-        .unwrap();
-        let so = work.join("t.so");
-        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let st = std::process::Command::new(cc)
-            .args(["-shared", "-fPIC", "-o"])
-            .arg(&so)
-            .arg(&c)
-            .status()
-            .unwrap();
-        assert!(st.success());
-        let triple = std::fs::read(&so).unwrap();
+        let triple = super::tests_support::scaling_so(&work, 3);
         let _ = std::fs::remove_dir_all(&work);
         let load = |so: Vec<u8>| {
             let mut art = crate::artifact::tests_support::sample();

@@ -553,14 +553,10 @@ impl Engine for Procs {
         .into_iter()
         .collect();
         for p in &h.inputs {
-            if let (Some(d), Some(t)) = (
-                p.domain,
-                [("tokens", tokens), ("targets", targets)]
-                    .iter()
-                    .find(|(n, _)| *n == p.name)
-                    .map(|x| x.1),
-            ) {
-                d.check(&p.name, t)?;
+            match p.name.as_str() {
+                "tokens" => p.check(tokens)?,
+                "targets" => p.check(targets)?,
+                _ => {}
             }
         }
         let consts = art.section("consts").unwrap_or_default();
@@ -582,8 +578,7 @@ impl Engine for Procs {
                         let mut arena = vec![0u64; prog.arena_bytes.div_ceil(8) as usize];
                         for c in &prog.constants {
                             let b = &prog.buffers[c.buffer];
-                            let at = c.offsets[if c.offsets.len() > 1 { l.k } else { 0 }] as usize;
-                            write_at(&mut arena, b.offset, &consts[at..][..b.bytes() as usize]);
+                            write_at(&mut arena, b.offset, c.bytes(consts, b, l.k)?);
                         }
                         for bd in &prog.inputs {
                             let port = &h.inputs[bd.port];

@@ -106,13 +106,7 @@ impl<R: Resident> Session<R> {
             for c in &prog.constants {
                 let b = &prog.buffers[c.buffer];
                 let pieces = (0..prog.devices.len())
-                    .map(|d| {
-                        let at = c.offsets[if c.offsets.len() > 1 { d } else { 0 }] as usize;
-                        consts
-                            .get(at..at + b.bytes() as usize)
-                            .map(<[u8]>::to_vec)
-                            .ok_or_else(|| "a constant lies outside the consts section".to_string())
-                    })
+                    .map(|d| c.bytes(&consts, b, d).map(<[u8]>::to_vec))
                     .collect::<Result<Vec<_>, _>>()?;
                 puts.push((p, c.buffer, pieces));
             }
@@ -128,19 +122,7 @@ impl<R: Resident> Session<R> {
     fn put_whole(&mut self, i: usize, t: &Tensor) -> Result<(), String> {
         let art = self.r.artifact();
         let p = &art.header.inputs[i];
-        if t.shape != p.global_shape || t.elt() != p.elt {
-            return Err(format!(
-                "'{}' must be {:?} {:?}, given {:?} {:?}",
-                p.name,
-                p.elt,
-                p.global_shape,
-                t.elt(),
-                t.shape
-            ));
-        }
-        if let Some(d) = p.domain {
-            d.check(&p.name, t)?;
-        }
+        p.check(t)?;
         let bytes = t.bytes();
         let mut puts = Vec::new();
         for (q, prog) in art.header.programs.iter().enumerate() {

@@ -7,26 +7,34 @@
 //! overrides the rule for one parameter: `"normal(mean, std)"`, `"uniform(lo, hi)"`,
 //! `"zeros"`, `"ones"` or `"const(v)"`.
 
-use crate::rng;
-use crate::tensor::{dims, numel, Tensor};
+use crate::tensor::{dims, Tensor};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Init;
 
-/// Draws parameter argument `arg` of `g` under `seed`.
-pub fn init_param(g: &Graph, arg: usize, seed: u64) -> Result<Tensor, String> {
+/// Argument `arg` of `g` as training state: its name, shape and initialization rule.
+pub fn state_spec(g: &Graph, arg: usize) -> Result<nnscaler_rt::train::StateSpec, String> {
+    use nnscaler_rt::train::{Init as Rule, StateSpec};
     let a = &g.args[arg];
-    let name = a.name().unwrap_or("");
-    let shape = dims(&g.values[a.value]);
-    let stream = rng::name_stream(name);
-    let n = numel(&shape) as u64;
-    let v: Vec<f32> = match g.init_rule(arg)? {
-        Init::Const(c) => vec![c as f32; n as usize],
-        Init::Normal { mean, std } => (0..n)
-            .map(|i| (mean + std * rng::normal(seed, stream, i)) as f32)
-            .collect(),
-        Init::Uniform { lo, hi } => (0..n)
-            .map(|i| (lo + (hi - lo) * rng::uniform(seed, stream, i)) as f32)
-            .collect(),
+    let name = a.name().unwrap_or("").to_string();
+    let init = match g.init_rule(arg).map_err(|e| format!("'{name}': {e}"))? {
+        Init::Const(value) => Rule::Const { value },
+        Init::Normal { mean, std } => Rule::Normal { mean, std },
+        Init::Uniform { lo, hi } => Rule::Uniform { lo, hi },
     };
-    Ok(Tensor::f32(&shape, v))
+    Ok(StateSpec {
+        name,
+        shape: dims(&g.values[a.value]).iter().map(|&d| d as u64).collect(),
+        init,
+    })
+}
+
+/// Draws parameter argument `arg` of `g` under `seed` (the draw `nnscaler-rt` makes of a
+/// training bundle's state: [`nnscaler_rt::train::StateSpec::draw`]).
+pub fn init_param(g: &Graph, arg: usize, seed: u64) -> Result<Tensor, String> {
+    let spec = state_spec(g, arg)?;
+    let shape = dims(&g.values[g.args[arg].value]);
+    match spec.draw(seed)?.data {
+        nnscaler_rt::Values::F32(v) => Ok(Tensor::f32(&shape, v)),
+        nnscaler_rt::Values::I64(_) => Err("a drawn parameter is not f32".into()),
+    }
 }

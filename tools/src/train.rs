@@ -19,7 +19,7 @@ use crate::data::Dataset;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::domain::{self, Domain};
 use nnscaler_dialects::graph::Graph;
-use nnscaler_dialects::nns::{Init, Mesh};
+use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::verify::Meshes;
 use nnscaler_passes::pipeline::{self, Step};
 use nnscaler_rt::train::{
@@ -633,24 +633,10 @@ fn the_loop(c: &Config, p: &Programs) -> Loop {
 /// The training state: every state argument of the step (parameters and moments), its
 /// shape and its initialization rule.
 fn state_specs(view: &Graph) -> Result<Vec<StateSpec>, String> {
-    let mut out = Vec::new();
-    for (i, arg) in view.args.iter().enumerate() {
-        if !arg.is_state() {
-            continue;
-        }
-        let name = arg.name().unwrap_or("").to_string();
-        let shape = nnscaler_runtime::tensor::dims(&view.values[arg.value])
-            .iter()
-            .map(|&d| d as u64)
-            .collect();
-        let init = match view.init_rule(i).map_err(|e| format!("'{name}': {e}"))? {
-            Init::Const(value) => rt::Init::Const { value },
-            Init::Normal { mean, std } => rt::Init::Normal { mean, std },
-            Init::Uniform { lo, hi } => rt::Init::Uniform { lo, hi },
-        };
-        out.push(StateSpec { name, shape, init });
-    }
-    Ok(out)
+    (0..view.args.len())
+        .filter(|&i| view.args[i].is_state())
+        .map(|i| nnscaler_runtime::init::state_spec(view, i))
+        .collect()
 }
 
 /// The names of a graph's arguments and results.
