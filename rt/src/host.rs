@@ -7,10 +7,10 @@
 //! them). Sends do not wait. When no program can move and some have steps left, the run
 //! is a deadlock, reported with what each program waits for.
 
-use crate::artifact::{Artifact, Buffer, Elt, Step};
+use crate::artifact::{Artifact, Buffer, Step};
 use crate::collective::{moves, scratch_bytes, At, Move, Places};
 use crate::ranks::{lanes, on_threads, rank_scratch, run_rank, Flat, Groups, HostComm, P2p, Rank};
-use crate::tensor::{Tensor, Values};
+use crate::tensor::Tensor;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_void, CString};
 
@@ -711,59 +711,29 @@ pub(crate) fn load_inputs(art: &Artifact, inputs: &[Tensor]) -> Result<Arenas, S
 /// (replicas must agree bit for bit).
 pub(crate) fn results(art: &Artifact, arenas: &Arenas) -> Result<Vec<Tensor>, String> {
     let h = &art.header;
-    let mut out: Vec<Option<Tensor>> = vec![None; h.outputs.len()];
-    for (prog, arenas) in h.programs.iter().zip(arenas) {
-        for bd in &prog.outputs {
-            let p = &h.outputs[bd.port];
-            let b = &prog.buffers[bd.buffer];
-            let es = b.elt.size() as usize;
-            let n: u64 = p.global_shape.iter().product();
-            let mut whole = vec![0u8; n as usize * es];
-            let mut owner: Vec<u32> = vec![u32::MAX; n as usize];
-            for (d, arena) in arenas.iter().enumerate() {
-                let piece = &bytes(arena)[b.offset as usize..][..b.bytes() as usize];
-                let device = prog.devices[d];
-                let clash = place_checked(
-                    &mut whole,
-                    &p.global_shape,
-                    &bd.shards[d],
-                    piece,
-                    es,
-                    &mut owner,
-                    device,
-                );
-                if let Some((i, first)) = clash {
-                    return Err(format!(
-                        "replicas of '{}' disagree: element {i} on devices {first} and {device}",
-                        p.name
-                    ));
-                }
+    (0..h.outputs.len())
+        .map(|o| {
+            let pieces: Vec<crate::session::Pieces> = h
+                .programs
+                .iter()
+                .zip(arenas)
+                .enumerate()
+                .flat_map(|(p, (prog, arenas))| {
+                    prog.outputs.iter().filter(|b| b.port == o).map(move |b| {
+                        let buf = &prog.buffers[b.buffer];
+                        (
+                            p,
+                            arenas.iter().map(|a| get(a, buf)).collect(),
+                            b.shards.clone(),
+                        )
+                    })
+                })
+                .collect();
+            if pieces.is_empty() {
+                return Err(format!("no program computes '{}'", h.outputs[o].name));
             }
-            let data = match b.elt {
-                // (The reader refuses bf16 ports.)
-                Elt::Bf16 => return Err(format!("'{}' is stored as bf16", p.name)),
-                Elt::F32 => Values::F32(
-                    whole
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                        .collect(),
-                ),
-                Elt::I64 => Values::I64(
-                    whole
-                        .chunks_exact(8)
-                        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-                        .collect(),
-                ),
-            };
-            out[bd.port] = Some(Tensor {
-                shape: p.global_shape.clone(),
-                data,
-            });
-        }
-    }
-    out.into_iter()
-        .zip(&h.outputs)
-        .map(|(t, p)| t.ok_or_else(|| format!("no program computes '{}'", p.name)))
+            crate::session::assemble(art, &h.outputs[o], pieces)
+        })
         .collect()
 }
 

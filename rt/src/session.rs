@@ -342,11 +342,11 @@ impl<R: Resident> Session<R> {
 type Bind = (usize, usize, Vec<Vec<[u64; 2]>>);
 
 /// A port's pieces in a program: (program, each device's bytes, each device's ranges).
-type Pieces = (usize, Vec<Vec<u8>>, Vec<Vec<[u64; 2]>>);
+pub(crate) type Pieces = (usize, Vec<Vec<u8>>, Vec<Vec<[u64; 2]>>);
 
 /// Port `port` made whole from pieces: per program, its devices' bytes and ranges
 /// (replicas must agree bit for bit; every element must be covered).
-fn assemble(
+pub(crate) fn assemble(
     art: &Artifact,
     port: &crate::artifact::Port,
     pieces: Vec<Pieces>,
