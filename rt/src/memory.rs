@@ -75,18 +75,28 @@ pub fn check(
     limit: Option<u64>,
     available: Option<(u64, String)>,
 ) -> Result<(), String> {
+    check_all(&[art], limit, available)
+}
+
+/// [`check`] for artifacts that run side by side (a training step and its evaluation
+/// forward, each with its arenas allocated).
+pub fn check_all(
+    arts: &[&Artifact],
+    limit: Option<u64>,
+    available: Option<(u64, String)>,
+) -> Result<(), String> {
     let (limit, what) = match (limit, available) {
         (Some(l), _) => (l, "--memory-limit".to_string()),
         (None, Some(a)) => a,
         (None, None) => return Ok(()),
     };
-    let (a, w) = (arenas(art), whole_tensors(art));
+    let sum = |f: fn(&Artifact) -> u64| arts.iter().fold(0u64, |n, a| n.saturating_add(f(a)));
+    let (a, w) = (sum(arenas), sum(whole_tensors));
     let need = a.saturating_add(w);
     if need > limit {
-        let worst = art
-            .header
-            .programs
+        let worst = arts
             .iter()
+            .flat_map(|a| &a.header.programs)
             .max_by_key(|p| p.arena_bytes)
             .map(|p| {
                 format!(

@@ -1171,6 +1171,8 @@ pub struct BundleRun {
     pub timeout: std::time::Duration,
     /// Stop after the step during which this many seconds passed.
     pub max_time: Option<f64>,
+    /// Refuse to start when the step's and the forward's arenas and tensors need more.
+    pub memory_limit: Option<u64>,
 }
 
 /// Trains bundle `o.dir` (see [`BundleRun`]); the summary to print (empty on processes
@@ -1195,6 +1197,19 @@ pub fn run_bundle(o: &BundleRun) -> Result<String, String> {
     };
     let step = b.artifact(&m.step)?;
     let eval = b.artifact(&m.eval)?;
+    // The step's and the forward's arenas and whole tensors side by side, before any is
+    // allocated (each artifact alone is checked again as it loads).
+    if o.backend == "host" {
+        crate::memory::check_all(
+            &[&step, &eval],
+            o.memory_limit,
+            crate::memory::host_available(),
+        )
+        .map_err(|e| format!("{}: {e}", o.dir))?;
+    } else if let Some(l) = o.memory_limit {
+        crate::memory::check_all(&[&step, &eval], Some(l), None)
+            .map_err(|e| format!("{}: {e}", o.dir))?;
+    }
     if w.size > 1 {
         if o.backend != "host" {
             return Err(format!(

@@ -140,6 +140,11 @@ enum Cmd {
         /// evaluating and checkpointing there (a job's time limit); --resume continues.
         #[arg(long, value_name = "SECONDS")]
         max_time: Option<f64>,
+        /// Refuse to start when the training step's and the evaluation forward's arenas
+        /// and tensors need more than this (e.g. 8G); without it, more than the host's
+        /// available memory (host) or the GPU's free memory (cuda) is refused.
+        #[arg(long, value_name = "BYTES", value_parser = nnscaler_rt::memory::parse_bytes)]
+        memory_limit: Option<u64>,
     },
     /// Time the calibration benchmarks 'nnscaler calibrate --device gpu --prepare DIR'
     /// wrote, and write them back with each one's median seconds (for 'nnscaler
@@ -564,7 +569,7 @@ fn train(
     backend: &str,
     ranks: Option<String>,
     rendezvous: &str,
-    (timeout, max_time): (u64, Option<f64>),
+    (timeout, max_time, memory_limit): (u64, Option<f64>, Option<u64>),
 ) -> Result<String, String> {
     use nnscaler_rt::net::{world_from, Rendezvous};
     let rendezvous = match rendezvous.split_once(':') {
@@ -587,6 +592,7 @@ fn train(
         rendezvous,
         timeout: std::time::Duration::from_secs(timeout),
         max_time,
+        memory_limit,
     })
     .map_err(|e| {
         if rank > 0 {
@@ -642,6 +648,7 @@ fn main() -> ExitCode {
             rendezvous,
             timeout,
             max_time,
+            memory_limit,
         } => train(
             bundle,
             *resume,
@@ -649,7 +656,7 @@ fn main() -> ExitCode {
             backend,
             ranks.clone(),
             rendezvous,
-            (*timeout, *max_time),
+            (*timeout, *max_time, *memory_limit),
         ),
     };
     match r {
