@@ -92,11 +92,14 @@ impl Comms {
 }
 
 impl Comms {
+    /// The handles this process holds (a process's communicators have null handles
+    /// for the members other processes hold).
     fn handles(&self) -> impl Iterator<Item = &Handle> {
         self.groups
             .iter()
             .flatten()
             .chain(self.lanes.values().flatten())
+            .filter(|h| !h.0.is_null())
     }
 
     /// Aborts every communicator (once): NCCL calls waiting on a device that failed
@@ -471,4 +474,258 @@ pub fn run_ranks_timed(
         }
     }
     Ok((results(art, &host)?, times))
+}
+
+/// Kind of the rendezvous messages carrying NCCL's unique ids between processes.
+const NCCL_ID: u64 = 0x6e63_636c;
+
+/// The bytes of a unique id.
+fn id_bytes(id: &nccl_sys::ncclUniqueId) -> Vec<u8> {
+    id.internal.iter().map(|&c| c as u8).collect()
+}
+
+/// A unique id from its bytes.
+fn id_from(b: &[u8]) -> Result<nccl_sys::ncclUniqueId, String> {
+    let mut id = nccl_sys::ncclUniqueId { internal: [0; 128] };
+    if b.len() != id.internal.len() {
+        return Err(format!("an NCCL id of {} bytes", b.len()));
+    }
+    for (d, &s) in id.internal.iter_mut().zip(b) {
+        *d = s as std::ffi::c_char;
+    }
+    Ok(id)
+}
+
+/// `ncclCommInitRank` as member `member` of `n`, the id from the process of member 0
+/// (made there and sent over `net` under `key` to the others, `others`: their ranks).
+fn init_rank(
+    net: &crate::net::Net,
+    key: crate::net::Key,
+    member: usize,
+    n: usize,
+    first: usize,
+    others: &[usize],
+    what: &str,
+) -> Result<Handle, String> {
+    let id = if member == 0 {
+        let id = nccl::get_uniqueid().map_err(|e| format!("NCCL: an id for {what}: {e:?}"))?;
+        for &r in others {
+            net.send(r, key, &id_bytes(&id))?;
+        }
+        id
+    } else {
+        id_from(&net.take(first, key, &|| format!("NCCL's id for {what}"))?)?
+    };
+    let mut comm = std::ptr::null_mut();
+    // SAFETY: `comm` receives the handle; the id is the group's, every member calls this
+    // with the same `n` and its own `member`.
+    unsafe { nccl::comm_init_rank(&mut comm, n as i32, id, member as i32) }
+        .map_err(|e| format!("NCCL: {what}: {e:?}"))?;
+    Ok(Handle(comm))
+}
+
+impl Comms {
+    /// Device `device`'s communicators when every device is a process of its own
+    /// (`owner`: each device's rank): for every group it is in, and every lane it sends
+    /// or receives on, in one order all processes share (so their initializations, each
+    /// waiting for its members, cannot wait on each other in a cycle); the other
+    /// members' handles are null.
+    fn for_device(
+        art: &Artifact,
+        groups: &Groups,
+        lanes: &[Vec<usize>],
+        device: usize,
+        net: &crate::net::Net,
+        owner: &[usize],
+    ) -> Result<Comms, String> {
+        let mut c = Comms {
+            groups: Vec::with_capacity(groups.list.len()),
+            lanes: HashMap::new(),
+            aborted: AtomicBool::new(false),
+        };
+        for (g, members) in groups.list.iter().enumerate() {
+            let mut hs: Vec<Handle> = members
+                .iter()
+                .map(|_| Handle(std::ptr::null_mut()))
+                .collect();
+            if let Some(m) = members.iter().position(|&d| d == device) {
+                let others: Vec<usize> = members[1..].iter().map(|&d| owner[d]).collect();
+                hs[m] = init_rank(
+                    net,
+                    [NCCL_ID, 0, g as u64, 0],
+                    m,
+                    members.len(),
+                    owner[members[0]],
+                    &others,
+                    &format!("the group of devices {members:?}"),
+                )?;
+            }
+            c.groups.push(hs);
+        }
+        let progs = &art.header.programs;
+        let mut pairs = std::collections::BTreeSet::new();
+        for (p, prog) in progs.iter().enumerate() {
+            for (s, &lane) in prog.steps.iter().zip(&lanes[p]) {
+                let Step::Send { to, .. } = s else { continue };
+                for (&from, &to) in prog.devices.iter().zip(&progs[*to].devices) {
+                    pairs.insert((from, to, lane));
+                }
+            }
+        }
+        for (from, to, lane) in pairs {
+            if from != device && to != device {
+                continue;
+            }
+            let me = usize::from(to == device);
+            let key = [NCCL_ID, 1, ((from as u64) << 32) | to as u64, lane as u64];
+            let h = init_rank(
+                net,
+                key,
+                me,
+                2,
+                owner[from],
+                &[owner[to]],
+                &format!("lane {lane} from device {from} to device {to}"),
+            )?;
+            let null = || Handle(std::ptr::null_mut());
+            c.lanes.insert(
+                (from, to, lane),
+                if me == 0 { [h, null()] } else { [null(), h] },
+            );
+        }
+        Ok(c)
+    }
+}
+
+/// A device of one process among several (`crate::procs`), on a GPU of its own: its
+/// program, arena, scratch space and NCCL communicators, made with the other processes
+/// through the rendezvous's connections. Built, not yet run on GPUs.
+pub(crate) struct ProcGpu {
+    prog: CudaProgram,
+    p: usize,
+    device: usize,
+    arena: CudaSlice<u64>,
+    scratch: CudaSlice<u64>,
+    comms: Arc<Comms>,
+}
+
+impl std::fmt::Debug for ProcGpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcGpu")
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProcGpu {
+    /// Device `device` (of program `p`) of `art` on GPU `gpu`, its communicators (for
+    /// `groups` and `lanes`) made with the processes of `net` (`owner`: each device's
+    /// rank).
+    pub(crate) fn new(
+        art: &Artifact,
+        (p, device, gpu): (usize, usize, usize),
+        (groups, lanes): (&Groups, &[Vec<usize>]),
+        net: &crate::net::Net,
+        owner: &[usize],
+    ) -> Result<ProcGpu, String> {
+        // SAFETY: probing for the library has no preconditions.
+        if !unsafe { nccl_sys::is_culib_present() } {
+            return Err("NCCL (libnccl.so) cannot be loaded: processes on GPUs need it".into());
+        }
+        let prog = CudaProgram::load(art.clone(), gpu)?;
+        let stream = prog.stream().clone();
+        let cu = |e: cudarc::driver::DriverError| format!("CUDA: device {device}: {e}");
+        let arena = stream
+            .alloc_zeros::<u64>(art.header.programs[p].arena_bytes.div_ceil(8).max(1) as usize)
+            .map_err(cu)?;
+        let words = rank_scratch(art, groups)?.div_ceil(8).max(1) as usize;
+        let scratch = stream.alloc_zeros::<u64>(words).map_err(cu)?;
+        stream.context().bind_to_thread().map_err(cu)?;
+        let comms = Arc::new(Comms::for_device(art, groups, lanes, device, net, owner)?);
+        // A peer gone makes this process fail: NCCL calls waiting on it return then.
+        let (watch, c) = (net.watcher(), Arc::clone(&comms));
+        std::thread::spawn(move || {
+            if watch.wait().is_some() {
+                c.abort();
+            }
+        });
+        Ok(ProcGpu {
+            prog,
+            p,
+            device,
+            arena,
+            scratch,
+            comms,
+        })
+    }
+
+    /// One run of the device's steps: the arena zeroed, `writes` (byte offset, bytes)
+    /// copied in, the steps run with NCCL, and the bytes at `reads` (offset, length)
+    /// brought back.
+    pub(crate) fn run(
+        &mut self,
+        art: &Artifact,
+        lanes: &[usize],
+        groups: &Groups,
+        writes: &[(u64, Vec<u8>)],
+        reads: &[(u64, u64)],
+    ) -> Result<Vec<Vec<u8>>, String> {
+        let device = self.device;
+        let cu = |e: cudarc::driver::DriverError| format!("CUDA: device {device}: {e}");
+        let stream = self.prog.stream().clone();
+        stream.context().bind_to_thread().map_err(cu)?;
+        stream.memset_zeros(&mut self.arena).map_err(cu)?;
+        for (off, bytes) in writes {
+            // Buffers start at multiples of 256 and their space is rounded up to 256
+            // bytes, so padding to whole words writes over nothing else.
+            let mut words = vec![0u64; bytes.len().div_ceil(8)];
+            for (k, c) in bytes.chunks(8).enumerate() {
+                let mut w = [0u8; 8];
+                w[..c.len()].copy_from_slice(c);
+                words[k] = u64::from_le_bytes(w);
+            }
+            let lo = (*off / 8) as usize;
+            stream
+                .memcpy_htod(
+                    words.as_slice(),
+                    &mut self.arena.slice_mut(lo..lo + words.len()),
+                )
+                .map_err(cu)?;
+        }
+        let mut rank = GpuRank {
+            mem: RankMemory {
+                prog: &self.prog,
+                p: self.p,
+                arena: &self.arena,
+                scratch: &self.scratch,
+            },
+            device,
+            lane_streams: HashMap::new(),
+            staging: Vec::new(),
+            comms: &self.comms,
+        };
+        let r = run_rank(art, lanes, self.p, device, groups, &mut rank)
+            .and_then(|_| stream.synchronize().map_err(cu))
+            .and_then(|_| rank.drain());
+        if r.is_err() {
+            self.comms.abort();
+        }
+        r?;
+        let mut out = Vec::with_capacity(reads.len());
+        for &(off, len) in reads {
+            let lo = (off / 8) as usize;
+            let mut words = vec![0u64; len.div_ceil(8) as usize];
+            stream
+                .memcpy_dtoh(
+                    &self.arena.slice(lo..lo + words.len()),
+                    words.as_mut_slice(),
+                )
+                .map_err(cu)?;
+            stream.synchronize().map_err(cu)?;
+            let mut b: Vec<u8> = words.iter().flat_map(|x| x.to_le_bytes()).collect();
+            b.truncate(len as usize);
+            out.push(b);
+        }
+        Ok(out)
+    }
 }

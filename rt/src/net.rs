@@ -484,6 +484,11 @@ impl Net {
         cv.notify_all();
     }
 
+    /// Something to wait on for this process's failure from another thread.
+    pub fn watcher(&self) -> Watcher {
+        Watcher(Arc::clone(&self.mail))
+    }
+
     /// This process stops with error `e`: tells every peer the first cause it knows (a
     /// peer that went away, or `e`), so their errors name it too, whichever connection
     /// they see end first.
@@ -512,12 +517,36 @@ impl Net {
     /// goodbye to every peer, so its connection ending is not a failure there, and
     /// closes; connections ending here from now on are not failures either.
     pub fn close(&self) {
-        let (m, _) = &*self.mail;
+        let (m, cv) = &*self.mail;
         m.lock().unwrap_or_else(|e| e.into_inner()).closing = true;
+        cv.notify_all();
         for s in self.links.iter().flatten() {
             let mut s = s.lock().unwrap_or_else(|e| e.into_inner());
             let _ = put_u64s(&mut *s, &[BYE[0], BYE[1], BYE[2], BYE[3], 0]);
             let _ = s.shutdown(Shutdown::Write);
+        }
+    }
+}
+
+/// A process's failure, awaited from another thread ([`Net::watcher`]): a GPU's
+/// communicators are aborted when it comes, so calls waiting on a peer that is gone
+/// return instead of waiting for ever.
+#[derive(Debug, Clone)]
+pub struct Watcher(Arc<(Mutex<Mail>, Condvar)>);
+
+impl Watcher {
+    /// Blocks until the process failed (its first cause) or the run ended (`None`).
+    pub fn wait(&self) -> Option<String> {
+        let (m, cv) = &*self.0;
+        let mut mail = m.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(e) = &mail.failed {
+                return Some(e.clone());
+            }
+            if mail.closing {
+                return None;
+            }
+            mail = cv.wait(mail).unwrap_or_else(|e| e.into_inner());
         }
     }
 }

@@ -14,11 +14,11 @@
 //! on rank 0, the lead, which evaluates, logs and writes.
 
 use crate::artifact::{Artifact, Elt};
-use crate::host::{cut, get, place_checked, write_at, HostProgram, HostRank, HostWire};
+use crate::host::{cut, place_checked, write_at, HostProgram, HostRank, HostWire};
 use crate::net::{Key, Net};
 use crate::ranks::{lanes, rank_scratch, run_rank, Flat, Groups, P2p};
 use crate::tensor::{Tensor, Values};
-use crate::train::{scalar, Engine, StateSpec};
+use crate::train::{scalar, Engine, Forward, StateSpec};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
@@ -258,13 +258,32 @@ struct Local {
     pieces: BTreeMap<String, Vec<u8>>,
 }
 
+/// Where a process's devices run: on the host (each on a thread of its own, their
+/// collectives and messages through the network), or each on a GPU of its own through
+/// NCCL (feature `cuda`).
+enum Exec {
+    Host(Box<HostProgram>),
+    #[cfg(feature = "cuda")]
+    Cuda(Vec<Mutex<crate::nccl::ProcGpu>>),
+}
+
+impl std::fmt::Debug for Procs<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Procs")
+            .field("world", &self.net.world)
+            .field("locals", &self.locals.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// The engine of one process among several (see the module's docs).
-#[derive(Debug)]
-pub struct Procs {
+pub struct Procs<'a> {
     net: Net,
-    step: HostProgram,
+    art: Artifact,
+    /// Where this process's devices run.
+    exec: Exec,
     /// The evaluation forward (on the lead).
-    eval: Option<HostProgram>,
+    eval: Option<Box<dyn Forward + 'a>>,
     owner: Vec<usize>,
     lanes: Vec<Vec<usize>>,
     groups: Groups,
@@ -348,15 +367,17 @@ pub fn share(devices: usize, rank: usize, world: usize) -> Result<std::ops::Rang
     Ok(rank * per..(rank + 1) * per)
 }
 
-impl Procs {
-    /// This process's share of `step` (the training step's artifact; `eval`, the
-    /// forward's, on the lead) over `net`, for the state `specs`.
+impl<'a> Procs<'a> {
+    /// This process's share of `step` (the training step's artifact) over `net` for the
+    /// state `specs`, on `backend` (`host`, or `cuda`: the process's device on GPU
+    /// `LOCAL_RANK`, one device a process); `eval` evaluates (on the lead).
     pub fn new(
         net: Net,
         step: Artifact,
-        eval: Option<Artifact>,
+        backend: &str,
+        eval: Option<Box<dyn Forward + 'a>>,
         specs: Vec<StateSpec>,
-    ) -> Result<Procs, String> {
+    ) -> Result<Procs<'a>, String> {
         let devices = step.devices().max(1);
         let (rank, world) = (net.world.rank, net.world.size);
         let mine = share(devices, rank, world)?;
@@ -399,9 +420,35 @@ impl Procs {
         let lanes = lanes(&step)?;
         let groups = Groups::of(&step);
         let scratch = rank_scratch(&step, &groups)?.div_ceil(8) as usize;
+        let exec = match backend {
+            "host" => Exec::Host(Box::new(HostProgram::load(step.clone())?)),
+            #[cfg(feature = "cuda")]
+            "cuda" => {
+                if per != 1 {
+                    return Err(format!(
+                        "on GPUs every process runs one device: start {devices} processes for the mesh's {devices} devices (given {world})"
+                    ));
+                }
+                let gpu = net.world.local_rank;
+                let l = &locals[0];
+                Exec::Cuda(vec![Mutex::new(crate::nccl::ProcGpu::new(
+                    &step,
+                    (l.p, l.device, gpu),
+                    (&groups, &lanes),
+                    &net,
+                    &owner,
+                )?)])
+            }
+            other => {
+                return Err(format!(
+                "processes on the '{other}' backend: host or cuda (a build with --features cuda)"
+            ))
+            }
+        };
         Ok(Procs {
-            step: HostProgram::load(step)?,
-            eval: eval.map(HostProgram::load).transpose()?,
+            art: step,
+            exec,
+            eval,
             net,
             owner,
             lanes,
@@ -515,9 +562,9 @@ fn unpack(b: &[u8]) -> Result<Vec<Piece>, String> {
     Ok(out)
 }
 
-impl Engine for Procs {
+impl Engine for Procs<'_> {
     fn set_state(&mut self, state: BTreeMap<String, Tensor>) -> Result<(), String> {
-        let h = &self.step.artifact().header;
+        let h = &self.art.header;
         for l in &mut self.locals {
             l.pieces.clear();
             for b in &h.programs[l.p].inputs {
@@ -541,9 +588,11 @@ impl Engine for Procs {
         step: u64,
         lr: f32,
     ) -> Result<f64, String> {
-        let art = self.step.artifact();
+        if let Some(e) = self.eval.as_mut() {
+            e.invalidate();
+        }
+        let art = &self.art;
         let h = &art.header;
-        let fns = self.step.fns();
         let whole: HashMap<&str, Vec<u8>> = [
             ("tokens", tokens.bytes()),
             ("targets", targets.bytes()),
@@ -560,6 +609,43 @@ impl Engine for Procs {
             }
         }
         let consts = art.section("consts").unwrap_or_default();
+        // Each device's writes (the constants and its pieces of the arguments, at their
+        // offsets in its arena) and the results it reads back.
+        let mut work = Vec::with_capacity(self.locals.len());
+        for l in &self.locals {
+            let prog = &h.programs[l.p];
+            let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
+            for c in &prog.constants {
+                let b = &prog.buffers[c.buffer];
+                writes.push((b.offset, c.bytes(consts, b, l.k)?.to_vec()));
+            }
+            for bd in &prog.inputs {
+                let port = &h.inputs[bd.port];
+                let b = &prog.buffers[bd.buffer];
+                let piece = match (l.pieces.get(&port.name), whole.get(port.name.as_str())) {
+                    (Some(p), _) => p.clone(),
+                    (None, Some(w)) => cut(
+                        w,
+                        &port.global_shape,
+                        &bd.shards[l.k],
+                        b.elt.size() as usize,
+                    ),
+                    (None, None) => {
+                        return Err(format!("no value for the step's argument '{}'", port.name))
+                    }
+                };
+                writes.push((b.offset, piece));
+            }
+            let reads: Vec<(u64, u64)> = prog
+                .outputs
+                .iter()
+                .map(|bd| {
+                    let b = &prog.buffers[bd.buffer];
+                    (b.offset, b.bytes())
+                })
+                .collect();
+            work.push((writes, reads));
+        }
         let wire = NetWire {
             net: &self.net,
             owner: &self.owner,
@@ -567,69 +653,50 @@ impl Engine for Procs {
             seq: &self.seq,
         };
         let (lanes, groups, scratch) = (&self.lanes, &self.groups, self.scratch);
-        let results: Vec<Result<Stepped, String>> = std::thread::scope(|sc| {
+        // What the devices' threads take of where they run (a loaded host library is
+        // not shared between threads, its kernels' entry points are).
+        let host = match &self.exec {
+            Exec::Host(prog) => Some(prog.fns()),
+            #[cfg(feature = "cuda")]
+            Exec::Cuda(_) => None,
+        };
+        #[cfg(feature = "cuda")]
+        let gpus = match &self.exec {
+            Exec::Cuda(g) => Some(g),
+            Exec::Host(_) => None,
+        };
+        let read: Vec<Result<Vec<Vec<u8>>, String>> = std::thread::scope(|sc| {
             let handles: Vec<_> = self
                 .locals
                 .iter()
-                .map(|l| {
-                    let (wire, whole) = (&wire, &whole);
-                    sc.spawn(move || -> Result<Stepped, String> {
-                        let prog = &h.programs[l.p];
-                        let mut arena = vec![0u64; prog.arena_bytes.div_ceil(8) as usize];
-                        for c in &prog.constants {
-                            let b = &prog.buffers[c.buffer];
-                            write_at(&mut arena, b.offset, c.bytes(consts, b, l.k)?);
-                        }
-                        for bd in &prog.inputs {
-                            let port = &h.inputs[bd.port];
-                            let b = &prog.buffers[bd.buffer];
-                            let piece =
-                                match (l.pieces.get(&port.name), whole.get(port.name.as_str())) {
-                                    (Some(p), _) => p.clone(),
-                                    (None, Some(w)) => cut(
-                                        w,
-                                        &port.global_shape,
-                                        &bd.shards[l.k],
-                                        b.elt.size() as usize,
-                                    ),
-                                    (None, None) => {
-                                        return Err(format!(
-                                            "no value for the step's argument '{}'",
-                                            port.name
-                                        ))
-                                    }
-                                };
-                            write_at(&mut arena, b.offset, &piece);
-                        }
-                        let mut rank = HostRank {
-                            art,
-                            fns,
-                            comm: wire,
-                            p: l.p,
-                            device: l.device,
-                            arena: (
-                                crate::host::bytes_mut(&mut arena).as_mut_ptr() as usize,
-                                arena.len() as u64 * 8,
+                .zip(&work)
+                .enumerate()
+                .map(|(i, (l, (writes, reads)))| {
+                    let wire = &wire;
+                    sc.spawn(move || -> Result<Vec<Vec<u8>>, String> {
+                        let r = match host {
+                            Some(fns) => host_device(
+                                (art, fns),
+                                wire,
+                                l,
+                                (lanes, groups, scratch),
+                                writes,
+                                reads,
                             ),
-                            scratch: vec![0u64; scratch.max(1)],
+                            #[cfg(feature = "cuda")]
+                            None => gpus
+                                .and_then(|g| g.get(i))
+                                .ok_or("no GPU for a device")?
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .run(art, &lanes[l.p], groups, writes, reads),
+                            #[cfg(not(feature = "cuda"))]
+                            None => Err(format!("no backend for device {i}")),
                         };
-                        let r = run_rank(art, &lanes[l.p], l.p, l.device, groups, &mut rank);
                         if let Err(e) = &r {
                             wire.net.fail(&format!("device {}: {e}", l.device));
                         }
-                        r?;
-                        let mut next = BTreeMap::new();
-                        let mut loss = None;
-                        for bd in &prog.outputs {
-                            let name = &h.outputs[bd.port].name;
-                            let b = &prog.buffers[bd.buffer];
-                            if name == "loss" && b.elt == Elt::F32 {
-                                loss = f32s(&get(&arena, b)).first().copied();
-                            } else if let Some(x) = name.strip_prefix("next.") {
-                                next.insert(x.to_string(), get(&arena, b));
-                            }
-                        }
-                        Ok((next, loss))
+                        r
                     })
                 })
                 .collect();
@@ -641,6 +708,23 @@ impl Engine for Procs {
                 })
                 .collect()
         });
+        let mut results: Vec<Result<Stepped, String>> = Vec::with_capacity(read.len());
+        for (l, r) in self.locals.iter().zip(read) {
+            results.push(r.map(|bytes| {
+                let prog = &h.programs[l.p];
+                let mut next = BTreeMap::new();
+                let mut loss = None;
+                for (bd, b) in prog.outputs.iter().zip(bytes) {
+                    let name = &h.outputs[bd.port].name;
+                    if name == "loss" && prog.buffers[bd.buffer].elt == Elt::F32 {
+                        loss = f32s(&b).first().copied();
+                    } else if let Some(x) = name.strip_prefix("next.") {
+                        next.insert(x.to_string(), b);
+                    }
+                }
+                (next, loss)
+            }));
+        }
         let mut loss = None;
         for (l, r) in self.locals.iter_mut().zip(results) {
             let (next, lo) = r?;
@@ -707,7 +791,7 @@ impl Engine for Procs {
     }
 
     fn state(&mut self) -> Result<Option<BTreeMap<String, Tensor>>, String> {
-        let h = &self.step.artifact().header;
+        let h = &self.art.header;
         let mut mine: Vec<PieceRef<'_>> = Vec::new();
         for l in &self.locals {
             for b in &h.programs[l.p].inputs {
@@ -771,30 +855,46 @@ impl Engine for Procs {
         tokens: &Tensor,
         targets: &Tensor,
     ) -> Result<f64, String> {
-        let eval = self
-            .eval
-            .as_ref()
-            .ok_or("only the lead process evaluates")?;
-        let inputs = eval
-            .artifact()
-            .header
-            .inputs
-            .iter()
-            .map(|p| match p.name.as_str() {
-                "tokens" => Ok(tokens.clone()),
-                "targets" => Ok(targets.clone()),
-                n => state
-                    .get(n)
-                    .cloned()
-                    .ok_or(format!("no parameter '{n}' to evaluate with")),
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-        let outs = eval.run(&inputs).map_err(|e| format!("evaluation: {e}"))?;
-        match outs.first().map(|t| &t.data) {
-            Some(Values::F32(v)) if !v.is_empty() => Ok(f64::from(v[0])),
-            _ => Err("evaluation: the forward's first result is not an f32 loss".into()),
-        }
+        self.eval
+            .as_mut()
+            .ok_or("only the lead process evaluates")?
+            .forward(state, tokens, targets)
     }
+}
+
+/// A device's step on the host: its arena made from `writes`, its steps run on this
+/// thread (collectives and messages through `wire`), and the bytes at `reads` returned.
+fn host_device(
+    (art, fns): (&Artifact, &[crate::host::HostFn]),
+    wire: &NetWire<'_>,
+    l: &Local,
+    (lanes, groups, scratch): (&[Vec<usize>], &Groups, usize),
+    writes: &[(u64, Vec<u8>)],
+    reads: &[(u64, u64)],
+) -> Result<Vec<Vec<u8>>, String> {
+    let words = art.header.programs[l.p].arena_bytes.div_ceil(8) as usize;
+    let mut arena = vec![0u64; words];
+    for (off, b) in writes {
+        write_at(&mut arena, *off, b);
+    }
+    let mut rank = HostRank {
+        art,
+        fns,
+        comm: wire,
+        p: l.p,
+        device: l.device,
+        arena: (
+            crate::host::bytes_mut(&mut arena).as_mut_ptr() as usize,
+            arena.len() as u64 * 8,
+        ),
+        scratch: vec![0u64; scratch.max(1)],
+    };
+    run_rank(art, &lanes[l.p], l.p, l.device, groups, &mut rank)?;
+    let bytes = crate::host::bytes(&arena);
+    Ok(reads
+        .iter()
+        .map(|&(off, n)| bytes[off as usize..(off + n) as usize].to_vec())
+        .collect())
 }
 
 #[cfg(test)]

@@ -524,62 +524,39 @@ impl Engine for Whole<'_> {
     }
 }
 
-/// The engine of one process whose state stays where the step runs ([`Session`]s of the
-/// step and of the evaluation forward): a step moves its batch in and its loss out; the
-/// state comes to the host for checkpoints and evaluations only, and the forward takes
-/// the parameters once per evaluation.
+/// The evaluation forward as an engine runs it: the loss of a batch with the state's
+/// parameters.
+pub trait Forward {
+    /// The state changed since the last call (the parameters must be taken again).
+    fn invalidate(&mut self);
+    /// The forward's loss on a batch with `state`.
+    fn forward(
+        &mut self,
+        state: &BTreeMap<String, Tensor>,
+        tokens: &Tensor,
+        targets: &Tensor,
+    ) -> Result<f64, String>;
+}
+
+/// The evaluation forward as a [`Session`]: the parameters taken once per evaluation,
+/// each batch moving its tokens in and its loss out.
 #[derive(Debug)]
-pub struct Kept<R: Resident, Q: Resident> {
-    step: Session<R>,
+pub struct Evaluator<Q: Resident> {
     eval: Session<Q>,
-    names: Vec<String>,
     /// The forward's parameters are older than the state.
     stale: bool,
 }
 
-impl<R: Resident, Q: Resident> Kept<R, Q> {
-    /// The step's session and the forward's; `names`: the state's tensors.
-    pub fn new(step: Session<R>, eval: Session<Q>, names: Vec<String>) -> Self {
-        Kept {
-            step,
-            eval,
-            names,
-            stale: true,
-        }
+impl<Q: Resident> Evaluator<Q> {
+    /// The forward's session.
+    pub fn new(eval: Session<Q>) -> Self {
+        Evaluator { eval, stale: true }
     }
 }
 
-impl<R: Resident, Q: Resident> Engine for Kept<R, Q> {
-    fn set_state(&mut self, state: BTreeMap<String, Tensor>) -> Result<(), String> {
+impl<Q: Resident> Forward for Evaluator<Q> {
+    fn invalidate(&mut self) {
         self.stale = true;
-        self.step.keep(&state)
-    }
-
-    fn step(
-        &mut self,
-        tokens: &Tensor,
-        targets: &Tensor,
-        step: u64,
-        lr: f32,
-    ) -> Result<f64, String> {
-        self.stale = true;
-        let (s, l) = (scalar(step as f32), scalar(lr));
-        let inputs = [
-            ("tokens", tokens),
-            ("targets", targets),
-            ("step", &s),
-            ("lr", &l),
-        ];
-        let out = self.step.run(&inputs, &["loss"])?;
-        first(&out[0], "the loss")
-    }
-
-    fn state(&mut self) -> Result<Option<BTreeMap<String, Tensor>>, String> {
-        let mut out = BTreeMap::new();
-        for n in &self.names {
-            out.insert(n.clone(), self.step.kept(n)?);
-        }
-        Ok(Some(out))
     }
 
     fn forward(
@@ -615,6 +592,71 @@ impl<R: Resident, Q: Resident> Engine for Kept<R, Q> {
             .run(&[("tokens", tokens), ("targets", targets)], &[&loss])
             .map_err(|e| format!("evaluation: {e}"))?;
         first(&out[0], "evaluation's loss")
+    }
+}
+
+/// The engine of one process whose state stays where the step runs (a [`Session`] of
+/// the step, and an [`Evaluator`]): a step moves its batch in and its loss out; the state
+/// comes to the host for checkpoints and evaluations only, and the forward takes the
+/// parameters once per evaluation.
+#[derive(Debug)]
+pub struct Kept<R: Resident, Q: Resident> {
+    step: Session<R>,
+    eval: Evaluator<Q>,
+    names: Vec<String>,
+}
+
+impl<R: Resident, Q: Resident> Kept<R, Q> {
+    /// The step's session and the forward's; `names`: the state's tensors.
+    pub fn new(step: Session<R>, eval: Session<Q>, names: Vec<String>) -> Self {
+        Kept {
+            step,
+            eval: Evaluator::new(eval),
+            names,
+        }
+    }
+}
+
+impl<R: Resident, Q: Resident> Engine for Kept<R, Q> {
+    fn set_state(&mut self, state: BTreeMap<String, Tensor>) -> Result<(), String> {
+        self.eval.invalidate();
+        self.step.keep(&state)
+    }
+
+    fn step(
+        &mut self,
+        tokens: &Tensor,
+        targets: &Tensor,
+        step: u64,
+        lr: f32,
+    ) -> Result<f64, String> {
+        self.eval.invalidate();
+        let (s, l) = (scalar(step as f32), scalar(lr));
+        let inputs = [
+            ("tokens", tokens),
+            ("targets", targets),
+            ("step", &s),
+            ("lr", &l),
+        ];
+        let out = self.step.run(&inputs, &["loss"])?;
+        first(&out[0], "the loss")
+    }
+
+    fn state(&mut self) -> Result<Option<BTreeMap<String, Tensor>>, String> {
+        let mut out = BTreeMap::new();
+        for n in &self.names {
+            out.insert(n.clone(), self.step.kept(n)?);
+        }
+        Ok(Some(out))
+    }
+
+    fn forward(
+        &mut self,
+        state: &BTreeMap<String, Tensor>,
+        tokens: &Tensor,
+        targets: &Tensor,
+    ) -> Result<f64, String> {
+        self.eval.forward(state, tokens, targets)
     }
 }
 
@@ -1211,12 +1253,6 @@ pub fn run_bundle(o: &BundleRun) -> Result<String, String> {
             .map_err(|e| format!("{}: {e}", o.dir))?;
     }
     if w.size > 1 {
-        if o.backend != "host" {
-            return Err(format!(
-                "{} processes on the {} backend: training across processes runs on the host backend so far (NCCL between processes is not built yet); on one GPU run one process",
-                w.size, o.backend
-            ));
-        }
         if o.ranks.is_some() {
             return Err("--ranks runs one process's devices on threads; with several processes each runs its own devices already".into());
         }
@@ -1239,8 +1275,32 @@ pub fn run_bundle(o: &BundleRun) -> Result<String, String> {
                 }
             );
         }
-        let mut e =
-            crate::procs::Procs::new(net, step, opts.lead.then_some(eval), m.state.clone())?;
+        // The lead evaluates: the forward as a session on its host or GPU.
+        let host_eval = match (opts.lead, o.backend.as_str()) {
+            (true, "host") => Some(crate::HostProgram::load(eval.clone())?),
+            _ => None,
+        };
+        #[cfg(feature = "cuda")]
+        let cuda_eval = match (opts.lead, o.backend.as_str()) {
+            (true, "cuda") => Some(crate::cuda::CudaProgram::load(eval.clone(), w.local_rank)?),
+            _ => None,
+        };
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+        let mut forward: Option<Box<dyn Forward + '_>> = host_eval.as_ref().map(|p| {
+            Box::new(Evaluator::new(Session::new(
+                crate::session::HostResident::new(p),
+            ))) as Box<dyn Forward>
+        });
+        #[cfg(feature = "cuda")]
+        if let Some(p) = &cuda_eval {
+            forward = Some(Box::new(Evaluator::new(Session::new(
+                crate::cuda::CudaResident::new(p)?,
+            ))));
+        }
+        if opts.lead && forward.is_none() {
+            return Err(format!("unknown backend '{}' (host, cuda)", o.backend));
+        }
+        let mut e = crate::procs::Procs::new(net, step, &o.backend, forward, m.state.clone())?;
         let said = match train(&mut e, &m.run, &data, state, start, &opts) {
             Ok(s) => s,
             Err(err) => {
