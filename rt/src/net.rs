@@ -144,7 +144,8 @@ pub enum Rendezvous {
     /// Rank 0 listens at the world's `master` address.
     Tcp,
     /// Rank 0 listens on a free port and writes `host:port` into this file (on a file
-    /// system every process sees); the others read it.
+    /// system every process sees); the others read it, and rank 0 removes it once all
+    /// have arrived (a path per job keeps jobs apart).
     File(String),
 }
 
@@ -375,6 +376,11 @@ impl Net {
             for (r, (s, _)) in got {
                 links[r] = Some(s);
             }
+        }
+        // Every rank read the address file before it reached rank 0: a later run finds
+        // none (not this run's stale address).
+        if let (0, Rendezvous::File(path)) = (rank, how) {
+            let _ = std::fs::remove_file(path);
         }
         let mail = Arc::new((Mutex::new(Mail::default()), Condvar::new()));
         let mut writers = Vec::with_capacity(size);
