@@ -11,6 +11,12 @@
 //! As ranks (`ranks`: a thread per device), the host runs an in-process communicator, the
 //! CUDA backend NCCL with a GPU per device ([`nccl`]) or a stream per device on one GPU
 //! ([`streams`]).
+//!
+//! It also trains: [`train`] is the training loop `nnscaler train` and `nnscaler-rt train`
+//! share, and the training bundles the latter runs; [`session`] keeps a step's state where
+//! it runs between steps; [`net`] and [`procs`] make it one of several processes started by
+//! torchrun or Slurm; [`data`], [`rng`] and [`plot`] are its batches, random numbers and
+//! loss curve.
 
 pub mod artifact;
 pub mod bench;

@@ -3,16 +3,13 @@
 //! first run), single-device or partitioned over
 //! simulated devices, with the optimizer step compiled into the IR (`--optimizer`).
 //!
-//! Each step: a batch of random blocks of the training data (a counter-based draw from the
-//! seed and the step, so a resumed run sees the same batches), the learning rate of the
-//! schedule (linear warm-up, then cosine to `min_lr`, nanoGPT's), one run of the compiled
-//! step, whose `next.*` results replace the parameters and moments. Every `eval_every`
-//! steps the mean loss over `eval_batches` batches of train and val data (the forward alone,
-//! on one device). Outputs: a progress bar on a terminal, a line per evaluation on stdout
-//! (step, train and val loss, lr, tokens/s), one JSON line per step and per
-//! evaluation in `log`, a loss-curve SVG in `curve`, and checkpoints (all parameters and
-//! moments as whole tensors, with the step) written atomically every `checkpoint.every`
-//! steps and at the end; `--resume` continues from the last one exactly.
+//! This file reads the config and compiles the step (and the forward evaluation runs);
+//! the loop itself is `nnscaler-rt`'s ([`nnscaler_rt::train`]: batches, schedule,
+//! evaluations, log, checkpoints, resume), the one `nnscaler-rt train` runs too. The
+//! step runs on the reference runtime (through [`Whole`]) or compiled on the host or a
+//! GPU (a [`rt::Kept`] session: the state stays where the step runs). `--bundle DIR`
+//! writes the compiled step, the evaluation forward, the corpus and the state's
+//! initialization instead, for `nnscaler-rt train DIR` to run on a machine without MLIR.
 
 use crate::compile::{from_rt, to_rt};
 use crate::data::Dataset;
