@@ -710,7 +710,8 @@ fn append(path: &str, text: &str, fresh: bool) -> Result<(), String> {
         .map_err(|e| format!("{path}: {e}"))
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file beside it, then a rename.
+/// Writes `bytes` to `path` atomically: a temporary file beside it, synced, then a
+/// rename, and the directory synced (so the new name survives a crash too).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
     use std::io::Write;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
@@ -732,7 +733,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
         let _ = std::fs::remove_file(&tmp);
         return Err(format!("{}: {e}", path.display()));
     }
-    Ok(())
+    let d = dir.unwrap_or(Path::new("."));
+    std::fs::File::open(d)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("{}: syncing the directory: {e}", d.display()))
 }
 
 /// Writes `files` (paths inside the directory, bytes) as directory `dir`, whole or not at
