@@ -673,6 +673,9 @@ pub struct RunOpts {
     /// Stop after the step during which this many seconds of training have passed
     /// (evaluating and checkpointing there), as `until` stops.
     pub max_time: Option<f64>,
+    /// Print a progress line on stderr at most this often (seconds; the lead only),
+    /// where no progress bar shows (a job's log file).
+    pub progress_every: Option<f64>,
 }
 
 /// One JSON line of the metrics log.
@@ -979,8 +982,9 @@ pub fn train(
     let mut last_ckpt = o.resume.then_some(start);
     // Training time and steps since the last evaluation line (its tokens/s).
     let (mut since_eval, mut steps_since_eval) = (0.0f64, 0u64);
-    // Where a time limit stopped the run early.
+    // Where a time limit stopped the run early; when the last progress line was printed.
     let mut stopped = None;
+    let mut last_line = Instant::now();
     for t in start + 1..=end {
         let lr = l.schedule.at(l.steps, t - 1);
         let (x, y) = data.batch(Split::Train, l.batch as usize, l.block as usize, l.seed, t)?;
@@ -1045,6 +1049,18 @@ pub fn train(
         curve.push((t, loss));
         bar.set_position(t);
         bar.set_message(format!("loss {loss:.4} | {tps:.0} tok/s"));
+        if let (Some(every), true) = (o.progress_every, o.lead) {
+            if t == end || out_of_time || last_line.elapsed().as_secs_f64() >= every {
+                let done = (t - start) as f64;
+                let left = started.elapsed().as_secs_f64() / done * (end - t) as f64;
+                eprintln!(
+                    "nnscaler-rt: step {t}/{}: loss {loss:.4}, {tps:.0} tokens/s, {:.0} s elapsed, about {left:.0} s to step {end}",
+                    l.steps,
+                    started.elapsed().as_secs_f64()
+                );
+                last_line = Instant::now();
+            }
+        }
         if let (true, Some(state)) = (eval_now, &whole) {
             let train_loss = evaluate(e, l, data, state, Split::Train)?;
             let val_loss = evaluate(e, l, data, state, Split::Val)?;
@@ -1219,6 +1235,8 @@ pub struct BundleRun {
     pub max_time: Option<f64>,
     /// Refuse to start when the step's and the forward's arenas and tensors need more.
     pub memory_limit: Option<u64>,
+    /// Progress lines on stderr at most this often ([`RunOpts::progress_every`]).
+    pub progress_every: Option<f64>,
 }
 
 /// Trains bundle `o.dir` (see [`BundleRun`]); the summary to print (empty on processes
@@ -1240,6 +1258,7 @@ pub fn run_bundle(o: &BundleRun) -> Result<String, String> {
         until: o.until,
         lead: w.rank == 0,
         max_time: o.max_time,
+        progress_every: o.progress_every,
     };
     let step = b.artifact(&m.step)?;
     let eval = b.artifact(&m.eval)?;

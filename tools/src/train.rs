@@ -684,6 +684,7 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
         until: a.until,
         lead: true,
         max_time: None,
+        progress_every: None,
     };
     match c.train.backend.as_str() {
         "reference" => {

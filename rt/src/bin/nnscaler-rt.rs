@@ -145,6 +145,12 @@ enum Cmd {
         /// available memory (host) or the GPU's free memory (cuda) is refused.
         #[arg(long, value_name = "BYTES", value_parser = nnscaler_rt::memory::parse_bytes)]
         memory_limit: Option<u64>,
+        /// Print a progress line on stderr (step, loss, tokens/s, time left) at most every
+        /// this many seconds, and after the last step (rank 0 only). Default: 30 where
+        /// stderr is not a terminal (a job's log), none on a terminal (the progress bar
+        /// shows there); 0: every step.
+        #[arg(long, value_name = "SECONDS")]
+        progress_every: Option<f64>,
     },
     /// Time the calibration benchmarks 'nnscaler calibrate --device gpu --prepare DIR'
     /// wrote, and write them back with each one's median seconds (for 'nnscaler
@@ -569,7 +575,7 @@ fn train(
     backend: &str,
     ranks: Option<String>,
     rendezvous: &str,
-    (timeout, max_time, memory_limit): (u64, Option<f64>, Option<u64>),
+    (timeout, max_time, memory_limit, progress_every): (u64, Option<f64>, Option<u64>, Option<f64>),
 ) -> Result<String, String> {
     use nnscaler_rt::net::{world_from, Rendezvous};
     let rendezvous = match rendezvous.split_once(':') {
@@ -580,6 +586,14 @@ fn train(
     if max_time.is_some_and(|t| !(t.is_finite() && t > 0.0)) {
         return Err("--max-time: give a positive number of seconds".into());
     }
+    if progress_every.is_some_and(|t| !(t.is_finite() && t >= 0.0)) {
+        return Err("--progress-every: give a number of seconds (0: every step)".into());
+    }
+    // A job's log gets a line every 30 s; a terminal has the progress bar.
+    let progress_every = progress_every.or_else(|| {
+        use std::io::IsTerminal;
+        (!std::io::stderr().is_terminal()).then_some(30.0)
+    });
     let world = world_from(|k| std::env::var(k).ok())?;
     let rank = world.rank;
     nnscaler_rt::train::run_bundle(&nnscaler_rt::train::BundleRun {
@@ -593,6 +607,7 @@ fn train(
         timeout: std::time::Duration::from_secs(timeout),
         max_time,
         memory_limit,
+        progress_every,
     })
     .map_err(|e| {
         if rank > 0 {
@@ -649,6 +664,7 @@ fn main() -> ExitCode {
             timeout,
             max_time,
             memory_limit,
+            progress_every,
         } => train(
             bundle,
             *resume,
@@ -656,7 +672,7 @@ fn main() -> ExitCode {
             backend,
             ranks.clone(),
             rendezvous,
-            (*timeout, *max_time, *memory_limit),
+            (*timeout, *max_time, *memory_limit, *progress_every),
         ),
     };
     match r {
