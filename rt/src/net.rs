@@ -5,8 +5,9 @@
 //! Every message has a [`Key`]; a receiver takes the messages of a key in the order they
 //! were sent. A reader thread per connection files incoming messages by key; a message
 //! to this process is filed directly. A receive waits at most the timeout, and fails at
-//! once when a peer's connection closes before the end of the run (the peer exited or
-//! failed), naming that rank, or when this process failed ([`Net::fail`]).
+//! once when the peer it waits for stopped (it said why, or its connection closed before
+//! the end of the run), or when this process failed ([`Net::fail`]). A process that
+//! stops tells its peers the first cause it knows, so an error names where it began.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufReader, Read, Write};
@@ -116,7 +117,13 @@ pub type Key = [u64; 4];
 #[derive(Debug, Default)]
 struct Mail {
     queues: HashMap<Key, VecDeque<Vec<u8>>>,
+    /// This process failed (a device, a timeout): every wait fails.
     failed: Option<String>,
+    /// Peers that failed or went away, with why: waits for their messages fail.
+    peers: HashMap<usize, String>,
+    /// The first cause of any failure, local or a peer's (what this process tells its
+    /// peers when it stops).
+    first: Option<String>,
     closing: bool,
     /// Ranks that said goodbye ([`Net::close`]): their connections may end.
     gone: std::collections::HashSet<usize>,
@@ -431,13 +438,15 @@ impl Net {
                 BrokenPipe | ConnectionReset | ConnectionAborted => "the connection ended".into(),
                 _ => e.to_string(),
             };
-            // The first cause this process knows, if a peer's end was seen already.
+            // The peer's own last word, if it said why it stopped.
             let (m, cv) = &*self.mail;
             let mut mail = m.lock().unwrap_or_else(|e| e.into_inner());
             let e = mail
-                .failed
-                .get_or_insert_with(|| format!("rank {to} is gone ({why}): it exited or failed"))
+                .peers
+                .entry(to)
+                .or_insert_with(|| format!("rank {to} is gone ({why}): it exited or failed"))
                 .clone();
+            mail.first.get_or_insert_with(|| e.clone());
             cv.notify_all();
             e
         })
@@ -458,7 +467,7 @@ impl Net {
             if let Some(b) = mail.queues.get_mut(&key).and_then(VecDeque::pop_front) {
                 return Ok(b);
             }
-            if let Some(e) = &mail.failed {
+            if let Some(e) = mail.failed.as_ref().or_else(|| mail.peers.get(&from)) {
                 return Err(e.clone());
             }
             let now = Instant::now();
@@ -470,6 +479,7 @@ impl Net {
                     what()
                 );
                 mail.failed.get_or_insert(e.clone());
+                mail.first.get_or_insert(e.clone());
                 cv.notify_all();
                 return Err(e);
             }
@@ -483,10 +493,9 @@ impl Net {
     /// Fails every wait of this process (a device failed).
     pub fn fail(&self, e: &str) {
         let (m, cv) = &*self.mail;
-        m.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .failed
-            .get_or_insert_with(|| e.to_string());
+        let mut mail = m.lock().unwrap_or_else(|e| e.into_inner());
+        mail.failed.get_or_insert_with(|| e.to_string());
+        mail.first.get_or_insert_with(|| e.to_string());
         cv.notify_all();
     }
 
@@ -503,7 +512,7 @@ impl Net {
         let why = {
             let mut mail = m.lock().unwrap_or_else(|e| e.into_inner());
             mail.closing = true;
-            mail.failed
+            mail.first
                 .clone()
                 .unwrap_or_else(|| format!("rank {} failed: {e}", self.world.rank))
         };
@@ -546,8 +555,8 @@ impl Watcher {
         let (m, cv) = &*self.0;
         let mut mail = m.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if let Some(e) = &mail.failed {
-                return Some(e.clone());
+            if mail.failed.is_some() || !mail.peers.is_empty() {
+                return mail.first.clone();
             }
             if mail.closing {
                 return None;
@@ -585,8 +594,9 @@ fn read_loop(s: TcpStream, from: usize, mail: Arc<(Mutex<Mail>, Condvar)>) {
         if key == BYE {
             mail.gone.insert(from);
         } else if key == FAIL {
-            mail.failed
-                .get_or_insert_with(|| String::from_utf8_lossy(&b).into_owned());
+            let why = String::from_utf8_lossy(&b).into_owned();
+            mail.first.get_or_insert_with(|| why.clone());
+            mail.peers.entry(from).or_insert(why);
         } else {
             mail.queues.entry(key).or_default().push_back(b);
         }
@@ -595,8 +605,9 @@ fn read_loop(s: TcpStream, from: usize, mail: Arc<(Mutex<Mail>, Condvar)>) {
     let (m, cv) = &*mail;
     let mut mail = m.lock().unwrap_or_else(|e| e.into_inner());
     if !mail.closing && !mail.gone.contains(&from) {
-        mail.failed
-            .get_or_insert_with(|| format!("rank {from} is gone ({why}): it exited or failed"));
+        let e = format!("rank {from} is gone ({why}): it exited or failed");
+        mail.first.get_or_insert_with(|| e.clone());
+        mail.peers.entry(from).or_insert(e);
     }
     cv.notify_all();
 }
