@@ -666,6 +666,17 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
     let l = the_loop(&c, &p);
     let specs = state_specs(&p.view)?;
     if let Some(dir) = &a.bundle {
+        if let Some(flag) = [
+            (a.until.is_some(), "--until"),
+            (a.memory_limit.is_some(), "--memory-limit"),
+        ]
+        .iter()
+        .find_map(|(on, f)| on.then_some(*f))
+        {
+            return Err(format!(
+                "{flag} applies to a run; with --bundle give it to 'nnscaler-rt train {dir}'"
+            ));
+        }
         return write_bundle(a, &c, &p, &l, specs, dir, data.vocab as u64);
     }
     // Before any parameter is drawn or read: refuse a run that cannot fit in memory.
