@@ -667,7 +667,7 @@ impl ProcGpu {
         art: &Artifact,
         lanes: &[usize],
         groups: &Groups,
-        writes: &[(u64, Vec<u8>)],
+        writes: &[(u64, std::borrow::Cow<'_, [u8]>)],
         reads: &[(u64, u64)],
     ) -> Result<Vec<Vec<u8>>, String> {
         let device = self.device;

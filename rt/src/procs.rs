@@ -19,6 +19,7 @@ use crate::net::{Key, Net};
 use crate::ranks::{lanes, rank_scratch, run_rank, Flat, Groups, P2p};
 use crate::tensor::{Tensor, Values};
 use crate::train::{scalar, Engine, Forward, StateSpec};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
@@ -614,22 +615,24 @@ impl Engine for Procs<'_> {
         let mut work = Vec::with_capacity(self.locals.len());
         for l in &self.locals {
             let prog = &h.programs[l.p];
-            let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
+            // (Borrowed where the bytes are already at hand: the constants and the kept
+            // pieces; only the batch's pieces are cut.)
+            let mut writes: Vec<(u64, Cow<'_, [u8]>)> = Vec::new();
             for c in &prog.constants {
                 let b = &prog.buffers[c.buffer];
-                writes.push((b.offset, c.bytes(consts, b, l.k)?.to_vec()));
+                writes.push((b.offset, Cow::Borrowed(c.bytes(consts, b, l.k)?)));
             }
             for bd in &prog.inputs {
                 let port = &h.inputs[bd.port];
                 let b = &prog.buffers[bd.buffer];
                 let piece = match (l.pieces.get(&port.name), whole.get(port.name.as_str())) {
-                    (Some(p), _) => p.clone(),
-                    (None, Some(w)) => cut(
+                    (Some(p), _) => Cow::Borrowed(p.as_slice()),
+                    (None, Some(w)) => Cow::Owned(cut(
                         w,
                         &port.global_shape,
                         &bd.shards[l.k],
                         b.elt.size() as usize,
-                    ),
+                    )),
                     (None, None) => {
                         return Err(format!("no value for the step's argument '{}'", port.name))
                     }
@@ -869,7 +872,7 @@ fn host_device(
     wire: &NetWire<'_>,
     l: &Local,
     (lanes, groups, scratch): (&[Vec<usize>], &Groups, usize),
-    writes: &[(u64, Vec<u8>)],
+    writes: &[(u64, Cow<'_, [u8]>)],
     reads: &[(u64, u64)],
 ) -> Result<Vec<Vec<u8>>, String> {
     let words = art.header.programs[l.p].arena_bytes.div_ceil(8) as usize;

@@ -47,6 +47,66 @@ pub struct Session<R: Resident> {
     /// Per kept argument whose new value some program reads but does not compute: it is
     /// made whole on the host after each run.
     whole: Vec<usize>,
+    /// What the artifact says, worked out once: every run's constants (program, buffer,
+    /// each device's bytes), per input port the buffer of each program reading it, per
+    /// input port its `next.NAME` result, and per result the buffer of each program
+    /// computing it.
+    plan: Plan,
+}
+
+/// Bytes for a program's buffer: (program, buffer, each device's bytes).
+type Put = (usize, usize, Vec<Vec<u8>>);
+
+/// A session's reading of its artifact ([`Session::plan`]).
+#[derive(Debug)]
+struct Plan {
+    consts: Result<Vec<Put>, String>,
+    reads: Vec<Vec<Option<usize>>>,
+    next: Vec<Option<usize>>,
+    writes: Vec<Vec<Option<usize>>>,
+}
+
+impl Plan {
+    fn of(art: &Artifact) -> Plan {
+        let h = &art.header;
+        let consts = art.section("consts").unwrap_or_default();
+        let constants = h
+            .programs
+            .iter()
+            .enumerate()
+            .flat_map(|(p, prog)| {
+                prog.constants.iter().map(move |c| {
+                    let b = &prog.buffers[c.buffer];
+                    (0..prog.devices.len())
+                        .map(|d| c.bytes(consts, b, d).map(<[u8]>::to_vec))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map(|pieces| (p, c.buffer, pieces))
+                })
+            })
+            .collect();
+        let bufs = |port: usize, out: bool| -> Vec<Option<usize>> {
+            h.programs
+                .iter()
+                .map(|prog| {
+                    let binds = if out { &prog.outputs } else { &prog.inputs };
+                    binds.iter().find(|b| b.port == port).map(|b| b.buffer)
+                })
+                .collect()
+        };
+        Plan {
+            consts: constants,
+            reads: (0..h.inputs.len()).map(|i| bufs(i, false)).collect(),
+            next: h
+                .inputs
+                .iter()
+                .map(|p| {
+                    let next = format!("next.{}", p.name);
+                    h.outputs.iter().position(|o| o.name == next)
+                })
+                .collect(),
+            writes: (0..h.outputs.len()).map(|o| bufs(o, true)).collect(),
+        }
+    }
 }
 
 /// The input port named `name`.
@@ -65,10 +125,10 @@ impl<R: Resident> Session<R> {
         let h = &art.header;
         // The arguments whose new values cannot stay where they are: some program reads
         // a piece of `NAME` that the same program and device do not compute.
+        let plan = Plan::of(art);
         let mut whole = Vec::new();
-        for (i, input) in h.inputs.iter().enumerate() {
-            let next = format!("next.{}", input.name);
-            let Some(o) = h.outputs.iter().position(|p| p.name == next) else {
+        for i in 0..h.inputs.len() {
+            let Some(o) = plan.next[i] else {
                 continue;
             };
             let stays = h.programs.iter().all(|prog| {
@@ -88,6 +148,7 @@ impl<R: Resident> Session<R> {
             r,
             kept: BTreeMap::new(),
             whole,
+            plan,
         }
     }
 
@@ -99,20 +160,9 @@ impl<R: Resident> Session<R> {
     /// Starts the arenas as a fresh run does: zeros, then the constants.
     fn reset(&mut self) -> Result<(), String> {
         self.r.zero()?;
-        let art = self.r.artifact();
-        let consts = art.section("consts").unwrap_or_default().to_vec();
-        let mut puts = Vec::new();
-        for (p, prog) in art.header.programs.iter().enumerate() {
-            for c in &prog.constants {
-                let b = &prog.buffers[c.buffer];
-                let pieces = (0..prog.devices.len())
-                    .map(|d| c.bytes(&consts, b, d).map(<[u8]>::to_vec))
-                    .collect::<Result<Vec<_>, _>>()?;
-                puts.push((p, c.buffer, pieces));
-            }
-        }
-        for (p, b, pieces) in puts {
-            self.r.put(p, b, pieces)?;
+        let consts = self.plan.consts.as_ref().map_err(Clone::clone)?;
+        for (p, b, pieces) in consts {
+            self.r.put(*p, *b, pieces.clone())?;
         }
         Ok(())
     }
@@ -155,14 +205,7 @@ impl<R: Resident> Session<R> {
 
     /// Copies argument `i`'s buffers, as the arenas hold them now, into its kept pieces.
     fn save_input(&mut self, i: usize) -> Result<(), String> {
-        let binds: Vec<Option<usize>> = self
-            .r
-            .artifact()
-            .header
-            .programs
-            .iter()
-            .map(|prog| prog.inputs.iter().find(|b| b.port == i).map(|b| b.buffer))
-            .collect();
+        let binds = &self.plan.reads[i];
         let mut kept = self
             .kept
             .remove(&i)
@@ -209,23 +252,12 @@ impl<R: Resident> Session<R> {
         self.reset()?;
         let n = self.r.artifact().header.inputs.len();
         for i in 0..n {
-            if let Some(kept) = self.kept.remove(&i) {
-                let r = (|| {
-                    for (p, k) in kept.iter().enumerate() {
-                        if let Some(k) = k {
-                            let b = self.r.artifact().header.programs[p]
-                                .inputs
-                                .iter()
-                                .find(|b| b.port == i)
-                                .map(|b| b.buffer)
-                                .ok_or("a kept argument lost its buffer")?;
-                            self.r.load(p, b, k)?;
-                        }
+            if let Some(kept) = self.kept.get(&i) {
+                for (p, (k, b)) in kept.iter().zip(&self.plan.reads[i]).enumerate() {
+                    if let (Some(k), Some(b)) = (k, b) {
+                        self.r.load(p, *b, k)?;
                     }
-                    Ok::<(), String>(())
-                })();
-                self.kept.insert(i, kept);
-                r?;
+                }
                 continue;
             }
             let name = self.r.artifact().header.inputs[i].name.clone();
@@ -252,46 +284,23 @@ impl<R: Resident> Session<R> {
             .map(|o| self.whole_output(o))
             .collect::<Result<Vec<_>, _>>()?;
         // The new values of the kept arguments, kept.
-        let carried: Vec<(usize, usize)> = {
-            let h = &self.r.artifact().header;
-            self.kept
-                .keys()
-                .filter_map(|&i| {
-                    let next = format!("next.{}", h.inputs[i].name);
-                    h.outputs
-                        .iter()
-                        .position(|p| p.name == next)
-                        .map(|o| (i, o))
-                })
-                .collect()
-        };
+        let carried: Vec<(usize, usize)> = self
+            .kept
+            .keys()
+            .filter_map(|&i| self.plan.next[i].map(|o| (i, o)))
+            .collect();
         let mut wholes = BTreeMap::new();
-        for &(i, o) in &carried {
+        for (i, o) in carried {
             if self.whole.contains(&i) {
                 wholes.insert(i, self.whole_output(o)?);
                 continue;
             }
-            let writers: Vec<(usize, usize)> = self
-                .r
-                .artifact()
-                .header
-                .programs
-                .iter()
-                .enumerate()
-                .filter_map(|(p, prog)| {
-                    prog.outputs
-                        .iter()
-                        .find(|b| b.port == o)
-                        .map(|b| (p, b.buffer))
-                })
-                .collect();
-            let mut kept = self.kept.remove(&i).expect("a kept argument");
-            for (p, b) in writers {
-                if kept[p].is_some() {
-                    self.r.save(p, b, &mut kept[p])?;
+            let kept = self.kept.get_mut(&i).expect("a kept argument");
+            for (p, b) in self.plan.writes[o].iter().enumerate() {
+                if let (Some(b), true) = (b, kept[p].is_some()) {
+                    self.r.save(p, *b, &mut kept[p])?;
                 }
             }
-            self.kept.insert(i, kept);
         }
         if !wholes.is_empty() {
             // Written through the arenas (the run's values are no longer needed there).
