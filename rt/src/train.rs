@@ -352,6 +352,43 @@ impl Bundle {
         Ok(d)
     }
 
+    /// That the manifest's state is the step's: every state tensor an argument of the
+    /// step with its shape, and every argument of the step data, the step number, the
+    /// learning rate or state (the manifest holds the checksums, so it is checked against
+    /// the artifact, whose header is checksummed and checked on reading).
+    pub fn check_state(&self, step: &crate::Artifact) -> Result<(), String> {
+        let at = self.path(MANIFEST).display().to_string();
+        let ports = &step.header.inputs;
+        for s in &self.manifest.state {
+            match ports.iter().find(|p| p.name == s.name) {
+                Some(p) if p.global_shape == s.shape && p.elt == crate::artifact::Elt::F32 => {}
+                Some(p) => {
+                    return Err(format!(
+                        "{at}: state '{}' is {:?}, but the step's argument is {:?} {:?}",
+                        s.name, s.shape, p.elt, p.global_shape
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "{at}: state '{}' is no argument of the step",
+                        s.name
+                    ))
+                }
+            }
+        }
+        for p in ports {
+            let known = matches!(p.name.as_str(), "tokens" | "targets" | "step" | "lr")
+                || self.manifest.state.iter().any(|s| s.name == p.name);
+            if !known {
+                return Err(format!(
+                    "{at}: the step's argument '{}' is neither data, the step, the learning rate nor state",
+                    p.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The stored initial state (`init.safetensors`), if any of it is stored.
     pub fn stored(&self) -> Result<Option<BTreeMap<String, Tensor>>, String> {
         if !self.manifest.state.iter().any(|s| s.init == Init::Stored) {
@@ -1244,6 +1281,10 @@ pub struct BundleRun {
 pub fn run_bundle(o: &BundleRun) -> Result<String, String> {
     let b = Bundle::open(&o.dir)?;
     let m = &b.manifest;
+    // The state is checked against the step before anything is drawn by its shapes.
+    let step = b.artifact(&m.step)?;
+    let eval = b.artifact(&m.eval)?;
+    b.check_state(&step)?;
     let data = b.dataset()?;
     let stored = b.stored()?;
     let (state, start) = initial_state(
@@ -1260,8 +1301,6 @@ pub fn run_bundle(o: &BundleRun) -> Result<String, String> {
         max_time: o.max_time,
         progress_every: o.progress_every,
     };
-    let step = b.artifact(&m.step)?;
-    let eval = b.artifact(&m.eval)?;
     // The step's and the forward's arenas and whole tensors side by side, before any is
     // allocated (each artifact alone is checked again as it loads).
     if o.backend == "host" {
