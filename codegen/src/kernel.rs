@@ -355,6 +355,14 @@ pub enum Body {
     /// order, as [`Body::AttnDkDv`]; `P` recomputed from the statistics. `dout, q, k, v,
     /// stats -> dk, dv`.
     AttnTilesKv(Attn),
+    /// The forward on tensor cores (`llvm/mma.rs`), 2-byte bf16 operands: block `r` is
+    /// query tile `r % q_tiles` ([`MMA_ROWS`] rows) of head `r / q_tiles`, four warps of
+    /// 16 rows each; `S = Q K^T` and `O += P V` as warp-wide `mma.sync` products
+    /// (m16n8k16, bf16 in, f32 sums) of tiles staged in shared memory, the online
+    /// softmax on the products' f32 fragments, `P` rounded to bf16 for its product. `q,
+    /// k, v -> out` (and the statistics where [`Attn::saved`]), as [`Body::AttnTiles`]
+    /// within bf16 rounding.
+    AttnMma(Attn),
 }
 
 /// A (batched) matrix product `out[b] = A[b] B[b]`, row-major operands; `A` is
@@ -408,6 +416,9 @@ pub struct Attn {
     /// takes the forward's output and those statistics (two more inputs after `v`) instead
     /// of running the forward's pass again.
     pub saved: bool,
+    /// `q`, `k` and `v` are 2-byte bf16 buffers: the forward may run on tensor cores
+    /// ([`Attn::mma_keys`]).
+    pub bf16: bool,
 }
 
 /// Rows per tile of a tiled attention at most, and the lanes of its teams.
@@ -437,6 +448,18 @@ pub const BACK_STEP: usize = 8;
 /// Queries per inner step of the `dk`/`dv` kernel (its lanes hold their key and value
 /// rows, and each query's statistics take registers too).
 pub const KV_STEP: usize = 4;
+
+/// Query rows per block of the tensor-core forward ([`Body::AttnMma`]): four warps of
+/// the 16 rows an m16n8k16 product covers.
+pub const MMA_ROWS: usize = 64;
+/// Lanes of a tensor-core forward block (four warps).
+pub const MMA_LANES: usize = 128;
+/// Elements of padding after every row of the tensor-core forward's shared bf16 tiles: a
+/// row pitch of `width + 8` halves puts the eight rows a fragment load reads in distinct
+/// banks.
+pub const MMA_PAD: usize = 8;
+/// The largest static shared array a block may have, in bytes.
+pub const SHARED_BYTES: usize = 48 * 1024;
 
 /// The inner steps of the tiled attention kernels: [`FWD_STEP`], [`BACK_STEP`],
 /// [`KV_STEP`], or `NNSCALER_ATTN_STEPS=F,B,K` (powers of two up to 32; a tuning knob
@@ -544,6 +567,29 @@ pub enum AttnForm {
     Rows,
     /// Team kernels over tiles ([`Body::AttnTiles`], ...).
     Tiles,
+    /// The forward on tensor cores ([`Body::AttnMma`]), the backward as [`AttnForm::Tiles`].
+    Mma,
+}
+
+/// The tensor-core forward's shared array ([`Body::AttnMma`]), in bf16 elements from its
+/// start (each region 16-byte aligned): the query tile [`MMA_ROWS`] x `qp`, the key tile
+/// `keys x qp`, the value tile transposed `e x vp`, each warp's `P` rows [`MMA_ROWS`] x
+/// `vp`, then `xch`: [`MMA_ROWS`] x 4 f32 words through which a row's four lanes
+/// exchange their partial maxima and sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmaTiles {
+    /// Keys per tile (64, or 32 where 64 does not fit).
+    pub keys: usize,
+    /// Row pitch of the query and key tiles: `d + MMA_PAD`.
+    pub qp: usize,
+    /// Row pitch of the transposed value tile and of `P`: `keys + MMA_PAD`.
+    pub vp: usize,
+    pub k_at: usize,
+    pub v_at: usize,
+    pub p_at: usize,
+    pub x_at: usize,
+    /// f32 words of the whole array.
+    pub words: usize,
 }
 
 impl Attn {
@@ -575,9 +621,46 @@ impl Attn {
         self.d.is_multiple_of(4) && self.e.is_multiple_of(4)
     }
 
-    /// The kernels chosen for this shape: tiles where [`Attn::tiles`] has them.
+    /// The tensor-core forward's tiles, where it takes this attention: bf16 operands,
+    /// query/key widths a multiple of 16 (the products' k) and value widths of 8 (their
+    /// n), up to [`ATTN_TILE_WIDTH`], and tiles that fit [`SHARED_BYTES`].
+    pub fn mma_keys(&self) -> Option<MmaTiles> {
+        let (d, e) = (self.d, self.e);
+        if !self.bf16
+            || d == 0
+            || e == 0
+            || !d.is_multiple_of(16)
+            || !e.is_multiple_of(8)
+            || d > ATTN_TILE_WIDTH
+            || e > ATTN_TILE_WIDTH
+        {
+            return None;
+        }
+        [64, 32].into_iter().find_map(|keys| {
+            let (qp, vp) = (d + MMA_PAD, keys + MMA_PAD);
+            let k_at = MMA_ROWS * qp;
+            let v_at = k_at + keys * qp;
+            let p_at = v_at + e * vp;
+            let x_at = p_at + MMA_ROWS * vp;
+            let words = x_at / 2 + MMA_ROWS * 4;
+            (words * 4 <= SHARED_BYTES).then_some(MmaTiles {
+                keys,
+                qp,
+                vp,
+                k_at,
+                v_at,
+                p_at,
+                x_at,
+                words,
+            })
+        })
+    }
+
+    /// The kernels chosen for this shape: the tensor-core forward where
+    /// [`Attn::mma_keys`] has tiles, else tiles where [`Attn::tiles`] has them.
     pub fn form(&self) -> AttnForm {
         match self.tiles() {
+            Some(_) if self.mma_keys().is_some() => AttnForm::Mma,
             Some(_) => AttnForm::Tiles,
             None => AttnForm::Rows,
         }
@@ -602,6 +685,7 @@ impl Attn {
             causal: flag(attrs, "causal"),
             q_offset: attrs.contains_key("seq_axes"),
             saved: false,
+            bf16: [q, k, v].iter().all(|b| b.elt == Elt::Bf16),
         })
     }
 }
@@ -706,6 +790,7 @@ impl Kernel {
             }
             Body::AttnTiles(a) | Body::AttnTilesBack(a) => return tile_lanes(a.s),
             Body::AttnTilesKv(_) => return ATTN_KV_LANES,
+            Body::AttnMma(_) => return MMA_LANES,
             _ => return 1,
         };
         if line < TEAM_MIN {
@@ -1678,7 +1763,7 @@ pub fn lower_attention(
 /// Whether an attention of these operands (`q, k, v`) takes the tiled kernels, which can
 /// keep the forward's statistics for the backward ([`lower_attention_kept`]).
 pub fn attention_tiles(attrs: &Attrs, q: &Buf, k: &Buf, v: &Buf) -> bool {
-    Attn::of(attrs, q, k, v).is_ok_and(|a| a.form() == AttnForm::Tiles)
+    Attn::of(attrs, q, k, v).is_ok_and(|a| a.form() != AttnForm::Rows)
 }
 
 /// [`lower_attention`]; with `kept` (tiled kernels only), the forward also writes its
@@ -1709,7 +1794,7 @@ pub fn lower_attention_kept(
     let mut a = Attn::of(attrs, &ins[qi], &ins[qi + 1], &ins[qi + 2])?;
     let form = form.unwrap_or_else(|| a.form());
     if kept {
-        if form != AttnForm::Tiles {
+        if form == AttnForm::Rows {
             return Err(format!("'{op}': only the tiled kernels keep statistics"));
         }
         if grad && ins.len() != need + 2 {
@@ -1722,12 +1807,17 @@ pub fn lower_attention_kept(
     // The op's own operands (the kept backward's two more come after them).
     let (ins, kept_ins) = ins.split_at(need);
     let tiles = match form {
-        AttnForm::Tiles => Some(
+        AttnForm::Tiles | AttnForm::Mma => Some(
             a.tiles()
                 .ok_or_else(|| format!("'{op}': this shape has no tiled kernels"))?,
         ),
         AttnForm::Rows => None,
     };
+    if form == AttnForm::Mma && a.mma_keys().is_none() {
+        return Err(format!(
+            "'{op}': tensor cores take bf16 operands with widths a multiple of 16 (query/key) and 8 (value), up to {ATTN_TILE_WIDTH}"
+        ));
+    }
     // On a shard of the positions, each kernel's last input is its offset.
     let offset = query_offset(attrs, &a)?;
     let mut consts = Vec::new();
@@ -1742,6 +1832,9 @@ pub fn lower_attention_kept(
     let rows = a.b * a.h * a.s;
     if !grad {
         let (body, len) = match tiles {
+            Some(_) if form == AttnForm::Mma => {
+                (Body::AttnMma(a), a.b * a.h * a.s.div_ceil(MMA_ROWS))
+            }
             Some(t) => (Body::AttnTiles(a), a.b * a.h * t.q_tiles(&a)),
             None => (Body::Attention(a), rows),
         };

@@ -21,8 +21,10 @@
 //! slice, pad, concat, split, broadcast_to, max_grad: every dnn op ([`kernel::covered`]).
 //! Reductions along lines of 64 or more elements are team kernels (one GPU block per
 //! line, `llvm/team.rs`); attention is FlashAttention-2 (team kernels staging key/value or
-//! query tiles in shared memory, an online softmax in registers, `llvm/tiles.rs`). Not
-//! built yet: attention and elementwise chains at tensor-core and HBM speed (issue 40).
+//! query tiles in shared memory, an online softmax in registers, `llvm/tiles.rs`), its
+//! bf16 forward on tensor cores (`mma.sync`, emulated lane by lane on the host,
+//! `llvm/mma.rs`). Not built yet: the backward on tensor cores, and elementwise chains at
+//! HBM speed (issue 40).
 
 pub mod artifact;
 pub mod kernel;

@@ -34,6 +34,7 @@ use nnscaler_dialects::scalar::{Bin, Expr, Un};
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+mod mma;
 mod team;
 mod tiles;
 
@@ -877,7 +878,8 @@ impl<'ctx> Gen<'ctx> {
             | Body::EmbeddingGradRows { .. }
             | Body::AttnTiles(_)
             | Body::AttnTilesBack(_)
-            | Body::AttnTilesKv(_) => return Err(format!("{} is a team kernel", k.name)),
+            | Body::AttnTilesKv(_)
+            | Body::AttnMma(_) => return Err(format!("{} is a team kernel", k.name)),
             Body::Lines { op, dim } => {
                 let shape = &k.inputs[0].shape;
                 let n: usize = shape[*dim];

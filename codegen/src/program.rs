@@ -454,20 +454,31 @@ pub fn compile(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
 /// [`compile`] for the devices `devs` of `mesh` (a pipeline rank's), with calls of
 /// functions with bodies inlined ([`inline`]; `g` linked to its callees).
 pub fn compile_on(g: &Graph, mesh: Option<&Mesh>, devs: &Devices) -> Result<Program, String> {
-    compile_stored(g, mesh, devs, true)
+    compile_stored(g, mesh, devs, Some(true))
 }
 
 /// [`compile`] with every bf16 value in an f32 buffer (no [`store_bf16`]): the program
-/// 2-byte storage must compute the same bits as.
+/// 2-byte storage must compute the same bits as (where attention keeps its register
+/// tiles: [`compile_register_attention`]).
 pub fn compile_f32_storage(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
-    compile_stored(g, mesh, &Devices::all(mesh), false)
+    compile_stored(g, mesh, &Devices::all(mesh), None)
 }
 
+/// [`compile`] with attention's forward on the f32 register tiles even where its operands
+/// are 2-byte bf16 (no tensor cores): 2-byte storage then changes no bit of the results
+/// ([`compile_f32_storage`]), where the tensor cores round `P` to bf16 for its product.
+pub fn compile_register_attention(g: &Graph, mesh: Option<&Mesh>) -> Result<Program, String> {
+    compile_stored(g, mesh, &Devices::all(mesh), Some(false))
+}
+
+/// `bf16_storage`: none keeps bf16 values in f32 buffers; `Some(tensor_cores)` stores
+/// them in 2-byte buffers ([`store_bf16`]), attention's forward on tensor cores where its
+/// operands are stored so and `tensor_cores` holds.
 fn compile_stored(
     g: &Graph,
     mesh: Option<&Mesh>,
     devs: &Devices,
-    bf16_storage: bool,
+    bf16_storage: Option<bool>,
 ) -> Result<Program, String> {
     let (g, mbs) = inline(g)?;
     let g = &g;
@@ -683,8 +694,8 @@ fn compile_stored(
             }
         }
     }
-    if bf16_storage {
-        store_bf16(&mut p, g);
+    if let Some(tensor_cores) = bf16_storage {
+        store_bf16(&mut p, g, tensor_cores);
     }
     elide_reshapes(&mut p, g);
     Ok(p)
@@ -836,8 +847,10 @@ fn kept_attention(g: &Graph, in_group: &[bool]) -> Kept {
 /// launch that followed the value's producer ([`round_bf16`]) goes. Kernels widen the 2
 /// bytes back to the same f32 on load, so the results are the same bits as with f32
 /// storage, and the value takes half the memory and bandwidth (on a GPU the matrix
-/// products read it as bf16).
-pub(crate) fn store_bf16(p: &mut Program, g: &Graph) {
+/// products read it as bf16). With `tensor_cores`, an attention forward whose operands
+/// are all stored so then runs on tensor cores ([`to_tensor_cores`]): within bf16
+/// rounding of the register tiles, not their bits.
+pub(crate) fn store_bf16(p: &mut Program, g: &Graph, tensor_cores: bool) {
     let n = g.values.len();
     let mut ok: Vec<bool> = (0..n)
         .map(|v| p.values[v].is_some() && g.values[v].elem == Elem::BF16)
@@ -939,6 +952,27 @@ pub(crate) fn store_bf16(p: &mut Program, g: &Graph) {
         }
     }
     p.kernels = kernels;
+    if tensor_cores {
+        for k in &mut p.kernels {
+            to_tensor_cores(k);
+        }
+    }
+}
+
+/// An attention forward on the register tiles whose `q`, `k`, `v` are now 2-byte bf16
+/// buffers goes to the tensor cores ([`Body::AttnMma`]) where its shape takes them: the
+/// same operands, outputs and statistics, blocks of [`crate::kernel::MMA_ROWS`] queries.
+fn to_tensor_cores(k: &mut Kernel) {
+    let Body::AttnTiles(a) = &k.body else { return };
+    if k.inputs.len() < 3 || k.inputs[..3].iter().any(|b| b.elt != Elt::Bf16) {
+        return;
+    }
+    let mut a = *a;
+    a.bf16 = true;
+    if a.mma_keys().is_some() {
+        k.len = a.b * a.h * a.s.div_ceil(crate::kernel::MMA_ROWS);
+        k.body = Body::AttnMma(a);
+    }
 }
 
 /// A launch of `kernel` on node `k`'s first operand and its result.

@@ -94,6 +94,7 @@ pub fn ptx(kernels: &[Kernel], gpu: Gpu) -> R<String> {
     for k in kernels {
         g.ptx_entry(&k.name, k.inputs.len() + k.outputs.len())?;
     }
+    g.define_warp_ops(true)?;
     let tm = lower_for(
         &g,
         "NVPTX",
@@ -119,6 +120,7 @@ pub fn host_shared_object(kernels: &[Kernel]) -> R<Vec<u8>> {
     for k in kernels {
         g.host_entry(&k.name, k.inputs.len() + k.outputs.len())?;
     }
+    g.define_warp_ops(false)?;
     // Generic x86-64 (not this CPU's features): the artifact may run on another machine.
     let tm = lower_for(
         &g,
@@ -265,6 +267,7 @@ impl HostKernels {
         for k in kernels {
             g.host_entry(&k.name, k.inputs.len() + k.outputs.len())?;
         }
+        g.define_warp_ops(false)?;
         lower_for(
             &g,
             "host",

@@ -1514,11 +1514,25 @@ fn whole_bf16_gpt_step_matches_the_interpreter() {
 
 /// 2-byte bf16 storage (`program::store_bf16`) computes the same bits as bf16 values in
 /// f32 buffers, with fewer launches (no rounding after a product that stores bf16) and
-/// fewer bytes.
+/// fewer bytes, where attention stays on the register tiles; with its forward on tensor
+/// cores (the default), within bf16 rounding.
 #[test]
 fn bf16_storage_gives_the_same_bits_as_f32_storage() {
     let g = training_step_in("nanogpt-cpu", true);
-    let p16 = nnscaler_codegen::compile(&g, None).unwrap();
+    let p16 = nnscaler_codegen::program::compile_register_attention(&g, None).unwrap();
+    let mma = nnscaler_codegen::compile(&g, None).unwrap();
+    let on_cores = |p: &nnscaler_codegen::Program| {
+        p.kernels
+            .iter()
+            .filter(|k| matches!(k.body, Body::AttnMma(_)))
+            .count()
+    };
+    assert_eq!(on_cores(&p16), 0);
+    assert_eq!(
+        on_cores(&mma),
+        4,
+        "every layer's attention forward on tensor cores"
+    );
     let p32 = nnscaler_codegen::program::compile_f32_storage(&g, None).unwrap();
     let stored = |p: &nnscaler_codegen::Program, elt: Elt| -> (usize, usize) {
         let bs: Vec<&Buf> = p.values.iter().flatten().filter(|b| b.elt == elt).collect();
@@ -1546,6 +1560,20 @@ fn bf16_storage_gives_the_same_bits_as_f32_storage() {
         let same = x.len() == y.len() && x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits());
         assert!(same, "{}: 2-byte storage differs", o.name().unwrap_or("?"));
     }
+    // The tensor cores: each result within a bf16 rounding step (2^-8 relative) of the
+    // tiles' on the tensor's scale, as whole_step_in holds the bf16 step to the
+    // interpreter.
+    let mut worst = 0.0f64;
+    for ((x, y), o) in run(&mma).iter().zip(&b).zip(&g.outputs) {
+        let e = error_floor(x.f32().unwrap(), y.f32().unwrap(), 1.0);
+        assert!(
+            e <= 2f64.powi(-8),
+            "{}: tensor cores {e:.2e} from the tiles",
+            o.name().unwrap_or("?")
+        );
+        worst = worst.max(e);
+    }
+    println!("codegen: nanogpt-cpu bf16 step with attention on tensor cores: within {worst:.2e} of the register tiles");
     println!(
         "codegen: nanogpt-cpu bf16 step: {n16} values stored as bf16 ({bytes16} bytes; {} as f32 before), value buffers {} -> {} bytes, {} -> {} launches; {} results the same bits",
         bytes16 * 2,
@@ -1676,16 +1704,49 @@ fn attention_kernels_use_no_local_memory() {
                 assert!(
                     matches!(
                         k.body,
-                        Body::AttnTiles(_) | Body::AttnTilesBack(_) | Body::AttnTilesKv(_)
+                        Body::AttnTiles(_)
+                            | Body::AttnTilesBack(_)
+                            | Body::AttnTilesKv(_)
+                            | Body::AttnMma(_)
                     ),
                     "{}: not a tiled attention kernel",
                     k.name
                 );
+                // bf16 forwards take the tensor cores, f32 ones the register tiles.
+                if k.name.ends_with("fwd") {
+                    assert_eq!(
+                        matches!(k.body, Body::AttnMma(_)),
+                        elt == Elt::Bf16,
+                        "{}: {:?}",
+                        k.name,
+                        k.body
+                    );
+                }
                 kernels.push(k);
             }
         }
     }
     let text = ptx(&kernels, Gpu::default()).unwrap();
+    // Each tensor-core forward's entry issues its products as mma.sync (bf16 in, f32
+    // sums), none of the others does.
+    for k in &kernels {
+        let body = text
+            .split(".entry ")
+            .find(|e| e.starts_with(&format!("{}(", k.name)))
+            .unwrap_or_else(|| panic!("no entry {}", k.name));
+        let mmas = body
+            .matches("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
+            .count();
+        assert_eq!(
+            mmas > 0,
+            matches!(k.body, Body::AttnMma(_)),
+            "{}: {mmas} mma.sync",
+            k.name
+        );
+        if mmas > 0 {
+            println!("codegen: {}: {mmas} mma.sync in its PTX", k.name);
+        }
+    }
     if let Some(p) = std::env::var_os("NNSCALER_DUMP_ATTN_PTX") {
         std::fs::write(p, &text).unwrap();
     }
@@ -1814,5 +1875,171 @@ fn kept_attention_statistics_match_float64() {
     println!(
         "codegen: kept attention statistics on {} cases, from float64 at most {worst:.2e}",
         shapes.len()
+    );
+}
+
+/// bf16 bits of `x` (ties to even), and back.
+fn to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+fn from_bf16(h: u16) -> f32 {
+    f32::from_bits(u32::from(h) << 16)
+}
+
+/// The tensor-core forward (`Body::AttnMma`: `mma.sync` products, emulated on the host
+/// from the lanes' fragments by the PTX layouts) on 2-byte bf16 operands, against
+/// attention in float64 of the same bf16 values, beside the f32-register tiles on the same
+/// buffers: causal or not, grouped heads, short last query and key tiles, more keys than
+/// queries, widths 16 to 128 (32-key tiles where 64 do not fit), a scale, and the kept
+/// statistics `[max, 1/sum]`. The outputs are bf16, so both are a rounding of bf16 (2^-8
+/// relative) from float64; the tensor cores also round `P` to bf16 before its product:
+/// held to two roundings, 2^-7 (the issue's "a few bf16 rounding steps").
+#[test]
+fn mma_attention_matches_float64() {
+    use nnscaler_codegen::kernel::{lower_attention_kept, AttnForm};
+    let causal = attrs(&[("causal", AttrValue::Bool(true))]);
+    let shapes: Vec<(Vec<i64>, Vec<i64>, Attrs)> = vec![
+        (vec![2, 4, 9, 16], vec![2, 2, 9, 16], causal.clone()),
+        (vec![1, 3, 130, 64], vec![1, 3, 130, 64], causal.clone()),
+        (vec![1, 2, 65, 32], vec![1, 1, 140, 32], Attrs::new()),
+        (vec![1, 2, 140, 16], vec![1, 2, 33, 16], causal.clone()),
+        (vec![1, 1, 70, 128], vec![1, 1, 70, 128], causal.clone()),
+        (
+            vec![1, 2, 40, 16],
+            vec![1, 2, 40, 16],
+            attrs(&[
+                ("causal", AttrValue::Bool(true)),
+                ("scale", AttrValue::Float(0.3)),
+            ]),
+        ),
+    ];
+    let bf = |s: &[i64]| Buf {
+        shape: s.iter().map(|&x| x as usize).collect(),
+        elt: Elt::Bf16,
+    };
+    let mut kernels = Vec::new();
+    let mut runs = Vec::new();
+    for (c, (qs, ks, a)) in shapes.iter().enumerate() {
+        let ins = vec![bf(qs), bf(ks), bf(ks)];
+        let outs = vec![bf(qs)];
+        let mut pair = Vec::new();
+        for form in [AttnForm::Tiles, AttnForm::Mma] {
+            let name = format!("m{c}_{form:?}");
+            let l = lower_attention_kept(&name, "dnn.attention", a, &ins, &outs, Some(form), true)
+                .unwrap();
+            let body = &l.kernels[0].body;
+            match form {
+                AttnForm::Mma => assert!(matches!(body, Body::AttnMma(x) if x.saved)),
+                _ => assert!(matches!(body, Body::AttnTiles(_))),
+            }
+            kernels.extend(l.kernels.clone());
+            pair.push(l);
+        }
+        // The default for bf16 operands of these widths is the tensor cores.
+        let dflt = nnscaler_codegen::kernel::lower_attention(
+            &format!("m{c}_default"),
+            "dnn.attention",
+            a,
+            &ins,
+            &outs,
+            None,
+        )
+        .unwrap();
+        assert!(matches!(dflt.kernels[0].body, Body::AttnMma(_)));
+        let ops: Vec<Vec<u16>> = [qs, ks, ks]
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let n = s.iter().product::<i64>() as usize;
+                values(n, (c * 10 + i) as u64, -3.0, 3.0)
+                    .into_iter()
+                    .map(to_bf16)
+                    .collect()
+            })
+            .collect();
+        runs.push((qs.clone(), ks.clone(), a.clone(), pair, ops));
+    }
+    let host = HostKernels::new(&kernels).unwrap();
+    let (mut worst_tiles, mut worst_mma) = (0.0f64, 0.0f64);
+    for (qs, ks, a, pair, ops) in &runs {
+        let what = format!("{qs:?} {ks:?} {a:?}");
+        let ins: Vec<Data> = ops.iter().map(|v| Data::Bf16(v.clone())).collect();
+        let ins: Vec<&Data> = ins.iter().collect();
+        let us = |v: &[i64]| v.iter().map(|&x| x as usize).collect::<Vec<_>>();
+        let scale = match a.get("scale") {
+            Some(AttrValue::Float(f)) => f64::from(*f as f32),
+            _ => f64::from(1.0 / (qs[3] as f32).sqrt()),
+        };
+        let causal = a.contains_key("causal");
+        let f: Vec<Vec<f32>> = ops
+            .iter()
+            .map(|v| v.iter().map(|&h| from_bf16(h)).collect())
+            .collect();
+        let fr: Vec<&[f32]> = f.iter().map(|v| v.as_slice()).collect();
+        let (qd, kd) = (us(qs), us(ks));
+        let want = attention_f64((&qd, &kd, kd[3]), scale, causal, &fr, false).remove(0);
+        // The row statistics in float64: [max of the scaled scores, 1 / sum of exp].
+        let (b, h, s, d) = (qd[0], qd[1], qd[2], qd[3]);
+        let (g, t) = (kd[1], kd[2]);
+        let mut stats = Vec::new();
+        for bi in 0..b {
+            for hi in 0..h {
+                let kh = bi * g + hi / (h / g);
+                for i in 0..s {
+                    let lim = if causal { (i + 1).min(t) } else { t };
+                    let qr = ((bi * h + hi) * s + i) * d;
+                    let sc: Vec<f64> = (0..lim)
+                        .map(|j| {
+                            let kr = (kh * t + j) * d;
+                            scale
+                                * (0..d)
+                                    .map(|c| f64::from(fr[0][qr + c]) * f64::from(fr[1][kr + c]))
+                                    .sum::<f64>()
+                        })
+                        .collect();
+                    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let z: f64 = sc.iter().map(|y| (y - m).exp()).sum();
+                    stats.extend([m, 1.0 / z]);
+                }
+            }
+        }
+        let mut errs = Vec::new();
+        for (form, l) in ["tiles", "tensor cores"].iter().zip(pair) {
+            // The kernel itself: its statistics are a temporary of the lowered op.
+            let got = host.run(&l.kernels[0].name, &ins).unwrap();
+            assert_eq!(got.len(), 2, "{what} {form}: the output and the statistics");
+            let out: Vec<f32> = match &got[0] {
+                Data::Bf16(v) => v.iter().map(|&x| from_bf16(x)).collect(),
+                other => panic!("{what} {form}: a bf16 output, not {other:?}"),
+            };
+            let e = error_f64(&out, &want);
+            // The maximum exactly as the f32 scores (a rounding of the float64 one); the
+            // sums to a few f32 roundings of each other term.
+            let st = got[1].f32().unwrap();
+            assert_eq!(st.len(), stats.len(), "{what} {form}: statistics");
+            for (i, (&x, &w)) in st.iter().zip(&stats).enumerate() {
+                let tol = 1e-5 * w.abs().max(1.0);
+                assert!(
+                    x.is_finite()
+                        && (f64::from(x) - w).abs()
+                            <= tol.max(w.abs() * 4e-3 * f64::from(u8::from(i % 2 == 1))),
+                    "{what} {form}: statistic {i}: {x} against {w}"
+                );
+            }
+            errs.push(e);
+        }
+        let (et, em) = (errs[0], errs[1]);
+        assert!(et <= 2f64.powi(-8), "{what}: tiles {et:.2e} from float64");
+        assert!(
+            em <= 2f64.powi(-7),
+            "{what}: tensor cores {em:.2e} from float64"
+        );
+        worst_tiles = worst_tiles.max(et);
+        worst_mma = worst_mma.max(em);
+    }
+    println!(
+        "codegen: bf16 attention forward on {} cases, from float64 at most: tiles {worst_tiles:.2e}, tensor cores (mma.sync, emulated lane by lane) {worst_mma:.2e}",
+        runs.len()
     );
 }

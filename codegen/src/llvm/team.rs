@@ -503,6 +503,7 @@ impl<'ctx> Gen<'ctx> {
             Body::AttnTiles(a) => self.attn_tiles(&mut tm, a)?,
             Body::AttnTilesBack(a) => self.attn_tiles_back(&mut tm, a)?,
             Body::AttnTilesKv(a) => self.attn_tiles_kv(&mut tm, a)?,
+            Body::AttnMma(a) => self.attn_mma(&mut tm, a)?,
             Body::Reduce { op, dims } => {
                 let shape = &k.inputs[0].shape;
                 let count: usize = dims.iter().map(|&d| shape[d]).product();

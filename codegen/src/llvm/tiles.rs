@@ -58,12 +58,12 @@ impl<'ctx> Gen<'ctx> {
         Ok(e(self.b.build_select(lt, a, b, ""))?.into_int_value())
     }
 
-    fn ult(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+    pub(super) fn ult(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
         e(self.b.build_int_compare(IntPredicate::ULT, a, b, ""))
     }
 
     /// Word `w` of a lane's own memory.
-    fn local_at(&self, l: &Lane<'ctx>, w: usize) -> R<PointerValue<'ctx>> {
+    pub(super) fn local_at(&self, l: &Lane<'ctx>, w: usize) -> R<PointerValue<'ctx>> {
         // SAFETY of the generated code: `w` is below the plan's words per lane.
         e(unsafe {
             self.b
@@ -120,12 +120,12 @@ impl<'ctx> Gen<'ctx> {
     }
 
     /// Word `w` of a lane's own memory.
-    fn lw(&self, l: &Lane<'ctx>, w: usize) -> R<FloatValue<'ctx>> {
+    pub(super) fn lw(&self, l: &Lane<'ctx>, w: usize) -> R<FloatValue<'ctx>> {
         self.getf(self.local_at(l, w)?, self.ctx.f32_type())
     }
 
     /// Sets word `w` of a lane's own memory.
-    fn lput(&self, l: &Lane<'ctx>, w: usize, v: FloatValue<'ctx>) -> R<()> {
+    pub(super) fn lput(&self, l: &Lane<'ctx>, w: usize, v: FloatValue<'ctx>) -> R<()> {
         self.set(self.local_at(l, w)?, v)
     }
 
@@ -168,7 +168,7 @@ impl<'ctx> Gen<'ctx> {
     }
 
     /// `a * b + c` (one FMA on the GPU, where `mul` and `add` would each round).
-    fn fma(
+    pub(super) fn fma(
         &self,
         a: FloatValue<'ctx>,
         b: FloatValue<'ctx>,
@@ -385,7 +385,7 @@ impl<'ctx> Gen<'ctx> {
         Ok(())
     }
 
-    fn select_f(
+    pub(super) fn select_f(
         &self,
         c: IntValue<'ctx>,
         a: FloatValue<'ctx>,

@@ -1,0 +1,558 @@
+//! Attention's forward on tensor cores ([`crate::kernel::Body::AttnMma`]): bf16 operands,
+//! FlashAttention-2 with its two products as warp-wide `mma.sync.m16n8k16` (bf16 in, f32
+//! sums).
+//!
+//! A block is a tile of [`MMA_ROWS`] query rows of one head, four warps of 16 rows. It
+//! stages its queries in shared memory once; then, a key tile at a time (64 keys, or 32
+//! where the rows are wide: [`crate::kernel::Attn::mma_keys`]), it stages the keys and the
+//! values (transposed), and each warp
+//! 1. takes `S = Q K^T` for its 16 rows as `keys / 8` products of 16 x 8 (each `d / 16`
+//!    steps of k), the scores scaled and masked (causal, past the keys) in the products'
+//!    f32 fragments, and writes each of its rows' partial maxima (a row's 16 x 8 fragment
+//!    elements lie with four lanes) to the exchange words;
+//! 2. folds the tile into the online softmax: the row's new maximum from its four lanes'
+//!    partials (in one order, so the four agree), `exp(m_old - m_new)` rescaling the
+//!    lane's partial sum and its output fragments, `P = exp(S - m_new)` rounded to bf16
+//!    (the lane's sum adds the rounded values) and written to the warp's `P` rows;
+//! 3. adds `P V` to its output fragments: `e / 8` products, `keys / 16` steps each.
+//!
+//! At the end a row's four partial sums meet through the exchange words (in lane order)
+//! and each lane stores its output elements times `1 / l`, and the statistics `[m, 1/l]`
+//! where the backward takes them ([`crate::kernel::Attn::saved`]). A causal block skips
+//! the key tiles past its last query, as [`super::tiles`] does.
+//!
+//! Every value passes between lanes through shared memory between phases, as in every
+//! team kernel ([`super::team`]), except inside the product, which is the one warp-wide
+//! operation: `nns.mma.bf16(sh, a_base, a_pitch, b_base, b_pitch, lane, c0..c3)` takes
+//! its operand tiles from shared memory (`A[m][k]` at `a_base + m * a_pitch + k`, `B[k][n]`
+//! at `b_base + n * b_pitch + k`, in bf16 elements) and the lane's accumulator fragment.
+//! Its body is the target's ([`Gen::define_warp_ops`]): on the GPU the lane loads its own
+//! A and B fragments (32-bit shared loads of bf16 pairs, at the addresses
+//! [`frag_a_at`] and [`frag_b_at`] give) and issues `mma.sync`; on the host each of its
+//! four result elements is a sum over k in 16 steps whose operands are read from the
+//! *fragments of the lanes holding them* (the same address functions, called with those
+//! lanes' coordinates) by the PTX ISA's fragment layouts. So the host tests the fragment
+//! addressing and the layouts the GPU relies on, not a shortcut around them.
+
+use super::team::{Lane, Shared, Team};
+use super::{e, Gen, R};
+use crate::kernel::{Attn, Elt, MmaTiles, MMA_LANES, MMA_ROWS};
+use inkwell::attributes::{Attribute, AttributeLoc};
+use inkwell::module::Linkage;
+use inkwell::types::{BasicMetadataTypeEnum, StructType};
+use inkwell::values::{
+    BasicMetadataValueEnum, BasicValue, FloatValue, FunctionValue, IntValue, PointerValue,
+    StructValue,
+};
+use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
+
+/// The warp-wide product's symbol.
+const MMA: &str = "nns.mma.bf16";
+
+/// Where a lane of a tensor-core block is: its warp's first row in the block, its
+/// fragment coordinates (`g` = lane in warp / 4, `t` = lane in warp % 4), and the block's
+/// geometry.
+struct MmaLane<'ctx> {
+    /// Lane within its warp (0..32).
+    wl: IntValue<'ctx>,
+    /// The warp's first row in the block (warp * 16).
+    w16: IntValue<'ctx>,
+    g: IntValue<'ctx>,
+    t: IntValue<'ctx>,
+    /// The block's first query position (in its head).
+    q0: IntValue<'ctx>,
+    /// The flat query row of position `q0` (batch, head, position).
+    qrow0: IntValue<'ctx>,
+    /// The first key/value row of the block's key/value head.
+    kv_base: IntValue<'ctx>,
+    /// The query positions' offset (context parallelism; else 0).
+    off: IntValue<'ctx>,
+    /// Keys some row of the block sees: `0..need`.
+    need: IntValue<'ctx>,
+}
+
+/// Element `(g + 8 (r & 1), 2 t + 8 (r >> 1))` of a row-major `A` tile: the pair of bf16s
+/// register `r` (0..4) of lane `(g, t)`'s A fragment holds (PTX ISA, `mma.m16n8k16`,
+/// `.bf16`: `a0, a1` row g, `a2, a3` row g + 8, `a4..a7` the same 8 columns on).
+fn frag_a_at<'ctx>(
+    gen: &Gen<'ctx>,
+    (base, pitch): (IntValue<'ctx>, IntValue<'ctx>),
+    (g, t): (IntValue<'ctx>, IntValue<'ctx>),
+    r: usize,
+) -> R<IntValue<'ctx>> {
+    let row = gen.add_i(g, gen.i64c(8 * (r & 1)))?;
+    let col = gen.add_i(gen.mul_i(t, gen.i64c(2))?, gen.i64c(8 * (r >> 1)))?;
+    gen.add_i(gen.add_i(base, gen.mul_i(row, pitch)?)?, col)
+}
+
+/// Element `k = 2 t + 8 r` (and `k + 1`), column `n = g` of a `B` tile stored `[n][k]`:
+/// register `r` (0..2) of lane `(g, t)`'s B fragment (`b0, b1` rows 2t, 2t + 1; `b2, b3`
+/// 8 rows on; column g).
+fn frag_b_at<'ctx>(
+    gen: &Gen<'ctx>,
+    (base, pitch): (IntValue<'ctx>, IntValue<'ctx>),
+    (g, t): (IntValue<'ctx>, IntValue<'ctx>),
+    r: usize,
+) -> R<IntValue<'ctx>> {
+    let col = gen.add_i(gen.mul_i(t, gen.i64c(2))?, gen.i64c(8 * r))?;
+    gen.add_i(gen.add_i(base, gen.mul_i(g, pitch)?)?, col)
+}
+
+impl<'ctx> Gen<'ctx> {
+    /// The address of bf16 element `i` of the shared array.
+    fn sh16(&self, sh: PointerValue<'ctx>, i: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
+        // SAFETY of the generated code: every index is inside the kernel's shared array
+        // (the layout of `MmaTiles`).
+        e(unsafe {
+            self.b
+                .build_in_bounds_gep(self.ctx.i16_type(), sh, &[i], "")
+        })
+    }
+
+    /// The 32-bit word (two bf16s, the first in the low half) at bf16 element `i` (even)
+    /// of the shared array.
+    fn sh_pair(&self, sh: PointerValue<'ctx>, i: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let v = e(self
+            .b
+            .build_load(self.ctx.i32_type(), self.sh16(sh, i)?, ""))?;
+        e(v.as_instruction_value()
+            .ok_or("a load that is no instruction")?
+            .set_alignment(4))?;
+        Ok(v.into_int_value())
+    }
+
+    /// Half `h` (0: low) of a bf16 pair, as f32 (exact).
+    fn pair_half(&self, w: IntValue<'ctx>, h: usize) -> R<FloatValue<'ctx>> {
+        let i32t = self.ctx.i32_type();
+        let bits = if h == 0 {
+            e(self.b.build_left_shift(w, i32t.const_int(16, false), ""))?
+        } else {
+            e(self.b.build_and(w, i32t.const_int(0xffff_0000, false), ""))?
+        };
+        Ok(e(self.b.build_bit_cast(bits, self.ctx.f32_type(), ""))?.into_float_value())
+    }
+
+    /// The bf16 bits of `x` (rounded to nearest even) in the low 16 bits of an i32.
+    fn bf16_bits(&self, x: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+        let i32t = self.ctx.i32_type();
+        let r = self.call(self.round_bf16_fn()?, &[x])?;
+        let bits = e(self.b.build_bit_cast(r, i32t, ""))?.into_int_value();
+        e(self
+            .b
+            .build_right_shift(bits, i32t.const_int(16, false), false, ""))
+    }
+
+    /// Element `off` of a 2-byte bf16 buffer, as its 16 bits.
+    fn ld16(&self, base: PointerValue<'ctx>, off: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        if self.elt_of(base) != Elt::Bf16 {
+            return Err("the tensor-core attention reads 2-byte bf16 buffers only".into());
+        }
+        let p = self.at(base, Elt::Bf16, off)?;
+        Ok(e(self.b.build_load(self.ctx.i16_type(), p, ""))?.into_int_value())
+    }
+
+    fn mma_ret(&self) -> StructType<'ctx> {
+        let f = self.ctx.f32_type();
+        self.ctx
+            .struct_type(&[f.into(), f.into(), f.into(), f.into()], false)
+    }
+
+    /// The warp-wide product's function, declared (its body is the target's:
+    /// [`Gen::define_warp_ops`]).
+    fn mma_fn(&self) -> FunctionValue<'ctx> {
+        self.module.get_function(MMA).unwrap_or_else(|| {
+            let i64t = self.ctx.i64_type();
+            let f32t = self.ctx.f32_type();
+            let ptr = self.ctx.ptr_type(AddressSpace::default());
+            let mut params: Vec<BasicMetadataTypeEnum> = vec![ptr.into()];
+            params.extend([BasicMetadataTypeEnum::from(i64t); 5]);
+            params.extend([BasicMetadataTypeEnum::from(f32t); 4]);
+            self.module
+                .add_function(MMA, self.mma_ret().fn_type(&params, false), None)
+        })
+    }
+
+    /// `c + A B` for one m16n8k16 tile pair in shared memory ([`MMA`]): the lane's four
+    /// accumulator elements in, the four results out.
+    fn mma(
+        &self,
+        sh: PointerValue<'ctx>,
+        a: (IntValue<'ctx>, usize),
+        b: (IntValue<'ctx>, usize),
+        wl: IntValue<'ctx>,
+        c: [FloatValue<'ctx>; 4],
+    ) -> R<[FloatValue<'ctx>; 4]> {
+        let mut args: Vec<BasicMetadataValueEnum> = vec![
+            sh.into(),
+            a.0.into(),
+            self.i64c(a.1).into(),
+            b.0.into(),
+            self.i64c(b.1).into(),
+            wl.into(),
+        ];
+        args.extend(c.iter().map(|&x| BasicMetadataValueEnum::from(x)));
+        let r = e(self.b.build_call(self.mma_fn(), &args, ""))?
+            .try_as_basic_value()
+            .basic()
+            .ok_or("the product returned nothing")?
+            .into_struct_value();
+        self.unpack4(r)
+    }
+
+    fn unpack4(&self, r: StructValue<'ctx>) -> R<[FloatValue<'ctx>; 4]> {
+        let mut out = [self.fconst(0.0); 4];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = e(self.b.build_extract_value(r, i as u32, ""))?.into_float_value();
+        }
+        Ok(out)
+    }
+
+    /// Gives the warp-wide operations declared by the kernels their target's bodies: on
+    /// the GPU (`gpu`) the lane's fragments and `mma.sync`; on the host the product's
+    /// elements from the fragments of the lanes that hold their operands.
+    pub(crate) fn define_warp_ops(&self, gpu: bool) -> R<()> {
+        let Some(f) = self.module.get_function(MMA) else {
+            return Ok(());
+        };
+        if f.count_basic_blocks() > 0 {
+            return Ok(());
+        }
+        f.set_linkage(Linkage::Internal);
+        let inline = self
+            .ctx
+            .create_enum_attribute(Attribute::get_named_enum_kind_id("alwaysinline"), 0);
+        f.add_attribute(AttributeLoc::Function, inline);
+        let saved = self.b.get_insert_block();
+        let entry = self.ctx.append_basic_block(f, "entry");
+        self.b.position_at_end(entry);
+        let p = |j: u32| f.get_nth_param(j).ok_or("missing product parameter");
+        let sh = p(0)?.into_pointer_value();
+        let a = (p(1)?.into_int_value(), p(2)?.into_int_value());
+        let b = (p(3)?.into_int_value(), p(4)?.into_int_value());
+        let wl = p(5)?.into_int_value();
+        let c: Vec<FloatValue> = (6..10)
+            .map(|j| p(j).map(|v| v.into_float_value()))
+            .collect::<Result<_, _>>()?;
+        let g = self.div_i(wl, 4)?;
+        let t = self.rem_i(wl, 4)?;
+        let d = if gpu {
+            let mut args: Vec<BasicMetadataValueEnum> = Vec::new();
+            for r in 0..4 {
+                args.push(self.sh_pair(sh, frag_a_at(self, a, (g, t), r)?)?.into());
+            }
+            for r in 0..2 {
+                args.push(self.sh_pair(sh, frag_b_at(self, b, (g, t), r)?)?.into());
+            }
+            args.extend(c.iter().map(|&x| BasicMetadataValueEnum::from(x)));
+            let mma = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.mma.m16n8k16.row.col.bf16")
+                .and_then(|i| i.get_declaration(&self.module, &[]))
+                .ok_or("LLVM has no llvm.nvvm.mma.m16n8k16.row.col.bf16")?;
+            e(self.b.build_call(mma, &args, ""))?
+                .try_as_basic_value()
+                .basic()
+                .ok_or("mma returned nothing")?
+                .into_struct_value()
+        } else {
+            // Result element i: row g + 8 (i >> 1), column 2t + (i & 1). A[row][k] lies in
+            // lane (row % 8, (k % 8) / 2), register (row / 8) + 2 (k / 8), half k % 2;
+            // B[k][col] in lane (col, (k % 8) / 2), register k / 8, half k % 2.
+            let mut r = self.mma_ret().get_undef();
+            for (i, &ci) in c.iter().enumerate() {
+                let col = self.add_i(self.mul_i(t, self.i64c(2))?, self.i64c(i & 1))?;
+                let mut acc = ci;
+                for k in 0..16 {
+                    let tk = self.i64c((k % 8) / 2);
+                    let wa =
+                        self.sh_pair(sh, frag_a_at(self, a, (g, tk), (i >> 1) + 2 * (k / 8))?)?;
+                    let wb = self.sh_pair(sh, frag_b_at(self, b, (col, tk), k / 8)?)?;
+                    let x = self.pair_half(wa, k % 2)?;
+                    let y = self.pair_half(wb, k % 2)?;
+                    acc = self.fma(x, y, acc)?;
+                }
+                r = e(self.b.build_insert_value(r, acc, i as u32, ""))?.into_struct_value();
+            }
+            r
+        };
+        e(self.b.build_return(Some(&d)))?;
+        if let Some(bb) = saved {
+            self.b.position_at_end(bb);
+        }
+        Ok(())
+    }
+
+    /// A tensor-core block's lane ([`MmaLane`]).
+    fn mma_lane(&self, a: &Attn, l: &Lane<'ctx>) -> R<MmaLane<'ctx>> {
+        let tiles = a.s.div_ceil(MMA_ROWS);
+        let bh = self.div_i(l.row, tiles)?;
+        let qt = self.rem_i(l.row, tiles)?;
+        let bi = self.div_i(bh, a.h)?;
+        let hi = self.rem_i(bh, a.h)?;
+        let q0 = self.mul_i(qt, self.i64c(MMA_ROWS))?;
+        let off = self.query_offset(a, &l.ins)?;
+        let tt = self.i64c(a.t);
+        let need = if a.causal {
+            let last = self.min_i(self.add_i(q0, self.i64c(MMA_ROWS))?, self.i64c(a.s))?;
+            self.min_i(self.add_i(last, off)?, tt)?
+        } else {
+            tt
+        };
+        let kvh = self.add_i(self.mul_i(bi, self.i64c(a.g))?, self.div_i(hi, a.h / a.g)?)?;
+        let wl = self.rem_i(l.lane, 32)?;
+        Ok(MmaLane {
+            wl,
+            w16: self.mul_i(self.div_i(l.lane, 32)?, self.i64c(16))?,
+            g: self.div_i(wl, 4)?,
+            t: self.rem_i(wl, 4)?,
+            q0,
+            qrow0: self.add_i(self.mul_i(bh, self.i64c(a.s))?, q0)?,
+            kv_base: self.mul_i(kvh, tt)?,
+            off,
+            need,
+        })
+    }
+
+    /// The block row of the lane's fragment half `h` (0: row g, 1: row g + 8).
+    fn mma_row(&self, m: &MmaLane<'ctx>, h: usize) -> R<IntValue<'ctx>> {
+        self.add_i(self.add_i(m.w16, m.g)?, self.i64c(8 * h))
+    }
+
+    /// The f32 exchange word of block row `r`, lane `t` of its four.
+    fn xch(&self, mt: &MmaTiles, r: IntValue<'ctx>, t: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        self.add_i(
+            self.add_i(self.i64c(mt.x_at / 2), self.mul_i(r, self.i64c(4))?)?,
+            t,
+        )
+    }
+
+    /// The team copies `rows x width` bf16 elements of `x`, from row `first` (rows `n..`
+    /// zeros), to shared element `at + r * pitch + c` (`transposed`: `at + c * pitch + r`).
+    #[allow(clippy::too_many_arguments)]
+    fn stage16(
+        &self,
+        l: &Lane<'ctx>,
+        x: PointerValue<'ctx>,
+        first: IntValue<'ctx>,
+        (n, rows, width): (IntValue<'ctx>, usize, usize),
+        (at, pitch): (usize, usize),
+        transposed: bool,
+    ) -> R<()> {
+        let src = self.mul_i(first, self.i64c(width))?;
+        let have = self.mul_i(n, self.i64c(width))?;
+        let i16t = self.ctx.i16_type();
+        self.for_step(l.lane, self.i64c(rows * width), MMA_LANES, |g, w| {
+            let v = g.var(i16t.const_zero().into())?;
+            g.when(g.ult(w, have)?, |g| g.set(v, g.ld16(x, g.add_i(src, w)?)?))?;
+            let v = e(g.b.build_load(i16t, v, ""))?;
+            let (r, c) = (g.div_i(w, width)?, g.rem_i(w, width)?);
+            let (major, minor) = if transposed { (c, r) } else { (r, c) };
+            let to = g.add_i(g.add_i(g.i64c(at), g.mul_i(major, g.i64c(pitch))?)?, minor)?;
+            e(g.b.build_store(g.sh16(l.sh, to)?, v)).map(|_| ())
+        })
+    }
+
+    /// The forward on tensor cores ([`crate::kernel::Body::AttnMma`]): `q, k, v (,
+    /// offset) -> out (, stats)`.
+    pub(super) fn attn_mma(&self, tm: &mut Team<'_, 'ctx>, a: &Attn) -> R<()> {
+        let mt = a
+            .mma_keys()
+            .ok_or("this attention does not take tensor cores")?;
+        let a = *a;
+        let (d, ev, kt) = (a.d, a.e, mt.keys);
+        let (nk, ne) = (kt / 8, ev / 8);
+        // A lane's memory: S [nk fragments of 4], O [ne of 4], m [2 halves], l [2].
+        let (ls, lo) = (0, 4 * nk);
+        let lm = lo + 4 * ne;
+        let ll = lm + 2;
+        tm.shared = Shared::Tile(mt.words);
+        tm.local = ll + 2;
+        let all = MMA_LANES;
+        let neg = f32::NEG_INFINITY;
+        // Stage the queries; start the online softmax.
+        tm.phase(all, |g, l| {
+            let m = g.mma_lane(&a, l)?;
+            let n = g.min_i(g.i64c(MMA_ROWS), g.e_sub(g.i64c(a.s), m.q0)?)?;
+            g.stage16(l, l.ins[0], m.qrow0, (n, MMA_ROWS, d), (0, mt.qp), false)?;
+            for w in lo..lm {
+                g.lput(l, w, g.fconst(0.0))?;
+            }
+            for h in 0..2 {
+                g.lput(l, lm + h, g.fconst(neg))?;
+                g.lput(l, ll + h, g.fconst(0.0))?;
+            }
+            Ok(())
+        })?;
+        // Key tile `l.iter`: its first key, its length, whether the block needs it.
+        let tile = move |g: &Gen<'ctx>, l: &Lane<'ctx>, m: &MmaLane<'ctx>| {
+            let ts = g.mul_i(l.iter, g.i64c(kt))?;
+            let n = g.min_i(g.i64c(kt), g.e_sub(g.i64c(a.t), ts)?)?;
+            Ok::<_, String>((ts, n, g.ult(ts, m.need)?))
+        };
+        tm.repeat(a.t.div_ceil(kt), |tm| {
+            tm.phase(all, |g, l| {
+                let m = g.mma_lane(&a, l)?;
+                let (ts, n, needed) = tile(g, l, &m)?;
+                g.when(needed, |g| {
+                    let first = g.add_i(m.kv_base, ts)?;
+                    g.stage16(l, l.ins[1], first, (n, kt, d), (mt.k_at, mt.qp), false)?;
+                    g.stage16(l, l.ins[2], first, (n, kt, ev), (mt.v_at, mt.vp), true)
+                })
+            })?;
+            // S = scale Q K^T, masked; the rows' partial maxima.
+            tm.phase(all, |g, l| {
+                let m = g.mma_lane(&a, l)?;
+                let (ts, _, needed) = tile(g, l, &m)?;
+                g.when(needed, |g| {
+                    let mut mx = [g.fconst(neg); 2];
+                    let lims = (0..2)
+                        .map(|h| {
+                            let r = g.mma_row(&m, h)?;
+                            if !a.causal {
+                                return Ok(g.i64c(a.t));
+                            }
+                            let pos = g.add_i(g.add_i(m.q0, r)?, m.off)?;
+                            g.min_i(g.add_i(pos, g.i64c(1))?, g.i64c(a.t))
+                        })
+                        .collect::<R<Vec<_>>>()?;
+                    let a_row = g.mul_i(m.w16, g.i64c(mt.qp))?;
+                    for j in 0..nk {
+                        let mut c = [g.fconst(0.0); 4];
+                        for s in 0..d / 16 {
+                            let ab = g.add_i(a_row, g.i64c(16 * s))?;
+                            let bb = g.i64c(mt.k_at + 8 * j * mt.qp + 16 * s);
+                            c = g.mma(l.sh, (ab, mt.qp), (bb, mt.qp), m.wl, c)?;
+                        }
+                        for (i, ci) in c.iter().enumerate() {
+                            let h = i >> 1;
+                            let col = g.add_i(g.mul_i(m.t, g.i64c(2))?, g.i64c(8 * j + (i & 1)))?;
+                            let seen = g.ult(g.add_i(ts, col)?, lims[h])?;
+                            let s = g.fmul(*ci, g.fconst(a.scale))?;
+                            let s = g.select_f(seen, s, g.fconst(neg))?;
+                            g.lput(l, ls + 4 * j + i, s)?;
+                            mx[h] = g.maxf(mx[h], s)?;
+                        }
+                    }
+                    for (h, v) in mx.iter().enumerate() {
+                        let r = g.mma_row(&m, h)?;
+                        g.stf(l.sh, g.xch(&mt, r, m.t)?, *v)?;
+                    }
+                    Ok(())
+                })
+            })?;
+            // The online softmax's step: new maxima, rescaling, P to shared as bf16.
+            tm.phase(all, |g, l| {
+                let m = g.mma_lane(&a, l)?;
+                let (_, _, needed) = tile(g, l, &m)?;
+                g.when(needed, |g| {
+                    let exp = g.exp_fn()?;
+                    for h in 0..2 {
+                        let r = g.mma_row(&m, h)?;
+                        let old = g.lw(l, lm + h)?;
+                        let mut mx = old;
+                        for q in 0..4 {
+                            let x = g.ldf(l.sh, g.xch(&mt, r, g.i64c(q))?)?;
+                            mx = g.maxf(mx, x)?;
+                        }
+                        // Nothing seen yet: subtract 0, not -inf (as the f32 tiles).
+                        let none =
+                            g.select(FloatPredicate::OEQ, mx, g.fconst(neg), g.fconst(0.0), mx)?;
+                        let corr = g.call(exp, &[g.fsub(old, none)?])?;
+                        let mut sum = g.fmul(g.lw(l, ll + h)?, corr)?;
+                        for jn in 0..ne {
+                            for i in [2 * h, 2 * h + 1] {
+                                let w = lo + 4 * jn + i;
+                                g.lput(l, w, g.fmul(g.lw(l, w)?, corr)?)?;
+                            }
+                        }
+                        let prow = g.add_i(g.i64c(mt.p_at), g.mul_i(r, g.i64c(mt.vp))?)?;
+                        for j in 0..nk {
+                            let mut bits = Vec::with_capacity(2);
+                            for i in [2 * h, 2 * h + 1] {
+                                let s = g.lw(l, ls + 4 * j + i)?;
+                                let p = g.call(exp, &[g.fsub(s, none)?])?;
+                                let pb = g.bf16_bits(p)?;
+                                sum = g.fadd(sum, g.pair_half(pb, 0)?)?;
+                                bits.push(pb);
+                            }
+                            let i32t = g.ctx.i32_type();
+                            let hi =
+                                e(g.b.build_left_shift(bits[1], i32t.const_int(16, false), ""))?;
+                            let word = e(g.b.build_or(bits[0], hi, ""))?;
+                            let col = g.add_i(g.mul_i(m.t, g.i64c(2))?, g.i64c(8 * j))?;
+                            let st = e(g.b.build_store(g.sh16(l.sh, g.add_i(prow, col)?)?, word))?;
+                            e(st.set_alignment(4))?;
+                        }
+                        g.lput(l, ll + h, sum)?;
+                        g.lput(l, lm + h, mx)?;
+                    }
+                    Ok(())
+                })
+            })?;
+            // O += P V.
+            tm.phase(all, |g, l| {
+                let m = g.mma_lane(&a, l)?;
+                let (_, _, needed) = tile(g, l, &m)?;
+                g.when(needed, |g| {
+                    let a_row = g.add_i(g.i64c(mt.p_at), g.mul_i(m.w16, g.i64c(mt.vp))?)?;
+                    for jn in 0..ne {
+                        let mut c = [g.fconst(0.0); 4];
+                        for (i, ci) in c.iter_mut().enumerate() {
+                            *ci = g.lw(l, lo + 4 * jn + i)?;
+                        }
+                        for s in 0..kt / 16 {
+                            let ab = g.add_i(a_row, g.i64c(16 * s))?;
+                            let bb = g.i64c(mt.v_at + 8 * jn * mt.vp + 16 * s);
+                            c = g.mma(l.sh, (ab, mt.vp), (bb, mt.vp), m.wl, c)?;
+                        }
+                        for (i, ci) in c.iter().enumerate() {
+                            g.lput(l, lo + 4 * jn + i, *ci)?;
+                        }
+                    }
+                    Ok(())
+                })
+            })
+        })?;
+        // Each row's four partial sums, then the output and the statistics.
+        tm.phase(all, |g, l| {
+            let m = g.mma_lane(&a, l)?;
+            for h in 0..2 {
+                let r = g.mma_row(&m, h)?;
+                g.stf(l.sh, g.xch(&mt, r, m.t)?, g.lw(l, ll + h)?)?;
+            }
+            Ok(())
+        })?;
+        tm.phase(all, |g, l| {
+            let m = g.mma_lane(&a, l)?;
+            for h in 0..2 {
+                let r = g.mma_row(&m, h)?;
+                let mut sum = g.ldf(l.sh, g.xch(&mt, r, g.i64c(0))?)?;
+                for q in 1..4 {
+                    sum = g.fadd(sum, g.ldf(l.sh, g.xch(&mt, r, g.i64c(q))?)?)?;
+                }
+                let inv = g.fdiv(g.fconst(1.0), sum)?;
+                let valid = g.ult(g.add_i(m.q0, r)?, g.i64c(a.s))?;
+                g.when(valid, |g| {
+                    let qrow = g.add_i(m.qrow0, r)?;
+                    let ob = g.mul_i(qrow, g.i64c(ev))?;
+                    for jn in 0..ne {
+                        for i in [2 * h, 2 * h + 1] {
+                            let col =
+                                g.add_i(g.mul_i(m.t, g.i64c(2))?, g.i64c(8 * jn + (i & 1)))?;
+                            let v = g.fmul(g.lw(l, lo + 4 * jn + i)?, inv)?;
+                            g.stf(l.outs[0], g.add_i(ob, col)?, v)?;
+                        }
+                    }
+                    if a.saved {
+                        let first = e(g.b.build_int_compare(IntPredicate::EQ, m.t, g.i64c(0), ""))?;
+                        g.when(first, |g| {
+                            let s = g.mul_i(qrow, g.i64c(2))?;
+                            g.stf(l.outs[1], s, g.lw(l, lm + h)?)?;
+                            g.stf(l.outs[1], g.add_i(s, g.i64c(1))?, inv)
+                        })?;
+                    }
+                    Ok(())
+                })?;
+            }
+            Ok(())
+        })
+    }
+}
