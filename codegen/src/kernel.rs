@@ -363,6 +363,18 @@ pub enum Body {
     /// k, v -> out` (and the statistics where [`Attn::saved`]), as [`Body::AttnTiles`]
     /// within bf16 rounding.
     AttnMma(Attn),
+    /// The backward's statistics and `dq` on tensor cores ([`Attn::saved`] only: the
+    /// forward's output and statistics are inputs): blocks as [`Body::AttnMma`]; per key
+    /// tile `S = Q K^T` and `dP = dO V^T` as products, `dS = P (dP - D)` rounded to bf16,
+    /// `dq += dS K`. `dout, q, k, v, out, stats (, offset) -> stats3, dq`, as
+    /// [`Body::AttnTilesBack`] within bf16 rounding.
+    AttnMmaBack(Attn),
+    /// `dk`, `dv` on tensor cores: block `r` is key tile `r % k_tiles` ([`MMA_ROWS`] keys,
+    /// four warps of 16) of key/value head `r / k_tiles`; per query tile (every query head
+    /// of the group) `S^T = K Q^T`, `dP^T = V dO^T`, `dV += P^T dO`, `dK += dS^T Q`.
+    /// `dout, q, k, v, stats3 (, offset) -> dk, dv`, as [`Body::AttnTilesKv`] within bf16
+    /// rounding.
+    AttnMmaKv(Attn),
 }
 
 /// A (batched) matrix product `out[b] = A[b] B[b]`, row-major operands; `A` is
@@ -592,7 +604,119 @@ pub struct MmaTiles {
     pub words: usize,
 }
 
+/// The tensor-core backward's shared arrays ([`Body::AttnMmaBack`], [`Body::AttnMmaKv`]),
+/// in bf16 elements from the start, each region 16-byte aligned; `x_at` starts the f32
+/// words (per row: `[m, 1/l, D]` and a spare).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmaBack {
+    /// Keys per tile (`dq`) or queries per tile (`dk`/`dv`).
+    pub tile: usize,
+    /// Pitch of rows of `d` (queries, keys) and of `e` (`dO`, values).
+    pub qp: usize,
+    pub ep: usize,
+    /// Pitch of rows of `tile` (transposed tiles, `dS`, `P`).
+    pub tp: usize,
+    /// Region starts: see [`Attn::mma_dq`] and [`Attn::mma_kv`].
+    pub at: [usize; 6],
+    pub x_at: usize,
+    pub words: usize,
+}
+
+impl MmaBack {
+    /// Regions of `rows x pitch` halves in order, then `f32s` f32 words: the starts and
+    /// the f32 words of the whole, or none past [`SHARED_BYTES`].
+    fn lay(
+        tile: usize,
+        (d, e): (usize, usize),
+        regions: &[(usize, usize)],
+        f32s: usize,
+    ) -> Option<Self> {
+        let mut at = [0; 6];
+        let mut end = 0;
+        for (k, &(rows, pitch)) in regions.iter().enumerate() {
+            at[k] = end;
+            end += (rows * pitch).next_multiple_of(8);
+        }
+        let words = end / 2 + f32s;
+        (words * 4 <= SHARED_BYTES).then_some(MmaBack {
+            tile,
+            qp: d + MMA_PAD,
+            ep: e + MMA_PAD,
+            tp: tile + MMA_PAD,
+            at,
+            x_at: end,
+            words,
+        })
+    }
+}
+
 impl Attn {
+    /// Widths the tensor-core backward takes: bf16 operands, both widths a multiple of 16
+    /// (each is some product's k), up to [`ATTN_TILE_WIDTH`].
+    fn mma_back_widths(&self) -> bool {
+        self.bf16
+            && self.d > 0
+            && self.e > 0
+            && self.d.is_multiple_of(16)
+            && self.e.is_multiple_of(16)
+            && self.d <= ATTN_TILE_WIDTH
+            && self.e <= ATTN_TILE_WIDTH
+    }
+
+    /// The `dq` kernel's tiles ([`Body::AttnMmaBack`]): key tiles of 64, 32 or 16 keys,
+    /// the first that fits; regions `q [64, qp]`, `dO [64, ep]`, `k [keys, qp]`, `k^T [d,
+    /// tp]`, `v [keys, ep]`, `dS [64, tp]`, then `[m, 1/l, D, -]` f32 per query row.
+    pub fn mma_dq(&self) -> Option<MmaBack> {
+        if !self.mma_back_widths() || !self.saved {
+            return None;
+        }
+        let (d, e) = (self.d, self.e);
+        [64, 32, 16].into_iter().find_map(|tile| {
+            let (qp, ep, tp) = (d + MMA_PAD, e + MMA_PAD, tile + MMA_PAD);
+            MmaBack::lay(
+                tile,
+                (d, e),
+                &[
+                    (MMA_ROWS, qp),
+                    (MMA_ROWS, ep),
+                    (tile, qp),
+                    (d, tp),
+                    (tile, ep),
+                    (MMA_ROWS, tp),
+                ],
+                MMA_ROWS * 4,
+            )
+        })
+    }
+
+    /// The `dk`/`dv` kernel's tiles ([`Body::AttnMmaKv`]): query tiles of 32 or 16, the
+    /// first that fits; regions `k [64, qp]`, `v [64, ep]`, `q [queries, qp]`, `q^T [d,
+    /// tp]`, `dO [queries, ep]`, `dO^T [e, tp]`, then `P^T` and `dS^T` `[64, tp]` after
+    /// them (`at[5] + e * tp` and on), then `[m, 1/l, D, -]` f32 per query.
+    pub fn mma_kv(&self) -> Option<MmaBack> {
+        if !self.mma_back_widths() {
+            return None;
+        }
+        let (d, e) = (self.d, self.e);
+        [32, 16].into_iter().find_map(|tile| {
+            let (qp, ep, tp) = (d + MMA_PAD, e + MMA_PAD, tile + MMA_PAD);
+            // dO^T, P^T and dS^T as one region of e + 128 rows.
+            MmaBack::lay(
+                tile,
+                (d, e),
+                &[
+                    (MMA_ROWS, qp),
+                    (MMA_ROWS, ep),
+                    (tile, qp),
+                    (d, tp),
+                    (tile, ep),
+                    (e + 2 * MMA_ROWS, tp),
+                ],
+                tile * 4,
+            )
+        })
+    }
+
     /// The tiling of this attention, or `None` where it takes the row kernels: rows
     /// wider than [`ATTN_TILE_WIDTH`].
     pub fn tiles(&self) -> Option<Tiles> {
@@ -790,7 +914,7 @@ impl Kernel {
             }
             Body::AttnTiles(a) | Body::AttnTilesBack(a) => return tile_lanes(a.s),
             Body::AttnTilesKv(_) => return ATTN_KV_LANES,
-            Body::AttnMma(_) => return MMA_LANES,
+            Body::AttnMma(_) | Body::AttnMmaBack(_) | Body::AttnMmaKv(_) => return MMA_LANES,
             _ => return 1,
         };
         if line < TEAM_MIN {
@@ -1745,6 +1869,42 @@ pub fn lower(
     Ok(Lowered::one(k))
 }
 
+/// The backward's statistics-and-`dq` kernel: on tensor cores where `mma` and its shape
+/// takes them ([`Attn::mma_dq`]), else the register tiles.
+pub fn back_body(a: &Attn, mma: bool) -> Body {
+    if mma && a.mma_dq().is_some() {
+        Body::AttnMmaBack(*a)
+    } else {
+        Body::AttnTilesBack(*a)
+    }
+}
+
+/// [`back_body`]'s blocks.
+pub fn back_len(a: &Attn, mma: bool, t: &Tiles) -> usize {
+    match back_body(a, mma) {
+        Body::AttnMmaBack(_) => a.b * a.h * a.s.div_ceil(MMA_ROWS),
+        _ => a.b * a.h * t.q_tiles(a),
+    }
+}
+
+/// The backward's `dk`/`dv` kernel: on tensor cores where `mma` and its shape takes them
+/// ([`Attn::mma_kv`]), else the register tiles.
+pub fn kv_body(a: &Attn, mma: bool) -> Body {
+    if mma && a.mma_kv().is_some() {
+        Body::AttnMmaKv(*a)
+    } else {
+        Body::AttnTilesKv(*a)
+    }
+}
+
+/// [`kv_body`]'s blocks.
+pub fn kv_len(a: &Attn, mma: bool, t: &Tiles) -> usize {
+    match kv_body(a, mma) {
+        Body::AttnMmaKv(_) => a.b * a.g * a.t.div_ceil(MMA_ROWS),
+        _ => a.b * a.g * t.k_tiles(a),
+    }
+}
+
 /// An attention's kernels (`dnn.attention`, `dnn.attention_grad`) in `form`, or the one
 /// its shape gets ([`Attn::form`]) where `form` is `None`. Both compute the reference's
 /// attention within rounding (the tiles' online softmax sums in another order); the row
@@ -1889,17 +2049,17 @@ pub fn lower_attention_kept(
             vec![
                 kernel(
                     "back",
-                    Body::AttnTilesBack(a),
+                    back_body(&a, form == AttnForm::Mma),
                     &back_in,
                     vec![stats.clone(), dq],
-                    a.b * a.h * t.q_tiles(&a),
+                    back_len(&a, form == AttnForm::Mma, &t),
                 ),
                 kernel(
                     "dkdv",
-                    Body::AttnTilesKv(a),
+                    kv_body(&a, form == AttnForm::Mma),
                     &with_stats,
                     vec![dk, dv],
-                    a.b * a.g * t.k_tiles(&a),
+                    kv_len(&a, form == AttnForm::Mma, &t),
                 ),
             ],
             vec![

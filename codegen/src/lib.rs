@@ -22,9 +22,8 @@
 //! Reductions along lines of 64 or more elements are team kernels (one GPU block per
 //! line, `llvm/team.rs`); attention is FlashAttention-2 (team kernels staging key/value or
 //! query tiles in shared memory, an online softmax in registers, `llvm/tiles.rs`), its
-//! bf16 forward on tensor cores (`mma.sync`, emulated lane by lane on the host,
-//! `llvm/mma.rs`). Not built yet: the backward on tensor cores, and elementwise chains at
-//! HBM speed (issue 40).
+//! bf16 forward and backward on tensor cores (`mma.sync`, emulated lane by lane on the
+//! host, `llvm/mma.rs`). Not built yet: elementwise chains at HBM speed (issue 40).
 
 pub mod artifact;
 pub mod kernel;

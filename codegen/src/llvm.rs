@@ -879,7 +879,9 @@ impl<'ctx> Gen<'ctx> {
             | Body::AttnTiles(_)
             | Body::AttnTilesBack(_)
             | Body::AttnTilesKv(_)
-            | Body::AttnMma(_) => return Err(format!("{} is a team kernel", k.name)),
+            | Body::AttnMma(_)
+            | Body::AttnMmaBack(_)
+            | Body::AttnMmaKv(_) => return Err(format!("{} is a team kernel", k.name)),
             Body::Lines { op, dim } => {
                 let shape = &k.inputs[0].shape;
                 let n: usize = shape[*dim];

@@ -959,19 +959,39 @@ pub(crate) fn store_bf16(p: &mut Program, g: &Graph, tensor_cores: bool) {
     }
 }
 
-/// An attention forward on the register tiles whose `q`, `k`, `v` are now 2-byte bf16
-/// buffers goes to the tensor cores ([`Body::AttnMma`]) where its shape takes them: the
-/// same operands, outputs and statistics, blocks of [`crate::kernel::MMA_ROWS`] queries.
+/// An attention kernel on the register tiles whose operands are now 2-byte bf16 buffers
+/// goes to the tensor cores where its shape takes them ([`Body::AttnMma`],
+/// [`Body::AttnMmaBack`] for a backward reading the kept statistics, [`Body::AttnMmaKv`]):
+/// the same operands, outputs and statistics, blocks of [`crate::kernel::MMA_ROWS`]
+/// queries (keys).
 fn to_tensor_cores(k: &mut Kernel) {
-    let Body::AttnTiles(a) = &k.body else { return };
-    if k.inputs.len() < 3 || k.inputs[..3].iter().any(|b| b.elt != Elt::Bf16) {
+    // The forward's q, k, v are its first three inputs; the backward's dout, q, k, v its
+    // first four.
+    let (a, ops) = match &k.body {
+        Body::AttnTiles(a) => (*a, 3),
+        Body::AttnTilesBack(a) | Body::AttnTilesKv(a) => (*a, 4),
+        _ => return,
+    };
+    if k.inputs.len() < ops || k.inputs[..ops].iter().any(|b| b.elt != Elt::Bf16) {
         return;
     }
-    let mut a = *a;
+    let mut a = a;
     a.bf16 = true;
-    if a.mma_keys().is_some() {
-        k.len = a.b * a.h * a.s.div_ceil(crate::kernel::MMA_ROWS);
-        k.body = Body::AttnMma(a);
+    let rows = crate::kernel::MMA_ROWS;
+    match k.body {
+        Body::AttnTiles(_) if a.mma_keys().is_some() => {
+            k.len = a.b * a.h * a.s.div_ceil(rows);
+            k.body = Body::AttnMma(a);
+        }
+        Body::AttnTilesBack(_) if a.mma_dq().is_some() => {
+            k.len = a.b * a.h * a.s.div_ceil(rows);
+            k.body = Body::AttnMmaBack(a);
+        }
+        Body::AttnTilesKv(_) if a.mma_kv().is_some() => {
+            k.len = a.b * a.g * a.t.div_ceil(rows);
+            k.body = Body::AttnMmaKv(a);
+        }
+        _ => {}
     }
 }
 

@@ -1441,9 +1441,25 @@ fn whole_step_in(name: &str, vocab: i64, bf16: bool) {
     let kept = p
         .kernels
         .iter()
-        .filter(|k| matches!(&k.body, Body::AttnTilesBack(a) if a.saved))
+        .filter(|k| matches!(&k.body, Body::AttnTilesBack(a) | Body::AttnMmaBack(a) if a.saved))
         .count();
     assert!(attentions > 0, "{name}: no attention");
+    // In mixed precision, attention runs on tensor cores: forward, dq and dk/dv.
+    let cores = p
+        .kernels
+        .iter()
+        .filter(|k| {
+            matches!(
+                &k.body,
+                Body::AttnMma(_) | Body::AttnMmaBack(_) | Body::AttnMmaKv(_)
+            )
+        })
+        .count();
+    assert_eq!(
+        cores,
+        if bf16 { 3 * attentions } else { 0 },
+        "{name}: tensor-core kernels"
+    );
     assert_eq!(
         kept, attentions,
         "{name}: backward kernels keeping the forward's statistics"
@@ -1708,20 +1724,26 @@ fn attention_kernels_use_no_local_memory() {
                             | Body::AttnTilesBack(_)
                             | Body::AttnTilesKv(_)
                             | Body::AttnMma(_)
+                            | Body::AttnMmaBack(_)
+                            | Body::AttnMmaKv(_)
                     ),
                     "{}: not a tiled attention kernel",
                     k.name
                 );
-                // bf16 forwards take the tensor cores, f32 ones the register tiles.
-                if k.name.ends_with("fwd") {
-                    assert_eq!(
-                        matches!(k.body, Body::AttnMma(_)),
-                        elt == Elt::Bf16,
-                        "{}: {:?}",
-                        k.name,
-                        k.body
-                    );
-                }
+                // bf16 attention takes the tensor cores (the backward's first kernel
+                // where it reads the kept statistics), f32 the register tiles.
+                let cores = matches!(
+                    k.body,
+                    Body::AttnMma(_) | Body::AttnMmaBack(_) | Body::AttnMmaKv(_)
+                );
+                let plain_back = k.name.ends_with("_bwd_back");
+                assert_eq!(
+                    cores,
+                    elt == Elt::Bf16 && !plain_back,
+                    "{}: {:?}",
+                    k.name,
+                    k.body
+                );
                 kernels.push(k);
             }
         }
@@ -1739,7 +1761,10 @@ fn attention_kernels_use_no_local_memory() {
             .count();
         assert_eq!(
             mmas > 0,
-            matches!(k.body, Body::AttnMma(_)),
+            matches!(
+                k.body,
+                Body::AttnMma(_) | Body::AttnMmaBack(_) | Body::AttnMmaKv(_)
+            ),
             "{}: {mmas} mma.sync",
             k.name
         );
@@ -2040,6 +2065,150 @@ fn mma_attention_matches_float64() {
     }
     println!(
         "codegen: bf16 attention forward on {} cases, from float64 at most: tiles {worst_tiles:.2e}, tensor cores (mma.sync, emulated lane by lane) {worst_mma:.2e}",
+        runs.len()
+    );
+}
+
+/// The backward on tensor cores (`Body::AttnMmaBack`: statistics and `dq`;
+/// `Body::AttnMmaKv`: `dk`, `dv`) on 2-byte bf16 operands, against the gradients in
+/// float64 of the same bf16 values, beside the f32-register tiles on the same buffers and
+/// the same kept forward (its bf16 output and statistics): causal or not, grouped heads,
+/// short last tiles, more keys than queries and the reverse, widths 16 to 64, a scale.
+/// Both read `D = dO . out` from the bf16 output, as FlashAttention does; the tensor cores
+/// also round `P` and `dS` to bf16 for their products.
+#[test]
+fn mma_attention_backward_matches_float64() {
+    use nnscaler_codegen::kernel::{lower_attention_kept, AttnForm};
+    let causal = attrs(&[("causal", AttrValue::Bool(true))]);
+    let shapes: Vec<(Vec<i64>, Vec<i64>, Attrs)> = vec![
+        (vec![2, 4, 9, 16], vec![2, 2, 9, 16], causal.clone()),
+        (vec![1, 3, 130, 64], vec![1, 3, 130, 64], causal.clone()),
+        (vec![1, 2, 65, 32], vec![1, 1, 140, 32], Attrs::new()),
+        (vec![1, 2, 140, 16], vec![1, 2, 33, 16], causal.clone()),
+        (
+            vec![1, 2, 40, 16],
+            vec![1, 2, 40, 16],
+            attrs(&[
+                ("causal", AttrValue::Bool(true)),
+                ("scale", AttrValue::Float(0.3)),
+            ]),
+        ),
+    ];
+    let buf = |s: &[i64], elt| Buf {
+        shape: s.iter().map(|&x| x as usize).collect(),
+        elt,
+    };
+    let mut kernels = Vec::new();
+    let mut runs = Vec::new();
+    for (c, (qs, ks, a)) in shapes.iter().enumerate() {
+        let bf = |s: &[i64]| buf(s, Elt::Bf16);
+        let fwd = lower_attention_kept(
+            &format!("b{c}_fwd"),
+            "dnn.attention",
+            a,
+            &[bf(qs), bf(ks), bf(ks)],
+            &[bf(qs)],
+            Some(AttnForm::Mma),
+            true,
+        )
+        .unwrap();
+        kernels.extend(fwd.kernels.clone());
+        let rows = (qs[0] * qs[1] * qs[2]) as usize;
+        let stats = Buf {
+            shape: vec![rows, 2],
+            elt: Elt::F32,
+        };
+        let ins = vec![bf(qs), bf(qs), bf(ks), bf(ks), bf(qs), stats];
+        let outs = vec![buf(qs, Elt::F32), buf(ks, Elt::F32), buf(ks, Elt::F32)];
+        let mut pair = Vec::new();
+        for form in [AttnForm::Tiles, AttnForm::Mma] {
+            let l = lower_attention_kept(
+                &format!("b{c}_{form:?}"),
+                "dnn.attention_grad",
+                a,
+                &ins,
+                &outs,
+                Some(form),
+                true,
+            )
+            .unwrap();
+            let mma = l
+                .kernels
+                .iter()
+                .filter(|k| matches!(k.body, Body::AttnMmaBack(_) | Body::AttnMmaKv(_)))
+                .count();
+            assert_eq!(mma, if form == AttnForm::Mma { 2 } else { 0 }, "case {c}");
+            kernels.extend(l.kernels.clone());
+            pair.push(l);
+        }
+        let ops: Vec<Vec<u16>> = [qs, qs, ks, ks]
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let n = s.iter().product::<i64>() as usize;
+                values(n, (c * 10 + i + 50) as u64, -3.0, 3.0)
+                    .into_iter()
+                    .map(to_bf16)
+                    .collect()
+            })
+            .collect();
+        runs.push((qs.clone(), ks.clone(), a.clone(), fwd, pair, ops));
+    }
+    let host = HostKernels::new(&kernels).unwrap();
+    let (mut worst_tiles, mut worst_mma) = (0.0f64, 0.0f64);
+    for (qs, ks, a, fwd, pair, ops) in &runs {
+        let what = format!("{qs:?} {ks:?} {a:?}");
+        let data: Vec<Data> = ops.iter().map(|v| Data::Bf16(v.clone())).collect();
+        // The kept forward: its bf16 output and its statistics.
+        let kept = host
+            .run(&fwd.kernels[0].name, &[&data[1], &data[2], &data[3]])
+            .unwrap();
+        let ins: Vec<&Data> = data.iter().chain(&kept).collect();
+        let us = |v: &[i64]| v.iter().map(|&x| x as usize).collect::<Vec<_>>();
+        let scale = match a.get("scale") {
+            Some(AttrValue::Float(f)) => f64::from(*f as f32),
+            _ => f64::from(1.0 / (qs[3] as f32).sqrt()),
+        };
+        let f: Vec<Vec<f32>> = ops
+            .iter()
+            .map(|v| v.iter().map(|&h| from_bf16(h)).collect())
+            .collect();
+        let fr: Vec<&[f32]> = f.iter().map(|v| v.as_slice()).collect();
+        let (qd, kd) = (us(qs), us(ks));
+        let want = attention_f64(
+            (&qd, &kd, kd[3]),
+            scale,
+            a.contains_key("causal"),
+            &fr,
+            true,
+        );
+        let mut errs = Vec::new();
+        for (form, l) in ["tiles", "tensor cores"].iter().zip(pair) {
+            let got = host.run_lowered(l, &ins).unwrap();
+            assert_eq!(got.len(), 3, "{what} {form}: dq, dk, dv");
+            let e = got
+                .iter()
+                .zip(&want)
+                .map(|(g, w)| error_f64(g.f32().unwrap(), w))
+                .fold(0.0, f64::max);
+            errs.push(e);
+        }
+        let (et, em) = (errs[0], errs[1]);
+        println!("codegen: backward {what}: tiles {et:.2e}, tensor cores {em:.2e}");
+        assert!(et <= 2f64.powi(-7), "{what}: tiles {et:.2e} from float64");
+        assert!(
+            em <= 2f64.powi(-7),
+            "{what}: tensor cores {em:.2e} from float64"
+        );
+        assert!(
+            em <= 2.0 * et,
+            "{what}: tensor cores {em:.2e}, tiles {et:.2e}"
+        );
+        worst_tiles = worst_tiles.max(et);
+        worst_mma = worst_mma.max(em);
+    }
+    println!(
+        "codegen: bf16 attention backward on {} cases, from float64 at most: tiles {worst_tiles:.2e}, tensor cores {worst_mma:.2e}",
         runs.len()
     );
 }

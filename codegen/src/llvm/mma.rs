@@ -36,7 +36,7 @@
 
 use super::team::{Lane, Shared, Team};
 use super::{e, Gen, R};
-use crate::kernel::{Attn, Elt, MmaTiles, MMA_LANES, MMA_ROWS};
+use crate::kernel::{Attn, Elt, MmaBack, MmaTiles, MMA_LANES, MMA_ROWS};
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::module::Linkage;
 use inkwell::types::{BasicMetadataTypeEnum, StructType};
@@ -278,6 +278,66 @@ impl<'ctx> Gen<'ctx> {
             self.b.position_at_end(bb);
         }
         Ok(())
+    }
+
+    /// `n` products of a warp's 16 rows: `c_j + A B_j` with `A` at `a` (its row 0, pitch)
+    /// and `B_j` the tile `j` 8 columns on from `b` (pitch), `steps` k-steps of 16 each;
+    /// `c_j` from `init(j)`.
+    #[allow(clippy::too_many_arguments)]
+    fn products(
+        &self,
+        sh: PointerValue<'ctx>,
+        (a, ap): (IntValue<'ctx>, usize),
+        (b, bp): (IntValue<'ctx>, usize),
+        (n, steps): (usize, usize),
+        wl: IntValue<'ctx>,
+        mut init: impl FnMut(usize) -> R<[FloatValue<'ctx>; 4]>,
+    ) -> R<Vec<[FloatValue<'ctx>; 4]>> {
+        let mut out = Vec::with_capacity(n);
+        for j in 0..n {
+            let mut c = init(j)?;
+            let bj = self.add_i(b, self.i64c(8 * j * bp))?;
+            for s in 0..steps {
+                let ab = self.add_i(a, self.i64c(16 * s))?;
+                let bb = self.add_i(bj, self.i64c(16 * s))?;
+                c = self.mma(sh, (ab, ap), (bb, bp), wl, c)?;
+            }
+            out.push(c);
+        }
+        Ok(out)
+    }
+
+    /// Stores `x`, `y` rounded to bf16 as the pair at shared element `at` (even).
+    fn put_pair(
+        &self,
+        sh: PointerValue<'ctx>,
+        at: IntValue<'ctx>,
+        x: FloatValue<'ctx>,
+        y: FloatValue<'ctx>,
+    ) -> R<()> {
+        let i32t = self.ctx.i32_type();
+        let lo = self.bf16_bits(x)?;
+        let hi = e(self
+            .b
+            .build_left_shift(self.bf16_bits(y)?, i32t.const_int(16, false), ""))?;
+        let word = e(self.b.build_or(lo, hi, ""))?;
+        let st = e(self.b.build_store(self.sh16(sh, at)?, word))?;
+        e(st.set_alignment(4)).map(|_| ())
+    }
+
+    /// The lane's four words `w..w + 4` of its own memory.
+    fn frag_of(&self, l: &Lane<'ctx>, w: usize) -> R<[FloatValue<'ctx>; 4]> {
+        Ok([
+            self.lw(l, w)?,
+            self.lw(l, w + 1)?,
+            self.lw(l, w + 2)?,
+            self.lw(l, w + 3)?,
+        ])
+    }
+
+    /// Column `2t + (i & 1)` of a fragment's element `i`, plus `at`.
+    fn frag_col(&self, t: IntValue<'ctx>, i: usize, at: usize) -> R<IntValue<'ctx>> {
+        self.add_i(self.mul_i(t, self.i64c(2))?, self.i64c(at + (i & 1)))
     }
 
     /// A tensor-core block's lane ([`MmaLane`]).
@@ -555,4 +615,382 @@ impl<'ctx> Gen<'ctx> {
             Ok(())
         })
     }
+}
+
+/// A row's statistic `c` (0: m, 1: 1/l, 2: D) among the f32 words of a backward's shared
+/// array.
+fn stat_at<'ctx>(g: &Gen<'ctx>, mb: &MmaBack, r: IntValue<'ctx>, c: usize) -> R<IntValue<'ctx>> {
+    g.add_i(g.i64c(mb.x_at / 2 + c), g.mul_i(r, g.i64c(4))?)
+}
+
+impl<'ctx> Gen<'ctx> {
+    /// The backward's statistics and `dq` on tensor cores
+    /// ([`crate::kernel::Body::AttnMmaBack`]): `dout, q, k, v, out, stats (, offset) ->
+    /// stats3, dq`.
+    pub(super) fn attn_mma_dq(&self, tm: &mut Team<'_, 'ctx>, a: &Attn) -> R<()> {
+        let mb = a
+            .mma_dq()
+            .ok_or("this attention's backward does not take tensor cores")?;
+        let a = *a;
+        let (d, ev, kb) = (a.d, a.e, mb.tile);
+        let [q_at, do_at, k_at, kt_at, v_at, ds_at] = mb.at;
+        let nk = kb / 8;
+        // A lane's memory: its dq fragments.
+        let lq = 0;
+        tm.local = 4 * (d / 8);
+        tm.shared = Shared::Tile(mb.words);
+        let all = MMA_LANES;
+        tm.phase(all, |g, l| {
+            let m = g.mma_lane(&a, l)?;
+            let n = g.min_i(g.i64c(MMA_ROWS), g.e_sub(g.i64c(a.s), m.q0)?)?;
+            g.stage16(l, l.ins[1], m.qrow0, (n, MMA_ROWS, d), (q_at, mb.qp), false)?;
+            g.stage16(
+                l,
+                l.ins[0],
+                m.qrow0,
+                (n, MMA_ROWS, ev),
+                (do_at, mb.ep),
+                false,
+            )?;
+            for w in 0..4 * (d / 8) {
+                g.lput(l, lq + w, g.fconst(0.0))?;
+            }
+            // Lanes 0..64 each take a row's statistics: the kept [m, 1/l] and D = dO .
+            // out (the output as stored), in order; rows past the end weigh nothing.
+            let r = l.lane;
+            g.when(g.ult(r, g.i64c(MMA_ROWS))?, |g| {
+                let f32t = g.ctx.f32_type();
+                let vals = [
+                    g.var(g.fconst(0.0).into())?,
+                    g.var(g.fconst(0.0).into())?,
+                    g.var(g.fconst(0.0).into())?,
+                ];
+                g.when(g.ult(g.add_i(m.q0, r)?, g.i64c(a.s))?, |g| {
+                    let qrow = g.add_i(m.qrow0, r)?;
+                    let ob = g.mul_i(qrow, g.i64c(ev))?;
+                    let mut dsum = g.fconst(0.0);
+                    for c in 0..ev {
+                        let at = g.add_i(ob, g.i64c(c))?;
+                        dsum = g.fma(g.ldf(l.ins[0], at)?, g.ldf(l.ins[4], at)?, dsum)?;
+                    }
+                    let s2 = g.mul_i(qrow, g.i64c(2))?;
+                    g.set(vals[0], g.ldf(l.ins[5], s2)?)?;
+                    g.set(vals[1], g.ldf(l.ins[5], g.add_i(s2, g.i64c(1))?)?)?;
+                    g.set(vals[2], dsum)?;
+                    let s3 = g.mul_i(qrow, g.i64c(3))?;
+                    for (c, v) in vals.iter().enumerate() {
+                        g.stf(l.outs[0], g.add_i(s3, g.i64c(c))?, g.getf(*v, f32t)?)?;
+                    }
+                    Ok(())
+                })?;
+                for (c, v) in vals.iter().enumerate() {
+                    g.stf(l.sh, stat_at(g, &mb, r, c)?, g.getf(*v, f32t)?)?;
+                }
+                Ok(())
+            })
+        })?;
+        let tile = move |g: &Gen<'ctx>, l: &Lane<'ctx>, m: &MmaLane<'ctx>| {
+            let ts = g.mul_i(l.iter, g.i64c(kb))?;
+            let n = g.min_i(g.i64c(kb), g.e_sub(g.i64c(a.t), ts)?)?;
+            Ok::<_, String>((ts, n, g.ult(ts, m.need)?))
+        };
+        tm.repeat(a.t.div_ceil(kb), |tm| {
+            tm.phase(all, |g, l| {
+                let m = g.mma_lane(&a, l)?;
+                let (ts, n, needed) = tile(g, l, &m)?;
+                g.when(needed, |g| {
+                    let first = g.add_i(m.kv_base, ts)?;
+                    g.stage16(l, l.ins[2], first, (n, kb, d), (k_at, mb.qp), false)?;
+                    g.stage16(l, l.ins[2], first, (n, kb, d), (kt_at, mb.tp), true)?;
+                    g.stage16(l, l.ins[3], first, (n, kb, ev), (v_at, mb.ep), false)
+                })
+            })?;
+            // S = Q K^T and dP = dO V^T; dS = P (dP - D) to shared as bf16.
+            tm.phase(all, |g, l| {
+                let m = g.mma_lane(&a, l)?;
+                let (ts, _, needed) = tile(g, l, &m)?;
+                g.when(needed, |g| {
+                    let zero = [g.fconst(0.0); 4];
+                    let qa = g.add_i(g.i64c(q_at), g.mul_i(m.w16, g.i64c(mb.qp))?)?;
+                    let s = g.products(
+                        l.sh,
+                        (qa, mb.qp),
+                        (g.i64c(k_at), mb.qp),
+                        (nk, d / 16),
+                        m.wl,
+                        |_| Ok(zero),
+                    )?;
+                    let oa = g.add_i(g.i64c(do_at), g.mul_i(m.w16, g.i64c(mb.ep))?)?;
+                    let dp = g.products(
+                        l.sh,
+                        (oa, mb.ep),
+                        (g.i64c(v_at), mb.ep),
+                        (nk, ev / 16),
+                        m.wl,
+                        |_| Ok(zero),
+                    )?;
+                    let exp = g.exp_fn()?;
+                    for h in 0..2 {
+                        let r = g.mma_row(&m, h)?;
+                        let st = |c| g.ldf(l.sh, stat_at(g, &mb, r, c)?);
+                        let (mx, inv, dsum) = (st(0)?, st(1)?, st(2)?);
+                        let lim = if a.causal {
+                            let pos = g.add_i(g.add_i(m.q0, r)?, m.off)?;
+                            g.min_i(g.add_i(pos, g.i64c(1))?, g.i64c(a.t))?
+                        } else {
+                            g.i64c(a.t)
+                        };
+                        let row = g.add_i(g.i64c(ds_at), g.mul_i(r, g.i64c(mb.tp))?)?;
+                        for j in 0..nk {
+                            let mut pair = Vec::with_capacity(2);
+                            for i in [2 * h, 2 * h + 1] {
+                                let col = g.frag_col(m.t, i, 8 * j)?;
+                                let seen = g.ult(g.add_i(ts, col)?, lim)?;
+                                let sc = g.fmul(s[j][i], g.fconst(a.scale))?;
+                                let p = g.fmul(g.call(exp, &[g.fsub(sc, mx)?])?, inv)?;
+                                let p = g.select_f(seen, p, g.fconst(0.0))?;
+                                pair.push(g.fmul(p, g.fsub(dp[j][i], dsum)?)?);
+                            }
+                            let at = g.add_i(row, g.frag_col(m.t, 0, 8 * j)?)?;
+                            g.put_pair(l.sh, at, pair[0], pair[1])?;
+                        }
+                    }
+                    Ok(())
+                })
+            })?;
+            // dq += dS K.
+            tm.phase(all, |g, l| {
+                let m = g.mma_lane(&a, l)?;
+                let (_, _, needed) = tile(g, l, &m)?;
+                g.when(needed, |g| {
+                    let da = g.add_i(g.i64c(ds_at), g.mul_i(m.w16, g.i64c(mb.tp))?)?;
+                    let c = g.products(
+                        l.sh,
+                        (da, mb.tp),
+                        (g.i64c(kt_at), mb.tp),
+                        (d / 8, kb / 16),
+                        m.wl,
+                        |j| g.frag_of(l, lq + 4 * j),
+                    )?;
+                    for (j, cj) in c.iter().enumerate() {
+                        for (i, ci) in cj.iter().enumerate() {
+                            g.lput(l, lq + 4 * j + i, *ci)?;
+                        }
+                    }
+                    Ok(())
+                })
+            })
+        })?;
+        tm.phase(all, |g, l| {
+            let m = g.mma_lane(&a, l)?;
+            for h in 0..2 {
+                let r = g.mma_row(&m, h)?;
+                g.when(g.ult(g.add_i(m.q0, r)?, g.i64c(a.s))?, |g| {
+                    let ob = g.mul_i(g.add_i(m.qrow0, r)?, g.i64c(d))?;
+                    for j in 0..d / 8 {
+                        for i in [2 * h, 2 * h + 1] {
+                            let v = g.fmul(g.lw(l, lq + 4 * j + i)?, g.fconst(a.scale))?;
+                            g.stf(l.outs[1], g.add_i(ob, g.frag_col(m.t, i, 8 * j)?)?, v)?;
+                        }
+                    }
+                    Ok(())
+                })?;
+            }
+            Ok(())
+        })
+    }
+}
+
+impl<'ctx> Gen<'ctx> {
+    /// `dk`, `dv` on tensor cores ([`crate::kernel::Body::AttnMmaKv`]): `dout, q, k, v,
+    /// stats3 (, offset) -> dk, dv`.
+    pub(super) fn attn_mma_kv(&self, tm: &mut Team<'_, 'ctx>, a: &Attn) -> R<()> {
+        let mb = a
+            .mma_kv()
+            .ok_or("this attention's backward does not take tensor cores")?;
+        let a = *a;
+        let (d, ev, qb) = (a.d, a.e, mb.tile);
+        let [k_at, v_at, q_at, qt_at, do_at, dot_at] = mb.at;
+        let p_at = dot_at + ev * mb.tp;
+        let ds_at = p_at + MMA_ROWS * mb.tp;
+        let (ldk, ldv) = (0, 4 * (d / 8));
+        tm.local = tm_local(d, ev);
+        tm.shared = Shared::Tile(mb.words);
+        let all = MMA_LANES;
+        let k_tiles = a.t.div_ceil(MMA_ROWS);
+        let q_tiles = a.s.div_ceil(qb);
+        let per = a.h / a.g;
+        // The block's key/value head (batch * g + head), first key, and the lane's fragment
+        // coordinates.
+        let block = move |g: &Gen<'ctx>, l: &Lane<'ctx>| {
+            let bg = g.div_i(l.row, k_tiles)?;
+            let first = g.mul_i(g.rem_i(l.row, k_tiles)?, g.i64c(MMA_ROWS))?;
+            let wl = g.rem_i(l.lane, 32)?;
+            let w16 = g.mul_i(g.div_i(l.lane, 32)?, g.i64c(16))?;
+            Ok::<_, String>((bg, first, wl, w16, g.div_i(wl, 4)?, g.rem_i(wl, 4)?))
+        };
+        // Iteration `l.iter`'s query tile: its first flat row, first position, length, and
+        // whether the block needs it (causal: its last query sees the block's first key).
+        let queries = move |g: &Gen<'ctx>, l: &Lane<'ctx>, bg, first| {
+            let (bi, kvh) = (g.div_i(bg, a.g)?, g.rem_i(bg, a.g)?);
+            let hh = g.div_i(l.iter, q_tiles)?;
+            let q0 = g.mul_i(g.rem_i(l.iter, q_tiles)?, g.i64c(qb))?;
+            let hi = g.add_i(g.mul_i(kvh, g.i64c(per))?, hh)?;
+            let qh = g.add_i(g.mul_i(bi, g.i64c(a.h))?, hi)?;
+            let n = g.min_i(g.i64c(qb), g.e_sub(g.i64c(a.s), q0)?)?;
+            let off = g.query_offset(&a, &l.ins)?;
+            let needed = if a.causal {
+                g.ult(first, g.add_i(g.add_i(q0, n)?, off)?)?
+            } else {
+                g.ctx.bool_type().const_int(1, false)
+            };
+            let row0 = g.add_i(g.mul_i(qh, g.i64c(a.s))?, q0)?;
+            Ok::<_, String>((row0, q0, n, needed, off))
+        };
+        tm.phase(all, |g, l| {
+            let (bg, first, ..) = block(g, l)?;
+            let n = g.min_i(g.i64c(MMA_ROWS), g.e_sub(g.i64c(a.t), first)?)?;
+            let row = g.add_i(g.mul_i(bg, g.i64c(a.t))?, first)?;
+            g.stage16(l, l.ins[2], row, (n, MMA_ROWS, d), (k_at, mb.qp), false)?;
+            g.stage16(l, l.ins[3], row, (n, MMA_ROWS, ev), (v_at, mb.ep), false)?;
+            for w in 0..tm_local(d, ev) {
+                g.lput(l, w, g.fconst(0.0))?;
+            }
+            Ok(())
+        })?;
+        tm.repeat(per * q_tiles, |tm| {
+            tm.phase(all, |g, l| {
+                let (bg, first, ..) = block(g, l)?;
+                let (row0, _, n, needed, _) = queries(g, l, bg, first)?;
+                g.when(needed, |g| {
+                    let sh = (n, qb, d);
+                    g.stage16(l, l.ins[1], row0, sh, (q_at, mb.qp), false)?;
+                    g.stage16(l, l.ins[1], row0, sh, (qt_at, mb.tp), true)?;
+                    let sh = (n, qb, ev);
+                    g.stage16(l, l.ins[0], row0, sh, (do_at, mb.ep), false)?;
+                    g.stage16(l, l.ins[0], row0, sh, (dot_at, mb.tp), true)?;
+                    let r = l.lane;
+                    g.when(g.ult(r, g.i64c(qb))?, |g| {
+                        let inside = g.ult(r, n)?;
+                        let s3 = g.mul_i(g.add_i(row0, r)?, g.i64c(3))?;
+                        for c in 0..3 {
+                            let v = g.var(g.fconst(0.0).into())?;
+                            g.when(inside, |g| {
+                                g.set(v, g.ldf(l.ins[4], g.add_i(s3, g.i64c(c))?)?)
+                            })?;
+                            let v = g.getf(v, g.ctx.f32_type())?;
+                            g.stf(l.sh, stat_at(g, &mb, r, c)?, v)?;
+                        }
+                        Ok(())
+                    })
+                })
+            })?;
+            // S^T = K Q^T and dP^T = V dO^T; P^T and dS^T to shared as bf16.
+            tm.phase(all, |g, l| {
+                let (bg, first, wl, w16, gq, tq) = block(g, l)?;
+                let (_, q0, n, needed, off) = queries(g, l, bg, first)?;
+                g.when(needed, |g| {
+                    let zero = [g.fconst(0.0); 4];
+                    let ka = g.add_i(g.i64c(k_at), g.mul_i(w16, g.i64c(mb.qp))?)?;
+                    let st = g.products(
+                        l.sh,
+                        (ka, mb.qp),
+                        (g.i64c(q_at), mb.qp),
+                        (qb / 8, d / 16),
+                        wl,
+                        |_| Ok(zero),
+                    )?;
+                    let va = g.add_i(g.i64c(v_at), g.mul_i(w16, g.i64c(mb.ep))?)?;
+                    let dpt = g.products(
+                        l.sh,
+                        (va, mb.ep),
+                        (g.i64c(do_at), mb.ep),
+                        (qb / 8, ev / 16),
+                        wl,
+                        |_| Ok(zero),
+                    )?;
+                    let exp = g.exp_fn()?;
+                    for h in 0..2 {
+                        let kr = g.add_i(g.add_i(w16, gq)?, g.i64c(8 * h))?;
+                        let j = g.add_i(first, kr)?;
+                        let prow = g.add_i(g.i64c(p_at), g.mul_i(kr, g.i64c(mb.tp))?)?;
+                        let drow = g.add_i(g.i64c(ds_at), g.mul_i(kr, g.i64c(mb.tp))?)?;
+                        for jq in 0..qb / 8 {
+                            let (mut p2, mut d2) = (Vec::new(), Vec::new());
+                            for i in [2 * h, 2 * h + 1] {
+                                let c = g.frag_col(tq, i, 8 * jq)?;
+                                let stv = |k| g.ldf(l.sh, stat_at(g, &mb, c, k)?);
+                                let (mx, inv, dsum) = (stv(0)?, stv(1)?, stv(2)?);
+                                let mut seen = g.ult(c, n)?;
+                                if a.causal {
+                                    let pos = g.add_i(g.add_i(q0, c)?, off)?;
+                                    let ok =
+                                        e(g.b.build_int_compare(IntPredicate::ULE, j, pos, ""))?;
+                                    seen = e(g.b.build_and(seen, ok, ""))?;
+                                }
+                                let sc = g.fmul(st[jq][i], g.fconst(a.scale))?;
+                                let p = g.fmul(g.call(exp, &[g.fsub(sc, mx)?])?, inv)?;
+                                let p = g.select_f(seen, p, g.fconst(0.0))?;
+                                d2.push(g.fmul(p, g.fsub(dpt[jq][i], dsum)?)?);
+                                p2.push(p);
+                            }
+                            let col = g.frag_col(tq, 0, 8 * jq)?;
+                            g.put_pair(l.sh, g.add_i(prow, col)?, p2[0], p2[1])?;
+                            g.put_pair(l.sh, g.add_i(drow, col)?, d2[0], d2[1])?;
+                        }
+                    }
+                    Ok(())
+                })
+            })?;
+            // dV += P^T dO, dK += dS^T Q.
+            tm.phase(all, |g, l| {
+                let (bg, first, wl, w16, ..) = block(g, l)?;
+                let (_, _, _, needed, _) = queries(g, l, bg, first)?;
+                g.when(needed, |g| {
+                    for (a_at, b_at, lw, n) in [(p_at, dot_at, ldv, ev), (ds_at, qt_at, ldk, d)] {
+                        let aa = g.add_i(g.i64c(a_at), g.mul_i(w16, g.i64c(mb.tp))?)?;
+                        let c = g.products(
+                            l.sh,
+                            (aa, mb.tp),
+                            (g.i64c(b_at), mb.tp),
+                            (n / 8, qb / 16),
+                            wl,
+                            |j| g.frag_of(l, lw + 4 * j),
+                        )?;
+                        for (j, cj) in c.iter().enumerate() {
+                            for (i, ci) in cj.iter().enumerate() {
+                                g.lput(l, lw + 4 * j + i, *ci)?;
+                            }
+                        }
+                    }
+                    Ok(())
+                })
+            })
+        })?;
+        tm.phase(all, |g, l| {
+            let (bg, first, _, w16, gq, tq) = block(g, l)?;
+            for h in 0..2 {
+                let j = g.add_i(g.add_i(first, g.add_i(w16, gq)?)?, g.i64c(8 * h))?;
+                g.when(g.ult(j, g.i64c(a.t))?, |g| {
+                    let kr = g.add_i(g.mul_i(bg, g.i64c(a.t))?, j)?;
+                    for (out, lw, n, f) in [(0, ldk, d, a.scale), (1, ldv, ev, 1.0)] {
+                        let ob = g.mul_i(kr, g.i64c(n))?;
+                        for jn in 0..n / 8 {
+                            for i in [2 * h, 2 * h + 1] {
+                                let v = g.fmul(g.lw(l, lw + 4 * jn + i)?, g.fconst(f))?;
+                                g.stf(l.outs[out], g.add_i(ob, g.frag_col(tq, i, 8 * jn)?)?, v)?;
+                            }
+                        }
+                    }
+                    Ok(())
+                })?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The f32 words of a `dk`/`dv` lane's own memory: its `dK` and `dV` fragments.
+fn tm_local(d: usize, e: usize) -> usize {
+    4 * (d / 8) + 4 * (e / 8)
 }

@@ -504,6 +504,8 @@ impl<'ctx> Gen<'ctx> {
             Body::AttnTilesBack(a) => self.attn_tiles_back(&mut tm, a)?,
             Body::AttnTilesKv(a) => self.attn_tiles_kv(&mut tm, a)?,
             Body::AttnMma(a) => self.attn_mma(&mut tm, a)?,
+            Body::AttnMmaBack(a) => self.attn_mma_dq(&mut tm, a)?,
+            Body::AttnMmaKv(a) => self.attn_mma_kv(&mut tm, a)?,
             Body::Reduce { op, dims } => {
                 let shape = &k.inputs[0].shape;
                 let count: usize = dims.iter().map(|&d| shape[d]).product();
