@@ -307,7 +307,7 @@ SIDE_RULES = [
     (r"^gelu", "gelu"),
     (r"^embedding", "embedding"),
     (r"^(cross_entropy|softmax_xent|pick|log_softmax)", "cross entropy"),
-    (r"^(adamw|clip_scale|sum|sum_parts|sum_total|mul)$", "optimizer"),
+    (r"^(adamw|adamw_multi|clip_scale|sum|sum_parts|sum_total|mul)$", "optimizer"),
     (r"^(transpose|reshape|copy|microbatch)", "copies"),
     (r"", "elementwise"),
 ]

@@ -279,6 +279,20 @@ pub enum Body {
         /// Weight decay.
         wd: f64,
     },
+    /// One AdamW step over several tensors in one launch (as PyTorch's multi-tensor
+    /// AdamW): element `i` of the tensors laid end to end (tensor `j` has `lens[j]`
+    /// elements and weight decay `wds[j]`), each updated as [`Body::AdamW`] updates it.
+    /// Inputs `p, g, m, v` of each tensor in turn, then `lr, step [, scale]`; outputs
+    /// `p', m', v'` of each in turn.
+    AdamWMulti {
+        b1: f64,
+        b2: f64,
+        eps: f64,
+        /// Each tensor's weight decay.
+        wds: Vec<f64>,
+        /// Each tensor's elements.
+        lens: Vec<usize>,
+    },
     /// Clipping's factor `min(1, max_norm / (sqrt(s) + 1e-6))`, one thread.
     ClipScale {
         /// max_norm.
@@ -838,6 +852,10 @@ pub const SPLIT_FROM: usize = 1 << 16;
 pub const SPLIT_PART: usize = 4096;
 /// Parts per output of a split reduction, at most.
 pub const SPLIT_PARTS: usize = 1024;
+
+/// Tensors one multi-tensor AdamW launch updates at most ([`Body::AdamWMulti`]): 7
+/// buffers each, whose pointers must fit a kernel's 4 KiB of parameters (PTX before 8.1).
+pub const ADAMW_TENSORS: usize = 48;
 
 /// The largest embedding table whose gradient is computed by rows
 /// ([`Body::EmbeddingGradRows`]): each row scans every token id, `rows x columns x tokens`

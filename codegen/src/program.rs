@@ -698,7 +698,155 @@ fn compile_stored(
         store_bf16(&mut p, g, tensor_cores);
     }
     elide_reshapes(&mut p, g);
+    fuse_adamw(&mut p);
     Ok(p)
+}
+
+/// Consecutive AdamW launches with the same betas and eps (each its own weight decay) and
+/// the same `lr`, `step` and `scale` buffers, every buffer f32, become multi-tensor launches
+/// ([`Body::AdamWMulti`], at most [`crate::kernel::ADAMW_TENSORS`] tensors each), where
+/// no member reads or writes what an earlier member of the run writes: the same
+/// arithmetic per element, so the same bits, in a few launches instead of one per
+/// parameter (the nanoGPT GPU config's step had 100; PyTorch's fused AdamW is one).
+fn fuse_adamw(p: &mut Program) {
+    let key = |l: &Launch, kernels: &[Kernel], values: &[Option<Buf>]| {
+        let Work::Kernel(k) = l.work else { return None };
+        let kern = &kernels[k];
+        let Body::AdamW { b1, b2, eps, .. } = kern.body else {
+            return None;
+        };
+        let f32s = kern
+            .inputs
+            .iter()
+            .chain(&kern.outputs)
+            .all(|b| b.elt == Elt::F32);
+        let values_f32 = l.bufs.iter().all(|b| match b {
+            BufId::Value(v) => values[*v].as_ref().is_some_and(|b| b.elt == Elt::F32),
+            _ => true,
+        });
+        (f32s && values_f32 && l.bufs.len() == kern.inputs.len() + 3).then(|| {
+            (
+                [b1, b2, eps].map(f64::to_bits),
+                l.bufs[4..kern.inputs.len()].to_vec(),
+            )
+        })
+    };
+    // Runs of consecutive launches with one key, cut where a member touches what an
+    // earlier member writes, or at the size limit.
+    let mut runs: Vec<Vec<usize>> = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    let mut current_key = None;
+    let mut written_in_run: Vec<BufId> = Vec::new();
+    for (i, l) in p.launches.iter().enumerate() {
+        let k = key(l, &p.kernels, &p.values);
+        let joins = k.is_some()
+            && k == current_key
+            && current.len() < crate::kernel::ADAMW_TENSORS
+            && !l.bufs.iter().any(|b| written_in_run.contains(b));
+        if !joins {
+            if current.len() > 1 {
+                runs.push(std::mem::take(&mut current));
+            }
+            current.clear();
+            written_in_run.clear();
+            current_key = k.clone();
+        }
+        if k.is_some() {
+            current.push(i);
+            let nin = l.bufs.len() - 3;
+            written_in_run.extend(l.bufs[nin..].iter().copied());
+        }
+    }
+    if current.len() > 1 {
+        runs.push(current);
+    }
+    if runs.is_empty() {
+        return;
+    }
+    // Each run: one kernel and one launch where its last member stood.
+    let mut replace: HashMap<usize, Launch> = HashMap::new();
+    let mut gone = vec![false; p.launches.len()];
+    let mut new_kernels: Vec<Kernel> = Vec::new();
+    for run in &runs {
+        let first = &p.launches[run[0]];
+        let Work::Kernel(k0) = first.work else {
+            continue;
+        };
+        let Body::AdamW { b1, b2, eps, .. } = p.kernels[k0].body else {
+            continue;
+        };
+        let nin = p.kernels[k0].inputs.len();
+        let (mut inputs, mut outputs, mut ins, mut outs) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut lens, mut wds) = (Vec::new(), Vec::new());
+        let mut nodes = Vec::new();
+        for &i in run {
+            let l = &p.launches[i];
+            let Work::Kernel(k) = l.work else { continue };
+            let kern = &p.kernels[k];
+            if let Body::AdamW { wd, .. } = kern.body {
+                wds.push(wd);
+            }
+            inputs.extend(kern.inputs[..4].iter().cloned());
+            outputs.extend(kern.outputs.iter().cloned());
+            ins.extend(l.bufs[..4].iter().copied());
+            outs.extend(l.bufs[nin..].iter().copied());
+            lens.push(kern.len);
+            nodes.extend(l.nodes.iter().copied());
+            gone[i] = true;
+        }
+        inputs.extend(p.kernels[k0].inputs[4..].iter().cloned());
+        ins.extend(first.bufs[4..nin].iter().copied());
+        let total: usize = lens.iter().sum();
+        let kernel = Kernel {
+            name: format!("{}_multi", p.kernels[k0].name),
+            body: Body::AdamWMulti {
+                b1,
+                b2,
+                eps,
+                wds,
+                lens,
+            },
+            inputs,
+            outputs,
+            len: total,
+        };
+        let last = *run.last().unwrap_or(&run[0]);
+        gone[last] = false;
+        replace.insert(
+            last,
+            Launch {
+                work: Work::Kernel(p.kernels.len() + new_kernels.len()),
+                bufs: [ins, outs].concat(),
+                nodes,
+            },
+        );
+        new_kernels.push(kernel);
+    }
+    p.kernels.extend(new_kernels);
+    let launches = std::mem::take(&mut p.launches);
+    p.launches = launches
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !gone[*i])
+        .map(|(i, l)| replace.remove(&i).unwrap_or(l))
+        .collect();
+    // The members' kernels go (kernels renumbered in order of first use).
+    let mut new_index: Vec<Option<usize>> = vec![None; p.kernels.len()];
+    let mut old: Vec<Option<Kernel>> = std::mem::take(&mut p.kernels)
+        .into_iter()
+        .map(Some)
+        .collect();
+    for l in &mut p.launches {
+        if let Work::Kernel(k) = &mut l.work {
+            let i = *new_index[*k].get_or_insert_with(|| {
+                p.kernels
+                    .push(old[*k].take().expect("a kernel launched once"));
+                p.kernels.len() - 1
+            });
+            *k = i;
+        }
+    }
 }
 
 /// The buffers launch `l` writes.
