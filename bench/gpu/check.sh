@@ -150,6 +150,16 @@ cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-bf16-step.params.safetensors
 cat nanogpt-bf16.profile.txt
 "$py" torch_ref.py step 6 6 384 256 64 65 bf16 || status=1
 side 6 6 384 256 64 65 nanogpt-bf16.profile.txt bf16
+# Launch overhead: the same steps captured once as CUDA graphs and replayed (--graph; the
+# summary's "graph" column), and the fp32 step with TF32 products (--matmul-precision
+# high, as torch_user.py's TF32 row).
+echo "== nanogpt GPU config as CUDA graphs (--graph), and with TF32 products (--matmul-precision high)"
+for s in nanogpt-gpu-step nanogpt-gpu-bf16-step; do
+  ./nnscaler-rt run "$s.nnsx" --backend cuda --repeat 5 --graph --inputs "$s.in.safetensors" \
+    --inputs "$s.params.safetensors" -o /dev/null 2>&1 | sed 's/^/graph: /' || status=1
+done
+./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --matmul-precision high --inputs nanogpt-gpu-step.in.safetensors \
+  --inputs nanogpt-gpu-step.params.safetensors -o /dev/null 2>&1 | sed 's/^/tf32: /' || status=1
 echo "== GPT-2 124M (12 layers, 12 heads, 768 wide, block 1024, batch 8, vocab 50257; fp32, then mixed precision)"
 "$py" compare.py params gpt2-step.nnsx gpt2-step.params.safetensors
 ./nnscaler-rt run gpt2-step.nnsx --backend cuda --repeat 5 --profile --inputs gpt2-step.in.safetensors \

@@ -394,6 +394,10 @@ def summary(path):
     user_model = -1
     for line in open(path, errors="replace"):
         line = line.strip()
+        m = re.match(r"^(graph|tf32): ran (\S+) on the GPU .* in ([0-9.]+) s \(median", line)
+        if m and m.group(2) in SUMMARY_STEPS:
+            rows[SUMMARY_STEPS[m.group(2)]][m.group(1)] = float(m.group(3)) * 1e3
+            continue
         m = re.match(r"^ran (\S+) on the GPU .* in ([0-9.]+) s \(median", line)
         if m and m.group(1) in SUMMARY_STEPS:
             last = SUMMARY_STEPS[m.group(1)]
@@ -420,12 +424,14 @@ def summary(path):
                 rows[(model, "bf16")]["compile"] = ms
     cell = lambda v: "-" if v is None else f"{v:.1f}"
     ratio = lambda a, b: "-" if a is None or not b else f"{a / b:.2f}"
-    print(f"{'workload':32s} {'ours ms':>9s} {'eager ms':>9s} {'ratio':>6s} {'module ms':>10s} {'ratio':>6s} {'compile ms':>11s} {'ratio':>6s}")
+    print(f"{'workload':32s} {'ours ms':>9s} {'eager ms':>9s} {'ratio':>6s} {'module ms':>10s} {'ratio':>6s} {'compile ms':>11s} {'ratio':>6s} {'graph ms':>9s} {'tf32 ms':>8s}")
     for (model, prec), r in rows.items():
         o = r.get("ours")
         print(f"{model + ', ' + prec:32s} {cell(o):>9s} {cell(r.get('eager')):>9s} {ratio(o, r.get('eager')):>6s} "
-              f"{cell(r.get('user')):>10s} {ratio(o, r.get('user')):>6s} {cell(r.get('compile')):>11s} {ratio(o, r.get('compile')):>6s}")
-    print("eager: torch_ref.py (the same model, TF32 off; bf16: autocast); module: torch_user.py (nn.Module with SDPA; bf16: autocast + fused AdamW)")
+              f"{cell(r.get('user')):>10s} {ratio(o, r.get('user')):>6s} {cell(r.get('compile')):>11s} {ratio(o, r.get('compile')):>6s} "
+              f"{cell(r.get('graph')):>9s} {cell(r.get('tf32')):>8s}")
+    print("eager: torch_ref.py (the same model, TF32 off; bf16: autocast); module: torch_user.py (nn.Module with SDPA; bf16: autocast + fused AdamW); "
+          "graph: ours replayed as a CUDA graph (--graph); tf32: ours with --matmul-precision high")
 
 
 if __name__ == "__main__":

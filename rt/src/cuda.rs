@@ -121,7 +121,10 @@ impl CudaProgram {
             match CudaBlas::new(stream.clone()) {
                 Ok(b) => (
                     Some(b),
-                    if Self::plain_gemm() {
+                    if crate::precision::tf32() {
+                        "matrix products by cuBLAS, f32 ones on TF32 tensor cores (--matmul-precision high)"
+                            .to_string()
+                    } else if Self::plain_gemm() {
                         "matrix products by cuBLAS (single products through cublasSgemm: NNSCALER_CUBLAS=plain)"
                             .to_string()
                     } else {
@@ -219,6 +222,37 @@ impl CudaProgram {
         let ldb = if g.tb { k } else { n };
         let (alpha, beta) = (1.0f32, 0.0f32);
         let stride_b = if g.b_batched { g.k * g.n } else { 0 };
+        if elts == [Elt::F32; 3] && crate::precision::tf32() {
+            // SAFETY: as below; TF32 tensor cores for f32 operands, as asked.
+            return unsafe {
+                blas::gemm_strided_batched_ex(
+                    *blas.handle(),
+                    op(g.tb),
+                    op(g.ta),
+                    n,
+                    m,
+                    k,
+                    (&alpha as *const f32).cast(),
+                    b as *const std::ffi::c_void,
+                    blas_sys::cudaDataType::CUDA_R_32F,
+                    ldb,
+                    stride_b as i64,
+                    a as *const std::ffi::c_void,
+                    blas_sys::cudaDataType::CUDA_R_32F,
+                    lda,
+                    (g.m * g.k) as i64,
+                    (&beta as *const f32).cast(),
+                    c as *mut std::ffi::c_void,
+                    blas_sys::cudaDataType::CUDA_R_32F,
+                    n,
+                    (g.m * g.n) as i64,
+                    batch as i32,
+                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| format!("cuBLAS: {e}"));
+        }
         if batch == 1 && elts == [Elt::F32; 3] && Self::plain_gemm() {
             // SAFETY: as below (one product).
             return unsafe {
@@ -470,6 +504,98 @@ impl CudaProgram {
             self.stream.alloc_zeros::<u64>(words as usize),
             "allocating the collectives' scratch space",
         )
+    }
+
+    /// [`CudaProgram::run_timed`] with the step's launches captured once as a CUDA graph
+    /// and replayed: one run launch by launch (warming up cuBLAS and the modules), then a
+    /// capture of the schedule (nothing runs while it is recorded), then `repeat` runs of
+    /// the graph, each after the arguments are copied into the same arena (a step may
+    /// write over its inputs' space). Where the driver refuses the capture, the runs go
+    /// launch by launch. Returns the results, each run's seconds and how it ran.
+    pub fn run_timed_graph(
+        &self,
+        inputs: &[Tensor],
+        repeat: usize,
+    ) -> Result<(Vec<Tensor>, Vec<f64>, String), String> {
+        let mut host = load_inputs(&self.art, inputs)?;
+        let scratch = self.scratch()?;
+        let mut dev = self.upload(&host)?;
+        let step = |dev: &mut Vec<Vec<CudaSlice<u64>>>| {
+            schedule(
+                &self.art,
+                &mut Gpu {
+                    prog: self,
+                    dev,
+                    scratch: &scratch,
+                },
+            )
+        };
+        step(&mut dev)?;
+        cuda(self.stream.synchronize(), "finishing the warm-up step")?;
+        let refill = |dev: &mut Vec<Vec<CudaSlice<u64>>>| -> Result<(), String> {
+            for (h_arenas, d_arenas) in host.iter().zip(dev.iter_mut()) {
+                for (h, d) in h_arenas.iter().zip(d_arenas.iter_mut()) {
+                    cuda(self.stream.memcpy_htod(h, d), "copying the arguments")?;
+                }
+            }
+            cuda(self.stream.synchronize(), "copying the arguments")
+        };
+        let captured = (|| -> Result<cudarc::driver::CudaGraph, String> {
+            cuda(
+                self.stream.begin_capture(
+                    driver_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                ),
+                "starting the capture",
+            )?;
+            let recorded = step(&mut dev);
+            let graph = cuda(
+                self.stream
+                    .end_capture(driver_sys::CUgraphInstantiate_flags(0)),
+                "capturing the step as a graph",
+            );
+            recorded?;
+            graph?.ok_or_else(|| "the capture recorded nothing".to_string())
+        })();
+        let (graph, how) = match captured {
+            Ok(g) => {
+                let nodes = self
+                    .art
+                    .header
+                    .programs
+                    .iter()
+                    .map(|p| p.steps.len())
+                    .sum::<usize>();
+                (
+                    Some(g),
+                    format!("the step as a CUDA graph ({nodes} steps captured once, replayed)"),
+                )
+            }
+            Err(e) => (
+                None,
+                format!("launch by launch: the step could not be captured as a CUDA graph ({e})"),
+            ),
+        };
+        let mut times = Vec::new();
+        for _ in 0..repeat.max(1) {
+            refill(&mut dev)?;
+            let started = std::time::Instant::now();
+            match &graph {
+                Some(g) => cuda(g.launch(), "replaying the step's graph")?,
+                None => step(&mut dev)?,
+            }
+            cuda(self.stream.synchronize(), "finishing the step")?;
+            times.push(started.elapsed().as_secs_f64());
+        }
+        for (h_arenas, d_arenas) in host.iter_mut().zip(&dev) {
+            for (h_arena, d_arena) in h_arenas.iter_mut().zip(d_arenas) {
+                cuda(
+                    self.stream.memcpy_dtoh(d_arena, h_arena.as_mut_slice()),
+                    "reading the results",
+                )?;
+            }
+        }
+        cuda(self.stream.synchronize(), "reading the results")?;
+        Ok((results(&self.art, &host)?, times, how))
     }
 
     /// Runs the program once on the GPU and on the host (`host`: the same artifact

@@ -32,6 +32,7 @@ pub mod memory;
 pub mod nccl;
 pub mod net;
 pub mod plot;
+pub mod precision;
 pub mod procs;
 pub mod profile;
 mod ranks;

@@ -76,6 +76,19 @@ enum Cmd {
         /// TFLOP/s (matrix products) where the kernel knows them. Not with --ranks.
         #[arg(long)]
         profile: bool,
+        /// How f32 matrix products round on the GPU (as torch.set_float32_matmul_precision):
+        /// highest computes them in f32 (no TF32); high lets cuBLAS use TF32 tensor cores
+        /// (inputs to 10 mantissa bits, about 1e-3 relative, several times faster). bf16
+        /// products are bf16 either way; the host computes in f32 either way.
+        #[arg(long, default_value = "highest", value_name = "P", value_parser = ["highest", "high"])]
+        matmul_precision: String,
+        /// Capture the step's launches once as a CUDA graph and replay it for every run
+        /// after the first (cuda; no launch overhead per kernel). The arguments are copied
+        /// into the same arena before each run; a step the graph cannot capture (the
+        /// driver says why) runs launch by launch, as without it. The host has no launch
+        /// overhead to save: there it changes nothing.
+        #[arg(long)]
+        graph: bool,
     },
     /// Run a program once on the GPU and on the host in lockstep, comparing what every
     /// step writes (a kernel's outputs, a collective's, a received buffer) on every
@@ -151,6 +164,12 @@ enum Cmd {
         /// shows there); 0: every step.
         #[arg(long, value_name = "SECONDS")]
         progress_every: Option<f64>,
+        /// How f32 matrix products round on the GPU (as torch.set_float32_matmul_precision):
+        /// highest computes them in f32 (no TF32); high lets cuBLAS use TF32 tensor cores
+        /// (inputs to 10 mantissa bits, about 1e-3 relative, several times faster). bf16
+        /// products are bf16 either way; the host computes in f32 either way.
+        #[arg(long, default_value = "highest", value_name = "P", value_parser = ["highest", "high"])]
+        matmul_precision: String,
     },
     /// Time the calibration benchmarks 'nnscaler calibrate --device gpu --prepare DIR'
     /// wrote, and write them back with each one's median seconds (for 'nnscaler
@@ -356,9 +375,12 @@ fn run(
     repeat: usize,
     on: Option<&str>,
     memory_limit: Option<u64>,
-    profile: bool,
+    (profile, graph): (bool, bool),
 ) -> Result<String, String> {
     let ranks = on.is_some();
+    if graph && ranks {
+        return Err("--graph replays the lockstep run: leave out --ranks".into());
+    }
     if profile && ranks {
         return Err("--profile times the lockstep run: leave out --ranks".into());
     }
@@ -381,7 +403,7 @@ fn run(
     let devices = a.devices();
     let profiled = profile.then(|| a.clone());
     let (outs, mut times) = match (backend, ranks) {
-        ("cuda", false) => run_cuda(a, &args, repeat)?,
+        ("cuda", false) => run_cuda(a, &args, repeat, graph)?,
         ("cuda", true) => run_cuda_ranks(a, &args, repeat, on.unwrap_or("auto"))?,
         (_, false) => HostProgram::load(a)?.run_timed(&args, repeat)?,
         (_, true) => HostProgram::load(a)?.run_ranks_timed(&args, repeat)?,
@@ -403,8 +425,15 @@ fn run(
     };
     let named: Vec<(String, Tensor)> = names.into_iter().zip(outs).collect();
     write(output, &tensor::to_bytes(&named)?)?;
+    let gpu_only = match (graph, nnscaler_rt::precision::tf32()) {
+        _ if backend == "cuda" => "",
+        (true, true) => " (--matmul-precision and --graph change nothing on the host)",
+        (true, false) => " (--graph changes nothing on the host)",
+        (false, true) => " (--matmul-precision changes nothing on the host)",
+        (false, false) => "",
+    };
     Ok(format!(
-        "ran {path} on the {} ({} device{}{}) in {secs:.6} s{timing}; {} results in {output}\n{table}",
+        "ran {path} on the {} ({} device{}{}) in {secs:.6} s{timing}; {} results in {output}{gpu_only}\n{table}",
         match (backend, ranks) {
             ("cuda", true) => "GPU(s)",
             ("cuda", false) => "GPU",
@@ -445,9 +474,15 @@ fn run_cuda(
     a: Artifact,
     args: &[Tensor],
     repeat: usize,
+    graph: bool,
 ) -> Result<(Vec<Tensor>, Vec<f64>), String> {
     let prog = nnscaler_rt::cuda::CudaProgram::load(a, 0)?;
     eprintln!("nnscaler-rt: {}", prog.gemms());
+    if graph {
+        let (outs, times, how) = prog.run_timed_graph(args, repeat)?;
+        eprintln!("nnscaler-rt: {how}");
+        return Ok((outs, times));
+    }
     prog.run_timed(args, repeat)
 }
 
@@ -477,7 +512,12 @@ fn run_cuda_ranks(
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_cuda(_: Artifact, _: &[Tensor], _: usize) -> Result<(Vec<Tensor>, Vec<f64>), String> {
+fn run_cuda(
+    _: Artifact,
+    _: &[Tensor],
+    _: usize,
+    _: bool,
+) -> Result<(Vec<Tensor>, Vec<f64>), String> {
     Err("this nnscaler-rt was built without the CUDA backend (cargo build --release -p nnscaler-rt --features cuda)".into())
 }
 
@@ -522,7 +562,7 @@ fn bench(manifest: &str, output: &str, runs: usize, backend: &str) -> Result<Str
         .unwrap_or(std::path::Path::new("."));
     let mut time = |a: Artifact, args: &[Tensor], n: usize| -> Result<Vec<f64>, String> {
         Ok(match backend {
-            "cuda" => run_cuda(a, args, n)?.1,
+            "cuda" => run_cuda(a, args, n, false)?.1,
             _ => HostProgram::load(a)?.run_timed(args, n)?.1,
         })
     };
@@ -618,6 +658,12 @@ fn train(
     })
 }
 
+/// Sets the process's f32 matrix-product precision (`--matmul-precision`).
+fn precision(p: &str) -> Result<(), String> {
+    nnscaler_rt::precision::set(p.parse()?);
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match &cli.cmd {
@@ -631,16 +677,20 @@ fn main() -> ExitCode {
             ranks,
             memory_limit,
             profile,
-        } => run(
-            artifact,
-            inputs,
-            output,
-            backend,
-            *repeat as usize,
-            ranks.as_deref(),
-            *memory_limit,
-            *profile,
-        ),
+            matmul_precision,
+            graph,
+        } => precision(matmul_precision).and_then(|()| {
+            run(
+                artifact,
+                inputs,
+                output,
+                backend,
+                *repeat as usize,
+                ranks.as_deref(),
+                *memory_limit,
+                (*profile, *graph),
+            )
+        }),
         Cmd::Compare {
             artifact,
             inputs,
@@ -665,15 +715,18 @@ fn main() -> ExitCode {
             max_time,
             memory_limit,
             progress_every,
-        } => train(
-            bundle,
-            *resume,
-            *until,
-            backend,
-            ranks.clone(),
-            rendezvous,
-            (*timeout, *max_time, *memory_limit, *progress_every),
-        ),
+            matmul_precision,
+        } => precision(matmul_precision).and_then(|()| {
+            train(
+                bundle,
+                *resume,
+                *until,
+                backend,
+                ranks.clone(),
+                rendezvous,
+                (*timeout, *max_time, *memory_limit, *progress_every),
+            )
+        }),
     };
     match r {
         Ok(s) => {
