@@ -19,7 +19,7 @@
 //! runtime and the generated kernels round the same way.
 
 use crate::layouts::error;
-use crate::pipeline::{FunctionPass, PassOptions};
+use crate::pass::{FunctionPass, PassOptions};
 use crate::recompute::has_backward;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::dnn;

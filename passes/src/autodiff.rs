@@ -6,7 +6,7 @@
 //! the gradient of every `nns.param` argument, named `grad.<param name>`. Only ops between
 //! the parameters and the loss are differentiated.
 
-use crate::pipeline::{ModulePass, PassOptions};
+use crate::pass::{ModulePass, PassOptions};
 use crate::rewrite::rewrite_funcs;
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};

@@ -13,8 +13,10 @@
 //! and the function, and fail the pass manager. The host context must allow unregistered
 //! dialects (`dnn`/`nns` ops are unregistered MLIR ops).
 
-use crate::pipeline::{Native, Step};
-use crate::registry::{Anchor, Factory, PASSES};
+use crate::pass::Native;
+use crate::pass::{Anchor, Factory};
+use crate::pipeline::Step;
+use crate::registry::PASSES;
 use melior::ir::r#type::TypeId;
 use melior::ir::OperationRef;
 use melior::pass::{create_external, ExternalPass, OperationPassManager, RunExternalPass};

@@ -14,6 +14,7 @@ pub mod localize;
 pub mod lower_relayouts;
 pub mod mpmd;
 pub mod optimizer;
+pub mod pass;
 pub mod pipeline;
 pub mod place;
 pub mod place_z3;

@@ -24,7 +24,7 @@
 //! adds functions, `--localize` works on the whole module.
 
 use crate::layouts::{error, layout_attr, the_mesh, value_layouts};
-use crate::pipeline::{ModulePass, PassOptions};
+use crate::pass::{ModulePass, PassOptions};
 use crate::propagate_layouts::propagate;
 use crate::rewrite::rewrite_funcs;
 use crate::split_tensor::split;

@@ -5,7 +5,7 @@
 //! layout) is an error at its location.
 
 use crate::layouts::{error, layouts_attr, the_mesh, value_layouts};
-use crate::pipeline::{FunctionPass, PassOptions};
+use crate::pass::{FunctionPass, PassOptions};
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::{Graph, ValueId};

@@ -40,7 +40,7 @@
 //! petgraph toposort); a cycle is reported with the fragments on it.
 
 use crate::layouts::{error, layout_attr, the_mesh, value_layouts};
-use crate::pipeline::{ModulePass, PassOptions};
+use crate::pass::{ModulePass, PassOptions};
 use crate::rewrite::is_ours;
 use crate::schedule::{self, Action, Kind, Schedule};
 use melior::ir::OperationRef;

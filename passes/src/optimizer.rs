@@ -22,7 +22,7 @@
 //!   `next.adam.v.<p>` (the gradients are no longer results).
 
 use crate::layouts::error;
-use crate::pipeline::{FunctionPass, PassOptions};
+use crate::pass::{FunctionPass, PassOptions};
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::{Graph, Output, ValueId};
 use nnscaler_dialects::types::{AttrValue, Attrs, Elem, TensorType};

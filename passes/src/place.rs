@@ -43,7 +43,7 @@
 //! A remark reports each stage's ops and FLOPs and the balance (slowest / mean).
 
 use crate::layouts::error;
-use crate::pipeline::{FunctionPass, PassOptions};
+use crate::pass::{FunctionPass, PassOptions};
 use crate::place_z3::{self, Infeasible, Item, Problem};
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
@@ -750,6 +750,70 @@ pub fn balanced_partition(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Unconstrained items of these costs over `stages` stages, for the Z3 solver.
+    fn z3_items(costs: &[u64], stages: usize) -> Vec<Item> {
+        costs
+            .iter()
+            .map(|&c| Item {
+                cost: c,
+                lo: 0,
+                hi: stages - 1,
+                constraint: None,
+                mem: vec![0; stages],
+            })
+            .collect()
+    }
+
+    /// Z3's optimum equals the dynamic program's (itself checked against brute force) on
+    /// random instances with pins.
+    #[test]
+    fn z3_equals_the_dynamic_program() {
+        let mut seed = 11u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize
+        };
+        for _ in 0..60 {
+            let n = 1 + next() % 10;
+            let stages = 1 + next() % n.min(4);
+            let costs: Vec<u64> = (0..n).map(|_| (next() % 20) as u64).collect();
+            let mut its = z3_items(&costs, stages);
+            if next() % 2 == 0 {
+                let k = next() % n;
+                let st = next() % stages;
+                its[k].lo = st;
+                its[k].hi = st;
+                its[k].constraint = Some(format!("pin {k}"));
+            }
+            let allowed: Vec<(usize, usize)> = its.iter().map(|i| (i.lo, i.hi)).collect();
+            let fcost: Vec<f64> = costs.iter().map(|&c| c as f64).collect();
+            let dp = balanced_partition(&fcost, stages, &allowed);
+            let z = place_z3::solve(&Problem {
+                items: its,
+                stages,
+                cap: None,
+                lower_bound: None,
+            });
+            let worst = |st: &[usize]| {
+                let mut sums = vec![0u64; stages];
+                for (k, &s) in st.iter().enumerate() {
+                    sums[s] += costs[k];
+                }
+                sums.into_iter().max().unwrap_or(0)
+            };
+            match (dp, z) {
+                (Ok(a), Ok(b)) => {
+                    assert!(b.windows(2).all(|w| w[0] <= w[1] && w[1] - w[0] <= 1));
+                    assert_eq!(worst(&a), worst(&b), "{costs:?} {stages} {allowed:?}");
+                }
+                (Err(_), Err(_)) => {}
+                (a, b) => panic!("dp {a:?} vs z3 {b:?} on {costs:?} {stages} {allowed:?}"),
+            }
+        }
+    }
 
     /// Every split of `costs` into `stages` non-empty runs, for the brute-force optimum.
     fn brute(costs: &[f64], stages: usize, allowed: &[(usize, usize)]) -> Option<f64> {

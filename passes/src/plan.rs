@@ -38,7 +38,7 @@
 //! so a plan, `--plan=auto`'s included, carries its pipeline schedule with it.
 
 use crate::layouts::error;
-use crate::pipeline::{ModulePass, PassOptions};
+use crate::pass::{ModulePass, PassOptions};
 use crate::recompute::has_backward;
 use crate::rewrite::rewrite_funcs;
 use melior::ir::OperationRef;

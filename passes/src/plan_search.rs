@@ -26,7 +26,8 @@
 
 use crate::cost::{self, Cluster};
 use crate::layouts::error;
-use crate::pipeline::{FunctionPass, ModulePass, PassOptions, Step};
+use crate::pass::{FunctionPass, ModulePass, PassOptions};
+use crate::pipeline::Step;
 use crate::rewrite::rewrite_funcs;
 use crate::search::{self, Estimate, Profiles, Recompute, Space};
 use melior::ir::OperationRef;

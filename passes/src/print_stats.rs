@@ -8,7 +8,7 @@
 //! one (so the matmuls autodiff emits count as backward). Activation bytes are the bytes of every value forward ops produce —
 //! what a step keeps alive for backward when nothing is recomputed.
 
-use crate::pipeline::{ModulePass, PassOptions};
+use crate::pass::{ModulePass, PassOptions};
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::dnn;

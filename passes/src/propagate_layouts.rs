@@ -28,7 +28,7 @@ use crate::layouts::{
     annotation, constraint, directive, error, layout_attr, layouts_attr, node_layouts,
     replicated_axes, split_directive, the_mesh, value_layouts,
 };
-use crate::pipeline::{FunctionPass, PassOptions};
+use crate::pass::{FunctionPass, PassOptions};
 use melior::ir::OperationRef;
 use nnscaler_dialects::annotation::{Annotation, Binding, DimKind};
 use nnscaler_dialects::diag::Diagnostics;

@@ -27,7 +27,7 @@
 //! element's position), so the step's results do not change.
 
 use crate::layouts::error;
-use crate::pipeline::{FunctionPass, PassOptions};
+use crate::pass::{FunctionPass, PassOptions};
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::types::AttrValue;

@@ -6,7 +6,8 @@ use crate::localize::Localize;
 use crate::lower_relayouts::LowerRelayouts;
 use crate::mpmd::SchedulePass;
 use crate::optimizer::Optimizer;
-use crate::pipeline::{Native, PassOptions};
+use crate::pass::Native;
+use crate::pass::{Anchor, Factory, OptionInfo, PassInfo};
 use crate::place::Place;
 use crate::plan::Plan;
 use crate::print_stats::PrintStats;
@@ -14,48 +15,6 @@ use crate::propagate_layouts::PropagateLayouts;
 use crate::recompute::Recompute;
 use crate::split_tensor::SplitTensor;
 use melior::pass::transform::{create_canonicalizer, create_cse};
-
-/// One option of a pass.
-#[derive(Clone, Copy, Debug)]
-pub struct OptionInfo {
-    /// Option name, as in `--pass="name=value"`.
-    pub name: &'static str,
-    /// One line for `--help`.
-    pub help: &'static str,
-}
-
-/// How a pass is made.
-#[derive(Clone, Copy, Debug)]
-pub enum Factory {
-    /// One of ours.
-    Native(fn(&PassOptions) -> Result<Native, String>),
-    /// An upstream MLIR pass.
-    Upstream(fn() -> melior::pass::Pass),
-}
-
-/// What a pass works on, as MLIR anchors passes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Anchor {
-    /// The whole module (it adds or reads module-level ops).
-    Module,
-    /// One function at a time: may be nested in `func.func(...)`.
-    Function,
-}
-
-/// A registered pass.
-#[derive(Clone, Copy, Debug)]
-pub struct PassInfo {
-    /// Kebab-case name: the flag (`--print-stats`), the file and the test folder.
-    pub name: &'static str,
-    /// One line for `--list-passes` and `--help`.
-    pub summary: &'static str,
-    /// Its options.
-    pub options: &'static [OptionInfo],
-    /// What it works on.
-    pub anchor: Anchor,
-    /// Constructor.
-    pub factory: Factory,
-}
 
 const SCHEDULE_OPTIONS: &[OptionInfo] = &[
     OptionInfo {

@@ -8,7 +8,7 @@
 //! that are not ours (no `dnn`/`nns` op, no `nns` attribute on their signature) are
 //! skipped.
 
-use crate::pipeline::FunctionPass;
+use crate::pass::{FunctionPass, Native};
 use melior::ir::{OperationRef, RegionLike};
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
@@ -134,4 +134,15 @@ pub fn rewrite_funcs(
         }
     }
     run_on_module(&mut Closure(f), module).map(|_| ())
+}
+
+/// Running a pass of either anchor (function passes through [`run_on_module`]).
+impl Native {
+    /// Runs the pass on the module op `module`, in place. Returns its remarks.
+    pub fn run(&mut self, module: &OperationRef<'_, '_>) -> Result<Diagnostics, Diagnostics> {
+        match self {
+            Native::Module(p) => p.run(module).map(|()| p.take_remarks()),
+            Native::Function(p) => run_on_module(p.as_mut(), module),
+        }
+    }
 }

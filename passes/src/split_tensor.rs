@@ -13,7 +13,7 @@
 use crate::layouts::{
     directive, error, layout_attr, node_layouts, result_layouts, the_mesh, value_layouts,
 };
-use crate::pipeline::{FunctionPass, PassOptions};
+use crate::pass::{FunctionPass, PassOptions};
 use crate::propagate_layouts::{is_foreign, propagate};
 use crate::recompute::{forward_ops, has_backward};
 use melior::ir::OperationRef;

@@ -17,8 +17,9 @@ use mlir_sys::{
 };
 use nnscaler_dialects::diag::Severity;
 use nnscaler_passes::external::{emit, run_in_place};
-use nnscaler_passes::pipeline::{PassOptions, Step};
-use nnscaler_passes::registry::{Anchor, Factory, PassInfo, PASSES};
+use nnscaler_passes::pass::{Anchor, Factory, PassInfo, PassOptions};
+use nnscaler_passes::pipeline::Step;
+use nnscaler_passes::registry::PASSES;
 use std::ffi::c_void;
 
 use nnscaler_passes::capi::{result, say, string_ref as sref, text};
