@@ -20,6 +20,7 @@ pub mod place;
 pub mod place_z3;
 pub mod plan;
 pub mod plan_search;
+pub mod policies;
 pub mod print_stats;
 pub mod propagate_layouts;
 pub mod recompute;

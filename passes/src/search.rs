@@ -61,7 +61,7 @@ use crate::cost::{self, Cluster};
 use crate::localize::localize;
 use crate::lower_relayouts::lower;
 use crate::place::balanced_partition;
-use crate::plan::{plan, Policy};
+use crate::policies::{plan, Policy};
 use crate::propagate_layouts::propagate;
 use crate::recompute::{forward_ops, layer_of_param, layers};
 use crate::schedule::{self, Action, Kind};

@@ -52,7 +52,7 @@ use crate::layouts::{
 };
 use crate::localize::localize;
 use crate::lower_relayouts::lower;
-use crate::plan::{plan, Policy};
+use crate::policies::{plan, Policy};
 use crate::propagate_layouts::{propagate, propagate_lenient, Decided};
 use crate::recompute::{forward_ops, has_backward, layers};
 use crate::search::compact;
@@ -1523,7 +1523,7 @@ pub fn tp_search_reusing(
         }
     };
     let mut planned = prepared.apply(&solution, mesh, axis);
-    crate::plan::state_layouts(&mut planned);
+    crate::policies::state_layouts(&mut planned);
     let propagated = backward_directives(&mut planned, mesh)?;
     Ok(Searched {
         planned,

@@ -9,7 +9,7 @@ use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::{Axis, Mesh};
 use nnscaler_frontends::{build_module, preset};
 use nnscaler_passes::cost;
-use nnscaler_passes::plan::{plan, Policy};
+use nnscaler_passes::policies::{plan, Policy};
 use nnscaler_passes::split_search::{
     compiled_seconds, prepare, tp_search, tp_search_reusing, Choice, Class, Infeasible, Member,
     Options, Problem, Term,
