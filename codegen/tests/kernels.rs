@@ -13,7 +13,7 @@ use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::types::{AttrValue, Attrs, Elem, TensorType};
 use nnscaler_frontends::{build_module, preset};
-use nnscaler_passes::pipeline::{self, Step};
+use nnscaler_passes::pipeline;
 use nnscaler_runtime::kernels::{kernel, Ctx};
 use nnscaler_runtime::rng;
 use nnscaler_runtime::tensor::Tensor;
@@ -1165,11 +1165,14 @@ fn training_step_in(name: &str, bf16: bool) -> Graph {
     let ir = IrContext::new();
     let mut m = ir.parse(&text, "model.mlir").unwrap();
     let mut steps = vec![
-        Step::new("autodiff", "").unwrap(),
-        Step::new("optimizer", "clip=1.0").unwrap(),
+        nnscaler_passes::registry::step("autodiff", "").unwrap(),
+        nnscaler_passes::registry::step("optimizer", "clip=1.0").unwrap(),
     ];
     if bf16 {
-        steps.insert(0, Step::new("autocast", "bf16").unwrap());
+        steps.insert(
+            0,
+            nnscaler_passes::registry::step("autocast", "bf16").unwrap(),
+        );
     }
     pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, "model.mlir")
         .unwrap_or_else(|d| panic!("{d}"));

@@ -1,14 +1,13 @@
 //! The C API (`passes/include/nnscaler.h`): our passes in a C or C++ host's pass manager.
 //!
 //! Each function is a thin wrapper over the Rust API ([`crate::external`],
-//! [`crate::pipeline::parse_pipeline`], [`nnscaler_dialects::verify`]); the header documents
+//! [`crate::registry::parse_pipeline`], [`nnscaler_dialects::verify`]); the header documents
 //! the contract. Strings cross as `MlirStringRef` (not NUL-terminated) and messages go
 //! back through `MlirStringCallback`, as in MLIR's own C API.
 
 #![allow(non_snake_case)] // C names follow MLIR's C API (`mlirPassManagerAddOwnedPass`).
 
 use crate::external::add_to_pass_manager;
-use crate::pipeline::parse_pipeline;
 use crate::registry::PASSES;
 use melior::ir::OperationRef;
 use melior::pass::OperationPassManager;
@@ -85,7 +84,7 @@ pub unsafe extern "C" fn nnscalerAddPasses(
     user_data: *mut c_void,
 ) -> MlirLogicalResult {
     // SAFETY: by the caller's contract.
-    let steps = unsafe { text(pipeline) }.and_then(|t| parse_pipeline(&t));
+    let steps = unsafe { text(pipeline) }.and_then(|t| crate::registry::parse_pipeline(&t));
     let steps = match steps {
         Ok(s) => s,
         Err(e) => {

@@ -55,7 +55,7 @@ impl<'c> RunExternalPass<'c> for External {
 /// anchored as the registry says (`func.func` for function passes, `builtin.module` for
 /// module passes). Upstream passes (`cse`, `canonicalize`) are returned as themselves.
 pub fn mlir_pass(name: &str, options: &str) -> Result<melior::pass::Pass, String> {
-    let step = Step::new(name, options)?;
+    let step = crate::registry::step(name, options)?;
     if let Factory::Upstream(make) = step.info.factory {
         return Ok(make());
     }

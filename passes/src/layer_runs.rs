@@ -8,7 +8,6 @@
 //! before it made and feeds the next, whichever they are, and its ops compile alike.
 
 use crate::recompute::{has_backward, layers};
-use crate::search::Profile;
 use crate::split_search::blocks;
 use nnscaler_dialects::graph::{Graph, ValueId};
 use std::collections::HashMap;
@@ -141,27 +140,6 @@ pub fn reduce(g: &Graph) -> Option<Reduced> {
     })
 }
 
-/// A profile of the cut model as the whole model's: each run's kept second layer repeated
-/// for every middle layer it stands for (its optimizer update too).
-pub fn expand(mut p: Profile, runs: &[Run]) -> Profile {
-    let mut items = Vec::with_capacity(p.items.len());
-    for it in std::mem::take(&mut p.items) {
-        match runs.iter().find(|r| r.second == it.name) {
-            Some(r) => {
-                p.optimizer += it.update * r.names.len().saturating_sub(1) as f64;
-                for name in &r.names {
-                    let mut copy = it.clone();
-                    copy.name = name.clone();
-                    items.push(copy);
-                }
-            }
-            None => items.push(it),
-        }
-    }
-    p.items = items;
-    p
-}
-
 /// The forward of training step `g`: the ops its loss depends on
 /// ([`crate::recompute::forward_ops`]), the loss as its one result, and the parameters
 /// and the data arguments those ops read (optimizer state and the step's scalars
@@ -206,13 +184,13 @@ pub fn forward_of_step(g: &Graph) -> Option<Graph> {
 /// [`reduce`]d, then `--autodiff` and, when `g` updates its parameters, `--optimizer`
 /// (with `g`'s clipping: its ops cost time; the other options only change constants).
 /// `None` when nothing is cut or the cut step cannot be made.
-pub fn cut_step(g: &Graph) -> Option<crate::search::Cut> {
+pub fn cut_step(g: &Graph, lookup: crate::pass::Lookup) -> Option<Cut> {
     let forward = forward_of_step(g)?;
     let r = reduce(&forward)?;
     let ir = nnscaler_dialects::context::IrContext::new();
     let text = r.forward.to_mlir();
     let mut m = ir.parse(&text, "cut-step").ok()?;
-    let mut steps = vec![crate::pipeline::Step::new("autodiff", "").ok()?];
+    let mut steps = vec![crate::pipeline::Step::named(lookup, "autodiff", "").ok()?];
     if g.args.iter().any(|a| a.attrs.contains_key("nns.state_of")) {
         let clip = g.nodes.iter().find_map(|n| match n.attrs.get("max_norm") {
             Some(nnscaler_dialects::types::AttrValue::Float(c)) if n.op == "dnn.clip_scale" => {
@@ -221,12 +199,22 @@ pub fn cut_step(g: &Graph) -> Option<crate::search::Cut> {
             _ => None,
         });
         let options = clip.map(|c| format!("clip={c}")).unwrap_or_default();
-        steps.push(crate::pipeline::Step::new("optimizer", &options).ok()?);
+        steps.push(crate::pipeline::Step::named(lookup, "optimizer", &options).ok()?);
     }
     crate::pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, "cut-step").ok()?;
     let step = Graph::all_in(&m)
         .into_iter()
         .filter_map(Result::ok)
         .max_by_key(|g| g.nodes.len())?;
-    Some(crate::search::Cut { step, runs: r.runs })
+    Some(Cut { step, runs: r.runs })
+}
+
+/// A training step made from a forward whose runs of identical layers are cut
+/// (this module's runs), to profile in the whole step's stead.
+#[derive(Clone, Debug)]
+pub struct Cut {
+    /// The cut step.
+    pub step: Graph,
+    /// The runs cut.
+    pub runs: Vec<Run>,
 }

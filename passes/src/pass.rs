@@ -9,6 +9,10 @@ use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
 use std::collections::BTreeMap;
 
+/// A table of passes by name (the registry's [`crate::registry::lookup`]): what drivers
+/// that run passes by name are given, so they need not import the table.
+pub type Lookup = fn(&str) -> Option<&'static PassInfo>;
+
 /// One option of a pass.
 #[derive(Clone, Copy, Debug)]
 pub struct OptionInfo {

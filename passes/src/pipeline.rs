@@ -1,8 +1,7 @@
 //! Pipelines (`--pass-pipeline=...`, a list of [`Step`]s) and the runner that verifies the IR
 //! after every pass.
 
-use crate::pass::{Anchor, Factory, PassInfo, PassOptions};
-use crate::registry;
+use crate::pass::{Anchor, Factory, Lookup, PassInfo, PassOptions};
 use melior::ir::Module;
 use melior::pass::PassManager;
 use nnscaler_dialects::context::IrContext;
@@ -19,10 +18,10 @@ pub struct Step {
 }
 
 impl Step {
-    /// A step for pass `name` with option text `opts` (`key=value ...`).
-    pub fn new(name: &str, opts: &str) -> Result<Self, String> {
-        let info =
-            registry::lookup(name).ok_or(format!("unknown pass '{name}' (see --list-passes)"))?;
+    /// A step for pass `name` of the table `lookup` reads (the registry's:
+    /// [`crate::registry::step`]) with option text `opts` (`key=value ...`).
+    pub fn named(lookup: Lookup, name: &str, opts: &str) -> Result<Self, String> {
+        let info = lookup(name).ok_or(format!("unknown pass '{name}' (see --list-passes)"))?;
         Ok(Step {
             info,
             options: PassOptions::parse(info, opts)?,
@@ -34,8 +33,9 @@ impl Step {
 /// by function may also be nested as MLIR anchors them, `builtin.module(func.func(a, b))`
 /// (each function is then transformed by `a`, then `b`); a module-level pass (`plan`, which
 /// adds a mesh) inside `func.func(...)` is an error. An empty pipeline or an empty element
-/// (`a,,b`) is an error.
-pub fn parse_pipeline(text: &str) -> Result<Vec<Step>, String> {
+/// (`a,,b`) is an error. Pass names are looked up with `lookup` (the registry's:
+/// [`crate::registry::parse_pipeline`]).
+pub fn parse_pipeline(text: &str, lookup: Lookup) -> Result<Vec<Step>, String> {
     let mut t = text.trim();
     if let Some(inner) = t
         .strip_prefix("builtin.module(")
@@ -48,11 +48,11 @@ pub fn parse_pipeline(text: &str) -> Result<Vec<Step>, String> {
             "the pass pipeline '{text}' names no pass (write e.g. 'builtin.module(autodiff,cse)')"
         ));
     }
-    parse_list(t, text, false)
+    parse_list(t, text, false, lookup)
 }
 
 /// The steps of a comma-separated list `t` (inside `func.func(...)` when `in_func`).
-fn parse_list(t: &str, text: &str, in_func: bool) -> Result<Vec<Step>, String> {
+fn parse_list(t: &str, text: &str, in_func: bool, lookup: Lookup) -> Result<Vec<Step>, String> {
     let mut items: Vec<String> = Vec::new();
     let (mut cur, mut depth) = (String::new(), 0i32);
     for c in t.chars() {
@@ -92,7 +92,7 @@ fn parse_list(t: &str, text: &str, in_func: bool) -> Result<Vec<Step>, String> {
                     "the pass pipeline '{text}' has an empty func.func()"
                 ));
             }
-            steps.extend(parse_list(inner, text, true)?);
+            steps.extend(parse_list(inner, text, true, lookup)?);
             continue;
         }
         let (name, opts) = match item.split_once('{') {
@@ -103,7 +103,7 @@ fn parse_list(t: &str, text: &str, in_func: bool) -> Result<Vec<Step>, String> {
             ),
             None => (item, ""),
         };
-        let step = Step::new(name, opts)?;
+        let step = Step::named(lookup, name, opts)?;
         if in_func && step.info.anchor == Anchor::Module {
             return Err(format!(
                 "pass '{name}' works on the whole module; put it outside func.func(...)"
@@ -173,52 +173,4 @@ pub fn run<'c>(
         after(&done, module);
     }
     Ok(remarks)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pipelines_parse() {
-        let s = parse_pipeline("builtin.module(print-stats{func=train}, cse)").unwrap();
-        assert_eq!(s.len(), 2);
-        assert_eq!(s[0].options.get("func"), Some("train"));
-        assert!(parse_pipeline("nope")
-            .unwrap_err()
-            .contains("unknown pass 'nope'"));
-        assert!(parse_pipeline("cse{x=1}")
-            .unwrap_err()
-            .contains("has no option 'x'"));
-        let nested = parse_pipeline(
-            "builtin.module(plan{dp dp=2},func.func(propagate-layouts,cse{}),localize)",
-        )
-        .unwrap();
-        let names: Vec<&str> = nested.iter().map(|s| s.info.name).collect();
-        assert_eq!(names, ["plan", "propagate-layouts", "cse", "localize"]);
-        assert!(parse_pipeline("builtin.module(func.func(plan{dp dp=2}))")
-            .unwrap_err()
-            .contains("works on the whole module"));
-        for bad in [
-            "",
-            "builtin.module()",
-            "builtin.module(,,)",
-            "cse,,cse",
-            "cse,",
-            "func.func()",
-            "func.func(cse",
-            "func.func(func.func(cse))",
-        ] {
-            assert!(parse_pipeline(bad).is_err(), "{bad:?} is accepted");
-        }
-        assert!(parse_pipeline("plan{dp dp=2 dp=4}")
-            .unwrap_err()
-            .contains("option 'dp' of pass 'plan' is given twice"));
-        assert!(parse_pipeline("autodiff{func}")
-            .unwrap_err()
-            .contains("needs a value"));
-        assert!(parse_pipeline("autodiff{func=}")
-            .unwrap_err()
-            .contains("empty value"));
-    }
 }

@@ -26,7 +26,7 @@
 
 use crate::cost::{self, Cluster};
 use crate::layouts::error;
-use crate::pass::{FunctionPass, ModulePass, PassOptions};
+use crate::pass::{FunctionPass, Lookup, ModulePass, PassOptions};
 use crate::pipeline::Step;
 use crate::rewrite::rewrite_funcs;
 use crate::search::{self, Estimate, Profiles, Recompute, Space};
@@ -49,13 +49,16 @@ pub struct PlanSearch {
     max_pp: Option<u64>,
     /// Plans the ranking remark lists (`top=`; default: the search's 20).
     top: Option<u64>,
+    /// The passes it runs, by name (the registry's).
+    lookup: Lookup,
     remarks: Diagnostics,
 }
 
 impl PlanSearch {
     /// Options: `cluster` (a preset or TOML file), `devices`, and `max_sp` (the largest
-    /// context-parallel degree to try).
-    pub fn new(o: &PassOptions) -> Result<Self, String> {
+    /// context-parallel degree to try); `lookup` finds the passes it runs (`place`,
+    /// `recompute`, `plan`, `autodiff`, `optimizer`).
+    pub fn new(o: &PassOptions, lookup: Lookup) -> Result<Self, String> {
         let cluster_spec = o
             .get("cluster")
             .ok_or("plan: auto needs cluster=PRESET|FILE (presets: dgx-a100, dgx-h100, h200, cpu)")?
@@ -81,6 +84,7 @@ impl PlanSearch {
             max_sp,
             max_pp,
             top,
+            lookup,
             remarks: Diagnostics::default(),
         })
     }
@@ -97,7 +101,8 @@ impl PlanSearch {
         name: &str,
         options: &str,
     ) -> Result<(), Diagnostics> {
-        let step = Step::new(name, options).map_err(|e| error(&SrcLoc::default(), e))?;
+        let step =
+            Step::named(self.lookup, name, options).map_err(|e| error(&SrcLoc::default(), e))?;
         let mut pass: Box<dyn FunctionPass> = match name {
             "place" => Box::new(
                 crate::place::Place::new(&step.options)
@@ -206,7 +211,7 @@ impl ModulePass for PlanSearch {
         }
         // Repeated layers profiled once (the step cut as `nnscaler plan` cuts a forward).
         let cut = if mesh.is_none() {
-            crate::layer_runs::cut_step(&g)
+            crate::layer_runs::cut_step(&g, self.lookup)
         } else {
             None
         };
@@ -302,7 +307,8 @@ impl ModulePass for PlanSearch {
         if c.pipelined() {
             options += &format!(" schedule={}", c.schedule_name());
         }
-        let step = Step::new("plan", &options).map_err(|e| error(&SrcLoc::default(), e))?;
+        let step =
+            Step::named(self.lookup, "plan", &options).map_err(|e| error(&SrcLoc::default(), e))?;
         let mut plan =
             crate::plan::Plan::new(&step.options).map_err(|e| error(&SrcLoc::default(), e))?;
         plan.run(module)?;

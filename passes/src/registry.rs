@@ -8,6 +8,7 @@ use crate::mpmd::SchedulePass;
 use crate::optimizer::Optimizer;
 use crate::pass::Native;
 use crate::pass::{Anchor, Factory, OptionInfo, PassInfo};
+use crate::pipeline::Step;
 use crate::place::Place;
 use crate::plan::Plan;
 use crate::print_stats::PrintStats;
@@ -195,7 +196,7 @@ pub static PASSES: &[PassInfo] = &[
         factory: Factory::Native(|o| {
             if o.get("policy") == Some("auto") {
                 Ok(Native::Module(Box::new(
-                    crate::plan_search::PlanSearch::new(o)?,
+                    crate::plan_search::PlanSearch::new(o, lookup)?,
                 )))
             } else {
                 Ok(Native::Module(Box::new(Plan::new(o)?)))
@@ -336,4 +337,63 @@ pub static PASSES: &[PassInfo] = &[
 /// Looks up a pass by name.
 pub fn lookup(name: &str) -> Option<&'static PassInfo> {
     PASSES.iter().find(|p| p.name == name)
+}
+
+/// A step of pass `name` with option text `opts` (`key=value ...`).
+pub fn step(name: &str, opts: &str) -> Result<Step, String> {
+    Step::named(lookup, name, opts)
+}
+
+/// The steps of a pass pipeline's text ([`crate::pipeline::parse_pipeline`] over this
+/// table).
+pub fn parse_pipeline(text: &str) -> Result<Vec<Step>, String> {
+    crate::pipeline::parse_pipeline(text, lookup)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pipelines_parse() {
+        let s = parse_pipeline("builtin.module(print-stats{func=train}, cse)").unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].options.get("func"), Some("train"));
+        assert!(parse_pipeline("nope")
+            .unwrap_err()
+            .contains("unknown pass 'nope'"));
+        assert!(parse_pipeline("cse{x=1}")
+            .unwrap_err()
+            .contains("has no option 'x'"));
+        let nested = parse_pipeline(
+            "builtin.module(plan{dp dp=2},func.func(propagate-layouts,cse{}),localize)",
+        )
+        .unwrap();
+        let names: Vec<&str> = nested.iter().map(|s| s.info.name).collect();
+        assert_eq!(names, ["plan", "propagate-layouts", "cse", "localize"]);
+        assert!(parse_pipeline("builtin.module(func.func(plan{dp dp=2}))")
+            .unwrap_err()
+            .contains("works on the whole module"));
+        for bad in [
+            "",
+            "builtin.module()",
+            "builtin.module(,,)",
+            "cse,,cse",
+            "cse,",
+            "func.func()",
+            "func.func(cse",
+            "func.func(func.func(cse))",
+        ] {
+            assert!(parse_pipeline(bad).is_err(), "{bad:?} is accepted");
+        }
+        assert!(parse_pipeline("plan{dp dp=2 dp=4}")
+            .unwrap_err()
+            .contains("option 'dp' of pass 'plan' is given twice"));
+        assert!(parse_pipeline("autodiff{func}")
+            .unwrap_err()
+            .contains("needs a value"));
+        assert!(parse_pipeline("autodiff{func=}")
+            .unwrap_err()
+            .contains("empty value"));
+    }
 }

@@ -146,3 +146,36 @@ impl Native {
         }
     }
 }
+
+/// `g` without the values no argument or op defines (what passes replaced), as writing
+/// the graph to MLIR and reading it back would leave it.
+pub(crate) fn compact(mut g: Graph) -> Graph {
+    let mut new: Vec<Option<usize>> = vec![None; g.values.len()];
+    let mut values = Vec::new();
+    let defined = g
+        .args
+        .iter()
+        .map(|a| a.value)
+        .chain(g.nodes.iter().flat_map(|n| n.outputs.iter().copied()))
+        .collect::<Vec<_>>();
+    for v in defined {
+        if new[v].is_none() {
+            new[v] = Some(values.len());
+            values.push(g.values[v].clone());
+        }
+    }
+    let map = |v: usize| new[v].expect("every used value is defined");
+    for a in &mut g.args {
+        a.value = map(a.value);
+    }
+    for n in &mut g.nodes {
+        for v in n.inputs.iter_mut().chain(n.outputs.iter_mut()) {
+            *v = map(*v);
+        }
+    }
+    for o in &mut g.outputs {
+        o.value = map(o.value);
+    }
+    g.values = values;
+    g
+}

@@ -58,12 +58,14 @@
 //! memory exceeds the device (or `memory_cap`) are out, with their reason.
 
 use crate::cost::{self, Cluster};
+use crate::layer_runs::Cut;
 use crate::localize::localize;
 use crate::lower_relayouts::lower;
 use crate::place::balanced_partition;
 use crate::policies::{plan, Policy};
 use crate::propagate_layouts::propagate;
 use crate::recompute::{forward_ops, layer_of_param, layers};
+use crate::rewrite::compact;
 use crate::schedule::{self, Action, Kind};
 use crate::split_tensor::split;
 use nnscaler_dialects::diag::Diagnostics;
@@ -417,39 +419,6 @@ fn profile_reusing(
     let mut p = profile_local(&local, &mesh, tp, micro, cluster);
     p.tensor = if tp == 1 { TpPolicy::Megatron } else { tensor };
     Ok((p, labels))
-}
-
-/// `g` without the values no argument or op defines (what passes replaced), as writing
-/// the graph to MLIR and reading it back would leave it.
-pub(crate) fn compact(mut g: Graph) -> Graph {
-    let mut new: Vec<Option<usize>> = vec![None; g.values.len()];
-    let mut values = Vec::new();
-    let defined = g
-        .args
-        .iter()
-        .map(|a| a.value)
-        .chain(g.nodes.iter().flat_map(|n| n.outputs.iter().copied()))
-        .collect::<Vec<_>>();
-    for v in defined {
-        if new[v].is_none() {
-            new[v] = Some(values.len());
-            values.push(g.values[v].clone());
-        }
-    }
-    let map = |v: usize| new[v].expect("every used value is defined");
-    for a in &mut g.args {
-        a.value = map(a.value);
-    }
-    for n in &mut g.nodes {
-        for v in n.inputs.iter_mut().chain(n.outputs.iter_mut()) {
-            *v = map(*v);
-        }
-    }
-    for o in &mut g.outputs {
-        o.value = map(o.value);
-    }
-    g.values = values;
-    g
 }
 
 /// The profile of a localized per-device program (see the module docs).
@@ -1807,16 +1776,6 @@ fn allowed(t: TpPolicy, tp: u64) -> bool {
     tp > 1 || t == TpPolicy::Megatron
 }
 
-/// A training step made from a forward whose runs of identical layers are cut
-/// ([`crate::layer_runs`]), to profile in the whole step's stead.
-#[derive(Clone, Debug)]
-pub struct Cut {
-    /// The cut step.
-    pub step: Graph,
-    /// The runs cut.
-    pub runs: Vec<crate::layer_runs::Run>,
-}
-
 /// Fills `profiles` with the pairs `space` needs, compiling them on the machine's
 /// threads (the cut step's, expanded, when there is one).
 fn fill_profiles(
@@ -1918,7 +1877,7 @@ fn compile_profiles(
                                     );
                                 }
                                 profile_reusing(&cut.step, d, cluster, t, reuse.as_deref())
-                                    .map(|(p, _)| (crate::layer_runs::expand(p, &cut.runs), reuse))
+                                    .map(|(p, _)| (expand(p, &cut.runs), reuse))
                             }
                         };
                         mine.push(match done {
@@ -2215,6 +2174,27 @@ pub fn search_with(
         out,
         least_memory,
     })
+}
+
+/// A profile of the cut model as the whole model's: each run's kept second layer repeated
+/// for every middle layer it stands for (its optimizer update too).
+fn expand(mut p: Profile, runs: &[crate::layer_runs::Run]) -> Profile {
+    let mut items = Vec::with_capacity(p.items.len());
+    for it in std::mem::take(&mut p.items) {
+        match runs.iter().find(|r| r.second == it.name) {
+            Some(r) => {
+                p.optimizer += it.update * r.names.len().saturating_sub(1) as f64;
+                for name in &r.names {
+                    let mut copy = it.clone();
+                    copy.name = name.clone();
+                    items.push(copy);
+                }
+            }
+            None => items.push(it),
+        }
+    }
+    p.items = items;
+    p
 }
 
 #[cfg(test)]

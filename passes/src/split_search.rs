@@ -55,7 +55,7 @@ use crate::lower_relayouts::lower;
 use crate::policies::{plan, Policy};
 use crate::propagate_layouts::{propagate, propagate_lenient, Decided};
 use crate::recompute::{forward_ops, has_backward, layers};
-use crate::search::compact;
+use crate::rewrite::compact;
 use crate::split_tensor::split;
 use nnscaler_dialects::annotation::{Annotation, Binding, DimKind};
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};

@@ -18,7 +18,6 @@ use mlir_sys::{
 use nnscaler_dialects::diag::Severity;
 use nnscaler_passes::external::{emit, run_in_place};
 use nnscaler_passes::pass::{Anchor, Factory, PassInfo, PassOptions};
-use nnscaler_passes::pipeline::Step;
 use nnscaler_passes::registry::PASSES;
 use std::ffi::c_void;
 
@@ -116,7 +115,7 @@ pub unsafe extern "C" fn nnscalerPluginRun(
     };
     // SAFETY: the caller's contract.
     let (options, op) = unsafe { (text(options), OperationRef::from_raw(op)) };
-    let step = match options.and_then(|o| Step::new(p.name, &o)) {
+    let step = match options.and_then(|o| nnscaler_passes::registry::step(p.name, &o)) {
         Ok(s) => s,
         Err(e) => {
             let mut d = nnscaler_dialects::diag::Diagnostics::default();

@@ -13,7 +13,8 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use melior::ir::Module;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::verify::verify_module;
-use nnscaler_passes::pipeline::{self, parse_pipeline, Step};
+use nnscaler_passes::pipeline::{self, Step};
+use nnscaler_passes::registry::parse_pipeline;
 use std::time::{Duration, Instant};
 
 const PRESETS: &[&str] = &["llama3-70b", "gpt3-175b"];

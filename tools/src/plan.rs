@@ -100,7 +100,7 @@ fn apply(text: &str, file: &str, passes: &[(String, String)]) -> Result<String, 
         .map_err(|d| d.render_limited(Some(text), 20))?;
     let steps: Vec<Step> = passes
         .iter()
-        .map(|(n, o)| Step::new(n, o))
+        .map(|(n, o)| nnscaler_passes::registry::step(n, o))
         .collect::<Result<_, _>>()?;
     pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, file)
         .map_err(|d| d.render_limited(Some(text), 20))?;
@@ -167,9 +167,12 @@ pub fn training_step(
         }
         return Ok((g, false, mesh));
     }
-    let mut steps = vec![Step::new("autodiff", "")?, Step::new("optimizer", "")?];
+    let mut steps = vec![
+        nnscaler_passes::registry::step("autodiff", "")?,
+        nnscaler_passes::registry::step("optimizer", "")?,
+    ];
     if bf16 {
-        steps.insert(0, Step::new("autocast", "bf16")?);
+        steps.insert(0, nnscaler_passes::registry::step("autocast", "bf16")?);
     }
     pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, file)
         .map_err(|d| d.render_limited(Some(text), 20))?;
@@ -178,7 +181,11 @@ pub fn training_step(
 
 /// The training step of forward `text` with its runs of identical layers cut
 /// ([`nnscaler_passes::layer_runs`]), for profiling; `None` when nothing is cut.
-pub fn cut_step(text: &str, file: &str, bf16: bool) -> Result<Option<search::Cut>, String> {
+pub fn cut_step(
+    text: &str,
+    file: &str,
+    bf16: bool,
+) -> Result<Option<nnscaler_passes::layer_runs::Cut>, String> {
     let ir = IrContext::new();
     let m = ir
         .parse(text, file)
@@ -195,7 +202,10 @@ pub fn cut_step(text: &str, file: &str, bf16: bool) -> Result<Option<search::Cut
     };
     // Printed with the ops' own locations, so messages point into the user's file.
     let (step, _, _) = training_step(&r.forward.to_mlir(), file, bf16)?;
-    Ok(Some(search::Cut { step, runs: r.runs }))
+    Ok(Some(nnscaler_passes::layer_runs::Cut {
+        step,
+        runs: r.runs,
+    }))
 }
 
 /// Passes as (name, options).
@@ -404,7 +414,9 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     // second and last (layer_runs.rs): a 96-layer model profiles as a 3-layer one.
     let cut = match (differentiated, &mesh) {
         (true, None) => cut_step(&text, &name, bf16)?,
-        (false, None) => nnscaler_passes::layer_runs::cut_step(&step),
+        (false, None) => {
+            nnscaler_passes::layer_runs::cut_step(&step, nnscaler_passes::registry::lookup)
+        }
         _ => None,
     };
     if let Some(c) = &cut {

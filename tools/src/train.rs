@@ -407,7 +407,9 @@ fn model_texts(c: &Config, vocab: usize) -> Result<(String, String), String> {
 fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
     let (text, eval_text) = model_texts(c, vocab)?;
     let ir = IrContext::new();
-    let step = |name: &str, o: &str| Step::new(name, o).map_err(|e| format!("{name}: {e}"));
+    let step = |name: &str, o: &str| {
+        nnscaler_passes::registry::step(name, o).map_err(|e| format!("{name}: {e}"))
+    };
     let o = &c.optimizer;
     let mut opt = format!(
         "beta1={} beta2={} eps={} weight_decay={} clip={}",

@@ -121,7 +121,7 @@ fn steps(m: &ArgMatches) -> Result<Vec<Step>, String> {
         };
         if p.options.is_empty() {
             for i in idx {
-                at.push((i, vec![Step::new(p.name, "")?]));
+                at.push((i, vec![nnscaler_passes::registry::step(p.name, "")?]));
             }
             continue;
         }
@@ -137,7 +137,7 @@ fn steps(m: &ArgMatches) -> Result<Vec<Step>, String> {
                 }
                 v => v,
             };
-            at.push((i, vec![Step::new(p.name, opts)?]));
+            at.push((i, vec![nnscaler_passes::registry::step(p.name, opts)?]));
         }
     }
     if let (Some(texts), Some(idx)) = (
@@ -145,7 +145,7 @@ fn steps(m: &ArgMatches) -> Result<Vec<Step>, String> {
         m.indices_of("pass_pipeline"),
     ) {
         for (text, i) in texts.zip(idx) {
-            at.push((i, pipeline::parse_pipeline(text)?));
+            at.push((i, nnscaler_passes::registry::parse_pipeline(text)?));
         }
     }
     at.sort_by_key(|(i, _)| *i);

@@ -172,7 +172,8 @@ fn dialect_reference_is_current() {
 
 #[test]
 fn the_hand_written_example_compiles() {
-    use nnscaler_passes::pipeline::{self, parse_pipeline};
+    use nnscaler_passes::pipeline;
+    use nnscaler_passes::registry::parse_pipeline;
     let ir = IrContext::new();
     let mut m = ir
         .parse(HAND_WRITTEN, "example")

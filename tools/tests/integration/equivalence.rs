@@ -131,7 +131,7 @@ fn check_text(name: &str, text: &str, plan: &str, vocab: u64) -> f64 {
 /// the all_reduce adds them, where one device rounds the whole sum once).
 fn check_precision(name: &str, text: &str, plan: &str, vocab: u64, bf16: bool) -> f64 {
     let ir = IrContext::new();
-    let step = |n: &str, o: &str| Step::new(n, o).unwrap();
+    let step = |n: &str, o: &str| nnscaler_passes::registry::step(n, o).unwrap();
     let pre: Vec<Step> = if bf16 {
         vec![step("autocast", "bf16")]
     } else {
@@ -309,7 +309,7 @@ fn bf16_plans_match_one_device() {
 fn a_missing_all_reduce_is_caught() {
     let text = model("gpt-tiny");
     let ir = IrContext::new();
-    let step = |n: &str, o: &str| Step::new(n, o).unwrap();
+    let step = |n: &str, o: &str| nnscaler_passes::registry::step(n, o).unwrap();
     let (single, _) = graph_of(&ir, &text, &[step("autodiff", "")]);
     let steps = [
         step("autodiff", ""),
@@ -435,7 +435,7 @@ fn pipeline_case(
 ) -> f64 {
     let text = model_sized(name, Some(batch));
     let ir = IrContext::new();
-    let step = |n: &str, o: &str| Step::new(n, o).unwrap();
+    let step = |n: &str, o: &str| nnscaler_passes::registry::step(n, o).unwrap();
     let (single, _) = graph_of(&ir, &text, &[step("autodiff", "")]);
     let (sched, opts) = schedule.split_once(' ').unwrap_or((schedule, ""));
     let mut steps = vec![
@@ -754,7 +754,7 @@ fn optimizer_step_with_dropout_matches_one_device() {
 fn optimizer_step(name: &str) {
     let text = model(name);
     let ir = IrContext::new();
-    let step = |n: &str, o: &str| Step::new(n, o).unwrap();
+    let step = |n: &str, o: &str| nnscaler_passes::registry::step(n, o).unwrap();
     let opt = "clip=1.0 weight_decay=0.1";
     let (single, _) = graph_of(&ir, &text, &[step("autodiff", ""), step("optimizer", opt)]);
     let ins = optimizer_inputs(&single);
@@ -888,7 +888,7 @@ fn optimizer_step(name: &str) {
 fn pipelined_optimizer_step_matches_one_device() {
     let text = model_sized("gpt-tiny", Some("8"));
     let ir = IrContext::new();
-    let step = |n: &str, o: &str| Step::new(n, o).unwrap();
+    let step = |n: &str, o: &str| nnscaler_passes::registry::step(n, o).unwrap();
     let opt = "clip=1.0 weight_decay=0.1";
     let (single, _) = graph_of(&ir, &text, &[step("autodiff", ""), step("optimizer", opt)]);
     let ins = optimizer_inputs(&single);

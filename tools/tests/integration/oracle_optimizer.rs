@@ -8,7 +8,7 @@ use crate::common;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::types::Elem;
-use nnscaler_passes::pipeline::{self, Step};
+use nnscaler_passes::pipeline;
 use nnscaler_runtime::tensor::Tensor;
 use nnscaler_runtime::{io, run, Options};
 
@@ -37,7 +37,7 @@ fn check(clip: f64) -> f64 {
     pipeline::run(
         &ir,
         &mut m,
-        &[Step::new("optimizer", &opts).unwrap()],
+        &[nnscaler_passes::registry::step("optimizer", &opts).unwrap()],
         &mut |_, _| {},
         "step.mlir",
     )

@@ -246,7 +246,9 @@ fn cut_profiles_equal_whole_ones() {
         let from_forward = nnscaler_tools::plan::cut_step(&text, name, false)
             .unwrap()
             .expect("the layers are cut");
-        let from_step = nnscaler_passes::layer_runs::cut_step(&whole).expect("the step is cut");
+        let from_step =
+            nnscaler_passes::layer_runs::cut_step(&whole, nnscaler_passes::registry::lookup)
+                .expect("the step is cut");
         assert_eq!(from_step.runs, from_forward.runs, "{name}");
         let cluster = cost::preset("dgx-h100").unwrap();
         for (cut, (tp, sp, micro, t)) in [&from_forward, &from_step].into_iter().flat_map(|c| {
