@@ -12,6 +12,7 @@ pub mod parse_guard;
 pub mod plan;
 pub mod run;
 pub mod schedule_report;
+pub mod torch_import;
 pub mod train;
 
 pub use output::{write_one, Outputs};

@@ -45,19 +45,39 @@ enum Cmd {
 /// `nnscaler import`: size flags override the preset (or the family's default).
 #[derive(clap::Args, Debug)]
 #[command(
-    about = "Build a zoo model's training forward (ending in a scalar loss) as dnn IR",
-    long_about = "Build a zoo model's training forward (ending in a scalar loss) as dnn IR.\n\n\
+    about = "Build a zoo model's training forward (ending in a scalar loss) as dnn IR, or import a PyTorch nn.Module",
+    long_about = "Build a zoo model's training forward (ending in a scalar loss) as dnn IR, or \
+        import a PyTorch nn.Module.\n\n\
         Size flags override the preset (or the family's default: mlp-tiny, nanogpt-cpu, \
         llama-tiny). They apply by family:\n  \
         mlp:   --batch --inputs --hidden --layers --classes\n  \
         gpt:   --batch --block --vocab --layers --heads --width --dropout\n  \
         llama: --batch --seq --vocab --layers --heads --kv-heads --width --ffn --rope-theta\n\
+        torch FILE.py:FACTORY --input NAME=SHAPE:DTYPE ... [--params FILE]: FACTORY() returns \
+        an nn.Module whose forward takes the inputs in that order and returns a scalar loss; \
+        it is traced on example inputs (torch.jit.trace) with a Python that has torch \
+        (--python), each aten op a dnn op located at its line of FILE.py; parameters become \
+        nns.param arguments named by their state_dict keys (their values in --params). \
+        docs/pytorch.md lists the ops it maps.\n\
         The output is written only on success."
 )]
 struct ImportArgs {
-    /// Model family.
-    #[arg(value_parser = ["mlp", "gpt", "llama"])]
+    /// Model family, or torch (a PyTorch module: FILE.py:FACTORY follows).
+    #[arg(value_parser = ["mlp", "gpt", "llama", "torch"])]
     family: Option<String>,
+    /// torch: the Python file and the function returning the module (FILE.py:FACTORY).
+    #[arg(value_name = "FILE.py:FACTORY")]
+    source: Option<String>,
+    /// torch: an input of forward, in order, as NAME=SHAPE:DTYPE (SHAPE like 8x16 or
+    /// scalar; DTYPE f32 or i64); repeatable.
+    #[arg(long = "input", value_name = "NAME=SHAPE:DTYPE")]
+    input: Vec<String>,
+    /// torch: write the parameters' values here (safetensors, by state_dict key).
+    #[arg(long, value_name = "FILE")]
+    params: Option<String>,
+    /// torch: the Python with torch to trace with (default: $NNSCALER_PYTHON, else python3).
+    #[arg(long, value_name = "PATH")]
+    python: Option<String>,
     /// Start from a preset (see 'nnscaler presets').
     #[arg(long, value_name = "NAME")]
     preset: Option<String>,
@@ -106,6 +126,28 @@ struct ImportArgs {
 }
 
 fn import(a: &ImportArgs) -> Result<(), String> {
+    if a.family.as_deref() == Some("torch") {
+        let spec = a
+            .source
+            .as_deref()
+            .ok_or("import torch needs FILE.py:FACTORY (a function returning the nn.Module)")?;
+        if a.preset.is_some() {
+            return Err("import torch takes no --preset: the module is FILE.py:FACTORY's".into());
+        }
+        let python = nnscaler_tools::torch_import::python(a.python.as_deref());
+        return nnscaler_tools::torch_import::import(
+            spec,
+            &a.input,
+            a.params.as_deref(),
+            &python,
+            &a.output,
+        );
+    }
+    if a.source.is_some() || !a.input.is_empty() || a.params.is_some() || a.python.is_some() {
+        return Err(
+            "FILE.py:FACTORY, --input, --params and --python are for 'import torch'".into(),
+        );
+    }
     let mut config = match (&a.preset, &a.family) {
         (Some(p), _) => preset(p).ok_or_else(|| {
             let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();

@@ -1,0 +1,441 @@
+"""Import a PyTorch nn.Module as nnscaler `dnn` MLIR.
+
+    python3 importer.py FILE.py:FACTORY --input NAME=SHAPE:DTYPE ... [--params FILE] [--seed N]
+    python3 importer.py --supported     # the op table, as markdown
+
+`FACTORY()` returns an `nn.Module` whose `forward` takes the inputs (in the order of the
+`--input` flags) and returns a scalar loss. The module is traced concretely by running it
+on example inputs (`torch.jit.trace`: floats from a seeded normal draw, integers zero), as
+nnScaler's own tracer does; each recorded aten op becomes a `dnn` op, located at the line
+of the user's file that called it, so every later error and remark points there. The
+MLIR goes to standard output; `--params FILE` writes the parameters' values (safetensors,
+by `state_dict` key: the `nns.name` of each `nns.param` argument). An aten op without a
+mapping is an error naming it and its source line, with the list of supported ones.
+
+Run by `nnscaler import torch`; here with the system's python3 (Debian's torch 1.13) or
+torch 2.x.
+"""
+
+import importlib.util
+import json
+import os
+import struct
+import sys
+
+import torch
+
+# aten ops and the dnn op each maps to, for the error message and the docs' table.
+SUPPORTED = {
+    "aten::linear": "dnn.linear (without a bias: dnn.transpose + dnn.matmul)",
+    "aten::matmul": "dnn.matmul",
+    "aten::relu": "dnn.relu",
+    "aten::gelu": "dnn.gelu (approximate none or tanh)",
+    "aten::tanh": "dnn.tanh",
+    "aten::sigmoid": "dnn.sigmoid",
+    "aten::silu": "dnn.silu",
+    "aten::add": "dnn.add (two tensors, alpha 1)",
+    "aten::sub": "dnn.sub (two tensors, alpha 1)",
+    "aten::mul": "dnn.mul (two tensors)",
+    "aten::div": "dnn.div (two tensors)",
+    "aten::softmax": "dnn.softmax",
+    "aten::layer_norm": "dnn.layer_norm (with weight and bias)",
+    "aten::embedding": "dnn.embedding",
+    "aten::cross_entropy_loss": "dnn.cross_entropy (mean, no weights, no label smoothing)",
+    "aten::dropout": "dnn.dropout (identity when not training or p = 0)",
+    "aten::view": "dnn.reshape",
+    "aten::reshape": "dnn.reshape",
+    "aten::transpose": "dnn.transpose",
+    "aten::t": "dnn.transpose",
+    "aten::permute": "dnn.transpose",
+    "aten::contiguous": "(nothing: the value itself)",
+}
+
+DTYPES = {"f32": torch.float32, "i64": torch.int64}
+MLIR_ELEM = {"Float": "f32", "Long": "i64", "BFloat16": "bf16"}
+
+
+class ImportError_(Exception):
+    """An error at a source location (`where`: 'file:line', or '')."""
+
+    def __init__(self, where, message):
+        super().__init__(message)
+        self.where = where
+
+
+def load_factory(spec):
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path or not name:
+        raise ImportError_("", f"'{spec}' is not FILE.py:FACTORY")
+    if not os.path.isfile(path):
+        raise ImportError_("", f"{path}: no such file")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    mod_name = "nnscaler_user_" + os.path.splitext(os.path.basename(path))[0]
+    spec_ = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+    factory = getattr(module, name, None)
+    if factory is None or not callable(factory):
+        raise ImportError_("", f"{path} has no function '{name}'")
+    return os.path.abspath(path), factory
+
+
+def parse_input(text):
+    """NAME=SHAPE:DTYPE, SHAPE as 8x16 (a scalar: 'scalar')."""
+    name, eq, rest = text.partition("=")
+    shape, colon, dtype = rest.rpartition(":")
+    if not eq or not colon or not name or not shape:
+        raise ImportError_("", f"--input '{text}' is not NAME=SHAPE:DTYPE (e.g. x=8x16:f32)")
+    if dtype not in DTYPES:
+        raise ImportError_("", f"--input '{text}': dtype '{dtype}' is not one of {', '.join(DTYPES)}")
+    try:
+        dims = [] if shape == "scalar" else [int(d) for d in shape.split("x")]
+    except ValueError:
+        raise ImportError_("", f"--input '{text}': shape '{shape}' is not dims joined by x (e.g. 8x16)")
+    if any(d <= 0 for d in dims):
+        raise ImportError_("", f"--input '{text}': every dim must be positive")
+    return name, dims, dtype
+
+
+def where_of(node, user_file):
+    """The user's file and line of a traced node ('' when unknown): the innermost frame of
+    the recorded call stack in the user's file."""
+    text = node.sourceRange()
+    for line in text.splitlines():
+        head = line.split("):", 1)[0]
+        if "(" not in head:
+            continue
+        path, _, num = head.rpartition("(")
+        if os.path.abspath(path) == user_file and num.isdigit():
+            return f"{os.path.basename(user_file)}:{num}", int(num)
+    return "", 0
+
+
+def tensor_type(value):
+    t = value.type()
+    if not isinstance(t, torch._C.TensorType) or t.sizes() is None:
+        return None
+    elem = MLIR_ELEM.get(t.scalarType())
+    if elem is None:
+        return None
+    dims = t.sizes()
+    if not dims:
+        return f"tensor<{elem}>"
+    return "tensor<" + "x".join(str(d) for d in dims) + f"x{elem}>"
+
+
+class Emitter:
+    def __init__(self, user_file):
+        self.user_file = user_file
+        self.values = {}  # jit value -> SSA name
+        self.types = {}  # SSA name -> MLIR type
+        self.consts = {}  # jit value -> Python value
+        self.lines = []
+        self.next = 0
+        self.file = os.path.basename(user_file)
+
+    def fresh(self):
+        n = f"%{self.next}"
+        self.next += 1
+        return n
+
+    def ssa(self, value, node, what):
+        if value in self.values:
+            return self.values[value]
+        where, _ = where_of(node, self.user_file)
+        raise ImportError_(where, f"{node.kind()}: its {what} is not a tensor the model computes")
+
+    def const(self, value, node, what):
+        if value not in self.consts:
+            where, _ = where_of(node, self.user_file)
+            raise ImportError_(where, f"{node.kind()}: its {what} must be a constant")
+        return self.consts[value]
+
+    def op(self, node, name, operands, result_type, attrs=""):
+        out = self.fresh()
+        _, line = where_of(node, self.user_file)
+        ins = ", ".join(operands)
+        tys = ", ".join(self.types[o] for o in operands)
+        loc = f' loc("{self.file}":{line}:0)' if line else ""
+        a = f" {{{attrs}}}" if attrs else ""
+        self.lines.append(f'    {out} = "{name}"({ins}){a} : ({tys}) -> {result_type}{loc}')
+        self.types[out] = result_type
+        return out
+
+
+def dims_of(em, value):
+    """A value's static shape: from its MLIR type where it has one (parameters' jit types
+    carry none), else from the trace."""
+    name = em.values.get(value)
+    if name is not None:
+        body = em.types[name][len("tensor<"):-1]
+        return [int(d) for d in body.split("x")[:-1]]
+    return list(value.type().sizes())
+
+
+def i64_array(xs):
+    return "array<i64: " + ", ".join(str(int(x)) for x in xs) + ">"
+
+
+def translate(node, em, training):
+    kind = node.kind()
+    ins = list(node.inputs())
+    outs = list(node.outputs())
+    where, _ = where_of(node, em.user_file)
+    if kind == "prim::Constant":
+        o = outs[0]
+        em.consts[o] = o.toIValue() if o.type().kind() != "NoneType" else None
+        return
+    if kind == "prim::ListConstruct":
+        if all(v in em.consts for v in ins):
+            em.consts[outs[0]] = [em.consts[v] for v in ins]
+            return
+        raise ImportError_(where, "a list of computed values is not supported")
+    # Shapes are static: size queries and arithmetic on them (`b, t = idx.shape`, `b * t`)
+    # fold to constants.
+    if kind == "aten::size":
+        dims = dims_of(em, ins[0])
+        em.consts[outs[0]] = dims[em.const(ins[1], node, "dim")] if len(ins) > 1 else dims
+        return
+    if kind in ("prim::NumToTensor", "aten::Int", "aten::ScalarImplicit", "aten::Float"):
+        em.consts[outs[0]] = em.const(ins[0], node, "value")
+        return
+    if kind in ("aten::mul", "aten::add", "aten::sub", "aten::floordiv", "aten::div") and all(
+        v in em.consts for v in ins[:2]
+    ):
+        a, b = em.consts[ins[0]], em.consts[ins[1]]
+        ops = {
+            "aten::mul": lambda: a * b,
+            "aten::add": lambda: a + b,
+            "aten::sub": lambda: a - b,
+            "aten::floordiv": lambda: a // b,
+            "aten::div": lambda: a / b,
+        }
+        em.consts[outs[0]] = ops[kind]()
+        return
+    if kind not in SUPPORTED:
+        table = ", ".join(sorted(SUPPORTED))
+        raise ImportError_(where, f"unsupported op '{kind}' (supported: {table})")
+    rt = tensor_type(outs[0])
+    if rt is None:
+        raise ImportError_(where, f"{kind}: its result has no static shape and dtype")
+    x = lambda i, what: em.ssa(ins[i], node, what)
+    c = lambda i, what: em.const(ins[i], node, what)
+    r = None
+    if kind == "aten::linear":
+        xs, w = x(0, "input"), x(1, "weight")
+        if ins[2] in em.consts and em.consts[ins[2]] is None:
+            wt = dims_of(em, ins[1])
+            t = f"tensor<{wt[1]}x{wt[0]}x{em.types[w].rsplit('x', 1)[1]}"
+            wT = em.op(node, "dnn.transpose", [w], t, f"perm = {i64_array([1, 0])}")
+            r = em.op(node, "dnn.matmul", [xs, wT], rt)
+        else:
+            r = em.op(node, "dnn.linear", [xs, w, x(2, "bias")], rt)
+    elif kind in ("aten::matmul", "aten::relu", "aten::tanh", "aten::sigmoid", "aten::silu"):
+        name = "dnn." + kind.split("::")[1]
+        r = em.op(node, name, [x(i, f"operand {i}") for i in range(len(ins))], rt)
+    elif kind == "aten::gelu":
+        approx = c(1, "approximate") if len(ins) > 1 else "none"
+        if approx not in ("none", "tanh"):
+            raise ImportError_(where, f"aten::gelu: approximate '{approx}' (none or tanh)")
+        attrs = 'approximate = "tanh"' if approx == "tanh" else ""
+        r = em.op(node, "dnn.gelu", [x(0, "input")], rt, attrs)
+    elif kind in ("aten::add", "aten::sub"):
+        if ins[1] not in em.values:
+            raise ImportError_(where, f"{kind} with a Python number is not supported yet")
+        if len(ins) > 2 and c(2, "alpha") != 1:
+            raise ImportError_(where, f"{kind}: alpha must be 1")
+        r = em.op(node, "dnn." + kind.split("::")[1], [x(0, "input"), x(1, "other")], rt)
+    elif kind in ("aten::mul", "aten::div"):
+        if ins[1] not in em.values:
+            raise ImportError_(where, f"{kind} with a Python number is not supported yet")
+        if len(ins) > 2:
+            raise ImportError_(where, f"{kind}: rounding modes are not supported")
+        r = em.op(node, "dnn." + kind.split("::")[1], [x(0, "input"), x(1, "other")], rt)
+    elif kind == "aten::softmax":
+        if len(ins) > 2 and c(2, "dtype") is not None:
+            raise ImportError_(where, "aten::softmax: a dtype is not supported")
+        r = em.op(node, "dnn.softmax", [x(0, "input")], rt, f"dim = {int(c(1, 'dim'))} : i64")
+    elif kind == "aten::layer_norm":
+        if ins[2] in em.consts or ins[3] in em.consts:
+            raise ImportError_(where, "aten::layer_norm without weight or bias is not supported yet")
+        eps = float(c(4, "eps"))
+        r = em.op(node, "dnn.layer_norm", [x(0, "input"), x(2, "weight"), x(3, "bias")], rt,
+                  f"eps = {eps:.6e} : f64")
+    elif kind == "aten::embedding":
+        r = em.op(node, "dnn.embedding", [x(1, "indices"), x(0, "weight")], rt)
+    elif kind == "aten::cross_entropy_loss":
+        if c(2, "weight") is not None:
+            raise ImportError_(where, "cross_entropy: class weights are not supported")
+        if c(3, "reduction") != 1:
+            raise ImportError_(where, "cross_entropy: only reduction='mean' is supported")
+        if float(c(5, "label_smoothing")) != 0.0:
+            raise ImportError_(where, "cross_entropy: label smoothing is not supported")
+        r = em.op(node, "dnn.cross_entropy", [x(0, "input"), x(1, "target")], rt)
+    elif kind == "aten::dropout":
+        p, train = float(c(1, "p")), bool(c(2, "train"))
+        if not train or p == 0.0 or not training:
+            r = x(0, "input")
+        else:
+            r = em.op(node, "dnn.dropout", [x(0, "input")], rt, f"p = {p:.6e} : f64")
+    elif kind in ("aten::view", "aten::reshape"):
+        dims = outs[0].type().sizes()
+        r = em.op(node, "dnn.reshape", [x(0, "input")], rt, f"shape = {i64_array(dims)}")
+    elif kind in ("aten::transpose", "aten::t", "aten::permute"):
+        rank = len(dims_of(em, ins[0]))
+        if kind == "aten::permute":
+            perm = [d % rank for d in c(1, "dims")]
+        else:
+            d0, d1 = (0, 1) if kind == "aten::t" else (c(1, "dim0") % rank, c(2, "dim1") % rank)
+            perm = list(range(rank))
+            perm[d0], perm[d1] = perm[d1], perm[d0]
+        r = em.op(node, "dnn.transpose", [x(0, "input")], rt, f"perm = {i64_array(perm)}")
+    elif kind == "aten::contiguous":
+        r = x(0, "input")
+    em.values[outs[0]] = r
+    if r not in em.types:
+        em.types[r] = rt
+
+
+def param_paths(graph):
+    """Each prim::GetAttr value's dotted path from the module (`fc1.weight`)."""
+    paths = {}
+    self_value = next(iter(graph.inputs()))
+    paths[self_value] = ""
+    for node in graph.nodes():
+        if node.kind() == "prim::GetAttr":
+            base = paths.get(node.inputsAt(0))
+            if base is not None:
+                name = node.s("name")
+                paths[node.outputsAt(0)] = f"{base}.{name}" if base else name
+    return paths
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors:
+        data = t.detach().contiguous().to(torch.float32).numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    tmp = path + ".partial"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+    os.replace(tmp, path)
+
+
+def import_module(spec, inputs, seed=0, training=True):
+    """The MLIR text of `spec`'s module traced on `inputs` [(name, dims, dtype)], and its
+    parameters [(state_dict key, tensor)] in argument order."""
+    user_file, factory = load_factory(spec)
+    # The module's initial parameters are drawn from torch's generator: seeded, so an
+    # import is the same every time.
+    torch.manual_seed(seed)
+    model = factory()
+    if not isinstance(model, torch.nn.Module):
+        raise ImportError_("", f"{spec} returned {type(model).__name__}, not an nn.Module")
+    model.train(training)
+    gen = torch.Generator().manual_seed(seed)
+    examples = []
+    for _, dims, dtype in inputs:
+        if dtype == "f32":
+            examples.append(torch.randn(dims, generator=gen))
+        else:
+            examples.append(torch.zeros(dims, dtype=DTYPES[dtype]))
+    try:
+        traced = torch.jit.trace(model, tuple(examples), check_trace=False)
+    except Exception as e:  # noqa: BLE001 - the tracer's own message is the point
+        raise ImportError_("", f"tracing {spec} on the example inputs failed: {e}")
+    graph = traced.inlined_graph
+    em = Emitter(user_file)
+    graph_inputs = list(graph.inputs())[1:]
+    if len(graph_inputs) != len(inputs):
+        raise ImportError_("", f"{spec}: forward takes {len(graph_inputs)} inputs, --input gave {len(inputs)}")
+    args = []
+    for k, (v, (name, _, _)) in enumerate(zip(graph_inputs, inputs)):
+        ssa = f"%arg{k}"
+        em.values[v] = ssa
+        em.types[ssa] = tensor_type(v)
+        args.append(f'{ssa}: {em.types[ssa]} {{nns.name = "{name}"}}')
+    paths = param_paths(graph)
+    state = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    params = []
+    for node in graph.nodes():
+        if node.kind() == "prim::GetAttr":
+            out = node.outputsAt(0)
+            path = paths.get(out)
+            if path in state:
+                ssa = f"%arg{len(args)}"
+                em.values[out] = ssa
+                em.types[ssa] = "tensor<" + "x".join(str(d) for d in state[path].shape) + "xf32>"
+                args.append(f'{ssa}: {em.types[ssa]} {{nns.name = "{path}", nns.param}}')
+                params.append((path, state[path]))
+            elif path in buffers:
+                where, _ = where_of(node, user_file)
+                raise ImportError_(where, f"buffer '{path}' is not supported yet (make it a constant or a parameter)")
+            continue
+        translate(node, em, training)
+    ret = list(graph.outputs())
+    if len(ret) != 1 or ret[0] not in em.values or em.types[em.values[ret[0]]] != "tensor<f32>":
+        raise ImportError_("", f"{spec}: forward must return one scalar f32 loss")
+    loss = em.values[ret[0]]
+    lines = ["module {"]
+    lines.append(f'  func.func @train({", ".join(args)}) -> (tensor<f32> {{nns.name = "loss"}}) {{')
+    lines.extend(em.lines)
+    lines.append(f"    return {loss} : tensor<f32>")
+    lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines) + "\n", params
+
+
+def supported_table():
+    """The supported ops as a markdown table (docs/pytorch.md holds it; a test compares)."""
+    rows = ["| PyTorch (aten) | nnscaler |", "|---|---|"]
+    rows += [f"| `{k}` | {v} |" for k, v in sorted(SUPPORTED.items())]
+    return "\n".join(rows) + "\n"
+
+
+def main(argv):
+    if argv == ["--supported"]:
+        sys.stdout.write(supported_table())
+        return
+    spec, inputs, params_path, seed = None, [], None, 0
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--input" and i + 1 < len(argv):
+            inputs.append(parse_input(argv[i + 1]))
+            i += 2
+        elif a == "--params" and i + 1 < len(argv):
+            params_path = argv[i + 1]
+            i += 2
+        elif a == "--seed" and i + 1 < len(argv):
+            seed = int(argv[i + 1])
+            i += 2
+        elif spec is None and not a.startswith("--"):
+            spec = a
+            i += 1
+        else:
+            raise ImportError_("", f"unexpected argument '{a}'")
+    if spec is None:
+        raise ImportError_("", "no FILE.py:FACTORY")
+    if not inputs:
+        raise ImportError_("", "no --input NAME=SHAPE:DTYPE (one per argument of forward)")
+    text, params = import_module(spec, inputs, seed)
+    if params_path:
+        write_safetensors(params_path, params)
+    sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except ImportError_ as e:
+        where = f"{e.where}: " if e.where else ""
+        sys.stderr.write(f"error: {where}{e}\n")
+        sys.exit(1)
