@@ -22,7 +22,13 @@ import os
 import struct
 import sys
 
+import warnings
+
 import torch
+
+# The tracer warns where a Python number comes from a tensor (`1 / math.sqrt(k.size(-1))`):
+# shapes are static here, so that is what is meant.
+warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
 
 # aten ops and the dnn op each maps to, for the error message and the docs' table.
 SUPPORTED = {
@@ -48,6 +54,10 @@ SUPPORTED = {
     "aten::t": "dnn.transpose",
     "aten::permute": "dnn.transpose",
     "aten::contiguous": "(nothing: the value itself)",
+    "aten::split": "dnn.split (equal pieces)",
+    "aten::arange": "(a range of positions: embedding rows by dnn.slice)",
+    "aten::masked_fill": "dnn.attention: scores (q @ k^T) * scale, masked_fill of a causal (lower-triangular) mask buffer with -inf, softmax, @ v",
+    "aten::mul (by a number)": "dnn.fill + dnn.mul",
 }
 
 DTYPES = {"f32": torch.float32, "i64": torch.int64}
@@ -132,6 +142,10 @@ class Emitter:
         self.lines = []
         self.next = 0
         self.file = os.path.basename(user_file)
+        # How a value was made, for patterns spanning several ops (attention).
+        self.recipe = {}
+        self.lists = {}  # jit value -> [SSA names] (a split's pieces)
+        self.ranges = {}  # jit value -> (start, end) (an arange)
 
     def fresh(self):
         n = f"%{self.next}"
@@ -140,7 +154,15 @@ class Emitter:
 
     def ssa(self, value, node, what):
         if value in self.values:
-            return self.values[value]
+            name = self.values[value]
+            if name.startswith("%pending"):
+                where, _ = where_of(node, self.user_file)
+                raise ImportError_(
+                    where,
+                    f"{node.kind()}: a masked score tensor is supported only as attention's: "
+                    "(q @ k^T) * scale, masked_fill of a causal mask with -inf, softmax, then @ v",
+                )
+            return name
         where, _ = where_of(node, self.user_file)
         raise ImportError_(where, f"{node.kind()}: its {what} is not a tensor the model computes")
 
@@ -149,6 +171,20 @@ class Emitter:
             where, _ = where_of(node, self.user_file)
             raise ImportError_(where, f"{node.kind()}: its {what} must be a constant")
         return self.consts[value]
+
+    def op_multi(self, node, name, operands, result_types, attrs=""):
+        base = self.fresh()
+        _, line = where_of(node, self.user_file)
+        ins = ", ".join(operands)
+        tys = ", ".join(self.types[o] for o in operands)
+        loc = f' loc("{self.file}":{line}:0)' if line else ""
+        a = f" {{{attrs}}}" if attrs else ""
+        outs = ", ".join(result_types)
+        self.lines.append(f'    {base}:{len(result_types)} = "{name}"({ins}){a} : ({tys}) -> ({outs}){loc}')
+        names = [f"{base}#{k}" for k in range(len(result_types))]
+        for n, t in zip(names, result_types):
+            self.types[n] = t
+        return names
 
     def op(self, node, name, operands, result_type, attrs=""):
         out = self.fresh()
@@ -170,6 +206,25 @@ def dims_of(em, value):
         body = em.types[name][len("tensor<"):-1]
         return [int(d) for d in body.split("x")[:-1]]
     return list(value.type().sizes())
+
+
+def dead_code_removed(lines, live):
+    """`lines` without the ops none of whose results reach `live` (the return): ops a
+    pattern replaced (attention's scores, mask and softmax)."""
+    import re
+
+    keep = [False] * len(lines)
+    needed = set(live)
+    for k in range(len(lines) - 1, -1, -1):
+        head, _, rest = lines[k].partition(" = ")
+        base = head.strip().split(":")[0]
+        results = {base} | {n for n in needed if n.startswith(base + "#")}
+        if any(r in needed for r in results):
+            keep[k] = True
+            body = rest.split(" : ", 1)[0]
+            needed |= set(re.findall(r"%[A-Za-z0-9_]+(?:#[0-9]+)?", body))
+            needed |= {re.sub(r"#.*", "", n) for n in re.findall(r"%[0-9]+#[0-9]+", body)}
+    return [l for l, k in zip(lines, keep) if k]
 
 
 def i64_array(xs):
@@ -199,7 +254,8 @@ def translate(node, em, training):
     if kind in ("prim::NumToTensor", "aten::Int", "aten::ScalarImplicit", "aten::Float"):
         em.consts[outs[0]] = em.const(ins[0], node, "value")
         return
-    if kind in ("aten::mul", "aten::add", "aten::sub", "aten::floordiv", "aten::div") and all(
+    if kind in ("aten::mul", "aten::add", "aten::sub", "aten::floordiv", "aten::floor_divide",
+                "aten::div", "aten::remainder") and all(
         v in em.consts for v in ins[:2]
     ):
         a, b = em.consts[ins[0]], em.consts[ins[1]]
@@ -208,9 +264,110 @@ def translate(node, em, training):
             "aten::add": lambda: a + b,
             "aten::sub": lambda: a - b,
             "aten::floordiv": lambda: a // b,
+            "aten::floor_divide": lambda: a // b,
+            "aten::remainder": lambda: a % b,
             "aten::div": lambda: a / b,
         }
         em.consts[outs[0]] = ops[kind]()
+        return
+    if kind == "aten::arange":
+        nums = [em.consts.get(v) for v in ins]
+        ints = [n for n in nums if isinstance(n, int) and not isinstance(n, bool)]
+        if len(ins) == 5 and len(ints) >= 1:
+            em.ranges[outs[0]] = (0, ints[0])
+        elif len(ins) >= 6 and len(ints) >= 2 and (len(ins) == 6 or nums[2] in (1, None)):
+            em.ranges[outs[0]] = (ints[0], ints[1])
+        else:
+            raise ImportError_(where, "aten::arange: only a range of step 1 is supported")
+        return
+    if kind == "prim::ListUnpack":
+        src = ins[0]
+        if src in em.lists:
+            for o, name in zip(outs, em.lists[src]):
+                em.values[o] = name
+            return
+        if src in em.consts:
+            for o, v in zip(outs, em.consts[src]):
+                em.consts[o] = v
+            return
+        raise ImportError_(where, "a list of computed values is not supported")
+    if kind == "aten::split" and ins[0] in em.values:
+        dims = dims_of(em, ins[0])
+        size, dim = em.const(ins[1], node, "split_size"), em.const(ins[2], node, "dim")
+        if not isinstance(size, int):
+            raise ImportError_(where, "aten::split: only equal pieces (an int size) are supported")
+        dim %= len(dims)
+        sizes = [size] * (dims[dim] // size) + ([dims[dim] % size] if dims[dim] % size else [])
+        elem = em.types[em.values[ins[0]]].rsplit("x", 1)[1][:-1]
+        tys = []
+        for n in sizes:
+            d = list(dims)
+            d[dim] = n
+            tys.append("tensor<" + "x".join(str(x) for x in d) + f"x{elem}>")
+        em.lists[outs[0]] = em.op_multi(node, "dnn.split", [em.ssa(ins[0], node, "input")], tys,
+                                        f"dim = {dim} : i64, sizes = {i64_array(sizes)}")
+        return
+    # Constant tensors (buffers, such as a causal mask) are sliced and compared here.
+    if kind == "aten::slice" and isinstance(em.consts.get(ins[0]), torch.Tensor):
+        t = em.consts[ins[0]]
+        dim, start, end, step = (em.const(v, node, "slice bound") for v in ins[1:5])
+        idx = [slice(None)] * t.dim()
+        idx[dim] = slice(start, end, step)
+        em.consts[outs[0]] = t[tuple(idx)]
+        return
+    if kind == "aten::eq" and isinstance(em.consts.get(ins[0]), torch.Tensor):
+        em.consts[outs[0]] = em.consts[ins[0]] == em.const(ins[1], node, "other")
+        return
+    if kind == "aten::masked_fill":
+        mask = em.consts.get(ins[1])
+        value = em.consts.get(ins[2])
+        scores = em.values.get(ins[0])
+        dims = dims_of(em, ins[0]) if scores else None
+        causal = False
+        if isinstance(mask, torch.Tensor) and dims and len(dims) >= 2 and value == float("-inf"):
+            t, s_ = dims[-2], dims[-1]
+            want = torch.ones(t, s_).triu(1).bool()
+            m = mask.bool()
+            causal = m.shape[-2:] == want.shape and bool((m == want).all())
+        if not causal or scores.startswith("%pending"):
+            raise ImportError_(where, "aten::masked_fill is supported only as attention's causal mask "
+                               "(a lower-triangular mask buffer == 0, filled with -inf)")
+        name = f"%pending{len(em.recipe)}"
+        em.recipe[name] = ("causal", scores)
+        em.values[outs[0]] = name
+        return
+    if kind == "aten::softmax" and em.values.get(ins[0], "").startswith("%pending"):
+        dims = len(outs[0].type().sizes())
+        if em.const(ins[1], node, "dim") % dims != dims - 1:
+            raise ImportError_(where, "attention's softmax must be over the keys (the last dim)")
+        name = f"%pending{len(em.recipe)}"
+        em.recipe[name] = ("softmax", em.values[ins[0]])
+        em.values[outs[0]] = name
+        return
+    if kind == "aten::dropout" and em.values.get(ins[0], "").startswith("%pending"):
+        if training and bool(em.const(ins[2], node, "train")) and float(em.const(ins[1], node, "p")) > 0:
+            raise ImportError_(where, "dropout of attention's weights is not supported yet (p = 0, or eval)")
+        em.values[outs[0]] = em.values[ins[0]]
+        return
+    if kind == "aten::matmul" and em.values.get(ins[0], "").startswith("%pending"):
+        em.values[outs[0]] = attention(node, em, em.values[ins[0]], ins[1], tensor_type(outs[0]))
+        return
+    if kind in ("aten::mul", "aten::div") and ins[0] in em.values and isinstance(em.consts.get(ins[1]), (int, float)):
+        c = float(em.consts[ins[1]])
+        c = c if kind == "aten::mul" else 1.0 / c
+        rt = tensor_type(outs[0])
+        elem = rt.rsplit("x", 1)[1][:-1] if "x" in rt else rt[len("tensor<"):-1]
+        f = em.op(node, "dnn.fill", [], f"tensor<{elem}>", f"shape = array<i64>, value = {c:.17e} : f64")
+        xs = em.ssa(ins[0], node, "input")
+        r = em.op(node, "dnn.mul", [xs, f], rt)
+        em.recipe[r] = ("scale", xs, c)
+        em.values[outs[0]] = r
+        return
+    if kind == "aten::embedding" and ins[1] in em.ranges:
+        start, end = em.ranges[ins[1]]
+        r = em.op(node, "dnn.slice", [em.ssa(ins[0], node, "weight")], tensor_type(outs[0]),
+                  f"dim = 0 : i64, start = {start} : i64, end = {end} : i64")
+        em.values[outs[0]] = r
         return
     if kind not in SUPPORTED:
         table = ", ".join(sorted(SUPPORTED))
@@ -232,7 +389,10 @@ def translate(node, em, training):
             r = em.op(node, "dnn.linear", [xs, w, x(2, "bias")], rt)
     elif kind in ("aten::matmul", "aten::relu", "aten::tanh", "aten::sigmoid", "aten::silu"):
         name = "dnn." + kind.split("::")[1]
-        r = em.op(node, name, [x(i, f"operand {i}") for i in range(len(ins))], rt)
+        operands = [x(i, f"operand {i}") for i in range(len(ins))]
+        r = em.op(node, name, operands, rt)
+        if kind == "aten::matmul":
+            em.recipe[r] = ("matmul", operands[0], operands[1])
     elif kind == "aten::gelu":
         approx = c(1, "approximate") if len(ins) > 1 else "none"
         if approx not in ("none", "tanh"):
@@ -288,12 +448,41 @@ def translate(node, em, training):
             d0, d1 = (0, 1) if kind == "aten::t" else (c(1, "dim0") % rank, c(2, "dim1") % rank)
             perm = list(range(rank))
             perm[d0], perm[d1] = perm[d1], perm[d0]
-        r = em.op(node, "dnn.transpose", [x(0, "input")], rt, f"perm = {i64_array(perm)}")
+        xs = x(0, "input")
+        r = em.op(node, "dnn.transpose", [xs], rt, f"perm = {i64_array(perm)}")
+        if rank >= 2 and perm == list(range(rank - 2)) + [rank - 1, rank - 2]:
+            em.recipe[r] = ("transposed", xs)
     elif kind == "aten::contiguous":
         r = x(0, "input")
     em.values[outs[0]] = r
     if r not in em.types:
         em.types[r] = rt
+
+
+def attention(node, em, weights, v, result_type):
+    """`softmax(causal((q @ k^T) * scale)) @ v` as one dnn.attention: `weights` is the
+    pending softmax of the masked scores."""
+    where, _ = where_of(node, em.user_file)
+    bad = ImportError_(where, "attention's scores must be (q @ k.transpose(-2, -1)) * scale")
+    _, masked = em.recipe[weights]
+    _, scores = em.recipe[masked]
+    scale = 1.0
+    rec = em.recipe.get(scores)
+    if rec and rec[0] == "scale":
+        scale, scores = rec[2], rec[1]
+        rec = em.recipe.get(scores)
+    if not rec or rec[0] != "matmul":
+        raise bad
+    q, kt = rec[1], rec[2]
+    rk = em.recipe.get(kt)
+    if not rk or rk[0] != "transposed":
+        raise bad
+    k = rk[1]
+    vs = em.ssa(v, node, "values")
+    for t in (q, k, vs):
+        if em.types[t].count("x") != 4:
+            raise ImportError_(where, "attention's q, k and v must be [batch, heads, positions, width]")
+    return em.op(node, "dnn.attention", [q, k, vs], result_type, f"causal = true, scale = {scale:.17e} : f64")
 
 
 def param_paths(graph):
@@ -362,22 +551,36 @@ def import_module(spec, inputs, seed=0, training=True):
         em.types[ssa] = tensor_type(v)
         args.append(f'{ssa}: {em.types[ssa]} {{nns.name = "{name}"}}')
     paths = param_paths(graph)
-    state = dict(model.named_parameters())
+    # A parameter reached under several names (tied weights) is one argument, named as
+    # named_parameters() names it first.
+    canonical = {}
+    for name, p in model.named_parameters():
+        canonical.setdefault(id(p), name)
     buffers = dict(model.named_buffers())
-    params = []
+    params, arg_of = [], {}
+
+    def resolve(path):
+        obj = model
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        return obj
+
     for node in graph.nodes():
         if node.kind() == "prim::GetAttr":
             out = node.outputsAt(0)
             path = paths.get(out)
-            if path in state:
-                ssa = f"%arg{len(args)}"
-                em.values[out] = ssa
-                em.types[ssa] = "tensor<" + "x".join(str(d) for d in state[path].shape) + "xf32>"
-                args.append(f'{ssa}: {em.types[ssa]} {{nns.name = "{path}", nns.param}}')
-                params.append((path, state[path]))
+            obj = resolve(path) if path else None
+            if isinstance(obj, torch.nn.Parameter) and id(obj) in canonical:
+                name = canonical[id(obj)]
+                if name not in arg_of:
+                    ssa = f"%arg{len(args)}"
+                    arg_of[name] = ssa
+                    em.types[ssa] = "tensor<" + "x".join(str(d) for d in obj.shape) + "xf32>"
+                    args.append(f'{ssa}: {em.types[ssa]} {{nns.name = "{name}", nns.param}}')
+                    params.append((name, obj))
+                em.values[out] = arg_of[name]
             elif path in buffers:
-                where, _ = where_of(node, user_file)
-                raise ImportError_(where, f"buffer '{path}' is not supported yet (make it a constant or a parameter)")
+                em.consts[out] = buffers[path]
             continue
         translate(node, em, training)
     ret = list(graph.outputs())
@@ -386,7 +589,7 @@ def import_module(spec, inputs, seed=0, training=True):
     loss = em.values[ret[0]]
     lines = ["module {"]
     lines.append(f'  func.func @train({", ".join(args)}) -> (tensor<f32> {{nns.name = "loss"}}) {{')
-    lines.extend(em.lines)
+    lines.extend(dead_code_removed(em.lines, [loss]))
     lines.append(f"    return {loss} : tensor<f32>")
     lines.append("  }")
     lines.append("}")

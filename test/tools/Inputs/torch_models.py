@@ -1,4 +1,6 @@
 """Models written as ordinary PyTorch, for `nnscaler import torch` (test/tools/import-torch.test)."""
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -56,3 +58,68 @@ def unsupported():
             return torch.cumsum(self.w(x), 0).sum()
 
     return Cumsum()
+
+
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention, as written there (a mask buffer, masked_fill, softmax)."""
+
+    def __init__(self, n_embd, n_head, block):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.n_head, self.n_embd = n_head, n_embd
+        self.register_buffer("bias", torch.tril(torch.ones(block, block)).view(1, 1, block, block))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, n_embd, n_head, block):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(n_embd, n_head, block)
+        self.ln_2 = nn.LayerNorm(n_embd)
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd)
+        self.c_proj = nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class GPT(nn.Module):
+    """A nanoGPT-style GPT: token and position embeddings, blocks, a final norm, the LM
+    head tied to the token embedding."""
+
+    def __init__(self, vocab=11, block=8, n_layer=2, n_head=2, n_embd=16):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, n_embd)
+        self.wpe = nn.Embedding(block, n_embd)
+        self.h = nn.ModuleList([GPTBlock(n_embd, n_head, block) for _ in range(n_layer)])
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.lm_head = nn.Linear(n_embd, vocab, bias=False)
+        self.wte.weight = self.lm_head.weight
+
+    def forward(self, idx, targets):
+        b, t = idx.size()
+        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for blk in self.h:
+            x = blk(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def gpt():
+    return GPT()
