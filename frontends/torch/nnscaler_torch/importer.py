@@ -58,6 +58,17 @@ SUPPORTED = {
     "aten::arange": "(a range of positions: embedding rows by dnn.slice)",
     "aten::masked_fill": "dnn.attention: scores (q @ k^T) * scale, masked_fill of a causal (lower-triangular) mask buffer with -inf, softmax, @ v",
     "aten::mul (by a number)": "dnn.fill + dnn.mul",
+    "aten::add (a number)": "dnn.fill + dnn.add",
+    "aten::pow": "dnn.mul (a square)",
+    "aten::mean": "dnn.mean",
+    "aten::rsqrt": "dnn.rsqrt",
+    "aten::sqrt": "dnn.sqrt",
+    "aten::exp": "dnn.exp",
+    "aten::neg": "dnn.neg",
+    "aten::slice": "dnn.slice (step 1)",
+    "aten::cat": "dnn.concat",
+    "aten::repeat_interleave": "dnn.reshape + dnn.broadcast_to (dropped where attention takes grouped heads)",
+    "aten::mul (by a buffer)": "dnn.rotary: x * cos + rotate_half(x) * sin, cos and sin the rotate-half tables of some theta (a buffer in any other product is an error)",
 }
 
 DTYPES = {"f32": torch.float32, "i64": torch.int64}
@@ -157,6 +168,12 @@ class Emitter:
             name = self.values[value]
             if name.startswith("%pending"):
                 where, _ = where_of(node, self.user_file)
+                if self.recipe[name][0] == "mulc":
+                    raise ImportError_(
+                        where,
+                        f"{node.kind()}: a product with a constant tensor (a buffer) is supported "
+                        "only as rotary's: x * cos + rotate_half(x) * sin",
+                    )
                 raise ImportError_(
                     where,
                     f"{node.kind()}: a masked score tensor is supported only as attention's: "
@@ -244,7 +261,10 @@ def translate(node, em, training):
         if all(v in em.consts for v in ins):
             em.consts[outs[0]] = [em.consts[v] for v in ins]
             return
-        raise ImportError_(where, "a list of computed values is not supported")
+        if all(v in em.values for v in ins):
+            em.lists[outs[0]] = [em.ssa(v, node, "element") for v in ins]
+            return
+        raise ImportError_(where, "a list of computed values and constants is not supported")
     # Shapes are static: size queries and arithmetic on them (`b, t = idx.shape`, `b * t`)
     # fold to constants.
     if kind == "aten::size":
@@ -363,6 +383,84 @@ def translate(node, em, training):
         em.recipe[r] = ("scale", xs, c)
         em.values[outs[0]] = r
         return
+    if kind in ("aten::add", "aten::sub") and ins[0] in em.values and isinstance(em.consts.get(ins[1]), (int, float)):
+        if len(ins) > 2 and em.const(ins[2], node, "alpha") != 1:
+            raise ImportError_(where, f"{kind}: alpha must be 1")
+        c = float(em.consts[ins[1]])
+        rt = tensor_type(outs[0])
+        elem = rt.rsplit("x", 1)[1][:-1] if "x" in rt else rt[len("tensor<"):-1]
+        f = em.op(node, "dnn.fill", [], f"tensor<{elem}>", f"shape = array<i64>, value = {c:.17e} : f64")
+        em.values[outs[0]] = em.op(node, "dnn." + kind.split("::")[1], [em.ssa(ins[0], node, "input"), f], rt)
+        return
+    if kind == "aten::pow" and ins[0] in em.values:
+        if em.consts.get(ins[1]) != 2:
+            raise ImportError_(where, "aten::pow: only a square (x ** 2) is supported")
+        xs = em.ssa(ins[0], node, "input")
+        em.values[outs[0]] = em.op(node, "dnn.mul", [xs, xs], tensor_type(outs[0]))
+        return
+    if kind == "aten::mean" and ins[0] in em.values:
+        dims = em.const(ins[1], node, "dim")
+        rank = len(dims_of(em, ins[0]))
+        dims = sorted(d % rank for d in (dims if isinstance(dims, list) else [dims]))
+        keep = bool(em.const(ins[2], node, "keepdim"))
+        if len(ins) > 3 and em.consts.get(ins[3]) is not None:
+            raise ImportError_(where, "aten::mean: a dtype is not supported")
+        attrs = f"dims = {i64_array(dims)}" + (", keepdim = true" if keep else "")
+        em.values[outs[0]] = em.op(node, "dnn.mean", [em.ssa(ins[0], node, "input")], tensor_type(outs[0]), attrs)
+        return
+    if kind in ("aten::rsqrt", "aten::sqrt", "aten::exp", "aten::neg") and ins[0] in em.values:
+        xs = em.ssa(ins[0], node, "input")
+        r = em.op(node, "dnn." + kind.split("::")[1], [xs], tensor_type(outs[0]))
+        em.recipe[r] = (kind.split("::")[1], xs)
+        em.values[outs[0]] = r
+        return
+    if kind == "aten::slice" and ins[0] in em.values:
+        dims = dims_of(em, ins[0])
+        dim, start, end, step = (em.const(v, node, "slice bound") for v in ins[1:5])
+        dim %= len(dims)
+        start, end, step = slice(start, end, step).indices(dims[dim])
+        if step != 1:
+            raise ImportError_(where, "aten::slice: only step 1 is supported")
+        xs = em.ssa(ins[0], node, "input")
+        if (start, end) == (0, dims[dim]):
+            em.values[outs[0]] = xs
+            return
+        r = em.op(node, "dnn.slice", [xs], tensor_type(outs[0]),
+                  f"dim = {dim} : i64, start = {start} : i64, end = {end} : i64")
+        em.recipe[r] = ("slice", xs, dim, start, end)
+        em.values[outs[0]] = r
+        return
+    if kind == "aten::cat" and ins[0] in em.lists:
+        parts = em.lists[ins[0]]
+        rank = em.types[parts[0]].count("x")
+        dim = em.const(ins[1], node, "dim") % rank
+        r = em.op(node, "dnn.concat", parts, tensor_type(outs[0]), f"dim = {dim} : i64")
+        em.recipe[r] = ("cat", parts, dim)
+        em.values[outs[0]] = r
+        return
+    if kind == "aten::repeat_interleave" and ins[0] in em.values:
+        dims = dims_of(em, ins[0])
+        rep, dim = em.const(ins[1], node, "repeats"), em.const(ins[2], node, "dim")
+        if not isinstance(rep, int) or dim is None or dim % len(dims) != 1 or len(dims) != 4:
+            raise ImportError_(where, "aten::repeat_interleave: only an int count over dim 1 of [b, heads, s, d] (grouped-query heads) is supported")
+        b_, g_, t_, d_ = dims
+        xs = em.ssa(ins[0], node, "input")
+        elem = em.types[xs].rsplit("x", 1)[1][:-1]
+        ty = lambda ds: "tensor<" + "x".join(str(v) for v in ds) + f"x{elem}>"
+        r1 = em.op(node, "dnn.reshape", [xs], ty([b_, g_, 1, t_, d_]), f"shape = {i64_array([b_, g_, 1, t_, d_])}")
+        r2 = em.op(node, "dnn.broadcast_to", [r1], ty([b_, g_, rep, t_, d_]), f"shape = {i64_array([b_, g_, rep, t_, d_])}")
+        r = em.op(node, "dnn.reshape", [r2], ty([b_, g_ * rep, t_, d_]), f"shape = {i64_array([b_, g_ * rep, t_, d_])}")
+        em.recipe[r] = ("repeat_heads", xs, rep)
+        em.values[outs[0]] = r
+        return
+    if kind == "aten::mul" and ins[0] in em.values and isinstance(em.consts.get(ins[1]), torch.Tensor):
+        name = f"%pending{len(em.recipe)}"
+        em.recipe[name] = ("mulc", em.ssa(ins[0], node, "input"), em.consts[ins[1]])
+        em.values[outs[0]] = name
+        return
+    if kind == "aten::add" and all(em.values.get(v, "").startswith("%pending") for v in ins[:2]):
+        em.values[outs[0]] = rotary(node, em, em.values[ins[0]], em.values[ins[1]], tensor_type(outs[0]))
+        return
     if kind == "aten::embedding" and ins[1] in em.ranges:
         start, end = em.ranges[ins[1]]
         r = em.op(node, "dnn.slice", [em.ssa(ins[0], node, "weight")], tensor_type(outs[0]),
@@ -479,10 +577,62 @@ def attention(node, em, weights, v, result_type):
         raise bad
     k = rk[1]
     vs = em.ssa(v, node, "values")
+    # Grouped-query heads repeated for the product: attention takes them as they are.
+    gk, gv = em.recipe.get(k), em.recipe.get(vs)
+    if gk and gv and gk[0] == gv[0] == "repeat_heads" and gk[2] == gv[2]:
+        k, vs = gk[1], gv[1]
     for t in (q, k, vs):
         if em.types[t].count("x") != 4:
             raise ImportError_(where, "attention's q, k and v must be [batch, heads, positions, width]")
     return em.op(node, "dnn.attention", [q, k, vs], result_type, f"causal = true, scale = {scale:.17e} : f64")
+
+
+def rotary(node, em, a, b, result_type):
+    """`x * cos + rotate_half(x) * sin` as one dnn.rotary: `a`, `b` the pending products
+    with the constant tables, checked against the rotate-half tables of the theta their
+    second frequency gives."""
+    where, _ = where_of(node, em.user_file)
+    bad = ImportError_(where, "a product with a constant tensor is supported only as rotary's: "
+                       "x * cos + rotate_half(x) * sin (rotate_half: cat(-x2, x1))")
+    ra, rb = em.recipe.get(a), em.recipe.get(b)
+    if not ra or not rb or ra[0] != "mulc" or rb[0] != "mulc":
+        raise bad
+    x, cos = ra[1], ra[2]
+    rot, sin = rb[1], rb[2]
+    rc = em.recipe.get(rot)
+    if not rc or rc[0] != "cat" or len(rc[1]) != 2:
+        raise bad
+    neg, first = rc[1]
+    rn, rf = em.recipe.get(neg), em.recipe.get(first)
+    if not rn or rn[0] != "neg" or not rf or rf[0] != "slice":
+        raise bad
+    rs = em.recipe.get(rn[1])
+    dims = [int(d) for d in em.types[x][len("tensor<"):-1].split("x")[:-1]]
+    if len(dims) != 4 or not rs or rs[0] != "slice":
+        raise bad
+    s_, d = dims[2], dims[3]
+    half = d // 2
+    if rc[2] != 3 or rs[1:] != (x, 3, half, d) or rf[1:] != (x, 3, 0, half):
+        raise bad
+    cos, sin = cos.reshape(-1, d) if cos.dim() != 2 else cos, sin.reshape(-1, d) if sin.dim() != 2 else sin
+    if tuple(cos.shape) != (s_, d) or tuple(sin.shape) != (s_, d):
+        raise ImportError_(where, f"rotary: cos and sin must be [{s_}, {d}] tables")
+    import math as _m
+
+    theta = None
+    if s_ > 1 and half > 1:
+        angle = _m.atan2(float(sin[1, 1]), float(cos[1, 1]))
+        if angle > 0:
+            theta = angle ** (-d / 2.0)
+    if theta is None:
+        raise ImportError_(where, "rotary: cannot read theta from the tables")
+    theta = float(f"{theta:.6g}")
+    p = torch.arange(s_, dtype=torch.float64)[:, None]
+    inv = theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / d)
+    want = torch.cat((p * inv, p * inv), dim=1)
+    if not (torch.allclose(cos.double(), want.cos(), atol=1e-5) and torch.allclose(sin.double(), want.sin(), atol=1e-5)):
+        raise ImportError_(where, f"rotary: cos and sin are not the rotate-half tables of theta {theta:g}")
+    return em.op(node, "dnn.rotary", [x], result_type, f"theta = {theta:.17e} : f64")
 
 
 def param_paths(graph):

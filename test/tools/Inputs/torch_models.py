@@ -123,3 +123,89 @@ class GPT(nn.Module):
 
 def gpt():
     return GPT()
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Llama(nn.Module):
+    """A Llama-style model as Hugging Face writes it: RMSNorm written with ops, rotary
+    embedding from cos/sin buffers with rotate_half, grouped-query attention by
+    repeat_interleave, a causal mask buffer, SwiGLU."""
+
+    def __init__(self, vocab=11, dim=16, n_heads=4, n_kv=2, ffn=32, seq=8, n_layer=2, theta=10000.0):
+        super().__init__()
+        self.h, self.kv, self.hd = n_heads, n_kv, dim // n_heads
+        self.tok = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList()
+        for _ in range(n_layer):
+            layer = nn.Module()
+            layer.attn_norm = RMSNorm(dim)
+            layer.wq = nn.Linear(dim, n_heads * self.hd, bias=False)
+            layer.wk = nn.Linear(dim, n_kv * self.hd, bias=False)
+            layer.wv = nn.Linear(dim, n_kv * self.hd, bias=False)
+            layer.wo = nn.Linear(n_heads * self.hd, dim, bias=False)
+            layer.ffn_norm = RMSNorm(dim)
+            layer.w1 = nn.Linear(dim, ffn, bias=False)
+            layer.w2 = nn.Linear(ffn, dim, bias=False)
+            layer.w3 = nn.Linear(dim, ffn, bias=False)
+            self.layers.append(layer)
+        self.norm = RMSNorm(dim)
+        self.out = nn.Linear(dim, vocab, bias=False)
+        inv = 1.0 / (theta ** (torch.arange(0, self.hd, 2).float() / self.hd))
+        freqs = torch.outer(torch.arange(seq).float(), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos())
+        self.register_buffer("sin", emb.sin())
+        self.register_buffer("mask", torch.tril(torch.ones(seq, seq)))
+
+    def forward(self, idx, targets):
+        b, t = idx.shape
+        x = self.tok(idx)
+        cos, sin = self.cos[:t], self.sin[:t]
+        for layer in self.layers:
+            h = layer.attn_norm(x)
+            q = layer.wq(h).view(b, t, self.h, self.hd).transpose(1, 2)
+            k = layer.wk(h).view(b, t, self.kv, self.hd).transpose(1, 2)
+            v = layer.wv(h).view(b, t, self.kv, self.hd).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            k = k.repeat_interleave(self.h // self.kv, dim=1)
+            v = v.repeat_interleave(self.h // self.kv, dim=1)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+            att = att.masked_fill(self.mask[:t, :t] == 0, float("-inf"))
+            y = F.softmax(att, dim=-1) @ v
+            x = x + layer.wo(y.transpose(1, 2).reshape(b, t, self.h * self.hd))
+            g = layer.ffn_norm(x)
+            x = x + layer.w2(F.silu(layer.w1(g)) * layer.w3(g))
+        logits = self.out(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def llama():
+    return Llama()
+
+
+def buffer_product():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Linear(4, 3)
+            self.register_buffer("gain", torch.full((3,), 2.0))
+
+        def forward(self, x, labels):
+            return F.cross_entropy(self.w(x) * self.gain, labels)
+
+    return Scaled()
