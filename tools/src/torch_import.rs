@@ -16,6 +16,47 @@ pub fn python(flag: Option<&str>) -> String {
         .unwrap_or_else(|| "python3".into())
 }
 
+/// The MLIR of `spec` traced on `inputs` with `python`, in training mode or, with `eval`,
+/// evaluation mode (dropout off): what `nnscaler train` compiles for `[model] torch`.
+pub fn import_text(
+    spec: &str,
+    inputs: &[String],
+    python: &str,
+    eval: bool,
+) -> Result<String, String> {
+    let out = run(
+        spec,
+        inputs,
+        python,
+        eval.then_some("--eval").into_iter().collect(),
+    )?;
+    String::from_utf8(out).map_err(|e| format!("the importer printed no UTF-8 text: {e}"))
+}
+
+/// Runs the importer with `args` after the model's, returning its standard output.
+fn run(spec: &str, inputs: &[String], python: &str, args: Vec<&str>) -> Result<Vec<u8>, String> {
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg("-c").arg(IMPORTER).arg(spec);
+    for i in inputs {
+        cmd.arg("--input").arg(i);
+    }
+    cmd.args(args);
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run the Python '{python}' (give --python PATH): {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        if err.contains("No module named 'torch'") {
+            return Err(format!(
+                "the Python '{python}' has no torch (install python3-torch, or give --python PATH)"
+            ));
+        }
+        let msg = err.trim_end();
+        return Err(msg.strip_prefix("error: ").unwrap_or(msg).to_string());
+    }
+    Ok(out.stdout)
+}
+
 /// Imports `spec` (`FILE.py:FACTORY`) traced on `inputs` (`NAME=SHAPE:DTYPE` each, in
 /// `forward`'s order) with `python`; writes the MLIR to `output` and, with `params`, the
 /// parameters' values (safetensors by `state_dict` key) there.
@@ -34,31 +75,15 @@ pub fn import(
     }
     let dir = nnscaler_rt::host::private_dir("nnscaler-torch")?;
     let result = (|| {
-        let mut cmd = std::process::Command::new(python);
-        cmd.arg("-c").arg(IMPORTER).arg(spec);
-        for i in inputs {
-            cmd.arg("--input").arg(i);
-        }
         let tmp = dir.join("params.safetensors");
-        if params.is_some() {
-            cmd.arg("--params").arg(&tmp);
-        }
-        let out = cmd
-            .output()
-            .map_err(|e| format!("cannot run the Python '{python}' (give --python PATH): {e}"))?;
-        let err = String::from_utf8_lossy(&out.stderr);
-        if !out.status.success() {
-            if err.contains("No module named 'torch'") {
-                return Err(format!(
-                    "the Python '{python}' has no torch (install python3-torch, or give --python PATH)"
-                ));
-            }
-            let msg = err.trim_end();
-            let msg = msg.strip_prefix("error: ").unwrap_or(msg);
-            return Err(msg.to_string());
-        }
+        let tmp_text = tmp.to_string_lossy().to_string();
+        let args = match params {
+            Some(_) => vec!["--params", tmp_text.as_str()],
+            None => Vec::new(),
+        };
+        let text = run(spec, inputs, python, args)?;
         let mut o = Outputs::new();
-        o.stage(output, out.stdout)?;
+        o.stage(output, text)?;
         if let Some(p) = params {
             let bytes = std::fs::read(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
             o.stage(p, bytes)?;

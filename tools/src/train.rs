@@ -98,6 +98,17 @@ pub struct ModelSection {
     /// `targets` (e.g. from `nnscaler import`); its shapes fix batch and block.
     #[serde(default)]
     pub file: Option<String>,
+    /// Or a PyTorch module, `FILE.py:FACTORY` (the file relative to the working directory,
+    /// as model.file's): its forward takes `(tokens, targets)` of
+    /// `sizes.batch x sizes.block` token ids and returns the loss; imported as `nnscaler
+    /// import torch` does, once in training mode and once in evaluation mode (dropout off)
+    /// for evaluation. Its parameters are drawn as a zoo model's (nns.name rules and the
+    /// seed), not by the module's own initializers.
+    #[serde(default)]
+    pub torch: Option<String>,
+    /// The Python with torch for `torch` (default: $NNSCALER_PYTHON, else python3).
+    #[serde(default)]
+    pub python: Option<String>,
     /// Size overrides by `nnscaler import` flag name (`layers`, `heads`, `width`, `block`,
     /// `batch`, `dropout`, ...).
     #[serde(default)]
@@ -324,9 +335,67 @@ struct Programs {
     block: usize,
 }
 
+/// Checks a model's `@train` reads `tokens` whose embedding has room for the corpus's
+/// `vocab` ids (`what` names the model in errors).
+fn check_tokens(text: &str, what: &str, vocab: usize) -> Result<(), String> {
+    let ir = IrContext::new();
+    let module = ir
+        .parse(text, what)
+        .map_err(|d| d.in_file(what).render_limited(Some(text), 20))?;
+    let g = Graph::all_in(&module)
+        .into_iter()
+        .filter_map(Result::ok)
+        .find(|g| g.name == "train")
+        .ok_or(format!("{what} has no @train"))?;
+    let tokens = g
+        .args
+        .iter()
+        .position(|a| a.name() == Some("tokens"))
+        .ok_or(format!("@train of {what} has no 'tokens' argument"))?;
+    if let Some(Domain::Below(rows)) = domain::of_arg(&g, tokens) {
+        if (rows as usize) < vocab {
+            return Err(format!(
+                "{what} embeds {rows} token ids; the corpus has a vocabulary of {vocab} (nnscaler import --vocab {vocab})"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The model's module text, and the one evaluation runs (without dropout).
 fn model_texts(c: &Config, vocab: usize) -> Result<(String, String), String> {
     let m = &c.model;
+    if let Some(spec) = &m.torch {
+        if m.preset.is_some() || m.file.is_some() {
+            return Err("model: give one of preset, file and torch".into());
+        }
+        let size = |k: &str| -> Result<i64, String> {
+            match m.sizes.get(k) {
+                Some(toml::Value::Integer(n)) if *n > 0 => Ok(*n),
+                Some(other) => Err(format!("model.sizes.{k}: {other} is not a positive integer")),
+                None => Err(format!(
+                    "model.torch: give sizes.batch and sizes.block (the token batches its forward takes); sizes.{k} is missing"
+                )),
+            }
+        };
+        let (batch, block) = (size("batch")?, size("block")?);
+        if let Some(k) = m.sizes.keys().find(|k| *k != "batch" && *k != "block") {
+            return Err(format!(
+                "model.sizes.{k}: a PyTorch module fixes its own sizes (only batch and block apply)"
+            ));
+        }
+        let inputs = [
+            format!("tokens={batch}x{block}:i64"),
+            format!("targets={batch}x{block}:i64"),
+        ];
+        let python = crate::torch_import::python(m.python.as_deref());
+        let text = crate::torch_import::import_text(spec, &inputs, &python, false)
+            .map_err(|e| format!("model.torch: {e}"))?;
+        let eval = crate::torch_import::import_text(spec, &inputs, &python, true)
+            .map_err(|e| format!("model.torch: {e}"))?;
+        check_tokens(&text, spec, vocab).map_err(|e| format!("model.torch: {e}"))?;
+        return Ok((text, eval));
+    }
     let preset = match (&m.preset, &m.file) {
         (Some(p), None) => p,
         (None, Some(f)) => {
@@ -341,37 +410,18 @@ fn model_texts(c: &Config, vocab: usize) -> Result<(String, String), String> {
                     "model.file: {f} uses dnn.dropout, which evaluation would apply; train it from a preset (which evaluates without dropout), or export it without dropout"
                 ));
             }
-            // The corpus's ids must fit the model's embedding.
-            let ir = IrContext::new();
-            let module = ir
-                .parse(&text, f)
-                .map_err(|d| d.in_file(f).render_limited(Some(&text), 20))?;
-            let g = Graph::all_in(&module)
-                .into_iter()
-                .filter_map(Result::ok)
-                .find(|g| g.name == "train")
-                .ok_or(format!("model.file: {f} has no @train"))?;
-            let tokens = g
-                .args
-                .iter()
-                .position(|a| a.name() == Some("tokens"))
-                .ok_or(format!(
-                    "model.file: @train of {f} has no 'tokens' argument"
-                ))?;
-            if let Some(Domain::Below(rows)) = domain::of_arg(&g, tokens) {
-                if (rows as usize) < vocab {
-                    return Err(format!(
-                        "model.file: {f} embeds {rows} token ids; the corpus has a vocabulary of {vocab} (nnscaler import --vocab {vocab})"
-                    ));
-                }
-            }
+            check_tokens(&text, f, vocab).map_err(|e| format!("model.file: {e}"))?;
             return Ok((text.clone(), text));
         }
         (Some(_), Some(_)) => return Err("model: give preset or file, not both".into()),
         (None, None) => {
-            return Err("model: give preset (see nnscaler presets) or file (an MLIR module)".into())
+            return Err(
+                "model: give preset (see nnscaler presets), file (an MLIR module) or torch (FILE.py:FACTORY)"
+                    .into(),
+            )
         }
     };
+
     let mut model = nnscaler_frontends::preset(preset)
         .ok_or(format!("model.preset: unknown preset '{preset}'"))?;
     if model.family() != "gpt" && model.family() != "llama" {

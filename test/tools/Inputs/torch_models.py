@@ -209,3 +209,9 @@ def buffer_product():
             return F.cross_entropy(self.w(x) * self.gain, labels)
 
     return Scaled()
+
+
+def gpt_char():
+    """The GPT above over a character vocabulary of 32 (test/tools/import-torch.test trains
+    it on a corpus of 28 characters)."""
+    return GPT(vocab=32, block=8)
