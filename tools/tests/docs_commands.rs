@@ -203,6 +203,7 @@ fn every_document_is_checked() {
             "docs/dialects.md",
             "docs/extending.md",
             "docs/gpu.md",
+            "docs/pytorch.md",
             "docs/testing.md"
         ]
     );
@@ -263,6 +264,11 @@ fn docs_extending() {
 #[test]
 fn docs_gpu() {
     run_document("docs/gpu.md");
+}
+
+#[test]
+fn docs_pytorch() {
+    run_document("docs/pytorch.md");
 }
 
 #[test]
