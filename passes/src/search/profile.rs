@@ -1,0 +1,629 @@
+//! Profiles: each item of a training step (the ops before the layers, each layer, the ops
+//! after) compiled for a tensor- and context-parallel degree and a micro-batch, and priced
+//! by the cost model (see the module docs of [`super`]).
+
+use super::*;
+
+/// One item (a layer, or the ops before or after the layers) of a profile: one device's
+/// share at `tp = t` for one micro-batch.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Item {
+    /// The layer (`h.3`), or `(before)` / `(after)`.
+    pub name: String,
+    /// Forward seconds (tensor-parallel collectives included).
+    pub fwd: f64,
+    /// Forward seconds of what selective recompute repeats: a layer's ops but its matrix
+    /// products and the reduce_scatters of their partial sums, whose results are kept (0
+    /// outside the layers, which no policy recomputes).
+    pub fwd_selective: f64,
+    /// Forward seconds of what full recompute repeats: a layer's whole forward (0 outside
+    /// the layers).
+    pub fwd_full: f64,
+    /// Of `fwd_selective`, what only weight-gradient ops need: the compiled clones run
+    /// where the first op needing them does, so these run in `W`, the rest in `B`.
+    pub fwd_selective_w: f64,
+    /// Of `fwd_full`, what only weight-gradient ops need (in `W`).
+    pub fwd_full_w: f64,
+    /// Backward seconds on the path to the input gradient (`B`).
+    pub bwd_input: f64,
+    /// Backward seconds that only feed weight gradients (`W`).
+    pub bwd_weight: f64,
+    /// FLOPs of forward and backward.
+    pub flops: f64,
+    /// Parameter bytes per device.
+    pub params: u64,
+    /// Parameter tensors: the compiler synchronises (and ZeRO-3 gathers) each one by its
+    /// own collective, so each pays the network's latency.
+    pub tensors: u64,
+    /// The sum of each parameter tensor's bytes squared: `params_sq / params` is the
+    /// byte-weighted mean tensor, the message size at which a collective's rate by size
+    /// (`cost::Level::rates`) prices their bytes (most of which are in the large ones).
+    pub params_sq: f64,
+    /// Activation bytes kept for backward: no recompute.
+    pub saved: u64,
+    /// ... selective recompute (outside the layers: `saved`).
+    pub saved_selective: u64,
+    /// ... full recompute (outside the layers: `saved`).
+    pub saved_full: u64,
+    /// Bytes a pipeline cut after this item sends forward (and its gradient back).
+    pub cut: u64,
+    /// Seconds of tensor-parallel collectives (forward and backward; in the times above,
+    /// `grad_sync` aside).
+    pub comm: f64,
+    /// Seconds of the tensor-parallel reductions of its weight gradients (a row-parallel
+    /// weight's reduce_scatter, a norm's all_reduce): once a step, after the
+    /// micro-batches' partial gradients are added up, as the compiler emits them (not
+    /// in `bwd_weight`).
+    pub grad_sync: f64,
+    /// Seconds of the optimizer update of its parameters (not sharded; in the profile's
+    /// `optimizer`).
+    pub update: f64,
+}
+
+/// A training step's costs at one tensor-parallel degree and micro-batch size.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Profile {
+    /// Tensor-parallel degree.
+    pub tp: u64,
+    /// Sequences per micro-batch.
+    pub micro: u64,
+    /// The items in program order.
+    pub items: Vec<Item>,
+    /// Seconds of the optimizer update of every parameter on one device (not sharded).
+    pub optimizer: f64,
+    /// Whether the matrix products run in bf16 (the step was cast by `--autocast=bf16`):
+    /// they are predicted at the bf16 rate, and MFU is relative to the bf16 peak.
+    pub bf16: bool,
+    /// How the layers are split over `tp`.
+    pub tensor: TpPolicy,
+}
+
+/// The module's batch: the leading dim data arguments share (their gcd).
+pub fn batch_of(g: &Graph) -> Option<u64> {
+    let mut b = 0u64;
+    for a in &g.args {
+        let ty = &g.values[a.value];
+        if a.is_state() || ty.shape.is_empty() || a.attrs.contains_key("nns.layout") {
+            continue;
+        }
+        b = gcd(b, ty.shape[0].max(0) as u64);
+    }
+    (b > 0).then_some(b)
+}
+
+/// The positions of step `g`'s sequences (dim 1 of its `[batch, positions]` token
+/// arguments, their gcd), what context parallelism splits; `None` without token
+/// arguments (an MLP's `[batch, features]` inputs have no positions).
+pub fn positions_of(g: &Graph) -> Option<u64> {
+    let mut s = 0u64;
+    for a in &g.args {
+        let ty = &g.values[a.value];
+        if a.is_state()
+            || ty.shape.len() < 2
+            || ty.elem.is_float()
+            || a.attrs.contains_key("nns.layout")
+        {
+            continue;
+        }
+        s = gcd(s, ty.shape[1].max(0) as u64);
+    }
+    (s > 0).then_some(s)
+}
+
+/// Positions per device below which the default space does not try a context-parallel
+/// degree: the keys' and values' gathers grow against the attention a device keeps.
+pub const MIN_POSITIONS_PER_SP: u64 = 1024;
+
+pub(super) fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// The first error, located when it has a place (a user's constraint on an op).
+pub(super) fn diag_text(d: &Diagnostics) -> String {
+    d.0.first().map_or("the passes refused it".into(), |e| {
+        if e.loc.line == 0 {
+            e.message.clone()
+        } else {
+            format!("{}: {}", e.loc, e.message)
+        }
+    })
+}
+
+/// How a profile splits the layers over `tp`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TpPolicy {
+    /// Megatron-LM's rule (`--plan=dp-megatron`).
+    #[default]
+    Megatron,
+    /// Each op's split searched by Z3 (`--plan=tp-search`, [`crate::split_search`]).
+    Search,
+    /// Megatron's rule with sequence parallelism over the same `tp` devices
+    /// (`--plan=dp-megatron-sp`): norms, residual adds and the embedding on a sequence
+    /// shard, all_gather before column-parallel linears and reduce_scatter after
+    /// row-parallel ones.
+    Sp,
+}
+
+impl TpPolicy {
+    /// Its `--plan` policy with both axes.
+    pub fn policy(self) -> &'static str {
+        match self {
+            TpPolicy::Megatron => "dp-megatron",
+            TpPolicy::Search => "tp-search",
+            TpPolicy::Sp => "dp-megatron-sp",
+        }
+    }
+}
+
+impl Profile {
+    /// The `--place` layout of a plan's stages: `E` before the layers, `t` a layer, `L`
+    /// after them (`None` when the items are not of that form).
+    pub fn place_layout(&self, starts: &[usize]) -> Option<String> {
+        let code = |name: &str| match name {
+            "(before)" => "E",
+            "(after)" => "L",
+            _ => "t",
+        };
+        let mut stages = Vec::new();
+        for (s, &lo) in starts.iter().enumerate() {
+            let hi = starts.get(s + 1).copied().unwrap_or(self.items.len());
+            let mut parts: Vec<(String, usize)> = Vec::new();
+            for it in &self.items[lo..hi] {
+                let c = code(&it.name);
+                match parts.last_mut() {
+                    Some((last, k)) if last == c => *k += 1,
+                    _ => parts.push((c.to_string(), 1)),
+                }
+            }
+            if parts.iter().any(|(c, k)| c != "t" && *k > 1) {
+                return None;
+            }
+            stages.push(
+                parts
+                    .iter()
+                    .map(|(c, k)| {
+                        if *k > 1 {
+                            format!("{c}*{k}")
+                        } else {
+                            c.clone()
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
+        Some(stages.join("|"))
+    }
+
+    /// Seconds of one micro-batch's forward and backward on one device, and the update.
+    pub fn seconds(&self) -> f64 {
+        self.items
+            .iter()
+            .map(|i| i.fwd + i.bwd_input + i.bwd_weight)
+            .sum::<f64>()
+            + self.optimizer
+    }
+}
+
+/// Compiles training step `g` (single device) for one micro-batch of `micro` sequences at
+/// `tp = tp` with Megatron's splits and profiles its per-device program on `cluster`.
+pub fn profile(g: &Graph, tp: u64, micro: u64, cluster: &Cluster) -> Result<Profile, String> {
+    profile_with(g, tp, micro, cluster, TpPolicy::Megatron)
+}
+
+/// [`profile`] with the layers split over `tp` as `tensor` says.
+pub fn profile_with(
+    g: &Graph,
+    tp: u64,
+    micro: u64,
+    cluster: &Cluster,
+    tensor: TpPolicy,
+) -> Result<Profile, String> {
+    profile_sp(g, tp, 1, micro, cluster, tensor)
+}
+
+/// [`profile_with`] with the positions split over `sp` devices (context parallelism).
+pub fn profile_sp(
+    g: &Graph,
+    tp: u64,
+    sp: u64,
+    micro: u64,
+    cluster: &Cluster,
+    tensor: TpPolicy,
+) -> Result<Profile, String> {
+    profile_reusing(g, Degrees { tp, sp, micro }, cluster, tensor, None).map(|(p, _)| p)
+}
+
+/// The degrees a profile is compiled at: tensor and context parallelism, sequences per
+/// micro-batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Degrees {
+    /// Tensor-parallel degree.
+    pub tp: u64,
+    /// Context-parallel degree (`sp`: the positions over devices of their own).
+    pub sp: u64,
+    /// Sequences per micro-batch.
+    pub micro: u64,
+}
+
+/// The mesh a profile of one micro-batch of `micro` sequences at `tp` (and `sp`) compiles
+/// on: the batch over `dp = batch / micro`, then `sp` when above 1, then `tp`.
+pub(super) fn profile_mesh(g: &Graph, tp: u64, sp: u64, micro: u64) -> Result<Mesh, String> {
+    let batch = batch_of(g).ok_or("the step has no batched data argument")?;
+    if micro == 0 || !batch.is_multiple_of(micro) {
+        return Err(format!(
+            "micro-batch {micro} does not divide the batch {batch}"
+        ));
+    }
+    let axis = |name: &str, size: u64| Axis {
+        name: name.into(),
+        size: size as i64,
+        microbatches: false,
+    };
+    let mut axes = vec![axis("dp", batch / micro)];
+    if sp > 1 {
+        axes.push(axis("sp", sp));
+    }
+    axes.push(axis("tp", tp));
+    Ok(Mesh {
+        name: "world".into(),
+        axes,
+        memory_cap: None,
+    })
+}
+
+/// [`profile_with`]; the searched splits take the choices `reuse` names (another micro-batch
+/// size's, of the same `tp`) instead of solving again. Returns the searched splits'
+/// choices too.
+pub(super) fn profile_reusing(
+    g: &Graph,
+    Degrees { tp, sp, micro }: Degrees,
+    cluster: &Cluster,
+    tensor: TpPolicy,
+    reuse: Option<&[String]>,
+) -> Result<(Profile, Option<Vec<String>>), String> {
+    let mut labels = None;
+    let mesh = profile_mesh(g, tp, sp, micro)?;
+    let mut remarks = Diagnostics::default();
+    let local = (|| {
+        // The policy the plan's flags apply: no Megatron splits without tensor parallelism.
+        let g = match (tp, tensor) {
+            (1, _) => propagate(plan(g.clone(), Policy::Dp, &mesh)?, &mesh, &mut remarks)?,
+            (_, TpPolicy::Megatron) => propagate(
+                plan(g.clone(), Policy::DpMegatron, &mesh)?,
+                &mesh,
+                &mut remarks,
+            )?,
+            (_, TpPolicy::Sp) => propagate(
+                plan(g.clone(), Policy::DpMegatronSp, &mesh)?,
+                &mesh,
+                &mut remarks,
+            )?,
+            (_, TpPolicy::Search) => {
+                // The search propagated its plan already (what --propagate-layouts makes
+                // of the directives it writes).
+                let s =
+                    crate::split_search::tp_search_reusing(g.clone(), &mesh, cluster, "tp", reuse)?;
+                labels = Some(s.labels());
+                match s.propagated {
+                    Some(p) => p,
+                    None => propagate(s.planned, &mesh, &mut remarks)?,
+                }
+            }
+        };
+        let g = split(g, &mesh)?;
+        let g = lower(g, &mesh, &mut TransitionSearch::new())?;
+        localize(compact(g), &mesh)
+    })()
+    .map_err(|d| diag_text(&d))?;
+    let mut p = profile_local(&local, &mesh, tp, micro, cluster);
+    p.tensor = if tp == 1 { TpPolicy::Megatron } else { tensor };
+    Ok((p, labels))
+}
+
+/// The profile of a localized per-device program (see the module docs).
+pub(super) fn profile_local(
+    g: &Graph,
+    mesh: &Mesh,
+    tp: u64,
+    micro: u64,
+    cluster: &Cluster,
+) -> Profile {
+    let cluster = &cluster.for_program(g);
+    let n = g.nodes.len();
+    let fwd = forward_ops(g);
+    let layer = layers(g, &fwd);
+    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
+    for (k, node) in g.nodes.iter().enumerate() {
+        for &o in &node.outputs {
+            producer[o] = Some(k);
+        }
+    }
+    // Optimizer ops: those that depend on optimizer state.
+    let mut state_dep = vec![false; g.values.len()];
+    for a in &g.args {
+        if a.attrs.contains_key("nns.state_of") {
+            state_dep[a.value] = true;
+        }
+    }
+    let mut opt = vec![false; n];
+    for (k, node) in g.nodes.iter().enumerate() {
+        if !fwd[k] && node.inputs.iter().any(|&v| state_dep[v]) {
+            opt[k] = true;
+            for &o in &node.outputs {
+                state_dep[o] = true;
+            }
+        }
+    }
+    // Items: (before), the layers in order, (after).
+    let mut names: Vec<String> = vec!["(before)".into()];
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut item = vec![usize::MAX; n];
+    for k in 0..n {
+        if !fwd[k] {
+            continue;
+        }
+        item[k] = match &layer[k] {
+            Some(l) => *index.entry(l.clone()).or_insert_with(|| {
+                names.push(l.clone());
+                names.len() - 1
+            }),
+            None if names.len() == 1 => 0,
+            None => usize::MAX - 1,
+        };
+    }
+    let after = names.len();
+    names.push("(after)".into());
+    for it in item.iter_mut() {
+        if *it == usize::MAX - 1 {
+            *it = after;
+        }
+    }
+    // Backward ops: the item of a forward operand (a saved activation), else of a
+    // parameter operand's layer, else of any operand's op; the loss's seed goes last.
+    let param_item: HashMap<usize, usize> = g
+        .args
+        .iter()
+        .filter(|a| a.is_param())
+        .filter_map(|a| {
+            let layer = layer_of_param(a.name()?)?;
+            index.get(&layer).map(|&it| (a.value, it))
+        })
+        .collect();
+    for k in 0..n {
+        if fwd[k] || opt[k] {
+            continue;
+        }
+        let ins = &g.nodes[k].inputs;
+        // The latest item among forward operands: an op's saved inputs come from its own
+        // layer or earlier ones (a layer's first op reads the previous layer's output).
+        let from_fwd = ins
+            .iter()
+            .filter_map(|&v| producer[v].filter(|&p| fwd[p]).map(|p| item[p]))
+            .max();
+        let from_any = ins
+            .iter()
+            .filter_map(|&v| producer[v].map(|p| item[p]))
+            .filter(|&i| i != usize::MAX)
+            .min();
+        let from_param = ins.iter().filter_map(|v| param_item.get(v).copied()).min();
+        item[k] = from_fwd.or(from_param).or(from_any).unwrap_or(after);
+    }
+    // B: backward ops on the path to an earlier item's backward (the input gradient).
+    let mut is_b = vec![false; n];
+    let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.values.len()];
+    for (k, node) in g.nodes.iter().enumerate() {
+        for &v in &node.inputs {
+            consumers[v].push(k);
+        }
+    }
+    for k in (0..n).rev() {
+        if fwd[k] || opt[k] {
+            continue;
+        }
+        is_b[k] = g.nodes[k].outputs.iter().any(|&o| {
+            consumers[o].iter().any(|&c| {
+                !fwd[c] && !opt[c] && (item[c] < item[k] || (item[c] == item[k] && is_b[c]))
+            })
+        });
+    }
+    // Reductions of weight gradients: backward collectives whose results only the
+    // optimizer reads (directly or through other such collectives). The compiler adds up
+    // the micro-batches' partial gradients first and reduces them once a step.
+    let mut per_step = vec![false; n];
+    for k in (0..n).rev() {
+        let node = &g.nodes[k];
+        if fwd[k] || opt[k] || !matches!(node.op.as_str(), "nns.all_reduce" | "nns.reduce_scatter")
+        {
+            continue;
+        }
+        per_step[k] = node.outputs.iter().all(|&o| {
+            !consumers[o].is_empty() && consumers[o].iter().all(|&c| opt[c] || per_step[c])
+        });
+    }
+    // The recomputed forward ops the input gradient's side (`B`) needs: read by a `B`
+    // op, or by another such op recomputed in the same item (a clone runs in the
+    // fragment of the first op that needs it; one only weight gradients need runs in
+    // `W`). Per policy: selective keeps the products and their reduce_scatters.
+    let kept_by_selective =
+        |op: &str| matches!(op, "dnn.linear" | "dnn.matmul" | "nns.reduce_scatter");
+    let b_side = |selective: bool| -> Vec<bool> {
+        let mut side = vec![false; n];
+        for k in (0..n).rev() {
+            if !fwd[k] || (selective && kept_by_selective(&g.nodes[k].op)) {
+                continue;
+            }
+            side[k] = g.nodes[k].outputs.iter().any(|&o| {
+                consumers[o].iter().any(|&c| {
+                    (!fwd[c] && !opt[c] && is_b[c]) || (fwd[c] && item[c] == item[k] && side[c])
+                })
+            });
+        }
+        side
+    };
+    let (b_selective, b_full) = (b_side(true), b_side(false));
+    let mut items: Vec<Item> = names
+        .iter()
+        .map(|name| Item {
+            name: name.clone(),
+            ..Item::default()
+        })
+        .collect();
+    let mut optimizer = 0.0;
+    let mut bf16 = false;
+    let mut drift = cost::Drift::default();
+    // An optimizer op updates the parameter it reads (or what an update of it made).
+    let mut update_of: Vec<Option<usize>> = vec![None; g.values.len()];
+    for (&v, &it) in &param_item {
+        update_of[v] = Some(it);
+    }
+    for (k, node) in g.nodes.iter().enumerate() {
+        if opt[k] {
+            let it = node.inputs.iter().find_map(|&v| update_of[v]);
+            for &o in &node.outputs {
+                update_of[o] = it;
+            }
+        }
+        let Some(c) = cost::node_cost(g, node, cluster, Some(mesh)) else {
+            continue;
+        };
+        bf16 |= c.bf16;
+        // Data-parallel collectives are the plan's, not the profile's.
+        if c.axes.as_ref().is_some_and(|a| a.iter().any(|x| x == "dp")) {
+            continue;
+        }
+        if opt[k] {
+            optimizer += c.seconds;
+            if let Some(it) = node.inputs.iter().find_map(|&v| update_of[v]) {
+                items[it].update += c.seconds;
+            }
+            continue;
+        }
+        // A collective waits for its group's slowest member besides.
+        let seconds = drift.charge(&cluster.device, &c);
+        let it = &mut items[item[k]];
+        if per_step[k] {
+            it.grad_sync += seconds;
+            continue;
+        }
+        if c.axes.is_some() {
+            it.comm += seconds;
+        }
+        it.flops += c.flops;
+        if fwd[k] {
+            it.fwd += seconds;
+            it.fwd_full += seconds;
+            if !b_full[k] {
+                it.fwd_full_w += seconds;
+            }
+            // What the compiled selective recompute runs again: not the matrix products
+            // (their results are kept) nor the reduce_scatters of their partial sums (the
+            // recomputed ops start from the scattered values: Megatron-SP's and the
+            // searched splits'); Megatron's all_reduces run again with the adds the
+            // partial sums flowed through (nanogpt-cpu, counted in the compiled programs).
+            if !kept_by_selective(&node.op) {
+                it.fwd_selective += seconds;
+                if !b_selective[k] {
+                    it.fwd_selective_w += seconds;
+                }
+            }
+        } else if is_b[k] {
+            it.bwd_input += seconds;
+        } else {
+            it.bwd_weight += seconds;
+        }
+    }
+    // Parameters.
+    for a in g.args.iter().filter(|a| a.is_param()) {
+        let it = param_item.get(&a.value).copied().unwrap_or_else(|| {
+            // A parameter outside the layers: the item of its first forward user.
+            g.nodes
+                .iter()
+                .position(|x| x.inputs.contains(&a.value))
+                .map_or(0, |k| item[k].min(after))
+        });
+        let bytes = g.values[a.value].bytes();
+        items[it].params += bytes;
+        items[it].tensors += 1;
+        items[it].params_sq += (bytes as f64).powi(2);
+    }
+    // Saved activations and cuts, from each forward value's producer and users.
+    let mut cut_diff = vec![0i128; names.len() + 1];
+    for (k, node) in g.nodes.iter().enumerate() {
+        if !fwd[k] {
+            continue;
+        }
+        let p = item[k];
+        for &o in &node.outputs {
+            let bytes = g.values[o].bytes();
+            let users = &consumers[o];
+            let kept = users.iter().any(|&c| !fwd[c] && !opt[c]);
+            if kept {
+                items[p].saved += bytes;
+                if matches!(node.op.as_str(), "dnn.linear" | "dnn.matmul") {
+                    items[p].saved_selective += bytes;
+                }
+            }
+            // Forward users in later items: a cut after p .. before the last sends it;
+            // each later item with full recompute keeps it as an input.
+            let last = users
+                .iter()
+                .filter(|&&c| fwd[c] && item[c] > p)
+                .map(|&c| item[c])
+                .max();
+            if let Some(last) = last {
+                // Megatron's residual stream runs as a partial sum whose all_reduce feeds
+                // the next layer's norm: both reach the next layer, but a pipeline cut
+                // there sends one of them (the stage boundary is placed before the
+                // partitioning, on the one value the layers pass), so the all_reduce's
+                // result adds nothing to a cut its operand crosses.
+                let partner_crosses = node.op == "nns.all_reduce"
+                    && node.inputs.first().is_some_and(|&i| {
+                        producer[i].is_some_and(|q| fwd[q] && item[q] == p)
+                            && consumers[i].iter().any(|&c| fwd[c] && item[c] > p)
+                    });
+                if !partner_crosses {
+                    cut_diff[p] += bytes as i128;
+                    cut_diff[last] -= bytes as i128;
+                }
+                let mut seen = Vec::new();
+                for &c in users.iter().filter(|&&c| fwd[c] && item[c] > p) {
+                    if !seen.contains(&item[c]) {
+                        seen.push(item[c]);
+                        items[item[c]].saved_full += bytes;
+                        items[item[c]].saved_selective += bytes;
+                    }
+                }
+            }
+        }
+    }
+    let mut run = 0i128;
+    for (i, it) in items.iter_mut().enumerate() {
+        run += cut_diff[i];
+        it.cut = run.max(0) as u64;
+        // `--recompute` recomputes layers only: the ops before and after them keep
+        // everything they saved (a language model's logits among them).
+        if i == 0 || i == after {
+            it.fwd_selective = 0.0;
+            it.fwd_full = 0.0;
+            it.fwd_selective_w = 0.0;
+            it.fwd_full_w = 0.0;
+            it.saved_selective = it.saved;
+            it.saved_full = it.saved;
+        }
+    }
+    items.retain(|it| it.fwd > 0.0 || it.params > 0 || it.bwd_input + it.bwd_weight > 0.0);
+    Profile {
+        tp,
+        micro,
+        items,
+        optimizer,
+        bf16,
+        tensor: TpPolicy::Megatron,
+    }
+}

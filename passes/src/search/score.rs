@@ -1,0 +1,450 @@
+//! Scoring a plan: its stages' costs, the simulated schedule, the synchronisation,
+//! accumulation and update times, memory, and the lower bounds the search orders plans by.
+
+use super::*;
+
+pub(super) fn divisors(n: u64) -> Vec<u64> {
+    (1..=n).filter(|&d| n.is_multiple_of(d)).collect()
+}
+
+/// The seconds and bytes of a stage of items `lo..hi` under a recompute policy.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct StageCost {
+    pub(super) f: f64,
+    pub(super) b: f64,
+    pub(super) w: f64,
+    pub(super) params: u64,
+    pub(super) tensors: u64,
+    pub(super) params_sq: f64,
+    pub(super) saved: u64,
+    /// The largest item's activations while it is recomputed.
+    pub(super) transient: u64,
+    pub(super) flops: f64,
+    pub(super) cut: u64,
+    pub(super) comm: f64,
+    pub(super) grad_sync: f64,
+}
+
+pub(super) fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
+    let mut s = StageCost::default();
+    for it in items {
+        s.f += it.fwd;
+        let (again, again_w) = match r {
+            Recompute::None => (0.0, 0.0),
+            Recompute::Selective => (it.fwd_selective, it.fwd_selective_w),
+            Recompute::Full => (it.fwd_full, it.fwd_full_w),
+        };
+        s.b += it.bwd_input + again - again_w;
+        s.w += it.bwd_weight + again_w;
+        s.params += it.params;
+        s.tensors += it.tensors;
+        s.params_sq += it.params_sq;
+        s.flops += it.flops;
+        s.comm += it.comm;
+        s.grad_sync += it.grad_sync;
+        match r {
+            Recompute::None => s.saved += it.saved,
+            // (An item recomputed holds its activations again while its backward runs.)
+            Recompute::Selective => {
+                s.saved += it.saved_selective.min(it.saved);
+                if it.fwd_full > 0.0 {
+                    s.transient = s.transient.max(it.saved);
+                }
+            }
+            Recompute::Full => {
+                s.saved += it.saved_full.min(it.saved);
+                if it.fwd_full > 0.0 {
+                    s.transient = s.transient.max(it.saved);
+                }
+            }
+        }
+    }
+    s.cut = items.last().map_or(0, |it| it.cut);
+    s
+}
+
+/// Time of `tensors` collectives over a group of `group` devices `stride` apart, `bytes`
+/// each in all (one per tensor: each pays the latency, the bytes are paid once, at the
+/// rate of the byte-weighted mean tensor, `sq / bytes`, `sq` their bytes squared summed).
+pub(super) fn coll_time(
+    cluster: &Cluster,
+    op: &str,
+    group: u64,
+    stride: u64,
+    (bytes, tensors, sq): Tensors,
+) -> f64 {
+    if group < 2 || bytes == 0 {
+        return 0.0;
+    }
+    let n = tensors.max(1) as f64;
+    let span = (group - 1) * stride + 1;
+    let b = bytes as f64;
+    let (operand, result) = match op {
+        "nns.all_gather" => (b / group as f64, b),
+        "nns.reduce_scatter" => (b, b / group as f64),
+        _ => (b, b),
+    };
+    let sent = nns::sent_bytes(op, group as f64, operand / n, result / n);
+    // Each tensor's message is its whole size (an all_gather's result, the others'
+    // operand).
+    n * cluster.collective_time(op, group, span, sent, sq / b)
+}
+
+/// Parameter tensors for their collectives: bytes in all, how many, and each one's bytes
+/// squared, summed ([`Item::params_sq`]).
+pub(super) type Tensors = (u64, u64, f64);
+
+/// Chunks (stages per pipeline rank) of a schedule.
+pub(super) fn chunks(schedule: &str) -> u64 {
+    if matches!(schedule, "interleaved" | "zb-v") {
+        2
+    } else {
+        1
+    }
+}
+
+/// A verified schedule, or why it cannot be made.
+pub(super) type Made = Result<schedule::Schedule, String>;
+
+thread_local! {
+    /// Schedules made and verified, by (name, ranks, micro-batches): a search simulates
+    /// each with many stage costs.
+    static SCHEDULES: std::cell::RefCell<HashMap<(String, usize, usize), Made>> =
+        std::cell::RefCell::new(HashMap::new());
+}
+
+/// The stages of plan `c`: their items' costs under its recompute policy.
+pub(super) fn stages_of(p: &Profile, c: &Config) -> Vec<StageCost> {
+    let n = c.stage_starts.len();
+    (0..n)
+        .map(|s| {
+            let lo = c.stage_starts[s];
+            let hi = c.stage_starts.get(s + 1).copied().unwrap_or(p.items.len());
+            let mut st = stage_cost(&p.items[lo..hi], c.recompute);
+            // No stage waits for the first stage's input gradient (the model's inputs
+            // take none): its whole backward is weight gradients, `W`, as the compiler
+            // splits it, none of it `B` on the pipeline's critical path.
+            if s == 0 {
+                st.w += st.b;
+                st.b = 0.0;
+            }
+            st
+        })
+        .collect()
+}
+
+/// The pipeline rank of each of plan `c`'s stages (one per rank, interleaved chunks
+/// `s % pp`, or ZB-V's V).
+pub(super) fn rank_of(c: &Config) -> Vec<usize> {
+    let pp = (c.pp as usize).max(1);
+    if c.schedule == "zb-v" {
+        schedule::v_placement(pp)
+    } else {
+        (0..c.stage_starts.len()).map(|s| s % pp).collect()
+    }
+}
+
+/// Bytes of parameters, gradients and the two Adam moments of `params` parameter bytes,
+/// sharded over dp by plan `c`'s ZeRO stage.
+pub(super) fn state_bytes(c: &Config, params: u64) -> u64 {
+    let shard = |on: bool| if on { params.div_ceil(c.dp) } else { params };
+    shard(c.zero >= 3) + shard(c.zero >= 2) + 2 * shard(c.zero >= 1)
+}
+
+/// Seconds of the gradient synchronisation of `params` ([`Tensors`]) over dp:
+/// all_reduce; ZeRO-1/2: reduce_scatter + all_gather; ZeRO-3: reduce_scatter; one
+/// collective per tensor. A split of the positions (sp) leaves weight gradients partial
+/// over it as dp's batch does: without ZeRO one all_reduce over dp x sp; with ZeRO (which
+/// shards over dp) an all_reduce over sp first, then dp's collectives, as the compiler
+/// emits them.
+pub(super) fn sync_time(cluster: &Cluster, c: &Config, params: Tensors) -> f64 {
+    let sp = c.sp;
+    if c.zero == 0 {
+        return coll_time(cluster, "nns.all_reduce", c.dp * sp, c.tp, params);
+    }
+    let over_sp = coll_time(cluster, "nns.all_reduce", sp, c.tp, params);
+    let coll = |op| coll_time(cluster, op, c.dp, sp * c.tp, params);
+    over_sp
+        + match c.zero {
+            1 | 2 => coll("nns.reduce_scatter") + coll("nns.all_gather"),
+            _ => coll("nns.reduce_scatter"),
+        }
+}
+
+/// The gradient sync's expected wait for its slowest member ([`cost::Drift`]): its
+/// groups (dp x sp; under ZeRO sp, then dp) have not met since the step began, `since`
+/// seconds of compute before (tp's collectives and the pipeline's messages meet other
+/// groups). The compiler syncs each of the `tensors` gradients right before its update
+/// (and under ZeRO-1/2 gathers it right after), so every later tensor's collectives wait
+/// again, for the drift over one tensor's share of the `update` seconds.
+pub(super) fn sync_skew(
+    cluster: &Cluster,
+    c: &Config,
+    since: f64,
+    (tensors, update): (u64, f64),
+) -> f64 {
+    let d = &cluster.device;
+    let group = if c.zero == 0 { c.dp * c.sp } else { c.dp };
+    let later = tensors.saturating_sub(1) as f64 * d.skew(group, update / tensors.max(1) as f64);
+    later
+        + if c.zero == 0 {
+            d.skew(c.dp * c.sp, since)
+        } else {
+            d.skew(c.sp, since) + d.skew(c.dp, since)
+        }
+}
+
+/// Seconds of adding up `microbatches` micro-batches' gradients of `params` (bytes and
+/// tensors, [`Tensors`]): the compiled step adds each gradient tensor's pieces one
+/// `dnn.add` at a time (`microbatches - 1` adds of each, f32, memory-bound, out of the
+/// cache: [`cost::accumulate_seconds`]).
+pub(super) fn accumulate_time(
+    cluster: &Cluster,
+    (bytes, tensors, _): Tensors,
+    microbatches: u64,
+) -> f64 {
+    if microbatches <= 1 || tensors == 0 {
+        return 0.0;
+    }
+    let d = &cluster.device;
+    let n = tensors as f64;
+    let (elems, moved) = (bytes as f64 / 4.0 / n, 3.0 * bytes as f64 / n);
+    let one = cost::accumulate_seconds(d, elems, moved);
+    (microbatches - 1) as f64 * n * one
+}
+
+/// Seconds of the optimizer update of `params` of the profile's parameter bytes (over dp
+/// shards from ZeRO-1 on).
+pub(super) fn update_time(p: &Profile, c: &Config, params: u64) -> f64 {
+    let total: u64 = p.items.iter().map(|i| i.params).sum::<u64>().max(1);
+    p.optimizer * params as f64 / total as f64 / if c.zero >= 1 { c.dp as f64 } else { 1.0 }
+}
+
+/// Scores one plan. `Err` says why it is out.
+pub(super) fn score(
+    p: &Profile,
+    c: &Config,
+    cluster: &Cluster,
+    cap: u64,
+    sim: &mut HashMap<String, schedule::Timeline>,
+) -> Result<Estimate, String> {
+    let ch = chunks(&c.schedule) as usize;
+    let st = stages_of(p, c);
+    let stages = st.len();
+    let (dp, tp, pp) = (c.dp, c.tp, c.pp as usize);
+    // Per-fragment extras: the point-to-point sends (the next pipeline rank is dp x sp x
+    // tp devices away), and ZeRO-3's gathers of the stage's parameters.
+    let p2p_span = dp * c.sp * tp + 1;
+    let gather = |s: &StageCost| {
+        if c.zero == 3 && s.tensors > 0 {
+            // dp's ranks are sp x tp devices apart. The compiler gathers each parameter
+            // right before its first use, so every gather waits for the dp group's
+            // slowest, which met at the gather before, a tensor's share of the
+            // fragment's compute earlier.
+            let n = s.tensors as f64;
+            coll_time(
+                cluster,
+                "nns.all_gather",
+                dp,
+                c.sp * tp,
+                (s.params, s.tensors, s.params_sq),
+            ) + n * cluster.device.skew(dp, 0.5 * (s.f + s.b + s.w) / n)
+        } else {
+            0.0
+        }
+    };
+    let split = matches!(c.schedule.as_str(), "zb-h1" | "zb-v");
+    let device_of = rank_of(c);
+    let frag = |a: Action| -> f64 {
+        let s = &st[a.stage];
+        let send = if a.kind == Kind::F && a.stage + 1 < stages {
+            cluster.p2p_time(p2p_span, s.cut)
+        } else if a.kind == Kind::B && a.stage > 0 {
+            cluster.p2p_time(p2p_span, st[a.stage - 1].cut)
+        } else {
+            0.0
+        };
+        let work = match a.kind {
+            Kind::F => s.f,
+            // An unsplit backward does the weight gradients too.
+            Kind::B if split => s.b,
+            Kind::B => s.b + s.w,
+            Kind::W => s.w,
+        };
+        let wait = crate::timeline::receive_wait(&cluster.device, a, &device_of, work);
+        match a.kind {
+            Kind::W => work,
+            _ => work + send + gather(s) + wait,
+        }
+    };
+    let m = c.microbatches as usize;
+    let (makespan, in_flight, bubble, pp_comm) = if pp == 1 && c.schedule == "none" {
+        let t = m as f64
+            * (frag(Action {
+                stage: 0,
+                kind: Kind::F,
+                mb: 0,
+            }) + frag(Action {
+                stage: 0,
+                kind: Kind::B,
+                mb: 0,
+            }));
+        (t, vec![1.0], 0.0, 0.0)
+    } else {
+        let key = format!("{c:?}");
+        let t = match sim.get(&key) {
+            Some(t) => t.clone(),
+            None => {
+                let s = SCHEDULES.with(|cache| {
+                    cache
+                        .borrow_mut()
+                        .entry((c.schedule.clone(), pp, m))
+                        .or_insert_with(|| {
+                            let s = schedule::by_name(&c.schedule, pp, m, ch)?;
+                            schedule::verify(&s)?;
+                            Ok(s)
+                        })
+                        .clone()
+                })?;
+                let t = schedule::simulate_verified(&s, &frag)?;
+                sim.insert(key, t.clone());
+                t
+            }
+        };
+        let sends: f64 = (0..stages.saturating_sub(1))
+            .map(|s| 2.0 * cluster.p2p_time(p2p_span, st[s].cut))
+            .fold(0.0, f64::max)
+            * m as f64;
+        (
+            t.makespan,
+            t.peak_in_flight.clone(),
+            t.bubble_ratio(),
+            sends,
+        )
+    };
+    let mut sync = 0.0f64;
+    let mut opt = 0.0f64;
+    let mut memory = 0u64;
+    let mut flops = 0.0f64;
+    let mut tp_comm = 0.0f64;
+    let mut dp_comm = 0.0f64;
+    for d in 0..pp.max(1) {
+        let mine: Vec<&StageCost> = (0..stages)
+            .filter(|&s| device_of[s] == d)
+            .map(|s| &st[s])
+            .collect();
+        let params: u64 = mine.iter().map(|s| s.params).sum();
+        let tensors: u64 = mine.iter().map(|s| s.tensors).sum();
+        let sq: f64 = mine.iter().map(|s| s.params_sq).sum();
+        let saved: u64 = mine.iter().map(|s| s.saved).sum();
+        let transient = mine.iter().map(|s| s.transient).max().unwrap_or(0);
+        let mem = state_bytes(c, params)
+            + (in_flight.get(d).copied().unwrap_or(1.0) * saved as f64).ceil() as u64
+            + transient;
+        memory = memory.max(mem);
+        let update = update_time(p, c, params);
+        let dp_sync = sync_time(cluster, c, (params, tensors, sq))
+            + if tensors > 0 {
+                sync_skew(cluster, c, makespan, (tensors, update))
+            } else {
+                0.0
+            };
+        let grad_sync: f64 = mine.iter().map(|s| s.grad_sync).sum();
+        sync = sync.max(dp_sync + grad_sync);
+        opt = opt.max(update + accumulate_time(cluster, (params, tensors, sq), c.microbatches));
+        flops = flops.max(mine.iter().map(|s| s.flops).sum::<f64>() * m as f64);
+        tp_comm = tp_comm.max(mine.iter().map(|s| s.comm).sum::<f64>() * m as f64 + grad_sync);
+        let gathers: f64 = mine.iter().map(|s| 2.0 * gather(s)).sum::<f64>() * m as f64;
+        dp_comm = dp_comm.max(dp_sync + gathers);
+    }
+    if memory > cap {
+        return Err(format!(
+            "needs {} per device, more than {}",
+            bytes_text(memory),
+            bytes_text(cap)
+        ));
+    }
+    let seconds = makespan + sync + opt;
+    Ok(Estimate {
+        config: c.clone(),
+        seconds,
+        pipeline: makespan,
+        dp_sync: sync,
+        optimizer: opt,
+        bubble,
+        memory,
+        mfu: flops / (seconds * cluster.device.matrix_rate(p.bf16)),
+        tp_comm,
+        pp_comm,
+        dp_comm,
+    })
+}
+
+/// Bytes as `12.3 GiB`.
+pub fn bytes_text(b: u64) -> String {
+    let b = b as f64;
+    if b >= 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.1} GiB", b / (1024.0 * 1024.0 * 1024.0))
+    } else if b >= 1024.0 * 1024.0 {
+        format!("{:.1} MiB", b / (1024.0 * 1024.0))
+    } else if b >= 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// A lower bound on a plan's bytes per device: [`score`]'s memory with one micro-batch
+/// in flight on each rank (every rank holds at least one between its forward and
+/// backward).
+pub(super) fn memory_lower_bound(p: &Profile, c: &Config) -> u64 {
+    let rank = rank_of(c);
+    let mut per = vec![(0u64, 0u64, 0u64); (c.pp as usize).max(1)];
+    for (s, sc) in stages_of(p, c).iter().enumerate() {
+        let d = &mut per[rank[s]];
+        d.0 += sc.params;
+        d.1 = d.1.max(sc.saved);
+        d.2 = d.2.max(sc.transient);
+    }
+    per.iter()
+        .map(|&(params, saved, transient)| state_bytes(c, params) + saved + transient)
+        .max()
+        .unwrap_or(0)
+}
+
+/// A lower bound on a plan's step: per rank, the time before its first fragment can
+/// start, its work, its synchronisation and update (the makespan is at least any rank's
+/// start plus its busy time).
+pub(super) fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
+    let pp = (c.pp as usize).max(1);
+    let rank = rank_of(c);
+    let mut work = vec![0.0f64; pp];
+    let mut params: Vec<Tensors> = vec![(0, 0, 0.0); pp];
+    let mut grad_sync = vec![0.0f64; pp];
+    // Rank d holds stages d and later only (one per rank, interleaved d + k pp, V 2 pp -
+    // 1 - d), so it starts no earlier than the first micro-batch's forward through
+    // stages 0 .. d.
+    let mut head = vec![0.0f64; pp];
+    let mut before = 0.0;
+    for (s, sc) in stages_of(p, c).iter().enumerate() {
+        work[rank[s]] += sc.f + sc.b + sc.w;
+        grad_sync[rank[s]] += sc.grad_sync;
+        params[rank[s]].0 += sc.params;
+        params[rank[s]].1 += sc.tensors;
+        params[rank[s]].2 += sc.params_sq;
+        if s < pp {
+            head[s] = before;
+            before += sc.f;
+        }
+    }
+    (0..pp)
+        .map(|d| {
+            head[d]
+                + work[d] * c.microbatches as f64
+                + grad_sync[d]
+                + sync_time(cluster, c, params[d])
+                + update_time(p, c, params[d].0)
+                + accumulate_time(cluster, params[d], c.microbatches)
+        })
+        .fold(0.0, f64::max)
+}
