@@ -8,8 +8,9 @@
 #     cargo build --release --bin nnscaler --bin nnscaler-opt)
 #   bench/identity.sh /tmp/base-target/release
 # Runs the same commands with each (the zoo's small models under every policy, with the
-# optimizer, through localization, and --print-stats; every pipeline schedule; llama3-70b
-# and gpt3-175b at dp=8 x tp=8; nnscaler plan's choices and scores on the large models),
+# optimizer, through localization, and --print-stats; every pipeline schedule; compiled
+# artifacts of training steps, f32 and bf16, less their host kernels' linker bytes;
+# llama3-70b and gpt3-175b at dp=8 x tp=8; nnscaler plan's choices and scores),
 # each command's stdout, stderr, exit status and output files kept, then compares the two
 # trees: prints how many outputs agree, and the ones that differ (exit 1).
 set -uo pipefail
@@ -57,6 +58,14 @@ for preset in gpt-tiny llama-tiny; do
       --lower-relayouts --localize "IN:$preset.import" -o OUT
   done
 done
+# Compiled artifacts (PTX, host kernels, launch and memory plans) of training steps, f32
+# and mixed precision.
+add gpt-tiny.step nnscaler-opt --autodiff --optimizer "IN:gpt-tiny.import" -o OUT
+add gpt-tiny.step.nnsx nnscaler compile "IN:gpt-tiny.step" -o OUT
+add gpt-tiny.bf16 nnscaler-opt --autocast=bf16 --autodiff --optimizer "IN:gpt-tiny.import" -o OUT
+add gpt-tiny.bf16.nnsx nnscaler compile "IN:gpt-tiny.bf16" -o OUT
+add nanogpt-cpu.bf16 nnscaler-opt --autocast=bf16 --autodiff --optimizer "IN:nanogpt-cpu.import" -o OUT
+add nanogpt-cpu.bf16.nnsx nnscaler compile "IN:nanogpt-cpu.bf16" -o OUT
 for preset in llama3-70b gpt3-175b; do
   add "$preset.import" nnscaler import --preset "$preset" --batch 8 -o OUT
   add "$preset.dp8tp8" nnscaler-opt --autodiff "--plan=dp-megatron dp=8 tp=8" "${pipeline[@]}" \
@@ -85,6 +94,23 @@ run_all() {
     (cd "$dir" && "$bin/$tool" "${args[@]}" > "$name.stdout" 2> "$name.stderr"; echo $? > "$name.status")
     # Paths and timings differ between the trees: the directory is written as DIR, and
     # times ("in 0.12 s", "12.3 ms" of compiling) are left out of the comparison.
+    # An artifact's host kernels come from the system linker (bytes that may vary between
+    # machines and toolchains) and its header names the source by path: compared are the
+    # header (less that section, the source's directory) and the PTX.
+    case $name in
+      *.nnsx) [ -s "$dir/$name.out" ] && python3 -c '
+import json, struct, sys
+p = sys.argv[1]
+raw = open(p, "rb").read()
+(n,) = struct.unpack("<Q", raw[8:16])
+h = json.loads(raw[24:24 + n])
+ptx = next(s for s in h["sections"] if s["name"] == "ptx")
+body = raw[24 + n + ptx["offset"]:24 + n + ptx["offset"] + ptx["bytes"]]
+h["sections"] = [s for s in h["sections"] if s["name"] != "host.so"]
+h["source"] = h["source"].rsplit("/", 1)[-1]
+open(p, "wb").write(json.dumps(h, sort_keys=True).encode() + b"\n" + body)
+' "$dir/$name.out" ;;
+    esac
     sed -i -E -e "s#$dir#DIR#g" -e 's/ in [0-9.]+ s\b/ in T s/g' -e 's/\([0-9.]+ s\)/(T s)/g' \
       -e 's/"search_seconds": [0-9.e-]+/"search_seconds": T/' -e 's/[0-9.]+ s in all/T s in all/' \
       "$dir/$name.stdout" "$dir/$name.stderr"
