@@ -1,0 +1,645 @@
+//! Attention's kernels: the shapes ([`Attn`]), the forms they take (row kernels, the
+//! f32 register tiles, the bf16 tensor-core tiles: [`AttnForm`]) and their tiles' sizes,
+//! and the lowering of `dnn.attention` and `dnn.attention_grad` to launches.
+
+use super::*;
+
+/// The shape of an attention: `q [b, h, s, d]`, `k [b, g, t, d]`, `v [b, g, t, e]`, query
+/// head `hi` reading key/value head `hi / (h / g)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attn {
+    /// Batch.
+    pub b: usize,
+    /// Query heads.
+    pub h: usize,
+    /// Key/value heads.
+    pub g: usize,
+    /// Query positions.
+    pub s: usize,
+    /// Key positions.
+    pub t: usize,
+    /// Query/key width.
+    pub d: usize,
+    /// Value width.
+    pub e: usize,
+    /// The scores' factor.
+    pub scale: f32,
+    /// Query `i` sees keys `j <= i` only.
+    pub causal: bool,
+    /// The queries are a shard of the positions (context parallelism): the kernel takes
+    /// one more input, last, the i64 global position of its first query.
+    pub q_offset: bool,
+    /// The forward's row statistics are kept for the backward (tiled kernels): the
+    /// forward ([`Body::AttnTiles`]) writes `[max, 1/sum]` per query row as a second
+    /// output, and the backward's statistics-and-`dq` kernel ([`Body::AttnTilesBack`])
+    /// takes the forward's output and those statistics (two more inputs after `v`) instead
+    /// of running the forward's pass again.
+    pub saved: bool,
+    /// `q`, `k` and `v` are 2-byte bf16 buffers: the forward may run on tensor cores
+    /// ([`Attn::mma_keys`]).
+    pub bf16: bool,
+}
+
+/// Rows per tile of a tiled attention at most, and the lanes of its teams.
+pub const ATTN_TILE: usize = 64;
+/// The f32 words of a tiled attention's shared array at most (48 KiB, the static shared
+/// memory a block may have).
+pub const ATTN_TILE_WORDS: usize = 12288;
+/// Lanes (key rows) of a `dk`/`dv` block.
+pub const ATTN_KV_LANES: usize = 32;
+/// Words after each lane's own value row in the `dk`/`dv` kernel's shared array: lanes
+/// reading their own rows (16 bytes at a time, 8 lanes a wavefront) hit distinct banks.
+pub const ATTN_PAD: usize = 4;
+/// The widest query/key and value rows that take the tiled kernels. A lane keeps its
+/// query and its running output (the forward), or its key and both gradients (`dk`/`dv`),
+/// in registers: rows of 64 fit the GPU's 255 a thread; rows of 128 spill some to local
+/// memory (still far faster than the row kernels, which wider rows take).
+pub const ATTN_TILE_WIDTH: usize = 128;
+
+/// Keys a lane scores together in the forward's (and the backward statistics') inner step:
+/// as many independent dot products in flight, one rescaling of the running sums a step.
+/// Measured on an H200 (2026-12-04, `bench/gpu/runs/2026-12-04/sweep-3.log`): 8 keys (175
+/// registers a lane) beat 16 (223) and 32 (245) by 7-12% on attention alone.
+pub const FWD_STEP: usize = 8;
+/// Keys per inner step of the backward's `dq` pass (fewer: its lanes hold their query and
+/// `dO` rows).
+pub const BACK_STEP: usize = 8;
+/// Queries per inner step of the `dk`/`dv` kernel (its lanes hold their key and value
+/// rows, and each query's statistics take registers too).
+pub const KV_STEP: usize = 4;
+
+/// Query rows per block of the tensor-core forward ([`Body::AttnMma`]): four warps of
+/// the 16 rows an m16n8k16 product covers.
+pub const MMA_ROWS: usize = 64;
+/// Lanes of a tensor-core forward block (four warps).
+pub const MMA_LANES: usize = 128;
+/// Elements of padding after every row of the tensor-core forward's shared bf16 tiles: a
+/// row pitch of `width + 8` halves puts the eight rows a fragment load reads in distinct
+/// banks.
+pub const MMA_PAD: usize = 8;
+/// The largest static shared array a block may have, in bytes.
+pub const SHARED_BYTES: usize = 48 * 1024;
+
+/// The inner steps of the tiled attention kernels: [`FWD_STEP`], [`BACK_STEP`],
+/// [`KV_STEP`], or `NNSCALER_ATTN_STEPS=F,B,K` (powers of two up to 32; a tuning knob
+/// for benchmarks: compile artifacts with several and time them) when set and valid.
+pub fn attn_steps() -> (usize, usize, usize) {
+    static STEPS: std::sync::OnceLock<(usize, usize, usize)> = std::sync::OnceLock::new();
+    *STEPS.get_or_init(|| {
+        let default = (FWD_STEP, BACK_STEP, KV_STEP);
+        let Ok(v) = std::env::var("NNSCALER_ATTN_STEPS") else {
+            return default;
+        };
+        let n: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        match n[..] {
+            [f, b, k] if [f, b, k].iter().all(|x| x.is_power_of_two() && *x <= 32) => (f, b, k),
+            _ => {
+                eprintln!(
+                    "nnscaler: NNSCALER_ATTN_STEPS={v:?} ignored: three powers of two up to 32, as F,B,K"
+                );
+                default
+            }
+        }
+    })
+}
+
+/// How a tiled attention's work is cut ([`Attn::tiles`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tiles {
+    /// Lanes (query rows) per block of the forward and of the backward's `dq` kernel.
+    pub q_lanes: usize,
+    /// Key rows per shared tile of the forward (keys and values).
+    pub fwd_rows: usize,
+    /// Key rows per shared tile of the backward's `dq` kernel (keys and values).
+    pub back_rows: usize,
+    /// Lanes (key rows) per block of the `dk`/`dv` kernel.
+    pub k_lanes: usize,
+    /// Query rows per shared tile of the `dk`/`dv` kernel (`q`, `dO`, statistics).
+    pub kv_rows: usize,
+    /// The kernels' inner steps ([`attn_steps`]): keys of the forward, keys of the `dq`
+    /// pass, queries of the `dk`/`dv` kernel.
+    pub steps: (usize, usize, usize),
+}
+
+impl Tiles {
+    /// Query tiles of a head.
+    pub fn q_tiles(&self, a: &Attn) -> usize {
+        a.s.div_ceil(self.q_lanes)
+    }
+    /// Key tiles of a key/value head.
+    pub fn k_tiles(&self, a: &Attn) -> usize {
+        a.t.div_ceil(self.k_lanes)
+    }
+}
+
+/// A team for `n` rows: a power of two, 32 (a warp) to [`ATTN_TILE`].
+pub(super) fn tile_lanes(n: usize) -> usize {
+    n.next_power_of_two().clamp(32, ATTN_TILE)
+}
+
+/// Rows of `width` words per shared tile: up to `lanes`, halved until the tile fits
+/// `words`.
+pub(super) fn tile_rows(lanes: usize, width: usize, words: usize) -> Option<usize> {
+    let mut r = lanes;
+    while r > 0 && r * width > words {
+        r /= 2;
+    }
+    (r > 0).then_some(r)
+}
+
+/// Which kernels an attention gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnForm {
+    /// One thread per query (or key) row ([`Body::Attention`], [`Body::AttnStats`], ...).
+    Rows,
+    /// Team kernels over tiles ([`Body::AttnTiles`], ...).
+    Tiles,
+    /// The forward on tensor cores ([`Body::AttnMma`]), the backward as [`AttnForm::Tiles`].
+    Mma,
+}
+
+/// The tensor-core forward's shared array ([`Body::AttnMma`]), in bf16 elements from its
+/// start (each region 16-byte aligned): the query tile [`MMA_ROWS`] x `qp`, the key tile
+/// `keys x qp`, the value tile transposed `e x vp`, each warp's `P` rows [`MMA_ROWS`] x
+/// `vp`, then `xch`: [`MMA_ROWS`] x 4 f32 words through which a row's four lanes
+/// exchange their partial maxima and sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmaTiles {
+    /// Keys per tile (64, or 32 where 64 does not fit).
+    pub keys: usize,
+    /// Row pitch of the query and key tiles: `d + MMA_PAD`.
+    pub qp: usize,
+    /// Row pitch of the transposed value tile and of `P`: `keys + MMA_PAD`.
+    pub vp: usize,
+    pub k_at: usize,
+    pub v_at: usize,
+    pub p_at: usize,
+    pub x_at: usize,
+    /// f32 words of the whole array.
+    pub words: usize,
+}
+
+/// The tensor-core backward's shared arrays ([`Body::AttnMmaBack`], [`Body::AttnMmaKv`]),
+/// in bf16 elements from the start, each region 16-byte aligned; `x_at` starts the f32
+/// words (per row: `[m, 1/l, D]` and a spare).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmaBack {
+    /// Keys per tile (`dq`) or queries per tile (`dk`/`dv`).
+    pub tile: usize,
+    /// Pitch of rows of `d` (queries, keys) and of `e` (`dO`, values).
+    pub qp: usize,
+    pub ep: usize,
+    /// Pitch of rows of `tile` (transposed tiles, `dS`, `P`).
+    pub tp: usize,
+    /// Region starts: see [`Attn::mma_dq`] and [`Attn::mma_kv`].
+    pub at: [usize; 6],
+    pub x_at: usize,
+    pub words: usize,
+}
+
+impl MmaBack {
+    /// Regions of `rows x pitch` halves in order, then `f32s` f32 words: the starts and
+    /// the f32 words of the whole, or none past [`SHARED_BYTES`].
+    fn lay(
+        tile: usize,
+        (d, e): (usize, usize),
+        regions: &[(usize, usize)],
+        f32s: usize,
+    ) -> Option<Self> {
+        let mut at = [0; 6];
+        let mut end = 0;
+        for (k, &(rows, pitch)) in regions.iter().enumerate() {
+            at[k] = end;
+            end += (rows * pitch).next_multiple_of(8);
+        }
+        let words = end / 2 + f32s;
+        (words * 4 <= SHARED_BYTES).then_some(MmaBack {
+            tile,
+            qp: d + MMA_PAD,
+            ep: e + MMA_PAD,
+            tp: tile + MMA_PAD,
+            at,
+            x_at: end,
+            words,
+        })
+    }
+}
+
+impl Attn {
+    /// Widths the tensor-core backward takes: bf16 operands, both widths a multiple of 16
+    /// (each is some product's k), up to [`ATTN_TILE_WIDTH`].
+    fn mma_back_widths(&self) -> bool {
+        self.bf16
+            && self.d > 0
+            && self.e > 0
+            && self.d.is_multiple_of(16)
+            && self.e.is_multiple_of(16)
+            && self.d <= ATTN_TILE_WIDTH
+            && self.e <= ATTN_TILE_WIDTH
+    }
+
+    /// The `dq` kernel's tiles ([`Body::AttnMmaBack`]): key tiles of 64, 32 or 16 keys,
+    /// the first that fits; regions `q [64, qp]`, `dO [64, ep]`, `k [keys, qp]`, `k^T [d,
+    /// tp]`, `v [keys, ep]`, `dS [64, tp]`, then `[m, 1/l, D, -]` f32 per query row.
+    pub fn mma_dq(&self) -> Option<MmaBack> {
+        if !self.mma_back_widths() || !self.saved {
+            return None;
+        }
+        let (d, e) = (self.d, self.e);
+        [64, 32, 16].into_iter().find_map(|tile| {
+            let (qp, ep, tp) = (d + MMA_PAD, e + MMA_PAD, tile + MMA_PAD);
+            MmaBack::lay(
+                tile,
+                (d, e),
+                &[
+                    (MMA_ROWS, qp),
+                    (MMA_ROWS, ep),
+                    (tile, qp),
+                    (d, tp),
+                    (tile, ep),
+                    (MMA_ROWS, tp),
+                ],
+                MMA_ROWS * 4,
+            )
+        })
+    }
+
+    /// The `dk`/`dv` kernel's tiles ([`Body::AttnMmaKv`]): query tiles of 32 or 16, the
+    /// first that fits; regions `k [64, qp]`, `v [64, ep]`, `q [queries, qp]`, `q^T [d,
+    /// tp]`, `dO [queries, ep]`, `dO^T [e, tp]`, then `P^T` and `dS^T` `[64, tp]` after
+    /// them (`at[5] + e * tp` and on), then `[m, 1/l, D, -]` f32 per query.
+    pub fn mma_kv(&self) -> Option<MmaBack> {
+        if !self.mma_back_widths() {
+            return None;
+        }
+        let (d, e) = (self.d, self.e);
+        [32, 16].into_iter().find_map(|tile| {
+            let (qp, ep, tp) = (d + MMA_PAD, e + MMA_PAD, tile + MMA_PAD);
+            // dO^T, P^T and dS^T as one region of e + 128 rows.
+            MmaBack::lay(
+                tile,
+                (d, e),
+                &[
+                    (MMA_ROWS, qp),
+                    (MMA_ROWS, ep),
+                    (tile, qp),
+                    (d, tp),
+                    (tile, ep),
+                    (e + 2 * MMA_ROWS, tp),
+                ],
+                tile * 4,
+            )
+        })
+    }
+
+    /// The tiling of this attention, or `None` where it takes the row kernels: rows
+    /// wider than [`ATTN_TILE_WIDTH`].
+    pub fn tiles(&self) -> Option<Tiles> {
+        if self.d > ATTN_TILE_WIDTH || self.e > ATTN_TILE_WIDTH {
+            return None;
+        }
+        // The backward's lanes keep their gradient accumulators in shared rows of their
+        // own; the dk/dv kernel's two, so a warp of them leaves room for a tile of queries.
+        let (q_lanes, k_lanes) = (tile_lanes(self.s), ATTN_KV_LANES);
+        let (d, e) = (self.d, self.e);
+        let back_own = q_lanes * (d + ATTN_PAD);
+        let kv_own = k_lanes * (d + e + 2 * ATTN_PAD) + 3;
+        Some(Tiles {
+            q_lanes,
+            fwd_rows: tile_rows(q_lanes, d + e, ATTN_TILE_WORDS)?,
+            back_rows: tile_rows(q_lanes, d + e, ATTN_TILE_WORDS.checked_sub(back_own)?)?,
+            k_lanes,
+            kv_rows: tile_rows(ATTN_TILE, d + e + 3, ATTN_TILE_WORDS.checked_sub(kv_own)?)?,
+            steps: attn_steps(),
+        })
+    }
+
+    /// The tiled kernels read rows of shared memory 16 bytes at a time: widths that are
+    /// multiples of 4 (every row of their shared tiles then starts 16-byte aligned).
+    pub fn vector_rows(&self) -> bool {
+        self.d.is_multiple_of(4) && self.e.is_multiple_of(4)
+    }
+
+    /// The tensor-core forward's tiles, where it takes this attention: bf16 operands,
+    /// query/key widths a multiple of 16 (the products' k) and value widths of 8 (their
+    /// n), up to [`ATTN_TILE_WIDTH`], and tiles that fit [`SHARED_BYTES`].
+    pub fn mma_keys(&self) -> Option<MmaTiles> {
+        let (d, e) = (self.d, self.e);
+        if !self.bf16
+            || d == 0
+            || e == 0
+            || !d.is_multiple_of(16)
+            || !e.is_multiple_of(8)
+            || d > ATTN_TILE_WIDTH
+            || e > ATTN_TILE_WIDTH
+        {
+            return None;
+        }
+        [64, 32].into_iter().find_map(|keys| {
+            let (qp, vp) = (d + MMA_PAD, keys + MMA_PAD);
+            let k_at = MMA_ROWS * qp;
+            let v_at = k_at + keys * qp;
+            let p_at = v_at + e * vp;
+            let x_at = p_at + MMA_ROWS * vp;
+            let words = x_at / 2 + MMA_ROWS * 4;
+            (words * 4 <= SHARED_BYTES).then_some(MmaTiles {
+                keys,
+                qp,
+                vp,
+                k_at,
+                v_at,
+                p_at,
+                x_at,
+                words,
+            })
+        })
+    }
+
+    /// The kernels chosen for this shape: the tensor-core forward where
+    /// [`Attn::mma_keys`] has tiles, else tiles where [`Attn::tiles`] has them.
+    pub fn form(&self) -> AttnForm {
+        match self.tiles() {
+            Some(_) if self.mma_keys().is_some() => AttnForm::Mma,
+            Some(_) => AttnForm::Tiles,
+            None => AttnForm::Rows,
+        }
+    }
+
+    fn of(attrs: &Attrs, q: &Buf, k: &Buf, v: &Buf) -> Result<Self, String> {
+        for (b, what) in [(q, "query"), (k, "key"), (v, "value")] {
+            if b.shape.len() != 4 {
+                return Err(format!("attention's {what} must be [b, heads, seq, width]"));
+            }
+        }
+        let d = q.shape[3];
+        Ok(Attn {
+            b: q.shape[0],
+            h: q.shape[1],
+            g: k.shape[1],
+            s: q.shape[2],
+            t: k.shape[2],
+            d,
+            e: v.shape[3],
+            scale: float(attrs, "scale", 1.0 / (d as f64).sqrt()) as f32,
+            causal: flag(attrs, "causal"),
+            q_offset: attrs.contains_key("seq_axes"),
+            saved: false,
+            bf16: [q, k, v].iter().all(|b| b.elt == Elt::Bf16),
+        })
+    }
+}
+
+/// The backward's statistics-and-`dq` kernel: on tensor cores where `mma` and its shape
+/// takes them ([`Attn::mma_dq`]), else the register tiles.
+pub fn back_body(a: &Attn, mma: bool) -> Body {
+    if mma && a.mma_dq().is_some() {
+        Body::AttnMmaBack(*a)
+    } else {
+        Body::AttnTilesBack(*a)
+    }
+}
+
+/// [`back_body`]'s blocks.
+pub fn back_len(a: &Attn, mma: bool, t: &Tiles) -> usize {
+    match back_body(a, mma) {
+        Body::AttnMmaBack(_) => a.b * a.h * a.s.div_ceil(MMA_ROWS),
+        _ => a.b * a.h * t.q_tiles(a),
+    }
+}
+
+/// The backward's `dk`/`dv` kernel: on tensor cores where `mma` and its shape takes them
+/// ([`Attn::mma_kv`]), else the register tiles.
+pub fn kv_body(a: &Attn, mma: bool) -> Body {
+    if mma && a.mma_kv().is_some() {
+        Body::AttnMmaKv(*a)
+    } else {
+        Body::AttnTilesKv(*a)
+    }
+}
+
+/// [`kv_body`]'s blocks.
+pub fn kv_len(a: &Attn, mma: bool, t: &Tiles) -> usize {
+    match kv_body(a, mma) {
+        Body::AttnMmaKv(_) => a.b * a.g * a.t.div_ceil(MMA_ROWS),
+        _ => a.b * a.g * t.k_tiles(a),
+    }
+}
+
+/// An attention's kernels (`dnn.attention`, `dnn.attention_grad`) in `form`, or the one
+/// its shape gets ([`Attn::form`]) where `form` is `None`. Both compute the reference's
+/// attention within rounding (the tiles' online softmax sums in another order); the row
+/// form stays for rows wider than [`ATTN_TILE_WIDTH`] (and is tested against the tiles).
+pub fn lower_attention(
+    name: &str,
+    op: &str,
+    attrs: &Attrs,
+    ins: &[Buf],
+    outs: &[Buf],
+    form: Option<AttnForm>,
+) -> Result<Lowered, String> {
+    lower_attention_kept(name, op, attrs, ins, outs, form, false)
+}
+
+/// Whether an attention of these operands (`q, k, v`) takes the tiled kernels, which can
+/// keep the forward's statistics for the backward ([`lower_attention_kept`]).
+pub fn attention_tiles(attrs: &Attrs, q: &Buf, k: &Buf, v: &Buf) -> bool {
+    Attn::of(attrs, q, k, v).is_ok_and(|a| a.form() != AttnForm::Rows)
+}
+
+/// [`lower_attention`]; with `kept` (tiled kernels only), the forward also writes its
+/// row statistics to a temporary (its `Slot::Temp(0)`, `[rows, 2]`), and the backward
+/// takes two more operands after `v`: the forward's output and those statistics
+/// ([`Attn::saved`]): the program pairs a forward with its backward.
+pub fn lower_attention_kept(
+    name: &str,
+    op: &str,
+    attrs: &Attrs,
+    ins: &[Buf],
+    outs: &[Buf],
+    form: Option<AttnForm>,
+    kept: bool,
+) -> Result<Lowered, String> {
+    let grad = match op {
+        "dnn.attention" => false,
+        "dnn.attention_grad" => true,
+        _ => return Err(format!("'{op}' is not an attention")),
+    };
+    let (need, results) = if grad { (4, 3) } else { (3, 1) };
+    if ins.len() < need || outs.len() < results {
+        return Err(format!(
+            "'{op}' needs {need} operands and {results} results"
+        ));
+    }
+    let qi = usize::from(grad);
+    let mut a = Attn::of(attrs, &ins[qi], &ins[qi + 1], &ins[qi + 2])?;
+    let form = form.unwrap_or_else(|| a.form());
+    if kept {
+        if form == AttnForm::Rows {
+            return Err(format!("'{op}': only the tiled kernels keep statistics"));
+        }
+        if grad && ins.len() != need + 2 {
+            return Err(format!(
+                "'{op}' keeping statistics takes the forward's output and statistics after v"
+            ));
+        }
+        a.saved = true;
+    }
+    // The op's own operands (the kept backward's two more come after them).
+    let (ins, kept_ins) = ins.split_at(need);
+    let tiles = match form {
+        AttnForm::Tiles | AttnForm::Mma => Some(
+            a.tiles()
+                .ok_or_else(|| format!("'{op}': this shape has no tiled kernels"))?,
+        ),
+        AttnForm::Rows => None,
+    };
+    if form == AttnForm::Mma && a.mma_keys().is_none() {
+        return Err(format!(
+            "'{op}': tensor cores take bf16 operands with widths a multiple of 16 (query/key) and 8 (value), up to {ATTN_TILE_WIDTH}"
+        ));
+    }
+    // On a shard of the positions, each kernel's last input is its offset.
+    let offset = query_offset(attrs, &a)?;
+    let mut consts = Vec::new();
+    let mut extra = Vec::new();
+    let mut extra_slots = Vec::new();
+    if let Some((off, axes)) = offset {
+        extra.push(off.clone());
+        extra_slots.push(Slot::Const(0));
+        consts.push((off, axes));
+    }
+    let op_slots: Vec<Slot> = (0..ins.len()).map(Slot::In).collect();
+    let rows = a.b * a.h * a.s;
+    if !grad {
+        let (body, len) = match tiles {
+            Some(_) if form == AttnForm::Mma => {
+                (Body::AttnMma(a), a.b * a.h * a.s.div_ceil(MMA_ROWS))
+            }
+            Some(t) => (Body::AttnTiles(a), a.b * a.h * t.q_tiles(&a)),
+            None => (Body::Attention(a), rows),
+        };
+        let kept_stats = Buf::f32(&[rows, 2]);
+        let (outputs, temps, out_slots) = if a.saved {
+            (
+                vec![outs[0].clone(), kept_stats.clone()],
+                vec![kept_stats],
+                vec![Slot::Out(0), Slot::Temp(0)],
+            )
+        } else {
+            (outs.to_vec(), Vec::new(), vec![Slot::Out(0)])
+        };
+        return Ok(Lowered {
+            kernels: vec![Kernel {
+                name: name.to_string(),
+                body,
+                inputs: [ins, &extra[..]].concat(),
+                outputs,
+                len,
+            }],
+            temps,
+            consts,
+            launches: vec![(
+                0,
+                [&op_slots[..], &extra_slots[..], &out_slots[..]].concat(),
+            )],
+        });
+    }
+    // dout, q, k, v -> dq, dk, dv: row statistics (a temporary) and dq by query row, then
+    // dk, dv by key row (no two threads add into one element).
+    let stats = Buf::f32(&[rows, 3]);
+    let plain = [ins, &extra[..]].concat();
+    let with_stats = [ins, &[stats.clone()][..], &extra[..]].concat();
+    let plain_slots = [&op_slots[..], &extra_slots[..]].concat();
+    let stats_slots = [&op_slots[..], &[Slot::Temp(0)][..], &extra_slots[..]].concat();
+    // The kept backward's first kernel also reads the forward's output and statistics.
+    let kept_slots: Vec<Slot> = (need..need + kept_ins.len()).map(Slot::In).collect();
+    let back_in = [ins, kept_ins, &extra[..]].concat();
+    let back_slots = [&op_slots[..], &kept_slots[..], &extra_slots[..]].concat();
+    let kernel = |suffix: &str, body: Body, inputs: &[Buf], outputs: Vec<Buf>, len: usize| Kernel {
+        name: format!("{name}_{suffix}"),
+        body,
+        inputs: inputs.to_vec(),
+        outputs,
+        len,
+    };
+    let (dq, dk, dv) = (outs[0].clone(), outs[1].clone(), outs[2].clone());
+    let kv_rows = a.b * a.g * a.t;
+    let (kernels, launches) = match tiles {
+        Some(t) => (
+            vec![
+                kernel(
+                    "back",
+                    back_body(&a, form == AttnForm::Mma),
+                    &back_in,
+                    vec![stats.clone(), dq],
+                    back_len(&a, form == AttnForm::Mma, &t),
+                ),
+                kernel(
+                    "dkdv",
+                    kv_body(&a, form == AttnForm::Mma),
+                    &with_stats,
+                    vec![dk, dv],
+                    kv_len(&a, form == AttnForm::Mma, &t),
+                ),
+            ],
+            vec![
+                (
+                    0,
+                    [&back_slots[..], &[Slot::Temp(0), Slot::Out(0)]].concat(),
+                ),
+                (
+                    1,
+                    [&stats_slots[..], &[Slot::Out(1), Slot::Out(2)]].concat(),
+                ),
+            ],
+        ),
+        None => (
+            vec![
+                kernel(
+                    "stats",
+                    Body::AttnStats(a),
+                    &plain,
+                    vec![stats.clone()],
+                    rows,
+                ),
+                kernel("dq", Body::AttnDq(a), &with_stats, vec![dq], rows),
+                kernel(
+                    "dkdv",
+                    Body::AttnDkDv(a),
+                    &with_stats,
+                    vec![dk, dv],
+                    kv_rows,
+                ),
+            ],
+            vec![
+                (0, [&plain_slots[..], &[Slot::Temp(0)]].concat()),
+                (1, [&stats_slots[..], &[Slot::Out(0)]].concat()),
+                (
+                    2,
+                    [&stats_slots[..], &[Slot::Out(1), Slot::Out(2)]].concat(),
+                ),
+            ],
+        ),
+    };
+    Ok(Lowered {
+        kernels,
+        temps: vec![stats],
+        consts,
+        launches,
+    })
+}
+
+/// On a shard of the positions (`seq_axes`): the i64 offset input of an attention's
+/// kernels (the global position of its first query) and its per-device values.
+pub(super) fn query_offset(attrs: &Attrs, a: &Attn) -> Result<Option<(Buf, ConstValues)>, String> {
+    let axes = match attrs.get("seq_axes") {
+        None => return Ok(None),
+        Some(AttrValue::Strs(v)) => v.clone(),
+        Some(_) => return Err("'seq_axes' must list mesh axes".into()),
+    };
+    let off = Buf {
+        shape: Vec::new(),
+        elt: Elt::I64,
+    };
+    Ok(Some((off, ConstValues::Offset { axes, len: a.s })))
+}
