@@ -501,13 +501,15 @@ def translate(node, em, training):
         r = em.op(node, "dnn.gelu", [x(0, "input")], rt, attrs)
     elif kind in ("aten::add", "aten::sub"):
         if ins[1] not in em.values:
-            raise ImportError_(where, f"{kind} with a Python number is not supported yet")
+            raise ImportError_(where, f"{kind} with a constant tensor (a buffer) is not supported: "
+                               "buffers take part only in attention's mask and rotary's tables")
         if len(ins) > 2 and c(2, "alpha") != 1:
             raise ImportError_(where, f"{kind}: alpha must be 1")
         r = em.op(node, "dnn." + kind.split("::")[1], [x(0, "input"), x(1, "other")], rt)
     elif kind in ("aten::mul", "aten::div"):
         if ins[1] not in em.values:
-            raise ImportError_(where, f"{kind} with a Python number is not supported yet")
+            raise ImportError_(where, f"{kind} with a constant tensor (a buffer) is not supported: "
+                               "buffers take part only in attention's mask and rotary's tables")
         if len(ins) > 2:
             raise ImportError_(where, f"{kind}: rounding modes are not supported")
         r = em.op(node, "dnn." + kind.split("::")[1], [x(0, "input"), x(1, "other")], rt)

@@ -215,3 +215,16 @@ def gpt_char():
     """The GPT above over a character vocabulary of 32 (test/tools/import-torch.test trains
     it on a corpus of 28 characters)."""
     return GPT(vocab=32, block=8)
+
+
+def buffer_sum():
+    class Shifted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Linear(4, 3)
+            self.register_buffer("shift", torch.ones(3))
+
+        def forward(self, x, labels):
+            return F.cross_entropy(self.w(x) + self.shift, labels)
+
+    return Shifted()
