@@ -751,20 +751,6 @@ pub fn balanced_partition(
 mod tests {
     use super::*;
 
-    /// Unconstrained items of these costs over `stages` stages, for the Z3 solver.
-    fn z3_items(costs: &[u64], stages: usize) -> Vec<Item> {
-        costs
-            .iter()
-            .map(|&c| Item {
-                cost: c,
-                lo: 0,
-                hi: stages - 1,
-                constraint: None,
-                mem: vec![0; stages],
-            })
-            .collect()
-    }
-
     /// Z3's optimum equals the dynamic program's (itself checked against brute force) on
     /// random instances with pins.
     #[test]
@@ -780,7 +766,7 @@ mod tests {
             let n = 1 + next() % 10;
             let stages = 1 + next() % n.min(4);
             let costs: Vec<u64> = (0..n).map(|_| (next() % 20) as u64).collect();
-            let mut its = z3_items(&costs, stages);
+            let mut its = place_z3::unconstrained(&costs, stages);
             if next() % 2 == 0 {
                 let k = next() % n;
                 let st = next() % stages;

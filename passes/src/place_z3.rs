@@ -220,27 +220,29 @@ pub fn solve(p: &Problem) -> Result<Vec<usize>, Infeasible> {
     Ok(best)
 }
 
+/// Unconstrained items of these costs over `stages` stages (tests' problems).
+#[cfg(test)]
+pub(crate) fn unconstrained(costs: &[u64], stages: usize) -> Vec<Item> {
+    costs
+        .iter()
+        .map(|&c| Item {
+            cost: c,
+            lo: 0,
+            hi: stages - 1,
+            constraint: None,
+            mem: vec![0; stages],
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn items(costs: &[u64], stages: usize) -> Vec<Item> {
-        costs
-            .iter()
-            .map(|&c| Item {
-                cost: c,
-                lo: 0,
-                hi: stages - 1,
-                constraint: None,
-                mem: vec![0; stages],
-            })
-            .collect()
-    }
-
     #[test]
     fn conflicting_pins_are_the_core() {
         // Each pin holds alone; together they put a later item on an earlier stage.
-        let mut its = items(&[1, 1, 1, 1], 2);
+        let mut its = unconstrained(&[1, 1, 1, 1], 2);
         its[1].lo = 1;
         its[1].hi = 1;
         its[1].constraint = Some("pin B".into());
@@ -263,7 +265,7 @@ mod tests {
     #[test]
     fn memory_caps_move_items() {
         // Balanced by cost, stage 0 would hold items 0 and 1; item 1's memory does not fit.
-        let mut its = items(&[5, 5, 5, 5], 2);
+        let mut its = unconstrained(&[5, 5, 5, 5], 2);
         for it in &mut its {
             it.mem = vec![10, 10];
         }

@@ -497,6 +497,19 @@ impl CudaProgram {
         Ok(dev)
     }
 
+    /// Every device's arena copied back into `host` (the run's results), waiting for it.
+    fn download(&self, dev: &[Vec<CudaSlice<u64>>], host: &mut Arenas) -> Result<(), String> {
+        for (h_arenas, d_arenas) in host.iter_mut().zip(dev) {
+            for (h_arena, d_arena) in h_arenas.iter_mut().zip(d_arenas) {
+                cuda(
+                    self.stream.memcpy_dtoh(d_arena, h_arena.as_mut_slice()),
+                    "reading the results",
+                )?;
+            }
+        }
+        cuda(self.stream.synchronize(), "reading the results")
+    }
+
     /// The collectives' scratch space.
     fn scratch(&self) -> Result<CudaSlice<u64>, String> {
         let words = scratch_bytes(&self.art.header.programs)?.div_ceil(8).max(1);
@@ -586,15 +599,7 @@ impl CudaProgram {
             cuda(self.stream.synchronize(), "finishing the step")?;
             times.push(started.elapsed().as_secs_f64());
         }
-        for (h_arenas, d_arenas) in host.iter_mut().zip(&dev) {
-            for (h_arena, d_arena) in h_arenas.iter_mut().zip(d_arenas) {
-                cuda(
-                    self.stream.memcpy_dtoh(d_arena, h_arena.as_mut_slice()),
-                    "reading the results",
-                )?;
-            }
-        }
-        cuda(self.stream.synchronize(), "reading the results")?;
+        self.download(&dev, &mut host)?;
         Ok((results(&self.art, &host)?, times, how))
     }
 
@@ -658,15 +663,7 @@ impl CudaProgram {
             cuda(self.stream.synchronize(), "finishing the step")?;
             times.push(started.elapsed().as_secs_f64());
         }
-        for (h_arenas, d_arenas) in host.iter_mut().zip(&dev) {
-            for (h_arena, d_arena) in h_arenas.iter_mut().zip(d_arenas) {
-                cuda(
-                    self.stream.memcpy_dtoh(d_arena, h_arena.as_mut_slice()),
-                    "reading the results",
-                )?;
-            }
-        }
-        cuda(self.stream.synchronize(), "reading the results")?;
+        self.download(&dev, &mut host)?;
         Ok((results(&self.art, &host)?, times))
     }
 

@@ -376,6 +376,30 @@ impl<'ctx> Gen<'ctx> {
         self.add_i(self.add_i(m.w16, m.g)?, self.i64c(8 * h))
     }
 
+    /// Keys block row `r` sees: `0..lim` (causal: up to its position, shifted by the
+    /// queries' offset).
+    fn mma_lim(&self, a: &Attn, m: &MmaLane<'ctx>, r: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        if !a.causal {
+            return Ok(self.i64c(a.t));
+        }
+        let pos = self.add_i(self.add_i(m.q0, r)?, m.off)?;
+        self.min_i(self.add_i(pos, self.i64c(1))?, self.i64c(a.t))
+    }
+
+    /// Key tile `l.iter` of `keys` keys: its first key, its length, and whether the block
+    /// needs it (a causal block skips the tiles past its last query).
+    fn mma_key_tile(
+        &self,
+        a: &Attn,
+        l: &Lane<'ctx>,
+        m: &MmaLane<'ctx>,
+        keys: usize,
+    ) -> R<(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)> {
+        let ts = self.mul_i(l.iter, self.i64c(keys))?;
+        let n = self.min_i(self.i64c(keys), self.e_sub(self.i64c(a.t), ts)?)?;
+        Ok((ts, n, self.ult(ts, m.need)?))
+    }
+
     /// The f32 exchange word of block row `r`, lane `t` of its four.
     fn xch(&self, mt: &MmaTiles, r: IntValue<'ctx>, t: IntValue<'ctx>) -> R<IntValue<'ctx>> {
         self.add_i(
@@ -441,12 +465,8 @@ impl<'ctx> Gen<'ctx> {
             }
             Ok(())
         })?;
-        // Key tile `l.iter`: its first key, its length, whether the block needs it.
-        let tile = move |g: &Gen<'ctx>, l: &Lane<'ctx>, m: &MmaLane<'ctx>| {
-            let ts = g.mul_i(l.iter, g.i64c(kt))?;
-            let n = g.min_i(g.i64c(kt), g.e_sub(g.i64c(a.t), ts)?)?;
-            Ok::<_, String>((ts, n, g.ult(ts, m.need)?))
-        };
+        let tile =
+            move |g: &Gen<'ctx>, l: &Lane<'ctx>, m: &MmaLane<'ctx>| g.mma_key_tile(&a, l, m, kt);
         tm.repeat(a.t.div_ceil(kt), |tm| {
             tm.phase(all, |g, l| {
                 let m = g.mma_lane(&a, l)?;
@@ -464,14 +484,7 @@ impl<'ctx> Gen<'ctx> {
                 g.when(needed, |g| {
                     let mut mx = [g.fconst(neg); 2];
                     let lims = (0..2)
-                        .map(|h| {
-                            let r = g.mma_row(&m, h)?;
-                            if !a.causal {
-                                return Ok(g.i64c(a.t));
-                            }
-                            let pos = g.add_i(g.add_i(m.q0, r)?, m.off)?;
-                            g.min_i(g.add_i(pos, g.i64c(1))?, g.i64c(a.t))
-                        })
+                        .map(|h| g.mma_lim(&a, &m, g.mma_row(&m, h)?))
                         .collect::<R<Vec<_>>>()?;
                     let a_row = g.mul_i(m.w16, g.i64c(mt.qp))?;
                     for j in 0..nk {
@@ -689,11 +702,8 @@ impl<'ctx> Gen<'ctx> {
                 Ok(())
             })
         })?;
-        let tile = move |g: &Gen<'ctx>, l: &Lane<'ctx>, m: &MmaLane<'ctx>| {
-            let ts = g.mul_i(l.iter, g.i64c(kb))?;
-            let n = g.min_i(g.i64c(kb), g.e_sub(g.i64c(a.t), ts)?)?;
-            Ok::<_, String>((ts, n, g.ult(ts, m.need)?))
-        };
+        let tile =
+            move |g: &Gen<'ctx>, l: &Lane<'ctx>, m: &MmaLane<'ctx>| g.mma_key_tile(&a, l, m, kb);
         tm.repeat(a.t.div_ceil(kb), |tm| {
             tm.phase(all, |g, l| {
                 let m = g.mma_lane(&a, l)?;
@@ -734,12 +744,7 @@ impl<'ctx> Gen<'ctx> {
                         let r = g.mma_row(&m, h)?;
                         let st = |c| g.ldf(l.sh, stat_at(g, &mb, r, c)?);
                         let (mx, inv, dsum) = (st(0)?, st(1)?, st(2)?);
-                        let lim = if a.causal {
-                            let pos = g.add_i(g.add_i(m.q0, r)?, m.off)?;
-                            g.min_i(g.add_i(pos, g.i64c(1))?, g.i64c(a.t))?
-                        } else {
-                            g.i64c(a.t)
-                        };
+                        let lim = g.mma_lim(&a, &m, r)?;
                         let row = g.add_i(g.i64c(ds_at), g.mul_i(r, g.i64c(mb.tp))?)?;
                         for j in 0..nk {
                             let mut pair = Vec::with_capacity(2);

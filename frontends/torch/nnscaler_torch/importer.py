@@ -246,6 +246,13 @@ def dead_code_removed(lines, live):
     return [l for l, k in zip(lines, keep) if k]
 
 
+def scalar(node, em, c, like):
+    """A rank-0 dnn.fill of `c`, of the element type of tensor type `like` (a Python
+    number in an op with a tensor, broadcast by the op)."""
+    elem = like.rsplit("x", 1)[1][:-1] if "x" in like else like[len("tensor<"):-1]
+    return em.op(node, "dnn.fill", [], f"tensor<{elem}>", f"shape = array<i64>, value = {c:.17e} : f64")
+
+
 def i64_array(xs):
     return "array<i64: " + ", ".join(str(int(x)) for x in xs) + ">"
 
@@ -378,10 +385,8 @@ def translate(node, em, training):
         c = float(em.consts[ins[1]])
         c = c if kind == "aten::mul" else 1.0 / c
         rt = tensor_type(outs[0])
-        elem = rt.rsplit("x", 1)[1][:-1] if "x" in rt else rt[len("tensor<"):-1]
-        f = em.op(node, "dnn.fill", [], f"tensor<{elem}>", f"shape = array<i64>, value = {c:.17e} : f64")
         xs = em.ssa(ins[0], node, "input")
-        r = em.op(node, "dnn.mul", [xs, f], rt)
+        r = em.op(node, "dnn.mul", [xs, scalar(node, em, c, rt)], rt)
         em.recipe[r] = ("scale", xs, c)
         em.values[outs[0]] = r
         return
@@ -390,8 +395,7 @@ def translate(node, em, training):
             raise ImportError_(where, f"{kind}: alpha must be 1")
         c = float(em.consts[ins[1]])
         rt = tensor_type(outs[0])
-        elem = rt.rsplit("x", 1)[1][:-1] if "x" in rt else rt[len("tensor<"):-1]
-        f = em.op(node, "dnn.fill", [], f"tensor<{elem}>", f"shape = array<i64>, value = {c:.17e} : f64")
+        f = scalar(node, em, c, rt)
         em.values[outs[0]] = em.op(node, "dnn." + kind.split("::")[1], [em.ssa(ins[0], node, "input"), f], rt)
         return
     if kind == "aten::pow" and ins[0] in em.values:
