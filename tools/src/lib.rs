@@ -5,6 +5,7 @@ pub mod check_op;
 pub mod cli;
 pub mod compile;
 pub mod data;
+pub mod emit_torch;
 pub mod expected;
 pub mod fuzz;
 pub mod output;

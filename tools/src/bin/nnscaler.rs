@@ -1,7 +1,7 @@
 //! `nnscaler`: the user CLI: `import` (model zoo -> MLIR), `run` (CPU runtime), `check-op`
 //! (a user op's annotation against its body), `schedule-report` (a pipeline schedule's
-//! timeline), `data` (training data), `train`, `compile`, `calibrate`, `plan` (the plan
-//! search) and `presets`.
+//! timeline), `data` (training data), `train`, `compile`, `emit-torch` (per-rank PyTorch),
+//! `calibrate`, `plan` (the plan search) and `presets`.
 
 use clap::{Parser, Subcommand};
 use nnscaler_frontends::{build_module, family_default, preset, PRESETS};
@@ -35,6 +35,7 @@ enum Cmd {
     Data(nnscaler_tools::data::DataArgs),
     Train(nnscaler_tools::train::TrainArgs),
     Compile(nnscaler_tools::compile::CompileArgs),
+    EmitTorch(nnscaler_tools::emit_torch::EmitArgs),
     Calibrate(nnscaler_tools::calibrate::CalibrateArgs),
     Plan(nnscaler_tools::plan::PlanArgs),
     /// List the model presets (nnscaler import --preset, [model] preset) and the cluster
@@ -219,6 +220,7 @@ fn main() -> ExitCode {
         Cmd::Compile(a) => {
             nnscaler_tools::compile::main(a, cli.error_limit).map(|r| print!("{r}"))
         }
+        Cmd::EmitTorch(a) => nnscaler_tools::emit_torch::main(a, cli.error_limit),
         Cmd::ScheduleReport(a) => nnscaler_tools::schedule_report::main(a)
             .and_then(|report| write_one("-", report.into_bytes())),
         Cmd::Presets => {
