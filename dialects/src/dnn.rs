@@ -357,12 +357,39 @@ fn reshape_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
             let xs: Vec<String> = gi.iter().map(|_| fresh()).collect();
             outs.push(format!("({})", join(&xs)));
             ins.extend(xs);
+        } else if gcd(gi[0], gj[0]) > 1 {
+            // Factors regrouped (`(b n) c -> b (n c)`): a block of the outermost input dim
+            // is a contiguous run of the group's elements, as a block of the outermost
+            // output dim is; they are the same run when the block count divides both
+            // lengths, so the two dims share an identifier of their common factor. The
+            // inner dims cut the run into strides: frozen.
+            let g = gcd(gi[0], gj[0]);
+            let x = fresh();
+            let outer = |len: i64| {
+                if len == g {
+                    x.clone()
+                } else {
+                    format!("({x} {})", len / g)
+                }
+            };
+            ins.push(outer(gi[0]));
+            outs.push(outer(gj[0]));
+            ins.extend(gi[1..].iter().map(|_| format!("{}^", fresh())));
+            outs.extend(gj[1..].iter().map(i64::to_string));
         } else {
             ins.extend(gi.iter().map(|_| format!("{}^", fresh())));
             outs.extend(gj.iter().map(i64::to_string));
         }
     }
     Ok(format!("{} -> {}", operand(&ins), join(&outs)))
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 /// A single operand's annotation entry: its identifiers, or `?` for a scalar (an operand
@@ -2188,6 +2215,22 @@ mod tests {
             attrs: &a,
         };
         assert_eq!(reshape_anno(&ctx).unwrap(), "r0 r1 (r2 4) -> r0 r1 r2 4");
+        let anno = |from: &[i64], to: &[i64]| {
+            let ops = [Some(TensorType::new(from, Elem::F32))];
+            let a: Attrs = [("shape".to_string(), AttrValue::Ints(to.to_vec()))].into();
+            reshape_anno(&OpCtx {
+                operands: &ops,
+                attrs: &a,
+            })
+            .unwrap()
+        };
+        // Regrouped factors share their outermost common factor.
+        assert_eq!(anno(&[8, 6], &[4, 12]), "(r0 2) r1^ -> r0 12");
+        assert_eq!(anno(&[4, 12], &[8, 6]), "r0 r1^ -> (r0 2) 6");
+        assert_eq!(anno(&[6, 4], &[4, 6]), "(r0 3) r1^ -> (r0 2) 6");
+        assert_eq!(anno(&[2, 8, 6], &[2, 4, 12]), "r0 (r1 2) r2^ -> r0 r1 12");
+        // Nothing in common: frozen.
+        assert_eq!(anno(&[3, 4], &[2, 6]), "r0^ r1^ -> 2 6");
     }
 
     #[test]
