@@ -174,7 +174,10 @@ impl TreeVerifier<'_> {
             for k in attrs.keys().filter(|k| k.starts_with("nns.")) {
                 let ok = match (k.as_str(), &attrs[k]) {
                     ("nns.localized" | "nns.annotation" | "nns.vjp" | "nns.kernel", _) => true,
-                    ("nns.pipeline" | "nns.schedule" | "nns.fragment", AttrValue::Str(_)) => true,
+                    (
+                        "nns.pipeline" | "nns.schedule" | "nns.fragment" | "nns.torch",
+                        AttrValue::Str(_),
+                    ) => true,
                     ("nns.pipeline_rank", AttrValue::Int(r)) => *r >= 0,
                     _ => false,
                 };

@@ -16,6 +16,89 @@ pub fn python(flag: Option<&str>) -> String {
         .unwrap_or_else(|| "python3".into())
 }
 
+/// User ops that aten ops map to (`--user-ops FILE`): the functions of FILE with an
+/// `nns.torch` attribute, the aten call each implements (`"aten::softplus(x, 1, 20)"`:
+/// names are the tensor operands, in order, literals the values the call's other arguments
+/// must have). The importer calls them where the traced model makes that call; the
+/// imported module holds FILE's functions.
+#[derive(Clone, Debug, Default)]
+pub struct UserOps {
+    /// FILE's top-level operations, as text (inserted into the imported module).
+    text: String,
+    /// One JSON object per mapped function: name, pattern, operand and result types.
+    specs: Vec<String>,
+}
+
+impl UserOps {
+    /// Reads and verifies `path`.
+    pub fn load(path: &str) -> Result<UserOps, String> {
+        use nnscaler_dialects::context::IrContext;
+        use nnscaler_dialects::graph::Graph;
+        use nnscaler_dialects::types::AttrValue;
+        let source = crate::read_input(path)?;
+        let ir = IrContext::new();
+        let render = |d: nnscaler_dialects::diag::Diagnostics| {
+            d.in_file(path).render_limited(Some(&source), 20)
+        };
+        crate::parse_guard::check_parses(&source, path).map_err(render)?;
+        let module = ir.parse(&source, path).map_err(render)?;
+        let d = nnscaler_dialects::verify::verify_module(&module);
+        if d.has_errors() {
+            return Err(render(d));
+        }
+        let mut specs = Vec::new();
+        for g in Graph::all_in(&module) {
+            let g = g.map_err(|e| format!("{path}: {}: {}", e.loc, e.message))?;
+            let Some(attr) = g.func_attrs.get("nns.torch") else {
+                continue;
+            };
+            let AttrValue::Str(pattern) = attr else {
+                return Err(format!(
+                    "{path}: @{}: 'nns.torch' must be a string like \"aten::softplus(x, 1, 20)\"",
+                    g.name
+                ));
+            };
+            if g.name == "train" {
+                return Err(format!(
+                    "{path}: @train is the imported step's name; rename the user op"
+                ));
+            }
+            let types = |vs: Vec<usize>| -> Vec<String> {
+                vs.into_iter().map(|v| g.values[v].to_string()).collect()
+            };
+            let spec = serde_json::json!({
+                "name": g.name,
+                "torch": pattern,
+                "operands": types(g.args.iter().map(|a| a.value).collect()),
+                "results": types(g.outputs.iter().map(|o| o.value).collect()),
+            });
+            specs.push(spec.to_string());
+        }
+        if specs.is_empty() {
+            return Err(format!(
+                "{path}: no function maps an aten op (give one an attribute nns.torch = \"aten::NAME(x, ...)\")"
+            ));
+        }
+        let printed = module.as_operation().to_string();
+        let body = printed
+            .trim_end()
+            .strip_prefix("module {")
+            .and_then(|b| b.strip_suffix('}'))
+            .unwrap_or(&printed)
+            .trim_matches('\n')
+            .to_string();
+        Ok(UserOps { text: body, specs })
+    }
+
+    /// `module` (the importer's output) with the user ops' functions inside it.
+    fn merged(&self, module: String) -> String {
+        match module.trim_end().strip_suffix('}') {
+            Some(head) => format!("{head}{}\n}}\n", self.text),
+            None => module,
+        }
+    }
+}
+
 /// The MLIR of `spec` traced on `inputs` with `python`, in training mode or, with `eval`,
 /// evaluation mode (dropout off): what `nnscaler train` compiles for `[model] torch`.
 pub fn import_text(
@@ -23,22 +106,34 @@ pub fn import_text(
     inputs: &[String],
     python: &str,
     eval: bool,
+    user_ops: Option<&UserOps>,
 ) -> Result<String, String> {
     let out = run(
         spec,
         inputs,
         python,
         eval.then_some("--eval").into_iter().collect(),
+        user_ops,
     )?;
     String::from_utf8(out).map_err(|e| format!("the importer printed no UTF-8 text: {e}"))
 }
 
-/// Runs the importer with `args` after the model's, returning its standard output.
-fn run(spec: &str, inputs: &[String], python: &str, args: Vec<&str>) -> Result<Vec<u8>, String> {
+/// Runs the importer with `args` after the model's, returning its standard output (with
+/// the user ops' functions).
+fn run(
+    spec: &str,
+    inputs: &[String],
+    python: &str,
+    args: Vec<&str>,
+    user_ops: Option<&UserOps>,
+) -> Result<Vec<u8>, String> {
     let mut cmd = std::process::Command::new(python);
     cmd.arg("-c").arg(IMPORTER).arg(spec);
     for i in inputs {
         cmd.arg("--input").arg(i);
+    }
+    for u in user_ops.map(|u| u.specs.as_slice()).unwrap_or_default() {
+        cmd.arg("--user-op").arg(u);
     }
     cmd.args(args);
     let out = cmd
@@ -54,7 +149,14 @@ fn run(spec: &str, inputs: &[String], python: &str, args: Vec<&str>) -> Result<V
         let msg = err.trim_end();
         return Err(msg.strip_prefix("error: ").unwrap_or(msg).to_string());
     }
-    Ok(out.stdout)
+    match user_ops {
+        Some(u) => {
+            let text = String::from_utf8(out.stdout)
+                .map_err(|e| format!("the importer printed no UTF-8 text: {e}"))?;
+            Ok(u.merged(text).into_bytes())
+        }
+        None => Ok(out.stdout),
+    }
 }
 
 /// Imports `spec` (`FILE.py:FACTORY`) traced on `inputs` (`NAME=SHAPE:DTYPE` each, in
@@ -66,6 +168,7 @@ pub fn import(
     params: Option<&str>,
     python: &str,
     output: &str,
+    user_ops: Option<&str>,
 ) -> Result<(), String> {
     if inputs.is_empty() {
         return Err(
@@ -73,6 +176,7 @@ pub fn import(
                 .into(),
         );
     }
+    let user = user_ops.map(UserOps::load).transpose()?;
     let dir = nnscaler_rt::host::private_dir("nnscaler-torch")?;
     let result = (|| {
         let tmp = dir.join("params.safetensors");
@@ -81,7 +185,7 @@ pub fn import(
             Some(_) => vec!["--params", tmp_text.as_str()],
             None => Vec::new(),
         };
-        let text = run(spec, inputs, python, args)?;
+        let text = run(spec, inputs, python, args, user.as_ref())?;
         let mut o = Outputs::new();
         o.stage(output, text)?;
         if let Some(p) = params {

@@ -109,6 +109,10 @@ pub struct ModelSection {
     /// The Python with torch for `torch` (default: $NNSCALER_PYTHON, else python3).
     #[serde(default)]
     pub python: Option<String>,
+    /// For `torch`: user ops for aten ops the importer does not map (`nnscaler import torch
+    /// --user-ops`; the file relative to the working directory).
+    #[serde(default)]
+    pub user_ops: Option<String>,
     /// Size overrides by `nnscaler import` flag name (`layers`, `heads`, `width`, `block`,
     /// `batch`, `dropout`, ...).
     #[serde(default)]
@@ -365,6 +369,9 @@ fn check_tokens(text: &str, what: &str, vocab: usize) -> Result<(), String> {
 /// The model's module text, and the one evaluation runs (without dropout).
 fn model_texts(c: &Config, vocab: usize) -> Result<(String, String), String> {
     let m = &c.model;
+    if m.user_ops.is_some() && m.torch.is_none() {
+        return Err("model.user_ops maps aten ops of model.torch; this model has no torch".into());
+    }
     if let Some(spec) = &m.torch {
         if m.preset.is_some() || m.file.is_some() {
             return Err("model: give one of preset, file and torch".into());
@@ -389,9 +396,15 @@ fn model_texts(c: &Config, vocab: usize) -> Result<(String, String), String> {
             format!("targets={batch}x{block}:i64"),
         ];
         let python = crate::torch_import::python(m.python.as_deref());
-        let text = crate::torch_import::import_text(spec, &inputs, &python, false)
+        let user = m
+            .user_ops
+            .as_deref()
+            .map(crate::torch_import::UserOps::load)
+            .transpose()
+            .map_err(|e| format!("model.user_ops: {e}"))?;
+        let text = crate::torch_import::import_text(spec, &inputs, &python, false, user.as_ref())
             .map_err(|e| format!("model.torch: {e}"))?;
-        let eval = crate::torch_import::import_text(spec, &inputs, &python, true)
+        let eval = crate::torch_import::import_text(spec, &inputs, &python, true, user.as_ref())
             .map_err(|e| format!("model.torch: {e}"))?;
         check_tokens(&text, spec, vocab).map_err(|e| format!("model.torch: {e}"))?;
         return Ok((text, eval));

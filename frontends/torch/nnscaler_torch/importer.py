@@ -1,6 +1,7 @@
 """Import a PyTorch nn.Module as nnscaler `dnn` MLIR.
 
     python3 importer.py FILE.py:FACTORY --input NAME=SHAPE:DTYPE ... [--params FILE] [--seed N] [--eval]
+        [--user-op JSON]...
     python3 importer.py --supported     # the op table, as markdown
 
 `FACTORY()` returns an `nn.Module` whose `forward` takes the inputs (in the order of the
@@ -11,12 +12,18 @@ of the user's file that called it, so every later error and remark points there.
 MLIR goes to standard output; `--params FILE` writes the parameters' values (safetensors,
 by `state_dict` key: the `nns.name` of each `nns.param` argument). `--eval` traces the module
 in evaluation mode (dropout off), as training's evaluation runs it. An aten op without a
-mapping is an error naming it and its source line, with the list of supported ones.
+mapping is an error naming it and its source line, with the list of supported ones,
+unless a user op maps it: `--user-op '{"name": "softplus", "torch": "aten::softplus(x, 1,
+20)", "operands": [TYPES], "results": [TYPES]}'` (what `nnscaler import torch --user-ops
+FILE` passes for each function of FILE with `nns.torch`) makes such a call a `func.call
+@softplus` of its tensor arguments; the call's other arguments must equal the pattern's
+literals.
 
 Run by `nnscaler import torch`; here with the system's python3 (Debian's torch 1.13) or
 torch 2.x.
 """
 
+import ast
 import importlib.util
 import json
 import os
@@ -159,6 +166,7 @@ class Emitter:
         self.lists = {}  # jit value -> [SSA names] (a split's pieces)
         self.ranges = {}  # jit value -> (start, end) (an arange)
         self.dropouts = 0
+        self.user_ops = {}  # aten kind -> [(spec, pattern args)]
 
     def fresh(self):
         n = f"%{self.next}"
@@ -215,6 +223,73 @@ class Emitter:
         self.lines.append(f'    {out} = "{name}"({ins}){a} : ({tys}) -> {result_type}{loc}')
         self.types[out] = result_type
         return out
+
+
+def parse_pattern(text):
+    """`"aten::softplus(x, 1, 20)"` as ("aten::softplus", [("tensor", "x"), ("const", 1),
+    ("const", 20)])."""
+    kind, paren, rest = text.partition("(")
+    kind = kind.strip()
+    if not kind.startswith("aten::") or not paren or not rest.rstrip().endswith(")"):
+        raise ImportError_("", f"user op pattern {text!r}: write the aten call, like \"aten::softplus(x, 1, 20)\"")
+    try:
+        call = ast.parse("f(" + rest, mode="eval").body
+    except SyntaxError as e:
+        raise ImportError_("", f"user op pattern {text!r}: {e.msg}")
+    if not isinstance(call, ast.Call) or call.keywords:
+        raise ImportError_("", f"user op pattern {text!r}: arguments are positional: names (tensors) or literals")
+    args = []
+    for a in call.args:
+        if isinstance(a, ast.Name):
+            args.append(("tensor", a.id))
+            continue
+        try:
+            args.append(("const", ast.literal_eval(a)))
+        except ValueError:
+            raise ImportError_("", f"user op pattern {text!r}: {ast.unparse(a)} is neither a name nor a literal")
+    return kind, args
+
+
+def match_user_op(em, ins, args):
+    """The operands of a call whose inputs `ins` match pattern `args`, or why not."""
+    operands = []
+    for k, v in enumerate(ins):
+        want = args[k] if k < len(args) else ("const", None)
+        if want[0] == "tensor":
+            if v not in em.values:
+                return None, f"argument {k} is not a tensor the model computes"
+            operands.append(em.values[v])
+            continue
+        got = em.consts.get(v, "<computed>") if v not in em.values else "<a tensor>"
+        if isinstance(got, torch.Tensor) or got != want[1]:
+            return None, f"argument {k} is {got!r}, the pattern's {want[1]!r}"
+    if len(args) > len(ins):
+        return None, f"the call has {len(ins)} arguments, the pattern {len(args)}"
+    return operands, None
+
+
+def user_op_call(node, em, kind, ins, outs, where):
+    """`kind`'s call made a func.call of the first user op whose pattern it matches."""
+    why = []
+    for spec, args in em.user_ops[kind]:
+        operands, reason = match_user_op(em, ins, args)
+        if operands is None:
+            why.append(f"@{spec['name']} ({spec['torch']}): {reason}")
+            continue
+        types = [em.types[o] for o in operands]
+        if types != spec["operands"]:
+            raise ImportError_(where, f"{kind}: @{spec['name']} takes ({', '.join(spec['operands'])}), the model passes ({', '.join(types)})")
+        results = [tensor_type(o) for o in outs]
+        if results != spec["results"]:
+            raise ImportError_(where, f"{kind}: @{spec['name']} returns ({', '.join(spec['results'])}), the model's call returns ({', '.join(str(r) for r in results)})")
+        attrs = f"callee = @{spec['name']}"
+        if len(outs) == 1:
+            em.values[outs[0]] = em.op(node, "func.call", operands, results[0], attrs)
+        else:
+            for o, n in zip(outs, em.op_multi(node, "func.call", operands, results, attrs)):
+                em.values[o] = n
+        return
+    raise ImportError_(where, f"{kind}: no user op matches this call: " + "; ".join(why))
 
 
 def dims_of(em, value):
@@ -298,6 +373,9 @@ def translate(node, em, training):
             "aten::div": lambda: a / b,
         }
         em.consts[outs[0]] = ops[kind]()
+        return
+    if kind in em.user_ops and any(v in em.values for v in ins):
+        user_op_call(node, em, kind, ins, outs, where)
         return
     if kind == "aten::arange":
         nums = [em.consts.get(v) for v in ins]
@@ -475,7 +553,7 @@ def translate(node, em, training):
         return
     if kind not in SUPPORTED:
         table = ", ".join(sorted(SUPPORTED))
-        raise ImportError_(where, f"unsupported op '{kind}' (supported: {table})")
+        raise ImportError_(where, f"unsupported op '{kind}' (supported: {table}; or map it to a user op: --user-ops, docs/pytorch.md)")
     rt = tensor_type(outs[0])
     if rt is None:
         raise ImportError_(where, f"{kind}: its result has no static shape and dtype")
@@ -679,7 +757,7 @@ def write_safetensors(path, tensors):
     os.replace(tmp, path)
 
 
-def import_module(spec, inputs, seed=0, training=True):
+def import_module(spec, inputs, seed=0, training=True, user_ops=()):
     """The MLIR text of `spec`'s module traced on `inputs` [(name, dims, dtype)], and its
     parameters [(state_dict key, tensor)] in argument order."""
     user_file, factory = load_factory(spec)
@@ -706,6 +784,9 @@ def import_module(spec, inputs, seed=0, training=True):
         raise ImportError_("", f"tracing {spec} on the example inputs failed: {e}")
     graph = traced.inlined_graph
     em = Emitter(user_file)
+    for u in user_ops:
+        kind, args = parse_pattern(u["torch"])
+        em.user_ops.setdefault(kind, []).append((u, args))
     graph_inputs = list(graph.inputs())[1:]
     if len(graph_inputs) != len(inputs):
         raise ImportError_("", f"{spec}: forward takes {len(graph_inputs)} inputs, --input gave {len(inputs)}")
@@ -772,7 +853,7 @@ def main(argv):
     if argv == ["--supported"]:
         sys.stdout.write(supported_table())
         return
-    spec, inputs, params_path, seed, training = None, [], None, 0, True
+    spec, inputs, params_path, seed, training, user_ops = None, [], None, 0, True, []
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -784,6 +865,9 @@ def main(argv):
             i += 2
         elif a == "--seed" and i + 1 < len(argv):
             seed = int(argv[i + 1])
+            i += 2
+        elif a == "--user-op" and i + 1 < len(argv):
+            user_ops.append(json.loads(argv[i + 1]))
             i += 2
         elif a == "--eval":
             training = False
@@ -797,7 +881,7 @@ def main(argv):
         raise ImportError_("", "no FILE.py:FACTORY")
     if not inputs:
         raise ImportError_("", "no --input NAME=SHAPE:DTYPE (one per argument of forward)")
-    text, params = import_module(spec, inputs, seed, training)
+    text, params = import_module(spec, inputs, seed, training, user_ops)
     if params_path:
         write_safetensors(params_path, params)
     sys.stdout.write(text)

@@ -228,3 +228,26 @@ def buffer_sum():
             return F.cross_entropy(self.w(x) + self.shift, labels)
 
     return Shifted()
+
+
+class SoftplusMLP(nn.Module):
+    """An MLP with softplus, which the importer does not map: a user op does
+    (Inputs/softplus-op.mlir, `nnscaler import torch --user-ops`)."""
+
+    def __init__(self, beta=1.0):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.head = nn.Linear(32, 10)
+        self.beta = beta
+
+    def forward(self, x, labels):
+        h = F.softplus(self.fc1(x), beta=self.beta)
+        return F.cross_entropy(self.head(h), labels)
+
+
+def softplus_mlp():
+    return SoftplusMLP()
+
+
+def softplus_beta2():
+    return SoftplusMLP(beta=2.0)

@@ -28,7 +28,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    Import(ImportArgs),
+    Import(Box<ImportArgs>),
     Run(RunArgs),
     CheckOp(nnscaler_tools::check_op::CheckOpArgs),
     ScheduleReport(nnscaler_tools::schedule_report::ScheduleArgs),
@@ -59,7 +59,7 @@ enum Cmd {
         it is traced on example inputs (torch.jit.trace) with a Python that has torch \
         (--python), each aten op a dnn op located at its line of FILE.py; parameters become \
         nns.param arguments named by their state_dict keys (their values in --params). \
-        docs/pytorch.md lists the ops it maps.\n\
+        docs/pytorch.md lists the ops it maps; --user-ops FILE maps others to user ops.\n\
         The output is written only on success."
 )]
 struct ImportArgs {
@@ -79,6 +79,12 @@ struct ImportArgs {
     /// torch: the Python with torch to trace with (default: $NNSCALER_PYTHON, else python3).
     #[arg(long, value_name = "PATH")]
     python: Option<String>,
+    /// torch: user ops for aten ops the importer does not map: the functions of FILE (MLIR)
+    /// with `nns.torch = "aten::NAME(x, 1)"` (names: the tensor operands, in order;
+    /// literals: the values the call's other arguments must have) are called where the
+    /// model makes that call, and FILE's functions join the module.
+    #[arg(long, value_name = "FILE")]
+    user_ops: Option<String>,
     /// Start from a preset (see 'nnscaler presets').
     #[arg(long, value_name = "NAME")]
     preset: Option<String>,
@@ -142,11 +148,18 @@ fn import(a: &ImportArgs) -> Result<(), String> {
             a.params.as_deref(),
             &python,
             &a.output,
+            a.user_ops.as_deref(),
         );
     }
-    if a.source.is_some() || !a.input.is_empty() || a.params.is_some() || a.python.is_some() {
+    if a.source.is_some()
+        || !a.input.is_empty()
+        || a.params.is_some()
+        || a.python.is_some()
+        || a.user_ops.is_some()
+    {
         return Err(
-            "FILE.py:FACTORY, --input, --params and --python are for 'import torch'".into(),
+            "FILE.py:FACTORY, --input, --params, --python and --user-ops are for 'import torch'"
+                .into(),
         );
     }
     let mut config = match (&a.preset, &a.family) {
