@@ -120,6 +120,9 @@ lowered by its annotation like `dnn` ops (see `docs/extending.md`).\n\n\
   `@f.vjp` from the body.\n\
 - `nns.kernel = \"libmyops.so:my_gemm\"` (on a declaration): the op is the C function\n\
   `my_gemm` of that library (ABI: `runtime/include/nnscaler_kernel.h`).\n\
+- `nns.torch = \"aten::softplus(x, 1, 20)\"` (function, optional): the PyTorch call the op\n\
+  implements, for `nnscaler import torch --user-ops` (docs/pytorch.md): names are its tensor\n\
+  operands in order, literals the values its other arguments must have.\n\
 - on a call: `nns.split` / `nns.pin` / `nns.forbid`, checked against the callee's annotation.\n\n";
 
 const HAND_WRITTEN_HEAD: &str = "## A hand-written program\n\n\
