@@ -18,7 +18,9 @@
 # user runs instead (torch_user.py); the GEMM rate against torch.matmul; ncu's per-launch
 # kernel times of the attention kernels and the nanoGPT steps (files in $OUT), by family;
 # the steps' profiles by kernel family (nnscaler-rt run --profile: CUDA events per launch);
-# and the calibration benchmarks' times (calib-timings.json, copied to $OUT when set).
+# what the CUDA context, cuBLAS and an NCCL communicator hold and the allocator's margin
+# in training (memory_reserve.py); and the calibration benchmarks' times
+# (calib-timings.json, copied to $OUT when set).
 set -uo pipefail
 cd "$(dirname "$0")"
 py=${PYTHON:-python3}
@@ -199,6 +201,8 @@ else
   echo "== ncu: skipped (no ncu, or no \$OUT for its files)"
 fi
 if [ -n "$quick" ]; then exit $status; fi
+echo "== what the runtime holds outside a program (the cost model's GPU_RESERVED and GPU_FRAGMENTATION)"
+timeout 120 "$py" memory_reserve.py || status=1
 echo "== calibration benchmarks (fit them with: nnscaler calibrate --device gpu --timings calib-timings.json)"
 timeout 120 ./nnscaler-rt bench calib/calibrate.json --backend cuda -o calib-timings.json || status=1
 if [ -n "${OUT:-}" ] && [ -f calib-timings.json ]; then cp calib-timings.json "$OUT/"; fi

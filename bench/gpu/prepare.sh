@@ -153,7 +153,7 @@ st.save('$out/gpt2-step.in.safetensors', {'tokens': r.integers(0, 50257, (8, 102
          'lr': np.array(1e-3, np.float32), 'step': np.array(3.0, np.float32)})"
 cp "$out/gpt2-step.in.safetensors" "$out/gpt2-bf16-step.in.safetensors"
 echo "prepared gpt2-step, gpt2-bf16-step (timing)"
-cp "$root/bench/gpu/torch_user.py" "$out/"
+cp "$root/bench/gpu/torch_user.py" "$root/bench/gpu/memory_reserve.py" "$out/"
 
 # The cost model's GPU entries: benchmarks nnscaler-rt bench times there (fitted here
 # afterwards with nnscaler calibrate --device gpu --timings).

@@ -49,11 +49,14 @@ def bench(name, bf16, compile_, fused, runs=20):
         t = time.perf_counter(); one(); torch.cuda.synchronize(); ts.append(time.perf_counter() - t)
     med = statistics.median(ts)
     print(f"user-torch {name}: step {med*1e3:.3f} ms  ({B*T/med:.0f} tok/s; warm-up {warm:.1f} s)", flush=True)
-torch.backends.cuda.matmul.allow_tf32 = False; torch.backends.cudnn.allow_tf32 = False
-print(torch.__version__, torch.cuda.get_device_name(0), flush=True)
-bench("eager fp32 (TF32 off, SDPA)", False, False, False)
-torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True
-bench("eager fp32 TF32 on (SDPA)", False, False, False)
-bench("eager bf16 autocast + fused AdamW", True, False, True)
-if "--compile" in sys.argv:
-    bench("torch.compile bf16 + fused AdamW", True, True, True)
+def main():
+    torch.backends.cuda.matmul.allow_tf32 = False; torch.backends.cudnn.allow_tf32 = False
+    print(torch.__version__, torch.cuda.get_device_name(0), flush=True)
+    bench("eager fp32 (TF32 off, SDPA)", False, False, False)
+    torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True
+    bench("eager fp32 TF32 on (SDPA)", False, False, False)
+    bench("eager bf16 autocast + fused AdamW", True, False, True)
+    if "--compile" in sys.argv:
+        bench("torch.compile bf16 + fused AdamW", True, True, True)
+if __name__ == "__main__":
+    main()

@@ -114,6 +114,15 @@ pub struct Device {
     /// head shapes. Takes precedence over a `kernels` entry.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub head_kernels: BTreeMap<String, [f64; 4]>,
+    /// Bytes the runtime holds on the device outside the program's values: the CUDA
+    /// context, the matrix library's workspace, the communicators' buffers. A plan gets
+    /// [`Device::usable_memory`]: the memory less this, less `fragmentation` of the rest.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reserved: u64,
+    /// Share of the memory left after `reserved` that the allocator loses (a caching
+    /// allocator's rounding of blocks and the splits it cannot reuse), in [0, 1).
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub fragmentation: f64,
     /// Where the figures come from (a datasheet, a calibration and its date).
     #[serde(default)]
     pub source: String,
@@ -200,6 +209,20 @@ fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 
+/// What a GPU's runtime holds outside the program's values (the GPU presets' `reserved`):
+/// the CUDA context with lazy module loading (about 0.5 GiB), the matrix library's
+/// workspace (PyTorch's default cuBLAS workspace on Hopper, 8 x 4 MiB) and the NCCL
+/// communicators' buffers (NCCL_BUFFSIZE, 4 MiB, per channel and peer direction: about
+/// 1 GiB for a plan's dp, tp and pp communicators). Assumed until measured:
+/// bench/gpu/check.sh prints what a GPU's context, cuBLAS and NCCL take.
+pub const GPU_RESERVED: u64 = 3 * GIB / 2;
+
+/// The share of the rest a caching allocator loses (the GPU presets' `fragmentation`):
+/// PyTorch's allocator typically reserves 5-10% more than it hands out in training; 8%.
+pub const GPU_FRAGMENTATION: f64 = 0.08;
+
+const GPU_MEMORY_NOTE: &str = "1.5 GiB reserved (CUDA context, cuBLAS workspace, NCCL buffers) and an 8% allocator margin, assumed until measured (bench/gpu/check.sh)";
+
 /// The built-in clusters. GPU figures are datasheet peaks (dense, no sparsity) with an
 /// assumed cuBLAS-like efficiency curve (to be replaced by `nnscaler calibrate` on a GPU);
 /// `cpu` is this project's development machine, one thread, as one run of `nnscaler
@@ -244,7 +267,9 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 sync_jitter: 0.0,
                 kernels: BTreeMap::new(),
                 head_kernels: BTreeMap::new(),
-                source: "NVIDIA A100 datasheet".into(),
+                reserved: GPU_RESERVED,
+                fragmentation: GPU_FRAGMENTATION,
+                source: format!("NVIDIA A100 datasheet; {GPU_MEMORY_NOTE}"),
             },
             // NVLink 3: 300 GB/s each way per GPU; 8 x 200 Gb/s HDR per node.
             network: vec![node(300e9), fabric(25e9)],
@@ -272,7 +297,9 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 sync_jitter: 0.0,
                 kernels: BTreeMap::new(),
                 head_kernels: BTreeMap::new(),
-                source: "NVIDIA H100/H200 datasheets".into(),
+                reserved: GPU_RESERVED,
+                fragmentation: GPU_FRAGMENTATION,
+                source: format!("NVIDIA H100/H200 datasheets; {GPU_MEMORY_NOTE}"),
             },
             // NVLink 4: 450 GB/s each way per GPU; 8 x 400 Gb/s NDR per node.
             network: vec![node(450e9), fabric(50e9)],
@@ -339,6 +366,8 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 .into_iter()
                 .map(|(op, k)| (op.to_string(), k))
                 .collect(),
+                reserved: 0,
+                fragmentation: 0.0,
                 source: "nnscaler calibrate --device cpu --timing serial, 2026-12-04 (a host of two cores of their own, a 2 MiB L2 each; one run of three, the middle one by its prediction of nanogpt-cpu's step, the three within 0.2%; a shared machine: recalibrate)"
                     .into(),
             },
@@ -408,6 +437,18 @@ pub fn parse(text: &str) -> Result<Cluster, String> {
     }
     if d.memory == 0 {
         return Err("device.memory must be bytes > 0, got 0".into());
+    }
+    if d.reserved >= d.memory {
+        return Err(format!(
+            "device.reserved ({} bytes) must be less than device.memory ({} bytes)",
+            d.reserved, d.memory
+        ));
+    }
+    if !(0.0..1.0).contains(&d.fragmentation) {
+        return Err(format!(
+            "device.fragmentation must be a share in [0, 1), got {}",
+            d.fragmentation
+        ));
     }
     if let Some(r) = d.matrix_flops_bf16.filter(|r| !(r.is_finite() && *r > 0.0)) {
         return Err(format!(
@@ -540,6 +581,19 @@ impl Cluster {
 }
 
 impl Device {
+    /// Bytes a plan's values may take: the memory less what the runtime holds
+    /// (`reserved`), less the allocator's margin (`fragmentation`) of the rest.
+    pub fn usable_memory(&self) -> u64 {
+        let rest = self.memory.saturating_sub(self.reserved);
+        (rest as f64 * (1.0 - self.fragmentation)) as u64
+    }
+
+    /// The memory a plan may use under `cap` (the user's or a mesh's), at most the
+    /// usable memory.
+    pub fn memory_limit(&self, cap: Option<u64>) -> u64 {
+        cap.map_or(self.usable_memory(), |c| c.min(self.usable_memory()))
+    }
+
     /// The fraction of the matrix peak a product of `flops` reaches.
     pub fn efficiency(&self, flops: f64) -> f64 {
         log_linear(&self.matrix_efficiency, flops).unwrap_or(1.0)
@@ -1069,6 +1123,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn plans_get_the_memory_less_the_runtimes_reserve_and_margin() {
+        let h = preset("dgx-h100").unwrap().device;
+        // (80 GiB - 1.5 GiB) x 0.92.
+        let want = ((80 * GIB - 3 * GIB / 2) as f64 * 0.92) as u64;
+        assert_eq!(h.usable_memory(), want);
+        assert_eq!(h.memory_limit(None), want);
+        assert_eq!(h.memory_limit(Some(60 * GIB)), 60 * GIB);
+        assert_eq!(h.memory_limit(Some(100 * GIB)), want);
+        // The CPU runtime holds nothing outside the program: its figures are unchanged.
+        let c = preset("cpu").unwrap().device;
+        assert_eq!(c.usable_memory(), c.memory);
+        // A cluster file without the fields reserves nothing.
+        let mut t = preset("dgx-h100").unwrap();
+        t.device.reserved = 0;
+        t.device.fragmentation = 0.0;
+        let back = parse(&t.to_toml().unwrap()).unwrap();
+        assert_eq!(back.device.usable_memory(), 80 * GIB);
+    }
+
+    #[test]
     fn presets_round_trip_and_efficiency_interpolates() {
         for name in PRESETS {
             let c = preset(name).unwrap();
@@ -1485,6 +1559,14 @@ mod tests {
         c.device.memory = 0;
         let e = parse(&c.to_toml().unwrap()).unwrap_err();
         assert!(e.contains("device.memory"), "{e}");
+        let mut c = preset("dgx-h100").unwrap();
+        c.device.reserved = c.device.memory;
+        let e = parse(&c.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("device.reserved"), "{e}");
+        let mut c = preset("dgx-h100").unwrap();
+        c.device.fragmentation = 1.0;
+        let e = parse(&c.to_toml().unwrap()).unwrap_err();
+        assert!(e.contains("device.fragmentation"), "{e}");
         let mut c = preset("dgx-h100").unwrap();
         c.device.matrix_flops_bf16 = Some(-1.0);
         let e = parse(&c.to_toml().unwrap()).unwrap_err();

@@ -255,12 +255,12 @@ impl ModulePass for PlanSearch {
             let least = found
                 .least_memory
                 .map(|m| match space.memory_cap {
-                    Some(cap) if cap < self.cluster.device.memory => format!(
+                    Some(cap) if cap < self.cluster.device.usable_memory() => format!(
                         "; the leanest plan needs at least {m} bytes per device, the mesh's memory_cap is {cap}"
                     ),
                     _ => format!(
-                        "; the leanest plan needs at least {m} bytes per device, the device has {}",
-                        self.cluster.device.memory
+                        "; the leanest plan needs at least {m} bytes per device, the device has {} for it",
+                        self.cluster.device.usable_memory()
                     ),
                 })
                 .unwrap_or_default();

@@ -71,6 +71,13 @@ pub struct PlanArgs {
     /// Largest micro-batch size (sequences).
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_micro: u64,
+    /// Fix parts of the plan and search the rest: parallel degrees (`dp=32,tp=8,pp=4`;
+    /// axes dp, sp, tp, pp: one left out is 1 when sp, else searched), `recompute=none`,
+    /// `selective` or `full`, `zero=0..3`, `splits=megatron`, `megatron-sp` or `searched`,
+    /// and `schedule=NAME` (repeatable: the schedules to try). What a published run used,
+    /// to predict it (bench/cost_validation.py).
+    #[arg(long, value_name = "KEY=VALUE,...")]
+    pub fix: Option<String>,
     /// Also search Megatron-LM's grid (uniform stages, 1F1B or interleaved, ZeRO 0 or 1)
     /// with the same model and print its best plan beside the search's.
     #[arg(long)]
@@ -313,12 +320,25 @@ fn secs(s: f64) -> String {
     }
 }
 
+/// Shares of the step: compute (the ops, the optimizer), communication (every
+/// collective and pipeline send the busiest rank waits for: the runtime overlaps none of
+/// them with compute, and neither does the model) and the pipeline's bubbles.
+fn shares(e: &Estimate) -> (f64, f64, f64) {
+    if e.seconds <= 0.0 {
+        return (0.0, 0.0, 0.0);
+    }
+    let comm = (e.tp_comm + e.pp_comm + e.dp_comm).min(e.seconds);
+    let bubble = (e.bubble * e.pipeline).min(e.seconds - comm);
+    let compute = (e.seconds - comm - bubble).max(0.0);
+    (compute / e.seconds, comm / e.seconds, bubble / e.seconds)
+}
+
 fn line(e: &Estimate) -> String {
     // The collectives inside the layers: tensor parallelism's, and context parallelism's
     // (the keys' and values' gathers) when the positions are split.
     let inner = if e.config.sp > 1 { "tp/sp" } else { "tp" };
     format!(
-        "{}: {} per step (pipeline {}, bubble {:.1}%, {} sync {}, optimizer {}; communication: {inner} {}, pp {}, dp {}), MFU {:.1}%, {} per device",
+        "{}: {} per step (pipeline {}, bubble {:.1}%, {} sync {}, optimizer {}; communication: {inner} {}, pp {}, dp {}), MFU {:.1}% (step: compute {:.1}%, communication {:.1}%, bubble {:.1}%), {} per device",
         e.config.describe(),
         secs(e.seconds),
         secs(e.pipeline),
@@ -330,6 +350,9 @@ fn line(e: &Estimate) -> String {
         secs(e.pp_comm),
         secs(e.dp_comm),
         e.mfu * 100.0,
+        shares(e).0 * 100.0,
+        shares(e).1 * 100.0,
+        shares(e).2 * 100.0,
         bytes_text(e.memory)
     )
 }
@@ -401,6 +424,92 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
             mesh_cap = Some(cap);
         }
     }
+    if let Some(fix) = &a.fix {
+        if mesh.is_some() {
+            return Err(format!(
+                "--fix: {name} declares a mesh, which fixes the degrees already"
+            ));
+        }
+        let mut schedules: Vec<String> = Vec::new();
+        for part in fix.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (axis, n) = part
+                .split_once('=')
+                .ok_or_else(|| format!("--fix: '{part}' is not AXIS=N (e.g. dp=32,tp=8)"))?;
+            let (axis, value) = (axis.trim(), n.trim());
+            match axis {
+                "recompute" => {
+                    let r = [
+                        search::Recompute::None,
+                        search::Recompute::Selective,
+                        search::Recompute::Full,
+                    ]
+                    .into_iter()
+                    .find(|r| r.name() == value)
+                    .ok_or_else(|| {
+                        format!("--fix: recompute={value}: none, selective or full")
+                    })?;
+                    space.recompute = vec![r];
+                    continue;
+                }
+                "zero" => {
+                    let z: u8 = value
+                        .parse()
+                        .ok()
+                        .filter(|&z| z <= 3)
+                        .ok_or_else(|| format!("--fix: zero={value}: a stage 0 to 3"))?;
+                    space.zero = vec![z];
+                    continue;
+                }
+                "splits" => {
+                    let t = match value {
+                        "megatron" => search::TpPolicy::Megatron,
+                        "megatron-sp" => search::TpPolicy::Sp,
+                        "searched" => search::TpPolicy::Search,
+                        _ => {
+                            return Err(format!(
+                                "--fix: splits={value}: megatron, megatron-sp or searched"
+                            ))
+                        }
+                    };
+                    space.tensor = vec![t];
+                    continue;
+                }
+                "schedule" => {
+                    if !Space::new(1).schedules.iter().any(|x| x == value) {
+                        return Err(format!(
+                            "--fix: schedule={value}: 1f1b, interleaved, zb-h1 or zb-v"
+                        ));
+                    }
+                    schedules.push(value.to_string());
+                    continue;
+                }
+                "dp" | "sp" | "tp" | "pp" => {}
+                _ => {
+                    return Err(format!(
+                        "--fix: unknown key '{axis}' (dp, sp, tp, pp, recompute, zero, splits, schedule)"
+                    ))
+                }
+            }
+            let n: u64 =
+                n.trim().parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
+                    format!("--fix: '{part}': the degree must be an integer >= 1")
+                })?;
+            if space.fixed.iter().any(|(x, _)| x == axis) {
+                return Err(format!("--fix: axis '{axis}' is given twice"));
+            }
+            space.fixed.push((axis.to_string(), n));
+        }
+        if !schedules.is_empty() {
+            space.schedules = schedules;
+        }
+        let product: u64 = space.fixed.iter().map(|(_, n)| n).product();
+        if space.fixed.len() == 4 && product != a.devices || product > a.devices {
+            return Err(format!(
+                "--fix {fix}: the degrees multiply to {product}, not to the {} devices",
+                a.devices
+            ));
+        }
+    }
     let quiet = a.json;
     let mut progress = |msg: &str| {
         if !quiet {
@@ -461,10 +570,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
             .iter()
             .map(|(r, k)| format!("{k} x {r}"))
             .collect();
-        let cap = space
-            .memory_cap
-            .unwrap_or(cluster.device.memory)
-            .min(cluster.device.memory);
+        let cap = cluster.device.memory_limit(space.memory_cap);
         let least = found
             .least_memory
             .map(|m| {
@@ -472,8 +578,11 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
                     "; the leanest plan needs at least {} per device, the cap is {} ({})",
                     bytes_text(m),
                     bytes_text(cap),
-                    if space.memory_cap.is_none_or(|c| c >= cluster.device.memory) {
-                        "the device's memory"
+                    if space
+                        .memory_cap
+                        .is_none_or(|c| c >= cluster.device.usable_memory())
+                    {
+                        "the device's memory less the runtime's reserve and the allocator's margin"
                     } else if mesh_cap == space.memory_cap {
                         "the mesh's memory_cap"
                     } else {
@@ -542,6 +651,18 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
             "search_seconds": searched,
             "megatron": grid.as_ref().map(|g: &Outcome| g.ranked.first()),
             "mfu_peak_flops": cluster.device.matrix_rate(prof.bf16),
+            "step_shares": {
+                "compute": shares(best).0,
+                "communication": shares(best).1,
+                "bubble": shares(best).2,
+                "overlap": false,
+            },
+            "memory": {
+                "device": cluster.device.memory,
+                "reserved": cluster.device.reserved,
+                "fragmentation": cluster.device.fragmentation,
+                "limit": cluster.device.memory_limit(space.memory_cap),
+            },
         });
         return serde_json::to_string_pretty(&j)
             .map(|s| s + "\n")
@@ -580,6 +701,32 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
         } else {
             "; --precision bf16 plans mixed precision, against the bf16 peak"
         }
+    );
+    let d = &cluster.device;
+    let limit = d.memory_limit(space.memory_cap);
+    let _ = writeln!(
+        o,
+        "memory: {} per device{}; a plan may use {}{}",
+        bytes_text(d.memory),
+        if d.reserved > 0 || d.fragmentation > 0.0 {
+            format!(
+                ", less {} the runtime holds (CUDA context, cuBLAS workspace, NCCL buffers) and an allocator margin of {:.0}%",
+                bytes_text(d.reserved),
+                d.fragmentation * 100.0
+            )
+        } else {
+            String::new()
+        },
+        bytes_text(limit),
+        if limit < d.usable_memory() {
+            " (the memory cap)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        o,
+        "step: no communication overlaps compute (the runtime overlaps none, so the model overlaps none)"
     );
     let _ = writeln!(o, "best: {}", line(best));
     let names: Vec<String> = best

@@ -200,6 +200,7 @@ fn every_document_is_checked() {
         docs,
         [
             "docs/architecture.md",
+            "docs/cost-validation.md",
             "docs/dialects.md",
             "docs/extending.md",
             "docs/gpu.md",
@@ -264,6 +265,11 @@ fn docs_extending() {
 #[test]
 fn docs_gpu() {
     run_document("docs/gpu.md");
+}
+
+#[test]
+fn docs_cost_validation() {
+    run_document("docs/cost-validation.md");
 }
 
 #[test]

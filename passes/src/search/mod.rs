@@ -580,10 +580,7 @@ pub fn search_with(
     if n == 0 {
         return Err("devices must be at least 1".into());
     }
-    let cap = space
-        .memory_cap
-        .unwrap_or(cluster.device.memory)
-        .min(cluster.device.memory);
+    let cap = cluster.device.memory_limit(space.memory_cap);
     let inner = cluster.network.first().map_or(n, |l| l.devices);
     let max_tp = space.max_tp.unwrap_or(inner);
     let positions = positions_of(g).unwrap_or(1);

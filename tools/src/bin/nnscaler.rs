@@ -40,7 +40,15 @@ enum Cmd {
     Plan(nnscaler_tools::plan::PlanArgs),
     /// List the model presets (nnscaler import --preset, [model] preset) and the cluster
     /// presets (--cluster, cluster=).
-    Presets,
+    Presets(PresetsArgs),
+}
+
+/// `nnscaler presets`.
+#[derive(clap::Args, Debug)]
+struct PresetsArgs {
+    /// Print cluster preset NAME as a cluster file (TOML) to edit and give to --cluster.
+    #[arg(long, value_name = "NAME")]
+    toml: Option<String>,
 }
 
 /// `nnscaler import`: size flags override the preset (or the family's default).
@@ -236,7 +244,16 @@ fn main() -> ExitCode {
         Cmd::EmitTorch(a) => nnscaler_tools::emit_torch::main(a, cli.error_limit),
         Cmd::ScheduleReport(a) => nnscaler_tools::schedule_report::main(a)
             .and_then(|report| write_one("-", report.into_bytes())),
-        Cmd::Presets => {
+        Cmd::Presets(PresetsArgs { toml: Some(name) }) => nnscaler_passes::cost::preset(name)
+            .ok_or_else(|| {
+                format!(
+                    "unknown cluster preset '{name}' (presets: {})",
+                    nnscaler_passes::cost::PRESETS.join(", ")
+                )
+            })
+            .and_then(|c| c.to_toml())
+            .and_then(|t| write_one("-", t.into_bytes())),
+        Cmd::Presets(PresetsArgs { toml: None }) => {
             let mut text = String::from("models (nnscaler import --preset NAME, [model] preset = NAME):\n");
             for (n, d) in PRESETS {
                 text += &format!("  {n:<14} {d}\n");
