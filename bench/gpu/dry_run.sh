@@ -5,8 +5,8 @@
 # arguments, tolerances and reference results are checked here before a GPU session
 # spends its time on them. Skipped: the per-kernel comparison and the benchmarks (they
 # need the GPU), the nanoGPT GPU-config and GEMM timings (far too slow on a CPU; their
-# inputs are still drawn; so their profiles beside PyTorch's too) and the PyTorch
-# reference (it needs CUDA); each says so.
+# inputs are still drawn; so their profiles beside PyTorch's too), the PyTorch
+# reference and the runtime's memory (they need CUDA); each says so.
 #   bench/gpu/prepare.sh DIR && bench/gpu/dry_run.sh DIR
 set -euo pipefail
 src=$(cd "${1:?usage: bench/gpu/dry_run.sh PREPARED_DIR}" && pwd)
@@ -52,6 +52,7 @@ cat > python-dry <<'SHIM'
 case "${1:-}" in
   torch_ref.py) echo "(dry run: torch_ref.py $2 skipped)"; exit 0 ;;
   torch_user.py) echo "(dry run: torch_user.py skipped)"; exit 0 ;;
+  memory_reserve.py) echo "(dry run: memory_reserve.py skipped: it needs CUDA)"; exit 0 ;;
   torch_families.py) echo "(dry run: torch_families.py skipped)"; exit 0 ;;
   compare.py) if [ "${2:-}" = side ]; then echo "(dry run: compare.py side skipped: the steps it reads were not run)"; exit 0; fi ;;
 esac

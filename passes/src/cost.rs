@@ -982,7 +982,9 @@ pub fn node_cost(
             }
             _ => 1.0,
         };
-        if let Some(t) = head_shape(g, n).and_then(|shape| device.head_kernel_time(&n.op, shape)) {
+        if let Some(t) = head_shape(g, n)
+            .and_then(|shape| device.head_kernel_time(&head_key(g, n, device), shape))
+        {
             t
         } else {
             device.kernel_time(
@@ -1069,6 +1071,23 @@ pub fn product_form(n: &nnscaler_dialects::graph::Node) -> Option<usize> {
 /// (`nnscaler calibrate` fits the coefficients on the same terms).
 pub fn head_terms([heads, s, t, d, e]: [f64; 5]) -> [f64; 4] {
     [heads, heads * s, heads * s * t, heads * s * t * (d + e)]
+}
+
+/// The `head_kernels` key of attention op `n`: `dnn.attention.bf16` (or the gradient's)
+/// when its queries are bf16 and `device` has that entry (the tensor-core kernels, timed
+/// apart by `nnscaler calibrate --device gpu`), else the op's name.
+pub fn head_key(g: &Graph, n: &nnscaler_dialects::graph::Node, device: &Device) -> String {
+    let q = usize::from(n.op == "dnn.attention_grad");
+    let bf16 = n
+        .inputs
+        .get(q)
+        .is_some_and(|&v| g.values[v].elem == nnscaler_dialects::types::Elem::BF16);
+    let key = format!("{}.bf16", n.op);
+    if bf16 && device.head_kernels.contains_key(&key) {
+        key
+    } else {
+        n.op.clone()
+    }
 }
 
 /// An attention op's heads: `[heads, queries, keys, query/key head dim, value head dim]`
@@ -1425,6 +1444,34 @@ mod tests {
         let g = Graph::all_in(&m).remove(0).unwrap();
         let forms: Vec<Option<usize>> = g.nodes[..5].iter().map(product_form).collect();
         assert_eq!(forms, [Some(0), Some(1), Some(2), None, None]);
+    }
+
+    #[test]
+    fn bf16_attention_takes_its_own_fit_where_there_is_one() {
+        use nnscaler_dialects::context::IrContext;
+        let ir = IrContext::new();
+        let (f, b) = ("tensor<1x4x64x32xf32>", "tensor<1x4x64x32xbf16>");
+        let src = format!(
+            r#"func.func @f(%q: {f} {{nns.name = "q"}}, %qb: {b} {{nns.name = "qb"}}) -> ({f}, {b}) {{
+  %0 = "dnn.attention"(%q, %q, %q) {{causal = true}} : ({f}, {f}, {f}) -> {f}
+  %1 = "dnn.attention"(%qb, %qb, %qb) {{causal = true}} : ({b}, {b}, {b}) -> {b}
+  return %0, %1 : {f}, {b}
+}}"#
+        );
+        let m = ir.parse(&src, "m.mlir").unwrap();
+        let g = Graph::all_in(&m).remove(0).unwrap();
+        let mut c = preset("h200").unwrap();
+        c.device.op_overhead = 0.0;
+        c.device
+            .head_kernels
+            .insert("dnn.attention".into(), [1e-6, 0.0, 0.0, 0.0]);
+        let t = |c: &Cluster, i: usize| node_cost(&g, &g.nodes[i], c, None).unwrap().seconds;
+        // Without a bf16 entry both take the op's; with one, the bf16 op takes it.
+        assert_eq!((t(&c, 0), t(&c, 1)), (4e-6, 4e-6));
+        c.device
+            .head_kernels
+            .insert("dnn.attention.bf16".into(), [2.5e-7, 0.0, 0.0, 0.0]);
+        assert_eq!((t(&c, 0), t(&c, 1)), (4e-6, 1e-6));
     }
 
     #[test]

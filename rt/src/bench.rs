@@ -21,6 +21,10 @@ pub enum Kind {
     Vector,
     /// A chain of `ops` tiny kernels (the cost of one launch).
     Launch,
+    /// An attention op (`op`: `dnn.attention` or `dnn.attention_grad`, `.bf16` when on
+    /// bf16 values) over `heads` (`[heads, queries, keys, query/key dim, value dim]`):
+    /// the cost model's attention family, fitted by its heads' shapes.
+    Attention,
 }
 
 /// One benchmark.
@@ -45,6 +49,13 @@ pub struct Entry {
     /// Median seconds of a run (written by [`run`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seconds: Option<f64>,
+    /// For [`Kind::Attention`]: the cost model's key for the op (`dnn.attention`,
+    /// `dnn.attention_grad.bf16`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<String>,
+    /// For [`Kind::Attention`]: `[heads, queries, keys, query/key dim, value dim]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heads: Option<[f64; 5]>,
 }
 
 /// The benchmarks, and where they were timed.
@@ -134,6 +145,8 @@ mod tests {
                 bytes: 0.0,
                 ops: 1,
                 seconds: None,
+                op: None,
+                heads: None,
             }],
         };
         let asked = std::cell::Cell::new(0);

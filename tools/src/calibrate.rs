@@ -74,8 +74,9 @@ fn clock(origin: Instant) -> f64 {
         A GPU (--device gpu) is measured where only nnscaler-rt runs: --prepare DIR writes \
         benchmark artifacts and DIR/calibrate.json, 'nnscaler-rt bench DIR/calibrate.json \
         --backend cuda -o timings.json' times them on the GPU's machine, and --timings \
-        timings.json fits the device's rates, efficiency curve and per-kernel cost here, on \
-        --base's other entries (memory, bf16 rate, network)."
+        timings.json fits the device's rates, efficiency curve, per-kernel cost and \
+        attention's cost by its heads' shapes (f32 and bf16) here, on --base's other \
+        entries (memory, bf16 rate, network)."
 )]
 pub struct CalibrateArgs {
     /// The device to measure: cpu (here), or gpu (in two steps: --prepare DIR writes
@@ -140,7 +141,12 @@ fn prepare_into(a: &CalibrateArgs, dir: &str) -> Result<String, String> {
     use nnscaler_rt::bench::{Entry, Kind, Manifest};
     let mut out = crate::output::Outputs::new();
     let mut entries = Vec::new();
-    let mut add = |name: String, text: String, kind: Kind, flops: f64, bytes: f64, ops: u64| {
+    type Head = Option<(String, [f64; 5])>;
+    let mut add = |name: String,
+                   text: String,
+                   kind: Kind,
+                   (flops, bytes, ops): (f64, f64, u64),
+                   head: Head| {
         let g = first_function(&text, &name)?;
         let art =
             nnscaler_codegen::artifact(&g, &format!("calibrate {name}"), None, Default::default())?;
@@ -157,6 +163,8 @@ fn prepare_into(a: &CalibrateArgs, dir: &str) -> Result<String, String> {
             bytes,
             ops,
             seconds: None,
+            op: head.as_ref().map(|h| h.0.clone()),
+            heads: head.map(|h| h.1),
         });
         Ok::<(), String>(())
     };
@@ -166,9 +174,8 @@ fn prepare_into(a: &CalibrateArgs, dir: &str) -> Result<String, String> {
             format!("gemm-{n}"),
             format!("func.func @f(%a: {t} {{nns.name = \"a\"}}, %b: {t} {{nns.name = \"b\"}}) -> ({t} {{nns.name = \"c\"}}) {{\n  %c = \"dnn.matmul\"(%a, %b) : ({t}, {t}) -> {t}\n  return %c : {t}\n}}\n"),
             Kind::Gemm,
-            2.0 * (n * n * n) as f64,
-            0.0,
-            1,
+            (2.0 * (n * n * n) as f64, 0.0, 1),
+            None,
         )?;
     }
     let n = (4 * a.max_size * a.max_size).min(1 << 26);
@@ -177,18 +184,16 @@ fn prepare_into(a: &CalibrateArgs, dir: &str) -> Result<String, String> {
         "add".into(),
         format!("func.func @f(%a: {t} {{nns.name = \"a\"}}, %b: {t} {{nns.name = \"b\"}}) -> ({t} {{nns.name = \"c\"}}) {{\n  %c = \"dnn.add\"(%a, %b) : ({t}, {t}) -> {t}\n  return %c : {t}\n}}\n"),
         Kind::Stream,
-        0.0,
-        3.0 * 4.0 * n as f64,
-        1,
+        (0.0, 3.0 * 4.0 * n as f64, 1),
+        None,
     )?;
     // gelu (tanh form) at the op spec's 8 FLOPs an element, as the CPU calibration counts.
     add(
         "gelu".into(),
         format!("func.func @f(%a: {t} {{nns.name = \"a\"}}) -> ({t} {{nns.name = \"c\"}}) {{\n  %c = \"dnn.gelu\"(%a) : ({t}) -> {t}\n  return %c : {t}\n}}\n"),
         Kind::Vector,
-        8.0 * n as f64,
-        0.0,
-        1,
+        (8.0 * n as f64, 0.0, 1),
+        None,
     )?;
     // A chain of tiny kernels: each add depends on the last (no fusion across a
     // transpose), so each is one launch.
@@ -204,7 +209,38 @@ fn prepare_into(a: &CalibrateArgs, dir: &str) -> Result<String, String> {
         last = format!("%t{k}");
     }
     text += &format!("  return {last} : {t8}\n}}\n");
-    add("launches".into(), text, Kind::Launch, 0.0, 0.0, 2 * links)?;
+    add(
+        "launches".into(),
+        text,
+        Kind::Launch,
+        (0.0, 0.0, 2 * links),
+        None,
+    )?;
+    // Attention as its own family: forward and gradient, causal, f32 and on bf16 values
+    // (cast in and out, so the compiled kernels are the tensor-core ones mixed precision
+    // gets), over a grid of heads' shapes the cost model's `head_kernels` are fitted to.
+    for (heads, s, d) in attention_grid(a.max_size) {
+        for bf16 in [false, true] {
+            for grad in [false, true] {
+                let (key, text) = attention_benchmark(heads, s, d, grad, bf16);
+                let causal_products = if grad { 5.0 } else { 2.0 };
+                let flops = causal_products * (heads * s * s * d) as f64;
+                let name = format!(
+                    "{}-h{heads}-s{s}-d{d}{}",
+                    if grad { "attention-grad" } else { "attention" },
+                    if bf16 { "-bf16" } else { "" }
+                );
+                let shape = [heads as f64, s as f64, s as f64, d as f64, d as f64];
+                add(
+                    name,
+                    text,
+                    Kind::Attention,
+                    (flops, 0.0, 1),
+                    Some((key, shape)),
+                )?;
+            }
+        }
+    }
     let m = Manifest {
         source: format!(
             "nnscaler calibrate --device gpu --prepare {dir} --max-size {}, {}",
@@ -224,6 +260,106 @@ fn prepare_into(a: &CalibrateArgs, dir: &str) -> Result<String, String> {
         manifest.display(),
         manifest.display()
     ))
+}
+
+/// The attention benchmarks' `(heads, positions, head dim)`: the four longest of 16 to
+/// 2048 positions up to a quarter of `max_size`, head dims 64 and 128 (16 and 32 below a
+/// `max_size` of 1024, for a quick run on a host), and heads enough for about
+/// `max_size^3 / 8` score FLOPs (1 to 256).
+fn attention_grid(max_size: u64) -> Vec<(u64, u64, u64)> {
+    let top = (max_size / 4).clamp(16, 2048);
+    let mut sides: Vec<u64> = [16u64, 32, 64, 128, 256, 512, 1024, 2048]
+        .into_iter()
+        .filter(|&s| s <= top)
+        .collect();
+    sides = sides.split_off(sides.len().saturating_sub(4));
+    let dims: [u64; 2] = if max_size >= 1024 {
+        [64, 128]
+    } else {
+        [16, 32]
+    };
+    let budget = max_size.pow(3) / 8;
+    let mut grid = Vec::new();
+    for &s in &sides {
+        for d in dims {
+            grid.push(((budget / (s * s * d)).clamp(1, 256), s, d));
+        }
+    }
+    grid
+}
+
+/// One attention benchmark: its cost-model key and its function (`grad`: the gradient's
+/// op; `bf16`: on bf16 values, cast from the f32 arguments and back).
+fn attention_benchmark(heads: u64, s: u64, d: u64, grad: bool, bf16: bool) -> (String, String) {
+    let op = if grad {
+        "dnn.attention_grad"
+    } else {
+        "dnn.attention"
+    };
+    let key = if bf16 {
+        format!("{op}.bf16")
+    } else {
+        op.to_string()
+    };
+    let shape = format!("1x{heads}x{s}x{d}");
+    let f = format!("tensor<{shape}xf32>");
+    let e = if bf16 {
+        format!("tensor<{shape}xbf16>")
+    } else {
+        f.clone()
+    };
+    let ins: &[&str] = if grad {
+        &["do", "q", "k", "v"]
+    } else {
+        &["q", "k", "v"]
+    };
+    let outs: &[&str] = if grad { &["dq", "dk", "dv"] } else { &["o"] };
+    let mut t = format!(
+        "func.func @f({}) -> ({}) {{\n",
+        ins.iter()
+            .map(|n| format!("%{n}: {f} {{nns.name = \"{n}\"}}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        outs.iter()
+            .map(|n| format!("{f} {{nns.name = \"{n}\"}}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut args = Vec::new();
+    for n in ins {
+        if bf16 {
+            t += &format!("  %{n}b = \"dnn.cast\"(%{n}) {{to = \"bf16\"}} : ({f}) -> {e}\n");
+            args.push(format!("%{n}b"));
+        } else {
+            args.push(format!("%{n}"));
+        }
+    }
+    let mut results: Vec<String> = outs.iter().map(|n| format!("%{n}r")).collect();
+    let lhs = if grad {
+        "%r:3".to_string()
+    } else {
+        "%r".to_string()
+    };
+    let types = vec![e.clone(); outs.len()].join(", ");
+    t += &format!(
+        "  {lhs} = \"{op}\"({}) {{causal = true}} : ({}) -> ({types})\n",
+        args.join(", "),
+        vec![e.clone(); ins.len()].join(", ")
+    );
+    for (i, r) in results.iter_mut().enumerate() {
+        let v = if grad { format!("%r#{i}") } else { "%r".into() };
+        if bf16 {
+            t += &format!("  {r} = \"dnn.cast\"({v}) {{to = \"f32\"}} : ({e}) -> {f}\n");
+        } else {
+            *r = v;
+        }
+    }
+    t += &format!(
+        "  return {} : {}\n}}\n",
+        results.join(", "),
+        vec![f.clone(); outs.len()].join(", ")
+    );
+    (key, t)
 }
 
 /// `--device gpu --timings FILE`: the device's rates, curve and per-launch cost fitted
@@ -281,7 +417,43 @@ fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
         launches.name,
         overhead * 1e6
     );
+    // Attention by its heads' shapes, one fit per op and precision (the model adds the
+    // launch: taken out here).
+    let mut attention: BTreeMap<String, Vec<([f64; 4], f64)>> = BTreeMap::new();
+    for e in of(Kind::Attention) {
+        let (Some(op), Some(shape)) = (&e.op, e.heads) else {
+            return Err(format!(
+                "{path}: '{}' is an attention benchmark without its op and heads",
+                e.name
+            ));
+        };
+        let t = (secs(e)? - overhead).max(1e-9);
+        attention
+            .entry(op.clone())
+            .or_default()
+            .push((cost::head_terms(shape), t));
+    }
+    let mut head_kernels = BTreeMap::new();
+    for (op, rows) in &attention {
+        let coef = nonnegative_fit(rows)
+            .ok_or_else(|| format!("{path}: {op}: no fit of its heads' times"))?;
+        let worst = rows
+            .iter()
+            .map(|(x, t)| (dot(x, &coef) / t - 1.0).abs())
+            .fold(0.0, f64::max);
+        report += &format!(
+            "  {op} per head: {:.3} us + {:.2} ns a row + {:.4} ns a score + {:.5} ns a score and dim ({} shapes, worst {:.0}% off)\n",
+            coef[0] * 1e6,
+            coef[1] * 1e9,
+            coef[2] * 1e9,
+            coef[3] * 1e9,
+            rows.len(),
+            worst * 100.0
+        );
+        head_kernels.insert(op.clone(), coef.map(sig));
+    }
     let mut c = cost::load(&a.base)?;
+    c.device.head_kernels.extend(head_kernels);
     for w in implausible(&c, &a.base, &backend, [peak, bandwidth, vector_rate]) {
         eprintln!("nnscaler calibrate: warning: {w}");
         report += &format!("  warning: {w}\n");

@@ -569,7 +569,9 @@ fn bench(manifest: &str, output: &str, runs: usize, backend: &str) -> Result<Str
     nnscaler_rt::bench::run(&mut m, dir, runs, &mut time, &mut |e| {
         let s = e.seconds.unwrap_or(0.0);
         let rate = match e.kind {
-            nnscaler_rt::bench::Kind::Gemm | nnscaler_rt::bench::Kind::Vector => {
+            nnscaler_rt::bench::Kind::Gemm
+            | nnscaler_rt::bench::Kind::Vector
+            | nnscaler_rt::bench::Kind::Attention => {
                 format!("{:.2} GFLOP/s", e.flops / s / 1e9)
             }
             nnscaler_rt::bench::Kind::Stream => format!("{:.2} GB/s", e.bytes / s / 1e9),
