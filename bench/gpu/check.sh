@@ -18,7 +18,10 @@
 # user runs instead (torch_user.py); the GEMM rate against torch.matmul; ncu's per-launch
 # kernel times of the attention kernels and the nanoGPT steps (files in $OUT), by family;
 # the steps' profiles by kernel family (nnscaler-rt run --profile: CUDA events per launch);
-# what the CUDA context, cuBLAS and an NCCL communicator hold and the allocator's margin
+# the PyTorch importer on the GPU machine's torch 2.x (a GPT with
+# F.scaled_dot_product_attention: its MLIR, parameters, batch and PyTorch's gradients to
+# $OUT, for nnscaler run to check where nnscaler is); what the CUDA context, cuBLAS and an
+# NCCL communicator hold and the allocator's margin
 # in training (memory_reserve.py); and the calibration benchmarks' times
 # (calib-timings.json, copied to $OUT when set).
 set -uo pipefail
@@ -201,6 +204,16 @@ else
   echo "== ncu: skipped (no ncu, or no \$OUT for its files)"
 fi
 if [ -n "$quick" ]; then exit $status; fi
+echo "== the PyTorch importer on this machine's torch: F.scaled_dot_product_attention (its files to \$OUT; nnscaler run checks them where nnscaler is, docs/pytorch.md)"
+if "$py" importer.py torch_models.py:gpt_sdpa --input idx=2x8:i64 --input targets=2x8:i64 \
+    --params sdpa.params.safetensors > sdpa.mlir; then
+  echo "dnn.attention ops: $(grep -c '"dnn.attention"' sdpa.mlir)"
+  "$py" import_ref.py torch_models.py:gpt_sdpa sdpa.params.safetensors sdpa.batch.safetensors \
+    sdpa.want.safetensors idx=2x8:i64 targets=2x8:i64 || status=1
+  if [ -n "${OUT:-}" ]; then cp sdpa.mlir sdpa.params.safetensors sdpa.batch.safetensors sdpa.want.safetensors "$OUT/" 2>/dev/null || true; fi
+else
+  status=1
+fi
 echo "== what the runtime holds outside a program (the cost model's GPU_RESERVED and GPU_FRAGMENTATION)"
 timeout 120 "$py" memory_reserve.py || status=1
 echo "== calibration benchmarks (fit them with: nnscaler calibrate --device gpu --timings calib-timings.json)"

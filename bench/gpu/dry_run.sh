@@ -53,6 +53,7 @@ case "${1:-}" in
   torch_ref.py) echo "(dry run: torch_ref.py $2 skipped)"; exit 0 ;;
   torch_user.py) echo "(dry run: torch_user.py skipped)"; exit 0 ;;
   memory_reserve.py) echo "(dry run: memory_reserve.py skipped: it needs CUDA)"; exit 0 ;;
+  importer.py|import_ref.py) echo "(dry run: $1 skipped: the model needs torch 2.x)"; exit 0 ;;
   torch_families.py) echo "(dry run: torch_families.py skipped)"; exit 0 ;;
   compare.py) if [ "${2:-}" = side ]; then echo "(dry run: compare.py side skipped: the steps it reads were not run)"; exit 0; fi ;;
 esac

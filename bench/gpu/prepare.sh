@@ -154,6 +154,9 @@ st.save('$out/gpt2-step.in.safetensors', {'tokens': r.integers(0, 50257, (8, 102
 cp "$out/gpt2-step.in.safetensors" "$out/gpt2-bf16-step.in.safetensors"
 echo "prepared gpt2-step, gpt2-bf16-step (timing)"
 cp "$root/bench/gpu/torch_user.py" "$root/bench/gpu/memory_reserve.py" "$out/"
+# The PyTorch importer and a model for the GPU machine's torch 2.x (check.sh).
+cp "$root/frontends/torch/nnscaler_torch/importer.py" "$root/test/tools/Inputs/torch_models.py" "$out/"
+cp "$root/test/tools/Inputs/torch_ref.py" "$out/import_ref.py"
 
 # The cost model's GPU entries: benchmarks nnscaler-rt bench times there (fitted here
 # afterwards with nnscaler calibrate --device gpu --timings).

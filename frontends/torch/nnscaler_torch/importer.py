@@ -77,6 +77,7 @@ SUPPORTED = {
     "aten::cat": "dnn.concat",
     "aten::repeat_interleave": "dnn.reshape + dnn.broadcast_to (dropped where attention takes grouped heads)",
     "aten::mul (by a buffer)": "dnn.rotary: x * cos + rotate_half(x) * sin, cos and sin the rotate-half tables of some theta (a buffer in any other product is an error)",
+    "aten::scaled_dot_product_attention": "dnn.attention (torch 2.x: no attn_mask, dropout_p 0; is_causal, scale, enable_gqa kept)",
 }
 
 DTYPES = {"f32": torch.float32, "i64": torch.int64}
@@ -595,6 +596,22 @@ def translate(node, em, training):
         if len(ins) > 2:
             raise ImportError_(where, f"{kind}: rounding modes are not supported")
         r = em.op(node, "dnn." + kind.split("::")[1], [x(0, "input"), x(1, "other")], rt)
+    elif kind == "aten::scaled_dot_product_attention":
+        # (query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+        # enable_gqa=False): torch 2.x. Grouped heads (fewer key/value heads) are what
+        # dnn.attention takes as they are.
+        if ins[3] in em.values or em.consts.get(ins[3]) is not None:
+            raise ImportError_(where, "aten::scaled_dot_product_attention: only without attn_mask (is_causal=True for a causal mask)")
+        if c(4, "dropout_p"):
+            raise ImportError_(where, "aten::scaled_dot_product_attention: dropout_p must be 0 (dropout inside attention is not supported)")
+        qkv = [x(0, "query"), x(1, "key"), x(2, "value")]
+        if any(em.types[t].count("x") != 4 for t in qkv):
+            raise ImportError_(where, "aten::scaled_dot_product_attention: q, k and v must be [batch, heads, positions, width]")
+        attrs = f"causal = {'true' if c(5, 'is_causal') else 'false'}"
+        scale = c(6, "scale") if len(ins) > 6 else None
+        if scale is not None:
+            attrs += f", scale = {float(scale):.17e} : f64"
+        r = em.op(node, "dnn.attention", qkv, rt, attrs)
     elif kind == "aten::softmax":
         if len(ins) > 2 and c(2, "dtype") is not None:
             raise ImportError_(where, "aten::softmax: a dtype is not supported")

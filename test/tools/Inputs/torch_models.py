@@ -61,10 +61,12 @@ def unsupported():
 
 
 class CausalSelfAttention(nn.Module):
-    """nanoGPT's attention, as written there (a mask buffer, masked_fill, softmax)."""
+    """nanoGPT's attention, as written there (a mask buffer, masked_fill, softmax), or with
+    `sdpa` as nanoGPT writes it on torch 2.x (F.scaled_dot_product_attention, causal)."""
 
-    def __init__(self, n_embd, n_head, block):
+    def __init__(self, n_embd, n_head, block, sdpa=False):
         super().__init__()
+        self.sdpa = sdpa
         self.c_attn = nn.Linear(n_embd, 3 * n_embd)
         self.c_proj = nn.Linear(n_embd, n_embd)
         self.n_head, self.n_embd = n_head, n_embd
@@ -76,6 +78,9 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
         att = F.softmax(att, dim=-1)
@@ -85,10 +90,10 @@ class CausalSelfAttention(nn.Module):
 
 
 class GPTBlock(nn.Module):
-    def __init__(self, n_embd, n_head, block):
+    def __init__(self, n_embd, n_head, block, sdpa=False):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd)
-        self.attn = CausalSelfAttention(n_embd, n_head, block)
+        self.attn = CausalSelfAttention(n_embd, n_head, block, sdpa)
         self.ln_2 = nn.LayerNorm(n_embd)
         self.c_fc = nn.Linear(n_embd, 4 * n_embd)
         self.c_proj = nn.Linear(4 * n_embd, n_embd)
@@ -102,11 +107,11 @@ class GPT(nn.Module):
     """A nanoGPT-style GPT: token and position embeddings, blocks, a final norm, the LM
     head tied to the token embedding."""
 
-    def __init__(self, vocab=11, block=8, n_layer=2, n_head=2, n_embd=16):
+    def __init__(self, vocab=11, block=8, n_layer=2, n_head=2, n_embd=16, sdpa=False):
         super().__init__()
         self.wte = nn.Embedding(vocab, n_embd)
         self.wpe = nn.Embedding(block, n_embd)
-        self.h = nn.ModuleList([GPTBlock(n_embd, n_head, block) for _ in range(n_layer)])
+        self.h = nn.ModuleList([GPTBlock(n_embd, n_head, block, sdpa) for _ in range(n_layer)])
         self.ln_f = nn.LayerNorm(n_embd)
         self.lm_head = nn.Linear(n_embd, vocab, bias=False)
         self.wte.weight = self.lm_head.weight
@@ -123,6 +128,12 @@ class GPT(nn.Module):
 
 def gpt():
     return GPT()
+
+
+def gpt_sdpa():
+    """The GPT above with F.scaled_dot_product_attention (torch 2.x only; bench/gpu/check.sh
+    imports it on the GPU machine's torch)."""
+    return GPT(sdpa=True)
 
 
 class RMSNorm(nn.Module):
