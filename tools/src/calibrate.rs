@@ -263,9 +263,11 @@ fn prepare_into(a: &CalibrateArgs, dir: &str) -> Result<String, String> {
 }
 
 /// The attention benchmarks' `(heads, positions, head dim)`: the four longest of 16 to
-/// 2048 positions up to a quarter of `max_size`, head dims 64 and 128 (16 and 32 below a
-/// `max_size` of 1024, for a quick run on a host), and heads enough for about
-/// `max_size^3 / 8` score FLOPs (1 to 256).
+/// 2048 positions up to a quarter of `max_size` at head dim 64, and the next to longest
+/// at 128 as well (16 and 32 below a `max_size` of 1024, for a quick run on a host), with
+/// heads enough for about `max_size^3 / 8` score FLOPs (1 to 256). Five shapes for the
+/// four coefficients of `head_kernels`, as few as that takes: each shape is four
+/// artifacts (forward and gradient, f32 and bf16) in the device check's 64 MiB.
 fn attention_grid(max_size: u64) -> Vec<(u64, u64, u64)> {
     let top = (max_size / 4).clamp(16, 2048);
     let mut sides: Vec<u64> = [16u64, 32, 64, 128, 256, 512, 1024, 2048]
@@ -279,11 +281,13 @@ fn attention_grid(max_size: u64) -> Vec<(u64, u64, u64)> {
         [16, 32]
     };
     let budget = max_size.pow(3) / 8;
-    let mut grid = Vec::new();
-    for &s in &sides {
-        for d in dims {
-            grid.push(((budget / (s * s * d)).clamp(1, 256), s, d));
-        }
+    let heads = |s: u64, d: u64| (budget / (s * s * d)).clamp(1, 256);
+    let mut grid: Vec<(u64, u64, u64)> = sides
+        .iter()
+        .map(|&s| (heads(s, dims[0]), s, dims[0]))
+        .collect();
+    if let Some(&s) = sides.iter().rev().nth(1).or(sides.last()) {
+        grid.push((heads(s, dims[1]), s, dims[1]));
     }
     grid
 }
