@@ -611,7 +611,7 @@ pub fn search_with(
             continue;
         }
         if !space.allows(n / tp / sp / pp, sp, tp, pp) {
-            *out.entry("the module's mesh fixes the degrees".into())
+            *out.entry("the degrees are fixed (by the module's mesh, or --fix)".into())
                 .or_default() += 1;
             continue;
         }
@@ -644,7 +644,7 @@ pub fn search_with(
                 };
                 let m = batch / dp / micro;
                 if space.microbatches.is_some_and(|f| f != m) {
-                    *out.entry("the module's mesh fixes the micro-batches".into())
+                    *out.entry("the micro-batches are fixed (by the module's mesh)".into())
                         .or_default() += 1;
                     continue;
                 }

@@ -180,8 +180,9 @@ pub fn main(a: &EmitArgs, error_limit: usize) -> Result<(), String> {
     files.push(("nns_runtime.py".into(), RUNTIME.to_string()));
     write_dir(&a.output, files, plan.ranks.len())?;
     eprintln!(
-        "emit-torch: {} ranks of @{} -> {}/ (run: torchrun --nproc-per-node {} {}/train.py --inputs ... --params ... -o ...)",
+        "emit-torch: {} rank{} of @{} -> {}/ (run: torchrun --nproc-per-node {} {}/train.py --inputs ... --params ... -o ...)",
         plan.ranks.len(),
+        if plan.ranks.len() == 1 { "" } else { "s" },
         plan.name,
         a.output,
         plan.ranks.len(),
