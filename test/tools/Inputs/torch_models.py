@@ -262,3 +262,23 @@ def softplus_mlp():
 
 def softplus_beta2():
     return SoftplusMLP(beta=2.0)
+
+
+class SoftplusChar(nn.Module):
+    """A character model with softplus (a user op maps it: Inputs/softplus-char-op.mlir,
+    `[model] user_ops` in test/tools/import-torch.test's training)."""
+
+    def __init__(self, vocab=32, width=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, width)
+        self.fc = nn.Linear(width, 32)
+        self.head = nn.Linear(32, vocab)
+
+    def forward(self, idx, targets):
+        h = F.softplus(self.fc(self.emb(idx)))
+        logits = self.head(h)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def softplus_char():
+    return SoftplusChar()
