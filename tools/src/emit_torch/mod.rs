@@ -230,12 +230,22 @@ fn write_dir(dir: &str, files: Vec<(String, String)>, ranks: usize) -> Result<()
     if path.exists() && !path.is_dir() {
         return Err(format!("-o {dir}: exists and is not a directory"));
     }
+    let made = !path.exists();
     std::fs::create_dir_all(path).map_err(|e| format!("-o {dir}: cannot create it: {e}"))?;
-    let mut out = Outputs::new();
-    for (name, text) in files {
-        out.stage(&path.join(name).to_string_lossy(), text.into_bytes())?;
+    let staged = (|| {
+        let mut out = Outputs::new();
+        for (name, text) in files {
+            out.stage(&path.join(name).to_string_lossy(), text.into_bytes())?;
+        }
+        out.commit()
+    })();
+    if let Err(e) = staged {
+        // Nothing half-written: a directory made here goes again.
+        if made {
+            let _ = std::fs::remove_dir_all(path);
+        }
+        return Err(e);
     }
-    out.commit()?;
     for e in std::fs::read_dir(path)
         .map_err(|e| format!("{dir}: {e}"))?
         .flatten()
