@@ -12,7 +12,7 @@
 //! and class-parallel ops, its piece of a slice or micro-batch, its peers in the pipeline)
 //! is a constant in its own file, so the file reads as what that rank does.
 //!
-//! The collectives' semantics are nnscaler's (runtime/src/spmd.rs): a group's members are
+//! The collectives' semantics are nnscaler's (runtime/src/spmd/): a group's members are
 //! ordered by their coordinates along the collective's axes, in the order it names them;
 //! `nns_runtime.Comm` maps that order onto torch's groups. Pipeline messages are received
 //! in the order their sender sends them (the receiving rank holds early ones), so the same
