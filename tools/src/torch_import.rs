@@ -79,14 +79,20 @@ impl UserOps {
                 "{path}: no function maps an aten op (give one an attribute nns.torch = \"aten::NAME(x, ...)\")"
             ));
         }
+        // The module's body: between its opening line (`module {`, or `module attributes
+        // {..} {`) and its closing brace.
         let printed = module.as_operation().to_string();
-        let body = printed
-            .trim_end()
-            .strip_prefix("module {")
-            .and_then(|b| b.strip_suffix('}'))
-            .unwrap_or(&printed)
-            .trim_matches('\n')
-            .to_string();
+        let trimmed = printed.trim_end();
+        let body = match (trimmed.find("{\n"), trimmed.strip_suffix('}')) {
+            (Some(open), Some(head)) if trimmed.starts_with("module") && open + 2 <= head.len() => {
+                head[open + 2..].trim_matches('\n').to_string()
+            }
+            _ => {
+                return Err(format!(
+                    "{path}: its functions could not be read back as a module's body"
+                ))
+            }
+        };
         Ok(UserOps { text: body, specs })
     }
 
