@@ -388,7 +388,9 @@ fn cut(t: &Tensor, ranges: &[Range<usize>]) -> Tensor {
     cur
 }
 
-fn layout_of(
+/// The layout an argument or result carries (`nns.layout`; replicated when it has none),
+/// for a tensor of rank `rank` on `mesh`.
+pub fn layout_of(
     attrs: &nnscaler_dialects::types::Attrs,
     mesh: &Mesh,
     rank: usize,

@@ -90,3 +90,14 @@ pub(super) fn solve(mut a: Vec<Vec<f64>>) -> Option<Vec<f64>> {
     }
     Some((0..m).map(|r| a[r][m] / a[r][r]).collect())
 }
+
+/// `head_kernels`' four coefficients fitted to `rows` (each `cost::head_terms` of a shape
+/// and its seconds) by [`nonnegative_fit`], and the fit's largest relative error over them.
+pub(super) fn fit_heads(rows: &[([f64; 4], f64)]) -> Option<([f64; 4], f64)> {
+    let coef = nonnegative_fit(rows)?;
+    let worst = rows
+        .iter()
+        .map(|(x, t)| (dot(x, &coef) / t - 1.0).abs())
+        .fold(0.0, f64::max);
+    Some((coef, worst))
+}

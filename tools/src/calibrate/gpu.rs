@@ -6,7 +6,7 @@
 //! base cluster's other entries.
 
 use super::{
-    chrono_free_date, dot, efficiency_curve, first_function, nonnegative_fit, sig, write_cluster,
+    chrono_free_date, efficiency_curve, first_function, fit_heads, sig, write_cluster,
     CalibrateArgs,
 };
 use nnscaler_passes::cost::{self, Cluster};
@@ -341,12 +341,8 @@ pub(super) fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
     }
     let mut head_kernels = BTreeMap::new();
     for (op, rows) in &attention {
-        let coef = nonnegative_fit(rows)
-            .ok_or_else(|| format!("{path}: {op}: no fit of its heads' times"))?;
-        let worst = rows
-            .iter()
-            .map(|(x, t)| (dot(x, &coef) / t - 1.0).abs())
-            .fold(0.0, f64::max);
+        let (coef, worst) =
+            fit_heads(rows).ok_or_else(|| format!("{path}: {op}: no fit of its heads' times"))?;
         report += &format!(
             "  {op} per head: {:.3} us + {:.2} ns a row + {:.4} ns a score + {:.5} ns a score and dim ({} shapes, worst {:.0}% off)\n",
             coef[0] * 1e6,

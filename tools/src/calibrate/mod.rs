@@ -43,7 +43,7 @@ use std::collections::BTreeMap;
 
 mod fit;
 mod gpu;
-use fit::{dot, efficiency_curve, nonnegative_fit};
+use fit::{dot, efficiency_curve, fit_heads, nonnegative_fit};
 use gpu::{fit_gpu, prepare_gpu};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -1093,12 +1093,8 @@ fn head_terms() -> Result<(BTreeMap<String, [f64; 4]>, String), String> {
                 rows.push((cost::head_terms([h, s, s, d, d]), t));
             }
         }
-        let coef =
-            nonnegative_fit(&rows).ok_or_else(|| format!("{op}: no fit of its heads' times"))?;
-        let worst = rows
-            .iter()
-            .map(|(x, t)| (dot(x, &coef) / t - 1.0).abs())
-            .fold(0.0, f64::max);
+        let (coef, worst) =
+            fit_heads(&rows).ok_or_else(|| format!("{op}: no fit of its heads' times"))?;
         lines += &format!(
             "  {op} per head: {:.3} us + {:.1} ns a row + {:.2} ns a score + {:.3} ns a score and dim ({} shapes, worst {:.0}% off)\n",
             coef[0] * 1e6,

@@ -28,7 +28,7 @@ use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::sharding::{coords, Sharding};
 use nnscaler_dialects::types::{AttrValue, Elem, TensorType};
 use nnscaler_dialects::verify::{verify_module, Meshes};
-use nnscaler_runtime::spmd::{global_view, pipeline_programs};
+use nnscaler_runtime::spmd::{global_view, layout_of, pipeline_programs};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::ops::Range;
@@ -261,18 +261,6 @@ fn write_dir(dir: &str, files: Vec<(String, String)>, ranks: usize) -> Result<()
         }
     }
     Ok(())
-}
-
-/// The layout written on an argument or result (replicated when none is).
-fn layout_of(
-    attrs: &nnscaler_dialects::types::Attrs,
-    mesh: &Mesh,
-    rank: usize,
-) -> Result<Sharding, String> {
-    match attrs.get("nns.layout") {
-        None => Ok(Sharding::replicated(rank, mesh.axes.len())),
-        Some(v) => Sharding::from_attr(v, mesh, rank),
-    }
 }
 
 /// `layout` as the header shows it: the axes after the mesh name, or "replicated".
