@@ -9,6 +9,10 @@
 //! * an identifier (`[A-Za-z_][A-Za-z0-9_]*`) optionally followed by `+` (summed) or `^`
 //!   (frozen: never split); the same identifier always has the same length;
 //! * a number: a dimension of exactly that length, never split;
+//! * `n=8` in a result: a **new** dimension of length 8, named by an identifier that appears
+//!   in no operand (a broadcast into new leading dims: `a b -> n=8 a b`). Splitting it splits
+//!   the results that have it and leaves every operand whole (replicated); it may be frozen
+//!   (`n=8^`), never summed, and stands alone (not inside a compound);
 //! * `(a b c)`: a compound dimension whose length is the product of its parts; only the first
 //!   part whose length is not 1 may be split;
 //! * `*` as the first entry: any number of leading dimensions, the same in every tensor
@@ -88,6 +92,8 @@ pub struct Annotation {
     pub outputs: Vec<TensorAnno>,
     /// The kind of every identifier (markers are a property of the identifier).
     pub kinds: BTreeMap<String, DimKind>,
+    /// The lengths written on new dimensions (`n=8`: identifiers of results only).
+    pub sizes: BTreeMap<String, i64>,
 }
 
 /// An error in an annotation or in binding it to shapes.
@@ -128,7 +134,38 @@ pub struct SplitChoice {
     pub positions: Vec<DimPos>,
 }
 
-fn parse_atom(tok: &str) -> Result<(Atom, Option<DimKind>), AnnotationError> {
+/// An atom, its marker, and the length written on it (`n=8`).
+type Parsed = (Atom, Option<DimKind>, Option<i64>);
+
+fn parse_atom(tok: &str) -> Result<Parsed, AnnotationError> {
+    let (atom, kind) = match tok.split_once('=') {
+        None => parse_plain(tok)?,
+        Some((name, len)) => {
+            let (len, kind) = match len.strip_suffix('^') {
+                Some(l) => (l, Some(DimKind::Frozen)),
+                None if len.ends_with('+') => {
+                    return err(format!(
+                        "'{tok}': a new dimension cannot be summed (it is in no operand)"
+                    ))
+                }
+                None => (len, None),
+            };
+            let (atom, marked) = parse_plain(name)?;
+            let n = match (&atom, marked, len.parse::<i64>()) {
+                (Atom::Id(_), None, Ok(n)) if n > 0 => n,
+                _ => {
+                    return err(format!(
+                        "'{tok}' is not a new dimension: write an identifier, '=', and a positive length (n=8)"
+                    ))
+                }
+            };
+            return Ok((atom, kind, Some(n)));
+        }
+    };
+    Ok((atom, kind, None))
+}
+
+fn parse_plain(tok: &str) -> Result<(Atom, Option<DimKind>), AnnotationError> {
     if tok.chars().all(|c| c.is_ascii_digit()) {
         return tok
             .parse::<i64>()
@@ -174,11 +211,14 @@ fn tokenize(text: &str) -> Vec<String> {
 }
 
 type Marks = Vec<(String, DimKind, String)>;
+/// New dimensions as written: identifier, length, where.
+type Sizes = Vec<(String, i64, String)>;
 
 fn parse_tensor(
     text: &str,
     where_: &str,
     marks: &mut Marks,
+    sizes: &mut Sizes,
 ) -> Result<TensorAnno, AnnotationError> {
     let toks = tokenize(text);
     if toks.len() == 1 && toks[0] == "?" {
@@ -216,7 +256,13 @@ fn parse_tensor(
                             toks[i]
                         ));
                     }
-                    let (atom, kind) = parse_atom(&toks[i])?;
+                    let (atom, kind, size) = parse_atom(&toks[i])?;
+                    if size.is_some() {
+                        return err(format!(
+                            "new dimension '{}' cannot be part of a compound dimension ({where_})",
+                            toks[i]
+                        ));
+                    }
                     note(&atom, kind);
                     parts.push(atom);
                     i += 1;
@@ -230,8 +276,11 @@ fn parse_tensor(
                 dims.push(Dim::Compound(parts));
             }
             tok => {
-                let (atom, kind) = parse_atom(tok)?;
+                let (atom, kind, size) = parse_atom(tok)?;
                 note(&atom, kind);
+                if let (Atom::Id(name), Some(n)) = (&atom, size) {
+                    sizes.push((name.clone(), n, where_.to_string()));
+                }
                 dims.push(Dim::Atom(atom));
             }
         }
@@ -294,6 +343,7 @@ impl Annotation {
             return err(format!("annotation '{text}' has more than one '->'"));
         }
         let mut marks = Vec::new();
+        let mut written = Sizes::new();
         let split = |s: &str| -> Vec<String> {
             if s.trim().is_empty() {
                 Vec::new()
@@ -303,12 +353,22 @@ impl Annotation {
         };
         let mut inputs = Vec::new();
         for (i, t) in split(lhs).iter().enumerate() {
-            inputs.push(parse_tensor(t, &format!("operand {i}"), &mut marks)?);
+            inputs.push(parse_tensor(
+                t,
+                &format!("operand {i}"),
+                &mut marks,
+                &mut written,
+            )?);
+        }
+        if let Some((name, n, where_)) = written.first() {
+            return err(format!(
+                "'{name}={n}' in {where_}: only a result can have a new dimension; an operand's lengths come from its shape"
+            ));
         }
         let mut outputs = Vec::new();
         // Every result entry is a tensor; an empty one is a rank-0 tensor (a scalar).
         for (i, t) in rhs.split(',').map(str::trim).enumerate() {
-            let anno = parse_tensor(t, &format!("result {i}"), &mut marks)?;
+            let anno = parse_tensor(t, &format!("result {i}"), &mut marks, &mut written)?;
             if anno == TensorAnno::NonTensor {
                 return err(format!("result {i} cannot be '?'"));
             }
@@ -336,11 +396,25 @@ impl Annotation {
         }
         let input_ids: Vec<&str> = inputs.iter().flat_map(ids_of).collect();
         let output_ids: Vec<&str> = outputs.iter().flat_map(ids_of).collect();
+        let mut sizes: BTreeMap<String, i64> = BTreeMap::new();
+        for (name, n, where_) in &written {
+            if input_ids.contains(&name.as_str()) {
+                return err(format!(
+                    "'{name}={n}' in {where_}: '{name}' appears in an operand, so it is not a new dimension (write '{name}' alone)"
+                ));
+            }
+            match sizes.insert(name.clone(), *n) {
+                Some(m) if m != *n => return err(format!(
+                    "new dimension '{name}' is written {m} and {n}; one identifier has one length"
+                )),
+                _ => {}
+            }
+        }
         for (i, t) in outputs.iter().enumerate() {
             for id in ids_of(t) {
-                if !input_ids.contains(&id) {
+                if !input_ids.contains(&id) && !sizes.contains_key(id) {
                     return err(format!(
-                        "identifier '{id}' of result {i} does not appear in any operand"
+                        "identifier '{id}' of result {i} does not appear in any operand (a new dimension is written with its length: {id}=8)"
                     ));
                 }
             }
@@ -365,10 +439,19 @@ impl Annotation {
                 ));
             }
         }
+        for id in &output_ids {
+            kinds.entry(id.to_string()).or_insert(DimKind::Spatial);
+        }
+        if let Some(name) = sizes.keys().find(|n| kinds[*n] == DimKind::Summed) {
+            return err(format!(
+                "new dimension '{name}' is marked '+', but it is in no operand: nothing is summed"
+            ));
+        }
         Ok(Annotation {
             inputs,
             outputs,
             kinds,
+            sizes,
         })
     }
 
@@ -399,10 +482,13 @@ impl Annotation {
         }
         let mut inputs = self.inputs.clone();
         inputs.extend(self.outputs.iter().cloned());
+        // A new dimension of a result is an operand dim of the VJP (its gradient's), where
+        // its length comes from the shape.
         let vjp = Annotation {
             inputs,
             outputs,
             kinds,
+            sizes: BTreeMap::new(),
         };
         // The checks of the language apply to it as to any annotation.
         Annotation::parse(&vjp.to_string())
@@ -417,7 +503,10 @@ impl Annotation {
         match a {
             Atom::Num(n) => n.to_string(),
             Atom::Id(n) if marked => format!("{n}{}", self.kind(n).suffix()),
-            Atom::Id(n) => n.clone(),
+            Atom::Id(n) => match self.sizes.get(n) {
+                Some(l) => format!("{n}={l}{}", self.kind(n).suffix()),
+                None => n.clone(),
+            },
         }
     }
 
@@ -453,7 +542,29 @@ impl Annotation {
                 shapes.len()
             ));
         }
+        // New dimensions have the lengths written on them.
         let mut lens: BTreeMap<String, (i64, DimPos)> = BTreeMap::new();
+        for (name, &n) in &self.sizes {
+            let pos = self
+                .outputs
+                .iter()
+                .enumerate()
+                .find_map(|(tensor, t)| {
+                    let TensorAnno::Tensor { dims, .. } = t else {
+                        return None;
+                    };
+                    let dim = dims
+                        .iter()
+                        .position(|d| *d == Dim::Atom(Atom::Id(name.clone())))?;
+                    Some(DimPos {
+                        output: true,
+                        tensor,
+                        dim,
+                    })
+                })
+                .expect("a new dimension is in a result");
+            lens.insert(name.clone(), (n, pos));
+        }
         let mut star: Option<(Vec<i64>, usize)> = None;
         // Deferred compounds: (known product target, atoms, position).
         let mut pending: Vec<(i64, Vec<Atom>, DimPos)> = Vec::new();
@@ -812,8 +923,51 @@ mod tests {
         let e = Annotation::parse("a b -> a c").unwrap_err();
         assert_eq!(
             e.0,
-            "identifier 'c' of result 0 does not appear in any operand"
+            "identifier 'c' of result 0 does not appear in any operand (a new dimension is written with its length: c=8)"
         );
+    }
+
+    #[test]
+    fn new_dimensions() {
+        let a = Annotation::parse("a b -> n=4 a b").unwrap();
+        assert_eq!(a.to_string(), "a b -> n=4 a b");
+        assert_eq!(a.kind("n"), DimKind::Spatial);
+        let b = a.bind(&[Some(&[2, 3])]).unwrap();
+        assert_eq!(b.output_shapes(), vec![vec![4, 2, 3]]);
+        assert_eq!(b.len("n"), Some(4));
+        let c = a.split_choices(&b);
+        assert_eq!(c[2].id, "n");
+        assert_eq!(
+            c[2].positions,
+            vec![DimPos {
+                output: true,
+                tensor: 0,
+                dim: 0
+            }]
+        );
+        // Its gradient sums over it: the VJP reads it from the result's gradient.
+        let v = a.vjp().unwrap();
+        assert_eq!(v.to_string(), "a b, n+ a b -> a b");
+        let f = Annotation::parse("a -> n=2^ a, n a").unwrap();
+        assert_eq!(f.kind("n"), DimKind::Frozen);
+        assert_eq!(f.to_string(), "a -> n=2^ a, n=2^ a");
+        let b = f.bind(&[Some(&[3])]).unwrap();
+        assert_eq!(b.output_shapes(), vec![vec![2, 3], vec![2, 3]]);
+        assert!(f.split_choices(&b).iter().all(|c| c.id != "n"));
+        for (text, msg) in [
+            ("n=4 a -> a", "only a result can have a new dimension"),
+            ("a -> a=4", "appears in an operand"),
+            ("a -> (n=2 a)", "cannot be part of a compound"),
+            ("a -> n=2 a, n=3 a", "written 2 and 3"),
+            ("a -> n=2+ a", "cannot be summed"),
+            ("a -> n=2 a, n+ a", "nothing is summed"),
+            ("a -> n=0 a", "positive length"),
+            ("a -> n=x a", "positive length"),
+            ("a -> n a", "n=8"),
+        ] {
+            let e = Annotation::parse(text).unwrap_err();
+            assert!(e.0.contains(msg), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -594,7 +594,9 @@ fn broadcast_to_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
         .enumerate()
         .map(|(k, &l)| {
             if k < off || (s[k - off] == 1 && l != 1) {
-                l.to_string()
+                // A dim the operand lacks (or has as 1) is new: splitting it splits the
+                // result alone, each device repeating the whole operand into its piece.
+                format!("{}={l}", id(k))
             } else {
                 id(k)
             }

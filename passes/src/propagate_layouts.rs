@@ -20,6 +20,13 @@
 //! its parameter's layout over those axes first, so the gradient is made in the split its
 //! parameter is used in.
 //!
+//! A result dim that is new (an output-only identifier: `broadcast_to` into new leading
+//! dims, `a b -> n=8 a b` of a user op) is never split by its operands. When the one
+//! consumer of such a result (or the function result it is), directly or through a chain of
+//! single-use ops, needs it split on that dim, the chain is split there instead, if nothing
+//! fixed its splits: each device makes its piece, where a relayout would have made the
+//! whole and cut it (see `amend`).
+//!
 //! A partial value that one consumer needs reduce-scattered while others would let the
 //! partial sum flow on is reduced once, right after its producer, for all of them: a
 //! second pass, run when the first finds such values (see `propagate_with`).
@@ -435,6 +442,135 @@ fn operand_order(
 /// Values to reduce as soon as they are made, by the layout to reduce them to.
 type Eager = HashMap<ValueId, Sharding>;
 
+/// Per result of an op whose split propagation chose alone (no directive, pin or forbid
+/// written), the binds it chose and the axes it left replicated: such an op may still be
+/// split further for its consumer (see [`amend`]).
+type Free = HashMap<ValueId, Decided>;
+
+/// A producer's new split: node index, binds, result layouts.
+type Amendment = (usize, Binds, Vec<Sharding>);
+
+/// Gives `v` layout `need` by splitting its producer further rather than cutting the
+/// value after it: the producer of `v` takes `need`'s extra splits, and so, recursively,
+/// do the producers of the operands that split then needs, down to a new dimension (an
+/// output-only identifier, `broadcast_to` into new dims), which needs nothing from its
+/// operands. Each value on the way must be its producer's only result with exactly one
+/// use, made by an op whose split is free (`free`), replicated where it gains a split and
+/// not partial. Returns whether `v` now has layout `need`; on `false` nothing changed.
+/// Without new dimensions it never applies: propagation already split everything its
+/// operands allowed.
+fn amend(
+    g: &mut Graph,
+    mesh: &Mesh,
+    layouts: &mut [Option<Sharding>],
+    free: &mut Free,
+    v: ValueId,
+    need: &Sharding,
+) -> Result<bool, String> {
+    let mut plan = Vec::new();
+    if !plan_amend(g, mesh, layouts, free, v, need, &mut plan, 0)? {
+        return Ok(false);
+    }
+    for (p, binds, outs) in plan {
+        let o = g.nodes[p].outputs[0];
+        let closed = &free[&o].1;
+        if let Some(d) = split_directive(&binds, closed, mesh) {
+            g.nodes[p].attrs.insert("nns.split".into(), d);
+        }
+        g.nodes[p]
+            .attrs
+            .insert("nns.layouts".into(), layouts_attr(&outs, mesh));
+        layouts[o] = outs.into_iter().next();
+        free.get_mut(&o).expect("planned from it").0 = binds;
+    }
+    Ok(true)
+}
+
+/// [`amend`]'s search: pushes the producers' new splits onto `plan`, returns whether `v`
+/// can have layout `need`.
+#[allow(clippy::too_many_arguments)]
+fn plan_amend(
+    g: &Graph,
+    mesh: &Mesh,
+    layouts: &[Option<Sharding>],
+    free: &Free,
+    v: ValueId,
+    need: &Sharding,
+    plan: &mut Vec<Amendment>,
+    depth: usize,
+) -> Result<bool, String> {
+    let Some(have) = layouts[v].as_ref() else {
+        return Ok(false);
+    };
+    if have == need {
+        return Ok(true);
+    }
+    let Some((binds, closed)) = free.get(&v) else {
+        return Ok(false);
+    };
+    let partial = |s: &Sharding| s.partial.iter().any(Option::is_some);
+    if depth > 64 || partial(have) || partial(need) {
+        return Ok(false);
+    }
+    let uses = g
+        .nodes
+        .iter()
+        .flat_map(|n| &n.inputs)
+        .filter(|&&x| x == v)
+        .count()
+        + g.outputs.iter().filter(|o| o.value == v).count();
+    let Some(p) = g.nodes.iter().position(|n| n.outputs.contains(&v)) else {
+        return Ok(false);
+    };
+    let n = &g.nodes[p];
+    if uses != 1 || n.outputs.len() != 1 {
+        return Ok(false);
+    }
+    let (anno, binding) = annotation(g, n)?;
+    let choices = anno.split_choices(&binding);
+    let mut binds = binds.clone();
+    for (d, (had, want)) in have.split.iter().zip(&need.split).enumerate() {
+        if had == want {
+            continue;
+        }
+        if !had.is_empty() {
+            return Ok(false);
+        }
+        let Some(c) = choices.iter().find(|c| {
+            c.kind == DimKind::Spatial
+                && c.positions
+                    .iter()
+                    .any(|q| q.output && q.tensor == 0 && q.dim == d)
+        }) else {
+            return Ok(false);
+        };
+        let parts: i64 = want.iter().map(|&a| mesh.axes[a].size).product();
+        let taken = binds
+            .iter()
+            .any(|(i, axes)| *i == c.id || axes.iter().any(|a| want.contains(a)))
+            || want.iter().any(|a| closed.contains(a));
+        if taken || binding.len(&c.id).unwrap_or(1) % parts != 0 {
+            return Ok(false);
+        }
+        binds.push((c.id.clone(), want.clone()));
+    }
+    let ops: Vec<Option<&Sharding>> = n.inputs.iter().map(|&x| layouts[x].as_ref()).collect();
+    let l = node_layouts(g, n, mesh, &binds, &ops)?;
+    if l.outputs.first() != Some(need) {
+        return Ok(false);
+    }
+    let mark = plan.len();
+    for (&u, want) in n.inputs.iter().zip(&l.inputs) {
+        let Some(want) = want else { continue };
+        if !plan_amend(g, mesh, layouts, free, u, want, plan, depth + 1)? {
+            plan.truncate(mark);
+            return Ok(false);
+        }
+    }
+    plan.push((p, binds, l.outputs));
+    Ok(true)
+}
+
 /// Propagation in two passes when the first finds partial values that one consumer needs
 /// reduce-scattered while others let the partial sum flow on (an attention gradient's
 /// `dk` under context parallelism: reduce-scattered for its weight gradient, flowing
@@ -478,6 +614,7 @@ fn propagate_pass(
     let copies = param_copies(&g);
     let compute = compute_axes(&g, mesh, &copies);
     let want = wanted_grads(&g, &layouts, &compute);
+    let mut free = Free::new();
     let mut k = 0;
     while k < g.nodes.len() {
         let mut n = g.nodes[k].clone();
@@ -620,6 +757,17 @@ fn propagate_pass(
         let ops: Vec<Option<&Sharding>> = n.inputs.iter().map(|&v| layouts[v].as_ref()).collect();
         let l = node_layouts(&g, &n, mesh, &binds, &ops)
             .map_err(|e| error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op)))?;
+        // An operand that is a new dimension's broadcast, needed split on it: its
+        // producer makes the pieces instead.
+        for (&v, need) in n.inputs.iter().zip(&l.inputs) {
+            if let (Some(need), Some(have)) = (need, layouts[v].as_ref()) {
+                if have != need {
+                    amend(&mut g, mesh, &mut layouts, &mut free, v, need).map_err(|e| {
+                        error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op))
+                    })?;
+                }
+            }
+        }
         for (&v, need) in n.inputs.iter().zip(&l.inputs) {
             let (Some(have), Some(need)) = (layouts[v].as_ref(), need) else {
                 continue;
@@ -648,6 +796,9 @@ fn propagate_pass(
         let outputs = n.outputs.clone();
         for (&v, s) in outputs.iter().zip(l.outputs) {
             layouts[v] = Some(s);
+            if written.is_none() && forbid.is_none() {
+                free.insert(v, (binds.clone(), closed.clone()));
+            }
         }
         // A value to reduce at once: a relayout after its producer, read by every later
         // consumer (and result) instead.
@@ -691,6 +842,21 @@ fn propagate_pass(
         .filter(|a| a.is_state())
         .map(|a| (a.name().unwrap_or("").to_string(), layouts[a.value].clone()))
         .collect();
+    // A result whose layout is written (a user op's body, specialized for a call) that is
+    // a new dimension's broadcast: its producer makes the pieces.
+    for i in 0..g.outputs.len() {
+        let o = &g.outputs[i];
+        let Some(attr) = o.attrs.get("nns.layout") else {
+            continue;
+        };
+        let v = o.value;
+        let want = Sharding::from_attr(attr, mesh, g.values[v].rank())
+            .map_err(|e| error(&g.loc, format!("propagate-layouts: result {i}: {e}")))?;
+        if layouts[v].as_ref().is_some_and(|h| *h != want) {
+            amend(&mut g, mesh, &mut layouts, &mut free, v, &want)
+                .map_err(|e| error(&g.loc, format!("propagate-layouts: result {i}: {e}")))?;
+        }
+    }
     for o in &mut g.outputs {
         if o.attrs.contains_key("nns.layout") {
             continue;

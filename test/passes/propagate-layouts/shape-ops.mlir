@@ -2,6 +2,13 @@
 // RUN: nnscaler check-op %S/Inputs/regroup-op.mlir @regroup | FileCheck %s --check-prefix=OP
 // OP: ok    split b over 2 devices: max relative error
 // OP-NEXT: ok    split b over 4 devices: max relative error
+// RUN: nnscaler check-op %S/Inputs/broadcast-op.mlir @tile | FileCheck %s --check-prefix=TILE
+// TILE: ok    split a over 2 devices
+// TILE: ok    split n over 2 devices: max relative error
+// TILE-NEXT: ok    split n over 4 devices: max relative error
+// RUN: nnscaler check-op %S/Inputs/broadcast-op.mlir @scale | FileCheck %s --check-prefix=SCALE
+// SCALE: ok    split n over 2 devices: max relative error
+// SCALE-NEXT: ok    split n over 4 devices: max relative error
 
 // Shape ops carry a split through every dim whose pieces stay contiguous, with no relayout:
 // a reshape that regroups factors ((b n) c -> b (n c)) splits its outermost dims by their
@@ -25,6 +32,20 @@
 // CHECK: "dnn.reshape"({{.*}}) {nns.layouts = [#nns.layout<@world, dp = D(0)>], nns.split = #nns.split<r0 = dp>, shape = array<i64: 8, 3>}
 // CHECK: "nns.relayout"({{.*}}) {to = #nns.layout<@world>}
 // CHECK-NEXT: return
+// broadcast_to into a new leading dim (`a=8` in its annotation, in no operand) that its
+// consumer needs split: the broadcast is split there, directly or through a chain of
+// single-use ops, instead of made whole and cut.
+// CHECK-LABEL: func.func @lead
+// CHECK-NOT: nns.relayout
+// CHECK: "dnn.broadcast_to"(%arg0) {nns.layouts = [#nns.layout<@world, dp = D(0)>], nns.split = #nns.split<a = dp>, shape = array<i64: 8, 4, 6>}
+// CHECK: "dnn.exp"({{.*}}) {nns.layouts = [#nns.layout<@world, dp = D(0)>], nns.split = #nns.split<*0 = dp>}
+// CHECK: "dnn.add"
+// CHECK: "nns.relayout"({{.*}}) {to = #nns.layout<@world>}
+// CHECK-NEXT: return
+// A broadcast with a second use is left whole (its other consumer reads it whole).
+// CHECK-LABEL: func.func @shared
+// CHECK: "dnn.broadcast_to"(%arg0) {nns.layouts = [#nns.layout<@world>], shape
+// CHECK: "nns.relayout"
 // Factors with nothing in common ([2, 15] -> [3, 10]): no split survives the reshape, so
 // the operand is made whole first.
 // CHECK-LABEL: func.func @frozen
@@ -49,6 +70,17 @@ func.func @shapes(%x: tensor<4x6xf32> {nns.layout = #nns.layout<@world, dp = D(0
   %k = "dnn.reshape"(%j) {shape = array<i64: 2, 12>} : (tensor<8x3xf32>) -> tensor<2x12xf32>
   %l = "dnn.reshape"(%k) {shape = array<i64: 8, 3>} : (tensor<2x12xf32>) -> tensor<8x3xf32>
   return %l : tensor<8x3xf32>
+}
+func.func @lead(%x: tensor<4x6xf32>, %y: tensor<8x4x6xf32> {nns.layout = #nns.layout<@world, dp = D(0)>}) -> tensor<8x4x6xf32> {
+  %b = "dnn.broadcast_to"(%x) {shape = array<i64: 8, 4, 6>} : (tensor<4x6xf32>) -> tensor<8x4x6xf32>
+  %e = "dnn.exp"(%b) : (tensor<8x4x6xf32>) -> tensor<8x4x6xf32>
+  %s = "dnn.add"(%e, %y) : (tensor<8x4x6xf32>, tensor<8x4x6xf32>) -> tensor<8x4x6xf32>
+  return %s : tensor<8x4x6xf32>
+}
+func.func @shared(%x: tensor<4x6xf32>, %y: tensor<8x4x6xf32> {nns.layout = #nns.layout<@world, dp = D(0)>}) -> (tensor<8x4x6xf32>, tensor<8x4x6xf32>) {
+  %b = "dnn.broadcast_to"(%x) {shape = array<i64: 8, 4, 6>} : (tensor<4x6xf32>) -> tensor<8x4x6xf32>
+  %s = "dnn.add"(%b, %y) : (tensor<8x4x6xf32>, tensor<8x4x6xf32>) -> tensor<8x4x6xf32>
+  return %s, %b : tensor<8x4x6xf32>, tensor<8x4x6xf32>
 }
 func.func @frozen(%x: tensor<2x15xf32> {nns.layout = #nns.layout<@world, dp = D(0)>}) -> tensor<3x10xf32> {
   %r = "dnn.reshape"(%x) {shape = array<i64: 3, 10>} : (tensor<2x15xf32>) -> tensor<3x10xf32>

@@ -48,6 +48,7 @@ fn generate() -> String {
         "# Dialect reference\n\n<!-- Generated from dialects/src/dnn.rs and nns.rs by tools/tests/integration/docs.rs; do not edit. -->\n\n\
          Ops are written in MLIR generic form. Annotations use nnScaler's language (see\n\
          `dialects/src/annotation.rs`): `x` spatial, `x+` summed, `x^` frozen, numbers fixed,\n\
+         `n=8` a new result dim (in no operand; splitting it leaves the operands whole),\n\
          `(a b)` compound (only the first part splits), `*` leading dims, `?` non-tensor, an\n\
          empty result entry a scalar. Annotations depend on ranks and attributes; the one shown\n\
          is the example's.\n\n## dnn\n\n",
