@@ -184,16 +184,22 @@ class ops:
         """Scaled dot-product attention over [b, h, s, d]: grouped-query when k and v have
         fewer heads (query head i reads key/value head i / (h / g)); with `causal`, query
         position q0 + i sees keys up to q0 + i (q0: the start of this rank's positions)."""
+        # Computed in float32 and rounded once (as nnscaler's kernels and flash attention
+        # do), whatever the inputs' type.
+        dt = q.dtype
+        q, k, v = q.float(), k.float(), v.float()
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         p = ops._probs(q, k, causal, scale, q0)
-        return torch.matmul(p, v.repeat_interleave(q.shape[1] // v.shape[1], dim=1))
+        return torch.matmul(p, v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)).to(dt)
 
     @staticmethod
     def attention_grad(dout, q, k, v, causal=False, scale=None, q0=0):
         with torch.enable_grad():
-            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+            types = [t.dtype for t in (q, k, v)]
+            q, k, v = (t.detach().float().requires_grad_() for t in (q, k, v))
             out = ops.attention(q, k, v, causal, scale, q0)
-            return torch.autograd.grad(out, (q, k, v), dout)
+            grads = torch.autograd.grad(out, (q, k, v), dout.float())
+            return tuple(g.to(t) for g, t in zip(grads, types))
 
     @staticmethod
     def rotary(x, theta=10000.0, p0=0, sign=1.0):
@@ -426,21 +432,35 @@ class Comm:
         ranks = sorted(members)
         return [parts[members.index(r)] for r in ranks]
 
+    # gloo (torch 1.13) has no bfloat16 in its collectives ("Invalid scalar type"): data
+    # that only moves travels as float16 bits (the same two bytes, unchanged); data that is
+    # reduced is summed in float32 and rounded back once (as nnscaler's runtimes sum).
+    def _bf16_on_gloo(self, x):
+        return self.backend == "gloo" and x.dtype == torch.bfloat16
+
+    def _wire(self, x):
+        return x.view(torch.float16) if self._bf16_on_gloo(x) else x
+
+    def _unwire(self, y, like):
+        return y.view(torch.bfloat16) if self._bf16_on_gloo(like) else y
+
     def all_reduce(self, x, axes, op="sum"):
         pg, members, _ = self._group(axes)
-        y = x.clone().contiguous()
-        if pg is not None:
-            dist.all_reduce(y, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=pg)
-        return y
+        if pg is None:
+            return x.clone().contiguous()
+        y = x.float() if self._bf16_on_gloo(x) else x.clone()
+        y = y.contiguous()
+        dist.all_reduce(y, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=pg)
+        return y.to(x.dtype)
 
     def all_gather(self, x, axes, dim):
         pg, members, _ = self._group(axes)
         if pg is None:
             return x.clone()
-        x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in members]
-        dist.all_gather(parts, x, group=pg)
-        return torch.cat(self._to_member_order(parts, members), dim)
+        w = self._wire(x.contiguous())
+        parts = [torch.empty_like(w) for _ in members]
+        dist.all_gather(parts, w, group=pg)
+        return self._unwire(torch.cat(self._to_member_order(parts, members), dim), x)
 
     def reduce_scatter(self, x, axes, dim, op="sum"):
         pg, members, me = self._group(axes)
@@ -455,8 +475,7 @@ class Comm:
             dist.reduce_scatter_tensor(out, inp, op=red, group=pg)
             return out.movedim(0, dim).contiguous()
         # gloo has no reduce-scatter: reduce the whole, keep this member's piece.
-        y = x.clone().contiguous()
-        dist.all_reduce(y, red, group=pg)
+        y = self.all_reduce(x, axes, op)
         return y.chunk(n, dim)[me].contiguous()
 
     def all_to_all(self, x, axes, split_dim, concat_dim):
@@ -466,17 +485,17 @@ class Comm:
             return x.clone()
         moved = x.movedim(split_dim, 0)
         pieces = self._to_group_order(list(moved.chunk(n, 0)), members)
-        inp = torch.cat(pieces, 0).contiguous()
+        inp = self._wire(torch.cat(pieces, 0).contiguous())
         out = torch.empty_like(inp)
         dist.all_to_all_single(out, inp, group=pg)
-        got = self._to_member_order(list(out.chunk(n, 0)), members)
+        got = self._to_member_order(list(self._unwire(out, x).chunk(n, 0)), members)
         return torch.cat([p.movedim(0, split_dim) for p in got], concat_dim).contiguous()
 
     def broadcast(self, x, axes, root):
         pg, members, _ = self._group(axes)
         y = x.clone().contiguous()
         if pg is not None:
-            dist.broadcast(y, members[root], group=pg)
+            dist.broadcast(self._wire(y), members[root], group=pg)
         return y
 
     def send(self, x, tag, dst):
