@@ -2,6 +2,15 @@
 // RUN: nnscaler check-op %S/Inputs/regroup-op.mlir @regroup | FileCheck %s --check-prefix=OP
 // OP: ok    split b over 2 devices: max relative error
 // OP-NEXT: ok    split b over 4 devices: max relative error
+// RUN: nnscaler check-op %S/Inputs/layout-ops.mlir @swap | FileCheck %s --check-prefix=SWAP
+// SWAP: ok    split a over 4 devices
+// SWAP: ok    split b over 4 devices
+// SWAP: ok    split c over 2 devices
+// RUN: nnscaler check-op %S/Inputs/layout-ops.mlir @rotate | FileCheck %s --check-prefix=ROT
+// ROT: ok    split a over 4 devices
+// RUN: nnscaler check-op %S/Inputs/layout-ops.mlir @merge | FileCheck %s --check-prefix=MERGE
+// MERGE: ok    split a over 4 devices
+// MERGE: ok    split c over 2 devices
 // RUN: nnscaler check-op %S/Inputs/broadcast-op.mlir @tile | FileCheck %s --check-prefix=TILE
 // TILE: ok    split a over 2 devices
 // TILE: ok    split n over 2 devices: max relative error
