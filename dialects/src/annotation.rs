@@ -404,9 +404,11 @@ impl Annotation {
                 ));
             }
             match sizes.insert(name.clone(), *n) {
-                Some(m) if m != *n => return err(format!(
+                Some(m) if m != *n => {
+                    return err(format!(
                     "new dimension '{name}' is written {m} and {n}; one identifier has one length"
-                )),
+                ))
+                }
                 _ => {}
             }
         }

@@ -45,7 +45,7 @@ fn example_view(ir: &IrContext, example: &str) -> OpView {
 fn generate() -> String {
     let ir = IrContext::new();
     let mut s = String::from(
-        "# Dialect reference\n\n<!-- Generated from dialects/src/dnn.rs and nns.rs by tools/tests/integration/docs.rs; do not edit. -->\n\n\
+        "# Dialect reference\n\n<!-- Generated from dialects/src/dnn/ and nns.rs by tools/tests/integration/docs.rs; do not edit. -->\n\n\
          Ops are written in MLIR generic form. Annotations use nnScaler's language (see\n\
          `dialects/src/annotation.rs`): `x` spatial, `x+` summed, `x^` frozen, numbers fixed,\n\
          `n=8` a new result dim (in no operand; splitting it leaves the operands whole),\n\

@@ -1,0 +1,451 @@
+//! Elementwise ops: unary and binary arithmetic (numpy broadcasting), activations and
+//! their gradients, casts, dropout and fill.
+
+use super::*;
+
+pub(super) fn unary(_: &OpCtx<'_>) -> Result<String, String> {
+    Ok("* -> *".into())
+}
+
+pub(super) fn unary_grad(_: &OpCtx<'_>) -> Result<String, String> {
+    Ok("*, * -> *".into())
+}
+
+/// Numpy broadcasting of two shapes.
+pub(super) fn broadcast(a: &[i64], b: &[i64]) -> Result<Vec<i64>, String> {
+    let r = a.len().max(b.len());
+    let mut out = vec![0; r];
+    for i in 0..r {
+        let x = if i + a.len() >= r {
+            a[i + a.len() - r]
+        } else {
+            1
+        };
+        let y = if i + b.len() >= r {
+            b[i + b.len() - r]
+        } else {
+            1
+        };
+        out[i] = match (x, y) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => {
+                return Err(format!(
+                    "shapes {a:?} and {b:?} do not broadcast: dimension {i} of the result would be {x} and {y}"
+                ))
+            }
+        };
+    }
+    Ok(out)
+}
+
+pub(super) fn binary(ctx: &OpCtx<'_>) -> Result<String, String> {
+    let (a, b) = (ctx.shape(0)?, ctx.shape(1)?);
+    let out = broadcast(a, b)?;
+    let r = out.len();
+    let side = |s: &[i64]| -> String {
+        let mut v = Vec::new();
+        for (k, &len) in s.iter().enumerate() {
+            let o = k + r - s.len();
+            v.push(if len == 1 && out[o] != 1 {
+                "1".into()
+            } else {
+                id(o)
+            });
+        }
+        join(&v)
+    };
+    let outs: Vec<String> = (0..r).map(id).collect();
+    Ok(format!("{}, {} -> {}", side(a), side(b), join(&outs)))
+}
+
+pub(super) fn dropout_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
+    let p = ctx.float_or("p", 0.0);
+    if !(0.0..1.0).contains(&p) {
+        return Err(format!("attribute 'p' must be in [0, 1), got {p}"));
+    }
+    if ctx.operands.len() == 2 {
+        if ctx.rank(1)? != 0 {
+            return Err("operand 1 (the step) must be a scalar".into());
+        }
+        return Ok("*,  -> *".into());
+    }
+    Ok("* -> *".into())
+}
+
+pub(super) fn fill_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
+    let shape = ctx.shape_attr("shape")?;
+    let v: Vec<String> = shape.iter().map(i64::to_string).collect();
+    Ok(format!(" -> {}", join(&v)))
+}
+
+pub(super) fn fill_results(ctx: &OpCtx<'_>) -> Result<Vec<TensorType>, String> {
+    let dtype = ctx.str_or("dtype", "f32");
+    let elem = Elem::parse(dtype).ok_or(format!("unknown dtype '{dtype}'"))?;
+    Ok(vec![TensorType::new(ctx.shape_attr("shape")?, elem)])
+}
+
+/// `dnn.cast`: the operand's shape, the element type `to` names (f32 or bf16: f16 would
+/// need loss scaling, which nnscaler does not do).
+pub(super) fn cast_types(ctx: &OpCtx<'_>) -> Result<Vec<TensorType>, String> {
+    let to = ctx.str_or("to", "");
+    let elem = match Elem::parse(to) {
+        Some(e @ (Elem::F32 | Elem::BF16)) => e,
+        _ => {
+            return Err(format!(
+                "attribute 'to' must be \"f32\" or \"bf16\", got \"{to}\""
+            ))
+        }
+    };
+    Ok(vec![TensorType {
+        shape: ctx.shape(0)?.to_vec(),
+        elem,
+    }])
+}
+
+pub(super) fn gelu_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
+    match ctx.str_or("approximate", "none") {
+        "none" | "tanh" => Ok("* -> *".into()),
+        other => Err(format!(
+            "attribute 'approximate' must be \"none\" or \"tanh\", got \"{other}\""
+        )),
+    }
+}
+
+pub(super) fn gelu_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
+    gelu_anno(ctx).map(|_| "*, * -> *".into())
+}
+
+/// The mask is indexed by the element's place in the whole tensor.
+pub(super) fn local_dropout(c: &mut LocalCtx<'_>) -> Result<(), String> {
+    let rank = c.operands[0].rank();
+    if (0..rank).any(|d| c.split(0, d)) {
+        let axes: Vec<String> = (0..rank)
+            .map(|d| match c.axes(0, d) {
+                AttrValue::Strs(v) => v.join(","),
+                _ => String::new(),
+            })
+            .collect();
+        let shape = c.operands[0].shape.clone();
+        c.attrs
+            .insert("global_shape".into(), AttrValue::Ints(shape));
+        c.attrs.insert("dim_axes".into(), AttrValue::Strs(axes));
+    }
+    Ok(())
+}
+
+pub(super) const ADD: OpSpec = binary_op!(
+    "dnn.add",
+    "Elementwise sum with broadcasting",
+    r#"%2 = "dnn.add"(%0, %1) : (tensor<2x3xf32>, tensor<3xf32>) -> tensor<2x3xf32>"#,
+    Traits {
+        linear: Linearity::Joint(&[0, 1]),
+        scalar: Some(scalar::add),
+        ..TRAITS
+    }
+);
+
+pub(super) const SUB: OpSpec = binary_op!(
+    "dnn.sub",
+    "Elementwise difference with broadcasting",
+    r#"%2 = "dnn.sub"(%0, %1) : (tensor<2x3xf32>, tensor<2x1xf32>) -> tensor<2x3xf32>"#,
+    Traits {
+        linear: Linearity::Joint(&[0, 1]),
+        scalar: Some(scalar::sub),
+        ..TRAITS
+    }
+);
+
+pub(super) const MUL: OpSpec = binary_op!(
+    "dnn.mul",
+    "Elementwise product with broadcasting",
+    r#"%2 = "dnn.mul"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+    Traits {
+        linear: Linearity::Each(&[0, 1]),
+        megatron_through: true,
+        scalar: Some(scalar::mul),
+        ..TRAITS
+    }
+);
+
+pub(super) const DIV: OpSpec = binary_op!(
+    "dnn.div",
+    "Elementwise quotient with broadcasting",
+    r#"%2 = "dnn.div"(%0, %1) : (tensor<2x3xf32>, tensor<f32>) -> tensor<2x3xf32>"#,
+    Traits {
+        linear: Linearity::Joint(&[0]),
+        scalar: Some(scalar::div),
+        ..TRAITS
+    }
+);
+
+pub(super) const NEG: OpSpec = elementwise!(
+    "dnn.neg",
+    "-x",
+    out_numel,
+    r#"%1 = "dnn.neg"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+    Traits {
+        linear: Linearity::Joint(&[0]),
+        scalar: Some(scalar::neg),
+        ..TRAITS
+    }
+);
+
+pub(super) const EXP: OpSpec = elementwise!(
+    "dnn.exp",
+    "e^x",
+    flops_x4,
+    r#"%1 = "dnn.exp"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+    Traits {
+        scalar: Some(scalar::exp),
+        ..TRAITS
+    }
+);
+
+pub(super) const LOG: OpSpec = elementwise!(
+    "dnn.log",
+    "Natural logarithm",
+    flops_x4,
+    r#"%1 = "dnn.log"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+    Traits {
+        scalar: Some(scalar::log),
+        ..TRAITS
+    }
+);
+
+pub(super) const SQRT: OpSpec = elementwise!(
+    "dnn.sqrt",
+    "Square root",
+    flops_x4,
+    r#"%1 = "dnn.sqrt"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+    Traits {
+        scalar: Some(scalar::sqrt),
+        ..TRAITS
+    }
+);
+
+pub(super) const RSQRT: OpSpec = elementwise!(
+    "dnn.rsqrt",
+    "1 / sqrt(x)",
+    flops_x4,
+    r#"%1 = "dnn.rsqrt"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+    Traits {
+        scalar: Some(scalar::rsqrt),
+        ..TRAITS
+    }
+);
+
+pub(super) const SIGMOID: OpSpec = elementwise!(
+    "dnn.sigmoid",
+    "1 / (1 + e^-x)",
+    flops_x4,
+    r#"%1 = "dnn.sigmoid"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+    Traits {
+        megatron_through: true,
+        scalar: Some(scalar::sigmoid_op),
+        ..TRAITS
+    }
+);
+
+pub(super) const TANH: OpSpec = elementwise!(
+    "dnn.tanh",
+    "Hyperbolic tangent",
+    flops_x4,
+    r#"%1 = "dnn.tanh"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+    Traits {
+        megatron_through: true,
+        scalar: Some(scalar::tanh),
+        ..TRAITS
+    }
+);
+
+pub(super) const GELU: OpSpec = OpSpec {
+    name: "dnn.gelu",
+    summary: "Gaussian error linear unit",
+    operands: &["x"],
+    variadic: false,
+    optional: 0,
+    any_elem: false,
+    int_operands: &[],
+    results: &["y"],
+    attrs: &[APPROX],
+    annotation: gelu_anno,
+    result_types: None,
+    flops: flops_x8,
+    grad_of: None,
+    traits: Traits {
+        megatron_through: true,
+        scalar: Some(scalar::gelu),
+        ..TRAITS
+    },
+    example: r#"%1 = "dnn.gelu"(%0) {approximate = "tanh"} : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+};
+
+pub(super) const CAST: OpSpec = OpSpec {
+    name: "dnn.cast",
+    summary: "Converts floats to another float type: to bf16 rounds to nearest (ties to even), to f32 is exact; what --autocast inserts around matrix products",
+    operands: &["x"],
+    variadic: false,
+    optional: 0,
+    any_elem: false,
+    int_operands: &[],
+    results: &["y"],
+    attrs: &[attr("to", AttrKind::Str, true, "the result's element type: \"f32\" or \"bf16\"")],
+    annotation: unary,
+    result_types: Some(cast_types),
+    flops: out_numel,
+    grad_of: None,
+    traits: Traits {
+        // Exact to f32 (every bf16 is an f32), so partial sums pass through it and are
+        // reduced (or accumulated over micro-batches) in f32; to bf16 it rounds each
+        // partial, as a bf16 product already does.
+        linear: Linearity::Each(&[0]),
+        megatron_through: true,
+        scalar: Some(scalar::cast),
+        ..TRAITS
+    },
+    example: r#"%1 = "dnn.cast"(%0) {to = "bf16"} : (tensor<2x3xf32>) -> tensor<2x3xbf16>"#,
+};
+
+pub(super) const SILU: OpSpec = elementwise!(
+    "dnn.silu",
+    "x * sigmoid(x)",
+    flops_x4,
+    r#"%1 = "dnn.silu"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+    Traits {
+        megatron_through: true,
+        scalar: Some(scalar::silu),
+        ..TRAITS
+    }
+);
+
+pub(super) const RELU: OpSpec = elementwise!(
+    "dnn.relu",
+    "max(x, 0)",
+    out_numel,
+    r#"%1 = "dnn.relu"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+    Traits {
+        megatron_through: true,
+        scalar: Some(scalar::relu),
+        ..TRAITS
+    }
+);
+
+pub(super) const DROPOUT: OpSpec = OpSpec {
+    name: "dnn.dropout",
+    summary: "Zeroes elements with probability p and scales the rest by 1/(1-p); the mask is a function of (seed, element index), and of the training step when the optional scalar step is given (a new mask each step)",
+    operands: &["x", "step"],
+    variadic: false,
+    optional: 1,
+    any_elem: false,
+    int_operands: &[],
+    results: &["y"],
+    attrs: &[
+        attr("p", AttrKind::Float, true, "drop probability in [0, 1)"),
+        attr("seed", AttrKind::Int, true, "mask seed"),
+        attr("global_shape", AttrKind::Ints, false, "set by --localize on a shard: the whole tensor's shape (the mask is indexed globally)"),
+        attr("dim_axes", AttrKind::Strs, false, "set by --localize on a shard: per dim, the comma-separated mesh axes splitting it"),
+    ],
+    annotation: dropout_anno,
+    result_types: None,
+    flops: flops_x4,
+    grad_of: None,
+    traits: Traits {
+        linear: Linearity::Joint(&[0]),
+        megatron_through: true,
+        localize: Some(local_dropout),
+        ..TRAITS
+    },
+    example: r#"%1 = "dnn.dropout"(%0) {p = 1.0e-1 : f64, seed = 7 : i64} : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+};
+
+pub(super) const FILL: OpSpec = OpSpec {
+    name: "dnn.fill",
+    summary: "A tensor with every element equal to value",
+    operands: &[],
+    variadic: false,
+    optional: 0,
+    any_elem: false,
+    int_operands: &[],
+    results: &["y"],
+    attrs: &[
+        attr("shape", AttrKind::Ints, true, "the shape"),
+        attr("value", AttrKind::Float, true, "the element value"),
+        attr(
+            "dtype",
+            AttrKind::Str,
+            false,
+            "element type (default \"f32\")",
+        ),
+    ],
+    annotation: fill_anno,
+    result_types: Some(fill_results),
+    flops: zero_flops,
+    grad_of: None,
+    traits: Traits {
+        localize: Some(local_shape_attr),
+        ..TRAITS
+    },
+    example: r#"%0 = "dnn.fill"() {shape = array<i64: 2, 3>, value = 1.0 : f64} : () -> tensor<2x3xf32>"#,
+};
+
+pub(super) const GELU_GRAD: OpSpec = OpSpec {
+    name: "dnn.gelu_grad",
+    summary: "dy * gelu'(x)",
+    operands: &["dy", "x"],
+    variadic: false,
+    optional: 0,
+    any_elem: false,
+    int_operands: &[],
+    results: &["dx"],
+    attrs: &[APPROX],
+    annotation: gelu_grad_anno,
+    result_types: None,
+    flops: flops_x10,
+    grad_of: Some("dnn.gelu"),
+    traits: Traits {
+        linear: Linearity::Joint(&[0]),
+        scalar: Some(scalar::gelu_grad),
+        ..TRAITS
+    },
+    example: r#"%2 = "dnn.gelu_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+};
+
+pub(super) const SILU_GRAD: OpSpec = act_grad!(
+    "dnn.silu_grad",
+    "dnn.silu",
+    "dy * silu'(x)",
+    scalar::silu_grad,
+    r#"%2 = "dnn.silu_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#
+);
+
+pub(super) const RELU_GRAD: OpSpec = act_grad!(
+    "dnn.relu_grad",
+    "dnn.relu",
+    "dy where x > 0, else 0",
+    scalar::relu_grad,
+    r#"%2 = "dnn.relu_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#
+);
+
+pub(super) const TANH_GRAD: OpSpec = OpSpec {
+    name: "dnn.tanh_grad",
+    summary: "dy * (1 - y^2), given the forward output y",
+    operands: &["dy", "y"],
+    variadic: false,
+    optional: 0,
+    any_elem: false,
+    int_operands: &[],
+    results: &["dx"],
+    attrs: &[],
+    annotation: unary_grad,
+    result_types: None,
+    flops: flops_x4,
+    grad_of: Some("dnn.tanh"),
+    traits: Traits {
+        linear: Linearity::Joint(&[0]),
+        scalar: Some(scalar::tanh_grad),
+        ..TRAITS
+    },
+    example: r#"%2 = "dnn.tanh_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+};

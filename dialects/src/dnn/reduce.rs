@@ -1,0 +1,162 @@
+//! Reductions: sum, mean, max and the gradient of max.
+
+use super::*;
+
+/// The reduced dims of a reduction, normalized and sorted.
+pub(super) fn reduce_dims(ctx: &OpCtx<'_>, rank: usize) -> Result<Vec<usize>, String> {
+    let mut dims = Vec::new();
+    for &d in ctx.ints("dims")? {
+        let d = ctx.norm_dim(d, rank)?;
+        if dims.contains(&d) {
+            return Err(format!("attribute 'dims' names dimension {d} twice"));
+        }
+        dims.push(d);
+    }
+    dims.sort();
+    Ok(dims)
+}
+
+pub(super) fn reduce_out(ctx: &OpCtx<'_>, rank: usize, dims: &[usize]) -> Vec<String> {
+    let keep = ctx.bool_or("keepdim", false);
+    (0..rank)
+        .filter_map(|i| match (dims.contains(&i), keep) {
+            (false, _) => Some(id(i)),
+            (true, true) => Some("1".into()),
+            (true, false) => None,
+        })
+        .collect()
+}
+
+pub(super) fn sum_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
+    let r = ctx.rank(0)?;
+    let dims = reduce_dims(ctx, r)?;
+    Ok(format!(
+        "{} -> {}",
+        join(&ids_with(r, &dims, "+")),
+        join(&reduce_out(ctx, r, &dims))
+    ))
+}
+
+/// Reduced dims are marked `+`: splitting one leaves partial maxima (V(max)), which an
+/// all_reduce(max) completes (the layout algebra knows `dnn.max` reduces by max).
+pub(super) fn max_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
+    let r = ctx.rank(0)?;
+    let dims = reduce_dims(ctx, r)?;
+    Ok(format!(
+        "{} -> {}",
+        join(&ids_with(r, &dims, "+")),
+        join(&reduce_out(ctx, r, &dims))
+    ))
+}
+
+pub(super) fn max_grad_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
+    let r = ctx.rank(1)?;
+    let dims = reduce_dims(ctx, r)?;
+    let full = join(&ids_with(r, &dims, "^"));
+    Ok(format!(
+        "{}, {full} -> {full}",
+        join(&reduce_out(ctx, r, &dims))
+    ))
+}
+
+pub(super) fn local_mean(c: &mut LocalCtx<'_>) -> Result<(), String> {
+    let x = &c.operands[0];
+    let rank = x.rank() as i64;
+    let dims: Vec<usize> = match c.attrs.get("dims") {
+        Some(AttrValue::Ints(d)) => d
+            .iter()
+            .map(|&d| (if d < 0 { d + rank } else { d }) as usize)
+            .collect(),
+        _ => Vec::new(),
+    };
+    if dims.iter().any(|&d| c.split(0, d)) {
+        let count: i64 = dims.iter().map(|&d| x.shape[d]).product();
+        set_count(c, count);
+    }
+    Ok(())
+}
+
+pub(super) const SUM: OpSpec = OpSpec {
+    name: "dnn.sum",
+    summary: "Sum over dimensions",
+    operands: &["x"],
+    variadic: false,
+    optional: 0,
+    any_elem: false,
+    int_operands: &[],
+    results: &["y"],
+    attrs: &[DIMS, KEEPDIM],
+    annotation: sum_anno,
+    result_types: None,
+    flops: zero_flops,
+    grad_of: None,
+    traits: Traits {
+        linear: Linearity::Joint(&[0]),
+        ..TRAITS
+    },
+    example: r#"%1 = "dnn.sum"(%0) {dims = array<i64: 1>} : (tensor<2x3xf32>) -> tensor<2xf32>"#,
+};
+
+pub(super) const MEAN: OpSpec = OpSpec {
+    name: "dnn.mean",
+    summary: "Mean over dimensions",
+    operands: &["x"],
+    variadic: false,
+    optional: 0,
+    any_elem: false,
+    int_operands: &[],
+    results: &["y"],
+    attrs: &[DIMS, KEEPDIM, COUNT],
+    annotation: sum_anno,
+    result_types: None,
+    flops: zero_flops,
+    grad_of: None,
+    traits: Traits {
+        linear: Linearity::Joint(&[0]),
+        localize: Some(local_mean),
+        ..TRAITS
+    },
+    example: r#"%1 = "dnn.mean"(%0) {dims = array<i64: 0, 1>} : (tensor<2x3xf32>) -> tensor<f32>"#,
+};
+
+pub(super) const MAX: OpSpec = OpSpec {
+    name: "dnn.max",
+    summary: "Maximum over dimensions",
+    operands: &["x"],
+    variadic: false,
+    optional: 0,
+    any_elem: false,
+    int_operands: &[],
+    results: &["y"],
+    attrs: &[DIMS, KEEPDIM],
+    annotation: max_anno,
+    result_types: None,
+    flops: zero_flops,
+    grad_of: None,
+    traits: Traits {
+        partial_max: true,
+        ..TRAITS
+    },
+    example: r#"%1 = "dnn.max"(%0) {dims = array<i64: 1>, keepdim = true} : (tensor<2x3xf32>) -> tensor<2x1xf32>"#,
+};
+
+pub(super) const MAX_GRAD: OpSpec = OpSpec {
+    name: "dnn.max_grad",
+    summary: "Routes dy to the positions of the maximum of x",
+    operands: &["dy", "x"],
+    variadic: false,
+    optional: 0,
+    any_elem: false,
+    int_operands: &[],
+    results: &["dx"],
+    attrs: &[DIMS, KEEPDIM],
+    annotation: max_grad_anno,
+    result_types: None,
+    flops: zero_flops,
+    grad_of: Some("dnn.max"),
+    traits: Traits {
+        linear: Linearity::Joint(&[0]),
+        ..TRAITS
+    },
+    example: r#"%2 = "dnn.max_grad"(%0, %1) {dims = array<i64: 1>} : (tensor<2xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+};
