@@ -709,8 +709,8 @@ impl Graph {
     /// not change what it is), so a partitioned program draws the single-device values. A
     /// parameter whose uses ask for different rules (a norm weight that is also a bias) is
     /// an error asking for an `nns.init`: no plan may decide which use wins.
-    pub fn init_rule(&self, arg: usize) -> Result<crate::nns::Init, String> {
-        use crate::nns::Init;
+    pub fn init_rule(&self, arg: usize) -> Result<crate::types::Init, String> {
+        use crate::types::Init;
         let a = &self.args[arg];
         if let Some(v) = a.attrs.get("nns.init") {
             return match v {
@@ -740,7 +740,12 @@ impl Graph {
     /// The init rules the uses of `value` imply (first use of each rule, with what the use
     /// is), following `nns` ops and calls into the functions `callees` holds (a pipeline's
     /// fragments, a user op's body).
-    fn init_uses(&self, value: ValueId, depth: usize, found: &mut Vec<(crate::nns::Init, String)>) {
+    fn init_uses(
+        &self,
+        value: ValueId,
+        depth: usize,
+        found: &mut Vec<(crate::types::Init, String)>,
+    ) {
         let mut aliases = vec![false; self.values.len()];
         aliases[value] = true;
         for n in &self.nodes {

@@ -662,6 +662,27 @@ pub static OP_ATTRS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The attributes that say where an op runs and what it belongs to (its stage, layer,
+/// recompute mark): an op that a pass makes to stand for or serve another (a cast, the
+/// pieces of a vocabulary-parallel cross-entropy) takes them from it, so placement,
+/// pipelines and recompute treat it as part of that op. Split constraints (`nns.pin`,
+/// `nns.forbid`) name the op's own annotation ids and are not carried over.
+pub const PLACEMENT_ATTRS: &[&str] = &["nns.stage", "nns.layer", "nns.recompute"];
+
+/// Op attributes `attrs`' placement attributes ([`PLACEMENT_ATTRS`]).
+pub fn placement_of(attrs: &crate::types::Attrs) -> crate::types::Attrs {
+    PLACEMENT_ATTRS
+        .iter()
+        .filter_map(|&k| attrs.get(k).map(|v| (k.to_string(), v.clone())))
+        .collect()
+}
+
+/// Bytes each device sends for collective `op` over a group of `n` devices (see
+/// [`CollectiveSpec::sent_bytes`]); 0 for ops that are not collectives.
+pub fn sent_bytes(op: &str, n: f64, operand: f64, result: f64) -> f64 {
+    collective(op).map_or(0.0, |c| (c.sent_bytes)(n, operand, result))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -726,115 +747,4 @@ mod tests {
             .unwrap_err()
             .contains("not a mesh axis"));
     }
-}
-
-/// How a parameter is initialized (`nns.init` on a parameter argument).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Init {
-    /// Every element equals the value (`"zeros"`, `"ones"`, `"const(v)"`).
-    Const(f64),
-    /// Normal distribution (`"normal(mean, std)"`).
-    Normal {
-        /// Mean.
-        mean: f64,
-        /// Standard deviation.
-        std: f64,
-    },
-    /// Uniform distribution on [lo, hi) (`"uniform(lo, hi)"`).
-    Uniform {
-        /// Lower bound.
-        lo: f64,
-        /// Upper bound.
-        hi: f64,
-    },
-}
-
-impl fmt::Display for Init {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Init::Const(v) if *v == 0.0 => f.write_str("zeros"),
-            Init::Const(v) if *v == 1.0 => f.write_str("ones"),
-            Init::Const(v) => write!(f, "const({v})"),
-            Init::Normal { mean, std } => write!(f, "normal({mean}, {std})"),
-            Init::Uniform { lo, hi } => write!(f, "uniform({lo}, {hi})"),
-        }
-    }
-}
-
-impl Init {
-    /// Parses `zeros`, `ones`, `const(v)`, `normal(mean, std)` or `uniform(lo, hi)`.
-    pub fn parse(text: &str) -> Result<Init, String> {
-        let t = text.trim();
-        match t {
-            "zeros" => return Ok(Init::Const(0.0)),
-            "ones" => return Ok(Init::Const(1.0)),
-            _ => {}
-        }
-        let bad = || {
-            format!(
-                "bad init \"{text}\": expected zeros, ones, const(v), normal(mean, std) or uniform(lo, hi)"
-            )
-        };
-        let (head, rest) = t.split_once('(').ok_or_else(bad)?;
-        let args: Vec<f64> = rest
-            .strip_suffix(')')
-            .ok_or_else(bad)?
-            .split(',')
-            .map(|x| x.trim().parse::<f64>())
-            .collect::<Result<_, _>>()
-            .map_err(|_| bad())?;
-        match (head.trim(), args.as_slice()) {
-            ("const", [v]) => Ok(Init::Const(*v)),
-            ("normal", [mean, std]) if *std >= 0.0 => Ok(Init::Normal {
-                mean: *mean,
-                std: *std,
-            }),
-            ("uniform", [lo, hi]) if lo <= hi => Ok(Init::Uniform { lo: *lo, hi: *hi }),
-            _ => Err(bad()),
-        }
-    }
-}
-
-/// The attributes that say where an op runs and what it belongs to (its stage, layer,
-/// recompute mark): an op that a pass makes to stand for or serve another (a cast, the
-/// pieces of a vocabulary-parallel cross-entropy) takes them from it, so placement,
-/// pipelines and recompute treat it as part of that op. Split constraints (`nns.pin`,
-/// `nns.forbid`) name the op's own annotation ids and are not carried over.
-pub const PLACEMENT_ATTRS: &[&str] = &["nns.stage", "nns.layer", "nns.recompute"];
-
-/// Op attributes `attrs`' placement attributes ([`PLACEMENT_ATTRS`]).
-pub fn placement_of(attrs: &crate::types::Attrs) -> crate::types::Attrs {
-    PLACEMENT_ATTRS
-        .iter()
-        .filter_map(|&k| attrs.get(k).map(|v| (k.to_string(), v.clone())))
-        .collect()
-}
-
-#[cfg(test)]
-mod init_tests {
-    use super::Init;
-
-    #[test]
-    fn parses_init_rules() {
-        assert_eq!(Init::parse("zeros"), Ok(Init::Const(0.0)));
-        assert_eq!(
-            Init::parse("normal(0, 0.02)"),
-            Ok(Init::Normal {
-                mean: 0.0,
-                std: 0.02
-            })
-        );
-        assert_eq!(
-            Init::parse("uniform(-1,1)"),
-            Ok(Init::Uniform { lo: -1.0, hi: 1.0 })
-        );
-        assert!(Init::parse("normal(0)").unwrap_err().contains("bad init"));
-        assert!(Init::parse("uniform(1, 0)").is_err());
-    }
-}
-
-/// Bytes each device sends for collective `op` over a group of `n` devices (see
-/// [`CollectiveSpec::sent_bytes`]); 0 for ops that are not collectives.
-pub fn sent_bytes(op: &str, n: f64, operand: f64, result: f64) -> f64 {
-    collective(op).map_or(0.0, |c| (c.sent_bytes)(n, operand, result))
 }

@@ -228,7 +228,7 @@ pub struct Traits {
     pub megatron_through: bool,
     /// The default init of a parameter used as operand `.0`: `.1`, described as `.2` in
     /// messages (a norm's weight is ones, a bias zeros).
-    pub param_init: &'static [(usize, crate::nns::Init, &'static str)],
+    pub param_init: &'static [(usize, crate::types::Init, &'static str)],
     /// What `--localize` changes in the op besides its types, for ops whose attributes
     /// spell shapes or whose kernel must know where its piece sits.
     pub localize: Option<LocalizeRule>,
@@ -430,12 +430,5 @@ impl OpSpec {
             .or(self.operands.last())
             .copied()
             .unwrap_or("operand")
-    }
-}
-
-impl OpSpec {
-    /// The op's VJP rule (`None` for backward ops: second-order gradients are not supported).
-    pub fn vjp(&self) -> Option<crate::vjp::VjpRule> {
-        crate::vjp::rule(self.name)
     }
 }

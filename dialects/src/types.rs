@@ -486,3 +486,93 @@ mod tests {
         assert_eq!(Float(0.5).to_mlir_text(), "5.0e-1 : f64");
     }
 }
+
+/// How a parameter is initialized (`nns.init` on a parameter argument).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    /// Every element equals the value (`"zeros"`, `"ones"`, `"const(v)"`).
+    Const(f64),
+    /// Normal distribution (`"normal(mean, std)"`).
+    Normal {
+        /// Mean.
+        mean: f64,
+        /// Standard deviation.
+        std: f64,
+    },
+    /// Uniform distribution on [lo, hi) (`"uniform(lo, hi)"`).
+    Uniform {
+        /// Lower bound.
+        lo: f64,
+        /// Upper bound.
+        hi: f64,
+    },
+}
+
+impl fmt::Display for Init {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Init::Const(v) if *v == 0.0 => f.write_str("zeros"),
+            Init::Const(v) if *v == 1.0 => f.write_str("ones"),
+            Init::Const(v) => write!(f, "const({v})"),
+            Init::Normal { mean, std } => write!(f, "normal({mean}, {std})"),
+            Init::Uniform { lo, hi } => write!(f, "uniform({lo}, {hi})"),
+        }
+    }
+}
+
+impl Init {
+    /// Parses `zeros`, `ones`, `const(v)`, `normal(mean, std)` or `uniform(lo, hi)`.
+    pub fn parse(text: &str) -> Result<Init, String> {
+        let t = text.trim();
+        match t {
+            "zeros" => return Ok(Init::Const(0.0)),
+            "ones" => return Ok(Init::Const(1.0)),
+            _ => {}
+        }
+        let bad = || {
+            format!(
+                "bad init \"{text}\": expected zeros, ones, const(v), normal(mean, std) or uniform(lo, hi)"
+            )
+        };
+        let (head, rest) = t.split_once('(').ok_or_else(bad)?;
+        let args: Vec<f64> = rest
+            .strip_suffix(')')
+            .ok_or_else(bad)?
+            .split(',')
+            .map(|x| x.trim().parse::<f64>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad())?;
+        match (head.trim(), args.as_slice()) {
+            ("const", [v]) => Ok(Init::Const(*v)),
+            ("normal", [mean, std]) if *std >= 0.0 => Ok(Init::Normal {
+                mean: *mean,
+                std: *std,
+            }),
+            ("uniform", [lo, hi]) if lo <= hi => Ok(Init::Uniform { lo: *lo, hi: *hi }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod init_tests {
+    use super::Init;
+
+    #[test]
+    fn parses_init_rules() {
+        assert_eq!(Init::parse("zeros"), Ok(Init::Const(0.0)));
+        assert_eq!(
+            Init::parse("normal(0, 0.02)"),
+            Ok(Init::Normal {
+                mean: 0.0,
+                std: 0.02
+            })
+        );
+        assert_eq!(
+            Init::parse("uniform(-1,1)"),
+            Ok(Init::Uniform { lo: -1.0, hi: 1.0 })
+        );
+        assert!(Init::parse("normal(0)").unwrap_err().contains("bad init"));
+        assert!(Init::parse("uniform(1, 0)").is_err());
+    }
+}

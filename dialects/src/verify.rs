@@ -311,7 +311,7 @@ fn verify_func_signature(f: &FuncView, meshes: &Meshes, local: bool, diags: &mut
                 ("nns.arg" | "nns.result", _) => Err(format!(
                     "'{k}' must be the index (>= 0) of an argument or result of the function pipelined"
                 )),
-                ("nns.init", AttrValue::Str(s)) => crate::nns::Init::parse(s).map(|_| ()),
+                ("nns.init", AttrValue::Str(s)) => crate::types::Init::parse(s).map(|_| ()),
                 ("nns.layout", AttrValue::Nns { kind, body }) if kind == "layout" && local => {
                     check_local_layout(body, ty.as_ref(), meshes)
                 }

@@ -237,7 +237,7 @@ fn backprop(
         } else {
             let spec = dnn::spec(&node.op)
                 .ok_or_else(|| fail("not a dnn op or a user op; cannot differentiate it".into()))?;
-            let rule = spec.vjp().ok_or_else(|| {
+            let rule = nnscaler_dialects::vjp::rule(spec.name).ok_or_else(|| {
                 fail(match spec.grad_of {
                     Some(_) => "is a backward op; second-order gradients are not supported".into(),
                     None => "has no VJP rule".into(),

@@ -313,8 +313,7 @@ fn scratch_costs(
         let mut results: Vec<ValueId> = node.outputs.clone();
         let mut dxs: Vec<Option<ValueId>> = vec![None; n.inputs.len()];
         if with_vjp {
-            let rule = dnn::spec(&n.op)
-                .and_then(|sp| sp.vjp())
+            let rule = nnscaler_dialects::vjp::rule(&n.op)
                 .ok_or_else(|| format!("'{}' has no VJP rule", n.op))?;
             let dys: Vec<Option<ValueId>> = node
                 .outputs

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 /// Each crate's largest import cycle allowed (modules), today's sizes: lower them as cycles
 /// are broken, never raise them.
 const LIMITS: &[(&str, usize)] = &[
-    ("dialects", 6),
+    ("dialects", 2),
     ("passes", 1),
     ("runtime", 2),
     ("codegen", 1),

@@ -9,7 +9,7 @@
 
 use crate::tensor::{dims, Tensor};
 use nnscaler_dialects::graph::Graph;
-use nnscaler_dialects::nns::Init;
+use nnscaler_dialects::types::Init;
 
 /// Argument `arg` of `g` as training state: its name, shape and initialization rule.
 pub fn state_spec(g: &Graph, arg: usize) -> Result<nnscaler_rt::train::StateSpec, String> {

@@ -11,10 +11,10 @@
 //! what they share (identifier names, attribute specs, the spec-building macros) and
 //! [`SPECS`], which lists every op forward ops first, the order of the dialect reference.
 
-use crate::nns::Init;
 use crate::scalar;
 use crate::spec::{AttrKind, AttrSpec, Linearity, LocalCtx, OpCtx, OpSpec, Traits, TRAITS};
 use crate::types::AttrValue;
+use crate::types::Init;
 use crate::types::{Elem, TensorType};
 
 const fn attr(name: &'static str, kind: AttrKind, required: bool, doc: &'static str) -> AttrSpec {
