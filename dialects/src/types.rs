@@ -444,49 +444,6 @@ pub fn flag(attrs: &Attrs, name: &str) -> bool {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tensor_types_round_trip() {
-        let t = TensorType::parse("tensor<2x3xf32>").unwrap();
-        assert_eq!(t.shape, vec![2, 3]);
-        assert_eq!(t.to_string(), "tensor<2x3xf32>");
-        assert_eq!(TensorType::parse("tensor<f32>").unwrap().rank(), 0);
-        assert!(TensorType::parse("tensor<?x3xf32>").is_none());
-        assert_eq!(TensorType::parse("tensor<4xi64>").unwrap().bytes(), 32);
-    }
-
-    #[test]
-    fn attribute_text() {
-        use AttrValue::*;
-        assert_eq!(AttrValue::from_mlir_text("3 : i64"), Int(3));
-        assert_eq!(AttrValue::from_mlir_text("-3"), Int(-3));
-        assert_eq!(AttrValue::from_mlir_text("1.000000e-05 : f32"), Float(1e-5));
-        assert_eq!(
-            AttrValue::from_mlir_text("array<i64: 1, 2>"),
-            Ints(vec![1, 2])
-        );
-        assert_eq!(AttrValue::from_mlir_text("array<i64>"), Ints(vec![]));
-        assert_eq!(AttrValue::from_mlir_text("[1 : i64, 2]"), Ints(vec![1, 2]));
-        assert_eq!(AttrValue::from_mlir_text("\"a\\\"b\""), Str("a\"b".into()));
-        assert_eq!(
-            AttrValue::from_mlir_text("#nns.split<b = dp>"),
-            Nns {
-                kind: "split".into(),
-                body: "b = dp".into()
-            }
-        );
-        assert_eq!(
-            AttrValue::from_mlir_text(r#"["dp", "tp"]"#),
-            Strs(vec!["dp".into(), "tp".into()])
-        );
-        assert_eq!(Float(1e-5).to_mlir_text(), "1.0e-5 : f64");
-        assert_eq!(Float(0.5).to_mlir_text(), "5.0e-1 : f64");
-    }
-}
-
 /// How a parameter is initialized (`nns.init` on a parameter argument).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Init {
@@ -555,8 +512,46 @@ impl Init {
 }
 
 #[cfg(test)]
-mod init_tests {
-    use super::Init;
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensor_types_round_trip() {
+        let t = TensorType::parse("tensor<2x3xf32>").unwrap();
+        assert_eq!(t.shape, vec![2, 3]);
+        assert_eq!(t.to_string(), "tensor<2x3xf32>");
+        assert_eq!(TensorType::parse("tensor<f32>").unwrap().rank(), 0);
+        assert!(TensorType::parse("tensor<?x3xf32>").is_none());
+        assert_eq!(TensorType::parse("tensor<4xi64>").unwrap().bytes(), 32);
+    }
+
+    #[test]
+    fn attribute_text() {
+        use AttrValue::*;
+        assert_eq!(AttrValue::from_mlir_text("3 : i64"), Int(3));
+        assert_eq!(AttrValue::from_mlir_text("-3"), Int(-3));
+        assert_eq!(AttrValue::from_mlir_text("1.000000e-05 : f32"), Float(1e-5));
+        assert_eq!(
+            AttrValue::from_mlir_text("array<i64: 1, 2>"),
+            Ints(vec![1, 2])
+        );
+        assert_eq!(AttrValue::from_mlir_text("array<i64>"), Ints(vec![]));
+        assert_eq!(AttrValue::from_mlir_text("[1 : i64, 2]"), Ints(vec![1, 2]));
+        assert_eq!(AttrValue::from_mlir_text("\"a\\\"b\""), Str("a\"b".into()));
+        assert_eq!(
+            AttrValue::from_mlir_text("#nns.split<b = dp>"),
+            Nns {
+                kind: "split".into(),
+                body: "b = dp".into()
+            }
+        );
+        assert_eq!(
+            AttrValue::from_mlir_text(r#"["dp", "tp"]"#),
+            Strs(vec!["dp".into(), "tp".into()])
+        );
+        assert_eq!(Float(1e-5).to_mlir_text(), "1.0e-5 : f64");
+        assert_eq!(Float(0.5).to_mlir_text(), "5.0e-1 : f64");
+    }
 
     #[test]
     fn parses_init_rules() {
