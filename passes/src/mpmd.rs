@@ -42,7 +42,7 @@
 use crate::layouts::{error, layout_attr, the_mesh, value_layouts};
 use crate::pass::{ModulePass, PassOptions};
 use crate::rewrite::is_ours;
-use crate::schedule::{self, Action, Kind, Schedule};
+use crate::schedule::{self, Action, Kind, Schedule, ScheduleKind};
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::{Graph, Node, Output, ValueId};
@@ -57,7 +57,7 @@ use std::collections::{BTreeMap, HashMap};
 #[derive(Debug, Clone)]
 enum Source {
     /// A generator of `schedule.rs`.
-    Named(&'static str),
+    Named(ScheduleKind),
     /// A per-rank action table (`schedule::parse_text`).
     File(String),
     /// The schedule the plan chose (`nns.schedule` on the step, from `--plan ...
@@ -79,8 +79,8 @@ pub struct SchedulePass {
 impl SchedulePass {
     /// `--schedule-<name>`: options `microbatches` (checked against the mesh), `axis` (the
     /// pipeline axis, `pp`), `chunks` (interleaved only, 2 by default).
-    pub fn named(name: &'static str, o: &PassOptions) -> Result<Self, String> {
-        Self::new(format!("schedule-{name}"), Source::Named(name), o)
+    pub fn named(kind: ScheduleKind, o: &PassOptions) -> Result<Self, String> {
+        Self::new(format!("schedule-{kind}"), Source::Named(kind), o)
     }
 
     /// `--schedule-from=FILE`.
@@ -101,7 +101,12 @@ impl SchedulePass {
             Ok(o.positive(k, &flag)?.map(|n| n as usize))
         };
         let chunks = count("chunks")?;
-        if chunks.is_some() && !matches!(source, Source::Named("interleaved") | Source::Chosen) {
+        if chunks.is_some()
+            && !matches!(
+                source,
+                Source::Named(ScheduleKind::Interleaved) | Source::Chosen
+            )
+        {
             return Err(format!(
                 "{flag}: 'chunks' is an option of --schedule-interleaved and --schedule only"
             ));
@@ -120,7 +125,7 @@ impl SchedulePass {
     /// `nns.schedule` (for [`Source::Chosen`]).
     fn schedule(&self, p: usize, m: usize, chosen: Option<&str>) -> Result<Schedule, String> {
         let s = match &self.source {
-            Source::Named(n) => schedule::by_name(n, p, m, self.chunks)?,
+            Source::Named(k) => k.make(p, m, self.chunks)?,
             Source::Chosen => schedule::by_name(
                 chosen.ok_or("the step has no chosen schedule (nns.schedule)")?,
                 p,

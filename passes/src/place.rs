@@ -45,6 +45,7 @@
 use crate::layouts::error;
 use crate::pass::{FunctionPass, PassOptions};
 use crate::place_z3::{self, Infeasible, Item, Problem};
+use crate::schedule::ScheduleKind;
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::dnn;
@@ -68,7 +69,7 @@ pub struct Place {
     stages: usize,
     solver: Solver,
     /// The schedule whose in-flight micro-batches the memory caps count (1f1b, gpipe).
-    schedule: String,
+    schedule: ScheduleKind,
     microbatches: Option<i64>,
     mesh: Option<Mesh>,
     remarks: Diagnostics,
@@ -105,15 +106,10 @@ impl Place {
                 return Err(format!("place: unknown solver '{other}' (solvers: z3, dp)"))
             }
         };
-        let schedule = o.get("schedule").unwrap_or("1f1b").to_string();
-        if !matches!(
-            schedule.as_str(),
-            "1f1b" | "gpipe" | "zb-h1" | "zb-v" | "interleaved"
-        ) {
-            return Err(format!(
-                "place: unknown schedule '{schedule}' (1f1b, gpipe, zb-h1, zb-v, interleaved)"
-            ));
-        }
+        let name = o.get("schedule").unwrap_or("1f1b");
+        let schedule = ScheduleKind::from_name(name).ok_or_else(|| {
+            format!("place: unknown schedule '{name}' (1f1b, gpipe, zb-h1, zb-v, interleaved)")
+        })?;
         let microbatches = o
             .get("microbatches")
             .map(|m| {
@@ -347,7 +343,7 @@ impl Place {
         // falls back to the closed forms.
         let chunks = (stages as i64 / p).max(1) as usize;
         let made = (stages as i64 % p == 0)
-            .then(|| crate::schedule::by_name(&self.schedule, p as usize, m as usize, chunks).ok())
+            .then(|| self.schedule.make(p as usize, m as usize, chunks).ok())
             .flatten()
             .filter(|s| s.stages == stages);
         let in_flight: Vec<u64> = match made {
@@ -356,12 +352,7 @@ impl Place {
                 .map(|x| x as u64)
                 .collect(),
             None => (0..stages as i64)
-                .map(|k| match self.schedule.as_str() {
-                    "gpipe" => m,
-                    // ZB-V keeps p micro-batches of each of a rank's two stages.
-                    "zb-v" => p.min(m),
-                    _ => (p - k % p).min(m),
-                } as u64)
+                .map(|k| self.schedule.in_flight_bound(p, m, k) as u64)
                 .collect(),
         };
         let mut first_use = vec![false; g.values.len()];

@@ -42,6 +42,7 @@ use crate::pass::{ModulePass, PassOptions};
 use crate::policies::{plan, policy_name, set_layout, Policy};
 use crate::recompute::has_backward;
 use crate::rewrite::rewrite_funcs;
+use crate::schedule::ScheduleKind;
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
@@ -67,7 +68,7 @@ pub struct Plan {
     cluster: Option<crate::cost::Cluster>,
     /// The pipeline schedule `--schedule` is to run (`schedule=`), written on the training
     /// steps as `nns.schedule`.
-    schedule: Option<String>,
+    schedule: Option<ScheduleKind>,
     remarks: Diagnostics,
 }
 
@@ -145,16 +146,10 @@ impl Plan {
                 policy_name(policy)
             ));
         }
-        let schedule = match o.get("schedule") {
-            None => None,
-            Some(name) if crate::schedule::NAMES.contains(&name) => Some(name.to_string()),
-            Some(name) => {
-                return Err(format!(
-                    "plan: unknown schedule '{name}' (schedules: {})",
-                    crate::schedule::NAMES.join(", ")
-                ))
-            }
-        };
+        let schedule = o
+            .get("schedule")
+            .map(|name| ScheduleKind::parse(name).map_err(|e| format!("plan: {e}")))
+            .transpose()?;
         Ok(Plan {
             policy,
             sizes,
@@ -293,7 +288,7 @@ impl ModulePass for Plan {
             }
         }
         let (policy, zero) = (self.policy, self.zero);
-        let schedule = self.schedule.clone();
+        let schedule = self.schedule;
         let cluster = self.cluster.clone();
         let remarks = &mut self.remarks;
         rewrite_funcs(module, &mut |g| {
@@ -323,9 +318,9 @@ impl ModulePass for Plan {
                 _ => plan(g, policy, &mesh)?,
             };
             let mut g = g;
-            if let Some(name) = schedule.as_ref().filter(|_| has_backward(&g)) {
+            if let Some(k) = schedule.filter(|_| has_backward(&g)) {
                 g.func_attrs
-                    .insert("nns.schedule".into(), AttrValue::Str(name.clone()));
+                    .insert("nns.schedule".into(), AttrValue::Str(k.name().into()));
             }
             Ok(Some(if zero > 0 {
                 zero_state(g, &mesh, zero, remarks)

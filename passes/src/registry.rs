@@ -14,6 +14,7 @@ use crate::plan::Plan;
 use crate::print_stats::PrintStats;
 use crate::propagate_layouts::PropagateLayouts;
 use crate::recompute::Recompute;
+use crate::schedule::ScheduleKind;
 use crate::split_tensor::SplitTensor;
 use melior::pass::transform::{create_canonicalizer, create_cse};
 
@@ -267,35 +268,35 @@ pub static PASSES: &[PassInfo] = &[
         summary: "Pipeline the training step as MPMD programs, one per rank of the pp axis, calling per-stage fragments: GPipe (all forwards, then all backwards); micro-batches from the mesh's micro-batch axis; explicit nns.send/nns.recv, gradients accumulated over micro-batches; checked deadlock-free",
         options: SCHEDULE_OPTIONS,
         anchor: Anchor::Module,
-        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named("gpipe", o)?)))),
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named(ScheduleKind::GPipe, o)?)))),
     },
     PassInfo {
         name: "schedule-1f1b",
         summary: "Pipeline the training step as MPMD programs (see --schedule-gpipe): 1F1B (warm-up forwards, then one forward one backward; at most pp - r micro-batches in flight on rank r)",
         options: SCHEDULE_OPTIONS,
         anchor: Anchor::Module,
-        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named("1f1b", o)?)))),
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named(ScheduleKind::OneFOneB, o)?)))),
     },
     PassInfo {
         name: "schedule-interleaved",
         summary: "Pipeline the training step as MPMD programs (see --schedule-gpipe): interleaved 1F1B, chunks stages per rank (bubble divided by chunks)",
         options: INTERLEAVED_OPTIONS,
         anchor: Anchor::Module,
-        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named("interleaved", o)?)))),
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named(ScheduleKind::Interleaved, o)?)))),
     },
     PassInfo {
         name: "schedule-zb-h1",
         summary: "Pipeline the training step as MPMD programs (see --schedule-gpipe): zero-bubble ZB-H1, the backward split into B (input gradients, what earlier stages wait for) and W (weight gradients), W filling the bubble",
         options: SCHEDULE_OPTIONS,
         anchor: Anchor::Module,
-        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named("zb-h1", o)?)))),
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named(ScheduleKind::ZbH1, o)?)))),
     },
     PassInfo {
         name: "schedule-zb-v",
         summary: "Pipeline the training step as MPMD programs (see --schedule-gpipe): zero-bubble ZB-V, 2 stages per rank in a V (rank r holds stages r and 2pp-1-r, so the first and last stage share rank 0), backward split into B and W; place 2 x pp stages",
         options: SCHEDULE_OPTIONS,
         anchor: Anchor::Module,
-        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named("zb-v", o)?)))),
+        factory: Factory::Native(|o| Ok(Native::Module(Box::new(SchedulePass::named(ScheduleKind::ZbV, o)?)))),
     },
     PassInfo {
         name: "schedule-from",

@@ -85,7 +85,109 @@ pub struct Schedule {
     pub actions: Vec<Vec<Action>>,
 }
 
-/// The schedules the generators make.
+/// The schedules the generators make, and what planners need to know of each without
+/// generating its table: the one place schedule names are matched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ScheduleKind {
+    /// Every forward, then every backward.
+    GPipe,
+    /// One forward, one backward (PipeDream-flush).
+    OneFOneB,
+    /// 1F1B over `v` chunks (stages) per device, stage `s` on device `s % p`.
+    Interleaved,
+    /// Zero bubble at 1F1B's memory: the backward split into B and W.
+    ZbH1,
+    /// Zero bubble with the V placement: two chunks per device, the backward split.
+    ZbV,
+}
+
+impl ScheduleKind {
+    /// Every kind, in the order schedules are listed.
+    pub const ALL: [ScheduleKind; 5] = [
+        ScheduleKind::GPipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Interleaved,
+        ScheduleKind::ZbH1,
+        ScheduleKind::ZbV,
+    ];
+
+    /// Its name (the `--schedule-*` flag's suffix, `schedule=` in plans).
+    pub fn name(self) -> &'static str {
+        match self {
+            ScheduleKind::GPipe => "gpipe",
+            ScheduleKind::OneFOneB => "1f1b",
+            ScheduleKind::Interleaved => "interleaved",
+            ScheduleKind::ZbH1 => "zb-h1",
+            ScheduleKind::ZbV => "zb-v",
+        }
+    }
+
+    /// The kind named `name`, if there is one.
+    pub fn from_name(name: &str) -> Option<ScheduleKind> {
+        ScheduleKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The kind named `name`, or an error listing the schedules.
+    pub fn parse(name: &str) -> Result<ScheduleKind, String> {
+        ScheduleKind::from_name(name).ok_or_else(|| {
+            format!(
+                "unknown schedule '{name}' (schedules: {})",
+                NAMES.join(", ")
+            )
+        })
+    }
+
+    /// Whether its backward is split into `B` (input gradient) and `W` (weight gradient).
+    pub fn split_backward(self) -> bool {
+        matches!(self, ScheduleKind::ZbH1 | ScheduleKind::ZbV)
+    }
+
+    /// Stages per device when a planner picks its chunks (interleaved: 2; ZB-V: always 2).
+    pub fn planned_chunks(self) -> usize {
+        match self {
+            ScheduleKind::Interleaved | ScheduleKind::ZbV => 2,
+            _ => 1,
+        }
+    }
+
+    /// The device of each of `stages` stages on `p` devices: `s % p`, or ZB-V's V.
+    pub fn device_of(self, p: usize, stages: usize) -> Vec<usize> {
+        match self {
+            ScheduleKind::ZbV => v_placement(p),
+            _ => (0..stages).map(|s| s % p.max(1)).collect(),
+        }
+    }
+
+    /// Micro-batches stage `k` of `p` holds at once over `m`, where the table is not made:
+    /// GPipe all of them, ZB-V `p` of each of a device's two stages, the others 1F1B's
+    /// `p - k % p`.
+    pub fn in_flight_bound(self, p: i64, m: i64, k: i64) -> i64 {
+        match self {
+            ScheduleKind::GPipe => m,
+            ScheduleKind::ZbV => p.min(m),
+            _ => (p - k % p).min(m),
+        }
+    }
+
+    /// Its table for `p` devices, `m` micro-batches and (interleaved) `v` chunks.
+    pub fn make(self, p: usize, m: usize, v: usize) -> Result<Schedule, String> {
+        match self {
+            ScheduleKind::GPipe => gpipe(p, m),
+            ScheduleKind::OneFOneB => one_f_one_b(p, m),
+            ScheduleKind::Interleaved => interleaved(p, v, m),
+            ScheduleKind::ZbH1 => zb_h1(p, m),
+            ScheduleKind::ZbV => zb_v(p, m),
+        }
+    }
+}
+
+impl fmt::Display for ScheduleKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The schedules' names, in [`ScheduleKind::ALL`]'s order.
 pub const NAMES: &[&str] = &["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"];
 
 /// The most (stage, micro-batch) pairs a schedule may hold (tables are listed in full).
@@ -331,17 +433,7 @@ pub fn zb_v(p: usize, m: usize) -> Result<Schedule, String> {
 /// The schedule called `name` for `p` devices, `m` micro-batches and (interleaved) `v`
 /// chunks.
 pub fn by_name(name: &str, p: usize, m: usize, v: usize) -> Result<Schedule, String> {
-    match name {
-        "gpipe" => gpipe(p, m),
-        "1f1b" => one_f_one_b(p, m),
-        "interleaved" => interleaved(p, v, m),
-        "zb-h1" => zb_h1(p, m),
-        "zb-v" => zb_v(p, m),
-        _ => Err(format!(
-            "unknown schedule '{name}' (schedules: {})",
-            NAMES.join(", ")
-        )),
-    }
+    ScheduleKind::parse(name)?.make(p, m, v)
 }
 
 /// A schedule as a text table: one line per device, its actions separated by spaces,
@@ -877,6 +969,21 @@ pub fn report_scaled(s: &Schedule, t: &Timeline, scale: f64, unit: &str) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kinds_and_names_agree() {
+        let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(names, NAMES);
+        for k in ScheduleKind::ALL {
+            let s = k.make(4, 8, 2).unwrap();
+            assert_eq!(s.name, k.name());
+            assert_eq!(s.split_backward, k.split_backward());
+            assert_eq!(s.device_of, k.device_of(4, s.stages));
+        }
+        assert!(ScheduleKind::parse("2f2b")
+            .unwrap_err()
+            .contains("schedules: gpipe, 1f1b"));
+    }
 
     #[test]
     fn ticks_are_round_and_inside_the_range() {

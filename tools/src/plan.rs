@@ -13,6 +13,7 @@ use nnscaler_frontends::{build_module, preset, PRESETS};
 use nnscaler_passes::cost::{self, Cluster};
 use nnscaler_passes::pipeline::{self, Step};
 use nnscaler_passes::recompute::has_backward;
+use nnscaler_passes::schedule::ScheduleKind;
 use nnscaler_passes::search::{self, bytes_text, Estimate, Outcome, Profile, Space};
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -430,7 +431,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
                 "--fix: {name} declares a mesh, which fixes the degrees already"
             ));
         }
-        let mut schedules: Vec<String> = Vec::new();
+        let mut schedules: Vec<ScheduleKind> = Vec::new();
         for part in fix.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (axis, n) = part
                 .split_once('=')
@@ -475,12 +476,14 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
                     continue;
                 }
                 "schedule" => {
-                    if !Space::new(1).schedules.iter().any(|x| x == value) {
+                    let Some(k) = ScheduleKind::from_name(value)
+                        .filter(|k| Space::new(1).schedules.contains(k))
+                    else {
                         return Err(format!(
                             "--fix: schedule={value}: 1f1b, interleaved, zb-h1 or zb-v"
                         ));
-                    }
-                    schedules.push(value.to_string());
+                    };
+                    schedules.push(k);
                     continue;
                 }
                 "dp" | "sp" | "tp" | "pp" => {}

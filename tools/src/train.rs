@@ -19,6 +19,7 @@ use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::verify::Meshes;
 use nnscaler_passes::pipeline::{self, Step};
+use nnscaler_passes::schedule::ScheduleKind;
 use nnscaler_rt::train::{
     self as rt, Checkpointing, Loop, LrSchedule, RunFn, RunOpts, StateSpec, Whole,
 };
@@ -565,11 +566,7 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
             // Pipelines place the forward in stages first (two per rank for the
             // interleaved and V schedules).
             let name = p.schedule.clone().unwrap_or("1f1b".into());
-            let per_rank = if matches!(name.as_str(), "interleaved" | "zb-v") {
-                2
-            } else {
-                1
-            };
+            let per_rank = ScheduleKind::from_name(&name).map_or(1, |k| k.planned_chunks() as u32);
             steps.insert(
                 cast.len(),
                 step("place", &format!("stages={}", pp * per_rank))?,

@@ -66,7 +66,7 @@ use crate::policies::{plan, Policy};
 use crate::propagate_layouts::propagate;
 use crate::recompute::{forward_ops, layer_of_param, layers};
 use crate::rewrite::compact;
-use crate::schedule::{self, Action, Kind};
+use crate::schedule::{self, Action, Kind, ScheduleKind};
 use crate::split_tensor::split;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
@@ -122,8 +122,9 @@ pub struct Config {
     pub micro: u64,
     /// Micro-batches per step (per data-parallel rank).
     pub microbatches: u64,
-    /// The pipeline schedule (`none` without a pipeline).
-    pub schedule: String,
+    /// The pipeline schedule (`None` without a pipeline: printed `none`).
+    #[serde(serialize_with = "schedule_text")]
+    pub schedule: Option<ScheduleKind>,
     /// Recompute policy.
     pub recompute: Recompute,
     /// ZeRO stage.
@@ -132,6 +133,11 @@ pub struct Config {
     pub stage_starts: Vec<usize>,
     /// How the layers are split over `tp`.
     pub tensor: TpPolicy,
+}
+
+/// A plan's schedule as its name, `none` without one (`--json`).
+fn schedule_text<S: serde::Serializer>(k: &Option<ScheduleKind>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(k.map_or("none", ScheduleKind::name))
 }
 
 impl Config {
@@ -164,12 +170,8 @@ impl Config {
     }
 
     /// The schedule a pipelined plan runs (`1f1b` where the search chose none).
-    pub fn schedule_name(&self) -> &str {
-        if self.schedule == "none" {
-            "1f1b"
-        } else {
-            &self.schedule
-        }
+    pub fn schedule_name(&self) -> &'static str {
+        self.schedule.unwrap_or(ScheduleKind::OneFOneB).name()
     }
 
     /// The plan as `nnscaler-opt` options: `--plan` and, for pipelines, `--place`,
@@ -184,7 +186,10 @@ impl Config {
             self.tp, self.pp, self.micro, self.microbatches
         );
         if self.pp > 1 {
-            s += &format!(" schedule={}", self.schedule);
+            s += &format!(
+                " schedule={}",
+                self.schedule.map_or("none", ScheduleKind::name)
+            );
         }
         s += &format!(" recompute={} zero={}", self.recompute.name(), self.zero);
         if self.tp > 1 && self.tensor == TpPolicy::Search {
@@ -252,7 +257,7 @@ pub struct Space {
     /// Largest micro-batch size.
     pub max_micro: u64,
     /// Schedules for pipelines.
-    pub schedules: Vec<String>,
+    pub schedules: Vec<ScheduleKind>,
     /// Recompute policies.
     pub recompute: Vec<Recompute>,
     /// ZeRO stages.
@@ -319,9 +324,12 @@ impl Space {
             max_sp: None,
             max_pp: None,
             max_micro: 8,
-            schedules: ["1f1b", "interleaved", "zb-h1", "zb-v"]
-                .map(String::from)
-                .to_vec(),
+            schedules: vec![
+                ScheduleKind::OneFOneB,
+                ScheduleKind::Interleaved,
+                ScheduleKind::ZbH1,
+                ScheduleKind::ZbV,
+            ],
             recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
             zero: vec![0, 1, 2, 3],
             megatron: false,
@@ -335,7 +343,7 @@ impl Space {
     /// Megatron-LM's grid over the same devices.
     pub fn megatron(devices: u64) -> Self {
         Space {
-            schedules: vec!["1f1b".into(), "interleaved".into()],
+            schedules: vec![ScheduleKind::OneFOneB, ScheduleKind::Interleaved],
             recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
             zero: vec![0, 1],
             megatron: true,
@@ -653,13 +661,13 @@ pub fn search_with(
                         .or_default() += 1;
                     continue;
                 }
-                let schedules: Vec<String> = if pp == 1 {
-                    vec!["none".into()]
+                let schedules: Vec<Option<ScheduleKind>> = if pp == 1 {
+                    vec![None]
                 } else {
-                    space.schedules.clone()
+                    space.schedules.iter().copied().map(Some).collect()
                 };
                 let held = item_bounds(&bounds, &prof.items);
-                for sched in &schedules {
+                for &sched in &schedules {
                     let stages = (pp * chunks(sched)) as usize;
                     if let Some(why) = bound_conflict(&held, prof.items.len(), stages) {
                         *out.entry(why).or_default() += space.recompute.len();
@@ -708,7 +716,7 @@ pub fn search_with(
                                     pp,
                                     micro,
                                     microbatches: m,
-                                    schedule: sched.clone(),
+                                    schedule: sched,
                                     recompute: r,
                                     zero,
                                     stage_starts: cut.clone(),
@@ -878,7 +886,7 @@ mod tests {
             pp: 2,
             micro: 1,
             microbatches: 2,
-            schedule: "zb-h1".into(),
+            schedule: Some(ScheduleKind::ZbH1),
             recompute: Recompute::None,
             zero: 0,
             stage_starts: vec![0, 2],

@@ -94,13 +94,9 @@ pub(super) fn coll_time(
 /// squared, summed ([`Item::params_sq`]).
 pub(super) type Tensors = (u64, u64, f64);
 
-/// Chunks (stages per pipeline rank) of a schedule.
-pub(super) fn chunks(schedule: &str) -> u64 {
-    if matches!(schedule, "interleaved" | "zb-v") {
-        2
-    } else {
-        1
-    }
+/// Chunks (stages per pipeline rank) of a schedule (none: one).
+pub(super) fn chunks(schedule: Option<ScheduleKind>) -> u64 {
+    schedule.map_or(1, |k| k.planned_chunks() as u64)
 }
 
 /// A verified schedule, or why it cannot be made.
@@ -109,7 +105,7 @@ pub(super) type Made = Result<schedule::Schedule, String>;
 thread_local! {
     /// Schedules made and verified, by (name, ranks, micro-batches): a search simulates
     /// each with many stage costs.
-    static SCHEDULES: std::cell::RefCell<HashMap<(String, usize, usize), Made>> =
+    static SCHEDULES: std::cell::RefCell<HashMap<(ScheduleKind, usize, usize), Made>> =
         std::cell::RefCell::new(HashMap::new());
 }
 
@@ -137,11 +133,9 @@ pub(super) fn stages_of(p: &Profile, c: &Config) -> Vec<StageCost> {
 /// `s % pp`, or ZB-V's V).
 pub(super) fn rank_of(c: &Config) -> Vec<usize> {
     let pp = (c.pp as usize).max(1);
-    if c.schedule == "zb-v" {
-        schedule::v_placement(pp)
-    } else {
-        (0..c.stage_starts.len()).map(|s| s % pp).collect()
-    }
+    c.schedule
+        .unwrap_or(ScheduleKind::OneFOneB)
+        .device_of(pp, c.stage_starts.len())
 }
 
 /// Bytes of parameters, gradients and the two Adam moments of `params` parameter bytes,
@@ -228,7 +222,7 @@ pub(super) fn score(
     cap: u64,
     sim: &mut HashMap<String, schedule::Timeline>,
 ) -> Result<Estimate, String> {
-    let ch = chunks(&c.schedule) as usize;
+    let ch = chunks(c.schedule) as usize;
     let st = stages_of(p, c);
     let stages = st.len();
     let (dp, tp, pp) = (c.dp, c.tp, c.pp as usize);
@@ -253,7 +247,7 @@ pub(super) fn score(
             0.0
         }
     };
-    let split = matches!(c.schedule.as_str(), "zb-h1" | "zb-v");
+    let split = c.schedule.is_some_and(ScheduleKind::split_backward);
     let device_of = rank_of(c);
     let frag = |a: Action| -> f64 {
         let s = &st[a.stage];
@@ -278,7 +272,7 @@ pub(super) fn score(
         }
     };
     let m = c.microbatches as usize;
-    let (makespan, in_flight, bubble, pp_comm) = if pp == 1 && c.schedule == "none" {
+    let (makespan, in_flight, bubble, pp_comm) = if pp == 1 && c.schedule.is_none() {
         let t = m as f64
             * (frag(Action {
                 stage: 0,
@@ -295,12 +289,13 @@ pub(super) fn score(
         let t = match sim.get(&key) {
             Some(t) => t.clone(),
             None => {
+                let kind = c.schedule.ok_or("a pipeline without a schedule")?;
                 let s = SCHEDULES.with(|cache| {
                     cache
                         .borrow_mut()
-                        .entry((c.schedule.clone(), pp, m))
+                        .entry((kind, pp, m))
                         .or_insert_with(|| {
-                            let s = schedule::by_name(&c.schedule, pp, m, ch)?;
+                            let s = kind.make(pp, m, ch)?;
                             schedule::verify(&s)?;
                             Ok(s)
                         })

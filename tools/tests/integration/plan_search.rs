@@ -5,6 +5,7 @@
 
 use nnscaler_frontends::{build_module, preset};
 use nnscaler_passes::cost;
+use nnscaler_passes::schedule::ScheduleKind;
 use nnscaler_passes::search::{self, Profiles, Recompute, Space};
 use nnscaler_tools::plan::training_step;
 
@@ -206,7 +207,7 @@ fn refined_cuts_come_close_to_brute_force() {
         let mut profiles = Profiles::new();
         let mut space = Space::new(8);
         space.max_pp = Some(4);
-        space.schedules = vec!["1f1b".into(), "zb-h1".into()];
+        space.schedules = vec![ScheduleKind::OneFOneB, ScheduleKind::ZbH1];
         let fast = search::search(&g, &c, &space, &mut profiles, &mut |_| {}).unwrap();
         let mut brute = space.clone();
         brute.exhaustive = true;
