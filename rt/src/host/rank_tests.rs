@@ -1,0 +1,374 @@
+//! Tests of `host`: `rank_tests`.
+
+use super::{run_ranks, Arenas};
+use crate::artifact::{Artifact, Buffer, Elt, Header, MeshAxis, Program, Step, Target};
+use crate::collective::{moves, tests::run};
+use crate::ranks::{lanes, rank_scratch, Groups};
+
+fn art(programs: Vec<Program>, devices: u64, pipeline: bool) -> Artifact {
+    Artifact {
+        header: Header {
+            target: Target { sm: 90, ptx: 80 },
+            source: String::new(),
+            mesh: vec![MeshAxis {
+                name: "x".into(),
+                size: devices,
+            }],
+            pipeline_axis: pipeline.then(|| "x".into()),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            kernels: Vec::new(),
+            reducers: None,
+            programs,
+            sections: Vec::new(),
+        },
+        sections: Vec::new(),
+    }
+}
+
+fn prog(name: &str, devices: Vec<usize>, buffers: Vec<Buffer>, steps: Vec<Step>) -> Program {
+    let arena_bytes = buffers
+        .iter()
+        .map(|b| (b.offset + b.bytes()).div_ceil(256) * 256)
+        .max()
+        .unwrap_or(256);
+    Program {
+        name: name.into(),
+        devices,
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+        buffers,
+        arena_bytes,
+        constants: Vec::new(),
+        steps,
+    }
+}
+
+fn buf(shape: &[u64], offset: u64) -> Buffer {
+    Buffer {
+        shape: shape.to_vec(),
+        elt: Elt::F32,
+        offset,
+    }
+}
+
+/// Arenas of f32s, device `d`'s word `i` a value of its own (not a sum of others).
+fn values(devices: usize, words: usize) -> Vec<Vec<f32>> {
+    (0..devices)
+        .map(|d| {
+            (0..words)
+                .map(|i| ((d * 7919 + i * 104_729) % 1013) as f32 * 0.37 - 150.0)
+                .collect()
+        })
+        .collect()
+}
+
+fn to_words(a: &[f32]) -> Vec<u64> {
+    a.chunks(2)
+        .map(|c| {
+            let lo = c[0].to_bits() as u64;
+            let hi = c.get(1).map_or(0, |x| x.to_bits() as u64);
+            lo | (hi << 32)
+        })
+        .collect()
+}
+
+fn from_words(a: &[u64]) -> Vec<f32> {
+    a.iter()
+        .flat_map(|w| [f32::from_bits(*w as u32), f32::from_bits((*w >> 32) as u32)])
+        .collect()
+}
+
+/// Every collective, run as ranks (a thread per device, each its share and the
+/// in-process communicator), gives the same bits as the lockstep's moves: sums and
+/// maxima in place and not, gathers, reduce-scatters and slices along the outer and
+/// inner dims, broadcasts, and all-to-alls both ways, on groups of 2 and 3 and two
+/// groups of 2.
+#[test]
+fn ranks_equal_the_lockstep_moves() {
+    let (a, o) = (0u64, 1024u64);
+    let two = |shape: &[u64]| vec![buf(shape, a), buf(shape, o)];
+    let cases: Vec<(Vec<Buffer>, Step)> = vec![
+        (
+            two(&[6, 4]),
+            Step::AllReduce {
+                input: 0,
+                output: 1,
+                groups: vec![],
+                max: false,
+            },
+        ),
+        (
+            vec![buf(&[6, 4], a)],
+            Step::AllReduce {
+                input: 0,
+                output: 0,
+                groups: vec![],
+                max: true,
+            },
+        ),
+        (
+            two(&[2, 4]),
+            Step::AllGather {
+                input: 0,
+                output: 1,
+                groups: vec![],
+                dim: 0,
+            },
+        ),
+        (
+            two(&[3, 2, 5]),
+            Step::AllGather {
+                input: 0,
+                output: 1,
+                groups: vec![],
+                dim: 1,
+            },
+        ),
+        (
+            two(&[6, 5]),
+            Step::ReduceScatter {
+                input: 0,
+                output: 1,
+                groups: vec![],
+                dim: 0,
+                max: false,
+            },
+        ),
+        (
+            two(&[3, 6, 2]),
+            Step::ReduceScatter {
+                input: 0,
+                output: 1,
+                groups: vec![],
+                dim: 1,
+                max: true,
+            },
+        ),
+        (
+            two(&[4, 6]),
+            Step::Slice {
+                input: 0,
+                output: 1,
+                groups: vec![],
+                dim: 1,
+            },
+        ),
+        (
+            two(&[5, 3]),
+            Step::Broadcast {
+                input: 0,
+                output: 1,
+                groups: vec![],
+                root: 1,
+            },
+        ),
+        (
+            two(&[2, 6, 3]),
+            Step::AllToAll {
+                input: 0,
+                output: 1,
+                groups: vec![],
+                split_dim: 1,
+                concat_dim: 2,
+            },
+        ),
+        (
+            two(&[2, 3, 6]),
+            Step::AllToAll {
+                input: 0,
+                output: 1,
+                groups: vec![],
+                split_dim: 2,
+                concat_dim: 0,
+            },
+        ),
+    ];
+    let layouts: [Vec<Vec<usize>>; 3] = [
+        vec![vec![0, 1]],
+        vec![vec![0, 1, 2]],
+        vec![vec![0, 2], vec![3, 1]],
+    ];
+    let mut checked = 0;
+    for (bufs, step) in &cases {
+        for groups in &layouts {
+            let n = groups[0].len() as u64;
+            // The dims that are cut or gathered sized for the group.
+            let mut bufs = bufs.clone();
+            let mut s = step.clone();
+            match &mut s {
+                Step::AllReduce { groups: g, .. } | Step::Broadcast { groups: g, .. } => {
+                    *g = groups.clone()
+                }
+                Step::AllGather { groups: g, dim, .. } => {
+                    *g = groups.clone();
+                    bufs[1].shape[*dim] = bufs[0].shape[*dim] * n;
+                }
+                Step::ReduceScatter { groups: g, dim, .. } | Step::Slice { groups: g, dim, .. } => {
+                    *g = groups.clone();
+                    bufs[0].shape[*dim] = 2 * n;
+                    bufs[1].shape[*dim] = 2;
+                }
+                Step::AllToAll {
+                    groups: g,
+                    split_dim,
+                    concat_dim,
+                    ..
+                } => {
+                    *g = groups.clone();
+                    bufs[0].shape[*split_dim] = 2 * n;
+                    bufs[1].shape = bufs[0].shape.clone();
+                    bufs[1].shape[*split_dim] = 2;
+                    bufs[1].shape[*concat_dim] *= n;
+                }
+                _ => unreachable!(),
+            }
+            let devices: usize = groups.iter().map(Vec::len).sum();
+            let p = prog("f", (0..devices).collect(), bufs, vec![s.clone()]);
+            let words = p.arena_bytes as usize / 4;
+            let init = values(devices, words);
+            // Lockstep.
+            let (ms, scratch) = moves(&p, &s).unwrap();
+            let mut want = init.clone();
+            let mut sc = vec![0f32; scratch as usize / 4 + 1];
+            run(&ms, &mut want, &mut sc);
+            // Ranks.
+            let a = art(vec![p], devices as u64, false);
+            let g = Groups::of(&a);
+            let scratch = rank_scratch(&a, &g).unwrap().div_ceil(8) as usize;
+            let mut arenas: Arenas = vec![init.iter().map(|v| to_words(v)).collect()];
+            let lanes = lanes(&a).unwrap();
+            run_ranks(&a, &lanes, &[], &g, scratch, &mut arenas).unwrap();
+            for d in 0..devices {
+                let got = from_words(&arenas[0][d]);
+                let same = got
+                    .iter()
+                    .zip(&want[d])
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "{s:?} on {groups:?}: device {d} differs from the lockstep"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, cases.len() * layouts.len());
+}
+
+fn send(to: usize, tag: &str) -> Step {
+    send_from(to, tag, 0)
+}
+fn send_from(to: usize, tag: &str, buffer: usize) -> Step {
+    Step::Send {
+        buffer,
+        to,
+        tag: tag.into(),
+    }
+}
+fn recv(from: usize, tag: &str) -> Step {
+    recv_into(from, tag, 1)
+}
+fn recv_into(from: usize, tag: &str, buffer: usize) -> Step {
+    Step::Recv {
+        buffer,
+        from,
+        tag: tag.into(),
+    }
+}
+/// A step between two sends or receives that splits them into separate groups: a
+/// device's own slice of its buffer 0 into buffer 2.
+fn local(d: usize) -> Step {
+    Step::Slice {
+        input: 0,
+        output: 2,
+        groups: vec![vec![d]],
+        dim: 0,
+    }
+}
+
+fn pipeline(steps: [Vec<Step>; 2]) -> Artifact {
+    let [s0, s1] = steps;
+    let bufs = || vec![buf(&[4], 0), buf(&[4], 256), buf(&[4], 512)];
+    art(
+        vec![
+            prog("f.pp0", vec![0], bufs(), s0),
+            prog("f.pp1", vec![1], bufs(), s1),
+        ],
+        2,
+        true,
+    )
+}
+
+fn ranks(a: &Artifact) -> Result<Arenas, String> {
+    let lanes = lanes(a)?;
+    let g = Groups::of(a);
+    let scratch = rank_scratch(a, &g)?.div_ceil(8) as usize;
+    let mut arenas: Arenas = (0..2)
+        .map(|d| vec![to_words(&[d as f32 + 1.0; 192])])
+        .collect();
+    run_ranks(a, &lanes, &[], &g, scratch, &mut arenas)?;
+    Ok(arenas)
+}
+
+/// Sends do not wait (as in the lockstep; a backend buffers them): each device sends,
+/// then receives, and the data arrives.
+#[test]
+fn sends_do_not_wait() {
+    let a = pipeline([
+        vec![send(1, "x"), local(0), recv(1, "y")],
+        vec![send(0, "y"), local(1), recv(0, "x")],
+    ]);
+    let arenas = ranks(&a).unwrap();
+    assert_eq!(from_words(&arenas[0][0])[64..68], [2.0; 4]);
+    assert_eq!(from_words(&arenas[1][0])[64..68], [1.0; 4]);
+}
+
+/// Devices that each wait to receive what the other sends only later are a deadlock,
+/// reported with what each waits for (never a hang).
+#[test]
+fn receives_waiting_for_each_other_are_a_deadlock() {
+    let a = pipeline([
+        vec![recv(1, "y"), send(1, "x")],
+        vec![recv(0, "x"), send(0, "y")],
+    ]);
+    let e = ranks(&a).unwrap_err();
+    assert!(e.starts_with("deadlock: device "), "{e}");
+    assert!(e.contains("device 0 waits for 'y' from device 1"), "{e}");
+    assert!(e.contains("device 1 waits for 'x' from device 0"), "{e}");
+}
+
+/// Messages received in another order than sent (NCCL matches in order) go on lanes
+/// of their own and land where their tags say; a send nobody receives is refused
+/// before the run.
+#[test]
+fn crossing_messages_take_lanes() {
+    // Device 0 sends buffer 0 (1.0s) as 'x', then buffer 2 (5.0s) as 'z'; device 1
+    // receives 'z' into buffer 1, then 'x' into buffer 2.
+    let a = pipeline([
+        vec![send(1, "x"), send_from(1, "z", 2)],
+        vec![recv_into(0, "z", 1), local(1), recv_into(0, "x", 2)],
+    ]);
+    assert_eq!(lanes(&a).unwrap(), [vec![0, 1], vec![1, 0, 0]]);
+    let mut d0 = [1.0f32; 192];
+    d0[128..132].fill(5.0);
+    let mut arenas = vec![vec![to_words(&d0)], vec![to_words(&[3.0; 192])]];
+    let g = Groups::of(&a);
+    run_ranks(&a, &lanes(&a).unwrap(), &[], &g, 1, &mut arenas).unwrap();
+    let d1 = from_words(&arenas[1][0]);
+    assert_eq!(
+        d1[64..68],
+        [5.0; 4],
+        "'z' (device 0's buffer 2) in buffer 1"
+    );
+    assert_eq!(
+        d1[128..132],
+        [1.0; 4],
+        "'x' (device 0's buffer 0) in buffer 2"
+    );
+    let a = pipeline([vec![send(1, "x"), send(1, "w")], vec![recv(0, "x")]]);
+    assert_eq!(
+        ranks(&a).unwrap_err(),
+        "'f.pp0' sends 'w' to 'f.pp1', which does not receive it"
+    );
+}
