@@ -26,7 +26,7 @@
 //!
 //! Every word of a lane's own memory is addressed by a constant and every loop over a
 //! row's width is unrolled, so on the GPU the lane's memory (an array in the entry) is
-//! promoted to registers: no local memory (`codegen/tests/kernels.rs` checks the PTX
+//! promoted to registers: no local memory (`codegen/tests/kernels/ptx.rs` checks the PTX
 //! with `ptxas -v`). The host runs the same IR, phase by phase, lane by lane, and is
 //! tested against the CPU runtime's attention (a two-pass softmax) within the tolerance
 //! of a reordered sum, as PyTorch holds its flash kernels to its math path.
