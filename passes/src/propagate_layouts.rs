@@ -621,25 +621,7 @@ fn propagate_pass(
         let ranks: Vec<usize> = n.outputs.iter().map(|&v| g.values[v].rank()).collect();
         let user = g.user_ops.of_call(&n.op, &n.attrs).is_some();
         if !user && is_foreign(&n.op) {
-            let rs: Vec<Sharding> = ranks
-                .iter()
-                .map(|&r| Sharding::replicated(r, mesh.axes.len()))
-                .collect();
-            if mesh.devices() > 1 {
-                remarks.remark(
-                    &n.loc,
-                    format!(
-                        "propagate-layouts: '{}' has no dnn spec; it runs replicated (its operands are gathered, its results replicated on every device)",
-                        n.op
-                    ),
-                );
-            }
-            g.nodes[k]
-                .attrs
-                .insert("nns.layouts".into(), layouts_attr(&rs, mesh));
-            for (&v, s) in n.outputs.iter().zip(rs) {
-                layouts[v] = Some(s);
-            }
+            run_replicated(&mut g, k, mesh, &mut layouts, remarks);
             k += 1;
             continue;
         }
@@ -679,25 +661,11 @@ fn propagate_pass(
         let mut closed = replicated_axes(&n, mesh).map_err(fail)?;
         // Without a directive, a result that is a weight gradient proposes its wanted
         // split first (see `wanted_grads`).
-        let mut proposed = Vec::new();
-        if written.is_none() {
-            let choices = anno.split_choices(&binding);
-            for (j, &o) in n.outputs.iter().enumerate() {
-                let Some(w) = want.get(o).and_then(Option::as_ref) else {
-                    continue;
-                };
-                for (d, axes) in w.split.iter().enumerate() {
-                    let c = choices.iter().find(|c| {
-                        c.positions
-                            .iter()
-                            .any(|p| p.output && p.tensor == j && p.dim == d)
-                    });
-                    if let (Some(c), false) = (c, axes.is_empty()) {
-                        proposed.push((c.id.clone(), axes.clone()));
-                    }
-                }
-            }
-        }
+        let mut proposed = if written.is_none() {
+            wanted_binds(&n, &anno, &binding, &want)
+        } else {
+            Vec::new()
+        };
         // Values propagation made (the vocabulary-parallel ops') have no copies entry.
         let (order, proposes) = if n.inputs.iter().all(|&v| v < copies.len()) {
             operand_order(&n, &layouts, &copies, &compute)
@@ -803,36 +771,122 @@ fn propagate_pass(
         // A value to reduce at once: a relayout after its producer, read by every later
         // consumer (and result) instead.
         for &v in &outputs {
-            let Some(to) = eager.get(&v) else {
-                continue;
-            };
-            let mut attrs = Attrs::new();
-            attrs.insert("to".into(), layout_attr(to, mesh));
-            let ty = g.values[v].clone();
-            let loc = g.nodes[k].loc.clone();
-            let r = g.add_raw("nns.relayout", &[v], vec![ty], attrs, &loc)[0];
-            let node = g.nodes.pop().expect("the relayout just made");
-            for m in &mut g.nodes[k + 1..] {
-                for x in &mut m.inputs {
-                    if *x == v {
-                        *x = r;
-                    }
-                }
+            if let Some(to) = eager.get(&v) {
+                reduce_now(&mut g, mesh, k, v, to, &mut layouts);
+                orig.insert(k + 1, None);
+                k += 1;
             }
-            for o in &mut g.outputs {
-                if o.value == v {
-                    o.value = r;
-                }
-            }
-            g.nodes.insert(k + 1, node);
-            orig.insert(k + 1, None);
-            layouts.resize(g.values.len(), None);
-            layouts[r] = Some(to.clone());
-            k += 1;
         }
         k += 1;
     }
     let eager_next: Eager = reduce_to.into_iter().filter(|(v, _)| flows[*v]).collect();
+    result_layouts(&mut g, mesh, &mut layouts, &mut free)?;
+    Ok((g, decided, eager_next))
+}
+
+/// The binds that give node `n`'s results the splits wanted for them (`want`, from
+/// [`wanted_grads`]): per result dim wanted split, the identifier sitting there.
+fn wanted_binds(
+    n: &Node,
+    anno: &Annotation,
+    binding: &Binding,
+    want: &[Option<Sharding>],
+) -> Binds {
+    let mut proposed = Vec::new();
+    let choices = anno.split_choices(binding);
+    for (j, &o) in n.outputs.iter().enumerate() {
+        let Some(w) = want.get(o).and_then(Option::as_ref) else {
+            continue;
+        };
+        for (d, axes) in w.split.iter().enumerate() {
+            let c = choices.iter().find(|c| {
+                c.positions
+                    .iter()
+                    .any(|p| p.output && p.tensor == j && p.dim == d)
+            });
+            if let (Some(c), false) = (c, axes.is_empty()) {
+                proposed.push((c.id.clone(), axes.clone()));
+            }
+        }
+    }
+    proposed
+}
+
+/// An op of another dialect (node `k`) runs replicated: its results are written
+/// replicated, and a remark says so on a mesh of more than one device.
+fn run_replicated(
+    g: &mut Graph,
+    k: usize,
+    mesh: &Mesh,
+    layouts: &mut [Option<Sharding>],
+    remarks: &mut Diagnostics,
+) {
+    let n = &g.nodes[k];
+    let rs: Vec<Sharding> = n
+        .outputs
+        .iter()
+        .map(|&v| Sharding::replicated(g.values[v].rank(), mesh.axes.len()))
+        .collect();
+    if mesh.devices() > 1 {
+        remarks.remark(
+            &n.loc,
+            format!(
+                "propagate-layouts: '{}' has no dnn spec; it runs replicated (its operands are gathered, its results replicated on every device)",
+                n.op
+            ),
+        );
+    }
+    for (&v, s) in n.outputs.iter().zip(&rs) {
+        layouts[v] = Some(s.clone());
+    }
+    g.nodes[k]
+        .attrs
+        .insert("nns.layouts".into(), layouts_attr(&rs, mesh));
+}
+
+/// Value `v` of node `k` reduced at once to `to`: an `nns.relayout` right after node
+/// `k`, read by every later consumer and result instead of `v`.
+fn reduce_now(
+    g: &mut Graph,
+    mesh: &Mesh,
+    k: usize,
+    v: ValueId,
+    to: &Sharding,
+    layouts: &mut Vec<Option<Sharding>>,
+) {
+    let mut attrs = Attrs::new();
+    attrs.insert("to".into(), layout_attr(to, mesh));
+    let ty = g.values[v].clone();
+    let loc = g.nodes[k].loc.clone();
+    let r = g.add_raw("nns.relayout", &[v], vec![ty], attrs, &loc)[0];
+    let node = g.nodes.pop().expect("the relayout just made");
+    for m in &mut g.nodes[k + 1..] {
+        for x in &mut m.inputs {
+            if *x == v {
+                *x = r;
+            }
+        }
+    }
+    for o in &mut g.outputs {
+        if o.value == v {
+            o.value = r;
+        }
+    }
+    g.nodes.insert(k + 1, node);
+    layouts.resize(g.values.len(), None);
+    layouts[r] = Some(to.clone());
+}
+
+/// The layout each function result ends in (`nns.layout`): a written one is kept (and a
+/// new dimension's broadcast producing it is split to match, [`amend`]); a `grad.<p>` or
+/// `next.<p>` result takes trained state `p`'s layout (the next step reads it back as is,
+/// so it is never gathered); anything else is replicated.
+fn result_layouts(
+    g: &mut Graph,
+    mesh: &Mesh,
+    layouts: &mut [Option<Sharding>],
+    free: &mut Free,
+) -> Result<(), Diagnostics> {
     // Trained state (parameters and optimizer moments) by name: a gradient leaves in its
     // parameter's layout, a next value in its state's (the next step reads it back as is,
     // so it is never gathered).
@@ -853,7 +907,7 @@ fn propagate_pass(
         let want = Sharding::from_attr(attr, mesh, g.values[v].rank())
             .map_err(|e| error(&g.loc, format!("propagate-layouts: result {i}: {e}")))?;
         if layouts[v].as_ref().is_some_and(|h| *h != want) {
-            amend(&mut g, mesh, &mut layouts, &mut free, v, &want)
+            amend(g, mesh, layouts, free, v, &want)
                 .map_err(|e| error(&g.loc, format!("propagate-layouts: result {i}: {e}")))?;
         }
     }
@@ -877,7 +931,7 @@ fn propagate_pass(
         o.attrs
             .insert("nns.layout".into(), layout_attr(&want, mesh));
     }
-    Ok((g, decided, eager_next))
+    Ok(())
 }
 
 /// An op of another dialect than ours (`arith`, `tensor`, a user's).
