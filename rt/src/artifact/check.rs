@@ -43,8 +43,51 @@ impl Artifact {
         if let Some(d) = owner.iter().position(Option::is_none) {
             return Err(format!("device {d} runs no program"));
         }
-        // Every kernel but the reducers: its header entry as its code was compiled (the
-        // code exports its index count and buffer sizes), its geometry exact.
+        self.check_kernels()?;
+        // Whole tensors of the signature: their sizes fit a u64.
+        for (what, ports) in [("argument", &h.inputs), ("result", &h.outputs)] {
+            for port in ports.iter() {
+                let b = Buffer {
+                    shape: port.global_shape.clone(),
+                    elt: port.elt,
+                    offset: 0,
+                };
+                if b.checked_bytes().is_none() {
+                    return Err(format!(
+                        "{what} '{}' of shape {:?} overflows a 64-bit size",
+                        port.name, port.global_shape
+                    ));
+                }
+            }
+        }
+        // Every program on its own first: the checks between them index its buffers.
+        for p in &h.programs {
+            self.check_program(p)
+                .map_err(|e| format!("program '{}': {e}", p.name))?;
+        }
+        let mut computed = vec![0usize; h.outputs.len()];
+        for p in &h.programs {
+            for b in &p.outputs {
+                if let Some(c) = computed.get_mut(b.port) {
+                    *c += 1;
+                }
+            }
+        }
+        self.check_messages()?;
+        if let Some(k) = computed.iter().position(|&c| c != 1) {
+            return Err(format!(
+                "result '{}' is computed by {} programs, not one",
+                h.outputs[k].name, computed[k]
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every kernel but the reducers: its header entry as its code was compiled (the
+    /// code exports its index count and buffer sizes), its geometry exact; the reducers
+    /// there when a collective reduces.
+    fn check_kernels(&self) -> Result<(), String> {
+        let h = &self.header;
         let facts = code_facts(&String::from_utf8_lossy(self.section("ptx").unwrap_or(&[])));
         let reducer = |i: usize| h.reducers.is_some_and(|r| r.sum == i || r.max == i);
         for (i, k) in h.kernels.iter().enumerate() {
@@ -113,34 +156,14 @@ impl Artifact {
             }
             None => {}
         }
-        // Whole tensors of the signature: their sizes fit a u64.
-        for (what, ports) in [("argument", &h.inputs), ("result", &h.outputs)] {
-            for port in ports.iter() {
-                let b = Buffer {
-                    shape: port.global_shape.clone(),
-                    elt: port.elt,
-                    offset: 0,
-                };
-                if b.checked_bytes().is_none() {
-                    return Err(format!(
-                        "{what} '{}' of shape {:?} overflows a 64-bit size",
-                        port.name, port.global_shape
-                    ));
-                }
-            }
-        }
-        // Every program on its own first: the checks between them index its buffers.
-        for p in &h.programs {
-            self.check_program(p)
-                .map_err(|e| format!("program '{}': {e}", p.name))?;
-        }
-        let mut computed = vec![0usize; h.outputs.len()];
+        Ok(())
+    }
+
+    /// Every send has a receive of its tag in the program it names, on a buffer like its
+    /// own, and every receive a send.
+    fn check_messages(&self) -> Result<(), String> {
+        let h = &self.header;
         for (pi, p) in h.programs.iter().enumerate() {
-            for b in &p.outputs {
-                if let Some(c) = computed.get_mut(b.port) {
-                    *c += 1;
-                }
-            }
             // Every send has a receive of the same tag there, on a buffer like its own.
             for (i, s) in p.steps.iter().enumerate() {
                 let Step::Send { buffer, to, tag } = s else {
@@ -206,12 +229,6 @@ impl Artifact {
                     ));
                 }
             }
-        }
-        if let Some(k) = computed.iter().position(|&c| c != 1) {
-            return Err(format!(
-                "result '{}' is computed by {} programs, not one",
-                h.outputs[k].name, computed[k]
-            ));
         }
         Ok(())
     }
@@ -292,40 +309,7 @@ impl Artifact {
                 }
             }
         }
-        // A result's pieces tile its whole tensor: the distinct ones do not overlap, and
-        // their volumes add up to its own (nothing of it left unwritten).
-        for bd in &p.outputs {
-            let port = &h.outputs[bd.port];
-            let mut boxes: Vec<&Vec<[u64; 2]>> = bd.shards.iter().collect();
-            boxes.sort();
-            boxes.dedup();
-            let volume = |r: &[[u64; 2]]| {
-                r.iter()
-                    .try_fold(1u64, |n, &[lo, hi]| n.checked_mul(hi - lo))
-            };
-            let whole = port
-                .global_shape
-                .iter()
-                .try_fold(1u64, |n, &d| n.checked_mul(d));
-            let covered = boxes
-                .iter()
-                .try_fold(0u64, |n, b| volume(b).and_then(|v| n.checked_add(v)));
-            let overlap = |a: &[[u64; 2]], b: &[[u64; 2]]| {
-                a.iter()
-                    .zip(b)
-                    .all(|(&[a0, a1], &[b0, b1])| a0 < b1 && b0 < a1)
-            };
-            let overlapping = boxes
-                .iter()
-                .enumerate()
-                .any(|(i, a)| boxes[i + 1..].iter().any(|b| overlap(a, b)));
-            if covered.is_none() || covered != whole || overlapping {
-                return Err(format!(
-                    "result '{}''s pieces do not tile its {:?} tensor",
-                    port.name, port.global_shape
-                ));
-            }
-        }
+        tiles_results(p, &h.outputs)?;
         let missing = |b: usize| b >= p.buffers.len();
         for (i, s) in p.steps.iter().enumerate() {
             match s {
@@ -418,6 +402,44 @@ impl Artifact {
         }
         Ok(())
     }
+}
+
+/// That program `p`'s pieces of each result tile the whole tensor: the distinct ones do not
+/// overlap, and their volumes add up to its own (nothing of it left unwritten).
+fn tiles_results(p: &Program, outputs: &[Port]) -> Result<(), String> {
+    for bd in &p.outputs {
+        let port = &outputs[bd.port];
+        let mut boxes: Vec<&Vec<[u64; 2]>> = bd.shards.iter().collect();
+        boxes.sort();
+        boxes.dedup();
+        let volume = |r: &[[u64; 2]]| {
+            r.iter()
+                .try_fold(1u64, |n, &[lo, hi]| n.checked_mul(hi - lo))
+        };
+        let whole = port
+            .global_shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d));
+        let covered = boxes
+            .iter()
+            .try_fold(0u64, |n, b| volume(b).and_then(|v| n.checked_add(v)));
+        let overlap = |a: &[[u64; 2]], b: &[[u64; 2]]| {
+            a.iter()
+                .zip(b)
+                .all(|(&[a0, a1], &[b0, b1])| a0 < b1 && b0 < a1)
+        };
+        let overlapping = boxes
+            .iter()
+            .enumerate()
+            .any(|(i, a)| boxes[i + 1..].iter().any(|b| overlap(a, b)));
+        if covered.is_none() || covered != whole || overlapping {
+            return Err(format!(
+                "result '{}''s pieces do not tile its {:?} tensor",
+                port.name, port.global_shape
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether a matrix product's operands, as its shape says (what cuBLAS reads and writes),
