@@ -174,11 +174,29 @@ fn int(v: i64) -> AttrValue {
     AttrValue::Int(v)
 }
 
-/// The VJP rule of forward op `op`.
+/// The VJP rule of forward op `op` (each family of ops its own table).
 pub fn rule(op: &str) -> Option<VjpRule> {
+    linalg_rule(op)
+        .or_else(|| elementwise_rule(op))
+        .or_else(|| norms_rule(op))
+        .or_else(|| shape_rule(op))
+        .or_else(|| reduce_rule(op))
+        .or_else(|| attention_rule(op))
+        .or_else(|| tokens_rule(op))
+}
+
+/// The VJP rules of the matrix products.
+fn linalg_rule(op: &str) -> Option<VjpRule> {
     Some(match op {
         "dnn.matmul" => matmul,
         "dnn.linear" => linear,
+        _ => return None,
+    })
+}
+
+/// The VJP rules of the elementwise ops, dropout and fill.
+fn elementwise_rule(op: &str) -> Option<VjpRule> {
+    Some(match op {
         "dnn.add" => |c| {
             let d = c.dy(0)?;
             let (a, b) = (c.shape(c.x(0)), c.shape(c.x(1)));
@@ -281,6 +299,27 @@ pub fn rule(op: &str) -> Option<VjpRule> {
             let (d, x) = (c.dy(0)?, c.x(0));
             Ok(vec![Some(c.emit("dnn.relu_grad", &[d, x], &[])?)])
         },
+        "dnn.dropout" => |c| {
+            // The mask is a function of (seed, index): dropout of dy with the same seed
+            // applies exactly the forward mask and scale.
+            // With the step operand, the backward reads the same step (no gradient to it).
+            let d = c.dy(0)?;
+            let a = c.keep(&["p", "seed"]);
+            let mut ins = vec![d];
+            if c.node.inputs.len() == 2 {
+                ins.push(c.x(1));
+                return Ok(vec![Some(c.emit("dnn.dropout", &ins, &a)?), None]);
+            }
+            Ok(vec![Some(c.emit("dnn.dropout", &ins, &a)?)])
+        },
+        "dnn.fill" => |_| Ok(vec![]),
+        _ => return None,
+    })
+}
+
+/// The VJP rules of the normalizations.
+fn norms_rule(op: &str) -> Option<VjpRule> {
+    Some(match op {
         "dnn.softmax" => |c| {
             let (d, y) = (c.dy(0)?, c.y(0));
             let a = c.keep(&["dim"]);
@@ -303,12 +342,13 @@ pub fn rule(op: &str) -> Option<VjpRule> {
             let g = c.emit_n("dnn.rms_norm_grad", &[d, x, w], &a)?;
             Ok(g.into_iter().map(Some).collect())
         },
-        "dnn.embedding" => |c| {
-            let (d, ids) = (c.dy(0)?, c.x(0));
-            let vocab = c.shape(c.x(1))[0];
-            let g = c.emit("dnn.embedding_grad", &[d, ids], &[("vocab", int(vocab))])?;
-            Ok(vec![None, Some(g)])
-        },
+        _ => return None,
+    })
+}
+
+/// The VJP rules of the shape ops.
+fn shape_rule(op: &str) -> Option<VjpRule> {
+    Some(match op {
         "dnn.reshape" => |c| {
             let d = c.dy(0)?;
             let s = c.shape(c.x(0));
@@ -398,6 +438,18 @@ pub fn rule(op: &str) -> Option<VjpRule> {
             let a = c.keep(&["dim"]);
             Ok(vec![Some(c.emit("dnn.concat", &ds, &a)?)])
         },
+        "dnn.broadcast_to" => |c| {
+            let d = c.dy(0)?;
+            let s = c.shape(c.x(0));
+            Ok(vec![Some(c.sum_to(d, &s)?)])
+        },
+        _ => return None,
+    })
+}
+
+/// The VJP rules of the reductions.
+fn reduce_rule(op: &str) -> Option<VjpRule> {
+    Some(match op {
         "dnn.sum" => |c| {
             let d = c.dy(0)?;
             Ok(vec![Some(unreduce(c, d)?)])
@@ -414,11 +466,13 @@ pub fn rule(op: &str) -> Option<VjpRule> {
             let a = c.keep(&["dims", "keepdim"]);
             Ok(vec![Some(c.emit("dnn.max_grad", &[d, x], &a)?)])
         },
-        "dnn.broadcast_to" => |c| {
-            let d = c.dy(0)?;
-            let s = c.shape(c.x(0));
-            Ok(vec![Some(c.sum_to(d, &s)?)])
-        },
+        _ => return None,
+    })
+}
+
+/// The VJP rules of the attention and rotary embedding.
+fn attention_rule(op: &str) -> Option<VjpRule> {
+    Some(match op {
         "dnn.attention" => |c| {
             let (d, q, k, v) = (c.dy(0)?, c.x(0), c.x(1), c.x(2));
             let a = c.keep(&["causal", "scale"]);
@@ -430,25 +484,25 @@ pub fn rule(op: &str) -> Option<VjpRule> {
             let a = c.keep(&["theta"]);
             Ok(vec![Some(c.emit("dnn.rotary_grad", &[d], &a)?)])
         },
+        _ => return None,
+    })
+}
+
+/// The VJP rules of the ops indexed by tokens and classes.
+fn tokens_rule(op: &str) -> Option<VjpRule> {
+    Some(match op {
+        "dnn.embedding" => |c| {
+            let (d, ids) = (c.dy(0)?, c.x(0));
+            let vocab = c.shape(c.x(1))[0];
+            let g = c.emit("dnn.embedding_grad", &[d, ids], &[("vocab", int(vocab))])?;
+            Ok(vec![None, Some(g)])
+        },
         "dnn.cross_entropy" => |c| {
             let (d, l, t) = (c.dy(0)?, c.x(0), c.x(1));
             Ok(vec![
                 Some(c.emit("dnn.cross_entropy_grad", &[d, l, t], &[])?),
                 None,
             ])
-        },
-        "dnn.dropout" => |c| {
-            // The mask is a function of (seed, index): dropout of dy with the same seed
-            // applies exactly the forward mask and scale.
-            // With the step operand, the backward reads the same step (no gradient to it).
-            let d = c.dy(0)?;
-            let a = c.keep(&["p", "seed"]);
-            let mut ins = vec![d];
-            if c.node.inputs.len() == 2 {
-                ins.push(c.x(1));
-                return Ok(vec![Some(c.emit("dnn.dropout", &ins, &a)?), None]);
-            }
-            Ok(vec![Some(c.emit("dnn.dropout", &ins, &a)?)])
         },
         "dnn.pick" => |c| {
             let (d, t) = (c.dy(0)?, c.x(1));
@@ -458,7 +512,6 @@ pub fn rule(op: &str) -> Option<VjpRule> {
                 None,
             ])
         },
-        "dnn.fill" => |_| Ok(vec![]),
         _ => return None,
     })
 }
