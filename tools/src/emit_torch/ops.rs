@@ -572,33 +572,13 @@ fn statement(ctx: &RankCtx<'_, '_>, g: &Graph, n: &Node, a: &[String]) -> Result
         "dnn.cast" => match attr_str(n, "to") {
             Some("bf16") => format!("{}.to(torch.bfloat16)", a[0]),
             Some("f32") => format!("{}.to(torch.float32)", a[0]),
-            other => return Err(format!("attribute 'to' must be \"f32\" or \"bf16\", got {other:?}")),
+            other => {
+                return Err(format!(
+                    "attribute 'to' must be \"f32\" or \"bf16\", got {other:?}"
+                ))
+            }
         },
-        "dnn.dropout" => {
-            let p = attr_float(n, "p").unwrap_or(0.0);
-            let seed = attr_int(n, "seed").unwrap_or(0);
-            let mut items = vec![a[0].clone(), pyf(p), seed.to_string()];
-            if let Some(step) = a.get(1) {
-                items.push(format!("step={step}"));
-            }
-            if let (Some(AttrValue::Ints(global)), Some(AttrValue::Strs(dim_axes))) =
-                (n.attrs.get("global_shape"), n.attrs.get("dim_axes"))
-            {
-                let local = &ty(0).shape;
-                let mut offs = Vec::new();
-                for (d, names) in dim_axes.iter().enumerate() {
-                    let axes: Vec<String> = names
-                        .split(',')
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_string)
-                        .collect();
-                    offs.push(ctx.offset(&axes, local.get(d).copied().unwrap_or(1))?);
-                }
-                items.push(format!("offsets=[{}]", offs.join(", ")));
-                items.push(format!("global_shape={}", ints(global)));
-            }
-            format!("ops.dropout({})", items.join(", "))
-        }
+        "dnn.dropout" => dropout_statement(ctx, g, n, a)?,
         "dnn.fill" => {
             let v = attr_float(n, "value").unwrap_or(0.0);
             let e = out(0).elem;
@@ -616,7 +596,10 @@ fn statement(ctx: &RankCtx<'_, '_>, g: &Graph, n: &Node, a: &[String]) -> Result
         "dnn.adamw" => {
             let mut items: Vec<String> = a.to_vec();
             for k in ["beta1", "beta2", "eps", "weight_decay"] {
-                items.push(format!("{k}={}", pyf(attr_float(n, k).ok_or(format!("requires '{k}'"))?)));
+                items.push(format!(
+                    "{k}={}",
+                    pyf(attr_float(n, k).ok_or(format!("requires '{k}'"))?)
+                ));
             }
             format!("ops.adamw({})", items.join(", "))
         }
@@ -627,7 +610,12 @@ fn statement(ctx: &RankCtx<'_, '_>, g: &Graph, n: &Node, a: &[String]) -> Result
         ),
         "dnn.broadcast_to" => format!("torch.broadcast_to({}, {})", a[0], ints(&out(0).shape)),
         "dnn.softmax" | "dnn.log_softmax" => {
-            format!("torch.{}({}, {})", short(op), a[0], attr_int(n, "dim").unwrap_or(-1))
+            format!(
+                "torch.{}({}, {})",
+                short(op),
+                a[0],
+                attr_int(n, "dim").unwrap_or(-1)
+            )
         }
         "dnn.softmax_grad" | "dnn.log_softmax_grad" => format!(
             "ops.{}({}, {}, {})",
@@ -672,7 +660,10 @@ fn statement(ctx: &RankCtx<'_, '_>, g: &Graph, n: &Node, a: &[String]) -> Result
         ),
         "dnn.rotary" | "dnn.rotary_grad" => {
             let mut items = vec![a[0].clone()];
-            items.push(format!("theta={}", pyf(attr_float(n, "theta").unwrap_or(10000.0))));
+            items.push(format!(
+                "theta={}",
+                pyf(attr_float(n, "theta").unwrap_or(10000.0))
+            ));
             opt(&mut items, "p0", ctx.block(n, "seq_axes", ty(0).shape[2])?);
             if op == "dnn.rotary_grad" {
                 items.push("sign=-1.0".into());
@@ -703,6 +694,79 @@ fn statement(ctx: &RankCtx<'_, '_>, g: &Graph, n: &Node, a: &[String]) -> Result
             opt(&mut items, "offset", ctx.block(n, "offset_axes", v)?);
             format!("ops.softmax_xent_grad({})", items.join(", "))
         }
+        "dnn.matmul" => {
+            let t = |x: &str, on: bool| {
+                if on {
+                    format!("{x}.transpose(-1, -2)")
+                } else {
+                    x.to_string()
+                }
+            };
+            let ta = nnscaler_dialects::types::flag(&n.attrs, "transpose_a");
+            let tb = nnscaler_dialects::types::flag(&n.attrs, "transpose_b");
+            format!("torch.matmul({}, {})", t(&a[0], ta), t(&a[1], tb))
+        }
+        "dnn.linear" => format!("F.linear({})", a.join(", ")),
+        "dnn.linear_weight_grad" => format!("ops.linear_weight_grad({}, {})", a[0], a[1]),
+        "dnn.attention" | "dnn.attention_grad" => {
+            let q = if op == "dnn.attention" { 0 } else { 1 };
+            let mut items = a.to_vec();
+            if flag {
+                items.push("causal=True".into());
+            }
+            opt(&mut items, "scale", attr_float(n, "scale").map(pyf));
+            opt(&mut items, "q0", ctx.block(n, "seq_axes", ty(q).shape[2])?);
+            format!("ops.{}({})", short(op), items.join(", "))
+        }
+        "dnn.reshape" | "dnn.transpose" | "dnn.slice" | "dnn.pad" | "dnn.concat" | "dnn.split"
+        | "dnn.sum" | "dnn.mean" | "dnn.max" | "dnn.max_grad" => shape_statement(g, n, a)?,
+        _ => comm_statement(ctx, g, n, a)?,
+    })
+}
+
+/// [`statement`] of `dnn.dropout`: the runtime's counter-based mask at this rank's offsets
+/// into the whole tensor (a localized dropout's `global_shape` and `dim_axes`).
+fn dropout_statement(
+    ctx: &RankCtx<'_, '_>,
+    g: &Graph,
+    n: &Node,
+    a: &[String],
+) -> Result<String, String> {
+    let ty = |i: usize| -> &TensorType { &g.values[n.inputs[i]] };
+    let p = attr_float(n, "p").unwrap_or(0.0);
+    let seed = attr_int(n, "seed").unwrap_or(0);
+    let mut items = vec![a[0].clone(), pyf(p), seed.to_string()];
+    if let Some(step) = a.get(1) {
+        items.push(format!("step={step}"));
+    }
+    if let (Some(AttrValue::Ints(global)), Some(AttrValue::Strs(dim_axes))) =
+        (n.attrs.get("global_shape"), n.attrs.get("dim_axes"))
+    {
+        let local = &ty(0).shape;
+        let mut offs = Vec::new();
+        for (d, names) in dim_axes.iter().enumerate() {
+            let axes: Vec<String> = names
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect();
+            offs.push(ctx.offset(&axes, local.get(d).copied().unwrap_or(1))?);
+        }
+        items.push(format!("offsets=[{}]", offs.join(", ")));
+        items.push(format!("global_shape={}", ints(global)));
+    }
+    Ok(format!("ops.dropout({})", items.join(", ")))
+}
+
+/// [`statement`] of the shape ops and reductions.
+fn shape_statement(g: &Graph, n: &Node, a: &[String]) -> Result<String, String> {
+    let ty = |i: usize| -> &TensorType { &g.values[n.inputs[i]] };
+    let out = |i: usize| -> &TensorType { &g.values[n.outputs[i]] };
+    let count = attr_int(n, "count")
+        .filter(|&c| c > 0)
+        .map(|c| c.to_string());
+    let op = n.op.as_str();
+    Ok(match op {
         "dnn.reshape" => format!("{}.reshape({})", a[0], ints(&out(0).shape)),
         "dnn.transpose" => format!("{}.permute({})", a[0], ints(&attr_ints(n, "perm"))),
         "dnn.slice" => {
@@ -759,30 +823,20 @@ fn statement(ctx: &RankCtx<'_, '_>, g: &Graph, n: &Node, a: &[String]) -> Result
                 if keep { "True" } else { "False" }
             )
         }
-        "dnn.matmul" => {
-            let t = |x: &str, on: bool| {
-                if on {
-                    format!("{x}.transpose(-1, -2)")
-                } else {
-                    x.to_string()
-                }
-            };
-            let ta = nnscaler_dialects::types::flag(&n.attrs, "transpose_a");
-            let tb = nnscaler_dialects::types::flag(&n.attrs, "transpose_b");
-            format!("torch.matmul({}, {})", t(&a[0], ta), t(&a[1], tb))
-        }
-        "dnn.linear" => format!("F.linear({})", a.join(", ")),
-        "dnn.linear_weight_grad" => format!("ops.linear_weight_grad({}, {})", a[0], a[1]),
-        "dnn.attention" | "dnn.attention_grad" => {
-            let q = if op == "dnn.attention" { 0 } else { 1 };
-            let mut items = a.to_vec();
-            if flag {
-                items.push("causal=True".into());
-            }
-            opt(&mut items, "scale", attr_float(n, "scale").map(pyf));
-            opt(&mut items, "q0", ctx.block(n, "seq_axes", ty(q).shape[2])?);
-            format!("ops.{}({})", short(op), items.join(", "))
-        }
+        other => return Err(format!("'{other}' is not a shape op or a reduction")),
+    })
+}
+
+/// [`statement`] of the collectives, pipeline messages and calls; an error for any other op.
+fn comm_statement(
+    ctx: &RankCtx<'_, '_>,
+    g: &Graph,
+    n: &Node,
+    a: &[String],
+) -> Result<String, String> {
+    let ty = |i: usize| -> &TensorType { &g.values[n.inputs[i]] };
+    let op = n.op.as_str();
+    Ok(match op {
         "nns.all_reduce" => {
             let key = need_axes(n)?.join(",");
             match attr_str(n, "reduce") {
