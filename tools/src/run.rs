@@ -114,15 +114,7 @@ pub struct RunArgs {
 
 /// Runs `nnscaler run`. Errors are complete messages (at most `error_limit` errors).
 pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
-    if a.ranks && a.backend == "reference" {
-        return Err("--ranks needs --backend host or cuda (the reference backend's simulated devices already run a thread each)".into());
-    }
-    if a.timing == "serial" && a.threads > 1 {
-        return Err(format!("--timing serial times each device by its own thread's CPU time, which matrix products on {} threads would leave out; use --threads 1", a.threads));
-    }
-    if a.timing == "serial" && a.backend != "reference" {
-        return Err("--timing serial times the reference backend's simulated devices; --backend host and cuda time the launch plan's steps".into());
-    }
+    check_flags(a)?;
     kernels::set_threads(usize::from(a.threads));
     let model = a.model.clone();
     let source = read_input(&model)?;
@@ -200,38 +192,7 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     // A localized function takes whole tensors: bind against its global view.
     let mut d = Diagnostics::default();
     let meshes = Meshes::collect(&module.as_operation(), &mut d);
-    let mesh = if g.is_localized() {
-        if a.autodiff {
-            return Err(format!(
-                "--autodiff: @{} is localized; differentiate before partitioning",
-                g.name
-            ));
-        }
-        let mesh = meshes.resolve(None).map_err(|e| format!("{model}: {e}"))?;
-        if let Some(mb) = mesh.microbatch_axis() {
-            return Err(format!(
-                "{model}: @{} is cut into {} micro-batches (mesh axis '{}'), which only a pipeline schedule runs; add a --schedule-* pass (e.g. --schedule-1f1b) before --lower-relayouts",
-                g.name, mb.size, mb.name
-            ));
-        }
-        if let Some(n) = a.devices.filter(|&n| n != mesh.devices()) {
-            return Err(format!(
-                "--devices {n}, but @{} runs on mesh '@{}' of {} devices",
-                g.name,
-                mesh.name,
-                mesh.devices()
-            ));
-        }
-        Some(mesh)
-    } else {
-        if let Some(n) = a.devices.filter(|&n| n > 1) {
-            return Err(format!(
-                "--devices {n}: @{} is a single-device function; partition it first (nnscaler-opt --plan=... --propagate-layouts --split-tensor --lower-relayouts --localize)",
-                g.name
-            ));
-        }
-        None
-    };
+    let mesh = mesh_of(a, &g, &meshes, &model)?;
     let view = match mesh {
         Some(mesh) => global_view(&g, mesh).map_err(|e| format!("{model}: @{}: {e}", g.name))?,
         None => g.clone(),
@@ -330,6 +291,62 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
         eprint!("{}", profile_table(&g, mesh, c, &profile, (runs, devices)));
     }
     write_results(a, &g, &outs, saved_params, &ran)
+}
+
+/// Flags that do not go together.
+fn check_flags(a: &RunArgs) -> Result<(), String> {
+    if a.ranks && a.backend == "reference" {
+        return Err("--ranks needs --backend host or cuda (the reference backend's simulated devices already run a thread each)".into());
+    }
+    if a.timing == "serial" && a.threads > 1 {
+        return Err(format!("--timing serial times each device by its own thread's CPU time, which matrix products on {} threads would leave out; use --threads 1", a.threads));
+    }
+    if a.timing == "serial" && a.backend != "reference" {
+        return Err("--timing serial times the reference backend's simulated devices; --backend host and cuda time the launch plan's steps".into());
+    }
+    Ok(())
+}
+
+/// The mesh a localized `g` runs on (checked against `--devices` and `--autodiff`), or
+/// none for a single-device function.
+fn mesh_of<'m>(
+    a: &RunArgs,
+    g: &Graph,
+    meshes: &'m Meshes,
+    model: &str,
+) -> Result<Option<&'m nnscaler_dialects::nns::Mesh>, String> {
+    Ok(if g.is_localized() {
+        if a.autodiff {
+            return Err(format!(
+                "--autodiff: @{} is localized; differentiate before partitioning",
+                g.name
+            ));
+        }
+        let mesh = meshes.resolve(None).map_err(|e| format!("{model}: {e}"))?;
+        if let Some(mb) = mesh.microbatch_axis() {
+            return Err(format!(
+                "{model}: @{} is cut into {} micro-batches (mesh axis '{}'), which only a pipeline schedule runs; add a --schedule-* pass (e.g. --schedule-1f1b) before --lower-relayouts",
+                g.name, mb.size, mb.name
+            ));
+        }
+        if let Some(n) = a.devices.filter(|&n| n != mesh.devices()) {
+            return Err(format!(
+                "--devices {n}, but @{} runs on mesh '@{}' of {} devices",
+                g.name,
+                mesh.name,
+                mesh.devices()
+            ));
+        }
+        Some(mesh)
+    } else {
+        if let Some(n) = a.devices.filter(|&n| n > 1) {
+            return Err(format!(
+                "--devices {n}: @{} is a single-device function; partition it first (nnscaler-opt --plan=... --propagate-layouts --split-tensor --lower-relayouts --localize)",
+                g.name
+            ));
+        }
+        None
+    })
 }
 
 /// `--profile`'s table: per op name (a call of a C kernel as `@callee`; the ops of an IR
