@@ -563,6 +563,61 @@ fn unpack(b: &[u8]) -> Result<Vec<Piece>, String> {
     Ok(out)
 }
 
+/// One device's work in a step: the bytes written into its arena before it runs (at
+/// their offsets), and the spans of the results read back after.
+type Work<'a> = (Vec<(u64, Cow<'a, [u8]>)>, Vec<(u64, u64)>);
+
+impl<'a> Procs<'a> {
+    /// Each device's writes (the constants and its pieces of the arguments, at their
+    /// offsets in its arena) and the results it reads back; `whole` holds the step's
+    /// whole inputs by name.
+    fn device_work<'w>(
+        &'w self,
+        whole: &'w HashMap<&str, Vec<u8>>,
+    ) -> Result<Vec<Work<'w>>, String> {
+        let (art, h) = (&self.art, &self.art.header);
+        let consts = art.section("consts").unwrap_or_default();
+        let mut work = Vec::with_capacity(self.locals.len());
+        for l in &self.locals {
+            let prog = &h.programs[l.p];
+            // (Borrowed where the bytes are already at hand: the constants and the kept
+            // pieces; only the batch's pieces are cut.)
+            let mut writes: Vec<(u64, Cow<'_, [u8]>)> = Vec::new();
+            for c in &prog.constants {
+                let b = &prog.buffers[c.buffer];
+                writes.push((b.offset, Cow::Borrowed(c.bytes(consts, b, l.k)?)));
+            }
+            for bd in &prog.inputs {
+                let port = &h.inputs[bd.port];
+                let b = &prog.buffers[bd.buffer];
+                let piece = match (l.pieces.get(&port.name), whole.get(port.name.as_str())) {
+                    (Some(p), _) => Cow::Borrowed(p.as_slice()),
+                    (None, Some(w)) => Cow::Owned(cut(
+                        w,
+                        &port.global_shape,
+                        &bd.shards[l.k],
+                        b.elt.size() as usize,
+                    )),
+                    (None, None) => {
+                        return Err(format!("no value for the step's argument '{}'", port.name))
+                    }
+                };
+                writes.push((b.offset, piece));
+            }
+            let reads: Vec<(u64, u64)> = prog
+                .outputs
+                .iter()
+                .map(|bd| {
+                    let b = &prog.buffers[bd.buffer];
+                    (b.offset, b.bytes())
+                })
+                .collect();
+            work.push((writes, reads));
+        }
+        Ok(work)
+    }
+}
+
 impl Engine for Procs<'_> {
     fn set_state(&mut self, state: BTreeMap<String, Tensor>) -> Result<(), String> {
         let h = &self.art.header;
@@ -609,46 +664,7 @@ impl Engine for Procs<'_> {
                 _ => {}
             }
         }
-        let consts = art.section("consts").unwrap_or_default();
-        // Each device's writes (the constants and its pieces of the arguments, at their
-        // offsets in its arena) and the results it reads back.
-        let mut work = Vec::with_capacity(self.locals.len());
-        for l in &self.locals {
-            let prog = &h.programs[l.p];
-            // (Borrowed where the bytes are already at hand: the constants and the kept
-            // pieces; only the batch's pieces are cut.)
-            let mut writes: Vec<(u64, Cow<'_, [u8]>)> = Vec::new();
-            for c in &prog.constants {
-                let b = &prog.buffers[c.buffer];
-                writes.push((b.offset, Cow::Borrowed(c.bytes(consts, b, l.k)?)));
-            }
-            for bd in &prog.inputs {
-                let port = &h.inputs[bd.port];
-                let b = &prog.buffers[bd.buffer];
-                let piece = match (l.pieces.get(&port.name), whole.get(port.name.as_str())) {
-                    (Some(p), _) => Cow::Borrowed(p.as_slice()),
-                    (None, Some(w)) => Cow::Owned(cut(
-                        w,
-                        &port.global_shape,
-                        &bd.shards[l.k],
-                        b.elt.size() as usize,
-                    )),
-                    (None, None) => {
-                        return Err(format!("no value for the step's argument '{}'", port.name))
-                    }
-                };
-                writes.push((b.offset, piece));
-            }
-            let reads: Vec<(u64, u64)> = prog
-                .outputs
-                .iter()
-                .map(|bd| {
-                    let b = &prog.buffers[bd.buffer];
-                    (b.offset, b.bytes())
-                })
-                .collect();
-            work.push((writes, reads));
-        }
+        let work = self.device_work(&whole)?;
         let wire = NetWire {
             net: &self.net,
             owner: &self.owner,
