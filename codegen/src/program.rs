@@ -557,34 +557,8 @@ fn compile_stored(
             _ => Err(at(format!("'{}' requires '{key}'", n.op))),
         };
         if n.op == "nns.microbatch" {
-            // Micro-batch `index` of a data input: a window along `dim`.
-            let (dim, index) = (int_attr("dim")?, int_attr("index")?);
-            let (i, o) = (
-                Buf::of(&g.values[n.inputs[0]]),
-                Buf::of(&g.values[n.outputs[0]]),
-            );
-            let Some(&len) = o.shape.get(dim) else {
-                return Err(at(format!("'nns.microbatch' dim {dim} is beyond its rank")));
-            };
-            if i.shape
-                .get(dim)
-                .is_none_or(|&whole| (index + 1) * len > whole)
-            {
-                return Err(at(format!(
-                    "'nns.microbatch' {index} of length {len} lies outside its input {:?}",
-                    i.shape
-                )));
-            }
-            let kernel = Kernel {
-                name: format!("n{k}_microbatch"),
-                body: Body::Window {
-                    dim,
-                    start: index * len,
-                },
-                inputs: vec![i],
-                len: o.len(),
-                outputs: vec![o],
-            };
+            let kernel =
+                microbatch_kernel(g, k, int_attr("dim")?, int_attr("index")?).map_err(at)?;
             unary_launch(&mut p, g, k, kernel);
             continue;
         }
@@ -608,29 +582,7 @@ fn compile_stored(
             continue;
         }
         if n.op == "nns.partition" {
-            // R -> V(sum): each device keeps value / n, as the CPU devices compute it.
-            let mesh = mesh.ok_or_else(|| at("'nns.partition' needs the module's mesh".into()))?;
-            let size: i64 = match n.attrs.get("axes") {
-                Some(AttrValue::Strs(names)) => names
-                    .iter()
-                    .map(|a| {
-                        mesh.axis(a)
-                            .ok_or_else(|| at(format!("unknown mesh axis '{a}'")))
-                    })
-                    .product::<Result<i64, String>>()?,
-                _ => return Err(at("'nns.partition' requires 'axes'".into())),
-            };
-            let b = Buf::of(&g.values[n.inputs[0]]);
-            if b.elt != Elt::F32 {
-                return Err(at("'nns.partition' of integers has no GPU path".into()));
-            }
-            let kernel = Kernel {
-                name: format!("n{k}_partition"),
-                body: Body::Map(vec![x(0) * c(1.0 / size as f32)]),
-                inputs: vec![b.clone()],
-                len: b.len(),
-                outputs: vec![b],
-            };
+            let kernel = partition_kernel(g, k, mesh).map_err(at)?;
             unary_launch(&mut p, g, k, kernel);
             continue;
         }
@@ -700,6 +652,66 @@ fn compile_stored(
     elide_reshapes(&mut p, g);
     fuse_adamw(&mut p);
     Ok(p)
+}
+
+/// `nns.microbatch` (node `k`): micro-batch `index` of a data input, a window of its
+/// output's length along `dim`.
+fn microbatch_kernel(g: &Graph, k: usize, dim: usize, index: usize) -> Result<Kernel, String> {
+    let n = &g.nodes[k];
+    let (i, o) = (
+        Buf::of(&g.values[n.inputs[0]]),
+        Buf::of(&g.values[n.outputs[0]]),
+    );
+    let Some(&len) = o.shape.get(dim) else {
+        return Err(format!("'nns.microbatch' dim {dim} is beyond its rank"));
+    };
+    if i.shape
+        .get(dim)
+        .is_none_or(|&whole| (index + 1) * len > whole)
+    {
+        return Err(format!(
+            "'nns.microbatch' {index} of length {len} lies outside its input {:?}",
+            i.shape
+        ));
+    }
+    Ok(Kernel {
+        name: format!("n{k}_microbatch"),
+        body: Body::Window {
+            dim,
+            start: index * len,
+        },
+        inputs: vec![i],
+        len: o.len(),
+        outputs: vec![o],
+    })
+}
+
+/// `nns.partition` (node `k`), R -> V(sum): each device keeps value / n, as the CPU
+/// devices compute it.
+fn partition_kernel(g: &Graph, k: usize, mesh: Option<&Mesh>) -> Result<Kernel, String> {
+    let n = &g.nodes[k];
+    let mesh = mesh.ok_or("'nns.partition' needs the module's mesh")?;
+    let size: i64 = match n.attrs.get("axes") {
+        Some(AttrValue::Strs(names)) => names
+            .iter()
+            .map(|a| {
+                mesh.axis(a)
+                    .ok_or_else(|| format!("unknown mesh axis '{a}'"))
+            })
+            .product::<Result<i64, String>>()?,
+        _ => return Err("'nns.partition' requires 'axes'".into()),
+    };
+    let b = Buf::of(&g.values[n.inputs[0]]);
+    if b.elt != Elt::F32 {
+        return Err("'nns.partition' of integers has no GPU path".into());
+    }
+    Ok(Kernel {
+        name: format!("n{k}_partition"),
+        body: Body::Map(vec![x(0) * c(1.0 / size as f32)]),
+        inputs: vec![b.clone()],
+        len: b.len(),
+        outputs: vec![b],
+    })
 }
 
 /// Consecutive AdamW launches with the same betas and eps (each its own weight decay) and
