@@ -373,46 +373,7 @@ fn program(
                             c.axes()
                         ));
                     }
-                    match *c {
-                        Collective::AllReduce { max, .. } => nx::Step::AllReduce {
-                            input,
-                            output,
-                            groups,
-                            max,
-                        },
-                        Collective::AllGather { dim, .. } => nx::Step::AllGather {
-                            input,
-                            output,
-                            groups,
-                            dim,
-                        },
-                        Collective::Slice { dim, .. } => nx::Step::Slice {
-                            input,
-                            output,
-                            groups,
-                            dim,
-                        },
-                        Collective::Broadcast { root, .. } => nx::Step::Broadcast {
-                            input,
-                            output,
-                            groups,
-                            root,
-                        },
-                        Collective::AllToAll { split, concat, .. } => nx::Step::AllToAll {
-                            input,
-                            output,
-                            groups,
-                            split_dim: split,
-                            concat_dim: concat,
-                        },
-                        Collective::ReduceScatter { dim, max, .. } => nx::Step::ReduceScatter {
-                            input,
-                            output,
-                            groups,
-                            dim,
-                            max,
-                        },
-                    }
+                    collective_step(c, input, output, groups)
                 }
             })
         })
@@ -435,6 +396,55 @@ fn program(
         constants,
         steps,
     })
+}
+
+/// The artifact's step of collective `c` from buffer `input` to `output` among `groups`.
+fn collective_step(
+    c: &Collective,
+    input: usize,
+    output: usize,
+    groups: Vec<Vec<usize>>,
+) -> nx::Step {
+    match *c {
+        Collective::AllReduce { max, .. } => nx::Step::AllReduce {
+            input,
+            output,
+            groups,
+            max,
+        },
+        Collective::AllGather { dim, .. } => nx::Step::AllGather {
+            input,
+            output,
+            groups,
+            dim,
+        },
+        Collective::Slice { dim, .. } => nx::Step::Slice {
+            input,
+            output,
+            groups,
+            dim,
+        },
+        Collective::Broadcast { root, .. } => nx::Step::Broadcast {
+            input,
+            output,
+            groups,
+            root,
+        },
+        Collective::AllToAll { split, concat, .. } => nx::Step::AllToAll {
+            input,
+            output,
+            groups,
+            split_dim: split,
+            concat_dim: concat,
+        },
+        Collective::ReduceScatter { dim, max, .. } => nx::Step::ReduceScatter {
+            input,
+            output,
+            groups,
+            dim,
+            max,
+        },
+    }
 }
 
 /// The kernels collectives reduce with (`nx::Reducers`): `acc = acc + x` and
