@@ -36,6 +36,34 @@ use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::verify::Meshes;
 
+/// What follows a choice's headline in its remark.
+const CHOICE_DETAILS: &str = "; predicted per device:";
+
+/// The plan `--plan=auto` chose, as the remark the pass leaves says it: drivers that run
+/// the pass (`nnscaler train`) read it from the remarks with [`PlanChoice::of_remark`]
+/// instead of matching the remark's words themselves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanChoice {
+    /// `plan: auto chose "PLAN" on N x DEVICE (CLUSTER)`: the remark's first line, less
+    /// the predictions.
+    pub headline: String,
+    /// The chosen plan's `--plan` options.
+    pub plan: String,
+}
+
+impl PlanChoice {
+    /// The choice a remark of this pass reports, if `message` is one.
+    pub fn of_remark(message: &str) -> Option<PlanChoice> {
+        let (headline, _) = message.split_once(CHOICE_DETAILS)?;
+        let rest = headline.strip_prefix("plan: auto chose \"")?;
+        let (plan, _) = rest.split_once("\" on ")?;
+        Some(PlanChoice {
+            headline: headline.to_string(),
+            plan: plan.to_string(),
+        })
+    }
+}
+
 /// The pass.
 #[derive(Debug)]
 pub struct PlanSearch {
@@ -275,13 +303,18 @@ impl ModulePass for PlanSearch {
             ));
         };
         let chosen = plan_of(best);
+        let choice = PlanChoice {
+            headline: format!(
+                "plan: auto chose \"{chosen}\" on {} x {} ({})",
+                self.devices, self.cluster.device.name, self.cluster.name
+            ),
+            plan: chosen.clone(),
+        };
         self.remarks.remark(
             &SrcLoc::default(),
             format!(
-                "plan: auto chose \"{chosen}\" on {} x {} ({}); predicted per device:\n  {}",
-                self.devices,
-                self.cluster.device.name,
-                self.cluster.name,
+                "{}{CHOICE_DETAILS}\n  {}",
+                choice.headline,
                 lines.join("\n  ")
             ),
         );
@@ -318,5 +351,25 @@ impl ModulePass for PlanSearch {
 
     fn take_remarks(&mut self) -> Diagnostics {
         std::mem::take(&mut self.remarks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_choice_is_read_back_from_its_remark() {
+        let m = "plan: auto chose \"dp-megatron dp=2 tp=2, recompute=full\" on 4 x H100 SXM 80GB (dgx-h100); predicted per device:\n  12.3 ms";
+        let c = PlanChoice::of_remark(m).unwrap();
+        assert_eq!(c.plan, "dp-megatron dp=2 tp=2, recompute=full");
+        assert_eq!(
+            c.headline,
+            "plan: auto chose \"dp-megatron dp=2 tp=2, recompute=full\" on 4 x H100 SXM 80GB (dgx-h100)"
+        );
+        assert_eq!(
+            PlanChoice::of_remark("plan: auto found no plan for 4 devices"),
+            None
+        );
     }
 }

@@ -19,6 +19,7 @@ use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::verify::Meshes;
 use nnscaler_passes::pipeline::{self, Step};
+use nnscaler_passes::plan_search::PlanChoice;
 use nnscaler_passes::schedule::ScheduleKind;
 use nnscaler_rt::train::{
     self as rt, Checkpointing, Loop, LrSchedule, RunFn, RunOpts, StateSpec, Whole,
@@ -595,17 +596,12 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
         let remarks = pipeline::run(&ir, &mut m, steps, &mut |_, _| {}, "model.mlir")
             .map_err(|d| d.render_limited(Some(text), 20))?;
         // The plan the search chose, without its ranking.
-        for r in remarks
+        for c in remarks
             .0
             .iter()
-            .filter(|r| r.message.starts_with("plan: auto chose"))
+            .filter_map(|r| PlanChoice::of_remark(&r.message))
         {
-            let chosen = r
-                .message
-                .split("; predicted per device")
-                .next()
-                .unwrap_or_default();
-            eprintln!("nnscaler train: {chosen}");
+            eprintln!("nnscaler train: {}", c.headline);
         }
         let mut d = Default::default();
         let mesh = Meshes::collect(&m.as_operation(), &mut d)
