@@ -431,87 +431,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
                 "--fix: {name} declares a mesh, which fixes the degrees already"
             ));
         }
-        let mut schedules: Vec<ScheduleKind> = Vec::new();
-        for part in fix.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (axis, n) = part
-                .split_once('=')
-                .ok_or_else(|| format!("--fix: '{part}' is not AXIS=N (e.g. dp=32,tp=8)"))?;
-            let (axis, value) = (axis.trim(), n.trim());
-            match axis {
-                "recompute" => {
-                    let r = [
-                        search::Recompute::None,
-                        search::Recompute::Selective,
-                        search::Recompute::Full,
-                    ]
-                    .into_iter()
-                    .find(|r| r.name() == value)
-                    .ok_or_else(|| {
-                        format!("--fix: recompute={value}: none, selective or full")
-                    })?;
-                    space.recompute = vec![r];
-                    continue;
-                }
-                "zero" => {
-                    let z: u8 = value
-                        .parse()
-                        .ok()
-                        .filter(|&z| z <= 3)
-                        .ok_or_else(|| format!("--fix: zero={value}: a stage 0 to 3"))?;
-                    space.zero = vec![z];
-                    continue;
-                }
-                "splits" => {
-                    let t = match value {
-                        "megatron" => search::TpPolicy::Megatron,
-                        "megatron-sp" => search::TpPolicy::Sp,
-                        "searched" => search::TpPolicy::Search,
-                        _ => {
-                            return Err(format!(
-                                "--fix: splits={value}: megatron, megatron-sp or searched"
-                            ))
-                        }
-                    };
-                    space.tensor = vec![t];
-                    continue;
-                }
-                "schedule" => {
-                    let Some(k) = ScheduleKind::from_name(value)
-                        .filter(|k| Space::new(1).schedules.contains(k))
-                    else {
-                        return Err(format!(
-                            "--fix: schedule={value}: 1f1b, interleaved, zb-h1 or zb-v"
-                        ));
-                    };
-                    schedules.push(k);
-                    continue;
-                }
-                "dp" | "sp" | "tp" | "pp" => {}
-                _ => {
-                    return Err(format!(
-                        "--fix: unknown key '{axis}' (dp, sp, tp, pp, recompute, zero, splits, schedule)"
-                    ))
-                }
-            }
-            let n: u64 =
-                n.trim().parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
-                    format!("--fix: '{part}': the degree must be an integer >= 1")
-                })?;
-            if space.fixed.iter().any(|(x, _)| x == axis) {
-                return Err(format!("--fix: axis '{axis}' is given twice"));
-            }
-            space.fixed.push((axis.to_string(), n));
-        }
-        if !schedules.is_empty() {
-            space.schedules = schedules;
-        }
-        let product: u64 = space.fixed.iter().map(|(_, n)| n).product();
-        if space.fixed.len() == 4 && product != a.devices || product > a.devices {
-            return Err(format!(
-                "--fix {fix}: the degrees multiply to {product}, not to the {} devices",
-                a.devices
-            ));
-        }
+        apply_fix(fix, a.devices, &mut space)?;
     }
     let quiet = a.json;
     let mut progress = |msg: &str| {
@@ -801,4 +721,91 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
         }
     }
     Ok(o)
+}
+
+/// `--fix`'s `AXIS=N` degrees and `recompute=`, `zero=`, `splits=`, `schedule=` choices
+/// applied to `space` (for `devices` devices).
+fn apply_fix(fix: &str, devices: u64, space: &mut Space) -> Result<(), String> {
+    let mut schedules: Vec<ScheduleKind> = Vec::new();
+    for part in fix.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (axis, n) = part
+            .split_once('=')
+            .ok_or_else(|| format!("--fix: '{part}' is not AXIS=N (e.g. dp=32,tp=8)"))?;
+        let (axis, value) = (axis.trim(), n.trim());
+        match axis {
+            "recompute" => {
+                let r = [
+                    search::Recompute::None,
+                    search::Recompute::Selective,
+                    search::Recompute::Full,
+                ]
+                .into_iter()
+                .find(|r| r.name() == value)
+                .ok_or_else(|| format!("--fix: recompute={value}: none, selective or full"))?;
+                space.recompute = vec![r];
+                continue;
+            }
+            "zero" => {
+                let z: u8 = value
+                    .parse()
+                    .ok()
+                    .filter(|&z| z <= 3)
+                    .ok_or_else(|| format!("--fix: zero={value}: a stage 0 to 3"))?;
+                space.zero = vec![z];
+                continue;
+            }
+            "splits" => {
+                let t = match value {
+                    "megatron" => search::TpPolicy::Megatron,
+                    "megatron-sp" => search::TpPolicy::Sp,
+                    "searched" => search::TpPolicy::Search,
+                    _ => {
+                        return Err(format!(
+                            "--fix: splits={value}: megatron, megatron-sp or searched"
+                        ))
+                    }
+                };
+                space.tensor = vec![t];
+                continue;
+            }
+            "schedule" => {
+                let Some(k) =
+                    ScheduleKind::from_name(value).filter(|k| Space::new(1).schedules.contains(k))
+                else {
+                    return Err(format!(
+                        "--fix: schedule={value}: 1f1b, interleaved, zb-h1 or zb-v"
+                    ));
+                };
+                schedules.push(k);
+                continue;
+            }
+            "dp" | "sp" | "tp" | "pp" => {}
+            _ => {
+                return Err(format!(
+                "--fix: unknown key '{axis}' (dp, sp, tp, pp, recompute, zero, splits, schedule)"
+            ))
+            }
+        }
+        let n: u64 = n
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| format!("--fix: '{part}': the degree must be an integer >= 1"))?;
+        if space.fixed.iter().any(|(x, _)| x == axis) {
+            return Err(format!("--fix: axis '{axis}' is given twice"));
+        }
+        space.fixed.push((axis.to_string(), n));
+    }
+    if !schedules.is_empty() {
+        space.schedules = schedules;
+    }
+    let product: u64 = space.fixed.iter().map(|(_, n)| n).product();
+    if space.fixed.len() == 4 && product != devices || product > devices {
+        return Err(format!(
+            "--fix {fix}: the degrees multiply to {product}, not to the {} devices",
+            devices
+        ));
+    }
+    Ok(())
 }
