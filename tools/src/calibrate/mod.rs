@@ -220,56 +220,11 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         "  gelu of 1M floats: {:.2} GFLOP/s (8 per element)\n",
         vector / 1e9
     );
-    // The interpreter's cost per op: a chain of small ops of the kinds models run
-    // (add, transpose, matmul, reshape, sum and broadcast back, on [8, 8]), whose
-    // arithmetic is negligible.
-    let ops = 2000;
-    let t8 = "tensor<8x8xf32>";
-    let mut text =
-        format!("func.func @f(%x: {t8} {{nns.name = \"x\"}}) -> ({t8} {{nns.name = \"y\"}}) {{\n");
-    let mut last = "%x".to_string();
-    for k in 0..ops / 6 {
-        text += &format!(
-            "  %a{k} = \"dnn.add\"({last}, %x) : ({t8}, {t8}) -> {t8}\n\
-             \x20 %t{k} = \"dnn.transpose\"(%a{k}) {{perm = array<i64: 1, 0>}} : ({t8}) -> {t8}\n\
-             \x20 %m{k} = \"dnn.matmul\"(%t{k}, %x) : ({t8}, {t8}) -> {t8}\n\
-             \x20 %r{k} = \"dnn.reshape\"(%m{k}) {{shape = array<i64: 64>}} : ({t8}) -> tensor<64xf32>\n\
-             \x20 %s{k} = \"dnn.sum\"(%m{k}) {{dims = array<i64: 1>, keepdim = true}} : ({t8}) -> tensor<8x1xf32>\n\
-             \x20 %b{k} = \"dnn.sub\"(%m{k}, %s{k}) : ({t8}, tensor<8x1xf32>) -> {t8}\n"
-        );
-        last = format!("%b{k}");
-    }
-    let ops = ops / 6 * 6;
-    text += &format!("  return {last} : {t8}\n}}\n");
-    let g = first_function(&text, "calibrate")?;
-    let x = random(&[8, 8], 6);
-    let t = median_secs(|| {
-        let _ = nnscaler_runtime::run(&g, vec![x.clone()], &Options::default());
-    });
-    let overhead = t / ops as f64;
+    let overhead = interpreter_overhead()?;
     report += &format!("  interpreter: {:.2} us per op\n", overhead * 1e6);
-    // Matrix products in the three forms a training step runs (forward A B, the input's
-    // gradient A B^T, the weight's gradient A^T B), each with one long side four times
-    // the others (rows are tokens), from s = 8 to 512 (a GPT-2 layer's products are
-    // 1-5 GFLOP; below s = 512 the rate still grows, and a curve that stopped at 256 took
-    // the rate there for the peak); each run by the interpreter as a model runs it
-    // ([`time_node`]), its dispatch then taken out ([`efficiency_curve`]): the peak and
-    // the curve (the model's for a device without terms by shape), and with the grid
-    // below the terms by shape the model charges a product besides `op_overhead`.
+    // Matrix products in the three forms a training step runs, timed ([`time_products`]).
     let sides = [8usize, 16, 32, 64, 128, 256, 512];
-    let mut products = Vec::new();
-    // Every product timed, by shape `[m, k, n]`, for the terms by shape below.
-    let mut shaped = Vec::new();
-    for s in sides {
-        let l = 4 * s;
-        let mut t = 0.0;
-        for (form, shape) in [(0, [l, s, s]), (1, [l, s, s]), (2, [s, l, s])] {
-            let one = time_form(form, shape, true)?;
-            shaped.push((form, shape, one));
-            t += one;
-        }
-        products.push((2.0 * (l * s * s) as f64, t / 3.0));
-    }
+    let (products, shaped) = time_products(&sides)?;
     let (peak, efficiency) = efficiency_curve(&products, overhead);
     for ((s, &(_, t)), [_, e]) in sides.iter().zip(&products).zip(&efficiency) {
         report += &format!(
@@ -1133,6 +1088,66 @@ fn chrono_free_date() -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     format!("{}-{m:02}-{d:02}", if m <= 2 { y + 1 } else { y })
+}
+
+/// The interpreter's cost per op: a chain of small ops of the kinds models run
+/// (add, transpose, matmul, reshape, sum and broadcast back, on [8, 8]), whose
+/// arithmetic is negligible.
+fn interpreter_overhead() -> Result<f64, String> {
+    let ops = 2000;
+    let t8 = "tensor<8x8xf32>";
+    let mut text =
+        format!("func.func @f(%x: {t8} {{nns.name = \"x\"}}) -> ({t8} {{nns.name = \"y\"}}) {{\n");
+    let mut last = "%x".to_string();
+    for k in 0..ops / 6 {
+        text += &format!(
+            "  %a{k} = \"dnn.add\"({last}, %x) : ({t8}, {t8}) -> {t8}\n\
+             \x20 %t{k} = \"dnn.transpose\"(%a{k}) {{perm = array<i64: 1, 0>}} : ({t8}) -> {t8}\n\
+             \x20 %m{k} = \"dnn.matmul\"(%t{k}, %x) : ({t8}, {t8}) -> {t8}\n\
+             \x20 %r{k} = \"dnn.reshape\"(%m{k}) {{shape = array<i64: 64>}} : ({t8}) -> tensor<64xf32>\n\
+             \x20 %s{k} = \"dnn.sum\"(%m{k}) {{dims = array<i64: 1>, keepdim = true}} : ({t8}) -> tensor<8x1xf32>\n\
+             \x20 %b{k} = \"dnn.sub\"(%m{k}, %s{k}) : ({t8}, tensor<8x1xf32>) -> {t8}\n"
+        );
+        last = format!("%b{k}");
+    }
+    let ops = ops / 6 * 6;
+    text += &format!("  return {last} : {t8}\n}}\n");
+    let g = first_function(&text, "calibrate")?;
+    let x = random(&[8, 8], 6);
+    let t = median_secs(|| {
+        let _ = nnscaler_runtime::run(&g, vec![x.clone()], &Options::default());
+    });
+    Ok(t / ops as f64)
+}
+
+/// Per side, `(FLOPs, seconds)` of a product; and every product timed, `(form, [m, k, n],
+/// seconds)`.
+type Products = (Vec<(f64, f64)>, Vec<(usize, [usize; 3], f64)>);
+
+/// Matrix products in the three forms a training step runs (forward A B, the input's
+/// gradient A B^T, the weight's gradient A^T B), each with one long side four times
+/// the others (rows are tokens), from s = 8 to 512 (a GPT-2 layer's products are
+/// 1-5 GFLOP; below s = 512 the rate still grows, and a curve that stopped at 256 took
+/// the rate there for the peak); each run by the interpreter as a model runs it
+/// ([`time_node`]), its dispatch then taken out ([`efficiency_curve`]): the peak and
+/// the curve (the model's for a device without terms by shape), and with
+/// [`matrix_terms`]' grid the terms by shape the model charges a product besides
+/// `op_overhead`.
+fn time_products(sides: &[usize]) -> Result<Products, String> {
+    let mut products = Vec::new();
+    // Every product timed, by shape `[m, k, n]`, for the terms by shape below.
+    let mut shaped = Vec::new();
+    for &s in sides {
+        let l = 4 * s;
+        let mut t = 0.0;
+        for (form, shape) in [(0, [l, s, s]), (1, [l, s, s]), (2, [s, l, s])] {
+            let one = time_form(form, shape, true)?;
+            shaped.push((form, shape, one));
+            t += one;
+        }
+        products.push((2.0 * (l * s * s) as f64, t / 3.0));
+    }
+    Ok((products, shaped))
 }
 
 #[cfg(test)]
