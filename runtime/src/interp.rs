@@ -155,30 +155,8 @@ fn run_graph(
             ),
         ));
     }
-    let mut last_use = vec![usize::MAX; g.values.len()];
-    for (k, n) in g.nodes.iter().enumerate() {
-        for &v in &n.inputs {
-            last_use[v] = k;
-        }
-    }
-    for o in &g.outputs {
-        last_use[o.value] = usize::MAX;
-    }
-    let mut vals: Vec<Option<Cow<'_, Tensor>>> = vec![None; g.values.len()];
-    for (i, (a, t)) in g.args.iter().zip(inputs).enumerate() {
-        let ty = &g.values[a.value];
-        if !t.matches(ty) {
-            return Err(fail(
-                &g.loc,
-                format!(
-                    "argument {i}{} is {ty} but got {}",
-                    a.name().map(|n| format!(" '{n}'")).unwrap_or_default(),
-                    t.describe()
-                ),
-            ));
-        }
-        vals[a.value] = Some(t);
-    }
+    let last_use = last_uses(g);
+    let mut vals = bind_args(g, inputs)?;
     for (k, n) in g.nodes.iter().enumerate() {
         if n.op == "dnn.reshape" && last_use[n.inputs[0]] == k {
             // The input dies here: reuse its buffer instead of copying it.
@@ -284,28 +262,12 @@ fn run_graph(
                     ));
                 }
                 let args: Vec<Cow<'_, Tensor>> = ins.iter().map(|&t| Cow::Borrowed(t)).collect();
-                // A pipeline fragment runs at its micro-batch's coordinate on the
-                // micro-batch axis (`nns.fragment = "<stage><F|B|W><mb>"`).
-                let mb = match (n.attrs.get("nns.fragment"), device) {
-                    (Some(AttrValue::Str(f)), Some(_)) => f
-                        .rfind(['F', 'B', 'W'])
-                        .and_then(|k| f[k + 1..].parse::<usize>().ok()),
-                    _ => None,
-                };
-                let before = device.map(|d| d.microbatch.replace(mb.or(d.microbatch.get())));
-                let r = run_graph(
-                    f,
-                    callees,
-                    args,
-                    opts,
-                    profile.as_deref_mut(),
+                let at = CallAt {
+                    fragment: n.attrs.get("nns.fragment"),
                     device,
-                    depth + 1,
-                );
-                if let (Some(d), Some(b)) = (device, before) {
-                    d.microbatch.set(b);
-                }
-                r?
+                    depth: depth + 1,
+                };
+                run_at(f, callees, args, opts, profile.as_deref_mut(), at)?
             };
             (what, outs)
         } else {
@@ -327,40 +289,7 @@ fn run_graph(
             }
             (format!("'{}'", n.op), outs)
         };
-        if outs.len() != n.outputs.len() {
-            return Err(fail(
-                &n.loc,
-                format!(
-                    "{what} returned {} results for {} declared",
-                    outs.len(),
-                    n.outputs.len()
-                ),
-            ));
-        }
-        for (j, (t, ty)) in outs.iter().zip(&out_types).enumerate() {
-            if !t.matches(ty) {
-                return Err(fail(
-                    &n.loc,
-                    format!(
-                        "{what} result {j} is declared {ty} but it produced {}",
-                        t.describe()
-                    ),
-                ));
-            }
-            if opts.check_finite {
-                if let Data::F32(v) = &t.data {
-                    if let Some(p) = v.iter().position(|x| !x.is_finite()) {
-                        return Err(fail(
-                            &n.loc,
-                            format!(
-                                "{what} result {j} has a non-finite value ({}) at element {p}",
-                                v[p]
-                            ),
-                        ));
-                    }
-                }
-            }
-        }
+        check_results(n, &what, &outs, &out_types, opts.check_finite)?;
         for &v in &n.inputs {
             if last_use[v] == k {
                 vals[v] = None;
@@ -382,6 +311,131 @@ fn run_graph(
         results.push(t.expect("results are computed"));
     }
     Ok(results)
+}
+
+/// Where a call runs: its pipeline fragment (`nns.fragment`), its device, its depth.
+struct CallAt<'a, 'd> {
+    fragment: Option<&'a AttrValue>,
+    device: Option<&'a crate::spmd::Device<'d>>,
+    depth: usize,
+}
+
+/// Runs callee `f` for a call at `at`: a pipeline fragment runs at its micro-batch's
+/// coordinate on the micro-batch axis (`nns.fragment = "<stage><F|B|W><mb>"`), restored
+/// after.
+fn run_at(
+    f: &Graph,
+    callees: &BTreeMap<String, Graph>,
+    args: Vec<Cow<'_, Tensor>>,
+    opts: &Options,
+    profile: Option<&mut Profile>,
+    at: CallAt<'_, '_>,
+) -> Result<Vec<Tensor>, RunError> {
+    let device = at.device;
+    let mb = match (at.fragment, device) {
+        (Some(AttrValue::Str(f)), Some(_)) => f
+            .rfind(['F', 'B', 'W'])
+            .and_then(|k| f[k + 1..].parse::<usize>().ok()),
+        _ => None,
+    };
+    let before = device.map(|d| d.microbatch.replace(mb.or(d.microbatch.get())));
+    let r = run_graph(f, callees, args, opts, profile, device, at.depth);
+    if let (Some(d), Some(b)) = (device, before) {
+        d.microbatch.set(b);
+    }
+    r
+}
+
+/// That node `n`'s kernel or call (`what`) gave as many results as it declares, each of
+/// its declared type, and (with `check_finite`) every f32 element finite.
+fn check_results(
+    n: &nnscaler_dialects::graph::Node,
+    what: &str,
+    outs: &[Tensor],
+    out_types: &[TensorType],
+    check_finite: bool,
+) -> Result<(), RunError> {
+    let fail = |loc: &SrcLoc, message: String| RunError {
+        loc: loc.clone(),
+        message,
+    };
+    if outs.len() != n.outputs.len() {
+        return Err(fail(
+            &n.loc,
+            format!(
+                "{what} returned {} results for {} declared",
+                outs.len(),
+                n.outputs.len()
+            ),
+        ));
+    }
+    for (j, (t, ty)) in outs.iter().zip(out_types).enumerate() {
+        if !t.matches(ty) {
+            return Err(fail(
+                &n.loc,
+                format!(
+                    "{what} result {j} is declared {ty} but it produced {}",
+                    t.describe()
+                ),
+            ));
+        }
+        if check_finite {
+            if let Data::F32(v) = &t.data {
+                if let Some(p) = v.iter().position(|x| !x.is_finite()) {
+                    return Err(fail(
+                        &n.loc,
+                        format!(
+                            "{what} result {j} has a non-finite value ({}) at element {p}",
+                            v[p]
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Per value, the index of the last node reading it (`usize::MAX` for results and values
+/// never read).
+fn last_uses(g: &Graph) -> Vec<usize> {
+    let mut last_use = vec![usize::MAX; g.values.len()];
+    for (k, n) in g.nodes.iter().enumerate() {
+        for &v in &n.inputs {
+            last_use[v] = k;
+        }
+    }
+    for o in &g.outputs {
+        last_use[o.value] = usize::MAX;
+    }
+    last_use
+}
+
+/// Graph `g`'s values with its arguments bound to `inputs` (checked against their types).
+fn bind_args<'a>(
+    g: &Graph,
+    inputs: Vec<Cow<'a, Tensor>>,
+) -> Result<Vec<Option<Cow<'a, Tensor>>>, RunError> {
+    let fail = |loc: &SrcLoc, message: String| RunError {
+        loc: loc.clone(),
+        message,
+    };
+    let mut vals: Vec<Option<Cow<'_, Tensor>>> = vec![None; g.values.len()];
+    for (i, (a, t)) in g.args.iter().zip(inputs).enumerate() {
+        let ty = &g.values[a.value];
+        if !t.matches(ty) {
+            return Err(fail(
+                &g.loc,
+                format!(
+                    "argument {i}{} is {ty} but got {}",
+                    a.name().map(|n| format!(" '{n}'")).unwrap_or_default(),
+                    t.describe()
+                ),
+            ));
+        }
+        vals[a.value] = Some(t);
+    }
+    Ok(vals)
 }
 
 /// `t` as a value of type `ty`: floats are computed in f32, so a bf16 result is rounded to
