@@ -456,7 +456,8 @@ type Amendment = (usize, Binds, Vec<Sharding>);
 /// output-only identifier, `broadcast_to` into new dims), which needs nothing from its
 /// operands. Each value on the way must be its producer's only result with exactly one
 /// use, made by an op whose split is free (`free`), replicated where it gains a split and
-/// not partial. Returns whether `v` now has layout `need`; on `false` nothing changed.
+/// not partial. Returns the nodes it split further (index in `g`, their binds and
+/// replicated axes), none when `v` could not have layout `need` (then nothing changed).
 /// Without new dimensions it never applies: propagation already split everything its
 /// operands allowed.
 fn amend(
@@ -466,24 +467,26 @@ fn amend(
     free: &mut Free,
     v: ValueId,
     need: &Sharding,
-) -> Result<bool, String> {
+) -> Result<Vec<(usize, Decided)>, String> {
     let mut plan = Vec::new();
     if !plan_amend(g, mesh, layouts, free, v, need, &mut plan, 0)? {
-        return Ok(false);
+        return Ok(Vec::new());
     }
+    let mut changed = Vec::new();
     for (p, binds, outs) in plan {
         let o = g.nodes[p].outputs[0];
-        let closed = &free[&o].1;
-        if let Some(d) = split_directive(&binds, closed, mesh) {
+        let closed = free[&o].1.clone();
+        if let Some(d) = split_directive(&binds, &closed, mesh) {
             g.nodes[p].attrs.insert("nns.split".into(), d);
         }
         g.nodes[p]
             .attrs
             .insert("nns.layouts".into(), layouts_attr(&outs, mesh));
         layouts[o] = outs.into_iter().next();
-        free.get_mut(&o).expect("planned from it").0 = binds;
+        free.get_mut(&o).expect("planned from it").0 = binds.clone();
+        changed.push((p, (binds, closed)));
     }
-    Ok(true)
+    Ok(changed)
 }
 
 /// [`amend`]'s search: pushes the producers' new splits onto `plan`, returns whether `v`
@@ -730,9 +733,15 @@ fn propagate_pass(
         for (&v, need) in n.inputs.iter().zip(&l.inputs) {
             if let (Some(need), Some(have)) = (need, layouts[v].as_ref()) {
                 if have != need {
-                    amend(&mut g, mesh, &mut layouts, &mut free, v, need).map_err(|e| {
-                        error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op))
-                    })?;
+                    let changed =
+                        amend(&mut g, mesh, &mut layouts, &mut free, v, need).map_err(|e| {
+                            error(&n.loc, format!("propagate-layouts: '{}': {e}", n.op))
+                        })?;
+                    for (p, d) in changed {
+                        if let Some(i) = orig[p] {
+                            decided[i] = Some(d);
+                        }
+                    }
                 }
             }
         }
@@ -780,7 +789,12 @@ fn propagate_pass(
         k += 1;
     }
     let eager_next: Eager = reduce_to.into_iter().filter(|(v, _)| flows[*v]).collect();
-    result_layouts(&mut g, mesh, &mut layouts, &mut free)?;
+    let changed = result_layouts(&mut g, mesh, &mut layouts, &mut free)?;
+    for (p, d) in changed {
+        if let Some(i) = orig[p] {
+            decided[i] = Some(d);
+        }
+    }
     Ok((g, decided, eager_next))
 }
 
@@ -880,13 +894,15 @@ fn reduce_now(
 /// The layout each function result ends in (`nns.layout`): a written one is kept (and a
 /// new dimension's broadcast producing it is split to match, [`amend`]); a `grad.<p>` or
 /// `next.<p>` result takes trained state `p`'s layout (the next step reads it back as is,
-/// so it is never gathered); anything else is replicated.
+/// so it is never gathered); anything else is replicated. Returns the nodes [`amend`]
+/// split further.
 fn result_layouts(
     g: &mut Graph,
     mesh: &Mesh,
     layouts: &mut [Option<Sharding>],
     free: &mut Free,
-) -> Result<(), Diagnostics> {
+) -> Result<Vec<(usize, Decided)>, Diagnostics> {
+    let mut changed = Vec::new();
     // Trained state (parameters and optimizer moments) by name: a gradient leaves in its
     // parameter's layout, a next value in its state's (the next step reads it back as is,
     // so it is never gathered).
@@ -907,8 +923,10 @@ fn result_layouts(
         let want = Sharding::from_attr(attr, mesh, g.values[v].rank())
             .map_err(|e| error(&g.loc, format!("propagate-layouts: result {i}: {e}")))?;
         if layouts[v].as_ref().is_some_and(|h| *h != want) {
-            amend(g, mesh, layouts, free, v, &want)
-                .map_err(|e| error(&g.loc, format!("propagate-layouts: result {i}: {e}")))?;
+            changed.extend(
+                amend(g, mesh, layouts, free, v, &want)
+                    .map_err(|e| error(&g.loc, format!("propagate-layouts: result {i}: {e}")))?,
+            );
         }
     }
     for o in &mut g.outputs {
@@ -931,10 +949,49 @@ fn result_layouts(
         o.attrs
             .insert("nns.layout".into(), layout_attr(&want, mesh));
     }
-    Ok(())
+    Ok(changed)
 }
 
 /// An op of another dialect than ours (`arith`, `tensor`, a user's).
 pub fn is_foreign(op: &str) -> bool {
     !op.starts_with("dnn.") && !op.starts_with("nns.")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nnscaler_dialects::context::IrContext;
+    use nnscaler_dialects::verify::Meshes;
+
+    /// A broadcast into a new leading dim, read by an op split on it: propagation splits
+    /// the broadcast there, and reports that split among the ops' decided binds (which
+    /// planners write as directives).
+    #[test]
+    fn a_new_dim_takes_its_consumers_split() {
+        let text = r#"
+"nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2>} : () -> ()
+func.func @lead(%x: tensor<4x6xf32>, %y: tensor<8x4x6xf32> {nns.layout = #nns.layout<@world, dp = D(0)>}) -> tensor<8x4x6xf32> {
+  %b = "dnn.broadcast_to"(%x) {shape = array<i64: 8, 4, 6>} : (tensor<4x6xf32>) -> tensor<8x4x6xf32>
+  %e = "dnn.exp"(%b) : (tensor<8x4x6xf32>) -> tensor<8x4x6xf32>
+  %s = "dnn.add"(%e, %y) : (tensor<8x4x6xf32>, tensor<8x4x6xf32>) -> tensor<8x4x6xf32>
+  return %s : tensor<8x4x6xf32>
+}
+"#;
+        let ir = IrContext::new();
+        let m = ir.parse(text, "lead.mlir").expect("parses");
+        let mut d = Diagnostics::default();
+        let mesh = Meshes::collect(&m.as_operation(), &mut d).0[0].clone();
+        let g = Graph::all_in(&m).remove(0).expect("a graph");
+        let mut remarks = Diagnostics::default();
+        let (out, decided) = propagate_lenient(g, &mesh, &mut remarks).expect("propagates");
+        let split = |k: usize| decided[k].as_ref().map(|(b, _)| b.clone());
+        assert_eq!(split(0), Some(vec![("a".to_string(), vec![0])]));
+        assert_eq!(split(1), Some(vec![("*0".to_string(), vec![0])]));
+        let layouts = value_layouts(&out, &mesh).expect("layouts");
+        let b = out.nodes[0].outputs[0];
+        assert_eq!(
+            layouts[b].as_ref().map(|l| l.split.clone()),
+            Some(vec![vec![0], vec![], vec![]])
+        );
+    }
 }
