@@ -326,6 +326,173 @@ pub(super) fn profile_reusing(
     Ok((p, labels))
 }
 
+/// What the profile knows of each op of a step: forward or optimizer, its item, and the
+/// graph's producers and consumers.
+struct OpFacts<'a> {
+    g: &'a Graph,
+    fwd: &'a [bool],
+    opt: &'a [bool],
+    item: &'a [usize],
+    producer: &'a [Option<usize>],
+    consumers: &'a [Vec<usize>],
+}
+
+/// The optimizer ops of `g`: those that depend on optimizer state.
+fn optimizer_ops(g: &Graph, fwd: &[bool]) -> Vec<bool> {
+    let mut state_dep = vec![false; g.values.len()];
+    for a in &g.args {
+        if a.attrs.contains_key("nns.state_of") {
+            state_dep[a.value] = true;
+        }
+    }
+    let mut opt = vec![false; g.nodes.len()];
+    for (k, node) in g.nodes.iter().enumerate() {
+        if !fwd[k] && node.inputs.iter().any(|&v| state_dep[v]) {
+            opt[k] = true;
+            for &o in &node.outputs {
+                state_dep[o] = true;
+            }
+        }
+    }
+    opt
+}
+
+/// B: the backward ops on the path to an earlier item's backward (the input gradient).
+fn input_gradient_ops(f: &OpFacts<'_>) -> Vec<bool> {
+    let (fwd, opt, item) = (f.fwd, f.opt, f.item);
+    let n = f.g.nodes.len();
+    let mut is_b = vec![false; n];
+    for k in (0..n).rev() {
+        if fwd[k] || opt[k] {
+            continue;
+        }
+        is_b[k] = f.g.nodes[k].outputs.iter().any(|&o| {
+            f.consumers[o].iter().any(|&c| {
+                !fwd[c] && !opt[c] && (item[c] < item[k] || (item[c] == item[k] && is_b[c]))
+            })
+        });
+    }
+    is_b
+}
+
+/// Reductions of weight gradients: backward collectives whose results only the optimizer
+/// reads (directly or through other such collectives). The compiler adds up the
+/// micro-batches' partial gradients first and reduces them once a step.
+fn per_step_reductions(f: &OpFacts<'_>) -> Vec<bool> {
+    let (fwd, opt) = (f.fwd, f.opt);
+    let n = f.g.nodes.len();
+    let mut per_step = vec![false; n];
+    for k in (0..n).rev() {
+        let node = &f.g.nodes[k];
+        if fwd[k] || opt[k] || !matches!(node.op.as_str(), "nns.all_reduce" | "nns.reduce_scatter")
+        {
+            continue;
+        }
+        per_step[k] = node.outputs.iter().all(|&o| {
+            !f.consumers[o].is_empty() && f.consumers[o].iter().all(|&c| opt[c] || per_step[c])
+        });
+    }
+    per_step
+}
+
+/// Each item's cut (the bytes a cut after it sends: `cut_diff` summed in order); the
+/// items before and after the layers (0 and `after`) recompute nothing.
+fn set_cuts(items: &mut [Item], cut_diff: &[i128], after: usize) {
+    let mut run = 0i128;
+    for (i, it) in items.iter_mut().enumerate() {
+        run += cut_diff[i];
+        it.cut = run.max(0) as u64;
+        // `--recompute` recomputes layers only: the ops before and after them keep
+        // everything they saved (a language model's logits among them).
+        if i == 0 || i == after {
+            it.fwd_selective = 0.0;
+            it.fwd_full = 0.0;
+            it.fwd_selective_w = 0.0;
+            it.fwd_full_w = 0.0;
+            it.saved_selective = it.saved;
+            it.saved_full = it.saved;
+        }
+    }
+}
+
+/// Each parameter's bytes to its item (`param_item`, else the item of its first forward
+/// user, at most `after`).
+fn add_params(
+    f: &OpFacts<'_>,
+    param_item: &HashMap<usize, usize>,
+    after: usize,
+    items: &mut [Item],
+) {
+    for a in f.g.args.iter().filter(|a| a.is_param()) {
+        let it = param_item.get(&a.value).copied().unwrap_or_else(|| {
+            // A parameter outside the layers: the item of its first forward user.
+            f.g.nodes
+                .iter()
+                .position(|x| x.inputs.contains(&a.value))
+                .map_or(0, |k| f.item[k].min(after))
+        });
+        let bytes = f.g.values[a.value].bytes();
+        items[it].params += bytes;
+        items[it].tensors += 1;
+        items[it].params_sq += (bytes as f64).powi(2);
+    }
+}
+
+/// The activations each item saves (per recompute policy), and per item the change of the
+/// bytes a cut after it sends (`cut_diff`, summed in order to the cut's bytes).
+fn add_saved(f: &OpFacts<'_>, items: &mut [Item]) -> Vec<i128> {
+    let mut cut_diff = vec![0i128; items.len() + 1];
+    for (k, node) in f.g.nodes.iter().enumerate() {
+        if !f.fwd[k] {
+            continue;
+        }
+        let p = f.item[k];
+        for &o in &node.outputs {
+            let bytes = f.g.values[o].bytes();
+            let users = &f.consumers[o];
+            let kept = users.iter().any(|&c| !f.fwd[c] && !f.opt[c]);
+            if kept {
+                items[p].saved += bytes;
+                if matches!(node.op.as_str(), "dnn.linear" | "dnn.matmul") {
+                    items[p].saved_selective += bytes;
+                }
+            }
+            // Forward users in later items: a cut after p .. before the last sends it;
+            // each later item with full recompute keeps it as an input.
+            let last = users
+                .iter()
+                .filter(|&&c| f.fwd[c] && f.item[c] > p)
+                .map(|&c| f.item[c])
+                .max();
+            if let Some(last) = last {
+                // Megatron's residual stream runs as a partial sum whose all_reduce feeds
+                // the next layer's norm: both reach the next layer, but a pipeline cut
+                // there sends one of them (the stage boundary is placed before the
+                // partitioning, on the one value the layers pass), so the all_reduce's
+                // result adds nothing to a cut its operand crosses.
+                let partner_crosses = node.op == "nns.all_reduce"
+                    && node.inputs.first().is_some_and(|&i| {
+                        f.producer[i].is_some_and(|q| f.fwd[q] && f.item[q] == p)
+                            && f.consumers[i].iter().any(|&c| f.fwd[c] && f.item[c] > p)
+                    });
+                if !partner_crosses {
+                    cut_diff[p] += bytes as i128;
+                    cut_diff[last] -= bytes as i128;
+                }
+                let mut seen = Vec::new();
+                for &c in users.iter().filter(|&&c| f.fwd[c] && f.item[c] > p) {
+                    if !seen.contains(&f.item[c]) {
+                        seen.push(f.item[c]);
+                        items[f.item[c]].saved_full += bytes;
+                        items[f.item[c]].saved_selective += bytes;
+                    }
+                }
+            }
+        }
+    }
+    cut_diff
+}
+
 /// The profile of a localized per-device program (see the module docs).
 pub(super) fn profile_local(
     g: &Graph,
@@ -344,22 +511,7 @@ pub(super) fn profile_local(
             producer[o] = Some(k);
         }
     }
-    // Optimizer ops: those that depend on optimizer state.
-    let mut state_dep = vec![false; g.values.len()];
-    for a in &g.args {
-        if a.attrs.contains_key("nns.state_of") {
-            state_dep[a.value] = true;
-        }
-    }
-    let mut opt = vec![false; n];
-    for (k, node) in g.nodes.iter().enumerate() {
-        if !fwd[k] && node.inputs.iter().any(|&v| state_dep[v]) {
-            opt[k] = true;
-            for &o in &node.outputs {
-                state_dep[o] = true;
-            }
-        }
-    }
+    let opt = optimizer_ops(g, &fwd);
     // Items: (before), the layers in order, (after).
     let mut names: Vec<String> = vec!["(before)".into()];
     let mut index: HashMap<String, usize> = HashMap::new();
@@ -414,38 +566,22 @@ pub(super) fn profile_local(
         let from_param = ins.iter().filter_map(|v| param_item.get(v).copied()).min();
         item[k] = from_fwd.or(from_param).or(from_any).unwrap_or(after);
     }
-    // B: backward ops on the path to an earlier item's backward (the input gradient).
-    let mut is_b = vec![false; n];
     let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.values.len()];
     for (k, node) in g.nodes.iter().enumerate() {
         for &v in &node.inputs {
             consumers[v].push(k);
         }
     }
-    for k in (0..n).rev() {
-        if fwd[k] || opt[k] {
-            continue;
-        }
-        is_b[k] = g.nodes[k].outputs.iter().any(|&o| {
-            consumers[o].iter().any(|&c| {
-                !fwd[c] && !opt[c] && (item[c] < item[k] || (item[c] == item[k] && is_b[c]))
-            })
-        });
-    }
-    // Reductions of weight gradients: backward collectives whose results only the
-    // optimizer reads (directly or through other such collectives). The compiler adds up
-    // the micro-batches' partial gradients first and reduces them once a step.
-    let mut per_step = vec![false; n];
-    for k in (0..n).rev() {
-        let node = &g.nodes[k];
-        if fwd[k] || opt[k] || !matches!(node.op.as_str(), "nns.all_reduce" | "nns.reduce_scatter")
-        {
-            continue;
-        }
-        per_step[k] = node.outputs.iter().all(|&o| {
-            !consumers[o].is_empty() && consumers[o].iter().all(|&c| opt[c] || per_step[c])
-        });
-    }
+    let facts = OpFacts {
+        g,
+        fwd: &fwd,
+        opt: &opt,
+        item: &item,
+        producer: &producer,
+        consumers: &consumers,
+    };
+    let is_b = input_gradient_ops(&facts);
+    let per_step = per_step_reductions(&facts);
     // The recomputed forward ops the input gradient's side (`B`) needs: read by a `B`
     // op, or by another such op recomputed in the same item (a clone runs in the
     // fragment of the first op that needs it; one only weight gradients need runs in
@@ -538,85 +674,9 @@ pub(super) fn profile_local(
             it.bwd_weight += seconds;
         }
     }
-    // Parameters.
-    for a in g.args.iter().filter(|a| a.is_param()) {
-        let it = param_item.get(&a.value).copied().unwrap_or_else(|| {
-            // A parameter outside the layers: the item of its first forward user.
-            g.nodes
-                .iter()
-                .position(|x| x.inputs.contains(&a.value))
-                .map_or(0, |k| item[k].min(after))
-        });
-        let bytes = g.values[a.value].bytes();
-        items[it].params += bytes;
-        items[it].tensors += 1;
-        items[it].params_sq += (bytes as f64).powi(2);
-    }
-    // Saved activations and cuts, from each forward value's producer and users.
-    let mut cut_diff = vec![0i128; names.len() + 1];
-    for (k, node) in g.nodes.iter().enumerate() {
-        if !fwd[k] {
-            continue;
-        }
-        let p = item[k];
-        for &o in &node.outputs {
-            let bytes = g.values[o].bytes();
-            let users = &consumers[o];
-            let kept = users.iter().any(|&c| !fwd[c] && !opt[c]);
-            if kept {
-                items[p].saved += bytes;
-                if matches!(node.op.as_str(), "dnn.linear" | "dnn.matmul") {
-                    items[p].saved_selective += bytes;
-                }
-            }
-            // Forward users in later items: a cut after p .. before the last sends it;
-            // each later item with full recompute keeps it as an input.
-            let last = users
-                .iter()
-                .filter(|&&c| fwd[c] && item[c] > p)
-                .map(|&c| item[c])
-                .max();
-            if let Some(last) = last {
-                // Megatron's residual stream runs as a partial sum whose all_reduce feeds
-                // the next layer's norm: both reach the next layer, but a pipeline cut
-                // there sends one of them (the stage boundary is placed before the
-                // partitioning, on the one value the layers pass), so the all_reduce's
-                // result adds nothing to a cut its operand crosses.
-                let partner_crosses = node.op == "nns.all_reduce"
-                    && node.inputs.first().is_some_and(|&i| {
-                        producer[i].is_some_and(|q| fwd[q] && item[q] == p)
-                            && consumers[i].iter().any(|&c| fwd[c] && item[c] > p)
-                    });
-                if !partner_crosses {
-                    cut_diff[p] += bytes as i128;
-                    cut_diff[last] -= bytes as i128;
-                }
-                let mut seen = Vec::new();
-                for &c in users.iter().filter(|&&c| fwd[c] && item[c] > p) {
-                    if !seen.contains(&item[c]) {
-                        seen.push(item[c]);
-                        items[item[c]].saved_full += bytes;
-                        items[item[c]].saved_selective += bytes;
-                    }
-                }
-            }
-        }
-    }
-    let mut run = 0i128;
-    for (i, it) in items.iter_mut().enumerate() {
-        run += cut_diff[i];
-        it.cut = run.max(0) as u64;
-        // `--recompute` recomputes layers only: the ops before and after them keep
-        // everything they saved (a language model's logits among them).
-        if i == 0 || i == after {
-            it.fwd_selective = 0.0;
-            it.fwd_full = 0.0;
-            it.fwd_selective_w = 0.0;
-            it.fwd_full_w = 0.0;
-            it.saved_selective = it.saved;
-            it.saved_full = it.saved;
-        }
-    }
+    add_params(&facts, &param_item, after, &mut items);
+    let cut_diff = add_saved(&facts, &mut items);
+    set_cuts(&mut items, &cut_diff, after);
     items.retain(|it| it.fwd > 0.0 || it.params > 0 || it.bwd_input + it.bwd_weight > 0.0);
     Profile {
         tp,
