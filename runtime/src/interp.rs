@@ -20,6 +20,14 @@ pub struct RunError {
     pub message: String,
 }
 
+/// An error located at `loc`.
+fn fail(loc: &SrcLoc, message: String) -> RunError {
+    RunError {
+        loc: loc.clone(),
+        message,
+    }
+}
+
 /// Execution options.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Options {
@@ -140,10 +148,6 @@ fn run_graph(
         sizes: d.mesh.axes.iter().map(|a| a.size as usize).collect(),
         coords: d.current_coords(),
     });
-    let fail = |loc: &SrcLoc, message: String| RunError {
-        loc: loc.clone(),
-        message,
-    };
     if inputs.len() != g.args.len() {
         return Err(fail(
             &g.loc,
@@ -355,10 +359,6 @@ fn check_results(
     out_types: &[TensorType],
     check_finite: bool,
 ) -> Result<(), RunError> {
-    let fail = |loc: &SrcLoc, message: String| RunError {
-        loc: loc.clone(),
-        message,
-    };
     if outs.len() != n.outputs.len() {
         return Err(fail(
             &n.loc,
@@ -416,10 +416,6 @@ fn bind_args<'a>(
     g: &Graph,
     inputs: Vec<Cow<'a, Tensor>>,
 ) -> Result<Vec<Option<Cow<'a, Tensor>>>, RunError> {
-    let fail = |loc: &SrcLoc, message: String| RunError {
-        loc: loc.clone(),
-        message,
-    };
     let mut vals: Vec<Option<Cow<'_, Tensor>>> = vec![None; g.values.len()];
     for (i, (a, t)) in g.args.iter().zip(inputs).enumerate() {
         let ty = &g.values[a.value];
