@@ -66,6 +66,22 @@ add gpt-tiny.bf16 nnscaler-opt --autocast=bf16 --autodiff --optimizer "IN:gpt-ti
 add gpt-tiny.bf16.nnsx nnscaler compile "IN:gpt-tiny.bf16" -o OUT
 add nanogpt-cpu.bf16 nnscaler-opt --autocast=bf16 --autodiff --optimizer "IN:nanogpt-cpu.import" -o OUT
 add nanogpt-cpu.bf16.nnsx nnscaler compile "IN:nanogpt-cpu.bf16" -o OUT
+# The CPU runtime's results (its kernels, bit for bit): a step of each small model with its
+# gradients, mixed precision with the optimizer, and a localized dp2 x tp2 step on 4
+# simulated devices.
+for preset in mlp-tiny gpt-tiny nanogpt-cpu llama-tiny; do
+  add "$preset.batch" nnscaler data random "IN:$preset.import" --seed 3 -o OUT
+  add "$preset.run" nnscaler run --autodiff "IN:$preset.import" --inputs "IN:$preset.batch" \
+    --init-seed 1 -o OUT
+done
+for preset in gpt-tiny llama-tiny; do
+  add "$preset.bf16.step" nnscaler-opt --autocast=bf16 --autodiff --optimizer "IN:$preset.import" -o OUT
+  add "$preset.bf16.batch" nnscaler data random "IN:$preset.bf16.step" --seed 3 --step 2 -o OUT
+  add "$preset.bf16.run" nnscaler run "IN:$preset.bf16.step" --inputs "IN:$preset.bf16.batch" \
+    --init-seed 1 -o OUT
+  add "$preset.dp2tp2.run" nnscaler run --devices 4 "IN:$preset.dp-megatron_dp-2_tp-2.localized" \
+    --inputs "IN:$preset.bf16.batch" --init-seed 1 -o OUT
+done
 for preset in llama3-70b gpt3-175b; do
   add "$preset.import" nnscaler import --preset "$preset" --batch 8 -o OUT
   add "$preset.dp8tp8" nnscaler-opt --autodiff "--plan=dp-megatron dp=8 tp=8" "${pipeline[@]}" \

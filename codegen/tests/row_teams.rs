@@ -129,6 +129,7 @@ fn row_kernels_with_eight_elements_a_lane_match_the_reference() {
             .collect();
         let f = kernel(op).unwrap();
         let rctx = Ctx {
+            op,
             attrs: a,
             out: &outs,
             device: None,

@@ -282,6 +282,7 @@ fn run_graph(
                 )
             })?;
             let ctx = Ctx {
+                op: &n.op,
                 attrs: &n.attrs,
                 out: &out_types,
                 device: device_info.as_ref(),

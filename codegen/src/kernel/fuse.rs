@@ -60,7 +60,9 @@ pub fn fuse(g: &Graph) -> Result<Vec<Group>, String> {
         }
         let out = n.outputs[0];
         let shape = dims(g, out);
-        let mut own = rule(&n.attrs).map_err(|e| format!("'{}': {e}", n.op))?;
+        let mut own = rule
+            .expr(&n.attrs)
+            .map_err(|e| format!("'{}': {e}", n.op))?;
         if g.values[out].elem == Elem::BF16 && !matches!(own, Expr::Un(Un::RoundBf16, _)) {
             // A bf16 result is computed in f32 and rounded once, as the CPU runtime does.
             own = own.round_bf16();

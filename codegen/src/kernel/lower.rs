@@ -188,7 +188,7 @@ pub fn lower(
             return Err(format!("'{op}': kernels cover f32 only"));
         }
         return Ok(Lowered::one(kernel(
-            Body::Map(vec![rule(attrs)?]),
+            Body::Map(vec![rule.expr(attrs)?]),
             out0.len(),
         )));
     }

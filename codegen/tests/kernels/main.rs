@@ -63,6 +63,7 @@ fn reference(op: &str, attrs: &Attrs, ins: &[Tensor], out: &[usize]) -> Vec<f32>
     let shape: Vec<i64> = out.iter().map(|&d| d as i64).collect();
     let ty = [TensorType::new(&shape, Elem::F32)];
     let ctx = Ctx {
+        op,
         attrs,
         out: &ty,
         device: None,

@@ -693,6 +693,7 @@ pub(super) fn every_covered_op_matches_the_reference() {
     for (c, (op, a, _)) in cases.iter().enumerate() {
         let f = kernel(op).unwrap();
         let ctx = Ctx {
+            op,
             attrs: a,
             out: &results[c],
             device: None,

@@ -37,6 +37,7 @@ pub(super) fn reference_group(g: &Graph, gr: &Group, ins: &[Tensor]) -> Vec<f32>
         let f = kernel(&n.op).unwrap();
         let out: Vec<TensorType> = n.outputs.iter().map(|&v| g.values[v].clone()).collect();
         let ctx = Ctx {
+            op: &n.op,
             attrs: &n.attrs,
             out: &out,
             device: None,

@@ -141,7 +141,7 @@ pub(super) const ADD: OpSpec = binary_op!(
     r#"%2 = "dnn.add"(%0, %1) : (tensor<2x3xf32>, tensor<3xf32>) -> tensor<2x3xf32>"#,
     Traits {
         linear: Linearity::Joint(&[0, 1]),
-        scalar: Some(scalar::add),
+        scalar: Some(&formulas::Add),
         ..TRAITS
     }
 );
@@ -152,7 +152,7 @@ pub(super) const SUB: OpSpec = binary_op!(
     r#"%2 = "dnn.sub"(%0, %1) : (tensor<2x3xf32>, tensor<2x1xf32>) -> tensor<2x3xf32>"#,
     Traits {
         linear: Linearity::Joint(&[0, 1]),
-        scalar: Some(scalar::sub),
+        scalar: Some(&formulas::Sub),
         ..TRAITS
     }
 );
@@ -164,7 +164,7 @@ pub(super) const MUL: OpSpec = binary_op!(
     Traits {
         linear: Linearity::Each(&[0, 1]),
         megatron_through: true,
-        scalar: Some(scalar::mul),
+        scalar: Some(&formulas::Mul),
         ..TRAITS
     }
 );
@@ -175,7 +175,7 @@ pub(super) const DIV: OpSpec = binary_op!(
     r#"%2 = "dnn.div"(%0, %1) : (tensor<2x3xf32>, tensor<f32>) -> tensor<2x3xf32>"#,
     Traits {
         linear: Linearity::Joint(&[0]),
-        scalar: Some(scalar::div),
+        scalar: Some(&formulas::Div),
         ..TRAITS
     }
 );
@@ -187,7 +187,7 @@ pub(super) const NEG: OpSpec = elementwise!(
     r#"%1 = "dnn.neg"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     Traits {
         linear: Linearity::Joint(&[0]),
-        scalar: Some(scalar::neg),
+        scalar: Some(&formulas::Neg),
         ..TRAITS
     }
 );
@@ -198,7 +198,7 @@ pub(super) const EXP: OpSpec = elementwise!(
     flops_x4,
     r#"%1 = "dnn.exp"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     Traits {
-        scalar: Some(scalar::exp),
+        scalar: Some(&formulas::Exp),
         ..TRAITS
     }
 );
@@ -209,7 +209,7 @@ pub(super) const LOG: OpSpec = elementwise!(
     flops_x4,
     r#"%1 = "dnn.log"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     Traits {
-        scalar: Some(scalar::log),
+        scalar: Some(&formulas::Log),
         ..TRAITS
     }
 );
@@ -220,7 +220,7 @@ pub(super) const SQRT: OpSpec = elementwise!(
     flops_x4,
     r#"%1 = "dnn.sqrt"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     Traits {
-        scalar: Some(scalar::sqrt),
+        scalar: Some(&formulas::Sqrt),
         ..TRAITS
     }
 );
@@ -231,7 +231,7 @@ pub(super) const RSQRT: OpSpec = elementwise!(
     flops_x4,
     r#"%1 = "dnn.rsqrt"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     Traits {
-        scalar: Some(scalar::rsqrt),
+        scalar: Some(&formulas::Rsqrt),
         ..TRAITS
     }
 );
@@ -243,7 +243,7 @@ pub(super) const SIGMOID: OpSpec = elementwise!(
     r#"%1 = "dnn.sigmoid"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     Traits {
         megatron_through: true,
-        scalar: Some(scalar::sigmoid_op),
+        scalar: Some(&formulas::Sigmoid),
         ..TRAITS
     }
 );
@@ -255,7 +255,7 @@ pub(super) const TANH: OpSpec = elementwise!(
     r#"%1 = "dnn.tanh"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     Traits {
         megatron_through: true,
-        scalar: Some(scalar::tanh),
+        scalar: Some(&formulas::Tanh),
         ..TRAITS
     }
 );
@@ -276,7 +276,7 @@ pub(super) const GELU: OpSpec = OpSpec {
     grad_of: None,
     traits: Traits {
         megatron_through: true,
-        scalar: Some(scalar::gelu),
+        scalar: Some(&formulas::Gelu),
         ..TRAITS
     },
     example: r#"%1 = "dnn.gelu"(%0) {approximate = "tanh"} : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
@@ -302,7 +302,7 @@ pub(super) const CAST: OpSpec = OpSpec {
         // partial, as a bf16 product already does.
         linear: Linearity::Each(&[0]),
         megatron_through: true,
-        scalar: Some(scalar::cast),
+        scalar: Some(&formulas::Cast),
         ..TRAITS
     },
     example: r#"%1 = "dnn.cast"(%0) {to = "bf16"} : (tensor<2x3xf32>) -> tensor<2x3xbf16>"#,
@@ -315,7 +315,7 @@ pub(super) const SILU: OpSpec = elementwise!(
     r#"%1 = "dnn.silu"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     Traits {
         megatron_through: true,
-        scalar: Some(scalar::silu),
+        scalar: Some(&formulas::Silu),
         ..TRAITS
     }
 );
@@ -327,7 +327,7 @@ pub(super) const RELU: OpSpec = elementwise!(
     r#"%1 = "dnn.relu"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
     Traits {
         megatron_through: true,
-        scalar: Some(scalar::relu),
+        scalar: Some(&formulas::Relu),
         ..TRAITS
     }
 );
@@ -406,7 +406,7 @@ pub(super) const GELU_GRAD: OpSpec = OpSpec {
     grad_of: Some("dnn.gelu"),
     traits: Traits {
         linear: Linearity::Joint(&[0]),
-        scalar: Some(scalar::gelu_grad),
+        scalar: Some(&formulas::GeluGrad),
         ..TRAITS
     },
     example: r#"%2 = "dnn.gelu_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,
@@ -416,7 +416,7 @@ pub(super) const SILU_GRAD: OpSpec = act_grad!(
     "dnn.silu_grad",
     "dnn.silu",
     "dy * silu'(x)",
-    scalar::silu_grad,
+    &formulas::SiluGrad,
     r#"%2 = "dnn.silu_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#
 );
 
@@ -424,7 +424,7 @@ pub(super) const RELU_GRAD: OpSpec = act_grad!(
     "dnn.relu_grad",
     "dnn.relu",
     "dy where x > 0, else 0",
-    scalar::relu_grad,
+    &formulas::ReluGrad,
     r#"%2 = "dnn.relu_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#
 );
 
@@ -444,8 +444,203 @@ pub(super) const TANH_GRAD: OpSpec = OpSpec {
     grad_of: Some("dnn.tanh"),
     traits: Traits {
         linear: Linearity::Joint(&[0]),
-        scalar: Some(scalar::tanh_grad),
+        scalar: Some(&formulas::TanhGrad),
         ..TRAITS
     },
     example: r#"%2 = "dnn.tanh_grad"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,
 };
+
+/// The ops' formulas ([`Elementwise`]): each written once, generic over [`Scalar`], for the
+/// code generators (as an [`crate::scalar::Expr`]) and the CPU runtime (in f32).
+pub mod formulas {
+    use crate::scalar::{Elementwise, Scalar};
+    use crate::types::{AttrValue, Attrs};
+
+    /// A formula without attributes: `formula!(Name, arity, |x| body)`, `x` the operands.
+    macro_rules! formula {
+        ($(#[$doc:meta])* $name:ident, $arity:literal, |$x:ident| $body:expr) => {
+            $(#[$doc])*
+            pub struct $name;
+            impl Elementwise for $name {
+                const ARITY: usize = $arity;
+                #[inline(always)]
+                fn formula<T: Scalar>(_: usize, $x: &[T]) -> T {
+                    $body
+                }
+            }
+        };
+    }
+
+    #[inline(always)]
+    fn c<T: Scalar>(v: f32) -> T {
+        T::c(v)
+    }
+
+    #[inline(always)]
+    fn sigmoid<T: Scalar>(v: T) -> T {
+        c::<T>(1.0) / (c::<T>(1.0) + (-v).exp())
+    }
+
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const GELU_C: f32 = 0.044_715;
+    const INV_SQRT_2PI: f32 = 0.398_942_3;
+
+    formula!(
+        /// `dnn.add`.
+        Add, 2, |x| x[0].clone() + x[1].clone()
+    );
+    formula!(
+        /// `dnn.sub`.
+        Sub, 2, |x| x[0].clone() - x[1].clone()
+    );
+    formula!(
+        /// `dnn.mul`.
+        Mul, 2, |x| x[0].clone() * x[1].clone()
+    );
+    formula!(
+        /// `dnn.div`.
+        Div, 2, |x| x[0].clone() / x[1].clone()
+    );
+    formula!(
+        /// `dnn.neg`.
+        Neg, 1, |x| -x[0].clone()
+    );
+    formula!(
+        /// `dnn.exp`.
+        Exp, 1, |x| x[0].clone().exp()
+    );
+    formula!(
+        /// `dnn.log`.
+        Log, 1, |x| x[0].clone().ln()
+    );
+    formula!(
+        /// `dnn.sqrt`.
+        Sqrt, 1, |x| x[0].clone().sqrt()
+    );
+    formula!(
+        /// `dnn.rsqrt`.
+        Rsqrt, 1, |x| c::<T>(1.0) / x[0].clone().sqrt()
+    );
+    formula!(
+        /// `dnn.sigmoid`.
+        Sigmoid, 1, |x| sigmoid(x[0].clone())
+    );
+    formula!(
+        /// `dnn.tanh`.
+        Tanh, 1, |x| x[0].clone().tanh()
+    );
+    formula!(
+        /// `dnn.relu`.
+        Relu, 1, |x| x[0].clone().max(c(0.0))
+    );
+    formula!(
+        /// `dnn.silu`.
+        Silu, 1, |x| x[0].clone() * sigmoid(x[0].clone())
+    );
+    formula!(
+        /// `dnn.silu_grad` (operands dy, x).
+        SiluGrad, 2, |x| {
+            let (d, p) = (x[0].clone(), x[1].clone());
+            let s = sigmoid(p.clone());
+            d * s.clone() * (c::<T>(1.0) + p * (c::<T>(1.0) - s))
+        }
+    );
+    formula!(
+        /// `dnn.relu_grad` (operands dy, x).
+        ReluGrad, 2, |x| x[1].clone().if_gt(c(0.0), x[0].clone(), c(0.0))
+    );
+    formula!(
+        /// `dnn.tanh_grad` (operands dy, y).
+        TanhGrad, 2, |x| x[0].clone() * (c::<T>(1.0) - x[1].clone() * x[1].clone())
+    );
+
+    /// `dnn.cast`: to bf16 rounds; to f32 is exact (every bf16 is an f32).
+    pub struct Cast;
+    impl Elementwise for Cast {
+        const ARITY: usize = 1;
+        /// 0: to f32, 1: to bf16.
+        fn form(a: &Attrs) -> Result<usize, String> {
+            match a.get("to") {
+                Some(AttrValue::Str(t)) if t == "bf16" => Ok(1),
+                Some(AttrValue::Str(t)) if t == "f32" => Ok(0),
+                other => Err(format!(
+                    "attribute 'to' must be \"f32\" or \"bf16\", got {other:?}"
+                )),
+            }
+        }
+        #[inline(always)]
+        fn formula<T: Scalar>(form: usize, x: &[T]) -> T {
+            if form == 1 {
+                x[0].clone().round_bf16()
+            } else {
+                x[0].clone()
+            }
+        }
+    }
+
+    /// gelu's form: 0 the erf form, 1 `approximate = "tanh"`.
+    fn gelu_form(a: &Attrs) -> Result<usize, String> {
+        match a.get("approximate") {
+            None => Ok(0),
+            Some(AttrValue::Str(s)) if s == "none" => Ok(0),
+            Some(AttrValue::Str(s)) if s == "tanh" => Ok(1),
+            Some(other) => Err(format!(
+                "attribute 'approximate' must be \"none\" or \"tanh\", got {other:?}"
+            )),
+        }
+    }
+
+    /// `dnn.gelu` (erf form, or `approximate = "tanh"`).
+    pub struct Gelu;
+    impl Elementwise for Gelu {
+        const ARITY: usize = 1;
+        fn form(a: &Attrs) -> Result<usize, String> {
+            gelu_form(a)
+        }
+        #[inline(always)]
+        fn formula<T: Scalar>(form: usize, x: &[T]) -> T {
+            let p = x[0].clone();
+            if form == 1 {
+                c::<T>(0.5)
+                    * p.clone()
+                    * (c::<T>(1.0)
+                        + (c::<T>(SQRT_2_OVER_PI)
+                            * (p.clone() + c::<T>(GELU_C) * p.clone() * p.clone() * p))
+                            .tanh())
+            } else {
+                c::<T>(0.5)
+                    * p.clone()
+                    * (c::<T>(1.0) + (p * c::<T>(std::f32::consts::FRAC_1_SQRT_2)).erf())
+            }
+        }
+    }
+
+    /// `dnn.gelu_grad` (operands dy, x).
+    pub struct GeluGrad;
+    impl Elementwise for GeluGrad {
+        const ARITY: usize = 2;
+        fn form(a: &Attrs) -> Result<usize, String> {
+            gelu_form(a)
+        }
+        #[inline(always)]
+        fn formula<T: Scalar>(form: usize, x: &[T]) -> T {
+            let (d, p) = (x[0].clone(), x[1].clone());
+            if form == 1 {
+                let t = (c::<T>(SQRT_2_OVER_PI)
+                    * (p.clone() + c::<T>(GELU_C) * p.clone() * p.clone() * p.clone()))
+                .tanh();
+                let du = c::<T>(SQRT_2_OVER_PI)
+                    * (c::<T>(1.0) + c::<T>(3.0 * GELU_C) * p.clone() * p.clone());
+                d * (c::<T>(0.5) * (c::<T>(1.0) + t.clone())
+                    + c::<T>(0.5) * p * (c::<T>(1.0) - t.clone() * t) * du)
+            } else {
+                let u = p.clone() * c::<T>(std::f32::consts::FRAC_1_SQRT_2);
+                // exp(-u^2) written as erf computes it internally (-(|u| * |u|)), so that
+                // a compiler sees one exponential where both are inlined (in f32 the loop
+                // then vectorizes; with two it does not).
+                let g = (-(u.clone().abs() * u.clone().abs())).exp();
+                d * (c::<T>(0.5) * (c::<T>(1.0) + u.erf()) + p * c::<T>(INV_SQRT_2PI) * g)
+            }
+        }
+    }
+}

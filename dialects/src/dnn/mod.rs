@@ -11,7 +11,6 @@
 //! what they share (identifier names, attribute specs, the spec-building macros) and
 //! [`SPECS`], which lists every op forward ops first, the order of the dialect reference.
 
-use crate::scalar;
 use crate::spec::{AttrKind, AttrSpec, Linearity, LocalCtx, OpCtx, OpSpec, Traits, TRAITS};
 use crate::types::AttrValue;
 use crate::types::Init;
@@ -220,7 +219,7 @@ macro_rules! binary_op {
 }
 
 macro_rules! act_grad {
-    ($name:literal, $of:literal, $summary:literal, $rule:path, $ex:literal) => {
+    ($name:literal, $of:literal, $summary:literal, $rule:expr, $ex:literal) => {
         OpSpec {
             name: $name,
             summary: $summary,

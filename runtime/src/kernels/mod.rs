@@ -6,6 +6,7 @@
 //! (token ids inside the table, targets inside the vocabulary).
 
 mod elementwise;
+mod formula;
 pub mod linalg;
 pub mod math;
 mod nn;
@@ -21,6 +22,8 @@ pub use nn::rotary_table;
 /// What a kernel knows about its op besides the operands.
 #[derive(Clone, Copy, Debug)]
 pub struct Ctx<'a> {
+    /// The op's name (`dnn.add`).
+    pub op: &'a str,
     /// The op's attributes.
     pub attrs: &'a Attrs,
     /// The result types the IR declares.
@@ -73,13 +76,6 @@ impl Ctx<'_> {
 
     pub(crate) fn flag(&self, name: &str) -> bool {
         nnscaler_dialects::types::flag(self.attrs, name)
-    }
-
-    pub(crate) fn string<'s>(&'s self, name: &str, default: &'s str) -> &'s str {
-        match self.attrs.get(name) {
-            Some(AttrValue::Str(s)) => s,
-            _ => default,
-        }
     }
 
     pub(crate) fn ints(&self, name: &str) -> Vec<i64> {
@@ -159,34 +155,19 @@ pub(crate) fn around(shape: &[usize], dim: usize) -> (usize, usize, usize) {
     (outer, shape[dim], inner)
 }
 
-/// The kernel of op `name`, if the runtime has one.
+/// The kernel of op `name`, if the runtime has one: every op with a scalar formula runs
+/// it ([`formula`]), the others have kernels of their own.
 pub fn kernel(name: &str) -> Option<Kernel> {
     use elementwise as e;
+    if nnscaler_dialects::dnn::spec(name).is_some_and(|s| s.traits.scalar.is_some()) {
+        return Some(formula::formula);
+    }
     Some(match name {
         "dnn.matmul" => linalg::matmul,
         "dnn.linear" => linalg::linear,
         "dnn.linear_weight_grad" => linalg::linear_weight_grad,
         "dnn.attention" => linalg::attention,
         "dnn.attention_grad" => linalg::attention_grad,
-        "dnn.add" => e::add,
-        "dnn.sub" => e::sub,
-        "dnn.mul" => e::mul,
-        "dnn.div" => e::div,
-        "dnn.neg" => e::neg,
-        "dnn.exp" => e::exp,
-        "dnn.log" => e::log,
-        "dnn.sqrt" => e::sqrt,
-        "dnn.rsqrt" => e::rsqrt,
-        "dnn.sigmoid" => e::logistic,
-        "dnn.tanh" => e::tanh,
-        "dnn.cast" => e::cast,
-        "dnn.gelu" => e::gelu,
-        "dnn.silu" => e::silu,
-        "dnn.relu" => e::relu,
-        "dnn.gelu_grad" => e::gelu_grad,
-        "dnn.silu_grad" => e::silu_grad,
-        "dnn.relu_grad" => e::relu_grad,
-        "dnn.tanh_grad" => e::tanh_grad,
         "dnn.dropout" => e::dropout,
         "dnn.fill" => e::fill,
         "dnn.adamw" => e::adamw,

@@ -442,6 +442,7 @@ mod tests {
         let attrs = Attrs::new();
         let out = [TensorType::new(&[n as i64, v as i64], Elem::F32)];
         let c = Ctx {
+            op: "dnn.softmax_xent_grad",
             attrs: &attrs,
             out: &out,
             device: None,

@@ -160,6 +160,7 @@ fn ty(shape: &[usize]) -> TensorType {
 fn time_kernel(op: &str, attrs: &Attrs, ins: &[Tensor], out: &[TensorType]) -> Result<f64, String> {
     let f = kernel(op).ok_or_else(|| format!("no kernel for {op}"))?;
     let ctx = Ctx {
+        op,
         attrs,
         out,
         device: None,
