@@ -57,6 +57,13 @@ irdl.dialect @dnn {
     %r_y = irdl.base "!builtin.tensor"
     irdl.results(%r_y)
   }
+  // |x|
+  irdl.operation @abs {
+    %x = irdl.base "!builtin.tensor"
+    irdl.operands(%x)
+    %r_y = irdl.base "!builtin.tensor"
+    irdl.results(%r_y)
+  }
   // e^x
   irdl.operation @exp {
     %x = irdl.base "!builtin.tensor"

@@ -295,6 +295,14 @@ fn elementwise_rule(op: &str) -> Option<VjpRule> {
             let (d, x) = (c.dy(0)?, c.x(0));
             Ok(vec![Some(c.emit("dnn.silu_grad", &[d, x], &[])?)])
         },
+        "dnn.abs" => |c| {
+            // dy * sign(x) (0 at 0, as torch): dy where x > 0, minus dy where -x > 0.
+            let (d, x) = (c.dy(0)?, c.x(0));
+            let pos = c.emit("dnn.relu_grad", &[d, x], &[])?;
+            let nx = c.emit("dnn.neg", &[x], &[])?;
+            let neg = c.emit("dnn.relu_grad", &[d, nx], &[])?;
+            Ok(vec![Some(c.emit("dnn.sub", &[pos, neg], &[])?)])
+        },
         "dnn.relu" => |c| {
             let (d, x) = (c.dy(0)?, c.x(0));
             Ok(vec![Some(c.emit("dnn.relu_grad", &[d, x], &[])?)])

@@ -92,6 +92,14 @@ func.func @dnn_rsqrt(%a0: tensor<2x3xf32>) {
 }
 // -----
 
+// CHECK-LABEL: func.func @dnn_abs
+// CHECK: "dnn.abs"({{.*}}) {{.*}}: (tensor<2x3xf32>) -> tensor<2x3xf32>
+func.func @dnn_abs(%a0: tensor<2x3xf32>) {
+  %1 = "dnn.abs"(%a0) : (tensor<2x3xf32>) -> tensor<2x3xf32>
+  return
+}
+// -----
+
 // CHECK-LABEL: func.func @dnn_sigmoid
 // CHECK: "dnn.sigmoid"({{.*}}) {{.*}}: (tensor<2x3xf32>) -> tensor<2x3xf32>
 func.func @dnn_sigmoid(%a0: tensor<2x3xf32>) {

@@ -59,6 +59,7 @@ def apply(op, a, x):
         "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
         "neg": torch.neg, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
         "rsqrt": torch.rsqrt, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": F.silu, "relu": F.relu,
+        "abs": torch.abs,
     }
     if op in simple:
         return [simple[op](*x)]

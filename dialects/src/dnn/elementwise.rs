@@ -192,6 +192,18 @@ pub(super) const NEG: OpSpec = elementwise!(
     }
 );
 
+pub(super) const ABS: OpSpec = elementwise!(
+    "dnn.abs",
+    "|x|",
+    out_numel,
+    r#"%1 = "dnn.abs"(%0) : (tensor<2x3xf32>) -> tensor<2x3xf32>"#,
+    Traits {
+        megatron_through: true,
+        scalar: Some(&formulas::Abs),
+        ..TRAITS
+    }
+);
+
 pub(super) const EXP: OpSpec = elementwise!(
     "dnn.exp",
     "e^x",
@@ -536,6 +548,10 @@ pub mod formulas {
     formula!(
         /// `dnn.silu`.
         Silu, 1, |x| x[0].clone() * sigmoid(x[0].clone())
+    );
+    formula!(
+        /// `dnn.abs`.
+        Abs, 1, |x| x[0].clone().abs()
     );
     formula!(
         /// `dnn.silu_grad` (operands dy, x).

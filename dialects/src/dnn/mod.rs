@@ -285,6 +285,7 @@ pub static SPECS: &[OpSpec] = &[
     elementwise::MUL,
     elementwise::DIV,
     elementwise::NEG,
+    elementwise::ABS,
     elementwise::EXP,
     elementwise::LOG,
     elementwise::SQRT,

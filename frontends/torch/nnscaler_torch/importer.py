@@ -73,6 +73,7 @@ SUPPORTED = {
     "aten::sqrt": "dnn.sqrt",
     "aten::exp": "dnn.exp",
     "aten::neg": "dnn.neg",
+    "aten::abs": "dnn.abs",
     "aten::slice": "dnn.slice (step 1)",
     "aten::cat": "dnn.concat",
     "aten::repeat_interleave": "dnn.reshape + dnn.broadcast_to (dropped where attention takes grouped heads)",
@@ -493,7 +494,7 @@ def translate(node, em, training):
         attrs = f"dims = {i64_array(dims)}" + (", keepdim = true" if keep else "")
         em.values[outs[0]] = em.op(node, "dnn.mean", [em.ssa(ins[0], node, "input")], tensor_type(outs[0]), attrs)
         return
-    if kind in ("aten::rsqrt", "aten::sqrt", "aten::exp", "aten::neg") and ins[0] in em.values:
+    if kind in ("aten::rsqrt", "aten::sqrt", "aten::exp", "aten::neg", "aten::abs") and ins[0] in em.values:
         xs = em.ssa(ins[0], node, "input")
         r = em.op(node, "dnn." + kind.split("::")[1], [xs], tensor_type(outs[0]))
         em.recipe[r] = (kind.split("::")[1], xs)

@@ -260,6 +260,22 @@ def softplus_mlp():
     return SoftplusMLP()
 
 
+class AbsMLP(nn.Module):
+    """An MLP with |x| (aten::abs, dnn.abs) as its activation."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x, labels):
+        return F.cross_entropy(self.head(torch.abs(self.fc1(x))), labels)
+
+
+def abs_mlp():
+    return AbsMLP()
+
+
 def softplus_beta2():
     return SoftplusMLP(beta=2.0)
 

@@ -20,6 +20,8 @@
 
 mod ops;
 
+pub use ops::torch_formula;
+
 use crate::{read_input, Outputs};
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::Diagnostics;

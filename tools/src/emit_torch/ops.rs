@@ -4,6 +4,7 @@
 
 use super::Plan;
 use nnscaler_dialects::graph::{Graph, Node, ValueId};
+use nnscaler_dialects::scalar::{Bin, Expr, Un};
 use nnscaler_dialects::sharding::Sharding;
 use nnscaler_dialects::types::{AttrValue, Elem, TensorType};
 use nnscaler_dialects::userop::callee;
@@ -193,6 +194,51 @@ impl Names {
             .get(&v)
             .map(String::as_str)
             .ok_or_else(|| format!("value {v} is used before it is defined"))
+    }
+}
+
+/// An elementwise formula as a PyTorch expression over the operands `a` (constant
+/// subexpressions folded to their f32 value, every operation parenthesized).
+pub fn torch_formula(e: &Expr, a: &[String]) -> String {
+    if e.inputs().is_empty() {
+        return pyf(f64::from(e.eval::<f32>(&[])));
+    }
+    let f = |e: &Expr| torch_formula(e, a);
+    let is_const = |e: &Expr| e.inputs().is_empty();
+    match e {
+        Expr::Input(k) => a[*k].clone(),
+        Expr::Const(v) => pyf(f64::from(*v)),
+        Expr::Un(u, x) => match u {
+            Un::Neg => format!("(-{})", f(x)),
+            Un::Exp => format!("torch.exp({})", f(x)),
+            Un::Log => format!("torch.log({})", f(x)),
+            Un::Sqrt => format!("torch.sqrt({})", f(x)),
+            Un::Tanh => format!("torch.tanh({})", f(x)),
+            Un::Erf => format!("torch.erf({})", f(x)),
+            Un::Abs => format!("torch.abs({})", f(x)),
+            Un::RoundBf16 => format!("{}.to(torch.bfloat16).float()", f(x)),
+        },
+        Expr::Bin(b, l, r) => match b {
+            Bin::Add => format!("({} + {})", f(l), f(r)),
+            Bin::Sub => format!("({} - {})", f(l), f(r)),
+            Bin::Mul => format!("({} * {})", f(l), f(r)),
+            Bin::Div => format!("({} / {})", f(l), f(r)),
+            Bin::Max if is_const(r) => format!("torch.clamp_min({}, {})", f(l), f(r)),
+            Bin::Max if is_const(l) => format!("torch.clamp_min({}, {})", f(r), f(l)),
+            Bin::Max => format!("torch.maximum({}, {})", f(l), f(r)),
+        },
+        Expr::IfGt {
+            lhs,
+            rhs,
+            then,
+            otherwise,
+        } => format!(
+            "torch.where({} > {}, {}, {})",
+            f(lhs),
+            f(rhs),
+            f(then),
+            f(otherwise)
+        ),
     }
 }
 
@@ -854,7 +900,10 @@ fn comm_statement(
             let key = need_axes(n)?.join(",");
             let d = need_int(n, "dim")?;
             match attr_str(n, "reduce") {
-                Some("max") => format!("comm.reduce_scatter({}, {key:?}, dim={d}, op=\"max\")", a[0]),
+                Some("max") => format!(
+                    "comm.reduce_scatter({}, {key:?}, dim={d}, op=\"max\")",
+                    a[0]
+                ),
                 _ => format!("comm.reduce_scatter({}, {key:?}, dim={d})", a[0]),
             }
         }
@@ -889,7 +938,9 @@ fn comm_statement(
             let d = norm(need_int(n, "dim")?, r);
             let len = ty(0).shape[d];
             if len % parts as i64 != 0 {
-                return Err(format!("dim {d} of length {len} cannot be cut {parts} ways"));
+                return Err(format!(
+                    "dim {d} of length {len} cannot be cut {parts} ways"
+                ));
             }
             let piece = len / parts as i64;
             slice(&a[0], d, index as i64 * piece, (index as i64 + 1) * piece)
@@ -931,7 +982,11 @@ fn comm_statement(
                 };
                 items.push(format!(
                     "mb={}",
-                    mb.unwrap_or_else(|| if ctx.fragment { "mb".into() } else { "0".into() })
+                    mb.unwrap_or_else(|| if ctx.fragment {
+                        "mb".into()
+                    } else {
+                        "0".into()
+                    })
                 ));
             }
             let call = format!("{}({})", py_ident(name), items.join(", "));
@@ -942,9 +997,13 @@ fn comm_statement(
             }
         }
         other => {
+            if let Some(rule) = nnscaler_dialects::dnn::spec(other).and_then(|s| s.traits.scalar) {
+                // An elementwise op without a line above: its formula, written in torch.
+                return Ok(torch_formula(&rule.expr(&n.attrs)?, a));
+            }
             return Err(format!(
                 "emit-torch has no PyTorch for '{other}' (it writes the dnn ops and nns.all_reduce, all_gather, reduce_scatter, all_to_all, slice, broadcast, partition, microbatch, send and recv)"
-            ))
+            ));
         }
     })
 }

@@ -244,6 +244,7 @@ fn cases() -> Vec<Case> {
         "dnn.sigmoid",
         "dnn.tanh",
         "dnn.silu",
+        "dnn.abs",
         "dnn.relu",
     ] {
         v.push(case(op, &[(&[3, 7], N)], &[]));
@@ -553,4 +554,100 @@ fn dropout_is_seeded_scaled_and_differentiates_with_its_mask() {
     assert!((frac - 0.75).abs() < 0.03, "kept fraction {frac}");
     let grads = vec![(0usize, a[2].clone())];
     finite_differences(&c, &fwd, &inputs, &grads);
+}
+
+/// The attribute sets that choose each form of a formula op (an op with attributes must be
+/// listed here, so that a new form is not left untested).
+fn formula_forms(op: &str) -> Vec<Attrs> {
+    let with = |k: &str, v: &str| {
+        let mut a = Attrs::new();
+        a.insert(k.into(), s(v));
+        a
+    };
+    match op {
+        "dnn.gelu" | "dnn.gelu_grad" => vec![Attrs::new(), with("approximate", "tanh")],
+        "dnn.cast" => vec![with("to", "f32"), with("to", "bf16")],
+        _ => {
+            let spec = nnscaler_dialects::dnn::spec(op).unwrap();
+            assert!(
+                spec.attrs.is_empty(),
+                "{op} has attributes: list its forms in formula_forms"
+            );
+            vec![Attrs::new()]
+        }
+    }
+}
+
+#[test]
+fn every_formula_written_in_torch_matches_its_f32_instantiation() {
+    // emit-torch writes an elementwise op without a line of its own as its formula in torch
+    // (`torch_formula`); every formula op, in every form, evaluated that way by PyTorch
+    // agrees with the CPU runtime's kernel (the formula's f32 instantiation).
+    let dir = common::scratch("oracle_formulas");
+    let mut manifest = Vec::new();
+    let mut ours = Vec::new();
+    for spec in nnscaler_dialects::dnn::SPECS {
+        let Some(rule) = spec.traits.scalar else {
+            continue;
+        };
+        for attrs in formula_forms(spec.name) {
+            let id = ours.len();
+            let inputs: Vec<Tensor> = (0..rule.arity())
+                .map(|k| {
+                    let positive = matches!(spec.name, "dnn.log" | "dnn.sqrt" | "dnn.rsqrt")
+                        || (spec.name == "dnn.div" && k == 1);
+                    gen(
+                        &[4, 33],
+                        if positive { P } else { N },
+                        11,
+                        (id * 2 + k) as u64,
+                    )
+                })
+                .collect();
+            let slices: Vec<&[f32]> = inputs.iter().map(|t| t.f().unwrap()).collect();
+            let mut out = vec![0.0f32; 4 * 33];
+            rule.eval(&attrs, &slices, &mut out).unwrap();
+            let names: Vec<String> = (0..rule.arity()).map(|k| format!("x{k}")).collect();
+            let expr =
+                nnscaler_tools::emit_torch::torch_formula(&rule.expr(&attrs).unwrap(), &names);
+            let files: Vec<(String, Elem, &Tensor)> = names
+                .iter()
+                .cloned()
+                .zip(&inputs)
+                .map(|(n, t)| (n, Elem::F32, t))
+                .collect();
+            std::fs::write(
+                dir.join(format!("case{id}.in.safetensors")),
+                io::to_bytes(&files).unwrap(),
+            )
+            .unwrap();
+            manifest.push(serde_json::json!({"id": id, "expr": expr}));
+            ours.push((spec.name, attrs, expr, Tensor::f32(&[4, 33], out)));
+        }
+    }
+    assert!(ours.len() >= 20, "only {} formula cases", ours.len());
+    std::fs::write(
+        dir.join("manifest.json"),
+        serde_json::to_string(&manifest).unwrap(),
+    )
+    .unwrap();
+    common::run_oracle("formulas.py", &[&dir]);
+    let mut failures = Vec::new();
+    for (id, (op, attrs, expr, t)) in ours.iter().enumerate() {
+        let torch = io::load(&dir.join(format!("case{id}.torch.safetensors"))).unwrap();
+        let y = &torch
+            .iter()
+            .find(|s| s.name == "y")
+            .expect("torch wrote y")
+            .tensor;
+        let err = t.rel_err(y).unwrap_or(f64::INFINITY);
+        if !(err <= 1e-5) {
+            failures.push(format!("{op} {attrs:?}: {err:e} ({expr})"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "formulas in torch differ:\n{}",
+        failures.join("\n")
+    );
 }
