@@ -157,6 +157,10 @@ pub enum Rendezvous {
 }
 
 const HELLO: u64 = 0x6e6e_735f_6865_6c6f;
+/// Sent instead of the address table (then a length and the reason) when rank 0 gives up
+/// the rendezvous, so that the ranks that did arrive report why rather than a closed
+/// connection.
+const GAVE_UP: u64 = u64::MAX;
 
 fn put_u64s(w: &mut impl Write, xs: &[u64]) -> std::io::Result<()> {
     let mut b = Vec::with_capacity(xs.len() * 8);
@@ -211,9 +215,31 @@ fn accept_all(
     token: u64,
     deadline: Instant,
     at: &str,
+    tell: bool,
 ) -> Result<HashMap<usize, (TcpStream, u64)>, String> {
-    l.set_nonblocking(true).map_err(|e| e.to_string())?;
     let mut got: HashMap<usize, (TcpStream, u64)> = HashMap::new();
+    let r = accept_into(l, expect, size, token, deadline, at, &mut got);
+    if let (Err(why), true) = (&r, tell) {
+        // The ranks that arrived wait for an answer (rank 0's table): tell them why there
+        // is none.
+        for (s, _) in got.values_mut() {
+            let _ =
+                put_u64s(s, &[GAVE_UP, why.len() as u64]).and_then(|_| s.write_all(why.as_bytes()));
+        }
+    }
+    r.map(|()| got)
+}
+
+fn accept_into(
+    l: &TcpListener,
+    expect: &[usize],
+    size: usize,
+    token: u64,
+    deadline: Instant,
+    at: &str,
+    got: &mut HashMap<usize, (TcpStream, u64)>,
+) -> Result<(), String> {
+    l.set_nonblocking(true).map_err(|e| e.to_string())?;
     while got.len() < expect.len() {
         match l.accept() {
             Ok((mut s, _)) => {
@@ -262,7 +288,7 @@ fn accept_all(
             Err(e) => return Err(format!("{at}: {e}")),
         }
     }
-    Ok(got)
+    Ok(())
 }
 
 impl Net {
@@ -326,7 +352,7 @@ impl Net {
         let mut table: Vec<String> = vec![String::new(); size];
         if rank == 0 {
             let others: Vec<usize> = (1..size).collect();
-            let got = accept_all(&listener, &others, size, token, deadline, &master)?;
+            let got = accept_all(&listener, &others, size, token, deadline, &master, true)?;
             let mut streams = Vec::new();
             for (r, (s, port)) in got {
                 let ip = s.peer_addr().map_err(|e| e.to_string())?.ip();
@@ -349,12 +375,29 @@ impl Net {
             .map_err(|e| format!("rank 0: {e}"))?;
             let left = deadline.saturating_duration_since(Instant::now());
             let _ = s.set_read_timeout(Some(left.max(Duration::from_millis(1))));
-            let [n] = get_u64s::<1>(&mut s).map_err(|e| {
-                format!(
+            let [n] = get_u64s::<1>(&mut s).map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
+                    format!(
+                        "rank 0 at {master} closed the rendezvous before every rank arrived \
+                         (it exited or failed; its error says why)"
+                    )
+                }
+                _ => format!(
                     "rank 0 at {master} did not answer (every rank must arrive within {} s): {e}",
                     timeout.as_secs()
-                )
+                ),
             })?;
+            if n == GAVE_UP {
+                let why = get_u64s::<1>(&mut s).and_then(|[len]| {
+                    let mut b = vec![0u8; len.min(1 << 16) as usize];
+                    s.read_exact(&mut b)
+                        .map(|_| String::from_utf8_lossy(&b).into_owned())
+                });
+                return Err(format!(
+                    "rank 0 at {master} gave up the rendezvous: {}",
+                    why.unwrap_or_else(|e| e.to_string())
+                ));
+            }
             let mut text = vec![0u8; n as usize];
             s.read_exact(&mut text)
                 .map_err(|e| format!("rank 0: {e}"))?;
@@ -379,6 +422,7 @@ impl Net {
                 token,
                 deadline,
                 &format!("rank {rank}"),
+                false,
             )?;
             for (r, (s, _)) in got {
                 links[r] = Some(s);
@@ -725,5 +769,25 @@ mod tests {
         };
         let e = Net::connect(w, &Rendezvous::Tcp, 7, Duration::from_millis(500)).unwrap_err();
         assert!(e.contains("ranks 1, 2 never arrived"), "{e}");
+        // A rank that did arrive hears why rank 0 gave up, not a closed connection.
+        let master = format!("127.0.0.1:{port}");
+        let world = |rank| World {
+            rank,
+            size: 3,
+            local_rank: rank,
+            master: master.clone(),
+            launcher: "test",
+        };
+        let one = world(1);
+        let arrived = std::thread::spawn(move || {
+            Net::connect(one, &Rendezvous::Tcp, 7, Duration::from_secs(20)).map(|_| ())
+        });
+        let e = Net::connect(world(0), &Rendezvous::Tcp, 7, Duration::from_secs(1)).unwrap_err();
+        assert!(e.contains("rank 2 never arrived"), "{e}");
+        let e = arrived.join().unwrap().unwrap_err();
+        assert!(
+            e.contains("gave up the rendezvous: rank 2 never arrived"),
+            "{e}"
+        );
     }
 }
