@@ -204,6 +204,7 @@ fn every_document_is_checked() {
             "docs/dialects.md",
             "docs/extending.md",
             "docs/gpu.md",
+            "docs/history.md",
             "docs/pytorch.md",
             "docs/testing.md"
         ]
@@ -270,6 +271,11 @@ fn docs_gpu() {
 #[test]
 fn docs_cost_validation() {
     run_document("docs/cost-validation.md");
+}
+
+#[test]
+fn docs_history() {
+    run_document("docs/history.md");
 }
 
 #[test]

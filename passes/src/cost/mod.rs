@@ -1,4 +1,4 @@
-//! The cost model (issue 14's first part): devices and networks as data, op and step time
+//! The cost model: devices and networks as data, op and step time
 //! as a roofline with a calibrated matrix-product efficiency curve.
 //!
 //! A [`Cluster`] (TOML, or a built-in preset: `dgx-a100`, `dgx-h100`, `h200`, `cpu`) gives a

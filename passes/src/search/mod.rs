@@ -1,4 +1,4 @@
-//! The layer-wise plan search (issue 14, second part): data x context x tensor x pipeline
+//! The layer-wise plan search: data x context x tensor x pipeline
 //! parallelism, micro-batch size and count, pipeline schedule, recompute policy and ZeRO
 //! stage, scored
 //! by the cost model ([`crate::cost`]) and the schedule simulator ([`crate::schedule`]).
