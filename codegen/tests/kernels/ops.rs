@@ -4,7 +4,19 @@ use super::*;
 
 /// The op cases: every elementwise op with broadcasting shapes, and the others' forms.
 pub(super) fn op_cases() -> Vec<Case> {
-    use AttrValue::{Float, Int, Ints, Str};
+    [
+        formula_cases(),
+        row_and_token_cases(),
+        product_and_data_cases(),
+        attention_cases(),
+        team_cases(),
+    ]
+    .concat()
+}
+
+/// Every elementwise op with a formula, in each of its forms, on broadcasting shapes.
+fn formula_cases() -> Vec<Case> {
+    use AttrValue::Str;
     let mut cases: Vec<(&str, Attrs, Vec<TensorType>)> = Vec::new();
     for s in dnn::SPECS.iter().filter(|s| s.traits.scalar.is_some()) {
         let shapes: Vec<Vec<TensorType>> = if s.operands.len() == 1 {
@@ -35,6 +47,13 @@ pub(super) fn op_cases() -> Vec<Case> {
             }
         }
     }
+    cases
+}
+
+/// Fill, reductions, the softmax family, transposes, norms and the token-indexed ops, on short lines.
+fn row_and_token_cases() -> Vec<Case> {
+    use AttrValue::{Float, Int, Ints};
+    let mut cases: Vec<Case> = Vec::new();
     let x3 = ty(&[4, 5, 6]);
     cases.extend([
         (
@@ -150,6 +169,16 @@ pub(super) fn op_cases() -> Vec<Case> {
             attrs(&[("count", Int(20))]),
             vec![ty(&[]), ty(&[10, 11]), ids(&[10]), ty(&[10, 1])],
         ),
+    ]);
+    cases
+}
+
+/// More token-indexed forms, the optimizer, matrix products, data movement, dropout and rotary.
+fn product_and_data_cases() -> Vec<Case> {
+    use AttrValue::{Float, Int, Ints};
+    let x3 = ty(&[4, 5, 6]);
+    let mut cases: Vec<Case> = Vec::new();
+    cases.extend([
         // [tokens.., classes] logits: a batch and its positions.
         (
             "dnn.cross_entropy",
@@ -330,6 +359,13 @@ pub(super) fn op_cases() -> Vec<Case> {
         ),
         ("dnn.rotary_grad", Attrs::new(), vec![ty(&[2, 3, 5, 8])]),
     ]);
+    cases
+}
+
+/// Attention and its gradient: the row kernels' shapes, several tiles, long keys.
+fn attention_cases() -> Vec<Case> {
+    use AttrValue::Float;
+    let mut cases: Vec<Case> = Vec::new();
     let (q, kv) = (ty(&[2, 4, 9, 8]), ty(&[2, 2, 9, 8]));
     for a in [
         attrs(&[("causal", AttrValue::Bool(true))]),
@@ -379,7 +415,13 @@ pub(super) fn op_cases() -> Vec<Case> {
         Attrs::new(),
         vec![q.clone(), q, kv.clone(), kv],
     ));
-    // Lines long enough for team kernels (one block per row, `Kernel::team`).
+    cases
+}
+
+/// Lines long enough for team kernels (one block per row, `Kernel::team`).
+fn team_cases() -> Vec<Case> {
+    use AttrValue::{Float, Int, Ints};
+    let mut cases: Vec<Case> = Vec::new();
     let long = ty(&[4, 300]);
     let (h, ln) = (ty(&[96]), ty(&[100, 96]));
     cases.extend([
