@@ -246,10 +246,7 @@ impl Problem {
                 Bool::pb_eq(&terms, 1)
             })
             .collect();
-        let any = |when: &[(usize, usize)]| -> Bool {
-            let v: Vec<&Bool> = when.iter().map(|&(c, k)| &x[c][k]).collect();
-            Bool::or(&v)
-        };
+        let any = |when: &[(usize, usize)]| any_of(&x, when);
         let impossible: Vec<Bool> = self
             .impossible
             .iter()
@@ -296,9 +293,10 @@ impl Problem {
             ));
         }
         // Feasibility first, with the constraints tracked.
+        let hard: Vec<&Bool> = one_each.iter().chain(&impossible).collect();
         let solver = Solver::new();
-        for b in one_each.iter().chain(&impossible) {
-            solver.assert(b);
+        for b in &hard {
+            solver.assert(*b);
         }
         let lits: Vec<Bool> = (0..tracked.len())
             .map(|i| Bool::new_const(format!("constraint{i}")))
@@ -309,51 +307,7 @@ impl Problem {
         match solver.check_assumptions(&lits) {
             SatResult::Sat => {}
             SatResult::Unsat => {
-                let core = solver.get_unsat_core();
-                let mut in_core: Vec<bool> = lits.iter().map(|l| core.contains(l)).collect();
-                // Z3's core need not be minimal: drop each constraint that the others
-                // conflict without.
-                for i in 0..lits.len() {
-                    if !in_core[i] {
-                        continue;
-                    }
-                    in_core[i] = false;
-                    let rest: Vec<Bool> = lits
-                        .iter()
-                        .zip(&in_core)
-                        .filter(|(_, &c)| c)
-                        .map(|(l, _)| l.clone())
-                        .collect();
-                    if solver.check_assumptions(&rest) != SatResult::Unsat {
-                        in_core[i] = true;
-                    }
-                }
-                let named = tracked
-                    .iter()
-                    .zip(&in_core)
-                    .filter(|(_, &c)| c)
-                    .map(|((_, w), _)| w.clone())
-                    .collect();
-                // With the cap in the core: the leanest the other constraints allow.
-                let capped = self.cap.is_some() && in_core.last() == Some(&true);
-                let least = capped.then(|| {
-                    let opt = Optimize::new();
-                    for b in one_each.iter().chain(&impossible) {
-                        opt.assert(b);
-                    }
-                    for (c, _) in &tracked[..tracked.len() - 1] {
-                        opt.assert(c);
-                    }
-                    opt.minimize(&memory_sum);
-                    match opt.check(&[]) {
-                        SatResult::Sat => opt
-                            .get_model()
-                            .and_then(|m| m.eval(&memory_sum, true))
-                            .and_then(|v| v.as_u64()),
-                        _ => None,
-                    }
-                });
-                return Err(Infeasible::Conflict(named, least.flatten()));
+                return Err(self.conflict(&solver, &lits, &tracked, &hard, &memory_sum));
             }
             SatResult::Unknown => {
                 return Err(Infeasible::Unknown(
@@ -369,6 +323,100 @@ impl Problem {
         for (c, _) in &tracked {
             opt.assert(c);
         }
+        self.objective(&opt, &x);
+        match opt.check(&[]) {
+            SatResult::Sat => {}
+            SatResult::Unsat => return Err(Infeasible::Conflict(Vec::new(), None)),
+            SatResult::Unknown => {
+                return Err(Infeasible::Unknown(
+                    opt.get_reason_unknown().unwrap_or_default(),
+                ))
+            }
+        }
+        let model = opt
+            .get_model()
+            .ok_or(Infeasible::Unknown("no model".into()))?;
+        let choice: Vec<usize> = x
+            .iter()
+            .map(|xs| {
+                xs.iter()
+                    .position(|b| {
+                        model
+                            .eval(b, true)
+                            .and_then(|v| v.as_bool())
+                            .unwrap_or(false)
+                    })
+                    .unwrap_or(0)
+            })
+            .collect();
+        Ok(Solution {
+            seconds: self.evaluate(&choice),
+            memory: self.memory(&choice),
+            choice,
+        })
+    }
+
+    /// Why the tracked constraints (`lits` standing for `tracked`, each implying its
+    /// constraint) cannot hold together on `solver`: the core Z3 found made minimal, and
+    /// with the cap in it, the leanest memory the other constraints allow.
+    fn conflict(
+        &self,
+        solver: &Solver,
+        lits: &[Bool],
+        tracked: &[(Bool, (String, SrcLoc))],
+        hard: &[&Bool],
+        memory_sum: &Int,
+    ) -> Infeasible {
+        let core = solver.get_unsat_core();
+        let mut in_core: Vec<bool> = lits.iter().map(|l| core.contains(l)).collect();
+        // Z3's core need not be minimal: drop each constraint that the others
+        // conflict without.
+        for i in 0..lits.len() {
+            if !in_core[i] {
+                continue;
+            }
+            in_core[i] = false;
+            let rest: Vec<Bool> = lits
+                .iter()
+                .zip(&in_core)
+                .filter(|(_, &c)| c)
+                .map(|(l, _)| l.clone())
+                .collect();
+            if solver.check_assumptions(&rest) != SatResult::Unsat {
+                in_core[i] = true;
+            }
+        }
+        let named = tracked
+            .iter()
+            .zip(&in_core)
+            .filter(|(_, &c)| c)
+            .map(|((_, w), _)| w.clone())
+            .collect();
+        // With the cap in the core: the leanest the other constraints allow.
+        let capped = self.cap.is_some() && in_core.last() == Some(&true);
+        let least = capped.then(|| {
+            let opt = Optimize::new();
+            for b in hard {
+                opt.assert(*b);
+            }
+            for (c, _) in &tracked[..tracked.len() - 1] {
+                opt.assert(c);
+            }
+            opt.minimize(memory_sum);
+            match opt.check(&[]) {
+                SatResult::Sat => opt
+                    .get_model()
+                    .and_then(|m| m.eval(memory_sum, true))
+                    .and_then(|v| v.as_u64()),
+                _ => None,
+            }
+        });
+        Infeasible::Conflict(named, least.flatten())
+    }
+
+    /// The objective on `opt` as soft constraints over the choices `x`: the predicted seconds (nanoseconds as weights), then,
+    /// among equally fast selections, the leanest.
+    fn objective(&self, opt: &Optimize, x: &[Vec<Bool>]) {
         let ns = |s: f64| (s * 1e9).round().max(0.0) as u64;
         // The objective as weighted literals (each costs its weight when true).
         let mut costs: Vec<(Bool, u64)> = Vec::new();
@@ -405,7 +453,7 @@ impl Problem {
                 continue;
             }
             let y = Bool::new_const(format!("y{i}"));
-            opt.assert(&Bool::and(&[&x[*c][*k], &any(when)]).implies(&y));
+            opt.assert(&Bool::and(&[&x[*c][*k], &any_of(x, when)]).implies(&y));
             costs.push((y, w));
         }
         for (b, w) in &costs {
@@ -428,35 +476,11 @@ impl Problem {
                 }
             }
         }
-        match opt.check(&[]) {
-            SatResult::Sat => {}
-            SatResult::Unsat => return Err(Infeasible::Conflict(Vec::new(), None)),
-            SatResult::Unknown => {
-                return Err(Infeasible::Unknown(
-                    opt.get_reason_unknown().unwrap_or_default(),
-                ))
-            }
-        }
-        let model = opt
-            .get_model()
-            .ok_or(Infeasible::Unknown("no model".into()))?;
-        let choice: Vec<usize> = x
-            .iter()
-            .map(|xs| {
-                xs.iter()
-                    .position(|b| {
-                        model
-                            .eval(b, true)
-                            .and_then(|v| v.as_bool())
-                            .unwrap_or(false)
-                    })
-                    .unwrap_or(0)
-            })
-            .collect();
-        Ok(Solution {
-            seconds: self.evaluate(&choice),
-            memory: self.memory(&choice),
-            choice,
-        })
     }
+}
+
+/// Whether any of the choices `when` ((class, choice) pairs) is taken.
+fn any_of(x: &[Vec<Bool>], when: &[(usize, usize)]) -> Bool {
+    let v: Vec<&Bool> = when.iter().map(|&(c, k)| &x[c][k]).collect();
+    Bool::or(&v)
 }

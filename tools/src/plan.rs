@@ -388,13 +388,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     let batch = search::batch_of(&step).ok_or(format!(
         "{name}: the step has no batched data argument to split"
     ))?;
-    let mut space = Space::new(a.devices);
-    space.memory_cap = a.memory_cap.as_deref().map(parse_bytes).transpose()?;
-    space.max_tp = a.max_tp;
-    space.max_sp = a.max_sp;
-    space.max_pp = a.max_pp;
-    space.max_micro = a.max_micro.max(1);
-    space.keep = space.keep.max(a.top + 1);
+    let (mut space, mesh_cap) = search_space(a, mesh.as_ref(), &name)?;
     // A training step can be placed in pipeline stages when its backward ops kept their
     // forward ops' locations (a step printed with --mlir-print-debuginfo).
     let unplaceable = if differentiated {
@@ -403,36 +397,6 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
         nnscaler_passes::place::placeable(&step).err()
     };
     space.pipelines = unplaceable.is_none();
-    let mut mesh_cap = None;
-    // A mesh the module declares (for its ops' constraints) fixes its dp / tp / pp axes'
-    // sizes, and its memory_cap caps memory.
-    if let Some(m) = &mesh {
-        for axis in m.axes.iter().filter(|x| !x.microbatches) {
-            if !["dp", "sp", "tp", "pp"].contains(&axis.name.as_str()) {
-                return Err(format!(
-                    "{name}: mesh '@{}' has axis '{}'; plan knows dp, sp, tp and pp",
-                    m.name, axis.name
-                ));
-            }
-            space
-                .fixed
-                .push((axis.name.clone(), axis.size.max(1) as u64));
-        }
-        space.microbatches = Some(m.microbatch_axis().map_or(1, |a| a.size.max(1) as u64));
-        if let Some(cap) = m.memory_cap {
-            let cap = cap.max(0) as u64;
-            space.memory_cap = Some(space.memory_cap.map_or(cap, |c| c.min(cap)));
-            mesh_cap = Some(cap);
-        }
-    }
-    if let Some(fix) = &a.fix {
-        if mesh.is_some() {
-            return Err(format!(
-                "--fix: {name} declares a mesh, which fixes the degrees already"
-            ));
-        }
-        apply_fix(fix, a.devices, &mut space)?;
-    }
     let quiet = a.json;
     let mut progress = |msg: &str| {
         if !quiet {
@@ -488,38 +452,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     };
     let total = start.elapsed().as_secs_f64();
     let Some(best) = found.ranked.first() else {
-        let why: Vec<String> = found
-            .out
-            .iter()
-            .map(|(r, k)| format!("{k} x {r}"))
-            .collect();
-        let cap = cluster.device.memory_limit(space.memory_cap);
-        let least = found
-            .least_memory
-            .map(|m| {
-                format!(
-                    "; the leanest plan needs at least {} per device, the cap is {} ({})",
-                    bytes_text(m),
-                    bytes_text(cap),
-                    if space
-                        .memory_cap
-                        .is_none_or(|c| c >= cluster.device.usable_memory())
-                    {
-                        "the device's memory less the runtime's reserve and the allocator's margin"
-                    } else if mesh_cap == space.memory_cap {
-                        "the mesh's memory_cap"
-                    } else {
-                        "--memory-cap"
-                    }
-                )
-            })
-            .unwrap_or_default();
-        return Err(format!(
-            "no plan for {} devices of {} fits: {}{least}",
-            a.devices,
-            cluster.name,
-            why.join("; ")
-        ));
+        return Err(no_plan(a, &found, &cluster, &space, mesh_cap));
     };
     // The profile of the best plan, for its stages' names and flags.
     let prof = match profiles.get(&search::profile_key(&best.config)) {
@@ -545,14 +478,169 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
             );
         }
     }
+    let report = Report {
+        a,
+        name: &name,
+        cluster: &cluster,
+        batch,
+        differentiated,
+        found: &found,
+        grid: grid.as_ref(),
+        profiles: &profiles,
+        best,
+        prof: &prof,
+        unplaceable: unplaceable.as_deref(),
+        memory_cap: space.memory_cap,
+        searched,
+        total,
+    };
     if a.json {
+        return report.json();
+    }
+    Ok(report.text(&wrote))
+}
+
+/// The search space `a` asks for: the devices, caps, limits and `--fix`, with a mesh the
+/// module declares (for its ops' constraints) fixing its axes' sizes and micro-batches;
+/// also the mesh's own memory cap, if any (named where no plan fits under it).
+fn search_space(
+    a: &PlanArgs,
+    mesh: Option<&Mesh>,
+    name: &str,
+) -> Result<(Space, Option<u64>), String> {
+    let mut space = Space::new(a.devices);
+    space.memory_cap = a.memory_cap.as_deref().map(parse_bytes).transpose()?;
+    space.max_tp = a.max_tp;
+    space.max_sp = a.max_sp;
+    space.max_pp = a.max_pp;
+    space.max_micro = a.max_micro.max(1);
+    space.keep = space.keep.max(a.top + 1);
+    let mut mesh_cap = None;
+    // A mesh the module declares (for its ops' constraints) fixes its dp / tp / pp axes'
+    // sizes, and its memory_cap caps memory.
+    if let Some(m) = mesh {
+        for axis in m.axes.iter().filter(|x| !x.microbatches) {
+            if !["dp", "sp", "tp", "pp"].contains(&axis.name.as_str()) {
+                return Err(format!(
+                    "{name}: mesh '@{}' has axis '{}'; plan knows dp, sp, tp and pp",
+                    m.name, axis.name
+                ));
+            }
+            space
+                .fixed
+                .push((axis.name.clone(), axis.size.max(1) as u64));
+        }
+        space.microbatches = Some(m.microbatch_axis().map_or(1, |a| a.size.max(1) as u64));
+        if let Some(cap) = m.memory_cap {
+            let cap = cap.max(0) as u64;
+            space.memory_cap = Some(space.memory_cap.map_or(cap, |c| c.min(cap)));
+            mesh_cap = Some(cap);
+        }
+    }
+    if let Some(fix) = &a.fix {
+        if mesh.is_some() {
+            return Err(format!(
+                "--fix: {name} declares a mesh, which fixes the degrees already"
+            ));
+        }
+        apply_fix(fix, a.devices, &mut space)?;
+    }
+    Ok((space, mesh_cap))
+}
+
+/// Why no plan fits: the plans out and why, and the leanest plan's memory against the
+/// cap and where the cap comes from.
+fn no_plan(
+    a: &PlanArgs,
+    found: &Outcome,
+    cluster: &Cluster,
+    space: &Space,
+    mesh_cap: Option<u64>,
+) -> String {
+    let why: Vec<String> = found
+        .out
+        .iter()
+        .map(|(r, k)| format!("{k} x {r}"))
+        .collect();
+    let cap = cluster.device.memory_limit(space.memory_cap);
+    let least = found
+        .least_memory
+        .map(|m| {
+            format!(
+                "; the leanest plan needs at least {} per device, the cap is {} ({})",
+                bytes_text(m),
+                bytes_text(cap),
+                if space
+                    .memory_cap
+                    .is_none_or(|c| c >= cluster.device.usable_memory())
+                {
+                    "the device's memory less the runtime's reserve and the allocator's margin"
+                } else if mesh_cap == space.memory_cap {
+                    "the mesh's memory_cap"
+                } else {
+                    "--memory-cap"
+                }
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "no plan for {} devices of {} fits: {}{least}",
+        a.devices,
+        cluster.name,
+        why.join("; ")
+    )
+}
+
+/// What `nnscaler plan` found, for its report ([`Report::json`], [`Report::text`]).
+#[derive(Clone, Copy)]
+struct Report<'a> {
+    a: &'a PlanArgs,
+    name: &'a str,
+    cluster: &'a Cluster,
+    batch: u64,
+    /// A forward given `--autodiff --optimizer` here.
+    differentiated: bool,
+    found: &'a Outcome,
+    /// The Megatron grid's outcome, with `--compare-megatron`.
+    grid: Option<&'a Outcome>,
+    profiles: &'a search::Profiles,
+    best: &'a Estimate,
+    /// The best plan's profile.
+    prof: &'a Profile,
+    /// Why pipelines were not searched, if they were not.
+    unplaceable: Option<&'a str>,
+    memory_cap: Option<u64>,
+    /// Seconds the search took, and with the grid.
+    searched: f64,
+    total: f64,
+}
+
+impl Report<'_> {
+    /// The report as JSON (`--json`).
+    fn json(&self) -> Result<String, String> {
+        let Report {
+            a,
+            name,
+            cluster,
+            batch,
+            differentiated,
+            found,
+            grid,
+            profiles,
+            best,
+            prof,
+            unplaceable,
+            memory_cap,
+            searched,
+            ..
+        } = *self;
         let j = serde_json::json!({
             "model": name,
             "cluster": cluster.name,
             "devices": a.devices,
             "batch": batch,
             "best": best,
-            "flags": apply_flags(best, &prof, differentiated, &a.cluster),
+            "flags": apply_flags(best, prof, differentiated, &a.cluster),
             "alternatives": found
                 .ranked
                 .iter()
@@ -572,7 +660,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
             "out": found.out,
             "pipelines_not_searched": unplaceable,
             "search_seconds": searched,
-            "megatron": grid.as_ref().map(|g: &Outcome| g.ranked.first()),
+            "megatron": grid.map(|g: &Outcome| g.ranked.first()),
             "mfu_peak_flops": cluster.device.matrix_rate(prof.bf16),
             "step_shares": {
                 "compute": shares(best).0,
@@ -584,143 +672,163 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
                 "device": cluster.device.memory,
                 "reserved": cluster.device.reserved,
                 "fragmentation": cluster.device.fragmentation,
-                "limit": cluster.device.memory_limit(space.memory_cap),
+                "limit": cluster.device.memory_limit(memory_cap),
             },
         });
-        return serde_json::to_string_pretty(&j)
+        serde_json::to_string_pretty(&j)
             .map(|s| s + "\n")
-            .map_err(|e| e.to_string());
+            .map_err(|e| e.to_string())
     }
-    let mut o = String::new();
-    let _ = writeln!(
-        o,
-        "plan: {name} ({}batch {batch}) on {} x {} ({})",
-        if differentiated {
-            "a forward given --autodiff --optimizer, "
-        } else {
-            ""
-        },
-        a.devices,
-        cluster.device.name,
-        cluster.name
-    );
-    let _ = writeln!(
-        o,
-        "searched {} plans ({} simulated; the rest out of memory by a lower bound, or bounded out) in {searched:.2} s",
-        found.considered, found.simulated
-    );
-    let peak = cluster.device.matrix_rate(prof.bf16);
-    let _ = writeln!(
-        o,
-        "MFU: the model's FLOPs per second against the device's {} matrix peak ({:.1} TFLOP/s){}",
-        if prof.bf16 && cluster.device.matrix_flops_bf16.is_some() {
-            "bf16"
-        } else {
-            "f32"
-        },
-        peak / 1e12,
-        if prof.bf16 {
-            ""
-        } else {
-            "; --precision bf16 plans mixed precision, against the bf16 peak"
-        }
-    );
-    let d = &cluster.device;
-    let limit = d.memory_limit(space.memory_cap);
-    let _ = writeln!(
-        o,
-        "memory: {} per device{}; a plan may use {}{}",
-        bytes_text(d.memory),
-        if d.reserved > 0 || d.fragmentation > 0.0 {
-            format!(
-                ", less {} the runtime holds (CUDA context, cuBLAS workspace, NCCL buffers) and an allocator margin of {:.0}%",
-                bytes_text(d.reserved),
-                d.fragmentation * 100.0
-            )
-        } else {
-            String::new()
-        },
-        bytes_text(limit),
-        if limit < d.usable_memory() {
-            " (the memory cap)"
-        } else {
-            ""
-        }
-    );
-    let _ = writeln!(
-        o,
-        "step: no communication overlaps compute (the runtime overlaps none, so the model overlaps none)"
-    );
-    let _ = writeln!(o, "best: {}", line(best));
-    let names: Vec<String> = best
-        .config
-        .stage_starts
-        .iter()
-        .enumerate()
-        .map(|(s, &lo)| {
-            let hi = best
-                .config
-                .stage_starts
-                .get(s + 1)
-                .copied()
-                .unwrap_or(prof.items.len());
-            let first = &prof.items[lo].name;
-            let last = &prof.items[hi - 1].name;
-            if lo + 1 == hi {
-                first.clone()
-            } else {
-                format!("{first}..{last}")
-            }
-        })
-        .collect();
-    if names.len() > 1 {
-        let _ = writeln!(o, "stages: {}", names.join(" | "));
-    }
-    let _ = writeln!(
-        o,
-        "apply: nnscaler-opt {}",
-        apply_flags(best, &prof, differentiated, &a.cluster)
-    );
-    o += &wrote;
-    if found.ranked.len() > 1 {
-        let _ = writeln!(o, "next best:");
-        for e in found.ranked.iter().skip(1).take(a.top) {
-            let _ = writeln!(
-                o,
-                "  {} ({:+.1}%: {})",
-                line(e),
-                (e.seconds / best.seconds - 1.0) * 100.0,
-                why_lost(e, best)
-            );
-        }
-    }
-    for (r, k) in &found.out {
-        let _ = writeln!(o, "out: {k} plan{} ({r})", if *k == 1 { "" } else { "s" });
-    }
-    if let Some(why) = &unplaceable {
+
+    /// The report as text; `wrote` says where the plan went (`-o`).
+    fn text(&self, wrote: &str) -> String {
+        let Report {
+            a,
+            name,
+            cluster,
+            batch,
+            differentiated,
+            found,
+            grid,
+            best,
+            prof,
+            unplaceable,
+            memory_cap,
+            searched,
+            total,
+            ..
+        } = *self;
+        let mut o = String::new();
         let _ = writeln!(
             o,
-            "pipelines and micro-batches not searched: the step cannot be placed in stages ({why})"
+            "plan: {name} ({}batch {batch}) on {} x {} ({})",
+            if differentiated {
+                "a forward given --autodiff --optimizer, "
+            } else {
+                ""
+            },
+            a.devices,
+            cluster.device.name,
+            cluster.name
         );
-    }
-    if let Some(g) = &grid {
-        match g.ranked.first() {
-            Some(m) => {
-                let _ = writeln!(o, "megatron grid best: {}", line(m));
+        let _ = writeln!(
+            o,
+            "searched {} plans ({} simulated; the rest out of memory by a lower bound, or bounded out) in {searched:.2} s",
+            found.considered, found.simulated
+        );
+        let peak = cluster.device.matrix_rate(prof.bf16);
+        let _ = writeln!(
+            o,
+            "MFU: the model's FLOPs per second against the device's {} matrix peak ({:.1} TFLOP/s){}",
+            if prof.bf16 && cluster.device.matrix_flops_bf16.is_some() {
+                "bf16"
+            } else {
+                "f32"
+            },
+            peak / 1e12,
+            if prof.bf16 {
+                ""
+            } else {
+                "; --precision bf16 plans mixed precision, against the bf16 peak"
+            }
+        );
+        let d = &cluster.device;
+        let limit = d.memory_limit(memory_cap);
+        let _ = writeln!(
+            o,
+            "memory: {} per device{}; a plan may use {}{}",
+            bytes_text(d.memory),
+            if d.reserved > 0 || d.fragmentation > 0.0 {
+                format!(
+                    ", less {} the runtime holds (CUDA context, cuBLAS workspace, NCCL buffers) and an allocator margin of {:.0}%",
+                    bytes_text(d.reserved),
+                    d.fragmentation * 100.0
+                )
+            } else {
+                String::new()
+            },
+            bytes_text(limit),
+            if limit < d.usable_memory() {
+                " (the memory cap)"
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(
+            o,
+            "step: no communication overlaps compute (the runtime overlaps none, so the model overlaps none)"
+        );
+        let _ = writeln!(o, "best: {}", line(best));
+        let names: Vec<String> = best
+            .config
+            .stage_starts
+            .iter()
+            .enumerate()
+            .map(|(s, &lo)| {
+                let hi = best
+                    .config
+                    .stage_starts
+                    .get(s + 1)
+                    .copied()
+                    .unwrap_or(prof.items.len());
+                let first = &prof.items[lo].name;
+                let last = &prof.items[hi - 1].name;
+                if lo + 1 == hi {
+                    first.clone()
+                } else {
+                    format!("{first}..{last}")
+                }
+            })
+            .collect();
+        if names.len() > 1 {
+            let _ = writeln!(o, "stages: {}", names.join(" | "));
+        }
+        let _ = writeln!(
+            o,
+            "apply: nnscaler-opt {}",
+            apply_flags(best, prof, differentiated, &a.cluster)
+        );
+        o += wrote;
+        if found.ranked.len() > 1 {
+            let _ = writeln!(o, "next best:");
+            for e in found.ranked.iter().skip(1).take(a.top) {
                 let _ = writeln!(
                     o,
-                    "search / megatron grid: {:.3} ({} grid plans, {:.2} s in all)",
-                    best.seconds / m.seconds,
-                    g.considered,
-                    total
+                    "  {} ({:+.1}%: {})",
+                    line(e),
+                    (e.seconds / best.seconds - 1.0) * 100.0,
+                    why_lost(e, best)
                 );
             }
-            None => {
-                let _ = writeln!(o, "megatron grid: no plan fits");
+        }
+        for (r, k) in &found.out {
+            let _ = writeln!(o, "out: {k} plan{} ({r})", if *k == 1 { "" } else { "s" });
+        }
+        if let Some(why) = &unplaceable {
+            let _ = writeln!(
+                o,
+                "pipelines and micro-batches not searched: the step cannot be placed in stages ({why})"
+            );
+        }
+        if let Some(g) = &grid {
+            match g.ranked.first() {
+                Some(m) => {
+                    let _ = writeln!(o, "megatron grid best: {}", line(m));
+                    let _ = writeln!(
+                        o,
+                        "search / megatron grid: {:.3} ({} grid plans, {:.2} s in all)",
+                        best.seconds / m.seconds,
+                        g.considered,
+                        total
+                    );
+                }
+                None => {
+                    let _ = writeln!(o, "megatron grid: no plan fits");
+                }
             }
         }
+        o
     }
-    Ok(o)
 }
 
 /// `--fix`'s `AXIS=N` degrees and `recompute=`, `zero=`, `splits=`, `schedule=` choices

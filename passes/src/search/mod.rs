@@ -601,6 +601,88 @@ pub fn search_with(
         progress,
     );
     let bounds = stage_bounds(g);
+    let mut found = candidates(
+        space,
+        cluster,
+        profiles,
+        batch,
+        (max_tp, inner, positions),
+        cap,
+        &bounds,
+    );
+    found.list.sort_by(|a, b| a.0.total_cmp(&b.0));
+    progress(&format!(
+        "{} plans; simulating them in the order of their lower bounds",
+        found.list.len()
+    ));
+    let mut sim = HashMap::new();
+    let (mut ranked, simulated) = rank(&mut found, space, cluster, profiles, cap, &mut sim);
+    progress(&format!(
+        "{simulated} plans simulated; refining the best plans' stage cuts"
+    ));
+    // The dynamic program's cuts, refined against the simulator.
+    if !space.megatron && !space.exhaustive {
+        for e in ranked.iter_mut().take(REFINED) {
+            let items = profiles
+                .get(&profile_key(&e.config))
+                .and_then(|p| p.as_ref().ok());
+            let Some(p) = items else { continue };
+            let stages = e.config.stage_starts.len();
+            if stages > 1 && cut_count(p.items.len(), stages) > FEW_CUTS {
+                *e = refine(
+                    p,
+                    e.clone(),
+                    cluster,
+                    cap,
+                    &mut sim,
+                    (2 * stages + 4, &bounds),
+                );
+            }
+        }
+        ranked.sort_by(|a, b| {
+            (a.seconds, a.memory)
+                .partial_cmp(&(b.seconds, b.memory))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+    }
+    let mut out: Vec<(String, usize)> = found.out.into_iter().collect();
+    out.sort();
+    Ok(Outcome {
+        ranked,
+        considered: found.considered,
+        simulated,
+        out,
+        least_memory: found.least_memory,
+    })
+}
+
+/// The simulated schedules' timelines, shared by the plans that have the same.
+type Sim = HashMap<String, schedule::Timeline>;
+
+/// What [`search_with`] enumerates before simulating: each plan with its lower bound,
+/// how many were considered, the least memory of those out of memory, and why plans
+/// were left out (a count by reason).
+struct Candidates {
+    list: Vec<(f64, Config)>,
+    considered: usize,
+    least_memory: Option<u64>,
+    out: HashMap<String, usize>,
+}
+
+/// Every plan of `space` over `batch` whose profile compiled: factorizations (within
+/// `max_tp` and the innermost level's `inner` devices, sequences of `positions`),
+/// micro-batch sizes, splits, schedules, recompute, stage cuts and ZeRO stages, those
+/// whose memory's lower bound exceeds `cap` counted out.
+fn candidates(
+    space: &Space,
+    cluster: &Cluster,
+    profiles: &Profiles,
+    batch: u64,
+    (max_tp, inner, positions): (u64, u64, u64),
+    cap: u64,
+    bounds: &[StageBound],
+) -> Candidates {
+    let n = space.devices;
     let mut out: HashMap<String, usize> = HashMap::new();
     let mut candidates: Vec<(f64, Config)> = Vec::new();
     let mut considered = 0usize;
@@ -666,7 +748,7 @@ pub fn search_with(
                 } else {
                     space.schedules.iter().copied().map(Some).collect()
                 };
-                let held = item_bounds(&bounds, &prof.items);
+                let held = item_bounds(bounds, &prof.items);
                 for &sched in &schedules {
                     let stages = (pp * chunks(sched)) as usize;
                     if let Some(why) = bound_conflict(&held, prof.items.len(), stages) {
@@ -738,13 +820,28 @@ pub fn search_with(
             }
         }
     }
-    candidates.sort_by(|a, b| a.0.total_cmp(&b.0));
-    progress(&format!(
-        "{} plans; simulating them in the order of their lower bounds",
-        candidates.len()
-    ));
+    Candidates {
+        list: candidates,
+        considered,
+        least_memory,
+        out,
+    }
+}
+
+/// The plans of `candidates` simulated in the order of their lower bounds, the best
+/// `space.keep` kept (each plan once, with its best stage cut; ties to less memory);
+/// stops once a bound passes the kept worst. Returns them and how many were simulated;
+/// adds the plans that fell out to `found`'s counts.
+fn rank(
+    found: &mut Candidates,
+    space: &Space,
+    cluster: &Cluster,
+    profiles: &Profiles,
+    cap: u64,
+    sim: &mut Sim,
+) -> (Vec<Estimate>, usize) {
+    let candidates = std::mem::take(&mut found.list);
     let mut ranked: Vec<Estimate> = Vec::new();
-    let mut sim = HashMap::new();
     let mut simulated = 0;
     let keep = space.keep.max(1);
     for (bound, c) in candidates {
@@ -761,7 +858,7 @@ pub fn search_with(
             continue;
         };
         simulated += 1;
-        match score(p, &c, cluster, cap, &mut sim) {
+        match score(p, &c, cluster, cap, sim) {
             Ok(e) => {
                 // One entry per plan: its best stage cut.
                 let same = |x: &Estimate| {
@@ -787,54 +884,18 @@ pub fn search_with(
             Err(e) => {
                 if e.starts_with("needs ") {
                     let m = memory_lower_bound(p, &c);
-                    least_memory = Some(least_memory.map_or(m, |x| x.min(m)));
+                    found.least_memory = Some(found.least_memory.map_or(m, |x| x.min(m)));
                 }
                 let reason = if e.starts_with("needs ") {
                     "out of memory".to_string()
                 } else {
                     e
                 };
-                *out.entry(reason).or_default() += 1;
+                *found.out.entry(reason).or_default() += 1;
             }
         }
     }
-    progress(&format!(
-        "{simulated} plans simulated; refining the best plans' stage cuts"
-    ));
-    // The dynamic program's cuts, refined against the simulator.
-    if !space.megatron && !space.exhaustive {
-        for e in ranked.iter_mut().take(REFINED) {
-            let items = profiles
-                .get(&profile_key(&e.config))
-                .and_then(|p| p.as_ref().ok());
-            let Some(p) = items else { continue };
-            let stages = e.config.stage_starts.len();
-            if stages > 1 && cut_count(p.items.len(), stages) > FEW_CUTS {
-                *e = refine(
-                    p,
-                    e.clone(),
-                    cluster,
-                    cap,
-                    &mut sim,
-                    (2 * stages + 4, &bounds),
-                );
-            }
-        }
-        ranked.sort_by(|a, b| {
-            (a.seconds, a.memory)
-                .partial_cmp(&(b.seconds, b.memory))
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
-    }
-    let mut out: Vec<(String, usize)> = out.into_iter().collect();
-    out.sort();
-    Ok(Outcome {
-        ranked,
-        considered,
-        simulated,
-        out,
-        least_memory,
-    })
+    (ranked, simulated)
 }
 
 /// A profile of the cut model as the whole model's: each run's kept second layer repeated

@@ -250,123 +250,10 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
             b >> 10
         ),
     };
-    // The in-process network: all_reduces between two simulated devices (one thread
-    // each), small (latency: a chain, each on the last one's result) and large
-    // (bandwidth: each on an operand of its own, so that it reads cold data, as a step's
-    // gradient sync does: a chain's operand is in the cache, and measured 2-3 times as
-    // fast), timed as the devices run.
-    // `op` on operands of `floats` (its result `result_floats`; a chain needs them equal).
-    let collective = |op: &str, floats: usize, chain: usize, cold: bool| -> Result<f64, String> {
-        let t = format!("tensor<{floats}xf32>");
-        // A reduce_scatter or an all_to_all leaves each device its own piece.
-        let split = "nns.layout = #nns.layout<@world, dp = D(0)>, ";
-        let (attrs, layout) = match op {
-            "nns.reduce_scatter" => ("dim = 0 : i64", split),
-            "nns.all_to_all" => ("split_dim = 0 : i64, concat_dim = 0 : i64", split),
-            "nns.all_gather" => ("dim = 0 : i64", ""),
-            _ => ("reduce = \"max\"", ""),
-        };
-        let rt = format!("tensor<{}xf32>", result_floats(op, floats));
-        let mut text = String::from(
-            "\"nns.mesh\"() {sym_name = \"world\", axes = #nns.axes<dp = 2>} : () -> ()\n",
-        );
-        let args: Vec<String> = (0..if cold { chain } else { 1 })
-            .map(|k| format!("%x{k}: {t} {{nns.name = \"x{k}\"}}"))
-            .collect();
-        text += &format!(
-            "func.func @f({}) -> ({rt} {{{layout}nns.name = \"y\"}}) attributes {{nns.localized = #nns.axes<dp = 2>}} {{\n",
-            args.join(", ")
-        );
-        let mut last = "%x0".to_string();
-        for k in 0..chain {
-            let operand = if cold { format!("%x{k}") } else { last };
-            text += &format!(
-                "  %r{k} = \"{op}\"({operand}) {{axes = [\"dp\"], {attrs}}} : ({t}) -> {rt}\n"
-            );
-            last = format!("%r{k}");
-        }
-        text += &format!("  return {last} : {rt}\n}}\n");
-        let (g, mesh) = localized(&text)?;
-        let x = random(&[floats], 7);
-        let inputs: Vec<Tensor> = (0..if cold { chain } else { 1 })
-            .map(|_| x.clone())
-            .collect();
-        let opts = Options {
-            serial_devices: a.timing == "serial",
-            ..Options::default()
-        };
-        // The median of 21 runs: the in-process network's time is the scheduler's too.
-        let mut ts = Vec::new();
-        for _ in 0..21 {
-            nnscaler_runtime::spmd::run_spmd(&g, &mesh, inputs.clone(), &opts)
-                .map_err(|e| e.message)?;
-            ts.push(nnscaler_runtime::spmd::device_seconds() / chain as f64);
-        }
-        ts.sort_by(f64::total_cmp);
-        Ok(ts[ts.len() / 2])
-    };
-    let small = collective("nns.all_reduce", 16, 400, false)?;
-    let big_floats = 1 << 20;
-    let big = collective("nns.all_reduce", big_floats, 20, true)?;
-    // A ring all_reduce of two devices: two latency steps, each device sending its bytes
-    // once (nns::sent_bytes).
-    let latency = small / 2.0;
-    let sent = nnscaler_dialects::nns::sent_bytes(
-        "nns.all_reduce",
-        2.0,
-        4.0 * big_floats as f64,
-        4.0 * big_floats as f64,
-    );
-    let net_bandwidth = sent / (big - 2.0 * latency).max(1e-9);
-    report += &format!(
-        "  all_reduce between 2 simulated devices ({} timing): {:.2} us latency a step, {:.2} GB/s\n",
-        a.timing,
-        latency * 1e6,
-        net_bandwidth / 1e9
-    );
-    // Each collective a step runs, by message size (`Level::rates`): on cold operands of
-    // their own as the all_reduces above, from 16 KiB to 4 MiB (a small model's
-    // gradients and activations to a large one's): the ring's bytes (nns::sent_bytes)
-    // over the time less the latency steps. The rate moves with the size (the copies and
-    // sums run through the caches; on one 2026-12-04 run, an all_reduce moved 5.5 GB/s
-    // at 256 KiB and 1.0 at 4 MiB), so one rate priced a small model's gradient sync at
-    // 3 times its time.
-    let mut rates = BTreeMap::new();
-    for op in [
-        "nns.all_reduce",
-        "nns.reduce_scatter",
-        "nns.all_gather",
-        "nns.all_to_all",
-    ] {
-        let mut curve = Vec::new();
-        let mut line = format!("  {op:<18} by message:");
-        for message in [4096usize, 16384, 65536, 262144, 1 << 20] {
-            // The operand that makes a message (the larger of operand and result) of
-            // `message` floats.
-            let floats = if op == "nns.all_gather" {
-                message / 2
-            } else {
-                message
-            };
-            let t = collective(op, floats, 20, true)?;
-            let result = result_floats(op, floats);
-            let sent = nnscaler_dialects::nns::sent_bytes(
-                op,
-                2.0,
-                4.0 * floats as f64,
-                4.0 * result as f64,
-            );
-            let steps = if op == "nns.all_reduce" { 2.0 } else { 1.0 };
-            // At least half the time is the bytes': a latency step measured high would
-            // otherwise pass for an unbounded rate on the smallest messages.
-            let rate = sent / (t - steps * latency).max(t / 2.0);
-            curve.push([4.0 * message as f64, sig(rate)]);
-            line += &format!(" {} KiB {:.2} GB/s,", message * 4 / 1024, rate / 1e9);
-        }
-        report += line.trim_end_matches(',');
-        report += "\n";
-        rates.insert(op.to_string(), curve);
-    }
+    // The in-process network, timed as the devices run ([`network`]).
+    let serial = a.timing == "serial";
+    let (latency, net_bandwidth, rates, lines) = network(serial)?;
+    report += &lines;
     let mut c: Cluster = cost::preset("cpu").expect("the cpu preset");
     if let Some(l) = c.network.first_mut() {
         l.latency = sig(latency);
@@ -404,6 +291,142 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     );
     report += &write_cluster(&c, &a.output)?;
     Ok(report)
+}
+
+/// The in-process network's entries: all_reduces between two simulated devices, small
+/// (a chain: the latency) and large (each on an operand of its own: the bandwidth),
+/// then each collective a step runs, by message size (`Level::rates`). Returns the
+/// latency a step, the bandwidth, the rates and the report's lines.
+fn network(serial: bool) -> Result<Network, String> {
+    let mut report = String::new();
+    let small = time_collective("nns.all_reduce", 16, 400, false, serial)?;
+    let big_floats = 1 << 20;
+    let big = time_collective("nns.all_reduce", big_floats, 20, true, serial)?;
+    // A ring all_reduce of two devices: two latency steps, each device sending its bytes
+    // once (nns::sent_bytes).
+    let latency = small / 2.0;
+    let sent = nnscaler_dialects::nns::sent_bytes(
+        "nns.all_reduce",
+        2.0,
+        4.0 * big_floats as f64,
+        4.0 * big_floats as f64,
+    );
+    let net_bandwidth = sent / (big - 2.0 * latency).max(1e-9);
+    report += &format!(
+        "  all_reduce between 2 simulated devices ({} timing): {:.2} us latency a step, {:.2} GB/s\n",
+        if serial { "serial" } else { "wall" },
+        latency * 1e6,
+        net_bandwidth / 1e9
+    );
+    // Each collective a step runs, by message size (`Level::rates`): on cold operands of
+    // their own as the all_reduces above, from 16 KiB to 4 MiB (a small model's
+    // gradients and activations to a large one's): the ring's bytes (nns::sent_bytes)
+    // over the time less the latency steps. The rate moves with the size (the copies and
+    // sums run through the caches; on one 2026-12-04 run, an all_reduce moved 5.5 GB/s
+    // at 256 KiB and 1.0 at 4 MiB), so one rate priced a small model's gradient sync at
+    // 3 times its time.
+    let mut rates = BTreeMap::new();
+    for op in [
+        "nns.all_reduce",
+        "nns.reduce_scatter",
+        "nns.all_gather",
+        "nns.all_to_all",
+    ] {
+        let mut curve = Vec::new();
+        let mut line = format!("  {op:<18} by message:");
+        for message in [4096usize, 16384, 65536, 262144, 1 << 20] {
+            // The operand that makes a message (the larger of operand and result) of
+            // `message` floats.
+            let floats = if op == "nns.all_gather" {
+                message / 2
+            } else {
+                message
+            };
+            let t = time_collective(op, floats, 20, true, serial)?;
+            let result = result_floats(op, floats);
+            let sent = nnscaler_dialects::nns::sent_bytes(
+                op,
+                2.0,
+                4.0 * floats as f64,
+                4.0 * result as f64,
+            );
+            let steps = if op == "nns.all_reduce" { 2.0 } else { 1.0 };
+            // At least half the time is the bytes': a latency step measured high would
+            // otherwise pass for an unbounded rate on the smallest messages.
+            let rate = sent / (t - steps * latency).max(t / 2.0);
+            curve.push([4.0 * message as f64, sig(rate)]);
+            line += &format!(" {} KiB {:.2} GB/s,", message * 4 / 1024, rate / 1e9);
+        }
+        report += line.trim_end_matches(',');
+        report += "\n";
+        rates.insert(op.to_string(), curve);
+    }
+    Ok((latency, net_bandwidth, rates, report))
+}
+
+/// What [`network`] measures: latency, bandwidth, rates by message size, report lines.
+type Network = (f64, f64, BTreeMap<String, Vec<[f64; 2]>>, String);
+
+/// The median time of `op` between two simulated devices (one thread each) on operands
+/// of `floats` (its result `result_floats`; a chain needs them equal): a chain of
+/// `chain`, each on the last one's result (`cold` false), or each on an operand of its
+/// own (`cold`: as a step's gradient sync reads cold data; a chain's operand is in the
+/// cache, and measured 2-3 times as fast), timed as the devices run (`serial`: each by
+/// its CPU time).
+fn time_collective(
+    op: &str,
+    floats: usize,
+    chain: usize,
+    cold: bool,
+    serial: bool,
+) -> Result<f64, String> {
+    let t = format!("tensor<{floats}xf32>");
+    // A reduce_scatter or an all_to_all leaves each device its own piece.
+    let split = "nns.layout = #nns.layout<@world, dp = D(0)>, ";
+    let (attrs, layout) = match op {
+        "nns.reduce_scatter" => ("dim = 0 : i64", split),
+        "nns.all_to_all" => ("split_dim = 0 : i64, concat_dim = 0 : i64", split),
+        "nns.all_gather" => ("dim = 0 : i64", ""),
+        _ => ("reduce = \"max\"", ""),
+    };
+    let rt = format!("tensor<{}xf32>", result_floats(op, floats));
+    let mut text = String::from(
+        "\"nns.mesh\"() {sym_name = \"world\", axes = #nns.axes<dp = 2>} : () -> ()\n",
+    );
+    let args: Vec<String> = (0..if cold { chain } else { 1 })
+        .map(|k| format!("%x{k}: {t} {{nns.name = \"x{k}\"}}"))
+        .collect();
+    text += &format!(
+        "func.func @f({}) -> ({rt} {{{layout}nns.name = \"y\"}}) attributes {{nns.localized = #nns.axes<dp = 2>}} {{\n",
+        args.join(", ")
+    );
+    let mut last = "%x0".to_string();
+    for k in 0..chain {
+        let operand = if cold { format!("%x{k}") } else { last };
+        text += &format!(
+            "  %r{k} = \"{op}\"({operand}) {{axes = [\"dp\"], {attrs}}} : ({t}) -> {rt}\n"
+        );
+        last = format!("%r{k}");
+    }
+    text += &format!("  return {last} : {rt}\n}}\n");
+    let (g, mesh) = localized(&text)?;
+    let x = random(&[floats], 7);
+    let inputs: Vec<Tensor> = (0..if cold { chain } else { 1 })
+        .map(|_| x.clone())
+        .collect();
+    let opts = Options {
+        serial_devices: serial,
+        ..Options::default()
+    };
+    // The median of 21 runs: the in-process network's time is the scheduler's too.
+    let mut ts = Vec::new();
+    for _ in 0..21 {
+        nnscaler_runtime::spmd::run_spmd(&g, &mesh, inputs.clone(), &opts)
+            .map_err(|e| e.message)?;
+        ts.push(nnscaler_runtime::spmd::device_seconds() / chain as f64);
+    }
+    ts.sort_by(f64::total_cmp);
+    Ok(ts[ts.len() / 2])
 }
 
 /// Floats of the result of collective `op` over two devices on an operand of `floats`:
