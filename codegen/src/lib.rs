@@ -20,7 +20,7 @@
 //! clipping's factor, rotary, dropout, the vocabulary-parallel pieces,
 //! slice, pad, concat, split, broadcast_to, max_grad: every dnn op ([`kernel::covered`]).
 //! Reductions along lines of 64 or more elements are team kernels (one GPU block per
-//! line, `llvm/team.rs`); attention is FlashAttention-2 (team kernels staging key/value or
+//! line, `llvm/team/`); attention is FlashAttention-2 (team kernels staging key/value or
 //! query tiles in shared memory, an online softmax in registers, `llvm/tiles.rs`), its
 //! bf16 forward and backward on tensor cores (`mma.sync`, emulated lane by lane on the
 //! host, `llvm/mma.rs`). Not built yet: elementwise chains at HBM speed (issue 40).

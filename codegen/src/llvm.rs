@@ -10,7 +10,7 @@
 //! - host: `K.host(ptr args, i64 n)`, a loop over `i` in `0..n` with the buffers read from
 //!   the `args` array: the thread index becomes a loop index.
 //!
-//! A team kernel ([`Kernel::team`] > 1; `team.rs`) is phases instead of a body, one GPU
+//! A team kernel ([`Kernel::team`] > 1; `team/`) is phases instead of a body, one GPU
 //! block per index: its PTX entry runs them with barriers between, its host entry runs
 //! each phase for every lane in turn.
 //!
@@ -103,7 +103,7 @@ impl<'ctx> Gen<'ctx> {
     }
 
     /// Adds a kernel's code: `K.body(i64 i, ptr buffers...)` (inputs, then outputs), or a
-    /// team kernel's phases (`team.rs`).
+    /// team kernel's phases (`team/`).
     pub fn kernel(&self, k: &Kernel) -> R<()> {
         self.kernel_facts(k)?;
         if k.team() > 1 {
