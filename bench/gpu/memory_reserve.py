@@ -1,5 +1,5 @@
 """(bench/gpu/check.sh runs it on the GPU.) What a GPU's runtime holds outside a program's
-values, for the cost model's `reserved` and `fragmentation` (passes/src/cost/presets.rs,
+values, for the cost model's `reserved` and `fragmentation` (passes/src/planner/cost/presets.rs,
 GPU_RESERVED and GPU_FRAGMENTATION, assumed until this measures them):
 - the CUDA context (device memory in use after the first allocation, less that allocation),
 - the cuBLAS handle and workspace (after the first matrix products, fp32 and bf16),

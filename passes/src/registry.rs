@@ -1,21 +1,22 @@
-//! The single table of passes: name (= flag = file = test folder), summary, options.
+//! The single table of passes: name (= flag = module in `transforms/` = test folder),
+//! summary, options.
 
-use crate::autocast::Autocast;
-use crate::autodiff::Autodiff;
-use crate::localize::Localize;
-use crate::lower_relayouts::LowerRelayouts;
-use crate::mpmd::SchedulePass;
-use crate::optimizer::Optimizer;
 use crate::pass::Native;
 use crate::pass::{Anchor, Factory, OptionInfo, PassInfo};
 use crate::pipeline::Step;
-use crate::place::Place;
-use crate::plan::Plan;
-use crate::print_stats::PrintStats;
-use crate::propagate_layouts::PropagateLayouts;
-use crate::recompute::Recompute;
-use crate::schedule::ScheduleKind;
-use crate::split_tensor::SplitTensor;
+use crate::planner::schedule::ScheduleKind;
+use crate::transforms::autocast::Autocast;
+use crate::transforms::autodiff::Autodiff;
+use crate::transforms::localize::Localize;
+use crate::transforms::lower_relayouts::LowerRelayouts;
+use crate::transforms::optimizer::Optimizer;
+use crate::transforms::place::Place;
+use crate::transforms::plan::Plan;
+use crate::transforms::print_stats::PrintStats;
+use crate::transforms::propagate_layouts::PropagateLayouts;
+use crate::transforms::recompute::Recompute;
+use crate::transforms::schedule::SchedulePass;
+use crate::transforms::split_tensor::SplitTensor;
 use melior::pass::transform::{create_canonicalizer, create_cse};
 
 const SCHEDULE_OPTIONS: &[OptionInfo] = &[
@@ -197,7 +198,7 @@ pub static PASSES: &[PassInfo] = &[
         factory: Factory::Native(|o| {
             if o.get("policy") == Some("auto") {
                 Ok(Native::Module(Box::new(
-                    crate::plan_search::PlanSearch::new(o, lookup)?,
+                    crate::planner::plan_search::PlanSearch::new(o, lookup)?,
                 )))
             } else {
                 Ok(Native::Module(Box::new(Plan::new(o)?)))

@@ -1,5 +1,5 @@
 //! `nnscaler plan`: searches data x tensor x pipeline parallelism, micro-batching, the
-//! schedule, recompute and ZeRO for a model on a cluster ([`nnscaler_passes::search`]),
+//! schedule, recompute and ZeRO for a model on a cluster ([`nnscaler_passes::planner::search`]),
 //! prints the chosen plan with its predicted step time, MFU, memory per device and the
 //! next best plans with why they lost, optionally beside the best plan of a Megatron-LM
 //! grid scored by the same model, and the `nnscaler-opt` flags that apply it.
@@ -10,11 +10,11 @@ use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::verify::Meshes;
 use nnscaler_frontends::{build_module, preset, PRESETS};
-use nnscaler_passes::cost::{self, Cluster};
 use nnscaler_passes::pipeline::{self, Step};
-use nnscaler_passes::recompute::has_backward;
-use nnscaler_passes::schedule::ScheduleKind;
-use nnscaler_passes::search::{self, bytes_text, Estimate, Outcome, Profile, Space};
+use nnscaler_passes::planner::cost::{self, Cluster};
+use nnscaler_passes::planner::schedule::ScheduleKind;
+use nnscaler_passes::planner::search::{self, bytes_text, Estimate, Outcome, Profile, Space};
+use nnscaler_passes::transforms::recompute::has_backward;
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -188,12 +188,12 @@ pub fn training_step(
 }
 
 /// The training step of forward `text` with its runs of identical layers cut
-/// ([`nnscaler_passes::layer_runs`]), for profiling; `None` when nothing is cut.
+/// ([`nnscaler_passes::planner::layer_runs`]), for profiling; `None` when nothing is cut.
 pub fn cut_step(
     text: &str,
     file: &str,
     bf16: bool,
-) -> Result<Option<nnscaler_passes::layer_runs::Cut>, String> {
+) -> Result<Option<nnscaler_passes::planner::layer_runs::Cut>, String> {
     let ir = IrContext::new();
     let m = ir
         .parse(text, file)
@@ -205,12 +205,12 @@ pub fn cut_step(
     else {
         return Ok(None);
     };
-    let Some(r) = nnscaler_passes::layer_runs::reduce(&forward) else {
+    let Some(r) = nnscaler_passes::planner::layer_runs::reduce(&forward) else {
         return Ok(None);
     };
     // Printed with the ops' own locations, so messages point into the user's file.
     let (step, _, _) = training_step(&r.forward.to_mlir(), file, bf16)?;
-    Ok(Some(nnscaler_passes::layer_runs::Cut {
+    Ok(Some(nnscaler_passes::planner::layer_runs::Cut {
         step,
         runs: r.runs,
     }))
@@ -394,7 +394,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     let unplaceable = if differentiated {
         None
     } else {
-        nnscaler_passes::place::placeable(&step).err()
+        nnscaler_passes::transforms::place::placeable(&step).err()
     };
     space.pipelines = unplaceable.is_none();
     let quiet = a.json;
@@ -411,7 +411,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     let cut = match (differentiated, &mesh) {
         (true, None) => cut_step(&text, &name, bf16)?,
         (false, None) => {
-            nnscaler_passes::layer_runs::cut_step(&step, nnscaler_passes::registry::lookup)
+            nnscaler_passes::planner::layer_runs::cut_step(&step, nnscaler_passes::registry::lookup)
         }
         _ => None,
     };

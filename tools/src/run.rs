@@ -7,7 +7,7 @@ use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::types::Elem;
 use nnscaler_dialects::verify::{verify_module, Meshes};
-use nnscaler_passes::autodiff::{differentiate_with, vjp_function, vjp_name};
+use nnscaler_passes::transforms::autodiff::{differentiate_with, vjp_function, vjp_name};
 use nnscaler_runtime::interp::{bind, ParamSource};
 use nnscaler_runtime::spmd::{global_view, pipeline_programs, run_pipeline, run_spmd};
 use nnscaler_runtime::{io, kernels, memory, Options};
@@ -356,7 +356,7 @@ fn mesh_of<'m>(
 fn profile_table(
     g: &Graph,
     mesh: Option<&nnscaler_dialects::nns::Mesh>,
-    cluster: &nnscaler_passes::cost::Cluster,
+    cluster: &nnscaler_passes::planner::cost::Cluster,
     measured: &nnscaler_runtime::Profile,
     (runs, devices): (u32, u32),
 ) -> String {
@@ -441,9 +441,9 @@ fn profile_table(
 fn predict_ops(
     g: &Graph,
     mesh: Option<&nnscaler_dialects::nns::Mesh>,
-    cluster: &nnscaler_passes::cost::Cluster,
+    cluster: &nnscaler_passes::planner::cost::Cluster,
     into: &mut std::collections::HashMap<String, f64>,
-    (depth, drift): (usize, &mut nnscaler_passes::cost::Drift),
+    (depth, drift): (usize, &mut nnscaler_passes::planner::cost::Drift),
 ) {
     for n in &g.nodes {
         if n.op == "func.call" {
@@ -454,13 +454,15 @@ fn predict_ops(
                 Some(f) if depth < 64 => predict_ops(f, mesh, cluster, into, (depth + 1, drift)),
                 Some(_) => {}
                 None => {
-                    if let Some(cost) = nnscaler_passes::cost::node_cost(g, n, cluster, mesh) {
+                    if let Some(cost) =
+                        nnscaler_passes::planner::cost::node_cost(g, n, cluster, mesh)
+                    {
                         *into.entry(format!("@{c}")).or_default() +=
                             drift.charge(&cluster.device, &cost);
                     }
                 }
             }
-        } else if let Some(cost) = nnscaler_passes::cost::node_cost(g, n, cluster, mesh) {
+        } else if let Some(cost) = nnscaler_passes::planner::cost::node_cost(g, n, cluster, mesh) {
             // A collective with its expected wait for the group's slowest member.
             *into.entry(n.op.clone()).or_default() += drift.charge(&cluster.device, &cost);
         }
@@ -671,12 +673,12 @@ fn write_results(
 }
 
 /// The cluster `--profile` predicts for (refused with a compiled backend).
-fn profile_cluster(a: &RunArgs) -> Result<Option<nnscaler_passes::cost::Cluster>, String> {
+fn profile_cluster(a: &RunArgs) -> Result<Option<nnscaler_passes::planner::cost::Cluster>, String> {
     match &a.profile {
         Some(_) if a.backend != "reference" => Err(
             "--profile needs --backend reference (compiled kernels are timed as a whole)".into(),
         ),
-        Some(c) => nnscaler_passes::cost::load(c).map(Some),
+        Some(c) => nnscaler_passes::planner::cost::load(c).map(Some),
         None => Ok(None),
     }
 }

@@ -3,9 +3,9 @@
 use crate::output::Outputs;
 use crate::read_input;
 use nnscaler_dialects::graph::Graph;
-use nnscaler_passes::cost;
-use nnscaler_passes::schedule::{self, Costs, Schedule, Timeline};
-use nnscaler_passes::timeline;
+use nnscaler_passes::planner::cost;
+use nnscaler_passes::planner::schedule::{self, Costs, Schedule, Timeline};
+use nnscaler_passes::planner::timeline;
 
 /// `nnscaler schedule-report`'s command line.
 #[derive(clap::Args, Debug)]
@@ -147,7 +147,7 @@ fn program_report(a: &ScheduleArgs, path: &str) -> Result<String, String> {
             .map_or(0.0, |g| {
                 g.nodes
                     .iter()
-                    .map(|n| nnscaler_passes::place::op_flops(g, n))
+                    .map(|n| nnscaler_passes::transforms::place::op_flops(g, n))
                     .sum()
             })
     };

@@ -19,8 +19,8 @@ use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::verify::Meshes;
 use nnscaler_passes::pipeline::{self, Step};
-use nnscaler_passes::plan_search::PlanChoice;
-use nnscaler_passes::schedule::ScheduleKind;
+use nnscaler_passes::planner::plan_search::PlanChoice;
+use nnscaler_passes::planner::schedule::ScheduleKind;
 use nnscaler_rt::train::{
     self as rt, Checkpointing, Loop, LrSchedule, RunFn, RunOpts, StateSpec, Whole,
 };

@@ -10,7 +10,7 @@
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_frontends::{build_module, preset};
-use nnscaler_passes::autodiff::differentiate;
+use nnscaler_passes::transforms::autodiff::differentiate;
 use nnscaler_runtime::kernels::{gemm, linalg::Mat};
 use nnscaler_runtime::tensor::{dims, Tensor};
 use nnscaler_runtime::{init, rng, run, run_profiled, Options, Profile};

@@ -244,11 +244,11 @@ fn main() -> ExitCode {
         Cmd::EmitTorch(a) => nnscaler_tools::emit_torch::main(a, cli.error_limit),
         Cmd::ScheduleReport(a) => nnscaler_tools::schedule_report::main(a)
             .and_then(|report| write_one("-", report.into_bytes())),
-        Cmd::Presets(PresetsArgs { toml: Some(name) }) => nnscaler_passes::cost::preset(name)
+        Cmd::Presets(PresetsArgs { toml: Some(name) }) => nnscaler_passes::planner::cost::preset(name)
             .ok_or_else(|| {
                 format!(
                     "unknown cluster preset '{name}' (presets: {})",
-                    nnscaler_passes::cost::PRESETS.join(", ")
+                    nnscaler_passes::planner::cost::PRESETS.join(", ")
                 )
             })
             .and_then(|c| c.to_toml())
@@ -259,8 +259,8 @@ fn main() -> ExitCode {
                 text += &format!("  {n:<14} {d}\n");
             }
             text += "clusters (--cluster NAME, cluster=NAME; or a TOML file, see nnscaler calibrate):\n";
-            for n in nnscaler_passes::cost::PRESETS {
-                if let Some(c) = nnscaler_passes::cost::preset(n) {
+            for n in nnscaler_passes::planner::cost::PRESETS {
+                if let Some(c) = nnscaler_passes::planner::cost::preset(n) {
                     text += &format!("  {n:<14} {}\n", cluster_line(&c));
                 }
             }
@@ -277,7 +277,7 @@ fn main() -> ExitCode {
 }
 
 /// One line about a cluster preset: its device's peaks and memory, the network levels.
-fn cluster_line(c: &nnscaler_passes::cost::Cluster) -> String {
+fn cluster_line(c: &nnscaler_passes::planner::cost::Cluster) -> String {
     let d = &c.device;
     let rate = |x: f64, unit: &str| match x {
         x if x >= 1e12 => format!("{:.1} T{unit}/s", x / 1e12),

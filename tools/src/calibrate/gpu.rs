@@ -9,7 +9,7 @@ use super::{
     chrono_free_date, efficiency_curve, first_function, fit_heads, sig, write_cluster,
     CalibrateArgs,
 };
-use nnscaler_passes::cost::{self, Cluster};
+use nnscaler_passes::planner::cost::{self, Cluster};
 use std::collections::BTreeMap;
 
 /// The matrix product sides `--prepare` times, up to `max`.

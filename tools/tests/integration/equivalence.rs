@@ -845,7 +845,7 @@ fn optimizer_step(name: &str) {
                 shards < single_params.iter().sum::<u64>(),
                 "{plan}: parameters are not sharded"
             );
-            let fwd = nnscaler_passes::recompute::forward_ops(&local);
+            let fwd = nnscaler_passes::transforms::recompute::forward_ops(&local);
             let gathers_of_params = |forward: bool| {
                 local
                     .nodes

@@ -12,7 +12,7 @@ use crate::common;
 use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::graph::{Graph, Output, ValueId};
 use nnscaler_dialects::types::{AttrValue, Attrs, Elem, TensorType};
-use nnscaler_passes::autodiff::differentiate;
+use nnscaler_passes::transforms::autodiff::differentiate;
 use nnscaler_runtime::tensor::{Data, Tensor};
 use nnscaler_runtime::{io, rng, run, Options};
 

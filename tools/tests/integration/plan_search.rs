@@ -1,12 +1,12 @@
-//! The plan search (`nnscaler plan`, `nnscaler_passes::search`): its profiles add up to
+//! The plan search (`nnscaler plan`, `nnscaler_passes::planner::search`): its profiles add up to
 //! the compiled program, it equals brute force over the same space on small instances,
 //! it is never worse than Megatron-LM's grid scored by the same model, and it keeps to a
 //! memory cap.
 
 use nnscaler_frontends::{build_module, preset};
-use nnscaler_passes::cost;
-use nnscaler_passes::schedule::ScheduleKind;
-use nnscaler_passes::search::{self, Profiles, Recompute, Space};
+use nnscaler_passes::planner::cost;
+use nnscaler_passes::planner::schedule::ScheduleKind;
+use nnscaler_passes::planner::search::{self, Profiles, Recompute, Space};
 use nnscaler_tools::plan::training_step;
 
 fn step(name: &str, sizes: &[(&str, &str)]) -> nnscaler_dialects::graph::Graph {
@@ -247,9 +247,11 @@ fn cut_profiles_equal_whole_ones() {
         let from_forward = nnscaler_tools::plan::cut_step(&text, name, false)
             .unwrap()
             .expect("the layers are cut");
-        let from_step =
-            nnscaler_passes::layer_runs::cut_step(&whole, nnscaler_passes::registry::lookup)
-                .expect("the step is cut");
+        let from_step = nnscaler_passes::planner::layer_runs::cut_step(
+            &whole,
+            nnscaler_passes::registry::lookup,
+        )
+        .expect("the step is cut");
         assert_eq!(from_step.runs, from_forward.runs, "{name}");
         let cluster = cost::preset("dgx-h100").unwrap();
         for (cut, (tp, sp, micro, t)) in [&from_forward, &from_step].into_iter().flat_map(|c| {

@@ -1,4 +1,4 @@
-//! The per-op split search (`--plan="tp-search ..."`, `nnscaler_passes::split_search`):
+//! The per-op split search (`--plan="tp-search ..."`, `nnscaler_passes::planner::split_search`):
 //! Z3's optimum equals brute force over the same problem; its objective predicts the
 //! compiled per-device program; the compiled plan is never worse than Megatron's on the
 //! same mesh; repeated layers are solved once; the memory cap is kept; a reused selection
@@ -8,9 +8,9 @@ use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::{Axis, Mesh};
 use nnscaler_frontends::{build_module, preset};
-use nnscaler_passes::cost;
-use nnscaler_passes::policies::{plan, Policy};
-use nnscaler_passes::split_search::{
+use nnscaler_passes::planner::cost;
+use nnscaler_passes::planner::policies::{plan, Policy};
+use nnscaler_passes::planner::split_search::{
     compiled_seconds, prepare, tp_search, tp_search_reusing, Choice, Class, Infeasible, Member,
     Options, Problem, Term,
 };

@@ -1,4 +1,4 @@
-//! `--plan="auto cluster=... devices=N"`: the plan search ([`crate::search`], the one
+//! `--plan="auto cluster=... devices=N"`: the plan search ([`crate::planner::search`], the one
 //! behind `nnscaler plan`) over what can be applied in place to the training step it runs
 //! on: data x context x tensor x pipeline parallel factorizations of the devices (tensor
 //! parallelism within the innermost network level), micro-batch size and count, the
@@ -12,7 +12,7 @@
 //! compiler refuses, memory), is a remark.
 //!
 //! Pipelines and micro-batches are searched when the step can be placed
-//! ([`crate::place::placeable`]: its backward ops carry their forward ops' locations, so in
+//! ([`crate::transforms::place::placeable`]: its backward ops carry their forward ops' locations, so in
 //! the `nnscaler-opt` run that made the backward, or one that read a step printed with
 //! `--mlir-print-debuginfo`), otherwise the space is one stage of one micro-batch and the
 //! remark says why; `max_pp=1` keeps them out too. Recompute is searched unless the step
@@ -24,12 +24,12 @@
 //! `memory_cap`, the memory per device, as it does for `nnscaler plan`; `devices` must be
 //! its device count, and the plan is applied on it.
 
-use crate::cost::{self, Cluster};
 use crate::layouts::error;
 use crate::pass::{FunctionPass, Lookup, ModulePass, PassOptions};
 use crate::pipeline::Step;
+use crate::planner::cost::{self, Cluster};
+use crate::planner::search::{self, Estimate, Profiles, Recompute, Space};
 use crate::rewrite::rewrite_funcs;
-use crate::search::{self, Estimate, Profiles, Recompute, Space};
 use melior::ir::OperationRef;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
@@ -133,11 +133,11 @@ impl PlanSearch {
             Step::named(self.lookup, name, options).map_err(|e| error(&SrcLoc::default(), e))?;
         let mut pass: Box<dyn FunctionPass> = match name {
             "place" => Box::new(
-                crate::place::Place::new(&step.options)
+                crate::transforms::place::Place::new(&step.options)
                     .map_err(|e| error(&SrcLoc::default(), e))?,
             ),
             _ => Box::new(
-                crate::recompute::Recompute::new(&step.options)
+                crate::transforms::recompute::Recompute::new(&step.options)
                     .map_err(|e| error(&SrcLoc::default(), e))?,
             ),
         };
@@ -228,7 +228,7 @@ impl ModulePass for PlanSearch {
             .nodes
             .iter()
             .any(|n| n.attrs.contains_key("nns.recompute"));
-        let why_not = match crate::place::placeable(&g) {
+        let why_not = match crate::transforms::place::placeable(&g) {
             Err(e) => Some(format!("the step cannot be placed in stages: {e}")),
             Ok(()) if self.max_pp == Some(1) => Some("max_pp=1".to_string()),
             Ok(()) => None,
@@ -239,7 +239,7 @@ impl ModulePass for PlanSearch {
         }
         // Repeated layers profiled once (the step cut as `nnscaler plan` cuts a forward).
         let cut = if mesh.is_none() {
-            crate::layer_runs::cut_step(&g, self.lookup)
+            crate::planner::layer_runs::cut_step(&g, self.lookup)
         } else {
             None
         };
@@ -342,8 +342,8 @@ impl ModulePass for PlanSearch {
         }
         let step =
             Step::named(self.lookup, "plan", &options).map_err(|e| error(&SrcLoc::default(), e))?;
-        let mut plan =
-            crate::plan::Plan::new(&step.options).map_err(|e| error(&SrcLoc::default(), e))?;
+        let mut plan = crate::transforms::plan::Plan::new(&step.options)
+            .map_err(|e| error(&SrcLoc::default(), e))?;
         plan.run(module)?;
         self.remarks.extend(plan.take_remarks());
         Ok(())

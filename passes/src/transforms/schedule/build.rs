@@ -4,7 +4,7 @@
 //! rank, and the programs checked for deadlocks ([`check_deadlock`]).
 
 use crate::layouts::{error, layout_attr, value_layouts};
-use crate::schedule::{Action, Kind, Schedule};
+use crate::planner::schedule::{Action, Kind, Schedule};
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::{Graph, Node, Output, ValueId};
 use nnscaler_dialects::nns::Mesh;
@@ -102,7 +102,7 @@ fn check_ready(g: &Graph, sched: &Schedule, flag: &str) -> Result<(), Diagnostic
         .outputs
         .iter()
         .any(|o| !o.name().is_some_and(|n| n.starts_with("grad.")));
-    if !(has_loss && crate::recompute::has_backward(g)) {
+    if !(has_loss && crate::transforms::recompute::has_backward(g)) {
         return Err(fail_at(
             flag,
             &g.loc,
@@ -300,7 +300,7 @@ fn kinds(
 ) -> Result<Vec<Kind>, Diagnostics> {
     let n = g.nodes.len();
     let stages = sched.stages;
-    let fwd = crate::recompute::forward_ops(g);
+    let fwd = crate::transforms::recompute::forward_ops(g);
     let mut kind: Vec<Kind> = (0..n)
         .map(|k| if fwd[k] { Kind::F } else { Kind::B })
         .collect();

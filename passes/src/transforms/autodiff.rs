@@ -152,7 +152,7 @@ pub fn differentiate_with(g: &Graph, derive: &mut Vec<String>) -> Result<Graph, 
         .all(|n| n.attrs.contains_key("nns.stage"));
     if placed {
         let all = vec![true; out.nodes.len()];
-        crate::place::complete_stages(&mut out, &all);
+        crate::transforms::place::complete_stages(&mut out, &all);
     }
     Ok(out)
 }

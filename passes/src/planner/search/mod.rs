@@ -1,7 +1,7 @@
 //! The layer-wise plan search: data x context x tensor x pipeline
 //! parallelism, micro-batch size and count, pipeline schedule, recompute policy and ZeRO
 //! stage, scored
-//! by the cost model ([`crate::cost`]) and the schedule simulator ([`crate::schedule`]).
+//! by the cost model ([`crate::planner::cost`]) and the schedule simulator ([`crate::planner::schedule`]).
 //!
 //! **Profiles.** For each tensor-parallel degree `t`, context-parallel degree `s`,
 //! micro-batch size `b` ([`Degrees`]) and way of splitting the layers over `tp`
@@ -11,7 +11,7 @@
 //! propagation, splitting, relayout lowering, localization),
 //! so its per-device program is one micro-batch of `b` sequences at `tp = t`, its
 //! positions split `s` ways. Each op of
-//! that program is predicted ([`crate::cost::node_cost`]) and charged to an *item*: the
+//! that program is predicted ([`crate::planner::cost::node_cost`]) and charged to an *item*: the
 //! ops before the first layer, each layer (`h.3`, `layers.3`: as `--place` and
 //! `--recompute` find them), the ops after the last. Per item the profile keeps its
 //! forward seconds (tensor-parallel collectives included; the tp reductions of weight
@@ -32,7 +32,7 @@
 //! goes up to that level's size by default, across levels beside `tp`). For a
 //! plan, the items are cut into contiguous stages (`pp`, or `2 pp` chunks for the
 //! interleaved and V schedules): every cut when there are at most [`FEW_CUTS`] ways, else
-//! the cut minimising the slowest stage ([`crate::place`]'s exact dynamic program), the
+//! the cut minimising the slowest stage ([`crate::transforms::place`]'s exact dynamic program), the
 //! best plans' cuts then moved an item at a time while the simulated step improves.
 //! The schedule is simulated with each fragment's predicted time (a
 //! stage's items, plus the point-to-point send of the cut at the bandwidth of the level
@@ -57,17 +57,17 @@
 //! simulated step: exact for the model, in a fraction of the space. Plans whose
 //! memory exceeds the device (or `memory_cap`) are out, with their reason.
 
-use crate::cost::{self, Cluster};
-use crate::layer_runs::Cut;
-use crate::localize::localize;
-use crate::lower_relayouts::lower;
-use crate::place::balanced_partition;
-use crate::policies::{plan, Policy};
-use crate::propagate_layouts::propagate;
-use crate::recompute::{forward_ops, layer_of_param, layers};
+use crate::planner::cost::{self, Cluster};
+use crate::planner::layer_runs::Cut;
+use crate::planner::policies::{plan, Policy};
+use crate::planner::schedule::{self, Action, Kind, ScheduleKind};
 use crate::rewrite::compact;
-use crate::schedule::{self, Action, Kind, ScheduleKind};
-use crate::split_tensor::split;
+use crate::transforms::localize::localize;
+use crate::transforms::lower_relayouts::lower;
+use crate::transforms::place::balanced_partition;
+use crate::transforms::propagate_layouts::propagate;
+use crate::transforms::recompute::{forward_ops, layer_of_param, layers};
+use crate::transforms::split_tensor::split;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::{self, Axis, Mesh};
@@ -268,13 +268,13 @@ pub struct Space {
     /// Plans to rank (the search is exact for these).
     pub keep: usize,
     /// Pipelines and micro-batches (`false`: one stage, one micro-batch; for a training
-    /// step that `--place` cannot stage, [`crate::place::placeable`]).
+    /// step that `--place` cannot stage, [`crate::transforms::place::placeable`]).
     pub pipelines: bool,
     /// Brute force (tests): every contiguous stage cut instead of the dynamic program's,
     /// every plan simulated (no bounds).
     pub exhaustive: bool,
     /// How layers may be split over `tp`: Megatron's rule, with sequence parallelism, and
-    /// each op's split searched by Z3 ([`crate::split_search`]).
+    /// each op's split searched by Z3 ([`crate::planner::split_search`]).
     pub tensor: Vec<TpPolicy>,
 }
 
@@ -533,7 +533,7 @@ fn compile_profiles(
                                 if t == TpPolicy::Search && d.tp > 1 && reuse.is_none() {
                                     reuse = profile_mesh(g, d.tp, d.sp, d.micro).ok().and_then(
                                         |mesh| {
-                                            crate::split_search::solve_labels(
+                                            crate::planner::split_search::solve_labels(
                                                 g, &mesh, cluster, "tp",
                                             )
                                             .ok()
@@ -900,7 +900,7 @@ fn rank(
 
 /// A profile of the cut model as the whole model's: each run's kept second layer repeated
 /// for every middle layer it stands for (its optimizer update too).
-fn expand(mut p: Profile, runs: &[crate::layer_runs::Run]) -> Profile {
+fn expand(mut p: Profile, runs: &[crate::planner::layer_runs::Run]) -> Profile {
     let mut items = Vec::with_capacity(p.items.len());
     for it in std::mem::take(&mut p.items) {
         match runs.iter().find(|r| r.second == it.name) {

@@ -7,8 +7,8 @@
 //! (tested equal in `tools/tests/integration/plan_search.rs`): a middle layer reads what the layer
 //! before it made and feeds the next, whichever they are, and its ops compile alike.
 
-use crate::recompute::{has_backward, layers};
-use crate::split_search::blocks;
+use crate::planner::split_search::blocks;
+use crate::transforms::recompute::{has_backward, layers};
 use nnscaler_dialects::graph::{Graph, ValueId};
 use std::collections::HashMap;
 
@@ -141,14 +141,14 @@ pub fn reduce(g: &Graph) -> Option<Reduced> {
 }
 
 /// The forward of training step `g`: the ops its loss depends on
-/// ([`crate::recompute::forward_ops`]), the loss as its one result, and the parameters
+/// ([`crate::transforms::recompute::forward_ops`]), the loss as its one result, and the parameters
 /// and the data arguments those ops read (optimizer state and the step's scalars
 /// dropped); `None` when `g` has no backward.
 pub fn forward_of_step(g: &Graph) -> Option<Graph> {
     if !has_backward(g) {
         return None;
     }
-    let fwd = crate::recompute::forward_ops(g);
+    let fwd = crate::transforms::recompute::forward_ops(g);
     let loss = g
         .outputs
         .iter()

@@ -1,6 +1,6 @@
 //! The named parallelization policies' directives: [`Policy`] and [`plan`], which writes a
 //! policy's data, sequence, tensor (Megatron) and micro-batch layouts into a training step
-//! (what `--plan=<policy>` does, [`crate::plan`]; the plan search and the split search
+//! (what `--plan=<policy>` does, [`crate::transforms::plan`]; the plan search and the split search
 //! start from them).
 
 use crate::layouts::error;
@@ -79,7 +79,7 @@ pub(crate) fn set_layout(g: &mut Graph, arg: usize, mesh: &Mesh, axes: Vec<(Stri
 }
 
 /// Writes the policy's directives into `g` (`tp-search` needs a cluster: see
-/// [`crate::split_search::tp_search`]; here it plans `dp` only).
+/// [`crate::planner::split_search::tp_search`]; here it plans `dp` only).
 pub fn plan(mut g: Graph, policy: Policy, mesh: &Mesh) -> Result<Graph, Diagnostics> {
     // Layouts the user wrote stay; the policy composes the rest (dp, then the sequence
     // over tp, then the micro-batches).

@@ -20,7 +20,7 @@
 
 use crate::layouts::error;
 use crate::pass::{FunctionPass, PassOptions};
-use crate::recompute::has_backward;
+use crate::transforms::recompute::has_backward;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node};

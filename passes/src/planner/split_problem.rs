@@ -1,4 +1,4 @@
-//! The per-op split problem that `--plan=tp-search` hands to Z3 ([`crate::split_search`]
+//! The per-op split problem that `--plan=tp-search` hands to Z3 ([`crate::planner::split_search`]
 //! builds it from a training step and writes its solution back): classes of ops and
 //! arguments that take one choice each, cost terms, combinations that cannot be compiled,
 //! memory and a cap, the user's constraints.
@@ -15,7 +15,7 @@
 //! objective, lexicographically after the first). [`Problem::evaluate`] computes the same objective for any
 //! selection; [`Problem::brute_force`] enumerates them (the tests compare the two).
 
-use crate::propagate_layouts::Decided;
+use crate::transforms::propagate_layouts::Decided;
 use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::sharding::{Binds, Sharding};
 use std::collections::BTreeMap;

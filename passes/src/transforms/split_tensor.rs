@@ -14,8 +14,8 @@ use crate::layouts::{
     directive, error, layout_attr, node_layouts, result_layouts, the_mesh, value_layouts,
 };
 use crate::pass::{FunctionPass, PassOptions};
-use crate::propagate_layouts::{is_foreign, propagate};
-use crate::recompute::{forward_ops, has_backward};
+use crate::transforms::propagate_layouts::{is_foreign, propagate};
+use crate::transforms::recompute::{forward_ops, has_backward};
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::{Graph, ValueId};

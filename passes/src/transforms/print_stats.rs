@@ -64,9 +64,13 @@ pub struct FuncStats {
     /// The cost model's time of one run on a cluster's device (`cluster=`), with the
     /// cluster's name and device. Not for a pipeline rank's program, whose calls run
     /// fragments: see `pipeline_step`.
-    pub predicted: Option<(String, crate::cost::Device, crate::cost::Prediction)>,
+    pub predicted: Option<(
+        String,
+        crate::planner::cost::Device,
+        crate::planner::cost::Prediction,
+    )>,
     /// For a pipeline rank's program with `cluster=`: the pipeline's predicted step
-    /// ([`crate::timeline`]), or why there is none.
+    /// ([`crate::planner::timeline`]), or why there is none.
     pub pipeline_step: Option<Result<PipelineStep, String>>,
 }
 
@@ -339,7 +343,7 @@ pub fn module_stats(module: &OperationRef<'_, '_>) -> Vec<FuncStats> {
 /// [`module_stats`] with each function's predicted time on `cluster`'s device.
 pub fn module_stats_on(
     module: &OperationRef<'_, '_>,
-    cluster: Option<&crate::cost::Cluster>,
+    cluster: Option<&crate::planner::cost::Cluster>,
 ) -> Vec<FuncStats> {
     let mut out = Vec::new();
     let mut ignored = Diagnostics::default();
@@ -356,8 +360,10 @@ pub fn module_stats_on(
             }
         });
     }
-    let mut pipelines: BTreeMap<String, Result<crate::timeline::PipelinePrediction, String>> =
-        BTreeMap::new();
+    let mut pipelines: BTreeMap<
+        String,
+        Result<crate::planner::timeline::PipelinePrediction, String>,
+    > = BTreeMap::new();
     top_level_ops(module, &mut |op| {
         let Some(f) = FuncView::of(op) else { return };
         let mut st = FuncStats {
@@ -384,9 +390,9 @@ pub fn module_stats_on(
             match (cluster, pipeline) {
                 (Some(c), Some((name, rank))) => {
                     let p = pipelines.entry(name.clone()).or_insert_with(|| {
-                        let s = crate::timeline::schedule_of(&all, &name, "the module")?;
+                        let s = crate::planner::timeline::schedule_of(&all, &name, "the module")?;
                         let mesh = meshes.resolve(None)?;
-                        crate::timeline::predict_pipeline(&all, &name, &s, c, mesh)
+                        crate::planner::timeline::predict_pipeline(&all, &name, &s, c, mesh)
                     });
                     st.pipeline_step =
                         Some(p.as_ref().map_err(Clone::clone).map(|p| PipelineStep {
@@ -413,7 +419,7 @@ pub fn module_stats_on(
                     st.predicted = Some((
                         c.name.clone(),
                         c.device.clone(),
-                        crate::cost::predict(&g, &c.for_program(&g), mesh),
+                        crate::planner::cost::predict(&g, &c.for_program(&g), mesh),
                     ));
                 }
                 (None, _) => {}
@@ -427,7 +433,7 @@ pub fn module_stats_on(
                 .filter(|a| a.attrs.contains_key("nns.state_of"))
                 .map(|a| g.values[a.value].bytes())
                 .sum();
-            if crate::recompute::has_backward(&g) {
+            if crate::transforms::recompute::has_backward(&g) {
                 saved_bytes(&mut st, &g);
                 if let Ok(mesh) = meshes.resolve(None) {
                     if let Some(p) = mesh.axis("pp") {
@@ -506,7 +512,7 @@ pub fn module_stats_on(
 /// What the forward of `g` keeps for its backward (bytes of forward-produced values that a
 /// backward op reads), per stage, by the op's `nns.stage`.
 fn kept(g: &Graph) -> (u64, BTreeMap<i64, u64>) {
-    let fwd = crate::recompute::forward_ops(g);
+    let fwd = crate::transforms::recompute::forward_ops(g);
     let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
     for (k, n) in g.nodes.iter().enumerate() {
         for &o in &n.outputs {
@@ -538,7 +544,7 @@ fn kept(g: &Graph) -> (u64, BTreeMap<i64, u64>) {
 /// Fills `st.saved` and each stage's: as is, and with each recompute policy (computed on
 /// a copy of the program; a program recomputed already counts as is).
 fn saved_bytes(st: &mut FuncStats, g: &Graph) {
-    use crate::recompute::{recompute, Policy};
+    use crate::transforms::recompute::{recompute, Policy};
     let done = g
         .nodes
         .iter()
@@ -622,7 +628,7 @@ fn count(
 #[derive(Debug)]
 pub struct PrintStats {
     func: Option<String>,
-    cluster: Option<crate::cost::Cluster>,
+    cluster: Option<crate::planner::cost::Cluster>,
 }
 
 impl PrintStats {
@@ -632,7 +638,7 @@ impl PrintStats {
             func: options.get("func").map(str::to_string),
             cluster: options
                 .get("cluster")
-                .map(|c| crate::cost::load(c).map_err(|e| format!("print-stats: {e}")))
+                .map(|c| crate::planner::cost::load(c).map_err(|e| format!("print-stats: {e}")))
                 .transpose()?,
         })
     }

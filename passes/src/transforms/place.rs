@@ -13,11 +13,11 @@
 //! hold its parameters with their gradients and Adam state (4 x the parameter bytes,
 //! split over `tp`) and its activations for the micro-batches the schedule keeps in flight
 //! on it, split over `dp` x `tp`: read off the schedule's action order
-//! ([`crate::schedule::peak_in_flight_by_stage`]; 1F1B and ZB-H1: min(p - r, m) of m on
+//! ([`crate::planner::schedule::peak_in_flight_by_stage`]; 1F1B and ZB-H1: min(p - r, m) of m on
 //! rank r, GPipe: m, interleaved and ZB-V per stage as the schedule orders them; the
 //! interleaved schedule on 2 ranks with 4 micro-batches holds 4, 3, 2, 1 on its stages).
 //!
-//! Solvers (`solver=`): `z3` (default) — [`crate::place_z3`], a bisection on the slowest
+//! Solvers (`solver=`): `z3` (default) — [`crate::planner::place_z3`], a bisection on the slowest
 //! stage's cost with Z3, whose unsat core names the constraints that cannot hold together;
 //! `dp` — an exact dynamic program over (stage, prefix) ([`balanced_partition`], no memory
 //! caps), the oracle the Z3 placement is tested against. `layout=` gives the stages
@@ -44,8 +44,8 @@
 
 use crate::layouts::error;
 use crate::pass::{FunctionPass, PassOptions};
-use crate::place_z3::{self, Infeasible, Item, Problem};
-use crate::schedule::ScheduleKind;
+use crate::planner::place_z3::{self, Infeasible, Item, Problem};
+use crate::planner::schedule::ScheduleKind;
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::dnn;
@@ -157,9 +157,9 @@ impl FunctionPass for Place {
             ));
         }
         // A training step: its forward is placed, the rest follows (see the module docs).
-        let step = crate::recompute::has_backward(&g);
+        let step = crate::transforms::recompute::has_backward(&g);
         let fwd = if step {
-            crate::recompute::forward_ops(&g)
+            crate::transforms::recompute::forward_ops(&g)
         } else {
             vec![true; g.nodes.len()]
         };
@@ -312,7 +312,7 @@ impl FunctionPass for Place {
 impl Place {
     /// The items to place: layers, runs of ops outside layers, and constrained ops alone.
     fn units(&self, g: &Graph, costs: &[f64], fwd: &[bool]) -> Result<Vec<Unit>, Diagnostics> {
-        let layer = crate::recompute::layers(g, fwd);
+        let layer = crate::transforms::recompute::layers(g, fwd);
         let stages = self.stages;
         // Memory model (see the module docs).
         let axis = |a: &str| {
@@ -347,7 +347,7 @@ impl Place {
             .flatten()
             .filter(|s| s.stages == stages);
         let in_flight: Vec<u64> = match made {
-            Some(s) => crate::schedule::peak_in_flight_by_stage(&s)
+            Some(s) => crate::planner::schedule::peak_in_flight_by_stage(&s)
                 .into_iter()
                 .map(|x| x as u64)
                 .collect(),
@@ -442,10 +442,10 @@ impl Place {
 /// backward, nothing but forward ops carry a stage, and its backward ops carry their
 /// forward ops' locations. The error says why not.
 pub fn placeable(g: &Graph) -> Result<(), String> {
-    if !crate::recompute::has_backward(g) {
+    if !crate::transforms::recompute::has_backward(g) {
         return Err(format!("@{} has no backward", g.name));
     }
-    let fwd = crate::recompute::forward_ops(g);
+    let fwd = crate::transforms::recompute::forward_ops(g);
     if staged_backward_op(g, &fwd).is_some() {
         return Err(format!("@{} is placed already", g.name));
     }

@@ -140,7 +140,7 @@ pub enum TpPolicy {
     /// Megatron-LM's rule (`--plan=dp-megatron`).
     #[default]
     Megatron,
-    /// Each op's split searched by Z3 (`--plan=tp-search`, [`crate::split_search`]).
+    /// Each op's split searched by Z3 (`--plan=tp-search`, [`crate::planner::split_search`]).
     Search,
     /// Megatron's rule with sequence parallelism over the same `tp` devices
     /// (`--plan=dp-megatron-sp`): norms, residual adds and the embedding on a sequence
@@ -307,8 +307,13 @@ pub(super) fn profile_reusing(
             (_, TpPolicy::Search) => {
                 // The search propagated its plan already (what --propagate-layouts makes
                 // of the directives it writes).
-                let s =
-                    crate::split_search::tp_search_reusing(g.clone(), &mesh, cluster, "tp", reuse)?;
+                let s = crate::planner::split_search::tp_search_reusing(
+                    g.clone(),
+                    &mesh,
+                    cluster,
+                    "tp",
+                    reuse,
+                )?;
                 labels = Some(s.labels());
                 match s.propagated {
                     Some(p) => p,

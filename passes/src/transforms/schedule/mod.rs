@@ -43,8 +43,8 @@ mod build;
 
 use crate::layouts::{error, the_mesh};
 use crate::pass::{ModulePass, PassOptions};
+use crate::planner::schedule::{self, Schedule, ScheduleKind};
 use crate::rewrite::is_ours;
-use crate::schedule::{self, Schedule, ScheduleKind};
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
@@ -169,7 +169,7 @@ impl ModulePass for SchedulePass {
             match Graph::from_func(op) {
                 Err(e) => problems.error(&e.loc, e.message),
                 Ok(g) if g.is_localized() || g.func_attrs.contains_key("nns.pipeline") => {}
-                Ok(g) if !crate::recompute::has_backward(&g) => {
+                Ok(g) if !crate::transforms::recompute::has_backward(&g) => {
                     forward_only.get_or_insert((g.loc.clone(), g.name.clone()));
                 }
                 Ok(g) => targets.push((op.to_raw(), g)),

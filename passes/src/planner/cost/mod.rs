@@ -17,7 +17,7 @@
 //! bytes each device sends (the collectives' own
 //! `sent_bytes`) at that level's bandwidth, not overlapped with compute.
 
-use crate::place::op_flops;
+use crate::transforms::place::op_flops;
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::{self, Mesh};

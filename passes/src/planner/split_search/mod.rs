@@ -1,6 +1,6 @@
 //! The per-op tensor-parallel split search behind `--plan="tp-search ..."`: every forward
 //! op's split over mesh axis `tp` (one annotation identifier, or none), every parameter's
-//! and data input's layout over `tp`, chosen by Z3 ([`crate::split_problem`]) to minimise
+//! and data input's layout over `tp`, chosen by Z3 ([`crate::planner::split_problem`]) to minimise
 //! the training step's predicted time under the user's constraints and the memory cap.
 //!
 //! **Choices.** The other axes (`dp`, a micro-batch axis) are planned first as `--plan=dp`
@@ -12,7 +12,7 @@
 //! A parameter or data input is replicated over `tp` or split on one dim `tp` divides
 //! (that no other axis splits).
 //!
-//! **Costs** (seconds of the cost model, [`crate::cost`]), per choice: the op's forward
+//! **Costs** (seconds of the cost model, [`crate::planner::cost`]), per choice: the op's forward
 //! and backward on one device's shard, with the collectives inside them
 //! (vocabulary-parallel cross-entropy's reductions), measured by compiling the op and its
 //! VJP alone (propagation, split, lowering, localization of a scratch function whose
@@ -46,17 +46,17 @@
 //! objective then predicts the compiled per-device program within a few percent
 //! (`tools/tests/integration/split_search.rs`).
 
-use crate::cost::{self, Cluster};
 use crate::layouts::{
     annotation, constraint, directive, layout_attr, replicated_axes, split_directive, value_layouts,
 };
-use crate::localize::localize;
-use crate::lower_relayouts::lower;
-use crate::policies::{plan, Policy};
-use crate::propagate_layouts::{propagate, propagate_lenient, Decided};
-use crate::recompute::{forward_ops, has_backward, layers};
+use crate::planner::cost::{self, Cluster};
+use crate::planner::policies::{plan, Policy};
 use crate::rewrite::compact;
-use crate::split_tensor::split;
+use crate::transforms::localize::localize;
+use crate::transforms::lower_relayouts::lower;
+use crate::transforms::propagate_layouts::{propagate, propagate_lenient, Decided};
+use crate::transforms::recompute::{forward_ops, has_backward, layers};
+use crate::transforms::split_tensor::split;
 use nnscaler_dialects::annotation::{Annotation, Binding, DimKind};
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::dnn;
@@ -74,7 +74,7 @@ pub(crate) use blocks::blocks;
 use blocks::*;
 use choices::*;
 
-pub use crate::split_problem::{
+pub use crate::planner::split_problem::{
     Choice, Class, Impossible, Infeasible, Member, Pick, Problem, Solution, Term,
 };
 
@@ -1046,7 +1046,7 @@ pub fn tp_search_reusing(
         }
     };
     let mut planned = prepared.apply(&solution, mesh, axis);
-    crate::policies::state_layouts(&mut planned);
+    crate::planner::policies::state_layouts(&mut planned);
     let propagated = backward_directives(&mut planned, mesh)?;
     Ok(Searched {
         planned,

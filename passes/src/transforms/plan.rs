@@ -39,10 +39,10 @@
 
 use crate::layouts::error;
 use crate::pass::{ModulePass, PassOptions};
-use crate::policies::{plan, policy_name, set_layout, Policy};
-use crate::recompute::has_backward;
+use crate::planner::policies::{plan, policy_name, set_layout, Policy};
+use crate::planner::schedule::ScheduleKind;
 use crate::rewrite::rewrite_funcs;
-use crate::schedule::ScheduleKind;
+use crate::transforms::recompute::has_backward;
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
@@ -65,7 +65,7 @@ pub struct Plan {
     /// ZeRO stage (`zero=`): 1 shards the optimizer state over `dp`.
     zero: u8,
     /// The cluster `tp-search` predicts costs on (`cluster=`).
-    cluster: Option<crate::cost::Cluster>,
+    cluster: Option<crate::planner::cost::Cluster>,
     /// The pipeline schedule `--schedule` is to run (`schedule=`), written on the training
     /// steps as `nns.schedule`.
     schedule: Option<ScheduleKind>,
@@ -88,7 +88,7 @@ impl Plan {
         }
         let cluster = match (policy, o.get("cluster")) {
             (Policy::TpSearch, Some(c)) => {
-                Some(crate::cost::load(c).map_err(|e| format!("plan: {e}"))?)
+                Some(crate::planner::cost::load(c).map_err(|e| format!("plan: {e}"))?)
             }
             (Policy::TpSearch, None) => {
                 return Err("plan: tp-search needs cluster=PRESET|FILE to predict costs on (presets: dgx-a100, dgx-h100, h200, cpu)".into())
@@ -294,7 +294,7 @@ impl ModulePass for Plan {
         rewrite_funcs(module, &mut |g| {
             let g = match (policy, &cluster) {
                 (Policy::TpSearch, Some(c)) => {
-                    let found = crate::split_search::tp_search(g, &mesh, c, "tp")?;
+                    let found = crate::planner::split_search::tp_search(g, &mesh, c, "tp")?;
                     let (g, prepared, sol) = (found.planned, found.prepared, found.solution);
                     let chosen = prepared.describe(&sol);
                     remarks.remark(

@@ -25,9 +25,9 @@
 
 use crate::layouts::{error, layout_attr, the_mesh, value_layouts};
 use crate::pass::{ModulePass, PassOptions};
-use crate::propagate_layouts::propagate;
 use crate::rewrite::rewrite_funcs;
-use crate::split_tensor::split;
+use crate::transforms::propagate_layouts::propagate;
+use crate::transforms::split_tensor::split;
 use melior::ir::{OperationRef, RegionLike};
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::Graph;

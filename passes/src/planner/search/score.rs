@@ -265,7 +265,7 @@ pub(super) fn score(
             Kind::B => s.b + s.w,
             Kind::W => s.w,
         };
-        let wait = crate::timeline::receive_wait(&cluster.device, a, &device_of, work);
+        let wait = crate::planner::timeline::receive_wait(&cluster.device, a, &device_of, work);
         match a.kind {
             Kind::W => work,
             _ => work + send + gather(s) + wait,

@@ -1,6 +1,6 @@
 //! The predicted timeline of a pipelined program (the per-rank programs a `--schedule-*`
 //! pass writes, after `--localize`): the schedule its ranks record, each fragment
-//! predicted by the cost model on one device ([`crate::cost::predict`], its collectives
+//! predicted by the cost model on one device ([`crate::planner::cost::predict`], its collectives
 //! included), each `nns.send` after a fragment at the latency and bandwidth of the
 //! network level between the two ranks' devices ([`Cluster::p2p_time`], added to the
 //! fragment that sends, as the plan search adds it), and each rank's own ops outside the
@@ -8,8 +8,8 @@
 //! optimizer) after the pipeline. Shared by `nnscaler schedule-report --program
 //! --cluster` and `--print-stats=cluster=...` on a rank's program.
 
-use crate::cost::{self, Cluster};
-use crate::schedule::{self, Action, Kind, Schedule, Timeline};
+use crate::planner::cost::{self, Cluster};
+use crate::planner::schedule::{self, Action, Kind, Schedule, Timeline};
 use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::types::AttrValue;
