@@ -881,17 +881,13 @@ fn rank(
                 ranked.insert(at, e);
                 ranked.truncate(keep);
             }
-            Err(e) => {
-                if e.starts_with("needs ") {
-                    let m = memory_lower_bound(p, &c);
-                    found.least_memory = Some(found.least_memory.map_or(m, |x| x.min(m)));
-                }
-                let reason = if e.starts_with("needs ") {
-                    "out of memory".to_string()
-                } else {
-                    e
-                };
-                *found.out.entry(reason).or_default() += 1;
+            Err(Unscored::OutOfMemory { .. }) => {
+                let m = memory_lower_bound(p, &c);
+                found.least_memory = Some(found.least_memory.map_or(m, |x| x.min(m)));
+                *found.out.entry("out of memory".into()).or_default() += 1;
+            }
+            Err(Unscored::Other(e)) => {
+                *found.out.entry(e).or_default() += 1;
             }
         }
     }

@@ -214,6 +214,18 @@ pub(super) fn update_time(p: &Profile, c: &Config, params: u64) -> f64 {
     p.optimizer * params as f64 / total as f64 / if c.zero >= 1 { c.dp as f64 } else { 1.0 }
 }
 
+/// Why [`score`] gives a plan no estimate.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Unscored {
+    /// Its memory per device exceeds the cap: out of memory (the search then keeps the
+    /// least memory it saw, to name it when no plan fits).
+    #[error("needs {} per device, more than {}", bytes_text(*needs), bytes_text(*cap))]
+    OutOfMemory { needs: u64, cap: u64 },
+    /// Its schedule cannot be made or simulated.
+    #[error("{0}")]
+    Other(String),
+}
+
 /// Scores one plan. `Err` says why it is out.
 pub(super) fn score(
     p: &Profile,
@@ -221,7 +233,7 @@ pub(super) fn score(
     cluster: &Cluster,
     cap: u64,
     sim: &mut HashMap<String, schedule::Timeline>,
-) -> Result<Estimate, String> {
+) -> Result<Estimate, Unscored> {
     let ch = chunks(c.schedule) as usize;
     let st = stages_of(p, c);
     let stages = st.len();
@@ -289,19 +301,23 @@ pub(super) fn score(
         let t = match sim.get(&key) {
             Some(t) => t.clone(),
             None => {
-                let kind = c.schedule.ok_or("a pipeline without a schedule")?;
-                let s = SCHEDULES.with(|cache| {
-                    cache
-                        .borrow_mut()
-                        .entry((kind, pp, m))
-                        .or_insert_with(|| {
-                            let s = kind.make(pp, m, ch)?;
-                            schedule::verify(&s)?;
-                            Ok(s)
-                        })
-                        .clone()
-                })?;
-                let t = schedule::simulate_verified(&s, &frag)?;
+                let kind = c
+                    .schedule
+                    .ok_or_else(|| Unscored::Other("a pipeline without a schedule".into()))?;
+                let s = SCHEDULES
+                    .with(|cache| {
+                        cache
+                            .borrow_mut()
+                            .entry((kind, pp, m))
+                            .or_insert_with(|| {
+                                let s = kind.make(pp, m, ch)?;
+                                schedule::verify(&s)?;
+                                Ok(s)
+                            })
+                            .clone()
+                    })
+                    .map_err(Unscored::Other)?;
+                let t = schedule::simulate_verified(&s, &frag).map_err(Unscored::Other)?;
                 sim.insert(key, t.clone());
                 t
             }
@@ -353,11 +369,7 @@ pub(super) fn score(
         dp_comm = dp_comm.max(dp_sync + gathers);
     }
     if memory > cap {
-        return Err(format!(
-            "needs {} per device, more than {}",
-            bytes_text(memory),
-            bytes_text(cap)
-        ));
+        return Err(Unscored::OutOfMemory { needs: memory, cap });
     }
     let seconds = makespan + sync + opt;
     Ok(Estimate {
