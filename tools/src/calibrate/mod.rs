@@ -194,10 +194,11 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         _ => {}
     }
     set_threads(1);
-    CPU_CLOCK.store(a.timing == "serial", Ordering::Relaxed);
+    let serial = a.timing == "serial";
+    CPU_CLOCK.store(serial, Ordering::Relaxed);
     let mut report = format!(
         "calibrating the CPU, one thread, timed by {}\n",
-        if a.timing == "serial" {
+        if serial {
             "its CPU time"
         } else {
             "the wall clock"
@@ -251,7 +252,6 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         ),
     };
     // The in-process network, timed as the devices run ([`network`]).
-    let serial = a.timing == "serial";
     let (latency, net_bandwidth, rates, lines) = network(serial)?;
     report += &lines;
     let mut c: Cluster = cost::preset("cpu").expect("the cpu preset");
@@ -261,7 +261,7 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
         l.bandwidths.clear();
         l.rates = rates;
     }
-    let (jitter, lines) = sync_jitter(a.timing == "serial", latency)?;
+    let (jitter, lines) = sync_jitter(serial, latency)?;
     report += &lines;
     c.device.sync_jitter = sig(jitter);
     c.device.matrix_flops = sig(peak);
@@ -282,11 +282,7 @@ pub fn main(a: &CalibrateArgs) -> Result<String, String> {
     c.device.kernels = kernels;
     c.device.source = format!(
         "nnscaler calibrate --device cpu{}, {}",
-        if a.timing == "serial" {
-            " --timing serial"
-        } else {
-            ""
-        },
+        if serial { " --timing serial" } else { "" },
         chrono_free_date()
     );
     report += &write_cluster(&c, &a.output)?;
