@@ -4,7 +4,7 @@
 //! later step reads.
 
 use crate::kernel::{Body, Buf, Elt, Kernel};
-use crate::program::{compile_on, BufId, Collective, Devices, Program, Work};
+use crate::program::{compile_on, BufId, Devices, Program, Work};
 use crate::target::{host_shared_object, ptx, Gpu};
 use nnscaler_dialects::domain::Domain;
 use nnscaler_dialects::graph::Graph;
@@ -360,20 +360,24 @@ fn program(
                     from: *peer,
                     tag: tag.clone(),
                 },
-                Work::Collective(c) => {
+                Work::Collective { op, axes } => {
                     let (input, output) = (bufs[0], bufs[1]);
                     // The groups among this program's devices.
-                    let groups: Vec<Vec<usize>> = groups(&dsizes, c.axes())
+                    let groups: Vec<Vec<usize>> = groups(&dsizes, axes)
                         .into_iter()
                         .filter(|gr| gr.iter().any(|d| u.devs.ids.contains(d)))
                         .collect();
                     if groups.iter().flatten().any(|d| !u.devs.ids.contains(d)) {
                         return Err(format!(
-                            "a collective over {:?} spans devices of other pipeline ranks",
-                            c.axes()
+                            "a collective over {axes:?} spans devices of other pipeline ranks"
                         ));
                     }
-                    collective_step(c, input, output, groups)
+                    nx::Step::Collective {
+                        op: *op,
+                        input,
+                        output,
+                        groups,
+                    }
                 }
             })
         })
@@ -396,55 +400,6 @@ fn program(
         constants,
         steps,
     })
-}
-
-/// The artifact's step of collective `c` from buffer `input` to `output` among `groups`.
-fn collective_step(
-    c: &Collective,
-    input: usize,
-    output: usize,
-    groups: Vec<Vec<usize>>,
-) -> nx::Step {
-    match *c {
-        Collective::AllReduce { max, .. } => nx::Step::AllReduce {
-            input,
-            output,
-            groups,
-            max,
-        },
-        Collective::AllGather { dim, .. } => nx::Step::AllGather {
-            input,
-            output,
-            groups,
-            dim,
-        },
-        Collective::Slice { dim, .. } => nx::Step::Slice {
-            input,
-            output,
-            groups,
-            dim,
-        },
-        Collective::Broadcast { root, .. } => nx::Step::Broadcast {
-            input,
-            output,
-            groups,
-            root,
-        },
-        Collective::AllToAll { split, concat, .. } => nx::Step::AllToAll {
-            input,
-            output,
-            groups,
-            split_dim: split,
-            concat_dim: concat,
-        },
-        Collective::ReduceScatter { dim, max, .. } => nx::Step::ReduceScatter {
-            input,
-            output,
-            groups,
-            dim,
-            max,
-        },
-    }
 }
 
 /// The kernels collectives reduce with (`nx::Reducers`): `acc = acc + x` and
@@ -500,12 +455,10 @@ fn build(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let reduces = programs.iter().flat_map(|p| &p.steps).any(|s| {
-        matches!(
-            s,
-            nx::Step::AllReduce { .. } | nx::Step::ReduceScatter { .. }
-        )
-    });
+    let reduces = programs
+        .iter()
+        .flat_map(|p| &p.steps)
+        .any(|s| matches!(s, nx::Step::Collective { op, .. } if op.reduces()));
     let reducers = reduces.then(|| {
         let [sum, max] = reducers();
         nx::Reducers {

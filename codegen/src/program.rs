@@ -17,6 +17,8 @@ use nnscaler_dialects::graph::{Graph, Node, ValueId};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::scalar::{c, x};
 use nnscaler_dialects::types::{AttrValue, Elem};
+pub use nnscaler_rt::Collective;
+use nnscaler_runtime::spmd::collective_of;
 use std::collections::HashMap;
 
 /// A buffer of a launch.
@@ -30,82 +32,20 @@ pub enum BufId {
     Const(usize),
 }
 
-/// A collective among the devices of a mesh: each group (the devices that agree on every
-/// other axis) combines the input pieces of its members, ordered by their coordinates on
-/// `axes` (row-major, in `axes`' order).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Collective {
-    /// Every member gets the sum (or maximum) of the members' pieces.
-    AllReduce {
-        /// The mesh axes (indices) of a group.
-        axes: Vec<usize>,
-        /// Maximum instead of sum.
-        max: bool,
-    },
-    /// Every member gets the members' pieces concatenated along `dim`.
-    AllGather {
-        /// The mesh axes of a group.
-        axes: Vec<usize>,
-        /// The concatenated dim.
-        dim: usize,
-    },
-    /// Member `k` keeps piece `k` along `dim` of its own (replicated) input: no
-    /// communication, the piece depends on the device (`nns.slice`).
-    Slice {
-        /// The mesh axes of a group.
-        axes: Vec<usize>,
-        /// The cut dim.
-        dim: usize,
-    },
-    /// Every member gets member `root`'s input.
-    Broadcast {
-        /// The mesh axes of a group.
-        axes: Vec<usize>,
-        /// The member copied (a position in the group).
-        root: usize,
-    },
-    /// Member `k` gets piece `k` along `split` of every member's input, concatenated
-    /// along `concat` in member order.
-    AllToAll {
-        /// The mesh axes of a group.
-        axes: Vec<usize>,
-        /// The cut dim.
-        split: usize,
-        /// The concatenated dim.
-        concat: usize,
-    },
-    /// Member `k` gets piece `k` along `dim` of the sum (or maximum).
-    ReduceScatter {
-        /// The mesh axes of a group.
-        axes: Vec<usize>,
-        /// The cut dim.
-        dim: usize,
-        /// Maximum instead of sum.
-        max: bool,
-    },
-}
-
-impl Collective {
-    /// The mesh axes of its groups.
-    pub fn axes(&self) -> &[usize] {
-        match self {
-            Collective::AllReduce { axes, .. }
-            | Collective::AllGather { axes, .. }
-            | Collective::Slice { axes, .. }
-            | Collective::AllToAll { axes, .. }
-            | Collective::Broadcast { axes, .. }
-            | Collective::ReduceScatter { axes, .. } => axes,
-        }
-    }
-}
-
 /// What a step does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Work {
     /// Launches [`Program::kernels`]`[k]`.
     Kernel(usize),
-    /// A collective (buffers: input, output).
-    Collective(Collective),
+    /// A collective among the devices of a mesh (buffers: input, output): each group (the
+    /// devices that agree on every axis but `axes`) combines the input pieces of its
+    /// members, ordered by their coordinates on `axes` (row-major, in `axes`' order).
+    Collective {
+        /// What it does.
+        op: Collective,
+        /// The mesh axes (indices) of a group.
+        axes: Vec<usize>,
+    },
     /// Sends its buffer to the same device of pipeline rank `peer` (buffers: the value).
     Send {
         /// The receiving rank.
@@ -135,11 +75,15 @@ pub struct Launch {
 
 /// The collective of an `nns` op, with its axes as indices into the devices' mesh (the
 /// module's mesh without its micro-batch axis).
-fn collective(n: &Node, mesh: Option<&Mesh>) -> Result<Option<Collective>, String> {
-    let kind = match n.op.as_str() {
-        "nns.all_reduce" | "nns.all_gather" | "nns.reduce_scatter" | "nns.slice"
-        | "nns.all_to_all" | "nns.broadcast" => n.op.as_str(),
-        _ => return Ok(None),
+fn collective(n: &Node, mesh: Option<&Mesh>) -> Result<Option<(Collective, Vec<usize>)>, String> {
+    let kind = n.op.as_str();
+    let int = |key: &str| match n.attrs.get(key) {
+        Some(AttrValue::Int(d)) if *d >= 0 => Ok(*d as usize),
+        None if key == "dim" || key == "root" => Ok(0),
+        _ => Err(format!("'{kind}' requires '{key}', an index >= 0")),
+    };
+    let Some(op) = collective_of(n, int) else {
+        return Ok(None);
     };
     let mesh = mesh
         .ok_or_else(|| format!("'{kind}' needs the module's mesh"))?
@@ -155,28 +99,7 @@ fn collective(n: &Node, mesh: Option<&Mesh>) -> Result<Option<Collective>, Strin
             .collect::<Result<_, _>>()?,
         _ => return Err(format!("'{kind}' requires 'axes'")),
     };
-    let dim_of = |key: &str| match n.attrs.get(key) {
-        Some(AttrValue::Int(d)) if *d >= 0 => Ok(*d as usize),
-        None if key == "dim" || key == "root" => Ok(0),
-        _ => Err(format!("'{kind}' requires '{key}', an index >= 0")),
-    };
-    let dim = dim_of("dim")?;
-    let max = matches!(n.attrs.get("reduce"), Some(AttrValue::Str(r)) if r == "max");
-    Ok(Some(match kind {
-        "nns.all_reduce" => Collective::AllReduce { axes, max },
-        "nns.all_gather" => Collective::AllGather { axes, dim },
-        "nns.slice" => Collective::Slice { axes, dim },
-        "nns.broadcast" => Collective::Broadcast {
-            axes,
-            root: dim_of("root")?,
-        },
-        "nns.all_to_all" => Collective::AllToAll {
-            axes,
-            split: dim_of("split_dim")?,
-            concat: dim_of("concat_dim")?,
-        },
-        _ => Collective::ReduceScatter { axes, dim, max },
-    }))
+    Ok(Some((op?, axes)))
 }
 
 /// A function as launches.
@@ -530,18 +453,14 @@ fn compile_stored(
             continue;
         }
         let at = |e: String| format!("{}: {e}", n.loc);
-        if let Some(coll) = collective(n, mesh).map_err(at)? {
-            let moves_only = matches!(
-                coll,
-                Collective::Slice { .. }
-                    | Collective::AllGather { .. }
-                    | Collective::AllToAll { .. }
-            );
+        if let Some((op, axes)) = collective(n, mesh).map_err(at)? {
+            // A broadcast's result is rounded to bf16 like a reduction's (a no-op).
+            let moves_only = !op.reduces() && !matches!(op, Collective::Broadcast { .. });
             if moves_only || g.values[n.inputs[0]].elem.is_float() {
                 touch(&mut p, n.inputs[0]);
                 touch(&mut p, n.outputs[0]);
                 p.launches.push(Launch {
-                    work: Work::Collective(coll),
+                    work: Work::Collective { op, axes },
                     bufs: vec![BufId::Value(n.inputs[0]), BufId::Value(n.outputs[0])],
                     nodes: vec![k],
                 });
@@ -865,7 +784,7 @@ fn fuse_adamw(p: &mut Program) {
 fn written<'l>(l: &'l Launch, kernels: &[Kernel]) -> &'l [BufId] {
     match &l.work {
         Work::Kernel(k) => &l.bufs[kernels[*k].inputs.len().min(l.bufs.len())..],
-        Work::Collective(_) => &l.bufs[1.min(l.bufs.len())..],
+        Work::Collective { .. } => &l.bufs[1.min(l.bufs.len())..],
         Work::Recv { .. } => &l.bufs,
         Work::Send { .. } => &[],
     }

@@ -17,10 +17,12 @@
 //! section out of range or whose checksum differs, and a plan that addresses outside
 //! its arena.
 
+pub use crate::collective::Collective;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 mod check;
+mod step_serde;
 
 /// The file's first four bytes.
 pub const MAGIC: &[u8; 4] = b"NNSX";
@@ -315,8 +317,7 @@ pub fn code_facts(ptx: &str) -> HashMap<String, (u64, Vec<u64>)> {
 }
 
 /// One step of the program.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Launch `kernel` on `buffers` (its inputs, then its outputs).
     Launch {
@@ -325,79 +326,18 @@ pub enum Step {
         /// Indices into [`Header::buffers`].
         buffers: Vec<usize>,
     },
-    /// Within each group (devices in member order), every member's `output` becomes the
-    /// sum (or maximum) of the members' `input`s, summed in member order.
-    AllReduce {
+    /// A collective among the program's devices: `op` ([`Collective`]: what each member's
+    /// `output` becomes) from `input` within each of `groups` (devices in member order).
+    /// Written as `{"<op's name>": {"input", "output", "groups", <op's parameters>}}`.
+    Collective {
+        /// What it does.
+        op: Collective,
         /// Buffer read.
         input: usize,
         /// Buffer written.
         output: usize,
         /// The groups.
         groups: Vec<Vec<usize>>,
-        /// Maximum instead of sum.
-        max: bool,
-    },
-    /// Every member's `output` becomes the members' `input`s concatenated along `dim`.
-    AllGather {
-        /// Buffer read.
-        input: usize,
-        /// Buffer written.
-        output: usize,
-        /// The groups.
-        groups: Vec<Vec<usize>>,
-        /// The concatenated dim.
-        dim: usize,
-    },
-    /// Member `k`'s `output` becomes piece `k` along `dim` of its own `input` (a device's
-    /// shard of a replicated value; no communication).
-    Slice {
-        /// Buffer read.
-        input: usize,
-        /// Buffer written.
-        output: usize,
-        /// The groups.
-        groups: Vec<Vec<usize>>,
-        /// The cut dim.
-        dim: usize,
-    },
-    /// Member `k`'s `output` becomes piece `k` along `dim` of the members' reduced inputs.
-    ReduceScatter {
-        /// Buffer read.
-        input: usize,
-        /// Buffer written.
-        output: usize,
-        /// The groups.
-        groups: Vec<Vec<usize>>,
-        /// The cut dim.
-        dim: usize,
-        /// Maximum instead of sum.
-        max: bool,
-    },
-    /// Member `k`'s `output` becomes piece `k` along `split_dim` of every member's
-    /// `input`, concatenated along `concat_dim` in member order (a dim's shards turned
-    /// into another dim's).
-    AllToAll {
-        /// Buffer read.
-        input: usize,
-        /// Buffer written.
-        output: usize,
-        /// The groups.
-        groups: Vec<Vec<usize>>,
-        /// The dim cut into the members' pieces.
-        split_dim: usize,
-        /// The dim the received pieces are concatenated along.
-        concat_dim: usize,
-    },
-    /// Every member's `output` becomes member `root`'s `input`.
-    Broadcast {
-        /// Buffer read.
-        input: usize,
-        /// Buffer written.
-        output: usize,
-        /// The groups.
-        groups: Vec<Vec<usize>>,
-        /// The member whose input is copied (a position in each group).
-        root: usize,
     },
     /// Each device's `buffer` goes to the device in the same place of program `to` (the
     /// k-th device of one program exchanges with the k-th of the other); it does not wait.

@@ -20,6 +20,9 @@
 
 use crate::artifact::{Buffer, Program, Step};
 
+mod kinds;
+pub use kinds::{Collective, Elem, Param, ParamKind};
+
 /// Where a move reads or writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Place {
@@ -162,6 +165,155 @@ impl<B: Copy> Places<B> {
     }
 }
 
+/// A flat collective: NCCL's calls, on contiguous memory, addressed by `A` (a place in
+/// the rank's arena or scratch while planned, a pointer or device address when run).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Flat<A> {
+    /// `recv` = the members' `send`s (`n` f32s each) summed (or their maximum) in
+    /// member order.
+    AllReduce {
+        /// Read.
+        send: A,
+        /// Written (may be `send`).
+        recv: A,
+        /// f32s.
+        n: u64,
+        /// Maximum instead of sum.
+        max: bool,
+    },
+    /// `recv` = the members' `send`s (`bytes` each) one after another in member order.
+    AllGather {
+        /// Read.
+        send: A,
+        /// Written.
+        recv: A,
+        /// Bytes per member.
+        bytes: u64,
+    },
+    /// Member `k`'s `recv` = piece `k` (`n` f32s) of the members' `send`s reduced.
+    ReduceScatter {
+        /// Read: one piece per member, in member order.
+        send: A,
+        /// Written.
+        recv: A,
+        /// f32s per member.
+        n: u64,
+        /// Maximum instead of sum.
+        max: bool,
+    },
+    /// `recv` = the `send` of member `root`.
+    Broadcast {
+        /// Read (on the root).
+        send: A,
+        /// Written.
+        recv: A,
+        /// Bytes.
+        bytes: u64,
+        /// The member whose `send` every member gets.
+        root: usize,
+    },
+    /// Grouped point-to-point within the group: `sends[k]` goes to member `k`, whose
+    /// `recvs[me]` receives it (each `bytes` long; a member's own piece included).
+    Exchange {
+        /// Per member, what this member sends it.
+        sends: Vec<A>,
+        /// Per member, where what it sends lands.
+        recvs: Vec<A>,
+        /// Bytes of every piece.
+        bytes: u64,
+    },
+}
+
+impl<A: Copy> Flat<A> {
+    /// The same collective at other addresses: `f(address, bytes there)` for a group of
+    /// `members`.
+    pub fn map<B>(
+        &self,
+        members: u64,
+        f: &mut impl FnMut(A, u64) -> Result<B, String>,
+    ) -> Result<Flat<B>, String> {
+        Ok(match self {
+            Flat::AllReduce { send, recv, n, max } => Flat::AllReduce {
+                send: f(*send, n * 4)?,
+                recv: f(*recv, n * 4)?,
+                n: *n,
+                max: *max,
+            },
+            Flat::AllGather { send, recv, bytes } => Flat::AllGather {
+                send: f(*send, *bytes)?,
+                recv: f(*recv, bytes * members)?,
+                bytes: *bytes,
+            },
+            Flat::ReduceScatter { send, recv, n, max } => Flat::ReduceScatter {
+                send: f(*send, n * 4 * members)?,
+                recv: f(*recv, n * 4)?,
+                n: *n,
+                max: *max,
+            },
+            Flat::Broadcast {
+                send,
+                recv,
+                bytes,
+                root,
+            } => Flat::Broadcast {
+                send: f(*send, *bytes)?,
+                recv: f(*recv, *bytes)?,
+                bytes: *bytes,
+                root: *root,
+            },
+            Flat::Exchange {
+                sends,
+                recvs,
+                bytes,
+            } => Flat::Exchange {
+                sends: sends
+                    .iter()
+                    .map(|&a| f(a, *bytes))
+                    .collect::<Result<_, _>>()?,
+                recvs: recvs
+                    .iter()
+                    .map(|&a| f(a, *bytes))
+                    .collect::<Result<_, _>>()?,
+                bytes: *bytes,
+            },
+        })
+    }
+
+    /// The collective without its addresses: what every member must agree on.
+    pub(crate) fn shape(&self) -> Flat<()> {
+        self.map(0, &mut |_, _| Ok(()))
+            .expect("an address-free map does not fail")
+    }
+
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Flat::AllReduce { .. } => "all_reduce",
+            Flat::AllGather { .. } => "all_gather",
+            Flat::ReduceScatter { .. } => "reduce_scatter",
+            Flat::Broadcast { .. } => "broadcast",
+            Flat::Exchange { .. } => "all_to_all",
+        }
+    }
+}
+
+/// What a rank does for its share of a collective step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RankOp {
+    /// A strided copy within the rank's arena and scratch (places `Device(0)`, its own
+    /// arena, and `Scratch`).
+    Copy(Move),
+    /// A flat collective over group `group` ([`Groups::list`]), this rank being member
+    /// `member`.
+    Flat {
+        /// The group's number.
+        group: usize,
+        /// This rank's position in it.
+        member: usize,
+        /// The collective, on places of this rank.
+        op: Flat<At>,
+    },
+}
+
 /// A piece along one dim of a row-major tensor as a strided region: `rows` runs of
 /// `width` bytes, `pitch` apart, the first at `start`.
 #[derive(Clone, Copy, Debug)]
@@ -223,7 +375,7 @@ pub(crate) fn at(place: Place, offset: u64) -> At {
 }
 
 /// A contiguous copy of `bytes`.
-fn copy(src: At, dst: At, bytes: u64) -> Move {
+pub(crate) fn copy(src: At, dst: At, bytes: u64) -> Move {
     Move::Copy {
         src,
         dst,
@@ -237,6 +389,15 @@ fn copy(src: At, dst: At, bytes: u64) -> Move {
 /// The moves of collective step `s` of `prog`, and the scratch bytes they use. The step
 /// is one the artifact's reader accepted (groups partition the devices, shapes fit).
 pub(crate) fn moves(prog: &Program, s: &Step) -> Result<(Vec<Move>, u64), String> {
+    let Step::Collective {
+        op,
+        input,
+        output,
+        groups,
+    } = s
+    else {
+        return Err("not a collective".into());
+    };
     let local = |g: &[usize]| -> Result<Vec<usize>, String> {
         g.iter()
             .map(|d| {
@@ -246,136 +407,12 @@ pub(crate) fn moves(prog: &Program, s: &Step) -> Result<(Vec<Move>, u64), String
             })
             .collect()
     };
-    let bufs = &prog.buffers;
-    let dev = Place::Device;
+    let (ib, ob) = (&prog.buffers[*input], &prog.buffers[*output]);
     let mut out = Vec::new();
     let mut scratch = 0u64;
-    match s {
-        Step::Launch { .. } | Step::Send { .. } | Step::Recv { .. } => {
-            return Err("not a collective".into())
-        }
-        Step::AllReduce {
-            input,
-            output,
-            groups,
-            max,
-        } => {
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            for g in groups {
-                let g = local(g)?;
-                let first = at(dev(g[0]), ob.offset);
-                if input != output {
-                    out.push(copy(at(dev(g[0]), ib.offset), first, ib.bytes()));
-                }
-                for &d in &g[1..] {
-                    out.push(Move::Reduce {
-                        src: at(dev(d), ib.offset),
-                        dst: first,
-                        n: ib.len(),
-                        max: *max,
-                    });
-                }
-                for &d in &g[1..] {
-                    out.push(copy(first, at(dev(d), ob.offset), ob.bytes()));
-                }
-            }
-        }
-        Step::ReduceScatter {
-            input,
-            output,
-            groups,
-            dim,
-            max,
-        } => {
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            scratch = ib.bytes();
-            for g in groups {
-                let g = local(g)?;
-                let sum = at(Place::Scratch, 0);
-                out.push(copy(at(dev(g[0]), ib.offset), sum, ib.bytes()));
-                for &d in &g[1..] {
-                    out.push(Move::Reduce {
-                        src: at(dev(d), ib.offset),
-                        dst: sum,
-                        n: ib.len(),
-                        max: *max,
-                    });
-                }
-                for (k, &d) in g.iter().enumerate() {
-                    let p = piece(ib, *dim, k as u64, g.len() as u64);
-                    out.push(p.gather(at(Place::Scratch, 0), at(dev(d), ob.offset)));
-                }
-            }
-        }
-        Step::AllGather {
-            input,
-            output,
-            groups,
-            dim,
-        } => {
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            for g in groups {
-                let g = local(g)?;
-                for (k, &from) in g.iter().enumerate() {
-                    let p = piece(ob, *dim, k as u64, g.len() as u64);
-                    for &to in &g {
-                        out.push(p.scatter(at(dev(from), ib.offset), at(dev(to), ob.offset)));
-                    }
-                }
-            }
-        }
-        Step::Slice {
-            input,
-            output,
-            groups,
-            dim,
-        } => {
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            for g in groups {
-                let g = local(g)?;
-                for (k, &d) in g.iter().enumerate() {
-                    let p = piece(ib, *dim, k as u64, g.len() as u64);
-                    out.push(p.gather(at(dev(d), ib.offset), at(dev(d), ob.offset)));
-                }
-            }
-        }
-        Step::Broadcast {
-            input,
-            output,
-            groups,
-            root,
-        } => {
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            for g in groups {
-                let g = local(g)?;
-                let from = at(dev(g[*root]), ib.offset);
-                for &to in &g {
-                    if to != g[*root] || input != output {
-                        out.push(copy(from, at(dev(to), ob.offset), ib.bytes()));
-                    }
-                }
-            }
-        }
-        Step::AllToAll {
-            input,
-            output,
-            groups,
-            split_dim,
-            concat_dim,
-        } => {
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            for g in groups {
-                let g = local(g)?;
-                let n = g.len() as u64;
-                for (p, &from) in g.iter().enumerate() {
-                    for (k, &to) in g.iter().enumerate() {
-                        let (src, dst) = (at(dev(from), ib.offset), at(dev(to), ob.offset));
-                        let pk = (p as u64, k as u64, n);
-                        exchange(&mut out, ib, *split_dim, *concat_dim, pk, src, dst);
-                    }
-                }
-            }
-        }
+    for g in groups {
+        let g = local(g)?;
+        scratch = scratch.max(op.group_moves(ib, ob, input == output, &g, &mut out));
     }
     Ok((out, scratch))
 }
@@ -388,7 +425,7 @@ pub(crate) fn moves(prog: &Program, s: &Step) -> Result<(Vec<Move>, u64), String
 /// `split < concat` a row is a whole input row (the input's `concat` is complete) placed
 /// at member `p`'s offset in the output's longer row; for `split > concat` it is the
 /// piece's window of an input row, and the output's rows are contiguous.
-fn exchange(
+pub(crate) fn exchange(
     out: &mut Vec<Move>,
     ib: &Buffer,
     split: usize,
@@ -442,10 +479,7 @@ pub(crate) fn scratch_bytes(programs: &[Program]) -> Result<u64, String> {
     let mut most = 0;
     for p in programs {
         for s in &p.steps {
-            if !matches!(
-                s,
-                Step::Launch { .. } | Step::Send { .. } | Step::Recv { .. }
-            ) {
+            if let Step::Collective { .. } = s {
                 most = most.max(moves(p, s)?.1);
             }
         }
@@ -567,12 +601,14 @@ pub(crate) mod tests {
                 constants: Vec::new(),
                 steps: Vec::new(),
             };
-            let s = Step::AllToAll {
+            let s = Step::Collective {
+                op: Collective::AllToAll {
+                    split_dim: split,
+                    concat_dim: concat,
+                },
                 input: 0,
                 output: 1,
                 groups: vec![(0..n).collect()],
-                split_dim: split,
-                concat_dim: concat,
             };
             let (ms, scratch) = moves(&prog, &s).unwrap();
             assert_eq!(scratch, 0);
@@ -623,59 +659,58 @@ pub(crate) mod tests {
     fn moves_compute_the_collectives() {
         let g = vec![vec![0, 1]];
         let sum: Vec<f32> = X0.iter().zip(&X1).map(|(a, b)| a + b).collect();
-        let s = Step::AllReduce {
+        let s = Step::Collective {
+            op: Collective::AllReduce { max: false },
             input: 0,
             output: 1,
             groups: g.clone(),
-            max: false,
         };
         let [a, b] = on_two(buf(&[2, 4], 0), buf(&[2, 4], 256), &s, [&X0, &X1]);
         assert_eq!((&a[64..72], &b[64..72]), (&sum[..], &sum[..]));
-        let s = Step::ReduceScatter {
+        let s = Step::Collective {
+            op: Collective::ReduceScatter { dim: 1, max: false },
             input: 0,
             output: 1,
             groups: g.clone(),
-            dim: 1,
-            max: false,
         };
         let [a, b] = on_two(buf(&[2, 4], 0), buf(&[2, 2], 256), &s, [&X0, &X1]);
         assert_eq!(&a[64..68], &[10., 12., 18., 20.]);
         assert_eq!(&b[64..68], &[14., 16., 22., 24.]);
-        let s = Step::AllGather {
+        let s = Step::Collective {
+            op: Collective::AllGather { dim: 1 },
             input: 0,
             output: 1,
             groups: g.clone(),
-            dim: 1,
         };
         let [a, b] = on_two(buf(&[2, 2], 0), buf(&[2, 4], 256), &s, [&X0[..4], &X1[..4]]);
         let want = [0., 1., 10., 11., 2., 3., 12., 13.];
         assert_eq!((&a[64..72], &b[64..72]), (&want[..], &want[..]));
-        let s = Step::Slice {
+        let s = Step::Collective {
+            op: Collective::Slice { dim: 1 },
             input: 0,
             output: 1,
             groups: g.clone(),
-            dim: 1,
         };
         let [a, b] = on_two(buf(&[2, 4], 0), buf(&[2, 2], 256), &s, [&X0, &X1]);
         assert_eq!(
             (&a[64..68], &b[64..68]),
             (&[0., 1., 4., 5.][..], &[12., 13., 16., 17.][..])
         );
-        let s = Step::Broadcast {
+        let s = Step::Collective {
+            op: Collective::Broadcast { root: 1 },
             input: 0,
             output: 1,
             groups: g.clone(),
-            root: 1,
         };
         let [a, b] = on_two(buf(&[2, 4], 0), buf(&[2, 4], 256), &s, [&X0, &X1]);
         assert_eq!((&a[64..72], &b[64..72]), (&X1[..], &X1[..]));
         // The maximum, in place (input and output one buffer).
         let x1: Vec<f32> = X1.iter().map(|v| 20. - v).collect();
-        let s = Step::AllReduce {
+        let s = Step::Collective {
+            op: Collective::AllReduce { max: true },
             input: 0,
             output: 0,
             groups: g,
-            max: true,
         };
         let [a, b] = on_two(buf(&[2, 4], 0), buf(&[1], 256), &s, [&X0, &x1]);
         let want = [10., 9., 8., 7., 6., 5., 6., 7.];

@@ -90,12 +90,7 @@ fn written(art: &Artifact, p: usize, s: &Step) -> (String, Vec<usize>) {
                 buffers[buffers.len() - k.outputs.min(buffers.len())..].to_vec(),
             )
         }
-        Step::AllReduce { output, .. } => ("all_reduce".into(), vec![*output]),
-        Step::AllGather { output, .. } => ("all_gather".into(), vec![*output]),
-        Step::Slice { output, .. } => ("slice".into(), vec![*output]),
-        Step::ReduceScatter { output, .. } => ("reduce_scatter".into(), vec![*output]),
-        Step::AllToAll { output, .. } => ("all_to_all".into(), vec![*output]),
-        Step::Broadcast { output, .. } => ("broadcast".into(), vec![*output]),
+        Step::Collective { op, output, .. } => (op.name().into(), vec![*output]),
         Step::Recv { buffer, .. } => ("recv".into(), vec![*buffer]),
         Step::Send { .. } => (format!("send from '{}'", prog.name), Vec::new()),
     }

@@ -44,6 +44,7 @@ pub mod tensor;
 pub mod train;
 
 pub use artifact::{Artifact, Header, MAGIC, VERSION};
+pub use collective::{Collective, Elem, Param, ParamKind};
 pub use host::HostProgram;
 pub use ranks::lanes;
 pub use tensor::{Tensor, Values};

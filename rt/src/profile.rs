@@ -53,22 +53,9 @@ pub(crate) fn label(art: &Artifact, p: usize, s: &Step) -> Label {
                 flops.saturating_mul(devices),
             )
         }
-        Step::AllReduce { input, .. }
-        | Step::AllGather { input, .. }
-        | Step::ReduceScatter { input, .. }
-        | Step::AllToAll { input, .. }
-        | Step::Broadcast { input, .. }
-        | Step::Slice { input, .. } => {
-            let name = match s {
-                Step::AllReduce { .. } => "all_reduce",
-                Step::AllGather { .. } => "all_gather",
-                Step::ReduceScatter { .. } => "reduce_scatter",
-                Step::AllToAll { .. } => "all_to_all",
-                Step::Broadcast { .. } => "broadcast",
-                _ => "slice",
-            };
+        Step::Collective { op, input, .. } => {
             let b = prog.buffers.get(*input).map_or(0, |b| b.bytes());
-            (format!("({name})"), b.saturating_mul(devices), 0)
+            (format!("({})", op.name()), b.saturating_mul(devices), 0)
         }
         Step::Send { .. } | Step::Recv { .. } => ("(send/recv)".into(), 0, 0),
     }

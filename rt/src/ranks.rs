@@ -26,8 +26,9 @@
 //! waits for, never a hang. On GPUs (`crate::nccl`, feature `cuda`) the communicator is
 //! NCCL, one GPU per device.
 
-use crate::artifact::{Artifact, Buffer, Program, Step};
-use crate::collective::{at, piece, At, Move, Place};
+use crate::artifact::{Artifact, Program, Step};
+use crate::collective::{at, At, Move, Place};
+pub use crate::collective::{Flat, RankOp};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex};
 
@@ -84,169 +85,9 @@ impl Groups {
 /// The groups a collective step names (none for launches, sends and receives).
 fn step_groups(s: &Step) -> &[Vec<usize>] {
     match s {
-        Step::AllReduce { groups, .. }
-        | Step::AllGather { groups, .. }
-        | Step::Slice { groups, .. }
-        | Step::ReduceScatter { groups, .. }
-        | Step::AllToAll { groups, .. }
-        | Step::Broadcast { groups, .. } => groups,
+        Step::Collective { groups, .. } => groups,
         Step::Launch { .. } | Step::Send { .. } | Step::Recv { .. } => &[],
     }
-}
-
-/// A flat collective: NCCL's calls, on contiguous memory, addressed by `A` (a place in
-/// the rank's arena or scratch while planned, a pointer or device address when run).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Flat<A> {
-    /// `recv` = the members' `send`s (`n` f32s each) summed (or their maximum) in
-    /// member order.
-    AllReduce {
-        /// Read.
-        send: A,
-        /// Written (may be `send`).
-        recv: A,
-        /// f32s.
-        n: u64,
-        /// Maximum instead of sum.
-        max: bool,
-    },
-    /// `recv` = the members' `send`s (`bytes` each) one after another in member order.
-    AllGather {
-        /// Read.
-        send: A,
-        /// Written.
-        recv: A,
-        /// Bytes per member.
-        bytes: u64,
-    },
-    /// Member `k`'s `recv` = piece `k` (`n` f32s) of the members' `send`s reduced.
-    ReduceScatter {
-        /// Read: one piece per member, in member order.
-        send: A,
-        /// Written.
-        recv: A,
-        /// f32s per member.
-        n: u64,
-        /// Maximum instead of sum.
-        max: bool,
-    },
-    /// `recv` = the `send` of member `root`.
-    Broadcast {
-        /// Read (on the root).
-        send: A,
-        /// Written.
-        recv: A,
-        /// Bytes.
-        bytes: u64,
-        /// The member whose `send` every member gets.
-        root: usize,
-    },
-    /// Grouped point-to-point within the group: `sends[k]` goes to member `k`, whose
-    /// `recvs[me]` receives it (each `bytes` long; a member's own piece included).
-    Exchange {
-        /// Per member, what this member sends it.
-        sends: Vec<A>,
-        /// Per member, where what it sends lands.
-        recvs: Vec<A>,
-        /// Bytes of every piece.
-        bytes: u64,
-    },
-}
-
-impl<A: Copy> Flat<A> {
-    /// The same collective at other addresses: `f(address, bytes there)` for a group of
-    /// `members`.
-    pub fn map<B>(
-        &self,
-        members: u64,
-        f: &mut impl FnMut(A, u64) -> Result<B, String>,
-    ) -> Result<Flat<B>, String> {
-        Ok(match self {
-            Flat::AllReduce { send, recv, n, max } => Flat::AllReduce {
-                send: f(*send, n * 4)?,
-                recv: f(*recv, n * 4)?,
-                n: *n,
-                max: *max,
-            },
-            Flat::AllGather { send, recv, bytes } => Flat::AllGather {
-                send: f(*send, *bytes)?,
-                recv: f(*recv, bytes * members)?,
-                bytes: *bytes,
-            },
-            Flat::ReduceScatter { send, recv, n, max } => Flat::ReduceScatter {
-                send: f(*send, n * 4 * members)?,
-                recv: f(*recv, n * 4)?,
-                n: *n,
-                max: *max,
-            },
-            Flat::Broadcast {
-                send,
-                recv,
-                bytes,
-                root,
-            } => Flat::Broadcast {
-                send: f(*send, *bytes)?,
-                recv: f(*recv, *bytes)?,
-                bytes: *bytes,
-                root: *root,
-            },
-            Flat::Exchange {
-                sends,
-                recvs,
-                bytes,
-            } => Flat::Exchange {
-                sends: sends
-                    .iter()
-                    .map(|&a| f(a, *bytes))
-                    .collect::<Result<_, _>>()?,
-                recvs: recvs
-                    .iter()
-                    .map(|&a| f(a, *bytes))
-                    .collect::<Result<_, _>>()?,
-                bytes: *bytes,
-            },
-        })
-    }
-
-    /// The collective without its addresses: what every member must agree on.
-    fn shape(&self) -> Flat<()> {
-        self.map(0, &mut |_, _| Ok(()))
-            .expect("an address-free map does not fail")
-    }
-
-    pub(crate) fn kind(&self) -> &'static str {
-        match self {
-            Flat::AllReduce { .. } => "all_reduce",
-            Flat::AllGather { .. } => "all_gather",
-            Flat::ReduceScatter { .. } => "reduce_scatter",
-            Flat::Broadcast { .. } => "broadcast",
-            Flat::Exchange { .. } => "all_to_all",
-        }
-    }
-}
-
-/// What a rank does for its share of a collective step.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RankOp {
-    /// A strided copy within the rank's arena and scratch (places `Device(0)`, its own
-    /// arena, and `Scratch`).
-    Copy(Move),
-    /// A flat collective over group `group` ([`Groups::list`]), this rank being member
-    /// `member`.
-    Flat {
-        /// The group's number.
-        group: usize,
-        /// This rank's position in it.
-        member: usize,
-        /// The collective, on places of this rank.
-        op: Flat<At>,
-    },
-}
-
-/// The product of `b`'s dims before `dim`: where it is 1, a piece along `dim` is
-/// contiguous (the members' pieces lie one after another, as NCCL's calls want them).
-fn outer(b: &Buffer, dim: usize) -> u64 {
-    b.shape[..dim].iter().product()
 }
 
 /// Device `device`'s share of collective step `s` of `prog`, and the scratch bytes it
@@ -257,133 +98,17 @@ pub fn rank_plan(
     device: usize,
     groups: &Groups,
 ) -> Result<(Vec<RankOp>, u64), String> {
-    let own = |o: u64| at(Place::Device(0), o);
-    let scratch = |o: u64| at(Place::Scratch, o);
+    let Step::Collective {
+        op, input, output, ..
+    } = s
+    else {
+        return Err("not a collective".into());
+    };
     let (group, member) = groups.find(step_groups(s), device)?;
     let n = groups.list[group].len() as u64;
     let flat = |op: Flat<At>| RankOp::Flat { group, member, op };
-    let bufs = &prog.buffers;
-    let mut ops = Vec::new();
-    let mut need = 0;
-    match s {
-        Step::Launch { .. } | Step::Send { .. } | Step::Recv { .. } => {
-            return Err("not a collective".into())
-        }
-        Step::AllReduce {
-            input, output, max, ..
-        } => {
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            ops.push(flat(Flat::AllReduce {
-                send: own(ib.offset),
-                recv: own(ob.offset),
-                n: ib.len(),
-                max: *max,
-            }));
-        }
-        Step::AllGather {
-            input, output, dim, ..
-        } => {
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            if outer(ob, *dim) == 1 {
-                ops.push(flat(Flat::AllGather {
-                    send: own(ib.offset),
-                    recv: own(ob.offset),
-                    bytes: ib.bytes(),
-                }));
-            } else {
-                need = n * ib.bytes();
-                ops.push(flat(Flat::AllGather {
-                    send: own(ib.offset),
-                    recv: scratch(0),
-                    bytes: ib.bytes(),
-                }));
-                for k in 0..n {
-                    let p = piece(ob, *dim, k, n);
-                    ops.push(RankOp::Copy(
-                        p.scatter(scratch(k * ib.bytes()), own(ob.offset)),
-                    ));
-                }
-            }
-        }
-        Step::ReduceScatter {
-            input,
-            output,
-            dim,
-            max,
-            ..
-        } => {
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            let send = if outer(ib, *dim) == 1 {
-                own(ib.offset)
-            } else {
-                need = ib.bytes();
-                for k in 0..n {
-                    let p = piece(ib, *dim, k, n);
-                    ops.push(RankOp::Copy(
-                        p.gather(own(ib.offset), scratch(k * ob.bytes())),
-                    ));
-                }
-                scratch(0)
-            };
-            ops.push(flat(Flat::ReduceScatter {
-                send,
-                recv: own(ob.offset),
-                n: ob.len(),
-                max: *max,
-            }));
-        }
-        Step::Slice {
-            input, output, dim, ..
-        } => {
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            let p = piece(ib, *dim, member as u64, n);
-            ops.push(RankOp::Copy(p.gather(own(ib.offset), own(ob.offset))));
-        }
-        Step::Broadcast {
-            input,
-            output,
-            root,
-            ..
-        } => {
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            ops.push(flat(Flat::Broadcast {
-                send: own(ib.offset),
-                recv: own(ob.offset),
-                bytes: ib.bytes(),
-                root: *root,
-            }));
-        }
-        Step::AllToAll {
-            input,
-            output,
-            split_dim,
-            concat_dim,
-            ..
-        } => {
-            // Pack piece k along the split dim into slot k, exchange slot k with member
-            // k (whose piece lands in slot `me` of the second half), unpack slot k into
-            // place k along the concatenated dim.
-            let (ib, ob) = (&bufs[*input], &bufs[*output]);
-            let w = ib.bytes() / n;
-            need = 2 * ib.bytes();
-            for k in 0..n {
-                let p = piece(ib, *split_dim, k, n);
-                ops.push(RankOp::Copy(p.gather(own(ib.offset), scratch(k * w))));
-            }
-            ops.push(flat(Flat::Exchange {
-                sends: (0..n).map(|k| scratch(k * w)).collect(),
-                recvs: (0..n).map(|k| scratch(ib.bytes() + k * w)).collect(),
-                bytes: w,
-            }));
-            for k in 0..n {
-                let p = piece(ob, *concat_dim, k, n);
-                ops.push(RankOp::Copy(
-                    p.scatter(scratch(ib.bytes() + k * w), own(ob.offset)),
-                ));
-            }
-        }
-    }
-    Ok((ops, need))
+    let (ib, ob) = (&prog.buffers[*input], &prog.buffers[*output]);
+    Ok(op.share(ib, ob, n, member, &flat))
 }
 
 /// The scratch bytes a rank of `art` needs: the most any of its collectives' shares needs.

@@ -140,7 +140,7 @@ impl Artifact {
             .programs
             .iter()
             .flat_map(|p| &p.steps)
-            .any(|s| matches!(s, Step::AllReduce { .. } | Step::ReduceScatter { .. }));
+            .any(|s| matches!(s, Step::Collective { op, .. } if op.reduces()));
         match h.reducers {
             Some(r) => {
                 for k in [r.sum, r.max] {
@@ -349,41 +349,11 @@ impl Artifact {
                         return Err(format!("step {i} names a missing buffer"));
                     }
                 }
-                Step::AllReduce {
+                Step::Collective {
+                    op,
                     input,
                     output,
                     groups,
-                    ..
-                }
-                | Step::AllGather {
-                    input,
-                    output,
-                    groups,
-                    ..
-                }
-                | Step::Slice {
-                    input,
-                    output,
-                    groups,
-                    ..
-                }
-                | Step::ReduceScatter {
-                    input,
-                    output,
-                    groups,
-                    ..
-                }
-                | Step::AllToAll {
-                    input,
-                    output,
-                    groups,
-                    ..
-                }
-                | Step::Broadcast {
-                    input,
-                    output,
-                    groups,
-                    ..
                 } => {
                     if missing(*input) || missing(*output) {
                         return Err(format!("step {i}'s collective names a missing buffer"));
@@ -395,7 +365,7 @@ impl Artifact {
                             "step {i}'s groups do not partition the program's devices"
                         ));
                     }
-                    collective_shapes(s, &p.buffers[*input], &p.buffers[*output], groups)
+                    collective_shapes(op, &p.buffers[*input], &p.buffers[*output], groups)
                         .map_err(|e| format!("step {i}: {e}"))?;
                 }
             }
@@ -472,10 +442,10 @@ fn gemm_fits(g: &Gemm, bufs: &[&Buffer]) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether a collective's buffers fit it: the reductions on f32 and the output's shape
-/// what the input's becomes (equal; `dim` times the group; `dim` over the group).
+/// Whether a collective's buffers fit it: its groups of one size, and what
+/// [`Collective::check`] asks of the buffers.
 fn collective_shapes(
-    s: &Step,
+    op: &Collective,
     i: &Buffer,
     o: &Buffer,
     groups: &[Vec<usize>],
@@ -484,87 +454,5 @@ fn collective_shapes(
     if groups.iter().any(|g| g.len() as u64 != n) {
         return Err("its groups differ in size".into());
     }
-    if let Step::AllToAll {
-        split_dim,
-        concat_dim,
-        ..
-    } = s
-    {
-        return all_to_all_shapes(i, o, n, *split_dim, *concat_dim);
-    }
-    if let Step::Broadcast { root, .. } = s {
-        if *root as u64 >= n {
-            return Err(format!("its root {root} is not a member of a group of {n}"));
-        }
-    }
-    let (dim, reduces) = match s {
-        Step::AllReduce { .. } => (None, true),
-        Step::Broadcast { .. } => (None, false),
-        Step::AllGather { dim, .. } => (Some((*dim, true)), false),
-        Step::Slice { dim, .. } => (Some((*dim, false)), false),
-        Step::ReduceScatter { dim, .. } => (Some((*dim, false)), true),
-        Step::Launch { .. } | Step::Send { .. } | Step::Recv { .. } | Step::AllToAll { .. } => {
-            return Ok(())
-        }
-    };
-    if i.elt != o.elt || (reduces && i.elt != Elt::F32) {
-        return Err("its buffers' element types do not fit it".into());
-    }
-    let mut want = i.shape.clone();
-    if let Some((d, grows)) = dim {
-        let Some(len) = want.get_mut(d) else {
-            return Err(format!("dim {d} is beyond its buffers' rank"));
-        };
-        if grows {
-            *len *= n;
-        } else if *len % n == 0 {
-            *len /= n;
-        } else {
-            return Err(format!("dim {d} ({len}) does not divide into {n} pieces"));
-        }
-    }
-    if want != o.shape {
-        return Err(format!(
-            "an input of shape {:?} gives {want:?}, not {:?}",
-            i.shape, o.shape
-        ));
-    }
-    Ok(())
-}
-
-/// Whether an all-to-all's buffers fit it: two different dims within the rank, the split
-/// dim divisible by the group, the output the input with the split dim over the group and
-/// the concatenated dim times it.
-fn all_to_all_shapes(
-    i: &Buffer,
-    o: &Buffer,
-    n: u64,
-    split: usize,
-    concat: usize,
-) -> Result<(), String> {
-    let rank = i.shape.len();
-    if split == concat || split >= rank || concat >= rank {
-        return Err(format!(
-            "an all_to_all splits dim {split} and concatenates dim {concat} of a rank-{rank} buffer"
-        ));
-    }
-    if i.elt != o.elt {
-        return Err("its buffers' element types do not fit it".into());
-    }
-    if !i.shape[split].is_multiple_of(n) {
-        return Err(format!(
-            "dim {split} ({}) does not divide into {n} pieces",
-            i.shape[split]
-        ));
-    }
-    let mut want = i.shape.clone();
-    want[split] /= n;
-    want[concat] *= n;
-    if want != o.shape {
-        return Err(format!(
-            "an input of shape {:?} gives {want:?}, not {:?}",
-            i.shape, o.shape
-        ));
-    }
-    Ok(())
+    op.check(i, o, n)
 }

@@ -215,30 +215,32 @@ fn round_trip_and_every_corruption_is_named() {
     assert!(e.contains("corrupt header"), "{e}");
 
     let mut b = sample();
-    b.header.programs[0].steps.push(Step::AllGather {
+    b.header.programs[0].steps.push(Step::Collective {
+        op: Collective::AllGather { dim: 3 },
         input: 0,
         output: 1,
         groups: vec![vec![0]],
-        dim: 3,
     });
     let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
     assert!(e.contains("dim 3 is beyond its buffers' rank"), "{e}");
     let mut b = sample();
-    b.header.programs[0].steps.push(Step::AllGather {
+    b.header.programs[0].steps.push(Step::Collective {
+        op: Collective::AllGather { dim: 0 },
         input: 0,
         output: 1,
         groups: vec![vec![]],
-        dim: 0,
     });
     let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
     assert!(e.contains("do not partition the program's devices"), "{e}");
     let mut b = sample();
-    b.header.programs[0].steps.push(Step::AllToAll {
+    b.header.programs[0].steps.push(Step::Collective {
+        op: Collective::AllToAll {
+            split_dim: 0,
+            concat_dim: 0,
+        },
         input: 0,
         output: 1,
         groups: vec![vec![0]],
-        split_dim: 0,
-        concat_dim: 0,
     });
     let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
     assert!(
@@ -246,21 +248,21 @@ fn round_trip_and_every_corruption_is_named() {
         "{e}"
     );
     let mut b = sample();
-    b.header.programs[0].steps.push(Step::Broadcast {
+    b.header.programs[0].steps.push(Step::Collective {
+        op: Collective::Broadcast { root: 1 },
         input: 0,
         output: 1,
         groups: vec![vec![0]],
-        root: 1,
     });
     let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
     assert!(e.contains("root 1 is not a member of a group of 1"), "{e}");
     // A reduction needs the reducer kernels, each on (acc, x, acc).
     let mut b = sample();
-    b.header.programs[0].steps.push(Step::AllReduce {
+    b.header.programs[0].steps.push(Step::Collective {
+        op: Collective::AllReduce { max: false },
         input: 0,
         output: 1,
         groups: vec![vec![0]],
-        max: false,
     });
     let e = Artifact::from_bytes(&b.to_bytes().unwrap(), "a.nnsx").unwrap_err();
     assert!(e.contains("no reducer kernels"), "{e}");

@@ -2,7 +2,7 @@
 
 use super::{run_ranks, Arenas};
 use crate::artifact::{Artifact, Buffer, Elt, Header, MeshAxis, Program, Step, Target};
-use crate::collective::{moves, tests::run};
+use crate::collective::{moves, tests::run, Collective};
 use crate::ranks::{lanes, rank_scratch, Groups};
 
 fn art(programs: Vec<Program>, devices: u64, pipeline: bool) -> Artifact {
@@ -91,96 +91,98 @@ fn ranks_equal_the_lockstep_moves() {
     let cases: Vec<(Vec<Buffer>, Step)> = vec![
         (
             two(&[6, 4]),
-            Step::AllReduce {
+            Step::Collective {
+                op: Collective::AllReduce { max: false },
                 input: 0,
                 output: 1,
                 groups: vec![],
-                max: false,
             },
         ),
         (
             vec![buf(&[6, 4], a)],
-            Step::AllReduce {
+            Step::Collective {
+                op: Collective::AllReduce { max: true },
                 input: 0,
                 output: 0,
                 groups: vec![],
-                max: true,
             },
         ),
         (
             two(&[2, 4]),
-            Step::AllGather {
+            Step::Collective {
+                op: Collective::AllGather { dim: 0 },
                 input: 0,
                 output: 1,
                 groups: vec![],
-                dim: 0,
             },
         ),
         (
             two(&[3, 2, 5]),
-            Step::AllGather {
+            Step::Collective {
+                op: Collective::AllGather { dim: 1 },
                 input: 0,
                 output: 1,
                 groups: vec![],
-                dim: 1,
             },
         ),
         (
             two(&[6, 5]),
-            Step::ReduceScatter {
+            Step::Collective {
+                op: Collective::ReduceScatter { dim: 0, max: false },
                 input: 0,
                 output: 1,
                 groups: vec![],
-                dim: 0,
-                max: false,
             },
         ),
         (
             two(&[3, 6, 2]),
-            Step::ReduceScatter {
+            Step::Collective {
+                op: Collective::ReduceScatter { dim: 1, max: true },
                 input: 0,
                 output: 1,
                 groups: vec![],
-                dim: 1,
-                max: true,
             },
         ),
         (
             two(&[4, 6]),
-            Step::Slice {
+            Step::Collective {
+                op: Collective::Slice { dim: 1 },
                 input: 0,
                 output: 1,
                 groups: vec![],
-                dim: 1,
             },
         ),
         (
             two(&[5, 3]),
-            Step::Broadcast {
+            Step::Collective {
+                op: Collective::Broadcast { root: 1 },
                 input: 0,
                 output: 1,
                 groups: vec![],
-                root: 1,
             },
         ),
         (
             two(&[2, 6, 3]),
-            Step::AllToAll {
+            Step::Collective {
+                op: Collective::AllToAll {
+                    split_dim: 1,
+                    concat_dim: 2,
+                },
                 input: 0,
                 output: 1,
                 groups: vec![],
-                split_dim: 1,
-                concat_dim: 2,
             },
         ),
         (
             two(&[2, 3, 6]),
-            Step::AllToAll {
+            Step::Collective {
+                op: Collective::AllToAll {
+                    split_dim: 2,
+                    concat_dim: 0,
+                },
                 input: 0,
                 output: 1,
                 groups: vec![],
-                split_dim: 2,
-                concat_dim: 0,
             },
         ),
     ];
@@ -196,32 +198,28 @@ fn ranks_equal_the_lockstep_moves() {
             // The dims that are cut or gathered sized for the group.
             let mut bufs = bufs.clone();
             let mut s = step.clone();
-            match &mut s {
-                Step::AllReduce { groups: g, .. } | Step::Broadcast { groups: g, .. } => {
-                    *g = groups.clone()
+            let Step::Collective { op, groups: g, .. } = &mut s else {
+                unreachable!()
+            };
+            *g = groups.clone();
+            match *op {
+                Collective::AllReduce { .. } | Collective::Broadcast { .. } => {}
+                Collective::AllGather { dim } => {
+                    bufs[1].shape[dim] = bufs[0].shape[dim] * n;
                 }
-                Step::AllGather { groups: g, dim, .. } => {
-                    *g = groups.clone();
-                    bufs[1].shape[*dim] = bufs[0].shape[*dim] * n;
+                Collective::ReduceScatter { dim, .. } | Collective::Slice { dim } => {
+                    bufs[0].shape[dim] = 2 * n;
+                    bufs[1].shape[dim] = 2;
                 }
-                Step::ReduceScatter { groups: g, dim, .. } | Step::Slice { groups: g, dim, .. } => {
-                    *g = groups.clone();
-                    bufs[0].shape[*dim] = 2 * n;
-                    bufs[1].shape[*dim] = 2;
-                }
-                Step::AllToAll {
-                    groups: g,
+                Collective::AllToAll {
                     split_dim,
                     concat_dim,
-                    ..
                 } => {
-                    *g = groups.clone();
-                    bufs[0].shape[*split_dim] = 2 * n;
+                    bufs[0].shape[split_dim] = 2 * n;
                     bufs[1].shape = bufs[0].shape.clone();
-                    bufs[1].shape[*split_dim] = 2;
-                    bufs[1].shape[*concat_dim] *= n;
+                    bufs[1].shape[split_dim] = 2;
+                    bufs[1].shape[concat_dim] *= n;
                 }
-                _ => unreachable!(),
             }
             let devices: usize = groups.iter().map(Vec::len).sum();
             let p = prog("f", (0..devices).collect(), bufs, vec![s.clone()]);
@@ -279,11 +277,11 @@ fn recv_into(from: usize, tag: &str, buffer: usize) -> Step {
 /// A step between two sends or receives that splits them into separate groups: a
 /// device's own slice of its buffer 0 into buffer 2.
 fn local(d: usize) -> Step {
-    Step::Slice {
+    Step::Collective {
+        op: Collective::Slice { dim: 0 },
         input: 0,
         output: 2,
         groups: vec![vec![d]],
-        dim: 0,
     }
 }
 

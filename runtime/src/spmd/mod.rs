@@ -27,6 +27,7 @@ use nnscaler_dialects::graph::{Graph, Node};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::sharding::{coords, Sharding};
 use nnscaler_dialects::types::AttrValue;
+use nnscaler_rt::{Collective, Param, ParamKind};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::Arc;
@@ -248,66 +249,60 @@ impl Device<'_> {
             *c += 1;
             (axes.clone(), gid, *c)
         };
-        let reduce_max = matches!(n.attrs.get("reduce"), Some(AttrValue::Str(r)) if r == "max");
-        match n.op.as_str() {
-            "nns.all_reduce" => {
-                let parts = self.all(k.clone(), me, size, x)?;
-                reduce(&parts, reduce_max)
-            }
-            "nns.all_gather" => {
-                let parts = self.all(k.clone(), me, size, x)?;
-                concat(&parts, int("dim")?)
-            }
-            "nns.reduce_scatter" => {
-                // Only this member's piece of each part is summed (in member order, as a
-                // whole reduction would sum it).
-                let parts = self.all(k.clone(), me, size, x)?;
-                let dim = int("dim")?;
-                let mine = parts
-                    .iter()
-                    .map(|p| piece(p, dim, size, me).map(Arc::new))
-                    .collect::<Result<Vec<_>, _>>()?;
-                reduce(&mine, reduce_max)
-            }
-            "nns.all_to_all" => {
-                let (split, cat) = (int("split_dim")?, int("concat_dim")?);
-                let parts = self.all(k.clone(), me, size, x)?;
-                let mine = parts
-                    .iter()
-                    .map(|p| piece(p, split, size, me))
-                    .collect::<Result<Vec<_>, _>>()?;
-                concat(&mine, cat)
-            }
-            "nns.slice" => piece(x, int("dim")?, size, me),
-            "nns.broadcast" => {
-                let root = int("root")?;
-                if root >= size {
-                    return Err(format!("root {root} of a group of {size}"));
-                }
-                let mut parts = self.all(k.clone(), me, size, x)?;
-                let r = parts.swap_remove(root);
-                Ok(Arc::try_unwrap(r).unwrap_or_else(|shared| (*shared).clone()))
-            }
-            "nns.partition" => {
-                let k = 1.0 / size as f32;
-                Ok(Tensor::f32(
-                    &x.shape,
-                    x.f()?.iter().map(|v| v * k).collect(),
-                ))
-            }
-            other => Err(format!("the simulated devices cannot run '{other}' yet")),
+        if n.op == "nns.partition" {
+            let k = 1.0 / size as f32;
+            return Ok(Tensor::f32(
+                &x.shape,
+                x.f()?.iter().map(|v| v * k).collect(),
+            ));
+        }
+        let op = collective_of(n, int)
+            .ok_or_else(|| format!("the simulated devices cannot run '{}' yet", n.op))??;
+        let parts = if op.communicates() {
+            self.all(k, me, size, x)?
+        } else {
+            Vec::new()
+        };
+        // Member `me`'s result from the members' pieces (only its own where it does not
+        // communicate), as the collective is defined.
+        macro_rules! run {
+            ($get:ident, $mk:ident) => {{
+                let views = if op.communicates() {
+                    parts
+                        .iter()
+                        .map(|p| p.$get())
+                        .collect::<Result<Vec<_>, _>>()?
+                } else {
+                    vec![x.$get()?; size]
+                };
+                let (shape, v) = op.reference(&views, &x.shape, me)?;
+                Ok(Tensor::$mk(&shape, v))
+            }};
+        }
+        if x.is_float() {
+            run!(f, f32)
+        } else {
+            run!(ints, i64)
         }
     }
 }
 
-fn reduce(parts: &[Arc<Tensor>], max: bool) -> Result<Tensor, String> {
-    let mut acc = parts[0].f()?.to_vec();
-    for p in &parts[1..] {
-        for (a, &b) in acc.iter_mut().zip(p.f()?) {
-            *a = if max { a.max(b) } else { *a + b };
-        }
-    }
-    Ok(Tensor::f32(&parts[0].shape, acc))
+/// The runtime's collective of `nns` op `n` (`None` for an op that is not one): its
+/// parameters read from the op's integer attributes by `int`, its maximum from
+/// `reduce = "max"`.
+pub fn collective_of<E>(
+    n: &Node,
+    mut int: impl FnMut(&str) -> Result<usize, E>,
+) -> Option<Result<Collective, E>> {
+    let name = n.op.strip_prefix("nns.")?;
+    Collective::parse(name, |key, kind| {
+        Ok(match kind {
+            ParamKind::Max => {
+                Param::Flag(matches!(n.attrs.get("reduce"), Some(AttrValue::Str(r)) if r == "max"))
+            }
+            ParamKind::Dim | ParamKind::Member => Param::Index(int(key)?),
+        })
+    })
 }
 
 /// `(outer, n, inner)` around `dim`.
@@ -350,31 +345,6 @@ fn piece(t: &Tensor, dim: usize, n: usize, i: usize) -> Result<Tensor, String> {
     }
     let k = len / n;
     Ok(narrow(t, dim, i * k..(i + 1) * k))
-}
-
-fn concat<T: std::borrow::Borrow<Tensor>>(parts: &[T], dim: usize) -> Result<Tensor, String> {
-    let parts: Vec<&Tensor> = parts.iter().map(|p| p.borrow()).collect();
-    let mut shape = parts[0].shape.clone();
-    shape[dim] = parts.iter().map(|p| p.shape[dim]).sum();
-    let outer: usize = shape[..dim].iter().product();
-    let inner: usize = shape[dim + 1..].iter().product();
-    macro_rules! cat {
-        ($get:ident, $mk:ident) => {{
-            let mut out = Vec::with_capacity(numel(&shape));
-            for o in 0..outer {
-                for p in &parts {
-                    let n = p.shape[dim];
-                    out.extend_from_slice(&p.$get()?[o * n * inner..(o + 1) * n * inner]);
-                }
-            }
-            Tensor::$mk(&shape, out)
-        }};
-    }
-    Ok(if parts[0].is_float() {
-        cat!(f, f32)
-    } else {
-        cat!(ints, i64)
-    })
 }
 
 /// The piece of `t` given by per-dim ranges.

@@ -8,6 +8,8 @@ use nnscaler_dialects::scalar::{Bin, Expr, Un};
 use nnscaler_dialects::sharding::Sharding;
 use nnscaler_dialects::types::{AttrValue, Elem, TensorType};
 use nnscaler_dialects::userop::callee;
+use nnscaler_rt::{Collective, Param};
+use nnscaler_runtime::spmd::collective_of;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
@@ -518,6 +520,12 @@ fn relayout_comment(
         ),
         "nns.broadcast" => format!("the root's value over {axes}"),
         "nns.microbatch" => format!("micro-batch {} of dim {}", dim("index"), dim("dim")),
+        // A collective without words of its own here: its summary in the dialect.
+        _ if collective_of(n, |_| Ok::<_, ()>(0)).is_some() => {
+            nnscaler_dialects::nns::collective(&n.op)?
+                .summary
+                .to_string()
+        }
         _ => return None,
     };
     let show = |v: ValueId| -> Option<String> {
@@ -873,6 +881,21 @@ fn shape_statement(g: &Graph, n: &Node, a: &[String]) -> Result<String, String> 
     })
 }
 
+/// The runtime's call of collective `c` on `x` over the group `key` (its axes):
+/// `comm.<name>(x, key, <parameter>=<value>, ...)`, a maximum as `op="max"`.
+fn comm_call(c: &Collective, x: &str, key: &str) -> String {
+    let mut s = format!("comm.{}({x}, {key:?}", c.name());
+    for (k, p) in c.params() {
+        match p {
+            Param::Index(v) => s.push_str(&format!(", {k}={v}")),
+            Param::Flag(true) => s.push_str(", op=\"max\""),
+            Param::Flag(false) => {}
+        }
+    }
+    s.push(')');
+    s
+}
+
 /// [`statement`] of the collectives, pipeline messages and calls; an error for any other op.
 fn comm_statement(
     ctx: &RankCtx<'_, '_>,
@@ -882,44 +905,15 @@ fn comm_statement(
 ) -> Result<String, String> {
     let ty = |i: usize| -> &TensorType { &g.values[n.inputs[i]] };
     let op = n.op.as_str();
+    if let Some(c) = collective_of(n, |k| {
+        usize::try_from(need_int(n, k)?).map_err(|_| format!("'{k}' is negative"))
+    }) {
+        let c = c?;
+        if c.communicates() {
+            return Ok(comm_call(&c, &a[0], &need_axes(n)?.join(",")));
+        }
+    }
     Ok(match op {
-        "nns.all_reduce" => {
-            let key = need_axes(n)?.join(",");
-            match attr_str(n, "reduce") {
-                Some("max") => format!("comm.all_reduce({}, {key:?}, op=\"max\")", a[0]),
-                _ => format!("comm.all_reduce({}, {key:?})", a[0]),
-            }
-        }
-        "nns.all_gather" => format!(
-            "comm.all_gather({}, {:?}, dim={})",
-            a[0],
-            need_axes(n)?.join(","),
-            need_int(n, "dim")?
-        ),
-        "nns.reduce_scatter" => {
-            let key = need_axes(n)?.join(",");
-            let d = need_int(n, "dim")?;
-            match attr_str(n, "reduce") {
-                Some("max") => format!(
-                    "comm.reduce_scatter({}, {key:?}, dim={d}, op=\"max\")",
-                    a[0]
-                ),
-                _ => format!("comm.reduce_scatter({}, {key:?}, dim={d})", a[0]),
-            }
-        }
-        "nns.all_to_all" => format!(
-            "comm.all_to_all({}, {:?}, split_dim={}, concat_dim={})",
-            a[0],
-            need_axes(n)?.join(","),
-            need_int(n, "split_dim")?,
-            need_int(n, "concat_dim")?
-        ),
-        "nns.broadcast" => format!(
-            "comm.broadcast({}, {:?}, root={})",
-            a[0],
-            need_axes(n)?.join(","),
-            need_int(n, "root")?
-        ),
         "nns.slice" | "nns.microbatch" => {
             let axes = need_axes(n)?;
             let (me, size) = ctx.member(&axes)?;
