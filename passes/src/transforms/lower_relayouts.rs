@@ -10,8 +10,8 @@ use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::nns::Mesh;
-use nnscaler_dialects::sharding::{Step, TransitionSearch};
-use nnscaler_dialects::types::{AttrValue, Attrs};
+use nnscaler_dialects::sharding::TransitionSearch;
+use nnscaler_dialects::types::AttrValue;
 
 /// The pass.
 #[derive(Debug, Default)]
@@ -43,41 +43,6 @@ impl FunctionPass for LowerRelayouts {
         let mesh = self.mesh.as_ref().expect("prepare runs first");
         lower(g, mesh, &mut self.search).map(Some)
     }
-}
-
-fn step_attrs(step: &Step, mesh: &Mesh) -> Attrs {
-    let names =
-        |v: &[usize]| AttrValue::Strs(v.iter().map(|&a| mesh.axes[a].name.clone()).collect());
-    let mut a = Attrs::new();
-    let int = |x: usize| AttrValue::Int(x as i64);
-    match step {
-        Step::AllReduce { axes, reduce } => {
-            a.insert("axes".into(), names(axes));
-            a.insert("reduce".into(), AttrValue::Str(reduce.to_string()));
-        }
-        Step::ReduceScatter { axis, dim, reduce } => {
-            a.insert("axes".into(), names(&[*axis]));
-            a.insert("dim".into(), int(*dim));
-            a.insert("reduce".into(), AttrValue::Str(reduce.to_string()));
-        }
-        Step::Partition { axis } => {
-            a.insert("axes".into(), names(&[*axis]));
-        }
-        Step::AllGather { axis, dim } | Step::Slice { axis, dim } => {
-            a.insert("axes".into(), names(&[*axis]));
-            a.insert("dim".into(), int(*dim));
-        }
-        Step::AllToAll {
-            axis,
-            split_dim,
-            concat_dim,
-        } => {
-            a.insert("axes".into(), names(&[*axis]));
-            a.insert("split_dim".into(), int(*split_dim));
-            a.insert("concat_dim".into(), int(*concat_dim));
-        }
-    }
-    a
 }
 
 /// Lowers every relayout of `g`.
@@ -121,7 +86,7 @@ pub fn lower(
         let mut state = from;
         for step in &t.steps {
             state = step.apply(&state);
-            let mut attrs = step_attrs(step, mesh);
+            let mut attrs = step.op_attrs(mesh);
             // A collective among one device (its axes all of size 1: `dp=1` in a pipeline,
             // say) is the identity; it is not emitted.
             let alone = match attrs.get("axes") {

@@ -1,0 +1,274 @@
+//! Tests of `sharding`.
+
+use super::*;
+use crate::nns::{parse_axes, Layout};
+
+fn mesh(axes: &str) -> Mesh {
+    Mesh {
+        name: "world".into(),
+        axes: parse_axes(axes).unwrap(),
+        memory_cap: None,
+    }
+}
+
+fn sh(m: &Mesh, layout: &str, rank: usize) -> Sharding {
+    let body = if layout.is_empty() {
+        "@world".to_string()
+    } else {
+        format!("@world, {layout}")
+    };
+    Sharding::from_layout(&Layout::parse(&body).unwrap(), m, rank).unwrap()
+}
+
+fn sizes(m: &Mesh) -> Vec<i64> {
+    m.axes.iter().map(|a| a.size).collect()
+}
+
+/// The steps from `a` to `b` for a 64x64 f32 tensor, as text.
+fn path(m: &Mesh, a: &str, b: &str) -> String {
+    let mut ts = TransitionSearch::new();
+    let t = ts
+        .find(&sh(m, a, 2), &sh(m, b, 2), &[64, 64], 4, &sizes(m))
+        .expect("a transition exists");
+    let v: Vec<String> = t.steps.iter().map(|s| s.describe(m)).collect();
+    v.join("; ")
+}
+
+/// The collectives' table and the transition search agree: every step the search
+/// makes is a collective of the table, every collective (but `relayout`, which the
+/// search lowers, `transfer`, between pipeline stages, and `broadcast`, which no layout
+/// transition needs) is a step, each entry's
+/// shape effect names its own dim attributes, and local steps cost nothing.
+#[test]
+fn the_collectives_table_matches_the_steps() {
+    use crate::nns::{collective, COLLECTIVES};
+    let steps = [
+        Step::AllReduce {
+            axes: vec![0],
+            reduce: Reduce::Sum,
+        },
+        Step::ReduceScatter {
+            axis: 0,
+            dim: 0,
+            reduce: Reduce::Sum,
+        },
+        Step::AllGather { axis: 0, dim: 0 },
+        Step::AllToAll {
+            axis: 0,
+            split_dim: 0,
+            concat_dim: 1,
+        },
+        Step::Partition { axis: 0 },
+        Step::Slice { axis: 0, dim: 0 },
+    ];
+    let names: Vec<&str> = steps.iter().map(Step::op_name).collect();
+    for n in &names {
+        assert!(collective(n).is_some(), "step {n} is not in the table");
+    }
+    for c in COLLECTIVES {
+        let exempt = matches!(
+            c.name,
+            "nns.relayout"
+                | "nns.transfer"
+                | "nns.broadcast"
+                | "nns.microbatch"
+                | "nns.send"
+                | "nns.recv"
+        );
+        assert_eq!(c.moves.is_some(), !exempt, "{}: moves", c.name);
+        if !exempt {
+            assert!(
+                names.contains(&c.name),
+                "{} is no step of the search",
+                c.name
+            );
+        }
+        for k in c.cuts.iter().chain(c.grows) {
+            assert!(
+                c.dim_attrs.contains(k),
+                "{}: '{k}' is not a dim attribute",
+                c.name
+            );
+        }
+    }
+    for local in ["nns.slice", "nns.partition"] {
+        assert_eq!(crate::nns::sent_bytes(local, 4.0, 100.0, 25.0), 0.0);
+    }
+    assert_eq!(
+        crate::nns::sent_bytes("nns.all_reduce", 4.0, 100.0, 100.0),
+        150.0
+    );
+}
+
+#[test]
+fn transition_table() {
+    let m = mesh("dp = 2, tp = 4");
+    let table: &[(&str, &str, &str)] = &[
+        ("", "", ""),
+        ("tp = V(sum)", "", "all_reduce(tp, sum)"),
+        ("tp = D(0)", "", "all_gather(tp, 0)"),
+        ("tp = V(sum)", "tp = D(0)", "reduce_scatter(tp, 0, sum)"),
+        ("", "tp = D(1)", "slice(tp, 1)"),
+        ("tp = D(0)", "tp = D(1)", "all_to_all(tp, 0->1)"),
+        ("dp = V(sum), tp = V(sum)", "", "all_reduce(dp tp, sum)"),
+        (
+            "dp = D(0), tp = D(0)",
+            "",
+            "all_gather(tp, 0); all_gather(dp, 0)",
+        ),
+        ("dp = D(0), tp = D(1)", "dp = D(0)", "all_gather(tp, 1)"),
+        (
+            "dp = V(sum)",
+            "dp = D(0), tp = D(0)",
+            "reduce_scatter(dp, 0, sum); slice(tp, 0)",
+        ),
+        ("tp = V(max)", "", "all_reduce(tp, max)"),
+        (
+            "dp = D(0), tp = V(sum)",
+            "dp = D(0), tp = D(1)",
+            "reduce_scatter(tp, 1, sum)",
+        ),
+    ];
+    for (a, b, want) in table {
+        assert_eq!(path(&m, a, b), *want, "{a:?} -> {b:?}");
+        // Applying the steps reaches the target.
+        let mut ts = TransitionSearch::new();
+        let t = ts
+            .find(&sh(&m, a, 2), &sh(&m, b, 2), &[64, 64], 4, &sizes(&m))
+            .unwrap();
+        let end = t.steps.iter().fold(sh(&m, a, 2), |s, step| step.apply(&s));
+        assert_eq!(end, sh(&m, b, 2), "{a:?} -> {b:?}");
+    }
+}
+
+#[test]
+fn replicated_becomes_partial_locally_but_max_partials_are_unreachable() {
+    let m = mesh("tp = 2");
+    let mut ts = TransitionSearch::new();
+    let t = ts
+        .find(&sh(&m, "", 2), &sh(&m, "tp = V(sum)", 2), &[4, 4], 4, &[2])
+        .unwrap();
+    assert_eq!(t.steps, vec![Step::Partition { axis: 0 }]);
+    assert_eq!(t.bytes, 0.0);
+    let t = ts.find(&sh(&m, "", 2), &sh(&m, "tp = V(max)", 2), &[4, 4], 4, &[2]);
+    assert!(t.is_none());
+}
+
+#[test]
+fn indivisible_splits_are_avoided() {
+    // dim 0 has length 6: splitting it 4 ways is impossible, so D(1) -> R -> no D(0).
+    let m = mesh("tp = 4");
+    let mut ts = TransitionSearch::new();
+    let t = ts.find(
+        &sh(&m, "tp = D(1)", 2),
+        &sh(&m, "tp = D(0)", 2),
+        &[6, 8],
+        4,
+        &[4],
+    );
+    assert!(t.is_none());
+    let t = ts
+        .find(&sh(&m, "tp = D(1)", 2), &sh(&m, "", 2), &[6, 8], 4, &[4])
+        .unwrap();
+    assert_eq!(t.steps, vec![Step::AllGather { axis: 0, dim: 1 }]);
+    assert_eq!(t.bytes, 0.75 * 6.0 * 8.0 * 4.0);
+}
+
+#[test]
+fn shards_follow_row_major_coordinates_and_nesting() {
+    let m = mesh("dp = 2, tp = 2");
+    let s = sh(&m, "tp = D(0), dp = D(0)", 2); // tp outer, dp inner on dim 0
+    let sz = sizes(&m);
+    // device 1 = (dp 0, tp 1): block tp*2 + dp = 2 of 4 -> rows 4..6
+    assert_eq!(s.shard(&[8, 3], &sz, 1).ranges, vec![4..6, 0..3]);
+    // device 2 = (dp 1, tp 0): block 1 -> rows 2..4
+    assert_eq!(s.shard(&[8, 3], &sz, 2).ranges, vec![2..4, 0..3]);
+    let v = sh(&m, "dp = V(sum), tp = D(1)", 2);
+    let piece = v.shard(&[8, 4], &sz, 3);
+    assert_eq!(piece.ranges, vec![0..8, 2..4]);
+    assert_eq!(piece.partial, vec![(0, 1)]);
+}
+
+#[test]
+fn op_layouts_from_directives() {
+    let m = mesh("dp = 2, tp = 4");
+    let anno = Annotation::parse("m k+, k+ n -> m n").unwrap();
+    let binding = anno.bind(&[Some(&[8, 16]), Some(&[16, 4])]).unwrap();
+    // Row-parallel: k over tp -> inputs split on k, result partial on tp.
+    let l = op_layouts(
+        &anno,
+        &binding,
+        Reduce::Sum,
+        &[("k".into(), vec![1]), ("m".into(), vec![0])],
+        2,
+        &[2, 2],
+        &[2],
+    )
+    .unwrap();
+    assert_eq!(
+        l.inputs[0].as_ref().unwrap().to_layout(&m).to_string(),
+        "@world, dp = D(0), tp = D(1)"
+    );
+    assert_eq!(
+        l.inputs[1].as_ref().unwrap().to_layout(&m).to_string(),
+        "@world, tp = D(0)"
+    );
+    assert_eq!(
+        l.outputs[0].to_layout(&m).to_string(),
+        "@world, dp = D(0), tp = V(sum)"
+    );
+    // Inference follows the first operand's split.
+    let x = l.inputs[0].clone().unwrap();
+    let binds = infer_binds(&anno, &binding, &[Some(&x), None]);
+    assert_eq!(
+        binds,
+        vec![("m".to_string(), vec![0]), ("k".to_string(), vec![1])]
+    );
+}
+
+#[test]
+fn inference_extends_a_bind_to_a_nested_split() {
+    // An elementwise op on a tensor-parallel block (tp = D(0)) and its ZeRO shard
+    // (tp = D(0), dp = D(0): dp inside each tp block) runs on the finer blocks.
+    let m = mesh("dp = 2, tp = 2");
+    let anno = Annotation::parse("a, a -> a").unwrap();
+    let binding = anno.bind(&[Some(&[8]), Some(&[8])]).unwrap();
+    let block = sh(&m, "tp = D(0)", 1);
+    let shard = sh(&m, "tp = D(0), dp = D(0)", 1);
+    let binds = infer_binds(&anno, &binding, &[Some(&block), Some(&shard)]);
+    assert_eq!(binds, vec![("a".to_string(), vec![1, 0])]);
+    // Not the other way round (dp outside tp's blocks is another split), nor when
+    // the inner axis is another identifier's.
+    let outer = sh(&m, "dp = D(0), tp = D(0)", 1);
+    let binds = infer_binds(&anno, &binding, &[Some(&block), Some(&outer)]);
+    assert_eq!(binds, vec![("a".to_string(), vec![1])]);
+    let anno2 = Annotation::parse("a b, a b -> a b").unwrap();
+    let binding2 = anno2.bind(&[Some(&[8, 4]), Some(&[8, 4])]).unwrap();
+    let first = sh(&m, "tp = D(0), dp = D(1)", 2);
+    let second = sh(&m, "tp = D(0), dp = D(0)", 2);
+    let binds = infer_binds(&anno2, &binding2, &[Some(&first), Some(&second)]);
+    assert_eq!(
+        binds,
+        vec![("a".to_string(), vec![1]), ("b".to_string(), vec![0])]
+    );
+}
+
+#[test]
+fn layouts_round_trip() {
+    let m = mesh("dp = 2, tp = 4, pp = 2");
+    for text in [
+        "@world",
+        "@world, dp = V(sum), tp = D(1)",
+        "@world, tp = D(0), dp = D(0)",
+        "@world, pp = V(max)",
+    ] {
+        let l = Layout::parse(text).unwrap();
+        let s = Sharding::from_layout(&l, &m, 2).unwrap();
+        let back = s.to_layout(&m);
+        assert_eq!(
+            Sharding::from_layout(&back, &m, 2).unwrap(),
+            s,
+            "{text} -> {back}"
+        );
+    }
+}
