@@ -64,7 +64,10 @@ fn the_collectives_table_matches_the_steps() {
     let names: Vec<&str> = steps.iter().map(Step::op_name).collect();
     for n in &names {
         let c = collective(n).unwrap_or_else(|| panic!("step {n} is not in the table"));
-        assert!(c.moves.is_some(), "{n} is a step of the search but has no moves");
+        assert!(
+            c.moves.is_some(),
+            "{n} is a step of the search but has no moves"
+        );
     }
     for c in COLLECTIVES {
         if c.moves.is_some() {
