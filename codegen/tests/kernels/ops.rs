@@ -650,20 +650,9 @@ pub(super) fn every_covered_op_matches_the_reference() {
     let (lowered, results): (Vec<_>, Vec<Vec<TensorType>>) =
         lower_cases(&cases).into_iter().unzip();
     let mut operands = Vec::new();
-    // Each case's operands come from a seed of its own (FNV-1a of its op, attributes and
-    // types, and which repeat of them it is), so that adding a case changes no other
-    // case's values.
-    let mut repeats: HashMap<String, u64> = HashMap::new();
+    let mut repeats = HashMap::new();
     for (op, a, tys) in cases.iter() {
-        let key = format!("{op} {a:?} {tys:?}");
-        let repeat = repeats.entry(key.clone()).or_insert(0);
-        *repeat += 1;
-        let seed = key
-            .bytes()
-            .chain(repeat.to_le_bytes())
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-            });
+        let seed = case_seed(&format!("{op} {a:?} {tys:?}"), &mut repeats);
         let (lo, hi) = domain(op);
         let mut ins: Vec<Tensor> = tys
             .iter()
@@ -838,6 +827,18 @@ pub(super) fn every_covered_op_matches_the_reference() {
         kernels.len(),
         teams.len()
     );
+}
+
+/// A case's seed, of its own: FNV-1a of `key` (its op, attributes and types) and which
+/// repeat of that key it is, so that adding a case changes no other case's operands.
+fn case_seed(key: &str, repeats: &mut HashMap<String, u64>) -> u64 {
+    let repeat = repeats.entry(key.to_string()).or_insert(0);
+    *repeat += 1;
+    key.bytes()
+        .chain(repeat.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        })
 }
 
 /// The math functions at their edges: saturation, zeros, negatives, infinities, NaN and
