@@ -3,7 +3,7 @@
 //! (every live device waiting with no progress).
 
 use crate::tensor::Tensor;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex};
 
 /// One collective in flight: each member's deposit (shared: members read it where it is)
@@ -26,6 +26,9 @@ struct State {
     failed: bool,
     /// Why the run stopped, when the exchange itself found out (a deadlock).
     why: Option<String>,
+    /// The devices told to stop because another device failed (their errors are not
+    /// theirs).
+    stopped: HashSet<usize>,
     /// Devices still running, and how many of them are waiting.
     live: usize,
     waiting: usize,
@@ -69,6 +72,7 @@ impl Exchange {
     /// (a deadlock: the program's sends and receives or collectives do not match).
     fn wait_until<'a>(
         &'a self,
+        me: usize,
         mut st: std::sync::MutexGuard<'a, State>,
         what: &dyn Fn() -> String,
         ready: &dyn Fn(&State) -> bool,
@@ -87,10 +91,13 @@ impl Exchange {
         let mut still = 0u32;
         let out = loop {
             if st.failed {
-                break Err(st
-                    .why
-                    .clone()
-                    .unwrap_or_else(|| "another device failed".into()));
+                break Err(match &st.why {
+                    Some(why) => why.clone(),
+                    None => {
+                        st.stopped.insert(me);
+                        "another device failed".into()
+                    }
+                });
             }
             if ready(&st) {
                 break Ok(());
@@ -145,7 +152,7 @@ impl Exchange {
         self.cv.notify_all();
         let k2 = key.clone();
         let serial = self.serial;
-        let mut st = self.wait_until(st, &|| "a collective".to_string(), &|st: &State| {
+        let mut st = self.wait_until(me, st, &|| "a collective".to_string(), &|st: &State| {
             st.slots
                 .get(&k2)
                 .is_some_and(|s| s.0.iter().all(Option::is_some))
@@ -196,7 +203,7 @@ impl Exchange {
             return Ok(());
         }
         let st = self.state.lock().map_err(|_| "a device thread panicked")?;
-        let mut st = self.wait_until(st, &|| "its turn".to_string(), &|st: &State| {
+        let mut st = self.wait_until(me, st, &|| "its turn".to_string(), &|st: &State| {
             st.turn.is_none()
         })?;
         self.take_turn(&mut st, me);
@@ -236,6 +243,7 @@ impl Exchange {
         let key = (from, to, tag.to_string());
         let serial = self.serial;
         let mut st = self.wait_until(
+            to,
             st,
             &|| format!("'{tag}' from device {from}"),
             &|st: &State| st.mail.contains_key(&key) && (!serial || st.turn.is_none()),
@@ -253,6 +261,11 @@ impl Exchange {
             self.pass_turn(&mut st, me);
         }
         self.cv.notify_all();
+    }
+
+    /// Whether device `d` failed only because another device did (it was told to stop).
+    pub(super) fn stopped(&self, d: usize) -> bool {
+        self.state.lock().is_ok_and(|st| st.stopped.contains(&d))
     }
 
     pub(super) fn fail(&self) {

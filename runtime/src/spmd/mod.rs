@@ -624,29 +624,33 @@ fn run_devices<'g>(
             Vec::new()
         }
     });
+    // The error reported: the first device's (in device order) that failed on its own,
+    // else the first device's (told to stop because another failed).
     let mut per_device = Vec::with_capacity(devices);
-    let mut first_err: Option<RunError> = None;
+    let mut first_err: Option<(bool, RunError)> = None;
     for (d, r) in results.into_iter().enumerate() {
         match r {
             Ok(v) => per_device.push(v),
             Err(e) => {
-                let real = e.message != "another device failed";
-                if first_err.is_none()
-                    || real
-                        && first_err
-                            .as_ref()
-                            .is_some_and(|f| f.message.contains("another device failed"))
+                let own = !exchange.stopped(d);
+                if first_err
+                    .as_ref()
+                    .is_none_or(|(had_own, _)| own && !had_own)
                 {
-                    first_err = Some(RunError {
-                        loc: e.loc,
-                        message: format!("device {d}: {}", e.message),
-                    });
+                    let message = format!("device {d}: {}", e.message);
+                    first_err = Some((
+                        own,
+                        RunError {
+                            loc: e.loc,
+                            message,
+                        },
+                    ));
                 }
             }
         }
     }
     match first_err {
-        Some(e) => Err(e),
+        Some((_, e)) => Err(e),
         None => Ok(per_device),
     }
 }
@@ -901,6 +905,38 @@ mod tests {
         assert!(errs
             .iter()
             .any(|e| e.starts_with("deadlock: every device is waiting")));
+    }
+
+    /// A device that fails on its own (a NaN on device 2 only, with finiteness checked)
+    /// is the one reported, whatever its index, not the devices stopped at the collective
+    /// it never reached.
+    #[test]
+    fn the_device_that_failed_is_reported() {
+        let src = r#""nns.mesh"() {sym_name = "world", axes = #nns.axes<tp = 3>} : () -> ()
+func.func @f(%x: tensor<2xf32> {nns.layout = #nns.layout<@world, tp = D(0)>, nns.name = "x"}) -> (tensor<2xf32> {nns.layout = #nns.layout<@world>, nns.name = "y"}) attributes {nns.localized = #nns.axes<tp = 3>} {
+  %0 = "dnn.log"(%x) : (tensor<2xf32>) -> tensor<2xf32>
+  %1 = "nns.all_reduce"(%0) {axes = ["tp"], reduce = "sum"} : (tensor<2xf32>) -> tensor<2xf32>
+  return %1 : tensor<2xf32>
+}"#;
+        let ir = nnscaler_dialects::context::IrContext::new();
+        let m = ir.parse(src, "f.mlir").unwrap();
+        let mut d = nnscaler_dialects::diag::Diagnostics::default();
+        let mesh = nnscaler_dialects::verify::Meshes::collect(&m.as_operation(), &mut d)
+            .0
+            .remove(0);
+        let g = Graph::all_in(&m).remove(0).unwrap();
+        let x = Tensor::f32(&[6], vec![1.0, 2.0, 3.0, 4.0, -1.0, 6.0]);
+        let opts = Options {
+            check_finite: true,
+            ..Options::default()
+        };
+        let e = run_spmd(&g, &mesh, vec![x], &opts).unwrap_err();
+        assert!(e.message.starts_with("device 2: "), "{}", e.message);
+        assert!(
+            !e.message.contains("another device failed"),
+            "{}",
+            e.message
+        );
     }
 
     /// Pieces land at their ranges row by row; a replica that agrees bit for bit is
