@@ -454,8 +454,9 @@ fn compile_stored(
         }
         let at = |e: String| format!("{}: {e}", n.loc);
         if let Some((op, axes)) = collective(n, mesh).map_err(at)? {
-            // A broadcast's result is rounded to bf16 like a reduction's (a no-op).
-            let moves_only = !op.reduces() && !matches!(op, Collective::Broadcast { .. });
+            // What only moves data moves any element type; a reduction's f32 sum is rounded
+            // back to bf16 after it.
+            let moves_only = !op.reduces();
             if moves_only || g.values[n.inputs[0]].elem.is_float() {
                 touch(&mut p, n.inputs[0]);
                 touch(&mut p, n.outputs[0]);

@@ -1,8 +1,8 @@
 //! Every collective of the runtime's table ([`Collective::TABLE`]), with every value of its
-//! parameters, as the `nns` op of a localized program on 2 and 3 devices: the simulated
-//! devices (the reference), the compiled artifact on the host backend in lockstep, and the
-//! same artifact as ranks (a thread per device, NCCL's calls in-process) give the same
-//! bits. Nothing here names a collective: one added to the tables (`docs/extending.md`) is
+//! parameters, as the `nns` op of a localized program on 2 and 3 devices (f32, and i64 for
+//! those that do not reduce): the simulated devices (the reference), the compiled artifact
+//! on the host backend in lockstep, and the same artifact as ranks (a thread per device,
+//! NCCL's calls in-process) give the same bits. Nothing here names a collective: one added to the tables (`docs/extending.md`) is
 //! run by this test as it is.
 
 use nnscaler_dialects::context::IrContext;
@@ -14,16 +14,20 @@ use nnscaler_runtime::interp::Options;
 use nnscaler_runtime::spmd::run_spmd;
 use nnscaler_runtime::tensor::Tensor;
 
-/// `tensor<AxBxf32>`.
-fn ty(shape: &[u64]) -> String {
+/// `tensor<AxBxf32>` (or `xi64`).
+fn ty(shape: &[u64], int: bool) -> String {
     let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
-    format!("tensor<{}xf32>", dims.join("x"))
+    format!(
+        "tensor<{}x{}>",
+        dims.join("x"),
+        if int { "i64" } else { "f32" }
+    )
 }
 
 /// The program: argument `x` (this device's piece, dim 0 split over `tp`) through the
 /// collective `op`, its result also read as split along dim 0 (so that each device's
 /// piece is kept, whatever the collective leaves there).
-fn program(op: &Collective, n: usize, local: &[u64], out: &[u64]) -> String {
+fn program(op: &Collective, n: usize, local: &[u64], out: &[u64], int: bool) -> String {
     let mut attrs = vec![r#"axes = ["tp"]"#.to_string()];
     for (k, p) in op.params() {
         attrs.push(match p {
@@ -31,7 +35,7 @@ fn program(op: &Collective, n: usize, local: &[u64], out: &[u64]) -> String {
             Param::Flag(max) => format!(r#"reduce = "{}""#, if max { "max" } else { "sum" }),
         });
     }
-    let (i, o) = (ty(local), ty(out));
+    let (i, o) = (ty(local, int), ty(out, int));
     let split = "#nns.layout<@world, tp = D(0)>";
     format!(
         r#""nns.mesh"() {{sym_name = "world", axes = #nns.axes<tp = {n}>}} : () -> ()
@@ -42,6 +46,60 @@ func.func @f(%x: {i} {{nns.layout = {split}, nns.name = "x"}}) -> ({o} {{nns.lay
         name = op.name(),
         attrs = attrs.join(", ")
     )
+}
+
+/// Collective `op` on `n` devices, each with a `local` piece, f32 or i64: the artifact on
+/// the host backend (lockstep and ranks) against the simulated devices, bit for bit.
+fn check(op: &Collective, n: usize, local: &[u64], out: &[u64], int: bool) {
+    let src = program(op, n, local, out, int);
+    let ir = IrContext::new();
+    let m = ir
+        .parse(&src, "collective.mlir")
+        .unwrap_or_else(|d| panic!("{src}\n{d:?}"));
+    let mut d = Diagnostics::default();
+    let mesh = Meshes::collect(&m.as_operation(), &mut d).0.remove(0);
+    let g = Graph::all_in(&m).remove(0).unwrap();
+    let mut whole = local.to_vec();
+    whole[0] *= n as u64;
+    let len: u64 = whole.iter().product();
+    let shape: Vec<usize> = whole.iter().map(|&d| d as usize).collect();
+    let ints: Vec<i64> = (0..len)
+        .map(|i| ((i * 7919 + 13) % 101) as i64 - 50)
+        .collect();
+    let (x, data) = if int {
+        (
+            Tensor::i64(&shape, ints.clone()),
+            nnscaler_rt::Values::I64(ints),
+        )
+    } else {
+        let v: Vec<f32> = ints.iter().map(|&i| i as f32 * 0.37).collect();
+        (Tensor::f32(&shape, v.clone()), nnscaler_rt::Values::F32(v))
+    };
+    let what = format!(
+        "{op:?} over {n} on {local:?}{}",
+        if int { " (i64)" } else { "" }
+    );
+    let want = run_spmd(&g, &mesh, vec![x], &Options::default())
+        .unwrap_or_else(|e| panic!("{what}: {}", e.message));
+    let art = nnscaler_codegen::artifact(&g, "collectives", Some(&mesh), Default::default())
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let host = nnscaler_rt::HostProgram::load(art).unwrap();
+    let input = [nnscaler_rt::Tensor { shape: whole, data }];
+    let lockstep = host.run(&input).unwrap();
+    let ranks = host.run_ranks_timed(&input, 1).unwrap().0;
+    for (how, got) in [("lockstep", &lockstep), ("ranks", &ranks)] {
+        let same = match (&got[0].data, &want[0].data) {
+            (nnscaler_rt::Values::F32(v), nnscaler_runtime::tensor::Data::F32(w)) => {
+                v.len() == w.len() && v.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits())
+            }
+            (nnscaler_rt::Values::I64(v), nnscaler_runtime::tensor::Data::I64(w)) => v == w,
+            _ => false,
+        };
+        assert!(
+            same,
+            "{what} ({how}): the artifact differs from the simulated devices"
+        );
+    }
 }
 
 #[test]
@@ -55,52 +113,14 @@ fn every_collective_compiles_to_what_the_simulated_devices_compute() {
                 let Ok(out) = op.out_shape(&local, n64) else {
                     continue;
                 };
-                let src = program(&op, n, &local, &out);
-                let ir = IrContext::new();
-                let m = ir
-                    .parse(&src, "collective.mlir")
-                    .unwrap_or_else(|d| panic!("{src}\n{d:?}"));
-                let mut d = Diagnostics::default();
-                let mesh = Meshes::collect(&m.as_operation(), &mut d).0.remove(0);
-                let g = Graph::all_in(&m).remove(0).unwrap();
-                let mut whole = local.clone();
-                whole[0] *= n64;
-                let len: u64 = whole.iter().product();
-                let x: Vec<f32> = (0..len)
-                    .map(|i| ((i * 7919 + 13) % 101) as f32 * 0.37 - 18.0)
-                    .collect();
-                let shape: Vec<usize> = whole.iter().map(|&d| d as usize).collect();
-                let want = run_spmd(
-                    &g,
-                    &mesh,
-                    vec![Tensor::f32(&shape, x.clone())],
-                    &Options::default(),
-                )
-                .unwrap_or_else(|e| panic!("{op:?} over {n}: {}", e.message));
-                let art =
-                    nnscaler_codegen::artifact(&g, "collectives", Some(&mesh), Default::default())
-                        .unwrap_or_else(|e| panic!("{op:?} over {n}: {e}"));
-                let host = nnscaler_rt::HostProgram::load(art).unwrap();
-                let input = nnscaler_rt::Tensor {
-                    shape: whole.clone(),
-                    data: nnscaler_rt::Values::F32(x),
-                };
-                let lockstep = host.run(std::slice::from_ref(&input)).unwrap();
-                let ranks = host
-                    .run_ranks_timed(std::slice::from_ref(&input), 1)
-                    .unwrap()
-                    .0;
-                let want = want[0].f().unwrap();
-                for (how, got) in [("lockstep", &lockstep), ("ranks", &ranks)] {
-                    let nnscaler_rt::Values::F32(v) = &got[0].data else {
-                        panic!("{op:?}: not f32")
-                    };
-                    let same = v.len() == want.len()
-                        && v.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{op:?} over {n} on {local:?} ({how}): the artifact differs from the simulated devices");
+                check(&op, n, &local, &out, false);
+                cases += 1;
+                // What only moves data moves integers too.
+                if !op.reduces() {
+                    check(&op, n, &local, &out, true);
+                    cases += 1;
                 }
                 seen.insert(op.name());
-                cases += 1;
             }
         }
     }
