@@ -72,72 +72,58 @@ fn run_shares(shares: &[Vec<RankOp>], arenas: &mut [Vec<f32>], scratch: u64) {
             src[f(a)..f(a) + len].to_vec()
         };
         let mut writes: Vec<(usize, At, Vec<f32>)> = Vec::new();
+        // Each member's send and receive (the calls with one of each; none for an exchange).
+        let ends: Vec<(At, At)> = ops
+            .iter()
+            .filter_map(|o| match o {
+                Flat::AllReduce { send, recv, .. }
+                | Flat::AllGather { send, recv, .. }
+                | Flat::ReduceScatter { send, recv, .. }
+                | Flat::Broadcast { send, recv, .. } => Some((*send, *recv)),
+                Flat::Exchange { .. } => None,
+            })
+            .collect();
+        // The members' sends of `len` f32s, summed (or their maximum) in member order.
+        let reduced = |len: usize, max: bool| -> Vec<f32> {
+            let mut acc = read(arenas, &scratches, 0, ends[0].0, len);
+            for (k, e) in ends.iter().enumerate().skip(1) {
+                f32::reduce_into(&mut acc, &read(arenas, &scratches, k, e.0, len), max).unwrap();
+            }
+            acc
+        };
         match ops[0] {
             Flat::AllReduce { n: len, max, .. } => {
-                let sends: Vec<Vec<f32>> = ops
-                    .iter()
-                    .enumerate()
-                    .map(|(k, o)| match o {
-                        Flat::AllReduce { send, .. } => {
-                            read(arenas, &scratches, k, *send, *len as usize)
-                        }
-                        _ => unreachable!(),
-                    })
-                    .collect();
-                let mut acc = sends[0].clone();
-                for s in &sends[1..] {
-                    f32::reduce_into(&mut acc, s, *max).unwrap();
-                }
-                for (k, o) in ops.iter().enumerate() {
-                    if let Flat::AllReduce { recv, .. } = o {
-                        writes.push((k, *recv, acc.clone()));
-                    }
+                let acc = reduced(*len as usize, *max);
+                for (k, e) in ends.iter().enumerate() {
+                    writes.push((k, e.1, acc.clone()));
                 }
             }
             Flat::AllGather { bytes, .. } => {
                 let mut all = Vec::new();
-                for (k, o) in ops.iter().enumerate() {
-                    if let Flat::AllGather { send, .. } = o {
-                        all.extend(read(arenas, &scratches, k, *send, *bytes as usize / 4));
-                    }
+                for (k, e) in ends.iter().enumerate() {
+                    all.extend(read(arenas, &scratches, k, e.0, *bytes as usize / 4));
                 }
-                for (k, o) in ops.iter().enumerate() {
-                    if let Flat::AllGather { recv, .. } = o {
-                        writes.push((k, *recv, all.clone()));
-                    }
+                for (k, e) in ends.iter().enumerate() {
+                    writes.push((k, e.1, all.clone()));
                 }
             }
             Flat::ReduceScatter { n: len, max, .. } => {
                 let l = *len as usize;
-                let sends: Vec<Vec<f32>> = ops
-                    .iter()
-                    .enumerate()
-                    .map(|(k, o)| match o {
-                        Flat::ReduceScatter { send, .. } => {
-                            read(arenas, &scratches, k, *send, l * n)
-                        }
-                        _ => unreachable!(),
-                    })
-                    .collect();
-                let mut acc = sends[0].clone();
-                for s in &sends[1..] {
-                    f32::reduce_into(&mut acc, s, *max).unwrap();
-                }
-                for (k, o) in ops.iter().enumerate() {
-                    if let Flat::ReduceScatter { recv, .. } = o {
-                        writes.push((k, *recv, acc[k * l..(k + 1) * l].to_vec()));
-                    }
+                let acc = reduced(l * n, *max);
+                for (k, e) in ends.iter().enumerate() {
+                    writes.push((k, e.1, acc[k * l..(k + 1) * l].to_vec()));
                 }
             }
             Flat::Broadcast { bytes, root, .. } => {
-                let Flat::Broadcast { send, .. } = ops[*root] else {
-                    unreachable!()
-                };
-                let v = read(arenas, &scratches, *root, *send, *bytes as usize / 4);
-                for (k, o) in ops.iter().enumerate() {
-                    if let Flat::Broadcast { recv, .. } = o {
-                        writes.push((k, *recv, v.clone()));
-                    }
+                let v = read(
+                    arenas,
+                    &scratches,
+                    *root,
+                    ends[*root].0,
+                    *bytes as usize / 4,
+                );
+                for (k, e) in ends.iter().enumerate() {
+                    writes.push((k, e.1, v.clone()));
                 }
             }
             Flat::Exchange { bytes, .. } => {
