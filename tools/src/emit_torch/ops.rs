@@ -881,9 +881,22 @@ fn shape_statement(g: &Graph, n: &Node, a: &[String]) -> Result<String, String> 
     })
 }
 
+/// Whether the PyTorch runtime (`frontends/torch/nnscaler_torch/runtime.py`, written
+/// beside the ranks' files) has the method `Comm.<name>` that runs collective `name`.
+fn runtime_has(name: &str) -> bool {
+    super::RUNTIME.contains(&format!("    def {name}(self, x, axes"))
+}
+
 /// The runtime's call of collective `c` on `x` over the group `key` (its axes):
-/// `comm.<name>(x, key, <parameter>=<value>, ...)`, a maximum as `op="max"`.
-fn comm_call(c: &Collective, x: &str, key: &str) -> String {
+/// `comm.<name>(x, key, <parameter>=<value>, ...)`, a maximum as `op="max"`; an error when
+/// the runtime has no such method.
+fn comm_call(c: &Collective, x: &str, key: &str) -> Result<String, String> {
+    if !runtime_has(c.name()) {
+        return Err(format!(
+            "emit-torch has no PyTorch for 'nns.{0}': the runtime (frontends/torch/nnscaler_torch/runtime.py) has no Comm.{0}",
+            c.name()
+        ));
+    }
     let mut s = format!("comm.{}({x}, {key:?}", c.name());
     for (k, p) in c.params() {
         match p {
@@ -893,7 +906,7 @@ fn comm_call(c: &Collective, x: &str, key: &str) -> String {
         }
     }
     s.push(')');
-    s
+    Ok(s)
 }
 
 /// [`statement`] of the collectives, pipeline messages and calls; an error for any other op.
@@ -910,7 +923,7 @@ fn comm_statement(
     }) {
         let c = c?;
         if c.communicates() {
-            return Ok(comm_call(&c, &a[0], &need_axes(n)?.join(",")));
+            return comm_call(&c, &a[0], &need_axes(n)?.join(","));
         }
     }
     Ok(match op {
@@ -995,8 +1008,10 @@ fn comm_statement(
                 // An elementwise op without a line above: its formula, written in torch.
                 return Ok(torch_formula(&rule.expr(&n.attrs)?, a));
             }
+            let colls: Vec<&str> = Collective::TABLE.iter().map(|(name, _)| *name).collect();
             return Err(format!(
-                "emit-torch has no PyTorch for '{other}' (it writes the dnn ops and nns.all_reduce, all_gather, reduce_scatter, all_to_all, slice, broadcast, partition, microbatch, send and recv)"
+                "emit-torch has no PyTorch for '{other}' (it writes the dnn ops and nns.{}, partition, microbatch, send and recv)",
+                colls.join(", ")
             ));
         }
     })
@@ -1020,6 +1035,23 @@ mod tests {
         // A fresh name never takes one an argument holds.
         n.exact("add0");
         assert_eq!(n.fresh("add"), "add1");
+    }
+
+    /// Every collective of the runtime's table that communicates has its method in the
+    /// PyTorch runtime (a missing one is found here, not when torchrun runs the files).
+    #[test]
+    fn the_torch_runtime_runs_every_collective() {
+        for &(name, _) in Collective::TABLE {
+            let c = Collective::every(3, 2)
+                .into_iter()
+                .find(|c| c.name() == name)
+                .expect("every collective has a form on rank 3 in groups of 2");
+            assert!(
+                !c.communicates() || runtime_has(name),
+                "frontends/torch/nnscaler_torch/runtime.py has no Comm.{name}"
+            );
+        }
+        assert!(!runtime_has("gather_all"));
     }
 
     #[test]
