@@ -249,7 +249,7 @@ impl Collective {
                 let Some(len) = want.get_mut(dim) else {
                     return Err(format!("dim {dim} is beyond its buffers' rank"));
                 };
-                *len *= n;
+                *len = len.saturating_mul(n);
             }
             Collective::Slice { dim } | Collective::ReduceScatter { dim, .. } => {
                 cut(&mut want, dim)?
@@ -264,7 +264,7 @@ impl Collective {
                     ));
                 }
                 cut(&mut want, split_dim)?;
-                want[concat_dim] *= n;
+                want[concat_dim] = want[concat_dim].saturating_mul(n);
             }
         }
         Ok(want)
@@ -306,6 +306,16 @@ impl Collective {
         me: usize,
     ) -> Result<(Vec<usize>, Vec<T>), String> {
         let n = parts.len();
+        let len: usize = shape.iter().product();
+        if me >= n {
+            return Err(format!("member {me} of a group of {n}"));
+        }
+        if let Some(p) = parts.iter().find(|p| p.len() != len) {
+            return Err(format!(
+                "a member's piece has {} elements, not the {len} of {shape:?}",
+                p.len()
+            ));
+        }
         let reduced = |parts: &[&[T]], max: bool| -> Result<Vec<T>, String> {
             let mut acc = parts[0].to_vec();
             for p in &parts[1..] {

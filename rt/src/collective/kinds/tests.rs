@@ -231,6 +231,23 @@ fn every_collective_computes_its_meaning() {
     assert!(cases > 100, "{cases} cases");
 }
 
+/// The meaning refuses pieces that are not of the shape given, and a member outside the
+/// group, instead of reading past them.
+#[test]
+fn the_reference_refuses_pieces_of_another_shape() {
+    let op = Collective::AllGather { dim: 0 };
+    let (a, b) = ([1f32, 2., 3., 4.], [5f32, 6.]);
+    let e = op.reference(&[&a, &b], &[2, 2], 0).unwrap_err();
+    assert!(
+        e.contains("a member's piece has 2 elements, not the 4 of [2, 2]"),
+        "{e}"
+    );
+    let e = op.reference(&[&a, &a], &[2, 2], 2).unwrap_err();
+    assert!(e.contains("member 2 of a group of 2"), "{e}");
+    let (shape, v) = op.reference(&[&a, &a], &[2, 2], 1).unwrap();
+    assert_eq!((shape, v.len()), (vec![4, 2], 8));
+}
+
 /// A step's JSON is the collective's name around its buffers, groups and parameters in
 /// order, and reads back the same; a step with an unknown or missing field is refused.
 #[test]
