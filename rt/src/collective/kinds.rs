@@ -273,19 +273,11 @@ impl Collective {
     /// Whether buffers `i` (read) and `o` (written) fit it in groups of `n`: the element
     /// types (one, and f32 where it reduces) and the output's shape.
     pub fn check(&self, i: &Buffer, o: &Buffer, n: u64) -> Result<(), String> {
-        if let Collective::Broadcast { root } = *self {
-            if root as u64 >= n {
-                return Err(format!("its root {root} is not a member of a group of {n}"));
-            }
-        }
-        if let Collective::AllToAll { .. } = self {
-            // Its dims first: they say more than the element types.
-            self.out_shape(&i.shape, n)?;
-        }
+        // Its dims and root first: they say more than the element types.
+        let want = self.out_shape(&i.shape, n)?;
         if i.elt != o.elt || (self.reduces() && i.elt != Elt::F32) {
             return Err("its buffers' element types do not fit it".into());
         }
-        let want = self.out_shape(&i.shape, n)?;
         if want != o.shape {
             return Err(format!(
                 "an input of shape {:?} gives {want:?}, not {:?}",

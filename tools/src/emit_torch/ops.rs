@@ -521,7 +521,10 @@ fn relayout_comment(
         "nns.broadcast" => format!("the root's value over {axes}"),
         "nns.microbatch" => format!("micro-batch {} of dim {}", dim("index"), dim("dim")),
         // A collective without words of its own here: its summary in the dialect.
-        _ if collective_of(n, |_| Ok::<_, ()>(0)).is_some() => {
+        op if Collective::TABLE
+            .iter()
+            .any(|(name, _)| op.strip_prefix("nns.") == Some(*name)) =>
+        {
             nnscaler_dialects::nns::collective(&n.op)?
                 .summary
                 .to_string()
