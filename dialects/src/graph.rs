@@ -706,7 +706,8 @@ impl Graph {
     /// it is used — ones for the weight of `layer_norm`/`rms_norm`, zeros for the bias of
     /// `linear`/`layer_norm`, normal(0, 0.02) otherwise (GPT-2 and Llama conventions).
     /// Uses are followed through `nns` ops (relayouts and collectives move a value, they do
-    /// not change what it is), so a partitioned program draws the single-device values. A
+    /// not change what it is) and casts (autocast's bf16 copies), so a partitioned or
+    /// mixed-precision program draws the single-device values. A
     /// parameter whose uses ask for different rules (a norm weight that is also a bias) is
     /// an error asking for an `nns.init`: no plan may decide which use wins.
     pub fn init_rule(&self, arg: usize) -> Result<crate::types::Init, String> {
@@ -753,7 +754,9 @@ impl Graph {
                 if !aliases[v] {
                     continue;
                 }
-                if n.op.starts_with("nns.") {
+                // Relayouts and collectives move a value and a cast (`--autocast`'s bf16
+                // copy) rounds it: none changes what it is.
+                if n.op.starts_with("nns.") || n.op == "dnn.cast" {
                     for &o in &n.outputs {
                         aliases[o] = true;
                     }
@@ -983,6 +986,35 @@ mod tests {
         let g2 = graph_of(&ir, &text);
         assert_eq!(g2.to_mlir(), text);
         assert_eq!(g2.nodes[2].loc, g.nodes[2].loc, "locations survive");
+    }
+
+    /// A bf16 copy of a parameter (`dnn.cast`, what `--autocast` reads) is the parameter:
+    /// a linear's bias read through one still starts at zeros, a norm's weight at ones.
+    #[test]
+    fn init_rules_follow_casts() {
+        let ir = IrContext::new();
+        let src = r#"func.func @f(%arg0: tensor<2x3xf32> {nns.name = "x"}, %arg1: tensor<4x3xf32> {nns.name = "w", nns.param}, %arg2: tensor<4xf32> {nns.name = "b", nns.param}, %arg3: tensor<4xf32> {nns.name = "g", nns.param}) -> (tensor<f32> {nns.name = "loss"}) {
+  %0 = "dnn.cast"(%arg0) {to = "bf16"} : (tensor<2x3xf32>) -> tensor<2x3xbf16>
+  %1 = "dnn.cast"(%arg1) {to = "bf16"} : (tensor<4x3xf32>) -> tensor<4x3xbf16>
+  %2 = "dnn.cast"(%arg2) {to = "bf16"} : (tensor<4xf32>) -> tensor<4xbf16>
+  %3 = "dnn.linear"(%0, %1, %2) : (tensor<2x3xbf16>, tensor<4x3xbf16>, tensor<4xbf16>) -> tensor<2x4xbf16>
+  %4 = "dnn.cast"(%arg3) {to = "bf16"} : (tensor<4xf32>) -> tensor<4xbf16>
+  %5 = "dnn.cast"(%2) {to = "f32"} : (tensor<4xbf16>) -> tensor<4xf32>
+  %6 = "dnn.layer_norm"(%3, %4) {eps = 1.0e-5 : f64} : (tensor<2x4xbf16>, tensor<4xbf16>) -> tensor<2x4xbf16>
+  %7 = "dnn.cast"(%6) {to = "f32"} : (tensor<2x4xbf16>) -> tensor<2x4xf32>
+  %8 = "dnn.sum"(%7) {dims = array<i64: 0, 1>} : (tensor<2x4xf32>) -> tensor<f32>
+  return %8 : tensor<f32>
+}
+"#;
+        let g = graph_of(&ir, src);
+        use crate::types::Init;
+        let normal = Init::Normal {
+            mean: 0.0,
+            std: 0.02,
+        };
+        assert_eq!(g.init_rule(1).unwrap(), normal, "a linear's weight");
+        assert_eq!(g.init_rule(2).unwrap(), Init::Const(0.0), "a linear's bias");
+        assert_eq!(g.init_rule(3).unwrap(), Init::Const(1.0), "a norm's weight");
     }
 
     #[test]

@@ -77,11 +77,17 @@ pub static PASSES: &[PassInfo] = &[
     },
     PassInfo {
         name: "autocast",
-        summary: "Mixed precision (run before --autodiff): matrix products (matmul, linear, attention) read bf16 casts of their f32 operands and their bf16 results are cast back to f32; everything else and the parameters stay f32, and the backward derived from the casts gives f32 gradients",
-        options: &[OptionInfo {
-            name: "to",
-            help: "bf16 (the only type; may be written alone: --autocast=bf16)",
-        }],
+        summary: "Mixed precision (run before --autodiff): matrix products (matmul, linear, attention) read bf16 casts of their f32 operands and their bf16 results are cast back to f32 (with activations=bf16: every forward op but the loss reads and writes bf16); the parameters stay f32, and the backward derived from the casts gives f32 gradients",
+        options: &[
+            OptionInfo {
+                name: "to",
+                help: "bf16 (the only type; may be written alone: --autocast=bf16)",
+            },
+            OptionInfo {
+                name: "activations",
+                help: "f32 (default: only the matrix products in bf16, as PyTorch's autocast) or bf16 (every activation in bf16, the loss and other scalars, user ops and the optimizer in f32, as Megatron-LM's --bf16)",
+            },
+        ],
         anchor: Anchor::Function,
         factory: Factory::Native(|o| Ok(Native::Function(Box::new(Autocast::new(o)?)))),
     },

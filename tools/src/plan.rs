@@ -83,10 +83,13 @@ pub struct PlanArgs {
     /// with the same model and print its best plan beside the search's.
     #[arg(long)]
     pub compare_megatron: bool,
-    /// Arithmetic of the matrix products: f32, or bf16 (mixed precision: the forward gets
-    /// --autocast=bf16 first; products predicted at the bf16 tensor-core rate, MFU against
-    /// the bf16 peak). A training step keeps the precision it was compiled with.
-    #[arg(long, value_name = "f32|bf16", default_value = "f32")]
+    /// Arithmetic: f32; bf16 (mixed precision as PyTorch's autocast: the forward gets
+    /// --autocast=bf16 first, matrix products in bf16, activations f32); or bf16-activations
+    /// (as Megatron-LM's --bf16: --autocast="bf16 activations=bf16", every activation in bf16,
+    /// the loss and the master weights f32). With bf16 the products are predicted at the bf16
+    /// tensor-core rate and MFU is against the bf16 peak. A training step keeps the precision
+    /// it was compiled with.
+    #[arg(long, value_name = "f32|bf16|bf16-activations", default_value = "f32")]
     pub precision: String,
     /// Alternatives to print.
     #[arg(long, value_name = "N", default_value_t = 5)]
@@ -142,12 +145,47 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     Ok((v * mul as f64) as u64)
 }
 
+/// What `--precision` asks for: the autocast a forward gets before `--autodiff`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    /// No casts.
+    F32,
+    /// `--autocast=bf16`: the matrix products in bf16.
+    Bf16,
+    /// `--autocast="bf16 activations=bf16"`: every activation in bf16.
+    Bf16Activations,
+}
+
+impl Precision {
+    /// `--precision`'s value.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            "bf16-activations" => Ok(Precision::Bf16Activations),
+            other => Err(format!(
+                "unknown precision '{other}' (f32, bf16 or bf16-activations)"
+            )),
+        }
+    }
+
+    /// The `--autocast` options it runs (`None`: none).
+    pub fn autocast(self) -> Option<&'static str> {
+        match self {
+            Precision::F32 => None,
+            Precision::Bf16 => Some("bf16"),
+            Precision::Bf16Activations => Some("bf16 activations=bf16"),
+        }
+    }
+}
+
 /// The training step (single device) of the module: its largest function, after
-/// `--autodiff --optimizer` when it is a forward.
+/// `--autodiff --optimizer` when it is a forward (after `--autocast` first, as `precision`
+/// asks).
 pub fn training_step(
     text: &str,
     file: &str,
-    bf16: bool,
+    precision: Precision,
 ) -> Result<(Graph, bool, Option<Mesh>), String> {
     let ir = IrContext::new();
     let mut m = ir
@@ -168,7 +206,7 @@ pub fn training_step(
     };
     let g = largest(&m)?;
     if has_backward(&g) {
-        if bf16 && !g.nodes.iter().any(|n| n.op == "dnn.cast") {
+        if precision != Precision::F32 && !g.nodes.iter().any(|n| n.op == "dnn.cast") {
             return Err(format!(
                 "{file}: --precision bf16 needs a forward (--autocast=bf16 runs before --autodiff); this training step is f32"
             ));
@@ -179,8 +217,8 @@ pub fn training_step(
         nnscaler_passes::registry::step("autodiff", "")?,
         nnscaler_passes::registry::step("optimizer", "")?,
     ];
-    if bf16 {
-        steps.insert(0, nnscaler_passes::registry::step("autocast", "bf16")?);
+    if let Some(options) = precision.autocast() {
+        steps.insert(0, nnscaler_passes::registry::step("autocast", options)?);
     }
     pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, file)
         .map_err(|d| d.render_limited(Some(text), 20))?;
@@ -192,7 +230,7 @@ pub fn training_step(
 pub fn cut_step(
     text: &str,
     file: &str,
-    bf16: bool,
+    precision: Precision,
 ) -> Result<Option<nnscaler_passes::planner::layer_runs::Cut>, String> {
     let ir = IrContext::new();
     let m = ir
@@ -209,7 +247,7 @@ pub fn cut_step(
         return Ok(None);
     };
     // Printed with the ops' own locations, so messages point into the user's file.
-    let (step, _, _) = training_step(&r.forward.to_mlir(), file, bf16)?;
+    let (step, _, _) = training_step(&r.forward.to_mlir(), file, precision)?;
     Ok(Some(nnscaler_passes::planner::layer_runs::Cut {
         step,
         runs: r.runs,
@@ -222,8 +260,15 @@ pub type Passes = Vec<(String, String)>;
 /// The passes (name, options) that apply plan `e`: those that write its directives into
 /// the IR (up to `--plan`), then those that carry it out. `forward`: the input is a
 /// forward (it gets `--autodiff --optimizer`; pipelines place it first).
-/// `cluster` is the cluster as the user named it (a preset or a file), for `tp-search`.
-pub fn apply_passes(e: &Estimate, p: &Profile, forward: bool, cluster: &str) -> (Passes, Passes) {
+/// `cluster` is the cluster as the user named it (a preset or a file), for `tp-search`;
+/// `precision` the autocast a forward gets first.
+pub fn apply_passes(
+    e: &Estimate,
+    p: &Profile,
+    forward: bool,
+    cluster: &str,
+    precision: Precision,
+) -> (Passes, Passes) {
     let c = &e.config;
     let mut before = Vec::new();
     let pass = |n: &str, o: String| (n.to_string(), o);
@@ -238,9 +283,9 @@ pub fn apply_passes(e: &Estimate, p: &Profile, forward: bool, cluster: &str) -> 
         }
     }
     if forward {
-        if p.bf16 {
+        if let Some(options) = precision.autocast() {
             // Mixed precision: the search profiled the cast forward.
-            before.insert(0, pass("autocast", "bf16".into()));
+            before.insert(0, pass("autocast", options.into()));
         }
         before.push(pass("autodiff", String::new()));
     }
@@ -283,8 +328,14 @@ pub fn flags(passes: &[(String, String)]) -> String {
 }
 
 /// The `nnscaler-opt` flags that apply plan `e` (see [`apply_passes`]).
-pub fn apply_flags(e: &Estimate, p: &Profile, forward: bool, cluster: &str) -> String {
-    let (before, after) = apply_passes(e, p, forward, cluster);
+pub fn apply_flags(
+    e: &Estimate,
+    p: &Profile,
+    forward: bool,
+    cluster: &str,
+    precision: Precision,
+) -> String {
+    let (before, after) = apply_passes(e, p, forward, cluster, precision);
     flags(&[before, after].concat())
 }
 
@@ -379,12 +430,8 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
         return Err("--devices must be at least 1".into());
     }
     let start = Instant::now();
-    let bf16 = match a.precision.as_str() {
-        "f32" => false,
-        "bf16" => true,
-        other => return Err(format!("--precision: '{other}' is not f32 or bf16")),
-    };
-    let (step, differentiated, mesh) = training_step(&text, &name, bf16)?;
+    let precision = Precision::parse(&a.precision).map_err(|e| format!("--precision: {e}"))?;
+    let (step, differentiated, mesh) = training_step(&text, &name, precision)?;
     let batch = search::batch_of(&step).ok_or(format!(
         "{name}: the step has no batched data argument to split"
     ))?;
@@ -409,7 +456,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     // Profiles compile the forward with its runs of identical layers cut to their first,
     // second and last (layer_runs.rs): a 96-layer model profiles as a 3-layer one.
     let cut = match (differentiated, &mesh) {
-        (true, None) => cut_step(&text, &name, bf16)?,
+        (true, None) => cut_step(&text, &name, precision)?,
         (false, None) => {
             nnscaler_passes::planner::layer_runs::cut_step(&step, nnscaler_passes::registry::lookup)
         }
@@ -468,7 +515,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
     };
     let mut wrote = String::new();
     if let Some(out) = &a.output {
-        let (before, after) = apply_passes(best, &prof, differentiated, &a.cluster);
+        let (before, after) = apply_passes(best, &prof, differentiated, &a.cluster, precision);
         let planned = apply(&text, &name, &before)?;
         crate::write_one(out, planned.into_bytes())?;
         if out != "-" {
@@ -484,6 +531,7 @@ pub fn main(a: &PlanArgs) -> Result<String, String> {
         cluster: &cluster,
         batch,
         differentiated,
+        precision,
         found: &found,
         grid: grid.as_ref(),
         profiles: &profiles,
@@ -600,6 +648,8 @@ struct Report<'a> {
     batch: u64,
     /// A forward given `--autodiff --optimizer` here.
     differentiated: bool,
+    /// The autocast it got first.
+    precision: Precision,
     found: &'a Outcome,
     /// The Megatron grid's outcome, with `--compare-megatron`.
     grid: Option<&'a Outcome>,
@@ -624,6 +674,7 @@ impl Report<'_> {
             cluster,
             batch,
             differentiated,
+            precision,
             found,
             grid,
             profiles,
@@ -640,7 +691,7 @@ impl Report<'_> {
             "devices": a.devices,
             "batch": batch,
             "best": best,
-            "flags": apply_flags(best, prof, differentiated, &a.cluster),
+            "flags": apply_flags(best, prof, differentiated, &a.cluster, precision),
             "alternatives": found
                 .ranked
                 .iter()
@@ -649,7 +700,7 @@ impl Report<'_> {
                 .map(|e| {
                     let mut v = serde_json::to_value(e).unwrap_or_default();
                     if let Some(Ok(p)) = profiles.get(&search::profile_key(&e.config)) {
-                        v["flags"] = apply_flags(e, p, differentiated, &a.cluster).into();
+                        v["flags"] = apply_flags(e, p, differentiated, &a.cluster, precision).into();
                         v["why_lost"] = why_lost(e, best).into();
                     }
                     v
@@ -688,6 +739,7 @@ impl Report<'_> {
             cluster,
             batch,
             differentiated,
+            precision,
             found,
             grid,
             best,
@@ -786,7 +838,7 @@ impl Report<'_> {
         let _ = writeln!(
             o,
             "apply: nnscaler-opt {}",
-            apply_flags(best, prof, differentiated, &a.cluster)
+            apply_flags(best, prof, differentiated, &a.cluster, precision)
         );
         o += wrote;
         if found.ranked.len() > 1 {

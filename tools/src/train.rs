@@ -243,8 +243,10 @@ pub struct TrainSection {
     /// Loss-curve SVG written at the end.
     #[serde(default)]
     pub curve: Option<String>,
-    /// Arithmetic of the matrix products: f32, or bf16 (mixed precision, `--autocast=bf16`:
-    /// bf16 products with f32 master weights, gradients and optimizer; emulated on the CPU).
+    /// Arithmetic: f32; bf16 (mixed precision, `--autocast=bf16`: bf16 matrix products
+    /// with f32 activations, master weights, gradients and optimizer); or bf16-activations
+    /// (`--autocast="bf16 activations=bf16"`: every activation in bf16, the loss, master
+    /// weights, their gradients and the optimizer f32). Emulated on the CPU.
     #[serde(default = "default_precision")]
     pub precision: String,
 }
@@ -489,14 +491,11 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
         opt += &format!(" no_decay={}", pats.join(","));
     }
     // Mixed precision casts the forward before anything else sees it (evaluation too).
-    let cast: Vec<Step> = match c.train.precision.as_str() {
-        "f32" => Vec::new(),
-        "bf16" => vec![step("autocast", "bf16")?],
-        other => {
-            return Err(format!(
-                "train.precision: unknown precision '{other}' (f32 or bf16)"
-            ))
-        }
+    let precision = crate::plan::Precision::parse(&c.train.precision)
+        .map_err(|e| format!("train.precision: {e}"))?;
+    let cast: Vec<Step> = match precision.autocast() {
+        None => Vec::new(),
+        Some(options) => vec![step("autocast", options)?],
     };
     // The single-device training step: the casts, the backward and the update.
     let single: Vec<Step> = cast

@@ -1,18 +1,31 @@
-//! `--autocast=bf16`: mixed precision as PyTorch's autocast chooses it for matrix products.
-//! Every matrix product of the forward (`dnn.matmul`, `dnn.linear`, `dnn.attention`: the ops
-//! whose spec says `matrix`) reads bf16 copies of its f32 operands and writes a bf16 result,
-//! which a `dnn.cast` turns back into the f32 value the rest of the program read before;
-//! everything else (norms, softmax, losses, elementwise ops, the optimizer) stays in f32, and
-//! the parameters stay f32 (the master weights). Run before `--autodiff`: the backward it
-//! derives has the casts' VJPs, so the matrix products' gradients are bf16 too and every
-//! parameter's gradient arrives in f32. bf16 keeps f32's exponent range, so no loss
-//! scaling is needed.
+//! `--autocast=bf16`: mixed precision, in one of two scopes.
 //!
+//! **Matrix products** (the default, as PyTorch's autocast chooses them): every matrix
+//! product of the forward (`dnn.matmul`, `dnn.linear`, `dnn.attention`: the ops whose spec
+//! says `matrix`) reads bf16 copies of its f32 operands and writes a bf16 result, which a
+//! `dnn.cast` turns back into the f32 value the rest of the program read before;
+//! everything else (norms, softmax, losses, elementwise ops, the optimizer) stays in f32.
 //! Each use casts its own copy (a value three projections read is cast three times): the
 //! gradients of the copies then meet in f32, where the backward sums them, instead of being
 //! summed in bf16. Differences from PyTorch's autocast, which casts the same ops: its
 //! elementwise ops on a bf16 result stay in bf16 (here they run in f32 after the cast back),
 //! and it casts a weight once per autocast region (here once per use).
+//!
+//! **Activations** (`--autocast="bf16 activations=bf16"`, Megatron-LM's `--bf16`): every
+//! `dnn` op of the forward that reads a float reads bf16 and writes bf16, so activations
+//! are stored, saved for the backward, sent between stages and reduced across tensor
+//! parallelism in 2 bytes. An op still computes in f32 inside (a norm's statistics, a
+//! softmax's sums, a product's accumulation) and rounds each result once. What stays f32:
+//! an op writing a function result or a scalar (the loss, as Megatron-LM casts the logits
+//! to f32 for its cross-entropy), ops of other dialects and user ops (their kernels read
+//! f32), and ops that read no float (a fill). An activation is cast once where its first
+//! bf16 reader needs it, and back to f32 where an f32 reader does; parameters (and other
+//! float arguments) are cast once per use, so each parameter's gradient is summed in f32.
+//!
+//! In both scopes the parameters stay f32 (the master weights) and the optimizer runs in
+//! f32. Run before `--autodiff`: the backward it derives has the casts' VJPs, so gradients
+//! of bf16 values are bf16 and every parameter's gradient arrives in f32. bf16 keeps f32's
+//! exponent range, so no loss scaling is needed.
 //!
 //! What the runtimes do with it: floats are computed in f32 and every bf16 result is rounded
 //! to bf16 once (ties to even), as a GPU GEMM accumulates in f32 and stores bf16; the CPU
@@ -24,26 +37,52 @@ use crate::transforms::recompute::has_backward;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node};
+use nnscaler_dialects::spec::OpCtx;
 use nnscaler_dialects::types::{AttrValue, Attrs, Elem, TensorType};
+use std::collections::{HashMap, HashSet};
+
+/// What runs in bf16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// The forward's matrix products (`activations=f32`, the default).
+    Products,
+    /// Every float op of the forward but the loss (`activations=bf16`).
+    Activations,
+}
 
 /// The pass.
 #[derive(Debug)]
 pub struct Autocast {
+    scope: Scope,
     remarks: Diagnostics,
 }
 
 impl Autocast {
-    /// Options: `to` (bf16, the only one; also written alone: `--autocast=bf16`).
+    /// Options: `to` (bf16, the only one; also written alone: `--autocast=bf16`) and
+    /// `activations` (f32: only the matrix products run in bf16; bf16: every activation).
     pub fn new(o: &PassOptions) -> Result<Self, String> {
         match o.get("to").unwrap_or("bf16") {
-            "bf16" => Ok(Autocast {
-                remarks: Diagnostics::default(),
-            }),
+            "bf16" => {}
             "f16" => {
-                Err("autocast: f16 needs loss scaling, which nnscaler does not do; use bf16".into())
+                return Err(
+                    "autocast: f16 needs loss scaling, which nnscaler does not do; use bf16".into(),
+                )
             }
-            other => Err(format!("autocast: unknown type '{other}' (types: bf16)")),
+            other => return Err(format!("autocast: unknown type '{other}' (types: bf16)")),
         }
+        let scope = match o.get("activations").unwrap_or("f32") {
+            "f32" => Scope::Products,
+            "bf16" => Scope::Activations,
+            other => {
+                return Err(format!(
+                    "autocast: 'activations={other}' must be f32 (only the matrix products in bf16) or bf16 (every activation)"
+                ))
+            }
+        };
+        Ok(Autocast {
+            scope,
+            remarks: Diagnostics::default(),
+        })
     }
 }
 
@@ -76,10 +115,14 @@ impl FunctionPass for Autocast {
                 ),
             ));
         }
-        let (out, count) = autocast(&g).map_err(|m| error(&g.loc, m))?;
+        let (out, count) = autocast_in(&g, self.scope).map_err(|m| error(&g.loc, m))?;
+        let what = match self.scope {
+            Scope::Products => "matrix products",
+            Scope::Activations => "ops (every activation)",
+        };
         self.remarks.remark(
             &g.loc,
-            format!("autocast @{}: {count} matrix products in bf16", g.name),
+            format!("autocast @{}: {count} {what} in bf16", g.name),
         );
         Ok(Some(out))
     }
@@ -146,6 +189,101 @@ pub fn autocast(g: &Graph) -> Result<(Graph, usize), String> {
             .collect();
         out.nodes.push(n);
         out.nodes.extend(back);
+        count += 1;
+    }
+    Ok((out, count))
+}
+
+/// `g` cast in `scope`, and how many ops now run in bf16.
+pub fn autocast_in(g: &Graph, scope: Scope) -> Result<(Graph, usize), String> {
+    match scope {
+        Scope::Products => autocast(g),
+        Scope::Activations => autocast_activations(g),
+    }
+}
+
+/// Whether op `n` keeps f32 in the activations scope although it reads floats: it is not a
+/// forward `dnn` op (another dialect's, a user op's, a gradient's or the optimizer's), or it
+/// writes a function result or a scalar (a loss).
+fn keeps_f32(g: &Graph, n: &Node, returned: &HashSet<usize>) -> bool {
+    let forward = dnn::spec(&n.op).is_some_and(|s| s.grad_of.is_none() && !s.traits.optimizer);
+    !forward
+        || n.outputs.iter().any(|v| {
+            returned.contains(v) || (g.values[*v].elem.is_float() && g.values[*v].shape.is_empty())
+        })
+}
+
+/// The activations scope (see the module's comment): `g` with every forward op that reads a
+/// float in bf16 but those [`keeps_f32`] names, and how many ops were changed.
+pub fn autocast_activations(g: &Graph) -> Result<(Graph, usize), String> {
+    let mut out = g.clone();
+    let old = std::mem::take(&mut out.nodes);
+    let returned: HashSet<usize> = g.outputs.iter().map(|o| o.value).collect();
+    let args: HashSet<usize> = g.args.iter().map(|a| a.value).collect();
+    // A value the program wrote in f32 and now writes in bf16: its bf16 value. Its f32 value
+    // (the original id) is written by a cast where an f32 reader first needs it.
+    let mut narrowed: HashMap<usize, usize> = HashMap::new();
+    let mut widened: HashSet<usize> = HashSet::new();
+    // A value still written in f32 (not an argument): its bf16 copy, once one was made.
+    let mut copies: HashMap<usize, usize> = HashMap::new();
+    let mut count = 0;
+    for mut n in old {
+        let reads_float = n.inputs.iter().any(|&v| g.values[v].elem == Elem::F32);
+        if !reads_float || keeps_f32(g, &n, &returned) {
+            for &v in &n.inputs {
+                if let Some(&b) = narrowed.get(&v) {
+                    if widened.insert(v) {
+                        out.nodes.push(Node {
+                            op: "dnn.cast".into(),
+                            inputs: vec![b],
+                            outputs: vec![v],
+                            attrs: cast_attrs(&n, Elem::F32),
+                            loc: n.loc.clone(),
+                            origin: None,
+                        });
+                    }
+                }
+            }
+            out.nodes.push(n);
+            continue;
+        }
+        let to_bf16 = cast_attrs(&n, Elem::BF16);
+        for v in &mut n.inputs {
+            if g.values[*v].elem != Elem::F32 {
+                continue;
+            }
+            *v = if let Some(&b) = narrowed.get(v) {
+                b
+            } else if args.contains(v) {
+                out.add1("dnn.cast", &[*v], to_bf16.clone(), &n.loc)?
+            } else if let Some(&b) = copies.get(v) {
+                b
+            } else {
+                let b = out.add1("dnn.cast", &[*v], to_bf16.clone(), &n.loc)?;
+                copies.insert(*v, b);
+                b
+            };
+        }
+        let operands: Vec<Option<TensorType>> = n
+            .inputs
+            .iter()
+            .map(|&v| Some(out.values[v].clone()))
+            .collect();
+        let spec = dnn::spec(&n.op).ok_or_else(|| format!("unknown op '{}'", n.op))?;
+        let (types, _, _) = spec
+            .check(&OpCtx {
+                operands: &operands,
+                attrs: &n.attrs,
+            })
+            .map_err(|e| format!("'{}' on bf16 operands {e} (at {})", n.op, n.loc))?;
+        for (o, t) in n.outputs.iter_mut().zip(types) {
+            if t.elem == Elem::BF16 && g.values[*o].elem == Elem::F32 {
+                let b = out.new_value(t);
+                narrowed.insert(*o, b);
+                *o = b;
+            }
+        }
+        out.nodes.push(n);
         count += 1;
     }
     Ok((out, count))

@@ -91,8 +91,21 @@ fn split_bias(g: &mut Graph, k: usize, anno: &Annotation, binds: &Binds) -> Resu
     let mut lin = n.clone();
     let bias = lin.inputs.pop().unwrap_or_default();
     // The bias stops being a `linear` operand: pin the init rule that usage implied, so
-    // seeded initialization draws the same values before and after partitioning.
-    if let Some(a) = g.args.iter().position(|a| a.value == bias && a.is_param()) {
+    // seeded initialization draws the same values before and after partitioning (the
+    // parameter itself, or the one whose bf16 copy `--autocast` gave the linear).
+    let mut source = bias;
+    while let Some(c) = g
+        .nodes
+        .iter()
+        .find(|c| c.op == "dnn.cast" && c.outputs.first() == Some(&source))
+    {
+        source = c.inputs[0];
+    }
+    if let Some(a) = g
+        .args
+        .iter()
+        .position(|a| a.value == source && a.is_param())
+    {
         if !g.args[a].attrs.contains_key("nns.init") {
             let rule = g.init_rule(a)?;
             g.args[a]

@@ -10,6 +10,9 @@
 // RUN: %not nnscaler-opt --autocast=f16 %s 2>&1 | FileCheck %s --check-prefix=F16
 // RUN: %not nnscaler-opt --autocast=fp8 %s 2>&1 | FileCheck %s --check-prefix=BAD
 // RUN: %not nnscaler-opt --autocast --autodiff --plan="dp dp=2" --propagate-layouts --split-tensor --lower-relayouts --localize --autocast %s 2>&1 | FileCheck %s --check-prefix=LOCAL
+// RUN: nnscaler-opt --autocast="bf16 activations=bf16" %s 2>&1 | FileCheck %s --check-prefix=ACT
+// RUN: nnscaler-opt --autocast="bf16 activations=bf16" --autodiff %s 2>&1 | FileCheck %s --check-prefix=ACTGRAD
+// RUN: %not nnscaler-opt --autocast="bf16 activations=f16" %s 2>&1 | FileCheck %s --check-prefix=ACTBAD
 
 func.func @train(%x: tensor<8x16xf32> {nns.name = "x"}, %y: tensor<8xi64> {nns.name = "y"},
                  %w0: tensor<16x16xf32> {nns.name = "l.0.w", nns.param},
@@ -53,3 +56,18 @@ func.func @train(%x: tensor<8x16xf32> {nns.name = "x"}, %y: tensor<8xi64> {nns.n
 // F16: autocast: f16 needs loss scaling, which nnscaler does not do; use bf16
 // BAD: autocast: unknown type 'fp8' (types: bf16)
 // LOCAL: error: autocast: the function is localized; cast before --localize (and before --autodiff)
+
+// activations=bf16: the GELU between the products reads and writes bf16 (no casts around
+// it); the logits are cast to f32 for the loss, which stays f32.
+// ACT: remark: autocast @train: 3 ops (every activation) in bf16
+// ACT: %[[H:.*]] = "dnn.linear"({{.*}}) : (tensor<8x16xbf16>, tensor<16x16xbf16>, tensor<16xbf16>) -> tensor<8x16xbf16>
+// ACT-NEXT: %[[A:.*]] = "dnn.gelu"(%[[H]]) : (tensor<8x16xbf16>) -> tensor<8x16xbf16>
+// ACT-NEXT: %[[W:.*]] = "dnn.cast"(%arg4) {to = "bf16"}
+// ACT-NEXT: %[[O:.*]] = "dnn.linear"(%[[A]], %[[W]]) : (tensor<8x16xbf16>, tensor<4x16xbf16>) -> tensor<8x4xbf16>
+// ACT-NEXT: %[[O32:.*]] = "dnn.cast"(%[[O]]) {to = "f32"} : (tensor<8x4xbf16>) -> tensor<8x4xf32>
+// ACT-NEXT: "dnn.cross_entropy"(%[[O32]], %arg1) : (tensor<8x4xf32>, tensor<8xi64>) -> tensor<f32>
+
+// Its backward: the GELU's gradient in bf16, the parameters' gradients cast to f32.
+// ACTGRAD: "dnn.gelu_grad"({{.*}}) : (tensor<8x16xbf16>, tensor<8x16xbf16>) -> tensor<8x16xbf16>
+// ACTGRAD: return {{.*}} : tensor<f32>, tensor<16x16xf32>, tensor<16xf32>, tensor<4x16xf32>
+// ACTBAD: autocast: 'activations=f16' must be f32 (only the matrix products in bf16) or bf16 (every activation)

@@ -15,7 +15,9 @@ fn step(name: &str, sizes: &[(&str, &str)]) -> nnscaler_dialects::graph::Graph {
         c.set(k, v).unwrap();
     }
     let text = build_module(&c).unwrap();
-    training_step(&text, name, false).unwrap().0
+    training_step(&text, name, nnscaler_tools::plan::Precision::F32)
+        .unwrap()
+        .0
 }
 
 fn gpt() -> nnscaler_dialects::graph::Graph {
@@ -243,10 +245,13 @@ fn cut_profiles_equal_whole_ones() {
             c.set(k, v).unwrap();
         }
         let text = build_module(&c).unwrap();
-        let whole = training_step(&text, name, false).unwrap().0;
-        let from_forward = nnscaler_tools::plan::cut_step(&text, name, false)
+        let whole = training_step(&text, name, nnscaler_tools::plan::Precision::F32)
             .unwrap()
-            .expect("the layers are cut");
+            .0;
+        let from_forward =
+            nnscaler_tools::plan::cut_step(&text, name, nnscaler_tools::plan::Precision::F32)
+                .unwrap()
+                .expect("the layers are cut");
         let from_step = nnscaler_passes::planner::layer_runs::cut_step(
             &whole,
             nnscaler_passes::registry::lookup,

@@ -22,7 +22,9 @@ fn step(name: &str, sizes: &[(&str, &str)]) -> Graph {
         c.set(k, v).unwrap();
     }
     let text = build_module(&c).unwrap();
-    training_step(&text, name, false).unwrap().0
+    training_step(&text, name, nnscaler_tools::plan::Precision::F32)
+        .unwrap()
+        .0
 }
 
 fn mesh(dp: i64, tp: i64) -> Mesh {
