@@ -59,7 +59,7 @@ echo "== per kernel: gpt-tiny-step, GPU against the host kernels"
   --inputs gpt-tiny-step.params.safetensors || status=1
 # bf16 results: cuBLAS's tensor cores sum in their own order, and a sum a rounding apart
 # rounds to a neighbouring bf16 (2^-8 relative), so the bf16 step is held to 3e-2.
-cases="gpt-tiny-step gpt-tiny-dptp gpt-tiny-pp nanogpt-cpu-step gpt-tiny-bf16-step"
+cases="gpt-tiny-step gpt-tiny-dptp gpt-tiny-pp nanogpt-cpu-step gpt-tiny-bf16-step gpt-tiny-bf16act-step"
 [ -z "$quick" ] || cases="gpt-tiny-step gpt-tiny-bf16-step"
 for c in $cases; do
   echo "== $c"
@@ -155,11 +155,18 @@ cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-bf16-step.params.safetensors
 cat nanogpt-bf16.profile.txt
 "$py" torch_ref.py step 6 6 384 256 64 65 bf16 || status=1
 side 6 6 384 256 64 65 nanogpt-bf16.profile.txt bf16
+echo "== nanogpt GPU config with every activation in bf16 (--autocast=\"bf16 activations=bf16\"; PyTorch: autocast bf16 above)"
+cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-act-step.params.safetensors
+./nnscaler-rt run nanogpt-gpu-act-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-act-step.in.safetensors \
+  --inputs nanogpt-gpu-act-step.params.safetensors -o /dev/null > nanogpt-act.profile.txt 2>&1 || status=1
+cat nanogpt-act.profile.txt
+echo "-- by family, beside PyTorch (eager, bf16; its families timed above)"
+"$py" compare.py side nanogpt-act.profile.txt nanogpt-bf16.profile.txt.torch.txt || status=1
 # Launch overhead: the same steps captured once as CUDA graphs and replayed (--graph; the
 # summary's "graph" column), and the fp32 step with TF32 products (--matmul-precision
 # high, as torch_user.py's TF32 row).
 echo "== nanogpt GPU config as CUDA graphs (--graph), and with TF32 products (--matmul-precision high)"
-for s in nanogpt-gpu-step nanogpt-gpu-bf16-step; do
+for s in nanogpt-gpu-step nanogpt-gpu-bf16-step nanogpt-gpu-act-step; do
   ./nnscaler-rt run "$s.nnsx" --backend cuda --repeat 5 --graph --inputs "$s.in.safetensors" \
     --inputs "$s.params.safetensors" -o /dev/null 2>&1 | sed 's/^/graph: /' || status=1
 done

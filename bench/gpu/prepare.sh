@@ -62,6 +62,9 @@ case_ gpt-tiny-pp gpt-pp.mlir 8 gpt8.mlir
 # Mixed precision (--autocast=bf16: bf16 products, most bf16 values in 2-byte buffers).
 "$bin/nnscaler-opt" --autocast=bf16 --autodiff --optimizer="clip=1.0 weight_decay=0.1" gpt.mlir -o gpt-bf16-step.mlir
 case_ gpt-tiny-bf16-step gpt-bf16-step.mlir
+# Every activation in bf16 (--autocast="bf16 activations=bf16").
+"$bin/nnscaler-opt" --autocast="bf16 activations=bf16" --autodiff --optimizer="clip=1.0 weight_decay=0.1" gpt.mlir -o gpt-act-step.mlir 2> /dev/null
+case_ gpt-tiny-bf16act-step gpt-act-step.mlir
 "$bin/nnscaler" import --preset nanogpt-cpu -o nano.mlir
 "$bin/nnscaler-opt" --autodiff --optimizer="clip=1.0 weight_decay=0.1" nano.mlir -o nano-step.mlir
 case_ nanogpt-cpu-step nano-step.mlir
@@ -79,6 +82,12 @@ echo "prepared nanogpt-gpu-step (timing)"
 "$bin/nnscaler" compile big-bf16-step.mlir -o "$out/nanogpt-gpu-bf16-step.nnsx" > /dev/null
 cp "$out/nanogpt-gpu-step.in.safetensors" "$out/nanogpt-gpu-bf16-step.in.safetensors"
 echo "prepared nanogpt-gpu-bf16-step (timing)"
+# Every activation in bf16 (--autocast="bf16 activations=bf16", Megatron-LM's --bf16): the
+# elementwise ops and norms read and write 2-byte values too.
+"$bin/nnscaler-opt" --autocast="bf16 activations=bf16" --autodiff --optimizer="clip=1.0 weight_decay=0.1" big.mlir -o big-act-step.mlir 2> /dev/null
+"$bin/nnscaler" compile big-act-step.mlir -o "$out/nanogpt-gpu-act-step.nnsx" > /dev/null
+cp "$out/nanogpt-gpu-step.in.safetensors" "$out/nanogpt-gpu-act-step.in.safetensors"
+echo "prepared nanogpt-gpu-act-step (timing)"
 # The row teams' size swept (NNSCALER_ROW_ELEMS: elements a lane aims for; 1 is the
 # default), for check.sh to time on the same inputs and choose the default from.
 for e in 2 4 8 16; do
