@@ -297,8 +297,14 @@ fn cluster_line(c: &nnscaler_passes::planner::cost::Cluster) -> String {
         rate(d.memory_bandwidth, "B")
     );
     for l in &c.network {
+        // Collectives that move at their own rate (NVLink SHARP's all_reduce).
+        let own: String = l
+            .bandwidths
+            .iter()
+            .map(|(op, b)| format!(", {} {:.1} GB/s", op.trim_start_matches("nns."), b / 1e9))
+            .collect();
         s += &format!(
-            "; {} ({} devices, {:.1} GB/s)",
+            "; {} ({} devices, {:.1} GB/s{own})",
             l.name,
             l.devices,
             l.bandwidth / 1e9

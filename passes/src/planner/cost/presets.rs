@@ -18,6 +18,33 @@ pub const GPU_FRAGMENTATION: f64 = 0.08;
 
 const GPU_MEMORY_NOTE: &str = "1.5 GiB reserved (CUDA context, cuBLAS workspace, NCCL buffers) and an 8% allocator margin, assumed until measured (bench/gpu/check.sh)";
 
+/// NCCL's bus bandwidth over NVLink 4 (H100, H200: 450 GB/s each way) for every collective
+/// but all_reduce: about 370 GB/s, the line rate less NCCL's protocol overhead of about
+/// 20% (NCCL's maintainer, NVIDIA/nccl-tests issue 212, 2024-05-06: "NCCL can get an
+/// effective NVLink bandwidth of 370GB/s", the bus bandwidth of non-allreduce operations
+/// or of a ring all_reduce).
+pub const NCCL_NVLINK_H100: f64 = 370e9;
+
+/// NCCL's all_reduce bus bandwidth on 8 H100s or H200s, through NVLink SHARP (NVLS, NCCL's
+/// default there): about 480 GB/s at large sizes (the same comment of issue 212: "On 8
+/// GPUs, you should reach a peak busBw of ~480GB/s"; 475 GB/s measured on 8 H200s with
+/// NCCL 2.20, NVIDIA/nccl-tests issue 272).
+pub const NCCL_NVLS_ALL_REDUCE: f64 = 480e9;
+
+/// NCCL's bus bandwidth over NVLink 3 (A100: 300 GB/s each way): the line rate less the
+/// same 20% protocol overhead, 240 GB/s (users measure 200-208 GB/s for all_reduce on 8
+/// A100s, NVIDIA/nccl-tests issues 149 and 178; A100 has no NVLink SHARP).
+pub const NCCL_NVLINK_A100: f64 = 240e9;
+
+/// NCCL's bus bandwidth across nodes through one 200 Gb/s HDR InfiniBand NIC per GPU
+/// (DGX A100): 24 GB/s (NCCL's maintainer, NVIDIA/nccl issue 412, 2023-04-24: "at a size
+/// of 8G, you should get ... 24GB/s inter-node" per HDR NIC).
+pub const NCCL_HDR: f64 = 24e9;
+
+/// The same through one 400 Gb/s NDR NIC per GPU (DGX H100): twice HDR's, by line rate
+/// (no published figure found; to be measured).
+pub const NCCL_NDR: f64 = 48e9;
+
 /// The built-in clusters. GPU figures are datasheet peaks (dense, no sparsity) with an
 /// assumed cuBLAS-like efficiency curve (to be replaced by `nnscaler calibrate` on a GPU);
 /// `cpu` is this project's development machine, one thread, as one run of `nnscaler
@@ -25,13 +52,17 @@ const GPU_MEMORY_NOTE: &str = "1.5 GiB reserved (CUDA context, cuBLAS workspace,
 /// kernel entries and the in-process network together, so they are consistent).
 pub fn preset(name: &str) -> Option<Cluster> {
     let gpu_eff = vec![[1e6, 0.02], [1e8, 0.2], [1e10, 0.6], [1e12, 0.8]];
-    let node = |bw: f64| Level {
+    // The links at the bandwidth NCCL reaches on them (nccl-tests' bus bandwidth for large
+    // messages), not their line rate: see NCCL_NVLINK_A100 and the others below.
+    let node = |bw: f64, all_reduce: Option<f64>| Level {
         name: "nvlink".into(),
         devices: 8,
         bandwidth: bw,
         latency: 5e-6,
         tree: true,
-        bandwidths: BTreeMap::new(),
+        bandwidths: all_reduce
+            .map(|r| BTreeMap::from([("nns.all_reduce".to_string(), r)]))
+            .unwrap_or_default(),
         rates: BTreeMap::new(),
     };
     let fabric = |bw: f64| Level {
@@ -64,10 +95,11 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 head_kernels: BTreeMap::new(),
                 reserved: GPU_RESERVED,
                 fragmentation: GPU_FRAGMENTATION,
-                source: format!("NVIDIA A100 datasheet; {GPU_MEMORY_NOTE}"),
+                source: format!("NVIDIA A100 datasheet; NCCL's bus bandwidths from nccl-tests as NCCL's maintainers and users published them (presets.rs); {GPU_MEMORY_NOTE}"),
             },
-            // NVLink 3: 300 GB/s each way per GPU; 8 x 200 Gb/s HDR per node.
-            network: vec![node(300e9), fabric(25e9)],
+            // NVLink 3 (300 GB/s each way per GPU) and 8 x 200 Gb/s HDR per node, at
+            // NCCL's bandwidth on them.
+            network: vec![node(NCCL_NVLINK_A100, None), fabric(NCCL_HDR)],
         },
         "dgx-h100" | "h200" => Cluster {
             name: name.into(),
@@ -94,10 +126,14 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 head_kernels: BTreeMap::new(),
                 reserved: GPU_RESERVED,
                 fragmentation: GPU_FRAGMENTATION,
-                source: format!("NVIDIA H100/H200 datasheets; {GPU_MEMORY_NOTE}"),
+                source: format!("NVIDIA H100/H200 datasheets; NCCL's bus bandwidths from nccl-tests as NCCL's maintainers and users published them (presets.rs); {GPU_MEMORY_NOTE}"),
             },
-            // NVLink 4: 450 GB/s each way per GPU; 8 x 400 Gb/s NDR per node.
-            network: vec![node(450e9), fabric(50e9)],
+            // NVLink 4 (450 GB/s each way per GPU; all_reduce through NVLink SHARP) and
+            // 8 x 400 Gb/s NDR per node, at NCCL's bandwidth on them.
+            network: vec![
+                node(NCCL_NVLINK_H100, Some(NCCL_NVLS_ALL_REDUCE)),
+                fabric(NCCL_NDR),
+            ],
         },
         "cpu" => Cluster {
             name: name.into(),

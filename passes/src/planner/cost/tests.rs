@@ -47,30 +47,33 @@ fn collectives_take_the_level_their_group_spans() {
     assert_eq!(c.level(8).unwrap().name, "nvlink");
     assert_eq!(c.level(16).unwrap().name, "infiniband");
     // An all_reduce of 8 takes the tree's 2 x 3 latency steps, not the ring's 14; a
-    // level without trees keeps the ring, and so do gathers.
-    let t = c.collective_time("nns.all_reduce", 8, 8, 450e9, 1e9);
+    // level without trees keeps the ring, and so do gathers. On NVLink 4 all_reduce moves
+    // at NVLink SHARP's rate, the others at the ring's (the bytes below take a second).
+    use super::presets::{NCCL_NDR, NCCL_NVLINK_H100, NCCL_NVLS_ALL_REDUCE};
+    let (ar, ring, ndr) = (NCCL_NVLS_ALL_REDUCE, NCCL_NVLINK_H100, NCCL_NDR);
+    let t = c.collective_time("nns.all_reduce", 8, 8, ar, 1e9);
     assert!((t - (6.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
-    let t = c.collective_time("nns.all_reduce", 2, 2, 450e9, 1e9);
+    let t = c.collective_time("nns.all_reduce", 2, 2, ar, 1e9);
     assert!((t - (2.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
-    let t = c.collective_time("nns.all_reduce", 5, 8, 450e9, 1e9);
+    let t = c.collective_time("nns.all_reduce", 5, 8, ar, 1e9);
     assert!((t - (6.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
     let mut rings = c.clone();
     rings.network[0].tree = false;
-    let t = rings.collective_time("nns.all_reduce", 8, 8, 450e9, 1e9);
+    let t = rings.collective_time("nns.all_reduce", 8, 8, ar, 1e9);
     assert!((t - (14.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
-    let t = c.collective_time("nns.all_gather", 8, 8, 450e9, 1e9);
+    let t = c.collective_time("nns.all_gather", 8, 8, ring, 1e9);
     assert!((t - (7.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
-    let t = c.collective_time("nns.all_gather", 2, 9, 50e9, 1e9);
+    let t = c.collective_time("nns.all_gather", 2, 9, ndr, 1e9);
     assert!((t - (10e-6 + 1.0)).abs() < 1e-9, "{t}");
     // A collective with a rate of its own at a level moves its bytes at that rate;
     // the others keep the level's.
     let mut own = c.clone();
     own.network[0]
         .bandwidths
-        .insert("nns.all_gather".into(), 225e9);
-    let t = own.collective_time("nns.all_gather", 8, 8, 450e9, 1e9);
+        .insert("nns.all_gather".into(), ring / 2.0);
+    let t = own.collective_time("nns.all_gather", 8, 8, ring, 1e9);
     assert!((t - (7.0 * 5e-6 + 2.0)).abs() < 1e-9, "{t}");
-    let t = own.collective_time("nns.reduce_scatter", 8, 8, 450e9, 1e9);
+    let t = own.collective_time("nns.reduce_scatter", 8, 8, ring, 1e9);
     assert!((t - (7.0 * 5e-6 + 1.0)).abs() < 1e-9, "{t}");
     assert_eq!(parse(&own.to_toml().unwrap()).unwrap(), own);
     own.network[0].bandwidths.insert("nns.gather".into(), 1e9);
