@@ -8,6 +8,7 @@ float rounding: the same formulas, masks, offsets and random streams. Needs only
 (1.13 or later); collectives go through torch.distributed: NCCL where CUDA is present,
 gloo otherwise (gloo has no reduce-scatter: it is an all-reduce and a cut there)."""
 
+import functools
 import json
 import math
 import os
@@ -77,10 +78,32 @@ def save(path, tensors):
 
 # ---- ops --------------------------------------------------------------------------------
 
+_LOW = (torch.bfloat16, torch.float16)
+
+
+def _in_f32(fn):
+    """`fn` computed in float32 and rounded once to its first float operand's type (the
+    result type the IR gives it), as nnscaler's runtimes compute an op on bf16 values;
+    on float32 operands `fn` itself, unchanged. Without it a helper of several steps would
+    round every intermediate to bf16."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if not any(torch.is_tensor(a) and a.dtype in _LOW for a in args):
+            return fn(*args, **kwargs)
+        dt = next(a.dtype for a in args if torch.is_tensor(a) and a.is_floating_point())
+        out = fn(*(a.float() if torch.is_tensor(a) and a.dtype in _LOW else a for a in args),
+                 **kwargs)
+        if isinstance(out, tuple):
+            return tuple(o.to(dt) for o in out)
+        return out.to(dt)
+    return wrapper
+
+
 class ops:
     """The dnn ops without a one-line PyTorch spelling, as the CPU runtime computes them."""
 
     @staticmethod
+    @_in_f32
     def gelu_grad(dy, x, approximate="none"):
         if approximate == "tanh":
             c, k = 0.7978846, 0.044715
@@ -92,6 +115,7 @@ class ops:
         return dy * (0.5 * (1.0 + e) + x * 0.3989423 * g)
 
     @staticmethod
+    @_in_f32
     def silu_grad(dy, x):
         s = torch.sigmoid(x)
         return dy * s * (1.0 + x * (1.0 - s))
@@ -101,10 +125,12 @@ class ops:
         return torch.where(x > 0, dy, torch.zeros_like(dy))
 
     @staticmethod
+    @_in_f32
     def softmax_grad(dy, y, dim):
         return y * (dy - (dy * y).sum(dim, keepdim=True))
 
     @staticmethod
+    @_in_f32
     def log_softmax_grad(dy, y, dim):
         return dy - torch.exp(y) * dy.sum(dim, keepdim=True)
 
@@ -116,6 +142,7 @@ class ops:
         return mean.to(x.dtype), torch.rsqrt(var + eps).to(x.dtype)
 
     @staticmethod
+    @_in_f32
     def layer_norm_grad(dy, x, w, eps):
         h = w.shape[0]
         mean, rstd = ops._moments(x, eps)
@@ -134,10 +161,12 @@ class ops:
         return torch.rsqrt(ms + eps).to(x.dtype)
 
     @staticmethod
+    @_in_f32
     def rms_norm(x, w, eps):
         return x * ops._rms(x, eps) * w
 
     @staticmethod
+    @_in_f32
     def rms_norm_grad(dy, x, w, eps):
         h = w.shape[0]
         r = ops._rms(x, eps)
@@ -158,6 +187,7 @@ class ops:
         return torch.where(inside.unsqueeze(-1), rows, torch.zeros_like(rows))
 
     @staticmethod
+    @_in_f32
     def embedding_grad(dy, ids, vocab):
         e = dy.shape[-1]
         out = torch.zeros(vocab, e, dtype=dy.dtype, device=dy.device)
@@ -202,6 +232,7 @@ class ops:
             return tuple(g.to(t) for g, t in zip(grads, types))
 
     @staticmethod
+    @_in_f32
     def rotary(x, theta=10000.0, p0=0, sign=1.0):
         """Rotate-half rotary embedding of [b, h, s, d] at positions p0 .. p0 + s (sign -1:
         the inverse rotation, the gradient)."""
@@ -228,6 +259,7 @@ class ops:
         return ((lse - picked).sum() / n).to(logits.dtype)
 
     @staticmethod
+    @_in_f32
     def cross_entropy_grad(dloss, logits, targets, count=None):
         n = targets.numel() if count is None else count
         p = torch.softmax(logits, -1)
@@ -250,6 +282,7 @@ class ops:
         return out.scatter(-1, targets.unsqueeze(-1), dy.unsqueeze(-1))
 
     @staticmethod
+    @_in_f32
     def softmax_xent_grad(dloss, logits, targets, lse, count=None, offset=0):
         n = targets.numel() if count is None else count
         scale = dloss / n
@@ -262,6 +295,7 @@ class ops:
         return out.scatter_add(-1, k.clamp(0, v - 1).unsqueeze(-1), minus.unsqueeze(-1))
 
     @staticmethod
+    @_in_f32
     def max_grad(dy, x, dims, keepdim=False):
         mx = x.amax(dims, keepdim=True)
         at = x == mx
