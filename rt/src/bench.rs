@@ -15,6 +15,12 @@ use serde::{Deserialize, Serialize};
 pub enum Kind {
     /// A matrix product (`flops` of it).
     Gemm,
+    /// A chain of matrix products on bf16 values (`flops` in all; `ops`: the products
+    /// and the three casts around them, the operands' in and the result's out), for the
+    /// tensor cores' rate: two chains of one size, of different lengths, differ by their
+    /// extra products alone.
+    #[serde(rename = "gemm-bf16")]
+    GemmBf16,
     /// An elementwise add streaming `bytes` (memory bandwidth).
     Stream,
     /// An elementwise op of `flops` vector FLOPs.

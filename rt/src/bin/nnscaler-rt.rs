@@ -570,6 +570,7 @@ fn bench(manifest: &str, output: &str, runs: usize, backend: &str) -> Result<Str
         let s = e.seconds.unwrap_or(0.0);
         let rate = match e.kind {
             nnscaler_rt::bench::Kind::Gemm
+            | nnscaler_rt::bench::Kind::GemmBf16
             | nnscaler_rt::bench::Kind::Vector
             | nnscaler_rt::bench::Kind::Attention => {
                 format!("{:.2} GFLOP/s", e.flops / s / 1e9)

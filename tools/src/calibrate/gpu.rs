@@ -24,6 +24,52 @@ fn gemm_sides(max: u64) -> Vec<u64> {
     v
 }
 
+/// Products in the longer bf16 chain of each size ([`bf16_chain`]).
+const BF16_CHAIN: u64 = 9;
+
+/// A function of `chain` products of `n x n` bf16 matrices, each the last one's result
+/// times `b`: `a` and `b` cast to bf16 first, the last product cast back to f32.
+fn bf16_chain(n: u64, chain: u64) -> String {
+    let (t, h) = (
+        format!("tensor<{n}x{n}xf32>"),
+        format!("tensor<{n}x{n}xbf16>"),
+    );
+    let mut text = format!(
+        "func.func @f(%a: {t} {{nns.name = \"a\"}}, %b: {t} {{nns.name = \"b\"}}) -> ({t} {{nns.name = \"c\"}}) {{\n  %p = \"dnn.cast\"(%a) {{to = \"bf16\"}} : ({t}) -> {h}\n  %q = \"dnn.cast\"(%b) {{to = \"bf16\"}} : ({t}) -> {h}\n"
+    );
+    let mut last = "%p".to_string();
+    for k in 0..chain {
+        text += &format!("  %m{k} = \"dnn.matmul\"({last}, %q) : ({h}, {h}) -> {h}\n");
+        last = format!("%m{k}");
+    }
+    text += &format!(
+        "  %c = \"dnn.cast\"({last}) {{to = \"f32\"}} : ({h}) -> {t}\n  return %c : {t}\n}}\n"
+    );
+    text
+}
+
+/// One bf16 product's `(FLOPs, seconds)` per size, from the two chains of each
+/// ([`bf16_chain`]: their difference over their extra products; at least a quarter of the
+/// longer chain's time a product, where timing noise would leave less).
+pub(super) fn bf16_products(entries: &[(f64, u64, f64)]) -> Vec<(f64, f64)> {
+    let mut by_size: BTreeMap<u64, Vec<(u64, f64)>> = BTreeMap::new();
+    for &(flops, products, t) in entries {
+        let one = flops / products.max(1) as f64;
+        by_size.entry(one as u64).or_default().push((products, t));
+    }
+    by_size
+        .into_iter()
+        .filter_map(|(one, mut chains)| {
+            chains.sort_by_key(|c| c.0);
+            let (&(k0, t0), &(k1, t1)) = (chains.first()?, chains.last()?);
+            (k1 > k0).then(|| {
+                let per = ((t1 - t0) / (k1 - k0) as f64).max(t1 / k1 as f64 / 4.0);
+                (one as f64, per)
+            })
+        })
+        .collect()
+}
+
 /// `--device gpu --prepare DIR`: the benchmark artifacts (compiled as `nnscaler
 /// compile` would) and their manifest, written together or not at all.
 pub(super) fn prepare_gpu(a: &CalibrateArgs, dir: &str) -> Result<String, String> {
@@ -79,6 +125,20 @@ fn prepare_into(a: &CalibrateArgs, dir: &str) -> Result<String, String> {
             (2.0 * (n * n * n) as f64, 0.0, 1),
             None,
         )?;
+    }
+    // bf16 products on the tensor cores, by size: a chain of one product and one of
+    // BF16_CHAIN, the operands cast in and the last result out (arguments are f32), so
+    // that the two differ by their extra products alone.
+    for n in gemm_sides(a.max_size) {
+        for chain in [1, BF16_CHAIN] {
+            add(
+                format!("gemm-bf16-{n}-x{chain}"),
+                bf16_chain(n, chain),
+                Kind::GemmBf16,
+                (2.0 * (chain * n * n * n) as f64, 0.0, chain + 3),
+                None,
+            )?;
+        }
     }
     let n = (4 * a.max_size * a.max_size).min(1 << 26);
     let t = format!("tensor<{n}xf32>");
@@ -310,6 +370,24 @@ pub(super) fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
             eff * peak / 1e9
         );
     }
+    // bf16 products: the tensor cores' peak and curve (the base's rate and f32 curve kept
+    // when there are none).
+    let mut chains = Vec::new();
+    for e in of(Kind::GemmBf16) {
+        chains.push((e.flops, e.ops.saturating_sub(3), secs(e)?));
+    }
+    let bf16 = bf16_products(&chains);
+    let bf16_fit = (!bf16.is_empty()).then(|| efficiency_curve(&bf16, overhead));
+    if let Some((peak16, curve)) = &bf16_fit {
+        for (&(flops, t), [_, eff]) in bf16.iter().zip(curve) {
+            report += &format!(
+                "  bf16 products of {:.3e} FLOPs: {:.2} GFLOP/s ({:.2} after the launch)\n",
+                flops,
+                flops / t / 1e9,
+                eff * peak16 / 1e9
+            );
+        }
+    }
     let stream = one(Kind::Stream, "memory")?;
     let bandwidth = stream.bytes / secs(stream)?;
     let vector = one(Kind::Vector, "vector")?;
@@ -356,9 +434,20 @@ pub(super) fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
     }
     let mut c = cost::load(&a.base)?;
     c.device.head_kernels.extend(head_kernels);
-    for w in implausible(&c, &a.base, &backend, [peak, bandwidth, vector_rate]) {
+    let fitted = [peak, bandwidth, vector_rate];
+    for w in implausible(
+        &c,
+        &a.base,
+        &backend,
+        fitted,
+        bf16_fit.as_ref().map(|f| f.0),
+    ) {
         eprintln!("nnscaler calibrate: warning: {w}");
         report += &format!("  warning: {w}\n");
+    }
+    if let Some((peak16, curve)) = &bf16_fit {
+        c.device.matrix_flops_bf16 = Some(sig(*peak16));
+        c.device.matrix_efficiency_bf16 = curve.iter().map(|&[f, e]| [f, sig(e)]).collect();
     }
     c.name = format!("{}-measured", c.name);
     c.device.matrix_flops = sig(peak);
@@ -373,8 +462,13 @@ pub(super) fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
         chrono_free_date()
     );
     report += &format!(
-        "  kept from {}: memory, the bf16 rate, the network{}\n",
+        "  kept from {}: memory, {}the network{}\n",
         a.base,
+        if bf16_fit.is_some() {
+            ""
+        } else {
+            "the bf16 rate, "
+        },
         if c.device.kernels.is_empty() {
             ""
         } else {
@@ -385,19 +479,29 @@ pub(super) fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
     Ok(report)
 }
 
-/// Fitted figures (`[matrix FLOP/s, memory bytes/s, vector FLOP/s]`) a factor of 100 or
-/// more from base preset `c`'s (timings from another machine than the base describes,
-/// e.g. the host backend's onto a GPU preset), and a bf16 rate kept from the base that the
-/// fitted f32 rate makes implausible: one warning each.
-fn implausible(c: &Cluster, base: &str, backend: &str, fitted: [f64; 3]) -> Vec<String> {
+/// Fitted figures (`[matrix FLOP/s, memory bytes/s, vector FLOP/s]`, and the bf16
+/// products' FLOP/s when timed) a factor of 100 or more from base preset `c`'s (timings
+/// from another machine than the base describes, e.g. the host backend's onto a GPU
+/// preset), and a bf16 rate kept from the base (none timed) that the fitted f32 rate makes
+/// implausible: one warning each.
+fn implausible(
+    c: &Cluster,
+    base: &str,
+    backend: &str,
+    fitted: [f64; 3],
+    bf16: Option<f64>,
+) -> Vec<String> {
     const FACTOR: f64 = 100.0;
     let d = &c.device;
     let mut out = Vec::new();
-    let named = [
+    let mut named = vec![
         ("matrix products", d.matrix_flops, fitted[0], "FLOP/s"),
         ("memory bandwidth", d.memory_bandwidth, fitted[1], "B/s"),
         ("vector ops", d.vector_flops, fitted[2], "FLOP/s"),
     ];
+    if let (Some(now), Some(was)) = (bf16, d.matrix_flops_bf16) {
+        named.push(("bf16 matrix products", was, now, "FLOP/s"));
+    }
     for (what, was, now, unit) in named {
         if was > 0.0 && now > 0.0 && (now / was >= FACTOR || was / now >= FACTOR) {
             out.push(format!(
@@ -417,7 +521,7 @@ fn implausible(c: &Cluster, base: &str, backend: &str, fitted: [f64; 3]) -> Vec<
             ));
         }
     }
-    if let Some(b) = d.matrix_flops_bf16 {
+    if let (Some(b), None) = (d.matrix_flops_bf16, bf16) {
         if fitted[0] > 0.0 && b / fitted[0] >= FACTOR {
             out.push(format!(
                 "the bf16 rate kept from {base} ({} FLOP/s) is {:.0}x the fitted f32 rate ({} FLOP/s); a step in bf16 would be predicted on the base's device, the rest on the timed one",

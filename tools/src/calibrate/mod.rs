@@ -79,9 +79,10 @@ fn clock(origin: Instant) -> f64 {
         A GPU (--device gpu) is measured where only nnscaler-rt runs: --prepare DIR writes \
         benchmark artifacts and DIR/calibrate.json, 'nnscaler-rt bench DIR/calibrate.json \
         --backend cuda -o timings.json' times them on the GPU's machine, and --timings \
-        timings.json fits the device's rates, efficiency curve, per-kernel cost and \
-        attention's cost by its heads' shapes (f32 and bf16) here, on --base's other \
-        entries (memory, bf16 rate, network)."
+        timings.json fits the device's rates, efficiency curves (f32 products, and bf16 \
+        products on the tensor cores), per-kernel cost and attention's cost by its heads' \
+        shapes (f32 and bf16) here, on --base's other entries (memory, network; the bf16 \
+        rate too for timings without bf16 products)."
 )]
 pub struct CalibrateArgs {
     /// The device to measure: cpu (here), or gpu (in two steps: --prepare DIR writes

@@ -62,6 +62,11 @@ pub struct Device {
     /// ascending in FLOPs; interpolated log-linearly, flat beyond the ends (empty: 1).
     #[serde(default)]
     pub matrix_efficiency: Vec<[f64; 2]>,
+    /// The same for bf16 products against `matrix_flops_bf16` (the tensor cores fill up
+    /// at other sizes than the f32 units), as `nnscaler calibrate --device gpu` measures
+    /// it; empty: `matrix_efficiency`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matrix_efficiency_bf16: Vec<[f64; 2]>,
     /// A matrix product's time by its shape, for a kernel whose cost FLOPs alone do not
     /// describe (the CPU runtime's `gemm`: packing its operands and writing its result
     /// cost per element, which products with a short side feel most): `[per product, per
@@ -259,15 +264,19 @@ pub fn parse(text: &str) -> Result<Cluster, String> {
             "device.matrix_flops_bf16 must be a positive rate, got {r}"
         ));
     }
-    if d.matrix_efficiency.windows(2).any(|w| w[1][0] <= w[0][0])
-        || d.matrix_efficiency
-            .iter()
-            .any(|[f, e]| !(*f > 0.0 && *e > 0.0 && *e <= 1.0))
-    {
-        return Err(
-            "device.matrix_efficiency must be [flops, fraction] pairs, flops ascending, fractions in (0, 1]"
-                .into(),
-        );
+    for (what, curve) in [
+        ("matrix_efficiency", &d.matrix_efficiency),
+        ("matrix_efficiency_bf16", &d.matrix_efficiency_bf16),
+    ] {
+        if curve.windows(2).any(|w| w[1][0] <= w[0][0])
+            || curve
+                .iter()
+                .any(|[f, e]| !(*f > 0.0 && *e > 0.0 && *e <= 1.0))
+        {
+            return Err(format!(
+                "device.{what} must be [flops, fraction] pairs, flops ascending, fractions in (0, 1]"
+            ));
+        }
     }
     for (what, terms) in [
         ("matrix_terms", d.matrix_terms),
@@ -403,9 +412,18 @@ impl Device {
         log_linear(&self.matrix_efficiency, flops).unwrap_or(1.0)
     }
 
+    /// The fraction of the peak a product of `flops` reaches in bf16 (`bf16`, by
+    /// `matrix_efficiency_bf16` where the device has that curve) or in f32.
+    pub fn efficiency_in(&self, flops: f64, bf16: bool) -> f64 {
+        match bf16 && !self.matrix_efficiency_bf16.is_empty() {
+            true => log_linear(&self.matrix_efficiency_bf16, flops).unwrap_or(1.0),
+            false => self.efficiency(flops),
+        }
+    }
+
     /// The peak matrix-product rate for products in bf16 (`bf16`: the tensor-core rate,
-    /// where the device has one) or in f32. The efficiency curve is the same for both (it
-    /// is calibrated on f32 products; nnscaler has not measured bf16 on a GPU yet).
+    /// where the device has one) or in f32; [`Device::efficiency_in`] the fraction of it
+    /// a product reaches.
     pub fn matrix_rate(&self, bf16: bool) -> f64 {
         match (bf16, self.matrix_flops_bf16) {
             (true, Some(r)) => r,
@@ -461,7 +479,7 @@ impl Device {
                 let x = product_terms([m, k, n]);
                 factor * products * (c0 * x[0] + per_flop * x[1] + c2 * x[2] + c3 * x[3])
             }
-            None => products * one / (self.matrix_rate(bf16) * self.efficiency(one)),
+            None => products * one / (self.matrix_rate(bf16) * self.efficiency_in(one, bf16)),
         }
     }
 

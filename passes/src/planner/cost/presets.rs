@@ -85,6 +85,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 memory: 80 * GIB,
                 memory_bandwidth: 2.039e12,
                 matrix_efficiency: gpu_eff,
+                matrix_efficiency_bf16: Vec::new(),
                 matrix_terms: None,
                 matrix_terms_hot: None,
                 matrix_forms: None,
@@ -116,6 +117,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                 memory: if name == "h200" { 141 } else { 80 } * GIB,
                 memory_bandwidth: if name == "h200" { 4.8e12 } else { 3.35e12 },
                 matrix_efficiency: gpu_eff,
+                matrix_efficiency_bf16: Vec::new(),
                 matrix_terms: None,
                 matrix_terms_hot: None,
                 matrix_forms: None,
@@ -154,6 +156,7 @@ pub fn preset(name: &str) -> Option<Cluster> {
                     [134217728.0, 0.9933],
                     [1073741824.0, 1.0],
                 ],
+                matrix_efficiency_bf16: Vec::new(),
                 // Used for the products' time in place of the curve above.
                 matrix_terms: Some([0.0, 8.693e-12, 2.065e-10, 1.867e-10]),
                 matrix_terms_hot: Some([0.0, 8.088e-12, 2.856e-10, 8.321e-11]),

@@ -271,6 +271,29 @@ fn matrix_terms_price_each_product_by_its_shape() {
     let flops = 2.0 * 128.0f64.powi(3);
     let t = d.matrix_seconds(2.0, [128.0, 128.0, 128.0], false, None);
     assert!((t - 2.0 * flops / (d.matrix_flops * d.efficiency(flops))).abs() < 1e-15);
+    // bf16 products by the bf16 curve where the device has one (the tensor cores fill up
+    // later than the f32 units), by the f32 curve where it has none.
+    let mut g = preset("dgx-h100").unwrap().device;
+    let one = 2.0 * 1024.0f64.powi(3);
+    let f32_curve = g.matrix_seconds(1.0, [1024.0; 3], true, None);
+    assert!((f32_curve - one / (989e12 * g.efficiency(one))).abs() < 1e-15);
+    g.matrix_efficiency_bf16 = vec![[1e6, 0.01], [1e12, 0.5]];
+    let e = g.efficiency_in(one, true);
+    assert!(
+        (e - (0.01 + 0.49 * (one / 1e6).ln() / 1e6f64.ln())).abs() < 1e-12,
+        "{e}"
+    );
+    assert_eq!(g.efficiency_in(one, false), g.efficiency(one));
+    let t = g.matrix_seconds(1.0, [1024.0; 3], true, None);
+    assert!((t - one / (989e12 * e)).abs() < 1e-15);
+    let p = preset("dgx-h100").unwrap();
+    let mut c2 = p.clone();
+    c2.device = g;
+    assert_eq!(parse(&c2.to_toml().unwrap()).unwrap(), c2);
+    assert!(!p.to_toml().unwrap().contains("matrix_efficiency_bf16"));
+    c2.device.matrix_efficiency_bf16 = vec![[1e9, 0.5], [1e6, 0.2]];
+    let e = parse(&c2.to_toml().unwrap()).unwrap_err();
+    assert!(e.contains("device.matrix_efficiency_bf16 must be"), "{e}");
     // A TOML with them reads back; a negative term or a free FLOP is refused.
     let mut c = preset("cpu").unwrap();
     c.device.matrix_terms = Some(terms);
