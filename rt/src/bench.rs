@@ -27,6 +27,9 @@ pub enum Kind {
     Vector,
     /// A chain of `ops` tiny kernels (the cost of one launch).
     Launch,
+    /// `ops` AdamW updates of `flops` FLOPs moving `bytes` in all (the optimizer's kernel
+    /// entry, fitted over two sets of parameters: many small, a few large).
+    Optimizer,
     /// An attention op (`op`: `dnn.attention` or `dnn.attention_grad`, `.bf16` when on
     /// bf16 values) over `heads` (`[heads, queries, keys, query/key dim, value dim]`):
     /// the cost model's attention family, fitted by its heads' shapes.

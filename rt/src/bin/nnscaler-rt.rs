@@ -575,7 +575,9 @@ fn bench(manifest: &str, output: &str, runs: usize, backend: &str) -> Result<Str
             | nnscaler_rt::bench::Kind::Attention => {
                 format!("{:.2} GFLOP/s", e.flops / s / 1e9)
             }
-            nnscaler_rt::bench::Kind::Stream => format!("{:.2} GB/s", e.bytes / s / 1e9),
+            nnscaler_rt::bench::Kind::Stream | nnscaler_rt::bench::Kind::Optimizer => {
+                format!("{:.2} GB/s", e.bytes / s / 1e9)
+            }
             nnscaler_rt::bench::Kind::Launch => {
                 format!("{:.2} us a kernel", s / e.ops.max(1) as f64 * 1e6)
             }

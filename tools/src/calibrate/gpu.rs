@@ -6,8 +6,8 @@
 //! base cluster's other entries.
 
 use super::{
-    chrono_free_date, efficiency_curve, first_function, fit_heads, sig, write_cluster,
-    CalibrateArgs,
+    chrono_free_date, efficiency_curve, first_function, fit_heads, nonnegative_fit, sig,
+    write_cluster, CalibrateArgs,
 };
 use nnscaler_passes::planner::cost::{self, Cluster};
 use std::collections::BTreeMap;
@@ -157,6 +157,33 @@ fn prepare_into(a: &CalibrateArgs, dir: &str) -> Result<String, String> {
         (8.0 * n as f64, 0.0, 1),
         None,
     )?;
+    // The optimizer: AdamW over many small parameters (its fixed cost a tensor) and over a
+    // few large ones (its rate), its FLOPs and bytes as the cost model counts them.
+    let m = (a.max_size / 4).max(16) as usize;
+    let many: Vec<[usize; 2]> = vec![[16, 16]; 96];
+    let large: Vec<[usize; 2]> = vec![[m, m]; 4];
+    for (name, shapes) in [("adamw-many", many), ("adamw-large", large)] {
+        let shapes: Vec<&[usize]> = shapes.iter().map(|s| &s[..]).collect();
+        let text = super::adamw_text(&shapes, true);
+        let g = first_function(&text, name)?;
+        let updates: Vec<_> = g.nodes.iter().filter(|n| n.op == "dnn.adamw").collect();
+        let flops: f64 = updates
+            .iter()
+            .map(|n| nnscaler_passes::transforms::place::op_flops(&g, n))
+            .sum();
+        let bytes: f64 = updates
+            .iter()
+            .flat_map(|n| n.inputs.iter().chain(&n.outputs))
+            .map(|&v| g.values[v].bytes() as f64)
+            .sum();
+        add(
+            name.into(),
+            text,
+            Kind::Optimizer,
+            (flops, bytes, updates.len() as u64),
+            None,
+        )?;
+    }
     // A chain of tiny kernels: each add depends on the last (no fusion across a
     // transpose), so each is one launch.
     let t8 = "tensor<8x8xf32>";
@@ -432,8 +459,36 @@ pub(super) fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
         );
         head_kernels.insert(op.clone(), coef.map(sig));
     }
+    // The optimizer's kernel entry: `fixed` a tensor and `factor` on its roofline (at the
+    // rates just fitted), through the two sets' times.
+    let mut rows = Vec::new();
+    for e in of(Kind::Optimizer) {
+        let roofline = (e.flops / vector_rate).max(e.bytes / bandwidth);
+        rows.push(([e.ops as f64, roofline], secs(e)?));
+    }
+    let optimizer = if rows.len() >= 2 {
+        let [fixed, factor] = nonnegative_fit(&rows)
+            .filter(|c| c[1] > 0.0)
+            .ok_or_else(|| format!("{path}: no fit of the optimizer's times"))?;
+        report += &format!(
+            "  dnn.adamw: {:.2} us a tensor + x{factor:.2} its roofline ({} sets)\n",
+            fixed * 1e6,
+            rows.len()
+        );
+        Some([sig(fixed), sig(factor)])
+    } else {
+        None
+    };
     let mut c = cost::load(&a.base)?;
+    let kept_factors = c
+        .device
+        .kernels
+        .keys()
+        .any(|op| op != "dnn.adamw" || optimizer.is_none());
     c.device.head_kernels.extend(head_kernels);
+    if let Some(k) = optimizer {
+        c.device.kernels.insert("dnn.adamw".into(), k);
+    }
     let fitted = [peak, bandwidth, vector_rate];
     for w in implausible(
         &c,
@@ -469,11 +524,7 @@ pub(super) fn fit_gpu(a: &CalibrateArgs, path: &str) -> Result<String, String> {
         } else {
             "the bf16 rate, "
         },
-        if c.device.kernels.is_empty() {
-            ""
-        } else {
-            ", per-op factors"
-        }
+        if kept_factors { ", per-op factors" } else { "" }
     );
     report += &write_cluster(&c, &a.output)?;
     Ok(report)

@@ -80,7 +80,8 @@ fn clock(origin: Instant) -> f64 {
         benchmark artifacts and DIR/calibrate.json, 'nnscaler-rt bench DIR/calibrate.json \
         --backend cuda -o timings.json' times them on the GPU's machine, and --timings \
         timings.json fits the device's rates, efficiency curves (f32 products, and bf16 \
-        products on the tensor cores), per-kernel cost and attention's cost by its heads' \
+        products on the tensor cores), per-kernel cost, the optimizer's (AdamW over many \
+        small and a few large parameters) and attention's cost by its heads' \
         shapes (f32 and bf16) here, on --base's other entries (memory, network; the bf16 \
         rate too for timings without bf16 products)."
 )]
@@ -567,11 +568,21 @@ fn step_of(name: &str, sets: &[(&str, &str)]) -> Result<Graph, String> {
 /// A function of one AdamW update per parameter shape in `shapes` (lr and step scalar
 /// arguments), for the update's kernel entry.
 fn adamw_step(shapes: &[&[usize]]) -> Result<Graph, String> {
-    let mut args = vec![
-        "%lr: tensor<f32> {nns.name = \"lr\"}".to_string(),
-        "%step: tensor<f32> {nns.name = \"step\"}".to_string(),
-    ];
+    first_function(&adamw_text(shapes, false), "adamw")
+}
+
+/// [`adamw_step`]'s function as text; with `fixed`, lr and step are constants in it (1e-3
+/// and 1) rather than arguments, for a benchmark whose arguments are drawn at random.
+pub(super) fn adamw_text(shapes: &[&[usize]], fixed: bool) -> String {
+    let mut args = Vec::new();
     let mut body = String::new();
+    if fixed {
+        body += "  %lr = \"dnn.fill\"() {shape = array<i64>, value = 1.0e-3 : f64} : () -> tensor<f32>\n";
+        body += "  %step = \"dnn.fill\"() {shape = array<i64>, value = 1.0 : f64} : () -> tensor<f32>\n";
+    } else {
+        args.push("%lr: tensor<f32> {nns.name = \"lr\"}".to_string());
+        args.push("%step: tensor<f32> {nns.name = \"step\"}".to_string());
+    }
     let mut results = Vec::new();
     for (i, shape) in shapes.iter().enumerate() {
         let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
@@ -585,15 +596,12 @@ fn adamw_step(shapes: &[&[usize]]) -> Result<Graph, String> {
         results.push((format!("%u{i}#0"), t));
     }
     let (names, types): (Vec<String>, Vec<String>) = results.into_iter().unzip();
-    first_function(
-        &format!(
-            "func.func @adamw({}) -> ({}) {{\n{body}  return {} : {}\n}}\n",
-            args.join(", "),
-            types.join(", "),
-            names.join(", "),
-            types.join(", ")
-        ),
-        "adamw",
+    format!(
+        "func.func @adamw({}) -> ({}) {{\n{body}  return {} : {}\n}}\n",
+        args.join(", "),
+        types.join(", "),
+        names.join(", "),
+        types.join(", ")
     )
 }
 
