@@ -49,7 +49,7 @@ const INTERLEAVED_OPTIONS: &[OptionInfo] = &[
 const SCHEDULE_CHOSEN_OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         name: "chunks",
-        help: "when the chosen schedule is interleaved: stages per rank (default: 2)",
+        help: "when the chosen schedule is interleaved: stages per rank (default: the stages the step is placed in over the ranks, else 2)",
     },
     MICROBATCHES_AS_1F1B,
     AXIS,

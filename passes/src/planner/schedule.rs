@@ -142,7 +142,19 @@ impl ScheduleKind {
         matches!(self, ScheduleKind::ZbH1 | ScheduleKind::ZbV)
     }
 
-    /// Stages per device when a planner picks its chunks (interleaved: 2; ZB-V: always 2).
+    /// The stages per device a planner may choose (the plan search tries each).
+    pub fn chunk_options(self) -> &'static [usize] {
+        match self {
+            // As Megatron-LM's virtual pipeline stages: 2 a rank, or as many as a rank's
+            // layers allow (one layer a chunk when a rank holds 3 or 4).
+            ScheduleKind::Interleaved => &[2, 3, 4],
+            ScheduleKind::ZbV => &[2],
+            _ => &[1],
+        }
+    }
+
+    /// Stages per device by default (interleaved: 2, `--schedule-interleaved`'s `chunks`;
+    /// ZB-V: always 2).
     pub fn planned_chunks(self) -> usize {
         match self {
             ScheduleKind::Interleaved | ScheduleKind::ZbV => 2,

@@ -190,6 +190,10 @@ impl Config {
                 " schedule={}",
                 self.schedule.map_or("none", ScheduleKind::name)
             );
+            let ch = chunks(self);
+            if self.schedule.is_some_and(|k| ch != k.planned_chunks()) {
+                s += &format!(" chunks={ch}");
+            }
         }
         s += &format!(" recompute={} zero={}", self.recompute.name(), self.zero);
         if self.tp > 1 && self.tensor == TpPolicy::Search {
@@ -749,8 +753,16 @@ fn candidates(
                     space.schedules.iter().copied().map(Some).collect()
                 };
                 let held = item_bounds(bounds, &prof.items);
-                for &sched in &schedules {
-                    let stages = (pp * chunks(sched)) as usize;
+                let staged = schedules.iter().flat_map(|&s| {
+                    let options = s.map_or(&[1][..], ScheduleKind::chunk_options);
+                    options.iter().map(move |&ch| (s, ch))
+                });
+                for (sched, ch) in staged {
+                    let stages = pp as usize * ch;
+                    // More chunks than the default only where the items fill them.
+                    if sched.is_some_and(|k| ch > k.planned_chunks()) && stages > prof.items.len() {
+                        continue;
+                    }
                     if let Some(why) = bound_conflict(&held, prof.items.len(), stages) {
                         *out.entry(why).or_default() += space.recompute.len();
                         continue;

@@ -94,18 +94,18 @@ pub(super) fn coll_time(
 /// squared, summed ([`Item::params_sq`]).
 pub(super) type Tensors = (u64, u64, f64);
 
-/// Chunks (stages per pipeline rank) of a schedule (none: one).
-pub(super) fn chunks(schedule: Option<ScheduleKind>) -> u64 {
-    schedule.map_or(1, |k| k.planned_chunks() as u64)
+/// Chunks (stages per pipeline rank) of plan `c`.
+pub(super) fn chunks(c: &Config) -> usize {
+    (c.stage_starts.len() / (c.pp as usize).max(1)).max(1)
 }
 
 /// A verified schedule, or why it cannot be made.
 pub(super) type Made = Result<schedule::Schedule, String>;
 
 thread_local! {
-    /// Schedules made and verified, by (name, ranks, micro-batches): a search simulates
+    /// Schedules made and verified, by (name, ranks, micro-batches, chunks): a search simulates
     /// each with many stage costs.
-    static SCHEDULES: std::cell::RefCell<HashMap<(ScheduleKind, usize, usize), Made>> =
+    static SCHEDULES: std::cell::RefCell<HashMap<(ScheduleKind, usize, usize, usize), Made>> =
         std::cell::RefCell::new(HashMap::new());
 }
 
@@ -234,7 +234,7 @@ pub(super) fn score(
     cap: u64,
     sim: &mut HashMap<String, schedule::Timeline>,
 ) -> Result<Estimate, Unscored> {
-    let ch = chunks(c.schedule) as usize;
+    let ch = chunks(c);
     let st = stages_of(p, c);
     let stages = st.len();
     let (dp, tp, pp) = (c.dp, c.tp, c.pp as usize);
@@ -308,7 +308,7 @@ pub(super) fn score(
                     .with(|cache| {
                         cache
                             .borrow_mut()
-                            .entry((kind, pp, m))
+                            .entry((kind, pp, m, ch))
                             .or_insert_with(|| {
                                 let s = kind.make(pp, m, ch)?;
                                 schedule::verify(&s)?;

@@ -65,6 +65,15 @@ struct Fragment {
     outputs: Vec<ValueId>,
 }
 
+/// The stages `g`'s ops are placed in (`nns.stage`): the largest plus one (0: unplaced).
+pub(super) fn stage_count(g: &Graph) -> usize {
+    g.nodes
+        .iter()
+        .filter_map(stage_attr)
+        .max()
+        .map_or(0, |s| s + 1)
+}
+
 fn stage_attr(n: &Node) -> Option<usize> {
     match n.attrs.get("nns.stage") {
         Some(AttrValue::Int(s)) if *s >= 0 => Some(*s as usize),

@@ -70,14 +70,16 @@ pub struct SchedulePass {
     flag: String,
     source: Source,
     microbatches: Option<usize>,
-    chunks: usize,
+    /// `chunks=`, when given.
+    chunks: Option<usize>,
     axis: String,
     remarks: Diagnostics,
 }
 
 impl SchedulePass {
     /// `--schedule-<name>`: options `microbatches` (checked against the mesh), `axis` (the
-    /// pipeline axis, `pp`), `chunks` (interleaved only, 2 by default).
+    /// pipeline axis, `pp`), `chunks` (interleaved only, 2 by default; `--schedule` takes
+    /// the chosen interleaved schedule's from the stages the step is placed in).
     pub fn named(kind: ScheduleKind, o: &PassOptions) -> Result<Self, String> {
         Self::new(format!("schedule-{kind}"), Source::Named(kind), o)
     }
@@ -112,7 +114,7 @@ impl SchedulePass {
         }
         Ok(SchedulePass {
             microbatches: count("microbatches")?,
-            chunks: chunks.unwrap_or(2),
+            chunks,
             axis: o.get("axis").unwrap_or("pp").to_string(),
             flag,
             source,
@@ -121,15 +123,27 @@ impl SchedulePass {
     }
 
     /// The schedule for `p` ranks and `m` micro-batches; `chosen` is the step's
-    /// `nns.schedule` (for [`Source::Chosen`]).
-    fn schedule(&self, p: usize, m: usize, chosen: Option<&str>) -> Result<Schedule, String> {
+    /// `nns.schedule` (for [`Source::Chosen`]), `stages` the stages it is placed in.
+    fn schedule(
+        &self,
+        p: usize,
+        m: usize,
+        chosen: Option<&str>,
+        stages: usize,
+    ) -> Result<Schedule, String> {
         let s = match &self.source {
-            Source::Named(k) => k.make(p, m, self.chunks)?,
+            Source::Named(k) => k.make(p, m, self.chunks.unwrap_or(2))?,
+            // The plan chose the chunks with the stages: a rank's share of them.
             Source::Chosen => schedule::by_name(
                 chosen.ok_or("the step has no chosen schedule (nns.schedule)")?,
                 p,
                 m,
-                self.chunks,
+                self.chunks
+                    .unwrap_or(if p > 0 && stages.is_multiple_of(p) && stages / p >= 2 {
+                        stages / p
+                    } else {
+                        2
+                    }),
             )?,
             Source::File(f) => {
                 let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
@@ -263,7 +277,7 @@ impl ModulePass for SchedulePass {
         }
         for (raw, g) in targets {
             let sched = self
-                .schedule(p, m, chosen(&g).as_deref())
+                .schedule(p, m, chosen(&g).as_deref(), build::stage_count(&g))
                 .map_err(|e| error(&g.loc, format!("{flag}: {e}")))?;
             let made = build::build(&g, &mesh, &sched, &self.axis, &flag)?;
             let mut after = raw;
