@@ -48,7 +48,9 @@ for e in ranked[:int(sys.argv[2])]:
         c['schedule'], c['recompute'], c['zero'])
     subprocess.run('"%s/nnscaler-opt" %s m.mlir -o p.mlir 2> /dev/null' % (bin, e['flags']),
                    shell=True, check=True)
-    if '--schedule-' in e['flags']:
+    # A pipeline (or micro-batches on one stage): --schedule (the plan's chosen schedule)
+    # or a --schedule-<name> flag makes per-rank programs.
+    if re.search(r'--schedule(-|=|\s|$)', e['flags']):
         out = subprocess.run([bin + '/nnscaler', 'schedule-report', '--program', 'p.mlir',
                               '--cluster', cluster], capture_output=True, text=True,
                              check=True).stdout
