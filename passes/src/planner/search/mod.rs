@@ -914,6 +914,7 @@ fn expand(mut p: Profile, runs: &[crate::planner::layer_runs::Run]) -> Profile {
         match runs.iter().find(|r| r.second == it.name) {
             Some(r) => {
                 p.optimizer += it.update * r.names.len().saturating_sub(1) as f64;
+                p.optimizer_fixed += it.update_fixed * r.names.len().saturating_sub(1) as f64;
                 for name in &r.names {
                     let mut copy = it.clone();
                     copy.name = name.clone();

@@ -58,6 +58,9 @@ pub struct Item {
     /// Seconds of the optimizer update of its parameters (not sharded; in the profile's
     /// `optimizer`).
     pub update: f64,
+    /// Of `update`: the ops' fixed costs (a launch each, its kernel entry's fixed part),
+    /// which sharding the update over dp (ZeRO) does not shrink.
+    pub update_fixed: f64,
 }
 
 /// A training step's costs at one tensor-parallel degree and micro-batch size.
@@ -71,6 +74,8 @@ pub struct Profile {
     pub items: Vec<Item>,
     /// Seconds of the optimizer update of every parameter on one device (not sharded).
     pub optimizer: f64,
+    /// Of `optimizer`: the ops' fixed costs ([`Item::update_fixed`]).
+    pub optimizer_fixed: f64,
     /// Whether the matrix products run in bf16 (the step was cast by `--autocast=bf16`):
     /// they are predicted at the bf16 rate, and MFU is relative to the bf16 peak.
     pub bf16: bool,
@@ -616,6 +621,7 @@ pub(super) fn profile_local(
         })
         .collect();
     let mut optimizer = 0.0;
+    let mut optimizer_fixed = 0.0;
     let mut bf16 = false;
     let mut drift = cost::Drift::default();
     // An optimizer op updates the parameter it reads (or what an update of it made).
@@ -639,9 +645,22 @@ pub(super) fn profile_local(
             continue;
         }
         if opt[k] {
+            // A dnn op's launch (or its kernel entry's fixed part) is paid whatever share
+            // of the tensor it updates.
+            let fixed = if node.op.starts_with("dnn.") {
+                let d = &cluster.device;
+                d.kernels
+                    .get(&node.op)
+                    .map_or(d.op_overhead, |k| k[0])
+                    .min(c.seconds)
+            } else {
+                0.0
+            };
             optimizer += c.seconds;
+            optimizer_fixed += fixed;
             if let Some(it) = node.inputs.iter().find_map(|&v| update_of[v]) {
                 items[it].update += c.seconds;
+                items[it].update_fixed += fixed;
             }
             continue;
         }
@@ -688,6 +707,7 @@ pub(super) fn profile_local(
         micro,
         items,
         optimizer,
+        optimizer_fixed,
         bf16,
         tensor: TpPolicy::Megatron,
     }

@@ -207,11 +207,30 @@ pub(super) fn accumulate_time(
     (microbatches - 1) as f64 * n * one
 }
 
-/// Seconds of the optimizer update of `params` of the profile's parameter bytes (over dp
-/// shards from ZeRO-1 on).
-pub(super) fn update_time(p: &Profile, c: &Config, params: u64) -> f64 {
+/// Seconds of the optimizer update of `params` bytes in `tensors` tensors of the
+/// profile's parameters: from ZeRO-1 on over dp shards, all but the ops' fixed costs (each
+/// tensor's update is still one op a device); under ZeRO-1 and 2 each tensor's parameter
+/// is first sliced to the shard (`nns.slice`: a launch and a copy of the shard).
+pub(super) fn update_time(
+    p: &Profile,
+    c: &Config,
+    cluster: &Cluster,
+    (params, tensors): (u64, u64),
+) -> f64 {
     let total: u64 = p.items.iter().map(|i| i.params).sum::<u64>().max(1);
-    p.optimizer * params as f64 / total as f64 / if c.zero >= 1 { c.dp as f64 } else { 1.0 }
+    let total_tensors: u64 = p.items.iter().map(|i| i.tensors).sum::<u64>().max(1);
+    let sharded = c.zero >= 1 && c.dp > 1;
+    let fixed = p.optimizer_fixed * tensors as f64 / total_tensors as f64;
+    let rest = (p.optimizer - p.optimizer_fixed).max(0.0) * params as f64
+        / total as f64
+        / if sharded { c.dp as f64 } else { 1.0 };
+    let slices = if sharded && c.zero <= 2 {
+        let d = &cluster.device;
+        tensors as f64 * d.op_overhead + 2.0 * params as f64 / c.dp as f64 / d.memory_bandwidth
+    } else {
+        0.0
+    };
+    fixed + rest + slices
 }
 
 /// Why [`score`] gives a plan no estimate.
@@ -353,7 +372,7 @@ pub(super) fn score(
             + (in_flight.get(d).copied().unwrap_or(1.0) * saved as f64).ceil() as u64
             + transient;
         memory = memory.max(mem);
-        let update = update_time(p, c, params);
+        let update = update_time(p, c, cluster, (params, tensors));
         let dp_sync = sync_time(cluster, c, (params, tensors, sq))
             + if tensors > 0 {
                 sync_skew(cluster, c, makespan, (tensors, update))
@@ -450,7 +469,7 @@ pub(super) fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
                 + work[d] * c.microbatches as f64
                 + grad_sync[d]
                 + sync_time(cluster, c, params[d])
-                + update_time(p, c, params[d].0)
+                + update_time(p, c, cluster, (params[d].0, params[d].1))
                 + accumulate_time(cluster, params[d], c.microbatches)
         })
         .fold(0.0, f64::max)
