@@ -640,10 +640,32 @@ pub(super) fn profile_local(
             continue;
         };
         bf16 |= c.bf16;
-        // Data-parallel collectives are the plan's, not the profile's.
-        if c.axes.as_ref().is_some_and(|a| a.iter().any(|x| x == "dp")) {
-            continue;
-        }
+        // Data-parallel collectives are the plan's, not the profile's. One over dp and
+        // other axes (a replicated weight's gradient, partial over tp under sequence
+        // parallelism, reduced over both at once) is the plan's for its dp part and the
+        // profile's for the rest: a reduction over the other axes alone.
+        let c = match &c.axes {
+            Some(axes) if axes.iter().any(|x| x == "dp") => {
+                if nnscaler_dialects::nns::sent_bytes(&node.op, 2.0, 1.0, 1.0) <= 0.0 {
+                    continue;
+                }
+                let rest: Vec<String> = axes.iter().filter(|x| *x != "dp").cloned().collect();
+                let bytes = |v: Option<&usize>| v.map_or(0, |&v| g.values[v].bytes()) as f64;
+                let (input, output) = (bytes(node.inputs.first()), bytes(node.outputs.first()));
+                let Some(seconds) =
+                    cost::collective_seconds(cluster, mesh, &node.op, &rest, input, output)
+                else {
+                    continue;
+                };
+                cost::NodeCost {
+                    seconds,
+                    group: cost::group_of(mesh, &rest).0,
+                    axes: Some(rest),
+                    ..cost::NodeCost::default()
+                }
+            }
+            _ => c,
+        };
         if opt[k] {
             // A dnn op's launch (or its kernel entry's fixed part) is paid whatever share
             // of the tensor it updates.
