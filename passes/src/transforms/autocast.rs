@@ -146,6 +146,19 @@ fn cast_attrs(n: &Node, to: Elem) -> Attrs {
     a
 }
 
+/// A cast of bf16 value `from` to f32 that writes value `to` (an existing f32 value, so its
+/// readers are unchanged), placed with op `of`.
+fn cast_back(from: usize, to: usize, of: &Node) -> Node {
+    Node {
+        op: "dnn.cast".into(),
+        inputs: vec![from],
+        outputs: vec![to],
+        attrs: cast_attrs(of, Elem::F32),
+        loc: of.loc.clone(),
+        origin: None,
+    }
+}
+
 /// `g` with its forward matrix products in bf16, and how many there were. The product
 /// keeps its place and identity (its results are new bf16 values); the casts back write the
 /// f32 values it wrote before, so every reader is unchanged.
@@ -178,14 +191,7 @@ pub fn autocast(g: &Graph) -> Result<(Graph, usize), String> {
             .outputs
             .iter()
             .zip(&finals)
-            .map(|(&b, &f)| Node {
-                op: "dnn.cast".into(),
-                inputs: vec![b],
-                outputs: vec![f],
-                attrs: cast_attrs(&n, Elem::F32),
-                loc: n.loc.clone(),
-                origin: None,
-            })
+            .map(|(&b, &f)| cast_back(b, f, &n))
             .collect();
         out.nodes.push(n);
         out.nodes.extend(back);
@@ -233,14 +239,7 @@ pub fn autocast_activations(g: &Graph) -> Result<(Graph, usize), String> {
             for &v in &n.inputs {
                 if let Some(&b) = narrowed.get(&v) {
                     if widened.insert(v) {
-                        out.nodes.push(Node {
-                            op: "dnn.cast".into(),
-                            inputs: vec![b],
-                            outputs: vec![v],
-                            attrs: cast_attrs(&n, Elem::F32),
-                            loc: n.loc.clone(),
-                            origin: None,
-                        });
+                        out.nodes.push(cast_back(b, v, &n));
                     }
                 }
             }

@@ -305,10 +305,15 @@ const BF16_PLANS: &[(&str, &[&str])] = &[
 /// (Megatron's pass-through included), and the collectives of bf16 values move bf16.
 #[test]
 fn bf16_plans_match_one_device() {
+    check_bf16_plans("bf16");
+}
+
+/// Every plan of [`BF16_PLANS`] after `--autocast` with `options`, against one device.
+fn check_bf16_plans(options: &str) {
     for &(name, plans) in BF16_PLANS {
         let vocab = if name.starts_with("mlp") { 10 } else { 12 };
         for p in plans {
-            check_precision(name, &model(name), p, vocab, Some("bf16"));
+            check_precision(name, &model(name), p, vocab, Some(options));
         }
     }
 }
@@ -318,12 +323,7 @@ fn bf16_plans_match_one_device() {
 /// in bf16, and the parameters' gradients arrive in f32.
 #[test]
 fn bf16_activation_plans_match_one_device() {
-    for &(name, plans) in BF16_PLANS {
-        let vocab = if name.starts_with("mlp") { 10 } else { 12 };
-        for p in plans {
-            check_precision(name, &model(name), p, vocab, Some("bf16 activations=bf16"));
-        }
-    }
+    check_bf16_plans("bf16 activations=bf16");
 }
 
 /// The oracle has teeth: dropping one all_reduce from a correct partitioned program makes
