@@ -3,6 +3,7 @@
 //! by the cost model (see the module docs of [`super`]).
 
 use super::*;
+use nnscaler_dialects::graph::Node;
 
 /// One item (a layer, or the ops before or after the layers) of a profile: one device's
 /// share at `tp = t` for one micro-batch.
@@ -503,25 +504,30 @@ fn add_saved(f: &OpFacts<'_>, items: &mut [Item]) -> Vec<i128> {
     cut_diff
 }
 
-/// The profile of a localized per-device program (see the module docs).
-pub(super) fn profile_local(
+/// Which item each op of a profiled program belongs to ([`assign_items`]).
+struct Items {
+    /// The items' names: `(before)`, the layers in order, `(after)`.
+    names: Vec<String>,
+    /// Each op's item (`usize::MAX` for the optimizer's ops).
+    item: Vec<usize>,
+    /// Each parameter's item, by its value.
+    param_item: HashMap<usize, usize>,
+    /// The index of `(after)`.
+    after: usize,
+}
+
+/// Assigns every forward op to its layer's item (`(before)` ahead of the first layer,
+/// `(after)` behind the last), then every backward op: the item of a forward operand (a
+/// saved activation), else of a parameter operand's layer, else of any operand's op; the
+/// loss's seed goes last.
+fn assign_items(
     g: &Graph,
-    mesh: &Mesh,
-    tp: u64,
-    micro: u64,
-    cluster: &Cluster,
-) -> Profile {
-    let cluster = &cluster.for_program(g);
+    fwd: &[bool],
+    opt: &[bool],
+    layer: &[Option<String>],
+    producer: &[Option<usize>],
+) -> Items {
     let n = g.nodes.len();
-    let fwd = forward_ops(g);
-    let layer = layers(g, &fwd);
-    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
-    for (k, node) in g.nodes.iter().enumerate() {
-        for &o in &node.outputs {
-            producer[o] = Some(k);
-        }
-    }
-    let opt = optimizer_ops(g, &fwd);
     // Items: (before), the layers in order, (after).
     let mut names: Vec<String> = vec!["(before)".into()];
     let mut index: HashMap<String, usize> = HashMap::new();
@@ -576,6 +582,71 @@ pub(super) fn profile_local(
         let from_param = ins.iter().filter_map(|v| param_item.get(v).copied()).min();
         item[k] = from_fwd.or(from_param).or(from_any).unwrap_or(after);
     }
+    Items {
+        names,
+        item,
+        param_item,
+        after,
+    }
+}
+
+/// A collective over dp and other axes (a replicated weight's gradient, partial over tp
+/// under sequence parallelism, reduced over both at once) is the plan's for its dp part
+/// and the profile's for the rest: a reduction over the other axes alone. `None` for a
+/// collective that is wholly the plan's (or moves nothing without dp); other costs pass
+/// through.
+fn without_dp_part(
+    g: &Graph,
+    node: &Node,
+    c: cost::NodeCost,
+    cluster: &Cluster,
+    mesh: &Mesh,
+) -> Option<cost::NodeCost> {
+    Some(match &c.axes {
+        Some(axes) if axes.iter().any(|x| x == "dp") => {
+            if nnscaler_dialects::nns::sent_bytes(&node.op, 2.0, 1.0, 1.0) <= 0.0 {
+                return None;
+            }
+            let rest: Vec<String> = axes.iter().filter(|x| *x != "dp").cloned().collect();
+            let bytes = |v: Option<&usize>| v.map_or(0, |&v| g.values[v].bytes()) as f64;
+            let (input, output) = (bytes(node.inputs.first()), bytes(node.outputs.first()));
+            let seconds = cost::collective_seconds(cluster, mesh, &node.op, &rest, input, output)?;
+            cost::NodeCost {
+                seconds,
+                group: cost::group_of(mesh, &rest).0,
+                axes: Some(rest),
+                ..cost::NodeCost::default()
+            }
+        }
+        _ => c,
+    })
+}
+
+/// The profile of a localized per-device program (see the module docs).
+pub(super) fn profile_local(
+    g: &Graph,
+    mesh: &Mesh,
+    tp: u64,
+    micro: u64,
+    cluster: &Cluster,
+) -> Profile {
+    let cluster = &cluster.for_program(g);
+    let n = g.nodes.len();
+    let fwd = forward_ops(g);
+    let layer = layers(g, &fwd);
+    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
+    for (k, node) in g.nodes.iter().enumerate() {
+        for &o in &node.outputs {
+            producer[o] = Some(k);
+        }
+    }
+    let opt = optimizer_ops(g, &fwd);
+    let Items {
+        names,
+        item,
+        param_item,
+        after,
+    } = assign_items(g, &fwd, &opt, &layer, &producer);
     let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.values.len()];
     for (k, node) in g.nodes.iter().enumerate() {
         for &v in &node.inputs {
@@ -640,31 +711,9 @@ pub(super) fn profile_local(
             continue;
         };
         bf16 |= c.bf16;
-        // Data-parallel collectives are the plan's, not the profile's. One over dp and
-        // other axes (a replicated weight's gradient, partial over tp under sequence
-        // parallelism, reduced over both at once) is the plan's for its dp part and the
-        // profile's for the rest: a reduction over the other axes alone.
-        let c = match &c.axes {
-            Some(axes) if axes.iter().any(|x| x == "dp") => {
-                if nnscaler_dialects::nns::sent_bytes(&node.op, 2.0, 1.0, 1.0) <= 0.0 {
-                    continue;
-                }
-                let rest: Vec<String> = axes.iter().filter(|x| *x != "dp").cloned().collect();
-                let bytes = |v: Option<&usize>| v.map_or(0, |&v| g.values[v].bytes()) as f64;
-                let (input, output) = (bytes(node.inputs.first()), bytes(node.outputs.first()));
-                let Some(seconds) =
-                    cost::collective_seconds(cluster, mesh, &node.op, &rest, input, output)
-                else {
-                    continue;
-                };
-                cost::NodeCost {
-                    seconds,
-                    group: cost::group_of(mesh, &rest).0,
-                    axes: Some(rest),
-                    ..cost::NodeCost::default()
-                }
-            }
-            _ => c,
+        // Data-parallel collectives are the plan's, not the profile's.
+        let Some(c) = without_dp_part(g, node, c, cluster, mesh) else {
+            continue;
         };
         if opt[k] {
             // A dnn op's launch (or its kernel entry's fixed part) is paid whatever share
