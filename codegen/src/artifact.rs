@@ -64,9 +64,9 @@ fn plan(sizes: &[u64], live: &[(usize, usize)]) -> (Vec<u64>, u64) {
 
 fn attr_text(v: Option<&AttrValue>) -> Option<String> {
     match v {
-        Some(AttrValue::Nns { body, .. }) => Some(body.clone()),
         Some(AttrValue::Str(s)) => Some(s.clone()),
-        _ => None,
+        Some(v) => v.nns_parts().map(|(_, body)| body),
+        None => None,
     }
 }
 

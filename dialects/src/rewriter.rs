@@ -107,9 +107,13 @@ impl Builder {
                         v.iter().map(|s| mlirStringAttrGet(ctx, sref(s))).collect();
                     mlirArrayAttrGet(ctx, items.len() as isize, items.as_ptr())
                 }
-                AttrValue::Nns { kind, body } => {
+                AttrValue::Layout(_)
+                | AttrValue::Split(_)
+                | AttrValue::Axes(_)
+                | AttrValue::Nns { .. } => {
                     // OpaqueAttr::get, not the parser: the parser's check of the dialect
                     // namespace compiles a regular expression for every attribute.
+                    let (kind, body) = v.nns_parts().expect("an nns attribute");
                     let data = format!("{kind}<{body}>");
                     mlirOpaqueAttrGet(
                         ctx,
@@ -118,6 +122,13 @@ impl Builder {
                         data.as_ptr().cast(),
                         mlirNoneTypeGet(ctx),
                     )
+                }
+                AttrValue::Layouts(v) => {
+                    let items = v
+                        .iter()
+                        .map(|l| self.attribute(&AttrValue::Layout(l.clone())))
+                        .collect::<Result<Vec<MlirAttribute>, String>>()?;
+                    mlirArrayAttrGet(ctx, items.len() as isize, items.as_ptr())
                 }
                 AttrValue::Other(text) => mlirAttributeParseGet(ctx, sref(text)),
             }

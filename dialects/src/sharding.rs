@@ -105,9 +105,9 @@ impl Sharding {
 
     /// Reads a layout attribute value (`#nns.layout<...>`) written for `mesh`.
     pub fn from_attr(v: &AttrValue, mesh: &Mesh, rank: usize) -> Result<Self, String> {
-        match v {
-            AttrValue::Nns { kind, body } if kind == "layout" => {
-                let l = Layout::parse(body)?;
+        match v.layout() {
+            Some(l) => {
+                let l = l?;
                 if l.mesh != mesh.name {
                     return Err(format!(
                         "layout names mesh '@{}', not '@{}'",

@@ -199,9 +199,18 @@ pub enum AttrValue {
     Ints(Vec<i64>),
     /// `["a", "b"]`: an array of strings.
     Strs(Vec<String>),
-    /// `#nns.kind<body>`: an nns attribute, parsed further by [`crate::nns`].
+    /// `#nns.layout<@world, dp = D(0)>`, parsed where it is read ([`AttrValue::nns`]).
+    Layout(crate::nns::Layout),
+    /// `[#nns.layout<...>, ...]`: a layout per result (`nns.layouts`), parsed.
+    Layouts(Vec<crate::nns::Layout>),
+    /// `#nns.split<b = dp, n = tp>` (also the values of `nns.pin` and `nns.forbid`), parsed.
+    Split(crate::nns::Split),
+    /// `#nns.axes<dp = 2, tp = 4>` (a mesh's axes, `nns.localized`), parsed.
+    Axes(Vec<crate::nns::Axis>),
+    /// `#nns.kind<body>` of any other kind, or one whose body does not parse (the verifier
+    /// says why): as written.
     Nns {
-        /// `split`, `layout`, `axes`, ...
+        /// The kind (`layout`, `split`, ...).
         kind: String,
         /// The text between the angle brackets.
         body: String,
@@ -211,6 +220,70 @@ pub enum AttrValue {
 }
 
 impl AttrValue {
+    /// The value of `#nns.kind<body>`: layouts, splits and mesh axes parsed once, here,
+    /// where the IR is read; other kinds, and bodies that do not parse (the verifier
+    /// reports them with their location), as written.
+    pub fn nns(kind: &str, body: &str) -> Self {
+        use crate::nns;
+        let parsed = match kind {
+            "layout" => nns::Layout::parse(body).ok().map(AttrValue::Layout),
+            "split" => nns::Split::parse(body).ok().map(AttrValue::Split),
+            "axes" => nns::parse_axes(body).ok().map(AttrValue::Axes),
+            _ => None,
+        };
+        parsed.unwrap_or_else(|| AttrValue::Nns {
+            kind: kind.to_string(),
+            body: body.to_string(),
+        })
+    }
+
+    /// The kind and body of an `#nns` attribute (`("layout", "@world, dp = D(0)")`),
+    /// printed from its parsed value; `None` for other attributes.
+    pub fn nns_parts(&self) -> Option<(&str, String)> {
+        Some(match self {
+            AttrValue::Layout(l) => ("layout", l.to_string()),
+            AttrValue::Split(s) => ("split", s.to_string()),
+            AttrValue::Axes(axes) => {
+                let items: Vec<String> = axes.iter().map(ToString::to_string).collect();
+                ("axes", items.join(", "))
+            }
+            AttrValue::Nns { kind, body } => (kind.as_str(), body.clone()),
+            _ => return None,
+        })
+    }
+
+    /// The layout of a `#nns.layout<...>` value: `Some(Err)` with the reason where its body
+    /// does not parse, `None` for a value of another kind.
+    pub fn layout(&self) -> Option<Result<crate::nns::Layout, String>> {
+        match self {
+            AttrValue::Layout(l) => Some(Ok(l.clone())),
+            AttrValue::Nns { kind, body } if kind == "layout" => {
+                Some(crate::nns::Layout::parse(body))
+            }
+            _ => None,
+        }
+    }
+
+    /// The split directive of a `#nns.split<...>` value, as [`AttrValue::layout`].
+    pub fn split(&self) -> Option<Result<crate::nns::Split, String>> {
+        match self {
+            AttrValue::Split(s) => Some(Ok(s.clone())),
+            AttrValue::Nns { kind, body } if kind == "split" => {
+                Some(crate::nns::Split::parse(body))
+            }
+            _ => None,
+        }
+    }
+
+    /// The mesh axes of a `#nns.axes<...>` value, as [`AttrValue::layout`].
+    pub fn axes(&self) -> Option<Result<Vec<crate::nns::Axis>, String>> {
+        match self {
+            AttrValue::Axes(a) => Some(Ok(a.clone())),
+            AttrValue::Nns { kind, body } if kind == "axes" => Some(crate::nns::parse_axes(body)),
+            _ => None,
+        }
+    }
+
     /// Reads an MLIR attribute through the C API: the kinds nnscaler uses are read
     /// directly (no printing); anything else is printed into [`AttrValue::Other`]. A bool
     /// array (`array<i1: ...>`) is never printed: MLIR 19 accepts spellings of it that its
@@ -272,15 +345,22 @@ impl AttrValue {
                             .collect(),
                     );
                 }
+                let layouts: Option<Vec<crate::nns::Layout>> = items
+                    .iter()
+                    .map(|&x| match AttrValue::from_attribute(x) {
+                        AttrValue::Layout(l) => Some(l),
+                        _ => None,
+                    })
+                    .collect();
+                if let Some(layouts) = layouts {
+                    return AttrValue::Layouts(layouts);
+                }
             }
             if mlirAttributeIsAOpaque(a) && text(mlirOpaqueAttrGetDialectNamespace(a)) == "nns" {
                 let data = text(mlirOpaqueAttrGetData(a));
                 if let Some((kind, body)) = data.split_once('<') {
                     if let Some(body) = body.strip_suffix('>') {
-                        return AttrValue::Nns {
-                            kind: kind.to_string(),
-                            body: body.to_string(),
-                        };
+                        return AttrValue::nns(kind, body);
                     }
                 }
             }
@@ -305,10 +385,7 @@ impl AttrValue {
         if let Some(rest) = t.strip_prefix("#nns.") {
             if let Some((kind, body)) = rest.split_once('<') {
                 if let Some(body) = body.strip_suffix('>') {
-                    return AttrValue::Nns {
-                        kind: kind.to_string(),
-                        body: body.to_string(),
-                    };
+                    return AttrValue::nns(kind, body);
                 }
             }
         }
@@ -333,6 +410,16 @@ impl AttrValue {
             }
             if let Some(v) = parse_str_list(body) {
                 return AttrValue::Strs(v);
+            }
+            let layouts: Option<Vec<crate::nns::Layout>> = crate::view::split_commas(body)
+                .iter()
+                .map(|item| match AttrValue::from_mlir_text(item) {
+                    AttrValue::Layout(l) => Some(l),
+                    _ => None,
+                })
+                .collect();
+            if let Some(layouts) = layouts {
+                return AttrValue::Layouts(layouts);
             }
         }
         let (num, ty) = match t.split_once(':') {
@@ -372,7 +459,17 @@ impl AttrValue {
                 let items: Vec<String> = v.iter().map(|s| format!("\"{}\"", escape(s))).collect();
                 format!("[{}]", items.join(", "))
             }
-            AttrValue::Nns { kind, body } => format!("#nns.{kind}<{body}>"),
+            AttrValue::Layout(_)
+            | AttrValue::Split(_)
+            | AttrValue::Axes(_)
+            | AttrValue::Nns { .. } => {
+                let (kind, body) = self.nns_parts().expect("an nns attribute");
+                format!("#nns.{kind}<{body}>")
+            }
+            AttrValue::Layouts(v) => {
+                let items: Vec<String> = v.iter().map(|l| format!("#nns.layout<{l}>")).collect();
+                format!("[{}]", items.join(", "))
+            }
             AttrValue::Other(t) => t.clone(),
         }
     }
@@ -387,7 +484,11 @@ impl AttrValue {
             AttrValue::Str(_) => "string",
             AttrValue::Ints(_) => "integer array",
             AttrValue::Strs(_) => "string array",
-            AttrValue::Nns { .. } => "nns attribute",
+            AttrValue::Layout(_)
+            | AttrValue::Split(_)
+            | AttrValue::Axes(_)
+            | AttrValue::Nns { .. } => "nns attribute",
+            AttrValue::Layouts(_) => "array of nns layouts",
             AttrValue::Other(_) => "attribute",
         }
     }
@@ -540,11 +641,25 @@ mod tests {
         assert_eq!(AttrValue::from_mlir_text("\"a\\\"b\""), Str("a\"b".into()));
         assert_eq!(
             AttrValue::from_mlir_text("#nns.split<b = dp>"),
+            Split(crate::nns::Split::parse("b = dp").unwrap())
+        );
+        // A body that does not parse stays as written, for the verifier to report.
+        assert_eq!(
+            AttrValue::from_mlir_text("#nns.layout<dp = D(0)>"),
             Nns {
-                kind: "split".into(),
-                body: "b = dp".into()
+                kind: "layout".into(),
+                body: "dp = D(0)".into()
             }
         );
+        for text in [
+            "#nns.layout<@world, dp = D(0), tp = V(sum)>",
+            "#nns.split<@m, b = dp, n = (tp, sp), R(pp)>",
+            "#nns.axes<dp = 2, mb = 4 (microbatches)>",
+            "#nns.other<x>",
+            "[#nns.layout<@world, dp = D(0)>, #nns.layout<@world>]",
+        ] {
+            assert_eq!(AttrValue::from_mlir_text(text).to_mlir_text(), text);
+        }
         assert_eq!(
             AttrValue::from_mlir_text(r#"["dp", "tp"]"#),
             Strs(vec!["dp".into(), "tp".into()])

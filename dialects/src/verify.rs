@@ -3,7 +3,7 @@
 
 use crate::annotation::DimKind;
 use crate::diag::{Diagnostics, SrcLoc};
-use crate::nns::{self, Layout, Mesh, Split};
+use crate::nns::{self, Layout, Mesh};
 use crate::spec::OpCtx;
 use crate::types::{AttrValue, TensorType};
 use crate::userop::{UserOp, UserOps};
@@ -32,9 +32,9 @@ impl Meshes {
                     return;
                 }
             };
-            let axes = match v.attrs.get("axes") {
-                Some(AttrValue::Nns { kind, body }) if kind == "axes" => nns::parse_axes(body),
-                _ => Err("requires 'axes = #nns.axes<name = size, ...>'".to_string()),
+            let axes = match v.attrs.get("axes").and_then(AttrValue::axes) {
+                Some(axes) => axes,
+                None => Err("requires 'axes = #nns.axes<name = size, ...>'".to_string()),
             };
             let memory_cap = match v.attrs.get("memory_cap") {
                 None => None,
@@ -242,11 +242,9 @@ fn at_top_level(op: &OperationRef<'_, '_>) -> bool {
 /// offsets were computed from them, and an edited mesh would silently change what the
 /// program computes.
 fn check_localized_mark(attrs: &crate::types::Attrs, meshes: &Meshes) -> Result<(), String> {
-    let recorded = match attrs.get("nns.localized") {
-        Some(AttrValue::Nns { kind, body }) if kind == "axes" => {
-            nns::parse_axes(body).map_err(|e| format!("'nns.localized': {e}"))?
-        }
-        _ => {
+    let recorded = match attrs.get("nns.localized").and_then(AttrValue::axes) {
+        Some(axes) => axes.map_err(|e| format!("'nns.localized': {e}"))?,
+        None => {
             return Err(
                 "'nns.localized' must record the mesh the function was localized for \
                  (#nns.axes<...>, as --localize writes it)"
@@ -312,11 +310,13 @@ fn verify_func_signature(f: &FuncView, meshes: &Meshes, local: bool, diags: &mut
                     "'{k}' must be the index (>= 0) of an argument or result of the function pipelined"
                 )),
                 ("nns.init", AttrValue::Str(s)) => crate::types::Init::parse(s).map(|_| ()),
-                ("nns.layout", AttrValue::Nns { kind, body }) if kind == "layout" && local => {
-                    check_local_layout(body, ty.as_ref(), meshes)
-                }
-                ("nns.layout", AttrValue::Nns { kind, body }) if kind == "layout" => {
-                    check_layout(body, ty.as_ref(), meshes)
+                ("nns.layout", v) if v.layout().is_some() => {
+                    let l = v.layout().expect("a layout");
+                    if local {
+                        l.and_then(|l| check_local_layout(&l, ty.as_ref(), meshes))
+                    } else {
+                        l.and_then(|l| check_layout(&l, ty.as_ref(), meshes))
+                    }
                 }
                 ("nns.name" | "nns.param" | "nns.layout" | "nns.init", _) => Err(format!(
                     "'{k}' has the wrong kind of value ({})",
@@ -331,8 +331,7 @@ fn verify_func_signature(f: &FuncView, meshes: &Meshes, local: bool, diags: &mut
     }
 }
 
-fn check_layout(body: &str, ty: Option<&TensorType>, meshes: &Meshes) -> Result<(), String> {
-    let l = Layout::parse(body)?;
+fn check_layout(l: &Layout, ty: Option<&TensorType>, meshes: &Meshes) -> Result<(), String> {
     let mesh = meshes.resolve(Some(&l.mesh))?;
     let shape = ty.map(|t| t.shape.as_slice()).unwrap_or(&[]);
     l.check(mesh, shape)
@@ -342,8 +341,7 @@ fn check_layout(body: &str, ty: Option<&TensorType>, meshes: &Meshes) -> Result<
 /// A layout on a per-device (local) type: its mesh and axes exist and its split dims are
 /// inside the rank; any local length fits (the whole length is the local one times the
 /// parts).
-fn check_local_layout(body: &str, ty: Option<&TensorType>, meshes: &Meshes) -> Result<(), String> {
-    let l = Layout::parse(body)?;
+fn check_local_layout(l: &Layout, ty: Option<&TensorType>, meshes: &Meshes) -> Result<(), String> {
     let mesh = meshes.resolve(Some(&l.mesh))?;
     let rank = ty.map(TensorType::rank).unwrap_or(0);
     for (axis, a) in &l.axes {
@@ -472,15 +470,15 @@ fn check_directives(
         let Some(attr) = v.attrs.get(key) else {
             continue;
         };
-        let AttrValue::Nns { kind, body } = attr else {
-            return Err(format!("'{key}' must be a #nns.split<...> attribute"));
+        let split = match (attr.split(), attr.nns_parts()) {
+            (Some(split), _) => split.map_err(|e| format!("{key}: {e}"))?,
+            (None, Some((kind, _))) => {
+                return Err(format!(
+                    "'{key}' must be a #nns.split<...> attribute, not #nns.{kind}"
+                ))
+            }
+            (None, None) => return Err(format!("'{key}' must be a #nns.split<...> attribute")),
         };
-        if kind != "split" {
-            return Err(format!(
-                "'{key}' must be a #nns.split<...> attribute, not #nns.{kind}"
-            ));
-        }
-        let split = Split::parse(body).map_err(|e| format!("{key}: {e}"))?;
         let mesh = meshes
             .resolve(split.mesh.as_deref())
             .map_err(|e| format!("{key}: {e}"))?;
@@ -561,7 +559,20 @@ fn check_common_attrs(v: &OpView, meshes: &Meshes, user_op: bool, diags: &mut Di
                 Err("'nns.stage_bounds' must be array<i64: lo, hi>".to_string())
             }
             ("nns.colocate", _) => Err("'nns.colocate' must be a string".to_string()),
-            ("nns.layouts", AttrValue::Other(text)) => check_layouts(text, v, meshes),
+            ("nns.layouts", AttrValue::Layouts(ls)) => {
+                check_layouts(ls.iter().map(|l| Some(Ok(l.clone()))).collect(), v, meshes)
+            }
+            ("nns.layouts", AttrValue::Other(text)) => text
+                .strip_prefix('[')
+                .and_then(|t| t.strip_suffix(']'))
+                .ok_or_else(|| "'nns.layouts' must be an array".to_string())
+                .and_then(|body| {
+                    let items = view::split_commas(body)
+                        .iter()
+                        .map(|t| AttrValue::from_mlir_text(t).layout())
+                        .collect();
+                    check_layouts(items, v, meshes)
+                }),
             ("nns.layouts", _) => Err("'nns.layouts' must be an array of #nns.layout".into()),
             ("nns.fragment", AttrValue::Str(_)) if v.name == "func.call" => Ok(()),
             ("nns.fragment", _) => {
@@ -581,12 +592,13 @@ fn check_common_attrs(v: &OpView, meshes: &Meshes, user_op: bool, diags: &mut Di
     }
 }
 
-fn check_layouts(text: &str, v: &OpView, meshes: &Meshes) -> Result<(), String> {
-    let body = text
-        .strip_prefix('[')
-        .and_then(|t| t.strip_suffix(']'))
-        .ok_or("'nns.layouts' must be an array")?;
-    let items = view::split_commas(body);
+/// Checks `nns.layouts`: an entry per result (`None` for one that is not a layout, an
+/// error for one that does not parse).
+fn check_layouts(
+    items: Vec<Option<Result<Layout, String>>>,
+    v: &OpView,
+    meshes: &Meshes,
+) -> Result<(), String> {
     if items.len() != v.results.len() {
         return Err(format!(
             "'nns.layouts' has {} entries for {} results",
@@ -594,13 +606,12 @@ fn check_layouts(text: &str, v: &OpView, meshes: &Meshes) -> Result<(), String> 
             v.results.len()
         ));
     }
-    for (i, item) in items.iter().enumerate() {
-        match AttrValue::from_mlir_text(item) {
-            AttrValue::Nns { kind, body } if kind == "layout" => {
-                check_layout(&body, v.results[i].as_ref(), meshes)
-                    .map_err(|e| format!("result {i}: {e}"))?
-            }
-            _ => return Err(format!("'nns.layouts' entry {i} is not a #nns.layout")),
+    for (i, item) in items.into_iter().enumerate() {
+        match item {
+            Some(l) => l
+                .and_then(|l| check_layout(&l, v.results[i].as_ref(), meshes))
+                .map_err(|e| format!("result {i}: {e}"))?,
+            None => return Err(format!("'nns.layouts' entry {i} is not a #nns.layout")),
         }
     }
     Ok(())
@@ -689,11 +700,11 @@ fn verify_collective(
             );
         }
         same_type()?;
-        return match v.attrs.get("to") {
-            Some(AttrValue::Nns { kind, body }) if kind == "layout" => {
-                check_layout(body, Some(t), meshes).map_err(|e| format!("'to': {e}"))
-            }
-            _ => Err("requires 'to = #nns.layout<...>'".into()),
+        return match v.attrs.get("to").and_then(AttrValue::layout) {
+            Some(l) => l
+                .and_then(|l| check_layout(&l, Some(t), meshes))
+                .map_err(|e| format!("'to': {e}")),
+            None => Err("requires 'to = #nns.layout<...>'".into()),
         };
     }
     let mesh_name = match v.attrs.get("mesh") {

@@ -315,10 +315,7 @@ mod tests {
         assert!(f.arg_attrs[1].is_empty() && f.result_attrs[0].is_empty());
         assert_eq!(
             f.result_attrs[1]["nns.layout"],
-            AttrValue::Nns {
-                kind: "layout".into(),
-                body: "@world, tp = D(0)".into()
-            }
+            AttrValue::Layout(crate::nns::Layout::parse("@world, tp = D(0)").unwrap())
         );
         let y = &ops[0];
         assert_eq!(y.attrs["s"], AttrValue::Strs(vec!["p".into(), "q".into()]));

@@ -6,7 +6,7 @@ use nnscaler_dialects::annotation::{Annotation, Binding};
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node};
-use nnscaler_dialects::nns::{Mesh, Split};
+use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::sharding::{
     binds_to_split, op_layouts, partial_joint, partial_kind, partial_passthrough, resolve_axes,
     resolve_binds, Binds, OpLayouts, Sharding,
@@ -89,18 +89,15 @@ pub fn directive(n: &Node, mesh: &Mesh) -> Result<Option<Binds>, String> {
 pub fn split_directive(binds: &Binds, closed: &[usize], mesh: &Mesh) -> Option<AttrValue> {
     let mut s = binds_to_split(binds, mesh);
     s.replicated = closed.iter().map(|&a| mesh.axes[a].name.clone()).collect();
-    (!s.binds.is_empty() || !s.replicated.is_empty()).then(|| AttrValue::Nns {
-        kind: "split".into(),
-        body: s.to_string(),
-    })
+    (!s.binds.is_empty() || !s.replicated.is_empty()).then_some(AttrValue::Split(s))
 }
 
 /// The mesh axes the node's split directive names in `R(...)`: the op is replicated over
 /// them, and nothing is inferred over them.
 pub fn replicated_axes(n: &Node, mesh: &Mesh) -> Result<Vec<usize>, String> {
     match n.attrs.get("nns.split") {
-        Some(AttrValue::Nns { kind, body }) if kind == "split" => {
-            resolve_axes(&Split::parse(body)?.replicated, mesh)
+        Some(v) if v.split().is_some() => {
+            resolve_axes(&v.split().expect("a split")?.replicated, mesh)
         }
         _ => Ok(Vec::new()),
     }
@@ -111,8 +108,8 @@ pub fn replicated_axes(n: &Node, mesh: &Mesh) -> Result<Vec<usize>, String> {
 pub fn constraint(n: &Node, key: &str, mesh: &Mesh) -> Result<Option<Binds>, String> {
     match n.attrs.get(key) {
         None => Ok(None),
-        Some(AttrValue::Nns { kind, body }) if kind == "split" => {
-            let s = Split::parse(body)?;
+        Some(v) if v.split().is_some() => {
+            let s = v.split().expect("a split")?;
             resolve_binds(&s, mesh).map(Some)
         }
         Some(_) => Err(format!("'{key}' must be a #nns.split<...> attribute")),
@@ -161,19 +158,12 @@ pub fn node_layouts(
 
 /// The attribute value of a layout.
 pub fn layout_attr(s: &Sharding, mesh: &Mesh) -> AttrValue {
-    AttrValue::Nns {
-        kind: "layout".into(),
-        body: s.to_layout(mesh).to_string(),
-    }
+    AttrValue::Layout(s.to_layout(mesh))
 }
 
 /// The `nns.layouts` attribute value of several results.
 pub fn layouts_attr(v: &[Sharding], mesh: &Mesh) -> AttrValue {
-    let items: Vec<String> = v
-        .iter()
-        .map(|s| layout_attr(s, mesh).to_mlir_text())
-        .collect();
-    AttrValue::Other(format!("[{}]", items.join(", ")))
+    AttrValue::Layouts(v.iter().map(|s| s.to_layout(mesh)).collect())
 }
 
 /// Reads `nns.layouts` of a node.
@@ -185,14 +175,19 @@ pub fn read_layouts(
     let Some(v) = attrs.get("nns.layouts") else {
         return Ok(None);
     };
-    let AttrValue::Other(text) = v else {
-        return Err("'nns.layouts' must be an array of #nns.layout".into());
+    let items: Vec<AttrValue> = match v {
+        AttrValue::Layouts(ls) => ls.iter().cloned().map(AttrValue::Layout).collect(),
+        // An entry that does not parse: its error.
+        AttrValue::Other(text) => view::split_commas(
+            text.strip_prefix('[')
+                .and_then(|t| t.strip_suffix(']'))
+                .ok_or("'nns.layouts' must be an array")?,
+        )
+        .iter()
+        .map(|t| AttrValue::from_mlir_text(t))
+        .collect(),
+        _ => return Err("'nns.layouts' must be an array of #nns.layout".into()),
     };
-    let body = text
-        .strip_prefix('[')
-        .and_then(|t| t.strip_suffix(']'))
-        .ok_or("'nns.layouts' must be an array")?;
-    let items = view::split_commas(body);
     if items.len() != ranks.len() {
         return Err(format!(
             "'nns.layouts' has {} entries for {} results",
@@ -203,7 +198,7 @@ pub fn read_layouts(
     items
         .iter()
         .zip(ranks)
-        .map(|(t, &r)| Sharding::from_attr(&AttrValue::from_mlir_text(t), mesh, r))
+        .map(|(v, &r)| Sharding::from_attr(v, mesh, r))
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
 }

@@ -69,13 +69,9 @@ pub(crate) fn set_layout(g: &mut Graph, arg: usize, mesh: &Mesh, axes: Vec<(Stri
         mesh: mesh.name.clone(),
         axes,
     };
-    g.args[arg].attrs.insert(
-        "nns.layout".into(),
-        AttrValue::Nns {
-            kind: "layout".into(),
-            body: l.to_string(),
-        },
-    );
+    g.args[arg]
+        .attrs
+        .insert("nns.layout".into(), AttrValue::Layout(l));
 }
 
 /// Writes the policy's directives into `g` (`tp-search` needs a cluster: see
@@ -216,11 +212,15 @@ pub(crate) fn state_layouts(g: &mut Graph) {
 /// already splitting it): each device's share of the batch is cut into `m` micro-batches.
 /// The axes of argument `i`'s `nns.layout` (none without one).
 fn layout_axes(g: &Graph, i: usize) -> Result<Vec<(String, AxisLayout)>, Diagnostics> {
-    match g.args[i].attrs.get("nns.layout") {
-        Some(AttrValue::Nns { kind, body }) if kind == "layout" => Ok(Layout::parse(body)
+    match g.args[i]
+        .attrs
+        .get("nns.layout")
+        .and_then(AttrValue::layout)
+    {
+        Some(l) => Ok(l
             .map_err(|e| error(&g.loc, format!("plan: argument {i}: {e}")))?
             .axes),
-        _ => Ok(Vec::new()),
+        None => Ok(Vec::new()),
     }
 }
 
@@ -266,15 +266,12 @@ fn microbatch_inputs(g: &mut Graph, mesh: &Mesh, mb: &str, m: i64) -> Result<(),
 fn check_param_layouts(g: &Graph, policy: Policy, mesh: &Mesh) -> Result<(), Diagnostics> {
     let mut failures: Vec<String> = Vec::new();
     for (i, a) in g.args.iter().enumerate() {
-        let Some(AttrValue::Nns { kind, body }) = a.attrs.get("nns.layout") else {
+        let Some(Ok(l)) = a.attrs.get("nns.layout").and_then(AttrValue::layout) else {
             continue;
         };
-        if kind != "layout" || !a.is_param() {
+        if !a.is_param() {
             continue;
         }
-        let Ok(l) = Layout::parse(body) else {
-            continue;
-        };
         let ty = &g.values[a.value];
         for (axis, al) in &l.axes {
             let AxisLayout::D(d) = al else { continue };
@@ -354,13 +351,9 @@ fn vocab_parallel(g: &mut Graph, mesh: &Mesh, users: &[Vec<(usize, usize)>]) {
         if !head || classes % tp != 0 {
             continue;
         }
-        g.nodes[k].attrs.insert(
-            "nns.split".into(),
-            AttrValue::Nns {
-                kind: "split".into(),
-                body: "n = tp".into(),
-            },
-        );
+        g.nodes[k]
+            .attrs
+            .insert("nns.split".into(), AttrValue::nns("split", "n = tp"));
         for &w in &g.nodes[k].inputs[1..].to_vec() {
             if let Some(a) = param_arg(g, w) {
                 set_layout(g, a, mesh, vec![("tp".into(), AxisLayout::D(0))]);
@@ -422,10 +415,7 @@ fn megatron(g: &mut Graph, mesh: &Mesh) {
             row.extend(reached);
         }
     }
-    let split = |id: &str| AttrValue::Nns {
-        kind: "split".into(),
-        body: format!("{id} = tp"),
-    };
+    let split = |id: &str| AttrValue::nns("split", &format!("{id} = tp"));
     for &k in &column {
         if row.contains(&k) || g.nodes[k].attrs.contains_key("nns.split") {
             continue;

@@ -277,10 +277,7 @@ fn declare_local(
             .map_err(|e| error(&s.loc, e))?;
         set_attr(copy.to_raw(), "function_type", t);
         let m = b
-            .attribute(&AttrValue::Nns {
-                kind: "axes".into(),
-                body: mesh.axes_text(),
-            })
+            .attribute(&AttrValue::Axes(mesh.axes.clone()))
             .map_err(|e| error(&s.loc, e))?;
         set_attr(copy.to_raw(), "nns.localized", m);
     }
@@ -364,12 +361,7 @@ pub fn localize(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
     }
     g.values = local;
     // The mesh it was localized for: the verifier refuses the program if the mesh changes.
-    g.func_attrs.insert(
-        "nns.localized".into(),
-        AttrValue::Nns {
-            kind: "axes".into(),
-            body: mesh.axes_text(),
-        },
-    );
+    g.func_attrs
+        .insert("nns.localized".into(), AttrValue::Axes(mesh.axes.clone()));
     Ok(g)
 }

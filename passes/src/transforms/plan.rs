@@ -198,10 +198,7 @@ impl ModulePass for Plan {
                 if let Some(m) = self.microbatches {
                     axes.push(format!("mb = {m} (microbatches)"));
                 }
-                let axes_attr = AttrValue::Nns {
-                    kind: "axes".into(),
-                    body: axes.join(", "),
-                };
+                let axes_attr = AttrValue::nns("axes", &axes.join(", "));
                 insert_mesh(module, &axes_attr).map_err(|e| error(&file_loc(""), e))?;
                 let mut d = Diagnostics::default();
                 Meshes::collect(module, &mut d).0[0].clone()
@@ -348,10 +345,11 @@ fn zero_state(mut g: Graph, mesh: &Mesh, zero: u8, remarks: &mut Diagnostics) ->
     };
     let layout_of = |attrs: &nnscaler_dialects::types::Attrs| -> Vec<(String, AxisLayout)> {
         match attrs.get("nns.layout") {
-            Some(AttrValue::Nns { kind, body }) if kind == "layout" => {
-                Layout::parse(body).map(|l| l.axes).unwrap_or_default()
-            }
-            _ => Vec::new(),
+            Some(v) => match v.layout() {
+                Some(Ok(l)) => l.axes,
+                _ => Vec::new(),
+            },
+            None => Vec::new(),
         }
     };
     let mut unsharded = Vec::new();
@@ -401,14 +399,10 @@ fn zero_state(mut g: Graph, mesh: &Mesh, zero: u8, remarks: &mut Diagnostics) ->
             o.attrs.insert("nns.layout".into(), l.clone());
         }
     }
-    let replicated = AttrValue::Nns {
-        kind: "layout".into(),
-        body: Layout {
-            mesh: mesh.name.clone(),
-            axes: Vec::new(),
-        }
-        .to_string(),
-    };
+    let replicated = AttrValue::Layout(Layout {
+        mesh: mesh.name.clone(),
+        axes: Vec::new(),
+    });
     let params: Vec<(String, AttrValue)> = g
         .args
         .iter()
@@ -485,12 +479,14 @@ fn zero_state(mut g: Graph, mesh: &Mesh, zero: u8, remarks: &mut Diagnostics) ->
             g.nodes[k]
                 .attrs
                 .entry("nns.split".into())
-                .or_insert(AttrValue::Nns {
-                    kind: "split".into(),
-                    body: match over.as_slice() {
-                        [one] => format!("{id} = {one}"),
-                        many => format!("{id} = ({})", many.join(", ")),
-                    },
+                .or_insert_with(|| {
+                    AttrValue::nns(
+                        "split",
+                        &match over.as_slice() {
+                            [one] => format!("{id} = {one}"),
+                            many => format!("{id} = ({})", many.join(", ")),
+                        },
+                    )
                 });
         }
     }

@@ -61,7 +61,7 @@ use nnscaler_dialects::annotation::{Annotation, Binding, DimKind};
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node, Output, ValueId};
-use nnscaler_dialects::nns::{Mesh, Split};
+use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::sharding::{op_layouts, partial_kind, Binds, Sharding, TransitionSearch};
 use nnscaler_dialects::types::{AttrValue, Attrs, TensorType};
 use nnscaler_dialects::vjp::VjpCtx;
@@ -125,25 +125,15 @@ fn without_axis(g: &Graph, axis: &str) -> Graph {
     let mut g = g.clone();
     for n in &mut g.nodes {
         for key in ["nns.split", "nns.pin", "nns.forbid"] {
-            let Some(AttrValue::Nns { kind, body }) = n.attrs.get(key) else {
+            let Some(Ok(mut s)) = n.attrs.get(key).and_then(AttrValue::split) else {
                 continue;
             };
-            let Ok(mut s) = Split::parse(body).map(|s| (kind.clone(), s)) else {
-                continue;
-            };
-            s.1.binds
-                .retain(|(_, axes)| !axes.iter().any(|a| a == axis));
-            s.1.replicated.retain(|a| a != axis);
-            if s.1.binds.is_empty() && s.1.replicated.is_empty() {
+            s.binds.retain(|(_, axes)| !axes.iter().any(|a| a == axis));
+            s.replicated.retain(|a| a != axis);
+            if s.binds.is_empty() && s.replicated.is_empty() {
                 n.attrs.remove(key);
             } else {
-                n.attrs.insert(
-                    key.into(),
-                    AttrValue::Nns {
-                        kind: s.0,
-                        body: s.1.to_string(),
-                    },
-                );
+                n.attrs.insert(key.into(), AttrValue::Split(s));
             }
         }
     }
