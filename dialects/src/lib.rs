@@ -22,6 +22,7 @@ pub mod domain;
 pub mod graph;
 pub mod irdl;
 pub mod nns;
+pub mod nns_attrs;
 pub mod rewriter;
 pub mod scalar;
 pub mod sharding;

@@ -200,13 +200,13 @@ pub enum AttrValue {
     /// `["a", "b"]`: an array of strings.
     Strs(Vec<String>),
     /// `#nns.layout<@world, dp = D(0)>`, parsed where it is read ([`AttrValue::nns`]).
-    Layout(crate::nns::Layout),
+    Layout(crate::nns_attrs::Layout),
     /// `[#nns.layout<...>, ...]`: a layout per result (`nns.layouts`), parsed.
-    Layouts(Vec<crate::nns::Layout>),
+    Layouts(Vec<crate::nns_attrs::Layout>),
     /// `#nns.split<b = dp, n = tp>` (also the values of `nns.pin` and `nns.forbid`), parsed.
-    Split(crate::nns::Split),
+    Split(crate::nns_attrs::Split),
     /// `#nns.axes<dp = 2, tp = 4>` (a mesh's axes, `nns.localized`), parsed.
-    Axes(Vec<crate::nns::Axis>),
+    Axes(Vec<crate::nns_attrs::Axis>),
     /// `#nns.kind<body>` of any other kind, or one whose body does not parse (the verifier
     /// says why): as written.
     Nns {
@@ -224,7 +224,7 @@ impl AttrValue {
     /// where the IR is read; other kinds, and bodies that do not parse (the verifier
     /// reports them with their location), as written.
     pub fn nns(kind: &str, body: &str) -> Self {
-        use crate::nns;
+        use crate::nns_attrs as nns;
         let parsed = match kind {
             "layout" => nns::Layout::parse(body).ok().map(AttrValue::Layout),
             "split" => nns::Split::parse(body).ok().map(AttrValue::Split),
@@ -254,32 +254,34 @@ impl AttrValue {
 
     /// The layout of a `#nns.layout<...>` value: `Some(Err)` with the reason where its body
     /// does not parse, `None` for a value of another kind.
-    pub fn layout(&self) -> Option<Result<crate::nns::Layout, String>> {
+    pub fn layout(&self) -> Option<Result<crate::nns_attrs::Layout, String>> {
         match self {
             AttrValue::Layout(l) => Some(Ok(l.clone())),
             AttrValue::Nns { kind, body } if kind == "layout" => {
-                Some(crate::nns::Layout::parse(body))
+                Some(crate::nns_attrs::Layout::parse(body))
             }
             _ => None,
         }
     }
 
     /// The split directive of a `#nns.split<...>` value, as [`AttrValue::layout`].
-    pub fn split(&self) -> Option<Result<crate::nns::Split, String>> {
+    pub fn split(&self) -> Option<Result<crate::nns_attrs::Split, String>> {
         match self {
             AttrValue::Split(s) => Some(Ok(s.clone())),
             AttrValue::Nns { kind, body } if kind == "split" => {
-                Some(crate::nns::Split::parse(body))
+                Some(crate::nns_attrs::Split::parse(body))
             }
             _ => None,
         }
     }
 
     /// The mesh axes of a `#nns.axes<...>` value, as [`AttrValue::layout`].
-    pub fn axes(&self) -> Option<Result<Vec<crate::nns::Axis>, String>> {
+    pub fn axes(&self) -> Option<Result<Vec<crate::nns_attrs::Axis>, String>> {
         match self {
             AttrValue::Axes(a) => Some(Ok(a.clone())),
-            AttrValue::Nns { kind, body } if kind == "axes" => Some(crate::nns::parse_axes(body)),
+            AttrValue::Nns { kind, body } if kind == "axes" => {
+                Some(crate::nns_attrs::parse_axes(body))
+            }
             _ => None,
         }
     }
@@ -345,7 +347,7 @@ impl AttrValue {
                             .collect(),
                     );
                 }
-                let layouts: Option<Vec<crate::nns::Layout>> = items
+                let layouts: Option<Vec<crate::nns_attrs::Layout>> = items
                     .iter()
                     .map(|&x| match AttrValue::from_attribute(x) {
                         AttrValue::Layout(l) => Some(l),
@@ -411,7 +413,7 @@ impl AttrValue {
             if let Some(v) = parse_str_list(body) {
                 return AttrValue::Strs(v);
             }
-            let layouts: Option<Vec<crate::nns::Layout>> = crate::view::split_commas(body)
+            let layouts: Option<Vec<crate::nns_attrs::Layout>> = top_level(body)
                 .iter()
                 .map(|item| match AttrValue::from_mlir_text(item) {
                     AttrValue::Layout(l) => Some(l),
@@ -492,6 +494,25 @@ impl AttrValue {
             AttrValue::Other(_) => "attribute",
         }
     }
+}
+
+/// `body` split at its commas outside brackets (`<>`, `()`, `[]`) and quotes, trimmed.
+fn top_level(body: &str) -> Vec<&str> {
+    let (mut out, mut start, mut depth, mut quoted) = (Vec::new(), 0, 0i32, false);
+    for (i, c) in body.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            '<' | '(' | '[' if !quoted => depth += 1,
+            '>' | ')' | ']' if !quoted => depth -= 1,
+            ',' if depth == 0 && !quoted => {
+                out.push(body[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(body[start..].trim());
+    out
 }
 
 /// Prints a float so that it reads back exactly and always looks like a float.
@@ -641,7 +662,7 @@ mod tests {
         assert_eq!(AttrValue::from_mlir_text("\"a\\\"b\""), Str("a\"b".into()));
         assert_eq!(
             AttrValue::from_mlir_text("#nns.split<b = dp>"),
-            Split(crate::nns::Split::parse("b = dp").unwrap())
+            Split(crate::nns_attrs::Split::parse("b = dp").unwrap())
         );
         // A body that does not parse stays as written, for the verifier to report.
         assert_eq!(
