@@ -7,7 +7,7 @@ use crate::kernel::{Body, Buf, Elt, Kernel};
 use crate::program::{compile_on, BufId, Devices, Program, Work};
 use crate::target::{host_shared_object, ptx, Gpu};
 use nnscaler_dialects::domain::Domain;
-use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::scalar::{x, Bin, Expr};
 use nnscaler_dialects::sharding::Sharding;
@@ -222,7 +222,7 @@ fn program(
     let mut bufs: Vec<Buf> = Vec::new();
     for (v, b) in p.values.iter().enumerate() {
         if let Some(b) = b {
-            index.insert(BufId::Value(v), bufs.len());
+            index.insert(BufId::Value(ValueId::new(v)), bufs.len());
             bufs.push(b.clone());
         }
     }
@@ -267,12 +267,12 @@ fn program(
     // Where the step's tensors are (`v`: a value of the program after inlining; every
     // argument and result has a buffer).
     let dmesh = mesh.map(Mesh::device_mesh);
-    let buf_of = |v: usize| {
+    let buf_of = |v: ValueId| {
         p.values[v]
             .as_ref()
             .ok_or_else(|| format!("@{}: value {v} has no buffer", g.name))
     };
-    let bind = |vals: &[(usize, &Attrs)],
+    let bind = |vals: &[(ValueId, &Attrs)],
                 which: &[usize],
                 table: &mut [Option<nx::Port>],
                 what: &str|
@@ -310,8 +310,8 @@ fn program(
             })
             .collect()
     };
-    let args: Vec<(usize, &Attrs)> = g.args.iter().map(|a| (a.value, &a.attrs)).collect();
-    let results: Vec<(usize, &Attrs)> = p
+    let args: Vec<(ValueId, &Attrs)> = g.args.iter().map(|a| (a.value, &a.attrs)).collect();
+    let results: Vec<(ValueId, &Attrs)> = p
         .outputs
         .iter()
         .zip(&g.outputs)

@@ -298,7 +298,7 @@ pub fn inline(g: &Graph) -> Result<(Graph, Vec<Option<usize>>), String> {
         ..g.clone()
     };
     let mut mbs = Vec::new();
-    let map: Vec<ValueId> = (0..g.values.len()).collect();
+    let map: Vec<ValueId> = ValueId::all(g.values.len()).collect();
     let results = inline_into(g, &mut out, &mut mbs, map, None, 0)?;
     for (o, v) in out.outputs.iter_mut().zip(results) {
         o.value = v;

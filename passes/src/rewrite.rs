@@ -11,7 +11,7 @@
 use crate::pass::{FunctionPass, Native};
 use melior::ir::{OperationRef, RegionLike};
 use nnscaler_dialects::diag::Diagnostics;
-use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::view::{top_level_ops, walk_nested, FuncView};
 
 /// Runs the function pass `pass` on every function of the module op `module` that is ours
@@ -150,7 +150,7 @@ impl Native {
 /// `g` without the values no argument or op defines (what passes replaced), as writing
 /// the graph to MLIR and reading it back would leave it.
 pub(crate) fn compact(mut g: Graph) -> Graph {
-    let mut new: Vec<Option<usize>> = vec![None; g.values.len()];
+    let mut new: Vec<Option<ValueId>> = vec![None; g.values.len()];
     let mut values = Vec::new();
     let defined = g
         .args
@@ -160,11 +160,11 @@ pub(crate) fn compact(mut g: Graph) -> Graph {
         .collect::<Vec<_>>();
     for v in defined {
         if new[v].is_none() {
-            new[v] = Some(values.len());
+            new[v] = Some(ValueId::new(values.len()));
             values.push(g.values[v].clone());
         }
     }
-    let map = |v: usize| new[v].expect("every used value is defined");
+    let map = |v: ValueId| new[v].expect("every used value is defined");
     for a in &mut g.args {
         a.value = map(a.value);
     }

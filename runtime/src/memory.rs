@@ -129,7 +129,7 @@ fn peak_intermediates(g: &Graph) -> u64 {
             scratch = scratch.max(b);
         }
         peak = peak.max(live);
-        let mut dead: Vec<usize> = n
+        let mut dead: Vec<nnscaler_dialects::graph::ValueId> = n
             .inputs
             .iter()
             .copied()

@@ -63,7 +63,7 @@ impl UserOps {
                     "{path}: @train is the imported step's name; rename the user op"
                 ));
             }
-            let types = |vs: Vec<usize>| -> Vec<String> {
+            let types = |vs: Vec<nnscaler_dialects::graph::ValueId>| -> Vec<String> {
                 vs.into_iter().map(|v| g.values[v].to_string()).collect()
             };
             let spec = serde_json::json!({

@@ -33,7 +33,7 @@ fn pipeline_like() -> Graph {
     };
     let a = g.add_arg(t4(), Attrs::new());
     let b = g.add_arg(t4(), Attrs::new());
-    let call = |g: &mut Graph, ins: &[usize], tag: &str| {
+    let call = |g: &mut Graph, ins: &[nnscaler_dialects::graph::ValueId], tag: &str| {
         let mut attrs = Attrs::new();
         attrs.insert("callee".into(), AttrValue::Other("@frag".into()));
         attrs.insert("nns.fragment".into(), AttrValue::Str(tag.into()));

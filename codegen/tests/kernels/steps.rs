@@ -35,7 +35,7 @@ pub(super) fn training_step_cast(name: &str, autocast: Option<&str>) -> Graph {
 
 /// Evaluates a group's ops one by one with the reference kernels.
 pub(super) fn reference_group(g: &Graph, gr: &Group, ins: &[Tensor]) -> Vec<f32> {
-    let mut vals: HashMap<usize, Tensor> =
+    let mut vals: HashMap<nnscaler_dialects::graph::ValueId, Tensor> =
         gr.inputs.iter().copied().zip(ins.iter().cloned()).collect();
     for &k in &gr.nodes {
         let n = &g.nodes[k];

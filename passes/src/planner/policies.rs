@@ -5,7 +5,7 @@
 
 use crate::layouts::error;
 use nnscaler_dialects::diag::Diagnostics;
-use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::nns::{AxisLayout, Layout, Mesh};
 use nnscaler_dialects::types::AttrValue;
 
@@ -364,7 +364,7 @@ fn vocab_parallel(g: &mut Graph, mesh: &Mesh, users: &[Vec<(usize, usize)>]) {
 
 /// The parameter argument `v` is, or is a cast of (`--autocast` casts the weights a matrix
 /// product reads), if any.
-fn param_arg(g: &Graph, mut v: usize) -> Option<usize> {
+fn param_arg(g: &Graph, mut v: ValueId) -> Option<usize> {
     while let Some(n) = g
         .nodes
         .iter()

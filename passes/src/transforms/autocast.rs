@@ -36,7 +36,7 @@ use crate::pass::{FunctionPass, PassOptions};
 use crate::transforms::recompute::has_backward;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::dnn;
-use nnscaler_dialects::graph::{Graph, Node};
+use nnscaler_dialects::graph::{Graph, Node, ValueId};
 use nnscaler_dialects::spec::OpCtx;
 use nnscaler_dialects::types::{AttrValue, Attrs, Elem, TensorType};
 use std::collections::{HashMap, HashSet};
@@ -148,7 +148,7 @@ fn cast_attrs(n: &Node, to: Elem) -> Attrs {
 
 /// A cast of bf16 value `from` to f32 that writes value `to` (an existing f32 value, so its
 /// readers are unchanged), placed with op `of`.
-fn cast_back(from: usize, to: usize, of: &Node) -> Node {
+fn cast_back(from: ValueId, to: ValueId, of: &Node) -> Node {
     Node {
         op: "dnn.cast".into(),
         inputs: vec![from],
@@ -211,7 +211,7 @@ pub fn autocast_in(g: &Graph, scope: Scope) -> Result<(Graph, usize), String> {
 /// Whether op `n` keeps f32 in the activations scope although it reads floats: it is not a
 /// forward `dnn` op (another dialect's, a user op's, a gradient's or the optimizer's), or it
 /// writes a function result or a scalar (a loss).
-fn keeps_f32(g: &Graph, n: &Node, returned: &HashSet<usize>) -> bool {
+fn keeps_f32(g: &Graph, n: &Node, returned: &HashSet<ValueId>) -> bool {
     let forward = dnn::spec(&n.op).is_some_and(|s| s.grad_of.is_none() && !s.traits.optimizer);
     !forward
         || n.outputs.iter().any(|v| {
@@ -224,14 +224,14 @@ fn keeps_f32(g: &Graph, n: &Node, returned: &HashSet<usize>) -> bool {
 pub fn autocast_activations(g: &Graph) -> Result<(Graph, usize), String> {
     let mut out = g.clone();
     let old = std::mem::take(&mut out.nodes);
-    let returned: HashSet<usize> = g.outputs.iter().map(|o| o.value).collect();
-    let args: HashSet<usize> = g.args.iter().map(|a| a.value).collect();
+    let returned: HashSet<ValueId> = g.outputs.iter().map(|o| o.value).collect();
+    let args: HashSet<ValueId> = g.args.iter().map(|a| a.value).collect();
     // A value the program wrote in f32 and now writes in bf16: its bf16 value. Its f32 value
     // (the original id) is written by a cast where an f32 reader first needs it.
-    let mut narrowed: HashMap<usize, usize> = HashMap::new();
-    let mut widened: HashSet<usize> = HashSet::new();
+    let mut narrowed: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut widened: HashSet<ValueId> = HashSet::new();
     // A value still written in f32 (not an argument): its bf16 copy, once one was made.
-    let mut copies: HashMap<usize, usize> = HashMap::new();
+    let mut copies: HashMap<ValueId, ValueId> = HashMap::new();
     let mut count = 0;
     for mut n in old {
         let reads_float = n.inputs.iter().any(|&v| g.values[v].elem == Elem::F32);

@@ -30,7 +30,7 @@ use crate::transforms::propagate_layouts::propagate;
 use crate::transforms::split_tensor::split;
 use melior::ir::{OperationRef, RegionLike};
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
-use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::types::AttrValue;
 use nnscaler_dialects::view::{top_level_ops, FuncView};
@@ -102,7 +102,7 @@ fn retarget_calls(
         let Some(u) = g.user_ops.of_call(&n.op, &n.attrs) else {
             continue;
         };
-        let attr = |v: usize| -> Result<AttrValue, Diagnostics> {
+        let attr = |v: ValueId| -> Result<AttrValue, Diagnostics> {
             layouts[v]
                 .as_ref()
                 .map(|l| layout_attr(l, mesh))

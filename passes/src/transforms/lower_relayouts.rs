@@ -55,8 +55,9 @@ pub fn lower(
     let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
     let old = std::mem::take(&mut g.nodes);
     let mut replace: Vec<Option<ValueId>> = vec![None; g.values.len()];
-    let subst =
-        |replace: &[Option<ValueId>], v: ValueId| replace.get(v).copied().flatten().unwrap_or(v);
+    let subst = |replace: &[Option<ValueId>], v: ValueId| {
+        replace.get(v.index()).copied().flatten().unwrap_or(v)
+    };
     for mut n in old {
         for v in &mut n.inputs {
             *v = subst(&replace, *v);

@@ -45,7 +45,7 @@ use crate::rewrite::rewrite_funcs;
 use crate::transforms::recompute::has_backward;
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
-use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::nns::{AxisLayout, Layout, Mesh};
 use nnscaler_dialects::rewriter::Builder;
 use nnscaler_dialects::types::AttrValue;
@@ -429,7 +429,7 @@ fn zero_state(mut g: Graph, mesh: &Mesh, zero: u8, remarks: &mut Diagnostics) ->
     // sums of squares are then partial, reduced as one scalar.
     // The dim dp shards and every axis splitting it, outer first (`tp` before `dp` for a
     // tensor-parallel bias's shard).
-    let sharded_dim = |v: usize| -> Option<(usize, Vec<String>)> {
+    let sharded_dim = |v: ValueId| -> Option<(usize, Vec<String>)> {
         let a = g.args.iter().find(|a| a.value == v)?;
         a.attrs.get("nns.state_of")?;
         let axes = layout_of(&a.attrs);

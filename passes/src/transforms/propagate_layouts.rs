@@ -683,7 +683,7 @@ fn propagate_pass(
             Vec::new()
         };
         // Values propagation made (the vocabulary-parallel ops') have no copies entry.
-        let (order, proposes) = if n.inputs.iter().all(|&v| v < copies.len()) {
+        let (order, proposes) = if n.inputs.iter().all(|&v| v.index() < copies.len()) {
             operand_order(&n, &layouts, &copies, &compute)
         } else {
             ((0..n.inputs.len()).collect(), vec![None; n.inputs.len()])
@@ -762,7 +762,7 @@ fn propagate_pass(
             let (Some(have), Some(need)) = (layouts[v].as_ref(), need) else {
                 continue;
             };
-            if v >= given {
+            if v.index() >= given {
                 continue;
             }
             for (a, p) in have.partial.iter().enumerate() {
@@ -822,7 +822,7 @@ fn wanted_binds(
     let mut proposed = Vec::new();
     let choices = anno.split_choices(binding);
     for (j, &o) in n.outputs.iter().enumerate() {
-        let Some(w) = want.get(o).and_then(Option::as_ref) else {
+        let Some(w) = want.get(o.index()).and_then(Option::as_ref) else {
             continue;
         };
         for (d, axes) in w.split.iter().enumerate() {

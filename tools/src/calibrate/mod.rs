@@ -31,7 +31,7 @@
 //! there, `--timings FILE` fits the device's entries from what it wrote.
 
 use nnscaler_dialects::context::IrContext;
-use nnscaler_dialects::graph::Graph;
+use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::types::{AttrValue, Attrs, Elem, TensorType};
 use nnscaler_frontends::{build_module, preset};
 use nnscaler_passes::planner::cost::{self, Cluster};
@@ -671,7 +671,7 @@ fn time_node_over(g: &Graph, k: usize, copies: usize, sets: usize) -> Result<f64
     };
     let mut ins: Vec<Tensor> = Vec::new();
     let sets = sets.clamp(1, copies.max(1));
-    let args: Vec<Vec<usize>> = (0..sets)
+    let args: Vec<Vec<ValueId>> = (0..sets)
         .map(|set| {
             n.inputs
                 .iter()

@@ -532,7 +532,7 @@ fn relayout_comment(
         _ => return None,
     };
     let show = |v: ValueId| -> Option<String> {
-        let l = layouts?.get(v)?.as_ref()?;
+        let l = layouts?.get(v.index())?.as_ref()?;
         Some(super::layout_text(l, &ctx.plan.mesh))
     };
     match (

@@ -3,7 +3,7 @@
 //! by the cost model (see the module docs of [`super`]).
 
 use super::*;
-use nnscaler_dialects::graph::Node;
+use nnscaler_dialects::graph::{Node, ValueId};
 
 /// One item (a layer, or the ops before or after the layers) of a profile: one device's
 /// share at `tp = t` for one micro-batch.
@@ -430,7 +430,7 @@ fn set_cuts(items: &mut [Item], cut_diff: &[i128], after: usize) {
 /// user, at most `after`).
 fn add_params(
     f: &OpFacts<'_>,
-    param_item: &HashMap<usize, usize>,
+    param_item: &HashMap<ValueId, usize>,
     after: usize,
     items: &mut [Item],
 ) {
@@ -511,7 +511,7 @@ struct Items {
     /// Each op's item (`usize::MAX` for the optimizer's ops).
     item: Vec<usize>,
     /// Each parameter's item, by its value.
-    param_item: HashMap<usize, usize>,
+    param_item: HashMap<ValueId, usize>,
     /// The index of `(after)`.
     after: usize,
 }
@@ -554,7 +554,7 @@ fn assign_items(
     }
     // Backward ops: the item of a forward operand (a saved activation), else of a
     // parameter operand's layer, else of any operand's op; the loss's seed goes last.
-    let param_item: HashMap<usize, usize> = g
+    let param_item: HashMap<ValueId, usize> = g
         .args
         .iter()
         .filter(|a| a.is_param())
@@ -608,7 +608,7 @@ fn without_dp_part(
                 return None;
             }
             let rest: Vec<String> = axes.iter().filter(|x| *x != "dp").cloned().collect();
-            let bytes = |v: Option<&usize>| v.map_or(0, |&v| g.values[v].bytes()) as f64;
+            let bytes = |v: Option<&ValueId>| v.map_or(0, |&v| g.values[v].bytes()) as f64;
             let (input, output) = (bytes(node.inputs.first()), bytes(node.outputs.first()));
             let seconds = cost::collective_seconds(cluster, mesh, &node.op, &rest, input, output)?;
             cost::NodeCost {
