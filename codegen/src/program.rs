@@ -12,7 +12,6 @@
 use crate::kernel::{
     fuse, lower, lower_attention_kept, rotary_table, Body, Buf, ConstValues, Elt, Kernel, Slot,
 };
-use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node, ValueId};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::scalar::{c, x};
@@ -559,7 +558,7 @@ fn compile_stored(
             });
         }
         p.kernels.extend(l.kernels);
-        if dnn::spec(&n.op).is_none_or(|s| s.traits.scalar.is_none()) {
+        if n.op.spec().is_none_or(|s| s.traits.scalar.is_none()) {
             // An elementwise op rounds in its formula; the others store f32 results.
             for &v in &n.outputs {
                 round_bf16(&mut p, g, k, v);

@@ -7,8 +7,9 @@
 
 use crate::diag::SrcLoc;
 use crate::dnn;
+use crate::nns::CollectiveSpec;
 use crate::rewriter::{self, Builder};
-use crate::spec::OpCtx;
+use crate::spec::{OpCtx, OpSpec};
 use crate::types::{AttrValue, Attrs, TensorType};
 use crate::view::{FuncView, OpView};
 use melior::ir::{Module, OperationRef};
@@ -124,11 +125,160 @@ impl Arg {
     }
 }
 
+/// The op of a graph node: its full name (`dnn.matmul`) and what the dialects know of it
+/// (the `dnn` op's [`OpSpec`], the `nns` collective's [`CollectiveSpec`]), looked up once
+/// when the node is made instead of by name wherever it is needed. Compares with, prints
+/// as and dereferences to its name.
+#[derive(Clone)]
+pub struct Op {
+    name: std::sync::Arc<str>,
+    spec: Option<&'static OpSpec>,
+    collective: Option<&'static CollectiveSpec>,
+}
+
+impl Op {
+    /// The op named `name` (any dialect's: ops nnscaler does not know have no spec).
+    pub fn new(name: &str) -> Op {
+        Op {
+            name: name.into(),
+            spec: dnn::spec(name),
+            collective: crate::nns::collective(name),
+        }
+    }
+
+    /// Its full name.
+    pub fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    /// The spec of a `dnn` op (or another op the dialects specify), if it is one.
+    pub fn spec(&self) -> Option<&'static OpSpec> {
+        self.spec
+    }
+
+    /// The table entry of an `nns` collective or data-movement op, if it is one.
+    pub fn collective(&self) -> Option<&'static CollectiveSpec> {
+        self.collective
+    }
+}
+
+impl Default for Op {
+    fn default() -> Op {
+        Op::new("")
+    }
+}
+
+impl std::ops::Deref for Op {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl AsRef<str> for Op {
+    fn as_ref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::borrow::Borrow<str> for Op {
+    fn borrow(&self) -> &str {
+        &self.name
+    }
+}
+
+impl PartialEq for Op {
+    fn eq(&self, other: &Op) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for Op {}
+
+impl std::hash::Hash for Op {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.name.hash(h)
+    }
+}
+
+impl PartialOrd for Op {
+    fn partial_cmp(&self, other: &Op) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Op {
+    fn cmp(&self, other: &Op) -> std::cmp::Ordering {
+        self.name.cmp(&other.name)
+    }
+}
+
+impl PartialEq<str> for Op {
+    fn eq(&self, other: &str) -> bool {
+        &*self.name == other
+    }
+}
+
+impl PartialEq<&str> for Op {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.name == *other
+    }
+}
+
+impl PartialEq<String> for Op {
+    fn eq(&self, other: &String) -> bool {
+        *self.name == **other
+    }
+}
+
+impl PartialEq<Op> for &str {
+    fn eq(&self, other: &Op) -> bool {
+        *self == &*other.name
+    }
+}
+
+impl PartialEq<Op> for str {
+    fn eq(&self, other: &Op) -> bool {
+        self == &*other.name
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+/// As the name's: `"dnn.matmul"`.
+impl std::fmt::Debug for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&*self.name, f)
+    }
+}
+
+impl From<&str> for Op {
+    fn from(name: &str) -> Op {
+        Op::new(name)
+    }
+}
+
+impl From<String> for Op {
+    fn from(name: String) -> Op {
+        Op::new(&name)
+    }
+}
+
+impl From<&String> for Op {
+    fn from(name: &String) -> Op {
+        Op::new(name)
+    }
+}
+
 /// One operation: its name, operands, results, attributes and location.
 #[derive(Clone, Debug)]
 pub struct Node {
     /// Full op name (`dnn.matmul`).
-    pub op: String,
+    pub op: Op,
     /// Operand values.
     pub inputs: Vec<ValueId>,
     /// Result values.
@@ -342,7 +492,7 @@ impl Graph {
                 ops.push((cur, view.attrs.clone(), result_types));
                 let loc = view.loc().clone();
                 g.nodes.push(Node {
-                    op: view.name,
+                    op: Op::new(&view.name),
                     inputs,
                     outputs,
                     attrs: view.attrs,
@@ -452,7 +602,7 @@ impl Graph {
                     .collect::<Result<_, _>>()?;
                 let keep = n.origin.filter(|&k| {
                     let (op, _, results) = &src.ops[k];
-                    !reused[k] && results.len() == n.outputs.len() && op_name(*op) == n.op
+                    !reused[k] && results.len() == n.outputs.len() && n.op == op_name(*op)
                 });
                 let op = match keep {
                     Some(k) => {
@@ -716,7 +866,7 @@ impl Graph {
         let (types, _, _) = spec.check(&ctx).map_err(|e| format!("'{op}' {e}"))?;
         let outputs: Vec<ValueId> = types.into_iter().map(|t| self.new_value(t)).collect();
         self.nodes.push(Node {
-            op: op.to_string(),
+            op: Op::new(op),
             inputs: inputs.to_vec(),
             outputs: outputs.clone(),
             attrs,
@@ -737,7 +887,7 @@ impl Graph {
     ) -> Vec<ValueId> {
         let outputs: Vec<ValueId> = types.into_iter().map(|t| self.new_value(t)).collect();
         self.nodes.push(Node {
-            op: op.to_string(),
+            op: Op::new(op),
             inputs: inputs.to_vec(),
             outputs: outputs.clone(),
             attrs,
@@ -831,7 +981,7 @@ impl Graph {
                     }
                     continue;
                 }
-                let rule = crate::dnn::spec(&n.op).and_then(|s| {
+                let rule = n.op.spec().and_then(|s| {
                     s.traits
                         .param_init
                         .iter()

@@ -4,7 +4,6 @@
 use melior::ir::OperationRef;
 use nnscaler_dialects::annotation::{Annotation, Binding};
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
-use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::sharding::{
@@ -65,7 +64,9 @@ pub fn annotation(g: &Graph, n: &Node) -> Result<(Annotation, Binding), String> 
             .map_err(|e| format!("@{}: operands do not match its annotation: {e}", u.name))?;
         return Ok((u.annotation.clone(), b));
     }
-    let spec = dnn::spec(&n.op).ok_or_else(|| format!("'{}' is not a dnn op", n.op))?;
+    let spec =
+        n.op.spec()
+            .ok_or_else(|| format!("'{}' is not a dnn op", n.op))?;
     let operands: Vec<_> = n
         .inputs
         .iter()

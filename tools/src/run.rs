@@ -464,7 +464,7 @@ fn predict_ops(
             }
         } else if let Some(cost) = nnscaler_passes::planner::cost::node_cost(g, n, cluster, mesh) {
             // A collective with its expected wait for the group's slowest member.
-            *into.entry(n.op.clone()).or_default() += drift.charge(&cluster.device, &cost);
+            *into.entry(n.op.to_string()).or_default() += drift.charge(&cluster.device, &cost);
         }
     }
 }

@@ -51,7 +51,7 @@ pub fn fuse(g: &Graph) -> Result<Vec<Group>, String> {
     // Values computed by a group that a consumer may still absorb.
     let mut open: HashMap<ValueId, usize> = HashMap::new();
     for (k, n) in g.nodes.iter().enumerate() {
-        let Some(rule) = dnn::spec(&n.op).and_then(|s| s.traits.scalar) else {
+        let Some(rule) = n.op.spec().and_then(|s| s.traits.scalar) else {
             continue;
         };
         let float = |v: &ValueId| matches!(g.values[*v].elem, Elem::F32 | Elem::BF16);

@@ -66,7 +66,7 @@ pub(super) fn check_step_in(name: &str, bf16: bool) -> (usize, usize) {
     let elementwise = g
         .nodes
         .iter()
-        .filter(|n| dnn::spec(&n.op).is_some_and(|s| s.traits.scalar.is_some()))
+        .filter(|n| n.op.spec().is_some_and(|s| s.traits.scalar.is_some()))
         .count();
     let fused: usize = groups.iter().map(|gr| gr.nodes.len()).sum();
     assert_eq!(

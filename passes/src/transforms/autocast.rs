@@ -35,7 +35,6 @@ use crate::layouts::error;
 use crate::pass::{FunctionPass, PassOptions};
 use crate::transforms::recompute::has_backward;
 use nnscaler_dialects::diag::Diagnostics;
-use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node, ValueId};
 use nnscaler_dialects::spec::OpCtx;
 use nnscaler_dialects::types::{AttrValue, Attrs, Elem, TensorType};
@@ -97,7 +96,7 @@ impl FunctionPass for Autocast {
         let derived = g
             .nodes
             .iter()
-            .find(|n| n.op == "dnn.cast" || dnn::spec(&n.op).is_some_and(|s| s.grad_of.is_some()));
+            .find(|n| n.op == "dnn.cast" || n.op.spec().is_some_and(|s| s.grad_of.is_some()));
         if let Some(n) = derived {
             let what = if n.op == "dnn.cast" {
                 "already has casts (autocast runs once)"
@@ -133,7 +132,8 @@ impl FunctionPass for Autocast {
 
 /// Whether `n` is a forward matrix product on f32 operands: what autocast runs in bf16.
 fn cast_here(g: &Graph, n: &Node) -> bool {
-    dnn::spec(&n.op).is_some_and(|s| s.traits.matrix && s.grad_of.is_none())
+    n.op.spec()
+        .is_some_and(|s| s.traits.matrix && s.grad_of.is_none())
         && n.inputs.iter().any(|&v| g.values[v].elem == Elem::F32)
         && n.outputs.iter().all(|&v| g.values[v].elem == Elem::F32)
 }
@@ -212,7 +212,9 @@ pub fn autocast_in(g: &Graph, scope: Scope) -> Result<(Graph, usize), String> {
 /// forward `dnn` op (another dialect's, a user op's, a gradient's or the optimizer's), or it
 /// writes a function result or a scalar (a loss).
 fn keeps_f32(g: &Graph, n: &Node, returned: &HashSet<ValueId>) -> bool {
-    let forward = dnn::spec(&n.op).is_some_and(|s| s.grad_of.is_none() && !s.traits.optimizer);
+    let forward =
+        n.op.spec()
+            .is_some_and(|s| s.grad_of.is_none() && !s.traits.optimizer);
     !forward
         || n.outputs.iter().any(|v| {
             returned.contains(v) || (g.values[*v].elem.is_float() && g.values[*v].shape.is_empty())
@@ -268,7 +270,9 @@ pub fn autocast_activations(g: &Graph) -> Result<(Graph, usize), String> {
             .iter()
             .map(|&v| Some(out.values[v].clone()))
             .collect();
-        let spec = dnn::spec(&n.op).ok_or_else(|| format!("unknown op '{}'", n.op))?;
+        let spec =
+            n.op.spec()
+                .ok_or_else(|| format!("unknown op '{}'", n.op))?;
         let (types, _, _) = spec
             .check(&OpCtx {
                 operands: &operands,

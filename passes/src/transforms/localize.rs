@@ -334,7 +334,7 @@ pub fn localize(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
     }
     // What each op's spec says to change besides types (`Traits::localize`).
     for n in &mut g.nodes {
-        let Some(rule) = nnscaler_dialects::dnn::spec(&n.op).and_then(|s| s.traits.localize) else {
+        let Some(rule) = n.op.spec().and_then(|s| s.traits.localize) else {
             continue;
         };
         let operands: Vec<_> = n.inputs.iter().map(|&v| g.values[v].clone()).collect();

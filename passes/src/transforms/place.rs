@@ -48,7 +48,6 @@ use crate::planner::place_z3::{self, Infeasible, Item, Problem};
 use crate::planner::schedule::ScheduleKind;
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
-use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::spec::OpCtx;
@@ -647,7 +646,7 @@ fn layout_stages(layout: &str, units: &[Unit]) -> Result<Vec<usize>, String> {
 
 /// The FLOPs of one op of `g` (0 for ops without a spec).
 pub fn op_flops(g: &Graph, n: &nnscaler_dialects::graph::Node) -> f64 {
-    let Some(spec) = dnn::spec(&n.op) else {
+    let Some(spec) = n.op.spec() else {
         return 0.0;
     };
     let operands: Vec<_> = n

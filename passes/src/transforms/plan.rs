@@ -468,13 +468,14 @@ fn zero_state(mut g: Graph, mesh: &Mesh, zero: u8, remarks: &mut Diagnostics) ->
             operands: &operands,
             attrs: &n.attrs,
         };
-        let id = nnscaler_dialects::dnn::spec(&n.op)
-            .and_then(|s| (s.annotation)(&ctx).ok())
-            .and_then(|a| {
-                a.split("->")
-                    .nth(1)
-                    .and_then(|out| out.split_whitespace().nth(d).map(str::to_string))
-            });
+        let id =
+            n.op.spec()
+                .and_then(|s| (s.annotation)(&ctx).ok())
+                .and_then(|a| {
+                    a.split("->")
+                        .nth(1)
+                        .and_then(|out| out.split_whitespace().nth(d).map(str::to_string))
+                });
         if let Some(id) = id {
             g.nodes[k]
                 .attrs

@@ -457,8 +457,8 @@ pub fn module_stats_on(
                 }
             }
             for n in &g.nodes {
-                *st.ops.entry(n.op.clone()).or_default() += 1;
-                let Some(spec) = dnn::spec(&n.op) else {
+                *st.ops.entry(n.op.to_string()).or_default() += 1;
+                let Some(spec) = n.op.spec() else {
                     continue;
                 };
                 let is_bwd = spec.grad_of.is_some() || n.inputs.iter().any(|&v| bwd[v]);
@@ -598,7 +598,7 @@ fn collect_comm(st: &mut FuncStats, g: &Graph, meshes: &Meshes) {
         let output = n.outputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
         // The collectives' cost model, as the transition search uses it.
         let sent = nns::sent_bytes(&n.op, group as f64, input, output);
-        let e = st.comm.entry(n.op.clone()).or_default();
+        let e = st.comm.entry(n.op.to_string()).or_default();
         e.0 += 1;
         e.1 += sent;
     }

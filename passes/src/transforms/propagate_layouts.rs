@@ -39,7 +39,6 @@ use crate::pass::{FunctionPass, PassOptions};
 use melior::ir::OperationRef;
 use nnscaler_dialects::annotation::{Annotation, Binding, DimKind};
 use nnscaler_dialects::diag::Diagnostics;
-use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::ValueId;
 use nnscaler_dialects::graph::{Graph, Node};
 use nnscaler_dialects::nns::Mesh;
@@ -328,7 +327,7 @@ fn param_copies(g: &Graph) -> Vec<Option<usize>> {
 fn compute_axes(g: &Graph, mesh: &Mesh, copies: &[Option<usize>]) -> Vec<Vec<usize>> {
     let mut axes = vec![Vec::new(); g.args.len()];
     for n in &g.nodes {
-        if !n.op.starts_with("dnn.") || dnn::spec(&n.op).is_some_and(|s| s.traits.optimizer) {
+        if !n.op.starts_with("dnn.") || n.op.spec().is_some_and(|s| s.traits.optimizer) {
             continue;
         }
         let Ok(Some(binds)) = directive(n, mesh) else {

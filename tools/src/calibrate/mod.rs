@@ -630,7 +630,7 @@ fn instances<'a>(steps: &'a [Graph], c: &Cluster) -> BTreeMap<String, Vec<Instan
                 n.op.as_str(),
                 "dnn.matmul" | "dnn.linear" | "dnn.linear_weight_grad"
             ) || kernel(&n.op).is_none()
-                || c.device.head_kernels.contains_key(&n.op)
+                || c.device.head_kernels.contains_key(n.op.as_str())
             {
                 continue;
             }
@@ -638,7 +638,7 @@ fn instances<'a>(steps: &'a [Graph], c: &Cluster) -> BTreeMap<String, Vec<Instan
                 continue;
             };
             let roofline = cost.seconds - c.device.op_overhead;
-            let seen = all.entry(n.op.clone()).or_default();
+            let seen = all.entry(n.op.to_string()).or_default();
             if !seen
                 .iter()
                 .any(|(r, _, _)| (roofline - r).abs() <= 0.01 * r.abs().max(1e-12))

@@ -436,7 +436,7 @@ pub(super) fn function(
                 format!("{t} = ")
             }
             _ => {
-                let spec = nnscaler_dialects::dnn::spec(&n.op);
+                let spec = n.op.spec();
                 let mut outs = Vec::new();
                 for (i, &o) in n.outputs.iter().enumerate() {
                     // A variadic-result op (split) names its one result kind.
@@ -525,9 +525,7 @@ fn relayout_comment(
             .iter()
             .any(|(name, _)| op.strip_prefix("nns.") == Some(*name)) =>
         {
-            nnscaler_dialects::nns::collective(&n.op)?
-                .summary
-                .to_string()
+            n.op.collective()?.summary.to_string()
         }
         _ => return None,
     };

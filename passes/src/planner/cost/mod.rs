@@ -18,7 +18,6 @@
 //! `sent_bytes`) at that level's bandwidth, not overlapped with compute.
 
 use crate::transforms::place::op_flops;
-use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::{self, Mesh};
 use nnscaler_dialects::types::{AttrValue, Elem};
@@ -784,7 +783,7 @@ pub fn node_cost(
         .chain(&n.outputs)
         .map(|&v| g.values[v].bytes() as f64)
         .sum();
-    let matrix = dnn::spec(&n.op).is_some_and(|s| s.traits.matrix);
+    let matrix = n.op.spec().is_some_and(|s| s.traits.matrix);
     let bf16 = matrix
         && n.inputs
             .iter()
@@ -908,7 +907,7 @@ pub fn head_key(g: &Graph, n: &nnscaler_dialects::graph::Node, device: &Device) 
     if bf16 && device.head_kernels.contains_key(&key) {
         key
     } else {
-        n.op.clone()
+        n.op.to_string()
     }
 }
 

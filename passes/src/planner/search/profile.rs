@@ -721,7 +721,7 @@ pub(super) fn profile_local(
             let fixed = if node.op.starts_with("dnn.") {
                 let d = &cluster.device;
                 d.kernels
-                    .get(&node.op)
+                    .get(node.op.as_str())
                     .map_or(d.op_overhead, |k| k[0])
                     .min(c.seconds)
             } else {

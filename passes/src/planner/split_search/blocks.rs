@@ -110,7 +110,7 @@ pub(crate) fn blocks(g: &Graph, fwd: &[bool], layer: &[Option<String>]) -> Vec<B
                         .map(|(k, v)| (k, v.to_mlir_text()))
                         .collect();
                     OpSig {
-                        op: n.op.clone(),
+                        op: n.op.to_string(),
                         attrs: format!("{attrs:?}"),
                         inputs,
                         outputs: n.outputs.iter().map(|&v| g.values[v].clone()).collect(),

@@ -59,7 +59,6 @@ use crate::transforms::recompute::{forward_ops, has_backward, layers};
 use crate::transforms::split_tensor::split;
 use nnscaler_dialects::annotation::{Annotation, Binding, DimKind};
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
-use nnscaler_dialects::dnn;
 use nnscaler_dialects::graph::{Graph, Node, Output, ValueId};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::sharding::{op_layouts, partial_kind, Binds, Sharding, TransitionSearch};
@@ -355,7 +354,7 @@ fn scratch_costs(
             .iter()
             .map(|a| s.nodes[1..].iter().any(|m| m.inputs.contains(a)))
             .collect();
-        let ops: Vec<String> = s.nodes[1..].iter().map(|m| m.op.clone()).collect();
+        let ops: Vec<String> = s.nodes[1..].iter().map(|m| m.op.to_string()).collect();
         let mut remarks = Diagnostics::default();
         let (mut p, decided) = propagate_lenient(s, mesh, &mut remarks).map_err(text)?;
         let backward: Vec<(String, Option<Decided>)> =
@@ -532,7 +531,11 @@ impl<'a> Facts<'a> {
         let uses = self.users[v]
             .iter()
             .filter(|&&(k, _)| {
-                self.fwd[k] && !dnn::spec(&self.g.nodes[k].op).is_some_and(|s| s.traits.optimizer)
+                self.fwd[k]
+                    && !self.g.nodes[k]
+                        .op
+                        .spec()
+                        .is_some_and(|s| s.traits.optimizer)
             })
             .count();
         if uses < 2 {
@@ -870,7 +873,7 @@ impl Prepared {
             if fwd[k] {
                 *forward_at.entry(n.loc.clone()).or_default() += 1;
             } else if !n.attrs.contains_key("nns.recompute")
-                && !dnn::spec(&n.op).is_some_and(|s| s.traits.optimizer)
+                && !n.op.spec().is_some_and(|s| s.traits.optimizer)
             {
                 backward_at.entry(n.loc.clone()).or_default().push(k);
             }
@@ -1104,7 +1107,7 @@ fn backward_directives(g: &mut Graph, mesh: &Mesh) -> Result<Option<Graph>, Diag
             continue;
         }
         let n = &g.nodes[k];
-        let optimizer = dnn::spec(&n.op).is_some_and(|s| s.traits.optimizer);
+        let optimizer = n.op.spec().is_some_and(|s| s.traits.optimizer);
         if fwd[k] || optimizer {
             complete = false;
             continue;

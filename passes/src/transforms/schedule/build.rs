@@ -948,7 +948,7 @@ fn check_deadlock(programs: &[Graph]) -> Result<(), String> {
         let what = match (n.attrs.get("nns.fragment"), n.attrs.get("tag")) {
             (Some(AttrValue::Str(f)), _) => f.clone(),
             (_, Some(AttrValue::Str(t))) => format!("{} {t}", n.op),
-            _ => n.op.clone(),
+            _ => n.op.to_string(),
         };
         format!("rank {r}: {what}")
     };
