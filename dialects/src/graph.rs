@@ -830,8 +830,13 @@ impl Graph {
 
     /// Every `func.func` of `module`, in order, each read as a graph (or why it cannot be).
     pub fn all_in(module: &Module<'_>) -> Vec<Result<Graph, GraphError>> {
+        Graph::all_in_op(&module.as_operation())
+    }
+
+    /// [`Graph::all_in`] of a module given as its operation (what a module pass is given).
+    pub fn all_in_op(module: &OperationRef<'_, '_>) -> Vec<Result<Graph, GraphError>> {
         let mut out = Vec::new();
-        crate::view::top_level_ops(&module.as_operation(), &mut |op| {
+        crate::view::top_level_ops(module, &mut |op| {
             if op.name().as_string_ref().as_str() == Ok("func.func") {
                 out.push(Graph::from_func(op));
             }

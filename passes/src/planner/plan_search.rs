@@ -31,7 +31,6 @@ use crate::planner::cost::{self, Cluster};
 use crate::planner::search::{self, Estimate, Profiles, Recompute, Space};
 use crate::rewrite::rewrite_funcs;
 use melior::ir::OperationRef;
-use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::verify::Meshes;
@@ -170,22 +169,15 @@ impl ModulePass for PlanSearch {
         // of its axes, the micro-batches (its micro-batch axis, else one) and, with a
         // memory_cap, the memory per device.
         let mesh = meshes.0.first().cloned();
-        // The module's main function (its largest), read on a copy.
-        // With locations: they tell --place which forward op each backward op is of.
-        let flags =
-            melior::ir::operation::OperationPrintingFlags::new().enable_debug_info(true, false);
-        let text = module
-            .to_string_with_flags(flags)
-            .map_err(|e| error(&SrcLoc::default(), format!("plan: auto: {e}")))?;
-        let ir = IrContext::new();
-        let m = ir
-            .parse(&text, "plan-search")
-            .map_err(|d| error(&SrcLoc::default(), d.to_string()))?;
-        let g = Graph::all_in(&m)
+        // The module's main function (its largest), read as plain data: the search only
+        // reads it (its locations tell --place which forward op each backward op is of),
+        // and the module is changed only once a plan is chosen.
+        let mut g = Graph::all_in_op(module)
             .into_iter()
             .filter_map(Result::ok)
             .max_by_key(|g| g.nodes.len())
             .ok_or_else(|| error(&SrcLoc::default(), "plan: auto found no function to plan"))?;
+        g.source = None;
         let training = g.args.iter().any(|a| a.attrs.contains_key("nns.state_of"));
         let mut space = Space::new(self.devices as u64);
         if let Some(m) = &mesh {
