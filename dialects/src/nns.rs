@@ -204,7 +204,13 @@ pub static COLLECTIVES: &[CollectiveSpec] = &[
 
 /// Looks up a collective by full name.
 pub fn collective(name: &str) -> Option<&'static CollectiveSpec> {
-    COLLECTIVES.iter().find(|c| c.name == name)
+    static BY_NAME: std::sync::OnceLock<
+        std::collections::HashMap<&'static str, &'static CollectiveSpec>,
+    > = std::sync::OnceLock::new();
+    BY_NAME
+        .get_or_init(|| COLLECTIVES.iter().rev().map(|c| (c.name, c)).collect())
+        .get(name)
+        .copied()
 }
 
 /// Attributes in the `nns.` namespace that any op may carry.

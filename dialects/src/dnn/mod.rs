@@ -339,7 +339,12 @@ pub static SPECS: &[OpSpec] = &[
 
 /// Looks up a `dnn` op by full name.
 pub fn spec(name: &str) -> Option<&'static OpSpec> {
-    SPECS.iter().find(|s| s.name == name)
+    static BY_NAME: std::sync::OnceLock<std::collections::HashMap<&'static str, &'static OpSpec>> =
+        std::sync::OnceLock::new();
+    BY_NAME
+        .get_or_init(|| SPECS.iter().rev().map(|s| (s.name, s)).collect())
+        .get(name)
+        .copied()
 }
 
 #[cfg(test)]
