@@ -44,7 +44,7 @@ pub fn of_arg(g: &Graph, arg: usize) -> Option<Domain> {
 /// The mesh axes `g` was localized for (`nns.localized`), else `outer`'s.
 fn axis_sizes(g: &Graph, outer: &[(String, i64)]) -> Vec<(String, i64)> {
     match g.func_attrs.get("nns.localized").and_then(AttrValue::axes) {
-        Some(Ok(axes)) => axes.into_iter().map(|a| (a.name, a.size)).collect(),
+        Some(Ok(axes)) => axes.iter().map(|a| (a.name.clone(), a.size)).collect(),
         _ => outer.to_vec(),
     }
 }

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 /// Element type of a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -200,13 +201,15 @@ pub enum AttrValue {
     /// `["a", "b"]`: an array of strings.
     Strs(Vec<String>),
     /// `#nns.layout<@world, dp = D(0)>`, parsed where it is read ([`AttrValue::nns`]).
-    Layout(crate::nns_attrs::Layout),
+    /// Shared: an attribute read again (each pass reads the IR it is given) is parsed once
+    /// per thread and its value shared, not copied.
+    Layout(Arc<crate::nns_attrs::Layout>),
     /// `[#nns.layout<...>, ...]`: a layout per result (`nns.layouts`), parsed.
-    Layouts(Vec<crate::nns_attrs::Layout>),
+    Layouts(Vec<Arc<crate::nns_attrs::Layout>>),
     /// `#nns.split<b = dp, n = tp>` (also the values of `nns.pin` and `nns.forbid`), parsed.
-    Split(crate::nns_attrs::Split),
+    Split(Arc<crate::nns_attrs::Split>),
     /// `#nns.axes<dp = 2, tp = 4>` (a mesh's axes, `nns.localized`), parsed.
-    Axes(Vec<crate::nns_attrs::Axis>),
+    Axes(Arc<Vec<crate::nns_attrs::Axis>>),
     /// `#nns.kind<body>` of any other kind, or one whose body does not parse (the verifier
     /// says why): as written.
     Nns {
@@ -225,16 +228,41 @@ impl AttrValue {
     /// reports them with their location), as written.
     pub fn nns(kind: &str, body: &str) -> Self {
         use crate::nns_attrs as nns;
+        /// Values already parsed on this thread, by `kind<body>`: the same attributes are
+        /// read by every pass (and the verifier after each). Bounded: cleared when full.
+        const CACHED: usize = 1 << 14;
+        thread_local! {
+            static PARSED: std::cell::RefCell<std::collections::HashMap<String, AttrValue>> =
+                Default::default();
+        }
+        let key = format!("{kind}<{body}>");
+        if let Some(v) = PARSED.with(|p| p.borrow().get(&key).cloned()) {
+            return v;
+        }
         let parsed = match kind {
-            "layout" => nns::Layout::parse(body).ok().map(AttrValue::Layout),
-            "split" => nns::Split::parse(body).ok().map(AttrValue::Split),
-            "axes" => nns::parse_axes(body).ok().map(AttrValue::Axes),
+            "layout" => nns::Layout::parse(body)
+                .ok()
+                .map(|l| AttrValue::Layout(Arc::new(l))),
+            "split" => nns::Split::parse(body)
+                .ok()
+                .map(|s| AttrValue::Split(Arc::new(s))),
+            "axes" => nns::parse_axes(body)
+                .ok()
+                .map(|a| AttrValue::Axes(Arc::new(a))),
             _ => None,
         };
-        parsed.unwrap_or_else(|| AttrValue::Nns {
+        let v = parsed.unwrap_or_else(|| AttrValue::Nns {
             kind: kind.to_string(),
             body: body.to_string(),
-        })
+        });
+        PARSED.with(|p| {
+            let mut p = p.borrow_mut();
+            if p.len() >= CACHED {
+                p.clear();
+            }
+            p.insert(key, v.clone());
+        });
+        v
     }
 
     /// The kind and body of an `#nns` attribute (`("layout", "@world, dp = D(0)")`),
@@ -254,33 +282,33 @@ impl AttrValue {
 
     /// The layout of a `#nns.layout<...>` value: `Some(Err)` with the reason where its body
     /// does not parse, `None` for a value of another kind.
-    pub fn layout(&self) -> Option<Result<crate::nns_attrs::Layout, String>> {
+    pub fn layout(&self) -> Option<Result<Arc<crate::nns_attrs::Layout>, String>> {
         match self {
             AttrValue::Layout(l) => Some(Ok(l.clone())),
             AttrValue::Nns { kind, body } if kind == "layout" => {
-                Some(crate::nns_attrs::Layout::parse(body))
+                Some(crate::nns_attrs::Layout::parse(body).map(Arc::new))
             }
             _ => None,
         }
     }
 
     /// The split directive of a `#nns.split<...>` value, as [`AttrValue::layout`].
-    pub fn split(&self) -> Option<Result<crate::nns_attrs::Split, String>> {
+    pub fn split(&self) -> Option<Result<Arc<crate::nns_attrs::Split>, String>> {
         match self {
             AttrValue::Split(s) => Some(Ok(s.clone())),
             AttrValue::Nns { kind, body } if kind == "split" => {
-                Some(crate::nns_attrs::Split::parse(body))
+                Some(crate::nns_attrs::Split::parse(body).map(Arc::new))
             }
             _ => None,
         }
     }
 
     /// The mesh axes of a `#nns.axes<...>` value, as [`AttrValue::layout`].
-    pub fn axes(&self) -> Option<Result<Vec<crate::nns_attrs::Axis>, String>> {
+    pub fn axes(&self) -> Option<Result<Arc<Vec<crate::nns_attrs::Axis>>, String>> {
         match self {
             AttrValue::Axes(a) => Some(Ok(a.clone())),
             AttrValue::Nns { kind, body } if kind == "axes" => {
-                Some(crate::nns_attrs::parse_axes(body))
+                Some(crate::nns_attrs::parse_axes(body).map(Arc::new))
             }
             _ => None,
         }
@@ -347,7 +375,7 @@ impl AttrValue {
                             .collect(),
                     );
                 }
-                let layouts: Option<Vec<crate::nns_attrs::Layout>> = items
+                let layouts: Option<Vec<Arc<crate::nns_attrs::Layout>>> = items
                     .iter()
                     .map(|&x| match AttrValue::from_attribute(x) {
                         AttrValue::Layout(l) => Some(l),
@@ -413,7 +441,7 @@ impl AttrValue {
             if let Some(v) = parse_str_list(body) {
                 return AttrValue::Strs(v);
             }
-            let layouts: Option<Vec<crate::nns_attrs::Layout>> = top_level(body)
+            let layouts: Option<Vec<Arc<crate::nns_attrs::Layout>>> = top_level(body)
                 .iter()
                 .map(|item| match AttrValue::from_mlir_text(item) {
                     AttrValue::Layout(l) => Some(l),
@@ -662,7 +690,7 @@ mod tests {
         assert_eq!(AttrValue::from_mlir_text("\"a\\\"b\""), Str("a\"b".into()));
         assert_eq!(
             AttrValue::from_mlir_text("#nns.split<b = dp>"),
-            Split(crate::nns_attrs::Split::parse("b = dp").unwrap())
+            Split(Arc::new(crate::nns_attrs::Split::parse("b = dp").unwrap()))
         );
         // A body that does not parse stays as written, for the verifier to report.
         assert_eq!(

@@ -62,7 +62,7 @@ impl Meshes {
                     }
                     meshes.push(Mesh {
                         name,
-                        axes,
+                        axes: axes.to_vec(),
                         memory_cap,
                     })
                 }
@@ -253,7 +253,7 @@ fn check_localized_mark(attrs: &crate::types::Attrs, meshes: &Meshes) -> Result<
         }
     };
     let mesh = meshes.resolve(None)?;
-    if recorded != mesh.axes {
+    if *recorded != mesh.axes {
         let show = |axes: &[nns::Axis]| {
             axes.iter()
                 .map(nns::Axis::to_string)
@@ -595,7 +595,7 @@ fn check_common_attrs(v: &OpView, meshes: &Meshes, user_op: bool, diags: &mut Di
 /// Checks `nns.layouts`: an entry per result (`None` for one that is not a layout, an
 /// error for one that does not parse).
 fn check_layouts(
-    items: Vec<Option<Result<Layout, String>>>,
+    items: Vec<Option<Result<std::sync::Arc<Layout>, String>>>,
     v: &OpView,
     meshes: &Meshes,
 ) -> Result<(), String> {

@@ -315,7 +315,9 @@ mod tests {
         assert!(f.arg_attrs[1].is_empty() && f.result_attrs[0].is_empty());
         assert_eq!(
             f.result_attrs[1]["nns.layout"],
-            AttrValue::Layout(crate::nns::Layout::parse("@world, tp = D(0)").unwrap())
+            AttrValue::Layout(std::sync::Arc::new(
+                crate::nns::Layout::parse("@world, tp = D(0)").unwrap()
+            ))
         );
         let y = &ops[0];
         assert_eq!(y.attrs["s"], AttrValue::Strs(vec!["p".into(), "q".into()]));

@@ -90,7 +90,8 @@ pub fn directive(n: &Node, mesh: &Mesh) -> Result<Option<Binds>, String> {
 pub fn split_directive(binds: &Binds, closed: &[usize], mesh: &Mesh) -> Option<AttrValue> {
     let mut s = binds_to_split(binds, mesh);
     s.replicated = closed.iter().map(|&a| mesh.axes[a].name.clone()).collect();
-    (!s.binds.is_empty() || !s.replicated.is_empty()).then_some(AttrValue::Split(s))
+    (!s.binds.is_empty() || !s.replicated.is_empty())
+        .then(|| AttrValue::Split(std::sync::Arc::new(s)))
 }
 
 /// The mesh axes the node's split directive names in `R(...)`: the op is replicated over
@@ -159,12 +160,16 @@ pub fn node_layouts(
 
 /// The attribute value of a layout.
 pub fn layout_attr(s: &Sharding, mesh: &Mesh) -> AttrValue {
-    AttrValue::Layout(s.to_layout(mesh))
+    AttrValue::Layout(std::sync::Arc::new(s.to_layout(mesh)))
 }
 
 /// The `nns.layouts` attribute value of several results.
 pub fn layouts_attr(v: &[Sharding], mesh: &Mesh) -> AttrValue {
-    AttrValue::Layouts(v.iter().map(|s| s.to_layout(mesh)).collect())
+    AttrValue::Layouts(
+        v.iter()
+            .map(|s| std::sync::Arc::new(s.to_layout(mesh)))
+            .collect(),
+    )
 }
 
 /// Reads `nns.layouts` of a node.

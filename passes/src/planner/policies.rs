@@ -69,9 +69,10 @@ pub(crate) fn set_layout(g: &mut Graph, arg: usize, mesh: &Mesh, axes: Vec<(Stri
         mesh: mesh.name.clone(),
         axes,
     };
-    g.args[arg]
-        .attrs
-        .insert("nns.layout".into(), AttrValue::Layout(l));
+    g.args[arg].attrs.insert(
+        "nns.layout".into(),
+        AttrValue::Layout(std::sync::Arc::new(l)),
+    );
 }
 
 /// Writes the policy's directives into `g` (`tp-search` needs a cluster: see
@@ -219,7 +220,8 @@ fn layout_axes(g: &Graph, i: usize) -> Result<Vec<(String, AxisLayout)>, Diagnos
     {
         Some(l) => Ok(l
             .map_err(|e| error(&g.loc, format!("plan: argument {i}: {e}")))?
-            .axes),
+            .axes
+            .clone()),
         None => Ok(Vec::new()),
     }
 }

@@ -277,7 +277,7 @@ fn declare_local(
             .map_err(|e| error(&s.loc, e))?;
         set_attr(copy.to_raw(), "function_type", t);
         let m = b
-            .attribute(&AttrValue::Axes(mesh.axes.clone()))
+            .attribute(&AttrValue::Axes(std::sync::Arc::new(mesh.axes.clone())))
             .map_err(|e| error(&s.loc, e))?;
         set_attr(copy.to_raw(), "nns.localized", m);
     }
@@ -361,7 +361,9 @@ pub fn localize(mut g: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
     }
     g.values = local;
     // The mesh it was localized for: the verifier refuses the program if the mesh changes.
-    g.func_attrs
-        .insert("nns.localized".into(), AttrValue::Axes(mesh.axes.clone()));
+    g.func_attrs.insert(
+        "nns.localized".into(),
+        AttrValue::Axes(std::sync::Arc::new(mesh.axes.clone())),
+    );
     Ok(g)
 }

@@ -346,7 +346,7 @@ fn zero_state(mut g: Graph, mesh: &Mesh, zero: u8, remarks: &mut Diagnostics) ->
     let layout_of = |attrs: &nnscaler_dialects::types::Attrs| -> Vec<(String, AxisLayout)> {
         match attrs.get("nns.layout") {
             Some(v) => match v.layout() {
-                Some(Ok(l)) => l.axes,
+                Some(Ok(l)) => l.axes.clone(),
                 _ => Vec::new(),
             },
             None => Vec::new(),
@@ -399,10 +399,10 @@ fn zero_state(mut g: Graph, mesh: &Mesh, zero: u8, remarks: &mut Diagnostics) ->
             o.attrs.insert("nns.layout".into(), l.clone());
         }
     }
-    let replicated = AttrValue::Layout(Layout {
+    let replicated = AttrValue::Layout(std::sync::Arc::new(Layout {
         mesh: mesh.name.clone(),
         axes: Vec::new(),
-    });
+    }));
     let params: Vec<(String, AttrValue)> = g
         .args
         .iter()

@@ -124,15 +124,17 @@ fn without_axis(g: &Graph, axis: &str) -> Graph {
     let mut g = g.clone();
     for n in &mut g.nodes {
         for key in ["nns.split", "nns.pin", "nns.forbid"] {
-            let Some(Ok(mut s)) = n.attrs.get(key).and_then(AttrValue::split) else {
+            let Some(Ok(s)) = n.attrs.get(key).and_then(AttrValue::split) else {
                 continue;
             };
+            let mut s = std::sync::Arc::unwrap_or_clone(s);
             s.binds.retain(|(_, axes)| !axes.iter().any(|a| a == axis));
             s.replicated.retain(|a| a != axis);
             if s.binds.is_empty() && s.replicated.is_empty() {
                 n.attrs.remove(key);
             } else {
-                n.attrs.insert(key.into(), AttrValue::Split(s));
+                n.attrs
+                    .insert(key.into(), AttrValue::Split(std::sync::Arc::new(s)));
             }
         }
     }
