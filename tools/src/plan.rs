@@ -246,8 +246,13 @@ pub fn cut_step(
     let Some(r) = nnscaler_passes::planner::layer_runs::reduce(&forward) else {
         return Ok(None);
     };
-    // Printed with the ops' own locations, so messages point into the user's file.
-    let (step, _, _) = training_step(&r.forward.to_mlir(), file, precision)?;
+    let step = nnscaler_passes::planner::layer_runs::training_step_of(
+        &r.forward,
+        precision.autocast(),
+        Some(""),
+        nnscaler_passes::registry::lookup,
+    )
+    .map_err(|e| format!("{file}: the step with repeated layers cut: {e}"))?;
     Ok(Some(nnscaler_passes::planner::layer_runs::Cut {
         step,
         runs: r.runs,

@@ -187,26 +187,74 @@ pub fn forward_of_step(g: &Graph) -> Option<Graph> {
 pub fn cut_step(g: &Graph, lookup: crate::pass::Lookup) -> Option<Cut> {
     let forward = forward_of_step(g)?;
     let r = reduce(&forward)?;
-    let ir = nnscaler_dialects::context::IrContext::new();
-    let text = r.forward.to_mlir();
-    let mut m = ir.parse(&text, "cut-step").ok()?;
-    let mut steps = vec![crate::pipeline::Step::named(lookup, "autodiff", "").ok()?];
-    if g.args.iter().any(|a| a.attrs.contains_key("nns.state_of")) {
+    let optimizer = if g.args.iter().any(|a| a.attrs.contains_key("nns.state_of")) {
         let clip = g.nodes.iter().find_map(|n| match n.attrs.get("max_norm") {
             Some(nnscaler_dialects::types::AttrValue::Float(c)) if n.op == "dnn.clip_scale" => {
                 Some(*c)
             }
             _ => None,
         });
-        let options = clip.map(|c| format!("clip={c}")).unwrap_or_default();
-        steps.push(crate::pipeline::Step::named(lookup, "optimizer", &options).ok()?);
-    }
-    crate::pipeline::run(&ir, &mut m, &steps, &mut |_, _| {}, "cut-step").ok()?;
-    let step = Graph::all_in(&m)
-        .into_iter()
-        .filter_map(Result::ok)
-        .max_by_key(|g| g.nodes.len())?;
+        Some(clip.map(|c| format!("clip={c}")).unwrap_or_default())
+    } else {
+        None
+    };
+    let step = training_step_of(&r.forward, None, optimizer.as_deref(), lookup).ok()?;
     Some(Cut { step, runs: r.runs })
+}
+
+/// Forward `forward` made a training step by the passes on the graph itself (no MLIR):
+/// `--autocast` with options `autocast` if given, `--autodiff`, and `--optimizer` with
+/// options `optimizer` if given; each pass's result is compacted as writing it to MLIR and
+/// reading it back would leave it. A forward that calls functions is refused: a call needs
+/// its callee's declaration (and perhaps a derived VJP function), which a function alone
+/// does not carry.
+pub fn training_step_of(
+    forward: &Graph,
+    autocast: Option<&str>,
+    optimizer: Option<&str>,
+    lookup: crate::pass::Lookup,
+) -> Result<Graph, String> {
+    use crate::pass::FunctionPass;
+    use crate::rewrite::compact;
+    if let Some(n) = forward.nodes.iter().find(|n| n.op == "func.call") {
+        return Err(format!(
+            "{}: a call ('{}') in a step made without its module",
+            n.loc, n.op
+        ));
+    }
+    let options = |name: &str, text: &str| {
+        crate::pipeline::Step::named(lookup, name, text).map(|s| s.options)
+    };
+    // A pass's result, or its input where it changed nothing.
+    let run = |pass: &mut dyn FunctionPass, g: Graph| -> Result<Graph, String> {
+        let before = g.clone();
+        match pass.run_on_function(g).map_err(|d| d.to_string())? {
+            Some(new) => Ok(compact(new)),
+            None => Ok(before),
+        }
+    };
+    let mut g = forward.clone();
+    if let Some(text) = autocast {
+        let mut pass = crate::transforms::autocast::Autocast::new(&options("autocast", text)?)?;
+        g = run(&mut pass, g)?;
+    }
+    let mut derive = Vec::new();
+    g = compact(
+        crate::transforms::autodiff::differentiate_with(&g, &mut derive)
+            .map_err(|(loc, msg)| format!("{loc}: {msg}"))?,
+    );
+    if !derive.is_empty() {
+        return Err(format!(
+            "@{}: user ops whose VJP must be derived: {}",
+            g.name,
+            derive.join(", ")
+        ));
+    }
+    if let Some(text) = optimizer {
+        let mut pass = crate::transforms::optimizer::Optimizer::new(&options("optimizer", text)?)?;
+        g = run(&mut pass, g)?;
+    }
+    Ok(g)
 }
 
 /// A training step made from a forward whose runs of identical layers are cut
