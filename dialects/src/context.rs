@@ -60,6 +60,7 @@ impl IrContext {
                 loc: SrcLoc::from_location(d.location()),
                 severity,
                 message: d.to_string(),
+                facts: Default::default(),
             });
             for i in 0..d.note_count() {
                 if let Ok(n) = d.note(i) {
@@ -67,6 +68,7 @@ impl IrContext {
                         loc: SrcLoc::from_location(n.location()),
                         severity: Severity::Note,
                         message: n.to_string(),
+                        facts: Default::default(),
                     });
                 }
             }

@@ -151,6 +151,9 @@ pub struct Diagnostic {
     pub severity: Severity,
     /// What.
     pub message: String,
+    /// What a tool reads from the diagnostic instead of its wording: a pass's decision as
+    /// named values (`--plan=auto`'s chosen plan). Not rendered.
+    pub facts: std::collections::BTreeMap<String, String>,
 }
 
 impl Diagnostic {
@@ -231,6 +234,19 @@ impl Diagnostics {
         self.push(loc, Severity::Remark, message);
     }
 
+    /// Records a remark at `loc` that carries `facts` ([`Diagnostic::facts`]).
+    pub fn remark_with(
+        &mut self,
+        loc: &SrcLoc,
+        message: impl Into<String>,
+        facts: std::collections::BTreeMap<String, String>,
+    ) {
+        self.push(loc, Severity::Remark, message);
+        if let Some(d) = self.0.last_mut() {
+            d.facts = facts;
+        }
+    }
+
     /// Records a note at `loc`.
     pub fn note(&mut self, loc: &SrcLoc, message: impl Into<String>) {
         self.push(loc, Severity::Note, message);
@@ -241,6 +257,7 @@ impl Diagnostics {
             loc: loc.clone(),
             severity,
             message: message.into(),
+            facts: Default::default(),
         });
     }
 
@@ -360,6 +377,7 @@ mod tests {
             loc: SrcLoc::at("f", 1, 501),
             severity: Severity::Error,
             message: "bad".into(),
+            facts: Default::default(),
         };
         let text = d.render(Some(&line));
         let shown: Vec<&str> = text.lines().collect();
@@ -375,6 +393,7 @@ mod tests {
             loc: SrcLoc::at("f", 2, 3),
             severity: Severity::Error,
             message: "bad".into(),
+            facts: Default::default(),
         };
         assert_eq!(
             d.render(Some("one\n  two\n")),

@@ -42,6 +42,7 @@ pub fn parse(source: &str, file: &str) -> Result<Vec<Expected>, Diagnostic> {
                 loc: SrcLoc::at(file, lineno, pos + 1),
                 severity: Severity::Error,
                 message: msg.into(),
+                facts: Default::default(),
             };
             let rest = rest.trim_start();
             let (target, rest) = if let Some(r) = rest.strip_prefix('@') {
@@ -109,6 +110,7 @@ pub fn check(file: &str, want: &[Expected], got: &[Diagnostic]) -> Vec<Diagnosti
                     "expected {} \"{}\" on line {} was not produced",
                     w.severity, w.text, w.line
                 ),
+                facts: Default::default(),
             }),
         }
     }
@@ -118,6 +120,7 @@ pub fn check(file: &str, want: &[Expected], got: &[Diagnostic]) -> Vec<Diagnosti
                 message: format!("unexpected {}: {}", d.severity, d.message),
                 severity: Severity::Error,
                 loc: d.loc.clone(),
+                facts: Default::default(),
             });
         }
     }

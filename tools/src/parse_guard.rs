@@ -97,6 +97,7 @@ fn decode(line: &str) -> Option<Diagnostic> {
         loc: SrcLoc::at(&file, line_no, col),
         severity,
         message,
+        facts: Default::default(),
     })
 }
 
@@ -274,6 +275,7 @@ mod tests {
             loc: SrcLoc::at("a\tb.mlir", 3, 7),
             severity: Severity::Error,
             message: "bad \\ thing\nsecond line".into(),
+            facts: Default::default(),
         };
         assert_eq!(decode(encode(&d).trim_end_matches('\n')), Some(d));
     }

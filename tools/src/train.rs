@@ -595,11 +595,7 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
         let remarks = pipeline::run(&ir, &mut m, steps, &mut |_, _| {}, "model.mlir")
             .map_err(|d| d.render_limited(Some(text), 20))?;
         // The plan the search chose, without its ranking.
-        for c in remarks
-            .0
-            .iter()
-            .filter_map(|r| PlanChoice::of_remark(&r.message))
-        {
+        for c in remarks.0.iter().filter_map(PlanChoice::of_remark) {
             eprintln!("nnscaler train: {}", c.headline);
         }
         let mut d = Default::default();

@@ -38,9 +38,13 @@ use nnscaler_dialects::verify::Meshes;
 /// What follows a choice's headline in its remark.
 const CHOICE_DETAILS: &str = "; predicted per device:";
 
-/// The plan `--plan=auto` chose, as the remark the pass leaves says it: drivers that run
-/// the pass (`nnscaler train`) read it from the remarks with [`PlanChoice::of_remark`]
-/// instead of matching the remark's words themselves.
+/// The facts ([`nnscaler_dialects::diag::Diagnostic::facts`]) of the remark announcing the
+/// choice: the plan's options and the headline.
+const FACT_PLAN: &str = "plan-search.plan";
+const FACT_HEADLINE: &str = "plan-search.headline";
+
+/// The plan `--plan=auto` chose: drivers that run the pass (`nnscaler train`) read it from
+/// the facts of the remark announcing it ([`PlanChoice::of_remark`]), not from its wording.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanChoice {
     /// `plan: auto chose "PLAN" on N x DEVICE (CLUSTER)`: the remark's first line, less
@@ -51,15 +55,22 @@ pub struct PlanChoice {
 }
 
 impl PlanChoice {
-    /// The choice a remark of this pass reports, if `message` is one.
-    pub fn of_remark(message: &str) -> Option<PlanChoice> {
-        let (headline, _) = message.split_once(CHOICE_DETAILS)?;
-        let rest = headline.strip_prefix("plan: auto chose \"")?;
-        let (plan, _) = rest.split_once("\" on ")?;
+    /// The choice a remark of this pass reports, if `remark` is the one announcing it.
+    pub fn of_remark(remark: &nnscaler_dialects::diag::Diagnostic) -> Option<PlanChoice> {
         Some(PlanChoice {
-            headline: headline.to_string(),
-            plan: plan.to_string(),
+            headline: remark.facts.get(FACT_HEADLINE)?.clone(),
+            plan: remark.facts.get(FACT_PLAN)?.clone(),
         })
+    }
+
+    /// The facts of the remark announcing this choice.
+    fn facts(&self) -> std::collections::BTreeMap<String, String> {
+        [
+            (FACT_PLAN.to_string(), self.plan.clone()),
+            (FACT_HEADLINE.to_string(), self.headline.clone()),
+        ]
+        .into_iter()
+        .collect()
     }
 }
 
@@ -302,13 +313,14 @@ impl ModulePass for PlanSearch {
             ),
             plan: chosen.clone(),
         };
-        self.remarks.remark(
+        self.remarks.remark_with(
             &SrcLoc::default(),
             format!(
                 "{}{CHOICE_DETAILS}\n  {}",
                 choice.headline,
                 lines.join("\n  ")
             ),
+            choice.facts(),
         );
         let c = &best.config;
         if c.pipelined() {
@@ -352,16 +364,22 @@ mod tests {
 
     #[test]
     fn a_choice_is_read_back_from_its_remark() {
-        let m = "plan: auto chose \"dp-megatron dp=2 tp=2, recompute=full\" on 4 x H100 SXM 80GB (dgx-h100); predicted per device:\n  12.3 ms";
-        let c = PlanChoice::of_remark(m).unwrap();
-        assert_eq!(c.plan, "dp-megatron dp=2 tp=2, recompute=full");
-        assert_eq!(
-            c.headline,
-            "plan: auto chose \"dp-megatron dp=2 tp=2, recompute=full\" on 4 x H100 SXM 80GB (dgx-h100)"
+        let choice = PlanChoice {
+            headline: "plan: auto chose \"dp dp=2\" on 2 x H100 SXM 80GB (dgx-h100)".into(),
+            plan: "dp dp=2".into(),
+        };
+        let mut d = Diagnostics::default();
+        d.remark(&SrcLoc::default(), "plan: auto: profiling");
+        d.remark_with(
+            &SrcLoc::default(),
+            format!("{}{CHOICE_DETAILS}\n  12.3 ms", choice.headline),
+            choice.facts(),
         );
-        assert_eq!(
-            PlanChoice::of_remark("plan: auto found no plan for 4 devices"),
-            None
-        );
+        let read: Vec<PlanChoice> = d.0.iter().filter_map(PlanChoice::of_remark).collect();
+        assert_eq!(read, vec![choice]);
+        // Its wording does not make a remark a choice.
+        let mut w = Diagnostics::default();
+        w.remark(&SrcLoc::default(), d.0[1].message.clone());
+        assert_eq!(PlanChoice::of_remark(&w.0[0]), None);
     }
 }
