@@ -5,10 +5,11 @@ use crate::dnn;
 use crate::nns::CollectiveSpec;
 use crate::spec::OpSpec;
 
-/// A value of a [`Graph`](super::Graph): its index in [`Graph::values`](super::Graph::values). A type of its own, so that a
-/// value cannot be taken for an op's index (or any other number): tables by value are
-/// `Vec`s indexed by it (`types[v]`, for `types: Vec<T>`), and a number becomes a value
-/// only through [`ValueId::new`]. Printed as its index.
+/// A value of a [`Graph`](super::Graph): its index in
+/// [`Graph::values`](super::Graph::values). A type of its own, so that a value cannot be
+/// taken for an op's index (or any other number): tables by value are `Vec`s indexed by it
+/// (`types[v]`, for `types: Vec<T>`), and a number becomes a value only through
+/// [`ValueId::new`]. Printed as its index.
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ValueId(usize);
 
