@@ -97,24 +97,21 @@ pub fn split_directive(binds: &Binds, closed: &[usize], mesh: &Mesh) -> Option<A
 /// The mesh axes the node's split directive names in `R(...)`: the op is replicated over
 /// them, and nothing is inferred over them.
 pub fn replicated_axes(n: &Node, mesh: &Mesh) -> Result<Vec<usize>, String> {
-    match n.attrs.get("nns.split") {
-        Some(v) if v.split().is_some() => {
-            resolve_axes(&v.split().expect("a split")?.replicated, mesh)
-        }
-        _ => Ok(Vec::new()),
+    match n.attrs.get("nns.split").and_then(AttrValue::split) {
+        Some(s) => resolve_axes(&s?.replicated, mesh),
+        None => Ok(Vec::new()),
     }
 }
 
 /// The binds of split-valued attribute `key` of `n` (`nns.split`, `nns.pin`,
 /// `nns.forbid`), if it has one.
 pub fn constraint(n: &Node, key: &str, mesh: &Mesh) -> Result<Option<Binds>, String> {
-    match n.attrs.get(key) {
-        None => Ok(None),
-        Some(v) if v.split().is_some() => {
-            let s = v.split().expect("a split")?;
-            resolve_binds(&s, mesh).map(Some)
-        }
-        Some(_) => Err(format!("'{key}' must be a #nns.split<...> attribute")),
+    let Some(v) = n.attrs.get(key) else {
+        return Ok(None);
+    };
+    match v.split() {
+        Some(s) => resolve_binds(&*s?, mesh).map(Some),
+        None => Err(format!("'{key}' must be a #nns.split<...> attribute")),
     }
 }
 

@@ -659,19 +659,11 @@ impl Graph {
             attrs: &attrs,
         };
         let (types, _, _) = spec.check(&ctx).map_err(|e| format!("'{op}' {e}"))?;
-        let outputs: Vec<ValueId> = types.into_iter().map(|t| self.new_value(t)).collect();
-        self.nodes.push(Node {
-            op: Op::new(op),
-            inputs: inputs.to_vec(),
-            outputs: outputs.clone(),
-            attrs,
-            loc: loc.clone(),
-            origin: None,
-        });
-        Ok(outputs)
+        Ok(self.add_raw(op, inputs, types, attrs, loc))
     }
 
-    /// Appends an op that has no spec (an `nns` op) with the given result types.
+    /// Appends op `op` with the given result types, unchecked: an op that has no spec (an
+    /// `nns` op), or one [`Graph::add`] has checked.
     pub fn add_raw(
         &mut self,
         op: &str,
