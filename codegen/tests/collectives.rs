@@ -12,7 +12,7 @@ use nnscaler_dialects::verify::Meshes;
 use nnscaler_rt::{Collective, Param};
 use nnscaler_runtime::interp::Options;
 use nnscaler_runtime::spmd::run_spmd;
-use nnscaler_runtime::tensor::Tensor;
+use nnscaler_runtime::tensor::{Data, Tensor};
 
 /// `tensor<AxBxf32>` (or `xi64`).
 fn ty(shape: &[u64], int: bool) -> String {
@@ -66,33 +66,29 @@ fn check(op: &Collective, n: usize, local: &[u64], out: &[u64], int: bool) {
     let ints: Vec<i64> = (0..len)
         .map(|i| ((i * 7919 + 13) % 101) as i64 - 50)
         .collect();
-    let (x, data) = if int {
-        (
-            Tensor::i64(&shape, ints.clone()),
-            nnscaler_rt::Values::I64(ints),
-        )
+    let x = if int {
+        Tensor::i64(&shape, ints)
     } else {
-        let v: Vec<f32> = ints.iter().map(|&i| i as f32 * 0.37).collect();
-        (Tensor::f32(&shape, v.clone()), nnscaler_rt::Values::F32(v))
+        Tensor::f32(&shape, ints.iter().map(|&i| i as f32 * 0.37).collect())
     };
     let what = format!(
         "{op:?} over {n} on {local:?}{}",
         if int { " (i64)" } else { "" }
     );
-    let want = run_spmd(&g, &mesh, vec![x], &Options::default())
+    let input = [x];
+    let want = run_spmd(&g, &mesh, input.to_vec(), &Options::default())
         .unwrap_or_else(|e| panic!("{what}: {}", e.message));
     let art = nnscaler_codegen::artifact(&g, "collectives", Some(&mesh), Default::default())
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     let host = nnscaler_rt::HostProgram::load(art).unwrap();
-    let input = [nnscaler_rt::Tensor { shape: whole, data }];
     let lockstep = host.run(&input).unwrap();
     let ranks = host.run_ranks_timed(&input, 1).unwrap().0;
     for (how, got) in [("lockstep", &lockstep), ("ranks", &ranks)] {
         let same = match (&got[0].data, &want[0].data) {
-            (nnscaler_rt::Values::F32(v), nnscaler_runtime::tensor::Data::F32(w)) => {
+            (Data::F32(v), Data::F32(w)) => {
                 v.len() == w.len() && v.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits())
             }
-            (nnscaler_rt::Values::I64(v), nnscaler_runtime::tensor::Data::I64(w)) => v == w,
+            (Data::I64(v), Data::I64(w)) => v == w,
             _ => false,
         };
         assert!(

@@ -132,7 +132,7 @@ impl Port {
     /// That `t` can be this port's value: its shape and element type, and its values
     /// inside the port's domain.
     pub fn check(&self, t: &crate::tensor::Tensor) -> Result<(), String> {
-        if t.shape != self.global_shape || t.elt() != self.elt {
+        if !t.has_shape(&self.global_shape) || t.elt() != self.elt {
             return Err(format!(
                 "'{}' must be {:?} {:?}, given {:?} {:?}",
                 self.name,
@@ -162,16 +162,16 @@ pub enum Domain {
 impl Domain {
     /// Why `t` (port `name`'s tensor) is outside the domain, if it is.
     pub fn check(self, name: &str, t: &crate::tensor::Tensor) -> Result<(), String> {
-        use crate::tensor::Values;
+        use crate::tensor::Data;
         match (self, &t.data) {
-            (Domain::Below(n), Values::I64(v)) => match v.iter().position(|&x| x < 0 || x as u64 >= n) {
+            (Domain::Below(n), Data::I64(v)) => match v.iter().position(|&x| x < 0 || x as u64 >= n) {
                 Some(i) => Err(format!(
                     "'{name}' holds {} at element {i}; its ids must be in [0, {n}) (the rows or classes it indexes)",
                     v[i]
                 )),
                 None => Ok(()),
             },
-            (Domain::AtLeast(m), Values::F32(v)) => {
+            (Domain::AtLeast(m), Data::F32(v)) => {
                 match v.iter().position(|&x| x.is_nan() || f64::from(x) < m as f64) {
                     Some(i) => Err(format!(
                         "'{name}' holds {} at element {i}; it must be at least {m} (AdamW's step counts from 1)",

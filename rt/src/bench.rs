@@ -6,7 +6,7 @@
 //! happens where the device is; the fitting, which needs the cost model, here.
 
 use crate::artifact::{Artifact, Elt};
-use crate::tensor::{Tensor, Values};
+use crate::tensor::{Data, Tensor};
 use serde::{Deserialize, Serialize};
 
 /// What a benchmark measures.
@@ -91,12 +91,12 @@ pub fn inputs(a: &Artifact) -> Vec<Tensor> {
             let data = match p.elt {
                 // (The reader refuses bf16 ports.)
                 Elt::F32 | Elt::Bf16 => {
-                    Values::F32((0..n).map(|i| ((i % 17) as f32 - 8.0) / 100.0).collect())
+                    Data::F32((0..n).map(|i| ((i % 17) as f32 - 8.0) / 100.0).collect())
                 }
-                Elt::I64 => Values::I64(vec![0; n as usize]),
+                Elt::I64 => Data::I64(vec![0; n as usize]),
             };
             Tensor {
-                shape: p.global_shape.clone(),
+                shape: crate::tensor::shape(&p.global_shape),
                 data,
             }
         })
@@ -162,7 +162,7 @@ mod tests {
         let mut time = |a: Artifact, args: &[Tensor], n: usize| {
             asked.set(n);
             assert_eq!(args.len(), a.header.inputs.len());
-            assert_eq!(args[0].data, Values::F32(vec![-0.08, -0.07, -0.06, -0.05]));
+            assert_eq!(args[0].data, Data::F32(vec![-0.08, -0.07, -0.06, -0.05]));
             // The warm-up is slow; the rest 3, 1, 2.
             Ok(vec![9.0, 3.0, 1.0, 2.0])
         };

@@ -3,7 +3,7 @@
 //! from it: counter-based, so the same seed and step give the same batch on any machine,
 //! in any process, before or after a resume.
 
-use crate::tensor::{Tensor, Values};
+use crate::tensor::{Data, Tensor};
 use std::path::Path;
 
 /// A character corpus.
@@ -111,15 +111,15 @@ impl Dataset {
                     .map(|&t| i64::from(t)),
             );
         }
-        let shape = vec![batch as u64, block as u64];
+        let shape = vec![batch, block];
         Ok((
             Tensor {
                 shape: shape.clone(),
-                data: Values::I64(x),
+                data: Data::I64(x),
             },
             Tensor {
                 shape,
-                data: Values::I64(y),
+                data: Data::I64(y),
             },
         ))
     }

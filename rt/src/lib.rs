@@ -47,4 +47,4 @@ pub use artifact::{Artifact, Header, MAGIC, VERSION};
 pub use collective::{Collective, Elem, Param, ParamKind};
 pub use host::HostProgram;
 pub use ranks::lanes;
-pub use tensor::{Tensor, Values};
+pub use tensor::{Data, Tensor};

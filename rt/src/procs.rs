@@ -17,7 +17,7 @@ use crate::artifact::{Artifact, Elt};
 use crate::host::{cut, place_checked, write_at, HostProgram, HostRank, HostWire};
 use crate::net::{Key, Net};
 use crate::ranks::{lanes, rank_scratch, run_rank, Flat, Groups, P2p};
-use crate::tensor::{Tensor, Values};
+use crate::tensor::{Data, Tensor};
 use crate::train::{scalar, Engine, Forward, StateSpec};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -860,8 +860,8 @@ impl Engine for Procs<'_> {
             out.insert(
                 s.name.clone(),
                 Tensor {
-                    shape: s.shape.clone(),
-                    data: Values::F32(f32s(&w)),
+                    shape: crate::tensor::shape(&s.shape),
+                    data: Data::F32(f32s(&w)),
                 },
             );
         }

@@ -215,12 +215,12 @@ mod tests {
         let prog = crate::host::tests_support::doubling(&art).expect("the doubling kernels load");
         let x = crate::tensor::Tensor {
             shape: vec![4],
-            data: crate::tensor::Values::F32(vec![1.0, 2.0, 3.0, 4.0]),
+            data: crate::tensor::Data::F32(vec![1.0, 2.0, 3.0, 4.0]),
         };
         let (y, profile) = prog.run_profiled(&[x]).unwrap();
         assert_eq!(
             y[0].data,
-            crate::tensor::Values::F32(vec![2.0, 4.0, 6.0, 8.0])
+            crate::tensor::Data::F32(vec![2.0, 4.0, 6.0, 8.0])
         );
         let r = &profile.rows["k0"];
         assert_eq!((r.launches, r.bytes, r.flops), (1, 32, 0));

@@ -14,7 +14,7 @@
 
 use crate::artifact::{Artifact, Elt};
 use crate::host::{cut, place_checked};
-use crate::tensor::{Tensor, Values};
+use crate::tensor::{Data, Tensor};
 use std::collections::BTreeMap;
 
 /// What a backend provides for a session: its arenas kept between runs.
@@ -387,13 +387,13 @@ pub(crate) fn assemble(
         return Err(format!("no device holds all of '{}'", port.name));
     }
     let data = match port.elt {
-        Elt::F32 => Values::F32(
+        Elt::F32 => Data::F32(
             whole
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
                 .collect(),
         ),
-        Elt::I64 => Values::I64(
+        Elt::I64 => Data::I64(
             whole
                 .chunks_exact(8)
                 .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
@@ -402,7 +402,7 @@ pub(crate) fn assemble(
         Elt::Bf16 => return Err(format!("'{}' is stored as bf16", port.name)),
     };
     Ok(Tensor {
-        shape: port.global_shape.clone(),
+        shape: crate::tensor::shape(&port.global_shape),
         data,
     })
 }
@@ -474,7 +474,7 @@ impl Resident for HostResident<'_> {
 #[cfg(test)]
 mod tests {
     use super::{HostResident, Session};
-    use crate::tensor::{Tensor, Values};
+    use crate::tensor::{Data, Tensor};
     use std::collections::BTreeMap;
 
     /// The sample artifacts (`y = 2 x`) as a step: `x` is the kept `w`, `y` its new
@@ -488,7 +488,7 @@ mod tests {
     fn w(v: Vec<f32>) -> Tensor {
         Tensor {
             shape: vec![4],
-            data: Values::F32(v),
+            data: Data::F32(v),
         }
     }
 

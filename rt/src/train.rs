@@ -24,7 +24,7 @@
 use crate::data::{Dataset, Split};
 use crate::session::{Resident, Session};
 pub use crate::tensor::Tensor as RtTensor;
-use crate::tensor::{Tensor, Values};
+use crate::tensor::{Data, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -178,8 +178,8 @@ impl StateSpec {
             }
         };
         Ok(Tensor {
-            shape: self.shape.clone(),
-            data: Values::F32(v),
+            shape: crate::tensor::shape(&self.shape),
+            data: Data::F32(v),
         })
     }
 }
@@ -263,15 +263,15 @@ impl<'a> Whole<'a> {
 pub fn scalar(x: f32) -> Tensor {
     Tensor {
         shape: Vec::new(),
-        data: Values::F32(vec![x]),
+        data: Data::F32(vec![x]),
     }
 }
 
 /// The first element of a result as f64.
 fn first(t: &Tensor, what: &str) -> Result<f64, String> {
     match &t.data {
-        Values::F32(v) => v.first().map(|&x| f64::from(x)),
-        Values::I64(_) => None,
+        Data::F32(v) => v.first().map(|&x| f64::from(x)),
+        Data::I64(_) => None,
     }
     .ok_or_else(|| format!("{what} is not an f32 scalar"))
 }
@@ -620,7 +620,7 @@ pub fn write_dir(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<(), String> 
 /// The first non-finite value of the training state: the tensor and the element.
 fn first_non_finite(state: &BTreeMap<String, Tensor>) -> Option<String> {
     state.iter().find_map(|(name, t)| {
-        let Values::F32(v) = &t.data else {
+        let Data::F32(v) = &t.data else {
             return None;
         };
         let i = v.iter().position(|x| !x.is_finite())?;
@@ -631,8 +631,8 @@ fn first_non_finite(state: &BTreeMap<String, Tensor>) -> Option<String> {
 /// The step a checkpoint holds (an integer; an f32 in checkpoints before 2026-12-04).
 fn checkpoint_step(t: &Tensor) -> u64 {
     match &t.data {
-        Values::I64(v) => v.first().copied().filter(|&x| x > 0).unwrap_or(0) as u64,
-        Values::F32(v) => {
+        Data::I64(v) => v.first().copied().filter(|&x| x > 0).unwrap_or(0) as u64,
+        Data::F32(v) => {
             let x = v.first().copied().unwrap_or(0.0);
             if x.fract() == 0.0 && x > 0.0 {
                 x as u64
@@ -675,7 +675,7 @@ pub fn initial_state(
     }
     for s in specs {
         match state.get(&s.name) {
-            Some(t) if t.shape == s.shape => {}
+            Some(t) if t.has_shape(&s.shape) => {}
             Some(t) => {
                 return Err(format!(
                     "checkpoint: '{}' is {:?} but the model's is {:?}",
@@ -693,7 +693,7 @@ pub fn initial_state(
                         .ok_or(format!("init.safetensors: no tensor '{}'", s.name))?,
                     _ => s.draw(l.seed)?,
                 };
-                if t.shape != s.shape {
+                if !t.has_shape(&s.shape) {
                     return Err(format!(
                         "init.safetensors: '{}' is {:?} but the model's is {:?}",
                         s.name, t.shape, s.shape
@@ -724,7 +724,7 @@ fn save_checkpoint(
         STEP_TENSOR.into(),
         Tensor {
             shape: Vec::new(),
-            data: Values::I64(vec![t as i64]),
+            data: Data::I64(vec![t as i64]),
         },
     ));
     let bytes = crate::tensor::to_bytes(&named)?;

@@ -31,10 +31,5 @@ pub fn state_spec(g: &Graph, arg: usize) -> Result<nnscaler_rt::train::StateSpec
 /// Draws parameter argument `arg` of `g` under `seed` (the draw `nnscaler-rt` makes of a
 /// training bundle's state: [`nnscaler_rt::train::StateSpec::draw`]).
 pub fn init_param(g: &Graph, arg: usize, seed: u64) -> Result<Tensor, String> {
-    let spec = state_spec(g, arg)?;
-    let shape = dims(&g.values[g.args[arg].value]);
-    match spec.draw(seed)?.data {
-        nnscaler_rt::Values::F32(v) => Ok(Tensor::f32(&shape, v)),
-        nnscaler_rt::Values::I64(_) => Err("a drawn parameter is not f32".into()),
-    }
+    state_spec(g, arg)?.draw(seed)
 }

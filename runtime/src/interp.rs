@@ -2,7 +2,7 @@
 
 use crate::io::Stored;
 use crate::kernels::{kernel, Ctx};
-use crate::tensor::{supported, Data, Tensor};
+use crate::tensor::{matches, supported, Data, Tensor};
 use crate::{init, tensor};
 use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::graph::Graph;
@@ -188,7 +188,7 @@ fn run_graph(
             if n.op == "nns.recv" {
                 let t = dev.recv(n).map_err(here)?;
                 timed(&mut profile);
-                if !t.matches(&g.values[n.outputs[0]]) {
+                if !matches(&t, &g.values[n.outputs[0]]) {
                     return Err(here(format!(
                         "received {} but the IR declares {}",
                         t.describe(),
@@ -211,7 +211,7 @@ fn run_graph(
             }
             let t = dev.collective(n, x).map_err(here)?;
             timed(&mut profile);
-            if !t.matches(&g.values[n.outputs[0]]) {
+            if !matches(&t, &g.values[n.outputs[0]]) {
                 return Err(fail(
                     &n.loc,
                     format!(
@@ -371,7 +371,7 @@ fn check_results(
         ));
     }
     for (j, (t, ty)) in outs.iter().zip(out_types).enumerate() {
-        if !t.matches(ty) {
+        if !matches(t, ty) {
             return Err(fail(
                 &n.loc,
                 format!(
@@ -420,7 +420,7 @@ fn bind_args<'a>(
     let mut vals: Vec<Option<Cow<'_, Tensor>>> = vec![None; g.values.len()];
     for (i, (a, t)) in g.args.iter().zip(inputs).enumerate() {
         let ty = &g.values[a.value];
-        if !t.matches(ty) {
+        if !matches(&t, ty) {
             return Err(fail(
                 &g.loc,
                 format!(

@@ -413,10 +413,8 @@ impl Compiled {
         inputs: &[&nnscaler_runtime::tensor::Tensor],
         repeat: usize,
     ) -> Result<(Vec<nnscaler_runtime::tensor::Tensor>, Vec<f64>), String> {
-        let args: Vec<nnscaler_rt::Tensor> =
-            inputs.iter().map(|t| to_rt(t)).collect::<Result<_, _>>()?;
-        let (outs, times) = self.run_on(&args, repeat)?;
-        Ok((outs.iter().map(from_rt).collect::<Result<_, _>>()?, times))
+        let args: Vec<nnscaler_rt::Tensor> = inputs.iter().map(|&t| t.clone()).collect();
+        self.run_on(&args, repeat)
     }
 
     fn run_on(
@@ -460,23 +458,4 @@ pub fn run_compiled(
     Compiled::new(g, mesh, source, backend)?
         .with_ranks(ranks)
         .run_timed(&inputs, repeat)
-}
-
-/// A reference-runtime tensor as nnscaler-rt's.
-pub fn to_rt(t: &nnscaler_runtime::tensor::Tensor) -> Result<nnscaler_rt::Tensor, String> {
-    let shape = t.shape.iter().map(|&d| d as u64).collect();
-    let data = match t.f() {
-        Ok(v) => nnscaler_rt::Values::F32(v.to_vec()),
-        Err(_) => nnscaler_rt::Values::I64(t.ints()?.to_vec()),
-    };
-    Ok(nnscaler_rt::Tensor { shape, data })
-}
-
-/// An nnscaler-rt tensor as the reference runtime's.
-pub fn from_rt(t: &nnscaler_rt::Tensor) -> Result<nnscaler_runtime::tensor::Tensor, String> {
-    let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-    Ok(match &t.data {
-        nnscaler_rt::Values::F32(v) => nnscaler_runtime::tensor::Tensor::f32(&shape, v.clone()),
-        nnscaler_rt::Values::I64(v) => nnscaler_runtime::tensor::Tensor::i64(&shape, v.clone()),
-    })
 }

@@ -11,7 +11,6 @@
 //! writes the compiled step, the evaluation forward, the corpus and the state's
 //! initialization instead, for `nnscaler-rt train DIR` to run on a machine without MLIR.
 
-use crate::compile::{from_rt, to_rt};
 use crate::data::Dataset;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::domain::{self, Domain};
@@ -25,7 +24,6 @@ use nnscaler_rt::train::{
     self as rt, Checkpointing, Loop, LrSchedule, RunFn, RunOpts, StateSpec, Whole,
 };
 use nnscaler_runtime::spmd::{global_view, pipeline_programs, run_pipeline, run_spmd};
-use nnscaler_runtime::tensor::Tensor;
 use nnscaler_runtime::{kernels, run, Options};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -757,8 +755,8 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
                 ..Options::default()
             };
             let step: RunFn<'_> = Box::new(|inputs: &[rt::RtTensor]| {
-                let inputs: Vec<Tensor> = inputs.iter().map(from_rt).collect::<Result<_, _>>()?;
-                let outs = match (&p.pipeline, &p.mesh) {
+                let inputs = inputs.to_vec();
+                match (&p.pipeline, &p.mesh) {
                     (Some(programs), Some(m)) => {
                         let by_index = inputs.into_iter().enumerate().collect();
                         run_pipeline(programs, m, "pp", &by_index, &check).map(|mut o| {
@@ -770,13 +768,10 @@ pub fn main(a: &TrainArgs) -> Result<String, String> {
                     (_, Some(m)) => run_spmd(&p.step, m, inputs, &check),
                     _ => run(&p.step, inputs, &check),
                 }
-                .map_err(|e| e.message)?;
-                outs.iter().map(to_rt).collect()
+                .map_err(|e| e.message)
             });
             let forward: RunFn<'_> = Box::new(|inputs: &[rt::RtTensor]| {
-                let inputs: Vec<Tensor> = inputs.iter().map(from_rt).collect::<Result<_, _>>()?;
-                let outs = run(&p.forward, inputs, &Options::default()).map_err(|e| e.message)?;
-                outs.iter().map(to_rt).collect()
+                run(&p.forward, inputs.to_vec(), &Options::default()).map_err(|e| e.message)
             });
             let mut e = Whole::new(step_in, step_out, step, fwd_in, forward);
             rt::train(&mut e, &l, &data, state, start, &opts)

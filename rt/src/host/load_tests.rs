@@ -2,7 +2,7 @@
 
 use super::tests_support::doubling_so;
 use super::HostProgram;
-use crate::tensor::{Tensor, Values};
+use crate::tensor::{Data, Tensor};
 
 /// The host kernels are never written where another user could plant a file: a
 /// symbolic link at the path nnscaler-rt used to write them to
@@ -35,10 +35,10 @@ fn host_kernels_load_without_a_file_another_user_can_plant() {
     let prog = prog.unwrap();
     let x = Tensor {
         shape: vec![4],
-        data: Values::F32(vec![1.0, 2.0, 3.0, 4.0]),
+        data: Data::F32(vec![1.0, 2.0, 3.0, 4.0]),
     };
     let y = prog.run(&[x]).unwrap();
-    assert_eq!(y[0].data, Values::F32(vec![2.0, 4.0, 6.0, 8.0]));
+    assert_eq!(y[0].data, Data::F32(vec![2.0, 4.0, 6.0, 8.0]));
 }
 
 /// Two programs loaded at once each run their own kernels (the second one's memory
@@ -59,14 +59,14 @@ fn two_programs_loaded_at_once_keep_their_own_kernels() {
     let (a, b) = (load(double), load(triple));
     let x = Tensor {
         shape: vec![4],
-        data: Values::F32(vec![1.0, 2.0, 3.0, 4.0]),
+        data: Data::F32(vec![1.0, 2.0, 3.0, 4.0]),
     };
     assert_eq!(
         a.run(std::slice::from_ref(&x)).unwrap()[0].data,
-        Values::F32(vec![2.0, 4.0, 6.0, 8.0])
+        Data::F32(vec![2.0, 4.0, 6.0, 8.0])
     );
     assert_eq!(
         b.run(&[x]).unwrap()[0].data,
-        Values::F32(vec![3.0, 6.0, 9.0, 12.0])
+        Data::F32(vec![3.0, 6.0, 9.0, 12.0])
     );
 }
