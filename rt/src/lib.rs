@@ -20,6 +20,7 @@
 
 pub mod artifact;
 pub mod bench;
+pub mod board;
 mod collective;
 #[cfg(any(test, feature = "cuda"))]
 pub mod compare;

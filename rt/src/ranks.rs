@@ -27,9 +27,11 @@
 //! NCCL, one GPU per device.
 
 use crate::artifact::{Artifact, Program, Step};
+use crate::board::Board;
 use crate::collective::{at, At, Move, Place};
 pub use crate::collective::{Flat, RankOp};
 use std::collections::{HashMap, VecDeque};
+#[cfg(any(test, feature = "cuda"))]
 use std::sync::{Condvar, Mutex};
 
 mod shared;
@@ -285,15 +287,6 @@ pub fn run_rank<R: Rank>(
     Ok(())
 }
 
-/// What a rank of a communicator is doing.
-#[derive(Clone, Debug)]
-enum Status {
-    Running,
-    /// Blocked: what it waits for.
-    Waiting(String),
-    Done,
-}
-
 /// Messages from one device to another on one lane: (from, to, lane).
 type Lane = (usize, usize, usize);
 
@@ -308,9 +301,9 @@ struct Letter<P> {
 /// A member at a collective: its addresses and its token.
 type Arrival<E> = (Flat<usize>, E);
 
+/// What a communicator's devices wait on ([`Board`] holds it with their statuses).
 #[derive(Debug)]
 struct State<P, E> {
-    status: Vec<Status>,
     /// Per group: collectives completed, the arrivals at the next one (by member: its
     /// addresses and its token), and the last completed one's token.
     done: Vec<u64>,
@@ -319,23 +312,19 @@ struct State<P, E> {
     /// Per (from, to) device and lane: what was sent and not yet received, in the order
     /// sent.
     mail: HashMap<Lane, VecDeque<Letter<P>>>,
-    /// Per device: the lane it waits to receive on.
-    awaits: Vec<Option<Lane>>,
-    failed: Option<String>,
 }
 
 /// An in-process communicator: the ranks of one run, each a thread (see the module's
-/// docs). It matches arrivals and messages and detects deadlocks; what a collective
-/// does and what a message carries are its backend's. `P` is what a message carries
-/// (the bytes on the host, a device parcel and its event on a GPU); `E` a token a member
-/// hands in at a collective and gets back when it completes (nothing on the host, where
-/// a collective is complete when it returns; stream events on a GPU, whose collectives
-/// are queued).
+/// docs). It matches arrivals and messages; its [`Board`] detects deadlocks; what a
+/// collective does and what a message carries are its backend's. `P` is what a message
+/// carries (the bytes on the host, a device parcel and its event on a GPU); `E` a token
+/// a member hands in at a collective and gets back when it completes (nothing on the
+/// host, where a collective is complete when it returns; stream events on a GPU, whose
+/// collectives are queued).
 #[derive(Debug)]
 pub struct Comm<P, E> {
     groups: Vec<Vec<usize>>,
-    state: Mutex<State<P, E>>,
-    cv: Condvar,
+    board: Board<State<P, E>>,
 }
 
 /// The host's communicator: the bytes of every message copied into the receiver's mail,
@@ -365,16 +354,15 @@ impl<P, E: Clone> Comm<P, E> {
     pub fn new(devices: usize, groups: &Groups) -> Comm<P, E> {
         Comm {
             groups: groups.list.clone(),
-            state: Mutex::new(State {
-                status: vec![Status::Running; devices],
-                done: vec![0; groups.list.len()],
-                arrived: groups.list.iter().map(|g| vec![None; g.len()]).collect(),
-                outcome: vec![None; groups.list.len()],
-                mail: HashMap::new(),
-                awaits: vec![None; devices],
-                failed: None,
-            }),
-            cv: Condvar::new(),
+            board: Board::new(
+                devices,
+                State {
+                    done: vec![0; groups.list.len()],
+                    arrived: groups.list.iter().map(|g| vec![None; g.len()]).collect(),
+                    outcome: vec![None; groups.list.len()],
+                    mail: HashMap::new(),
+                },
+            ),
         }
     }
 
@@ -385,73 +373,22 @@ impl<P, E: Clone> Comm<P, E> {
 
     /// Why the run failed, if it did (the first error; a deadlock names every wait).
     pub fn failure(&self) -> Option<String> {
-        self.lock().failed.clone()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, State<P, E>> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.board.failure()
     }
 
     /// Marks `device` finished (`Err`: failed, which stops every other rank).
     pub fn finish(&self, device: usize, r: &Result<(), String>) {
-        let mut st = self.lock();
-        st.status[device] = Status::Done;
         if let Err(e) = r {
-            st.failed
-                .get_or_insert_with(|| format!("device {device}: {e}"));
+            self.board.fail(format!("device {device}: {e}"));
         }
-        Self::check_deadlock(&mut st);
-        self.cv.notify_all();
+        self.board.finish(device);
     }
 
     /// Every device running again (a new run of the steps, every device having
     /// [`Comm::finish`]ed the last one and none waiting here).
     #[cfg(any(test, feature = "cuda"))]
     pub fn restart(&self) {
-        let mut st = self.lock();
-        st.status.fill(Status::Running);
-        st.awaits.fill(None);
-    }
-
-    /// When every rank left waits, none can move: the run fails, naming what each waits
-    /// for.
-    fn check_deadlock(st: &mut State<P, E>) {
-        let waiting: Vec<String> = st
-            .status
-            .iter()
-            .enumerate()
-            .filter_map(|(d, s)| match s {
-                Status::Waiting(w) => Some(format!("device {d} waits for {w}")),
-                _ => None,
-            })
-            .collect();
-        let running = st.status.iter().any(|s| matches!(s, Status::Running));
-        if !running && !waiting.is_empty() && st.failed.is_none() {
-            st.failed = Some(format!("deadlock: {}", waiting.join("; ")));
-        }
-    }
-
-    /// Blocks `device` until `ready` holds (or the run failed).
-    fn wait_guard<'g>(
-        &'g self,
-        mut st: std::sync::MutexGuard<'g, State<P, E>>,
-        device: usize,
-        what: String,
-        ready: impl Fn(&State<P, E>) -> bool,
-    ) -> Result<std::sync::MutexGuard<'g, State<P, E>>, String> {
-        if !ready(&st) {
-            st.status[device] = Status::Waiting(what);
-            Self::check_deadlock(&mut st);
-            self.cv.notify_all();
-            while !ready(&st) && st.failed.is_none() {
-                st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
-        }
-        st.status[device] = Status::Running;
-        match &st.failed {
-            Some(e) if !ready(&st) => Err(e.clone()),
-            _ => Ok(st),
-        }
+        self.board.restart();
     }
 
     /// `device`, member `member` of group `group`, arrives at a flat collective (its
@@ -468,50 +405,49 @@ impl<P, E: Clone> Comm<P, E> {
         token: E,
         run: impl FnOnce(&[Flat<usize>], Vec<E>) -> Result<E, String>,
     ) -> Result<E, String> {
-        let mut st = self.lock();
-        if let Some(e) = &st.failed {
+        let mut g = self.board.lock();
+        if let Some(e) = g.failed() {
             return Err(e.clone());
         }
-        let seq = st.done[group];
+        let seq = g.state.done[group];
         let kind = op.kind();
-        st.arrived[group][member] = Some((op, token));
-        if st.arrived[group].iter().all(Option::is_some) {
-            let (ops, tokens): (Vec<Flat<usize>>, Vec<E>) =
-                std::mem::replace(&mut st.arrived[group], vec![None; self.groups[group].len()])
-                    .into_iter()
-                    .map(|a| a.expect("every member arrived"))
-                    .unzip();
+        g.state.arrived[group][member] = Some((op, token));
+        if g.state.arrived[group].iter().all(Option::is_some) {
+            let (ops, tokens): (Vec<Flat<usize>>, Vec<E>) = std::mem::replace(
+                &mut g.state.arrived[group],
+                vec![None; self.groups[group].len()],
+            )
+            .into_iter()
+            .map(|a| a.expect("every member arrived"))
+            .unzip();
             let r = agree(&ops).and_then(|_| run(&ops, tokens));
             match r {
-                Ok(t) => st.outcome[group] = Some(t),
-                Err(e) => {
-                    let e = format!("collective {seq} of devices {:?}: {e}", self.groups[group]);
-                    st.failed.get_or_insert(e);
-                }
+                Ok(t) => g.state.outcome[group] = Some(t),
+                Err(e) => g.fail(format!(
+                    "collective {seq} of devices {:?}: {e}",
+                    self.groups[group]
+                )),
             }
-            st.done[group] += 1;
-            for &d in &self.groups[group] {
-                if matches!(st.status[d], Status::Waiting(_)) {
-                    st.status[d] = Status::Running;
-                }
-            }
-            self.cv.notify_all();
+            g.state.done[group] += 1;
+            self.board.notify();
         } else {
             let what = format!(
                 "{kind} {seq} of devices {:?} (arrived: {:?})",
                 self.groups[group],
                 self.groups[group]
                     .iter()
-                    .zip(&st.arrived[group])
+                    .zip(&g.state.arrived[group])
                     .filter(|(_, a)| a.is_some())
                     .map(|(d, _)| *d)
                     .collect::<Vec<_>>()
             );
-            st = self.wait_guard(st, device, what, |s| s.done[group] > seq)?;
+            g = self
+                .board
+                .wait(g, device, || what, move |s| s.done[group] > seq)?;
         }
         // No member arrives at the group's next collective before this one left, so the
         // outcome is still this collective's.
-        match (&st.failed, &st.outcome[group]) {
+        match (g.failed(), &g.state.outcome[group]) {
             (Some(e), _) => Err(e.clone()),
             (None, Some(t)) => Ok(t.clone()),
             (None, None) => Err("a collective completed without its outcome".into()),
@@ -529,20 +465,20 @@ impl<P, E: Clone> Comm<P, E> {
         bytes: u64,
         payload: P,
     ) -> Result<(), String> {
-        let mut st = self.lock();
-        if let Some(e) = &st.failed {
+        let mut g = self.board.lock();
+        if let Some(e) = g.failed() {
             return Err(e.clone());
         }
-        let key = (device, peer, lane);
-        st.mail.entry(key).or_default().push_back(Letter {
-            tag: tag.to_string(),
-            bytes,
-            payload,
-        });
-        if st.awaits[peer] == Some(key) {
-            st.status[peer] = Status::Running;
-        }
-        self.cv.notify_all();
+        g.state
+            .mail
+            .entry((device, peer, lane))
+            .or_default()
+            .push_back(Letter {
+                tag: tag.to_string(),
+                bytes,
+                payload,
+            });
+        self.board.notify();
         Ok(())
     }
 
@@ -557,18 +493,18 @@ impl<P, E: Clone> Comm<P, E> {
         bytes: u64,
     ) -> Result<P, String> {
         let key = (peer, device, lane);
-        let mut st = self.lock();
-        if let Some(e) = &st.failed {
+        let mut g = self.board.lock();
+        if let Some(e) = g.failed() {
             return Err(e.clone());
         }
-        let has = |s: &State<P, E>| s.mail.get(&key).is_some_and(|q| !q.is_empty());
-        if !has(&st) {
-            st.awaits[device] = Some(key);
-            let what = format!("'{tag}' from device {peer}");
-            st = self.wait_guard(st, device, what, has)?;
-            st.awaits[device] = None;
-        }
-        let letter = st
+        g = self.board.wait(
+            g,
+            device,
+            || format!("'{tag}' from device {peer}"),
+            move |s: &State<P, E>| s.mail.get(&key).is_some_and(|q| !q.is_empty()),
+        )?;
+        let letter = g
+            .state
             .mail
             .get_mut(&key)
             .and_then(VecDeque::pop_front)
@@ -578,8 +514,8 @@ impl<P, E: Clone> Comm<P, E> {
                 "device {device} receives '{tag}' ({bytes} bytes) from device {peer} on lane {lane}, which sent '{}' ({} bytes) there",
                 letter.tag, letter.bytes
             );
-            st.failed.get_or_insert(e.clone());
-            self.cv.notify_all();
+            g.fail(e.clone());
+            self.board.notify();
             return Err(e);
         }
         Ok(letter.payload)
@@ -587,8 +523,9 @@ impl<P, E: Clone> Comm<P, E> {
 
     /// A message sent and never received, if one was (after every rank finished).
     pub fn unreceived(&self) -> Option<String> {
-        let st = self.lock();
-        let mut left: Vec<_> = st
+        let g = self.board.lock();
+        let mut left: Vec<_> = g
+            .state
             .mail
             .iter()
             .filter_map(|(k, q)| q.front().map(|l| (*k, l.tag.clone())))

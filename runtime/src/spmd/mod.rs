@@ -902,9 +902,9 @@ mod tests {
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        assert!(errs
-            .iter()
-            .any(|e| e.starts_with("deadlock: every device is waiting")));
+        let want = "deadlock: device 0 waits for 'never' from device 1; \
+                    device 1 waits for 'never' from device 0";
+        assert_eq!(errs, vec![want.to_string(), want.to_string()]);
     }
 
     /// A device that fails on its own (a NaN on device 2 only, with finiteness checked)
