@@ -661,6 +661,70 @@ impl Init {
     }
 }
 
+/// A value of a [`Graph`](crate::graph::Graph): its index in
+/// [`Graph::values`](crate::graph::Graph::values). A type of its own, so that a value cannot be
+/// taken for an op's index (or any other number): tables by value are `Vec`s indexed by it
+/// (`types[v]`, for `types: Vec<T>`), and a number becomes a value only through
+/// [`ValueId::new`]. Printed as its index.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(usize);
+
+impl ValueId {
+    /// The value with index `i`.
+    pub const fn new(i: usize) -> Self {
+        ValueId(i)
+    }
+
+    /// Its index in [`Graph::values`](crate::graph::Graph::values) (and in any table by value).
+    pub const fn index(self) -> usize {
+        self.0
+    }
+
+    /// The values `0..n`, in order.
+    pub fn all(n: usize) -> impl DoubleEndedIterator<Item = ValueId> + ExactSizeIterator {
+        (0..n).map(ValueId)
+    }
+}
+
+impl std::fmt::Display for ValueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// As [`Display`](std::fmt::Display): the index (messages and dumps read as before).
+impl std::fmt::Debug for ValueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl<T> std::ops::Index<ValueId> for Vec<T> {
+    type Output = T;
+    fn index(&self, v: ValueId) -> &T {
+        &self[v.0]
+    }
+}
+
+impl<T> std::ops::IndexMut<ValueId> for Vec<T> {
+    fn index_mut(&mut self, v: ValueId) -> &mut T {
+        &mut self[v.0]
+    }
+}
+
+impl<T> std::ops::Index<ValueId> for [T] {
+    type Output = T;
+    fn index(&self, v: ValueId) -> &T {
+        &self[v.0]
+    }
+}
+
+impl<T> std::ops::IndexMut<ValueId> for [T] {
+    fn index_mut(&mut self, v: ValueId) -> &mut T {
+        &mut self[v.0]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

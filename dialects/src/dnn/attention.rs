@@ -1,6 +1,7 @@
 //! Attention (grouped-query, causal) and rotary position embedding, with gradients.
 
 use super::*;
+use crate::vjp::VjpRule;
 
 /// Attention over `[b, h, s, d]` queries and `[b, g, t, d]` keys/values; `g` divides `h`
 /// (grouped-query attention when `g < h`).
@@ -194,3 +195,21 @@ pub(super) const ROTARY_GRAD: OpSpec = OpSpec {
     },
     example: r#"%1 = "dnn.rotary_grad"(%0) : (tensor<2x4x16x8xf32>) -> tensor<2x4x16x8xf32>"#,
 };
+
+/// The VJP rules of the attention and rotary embedding.
+pub(super) fn vjp_rule(op: &str) -> Option<VjpRule> {
+    Some(match op {
+        "dnn.attention" => |c| {
+            let (d, q, k, v) = (c.dy(0)?, c.x(0), c.x(1), c.x(2));
+            let a = c.keep(&["causal", "scale"]);
+            let g = c.emit_n("dnn.attention_grad", &[d, q, k, v], &a)?;
+            Ok(g.into_iter().map(Some).collect())
+        },
+        "dnn.rotary" => |c| {
+            let d = c.dy(0)?;
+            let a = c.keep(&["theta"]);
+            Ok(vec![Some(c.emit("dnn.rotary_grad", &[d], &a)?)])
+        },
+        _ => return None,
+    })
+}

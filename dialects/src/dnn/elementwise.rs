@@ -2,6 +2,7 @@
 //! their gradients, casts, dropout and fill.
 
 use super::*;
+use crate::vjp::VjpRule;
 
 pub(super) fn unary(_: &OpCtx<'_>) -> Result<String, String> {
     Ok("* -> *".into())
@@ -659,4 +660,135 @@ pub mod formulas {
             }
         }
     }
+}
+
+/// The VJP rules of the elementwise ops, dropout and fill.
+pub(super) fn vjp_rule(op: &str) -> Option<VjpRule> {
+    Some(match op {
+        "dnn.add" => |c| {
+            let d = c.dy(0)?;
+            let (a, b) = (c.shape(c.x(0)), c.shape(c.x(1)));
+            Ok(vec![Some(c.sum_to(d, &a)?), Some(c.sum_to(d, &b)?)])
+        },
+        "dnn.sub" => |c| {
+            let d = c.dy(0)?;
+            let (a, b) = (c.shape(c.x(0)), c.shape(c.x(1)));
+            let nd = c.emit("dnn.neg", &[d], &[])?;
+            Ok(vec![Some(c.sum_to(d, &a)?), Some(c.sum_to(nd, &b)?)])
+        },
+        "dnn.mul" => |c| {
+            let d = c.dy(0)?;
+            let (x0, x1) = (c.x(0), c.x(1));
+            let mut out = vec![None, None];
+            if c.needs[0] {
+                let g = c.emit("dnn.mul", &[d, x1], &[])?;
+                out[0] = Some(c.sum_to(g, &c.shape(x0))?);
+            }
+            if c.needs[1] {
+                let g = c.emit("dnn.mul", &[d, x0], &[])?;
+                out[1] = Some(c.sum_to(g, &c.shape(x1))?);
+            }
+            Ok(out)
+        },
+        "dnn.div" => |c| {
+            let d = c.dy(0)?;
+            let (x0, x1, y) = (c.x(0), c.x(1), c.y(0));
+            let mut out = vec![None, None];
+            if c.needs[0] {
+                let g = c.emit("dnn.div", &[d, x1], &[])?;
+                out[0] = Some(c.sum_to(g, &c.shape(x0))?);
+            }
+            if c.needs[1] {
+                // d(a/b)/db = -(a/b)/b = -y/b
+                let dy_y = c.emit("dnn.mul", &[d, y], &[])?;
+                let q = c.emit("dnn.div", &[dy_y, x1], &[])?;
+                let g = c.emit("dnn.neg", &[q], &[])?;
+                out[1] = Some(c.sum_to(g, &c.shape(x1))?);
+            }
+            Ok(out)
+        },
+        "dnn.neg" => |c| {
+            let d = c.dy(0)?;
+            Ok(vec![Some(c.emit("dnn.neg", &[d], &[])?)])
+        },
+        "dnn.exp" => |c| {
+            let (d, y) = (c.dy(0)?, c.y(0));
+            Ok(vec![Some(c.emit("dnn.mul", &[d, y], &[])?)])
+        },
+        "dnn.log" => |c| {
+            let (d, x) = (c.dy(0)?, c.x(0));
+            Ok(vec![Some(c.emit("dnn.div", &[d, x], &[])?)])
+        },
+        "dnn.sqrt" => |c| {
+            // dy / (2 sqrt(x))
+            let (d, y) = (c.dy(0)?, c.y(0));
+            let q = c.emit("dnn.div", &[d, y], &[])?;
+            Ok(vec![Some(c.scale(q, 0.5)?)])
+        },
+        "dnn.rsqrt" => |c| {
+            // d x^(-1/2) = -1/2 x^(-3/2) = -1/2 y / x
+            let (d, x, y) = (c.dy(0)?, c.x(0), c.y(0));
+            let p = c.emit("dnn.mul", &[d, y], &[])?;
+            let q = c.emit("dnn.div", &[p, x], &[])?;
+            Ok(vec![Some(c.scale(q, -0.5)?)])
+        },
+        "dnn.sigmoid" => |c| {
+            // dy * y * (1 - y) = dy * y - (dy * y) * y
+            let (d, y) = (c.dy(0)?, c.y(0));
+            let p = c.emit("dnn.mul", &[d, y], &[])?;
+            let q = c.emit("dnn.mul", &[p, y], &[])?;
+            Ok(vec![Some(c.emit("dnn.sub", &[p, q], &[])?)])
+        },
+        "dnn.tanh" => |c| {
+            let (d, y) = (c.dy(0)?, c.y(0));
+            Ok(vec![Some(c.emit("dnn.tanh_grad", &[d, y], &[])?)])
+        },
+        "dnn.cast" => |c| {
+            // The gradient goes back to the operand's type (bf16 gradients of a bf16 value
+            // become f32 at the f32 value it was cast from).
+            let d = c.dy(0)?;
+            let to = c.g.value(c.x(0)).elem.to_string();
+            Ok(vec![Some(c.emit(
+                "dnn.cast",
+                &[d],
+                &[("to", AttrValue::Str(to))],
+            )?)])
+        },
+        "dnn.gelu" => |c| {
+            let (d, x) = (c.dy(0)?, c.x(0));
+            let a = c.keep(&["approximate"]);
+            Ok(vec![Some(c.emit("dnn.gelu_grad", &[d, x], &a)?)])
+        },
+        "dnn.silu" => |c| {
+            let (d, x) = (c.dy(0)?, c.x(0));
+            Ok(vec![Some(c.emit("dnn.silu_grad", &[d, x], &[])?)])
+        },
+        "dnn.abs" => |c| {
+            // dy * sign(x) (0 at 0, as torch): dy where x > 0, minus dy where -x > 0.
+            let (d, x) = (c.dy(0)?, c.x(0));
+            let pos = c.emit("dnn.relu_grad", &[d, x], &[])?;
+            let nx = c.emit("dnn.neg", &[x], &[])?;
+            let neg = c.emit("dnn.relu_grad", &[d, nx], &[])?;
+            Ok(vec![Some(c.emit("dnn.sub", &[pos, neg], &[])?)])
+        },
+        "dnn.relu" => |c| {
+            let (d, x) = (c.dy(0)?, c.x(0));
+            Ok(vec![Some(c.emit("dnn.relu_grad", &[d, x], &[])?)])
+        },
+        "dnn.dropout" => |c| {
+            // The mask is a function of (seed, index): dropout of dy with the same seed
+            // applies exactly the forward mask and scale.
+            // With the step operand, the backward reads the same step (no gradient to it).
+            let d = c.dy(0)?;
+            let a = c.keep(&["p", "seed"]);
+            let mut ins = vec![d];
+            if c.node.inputs.len() == 2 {
+                ins.push(c.x(1));
+                return Ok(vec![Some(c.emit("dnn.dropout", &ins, &a)?), None]);
+            }
+            Ok(vec![Some(c.emit("dnn.dropout", &ins, &a)?)])
+        },
+        "dnn.fill" => |_| Ok(vec![]),
+        _ => return None,
+    })
 }

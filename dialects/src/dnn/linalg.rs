@@ -1,6 +1,8 @@
 //! Matrix products: `matmul`, `linear` and the weight gradient of `linear`.
 
 use super::*;
+use crate::types::ValueId;
+use crate::vjp::{VjpCtx, VjpRule};
 
 pub(super) fn matmul_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     let (a, b) = (ctx.shape(0)?, ctx.shape(1)?);
@@ -186,3 +188,93 @@ pub(super) const LINEAR_WEIGHT_GRAD: OpSpec = OpSpec {
     },
     example: r#"%2 = "dnn.linear_weight_grad"(%0, %1) : (tensor<2x3x16xf32>, tensor<2x3x8xf32>) -> tensor<16x8xf32>"#,
 };
+
+/// The VJP rules of the matrix products.
+pub(super) fn vjp_rule(op: &str) -> Option<VjpRule> {
+    Some(match op {
+        "dnn.matmul" => matmul,
+        "dnn.linear" => linear,
+        _ => return None,
+    })
+}
+
+fn matmul(c: &mut VjpCtx<'_>) -> Result<Vec<Option<ValueId>>, String> {
+    let d = c.dy(0)?;
+    let (a, b) = (c.x(0), c.x(1));
+    let flag = |k: &str| crate::types::flag(&c.node.attrs, k);
+    let (ta, tb) = (flag("transpose_a"), flag("transpose_b"));
+    let (sa, sb) = (c.shape(a), c.shape(b));
+    let batch = sa.len() - 2;
+    let mut out = vec![None, None];
+    if c.needs[0] {
+        // dA_eff = dY · B_eff^T
+        let g = c.emit(
+            "dnn.matmul",
+            &[d, b],
+            &[("transpose_b", AttrValue::Bool(!tb))],
+        )?;
+        out[0] = Some(if ta { c.swap_last(g)? } else { g });
+    }
+    if c.needs[1] {
+        // dB_eff = A_eff^T · dY, summed over batch dims when B is shared
+        let g = if sb.len() == 2 && batch > 0 {
+            if ta {
+                let full = c.emit("dnn.matmul", &[a, d], &[])?;
+                let dims: Vec<i64> = (0..batch as i64).collect();
+                c.emit("dnn.sum", &[full], &[("dims", AttrValue::Ints(dims))])?
+            } else {
+                let ds = c.shape(d);
+                let rows: i64 = sa[..=batch].iter().product();
+                let a2 = c.reshape(a, &[rows, sa[batch + 1]])?;
+                let d2 = c.reshape(d, &[rows, ds[batch + 1]])?;
+                c.emit(
+                    "dnn.matmul",
+                    &[a2, d2],
+                    &[("transpose_a", AttrValue::Bool(true))],
+                )?
+            }
+        } else {
+            c.emit(
+                "dnn.matmul",
+                &[a, d],
+                &[("transpose_a", AttrValue::Bool(!ta))],
+            )?
+        };
+        out[1] = Some(if tb { c.swap_last(g)? } else { g });
+    }
+    Ok(out)
+}
+
+/// `dx = dy · W` (a matmul keeps `x`'s leading dims, so their splits carry over),
+/// `dW = linear_weight_grad(dy, x)` (summed over the leading dims without flattening them:
+/// a split of the positions alone leaves it partial rather than gathering both operands),
+/// `db = sum(dy)` over the leading dims.
+fn linear(c: &mut VjpCtx<'_>) -> Result<Vec<Option<ValueId>>, String> {
+    let d = c.dy(0)?;
+    let (x, w) = (c.x(0), c.x(1));
+    let sx = c.shape(x);
+    let lead: Vec<i64> = (0..sx.len().saturating_sub(1) as i64).collect();
+    let mut out = vec![None; c.node.inputs.len()];
+    if c.needs[0] {
+        out[0] = Some(if sx.len() >= 2 {
+            c.emit("dnn.matmul", &[d, w], &[])?
+        } else {
+            // A single row: matmul wants rank >= 2.
+            let n = c.shape(w)[0];
+            let d2 = c.reshape(d, &[1, n])?;
+            let g = c.emit("dnn.matmul", &[d2, w], &[])?;
+            c.reshape(g, &sx)?
+        });
+    }
+    if c.needs[1] {
+        out[1] = Some(c.emit("dnn.linear_weight_grad", &[d, x], &[])?);
+    }
+    if c.node.inputs.len() == 3 && c.needs[2] {
+        out[2] = Some(if lead.is_empty() {
+            d
+        } else {
+            c.emit("dnn.sum", &[d], &[("dims", AttrValue::Ints(lead))])?
+        });
+    }
+    Ok(out)
+}

@@ -347,11 +347,38 @@ pub fn spec(name: &str) -> Option<&'static OpSpec> {
         .copied()
 }
 
+/// The VJP rule of forward op `op`, from its family's module (each family keeps its ops'
+/// rules beside their specs); `None` for an op without one (a gradient op, an optimizer
+/// update, an op of another dialect).
+pub fn vjp_rule(op: &str) -> Option<crate::vjp::VjpRule> {
+    linalg::vjp_rule(op)
+        .or_else(|| elementwise::vjp_rule(op))
+        .or_else(|| norms::vjp_rule(op))
+        .or_else(|| shape::vjp_rule(op))
+        .or_else(|| reduce::vjp_rule(op))
+        .or_else(|| attention::vjp_rule(op))
+        .or_else(|| tokens::vjp_rule(op))
+}
+
 #[cfg(test)]
 mod tests {
     use super::shape::reshape_anno;
     use super::*;
     use crate::types::{AttrValue, Attrs};
+
+    #[test]
+    fn every_forward_op_has_a_vjp_rule() {
+        let missing: Vec<&str> = SPECS
+            .iter()
+            .filter(|s| s.grad_of.is_none() && !s.traits.optimizer)
+            .map(|s| s.name)
+            .filter(|n| vjp_rule(n).is_none())
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "forward ops without a VJP rule: {missing:?}"
+        );
+    }
 
     fn check(
         name: &str,

@@ -2,6 +2,7 @@
 //! gradients.
 
 use super::*;
+use crate::vjp::VjpRule;
 
 pub(super) fn softmax_anno(ctx: &OpCtx<'_>) -> Result<String, String> {
     let r = ctx.rank(0)?;
@@ -207,3 +208,32 @@ pub(super) const RMS_NORM_GRAD: OpSpec = OpSpec {
     traits: TRAITS,
     example: r#"%3:2 = "dnn.rms_norm_grad"(%0, %1, %2) : (tensor<2x3x8xf32>, tensor<2x3x8xf32>, tensor<8xf32>) -> (tensor<2x3x8xf32>, tensor<8xf32>)"#,
 };
+
+/// The VJP rules of the normalizations.
+pub(super) fn vjp_rule(op: &str) -> Option<VjpRule> {
+    Some(match op {
+        "dnn.softmax" => |c| {
+            let (d, y) = (c.dy(0)?, c.y(0));
+            let a = c.keep(&["dim"]);
+            Ok(vec![Some(c.emit("dnn.softmax_grad", &[d, y], &a)?)])
+        },
+        "dnn.log_softmax" => |c| {
+            let (d, y) = (c.dy(0)?, c.y(0));
+            let a = c.keep(&["dim"]);
+            Ok(vec![Some(c.emit("dnn.log_softmax_grad", &[d, y], &a)?)])
+        },
+        "dnn.layer_norm" => |c| {
+            let (d, x, w) = (c.dy(0)?, c.x(0), c.x(1));
+            let a = c.keep(&["eps"]);
+            let g = c.emit_n("dnn.layer_norm_grad", &[d, x, w], &a)?;
+            Ok(g.into_iter().map(Some).collect())
+        },
+        "dnn.rms_norm" => |c| {
+            let (d, x, w) = (c.dy(0)?, c.x(0), c.x(1));
+            let a = c.keep(&["eps"]);
+            let g = c.emit_n("dnn.rms_norm_grad", &[d, x, w], &a)?;
+            Ok(g.into_iter().map(Some).collect())
+        },
+        _ => return None,
+    })
+}

@@ -1,6 +1,8 @@
 //! Reductions: sum, mean, max and the gradient of max.
 
 use super::*;
+use crate::types::ValueId;
+use crate::vjp::{VjpCtx, VjpRule};
 
 /// The reduced dims of a reduction, normalized and sorted.
 pub(super) fn reduce_dims(ctx: &OpCtx<'_>, rank: usize) -> Result<Vec<usize>, String> {
@@ -160,3 +162,46 @@ pub(super) const MAX_GRAD: OpSpec = OpSpec {
     },
     example: r#"%2 = "dnn.max_grad"(%0, %1) {dims = array<i64: 1>} : (tensor<2xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"#,
 };
+
+/// The VJP rules of the reductions.
+pub(super) fn vjp_rule(op: &str) -> Option<VjpRule> {
+    Some(match op {
+        "dnn.sum" => |c| {
+            let d = c.dy(0)?;
+            Ok(vec![Some(unreduce(c, d)?)])
+        },
+        "dnn.mean" => |c| {
+            let d = c.dy(0)?;
+            let b = unreduce(c, d)?;
+            let (xs, ys) = (c.shape(c.x(0)), c.shape(c.y(0)));
+            let n = xs.iter().product::<i64>() / ys.iter().product::<i64>().max(1);
+            Ok(vec![Some(c.scale(b, 1.0 / n as f64)?)])
+        },
+        "dnn.max" => |c| {
+            let (d, x) = (c.dy(0)?, c.x(0));
+            let a = c.keep(&["dims", "keepdim"]);
+            Ok(vec![Some(c.emit("dnn.max_grad", &[d, x], &a)?)])
+        },
+        _ => return None,
+    })
+}
+
+/// Broadcasts the gradient of a `keepdim`-less or `keepdim` reduction back to the input.
+fn unreduce(c: &mut VjpCtx<'_>, d: ValueId) -> Result<ValueId, String> {
+    let xs = c.shape(c.x(0));
+    let r = xs.len() as i64;
+    let dims: Vec<i64> = match c.node.attrs.get("dims") {
+        Some(AttrValue::Ints(v)) => v.iter().map(|&k| if k < 0 { k + r } else { k }).collect(),
+        _ => Vec::new(),
+    };
+    let kept: Vec<i64> = xs
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| if dims.contains(&(i as i64)) { 1 } else { n })
+        .collect();
+    let d = c.reshape(d, &kept)?;
+    if kept == xs {
+        return Ok(d);
+    }
+    c.emit("dnn.broadcast_to", &[d], &[("shape", AttrValue::Ints(xs))])
+}

@@ -3,6 +3,7 @@
 
 use super::elementwise::broadcast;
 use super::*;
+use crate::vjp::{int, VjpRule};
 
 /// Groups input and output dims of a reshape into runs of equal product and annotates
 /// each run: one-to-one keeps the id, split/merge uses compound dims, anything else is
@@ -403,3 +404,104 @@ pub(super) const PAD: OpSpec = OpSpec {
     },
     example: r#"%1 = "dnn.pad"(%0) {dim = 1 : i64, before = 1 : i64, after = 0 : i64} : (tensor<2x2xf32>) -> tensor<2x3xf32>"#,
 };
+
+/// The VJP rules of the shape ops.
+pub(super) fn vjp_rule(op: &str) -> Option<VjpRule> {
+    Some(match op {
+        "dnn.reshape" => |c| {
+            let d = c.dy(0)?;
+            let s = c.shape(c.x(0));
+            Ok(vec![Some(c.reshape(d, &s)?)])
+        },
+        "dnn.transpose" => |c| {
+            let d = c.dy(0)?;
+            let perm = match c.node.attrs.get("perm") {
+                Some(AttrValue::Ints(p)) => p.clone(),
+                _ => return Err("transpose without 'perm'".into()),
+            };
+            let mut inv = vec![0i64; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p as usize] = i as i64;
+            }
+            Ok(vec![Some(c.emit(
+                "dnn.transpose",
+                &[d],
+                &[("perm", AttrValue::Ints(inv))],
+            )?)])
+        },
+        "dnn.slice" => |c| {
+            let d = c.dy(0)?;
+            let s = c.shape(c.x(0));
+            let geti = |k: &str| match c.node.attrs.get(k) {
+                Some(AttrValue::Int(n)) => *n,
+                _ => 0,
+            };
+            let (dim, start, end) = (geti("dim"), geti("start"), geti("end"));
+            let nd = if dim < 0 { dim + s.len() as i64 } else { dim };
+            let after = s[nd as usize] - end;
+            Ok(vec![Some(c.emit(
+                "dnn.pad",
+                &[d],
+                &[
+                    ("dim", int(dim)),
+                    ("before", int(start)),
+                    ("after", int(after)),
+                ],
+            )?)])
+        },
+        "dnn.pad" => |c| {
+            let d = c.dy(0)?;
+            let s = c.shape(c.x(0));
+            let geti = |k: &str| match c.node.attrs.get(k) {
+                Some(AttrValue::Int(n)) => *n,
+                _ => 0,
+            };
+            let (dim, before) = (geti("dim"), geti("before"));
+            let nd = if dim < 0 { dim + s.len() as i64 } else { dim };
+            let end = before + s[nd as usize];
+            Ok(vec![Some(c.emit(
+                "dnn.slice",
+                &[d],
+                &[("dim", int(dim)), ("start", int(before)), ("end", int(end))],
+            )?)])
+        },
+        "dnn.concat" => |c| {
+            let d = c.dy(0)?;
+            let dim = match c.node.attrs.get("dim") {
+                Some(AttrValue::Int(n)) => *n,
+                _ => 0,
+            };
+            let r = c.shape(d).len() as i64;
+            let nd = (if dim < 0 { dim + r } else { dim }) as usize;
+            let sizes: Vec<i64> = c
+                .node
+                .inputs
+                .iter()
+                .map(|&v| c.g.value(v).shape[nd])
+                .collect();
+            if sizes.len() == 1 {
+                return Ok(vec![Some(d)]);
+            }
+            let g = c.emit_n(
+                "dnn.split",
+                &[d],
+                &[("dim", int(dim)), ("sizes", AttrValue::Ints(sizes))],
+            )?;
+            Ok(g.into_iter().map(Some).collect())
+        },
+        "dnn.split" => |c| {
+            let mut ds = Vec::new();
+            for i in 0..c.node.outputs.len() {
+                ds.push(c.dy(i)?);
+            }
+            let a = c.keep(&["dim"]);
+            Ok(vec![Some(c.emit("dnn.concat", &ds, &a)?)])
+        },
+        "dnn.broadcast_to" => |c| {
+            let d = c.dy(0)?;
+            let s = c.shape(c.x(0));
+            Ok(vec![Some(c.sum_to(d, &s)?)])
+        },
+        _ => return None,
+    })
+}

@@ -2,6 +2,7 @@
 //! gradients (vocabulary- and class-parallel forms read their shard offsets).
 
 use super::*;
+use crate::vjp::{int, VjpRule};
 
 pub(super) fn embedding_anno(_: &OpCtx<'_>) -> Result<String, String> {
     Ok("*, v+ e -> * e".into())
@@ -278,3 +279,31 @@ pub(super) const SOFTMAX_XENT_GRAD: OpSpec = OpSpec {
     },
     example: r#"%4 = "dnn.softmax_xent_grad"(%0, %1, %2, %3) : (tensor<f32>, tensor<6x5xf32>, tensor<6xi64>, tensor<6x1xf32>) -> tensor<6x5xf32>"#,
 };
+
+/// The VJP rules of the ops indexed by tokens and classes.
+pub(super) fn vjp_rule(op: &str) -> Option<VjpRule> {
+    Some(match op {
+        "dnn.embedding" => |c| {
+            let (d, ids) = (c.dy(0)?, c.x(0));
+            let vocab = c.shape(c.x(1))[0];
+            let g = c.emit("dnn.embedding_grad", &[d, ids], &[("vocab", int(vocab))])?;
+            Ok(vec![None, Some(g)])
+        },
+        "dnn.cross_entropy" => |c| {
+            let (d, l, t) = (c.dy(0)?, c.x(0), c.x(1));
+            Ok(vec![
+                Some(c.emit("dnn.cross_entropy_grad", &[d, l, t], &[])?),
+                None,
+            ])
+        },
+        "dnn.pick" => |c| {
+            let (d, t) = (c.dy(0)?, c.x(1));
+            let classes = *c.shape(c.x(0)).last().unwrap_or(&1);
+            Ok(vec![
+                Some(c.emit("dnn.pick_grad", &[d, t], &[("classes", int(classes))])?),
+                None,
+            ])
+        },
+        _ => return None,
+    })
+}

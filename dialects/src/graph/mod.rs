@@ -25,7 +25,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 mod handles;
-pub use handles::{Op, ValueId};
+pub use crate::types::ValueId;
+pub use handles::Op;
 
 fn nns_name(attrs: &Attrs) -> Option<&str> {
     match attrs.get("nns.name") {
@@ -939,6 +940,36 @@ fn loc_suffix(loc: &SrcLoc) -> String {
             loc.line,
             loc.col
         )
+    }
+}
+
+/// VJP rules emit into a graph.
+impl crate::vjp::Emit for Graph {
+    fn value(&self, v: ValueId) -> &TensorType {
+        &self.values[v]
+    }
+
+    fn emit(
+        &mut self,
+        op: &str,
+        ins: &[ValueId],
+        attrs: Attrs,
+        loc: &SrcLoc,
+    ) -> Result<Vec<ValueId>, String> {
+        self.add(op, ins, attrs, loc)
+    }
+}
+
+/// The forward op a VJP rule differentiates: the node's operands, results, attributes
+/// and location.
+impl From<&Node> for crate::vjp::Forward {
+    fn from(n: &Node) -> Self {
+        crate::vjp::Forward {
+            inputs: n.inputs.clone(),
+            outputs: n.outputs.clone(),
+            attrs: n.attrs.clone(),
+            loc: n.loc.clone(),
+        }
     }
 }
 

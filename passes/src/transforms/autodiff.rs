@@ -237,7 +237,7 @@ fn backprop(
         } else {
             let spec = dnn::spec(&node.op)
                 .ok_or_else(|| fail("not a dnn op or a user op; cannot differentiate it".into()))?;
-            let rule = nnscaler_dialects::vjp::rule(spec.name).ok_or_else(|| {
+            let rule = nnscaler_dialects::dnn::vjp_rule(spec.name).ok_or_else(|| {
                 fail(match spec.grad_of {
                     Some(_) => "is a backward op; second-order gradients are not supported".into(),
                     None => "has no VJP rule".into(),
@@ -245,7 +245,7 @@ fn backprop(
             })?;
             let mut ctx = VjpCtx {
                 g: out,
-                node: node.clone(),
+                node: (&node).into(),
                 dys,
                 needs: needs.clone(),
             };

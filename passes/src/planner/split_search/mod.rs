@@ -311,7 +311,7 @@ fn scratch_costs(
         let mut results: Vec<ValueId> = node.outputs.clone();
         let mut dxs: Vec<Option<ValueId>> = vec![None; n.inputs.len()];
         if with_vjp {
-            let rule = nnscaler_dialects::vjp::rule(&n.op)
+            let rule = nnscaler_dialects::dnn::vjp_rule(&n.op)
                 .ok_or_else(|| format!("'{}' has no VJP rule", n.op))?;
             let dys: Vec<Option<ValueId>> = node
                 .outputs
@@ -328,7 +328,7 @@ fn scratch_costs(
                 .collect();
             let mut ctx = VjpCtx {
                 g: &mut s,
-                node: node.clone(),
+                node: (&node).into(),
                 dys,
                 needs: needs.to_vec(),
             };
