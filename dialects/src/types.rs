@@ -725,6 +725,64 @@ impl<T> std::ops::IndexMut<ValueId> for [T] {
     }
 }
 
+/// A node (an op) of a [`Graph`](crate::graph::Graph): its index in
+/// [`Graph::nodes`](crate::graph::Graph::nodes). A type of its own, as [`ValueId`] is: a
+/// table by node is a `Vec` indexed by it (`stage[k]`), a value's producer is a node, not
+/// a number. Printed as its index.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(usize);
+
+impl NodeId {
+    /// The node with index `i`.
+    pub const fn new(i: usize) -> Self {
+        NodeId(i)
+    }
+
+    /// Its index in [`Graph::nodes`](crate::graph::Graph::nodes) (and in any table by node).
+    pub const fn index(self) -> usize {
+        self.0
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// As [`Display`](fmt::Display): the index.
+impl fmt::Debug for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl<T> std::ops::Index<NodeId> for Vec<T> {
+    type Output = T;
+    fn index(&self, k: NodeId) -> &T {
+        &self[k.0]
+    }
+}
+
+impl<T> std::ops::IndexMut<NodeId> for Vec<T> {
+    fn index_mut(&mut self, k: NodeId) -> &mut T {
+        &mut self[k.0]
+    }
+}
+
+impl<T> std::ops::Index<NodeId> for [T] {
+    type Output = T;
+    fn index(&self, k: NodeId) -> &T {
+        &self[k.0]
+    }
+}
+
+impl<T> std::ops::IndexMut<NodeId> for [T] {
+    fn index_mut(&mut self, k: NodeId) -> &mut T {
+        &mut self[k.0]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 mod handles;
-pub use crate::types::ValueId;
+pub use crate::types::{NodeId, ValueId};
 pub use handles::Op;
 
 fn nns_name(attrs: &Attrs) -> Option<&str> {
@@ -790,6 +790,17 @@ impl Graph {
     /// Whether `--localize` produced this function (its shapes are per-device).
     pub fn is_localized(&self) -> bool {
         self.func_attrs.contains_key("nns.localized")
+    }
+
+    /// The node that makes each value, by value (`None` for the arguments).
+    pub fn producers(&self) -> Vec<Option<NodeId>> {
+        let mut producer = vec![None; self.values.len()];
+        for (k, n) in self.nodes.iter().enumerate() {
+            for &o in &n.outputs {
+                producer[o] = Some(NodeId::new(k));
+            }
+        }
+        producer
     }
 
     /// How many times each value is used (by nodes and by the return).

@@ -509,12 +509,7 @@ pub(crate) fn complete_stages(g: &mut Graph, which: &[bool]) {
     if !g.nodes.iter().any(|n| stage_of(n).is_some()) {
         return;
     }
-    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
-    for (k, n) in g.nodes.iter().enumerate() {
-        for &o in &n.outputs {
-            producer[o] = Some(k);
-        }
-    }
+    let producer = g.producers();
     for k in (0..g.nodes.len()).filter(|&k| which[k]) {
         if stage_of(&g.nodes[k]).is_some() {
             continue;

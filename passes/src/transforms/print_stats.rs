@@ -513,12 +513,7 @@ pub fn module_stats_on(
 /// backward op reads), per stage, by the op's `nns.stage`.
 fn kept(g: &Graph) -> (u64, BTreeMap<i64, u64>) {
     let fwd = crate::transforms::recompute::forward_ops(g);
-    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
-    for (k, n) in g.nodes.iter().enumerate() {
-        for &o in &n.outputs {
-            producer[o] = Some(k);
-        }
-    }
+    let producer = g.producers();
     let mut read = vec![false; g.values.len()];
     for (k, n) in g.nodes.iter().enumerate() {
         if !fwd[k] {

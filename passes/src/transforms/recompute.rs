@@ -120,12 +120,7 @@ pub fn has_backward(g: &Graph) -> bool {
 
 /// Which ops compute the loss (the first result not named `grad.*`): the forward.
 pub fn forward_ops(g: &Graph) -> Vec<bool> {
-    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
-    for (k, n) in g.nodes.iter().enumerate() {
-        for &o in &n.outputs {
-            producer[o] = Some(k);
-        }
-    }
+    let producer = g.producers();
     let mut fwd = vec![false; g.nodes.len()];
     let Some(loss) = g
         .outputs
@@ -224,12 +219,7 @@ pub fn recompute(g: &Graph, policy: Policy) -> (Graph, usize) {
             }
         }
     }
-    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
-    for (k, n) in g.nodes.iter().enumerate() {
-        for &o in &n.outputs {
-            producer[o] = Some(k);
-        }
-    }
+    let producer = g.producers();
     let members: Vec<Vec<usize>> = {
         let mut m = vec![Vec::new(); names.len()];
         for (k, gr) in group.iter().enumerate() {
@@ -248,7 +238,7 @@ pub fn recompute(g: &Graph, policy: Policy) -> (Graph, usize) {
     let same_stage = |k: usize, v: ValueId| -> Option<usize> {
         let p = producer[v]?;
         let i = group[p]?;
-        (stage_of(p) == stage_of(k)).then_some(i)
+        (stage_of(p.index()) == stage_of(k)).then_some(i)
     };
     let mut out = g.clone();
     let old = std::mem::take(&mut out.nodes);

@@ -3,7 +3,7 @@
 //! by the cost model (see the module docs of [`super`]).
 
 use super::*;
-use nnscaler_dialects::graph::{Node, ValueId};
+use nnscaler_dialects::graph::{Node, NodeId, ValueId};
 
 /// One item (a layer, or the ops before or after the layers) of a profile: one device's
 /// share at `tp = t` for one micro-batch.
@@ -344,7 +344,7 @@ struct OpFacts<'a> {
     fwd: &'a [bool],
     opt: &'a [bool],
     item: &'a [usize],
-    producer: &'a [Option<usize>],
+    producer: &'a [Option<NodeId>],
     consumers: &'a [Vec<usize>],
 }
 
@@ -525,7 +525,7 @@ fn assign_items(
     fwd: &[bool],
     opt: &[bool],
     layer: &[Option<String>],
-    producer: &[Option<usize>],
+    producer: &[Option<NodeId>],
 ) -> Items {
     let n = g.nodes.len();
     // Items: (before), the layers in order, (after).
@@ -634,12 +634,7 @@ pub(super) fn profile_local(
     let n = g.nodes.len();
     let fwd = forward_ops(g);
     let layer = layers(g, &fwd);
-    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
-    for (k, node) in g.nodes.iter().enumerate() {
-        for &o in &node.outputs {
-            producer[o] = Some(k);
-        }
-    }
+    let producer = g.producers();
     let opt = optimizer_ops(g, &fwd);
     let Items {
         names,

@@ -23,12 +23,7 @@ impl Block {
 
 /// The layers of `g` (`layer`: each forward op's, `recompute::layers`), in program order.
 pub(crate) fn blocks(g: &Graph, fwd: &[bool], layer: &[Option<String>]) -> Vec<Block> {
-    let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
-    for (k, n) in g.nodes.iter().enumerate() {
-        for &v in &n.outputs {
-            producer[v] = Some(k);
-        }
-    }
+    let producer = g.producers();
     let arg_of: HashMap<ValueId, usize> = g
         .args
         .iter()
@@ -84,7 +79,7 @@ pub(crate) fn blocks(g: &Graph, fwd: &[bool], layer: &[Option<String>]) -> Vec<B
                         .iter()
                         .map(|&v| {
                             if let Some(p) = producer[v] {
-                                if let Some(&i) = pos.get(&p) {
+                                if let Some(&i) = pos.get(&p.index()) {
                                     let r = g.nodes[p].outputs.iter().position(|&x| x == v);
                                     return Ref::Local(i, r.unwrap_or(0));
                                 }

@@ -6,7 +6,7 @@
 use crate::layouts::{error, layout_attr, value_layouts};
 use crate::planner::schedule::{Action, Kind, Schedule};
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
-use nnscaler_dialects::graph::{Graph, Node, Output, ValueId};
+use nnscaler_dialects::graph::{Graph, Node, NodeId, Output, ValueId};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::sharding::Sharding;
 use nnscaler_dialects::types::{AttrValue, Attrs};
@@ -153,7 +153,7 @@ fn check_ready(g: &Graph, sched: &Schedule, flag: &str) -> Result<(), Diagnostic
 fn post_ops(
     g: &Graph,
     mbk: &[Mb],
-    producer: &[Option<usize>],
+    producer: &[Option<NodeId>],
     users: &[Vec<usize>],
     arg_index: &HashMap<ValueId, usize>,
     returned: &[bool],
@@ -237,7 +237,7 @@ fn stages(
     g: &Graph,
     sched: &Schedule,
     post: &[bool],
-    producer: &[Option<usize>],
+    producer: &[Option<NodeId>],
     users: &[Vec<usize>],
     flag: &str,
 ) -> Result<Vec<usize>, Diagnostics> {
@@ -356,7 +356,7 @@ fn fragments(
     post: &[bool],
     stage: &[usize],
     kind: &[Kind],
-    producer: &[Option<usize>],
+    producer: &[Option<NodeId>],
     users: &[Vec<usize>],
     returned: &[bool],
 ) -> (BTreeMap<FragKey, Fragment>, Vec<Option<FragKey>>) {
@@ -405,7 +405,7 @@ struct Step<'a> {
     /// The micro-batch axis's index in the mesh, if it has one.
     mbi: Option<usize>,
     mbk: Vec<Mb>,
-    producer: Vec<Option<usize>>,
+    producer: Vec<Option<NodeId>>,
     users: Vec<Vec<usize>>,
     arg_index: HashMap<ValueId, usize>,
     /// Whether each value is a result of the function.
@@ -446,12 +446,9 @@ impl<'a> Step<'a> {
             .collect();
         let mbi = mesh.axes.iter().position(|a| a.microbatches);
         let mbk: Vec<Mb> = layouts.iter().map(|l| mb_of(l, mbi)).collect();
-        let mut producer: Vec<Option<usize>> = vec![None; g.values.len()];
+        let producer = g.producers();
         let mut users: Vec<Vec<usize>> = vec![Vec::new(); g.values.len()];
         for (k, node) in g.nodes.iter().enumerate() {
-            for &o in &node.outputs {
-                producer[o] = Some(k);
-            }
             for &i in &node.inputs {
                 users[i].push(k);
             }
