@@ -712,8 +712,36 @@ pub fn collective_seconds(
     if group < 2 {
         return None;
     }
+    Some(collective_op_seconds(
+        cluster,
+        op,
+        (group, span),
+        (input, output),
+        input.max(output),
+    ))
+}
+
+/// Seconds of one collective `op` among `group` devices spanning `span` device numbers
+/// (`(group, span)`, [`group_of`]) whose local operand and result are `input` and
+/// `output` bytes (`(input, output)`), at the link rate of a `message`-byte message: the
+/// bytes it sends by the collectives' table (`nns::sent_bytes`) over the cluster's
+/// level. What [`predict`] charges a collective op, and what the plan search charges the
+/// collectives it prices without compiling them (gradient synchronisation).
+pub fn collective_op_seconds(
+    cluster: &Cluster,
+    op: &str,
+    (group, span): (u64, u64),
+    (input, output): (f64, f64),
+    message: f64,
+) -> f64 {
     let sent = nns::sent_bytes(op, group as f64, input, output);
-    Some(cluster.collective_time(op, group, span, sent, input.max(output)))
+    cluster.collective_time(op, group, span, sent, message)
+}
+
+/// Whether collective `op` sends data (so it meets its group: not a slice or a
+/// partition).
+pub fn sends_data(op: &str) -> bool {
+    nns::sent_bytes(op, 2.0, 1.0, 1.0) > 0.0
 }
 
 /// The devices in a group over mesh `axes` and the device numbers it spans (numbered
@@ -760,15 +788,16 @@ pub fn node_cost(
         let seconds = if n.op == "nns.slice" {
             device.op_time(0.0, 2.0 * output, false)
         } else {
-            let sent = nns::sent_bytes(&n.op, members as f64, input, output);
-            cluster.collective_time(&n.op, members, span, sent, input.max(output))
+            collective_op_seconds(
+                cluster,
+                &n.op,
+                (members, span),
+                (input, output),
+                input.max(output),
+            )
         };
         // Only an op that sends data meets its group (not a slice or a partition).
-        let group = if nns::sent_bytes(&n.op, 2.0, 1.0, 1.0) > 0.0 {
-            members
-        } else {
-            1
-        };
+        let group = if sends_data(&n.op) { members } else { 1 };
         return Some(NodeCost {
             seconds,
             axes: Some(axes.clone()),

@@ -70,7 +70,7 @@ use crate::transforms::recompute::{forward_ops, layer_of_param, layers};
 use crate::transforms::split_tensor::split;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
-use nnscaler_dialects::nns::{self, Axis, Mesh};
+use nnscaler_dialects::nns::{Axis, Mesh};
 use nnscaler_dialects::sharding::TransitionSearch;
 use nnscaler_dialects::types::AttrValue;
 use serde::Serialize;

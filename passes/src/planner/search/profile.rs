@@ -604,7 +604,7 @@ fn without_dp_part(
 ) -> Option<cost::NodeCost> {
     Some(match &c.axes {
         Some(axes) if axes.iter().any(|x| x == "dp") => {
-            if nnscaler_dialects::nns::sent_bytes(&node.op, 2.0, 1.0, 1.0) <= 0.0 {
+            if !cost::sends_data(&node.op) {
                 return None;
             }
             let rest: Vec<String> = axes.iter().filter(|x| *x != "dp").cloned().collect();

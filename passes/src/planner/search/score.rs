@@ -84,10 +84,15 @@ pub(super) fn coll_time(
         "nns.reduce_scatter" => (b, b / group as f64),
         _ => (b, b),
     };
-    let sent = nns::sent_bytes(op, group as f64, operand / n, result / n);
-    // Each tensor's message is its whole size (an all_gather's result, the others'
-    // operand).
-    n * cluster.collective_time(op, group, span, sent, sq / b)
+    // Each tensor's collective as `predict` prices one (its message the byte-weighted
+    // mean tensor).
+    n * cost::collective_op_seconds(
+        cluster,
+        op,
+        (group, span),
+        (operand / n, result / n),
+        sq / b,
+    )
 }
 
 /// Parameter tensors for their collectives: bytes in all, how many, and each one's bytes
