@@ -661,127 +661,91 @@ impl Init {
     }
 }
 
-/// A value of a [`Graph`](crate::graph::Graph): its index in
-/// [`Graph::values`](crate::graph::Graph::values). A type of its own, so that a value cannot be
-/// taken for an op's index (or any other number): tables by value are `Vec`s indexed by it
-/// (`types[v]`, for `types: Vec<T>`), and a number becomes a value only through
-/// [`ValueId::new`]. Printed as its index.
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ValueId(usize);
+/// Defines an index into one of a [`Graph`](crate::graph::Graph)'s tables as a type of its
+/// own: a number becomes one only through `new`, it indexes `Vec`s and slices (tables by
+/// it), and it prints as its index (Display and Debug alike, so messages and dumps read
+/// as numbers).
+macro_rules! graph_index {
+    ($(#[$doc:meta])* $name:ident, $table:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(usize);
+
+        impl $name {
+            #[doc = concat!("The one with index `i` in `Graph::", $table, "`.")]
+            pub const fn new(i: usize) -> Self {
+                $name(i)
+            }
+
+            #[doc = concat!("Its index in `Graph::", $table, "` (and in any table by it).")]
+            pub const fn index(self) -> usize {
+                self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+
+        impl<T> std::ops::Index<$name> for Vec<T> {
+            type Output = T;
+            fn index(&self, i: $name) -> &T {
+                &self[i.0]
+            }
+        }
+
+        impl<T> std::ops::IndexMut<$name> for Vec<T> {
+            fn index_mut(&mut self, i: $name) -> &mut T {
+                &mut self[i.0]
+            }
+        }
+
+        impl<T> std::ops::Index<$name> for [T] {
+            type Output = T;
+            fn index(&self, i: $name) -> &T {
+                &self[i.0]
+            }
+        }
+
+        impl<T> std::ops::IndexMut<$name> for [T] {
+            fn index_mut(&mut self, i: $name) -> &mut T {
+                &mut self[i.0]
+            }
+        }
+    };
+}
+
+graph_index!(
+    /// A value of a [`Graph`](crate::graph::Graph): its index in
+    /// [`Graph::values`](crate::graph::Graph::values). A value cannot be taken for a
+    /// node's index (or any other number): tables by value are `Vec`s indexed by it
+    /// (`types[v]`, for `types: Vec<T>`).
+    ValueId,
+    "values"
+);
 
 impl ValueId {
-    /// The value with index `i`.
-    pub const fn new(i: usize) -> Self {
-        ValueId(i)
-    }
-
-    /// Its index in [`Graph::values`](crate::graph::Graph::values) (and in any table by value).
-    pub const fn index(self) -> usize {
-        self.0
-    }
-
     /// The values `0..n`, in order.
     pub fn all(n: usize) -> impl DoubleEndedIterator<Item = ValueId> + ExactSizeIterator {
         (0..n).map(ValueId)
     }
 }
 
-impl std::fmt::Display for ValueId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&self.0, f)
-    }
-}
-
-/// As [`Display`](std::fmt::Display): the index (messages and dumps read as before).
-impl std::fmt::Debug for ValueId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&self.0, f)
-    }
-}
-
-impl<T> std::ops::Index<ValueId> for Vec<T> {
-    type Output = T;
-    fn index(&self, v: ValueId) -> &T {
-        &self[v.0]
-    }
-}
-
-impl<T> std::ops::IndexMut<ValueId> for Vec<T> {
-    fn index_mut(&mut self, v: ValueId) -> &mut T {
-        &mut self[v.0]
-    }
-}
-
-impl<T> std::ops::Index<ValueId> for [T] {
-    type Output = T;
-    fn index(&self, v: ValueId) -> &T {
-        &self[v.0]
-    }
-}
-
-impl<T> std::ops::IndexMut<ValueId> for [T] {
-    fn index_mut(&mut self, v: ValueId) -> &mut T {
-        &mut self[v.0]
-    }
-}
-
-/// A node (an op) of a [`Graph`](crate::graph::Graph): its index in
-/// [`Graph::nodes`](crate::graph::Graph::nodes). A type of its own, as [`ValueId`] is: a
-/// table by node is a `Vec` indexed by it (`stage[k]`), a value's producer is a node, not
-/// a number. Printed as its index.
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NodeId(usize);
-
-impl NodeId {
-    /// The node with index `i`.
-    pub const fn new(i: usize) -> Self {
-        NodeId(i)
-    }
-
-    /// Its index in [`Graph::nodes`](crate::graph::Graph::nodes) (and in any table by node).
-    pub const fn index(self) -> usize {
-        self.0
-    }
-}
-
-impl fmt::Display for NodeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
-
-/// As [`Display`](fmt::Display): the index.
-impl fmt::Debug for NodeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
-
-impl<T> std::ops::Index<NodeId> for Vec<T> {
-    type Output = T;
-    fn index(&self, k: NodeId) -> &T {
-        &self[k.0]
-    }
-}
-
-impl<T> std::ops::IndexMut<NodeId> for Vec<T> {
-    fn index_mut(&mut self, k: NodeId) -> &mut T {
-        &mut self[k.0]
-    }
-}
-
-impl<T> std::ops::Index<NodeId> for [T] {
-    type Output = T;
-    fn index(&self, k: NodeId) -> &T {
-        &self[k.0]
-    }
-}
-
-impl<T> std::ops::IndexMut<NodeId> for [T] {
-    fn index_mut(&mut self, k: NodeId) -> &mut T {
-        &mut self[k.0]
-    }
-}
+graph_index!(
+    /// A node (an op) of a [`Graph`](crate::graph::Graph): its index in
+    /// [`Graph::nodes`](crate::graph::Graph::nodes). A table by node is a `Vec` indexed by
+    /// it (`stage[k]`); a value's producer is a node, not a number.
+    NodeId,
+    "nodes"
+);
 
 #[cfg(test)]
 mod tests {
