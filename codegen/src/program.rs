@@ -76,14 +76,10 @@ pub struct Launch {
 /// module's mesh without its micro-batch axis).
 fn collective(n: &Node, mesh: Option<&Mesh>) -> Result<Option<(Collective, Vec<usize>)>, String> {
     let kind = n.op.as_str();
-    let int = |key: &str| match n.attrs.get(key) {
-        Some(AttrValue::Int(d)) if *d >= 0 => Ok(*d as usize),
-        None if key == "dim" || key == "root" => Ok(0),
-        _ => Err(format!("'{kind}' requires '{key}', an index >= 0")),
-    };
-    let Some(op) = collective_of(n, int) else {
+    let Some(op) = collective_of(n) else {
         return Ok(None);
     };
+    let op = op.map_err(|e| format!("'{kind}' {e}"))?;
     let mesh = mesh
         .ok_or_else(|| format!("'{kind}' needs the module's mesh"))?
         .device_mesh();
@@ -98,7 +94,7 @@ fn collective(n: &Node, mesh: Option<&Mesh>) -> Result<Option<(Collective, Vec<u
             .collect::<Result<_, _>>()?,
         _ => return Err(format!("'{kind}' requires 'axes'")),
     };
-    Ok(Some((op?, axes)))
+    Ok(Some((op, axes)))
 }
 
 /// A function as launches.

@@ -731,6 +731,16 @@ fn verify_collective(
             _ => return Err(format!("requires 'index', a micro-batch in 0..{parts}")),
         }
     }
+    if spec.name == "nns.broadcast" {
+        match v.attrs.get("root") {
+            Some(AttrValue::Int(r)) if (0..parts).contains(r) => {}
+            _ => {
+                return Err(format!(
+                    "requires 'root', the member whose value is copied, in 0..{parts}"
+                ))
+            }
+        }
+    }
     let mut dim = std::collections::BTreeMap::new();
     for k in spec.dim_attrs {
         let d = match v.attrs.get(*k) {

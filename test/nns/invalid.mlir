@@ -120,6 +120,19 @@ func.func @global_shapes(%a: tensor<8x8xf32>) {
 // -----
 
 "nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()
+func.func @broadcast_root(%a: tensor<8x8xf32>) {
+  // A root beyond the group (4 devices over tp), and no root at all: every consumer of
+  // the op (the simulated devices, codegen, emit-torch) reads it, so the verifier asks.
+  // expected-error @+1 {{requires 'root', the member whose value is copied, in 0..4}}
+  %0 = "nns.broadcast"(%a) {axes = ["tp"], root = 4 : i64} : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  // expected-error @+1 {{requires 'root', the member whose value is copied, in 0..2}}
+  %1 = "nns.broadcast"(%a) {axes = ["dp"]} : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  return
+}
+
+// -----
+
+"nns.mesh"() {sym_name = "world", axes = #nns.axes<dp = 2, tp = 4>} : () -> ()
 func.func @bad_reduce(%a: tensor<8x8xf32>) {
   // expected-error @+1 {{'reduce' must be "sum" or "max"}}
   %0 = "nns.all_reduce"(%a) {axes = ["tp"], reduce = "avg"} : (tensor<8x8xf32>) -> tensor<8x8xf32>

@@ -256,7 +256,7 @@ impl Device<'_> {
                 x.f()?.iter().map(|v| v * k).collect(),
             ));
         }
-        let op = collective_of(n, int)
+        let op = collective_of(n)
             .ok_or_else(|| format!("the simulated devices cannot run '{}' yet", n.op))??;
         let parts = if op.communicates() {
             self.all(k, me, size, x)?
@@ -288,19 +288,20 @@ impl Device<'_> {
 }
 
 /// The runtime's collective of `nns` op `n` (`None` for an op that is not one): its
-/// parameters read from the op's integer attributes by `int`, its maximum from
-/// `reduce = "max"`.
-pub fn collective_of<E>(
-    n: &Node,
-    mut int: impl FnMut(&str) -> Result<usize, E>,
-) -> Option<Result<Collective, E>> {
+/// dims and members read from the op's integer attributes, its maximum from
+/// `reduce = "max"`. The one reading of a collective op, for the simulated devices,
+/// codegen's steps and emit-torch's calls; the verifier has checked the attributes.
+pub fn collective_of(n: &Node) -> Option<Result<Collective, String>> {
     let name = n.op.strip_prefix("nns.")?;
     Collective::parse(name, |key, kind| {
         Ok(match kind {
             ParamKind::Max => {
                 Param::Flag(matches!(n.attrs.get("reduce"), Some(AttrValue::Str(r)) if r == "max"))
             }
-            ParamKind::Dim | ParamKind::Member => Param::Index(int(key)?),
+            ParamKind::Dim | ParamKind::Member => Param::Index(match n.attrs.get(key) {
+                Some(AttrValue::Int(d)) if *d >= 0 => *d as usize,
+                _ => return Err(format!("requires '{key}', an integer >= 0")),
+            }),
         })
     })
 }

@@ -919,9 +919,7 @@ fn comm_statement(
 ) -> Result<String, String> {
     let ty = |i: usize| -> &TensorType { &g.values[n.inputs[i]] };
     let op = n.op.as_str();
-    if let Some(c) = collective_of(n, |k| {
-        usize::try_from(need_int(n, k)?).map_err(|_| format!("'{k}' is negative"))
-    }) {
+    if let Some(c) = collective_of(n) {
         let c = c?;
         if c.communicates() {
             return comm_call(&c, &a[0], &need_axes(n)?.join(","));
