@@ -6,6 +6,7 @@ use crate::artifact::Elt;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::Range;
 
 /// The elements of a tensor.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,6 +39,18 @@ impl fmt::Debug for Tensor {
 /// Number of elements of `shape`.
 pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
+}
+
+/// The elements of range `r` of dim `dim` of a row-major tensor `x` of `shape`: one run
+/// of `r.len()` rows of the dims after `dim` for each index of the dims before it.
+pub fn narrow_elems<T: Copy>(x: &[T], shape: &[usize], dim: usize, r: Range<usize>) -> Vec<T> {
+    let outer: usize = shape[..dim].iter().product();
+    let (n, inner) = (shape[dim], numel(&shape[dim + 1..]));
+    let mut out = Vec::with_capacity(outer * r.len() * inner);
+    for o in 0..outer {
+        out.extend_from_slice(&x[(o * n + r.start) * inner..(o * n + r.end) * inner]);
+    }
+    out
 }
 
 /// An artifact's shape (`u64`s, as files hold them) as a tensor's.
@@ -174,6 +187,27 @@ impl Tensor {
             (Data::I64(a), Data::I64(b)) => Some(if a == b { 0.0 } else { f64::INFINITY }),
             _ => None,
         }
+    }
+
+    /// Range `r` of dim `dim`.
+    pub fn narrow(&self, dim: usize, r: Range<usize>) -> Tensor {
+        let mut shape = self.shape.clone();
+        shape[dim] = r.len();
+        let data = match &self.data {
+            Data::F32(v) => Data::F32(narrow_elems(v, &self.shape, dim, r)),
+            Data::I64(v) => Data::I64(narrow_elems(v, &self.shape, dim, r)),
+        };
+        Tensor { shape, data }
+    }
+
+    /// Piece `k` of `n` equal ones along dim `dim` (an error where `n` does not divide it).
+    pub fn piece(&self, dim: usize, n: usize, k: usize) -> Result<Tensor, String> {
+        let len = self.shape[dim];
+        if !len.is_multiple_of(n) {
+            return Err(format!("dim {dim} of length {len} does not split {n} ways"));
+        }
+        let w = len / n;
+        Ok(self.narrow(dim, k * w..(k + 1) * w))
     }
 
     /// Its element type.

@@ -13,6 +13,7 @@
 
 use super::{at, copy, exchange, piece, At, Flat, Move, Place, RankOp};
 use crate::artifact::{Buffer, Elt};
+use crate::tensor::narrow_elems;
 
 /// What a parameter of a collective is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -606,16 +607,9 @@ fn narrow<T: Copy>(
         return Err(format!("dim {dim} of length {len} does not split {n} ways"));
     }
     let w = len / n;
-    let outer: usize = shape[..dim].iter().product();
-    let inner: usize = shape[dim + 1..].iter().product();
-    let mut out = Vec::with_capacity(outer * w * inner);
-    for o in 0..outer {
-        let row = (o * len + k * w) * inner;
-        out.extend_from_slice(&x[row..row + w * inner]);
-    }
     let mut s = shape.to_vec();
     s[dim] = w;
-    Ok((s, out))
+    Ok((s, narrow_elems(x, shape, dim, k * w..(k + 1) * w)))
 }
 
 /// Tensors of `shape` concatenated along `dim` in order.

@@ -239,7 +239,7 @@ impl Device<'_> {
             if i >= parts {
                 return Err(format!("micro-batch {i} of {parts}"));
             }
-            return piece(x, int("dim")?, parts, i);
+            return x.piece(int("dim")?, parts, i);
         }
         let axes = self.axes(n)?;
         let (gid, me, size) = self.group(&axes);
@@ -306,54 +306,12 @@ pub fn collective_of(n: &Node) -> Option<Result<Collective, String>> {
     })
 }
 
-/// `(outer, n, inner)` around `dim`.
-fn around(shape: &[usize], dim: usize) -> (usize, usize, usize) {
-    (
-        shape[..dim].iter().product(),
-        shape[dim],
-        shape[dim + 1..].iter().product(),
-    )
-}
-
-fn gather_rows<T: Copy>(
-    x: &[T],
-    (outer, n, inner): (usize, usize, usize),
-    r: Range<usize>,
-) -> Vec<T> {
-    let mut out = Vec::with_capacity(outer * r.len() * inner);
-    for o in 0..outer {
-        out.extend_from_slice(&x[(o * n + r.start) * inner..(o * n + r.end) * inner]);
-    }
-    out
-}
-
-/// The range `r` of dimension `dim`.
-fn narrow(t: &Tensor, dim: usize, r: Range<usize>) -> Tensor {
-    let g = around(&t.shape, dim);
-    let mut shape = t.shape.clone();
-    shape[dim] = r.len();
-    match &t.data {
-        Data::F32(v) => Tensor::f32(&shape, gather_rows(v, g, r)),
-        Data::I64(v) => Tensor::i64(&shape, gather_rows(v, g, r)),
-    }
-}
-
-/// Piece `i` of `n` equal pieces along `dim`.
-fn piece(t: &Tensor, dim: usize, n: usize, i: usize) -> Result<Tensor, String> {
-    let len = t.shape[dim];
-    if !len.is_multiple_of(n) {
-        return Err(format!("dim {dim} of length {len} does not split {n} ways"));
-    }
-    let k = len / n;
-    Ok(narrow(t, dim, i * k..(i + 1) * k))
-}
-
 /// The piece of `t` given by per-dim ranges.
 fn cut(t: &Tensor, ranges: &[Range<usize>]) -> Tensor {
     let mut cur = t.clone();
     for (d, r) in ranges.iter().enumerate() {
         if r.len() != cur.shape[d] {
-            cur = narrow(&cur, d, r.clone());
+            cur = cur.narrow(d, r.clone());
         }
     }
     cur
