@@ -11,6 +11,8 @@
 //! device's own error, [`Board::fail`]) ends every wait; a device whose wait ended so is
 //! [`Board::stopped`]: its error is not its own.
 
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// How long a device looks for what it waits on before it sleeps: a partner about to
@@ -76,6 +78,49 @@ impl<S> Core<S> {
         if !waits.is_empty() {
             self.failed = Some(format!("deadlock: {}", waits.join("; ")));
         }
+    }
+}
+
+/// Messages in flight between the devices of a run, by key (sender, receiver and what
+/// matches a receive to its send: a lane for rt's ranks, a tag for the simulated
+/// devices), each key's in the order sent. It lives in a board's state; a receive waits
+/// on the board until [`Mailbox::has`] its key.
+#[derive(Debug)]
+pub struct Mailbox<K, M> {
+    queues: HashMap<K, VecDeque<M>>,
+}
+
+impl<K, M> Default for Mailbox<K, M> {
+    fn default() -> Self {
+        Mailbox {
+            queues: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Eq + Hash + Ord, M> Mailbox<K, M> {
+    /// Posts `m` under `k`, after what was posted there before.
+    pub fn post(&mut self, k: K, m: M) {
+        self.queues.entry(k).or_default().push_back(m);
+    }
+
+    /// Whether a message waits under `k`.
+    pub fn has(&self, k: &K) -> bool {
+        self.queues.get(k).is_some_and(|q| !q.is_empty())
+    }
+
+    /// Takes the first message under `k`.
+    pub fn take(&mut self, k: &K) -> Option<M> {
+        self.queues.get_mut(k).and_then(VecDeque::pop_front)
+    }
+
+    /// The first message left unreceived, of the least key (after every device ended, a
+    /// send without its receive).
+    pub fn left(&self) -> Option<(&K, &M)> {
+        self.queues
+            .iter()
+            .filter_map(|(k, q)| q.front().map(|m| (k, m)))
+            .min_by(|a, b| a.0.cmp(b.0))
     }
 }
 

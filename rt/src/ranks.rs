@@ -27,10 +27,10 @@
 //! NCCL, one GPU per device.
 
 use crate::artifact::{Artifact, Program, Step};
-use crate::board::Board;
+use crate::board::{Board, Mailbox};
 use crate::collective::{at, At, Move, Place};
 pub use crate::collective::{Flat, RankOp};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 #[cfg(any(test, feature = "cuda"))]
 use std::sync::{Condvar, Mutex};
 
@@ -311,7 +311,7 @@ struct State<P, E> {
     outcome: Vec<Option<E>>,
     /// Per (from, to) device and lane: what was sent and not yet received, in the order
     /// sent.
-    mail: HashMap<Lane, VecDeque<Letter<P>>>,
+    mail: Mailbox<Lane, Letter<P>>,
 }
 
 /// An in-process communicator: the ranks of one run, each a thread (see the module's
@@ -360,7 +360,7 @@ impl<P, E: Clone> Comm<P, E> {
                     done: vec![0; groups.list.len()],
                     arrived: groups.list.iter().map(|g| vec![None; g.len()]).collect(),
                     outcome: vec![None; groups.list.len()],
-                    mail: HashMap::new(),
+                    mail: Mailbox::default(),
                 },
             ),
         }
@@ -469,15 +469,14 @@ impl<P, E: Clone> Comm<P, E> {
         if let Some(e) = g.failed() {
             return Err(e.clone());
         }
-        g.state
-            .mail
-            .entry((device, peer, lane))
-            .or_default()
-            .push_back(Letter {
+        g.state.mail.post(
+            (device, peer, lane),
+            Letter {
                 tag: tag.to_string(),
                 bytes,
                 payload,
-            });
+            },
+        );
         self.board.notify();
         Ok(())
     }
@@ -501,14 +500,9 @@ impl<P, E: Clone> Comm<P, E> {
             g,
             device,
             || format!("'{tag}' from device {peer}"),
-            move |s: &State<P, E>| s.mail.get(&key).is_some_and(|q| !q.is_empty()),
+            move |s: &State<P, E>| s.mail.has(&key),
         )?;
-        let letter = g
-            .state
-            .mail
-            .get_mut(&key)
-            .and_then(VecDeque::pop_front)
-            .ok_or("a message vanished")?;
+        let letter = g.state.mail.take(&key).ok_or("a message vanished")?;
         if letter.tag != tag || letter.bytes != bytes {
             let e = format!(
                 "device {device} receives '{tag}' ({bytes} bytes) from device {peer} on lane {lane}, which sent '{}' ({} bytes) there",
@@ -524,15 +518,11 @@ impl<P, E: Clone> Comm<P, E> {
     /// A message sent and never received, if one was (after every rank finished).
     pub fn unreceived(&self) -> Option<String> {
         let g = self.board.lock();
-        let mut left: Vec<_> = g
-            .state
-            .mail
-            .iter()
-            .filter_map(|(k, q)| q.front().map(|l| (*k, l.tag.clone())))
-            .collect();
-        left.sort();
-        left.first().map(|((from, to, _), tag)| {
-            format!("device {from} sent '{tag}' to device {to}, which never received it")
+        g.state.mail.left().map(|((from, to, _), l)| {
+            format!(
+                "device {from} sent '{}' to device {to}, which never received it",
+                l.tag
+            )
         })
     }
 }

@@ -4,7 +4,7 @@
 //! finds deadlocks (no device running, and no wait that can end), naming every wait.
 
 use crate::tensor::Tensor;
-use nnscaler_rt::board::{Board, Guard};
+use nnscaler_rt::board::{Board, Guard, Mailbox};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -23,7 +23,7 @@ struct State {
     slots: HashMap<SlotKey, Slot>,
     /// Point-to-point messages in flight: (from device, to device, tag) → the piece and
     /// when it was sent on the serial clock.
-    mail: HashMap<(usize, usize, String), (Tensor, f64)>,
+    mail: Mailbox<(usize, usize, String), (Tensor, f64)>,
     /// Under serial timing, the device computing (holding the baton).
     turn: Option<usize>,
 }
@@ -148,13 +148,11 @@ impl Exchange {
         at: f64,
     ) -> Result<(), String> {
         let mut g = self.board.lock();
-        if g.state
-            .mail
-            .insert((from, to, tag.to_string()), (t, at))
-            .is_some()
-        {
+        let key = (from, to, tag.to_string());
+        if g.state.mail.has(&key) {
             return Err(format!("'{tag}' is sent twice to device {to}"));
         }
+        g.state.mail.post(key, (t, at));
         self.board.notify();
         Ok(())
     }
@@ -173,10 +171,10 @@ impl Exchange {
             g,
             to,
             || format!("'{tag}' from device {from}"),
-            move |st: &State| st.mail.contains_key(&k2) && (!serial || st.turn.is_none()),
+            move |st: &State| st.mail.has(&k2) && (!serial || st.turn.is_none()),
         )?;
         self.take_turn(&mut g, to);
-        Ok(g.state.mail.remove(&key).expect("the message is there"))
+        Ok(g.state.mail.take(&key).expect("the message is there"))
     }
 
     /// Device `me` is done (its program ended or failed); it gives up its turn.
@@ -186,6 +184,14 @@ impl Exchange {
             self.pass_turn(&mut g, me);
         }
         self.board.finish(me);
+    }
+
+    /// A message sent and never received, if one was (after every device ended).
+    pub(super) fn unreceived(&self) -> Option<String> {
+        let g = self.board.lock();
+        g.state.mail.left().map(|((from, to, tag), _)| {
+            format!("device {from} sent '{tag}' to device {to}, which never received it")
+        })
     }
 
     /// Whether device `d` failed only because another device did (it was told to stop).

@@ -610,7 +610,13 @@ fn run_devices<'g>(
     }
     match first_err {
         Some((_, e)) => Err(e),
-        None => Ok(per_device),
+        None => match exchange.unreceived() {
+            Some(message) => Err(RunError {
+                loc: SrcLoc::default(),
+                message,
+            }),
+            None => Ok(per_device),
+        },
     }
 }
 
@@ -840,6 +846,20 @@ mod tests {
             }
         });
         assert_eq!(most.load(Ordering::SeqCst), 1);
+    }
+
+    /// A message nobody receives is an error once every device has ended: a plan that
+    /// gives the right results while a send goes unmatched is still wrong.
+    #[test]
+    fn a_send_without_its_receive_is_reported() {
+        let x = Exchange::with_devices(2, false);
+        x.send(0, 1, "act", Tensor::scalar(1.0), 0.0).unwrap();
+        x.finished(0);
+        x.finished(1);
+        assert_eq!(
+            x.unreceived().as_deref(),
+            Some("device 0 sent 'act' to device 1, which never received it")
+        );
     }
 
     /// Serial timing still finds a deadlock: two devices each waiting to receive from
