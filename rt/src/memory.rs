@@ -1,8 +1,9 @@
 //! What a run of an artifact takes, and the refusal of one that cannot have it: before the
 //! first allocation, the arenas of every program on every device (the collectives' scratch
 //! space is small beside them) and the whole arguments and results, against
-//! `--memory-limit`, or what the machine has: the host's available memory (and its
-//! cgroup's limit), or the GPU's free memory.
+//! `--memory-limit`, or what the machine has: the host's available memory (the least of
+//! the system's, the cgroup's and the address space's, [`host_limit`]), or the GPU's free
+//! memory.
 
 use crate::artifact::Artifact;
 
@@ -36,36 +37,93 @@ pub fn whole_tensors(art: &Artifact) -> u64 {
     })
 }
 
-/// Memory this process may still use on the host, and where that figure comes from:
-/// `MemAvailable` of `/proc/meminfo`, or less where its cgroup (v2) allows less.
+/// Which limit bounds the memory this process may still take on the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostLimit {
+    /// The system's available memory (`MemAvailable` of `/proc/meminfo`).
+    Available,
+    /// The process's cgroup (v2): its `memory.max` less its `memory.current`.
+    Cgroup,
+    /// The address-space limit (`ulimit -v`) less the address space in use: threads'
+    /// stacks and malloc arenas count against it, not only tensors.
+    AddressSpace,
+}
+
+impl std::fmt::Display for HostLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HostLimit::Available => "available system memory (MemAvailable)",
+            HostLimit::Cgroup => "the cgroup's memory limit (memory.max)",
+            HostLimit::AddressSpace => "the address-space limit (ulimit -v)",
+        })
+    }
+}
+
+/// The memory this process may still allocate on the host, and which limit says so: the
+/// smallest of the system's available memory, the cgroup's limit less its use and the
+/// address-space limit less the address space in use. `None` when none can be read (not
+/// Linux). The one reading of it, for nnscaler-rt's refusals and the CPU runtime's.
+pub fn host_limit() -> Option<(u64, HostLimit)> {
+    [
+        (meminfo_available(), HostLimit::Available),
+        (cgroup_available(), HostLimit::Cgroup),
+        (address_space_available(), HostLimit::AddressSpace),
+    ]
+    .into_iter()
+    .filter_map(|(b, l)| Some((b?, l)))
+    .fold(None, |best: Option<(u64, HostLimit)>, (b, l)| match best {
+        Some((x, _)) if x <= b => best,
+        _ => Some((b, l)),
+    })
+}
+
+/// [`host_limit`] as [`check`] takes it: the bytes and what they are.
 pub fn host_available() -> Option<(u64, String)> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+    host_limit().map(|(b, l)| (b, l.to_string()))
+}
+
+fn read(path: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
+
+/// `key:   123 kB` from a /proc file, in bytes.
+fn proc_kb(text: &str, key: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let kb: u64 = line[key.len()..]
         .trim()
         .trim_end_matches("kB")
         .trim()
         .parse()
         .ok()?;
-    let mut best = (
-        kb.saturating_mul(1024),
-        "the host's available memory".to_string(),
-    );
-    let read = |f: &str| -> Option<u64> {
-        std::fs::read_to_string(format!("/sys/fs/cgroup/{f}"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    };
-    if let (Some(max), Some(cur)) = (read("memory.max"), read("memory.current")) {
-        let left = max.saturating_sub(cur);
-        if left < best.0 {
-            best = (left, "the cgroup's memory limit".to_string());
-        }
-    }
-    Some(best)
+    Some(kb.saturating_mul(1024))
+}
+
+fn meminfo_available() -> Option<u64> {
+    proc_kb(&read("/proc/meminfo")?, "MemAvailable:")
+}
+
+fn cgroup_available() -> Option<u64> {
+    // cgroup v2: the process's group is the line `0::/path` of /proc/self/cgroup.
+    let group = read("/proc/self/cgroup")?
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_string))?;
+    let dir = format!("/sys/fs/cgroup{}", group.trim_end_matches('/'));
+    let max: u64 = read(&format!("{dir}/memory.max"))?.trim().parse().ok()?;
+    let current: u64 = read(&format!("{dir}/memory.current"))
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    Some(max.saturating_sub(current))
+}
+
+fn address_space_available() -> Option<u64> {
+    let limits = read("/proc/self/limits")?;
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max address space"))?;
+    let soft = line.split_whitespace().nth(3)?;
+    let soft: u64 = soft.parse().ok()?; // "unlimited" does not parse: no limit
+    let used = proc_kb(&read("/proc/self/status")?, "VmSize:").unwrap_or(0);
+    Some(soft.saturating_sub(used))
 }
 
 /// Refuses `art` when its arenas need more than `limit` (`--memory-limit`) or, without
@@ -174,15 +232,10 @@ mod tests {
         assert!(check(&a, Some(592), None).is_ok());
         assert!(check(&a, Some(591), None).is_err());
         a.header.programs[0].arena_bytes = 1 << 52;
-        let e = check(
-            &a,
-            None,
-            Some((1 << 30, "the host's available memory".into())),
-        )
-        .unwrap_err();
+        let e = check(&a, None, Some((1 << 30, HostLimit::Available.to_string()))).unwrap_err();
         assert_eq!(
             e,
-            "the run needs 4.0 PiB (4503599627370576 bytes: arenas 4503599627370496, the largest program 'f''s 4503599627370496 bytes on each of 1 device(s); whole arguments and results 80), but the host's available memory leaves 1.0 GiB (1073741824 bytes)"
+            "the run needs 4.0 PiB (4503599627370576 bytes: arenas 4503599627370496, the largest program 'f''s 4503599627370496 bytes on each of 1 device(s); whole arguments and results 80), but available system memory (MemAvailable) leaves 1.0 GiB (1073741824 bytes)"
         );
         let e = check(&a, Some(1000), None).unwrap_err();
         assert!(

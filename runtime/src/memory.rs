@@ -11,6 +11,7 @@
 
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::types::{Elem, TensorType};
+use nnscaler_rt::memory::{host_limit, HostLimit};
 use std::fmt;
 
 /// Bytes the CPU runtime keeps for a tensor of `ty` (floats as f32, integers as i64).
@@ -184,75 +185,6 @@ pub fn estimate(g: &Graph, whole: &Graph, devices: u64) -> Estimate {
     }
 }
 
-/// The memory this process may still allocate, and which limit says so: the smallest of
-/// the system's available memory (`MemAvailable`), the cgroup's `memory.max` less its
-/// current use, and the address-space limit (`ulimit -v`) less the address space in use.
-/// `None` when none can be read (not Linux).
-pub fn available() -> Option<(u64, &'static str)> {
-    let mut best: Option<(u64, &'static str)> = None;
-    let mut consider = |bytes: Option<u64>, what: &'static str| {
-        if let Some(b) = bytes {
-            if best.is_none_or(|(x, _)| b < x) {
-                best = Some((b, what));
-            }
-        }
-    };
-    consider(
-        meminfo_available(),
-        "available system memory (MemAvailable)",
-    );
-    consider(cgroup_available(), "the cgroup's memory limit (memory.max)");
-    consider(
-        address_space_available(),
-        "the address-space limit (ulimit -v)",
-    );
-    best
-}
-
-fn read(path: &str) -> Option<String> {
-    std::fs::read_to_string(path).ok()
-}
-
-/// `key:   123 kB` from a /proc file, in bytes.
-fn proc_kb(text: &str, key: &str) -> Option<u64> {
-    let line = text.lines().find(|l| l.starts_with(key))?;
-    let kb: u64 = line[key.len()..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb.saturating_mul(1024))
-}
-
-fn meminfo_available() -> Option<u64> {
-    proc_kb(&read("/proc/meminfo")?, "MemAvailable:")
-}
-
-fn cgroup_available() -> Option<u64> {
-    // cgroup v2: the process's group is the line `0::/path` of /proc/self/cgroup.
-    let group = read("/proc/self/cgroup")?
-        .lines()
-        .find_map(|l| l.strip_prefix("0::").map(str::to_string))?;
-    let dir = format!("/sys/fs/cgroup{}", group.trim_end_matches('/'));
-    let max: u64 = read(&format!("{dir}/memory.max"))?.trim().parse().ok()?;
-    let current: u64 = read(&format!("{dir}/memory.current"))
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0);
-    Some(max.saturating_sub(current))
-}
-
-fn address_space_available() -> Option<u64> {
-    let limits = read("/proc/self/limits")?;
-    let line = limits
-        .lines()
-        .find(|l| l.starts_with("Max address space"))?;
-    let soft = line.split_whitespace().nth(3)?;
-    let soft: u64 = soft.parse().ok()?; // "unlimited" does not parse: no limit
-    let used = proc_kb(&read("/proc/self/status")?, "VmSize:").unwrap_or(0);
-    Some(soft.saturating_sub(used))
-}
-
 /// Address space each extra thread reserves besides tensors (its stack, 2 MiB, and the
 /// malloc arena glibc gives it, 64 MiB): counts against `ulimit -v`, not against memory.
 pub const THREAD_RESERVE: u64 = 66 << 20;
@@ -262,18 +194,19 @@ pub const THREAD_RESERVE: u64 = 66 << 20;
 /// threads), which reserve address space. The error names the estimate and the limit.
 pub fn check(need: &Estimate, limit: Option<u64>, threads: u64) -> Result<(), String> {
     let (limit, what) = match limit {
-        Some(l) => (l, "--memory-limit"),
-        None => match available() {
-            Some(x) => x,
+        Some(l) => (l, None),
+        None => match host_limit() {
+            Some((b, l)) => (b, Some(l)),
             None => return Ok(()),
         },
     };
     // Under an address-space limit, threads' stacks count too.
-    let stacks = if what.contains("ulimit -v") {
+    let stacks = if what == Some(HostLimit::AddressSpace) {
         threads.saturating_mul(THREAD_RESERVE)
     } else {
         0
     };
+    let what = what.map_or("--memory-limit".to_string(), |l| l.to_string());
     if need.total().saturating_add(stacks) > limit {
         return Err(format!(
             "the run needs an estimated {}, but {what} leaves {}; use fewer or smaller \
