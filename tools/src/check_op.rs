@@ -9,7 +9,6 @@
 //! pipeline error (the body needs communication) or as different numbers; each is reported
 //! with the split, and the command fails.
 
-use crate::read_input;
 use nnscaler_dialects::annotation::DimKind;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::Diagnostics;
@@ -66,18 +65,8 @@ pub struct SplitOutcome {
 /// Runs `nnscaler check-op`; returns the report (one line per split) and whether all
 /// passed, or an error that stopped it.
 pub fn check_op(a: &CheckOpArgs, error_limit: usize) -> Result<(String, bool), String> {
-    let source = read_input(&a.module)?;
-    let render = |d: Diagnostics| {
-        d.in_file(&a.module)
-            .render_limited(Some(&source), error_limit)
-    };
-    crate::parse_guard::check_parses(&source, &a.module).map_err(render)?;
     let ir = IrContext::new();
-    let module = ir.parse(&source, &a.module).map_err(render)?;
-    let d = verify_module(&module);
-    if d.has_errors() {
-        return Err(render(d));
-    }
+    let (_, module) = crate::load_module(&ir, &a.module, error_limit)?;
     let name = a.op.trim_start_matches('@').to_string();
     let mut d = Diagnostics::default();
     let ops = UserOps::collect(&module.as_operation(), &mut d);

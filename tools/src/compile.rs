@@ -1,13 +1,12 @@
 //! `nnscaler compile --target=cuda PROGRAM.mlir -o PROGRAM.nnsx`: a function compiled to
 //! an artifact for `nnscaler-rt` (the format: `rt/src/artifact.rs`, `docs/gpu.md`).
 
-use crate::read_input;
 use nnscaler_codegen::Gpu;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::types::AttrValue;
-use nnscaler_dialects::verify::{verify_module, Meshes};
+use nnscaler_dialects::verify::Meshes;
 use nnscaler_runtime::spmd::pipeline_programs;
 
 /// `nnscaler compile`'s command line.
@@ -47,18 +46,12 @@ pub struct CompileArgs {
 
 /// Runs the command; returns the summary to print.
 pub fn main(a: &CompileArgs, error_limit: usize) -> Result<String, String> {
-    let source = read_input(&a.program)?;
     let ir = IrContext::new();
+    let (source, module) = crate::load_module(&ir, &a.program, error_limit)?;
     let render = |d: Diagnostics| -> String {
         d.in_file(&a.program)
             .render_limited(Some(&source), error_limit)
     };
-    crate::parse_guard::check_parses(&source, &a.program).map_err(render)?;
-    let module = ir.parse(&source, &a.program).map_err(render)?;
-    let d = verify_module(&module);
-    if d.has_errors() {
-        return Err(render(d));
-    }
     let funcs: Vec<Graph> = Graph::all_in(&module)
         .into_iter()
         .map(|f| {

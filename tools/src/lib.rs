@@ -28,3 +28,25 @@ pub fn read_input(path: &str) -> Result<String, String> {
     }
     std::fs::read_to_string(path).map_err(|e| format!("cannot read '{path}': {e}"))
 }
+
+/// The front of every command that takes a module: reads `path` ([`read_input`]), checks
+/// that MLIR can parse it without crashing ([`parse_guard`]), parses it into `ir` and
+/// verifies it. Returns the source (to render later diagnostics with) and the module;
+/// errors are rendered with the source, at most `error_limit` of them.
+pub fn load_module<'c>(
+    ir: &'c nnscaler_dialects::context::IrContext,
+    path: &str,
+    error_limit: usize,
+) -> Result<(String, melior::ir::Module<'c>), String> {
+    let source = read_input(path)?;
+    let render = |d: nnscaler_dialects::diag::Diagnostics| {
+        d.in_file(path).render_limited(Some(&source), error_limit)
+    };
+    parse_guard::check_parses(&source, path).map_err(render)?;
+    let module = ir.parse(&source, path).map_err(render)?;
+    let d = nnscaler_dialects::verify::verify_module(&module);
+    if d.has_errors() {
+        return Err(render(d));
+    }
+    Ok((source, module))
+}

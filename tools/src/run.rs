@@ -1,12 +1,12 @@
 //! `nnscaler run`: executes a function of a model on the CPU runtime, with tensors from and
 //! to safetensors files.
 
-use crate::{read_input, Outputs};
+use crate::Outputs;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::types::Elem;
-use nnscaler_dialects::verify::{verify_module, Meshes};
+use nnscaler_dialects::verify::Meshes;
 use nnscaler_passes::transforms::autodiff::{differentiate_with, vjp_function, vjp_name};
 use nnscaler_runtime::interp::{bind, ParamSource};
 use nnscaler_runtime::spmd::{global_view, pipeline_programs, run_pipeline, run_spmd};
@@ -117,16 +117,10 @@ pub fn main(a: &RunArgs, error_limit: usize) -> Result<(), String> {
     check_flags(a)?;
     kernels::set_threads(usize::from(a.threads));
     let model = a.model.clone();
-    let source = read_input(&model)?;
     let ir = IrContext::new();
+    let (source, module) = crate::load_module(&ir, &model, error_limit)?;
     let render =
         |d: Diagnostics| -> String { d.in_file(&model).render_limited(Some(&source), error_limit) };
-    crate::parse_guard::check_parses(&source, &model).map_err(render)?;
-    let module = ir.parse(&source, &model).map_err(render)?;
-    let d = verify_module(&module);
-    if d.has_errors() {
-        return Err(render(d));
-    }
     let mut funcs: Vec<Result<Graph, (SrcLoc, String)>> = Graph::all_in(&module)
         .into_iter()
         .map(|f| f.map_err(|e| (e.loc, e.message)))

@@ -35,17 +35,8 @@ impl UserOps {
         use nnscaler_dialects::context::IrContext;
         use nnscaler_dialects::graph::Graph;
         use nnscaler_dialects::types::AttrValue;
-        let source = crate::read_input(path)?;
         let ir = IrContext::new();
-        let render = |d: nnscaler_dialects::diag::Diagnostics| {
-            d.in_file(path).render_limited(Some(&source), 20)
-        };
-        crate::parse_guard::check_parses(&source, path).map_err(render)?;
-        let module = ir.parse(&source, path).map_err(render)?;
-        let d = nnscaler_dialects::verify::verify_module(&module);
-        if d.has_errors() {
-            return Err(render(d));
-        }
+        let (_, module) = crate::load_module(&ir, path, 20)?;
         let mut specs = Vec::new();
         for g in Graph::all_in(&module) {
             let g = g.map_err(|e| format!("{path}: {}: {}", e.loc, e.message))?;

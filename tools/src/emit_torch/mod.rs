@@ -22,14 +22,14 @@ mod ops;
 
 pub use ops::torch_formula;
 
-use crate::{read_input, Outputs};
+use crate::Outputs;
 use nnscaler_dialects::context::IrContext;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::sharding::{coords, Sharding};
 use nnscaler_dialects::types::{AttrValue, Elem, TensorType};
-use nnscaler_dialects::verify::{verify_module, Meshes};
+use nnscaler_dialects::verify::Meshes;
 use nnscaler_runtime::spmd::{global_view, layout_of, pipeline_programs};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -117,16 +117,10 @@ pub(crate) struct Plan<'g> {
 /// Runs `nnscaler emit-torch`.
 pub fn main(a: &EmitArgs, error_limit: usize) -> Result<(), String> {
     let model = a.model.clone();
-    let source = read_input(&model)?;
     let ir = IrContext::new();
+    let (source, module) = crate::load_module(&ir, &model, error_limit)?;
     let render =
         |d: Diagnostics| -> String { d.in_file(&model).render_limited(Some(&source), error_limit) };
-    crate::parse_guard::check_parses(&source, &model).map_err(render)?;
-    let module = ir.parse(&source, &model).map_err(render)?;
-    let d = verify_module(&module);
-    if d.has_errors() {
-        return Err(render(d));
-    }
     let mut all = Vec::new();
     for f in Graph::all_in(&module) {
         match f {
