@@ -231,13 +231,14 @@ impl<S> Board<S> {
         self.lock().stopped[device]
     }
 
-    /// Every device running again (a new run of the steps, every device having
-    /// finished the last one and none waiting).
+    /// Every device running again, none stopped (a new run of the steps, every device
+    /// having finished the last one and none waiting).
     pub fn restart(&self) {
         let mut g = self.lock();
         for s in &mut g.status {
             *s = Status::Running;
         }
+        g.stopped.fill(false);
     }
 }
 
