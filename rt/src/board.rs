@@ -307,6 +307,24 @@ mod tests {
         assert_eq!(err, "deadlock: device 0 waits for a count of 1");
     }
 
+    /// Messages under one key come out in the order sent; keys are independent; what is
+    /// left is reported by the least key.
+    #[test]
+    fn the_mailbox_keeps_each_key_in_order() {
+        let mut m: Mailbox<(usize, usize), &str> = Mailbox::default();
+        m.post((1, 0), "b1");
+        m.post((0, 1), "a1");
+        m.post((0, 1), "a2");
+        assert!(m.has(&(0, 1)) && !m.has(&(2, 0)));
+        assert_eq!(m.take(&(0, 1)), Some("a1"));
+        assert_eq!(m.left(), Some((&(0, 1), &"a2")));
+        assert_eq!(m.take(&(0, 1)), Some("a2"));
+        assert_eq!(m.take(&(0, 1)), None);
+        assert_eq!(m.left(), Some((&(1, 0), &"b1")));
+        assert_eq!(m.take(&(1, 0)), Some("b1"));
+        assert_eq!(m.left(), None);
+    }
+
     /// A failure ends the waits; the waiting devices are stopped, not failed.
     #[test]
     fn a_failure_stops_the_waiting_devices() {

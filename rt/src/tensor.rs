@@ -292,3 +292,26 @@ pub fn to_bytes(tensors: &[(String, Tensor)]) -> Result<Vec<u8>, String> {
         .collect::<Result<_, _>>()?;
     safetensors::serialize(views, None).map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A range of a middle dim keeps every outer index's run; a piece is an equal range,
+    /// and a dim that does not divide is an error naming it.
+    #[test]
+    fn narrow_and_piece_cut_row_major_runs() {
+        let t = Tensor::i64(&[2, 4, 3], (0..24).collect());
+        let n = t.narrow(1, 1..3);
+        assert_eq!(n.shape, vec![2, 2, 3]);
+        assert_eq!(
+            n.ints().unwrap(),
+            &[3, 4, 5, 6, 7, 8, 15, 16, 17, 18, 19, 20]
+        );
+        assert_eq!(t.piece(1, 2, 1).unwrap(), t.narrow(1, 2..4));
+        assert_eq!(
+            t.piece(2, 2, 0).unwrap_err(),
+            "dim 2 of length 3 does not split 2 ways"
+        );
+    }
+}
