@@ -44,8 +44,7 @@ pub fn numel(shape: &[usize]) -> usize {
 /// The elements of range `r` of dim `dim` of a row-major tensor `x` of `shape`: one run
 /// of `r.len()` rows of the dims after `dim` for each index of the dims before it.
 pub fn narrow_elems<T: Copy>(x: &[T], shape: &[usize], dim: usize, r: Range<usize>) -> Vec<T> {
-    let outer: usize = shape[..dim].iter().product();
-    let (n, inner) = (shape[dim], numel(&shape[dim + 1..]));
+    let (outer, n, inner) = (numel(&shape[..dim]), shape[dim], numel(&shape[dim + 1..]));
     let mut out = Vec::with_capacity(outer * r.len() * inner);
     for o in 0..outer {
         out.extend_from_slice(&x[(o * n + r.start) * inner..(o * n + r.end) * inner]);
@@ -68,32 +67,27 @@ pub fn strides(shape: &[usize]) -> Vec<usize> {
 }
 
 impl Tensor {
-    /// A float tensor from its shape and data; panics if the lengths disagree (a kernel bug).
-    pub fn f32(shape: &[usize], data: Vec<f32>) -> Self {
-        assert_eq!(
-            numel(shape),
-            data.len(),
-            "shape {shape:?} vs {} elements",
-            data.len()
-        );
+    /// A tensor of `shape` holding `data`; panics if the lengths disagree (a kernel bug).
+    fn of(shape: &[usize], data: Data) -> Self {
+        let len = match &data {
+            Data::F32(v) => v.len(),
+            Data::I64(v) => v.len(),
+        };
+        assert_eq!(numel(shape), len, "shape {shape:?} vs {len} elements");
         Tensor {
             shape: shape.to_vec(),
-            data: Data::F32(data),
+            data,
         }
+    }
+
+    /// A float tensor from its shape and data; panics if the lengths disagree (a kernel bug).
+    pub fn f32(shape: &[usize], data: Vec<f32>) -> Self {
+        Tensor::of(shape, Data::F32(data))
     }
 
     /// An integer tensor from its shape and data.
     pub fn i64(shape: &[usize], data: Vec<i64>) -> Self {
-        assert_eq!(
-            numel(shape),
-            data.len(),
-            "shape {shape:?} vs {} elements",
-            data.len()
-        );
-        Tensor {
-            shape: shape.to_vec(),
-            data: Data::I64(data),
-        }
+        Tensor::of(shape, Data::I64(data))
     }
 
     /// A float tensor of zeros.
