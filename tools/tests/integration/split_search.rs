@@ -7,6 +7,7 @@
 use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::{Axis, Mesh};
+use nnscaler_dialects::types::AttrValue;
 use nnscaler_frontends::{build_module, preset};
 use nnscaler_passes::planner::cost;
 use nnscaler_passes::planner::policies::{plan, Policy};
@@ -302,6 +303,45 @@ fn repeated_layers_are_solved_once() {
     let (six, m6) = classes("6");
     assert_eq!(two, six, "6 layers made more classes than 2");
     assert_eq!((m2, m6), (2, 6));
+}
+
+/// A pipeline's layers on different stages (`nns.stage`, what `--place` writes) are the
+/// same layers: solved once, not once per stage (a placed gpt3-175b on 16 stages made 587
+/// classes where unplaced it makes 47, and Z3 took 44 s where it takes 1).
+#[test]
+fn layers_on_different_stages_are_solved_once() {
+    let c = cluster("compute-bound");
+    let g = step("gpt-tiny", &[("layers", "6"), ("heads", "4")]);
+    let count = |g: &Graph| {
+        let p = prepare(g, &mesh(1, 2), &options(&c, None)).unwrap().problem;
+        let most = p.classes.iter().map(|c| c.members.len()).max().unwrap_or(0);
+        (p.classes.len(), most)
+    };
+    // Layer l on stage l / 2: each op on the stage of the last layer whose parameters an
+    // op read (the ops before the layers on stage 0).
+    let mut placed = g.clone();
+    let layer_of: std::collections::HashMap<_, usize> = placed
+        .args
+        .iter()
+        .filter_map(|a| {
+            let name = a.name()?;
+            let l = name.strip_prefix("h.")?.split('.').next()?.parse().ok()?;
+            Some((a.value, l))
+        })
+        .collect();
+    let mut stage = 0;
+    let mut stages = std::collections::BTreeSet::new();
+    for node in &mut placed.nodes {
+        if let Some(l) = node.inputs.iter().find_map(|v| layer_of.get(v)) {
+            stage = l / 2;
+        }
+        stages.insert(stage);
+        node.attrs
+            .insert("nns.stage".into(), AttrValue::Int(stage as i64));
+    }
+    assert_eq!(stages.len(), 3, "the layers were not found on three stages");
+    assert_eq!(count(&placed), count(&g));
+    assert_eq!(count(&g).1, 6);
 }
 
 #[test]

@@ -101,7 +101,9 @@ pub(crate) fn blocks(g: &Graph, fwd: &[bool], layer: &[Option<String>]) -> Vec<B
                     let attrs: BTreeMap<&String, String> = n
                         .attrs
                         .iter()
-                        .filter(|(k, _)| *k != "nns.layouts")
+                        // Where a layer runs (its pipeline stage) is not what it computes:
+                        // the same layer on every stage shares its classes.
+                        .filter(|(k, _)| *k != "nns.layouts" && *k != "nns.stage")
                         .map(|(k, v)| (k, v.to_mlir_text()))
                         .collect();
                     OpSig {
