@@ -10,16 +10,17 @@
 # median and 90th percentile of |ratio - 1|, the largest, and how many plans fall outside
 # 2% and 4%.
 #   bench/search_vs_compiled.sh [PRESET BATCH DEVICES CLUSTER PLANS]
-#   (default: nanogpt-cpu 8 4 cpu 100)
+#   (default: nanogpt-cpu 8 4 cpu 100; BIN_DIR=DIR: another build's nnscaler and
+#   nnscaler-opt, e.g. a base commit's, instead of building this tree's)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bin=$root/target/release
+bin=${BIN_DIR:-$root/target/release}
 preset=${1:-nanogpt-cpu}
 batch=${2:-8}
 devices=${3:-4}
 cluster=${4:-cpu}
 plans=${5:-100}
-cargo build --release -q --bin nnscaler --bin nnscaler-opt --manifest-path "$root/Cargo.toml"
+[ -n "${BIN_DIR:-}" ] || cargo build --release -q --bin nnscaler --bin nnscaler-opt --manifest-path "$root/Cargo.toml"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 case $cluster in

@@ -10,8 +10,11 @@
 //! [`TransitionSearch`] finds the cheapest way from one sharding to another over the same
 //! mesh: a shortest path over sharding states whose edges are single-axis collectives
 //! (all_reduce V→R, reduce_scatter V→D, all_gather D→R, all_to_all D(i)→D(j), local slice
-//! R→D). An edge costs the bytes each device sends (ring algorithms) plus a fixed per-hop
-//! penalty, so that among equally cheap paths the shorter wins. Results are cached.
+//! R→D). Without a cluster an edge costs the bytes each device sends (ring algorithms) plus
+//! a fixed per-hop penalty ([`HOP_BYTES`]), so that among equally cheap paths the shorter
+//! wins; given a [`StepPrice`] (the cost model's seconds of each step on a cluster), it
+//! costs that, and among equally cheap paths the one with fewer steps wins. Results are
+//! cached.
 
 use crate::annotation::{Annotation, Binding, DimKind, TensorAnno};
 use crate::nns::{AxisLayout, Layout, Mesh, Reduce};
@@ -21,6 +24,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// A layout in canonical form over one mesh, for a tensor of known rank.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -281,6 +285,18 @@ impl Step {
         s
     }
 
+    /// The mesh axes its group spans.
+    pub fn axes(&self) -> &[usize] {
+        match self {
+            Step::AllReduce { axes, .. } => axes,
+            Step::ReduceScatter { axis, .. }
+            | Step::AllGather { axis, .. }
+            | Step::AllToAll { axis, .. }
+            | Step::Partition { axis }
+            | Step::Slice { axis, .. } => std::slice::from_ref(axis),
+        }
+    }
+
     /// The `nns` op this step becomes.
     pub fn op_name(&self) -> &'static str {
         match self {
@@ -355,6 +371,11 @@ impl Step {
 /// The bytes-equivalent of one extra hop (collective launch and latency): 64 KiB.
 pub const HOP_BYTES: f64 = 65536.0;
 
+/// What one step of a transition costs on some cluster (seconds, say): given the step and
+/// the local bytes of the tensor before and after it on each device. A search priced this
+/// way ([`TransitionSearch::priced`]) minimises the sum over a path, then its steps.
+pub type StepPrice = Arc<dyn Fn(&Step, f64, f64) -> f64 + Send + Sync>;
+
 /// A planned transition: its steps and the bytes each device sends.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Transition {
@@ -364,8 +385,55 @@ pub struct Transition {
     pub bytes: f64,
 }
 
-#[derive(Clone, Copy, PartialEq)]
-struct Cost(f64);
+/// A path's cost: its price, then (when priced by a [`StepPrice`]) its steps.
+///
+/// Priced paths compare their seconds to nine significant digits, so that paths the cost
+/// model prices alike (a joint all_reduce and the reduce_scatter, all_reduce and
+/// all_gather it may be cut into can cost the same bytes and latency steps) tie whatever
+/// their sums' last bits, and the one with fewer collectives wins.
+#[derive(Clone, Copy, Debug)]
+struct Cost {
+    /// The path's price so far.
+    sum: f64,
+    /// Its steps (priced paths; 0 otherwise).
+    hops: u32,
+    /// What paths compare: `sum`, or `sum` to nine digits for priced paths.
+    key: f64,
+}
+
+impl Cost {
+    const ZERO: Cost = Cost {
+        sum: 0.0,
+        hops: 0,
+        key: 0.0,
+    };
+
+    /// By bytes: compared exactly, no step count.
+    fn bytes(sum: f64) -> Cost {
+        Cost {
+            sum,
+            hops: 0,
+            key: sum,
+        }
+    }
+
+    /// By a price: compared to nine significant digits, then by steps.
+    fn priced(sum: f64, hops: u32) -> Cost {
+        let key = if sum > 0.0 && sum.is_finite() {
+            let scale = 10f64.powi(8 - sum.log10().floor() as i32);
+            (sum * scale).round() / scale
+        } else {
+            sum
+        };
+        Cost { sum, hops, key }
+    }
+}
+
+impl PartialEq for Cost {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
 
 impl Eq for Cost {}
 
@@ -377,7 +445,9 @@ impl PartialOrd for Cost {
 
 impl Ord for Cost {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.0.total_cmp(&other.0)
+        self.key
+            .total_cmp(&other.key)
+            .then(self.hops.cmp(&other.hops))
     }
 }
 
@@ -385,11 +455,23 @@ impl Ord for Cost {
 type Query = (Sharding, Sharding, Vec<i64>, u64, Vec<i64>);
 
 /// Shortest paths between shardings, cached by query.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct TransitionSearch {
     cache: HashMap<Query, Option<Transition>>,
     /// Mesh axes no step may move (a micro-batch axis: its coordinates are steps in time).
     fixed: Vec<usize>,
+    /// What a step costs; `None`: the bytes it sends plus [`HOP_BYTES`].
+    price: Option<StepPrice>,
+}
+
+impl fmt::Debug for TransitionSearch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransitionSearch")
+            .field("cached", &self.cache.len())
+            .field("fixed", &self.fixed)
+            .field("priced", &self.price.is_some())
+            .finish()
+    }
 }
 
 impl TransitionSearch {
@@ -402,6 +484,16 @@ impl TransitionSearch {
     pub fn with_fixed_axes(fixed: Vec<usize>) -> Self {
         TransitionSearch {
             fixed,
+            ..Self::default()
+        }
+    }
+
+    /// An empty cache for a mesh whose axes `fixed` no collective may use, choosing paths
+    /// by `price` (a cluster's seconds) rather than by bytes.
+    pub fn priced(fixed: Vec<usize>, price: StepPrice) -> Self {
+        TransitionSearch {
+            fixed,
+            price: Some(price),
             ..Self::default()
         }
     }
@@ -427,7 +519,13 @@ impl TransitionSearch {
         if let Some(t) = self.cache.get(&key) {
             return t.clone();
         }
-        let t = search(from, to, shape, elem_bytes, sizes, &self.fixed);
+        let t = search(
+            (from, to),
+            (shape, elem_bytes),
+            sizes,
+            &self.fixed,
+            self.price.as_ref(),
+        );
         self.cache.insert(key, t.clone());
         t
     }
@@ -441,16 +539,19 @@ fn local_bytes(s: &Sharding, shape: &[i64], elem_bytes: u64, sizes: &[i64]) -> f
         * elem_bytes as f64
 }
 
-/// The moves out of `s`: (step, next state, bytes sent per device). Each collective of the
-/// table offers its own (`CollectiveSpec::moves`) along each mesh axis, in table order, and
-/// costs what its `sent_bytes` says.
+/// The moves out of `s`: (step, next state, bytes sent per device, local bytes after).
+/// Each collective of the table offers its own (`CollectiveSpec::moves`) along each mesh
+/// axis, in table order, and sends what its `sent_bytes` says. With `joint`, also one
+/// all_reduce over each set of two or more axes partial with the same reduction (what a
+/// run of single-axis all_reduces becomes when they are merged, priced as the one
+/// collective it is).
 fn moves(
     s: &Sharding,
-    shape: &[i64],
-    elem_bytes: u64,
+    (shape, elem_bytes): (&[i64], u64),
     sizes: &[i64],
     fixed: &[usize],
-) -> Vec<(Step, Sharding, f64)> {
+    joint: bool,
+) -> Vec<(Step, Sharding, f64, f64)> {
     let mut out = Vec::new();
     let here = local_bytes(s, shape, elem_bytes, sizes);
     for a in 0..sizes.len() {
@@ -465,9 +566,12 @@ fn moves(
             for (step, next) in rule(s, a, shape, sizes) {
                 let after = local_bytes(&next, shape, elem_bytes, sizes);
                 let bytes = (c.sent_bytes)(n, here, after);
-                out.push((step, next, bytes));
+                out.push((step, next, bytes, after));
             }
         }
+    }
+    if joint {
+        out.extend(joint_all_reduces(s, sizes, fixed, here));
     }
     out
 }
@@ -477,6 +581,42 @@ fn moves(
 /// only splits that divide are offered).
 pub type MovesRule =
     fn(s: &Sharding, a: usize, shape: &[i64], sizes: &[i64]) -> Vec<(Step, Sharding)>;
+
+/// One all_reduce over each set of two or more axes (not `fixed`) along which `s` is
+/// partial with the same reduction: (step, next state, bytes sent, local bytes after).
+fn joint_all_reduces(
+    s: &Sharding,
+    sizes: &[i64],
+    fixed: &[usize],
+    here: f64,
+) -> Vec<(Step, Sharding, f64, f64)> {
+    let mut out = Vec::new();
+    for reduce in [Reduce::Sum, Reduce::Max] {
+        let partial: Vec<usize> = (0..sizes.len())
+            .filter(|a| !fixed.contains(a) && s.partial[*a] == Some(reduce))
+            .collect();
+        // Every subset of two or more, in mesh order (a handful of axes).
+        for bits in 1u32..(1 << partial.len()) {
+            if bits.count_ones() < 2 {
+                continue;
+            }
+            let axes: Vec<usize> = (0..partial.len())
+                .filter(|i| bits & (1 << i) != 0)
+                .map(|i| partial[i])
+                .collect();
+            let n: f64 = axes.iter().map(|&a| sizes[a] as f64).product();
+            let step = Step::AllReduce { axes, reduce };
+            let next = step.apply(s);
+            out.push((
+                step,
+                next,
+                crate::nns::sent_bytes("nns.all_reduce", n, here, here),
+                here,
+            ));
+        }
+    }
+    out
+}
 
 /// `s` with its partial values along axis `a` reduced, and the reduction, when `s` is
 /// partial along `a`.
@@ -602,12 +742,11 @@ pub fn moves_slice(s: &Sharding, a: usize, shape: &[i64], sizes: &[i64]) -> Vec<
 }
 
 fn search(
-    from: &Sharding,
-    to: &Sharding,
-    shape: &[i64],
-    elem_bytes: u64,
+    (from, to): (&Sharding, &Sharding),
+    (shape, elem_bytes): (&[i64], u64),
     sizes: &[i64],
     fixed: &[usize],
+    price: Option<&StepPrice>,
 ) -> Option<Transition> {
     if from == to {
         return Some(Transition {
@@ -616,24 +755,29 @@ fn search(
         });
     }
     // Dijkstra over sharding states (a handful of axes and dims: small).
-    let mut best: BTreeMap<Sharding, f64> = BTreeMap::new();
+    let mut best: BTreeMap<Sharding, Cost> = BTreeMap::new();
     let mut prev: BTreeMap<Sharding, (Sharding, Step, f64)> = BTreeMap::new();
     let mut heap = BinaryHeap::new();
-    best.insert(from.clone(), 0.0);
-    heap.push(std::cmp::Reverse((Cost(0.0), from.clone())));
-    while let Some(std::cmp::Reverse((Cost(c), s))) = heap.pop() {
+    best.insert(from.clone(), Cost::ZERO);
+    heap.push(std::cmp::Reverse((Cost::ZERO, from.clone())));
+    while let Some(std::cmp::Reverse((c, s))) = heap.pop() {
         if best.get(&s).is_some_and(|&b| c > b) {
             continue;
         }
         if &s == to {
             break;
         }
-        for (step, next, bytes) in moves(&s, shape, elem_bytes, sizes, fixed) {
-            let nc = c + bytes + HOP_BYTES;
+        let here = local_bytes(&s, shape, elem_bytes, sizes);
+        let joint = price.is_some();
+        for (step, next, bytes, after) in moves(&s, (shape, elem_bytes), sizes, fixed, joint) {
+            let nc = match price {
+                None => Cost::bytes(c.sum + bytes + HOP_BYTES),
+                Some(p) => Cost::priced(c.sum + p(&step, here, after), c.hops + 1),
+            };
             if best.get(&next).is_none_or(|&b| nc < b) {
                 best.insert(next.clone(), nc);
                 prev.insert(next.clone(), (s.clone(), step, bytes));
-                heap.push(std::cmp::Reverse((Cost(nc), next)));
+                heap.push(std::cmp::Reverse((nc, next)));
             }
         }
     }
@@ -648,8 +792,10 @@ fn search(
         cur = p;
     }
     steps.reverse();
+    // Priced paths are emitted as priced (a joint all_reduce is already one step); the
+    // others merge runs of all_reduces into one.
     Some(Transition {
-        steps: merge(steps),
+        steps: if price.is_some() { steps } else { merge(steps) },
         bytes,
     })
 }

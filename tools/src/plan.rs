@@ -314,7 +314,9 @@ pub fn apply_passes(
     if pipelined {
         after.push(pass("schedule", String::new()));
     }
-    after.push(pass("lower-relayouts", String::new()));
+    // Each relayout's collectives chosen by their seconds on the cluster the plan was
+    // predicted on, as the search's profiles chose them.
+    after.push(pass("lower-relayouts", format!("cluster={cluster}")));
     after.push(pass("localize", String::new()));
     (before, after)
 }

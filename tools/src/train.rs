@@ -529,15 +529,12 @@ fn compile(c: &Config, vocab: usize) -> Result<Programs, String> {
             "plan",
             &format!("auto cluster={cluster} devices={devices}"),
         )?);
-        for name in [
-            "propagate-layouts",
-            "split-tensor",
-            "schedule",
-            "lower-relayouts",
-            "localize",
-        ] {
+        for name in ["propagate-layouts", "split-tensor", "schedule"] {
             steps.push(step(name, "")?);
         }
+        // Relayouts as the search priced them: by their seconds on the cluster.
+        steps.push(step("lower-relayouts", &format!("cluster={cluster}"))?);
+        steps.push(step("localize", "")?);
     } else if let Some(p) = &c.plan {
         if p.cluster.is_some() || p.devices.is_some() {
             return Err(format!(

@@ -266,3 +266,90 @@ fn layouts_round_trip() {
         );
     }
 }
+
+/// The steps from `a` to `b` for a 1024x1024 f32 tensor (4 MiB: bytes outweigh
+/// [`HOP_BYTES`]), searched by bytes (`None`) or by `price`.
+fn big_path(m: &Mesh, a: &str, b: &str, price: Option<StepPrice>) -> Vec<Step> {
+    let mut ts = match price {
+        Some(p) => TransitionSearch::priced(Vec::new(), p),
+        None => TransitionSearch::new(),
+    };
+    ts.find(&sh(m, a, 2), &sh(m, b, 2), &[1024, 1024], 4, &sizes(m))
+        .expect("a transition exists")
+        .steps
+}
+
+fn describe(m: &Mesh, steps: &[Step]) -> String {
+    let v: Vec<String> = steps.iter().map(|s| s.describe(m)).collect();
+    v.join("; ")
+}
+
+/// A price: each step costs what `f` says of it.
+fn price(f: impl Fn(&Step) -> f64 + Send + Sync + 'static) -> StepPrice {
+    Arc::new(move |s: &Step, _: f64, _: f64| f(s))
+}
+
+#[test]
+fn a_priced_search_takes_the_cheapest_path_by_its_price() {
+    let m = mesh("dp = 2, tp = 4");
+    // By bytes, D(0) over tp to D(0) over dp goes through an all_to_all (it sends a
+    // quarter of what an all_gather does).
+    let (a, b) = ("tp = D(0)", "dp = D(0)");
+    assert_eq!(
+        describe(&m, &big_path(&m, a, b, None)),
+        "all_to_all(tp, 0->1); slice(dp, 0); all_gather(tp, 1)"
+    );
+    // Priced so that an all_to_all is dear, the all_gather and a slice.
+    let dear = price(|s| match s {
+        Step::AllToAll { .. } => 10.0,
+        _ => 1.0,
+    });
+    assert_eq!(
+        describe(&m, &big_path(&m, a, b, Some(dear))),
+        "all_gather(tp, 0); slice(dp, 0)"
+    );
+}
+
+#[test]
+fn a_priced_search_offers_one_all_reduce_over_several_axes_and_keeps_runs_apart() {
+    let m = mesh("dp = 2, tp = 4");
+    let (v, r) = ("dp = V(sum), tp = V(sum)", "");
+    let joint = Step::AllReduce {
+        axes: vec![0, 1],
+        reduce: Reduce::Sum,
+    };
+    // Unpriced, a small tensor's two single-axis all_reduces are merged into one.
+    assert_eq!(path(&m, v, r), "all_reduce(dp tp, sum)");
+    // Every step alike: the joint all_reduce is one step.
+    assert_eq!(big_path(&m, v, r, Some(price(|_| 1.0))), vec![joint]);
+    // The joint one dear: two all_reduces, priced and emitted apart (not merged).
+    let dear = price(|s| match s {
+        Step::AllReduce { axes, .. } if axes.len() > 1 => 5.0,
+        Step::AllReduce { .. } => 1.0,
+        _ => 3.0,
+    });
+    let steps = big_path(&m, v, r, Some(dear));
+    assert_eq!(steps.len(), 2, "{steps:?}");
+    assert!(steps
+        .iter()
+        .all(|s| matches!(s, Step::AllReduce { axes, .. } if axes.len() == 1)));
+}
+
+#[test]
+fn priced_paths_that_tie_to_nine_digits_take_the_fewest_steps() {
+    let m = mesh("dp = 2, tp = 4");
+    // One joint all_reduce at 3e-5 s against a reduce_scatter, an all_reduce of its
+    // piece and an all_gather at 1e-5 + 1.1e-5 + 0.9e-5 s, less by 1e-19 s: the joint one.
+    // (A whole tensor's single-axis all_reduce costs 2e-5 s, so two cost more.)
+    let whole = 1024.0 * 1024.0 * 4.0;
+    let tie: StepPrice = Arc::new(move |s: &Step, here: f64, _: f64| match s {
+        Step::AllReduce { axes, .. } if axes.len() > 1 => 3e-5,
+        Step::AllReduce { .. } if here < whole => 1.1e-5,
+        Step::AllReduce { .. } => 2e-5,
+        Step::ReduceScatter { .. } => 1e-5,
+        Step::AllGather { .. } => 0.9e-5 - 1e-19,
+        _ => 1.0,
+    });
+    let steps = big_path(&m, "dp = V(sum), tp = V(sum)", "", Some(tie));
+    assert_eq!(steps.len(), 1, "{steps:?}");
+}

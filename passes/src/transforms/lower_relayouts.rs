@@ -1,11 +1,16 @@
 //! `--lower-relayouts`: turns each `nns.relayout` into the cheapest sequence of collectives
 //! from its operand's layout to its target (`sharding::TransitionSearch`: all_reduce,
-//! reduce_scatter, all_gather, all_to_all, local slice). Every collective records the
-//! layout it produces in `nns.layouts`. A relayout with no route (e.g. to a partial
-//! layout) is an error at its location.
+//! reduce_scatter, all_gather, all_to_all, local slice). Without options the cheapest is
+//! the fewest bytes sent plus a fixed charge per collective (`sharding::HOP_BYTES`); with
+//! `cluster=` it is the fewest seconds the cost model predicts on that cluster
+//! (`cost::relayout_price`, each step as `cost::predict` prices the op it becomes), which
+//! is what the split search assumes when it plans for the same cluster. Every collective
+//! records the layout it produces in `nns.layouts`. A relayout with no route (e.g. to a
+//! partial layout) is an error at its location.
 
 use crate::layouts::{error, layouts_attr, the_mesh, value_layouts};
 use crate::pass::{FunctionPass, PassOptions};
+use crate::planner::cost::{self, Cluster};
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::{Graph, ValueId};
@@ -18,12 +23,21 @@ use nnscaler_dialects::types::AttrValue;
 pub struct LowerRelayouts {
     mesh: Option<Mesh>,
     search: TransitionSearch,
+    /// The cluster whose predicted seconds choose the collectives (`cluster=`).
+    cluster: Option<Cluster>,
 }
 
 impl LowerRelayouts {
-    /// No options.
-    pub fn new(_: &PassOptions) -> Result<Self, String> {
-        Ok(LowerRelayouts::default())
+    /// Option `cluster=PRESET|FILE`.
+    pub fn new(o: &PassOptions) -> Result<Self, String> {
+        let cluster = o
+            .get("cluster")
+            .map(|c| cost::load(c).map_err(|e| format!("lower-relayouts: {e}")))
+            .transpose()?;
+        Ok(LowerRelayouts {
+            cluster,
+            ..LowerRelayouts::default()
+        })
     }
 }
 
@@ -35,7 +49,10 @@ impl FunctionPass for LowerRelayouts {
         let fixed = (0..mesh.axes.len())
             .filter(|&a| mesh.axes[a].microbatches)
             .collect();
-        self.search = TransitionSearch::with_fixed_axes(fixed);
+        self.search = match &self.cluster {
+            Some(c) => TransitionSearch::priced(fixed, cost::relayout_price(c, &mesh)),
+            None => TransitionSearch::with_fixed_axes(fixed),
+        };
         self.mesh = Some(mesh);
         Ok(())
     }

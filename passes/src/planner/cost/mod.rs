@@ -20,9 +20,11 @@
 use crate::transforms::place::op_flops;
 use nnscaler_dialects::graph::Graph;
 use nnscaler_dialects::nns::{self, Mesh};
+use nnscaler_dialects::sharding::{Step, StepPrice};
 use nnscaler_dialects::types::{AttrValue, Elem};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 mod presets;
 pub use presets::{preset, GPU_FRAGMENTATION, GPU_RESERVED, PRESETS};
@@ -738,6 +740,55 @@ pub fn collective_op_seconds(
     cluster.collective_time(op, group, span, sent, message)
 }
 
+/// Seconds of the `nns` op `op` among `(members, span)` ([`group_of`]) whose local operand
+/// and result are `(input, output)` bytes, as [`predict`] charges it: a slice keeps this
+/// device's piece (no message, a local copy of the piece), the others are collectives
+/// ([`collective_op_seconds`] at the rate of their larger side); `None` for a group of one
+/// device (no such op is emitted).
+pub fn layout_op_seconds(
+    cluster: &Cluster,
+    op: &str,
+    (members, span): (u64, u64),
+    (input, output): (f64, f64),
+) -> Option<f64> {
+    if members < 2 {
+        return None;
+    }
+    Some(if op == "nns.slice" {
+        cluster.device.op_time(0.0, 2.0 * output, false)
+    } else {
+        collective_op_seconds(
+            cluster,
+            op,
+            (members, span),
+            (input, output),
+            input.max(output),
+        )
+    })
+}
+
+/// How `--lower-relayouts cluster=...` and the split search price a relayout's steps on
+/// `mesh`: each step's [`layout_op_seconds`] on `cluster` (0 for a step among one device,
+/// which is not emitted). So the path a relayout takes is the one [`predict`] finds
+/// cheapest on the cluster.
+pub fn relayout_price(cluster: &Cluster, mesh: &Mesh) -> StepPrice {
+    let (cluster, mesh) = (cluster.clone(), mesh.clone());
+    Arc::new(move |step: &Step, here: f64, after: f64| {
+        let axes: Vec<String> = step
+            .axes()
+            .iter()
+            .map(|&a| mesh.axes[a].name.clone())
+            .collect();
+        layout_op_seconds(
+            &cluster,
+            step.op_name(),
+            group_of(&mesh, &axes),
+            (here, after),
+        )
+        .unwrap_or(0.0)
+    })
+}
+
 /// Whether collective `op` sends data (so it meets its group: not a slice or a
 /// partition).
 pub fn sends_data(op: &str) -> bool {
@@ -781,21 +832,7 @@ pub fn node_cost(
         let input = n.inputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
         let output = n.outputs.first().map_or(0, |&v| g.values[v].bytes()) as f64;
         let (members, span) = group_of(mesh, axes);
-        if members < 2 {
-            return None;
-        }
-        // A slice keeps this device's piece: no message, a local copy of the piece.
-        let seconds = if n.op == "nns.slice" {
-            device.op_time(0.0, 2.0 * output, false)
-        } else {
-            collective_op_seconds(
-                cluster,
-                &n.op,
-                (members, span),
-                (input, output),
-                input.max(output),
-            )
-        };
+        let seconds = layout_op_seconds(cluster, &n.op, (members, span), (input, output))?;
         // Only an op that sends data meets its group (not a slice or a partition).
         let group = if sends_data(&n.op) { members } else { 1 };
         return Some(NodeCost {

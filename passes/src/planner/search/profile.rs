@@ -328,7 +328,9 @@ pub(super) fn profile_reusing(
             }
         };
         let g = split(g, &mesh)?;
-        let g = lower(g, &mesh, &mut TransitionSearch::new())?;
+        // Relayouts as `--lower-relayouts cluster=...` makes them for the plan's flags.
+        let mut ts = TransitionSearch::priced(Vec::new(), cost::relayout_price(cluster, &mesh));
+        let g = lower(g, &mesh, &mut ts)?;
         localize(compact(g), &mesh)
     })()
     .map_err(|d| diag_text(&d))?;

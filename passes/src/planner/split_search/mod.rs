@@ -61,7 +61,9 @@ use nnscaler_dialects::annotation::{Annotation, Binding, DimKind};
 use nnscaler_dialects::diag::{Diagnostics, SrcLoc};
 use nnscaler_dialects::graph::{Graph, Node, Output, ValueId};
 use nnscaler_dialects::nns::Mesh;
-use nnscaler_dialects::sharding::{op_layouts, partial_kind, Binds, Sharding, TransitionSearch};
+use nnscaler_dialects::sharding::{
+    op_layouts, partial_kind, Binds, Sharding, StepPrice, TransitionSearch,
+};
 use nnscaler_dialects::types::{AttrValue, Attrs, TensorType};
 use nnscaler_dialects::vjp::VjpCtx;
 use std::collections::{BTreeMap, HashMap};
@@ -166,10 +168,11 @@ fn grad_layout(s: &Sharding) -> Sharding {
 }
 
 /// Seconds of the collectives taking a `shape` tensor from `from` to `to`, as
-/// `--lower-relayouts` would emit them; `None` when there is no way.
+/// `--lower-relayouts cluster=...` would emit them (the path `ts`, priced by `price`,
+/// finds), each priced as [`cost::predict`] prices the op it becomes
+/// ([`cost::relayout_price`]); `None` when there is no way.
 fn transition_seconds(
-    ts: &mut TransitionSearch,
-    cluster: &Cluster,
+    (ts, price): (&mut TransitionSearch, &StepPrice),
     mesh: &Mesh,
     ty: &TensorType,
     from: &Sharding,
@@ -209,34 +212,10 @@ fn transition_seconds(
     };
     for step in &t.steps {
         let next = step.apply(&s);
-        let axes: Vec<String> = step_axes(step)
-            .iter()
-            .map(|&a| mesh.axes[a].name.clone())
-            .collect();
-        secs += cost::collective_seconds(
-            cluster,
-            mesh,
-            step.op_name(),
-            &axes,
-            local(&s),
-            local(&next),
-        )
-        .unwrap_or(0.0);
+        secs += price(step, local(&s), local(&next));
         s = next;
     }
     Some(secs)
-}
-
-fn step_axes(step: &nnscaler_dialects::sharding::Step) -> Vec<usize> {
-    use nnscaler_dialects::sharding::Step;
-    match step {
-        Step::AllReduce { axes, .. } => axes.clone(),
-        Step::ReduceScatter { axis, .. }
-        | Step::AllGather { axis, .. }
-        | Step::AllToAll { axis, .. }
-        | Step::Partition { axis }
-        | Step::Slice { axis, .. } => vec![*axis],
-    }
 }
 
 /// Attributes of a node without the planner's (`nns.*`).
@@ -373,7 +352,8 @@ fn scratch_costs(
             .map(|dx| dx.and_then(|v| laid[v].clone()))
             .collect();
         let p = split(p, mesh).map_err(text)?;
-        let p = lower(p, mesh, &mut TransitionSearch::new()).map_err(text)?;
+        let mut ts = TransitionSearch::priced(Vec::new(), cost::relayout_price(cluster, mesh));
+        let p = lower(p, mesh, &mut ts).map_err(text)?;
         let p = localize(compact(p), mesh).map_err(text)?;
         let seconds = p
             .nodes
@@ -640,7 +620,10 @@ fn flow_terms(
         .filter(|(_, a)| a.microbatches)
         .map(|(i, _)| i)
         .collect();
-    let mut ts = TransitionSearch::with_fixed_axes(fixed);
+    // Paths as `--lower-relayouts cluster=...` takes them, priced as `predict` prices the
+    // ops they become.
+    let price = cost::relayout_price(f.cluster, mesh);
+    let mut ts = TransitionSearch::priced(fixed, price.clone());
     let mut terms: Vec<Term> = Vec::new();
     let mut impossible = Vec::new();
     // (producer class, result, consumers (class, operand), a function result)
@@ -719,7 +702,7 @@ fn flow_terms(
             }
         }
         let mut cost = |choice: usize, when: &[Pick], from: &Sharding, to: &Sharding| {
-            match transition_seconds(&mut ts, f.cluster, mesh, &ty, from, to) {
+            match transition_seconds((&mut ts, &price), mesh, &ty, from, to) {
                 Some(s) if s > 0.0 => terms.push(Term {
                     class: p,
                     choice,
@@ -1121,13 +1104,14 @@ fn backward_directives(g: &mut Graph, mesh: &Mesh) -> Result<Option<Graph>, Diag
     Ok(complete.then_some(propagated))
 }
 
-/// Compiles a planned step (`--propagate-layouts`, `--split-tensor`, `--lower-relayouts`,
-/// `--localize`): its per-device program.
-pub fn compile(planned: Graph, mesh: &Mesh) -> Result<Graph, Diagnostics> {
+/// Compiles a planned step for `cluster` (`--propagate-layouts`, `--split-tensor`,
+/// `--lower-relayouts cluster=...`, `--localize`): its per-device program.
+pub fn compile(planned: Graph, mesh: &Mesh, cluster: &Cluster) -> Result<Graph, Diagnostics> {
     let mut remarks = Diagnostics::default();
     let g = propagate(planned, mesh, &mut remarks)?;
     let g = split(g, mesh)?;
-    let g = lower(g, mesh, &mut TransitionSearch::new())?;
+    let mut ts = TransitionSearch::priced(Vec::new(), cost::relayout_price(cluster, mesh));
+    let g = lower(g, mesh, &mut ts)?;
     localize(compact(g), mesh)
 }
 
@@ -1140,7 +1124,7 @@ pub fn compiled_seconds(
     mesh: &Mesh,
     cluster: &Cluster,
 ) -> Result<f64, Diagnostics> {
-    let local = compile(planned, mesh)?;
+    let local = compile(planned, mesh, cluster)?;
     let mut c = cluster.for_program(&local).into_owned();
     c.device.sync_jitter = 0.0;
     Ok(cost::predict(&local, &c, Some(mesh)).seconds())
