@@ -539,21 +539,21 @@ fn local_bytes(s: &Sharding, shape: &[i64], elem_bytes: u64, sizes: &[i64]) -> f
         * elem_bytes as f64
 }
 
-/// The moves out of `s`: (step, next state, bytes sent per device, local bytes after).
+/// The moves out of `s`, whose local piece is `here` bytes: (step, next state, bytes sent
+/// per device, local bytes after).
 /// Each collective of the table offers its own (`CollectiveSpec::moves`) along each mesh
 /// axis, in table order, and sends what its `sent_bytes` says. With `joint`, also one
 /// all_reduce over each set of two or more axes partial with the same reduction (what a
 /// run of single-axis all_reduces becomes when they are merged, priced as the one
 /// collective it is).
 fn moves(
-    s: &Sharding,
+    (s, here): (&Sharding, f64),
     (shape, elem_bytes): (&[i64], u64),
     sizes: &[i64],
     fixed: &[usize],
     joint: bool,
 ) -> Vec<(Step, Sharding, f64, f64)> {
     let mut out = Vec::new();
-    let here = local_bytes(s, shape, elem_bytes, sizes);
     for a in 0..sizes.len() {
         // An axis of size 1 moves nothing, but its layout still has to change (a partial
         // sum over one device all_reduced away): its moves cost only the per-hop penalty.
@@ -769,7 +769,8 @@ fn search(
         }
         let here = local_bytes(&s, shape, elem_bytes, sizes);
         let joint = price.is_some();
-        for (step, next, bytes, after) in moves(&s, (shape, elem_bytes), sizes, fixed, joint) {
+        let out = moves((&s, here), (shape, elem_bytes), sizes, fixed, joint);
+        for (step, next, bytes, after) in out {
             let nc = match price {
                 None => Cost::bytes(c.sum + bytes + HOP_BYTES),
                 Some(p) => Cost::priced(c.sum + p(&step, here, after), c.hops + 1),
