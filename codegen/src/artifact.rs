@@ -70,33 +70,6 @@ fn attr_text(v: Option<&AttrValue>) -> Option<String> {
     }
 }
 
-/// The groups of a collective over mesh axes `axes`: per group (the devices agreeing on
-/// every other axis), its devices in member order (row-major over `axes` in their order).
-fn groups(sizes: &[i64], axes: &[usize]) -> Vec<Vec<usize>> {
-    let devices: usize = sizes.iter().map(|&s| s as usize).product();
-    let mut by_gid: std::collections::BTreeMap<usize, Vec<(usize, usize)>> = Default::default();
-    for d in 0..devices {
-        let c = nnscaler_dialects::sharding::coords(sizes, d);
-        let (mut gid, mut member) = (0usize, 0usize);
-        for (a, &n) in sizes.iter().enumerate() {
-            if !axes.contains(&a) {
-                gid = gid * n as usize + c[a];
-            }
-        }
-        for &a in axes {
-            member = member * sizes[a] as usize + c[a];
-        }
-        by_gid.entry(gid).or_default().push((member, d));
-    }
-    by_gid
-        .into_values()
-        .map(|mut v| {
-            v.sort_unstable();
-            v.into_iter().map(|(_, d)| d).collect()
-        })
-        .collect()
-}
-
 /// A port's whole shape and each device's block of it, from its `nns.layout` on `mesh`.
 type Shards = (Vec<u64>, Vec<Vec<[u64; 2]>>);
 
@@ -363,10 +336,11 @@ fn program(
                 Work::Collective { op, axes } => {
                     let (input, output) = (bufs[0], bufs[1]);
                     // The groups among this program's devices.
-                    let groups: Vec<Vec<usize>> = groups(&dsizes, axes)
-                        .into_iter()
-                        .filter(|gr| gr.iter().any(|d| u.devs.ids.contains(d)))
-                        .collect();
+                    let groups: Vec<Vec<usize>> =
+                        nnscaler_dialects::sharding::groups(&dsizes, axes)
+                            .into_iter()
+                            .filter(|gr| gr.iter().any(|d| u.devs.ids.contains(d)))
+                            .collect();
                     if groups.iter().flatten().any(|d| !u.devs.ids.contains(d)) {
                         return Err(format!(
                             "a collective over {axes:?} spans devices of other pipeline ranks"
@@ -674,15 +648,6 @@ pub fn pipeline_artifact(
 #[cfg(test)]
 mod tests {
     use super::plan;
-
-    #[test]
-    fn groups_follow_the_mesh() {
-        // dp = 2, tp = 2: devices (dp, tp) row-major: 0 = (0,0), 1 = (0,1), 2 = (1,0), 3 = (1,1).
-        assert_eq!(super::groups(&[2, 2], &[1]), vec![vec![0, 1], vec![2, 3]]);
-        assert_eq!(super::groups(&[2, 2], &[0]), vec![vec![0, 2], vec![1, 3]]);
-        assert_eq!(super::groups(&[2, 2], &[0, 1]), vec![vec![0, 1, 2, 3]]);
-        assert_eq!(super::groups(&[2, 2], &[1, 0]), vec![vec![0, 2, 1, 3]]);
-    }
 
     #[test]
     fn buffers_alive_together_never_overlap_and_dead_space_is_reused() {

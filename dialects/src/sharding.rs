@@ -208,6 +208,62 @@ pub fn coords(sizes: &[i64], device: usize) -> Vec<usize> {
     c
 }
 
+/// The device at mesh coordinates `coords` (row-major: the last axis fastest); the
+/// inverse of [`coords`].
+pub fn device(sizes: &[i64], coords: &[usize]) -> usize {
+    coords
+        .iter()
+        .zip(sizes)
+        .fold(0, |id, (&x, &n)| id * n as usize + x)
+}
+
+/// Where a device meets the others of a collective over some mesh axes: the devices that
+/// agree on every other axis are its group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meeting {
+    /// The group's number: row-major over the other axes, in mesh order.
+    pub group: usize,
+    /// The device's place in the group: row-major over the collective's axes, in their
+    /// order (the order members' pieces are concatenated and summed in).
+    pub member: usize,
+    /// How many devices the group has.
+    pub size: usize,
+}
+
+/// Where the device at `coords` on a mesh of `sizes` meets for a collective over `axes`.
+/// The CPU runtime's simulated devices meet by it, and the artifact's numbered groups
+/// ([`groups`]), which rt's ranks meet in, are made by it.
+pub fn meeting(sizes: &[i64], coords: &[usize], axes: &[usize]) -> Meeting {
+    let mut m = Meeting {
+        group: 0,
+        member: 0,
+        size: 1,
+    };
+    for (a, &n) in sizes.iter().enumerate() {
+        if !axes.contains(&a) {
+            m.group = m.group * n as usize + coords[a];
+        }
+    }
+    for &a in axes {
+        m.member = m.member * sizes[a] as usize + coords[a];
+        m.size *= sizes[a] as usize;
+    }
+    m
+}
+
+/// Every group of a collective over `axes` on a mesh of `sizes`, by group number ([`meeting`]):
+/// its devices in member order.
+pub fn groups(sizes: &[i64], axes: &[usize]) -> Vec<Vec<usize>> {
+    let devices: usize = sizes.iter().map(|&s| s as usize).product();
+    let size: usize = axes.iter().map(|&a| sizes[a] as usize).product();
+    let mut out = vec![vec![usize::MAX; size]; devices / size.max(1)];
+    for d in 0..devices {
+        let m = meeting(sizes, &coords(sizes, d), axes);
+        out[m.group][m.member] = d;
+    }
+    out
+}
+
 /// One step of a transition: a collective over one mesh axis (or several, once merged).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {

@@ -353,3 +353,48 @@ fn priced_paths_that_tie_to_nine_digits_take_the_fewest_steps() {
     let steps = big_path(&m, "dp = V(sum), tp = V(sum)", "", Some(tie));
     assert_eq!(steps.len(), 1, "{steps:?}");
 }
+
+#[test]
+fn devices_meet_in_groups_by_the_other_axes() {
+    // dp = 2, tp = 3, pp = 2: devices row-major over (dp, tp, pp).
+    let sizes = [2i64, 3, 2];
+    for d in 0..12 {
+        assert_eq!(device(&sizes, &coords(&sizes, d)), d);
+    }
+    // Device 9 = (1, 1, 1): over tp it is the middle member of the group (dp 1, pp 1).
+    assert_eq!(
+        meeting(&sizes, &[1, 1, 1], &[1]),
+        Meeting {
+            group: 3,
+            member: 1,
+            size: 3
+        }
+    );
+    // Over (tp, dp), in that order: member = tp * 2 + dp.
+    assert_eq!(
+        meeting(&sizes, &[1, 2, 0], &[1, 0]),
+        Meeting {
+            group: 0,
+            member: 5,
+            size: 6
+        }
+    );
+    assert_eq!(groups(&[2, 2], &[1]), vec![vec![0, 1], vec![2, 3]]);
+    assert_eq!(groups(&[2, 2], &[0]), vec![vec![0, 2], vec![1, 3]]);
+    assert_eq!(groups(&[2, 2], &[0, 1]), vec![vec![0, 1, 2, 3]]);
+    assert_eq!(groups(&[2, 2], &[1, 0]), vec![vec![0, 2, 1, 3]]);
+    // Every device in exactly one group, at the place its meeting says.
+    for axes in [vec![0], vec![2], vec![0, 2], vec![2, 1], vec![0, 1, 2]] {
+        let gs = groups(&sizes, &axes);
+        let mut seen = [false; 12];
+        for (g, members) in gs.iter().enumerate() {
+            for (m, &d) in members.iter().enumerate() {
+                assert!(!seen[d]);
+                seen[d] = true;
+                let at = meeting(&sizes, &coords(&sizes, d), &axes);
+                assert_eq!((at.group, at.member, at.size), (g, m, members.len()));
+            }
+        }
+        assert!(seen.iter().all(|&s| s));
+    }
+}

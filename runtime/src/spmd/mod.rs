@@ -25,7 +25,7 @@ use crate::tensor::{numel, Data, Tensor};
 use nnscaler_dialects::diag::SrcLoc;
 use nnscaler_dialects::graph::{Graph, Node};
 use nnscaler_dialects::nns::Mesh;
-use nnscaler_dialects::sharding::{coords, Sharding};
+use nnscaler_dialects::sharding::{self, coords, Sharding};
 use nnscaler_dialects::types::AttrValue;
 use nnscaler_rt::{Collective, Param, ParamKind};
 use std::collections::{BTreeMap, HashMap};
@@ -145,22 +145,10 @@ impl Device<'_> {
             .collect()
     }
 
-    /// (group id, member index, group size) of this device for collectives over `axes`.
-    fn group(&self, axes: &[usize]) -> (usize, usize, usize) {
-        let (mut gid, mut member, mut size) = (0, 0, 1);
-        for (a, ax) in self.mesh.axes.iter().enumerate() {
-            let n = ax.size as usize;
-            if axes.contains(&a) {
-                continue;
-            }
-            gid = gid * n + self.coords[a];
-        }
-        for &a in axes {
-            let n = self.mesh.axes[a].size as usize;
-            member = member * n + self.coords[a];
-            size *= n;
-        }
-        (gid, member, size)
+    /// Where this device meets the others of a collective over `axes`.
+    fn group(&self, axes: &[usize]) -> sharding::Meeting {
+        let sizes: Vec<i64> = self.mesh.axes.iter().map(|a| a.size).collect();
+        sharding::meeting(&sizes, &self.coords, axes)
     }
 
     /// The device at pipeline rank `rank` with this device's other coordinates.
@@ -175,9 +163,7 @@ impl Device<'_> {
         };
         let mut c = p.coords.clone();
         c[p.axis] = rank;
-        Ok(c.iter()
-            .zip(&p.sizes)
-            .fold(0, |id, (&x, &n)| id * n as usize + x))
+        Ok(sharding::device(&p.sizes, &c))
     }
 
     fn tag(n: &Node) -> Result<&str, String> {
@@ -242,7 +228,11 @@ impl Device<'_> {
             return x.piece(int("dim")?, parts, i);
         }
         let axes = self.axes(n)?;
-        let (gid, me, size) = self.group(&axes);
+        let sharding::Meeting {
+            group: gid,
+            member: me,
+            size,
+        } = self.group(&axes);
         let k = {
             let mut seq = self.seq.borrow_mut();
             let c = seq.entry((axes.clone(), gid)).or_insert(0);

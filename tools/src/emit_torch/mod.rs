@@ -446,9 +446,7 @@ impl<'g> Plan<'g> {
         }
         let mut c = coords(&ds, r);
         c[i] = peer;
-        Ok(c.iter()
-            .zip(&ds)
-            .fold(0, |id, (&x, &n)| id * n as usize + x))
+        Ok(nnscaler_dialects::sharding::device(&ds, &c))
     }
 
     /// The messages each peer sends rank `r`, in the order it sends them: (tag, shape,
