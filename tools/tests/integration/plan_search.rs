@@ -42,14 +42,16 @@ fn profiles_cover_the_step() {
     assert_eq!(names, ["(before)", "h.0", "h.1", "h.2", "(after)"]);
     // Every parameter is charged to one item.
     assert_eq!(p1.items.iter().map(|i| i.params).sum::<u64>(), total);
-    // Identical layers cost the same.
+    // Identical layers cost the same (the first one's backward reads aside, below).
     assert_eq!(
         p1.items[2],
         search::Item {
             name: "h.1".into(),
+            backward_reads: p1.items[2].backward_reads,
             ..p1.items[1].clone()
         }
     );
+    assert_eq!(p1.items[3].backward_reads, p1.items[2].backward_reads);
     for it in &p1.items[1..4] {
         assert!(
             it.fwd > 0.0 && it.bwd_input > 0.0 && it.bwd_weight > 0.0,
@@ -84,6 +86,20 @@ fn profiles_cover_the_step() {
     }
     for it in [&p1.items[0], &p1.items[4]] {
         assert_eq!((it.fwd_selective_w, it.fwd_full_w), (0.0, 0.0));
+    }
+    // ZeRO-3 gathers in each fragment the parameters its ops read (index: none,
+    // selective, full). Without recompute the backward reads the products' weights and
+    // the norms' (input gradients), not the biases; the weight gradients read none.
+    // Selective recompute's norms, which only weight gradients need, read theirs in `W`;
+    // full recompute reads every parameter again. (The first layer's first norm: its
+    // gradient feeds the embeddings' weight gradients only, so `W`.)
+    for (i, it) in p1.items[1..4].iter().enumerate() {
+        let r = &it.backward_reads;
+        assert!(0 < r.bw[0].1 && r.bw[0].1 < it.tensors, "{r:?}");
+        assert_eq!(r.w[0].1, if i == 0 { 1 } else { 0 }, "{r:?}");
+        assert_eq!(r.b[0].1 + r.w[0].1, r.bw[0].1, "{r:?}");
+        assert!(r.w[1].1 > 0, "{r:?}");
+        assert_eq!(r.bw[2], (it.params, it.tensors, it.params_sq), "{r:?}");
     }
     // Tensor parallelism shards the layers' parameters and adds their collectives.
     let p2 = search::profile(&g, 2, 4, &c).unwrap();

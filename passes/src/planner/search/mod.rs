@@ -967,6 +967,104 @@ mod tests {
         assert_eq!((st[1].f, st[1].b, st[1].w), (2.0, 2.0, 1.0));
     }
 
+    /// ZeRO-3 gathers in each fragment the parameters it reads: every one in `F`, in the
+    /// backward only those its ops read (the stage's reads under the plan's recompute
+    /// policy), so a backward that reads none gathers none, and a split backward gathers
+    /// `B`'s and `W`'s reads in their own fragments.
+    #[test]
+    fn zero3_gathers_what_each_fragment_reads() {
+        let one = (1u64 << 20, 1, (1u64 << 20) as f64 * (1u64 << 20) as f64);
+        let two = (2 * one.0, 2, 2.0 * one.2);
+        let reads = |b: [Tensors; 3], w: [Tensors; 3]| BackwardReads {
+            b,
+            w,
+            bw: [0, 1, 2].map(|r| (b[r].0 + w[r].0, b[r].1 + w[r].1, b[r].2 + w[r].2)),
+        };
+        let none = (0, 0, 0.0);
+        let item = |name: &str, backward_reads| Item {
+            name: name.into(),
+            fwd: 1e-3,
+            bwd_input: 1e-3,
+            bwd_weight: 1e-3,
+            params: 4 * one.0,
+            tensors: 4,
+            params_sq: 4.0 * one.2,
+            backward_reads,
+            ..Item::default()
+        };
+        let cluster = cost::preset("dgx-h100").unwrap();
+        let step = |b: [Tensors; 3], w: [Tensors; 3], schedule, recompute| {
+            let p = Profile {
+                items: vec![item("i0", reads(b, w)), item("i1", reads(b, w))],
+                ..Profile::default()
+            };
+            let c = Config {
+                dp: 2,
+                tp: 1,
+                sp: 1,
+                pp: 2,
+                micro: 1,
+                microbatches: 2,
+                schedule: Some(schedule),
+                recompute,
+                zero: 3,
+                stage_starts: vec![0, 1],
+                tensor: TpPolicy::Megatron,
+            };
+            let e = score(&p, &c, &cluster, u64::MAX, &mut HashMap::new()).unwrap();
+            (e.pipeline, e.dp_comm)
+        };
+        let gather = |t: Tensors| coll_time(&cluster, "nns.all_gather", 2, 1, t);
+        for schedule in [ScheduleKind::OneFOneB, ScheduleKind::ZbH1] {
+            let (bare, bare_comm) = step([none; 3], [none; 3], schedule, Recompute::None);
+            let (read, read_comm) = step([two; 3], [none; 3], schedule, Recompute::None);
+            // Each of the 2 micro-batches' backward gathers the two parameters it reads
+            // (dp_comm: the busiest pipeline rank's).
+            let more = read_comm - bare_comm;
+            assert!((more - 2.0 * gather(two)).abs() < 1e-12, "{more}");
+            assert!(read > bare, "{schedule:?}");
+            // The plan's policy picks its reads: none under `none` here.
+            let (full_only, _) = step([none, none, two], [none; 3], schedule, Recompute::None);
+            assert_eq!(full_only, bare);
+        }
+        // One parameter read on both sides: an unsplit backward gathers it once, a split
+        // one in `B` and again in `W` (the first stage has no `B`: once, in `W`).
+        let both = BackwardReads {
+            b: [one; 3],
+            w: [one; 3],
+            bw: [one; 3],
+        };
+        let comm = |schedule, backward_reads| {
+            let p = Profile {
+                items: vec![item("i0", backward_reads), item("i1", backward_reads)],
+                ..Profile::default()
+            };
+            let c = Config {
+                dp: 2,
+                tp: 1,
+                sp: 1,
+                pp: 2,
+                micro: 1,
+                microbatches: 2,
+                schedule: Some(schedule),
+                recompute: Recompute::None,
+                zero: 3,
+                stage_starts: vec![0, 1],
+                tensor: TpPolicy::Megatron,
+            };
+            score(&p, &c, &cluster, u64::MAX, &mut HashMap::new())
+                .unwrap()
+                .dp_comm
+        };
+        for (schedule, gathers) in [(ScheduleKind::OneFOneB, 2.0), (ScheduleKind::ZbH1, 4.0)] {
+            let more = comm(schedule, both) - comm(schedule, BackwardReads::default());
+            assert!(
+                (more - gathers * gather(one)).abs() < 1e-12,
+                "{schedule:?} {more}"
+            );
+        }
+    }
+
     /// Many tensors' collectives pay the rate of the tensors that hold the bytes: one
     /// large tensor and 99 tiny ones at the large one's rate (the byte-weighted mean
     /// size), not at the rate of their average size.

@@ -40,6 +40,8 @@ pub struct Item {
     /// byte-weighted mean tensor, the message size at which a collective's rate by size
     /// (`cost::Level::rates`) prices their bytes (most of which are in the large ones).
     pub params_sq: f64,
+    /// The parameters the backward's fragments read, which ZeRO-3 gathers again there.
+    pub backward_reads: BackwardReads,
     /// Activation bytes kept for backward: no recompute.
     pub saved: u64,
     /// ... selective recompute (outside the layers: `saved`).
@@ -62,6 +64,22 @@ pub struct Item {
     /// Of `update`: the ops' fixed costs (a launch each, its kernel entry's fixed part),
     /// which sharding the update over dp (ZeRO) does not shrink.
     pub update_fixed: f64,
+}
+
+/// The parameters (bytes, tensors, bytes squared: [`score::Tensors`]) that an item's
+/// backward fragments read, by recompute policy (`[none, selective, full]`): the compiler
+/// gathers a ZeRO-3 parameter right before its first use in every fragment that uses it,
+/// so a fragment's gathers are the parameters its ops read. The forward reads every
+/// parameter ([`Item::params`]); the backward only some (a linear's input gradient reads
+/// its weight, its bias nothing) and the forward ops recompute clones besides.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct BackwardReads {
+    /// Read on the input gradient's side (`B` of a split backward).
+    pub b: [score::Tensors; 3],
+    /// Read by what only weight gradients need (`W` of a split backward).
+    pub w: [score::Tensors; 3],
+    /// Read by either (an unsplit backward, one fragment).
+    pub bw: [score::Tensors; 3],
 }
 
 /// A training step's costs at one tensor-parallel degree and micro-batch size.
@@ -428,26 +446,108 @@ fn set_cuts(items: &mut [Item], cut_diff: &[i128], after: usize) {
     }
 }
 
-/// Each parameter's bytes to its item (`param_item`, else the item of its first forward
-/// user, at most `after`).
-fn add_params(
+/// Whether selective recompute keeps an op's result instead of running it again: the
+/// matrix products, and the reduce_scatters of their partial sums (the recomputed ops
+/// start from the scattered values: Megatron-SP's and the searched splits').
+fn kept_by_selective(op: &str) -> bool {
+    matches!(op, "dnn.linear" | "dnn.matmul" | "nns.reduce_scatter")
+}
+
+/// Each parameter's item: `param_item`'s, else (a parameter outside the layers) the item
+/// of its first user, at most `after`.
+fn params_by_item(
     f: &OpFacts<'_>,
     param_item: &HashMap<ValueId, usize>,
     after: usize,
-    items: &mut [Item],
-) {
-    for a in f.g.args.iter().filter(|a| a.is_param()) {
-        let it = param_item.get(&a.value).copied().unwrap_or_else(|| {
-            // A parameter outside the layers: the item of its first forward user.
-            f.g.nodes
-                .iter()
-                .position(|x| x.inputs.contains(&a.value))
-                .map_or(0, |k| f.item[k].min(after))
-        });
-        let bytes = f.g.values[a.value].bytes();
+) -> Vec<(ValueId, usize)> {
+    f.g.args
+        .iter()
+        .filter(|a| a.is_param())
+        .map(|a| {
+            let it = param_item.get(&a.value).copied().unwrap_or_else(|| {
+                f.g.nodes
+                    .iter()
+                    .position(|x| x.inputs.contains(&a.value))
+                    .map_or(0, |k| f.item[k].min(after))
+            });
+            (a.value, it)
+        })
+        .collect()
+}
+
+/// Each parameter's bytes to its item ([`params_by_item`]).
+fn add_params(params: &[(ValueId, usize)], g: &Graph, items: &mut [Item]) {
+    for &(v, it) in params {
+        let bytes = g.values[v].bytes();
         items[it].params += bytes;
         items[it].tensors += 1;
         items[it].params_sq += (bytes as f64).powi(2);
+    }
+}
+
+/// Which backward fragments read each parameter ([`BackwardReads`]), charged to the
+/// parameter's item ([`params_by_item`]: the stage whose forward uses it runs the
+/// backward of those uses): a backward op on the input gradient's side (`is_b`) or not;
+/// under a recompute policy also the clone of a forward op of a layer, on the side its
+/// `b_side` says (selective recompute clones no matrix product).
+fn add_backward_reads(
+    f: &OpFacts<'_>,
+    (params, after): (&[(ValueId, usize)], usize),
+    (is_b, [b_selective, b_full]): (&[bool], [&[bool]; 2]),
+    items: &mut [Item],
+) {
+    // Per parameter: read on the B side, and on the W side, by policy.
+    let mut reads: HashMap<ValueId, ([bool; 3], [bool; 3])> = params
+        .iter()
+        .map(|&(v, _)| (v, Default::default()))
+        .collect();
+    for (k, node) in f.g.nodes.iter().enumerate() {
+        if f.opt[k] {
+            continue;
+        }
+        // (policy, on the B side) for each copy of this op the backward runs.
+        let mut runs: Vec<(usize, bool)> = Vec::new();
+        if !f.fwd[k] {
+            runs.extend((0..3).map(|r| (r, is_b[k])));
+        } else if f.item[k] != 0 && f.item[k] != after {
+            if !kept_by_selective(&node.op) {
+                runs.push((1, b_selective[k]));
+            }
+            runs.push((2, b_full[k]));
+        }
+        for v in &node.inputs {
+            let Some((b, w)) = reads.get_mut(v) else {
+                continue;
+            };
+            for &(r, on_b) in &runs {
+                if on_b {
+                    b[r] = true;
+                } else {
+                    w[r] = true;
+                }
+            }
+        }
+    }
+    for &(v, it) in params {
+        let (b, w) = reads[&v];
+        let bytes = f.g.values[v].bytes();
+        let add = |t: &mut score::Tensors| {
+            t.0 += bytes;
+            t.1 += 1;
+            t.2 += (bytes as f64).powi(2);
+        };
+        let r = &mut items[it].backward_reads;
+        for p in 0..3 {
+            if b[p] {
+                add(&mut r.b[p]);
+            }
+            if w[p] {
+                add(&mut r.w[p]);
+            }
+            if b[p] || w[p] {
+                add(&mut r.bw[p]);
+            }
+        }
     }
 }
 
@@ -664,8 +764,6 @@ pub(super) fn profile_local(
     // op, or by another such op recomputed in the same item (a clone runs in the
     // fragment of the first op that needs it; one only weight gradients need runs in
     // `W`). Per policy: selective keeps the products and their reduce_scatters.
-    let kept_by_selective =
-        |op: &str| matches!(op, "dnn.linear" | "dnn.matmul" | "nns.reduce_scatter");
     let b_side = |selective: bool| -> Vec<bool> {
         let mut side = vec![false; n];
         for k in (0..n).rev() {
@@ -766,7 +864,14 @@ pub(super) fn profile_local(
             it.bwd_weight += seconds;
         }
     }
-    add_params(&facts, &param_item, after, &mut items);
+    let params = params_by_item(&facts, &param_item, after);
+    add_params(&params, g, &mut items);
+    add_backward_reads(
+        &facts,
+        (&params, after),
+        (&is_b, [&b_selective, &b_full]),
+        &mut items,
+    );
     let cut_diff = add_saved(&facts, &mut items);
     set_cuts(&mut items, &cut_diff, after);
     items.retain(|it| it.fwd > 0.0 || it.params > 0 || it.bwd_input + it.bwd_weight > 0.0);

@@ -16,6 +16,11 @@ pub(super) struct StageCost {
     pub(super) params: u64,
     pub(super) tensors: u64,
     pub(super) params_sq: f64,
+    /// The parameters the backward's fragments read ([`Item::backward_reads`]) under the
+    /// stage's recompute policy: `B`, `W`, and an unsplit backward.
+    pub(super) reads_b: Tensors,
+    pub(super) reads_w: Tensors,
+    pub(super) reads_bw: Tensors,
     pub(super) saved: u64,
     /// The largest item's activations while it is recomputed.
     pub(super) transient: u64,
@@ -39,6 +44,17 @@ pub(super) fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
         s.params += it.params;
         s.tensors += it.tensors;
         s.params_sq += it.params_sq;
+        let policy = r as usize;
+        let reads = &it.backward_reads;
+        for (sum, add) in [
+            (&mut s.reads_b, reads.b[policy]),
+            (&mut s.reads_w, reads.w[policy]),
+            (&mut s.reads_bw, reads.bw[policy]),
+        ] {
+            sum.0 += add.0;
+            sum.1 += add.1;
+            sum.2 += add.2;
+        }
         s.flops += it.flops;
         s.comm += it.comm;
         s.grad_sync += it.grad_sync;
@@ -128,6 +144,8 @@ pub(super) fn stages_of(p: &Profile, c: &Config) -> Vec<StageCost> {
             if s == 0 {
                 st.w += st.b;
                 st.b = 0.0;
+                st.reads_w = st.reads_bw;
+                st.reads_b = (0, 0, 0.0);
             }
             st
         })
@@ -263,27 +281,28 @@ pub(super) fn score(
     let stages = st.len();
     let (dp, tp, pp) = (c.dp, c.tp, c.pp as usize);
     // Per-fragment extras: the point-to-point sends (the next pipeline rank is dp x sp x
-    // tp devices away), and ZeRO-3's gathers of the stage's parameters.
+    // tp devices away), and ZeRO-3's gathers of the parameters the fragment reads.
     let p2p_span = dp * c.sp * tp + 1;
-    let gather = |s: &StageCost| {
-        if c.zero == 3 && s.tensors > 0 {
+    let split = c.schedule.is_some_and(ScheduleKind::split_backward);
+    let gather = |s: &StageCost, kind: Kind| {
+        let reads = match kind {
+            Kind::F => (s.params, s.tensors, s.params_sq),
+            Kind::B if split => s.reads_b,
+            Kind::B => s.reads_bw,
+            Kind::W => s.reads_w,
+        };
+        if c.zero == 3 && reads.1 > 0 {
             // dp's ranks are sp x tp devices apart. The compiler gathers each parameter
-            // right before its first use, so every gather waits for the dp group's
-            // slowest, which met at the gather before, a tensor's share of the
-            // fragment's compute earlier.
-            let n = s.tensors as f64;
-            coll_time(
-                cluster,
-                "nns.all_gather",
-                dp,
-                c.sp * tp,
-                (s.params, s.tensors, s.params_sq),
-            ) + n * cluster.device.skew(dp, 0.5 * (s.f + s.b + s.w) / n)
+            // right before its first use in the fragment, so every gather waits for the
+            // dp group's slowest, which met at the gather before, a tensor's share of
+            // the stage's compute earlier.
+            let share = 0.5 * (s.f + s.b + s.w) / s.tensors.max(1) as f64;
+            coll_time(cluster, "nns.all_gather", dp, c.sp * tp, reads)
+                + reads.1 as f64 * cluster.device.skew(dp, share)
         } else {
             0.0
         }
     };
-    let split = c.schedule.is_some_and(ScheduleKind::split_backward);
     let device_of = rank_of(c);
     let frag = |a: Action| -> f64 {
         let s = &st[a.stage];
@@ -303,8 +322,8 @@ pub(super) fn score(
         };
         let wait = crate::planner::timeline::receive_wait(&cluster.device, a, &device_of, work);
         match a.kind {
-            Kind::W => work,
-            _ => work + send + gather(s) + wait,
+            Kind::W => work + gather(s, a.kind),
+            _ => work + send + gather(s, a.kind) + wait,
         }
     };
     let m = c.microbatches as usize;
@@ -389,7 +408,18 @@ pub(super) fn score(
         opt = opt.max(update + accumulate_time(cluster, (params, tensors, sq), c.microbatches));
         flops = flops.max(mine.iter().map(|s| s.flops).sum::<f64>() * m as f64);
         tp_comm = tp_comm.max(mine.iter().map(|s| s.comm).sum::<f64>() * m as f64 + grad_sync);
-        let gathers: f64 = mine.iter().map(|s| 2.0 * gather(s)).sum::<f64>() * m as f64;
+        let gathers: f64 = mine
+            .iter()
+            .map(|s| {
+                let backward = if split {
+                    gather(s, Kind::B) + gather(s, Kind::W)
+                } else {
+                    gather(s, Kind::B)
+                };
+                gather(s, Kind::F) + backward
+            })
+            .sum::<f64>()
+            * m as f64;
         dp_comm = dp_comm.max(dp_sync + gathers);
     }
     if memory > cap {
