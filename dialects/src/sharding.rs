@@ -19,7 +19,7 @@
 use crate::annotation::{Annotation, Binding, DimKind, TensorAnno};
 use crate::nns::{AxisLayout, Layout, Mesh, Reduce};
 use crate::spec::Linearity;
-use crate::types::{AttrValue, Attrs};
+use crate::types::{AttrValue, Attrs, Elem};
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt;
@@ -508,7 +508,7 @@ impl Ord for Cost {
 }
 
 /// A transition query: (from, to, shape, element bytes, mesh axis sizes).
-type Query = (Sharding, Sharding, Vec<i64>, u64, Vec<i64>);
+type Query = (Sharding, Sharding, Vec<i64>, Elem, Vec<i64>);
 
 /// Shortest paths between shardings, cached by query.
 #[derive(Default)]
@@ -554,22 +554,23 @@ impl TransitionSearch {
         }
     }
 
-    /// The cheapest transition from `from` to `to` for a tensor of `shape` with
-    /// `elem_bytes`-byte elements on a mesh of axis `sizes`; `None` when there is none
-    /// (e.g. the target is partial but the source is not).
+    /// The cheapest transition from `from` to `to` for a tensor of `shape` with `elem`
+    /// elements on a mesh of axis `sizes`; `None` when there is none (e.g. the target is
+    /// partial but the source is not). A tensor of integers is never made partial on the
+    /// way (a partial sum of indices means nothing, and the runtimes refuse it).
     pub fn find(
         &mut self,
         from: &Sharding,
         to: &Sharding,
         shape: &[i64],
-        elem_bytes: u64,
+        elem: Elem,
         sizes: &[i64],
     ) -> Option<Transition> {
         let key = (
             from.clone(),
             to.clone(),
             shape.to_vec(),
-            elem_bytes,
+            elem,
             sizes.to_vec(),
         );
         if let Some(t) = self.cache.get(&key) {
@@ -577,7 +578,7 @@ impl TransitionSearch {
         }
         let t = search(
             (from, to),
-            (shape, elem_bytes),
+            (shape, elem),
             sizes,
             &self.fixed,
             self.price.as_ref(),
@@ -799,11 +800,12 @@ pub fn moves_slice(s: &Sharding, a: usize, shape: &[i64], sizes: &[i64]) -> Vec<
 
 fn search(
     (from, to): (&Sharding, &Sharding),
-    (shape, elem_bytes): (&[i64], u64),
+    (shape, elem): (&[i64], Elem),
     sizes: &[i64],
     fixed: &[usize],
     price: Option<&StepPrice>,
 ) -> Option<Transition> {
+    let elem_bytes = elem.bytes();
     if from == to {
         return Some(Transition {
             steps: Vec::new(),
@@ -827,6 +829,9 @@ fn search(
         let joint = price.is_some();
         let out = moves((&s, here), (shape, elem_bytes), sizes, fixed, joint);
         for (step, next, bytes, after) in out {
+            if !elem.is_float() && next.partial.iter().any(Option::is_some) {
+                continue;
+            }
             let nc = match price {
                 None => Cost::bytes(c.sum + bytes + HOP_BYTES),
                 Some(p) => Cost::priced(c.sum + p(&step, here, after), c.hops + 1),

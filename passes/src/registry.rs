@@ -177,7 +177,7 @@ pub static PASSES: &[PassInfo] = &[
             },
             OptionInfo {
                 name: "cluster",
-                help: "with policies tp-search and auto: the cluster the plan is for (a preset: dgx-a100, dgx-h100, h200, cpu; or a TOML file); give it to --lower-relayouts=cluster=... too, so that relayouts become the collectives the search priced",
+                help: "with policies tp-search and auto: the cluster the plan is for (a preset: dgx-a100, dgx-h100, h200, cpu; or a TOML file), recorded on the module as nns.cluster, on which --lower-relayouts then prices the relayouts (so that they become the collectives the search priced)",
             },
             OptionInfo {
                 name: "schedule",
@@ -317,7 +317,7 @@ pub static PASSES: &[PassInfo] = &[
         summary: "Turn each nns.relayout into the cheapest sequence of collectives (all_reduce, reduce_scatter, all_gather, all_to_all, slice): by default the fewest bytes sent, each collective counted as 64 KiB more; with cluster= the fewest seconds the cost model predicts on that cluster (what --plan=tp-search and auto assume for the same cluster)",
         options: &[OptionInfo {
             name: "cluster",
-            help: "choose each relayout's collectives by their predicted seconds on this cluster: a preset (dgx-a100, dgx-h100, h200, cpu) or a TOML file (nnscaler calibrate writes one)",
+            help: "choose each relayout's collectives by their predicted seconds on this cluster: a preset (dgx-a100, dgx-h100, h200, cpu) or a TOML file (nnscaler calibrate writes one); without it, the cluster the module records (nns.cluster, written by --plan=tp-search and auto), else by bytes",
         }],
         anchor: Anchor::Function,
         factory: Factory::Native(|o| Ok(Native::Function(Box::new(LowerRelayouts::new(o)?)))),

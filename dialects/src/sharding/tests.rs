@@ -28,7 +28,7 @@ fn sizes(m: &Mesh) -> Vec<i64> {
 fn path(m: &Mesh, a: &str, b: &str) -> String {
     let mut ts = TransitionSearch::new();
     let t = ts
-        .find(&sh(m, a, 2), &sh(m, b, 2), &[64, 64], 4, &sizes(m))
+        .find(&sh(m, a, 2), &sh(m, b, 2), &[64, 64], Elem::F32, &sizes(m))
         .expect("a transition exists");
     let v: Vec<String> = t.steps.iter().map(|s| s.describe(m)).collect();
     v.join("; ")
@@ -128,7 +128,13 @@ fn transition_table() {
         // Applying the steps reaches the target.
         let mut ts = TransitionSearch::new();
         let t = ts
-            .find(&sh(&m, a, 2), &sh(&m, b, 2), &[64, 64], 4, &sizes(&m))
+            .find(
+                &sh(&m, a, 2),
+                &sh(&m, b, 2),
+                &[64, 64],
+                Elem::F32,
+                &sizes(&m),
+            )
             .unwrap();
         let end = t.steps.iter().fold(sh(&m, a, 2), |s, step| step.apply(&s));
         assert_eq!(end, sh(&m, b, 2), "{a:?} -> {b:?}");
@@ -140,11 +146,23 @@ fn replicated_becomes_partial_locally_but_max_partials_are_unreachable() {
     let m = mesh("tp = 2");
     let mut ts = TransitionSearch::new();
     let t = ts
-        .find(&sh(&m, "", 2), &sh(&m, "tp = V(sum)", 2), &[4, 4], 4, &[2])
+        .find(
+            &sh(&m, "", 2),
+            &sh(&m, "tp = V(sum)", 2),
+            &[4, 4],
+            Elem::F32,
+            &[2],
+        )
         .unwrap();
     assert_eq!(t.steps, vec![Step::Partition { axis: 0 }]);
     assert_eq!(t.bytes, 0.0);
-    let t = ts.find(&sh(&m, "", 2), &sh(&m, "tp = V(max)", 2), &[4, 4], 4, &[2]);
+    let t = ts.find(
+        &sh(&m, "", 2),
+        &sh(&m, "tp = V(max)", 2),
+        &[4, 4],
+        Elem::F32,
+        &[2],
+    );
     assert!(t.is_none());
 }
 
@@ -157,12 +175,18 @@ fn indivisible_splits_are_avoided() {
         &sh(&m, "tp = D(1)", 2),
         &sh(&m, "tp = D(0)", 2),
         &[6, 8],
-        4,
+        Elem::F32,
         &[4],
     );
     assert!(t.is_none());
     let t = ts
-        .find(&sh(&m, "tp = D(1)", 2), &sh(&m, "", 2), &[6, 8], 4, &[4])
+        .find(
+            &sh(&m, "tp = D(1)", 2),
+            &sh(&m, "", 2),
+            &[6, 8],
+            Elem::F32,
+            &[4],
+        )
         .unwrap();
     assert_eq!(t.steps, vec![Step::AllGather { axis: 0, dim: 1 }]);
     assert_eq!(t.bytes, 0.75 * 6.0 * 8.0 * 4.0);
@@ -274,9 +298,15 @@ fn big_path(m: &Mesh, a: &str, b: &str, price: Option<StepPrice>) -> Vec<Step> {
         Some(p) => TransitionSearch::priced(Vec::new(), p),
         None => TransitionSearch::new(),
     };
-    ts.find(&sh(m, a, 2), &sh(m, b, 2), &[1024, 1024], 4, &sizes(m))
-        .expect("a transition exists")
-        .steps
+    ts.find(
+        &sh(m, a, 2),
+        &sh(m, b, 2),
+        &[1024, 1024],
+        Elem::F32,
+        &sizes(m),
+    )
+    .expect("a transition exists")
+    .steps
 }
 
 fn describe(m: &Mesh, steps: &[Step]) -> String {
@@ -397,4 +427,29 @@ fn devices_meet_in_groups_by_the_other_axes() {
         }
         assert!(seen.iter().all(|&s| s));
     }
+}
+
+/// A tensor of integers (indices, targets) is never made partial on the way: where a
+/// price makes `partition` + `reduce_scatter` cheaper than a local slice (a cluster whose
+/// network is cheaper than its memory), floats take it and integers slice.
+#[test]
+fn integers_are_never_partial_on_the_way() {
+    let m = mesh("tp = 4");
+    let dear_slice = || {
+        price(|s| match s {
+            Step::Slice { .. } => 1.0,
+            _ => 1e-3,
+        })
+    };
+    let path = |elem| {
+        let mut ts = TransitionSearch::priced(Vec::new(), dear_slice());
+        ts.find(&sh(&m, "", 2), &sh(&m, "tp = D(1)", 2), &[4, 8], elem, &[4])
+            .expect("a transition exists")
+            .steps
+    };
+    assert_eq!(
+        describe(&m, &path(Elem::F32)),
+        "partition(tp); reduce_scatter(tp, 1, sum)"
+    );
+    assert_eq!(describe(&m, &path(Elem::I64)), "slice(tp, 1)");
 }

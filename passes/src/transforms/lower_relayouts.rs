@@ -2,7 +2,8 @@
 //! from its operand's layout to its target (`sharding::TransitionSearch`: all_reduce,
 //! reduce_scatter, all_gather, all_to_all, local slice). Without options the cheapest is
 //! the fewest bytes sent plus a fixed charge per collective (`sharding::HOP_BYTES`); with
-//! `cluster=` it is the fewest seconds the cost model predicts on that cluster
+//! `cluster=` (or, without it, the module's `nns.cluster`, which `--plan=tp-search`
+//! records) it is the fewest seconds the cost model predicts on that cluster
 //! (`cost::relayout_price`, each step as `cost::predict` prices the op it becomes), which
 //! is what the split search assumes when it plans for the same cluster. Every collective
 //! records the layout it produces in `nns.layouts`. A relayout with no route (e.g. to a
@@ -10,13 +11,15 @@
 
 use crate::layouts::{error, layouts_attr, the_mesh, value_layouts};
 use crate::pass::{FunctionPass, PassOptions};
-use crate::planner::cost::{self, Cluster};
+use crate::planner::cost::{self, Cluster, CLUSTER_ATTR};
 use melior::ir::OperationRef;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::{Graph, ValueId};
 use nnscaler_dialects::nns::Mesh;
 use nnscaler_dialects::sharding::TransitionSearch;
 use nnscaler_dialects::types::AttrValue;
+use nnscaler_dialects::verify::file_loc;
+use nnscaler_dialects::view::OpView;
 
 /// The pass.
 #[derive(Debug, Default)]
@@ -44,6 +47,25 @@ impl LowerRelayouts {
 impl FunctionPass for LowerRelayouts {
     fn prepare(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
         let mesh = the_mesh(module, "lower-relayouts")?;
+        // Without cluster=, the cluster a plan recorded (`--plan=tp-search`'s
+        // `nns.cluster`), so that relayouts become the collectives the plan priced.
+        if self.cluster.is_none() {
+            if let Some(v) = OpView::of(module).attrs.get(CLUSTER_ATTR) {
+                let AttrValue::Str(spec) = v else {
+                    return Err(error(
+                        &file_loc(""),
+                        format!("lower-relayouts: the module's '{CLUSTER_ATTR}' must name a cluster (a preset or a TOML file), got {}", v.to_mlir_text()),
+                    ));
+                };
+                let c = cost::load(spec).map_err(|e| {
+                    error(
+                        &file_loc(""),
+                        format!("lower-relayouts: the cluster the plan was made for ('{CLUSTER_ATTR}' = \"{spec}\"): {e}; give --lower-relayouts=cluster=PRESET|FILE"),
+                    )
+                })?;
+                self.cluster = Some(c);
+            }
+        }
         // Micro-batches are steps in time: no collective runs over them (a --schedule-*
         // pass turns the reductions over them into accumulation first).
         let fixed = (0..mesh.axes.len())
@@ -89,7 +111,7 @@ pub fn lower(
         };
         let ty = g.values[src].clone();
         let t = search
-            .find(&from, &to, &ty.shape, ty.elem.bytes(), &sizes)
+            .find(&from, &to, &ty.shape, ty.elem, &sizes)
             .ok_or_else(|| {
                 error(
                     &n.loc,

@@ -64,8 +64,8 @@ pub struct Plan {
     microbatches: Option<i64>,
     /// ZeRO stage (`zero=`): 1 shards the optimizer state over `dp`.
     zero: u8,
-    /// The cluster `tp-search` predicts costs on (`cluster=`).
-    cluster: Option<crate::planner::cost::Cluster>,
+    /// The cluster `tp-search` predicts costs on (`cluster=`): as written, and loaded.
+    cluster: Option<(String, crate::planner::cost::Cluster)>,
     /// The pipeline schedule `--schedule` is to run (`schedule=`), written on the training
     /// steps as `nns.schedule`.
     schedule: Option<ScheduleKind>,
@@ -87,9 +87,10 @@ impl Plan {
             }
         }
         let cluster = match (policy, o.get("cluster")) {
-            (Policy::TpSearch, Some(c)) => {
-                Some(crate::planner::cost::load(c).map_err(|e| format!("plan: {e}"))?)
-            }
+            (Policy::TpSearch, Some(c)) => Some((
+                c.to_string(),
+                crate::planner::cost::load(c).map_err(|e| format!("plan: {e}"))?,
+            )),
             (Policy::TpSearch, None) => {
                 return Err("plan: tp-search needs cluster=PRESET|FILE to predict costs on (presets: dgx-a100, dgx-h100, h200, cpu)".into())
             }
@@ -290,7 +291,7 @@ impl ModulePass for Plan {
         let remarks = &mut self.remarks;
         rewrite_funcs(module, &mut |g| {
             let g = match (policy, &cluster) {
-                (Policy::TpSearch, Some(c)) => {
+                (Policy::TpSearch, Some((_, c))) => {
                     let found = crate::planner::split_search::tp_search(g, &mesh, c, "tp")?;
                     let (g, prepared, sol) = (found.planned, found.prepared, found.solution);
                     let chosen = prepared.describe(&sol);
@@ -324,7 +325,21 @@ impl ModulePass for Plan {
             } else {
                 g
             }))
-        })
+        })?;
+        // The cluster the splits were chosen for, on the module (`nns.cluster`), so that
+        // --lower-relayouts (and --print-stats) price the relayouts as the search did.
+        if let Some((spec, _)) = &self.cluster {
+            // SAFETY: `module` is live; the attribute is made in its context.
+            unsafe {
+                use nnscaler_dialects::rewriter::{set_attr, Builder};
+                let b = Builder::for_op(module.to_raw());
+                let a = b
+                    .attribute(&AttrValue::Str(spec.clone()))
+                    .map_err(|e| error(&file_loc(""), e))?;
+                set_attr(module.to_raw(), crate::planner::cost::CLUSTER_ATTR, a);
+            }
+        }
+        Ok(())
     }
 
     fn take_remarks(&mut self) -> Diagnostics {

@@ -95,7 +95,7 @@ fn generate() -> String {
     s.push_str(
         "- function arguments/results: `nns.name` (string), `nns.param` (unit), `nns.layout`.\n",
     );
-    s.push_str("- functions: `nns.schedule` (string): on a training step, the pipeline schedule its plan chose (`\"1f1b\"`, from `--plan ... schedule=` or `--plan=auto`), which `--schedule` runs; on a pipeline rank's program (with `nns.pipeline`, the step's name, and `nns.pipeline_rank`), the schedule and the rank's actions (`\"1f1b: 0F0 0F1 0B0 ...\"`); `nns.localized` (unit): a per-device program.\n\n### Collectives\n\n");
+    s.push_str("- functions: `nns.schedule` (string): on a training step, the pipeline schedule its plan chose (`\"1f1b\"`, from `--plan ... schedule=` or `--plan=auto`), which `--schedule` runs; on a pipeline rank's program (with `nns.pipeline`, the step's name, and `nns.pipeline_rank`), the schedule and the rank's actions (`\"1f1b: 0F0 0F1 0B0 ...\"`); `nns.localized` (unit): a per-device program.\n- modules: `nns.cluster` (string): the cluster a plan was chosen for (a preset or a TOML file, as `--plan=\"tp-search cluster=...\"` or `--plan=\"auto cluster=...\"` gave it), on which `--lower-relayouts` without `cluster=` prices the relayouts.\n\n### Collectives\n\n");
     for c in nns::COLLECTIVES {
         let _ = writeln!(
             s,

@@ -232,6 +232,11 @@ pub fn load(spec: &str) -> Result<Cluster, String> {
     parse(&text).map_err(|e| format!("{spec}: {e}"))
 }
 
+/// The module attribute naming the cluster a plan was chosen for (a preset or a TOML
+/// file, as `cluster=` gave it): `--plan=tp-search` and auto write it,
+/// `--lower-relayouts` without `cluster=` prices relayouts on it.
+pub const CLUSTER_ATTR: &str = "nns.cluster";
+
 /// A cluster from TOML.
 pub fn parse(text: &str) -> Result<Cluster, String> {
     let c: Cluster = toml_parse(text)?;

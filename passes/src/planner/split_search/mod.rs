@@ -200,7 +200,7 @@ fn transition_seconds(
         return Some(0.0);
     }
     let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
-    let t = ts.find(from, to, &ty.shape, ty.elem.bytes(), &sizes)?;
+    let t = ts.find(from, to, &ty.shape, ty.elem, &sizes)?;
     let mut s = from.clone();
     let mut secs = 0.0;
     let local = |s: &Sharding| {
