@@ -48,30 +48,29 @@ impl FunctionPass for LowerRelayouts {
     fn prepare(&mut self, module: &OperationRef<'_, '_>) -> Result<(), Diagnostics> {
         let mesh = the_mesh(module, "lower-relayouts")?;
         // Without cluster=, the cluster a plan recorded (`--plan=tp-search`'s
-        // `nns.cluster`), so that relayouts become the collectives the plan priced.
-        if self.cluster.is_none() {
-            if let Some(v) = OpView::of(module).attrs.get(CLUSTER_ATTR) {
-                let AttrValue::Str(spec) = v else {
-                    return Err(error(
-                        &file_loc(""),
-                        format!("lower-relayouts: the module's '{CLUSTER_ATTR}' must name a cluster (a preset or a TOML file), got {}", v.to_mlir_text()),
-                    ));
-                };
-                let c = cost::load(spec).map_err(|e| {
-                    error(
-                        &file_loc(""),
-                        format!("lower-relayouts: the cluster the plan was made for ('{CLUSTER_ATTR}' = \"{spec}\"): {e}; give --lower-relayouts=cluster=PRESET|FILE"),
-                    )
-                })?;
-                self.cluster = Some(c);
+        // `nns.cluster`), so that relayouts become the collectives the plan priced; read
+        // for each module, not kept.
+        let recorded = match (&self.cluster, OpView::of(module).attrs.get(CLUSTER_ATTR)) {
+            (None, Some(AttrValue::Str(spec))) => Some(cost::load(spec).map_err(|e| {
+                error(
+                    &file_loc(""),
+                    format!("lower-relayouts: the cluster the plan was made for ('{CLUSTER_ATTR}' = \"{spec}\"): {e}; give --lower-relayouts=cluster=PRESET|FILE"),
+                )
+            })?),
+            (None, Some(v)) => {
+                return Err(error(
+                    &file_loc(""),
+                    format!("lower-relayouts: the module's '{CLUSTER_ATTR}' must name a cluster (a preset or a TOML file), got {}", v.to_mlir_text()),
+                ))
             }
-        }
+            _ => None,
+        };
         // Micro-batches are steps in time: no collective runs over them (a --schedule-*
         // pass turns the reductions over them into accumulation first).
         let fixed = (0..mesh.axes.len())
             .filter(|&a| mesh.axes[a].microbatches)
             .collect();
-        self.search = match &self.cluster {
+        self.search = match self.cluster.as_ref().or(recorded.as_ref()) {
             Some(c) => TransitionSearch::priced(fixed, cost::relayout_price(c, &mesh)),
             None => TransitionSearch::with_fixed_axes(fixed),
         };

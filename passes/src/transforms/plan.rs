@@ -327,7 +327,7 @@ impl ModulePass for Plan {
             }))
         })?;
         // The cluster the splits were chosen for, on the module (`nns.cluster`), so that
-        // --lower-relayouts (and --print-stats) price the relayouts as the search did.
+        // --lower-relayouts prices the relayouts as the search did.
         if let Some((spec, _)) = &self.cluster {
             // SAFETY: `module` is live; the attribute is made in its context.
             unsafe {
