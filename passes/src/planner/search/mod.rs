@@ -993,48 +993,8 @@ mod tests {
             ..Item::default()
         };
         let cluster = cost::preset("dgx-h100").unwrap();
-        let step = |b: [Tensors; 3], w: [Tensors; 3], schedule, recompute| {
-            let p = Profile {
-                items: vec![item("i0", reads(b, w)), item("i1", reads(b, w))],
-                ..Profile::default()
-            };
-            let c = Config {
-                dp: 2,
-                tp: 1,
-                sp: 1,
-                pp: 2,
-                micro: 1,
-                microbatches: 2,
-                schedule: Some(schedule),
-                recompute,
-                zero: 3,
-                stage_starts: vec![0, 1],
-                tensor: TpPolicy::Megatron,
-            };
-            let e = score(&p, &c, &cluster, u64::MAX, &mut HashMap::new()).unwrap();
-            (e.pipeline, e.dp_comm)
-        };
-        let gather = |t: Tensors| coll_time(&cluster, "nns.all_gather", 2, 1, t);
-        for schedule in [ScheduleKind::OneFOneB, ScheduleKind::ZbH1] {
-            let (bare, bare_comm) = step([none; 3], [none; 3], schedule, Recompute::None);
-            let (read, read_comm) = step([two; 3], [none; 3], schedule, Recompute::None);
-            // Each of the 2 micro-batches' backward gathers the two parameters it reads
-            // (dp_comm: the busiest pipeline rank's).
-            let more = read_comm - bare_comm;
-            assert!((more - 2.0 * gather(two)).abs() < 1e-12, "{more}");
-            assert!(read > bare, "{schedule:?}");
-            // The plan's policy picks its reads: none under `none` here.
-            let (full_only, _) = step([none, none, two], [none; 3], schedule, Recompute::None);
-            assert_eq!(full_only, bare);
-        }
-        // One parameter read on both sides: an unsplit backward gathers it once, a split
-        // one in `B` and again in `W` (the first stage has no `B`: once, in `W`).
-        let both = BackwardReads {
-            b: [one; 3],
-            w: [one; 3],
-            bw: [one; 3],
-        };
-        let comm = |schedule, backward_reads| {
+        // Two stages of one item each, dp2 pp2, 2 micro-batches, ZeRO-3: (pipeline, dp_comm).
+        let estimate = |backward_reads: BackwardReads, schedule| {
             let p = Profile {
                 items: vec![item("i0", backward_reads), item("i1", backward_reads)],
                 ..Profile::default()
@@ -1052,10 +1012,31 @@ mod tests {
                 stage_starts: vec![0, 1],
                 tensor: TpPolicy::Megatron,
             };
-            score(&p, &c, &cluster, u64::MAX, &mut HashMap::new())
-                .unwrap()
-                .dp_comm
+            let e = score(&p, &c, &cluster, u64::MAX, &mut HashMap::new()).unwrap();
+            (e.pipeline, e.dp_comm)
         };
+        let step = |b, w, schedule| estimate(reads(b, w), schedule);
+        let gather = |t: Tensors| coll_time(&cluster, "nns.all_gather", 2, 1, t);
+        for schedule in [ScheduleKind::OneFOneB, ScheduleKind::ZbH1] {
+            let (bare, bare_comm) = step([none; 3], [none; 3], schedule);
+            let (read, read_comm) = step([two; 3], [none; 3], schedule);
+            // Each of the 2 micro-batches' backward gathers the two parameters it reads
+            // (dp_comm: the busiest pipeline rank's).
+            let more = read_comm - bare_comm;
+            assert!((more - 2.0 * gather(two)).abs() < 1e-12, "{more}");
+            assert!(read > bare, "{schedule:?}");
+            // The plan's policy picks its reads: none under `none` here.
+            let (full_only, _) = step([none, none, two], [none; 3], schedule);
+            assert_eq!(full_only, bare);
+        }
+        // One parameter read on both sides: an unsplit backward gathers it once, a split
+        // one in `B` and again in `W` (the first stage has no `B`: once, in `W`).
+        let both = BackwardReads {
+            b: [one; 3],
+            w: [one; 3],
+            bw: [one; 3],
+        };
+        let comm = |schedule, backward_reads| estimate(backward_reads, schedule).1;
         for (schedule, gathers) in [(ScheduleKind::OneFOneB, 2.0), (ScheduleKind::ZbH1, 4.0)] {
             let more = comm(schedule, both) - comm(schedule, BackwardReads::default());
             assert!(

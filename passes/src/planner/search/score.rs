@@ -44,6 +44,7 @@ pub(super) fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
         s.params += it.params;
         s.tensors += it.tensors;
         s.params_sq += it.params_sq;
+        // `BackwardReads` is indexed in `Recompute`'s order: none, selective, full.
         let policy = r as usize;
         let reads = &it.backward_reads;
         for (sum, add) in [
