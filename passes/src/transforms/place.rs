@@ -467,19 +467,13 @@ fn staged_backward_op(g: &Graph, fwd: &[bool]) -> Option<usize> {
 /// Stages a training step's ops other than its forward, whose forward ops are staged (see
 /// the module docs).
 fn stage_the_rest(g: &mut Graph, fwd: &[bool]) -> Result<(), Diagnostics> {
-    // The stage of the forward op at each location (the last one there, when several
-    // share one: the casts `--autocast` puts before an op carry its location).
-    let mut at: HashMap<SrcLoc, AttrValue> = HashMap::new();
-    for (n, _) in g.nodes.iter().zip(fwd).filter(|(_, &f)| f) {
-        if let Some(s) = n.attrs.get("nns.stage") {
-            at.insert(n.loc.clone(), s.clone());
-        }
-    }
+    let staged = |k: usize| g.nodes[k].attrs.contains_key("nns.stage");
+    let of = differentiated_ops(g, fwd, staged);
     let mut constants = vec![false; g.nodes.len()];
     for k in (0..g.nodes.len()).filter(|&k| !fwd[k]) {
         let n = &g.nodes[k];
-        if let Some(s) = at.get(&n.loc).filter(|_| n.loc.line != 0) {
-            let s = s.clone();
+        if let Some(f) = of[k] {
+            let s = g.nodes[f].attrs["nns.stage"].clone();
             g.nodes[k].attrs.insert("nns.stage".into(), s);
         } else if n.loc == g.loc {
             // --autodiff's constants take their users' stage; the optimizer's ops none.
@@ -496,6 +490,35 @@ fn stage_the_rest(g: &mut Graph, fwd: &[bool]) -> Result<(), Diagnostics> {
     }
     complete_stages(g, &constants);
     Ok(())
+}
+
+/// For each op of training step `g` outside its forward (`fwd`), the forward op it
+/// differentiates: the one whose location it carries (`--autodiff` gives each op of a
+/// vector-Jacobian product its forward op's location), among the forward ops `which`
+/// admits, the last one there when several share it (the casts `--autocast` puts before
+/// an op carry its location). `None` for forward ops and for ops at no such location
+/// (line 0, a step read back without its locations). `--place` stages a backward op as
+/// this op; the plan search's profiles charge it to this op's layer.
+pub(crate) fn differentiated_ops(
+    g: &Graph,
+    fwd: &[bool],
+    which: impl Fn(usize) -> bool,
+) -> Vec<Option<usize>> {
+    let mut at: HashMap<&SrcLoc, usize> = HashMap::new();
+    for k in (0..g.nodes.len()).filter(|&k| fwd[k] && which(k)) {
+        at.insert(&g.nodes[k].loc, k);
+    }
+    g.nodes
+        .iter()
+        .zip(fwd)
+        .map(|(n, &f)| {
+            if f || n.loc.line == 0 {
+                None
+            } else {
+                at.get(&n.loc).copied()
+            }
+        })
+        .collect()
 }
 
 /// Gives the ops of `g` marked in `which` that have no stage one: the latest stage of

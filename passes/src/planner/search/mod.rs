@@ -64,7 +64,7 @@ use crate::planner::schedule::{self, Action, Kind, ScheduleKind};
 use crate::rewrite::compact;
 use crate::transforms::localize::localize;
 use crate::transforms::lower_relayouts::lower;
-use crate::transforms::place::balanced_partition;
+use crate::transforms::place::{balanced_partition, differentiated_ops};
 use crate::transforms::propagate_layouts::propagate;
 use crate::transforms::recompute::{forward_ops, layer_of_param, layers};
 use crate::transforms::split_tensor::split;
@@ -910,6 +910,21 @@ fn rank(
 /// for every middle layer it stands for (its optimizer update too).
 fn expand(mut p: Profile, runs: &[crate::planner::layer_runs::Run]) -> Profile {
     let mut items = Vec::with_capacity(p.items.len());
+    // Each item's index in the whole model (a run's second: its first copy's).
+    let mut number = Vec::with_capacity(p.items.len());
+    let mut next = 0;
+    for it in &p.items {
+        number.push(next);
+        next += runs
+            .iter()
+            .find(|r| r.second == it.name)
+            .map_or(1, |r| r.names.len());
+    }
+    for it in &mut p.items {
+        for s in &mut it.grad_sends {
+            s.0 = number[s.0];
+        }
+    }
     for it in std::mem::take(&mut p.items) {
         match runs.iter().find(|r| r.second == it.name) {
             Some(r) => {
@@ -965,6 +980,152 @@ mod tests {
         let st = stages_of(&p, &c);
         assert_eq!((st[0].f, st[0].b, st[0].w), (2.0, 0.0, 3.0));
         assert_eq!((st[1].f, st[1].b, st[1].w), (2.0, 2.0, 1.0));
+    }
+
+    /// A gradient sent past the stage before (a tied weight's, from the head back to the
+    /// embeddings) is one message after `B` between the two stages' ranks, priced at the
+    /// network level their distance reaches, and nothing when the two items share a
+    /// stage or a rank; it lengthens the pipeline of a plan that cuts between them.
+    #[test]
+    fn tied_gradients_are_sent_between_stages() {
+        let bytes = 64u64 << 20;
+        let mut items: Vec<Item> = (0..4)
+            .map(|i| Item {
+                name: format!("i{i}"),
+                fwd: 1e-3,
+                bwd_input: 1e-3,
+                bwd_weight: 1e-3,
+                ..Item::default()
+            })
+            .collect();
+        items[3].grad_sends = vec![(0, bytes)];
+        let p = Profile {
+            items,
+            ..Profile::default()
+        };
+        let cluster = cost::preset("dgx-a100").unwrap();
+        let config = |pp: u64, tp: u64, stage_starts: Vec<usize>, schedule| Config {
+            dp: 1,
+            tp,
+            sp: 1,
+            pp,
+            micro: 1,
+            microbatches: 2,
+            schedule,
+            recompute: Recompute::None,
+            zero: 0,
+            stage_starts,
+            tensor: TpPolicy::Megatron,
+        };
+        for (schedule, starts) in [
+            (ScheduleKind::OneFOneB, vec![0, 1, 2, 3]),
+            (ScheduleKind::Interleaved, vec![0, 1, 2, 3]),
+        ] {
+            let pp = if schedule == ScheduleKind::Interleaved {
+                2
+            } else {
+                4
+            };
+            for tp in [1, 8] {
+                let c = config(pp, tp, starts.clone(), Some(schedule));
+                let rank = rank_of(&c);
+                let t = grad_send_times(&p, &c, &cluster, &rank);
+                // The last stage's rank is pp - 1 ranks from the first one's, tp devices each.
+                let apart = (rank[3] - rank[0]) as u64 * tp;
+                assert_eq!(t[..3], [0.0; 3]);
+                assert_eq!(
+                    t[3],
+                    cluster.p2p_time(apart + 1, bytes),
+                    "{schedule:?} tp{tp}"
+                );
+            }
+        }
+        // Across nodes (8 devices a rank) the message is dearer than within one.
+        let near = grad_send_times(
+            &p,
+            &config(4, 1, vec![0, 1, 2, 3], None),
+            &cluster,
+            &[0, 1, 2, 3],
+        );
+        let far = grad_send_times(
+            &p,
+            &config(4, 8, vec![0, 1, 2, 3], None),
+            &cluster,
+            &[0, 1, 2, 3],
+        );
+        assert!(far[3] > near[3] && near[3] > 0.0, "{near:?} {far:?}");
+        // Head and embeddings on one stage, or on two chunks of one rank: no message.
+        let one = config(1, 1, vec![0], None);
+        assert_eq!(grad_send_times(&p, &one, &cluster, &[0]), [0.0]);
+        let v = config(1, 1, vec![0, 2], Some(ScheduleKind::OneFOneB));
+        assert_eq!(grad_send_times(&p, &v, &cluster, &[0, 0]), [0.0, 0.0]);
+        let mut sim = HashMap::new();
+        let with = score(
+            &p,
+            &config(4, 1, vec![0, 1, 2, 3], Some(ScheduleKind::OneFOneB)),
+            &cluster,
+            u64::MAX,
+            &mut sim,
+        )
+        .unwrap();
+        let mut bare = p.clone();
+        bare.items[3].grad_sends.clear();
+        let without = score(
+            &bare,
+            &config(4, 1, vec![0, 1, 2, 3], Some(ScheduleKind::OneFOneB)),
+            &cluster,
+            u64::MAX,
+            &mut HashMap::new(),
+        )
+        .unwrap();
+        assert!(
+            with.pipeline > without.pipeline,
+            "{} {}",
+            with.pipeline,
+            without.pipeline
+        );
+    }
+
+    /// The loss's once-a-step work: the micro-batches' losses added up (one add fewer than
+    /// there are micro-batches) and one all_reduce over dp and the devices it is partial
+    /// over besides, on the rank that computes it.
+    #[test]
+    fn the_loss_is_reduced_once_a_step() {
+        let cluster = cost::preset("dgx-h100").unwrap();
+        let loss = (4u64, 1u64, 16.0);
+        let config = |dp: u64, tp: u64, microbatches: u64| Config {
+            dp,
+            tp,
+            sp: 1,
+            pp: 1,
+            micro: 1,
+            microbatches,
+            schedule: None,
+            recompute: Recompute::None,
+            zero: 0,
+            stage_starts: vec![0],
+            tensor: TpPolicy::Megatron,
+        };
+        let add = cost::accumulate_seconds(&cluster.device, 1.0, 12.0);
+        assert_eq!(loss_time(&cluster, &config(1, 1, 1), loss, 1), 0.0);
+        assert_eq!(loss_time(&cluster, &config(1, 1, 4), loss, 1), 3.0 * add);
+        assert_eq!(loss_time(&cluster, &config(1, 4, 4), (0, 0, 0.0), 4), 0.0);
+        let reduce = |members, span| {
+            cost::collective_op_seconds(
+                &cluster,
+                "nns.all_reduce",
+                (members, span),
+                (4.0, 4.0),
+                4.0,
+            )
+        };
+        // dp 2 (ranks 4 devices apart: tp 4), and dp x tp when the loss is partial over tp.
+        assert_eq!(loss_time(&cluster, &config(2, 4, 1), loss, 1), reduce(2, 5));
+        assert_eq!(
+            loss_time(&cluster, &config(2, 4, 3), loss, 4),
+            reduce(8, 8) + 2.0 * add
+        );
+        assert!(reduce(2, 5) > 0.0);
     }
 
     /// ZeRO-3 gathers in each fragment the parameters it reads: every one in `F`, in the

@@ -42,6 +42,22 @@ pub struct Item {
     pub params_sq: f64,
     /// The parameters the backward's fragments read, which ZeRO-3 gathers again there.
     pub backward_reads: BackwardReads,
+    /// The gradients as the compiler adds up the micro-batches' pieces ([`score::Tensors`]):
+    /// each before its once-a-step reductions, so a gradient that is a partial sum over
+    /// `tp` (a row-parallel weight's under sequence parallelism) is added up whole, not
+    /// as the shard its parameter is.
+    pub accumulated: score::Tensors,
+    /// The step's loss when this item computes it ([`score::Tensors`]; none elsewhere):
+    /// the compiler adds up the micro-batches' losses and reduces them once a step, over
+    /// the plan's `dp` and `loss_group` devices.
+    pub loss: score::Tensors,
+    /// The devices besides `dp` the loss is reduced over (its partial sums over `tp`).
+    pub loss_group: u64,
+    /// Gradients this item's backward sends to an item further back than the one before
+    /// it (a tied weight's: the language-model head's gradient of the embedding table):
+    /// `(item, bytes)`, a message after `B` when that item is on another stage (the one
+    /// before is the cut's).
+    pub grad_sends: Vec<(usize, u64)>,
     /// Activation bytes kept for backward: no recompute.
     pub saved: u64,
     /// ... selective recompute (outside the layers: `saved`).
@@ -406,24 +422,51 @@ fn input_gradient_ops(f: &OpFacts<'_>) -> Vec<bool> {
     is_b
 }
 
-/// Reductions of weight gradients: backward collectives whose results only the optimizer
-/// reads (directly or through other such collectives). The compiler adds up the
-/// micro-batches' partial gradients first and reduces them once a step.
+/// Reductions the compiler runs once a step, after adding up the micro-batches' pieces:
+/// of weight gradients (backward collectives whose results only the optimizer reads,
+/// directly or through other such collectives), and of the loss (a forward collective
+/// whose result is only returned).
 fn per_step_reductions(f: &OpFacts<'_>) -> Vec<bool> {
     let (fwd, opt) = (f.fwd, f.opt);
     let n = f.g.nodes.len();
     let mut per_step = vec![false; n];
     for k in (0..n).rev() {
         let node = &f.g.nodes[k];
-        if fwd[k] || opt[k] || !matches!(node.op.as_str(), "nns.all_reduce" | "nns.reduce_scatter")
-        {
+        if opt[k] || !matches!(node.op.as_str(), "nns.all_reduce" | "nns.reduce_scatter") {
             continue;
         }
-        per_step[k] = node.outputs.iter().all(|&o| {
-            !f.consumers[o].is_empty() && f.consumers[o].iter().all(|&c| opt[c] || per_step[c])
-        });
+        per_step[k] = if fwd[k] {
+            node.outputs.iter().all(|&o| f.consumers[o].is_empty())
+        } else {
+            node.outputs.iter().all(|&o| {
+                !f.consumers[o].is_empty() && f.consumers[o].iter().all(|&c| opt[c] || per_step[c])
+            })
+        };
     }
     per_step
+}
+
+/// Each item's gradients sent further back than the item before it ([`Item::grad_sends`]):
+/// backward values read by a backward op of an item two or more before the one making them.
+fn add_grad_sends(f: &OpFacts<'_>, items: &mut [Item]) {
+    for (k, node) in f.g.nodes.iter().enumerate() {
+        if f.fwd[k] || f.opt[k] {
+            continue;
+        }
+        let from = f.item[k];
+        for &o in &node.outputs {
+            let mut to: Vec<usize> = f.consumers[o]
+                .iter()
+                .filter(|&&c| !f.fwd[c] && !f.opt[c] && f.item[c] + 1 < from)
+                .map(|&c| f.item[c])
+                .collect();
+            to.sort_unstable();
+            to.dedup();
+            for t in to {
+                items[from].grad_sends.push((t, f.g.values[o].bytes()));
+            }
+        }
+    }
 }
 
 /// Each item's cut (the bytes a cut after it sends: `cut_diff` summed in order); the
@@ -551,6 +594,26 @@ fn add_backward_reads(
     }
 }
 
+/// Each item's gradients as the compiler adds up the micro-batches' pieces
+/// ([`Item::accumulated`]): the backward values that an optimizer op or a once-a-step
+/// reduction ([`per_step_reductions`]) reads, by the item of the op making them.
+fn add_accumulated(f: &OpFacts<'_>, per_step: &[bool], items: &mut [Item]) {
+    for (k, node) in f.g.nodes.iter().enumerate() {
+        if f.fwd[k] || f.opt[k] || per_step[k] {
+            continue;
+        }
+        for &o in &node.outputs {
+            if f.consumers[o].iter().any(|&c| f.opt[c] || per_step[c]) {
+                let bytes = f.g.values[o].bytes();
+                let t = &mut items[f.item[k]].accumulated;
+                t.0 += bytes;
+                t.1 += 1;
+                t.2 += (bytes as f64).powi(2);
+            }
+        }
+    }
+}
+
 /// The activations each item saves (per recompute policy), and per item the change of the
 /// bytes a cut after it sends (`cut_diff`, summed in order to the cut's bytes).
 fn add_saved(f: &OpFacts<'_>, items: &mut [Item]) -> Vec<i128> {
@@ -618,24 +681,36 @@ struct Items {
     after: usize,
 }
 
-/// Assigns every forward op to its layer's item (`(before)` ahead of the first layer,
-/// `(after)` behind the last), then every backward op: the item of a forward operand (a
-/// saved activation), else of a parameter operand's layer, else of any operand's op; the
-/// loss's seed goes last.
+/// Whether op `k` of a profiled program is a relayout the compiler added (`--split-tensor`,
+/// `--lower-relayouts`), which a pipeline runs on the stage of its earliest user.
+fn added_relayout(g: &Graph, k: usize) -> bool {
+    g.nodes[k].op.starts_with("nns.")
+}
+
+/// Assigns each op to an item as a pipeline stages it (`--place`, then the schedule
+/// passes), so that a stage of items costs what the compiled stage does: every forward op
+/// to its layer's item (`(before)` ahead of the first layer, `(after)` behind the last);
+/// every backward op to the item of the forward op it differentiates (by location, as
+/// `--place` stages it), else of a forward operand (a saved activation), else of a
+/// parameter operand's layer, else of any operand's op, the loss's seed last; and the
+/// relayouts the compiler added, which `--place` never saw, to the item of their earliest
+/// user, else their latest producer's (as the schedule passes stage them).
 fn assign_items(
     g: &Graph,
     fwd: &[bool],
     opt: &[bool],
     layer: &[Option<String>],
     producer: &[Option<NodeId>],
+    consumers: &[Vec<usize>],
 ) -> Items {
     let n = g.nodes.len();
     // Items: (before), the layers in order, (after).
     let mut names: Vec<String> = vec!["(before)".into()];
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut item = vec![usize::MAX; n];
+    let relayout: Vec<bool> = (0..n).map(|k| added_relayout(g, k)).collect();
     for k in 0..n {
-        if !fwd[k] {
+        if !fwd[k] || relayout[k] {
             continue;
         }
         item[k] = match &layer[k] {
@@ -665,8 +740,13 @@ fn assign_items(
             index.get(&layer).map(|&it| (a.value, it))
         })
         .collect();
+    let of = differentiated_ops(g, fwd, |k| !relayout[k]);
     for k in 0..n {
-        if fwd[k] || opt[k] {
+        if fwd[k] || opt[k] || relayout[k] {
+            continue;
+        }
+        if let Some(f) = of[k] {
+            item[k] = item[f];
             continue;
         }
         let ins = &g.nodes[k].inputs;
@@ -675,6 +755,7 @@ fn assign_items(
         let from_fwd = ins
             .iter()
             .filter_map(|&v| producer[v].filter(|&p| fwd[p]).map(|p| item[p]))
+            .filter(|&i| i != usize::MAX)
             .max();
         let from_any = ins
             .iter()
@@ -683,6 +764,43 @@ fn assign_items(
             .min();
         let from_param = ins.iter().filter_map(|v| param_item.get(v).copied()).min();
         item[k] = from_fwd.or(from_param).or(from_any).unwrap_or(after);
+    }
+    // The relayouts: their earliest user's item, else their latest producer's.
+    let pending = |item: &[usize], k: usize| relayout[k] && !opt[k] && item[k] == usize::MAX;
+    loop {
+        let mut changed = false;
+        for k in 0..n {
+            if !pending(&item, k) {
+                continue;
+            }
+            let node = &g.nodes[k];
+            let from_users = node
+                .outputs
+                .iter()
+                .flat_map(|&o| consumers[o].iter())
+                .filter(|&&u| !opt[u] && item[u] != usize::MAX)
+                .map(|&u| item[u])
+                .min();
+            let from_inputs = || {
+                node.inputs
+                    .iter()
+                    .filter_map(|&v| producer[v].map(|p| item[p]))
+                    .filter(|&i| i != usize::MAX)
+                    .max()
+            };
+            if let Some(i) = from_users.or_else(from_inputs) {
+                item[k] = i;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    for k in 0..n {
+        if pending(&item, k) {
+            item[k] = after;
+        }
     }
     Items {
         names,
@@ -738,18 +856,18 @@ pub(super) fn profile_local(
     let layer = layers(g, &fwd);
     let producer = g.producers();
     let opt = optimizer_ops(g, &fwd);
-    let Items {
-        names,
-        item,
-        param_item,
-        after,
-    } = assign_items(g, &fwd, &opt, &layer, &producer);
     let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.values.len()];
     for (k, node) in g.nodes.iter().enumerate() {
         for &v in &node.inputs {
             consumers[v].push(k);
         }
     }
+    let Items {
+        names,
+        item,
+        param_item,
+        after,
+    } = assign_items(g, &fwd, &opt, &layer, &producer, &consumers);
     let facts = OpFacts {
         g,
         fwd: &fwd,
@@ -806,6 +924,27 @@ pub(super) fn profile_local(
             continue;
         };
         bf16 |= c.bf16;
+        if fwd[k] && per_step[k] {
+            // The loss's reduction: the plan's, once a step, over its dp and these.
+            let rest: Vec<String> = c
+                .axes
+                .iter()
+                .flatten()
+                .filter(|x| *x != "dp")
+                .cloned()
+                .collect();
+            let it = &mut items[item[k]];
+            let bytes = node
+                .outputs
+                .iter()
+                .map(|&o| g.values[o].bytes())
+                .sum::<u64>();
+            it.loss.0 += bytes;
+            it.loss.1 += 1;
+            it.loss.2 += (bytes as f64).powi(2);
+            it.loss_group = it.loss_group.max(cost::group_of(mesh, &rest).0);
+            continue;
+        }
         // Data-parallel collectives are the plan's, not the profile's.
         let Some(c) = without_dp_part(g, node, c, cluster, mesh) else {
             continue;
@@ -872,9 +1011,33 @@ pub(super) fn profile_local(
         (&is_b, [&b_selective, &b_full]),
         &mut items,
     );
+    add_accumulated(&facts, &per_step, &mut items);
+    add_grad_sends(&facts, &mut items);
     let cut_diff = add_saved(&facts, &mut items);
     set_cuts(&mut items, &cut_diff, after);
-    items.retain(|it| it.fwd > 0.0 || it.params > 0 || it.bwd_input + it.bwd_weight > 0.0);
+    // Items with nothing in them go; the sends' targets are renumbered.
+    let kept: Vec<bool> = items
+        .iter()
+        .map(|it| it.fwd > 0.0 || it.params > 0 || it.bwd_input + it.bwd_weight > 0.0)
+        .collect();
+    let number: Vec<usize> = kept
+        .iter()
+        .scan(0, |n, &k| {
+            let i = *n;
+            *n += usize::from(k);
+            Some(i)
+        })
+        .collect();
+    let mut items: Vec<Item> = items
+        .into_iter()
+        .zip(&kept)
+        .filter_map(|(it, &k)| k.then_some(it))
+        .collect();
+    for it in &mut items {
+        for s in &mut it.grad_sends {
+            s.0 = number[s.0];
+        }
+    }
     Profile {
         tp,
         micro,

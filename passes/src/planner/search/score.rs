@@ -21,6 +21,12 @@ pub(super) struct StageCost {
     pub(super) reads_b: Tensors,
     pub(super) reads_w: Tensors,
     pub(super) reads_bw: Tensors,
+    /// The gradients the micro-batches' pieces are added up in ([`Item::accumulated`]).
+    pub(super) accumulated: Tensors,
+    /// The step's loss, when the stage computes it, and the devices besides dp it is
+    /// reduced over ([`Item::loss`]).
+    pub(super) loss: Tensors,
+    pub(super) loss_group: u64,
     pub(super) saved: u64,
     /// The largest item's activations while it is recomputed.
     pub(super) transient: u64,
@@ -56,6 +62,13 @@ pub(super) fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
             sum.1 += add.1;
             sum.2 += add.2;
         }
+        s.accumulated.0 += it.accumulated.0;
+        s.accumulated.1 += it.accumulated.1;
+        s.accumulated.2 += it.accumulated.2;
+        s.loss.0 += it.loss.0;
+        s.loss.1 += it.loss.1;
+        s.loss.2 += it.loss.2;
+        s.loss_group = s.loss_group.max(it.loss_group);
         s.flops += it.flops;
         s.comm += it.comm;
         s.grad_sync += it.grad_sync;
@@ -212,10 +225,10 @@ pub(super) fn sync_skew(
         }
 }
 
-/// Seconds of adding up `microbatches` micro-batches' gradients of `params` (bytes and
-/// tensors, [`Tensors`]): the compiled step adds each gradient tensor's pieces one
-/// `dnn.add` at a time (`microbatches - 1` adds of each, f32, memory-bound, out of the
-/// cache: [`cost::accumulate_seconds`]).
+/// Seconds of adding up `microbatches` micro-batches' gradients (bytes and tensors as
+/// accumulated, [`Item::accumulated`]): the compiled step adds each gradient tensor's
+/// pieces one `dnn.add` at a time (`microbatches - 1` adds of each, f32, memory-bound,
+/// out of the cache: [`cost::accumulate_seconds`]).
 pub(super) fn accumulate_time(
     cluster: &Cluster,
     (bytes, tensors, _): Tensors,
@@ -255,6 +268,69 @@ pub(super) fn update_time(
         0.0
     };
     fixed + rest + slices
+}
+
+/// Seconds of the loss's once-a-step work on the rank that computes it: adding up the
+/// `microbatches` losses, and their reduction over dp (by rank: sp x tp devices apart)
+/// and the `group` devices besides (its partial sums over tp and sp: then one
+/// collective over all of them).
+pub(super) fn loss_time(
+    cluster: &Cluster,
+    c: &Config,
+    (bytes, tensors, _): Tensors,
+    group: u64,
+) -> f64 {
+    if tensors == 0 {
+        return 0.0;
+    }
+    let members = c.dp * group.max(1);
+    let span = if group > 1 {
+        c.dp * c.sp * c.tp
+    } else {
+        (c.dp - 1) * c.sp * c.tp + 1
+    };
+    let b = bytes as f64;
+    let reduce = if members > 1 {
+        cost::collective_op_seconds(cluster, "nns.all_reduce", (members, span), (b, b), b)
+    } else {
+        0.0
+    };
+    let adds = c.microbatches.saturating_sub(1) as f64
+        * cost::accumulate_seconds(&cluster.device, b / 4.0, 3.0 * b);
+    reduce + adds
+}
+
+/// Per stage of plan `c`, the seconds of the gradients its backward sends past the stage
+/// before it ([`Item::grad_sends`]: a tied weight's), one message each after `B`, at the
+/// network level between the two stages' ranks (none between chunks of one rank).
+pub(super) fn grad_send_times(
+    p: &Profile,
+    c: &Config,
+    cluster: &Cluster,
+    rank: &[usize],
+) -> Vec<f64> {
+    let starts = &c.stage_starts;
+    let stage_of = |item: usize| starts.iter().rposition(|&lo| lo <= item).unwrap_or(0);
+    let apart = c.dp * c.sp * c.tp;
+    (0..starts.len())
+        .map(|s| {
+            let lo = starts[s];
+            let hi = starts.get(s + 1).copied().unwrap_or(p.items.len());
+            p.items[lo..hi]
+                .iter()
+                .flat_map(|it| &it.grad_sends)
+                .filter(|&&(to, _)| to < lo)
+                .map(|&(to, bytes)| {
+                    let ranks = rank[s].abs_diff(rank[stage_of(to)]) as u64;
+                    if ranks == 0 {
+                        0.0
+                    } else {
+                        cluster.p2p_time(ranks * apart + 1, bytes)
+                    }
+                })
+                .sum()
+        })
+        .collect()
 }
 
 /// Why [`score`] gives a plan no estimate.
@@ -305,12 +381,13 @@ pub(super) fn score(
         }
     };
     let device_of = rank_of(c);
+    let grad_sends = grad_send_times(p, c, cluster, &device_of);
     let frag = |a: Action| -> f64 {
         let s = &st[a.stage];
         let send = if a.kind == Kind::F && a.stage + 1 < stages {
             cluster.p2p_time(p2p_span, s.cut)
         } else if a.kind == Kind::B && a.stage > 0 {
-            cluster.p2p_time(p2p_span, st[a.stage - 1].cut)
+            cluster.p2p_time(p2p_span, st[a.stage - 1].cut) + grad_sends[a.stage]
         } else {
             0.0
         };
@@ -405,8 +482,19 @@ pub(super) fn score(
                 0.0
             };
         let grad_sync: f64 = mine.iter().map(|s| s.grad_sync).sum();
-        sync = sync.max(dp_sync + grad_sync);
-        opt = opt.max(update + accumulate_time(cluster, (params, tensors, sq), c.microbatches));
+        let loss = mine
+            .iter()
+            .map(|s| loss_time(cluster, c, s.loss, s.loss_group))
+            .sum::<f64>();
+        sync = sync.max(dp_sync + grad_sync + loss);
+        let accumulated = mine.iter().fold((0, 0, 0.0), |a, s| {
+            (
+                a.0 + s.accumulated.0,
+                a.1 + s.accumulated.1,
+                a.2 + s.accumulated.2,
+            )
+        });
+        opt = opt.max(update + accumulate_time(cluster, accumulated, c.microbatches));
         flops = flops.max(mine.iter().map(|s| s.flops).sum::<f64>() * m as f64);
         tp_comm = tp_comm.max(mine.iter().map(|s| s.comm).sum::<f64>() * m as f64 + grad_sync);
         let gathers: f64 = mine
@@ -482,6 +570,7 @@ pub(super) fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
     let rank = rank_of(c);
     let mut work = vec![0.0f64; pp];
     let mut params: Vec<Tensors> = vec![(0, 0, 0.0); pp];
+    let mut accumulated: Vec<Tensors> = vec![(0, 0, 0.0); pp];
     let mut grad_sync = vec![0.0f64; pp];
     // Rank d holds stages d and later only (one per rank, interleaved d + k pp, V 2 pp -
     // 1 - d), so it starts no earlier than the first micro-batch's forward through
@@ -494,6 +583,9 @@ pub(super) fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
         params[rank[s]].0 += sc.params;
         params[rank[s]].1 += sc.tensors;
         params[rank[s]].2 += sc.params_sq;
+        accumulated[rank[s]].0 += sc.accumulated.0;
+        accumulated[rank[s]].1 += sc.accumulated.1;
+        accumulated[rank[s]].2 += sc.accumulated.2;
         if s < pp {
             head[s] = before;
             before += sc.f;
@@ -506,7 +598,7 @@ pub(super) fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
                 + grad_sync[d]
                 + sync_time(cluster, c, params[d])
                 + update_time(p, c, cluster, (params[d].0, params[d].1))
-                + accumulate_time(cluster, params[d], c.microbatches)
+                + accumulate_time(cluster, accumulated[d], c.microbatches)
         })
         .fold(0.0, f64::max)
 }
