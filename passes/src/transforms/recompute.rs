@@ -1,8 +1,11 @@
 //! `--recompute{policy=full|selective}`: trades compute for activation memory. Forward ops
 //! chosen by the policy are cloned into the backward, right before the first backward op
-//! that reads one of their results, and the backward reads the clones; the forward values
-//! they replace no longer live from the forward to the backward (in a pipeline: are no
-//! longer results of a stage's forward fragment kept until its backward).
+//! that reads one of their layer's results, and the backward reads the clones; the forward
+//! values they replace no longer live from the forward to the backward (in a pipeline: are
+//! no longer results of a stage's forward fragment kept until its backward). Only what
+//! the backward reads runs again: the chosen ops whose results a backward op on their
+//! stage reads, and the chosen ops of their layer those read (a layer's output that only
+//! the next stage's backward reads, as the value sent to it, is not recomputed).
 //!
 //! Layers: an op's `nns.layer = "name"` when written; else the layer its parameters name
 //! (a parameter `h.3.attn.q.weight` or `layers.3.mlp.w1` is in layer `h.3` / `layers.3`:
@@ -240,6 +243,27 @@ pub fn recompute(g: &Graph, policy: Policy) -> (Graph, usize) {
         let i = group[p]?;
         (stage_of(p.index()) == stage_of(k)).then_some(i)
     };
+    // The members run again: those whose results a backward op on their stage reads, and
+    // the members of their group they read (producers come first: one sweep back).
+    let mut needed = vec![false; g.nodes.len()];
+    for (k, n) in g.nodes.iter().enumerate() {
+        if !fwd[k] {
+            for &v in &n.inputs {
+                if same_stage(k, v).is_some() {
+                    needed[producer[v].expect("a group's value has a producer").index()] = true;
+                }
+            }
+        }
+    }
+    for m in (0..g.nodes.len()).rev() {
+        if needed[m] {
+            for &v in &g.nodes[m].inputs {
+                if let Some(p) = producer[v].filter(|p| group[*p] == group[m]) {
+                    needed[p.index()] = true;
+                }
+            }
+        }
+    }
     let mut out = g.clone();
     let old = std::mem::take(&mut out.nodes);
     let mut clone_of: HashMap<ValueId, ValueId> = HashMap::new();
@@ -253,7 +277,7 @@ pub fn recompute(g: &Graph, policy: Policy) -> (Graph, usize) {
                 if std::mem::replace(&mut done[i], true) {
                     continue;
                 }
-                for &m in &members[i] {
+                for &m in members[i].iter().filter(|&&m| needed[m]) {
                     let orig = &g.nodes[m];
                     // Within the group, the clones; from outside it (the layer's inputs,
                     // parameters), the values the forward kept.

@@ -4,6 +4,7 @@
 // RUN: nnscaler-opt --autodiff --recompute=full %s 2>&1 | FileCheck %s --check-prefix=FULL
 // RUN: nnscaler-opt --autodiff --recompute=selective %s 2>&1 | FileCheck %s --check-prefix=SEL
 // RUN: nnscaler-opt --autodiff --print-stats %s -o /dev/null 2>&1 | FileCheck %s --check-prefix=STATS
+// RUN: nnscaler-opt --place="stages=2 layout=t|t,L" --autodiff --recompute=full %s 2>&1 | FileCheck %s --check-prefix=STAGED
 // RUN: %not nnscaler-opt --recompute %s 2>&1 | FileCheck %s --check-prefix=NOAD
 // RUN: %not nnscaler-opt --autodiff --recompute=some %s 2>&1 | FileCheck %s --check-prefix=BADPOL
 
@@ -40,6 +41,15 @@ func.func @train(%x: tensor<8x16xf32> {nns.name = "x"}, %y: tensor<8xi64> {nns.n
 // SEL: remark: recompute @train: 2 forward ops recomputed in the backward (selective)
 // SEL-NOT: "dnn.linear"{{.*}}nns.recompute
 // SEL: "dnn.gelu"{{.*}}nns.recompute
+
+// Only what the backward reads runs again: with layer 1 on a stage of its own, layer 0's
+// output a0 reaches layer 1's backward as the value stage 0 sent, so stage 0 recomputes
+// its linear (its gradient reads h0) and not its gelu, which nothing would read.
+// STAGED: remark: recompute @train: 3 forward ops recomputed in the backward (full)
+// STAGED: "dnn.linear"{{.*}}nns.recompute, nns.stage = 1
+// STAGED-NEXT: "dnn.gelu"{{.*}}nns.recompute, nns.stage = 1
+// STAGED: "dnn.linear"{{.*}}nns.recompute, nns.stage = 0
+// STAGED-NOT: "dnn.gelu"{{.*}}nns.recompute, nns.stage = 0
 
 // Kept from the forward: h0, a0, h1, a1 and the logits (2.12 KiB); with full recompute only
 // layer 1's input a0 and the logits; with selective, the linears' outputs and the logits.
