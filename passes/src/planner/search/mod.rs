@@ -10,10 +10,13 @@
 //! dp=B/b tp=t"`, `dp-megatron-sp` or `tp-search`, with `sp=s` when `s > 1`;
 //! propagation, splitting, relayout lowering, localization),
 //! so its per-device program is one micro-batch of `b` sequences at `tp = t`, its
-//! positions split `s` ways. Each op of
+//! positions split `s` ways; and again with each recompute policy (`--recompute` on the
+//! planned step, its clones taking their originals' directives). Each op of
 //! that program is predicted ([`crate::planner::cost::node_cost`]) and charged to an *item*: the
 //! ops before the first layer, each layer (`h.3`, `layers.3`: as `--place` and
-//! `--recompute` find them), the ops after the last. Per item the profile keeps its
+//! `--recompute` find them), the ops after the last, as a pipeline stages them (a
+//! backward op with the forward op it differentiates, an added relayout with its earliest
+//! user). Per item the profile keeps its
 //! forward seconds (tensor-parallel collectives included; the tp reductions of weight
 //! gradients, which the compiler runs once a step after adding up the micro-batches'
 //! partial gradients, apart as `grad_sync`), its backward split as
@@ -22,7 +25,9 @@
 //! activation bytes it keeps for backward per micro-batch with no, selective (matrix
 //! products' results kept, reduced, the rest recomputed) and full recompute (its inputs
 //! only; the ops before and after the layers, which `--recompute` leaves alone, keep
-//! everything under both), and the bytes a pipeline cut after it sends. The optimizer update's seconds are kept whole;
+//! everything under both), what each recompute policy runs again in its backward (the
+//! compiled clones and their relayouts, by fragment, and apart what only the next item's
+//! backward reads), and the bytes a pipeline cut after it sends. The optimizer update's seconds are kept whole;
 //! data-parallel collectives are left out and costed per plan below. So the profile is
 //! exact for the ops and collectives the compiler emits; a few compilations serve the
 //! whole space.
@@ -37,8 +42,8 @@
 //! The schedule is simulated with each fragment's predicted time (a
 //! stage's items, plus the point-to-point send of the cut at the bandwidth of the level
 //! the two devices span, plus under ZeRO-3 the all_gather of its parameters; recompute
-//! adds the recomputed forward to `B`, but for what only weight gradients need, which
-//! the compiled clones run in `W`). The step is the simulated makespan, then the
+//! adds what its clones run to `B` and `W` as the compiled step does, and what only the
+//! next item reads where that item shares the stage). The step is the simulated makespan, then the
 //! weight gradients' tp reductions (once) and the gradient synchronisation over `dp` (over `dp x sp`, one group, under context
 //! parallelism; all_reduce; ZeRO-1/2: reduce_scatter + all_gather;
 //! ZeRO-3: reduce_scatter; one collective per parameter tensor, as the compiler emits
@@ -66,7 +71,9 @@ use crate::transforms::localize::localize;
 use crate::transforms::lower_relayouts::lower;
 use crate::transforms::place::{balanced_partition, differentiated_ops};
 use crate::transforms::propagate_layouts::propagate;
-use crate::transforms::recompute::{forward_ops, layer_of_param, layers};
+use crate::transforms::recompute::{
+    forward_ops, layer_of_param, layers, recompute, Policy as RecomputePolicy,
+};
 use crate::transforms::split_tensor::split;
 use nnscaler_dialects::diag::Diagnostics;
 use nnscaler_dialects::graph::Graph;
@@ -980,6 +987,35 @@ mod tests {
         let st = stages_of(&p, &c);
         assert_eq!((st[0].f, st[0].b, st[0].w), (2.0, 0.0, 3.0));
         assert_eq!((st[1].f, st[1].b, st[1].w), (2.0, 2.0, 1.0));
+    }
+
+    /// What a recompute policy runs again adds to `B` and `W` as the compiled step runs
+    /// it; what only the next item's backward reads, only where that item shares the stage.
+    #[test]
+    fn recompute_for_the_next_item_is_paid_on_its_stage() {
+        let again = Again {
+            b: 1.0,
+            w: 0.5,
+            next_b: 0.25,
+            next_w: 0.125,
+        };
+        let items: Vec<Item> = (0..3)
+            .map(|i| Item {
+                name: format!("i{i}"),
+                fwd: 1.0,
+                bwd_input: 2.0,
+                bwd_weight: 1.0,
+                again: [Again::default(), again, Again::default()],
+                ..Item::default()
+            })
+            .collect();
+        let s = stage_cost(&items, Recompute::Selective);
+        // Three items: each pays its own, the first two the next one's reads besides.
+        assert_eq!((s.b, s.w), (3.0 * 3.0 + 0.5, 3.0 * 1.5 + 0.25));
+        let one = stage_cost(&items[..1], Recompute::Selective);
+        assert_eq!((one.b, one.w), (3.0, 1.5));
+        let none = stage_cost(&items, Recompute::None);
+        assert_eq!((none.b, none.w), (6.0, 3.0));
     }
 
     /// A gradient sent past the stage before (a tied weight's, from the head back to the

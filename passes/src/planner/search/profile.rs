@@ -13,18 +13,10 @@ pub struct Item {
     pub name: String,
     /// Forward seconds (tensor-parallel collectives included).
     pub fwd: f64,
-    /// Forward seconds of what selective recompute repeats: a layer's ops but its matrix
-    /// products and the reduce_scatters of their partial sums, whose results are kept (0
-    /// outside the layers, which no policy recomputes).
-    pub fwd_selective: f64,
-    /// Forward seconds of what full recompute repeats: a layer's whole forward (0 outside
-    /// the layers).
-    pub fwd_full: f64,
-    /// Of `fwd_selective`, what only weight-gradient ops need: the compiled clones run
-    /// where the first op needing them does, so these run in `W`, the rest in `B`.
-    pub fwd_selective_w: f64,
-    /// Of `fwd_full`, what only weight-gradient ops need (in `W`).
-    pub fwd_full_w: f64,
+    /// What each recompute policy runs again in this item's backward, as the step compiled
+    /// with it runs it ([`Again`]; indexed in [`Recompute`]'s order: none, selective,
+    /// full; none runs nothing again, nor does any policy outside the layers).
+    pub again: [Again; 3],
     /// Backward seconds on the path to the input gradient (`B`).
     pub bwd_input: f64,
     /// Backward seconds that only feed weight gradients (`W`).
@@ -80,6 +72,31 @@ pub struct Item {
     /// Of `update`: the ops' fixed costs (a launch each, its kernel entry's fixed part),
     /// which sharding the update over dp (ZeRO) does not shrink.
     pub update_fixed: f64,
+}
+
+/// Seconds a recompute policy runs again in an item's backward: the clones `--recompute`
+/// makes and the relayouts `--split-tensor` adds for them, in the step compiled with the
+/// policy ([`profile_reusing`]), by the fragment they run in. Apart: what runs again only
+/// because the next item's backward reads it (a layer's output, which the next layer's
+/// backward reads from the clones when the two share a stage, and as the value sent to
+/// it when they do not).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Again {
+    /// On the input gradient's side (`B`).
+    pub b: f64,
+    /// What only weight gradients need (`W`).
+    pub w: f64,
+    /// What only the next item's backward needs, on the `B` side...
+    pub next_b: f64,
+    /// ... and on the `W` side.
+    pub next_w: f64,
+}
+
+impl Again {
+    /// All of it.
+    pub fn seconds(&self) -> f64 {
+        self.b + self.w + self.next_b + self.next_w
+    }
 }
 
 /// The parameters (bytes, tensors, bytes squared: [`score::Tensors`]) that an item's
@@ -330,45 +347,68 @@ pub(super) fn profile_reusing(
     let mut labels = None;
     let mesh = profile_mesh(g, tp, sp, micro)?;
     let mut remarks = Diagnostics::default();
-    let local = (|| {
-        // The policy the plan's flags apply: no Megatron splits without tensor parallelism.
-        let g = match (tp, tensor) {
-            (1, _) => propagate(plan(g.clone(), Policy::Dp, &mesh)?, &mesh, &mut remarks)?,
-            (_, TpPolicy::Megatron) => propagate(
-                plan(g.clone(), Policy::DpMegatron, &mesh)?,
-                &mesh,
-                &mut remarks,
-            )?,
-            (_, TpPolicy::Sp) => propagate(
-                plan(g.clone(), Policy::DpMegatronSp, &mesh)?,
-                &mesh,
-                &mut remarks,
-            )?,
-            (_, TpPolicy::Search) => {
-                // The search propagated its plan already (what --propagate-layouts makes
-                // of the directives it writes).
-                let s = crate::planner::split_search::tp_search_reusing(
-                    g.clone(),
-                    &mesh,
-                    cluster,
-                    "tp",
-                    reuse,
-                )?;
-                labels = Some(s.labels());
-                match s.propagated {
-                    Some(p) => p,
-                    None => propagate(s.planned, &mesh, &mut remarks)?,
+    let programs = (|| {
+        // The policy the plan's flags apply: no Megatron splits without tensor parallelism;
+        // the searched splits as `reuse` names them, else solved (and named in `labels`).
+        let mut planned = |g: Graph,
+                           reuse: Option<&[String]>|
+         -> Result<(Graph, Option<Vec<String>>), Diagnostics> {
+            let policy = match (tp, tensor) {
+                (1, _) => Policy::Dp,
+                (_, TpPolicy::Megatron) => Policy::DpMegatron,
+                (_, TpPolicy::Sp) => Policy::DpMegatronSp,
+                (_, TpPolicy::Search) => {
+                    // The search propagated its plan already (what --propagate-layouts
+                    // makes of the directives it writes).
+                    let s = crate::planner::split_search::tp_search_reusing(
+                        g, &mesh, cluster, "tp", reuse,
+                    )?;
+                    let labels = Some(s.labels());
+                    let g = match s.propagated {
+                        Some(p) => p,
+                        None => propagate(s.planned, &mesh, &mut remarks)?,
+                    };
+                    return Ok((g, labels));
                 }
-            }
+            };
+            Ok((
+                propagate(plan(g, policy, &mesh)?, &mesh, &mut remarks)?,
+                None,
+            ))
         };
-        let g = split(g, &mesh)?;
-        // Relayouts as `--lower-relayouts cluster=...` makes them for the plan's flags.
-        let mut ts = TransitionSearch::priced(Vec::new(), cost::relayout_price(cluster, &mesh));
-        let g = lower(g, &mesh, &mut ts)?;
-        localize(compact(g), &mesh)
+        let compile = |g: Graph| {
+            let g = split(g, &mesh)?;
+            // Relayouts as `--lower-relayouts cluster=...` makes them for the plan's flags.
+            let mut ts = TransitionSearch::priced(Vec::new(), cost::relayout_price(cluster, &mesh));
+            let g = lower(g, &mesh, &mut ts)?;
+            localize(compact(g), &mesh)
+        };
+        let (base, chosen) = planned(g.clone(), reuse)?;
+        // And with each recompute policy, as the plan's flags run it: `--recompute` before
+        // the plan, whose splits the clones share (the searched ones as solved above).
+        let mut again = |policy| {
+            let (g, _) = planned(recompute(g, policy).0, chosen.as_deref())?;
+            compile(g)
+        };
+        let selective = again(RecomputePolicy::Selective)?;
+        let full = again(RecomputePolicy::Full)?;
+        labels = chosen;
+        Ok::<_, Diagnostics>((compile(base)?, [selective, full]))
     })()
     .map_err(|d| diag_text(&d))?;
+    let (local, [selective, full]) = programs;
     let mut p = profile_local(&local, &mesh, tp, micro, cluster);
+    for (r, g) in [(1, &selective), (2, &full)] {
+        let runs = again_of(g, &mesh, cluster);
+        for it in &mut p.items {
+            if let Some((again, reads)) = runs.get(&it.name) {
+                it.again[r] = *again;
+                it.backward_reads.b[r] = reads[0];
+                it.backward_reads.w[r] = reads[1];
+                it.backward_reads.bw[r] = reads[2];
+            }
+        }
+    }
     p.tensor = if tp == 1 { TpPolicy::Megatron } else { tensor };
     Ok((p, labels))
 }
@@ -404,7 +444,10 @@ fn optimizer_ops(g: &Graph, fwd: &[bool]) -> Vec<bool> {
     opt
 }
 
-/// B: the backward ops on the path to an earlier item's backward (the input gradient).
+/// B: the backward ops on the path to an earlier item's backward (the input gradient), or
+/// that a later item's input gradient needs (a recomputed layer output the next layer's
+/// backward reads): as the schedule passes split a stage's backward, what another stage
+/// or such an op reads, each item taken for a stage of its own.
 fn input_gradient_ops(f: &OpFacts<'_>) -> Vec<bool> {
     let (fwd, opt, item) = (f.fwd, f.opt, f.item);
     let n = f.g.nodes.len();
@@ -414,9 +457,9 @@ fn input_gradient_ops(f: &OpFacts<'_>) -> Vec<bool> {
             continue;
         }
         is_b[k] = f.g.nodes[k].outputs.iter().any(|&o| {
-            f.consumers[o].iter().any(|&c| {
-                !fwd[c] && !opt[c] && (item[c] < item[k] || (item[c] == item[k] && is_b[c]))
-            })
+            f.consumers[o]
+                .iter()
+                .any(|&c| !fwd[c] && !opt[c] && (item[c] < item[k] || is_b[c]))
         });
     }
     is_b
@@ -479,21 +522,10 @@ fn set_cuts(items: &mut [Item], cut_diff: &[i128], after: usize) {
         // `--recompute` recomputes layers only: the ops before and after them keep
         // everything they saved (a language model's logits among them).
         if i == 0 || i == after {
-            it.fwd_selective = 0.0;
-            it.fwd_full = 0.0;
-            it.fwd_selective_w = 0.0;
-            it.fwd_full_w = 0.0;
             it.saved_selective = it.saved;
             it.saved_full = it.saved;
         }
     }
-}
-
-/// Whether selective recompute keeps an op's result instead of running it again: the
-/// matrix products, and the reduce_scatters of their partial sums (the recomputed ops
-/// start from the scattered values: Megatron-SP's and the searched splits').
-fn kept_by_selective(op: &str) -> bool {
-    matches!(op, "dnn.linear" | "dnn.matmul" | "nns.reduce_scatter")
 }
 
 /// Each parameter's item: `param_item`'s, else (a parameter outside the layers) the item
@@ -528,70 +560,45 @@ fn add_params(params: &[(ValueId, usize)], g: &Graph, items: &mut [Item]) {
     }
 }
 
-/// Which backward fragments read each parameter ([`BackwardReads`]), charged to the
-/// parameter's item ([`params_by_item`]: the stage whose forward uses it runs the
-/// backward of those uses): a backward op on the input gradient's side (`is_b`) or not;
-/// under a recompute policy also the clone of a forward op of a layer, on the side its
-/// `b_side` says (selective recompute clones no matrix product).
-fn add_backward_reads(
+/// The parameters each item's backward fragments read (`[B, W, either]`, as
+/// [`BackwardReads`] holds them for one policy), charged to the parameter's item
+/// ([`params_by_item`]: the stage whose forward uses it runs the backward of those uses):
+/// a parameter read by a backward op on the input gradient's side (`is_b`) or not.
+fn reads_by_item(
     f: &OpFacts<'_>,
-    (params, after): (&[(ValueId, usize)], usize),
-    (is_b, [b_selective, b_full]): (&[bool], [&[bool]; 2]),
-    items: &mut [Item],
-) {
-    // Per parameter: read on the B side, and on the W side, by policy.
-    let mut reads: HashMap<ValueId, ([bool; 3], [bool; 3])> = params
-        .iter()
-        .map(|&(v, _)| (v, Default::default()))
-        .collect();
+    params: &[(ValueId, usize)],
+    is_b: &[bool],
+    items: usize,
+) -> Vec<[score::Tensors; 3]> {
+    let mut reads: HashMap<ValueId, (bool, bool)> =
+        params.iter().map(|&(v, _)| (v, (false, false))).collect();
     for (k, node) in f.g.nodes.iter().enumerate() {
-        if f.opt[k] {
+        if f.fwd[k] || f.opt[k] {
             continue;
         }
-        // (policy, on the B side) for each copy of this op the backward runs.
-        let mut runs: Vec<(usize, bool)> = Vec::new();
-        if !f.fwd[k] {
-            runs.extend((0..3).map(|r| (r, is_b[k])));
-        } else if f.item[k] != 0 && f.item[k] != after {
-            if !kept_by_selective(&node.op) {
-                runs.push((1, b_selective[k]));
-            }
-            runs.push((2, b_full[k]));
-        }
         for v in &node.inputs {
-            let Some((b, w)) = reads.get_mut(v) else {
-                continue;
-            };
-            for &(r, on_b) in &runs {
-                if on_b {
-                    b[r] = true;
+            if let Some((b, w)) = reads.get_mut(v) {
+                if is_b[k] {
+                    *b = true;
                 } else {
-                    w[r] = true;
+                    *w = true;
                 }
             }
         }
     }
+    let mut out = vec![[(0, 0, 0.0); 3]; items];
     for &(v, it) in params {
         let (b, w) = reads[&v];
         let bytes = f.g.values[v].bytes();
-        let add = |t: &mut score::Tensors| {
-            t.0 += bytes;
-            t.1 += 1;
-            t.2 += (bytes as f64).powi(2);
-        };
-        let r = &mut items[it].backward_reads;
-        for p in 0..3 {
-            if b[p] {
-                add(&mut r.b[p]);
-            }
-            if w[p] {
-                add(&mut r.w[p]);
-            }
-            if b[p] || w[p] {
-                add(&mut r.bw[p]);
+        for (read, t) in [b, w, b || w].into_iter().zip(out[it].iter_mut()) {
+            if read {
+                t.0 += bytes;
+                t.1 += 1;
+                t.2 += (bytes as f64).powi(2);
             }
         }
     }
+    out
 }
 
 /// Each item's gradients as the compiler adds up the micro-batches' pieces
@@ -842,14 +849,16 @@ fn without_dp_part(
     })
 }
 
-/// The profile of a localized per-device program (see the module docs).
-pub(super) fn profile_local(
+/// What the per-device program `g`, compiled with a recompute policy, runs again in each
+/// item's backward (by the item's name): the seconds of its clones (`nns.recompute`) and
+/// the relayouts next to them (made from a clone's result, or read only by clones), by
+/// fragment and by whether the item's own backward reads them ([`Again`]); and the
+/// parameters each item's backward fragments read (`[B, W, either]`), clones included.
+fn again_of(
     g: &Graph,
     mesh: &Mesh,
-    tp: u64,
-    micro: u64,
     cluster: &Cluster,
-) -> Profile {
+) -> HashMap<String, (Again, [score::Tensors; 3])> {
     let cluster = &cluster.for_program(g);
     let n = g.nodes.len();
     let fwd = forward_ops(g);
@@ -877,26 +886,136 @@ pub(super) fn profile_local(
         consumers: &consumers,
     };
     let is_b = input_gradient_ops(&facts);
-    let per_step = per_step_reductions(&facts);
-    // The recomputed forward ops the input gradient's side (`B`) needs: read by a `B`
-    // op, or by another such op recomputed in the same item (a clone runs in the
-    // fragment of the first op that needs it; one only weight gradients need runs in
-    // `W`). Per policy: selective keeps the products and their reduce_scatters.
-    let b_side = |selective: bool| -> Vec<bool> {
-        let mut side = vec![false; n];
-        for k in (0..n).rev() {
-            if !fwd[k] || (selective && kept_by_selective(&g.nodes[k].op)) {
+    // What recompute added: its clones, and the relayouts made from their results or read
+    // by clones alone.
+    let mut added: Vec<bool> = g
+        .nodes
+        .iter()
+        .map(|node| node.attrs.contains_key("nns.recompute"))
+        .collect();
+    loop {
+        let mut changed = false;
+        for k in 0..n {
+            if added[k] || fwd[k] || opt[k] || !added_relayout(g, k) {
                 continue;
             }
-            side[k] = g.nodes[k].outputs.iter().any(|&o| {
-                consumers[o].iter().any(|&c| {
-                    (!fwd[c] && !opt[c] && is_b[c]) || (fwd[c] && item[c] == item[k] && side[c])
-                })
+            let node = &g.nodes[k];
+            let from_clone = node
+                .inputs
+                .iter()
+                .any(|&v| producer[v].is_some_and(|p| added[p.index()]));
+            let users: Vec<usize> = node
+                .outputs
+                .iter()
+                .flat_map(|&o| consumers[o].iter().copied())
+                .collect();
+            let for_clones = !users.is_empty() && users.iter().all(|&u| added[u]);
+            if from_clone || for_clones {
+                added[k] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    // The item an added relayout runs again for: its clone's (a relayout of a layer's
+    // recomputed output that the next layer reads is that layer's, not the next one's),
+    // else the clones' it feeds.
+    let mut item_of = item.clone();
+    for k in 0..n {
+        if added[k] && !g.nodes[k].attrs.contains_key("nns.recompute") {
+            if let Some(i) = g.nodes[k]
+                .inputs
+                .iter()
+                .filter_map(|&v| producer[v].filter(|p| added[p.index()]))
+                .map(|p| item_of[p.index()])
+                .max()
+            {
+                item_of[k] = i;
+            }
+        }
+    }
+    // What the item's own backward reads: an op of the item that recompute did not add,
+    // or one it did that the item reads (the rest only the next item's backward reads).
+    let mut own = vec![false; n];
+    for k in (0..n).rev() {
+        if added[k] {
+            own[k] = g.nodes[k].outputs.iter().any(|&o| {
+                consumers[o]
+                    .iter()
+                    .any(|&c| !opt[c] && item_of[c] == item_of[k] && (!added[c] || own[c]))
             });
         }
-        side
+    }
+    let mut again = vec![Again::default(); names.len()];
+    let mut drift = cost::Drift::default();
+    for (k, node) in g.nodes.iter().enumerate() {
+        if opt[k] {
+            continue;
+        }
+        let Some(c) = cost::node_cost(g, node, cluster, Some(mesh)) else {
+            continue;
+        };
+        let Some(c) = without_dp_part(g, node, c, cluster, mesh) else {
+            continue;
+        };
+        // (Every collective meets its group: the drift as `predict` charges it.)
+        let seconds = drift.charge(&cluster.device, &c);
+        if !added[k] {
+            continue;
+        }
+        let a = &mut again[item_of[k]];
+        *match (own[k], is_b[k]) {
+            (true, true) => &mut a.b,
+            (true, false) => &mut a.w,
+            (false, true) => &mut a.next_b,
+            (false, false) => &mut a.next_w,
+        } += seconds;
+    }
+    let params = params_by_item(&facts, &param_item, after);
+    let reads = reads_by_item(&facts, &params, &is_b, names.len());
+    names
+        .into_iter()
+        .zip(again.into_iter().zip(reads))
+        .collect()
+}
+
+/// The profile of a localized per-device program (see the module docs).
+pub(super) fn profile_local(
+    g: &Graph,
+    mesh: &Mesh,
+    tp: u64,
+    micro: u64,
+    cluster: &Cluster,
+) -> Profile {
+    let cluster = &cluster.for_program(g);
+    let fwd = forward_ops(g);
+    let layer = layers(g, &fwd);
+    let producer = g.producers();
+    let opt = optimizer_ops(g, &fwd);
+    let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.values.len()];
+    for (k, node) in g.nodes.iter().enumerate() {
+        for &v in &node.inputs {
+            consumers[v].push(k);
+        }
+    }
+    let Items {
+        names,
+        item,
+        param_item,
+        after,
+    } = assign_items(g, &fwd, &opt, &layer, &producer, &consumers);
+    let facts = OpFacts {
+        g,
+        fwd: &fwd,
+        opt: &opt,
+        item: &item,
+        producer: &producer,
+        consumers: &consumers,
     };
-    let (b_selective, b_full) = (b_side(true), b_side(false));
+    let is_b = input_gradient_ops(&facts);
+    let per_step = per_step_reductions(&facts);
     let mut items: Vec<Item> = names
         .iter()
         .map(|name| Item {
@@ -982,21 +1101,6 @@ pub(super) fn profile_local(
         it.flops += c.flops;
         if fwd[k] {
             it.fwd += seconds;
-            it.fwd_full += seconds;
-            if !b_full[k] {
-                it.fwd_full_w += seconds;
-            }
-            // What the compiled selective recompute runs again: not the matrix products
-            // (their results are kept) nor the reduce_scatters of their partial sums (the
-            // recomputed ops start from the scattered values: Megatron-SP's and the
-            // searched splits'); Megatron's all_reduces run again with the adds the
-            // partial sums flowed through (nanogpt-cpu, counted in the compiled programs).
-            if !kept_by_selective(&node.op) {
-                it.fwd_selective += seconds;
-                if !b_selective[k] {
-                    it.fwd_selective_w += seconds;
-                }
-            }
         } else if is_b[k] {
             it.bwd_input += seconds;
         } else {
@@ -1005,12 +1109,16 @@ pub(super) fn profile_local(
     }
     let params = params_by_item(&facts, &param_item, after);
     add_params(&params, g, &mut items);
-    add_backward_reads(
-        &facts,
-        (&params, after),
-        (&is_b, [&b_selective, &b_full]),
-        &mut items,
-    );
+    for (it, [b, w, bw]) in items
+        .iter_mut()
+        .zip(reads_by_item(&facts, &params, &is_b, names.len()))
+    {
+        it.backward_reads = BackwardReads {
+            b: [b; 3],
+            w: [w; 3],
+            bw: [bw; 3],
+        };
+    }
     add_accumulated(&facts, &per_step, &mut items);
     add_grad_sends(&facts, &mut items);
     let cut_diff = add_saved(&facts, &mut items);

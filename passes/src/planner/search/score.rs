@@ -38,15 +38,13 @@ pub(super) struct StageCost {
 
 pub(super) fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
     let mut s = StageCost::default();
-    for it in items {
+    for (i, it) in items.iter().enumerate() {
         s.f += it.fwd;
-        let (again, again_w) = match r {
-            Recompute::None => (0.0, 0.0),
-            Recompute::Selective => (it.fwd_selective, it.fwd_selective_w),
-            Recompute::Full => (it.fwd_full, it.fwd_full_w),
-        };
-        s.b += it.bwd_input + again - again_w;
-        s.w += it.bwd_weight + again_w;
+        // What the policy runs again; what only the next item reads, when it is here.
+        let again = &it.again[r as usize];
+        let next = i + 1 < items.len();
+        s.b += it.bwd_input + again.b + if next { again.next_b } else { 0.0 };
+        s.w += it.bwd_weight + again.w + if next { again.next_w } else { 0.0 };
         s.params += it.params;
         s.tensors += it.tensors;
         s.params_sq += it.params_sq;
@@ -77,13 +75,13 @@ pub(super) fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
             // (An item recomputed holds its activations again while its backward runs.)
             Recompute::Selective => {
                 s.saved += it.saved_selective.min(it.saved);
-                if it.fwd_full > 0.0 {
+                if it.again[Recompute::Full as usize].seconds() > 0.0 {
                     s.transient = s.transient.max(it.saved);
                 }
             }
             Recompute::Full => {
                 s.saved += it.saved_full.min(it.saved);
-                if it.fwd_full > 0.0 {
+                if it.again[Recompute::Full as usize].seconds() > 0.0 {
                     s.transient = s.transient.max(it.saved);
                 }
             }
