@@ -1122,6 +1122,53 @@ mod tests {
         );
     }
 
+    /// A cut between two stages of one rank (ZB-V's turn) sends nothing; a cut between two
+    /// ranks costs its message, at the level the ranks' devices span.
+    #[test]
+    fn the_v_turn_sends_nothing() {
+        let cluster = cost::preset("dgx-a100").unwrap();
+        let step = |cuts: [u64; 4]| {
+            let items: Vec<Item> = cuts
+                .iter()
+                .enumerate()
+                .map(|(i, &cut)| Item {
+                    name: format!("i{i}"),
+                    fwd: 1e-3,
+                    bwd_input: 1e-3,
+                    bwd_weight: 1e-3,
+                    cut,
+                    ..Item::default()
+                })
+                .collect();
+            let p = Profile {
+                items,
+                ..Profile::default()
+            };
+            let c = Config {
+                dp: 1,
+                tp: 8,
+                sp: 1,
+                pp: 2,
+                micro: 1,
+                microbatches: 4,
+                schedule: Some(ScheduleKind::ZbV),
+                recompute: Recompute::None,
+                zero: 0,
+                stage_starts: vec![0, 1, 2, 3],
+                tensor: TpPolicy::Megatron,
+            };
+            score(&p, &c, &cluster, u64::MAX, &mut HashMap::new())
+                .unwrap()
+                .pipeline
+        };
+        let small = 1 << 10;
+        let big = 1 << 30;
+        // Stage 1 and 2 are rank 1's: its cut is a hand-over, whatever its size.
+        assert_eq!(step([small; 4]), step([small, big, small, small]));
+        // Stage 0 sends to rank 1 across the nodes (8 devices a rank).
+        assert!(step([big, small, small, small]) > step([small; 4]) + 0.01);
+    }
+
     /// The loss's once-a-step work: the micro-batches' losses added up (one add fewer than
     /// there are micro-batches) and one all_reduce over dp and the devices it is partial
     /// over besides, on the rank that computes it.

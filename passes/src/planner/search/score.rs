@@ -380,12 +380,24 @@ pub(super) fn score(
     };
     let device_of = rank_of(c);
     let grad_sends = grad_send_times(p, c, cluster, &device_of);
+    // A message from one stage's rank to another's, at the network level their devices
+    // span (the next rank is dp x sp x tp devices away; the interleaved schedule's last
+    // chunk sends back to the first rank); none between two stages of one rank (ZB-V's
+    // turn).
+    let hop = |from: usize, to: usize, bytes: u64| {
+        let ranks = device_of[from].abs_diff(device_of[to]) as u64;
+        if ranks == 0 {
+            0.0
+        } else {
+            cluster.p2p_time(ranks * (p2p_span - 1) + 1, bytes)
+        }
+    };
     let frag = |a: Action| -> f64 {
         let s = &st[a.stage];
         let send = if a.kind == Kind::F && a.stage + 1 < stages {
-            cluster.p2p_time(p2p_span, s.cut)
+            hop(a.stage, a.stage + 1, s.cut)
         } else if a.kind == Kind::B && a.stage > 0 {
-            cluster.p2p_time(p2p_span, st[a.stage - 1].cut) + grad_sends[a.stage]
+            hop(a.stage, a.stage - 1, st[a.stage - 1].cut) + grad_sends[a.stage]
         } else {
             0.0
         };
@@ -442,7 +454,7 @@ pub(super) fn score(
             }
         };
         let sends: f64 = (0..stages.saturating_sub(1))
-            .map(|s| 2.0 * cluster.p2p_time(p2p_span, st[s].cut))
+            .map(|s| 2.0 * hop(s, s + 1, st[s].cut))
             .fold(0.0, f64::max)
             * m as f64;
         (
