@@ -538,7 +538,9 @@ fn compile_profiles(
                             break;
                         };
                         let mut reuse = choices.get(&(d.tp, d.sp)).cloned();
-                        let done = match cut {
+                        // A panic compiling one profile is that profile's error (named as
+                        // the compiler's fault), not the loss of this worker's others.
+                        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match cut {
                             None => profile_reusing(g, d, cluster, t, reuse.as_deref()),
                             Some(cut) => {
                                 if t == TpPolicy::Search && d.tp > 1 && reuse.is_none() {
@@ -552,9 +554,20 @@ fn compile_profiles(
                                     );
                                 }
                                 profile_reusing(&cut.step, d, cluster, t, reuse.as_deref())
-                                    .map(|(p, _)| (expand(p, &cut.runs), reuse))
+                                    .map(|(p, _)| (expand(p, &cut.runs), reuse.clone()))
                             }
-                        };
+                        }))
+                        .unwrap_or_else(|e| {
+                            let why = e
+                                .downcast_ref::<String>()
+                                .map(String::as_str)
+                                .or_else(|| e.downcast_ref::<&str>().copied())
+                                .unwrap_or("a panic");
+                            Err(format!(
+                                "internal error compiling the profile of micro-batch {}: {why} (a bug in nnscaler; please report it)",
+                                d.micro
+                            ))
+                        });
                         mine.push(match done {
                             Ok((p, labels)) => (((d, t), Ok(p)), labels),
                             Err(e) => (((d, t), Err(e)), None),
