@@ -424,6 +424,50 @@ struct OpFacts<'a> {
     consumers: &'a [Vec<usize>],
 }
 
+/// What [`OpFacts`] borrows, made once for a program: each op forward or optimizer, the
+/// producers and consumers, the items ([`assign_items`]).
+struct Analysis {
+    fwd: Vec<bool>,
+    opt: Vec<bool>,
+    producer: Vec<Option<NodeId>>,
+    consumers: Vec<Vec<usize>>,
+    items: Items,
+}
+
+impl Analysis {
+    fn of(g: &Graph) -> Analysis {
+        let fwd = forward_ops(g);
+        let layer = layers(g, &fwd);
+        let producer = g.producers();
+        let opt = optimizer_ops(g, &fwd);
+        let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.values.len()];
+        for (k, node) in g.nodes.iter().enumerate() {
+            for &v in &node.inputs {
+                consumers[v].push(k);
+            }
+        }
+        let items = assign_items(g, &fwd, &opt, &layer, &producer, &consumers);
+        Analysis {
+            fwd,
+            opt,
+            producer,
+            consumers,
+            items,
+        }
+    }
+
+    fn facts<'a>(&'a self, g: &'a Graph) -> OpFacts<'a> {
+        OpFacts {
+            g,
+            fwd: &self.fwd,
+            opt: &self.opt,
+            item: &self.items.item,
+            producer: &self.producer,
+            consumers: &self.consumers,
+        }
+    }
+}
+
 /// The optimizer ops of `g`: those that depend on optimizer state.
 fn optimizer_ops(g: &Graph, fwd: &[bool]) -> Vec<bool> {
     let mut state_dep = vec![false; g.values.len()];
@@ -592,9 +636,7 @@ fn reads_by_item(
         let bytes = f.g.values[v].bytes();
         for (read, t) in [b, w, b || w].into_iter().zip(out[it].iter_mut()) {
             if read {
-                t.0 += bytes;
-                t.1 += 1;
-                t.2 += (bytes as f64).powi(2);
+                score::add_tensors(t, score::one_tensor(bytes));
             }
         }
     }
@@ -611,11 +653,8 @@ fn add_accumulated(f: &OpFacts<'_>, per_step: &[bool], items: &mut [Item]) {
         }
         for &o in &node.outputs {
             if f.consumers[o].iter().any(|&c| f.opt[c] || per_step[c]) {
-                let bytes = f.g.values[o].bytes();
                 let t = &mut items[f.item[k]].accumulated;
-                t.0 += bytes;
-                t.1 += 1;
-                t.2 += (bytes as f64).powi(2);
+                score::add_tensors(t, score::one_tensor(f.g.values[o].bytes()));
             }
         }
     }
@@ -861,30 +900,22 @@ fn again_of(
 ) -> HashMap<String, (Again, [score::Tensors; 3])> {
     let cluster = &cluster.for_program(g);
     let n = g.nodes.len();
-    let fwd = forward_ops(g);
-    let layer = layers(g, &fwd);
-    let producer = g.producers();
-    let opt = optimizer_ops(g, &fwd);
-    let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.values.len()];
-    for (k, node) in g.nodes.iter().enumerate() {
-        for &v in &node.inputs {
-            consumers[v].push(k);
-        }
-    }
+    let analysis = Analysis::of(g);
+    let facts = analysis.facts(g);
+    let OpFacts {
+        fwd,
+        opt,
+        item,
+        producer,
+        consumers,
+        ..
+    } = facts;
     let Items {
         names,
-        item,
         param_item,
         after,
-    } = assign_items(g, &fwd, &opt, &layer, &producer, &consumers);
-    let facts = OpFacts {
-        g,
-        fwd: &fwd,
-        opt: &opt,
-        item: &item,
-        producer: &producer,
-        consumers: &consumers,
-    };
+        ..
+    } = &analysis.items;
     let is_b = input_gradient_ops(&facts);
     // What recompute added: its clones, and the relayouts made from their results or read
     // by clones alone.
@@ -922,7 +953,7 @@ fn again_of(
     // The item an added relayout runs again for: its clone's (a relayout of a layer's
     // recomputed output that the next layer reads is that layer's, not the next one's),
     // else the clones' it feeds.
-    let mut item_of = item.clone();
+    let mut item_of = item.to_vec();
     for k in 0..n {
         if added[k] && !g.nodes[k].attrs.contains_key("nns.recompute") {
             if let Some(i) = g.nodes[k]
@@ -973,10 +1004,11 @@ fn again_of(
             (false, false) => &mut a.next_w,
         } += seconds;
     }
-    let params = params_by_item(&facts, &param_item, after);
+    let params = params_by_item(&facts, param_item, *after);
     let reads = reads_by_item(&facts, &params, &is_b, names.len());
     names
-        .into_iter()
+        .iter()
+        .cloned()
         .zip(again.into_iter().zip(reads))
         .collect()
 }
@@ -990,30 +1022,15 @@ pub(super) fn profile_local(
     cluster: &Cluster,
 ) -> Profile {
     let cluster = &cluster.for_program(g);
-    let fwd = forward_ops(g);
-    let layer = layers(g, &fwd);
-    let producer = g.producers();
-    let opt = optimizer_ops(g, &fwd);
-    let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.values.len()];
-    for (k, node) in g.nodes.iter().enumerate() {
-        for &v in &node.inputs {
-            consumers[v].push(k);
-        }
-    }
+    let analysis = Analysis::of(g);
+    let facts = analysis.facts(g);
+    let OpFacts { fwd, opt, item, .. } = facts;
     let Items {
         names,
-        item,
         param_item,
         after,
-    } = assign_items(g, &fwd, &opt, &layer, &producer, &consumers);
-    let facts = OpFacts {
-        g,
-        fwd: &fwd,
-        opt: &opt,
-        item: &item,
-        producer: &producer,
-        consumers: &consumers,
-    };
+        ..
+    } = &analysis.items;
     let is_b = input_gradient_ops(&facts);
     let per_step = per_step_reductions(&facts);
     let mut items: Vec<Item> = names
@@ -1029,7 +1046,7 @@ pub(super) fn profile_local(
     let mut drift = cost::Drift::default();
     // An optimizer op updates the parameter it reads (or what an update of it made).
     let mut update_of: Vec<Option<usize>> = vec![None; g.values.len()];
-    for (&v, &it) in &param_item {
+    for (&v, &it) in param_item {
         update_of[v] = Some(it);
     }
     for (k, node) in g.nodes.iter().enumerate() {
@@ -1058,9 +1075,7 @@ pub(super) fn profile_local(
                 .iter()
                 .map(|&o| g.values[o].bytes())
                 .sum::<u64>();
-            it.loss.0 += bytes;
-            it.loss.1 += 1;
-            it.loss.2 += (bytes as f64).powi(2);
+            score::add_tensors(&mut it.loss, score::one_tensor(bytes));
             it.loss_group = it.loss_group.max(cost::group_of(mesh, &rest).0);
             continue;
         }
@@ -1107,7 +1122,7 @@ pub(super) fn profile_local(
             it.bwd_weight += seconds;
         }
     }
-    let params = params_by_item(&facts, &param_item, after);
+    let params = params_by_item(&facts, param_item, *after);
     add_params(&params, g, &mut items);
     for (it, [b, w, bw]) in items
         .iter_mut()
@@ -1122,7 +1137,7 @@ pub(super) fn profile_local(
     add_accumulated(&facts, &per_step, &mut items);
     add_grad_sends(&facts, &mut items);
     let cut_diff = add_saved(&facts, &mut items);
-    set_cuts(&mut items, &cut_diff, after);
+    set_cuts(&mut items, &cut_diff, *after);
     // Items with nothing in them go; the sends' targets are renumbered.
     let kept: Vec<bool> = items
         .iter()

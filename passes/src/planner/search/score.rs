@@ -56,16 +56,10 @@ pub(super) fn stage_cost(items: &[Item], r: Recompute) -> StageCost {
             (&mut s.reads_w, reads.w[policy]),
             (&mut s.reads_bw, reads.bw[policy]),
         ] {
-            sum.0 += add.0;
-            sum.1 += add.1;
-            sum.2 += add.2;
+            add_tensors(sum, add);
         }
-        s.accumulated.0 += it.accumulated.0;
-        s.accumulated.1 += it.accumulated.1;
-        s.accumulated.2 += it.accumulated.2;
-        s.loss.0 += it.loss.0;
-        s.loss.1 += it.loss.1;
-        s.loss.2 += it.loss.2;
+        add_tensors(&mut s.accumulated, it.accumulated);
+        add_tensors(&mut s.loss, it.loss);
         s.loss_group = s.loss_group.max(it.loss_group);
         s.flops += it.flops;
         s.comm += it.comm;
@@ -126,6 +120,18 @@ pub(super) fn coll_time(
 /// Parameter tensors for their collectives: bytes in all, how many, and each one's bytes
 /// squared, summed ([`Item::params_sq`]).
 pub(super) type Tensors = (u64, u64, f64);
+
+/// Adds tensors `b` to `a`.
+pub(super) fn add_tensors(a: &mut Tensors, b: Tensors) {
+    a.0 += b.0;
+    a.1 += b.1;
+    a.2 += b.2;
+}
+
+/// One tensor of `bytes`.
+pub(super) fn one_tensor(bytes: u64) -> Tensors {
+    (bytes, 1, (bytes as f64).powi(2))
+}
 
 /// Chunks (stages per pipeline rank) of plan `c`.
 pub(super) fn chunks(c: &Config) -> usize {
@@ -309,7 +315,6 @@ pub(super) fn grad_send_times(
 ) -> Vec<f64> {
     let starts = &c.stage_starts;
     let stage_of = |item: usize| starts.iter().rposition(|&lo| lo <= item).unwrap_or(0);
-    let apart = c.dp * c.sp * c.tp;
     (0..starts.len())
         .map(|s| {
             let lo = starts[s];
@@ -318,17 +323,29 @@ pub(super) fn grad_send_times(
                 .iter()
                 .flat_map(|it| &it.grad_sends)
                 .filter(|&&(to, _)| to < lo)
-                .map(|&(to, bytes)| {
-                    let ranks = rank[s].abs_diff(rank[stage_of(to)]) as u64;
-                    if ranks == 0 {
-                        0.0
-                    } else {
-                        cluster.p2p_time(ranks * apart + 1, bytes)
-                    }
-                })
+                .map(|&(to, bytes)| message_time(cluster, c, rank, (s, stage_of(to)), bytes))
                 .sum()
         })
         .collect()
+}
+
+/// Seconds of a message of `bytes` from one stage's pipeline rank to another's (`rank`:
+/// each stage's), at the network level their devices span (the next rank is dp x sp x tp
+/// devices away; the interleaved schedule's last chunk sends back to the first rank);
+/// none between two stages of one rank (ZB-V's turn). The compiled timeline's rule.
+pub(super) fn message_time(
+    cluster: &Cluster,
+    c: &Config,
+    rank: &[usize],
+    (from, to): (usize, usize),
+    bytes: u64,
+) -> f64 {
+    let ranks = rank[from].abs_diff(rank[to]) as u64;
+    if ranks == 0 {
+        0.0
+    } else {
+        cluster.p2p_time(ranks * c.dp * c.sp * c.tp + 1, bytes)
+    }
 }
 
 /// Why [`score`] gives a plan no estimate.
@@ -355,9 +372,8 @@ pub(super) fn score(
     let st = stages_of(p, c);
     let stages = st.len();
     let (dp, tp, pp) = (c.dp, c.tp, c.pp as usize);
-    // Per-fragment extras: the point-to-point sends (the next pipeline rank is dp x sp x
-    // tp devices away), and ZeRO-3's gathers of the parameters the fragment reads.
-    let p2p_span = dp * c.sp * tp + 1;
+    // Per-fragment extras: the point-to-point sends ([`message_time`]), and ZeRO-3's
+    // gathers of the parameters the fragment reads.
     let split = c.schedule.is_some_and(ScheduleKind::split_backward);
     let gather = |s: &StageCost, kind: Kind| {
         let reads = match kind {
@@ -380,17 +396,8 @@ pub(super) fn score(
     };
     let device_of = rank_of(c);
     let grad_sends = grad_send_times(p, c, cluster, &device_of);
-    // A message from one stage's rank to another's, at the network level their devices
-    // span (the next rank is dp x sp x tp devices away; the interleaved schedule's last
-    // chunk sends back to the first rank); none between two stages of one rank (ZB-V's
-    // turn).
     let hop = |from: usize, to: usize, bytes: u64| {
-        let ranks = device_of[from].abs_diff(device_of[to]) as u64;
-        if ranks == 0 {
-            0.0
-        } else {
-            cluster.p2p_time(ranks * (p2p_span - 1) + 1, bytes)
-        }
+        message_time(cluster, c, &device_of, (from, to), bytes)
     };
     let frag = |a: Action| -> f64 {
         let s = &st[a.stage];
@@ -497,13 +504,10 @@ pub(super) fn score(
             .map(|s| loss_time(cluster, c, s.loss, s.loss_group))
             .sum::<f64>();
         sync = sync.max(dp_sync + grad_sync + loss);
-        let accumulated = mine.iter().fold((0, 0, 0.0), |a, s| {
-            (
-                a.0 + s.accumulated.0,
-                a.1 + s.accumulated.1,
-                a.2 + s.accumulated.2,
-            )
-        });
+        let mut accumulated = (0, 0, 0.0);
+        for s in &mine {
+            add_tensors(&mut accumulated, s.accumulated);
+        }
         opt = opt.max(update + accumulate_time(cluster, accumulated, c.microbatches));
         flops = flops.max(mine.iter().map(|s| s.flops).sum::<f64>() * m as f64);
         tp_comm = tp_comm.max(mine.iter().map(|s| s.comm).sum::<f64>() * m as f64 + grad_sync);
@@ -593,9 +597,7 @@ pub(super) fn lower_bound(p: &Profile, c: &Config, cluster: &Cluster) -> f64 {
         params[rank[s]].0 += sc.params;
         params[rank[s]].1 += sc.tensors;
         params[rank[s]].2 += sc.params_sq;
-        accumulated[rank[s]].0 += sc.accumulated.0;
-        accumulated[rank[s]].1 += sc.accumulated.1;
-        accumulated[rank[s]].2 += sc.accumulated.2;
+        add_tensors(&mut accumulated[rank[s]], sc.accumulated);
         if s < pp {
             head[s] = before;
             before += sc.f;

@@ -3,6 +3,33 @@
 
 use super::*;
 
+/// A plan on one device each of dp and tp, one sequence a micro-batch, no recompute, no
+/// ZeRO, Megatron's splits: `pp` ranks running `schedule` on stages starting at `starts`,
+/// `microbatches` micro-batches.
+fn plan(pp: u64, microbatches: u64, schedule: Option<ScheduleKind>, starts: Vec<usize>) -> Config {
+    Config {
+        dp: 1,
+        tp: 1,
+        sp: 1,
+        pp,
+        micro: 1,
+        microbatches,
+        schedule,
+        recompute: Recompute::None,
+        zero: 0,
+        stage_starts: starts,
+        tensor: TpPolicy::Megatron,
+    }
+}
+
+/// A profile of these items.
+fn profile(items: Vec<Item>) -> Profile {
+    Profile {
+        items,
+        ..Profile::default()
+    }
+}
+
 /// The first stage's backward is all weight gradients (`W`): no stage waits for the
 /// model inputs' gradient. The later stages keep their `B`.
 #[test]
@@ -16,23 +43,8 @@ fn the_first_stage_has_no_input_gradient() {
             ..Item::default()
         })
         .collect();
-    let p = Profile {
-        items,
-        ..Profile::default()
-    };
-    let c = Config {
-        dp: 1,
-        tp: 1,
-        sp: 1,
-        pp: 2,
-        micro: 1,
-        microbatches: 2,
-        schedule: Some(ScheduleKind::ZbH1),
-        recompute: Recompute::None,
-        zero: 0,
-        stage_starts: vec![0, 2],
-        tensor: TpPolicy::Megatron,
-    };
+    let p = profile(items);
+    let c = plan(2, 2, Some(ScheduleKind::ZbH1), vec![0, 2]);
     let st = stages_of(&p, &c);
     assert_eq!((st[0].f, st[0].b, st[0].w), (2.0, 0.0, 3.0));
     assert_eq!((st[1].f, st[1].b, st[1].w), (2.0, 2.0, 1.0));
@@ -84,23 +96,11 @@ fn tied_gradients_are_sent_between_stages() {
         })
         .collect();
     items[3].grad_sends = vec![(0, bytes)];
-    let p = Profile {
-        items,
-        ..Profile::default()
-    };
+    let p = profile(items);
     let cluster = cost::preset("dgx-a100").unwrap();
     let config = |pp: u64, tp: u64, stage_starts: Vec<usize>, schedule| Config {
-        dp: 1,
         tp,
-        sp: 1,
-        pp,
-        micro: 1,
-        microbatches: 2,
-        schedule,
-        recompute: Recompute::None,
-        zero: 0,
-        stage_starts,
-        tensor: TpPolicy::Megatron,
+        ..plan(pp, 2, schedule, stage_starts)
     };
     for (schedule, starts) in [
         (ScheduleKind::OneFOneB, vec![0, 1, 2, 3]),
@@ -189,24 +189,11 @@ fn the_v_turn_sends_nothing() {
                 ..Item::default()
             })
             .collect();
-        let p = Profile {
-            items,
-            ..Profile::default()
-        };
         let c = Config {
-            dp: 1,
             tp: 8,
-            sp: 1,
-            pp: 2,
-            micro: 1,
-            microbatches: 4,
-            schedule: Some(ScheduleKind::ZbV),
-            recompute: Recompute::None,
-            zero: 0,
-            stage_starts: vec![0, 1, 2, 3],
-            tensor: TpPolicy::Megatron,
+            ..plan(2, 4, Some(ScheduleKind::ZbV), vec![0, 1, 2, 3])
         };
-        score(&p, &c, &cluster, u64::MAX, &mut HashMap::new())
+        score(&profile(items), &c, &cluster, u64::MAX, &mut HashMap::new())
             .unwrap()
             .pipeline
     };
@@ -228,15 +215,7 @@ fn the_loss_is_reduced_once_a_step() {
     let config = |dp: u64, tp: u64, microbatches: u64| Config {
         dp,
         tp,
-        sp: 1,
-        pp: 1,
-        micro: 1,
-        microbatches,
-        schedule: None,
-        recompute: Recompute::None,
-        zero: 0,
-        stage_starts: vec![0],
-        tensor: TpPolicy::Megatron,
+        ..plan(1, microbatches, None, vec![0])
     };
     let add = cost::accumulate_seconds(&cluster.device, 1.0, 12.0);
     assert_eq!(loss_time(&cluster, &config(1, 1, 1), loss, 1), 0.0);
@@ -282,22 +261,11 @@ fn zero3_gathers_what_each_fragment_reads() {
     let cluster = cost::preset("dgx-h100").unwrap();
     // Two stages of one item each, dp2 pp2, 2 micro-batches, ZeRO-3: (pipeline, dp_comm).
     let estimate = |backward_reads: BackwardReads, schedule| {
-        let p = Profile {
-            items: vec![item("i0", backward_reads), item("i1", backward_reads)],
-            ..Profile::default()
-        };
+        let p = profile(vec![item("i0", backward_reads), item("i1", backward_reads)]);
         let c = Config {
             dp: 2,
-            tp: 1,
-            sp: 1,
-            pp: 2,
-            micro: 1,
-            microbatches: 2,
-            schedule: Some(schedule),
-            recompute: Recompute::None,
             zero: 3,
-            stage_starts: vec![0, 1],
-            tensor: TpPolicy::Megatron,
+            ..plan(2, 2, Some(schedule), vec![0, 1])
         };
         let e = score(&p, &c, &cluster, u64::MAX, &mut HashMap::new()).unwrap();
         (e.pipeline, e.dp_comm)
