@@ -159,18 +159,21 @@ pub enum AttnForm {
 }
 
 /// The tensor-core forward's shared array ([`Body::AttnMma`]), in bf16 elements from its
-/// start (each region 16-byte aligned): the query tile [`MMA_ROWS`] x `qp`, the key tile
-/// `keys x qp`, the value tile transposed `e x vp`, each warp's `P` rows [`MMA_ROWS`] x
-/// `vp`, then `xch`: [`MMA_ROWS`] x 4 f32 words through which a row's four lanes
-/// exchange their partial maxima and sums.
+/// start (each region 16-byte aligned, every row too): the query tile [`MMA_ROWS`] x `qp`,
+/// the key tile `keys x qp`, the value tile `keys x ep` (rows as stored: the `P V`
+/// product reads them with `ldmatrix.trans`), each warp's `P` rows [`MMA_ROWS`] x `pp`,
+/// then `xch`: [`MMA_ROWS`] x 4 f32 words through which a row's four lanes exchange their
+/// partial maxima and sums.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaTiles {
     /// Keys per tile (64, or 32 where 64 does not fit).
     pub keys: usize,
     /// Row pitch of the query and key tiles: `d + MMA_PAD`.
     pub qp: usize,
-    /// Row pitch of the transposed value tile and of `P`: `keys + MMA_PAD`.
-    pub vp: usize,
+    /// Row pitch of the value tile: `e + MMA_PAD`.
+    pub ep: usize,
+    /// Row pitch of `P`: `keys + MMA_PAD`.
+    pub pp: usize,
     pub k_at: usize,
     pub v_at: usize,
     pub p_at: usize,
@@ -189,10 +192,10 @@ pub struct MmaBack {
     /// Pitch of rows of `d` (queries, keys) and of `e` (`dO`, values).
     pub qp: usize,
     pub ep: usize,
-    /// Pitch of rows of `tile` (transposed tiles, `dS`, `P`).
+    /// Pitch of rows of `tile` (`dS`, `P^T`, `dS^T`).
     pub tp: usize,
     /// Region starts: see [`Attn::mma_dq`] and [`Attn::mma_kv`].
-    pub at: [usize; 6],
+    pub at: [usize; 5],
     pub x_at: usize,
     pub words: usize,
 }
@@ -206,7 +209,7 @@ impl MmaBack {
         regions: &[(usize, usize)],
         f32s: usize,
     ) -> Option<Self> {
-        let mut at = [0; 6];
+        let mut at = [0; 5];
         let mut end = 0;
         for (k, &(rows, pitch)) in regions.iter().enumerate() {
             at[k] = end;
@@ -239,8 +242,9 @@ impl Attn {
     }
 
     /// The `dq` kernel's tiles ([`Body::AttnMmaBack`]): key tiles of 64, 32 or 16 keys,
-    /// the first that fits; regions `q [64, qp]`, `dO [64, ep]`, `k [keys, qp]`, `k^T [d,
-    /// tp]`, `v [keys, ep]`, `dS [64, tp]`, then `[m, 1/l, D, -]` f32 per query row.
+    /// the first that fits; regions `q [64, qp]`, `dO [64, ep]`, `k [keys, qp]`, `v [keys,
+    /// ep]`, `dS [64, tp]`, then `[m, 1/l, D, -]` f32 per query row. (`dq += dS K` reads
+    /// the key rows as they are, with `ldmatrix.trans`.)
     pub fn mma_dq(&self) -> Option<MmaBack> {
         if !self.mma_back_widths() || !self.saved {
             return None;
@@ -255,7 +259,6 @@ impl Attn {
                     (MMA_ROWS, qp),
                     (MMA_ROWS, ep),
                     (tile, qp),
-                    (d, tp),
                     (tile, ep),
                     (MMA_ROWS, tp),
                 ],
@@ -265,9 +268,10 @@ impl Attn {
     }
 
     /// The `dk`/`dv` kernel's tiles ([`Body::AttnMmaKv`]): query tiles of 32 or 16, the
-    /// first that fits; regions `k [64, qp]`, `v [64, ep]`, `q [queries, qp]`, `q^T [d,
-    /// tp]`, `dO [queries, ep]`, `dO^T [e, tp]`, then `P^T` and `dS^T` `[64, tp]` after
-    /// them (`at[5] + e * tp` and on), then `[m, 1/l, D, -]` f32 per query.
+    /// first that fits; regions `k [64, qp]`, `v [64, ep]`, `q [queries, qp]`, `dO
+    /// [queries, ep]`, `P^T` and `dS^T` `[64, tp]` each (`dS^T` at `at[4] + 64 tp`), then
+    /// `[m, 1/l, D, -]` f32 per query. (`dV += P^T dO` and `dK += dS^T Q` read the query
+    /// and `dO` rows as they are, with `ldmatrix.trans`.)
     pub fn mma_kv(&self) -> Option<MmaBack> {
         if !self.mma_back_widths() {
             return None;
@@ -275,7 +279,7 @@ impl Attn {
         let (d, e) = (self.d, self.e);
         [32, 16].into_iter().find_map(|tile| {
             let (qp, ep, tp) = (d + MMA_PAD, e + MMA_PAD, tile + MMA_PAD);
-            // dO^T, P^T and dS^T as one region of e + 128 rows.
+            // P^T and dS^T as one region of 128 rows.
             MmaBack::lay(
                 tile,
                 (d, e),
@@ -283,9 +287,8 @@ impl Attn {
                     (MMA_ROWS, qp),
                     (MMA_ROWS, ep),
                     (tile, qp),
-                    (d, tp),
                     (tile, ep),
-                    (e + 2 * MMA_ROWS, tp),
+                    (2 * MMA_ROWS, tp),
                 ],
                 tile * 4,
             )
@@ -336,16 +339,17 @@ impl Attn {
             return None;
         }
         [64, 32].into_iter().find_map(|keys| {
-            let (qp, vp) = (d + MMA_PAD, keys + MMA_PAD);
+            let (qp, ep, pp) = (d + MMA_PAD, e + MMA_PAD, keys + MMA_PAD);
             let k_at = MMA_ROWS * qp;
             let v_at = k_at + keys * qp;
-            let p_at = v_at + e * vp;
-            let x_at = p_at + MMA_ROWS * vp;
+            let p_at = v_at + keys * ep;
+            let x_at = p_at + MMA_ROWS * pp;
             let words = x_at / 2 + MMA_ROWS * 4;
             (words * 4 <= SHARED_BYTES).then_some(MmaTiles {
                 keys,
                 qp,
-                vp,
+                ep,
+                pp,
                 k_at,
                 v_at,
                 p_at,

@@ -1,11 +1,11 @@
 //! Attention's forward on tensor cores ([`crate::kernel::Body::AttnMma`]): bf16 operands,
 //! FlashAttention-2 with its two products as warp-wide `mma.sync.m16n8k16` (bf16 in, f32
-//! sums).
+//! sums); and the backward's two kernels the same way.
 //!
 //! A block is a tile of [`MMA_ROWS`] query rows of one head, four warps of 16 rows. It
 //! stages its queries in shared memory once; then, a key tile at a time (64 keys, or 32
 //! where the rows are wide: [`crate::kernel::Attn::mma_keys`]), it stages the keys and the
-//! values (transposed), and each warp
+//! values (rows as stored, 16 bytes a lane: [`COPY16`]), and each warp
 //! 1. takes `S = Q K^T` for its 16 rows as `keys / 8` products of 16 x 8 (each `d / 16`
 //!    steps of k), the scores scaled and masked (causal, past the keys) in the products'
 //!    f32 fragments, and writes each of its rows' partial maxima (a row's 16 x 8 fragment
@@ -24,15 +24,18 @@
 //! Every value passes between lanes through shared memory between phases, as in every
 //! team kernel ([`super::team`]), except inside the product, which is the one warp-wide
 //! operation: `nns.mma.bf16(sh, a_base, a_pitch, b_base, b_pitch, lane, c0..c3)` takes
-//! its operand tiles from shared memory (`A[m][k]` at `a_base + m * a_pitch + k`, `B[k][n]`
-//! at `b_base + n * b_pitch + k`, in bf16 elements) and the lane's accumulator fragment.
-//! Its body is the target's ([`Gen::define_warp_ops`]): on the GPU the lane loads its own
-//! A and B fragments (32-bit shared loads of bf16 pairs, at the addresses
-//! [`frag_a_at`] and [`frag_b_at`] give) and issues `mma.sync`; on the host each of its
-//! four result elements is a sum over k in 16 steps whose operands are read from the
-//! *fragments of the lanes holding them* (the same address functions, called with those
-//! lanes' coordinates) by the PTX ISA's fragment layouts. So the host tests the fragment
-//! addressing and the layouts the GPU relies on, not a shortcut around them.
+//! its operand tiles from shared memory (`A[m][k]` at `a_base + m * a_pitch + k`; `B[k][n]`
+//! at `b_base + n * b_pitch + k`, or at `b_base + k * b_pitch + n` for
+//! `nns.mma.bf16.kn`: [`BLay`]) and the lane's accumulator fragment. Its body is the
+//! target's ([`Gen::define_warp_ops`]): on the GPU each lane gives `ldmatrix` the address
+//! of one row ([`ldm_a_row`], [`ldm_b_row`]), which loads the warp's A fragments (`.x4`)
+//! and B fragments (`.x2`, `.trans` for `[k][n]` tiles) from the rows all the lanes gave,
+//! and `mma.sync` multiplies them; on the host each of the four result elements is a sum
+//! over k in 16 steps whose operands are read from the registers `ldmatrix` would give
+//! *the lanes holding them* (the same row functions, called with the lanes whose rows
+//! form that register's matrix) by the PTX ISA's fragment layouts. So the host tests the
+//! rows each lane addresses, `ldmatrix`'s matrices and the fragment layouts the GPU
+//! relies on, not a shortcut around them.
 
 use super::team::{Lane, Shared, Team};
 use super::{e, Gen, R};
@@ -46,8 +49,40 @@ use inkwell::values::{
 };
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 
-/// The warp-wide product's symbol.
+/// The warp-wide product's symbol, `B` stored `[n][k]` ([`BLay::Nk`]).
 const MMA: &str = "nns.mma.bf16";
+/// The same product with `B` stored `[k][n]` ([`BLay::Kn`]).
+const MMA_KN: &str = "nns.mma.bf16.kn";
+/// A lane's 16-byte copy of eight bf16s from a buffer to the shared array (or eight zeros).
+const COPY16: &str = "nns.copy16";
+
+/// How a product's `B` tile lies in shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BLay {
+    /// `B[k][n]` at `base + n * pitch + k`: rows of `n` (keys as the scores' `B`).
+    Nk,
+    /// `B[k][n]` at `base + k * pitch + n`: rows of `k` (values as `P V`'s `B`), read
+    /// transposed by `ldmatrix.trans`.
+    Kn,
+}
+
+impl BLay {
+    /// The offset of the tile `j` columns of 8 on and `s` steps of 16 down from a tile's
+    /// start.
+    fn offset(self, pitch: usize, j: usize, s: usize) -> usize {
+        match self {
+            BLay::Nk => 8 * j * pitch + 16 * s,
+            BLay::Kn => 8 * j + 16 * s * pitch,
+        }
+    }
+
+    fn symbol(self) -> &'static str {
+        match self {
+            BLay::Nk => MMA,
+            BLay::Kn => MMA_KN,
+        }
+    }
+}
 
 /// Where a lane of a tensor-core block is: its warp's first row in the block, its
 /// fragment coordinates (`g` = lane in warp / 4, `t` = lane in warp % 4), and the block's
@@ -71,31 +106,38 @@ struct MmaLane<'ctx> {
     need: IntValue<'ctx>,
 }
 
-/// Element `(g + 8 (r & 1), 2 t + 8 (r >> 1))` of a row-major `A` tile: the pair of bf16s
-/// register `r` (0..4) of lane `(g, t)`'s A fragment holds (PTX ISA, `mma.m16n8k16`,
-/// `.bf16`: `a0, a1` row g, `a2, a3` row g + 8, `a4..a7` the same 8 columns on).
-fn frag_a_at<'ctx>(
+/// The row lane `i` (0..32) of a warp addresses for `ldmatrix.x4` of a row-major 16 x 16
+/// `A` tile: lanes 0-7 rows 0-7 and lanes 8-15 rows 8-15 of columns 0-7, lanes 16-31 the
+/// same rows of columns 8-15. The four 8 x 8 matrices so loaded are the A fragment's
+/// registers in the PTX ISA's order (`mma.m16n8k16`, `.bf16`: register `r` of lane `(g,
+/// t)` holds row `g + 8 (r & 1)`, columns `2 t + 8 (r >> 1)` and one on).
+fn ldm_a_row<'ctx>(
     gen: &Gen<'ctx>,
     (base, pitch): (IntValue<'ctx>, IntValue<'ctx>),
-    (g, t): (IntValue<'ctx>, IntValue<'ctx>),
-    r: usize,
+    i: IntValue<'ctx>,
 ) -> R<IntValue<'ctx>> {
-    let row = gen.add_i(g, gen.i64c(8 * (r & 1)))?;
-    let col = gen.add_i(gen.mul_i(t, gen.i64c(2))?, gen.i64c(8 * (r >> 1)))?;
+    let row = gen.rem_i(i, 16)?;
+    let col = gen.mul_i(gen.div_i(i, 16)?, gen.i64c(8))?;
     gen.add_i(gen.add_i(base, gen.mul_i(row, pitch)?)?, col)
 }
 
-/// Element `k = 2 t + 8 r` (and `k + 1`), column `n = g` of a `B` tile stored `[n][k]`:
-/// register `r` (0..2) of lane `(g, t)`'s B fragment (`b0, b1` rows 2t, 2t + 1; `b2, b3`
-/// 8 rows on; column g).
-fn frag_b_at<'ctx>(
+/// The row lane `i` (0..16 matter) addresses for `ldmatrix.x2` of a 16 x 8 `B` tile: as
+/// [`BLay::Nk`], lanes 0-7 the rows `n` 0-7 at `k` 0-7 and lanes 8-15 the same rows at `k`
+/// 8-15 (loaded plain); as [`BLay::Kn`], lane `i` row `k = i` (loaded `.trans`). Either
+/// way register `r` of lane `(g, t)` holds `B[8 r + 2 t][g]` and `B[8 r + 2 t + 1][g]`,
+/// the B fragment.
+fn ldm_b_row<'ctx>(
     gen: &Gen<'ctx>,
     (base, pitch): (IntValue<'ctx>, IntValue<'ctx>),
-    (g, t): (IntValue<'ctx>, IntValue<'ctx>),
-    r: usize,
+    i: IntValue<'ctx>,
+    lay: BLay,
 ) -> R<IntValue<'ctx>> {
-    let col = gen.add_i(gen.mul_i(t, gen.i64c(2))?, gen.i64c(8 * r))?;
-    gen.add_i(gen.add_i(base, gen.mul_i(g, pitch)?)?, col)
+    let i = gen.rem_i(i, 16)?;
+    let (row, col) = match lay {
+        BLay::Nk => (gen.rem_i(i, 8)?, gen.mul_i(gen.div_i(i, 8)?, gen.i64c(8))?),
+        BLay::Kn => (i, gen.i64c(0)),
+    };
+    gen.add_i(gen.add_i(base, gen.mul_i(row, pitch)?)?, col)
 }
 
 impl<'ctx> Gen<'ctx> {
@@ -121,6 +163,15 @@ impl<'ctx> Gen<'ctx> {
         Ok(v.into_int_value())
     }
 
+    /// The bf16 at element `i` of the shared array, zero-extended to an i32.
+    fn sh_half(&self, sh: PointerValue<'ctx>, i: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let v = e(self
+            .b
+            .build_load(self.ctx.i16_type(), self.sh16(sh, i)?, ""))?
+        .into_int_value();
+        e(self.b.build_int_z_extend(v, self.ctx.i32_type(), ""))
+    }
+
     /// Half `h` (0: low) of a bf16 pair, as f32 (exact).
     fn pair_half(&self, w: IntValue<'ctx>, h: usize) -> R<FloatValue<'ctx>> {
         let i32t = self.ctx.i32_type();
@@ -142,25 +193,16 @@ impl<'ctx> Gen<'ctx> {
             .build_right_shift(bits, i32t.const_int(16, false), false, ""))
     }
 
-    /// Element `off` of a 2-byte bf16 buffer, as its 16 bits.
-    fn ld16(&self, base: PointerValue<'ctx>, off: IntValue<'ctx>) -> R<IntValue<'ctx>> {
-        if self.elt_of(base) != Elt::Bf16 {
-            return Err("the tensor-core attention reads 2-byte bf16 buffers only".into());
-        }
-        let p = self.at(base, Elt::Bf16, off)?;
-        Ok(e(self.b.build_load(self.ctx.i16_type(), p, ""))?.into_int_value())
-    }
-
     fn mma_ret(&self) -> StructType<'ctx> {
         let f = self.ctx.f32_type();
         self.ctx
             .struct_type(&[f.into(), f.into(), f.into(), f.into()], false)
     }
 
-    /// The warp-wide product's function, declared (its body is the target's:
-    /// [`Gen::define_warp_ops`]).
-    fn mma_fn(&self) -> FunctionValue<'ctx> {
-        self.module.get_function(MMA).unwrap_or_else(|| {
+    /// The warp-wide product's function for `B` laid out as `lay`, declared (its body is
+    /// the target's: [`Gen::define_warp_ops`]).
+    fn mma_fn(&self, lay: BLay) -> FunctionValue<'ctx> {
+        self.module.get_function(lay.symbol()).unwrap_or_else(|| {
             let i64t = self.ctx.i64_type();
             let f32t = self.ctx.f32_type();
             let ptr = self.ctx.ptr_type(AddressSpace::default());
@@ -168,17 +210,29 @@ impl<'ctx> Gen<'ctx> {
             params.extend([BasicMetadataTypeEnum::from(i64t); 5]);
             params.extend([BasicMetadataTypeEnum::from(f32t); 4]);
             self.module
-                .add_function(MMA, self.mma_ret().fn_type(&params, false), None)
+                .add_function(lay.symbol(), self.mma_ret().fn_type(&params, false), None)
         })
     }
 
-    /// `c + A B` for one m16n8k16 tile pair in shared memory ([`MMA`]): the lane's four
-    /// accumulator elements in, the four results out.
+    /// The 16-byte copy's function ([`COPY16`]: `src`, `dst`, `keep`), declared.
+    fn copy16_fn(&self) -> FunctionValue<'ctx> {
+        self.module.get_function(COPY16).unwrap_or_else(|| {
+            let ptr = self.ctx.ptr_type(AddressSpace::default());
+            let ty = self.ctx.void_type().fn_type(
+                &[ptr.into(), ptr.into(), self.ctx.bool_type().into()],
+                false,
+            );
+            self.module.add_function(COPY16, ty, None)
+        })
+    }
+
+    /// `c + A B` for one m16n8k16 tile pair in shared memory ([`MMA`], [`MMA_KN`]): the
+    /// lane's four accumulator elements in, the four results out.
     fn mma(
         &self,
         sh: PointerValue<'ctx>,
         a: (IntValue<'ctx>, usize),
-        b: (IntValue<'ctx>, usize),
+        (b, bp, lay): (IntValue<'ctx>, usize, BLay),
         wl: IntValue<'ctx>,
         c: [FloatValue<'ctx>; 4],
     ) -> R<[FloatValue<'ctx>; 4]> {
@@ -186,12 +240,12 @@ impl<'ctx> Gen<'ctx> {
             sh.into(),
             a.0.into(),
             self.i64c(a.1).into(),
-            b.0.into(),
-            self.i64c(b.1).into(),
+            b.into(),
+            self.i64c(bp).into(),
             wl.into(),
         ];
         args.extend(c.iter().map(|&x| BasicMetadataValueEnum::from(x)));
-        let r = e(self.b.build_call(self.mma_fn(), &args, ""))?
+        let r = e(self.b.build_call(self.mma_fn(lay), &args, ""))?
             .try_as_basic_value()
             .basic()
             .ok_or("the product returned nothing")?
@@ -207,24 +261,106 @@ impl<'ctx> Gen<'ctx> {
         Ok(out)
     }
 
-    /// Gives the warp-wide operations declared by the kernels their target's bodies: on
-    /// the GPU (`gpu`) the lane's fragments and `mma.sync`; on the host the product's
-    /// elements from the fragments of the lanes that hold their operands.
+    /// Gives the warp-wide operations and copies declared by the kernels their target's
+    /// bodies: on the GPU `ldmatrix`, `mma.sync` and 16-byte moves; on the host the
+    /// product's elements from the registers `ldmatrix` would give the lanes that hold
+    /// their operands, and the same moves unaligned.
     pub(crate) fn define_warp_ops(&self, gpu: bool) -> R<()> {
-        let Some(f) = self.module.get_function(MMA) else {
-            return Ok(());
-        };
+        for lay in [BLay::Nk, BLay::Kn] {
+            self.define_mma(lay, gpu)?;
+        }
+        self.define_copy16(gpu)
+    }
+
+    /// Makes the declared function `name` internal and always inlined and puts the
+    /// builder at its new entry block; `None` where it is not declared or has a body.
+    fn begin_warp_op(&self, name: &str) -> Option<FunctionValue<'ctx>> {
+        let f = self.module.get_function(name)?;
         if f.count_basic_blocks() > 0 {
-            return Ok(());
+            return None;
         }
         f.set_linkage(Linkage::Internal);
         let inline = self
             .ctx
             .create_enum_attribute(Attribute::get_named_enum_kind_id("alwaysinline"), 0);
         f.add_attribute(AttributeLoc::Function, inline);
-        let saved = self.b.get_insert_block();
         let entry = self.ctx.append_basic_block(f, "entry");
         self.b.position_at_end(entry);
+        Some(f)
+    }
+
+    /// `ldmatrix` of the shared array: `x` 8 x 8 matrices whose rows lane `i` addresses
+    /// at `row` (bf16 elements), `.trans` where `trans`; the lane's `x` registers.
+    fn ldmatrix(
+        &self,
+        sh: PointerValue<'ctx>,
+        row: IntValue<'ctx>,
+        x: usize,
+        trans: bool,
+    ) -> R<Vec<IntValue<'ctx>>> {
+        let sh3 = e(self.b.build_address_space_cast(
+            sh,
+            self.ctx.ptr_type(AddressSpace::from(3u16)),
+            "",
+        ))?;
+        // SAFETY of the generated code: the row lies inside the shared array.
+        let p = e(unsafe {
+            self.b
+                .build_in_bounds_gep(self.ctx.i16_type(), sh3, &[row], "")
+        })?;
+        let name = format!(
+            "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{x}{}.b16",
+            if trans { ".trans" } else { "" }
+        );
+        let f = inkwell::intrinsics::Intrinsic::find(&name)
+            .and_then(|i| i.get_declaration(&self.module, &[sh3.get_type().into()]))
+            .ok_or_else(|| format!("LLVM has no {name}"))?;
+        let r = e(self.b.build_call(f, &[p.into()], ""))?
+            .try_as_basic_value()
+            .basic()
+            .ok_or("ldmatrix returned nothing")?;
+        if x == 1 {
+            return Ok(vec![r.into_int_value()]);
+        }
+        let r = r.into_struct_value();
+        (0..x as u32)
+            .map(|k| Ok(e(self.b.build_extract_value(r, k, ""))?.into_int_value()))
+            .collect()
+    }
+
+    /// Register `r` of lane `(g, t)` after an `ldmatrix` whose lanes address rows by
+    /// `row` (lane `i`'s row address), as the host computes it: matrix `r`'s rows are
+    /// those lanes `8 r ..` address; plain, the lane holds row `g`, elements `2 t, 2 t +
+    /// 1`; `.trans`, element `g` of rows `2 t` and `2 t + 1`.
+    fn ldm_word(
+        &self,
+        sh: PointerValue<'ctx>,
+        row: &dyn Fn(IntValue<'ctx>) -> R<IntValue<'ctx>>,
+        (g, t): (IntValue<'ctx>, IntValue<'ctx>),
+        r: usize,
+        trans: bool,
+    ) -> R<IntValue<'ctx>> {
+        let t2 = self.mul_i(t, self.i64c(2))?;
+        if !trans {
+            let at = row(self.add_i(g, self.i64c(8 * r))?)?;
+            return self.sh_pair(sh, self.add_i(at, t2)?);
+        }
+        let first = self.add_i(t2, self.i64c(8 * r))?;
+        let lo = self.sh_half(sh, self.add_i(row(first)?, g)?)?;
+        let second = self.add_i(first, self.i64c(1))?;
+        let hi = self.sh_half(sh, self.add_i(row(second)?, g)?)?;
+        let hi = e(self
+            .b
+            .build_left_shift(hi, self.ctx.i32_type().const_int(16, false), ""))?;
+        e(self.b.build_or(lo, hi, ""))
+    }
+
+    /// The product's body for `B` laid out as `lay` ([`Gen::define_warp_ops`]).
+    fn define_mma(&self, lay: BLay, gpu: bool) -> R<()> {
+        let saved = self.b.get_insert_block();
+        let Some(f) = self.begin_warp_op(lay.symbol()) else {
+            return Ok(());
+        };
         let p = |j: u32| f.get_nth_param(j).ok_or("missing product parameter");
         let sh = p(0)?.into_pointer_value();
         let a = (p(1)?.into_int_value(), p(2)?.into_int_value());
@@ -235,13 +371,14 @@ impl<'ctx> Gen<'ctx> {
             .collect::<Result<_, _>>()?;
         let g = self.div_i(wl, 4)?;
         let t = self.rem_i(wl, 4)?;
+        let kn = lay == BLay::Kn;
         let d = if gpu {
             let mut args: Vec<BasicMetadataValueEnum> = Vec::new();
-            for r in 0..4 {
-                args.push(self.sh_pair(sh, frag_a_at(self, a, (g, t), r)?)?.into());
+            for w in self.ldmatrix(sh, ldm_a_row(self, a, wl)?, 4, false)? {
+                args.push(w.into());
             }
-            for r in 0..2 {
-                args.push(self.sh_pair(sh, frag_b_at(self, b, (g, t), r)?)?.into());
+            for w in self.ldmatrix(sh, ldm_b_row(self, b, wl, lay)?, 2, kn)? {
+                args.push(w.into());
             }
             args.extend(c.iter().map(|&x| BasicMetadataValueEnum::from(x)));
             let mma = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.mma.m16n8k16.row.col.bf16")
@@ -255,16 +392,18 @@ impl<'ctx> Gen<'ctx> {
         } else {
             // Result element i: row g + 8 (i >> 1), column 2t + (i & 1). A[row][k] lies in
             // lane (row % 8, (k % 8) / 2), register (row / 8) + 2 (k / 8), half k % 2;
-            // B[k][col] in lane (col, (k % 8) / 2), register k / 8, half k % 2.
+            // B[k][col] in lane (col, (k % 8) / 2), register k / 8, half k % 2: each read
+            // from the registers `ldmatrix` gives that lane.
+            let a_row = |i| ldm_a_row(self, a, i);
+            let b_row = |i| ldm_b_row(self, b, i, lay);
             let mut r = self.mma_ret().get_undef();
             for (i, &ci) in c.iter().enumerate() {
                 let col = self.add_i(self.mul_i(t, self.i64c(2))?, self.i64c(i & 1))?;
                 let mut acc = ci;
                 for k in 0..16 {
                     let tk = self.i64c((k % 8) / 2);
-                    let wa =
-                        self.sh_pair(sh, frag_a_at(self, a, (g, tk), (i >> 1) + 2 * (k / 8))?)?;
-                    let wb = self.sh_pair(sh, frag_b_at(self, b, (col, tk), k / 8)?)?;
+                    let wa = self.ldm_word(sh, &a_row, (g, tk), (i >> 1) + 2 * (k / 8), false)?;
+                    let wb = self.ldm_word(sh, &b_row, (col, tk), k / 8, kn)?;
                     let x = self.pair_half(wa, k % 2)?;
                     let y = self.pair_half(wb, k % 2)?;
                     acc = self.fma(x, y, acc)?;
@@ -280,15 +419,51 @@ impl<'ctx> Gen<'ctx> {
         Ok(())
     }
 
+    /// The 16-byte copy's body: eight bf16s from `src` to `dst` where `keep`, else eight
+    /// zeros to `dst`; 16-byte aligned accesses on the GPU (every row a stage copies
+    /// starts at a multiple of eight elements of a 256-byte aligned buffer, and of the
+    /// shared array's tiles), any alignment on the host.
+    fn define_copy16(&self, gpu: bool) -> R<()> {
+        let saved = self.b.get_insert_block();
+        let Some(f) = self.begin_warp_op(COPY16) else {
+            return Ok(());
+        };
+        let p = |j: u32| f.get_nth_param(j).ok_or("missing copy parameter");
+        let (src, dst) = (p(0)?.into_pointer_value(), p(1)?.into_pointer_value());
+        let keep = p(2)?.into_int_value();
+        let align = if gpu { 16 } else { 1 };
+        let v4 = self.ctx.i32_type().vec_type(4);
+        let entry = self.b.get_insert_block().ok_or("no entry block")?;
+        let load = self.ctx.append_basic_block(f, "load");
+        let join = self.ctx.append_basic_block(f, "store");
+        e(self.b.build_conditional_branch(keep, load, join))?;
+        self.b.position_at_end(load);
+        let v = e(self.b.build_load(v4, src, ""))?;
+        e(v.as_instruction_value()
+            .ok_or("a load that is no instruction")?
+            .set_alignment(align))?;
+        e(self.b.build_unconditional_branch(join))?;
+        self.b.position_at_end(join);
+        let phi = e(self.b.build_phi(v4, ""))?;
+        phi.add_incoming(&[(&v, load), (&v4.const_zero(), entry)]);
+        let st = e(self.b.build_store(dst, phi.as_basic_value()))?;
+        e(st.set_alignment(align))?;
+        e(self.b.build_return(None))?;
+        if let Some(bb) = saved {
+            self.b.position_at_end(bb);
+        }
+        Ok(())
+    }
+
     /// `n` products of a warp's 16 rows: `c_j + A B_j` with `A` at `a` (its row 0, pitch)
-    /// and `B_j` the tile `j` 8 columns on from `b` (pitch), `steps` k-steps of 16 each;
-    /// `c_j` from `init(j)`.
+    /// and `B_j` the tile `j` 8 columns on from `b` (pitch, layout), `steps` k-steps of 16
+    /// each; `c_j` from `init(j)`.
     #[allow(clippy::too_many_arguments)]
     fn products(
         &self,
         sh: PointerValue<'ctx>,
         (a, ap): (IntValue<'ctx>, usize),
-        (b, bp): (IntValue<'ctx>, usize),
+        (b, bp, lay): (IntValue<'ctx>, usize, BLay),
         (n, steps): (usize, usize),
         wl: IntValue<'ctx>,
         mut init: impl FnMut(usize) -> R<[FloatValue<'ctx>; 4]>,
@@ -296,17 +471,15 @@ impl<'ctx> Gen<'ctx> {
         let mut out = Vec::with_capacity(n);
         for j in 0..n {
             let mut c = init(j)?;
-            let bj = self.add_i(b, self.i64c(8 * j * bp))?;
             for s in 0..steps {
                 let ab = self.add_i(a, self.i64c(16 * s))?;
-                let bb = self.add_i(bj, self.i64c(16 * s))?;
-                c = self.mma(sh, (ab, ap), (bb, bp), wl, c)?;
+                let bb = self.add_i(b, self.i64c(lay.offset(bp, j, s)))?;
+                c = self.mma(sh, (ab, ap), (bb, bp, lay), wl, c)?;
             }
             out.push(c);
         }
         Ok(out)
     }
-
     /// Stores `x`, `y` rounded to bf16 as the pair at shared element `at` (even).
     fn put_pair(
         &self,
@@ -409,8 +582,8 @@ impl<'ctx> Gen<'ctx> {
     }
 
     /// The team copies `rows x width` bf16 elements of `x`, from row `first` (rows `n..`
-    /// zeros), to shared element `at + r * pitch + c` (`transposed`: `at + c * pitch + r`).
-    #[allow(clippy::too_many_arguments)]
+    /// zeros), to shared element `at + r * pitch + c`, eight elements (16 bytes) a lane
+    /// at a time ([`COPY16`]): `width`, `pitch` and `at` are multiples of 8.
     fn stage16(
         &self,
         l: &Lane<'ctx>,
@@ -418,19 +591,28 @@ impl<'ctx> Gen<'ctx> {
         first: IntValue<'ctx>,
         (n, rows, width): (IntValue<'ctx>, usize, usize),
         (at, pitch): (usize, usize),
-        transposed: bool,
     ) -> R<()> {
-        let src = self.mul_i(first, self.i64c(width))?;
-        let have = self.mul_i(n, self.i64c(width))?;
-        let i16t = self.ctx.i16_type();
-        self.for_step(l.lane, self.i64c(rows * width), MMA_LANES, |g, w| {
-            let v = g.var(i16t.const_zero().into())?;
-            g.when(g.ult(w, have)?, |g| g.set(v, g.ld16(x, g.add_i(src, w)?)?))?;
-            let v = e(g.b.build_load(i16t, v, ""))?;
-            let (r, c) = (g.div_i(w, width)?, g.rem_i(w, width)?);
-            let (major, minor) = if transposed { (c, r) } else { (r, c) };
-            let to = g.add_i(g.add_i(g.i64c(at), g.mul_i(major, g.i64c(pitch))?)?, minor)?;
-            e(g.b.build_store(g.sh16(l.sh, to)?, v)).map(|_| ())
+        if self.elt_of(x) != Elt::Bf16 {
+            return Err("the tensor-core attention reads 2-byte bf16 buffers only".into());
+        }
+        if !(width.is_multiple_of(8) && pitch.is_multiple_of(8) && at.is_multiple_of(8)) {
+            return Err(format!(
+                "a tensor-core tile of width {width}, pitch {pitch} at {at}: not in 16-byte rows"
+            ));
+        }
+        let per = width / 8;
+        let copy = self.copy16_fn();
+        self.for_step(l.lane, self.i64c(rows * per), MMA_LANES, |g, w| {
+            let r = g.div_i(w, per)?;
+            let c = g.mul_i(g.rem_i(w, per)?, g.i64c(8))?;
+            let keep = g.ult(r, n)?;
+            // A row past the end reads nothing (its address is the buffer's start).
+            let off = g.add_i(g.mul_i(g.add_i(first, r)?, g.i64c(width))?, c)?;
+            let off = e(g.b.build_select(keep, off, g.i64c(0), ""))?.into_int_value();
+            let from = g.at(x, Elt::Bf16, off)?;
+            let to = g.add_i(g.add_i(g.i64c(at), g.mul_i(r, g.i64c(pitch))?)?, c)?;
+            let to = g.sh16(l.sh, to)?;
+            e(g.b.build_call(copy, &[from.into(), to.into(), keep.into()], "")).map(|_| ())
         })
     }
 
@@ -455,7 +637,7 @@ impl<'ctx> Gen<'ctx> {
         tm.phase(all, |g, l| {
             let m = g.mma_lane(&a, l)?;
             let n = g.min_i(g.i64c(MMA_ROWS), g.e_sub(g.i64c(a.s), m.q0)?)?;
-            g.stage16(l, l.ins[0], m.qrow0, (n, MMA_ROWS, d), (0, mt.qp), false)?;
+            g.stage16(l, l.ins[0], m.qrow0, (n, MMA_ROWS, d), (0, mt.qp))?;
             for w in lo..lm {
                 g.lput(l, w, g.fconst(0.0))?;
             }
@@ -473,8 +655,8 @@ impl<'ctx> Gen<'ctx> {
                 let (ts, n, needed) = tile(g, l, &m)?;
                 g.when(needed, |g| {
                     let first = g.add_i(m.kv_base, ts)?;
-                    g.stage16(l, l.ins[1], first, (n, kt, d), (mt.k_at, mt.qp), false)?;
-                    g.stage16(l, l.ins[2], first, (n, kt, ev), (mt.v_at, mt.vp), true)
+                    g.stage16(l, l.ins[1], first, (n, kt, d), (mt.k_at, mt.qp))?;
+                    g.stage16(l, l.ins[2], first, (n, kt, ev), (mt.v_at, mt.ep))
                 })
             })?;
             // S = scale Q K^T, masked; the rows' partial maxima.
@@ -491,8 +673,8 @@ impl<'ctx> Gen<'ctx> {
                         let mut c = [g.fconst(0.0); 4];
                         for s in 0..d / 16 {
                             let ab = g.add_i(a_row, g.i64c(16 * s))?;
-                            let bb = g.i64c(mt.k_at + 8 * j * mt.qp + 16 * s);
-                            c = g.mma(l.sh, (ab, mt.qp), (bb, mt.qp), m.wl, c)?;
+                            let bb = g.i64c(mt.k_at + BLay::Nk.offset(mt.qp, j, s));
+                            c = g.mma(l.sh, (ab, mt.qp), (bb, mt.qp, BLay::Nk), m.wl, c)?;
                         }
                         for (i, ci) in c.iter().enumerate() {
                             let h = i >> 1;
@@ -536,7 +718,7 @@ impl<'ctx> Gen<'ctx> {
                                 g.lput(l, w, g.fmul(g.lw(l, w)?, corr)?)?;
                             }
                         }
-                        let prow = g.add_i(g.i64c(mt.p_at), g.mul_i(r, g.i64c(mt.vp))?)?;
+                        let prow = g.add_i(g.i64c(mt.p_at), g.mul_i(r, g.i64c(mt.pp))?)?;
                         for j in 0..nk {
                             let mut bits = Vec::with_capacity(2);
                             for i in [2 * h, 2 * h + 1] {
@@ -565,7 +747,7 @@ impl<'ctx> Gen<'ctx> {
                 let m = g.mma_lane(&a, l)?;
                 let (_, _, needed) = tile(g, l, &m)?;
                 g.when(needed, |g| {
-                    let a_row = g.add_i(g.i64c(mt.p_at), g.mul_i(m.w16, g.i64c(mt.vp))?)?;
+                    let a_row = g.add_i(g.i64c(mt.p_at), g.mul_i(m.w16, g.i64c(mt.pp))?)?;
                     for jn in 0..ne {
                         let mut c = [g.fconst(0.0); 4];
                         for (i, ci) in c.iter_mut().enumerate() {
@@ -573,8 +755,8 @@ impl<'ctx> Gen<'ctx> {
                         }
                         for s in 0..kt / 16 {
                             let ab = g.add_i(a_row, g.i64c(16 * s))?;
-                            let bb = g.i64c(mt.v_at + 8 * jn * mt.vp + 16 * s);
-                            c = g.mma(l.sh, (ab, mt.vp), (bb, mt.vp), m.wl, c)?;
+                            let bb = g.i64c(mt.v_at + BLay::Kn.offset(mt.ep, jn, s));
+                            c = g.mma(l.sh, (ab, mt.pp), (bb, mt.ep, BLay::Kn), m.wl, c)?;
                         }
                         for (i, ci) in c.iter().enumerate() {
                             g.lput(l, lo + 4 * jn + i, *ci)?;
@@ -646,7 +828,7 @@ impl<'ctx> Gen<'ctx> {
             .ok_or("this attention's backward does not take tensor cores")?;
         let a = *a;
         let (d, ev, kb) = (a.d, a.e, mb.tile);
-        let [q_at, do_at, k_at, kt_at, v_at, ds_at] = mb.at;
+        let [q_at, do_at, k_at, v_at, ds_at] = mb.at;
         let nk = kb / 8;
         // A lane's memory: its dq fragments.
         let lq = 0;
@@ -656,15 +838,8 @@ impl<'ctx> Gen<'ctx> {
         tm.phase(all, |g, l| {
             let m = g.mma_lane(&a, l)?;
             let n = g.min_i(g.i64c(MMA_ROWS), g.e_sub(g.i64c(a.s), m.q0)?)?;
-            g.stage16(l, l.ins[1], m.qrow0, (n, MMA_ROWS, d), (q_at, mb.qp), false)?;
-            g.stage16(
-                l,
-                l.ins[0],
-                m.qrow0,
-                (n, MMA_ROWS, ev),
-                (do_at, mb.ep),
-                false,
-            )?;
+            g.stage16(l, l.ins[1], m.qrow0, (n, MMA_ROWS, d), (q_at, mb.qp))?;
+            g.stage16(l, l.ins[0], m.qrow0, (n, MMA_ROWS, ev), (do_at, mb.ep))?;
             for w in 0..4 * (d / 8) {
                 g.lput(l, lq + w, g.fconst(0.0))?;
             }
@@ -710,9 +885,8 @@ impl<'ctx> Gen<'ctx> {
                 let (ts, n, needed) = tile(g, l, &m)?;
                 g.when(needed, |g| {
                     let first = g.add_i(m.kv_base, ts)?;
-                    g.stage16(l, l.ins[2], first, (n, kb, d), (k_at, mb.qp), false)?;
-                    g.stage16(l, l.ins[2], first, (n, kb, d), (kt_at, mb.tp), true)?;
-                    g.stage16(l, l.ins[3], first, (n, kb, ev), (v_at, mb.ep), false)
+                    g.stage16(l, l.ins[2], first, (n, kb, d), (k_at, mb.qp))?;
+                    g.stage16(l, l.ins[3], first, (n, kb, ev), (v_at, mb.ep))
                 })
             })?;
             // S = Q K^T and dP = dO V^T; dS = P (dP - D) to shared as bf16.
@@ -725,7 +899,7 @@ impl<'ctx> Gen<'ctx> {
                     let s = g.products(
                         l.sh,
                         (qa, mb.qp),
-                        (g.i64c(k_at), mb.qp),
+                        (g.i64c(k_at), mb.qp, BLay::Nk),
                         (nk, d / 16),
                         m.wl,
                         |_| Ok(zero),
@@ -734,7 +908,7 @@ impl<'ctx> Gen<'ctx> {
                     let dp = g.products(
                         l.sh,
                         (oa, mb.ep),
-                        (g.i64c(v_at), mb.ep),
+                        (g.i64c(v_at), mb.ep, BLay::Nk),
                         (nk, ev / 16),
                         m.wl,
                         |_| Ok(zero),
@@ -772,7 +946,7 @@ impl<'ctx> Gen<'ctx> {
                     let c = g.products(
                         l.sh,
                         (da, mb.tp),
-                        (g.i64c(kt_at), mb.tp),
+                        (g.i64c(k_at), mb.qp, BLay::Kn),
                         (d / 8, kb / 16),
                         m.wl,
                         |j| g.frag_of(l, lq + 4 * j),
@@ -815,8 +989,7 @@ impl<'ctx> Gen<'ctx> {
             .ok_or("this attention's backward does not take tensor cores")?;
         let a = *a;
         let (d, ev, qb) = (a.d, a.e, mb.tile);
-        let [k_at, v_at, q_at, qt_at, do_at, dot_at] = mb.at;
-        let p_at = dot_at + ev * mb.tp;
+        let [k_at, v_at, q_at, do_at, p_at] = mb.at;
         let ds_at = p_at + MMA_ROWS * mb.tp;
         let (ldk, ldv) = (0, 4 * (d / 8));
         tm.local = tm_local(d, ev);
@@ -856,8 +1029,8 @@ impl<'ctx> Gen<'ctx> {
             let (bg, first, ..) = block(g, l)?;
             let n = g.min_i(g.i64c(MMA_ROWS), g.e_sub(g.i64c(a.t), first)?)?;
             let row = g.add_i(g.mul_i(bg, g.i64c(a.t))?, first)?;
-            g.stage16(l, l.ins[2], row, (n, MMA_ROWS, d), (k_at, mb.qp), false)?;
-            g.stage16(l, l.ins[3], row, (n, MMA_ROWS, ev), (v_at, mb.ep), false)?;
+            g.stage16(l, l.ins[2], row, (n, MMA_ROWS, d), (k_at, mb.qp))?;
+            g.stage16(l, l.ins[3], row, (n, MMA_ROWS, ev), (v_at, mb.ep))?;
             for w in 0..tm_local(d, ev) {
                 g.lput(l, w, g.fconst(0.0))?;
             }
@@ -868,12 +1041,8 @@ impl<'ctx> Gen<'ctx> {
                 let (bg, first, ..) = block(g, l)?;
                 let (row0, _, n, needed, _) = queries(g, l, bg, first)?;
                 g.when(needed, |g| {
-                    let sh = (n, qb, d);
-                    g.stage16(l, l.ins[1], row0, sh, (q_at, mb.qp), false)?;
-                    g.stage16(l, l.ins[1], row0, sh, (qt_at, mb.tp), true)?;
-                    let sh = (n, qb, ev);
-                    g.stage16(l, l.ins[0], row0, sh, (do_at, mb.ep), false)?;
-                    g.stage16(l, l.ins[0], row0, sh, (dot_at, mb.tp), true)?;
+                    g.stage16(l, l.ins[1], row0, (n, qb, d), (q_at, mb.qp))?;
+                    g.stage16(l, l.ins[0], row0, (n, qb, ev), (do_at, mb.ep))?;
                     let r = l.lane;
                     g.when(g.ult(r, g.i64c(qb))?, |g| {
                         let inside = g.ult(r, n)?;
@@ -900,7 +1069,7 @@ impl<'ctx> Gen<'ctx> {
                     let st = g.products(
                         l.sh,
                         (ka, mb.qp),
-                        (g.i64c(q_at), mb.qp),
+                        (g.i64c(q_at), mb.qp, BLay::Nk),
                         (qb / 8, d / 16),
                         wl,
                         |_| Ok(zero),
@@ -909,7 +1078,7 @@ impl<'ctx> Gen<'ctx> {
                     let dpt = g.products(
                         l.sh,
                         (va, mb.ep),
-                        (g.i64c(do_at), mb.ep),
+                        (g.i64c(do_at), mb.ep, BLay::Nk),
                         (qb / 8, ev / 16),
                         wl,
                         |_| Ok(zero),
@@ -952,12 +1121,14 @@ impl<'ctx> Gen<'ctx> {
                 let (bg, first, wl, w16, ..) = block(g, l)?;
                 let (_, _, _, needed, _) = queries(g, l, bg, first)?;
                 g.when(needed, |g| {
-                    for (a_at, b_at, lw, n) in [(p_at, dot_at, ldv, ev), (ds_at, qt_at, ldk, d)] {
+                    let dv = (p_at, (do_at, mb.ep), ldv, ev);
+                    let dk = (ds_at, (q_at, mb.qp), ldk, d);
+                    for (a_at, (b_at, bp), lw, n) in [dv, dk] {
                         let aa = g.add_i(g.i64c(a_at), g.mul_i(w16, g.i64c(mb.tp))?)?;
                         let c = g.products(
                             l.sh,
                             (aa, mb.tp),
-                            (g.i64c(b_at), mb.tp),
+                            (g.i64c(b_at), bp, BLay::Kn),
                             (n / 8, qb / 16),
                             wl,
                             |j| g.frag_of(l, lw + 4 * j),

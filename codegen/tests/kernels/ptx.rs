@@ -247,7 +247,27 @@ pub(super) fn attention_kernels_use_no_local_memory() {
             k.name
         );
         if mmas > 0 {
-            println!("codegen: {}: {mmas} mma.sync in its PTX", k.name);
+            // Their fragments come from ldmatrix (plain for A and the B tiles stored
+            // [n][k], .trans for those stored [k][n]: values, keys in dq += dS K, queries
+            // and dO in dk/dv), their tiles are staged 16 bytes a lane, and no operand is
+            // read from shared memory two bytes at a time.
+            let count = |s: &str| body.matches(s).count();
+            let (a, b, bt) = (
+                count("ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
+                count("ldmatrix.sync.aligned.m8n8.x2.shared.b16"),
+                count("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"),
+            );
+            assert!(
+                a > 0 && b > 0 && bt > 0,
+                "{}: ldmatrix {a} {b} {bt}",
+                k.name
+            );
+            assert!(count("ld.global.v4") > 0, "{}: no 16-byte staging", k.name);
+            assert_eq!(count("ld.shared.u16"), 0, "{}: 2-byte shared loads", k.name);
+            println!(
+                "codegen: {}: {mmas} mma.sync, ldmatrix x4 {a}, x2 {b}, x2.trans {bt} in its PTX",
+                k.name
+            );
         }
     }
     if let Some(p) = std::env::var_os("NNSCALER_DUMP_ATTN_PTX") {
