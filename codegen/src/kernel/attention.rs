@@ -161,9 +161,9 @@ pub enum AttnForm {
 /// The tensor-core forward's shared array ([`Body::AttnMma`]), in bf16 elements from its
 /// start (each region 16-byte aligned, every row too): the query tile [`MMA_ROWS`] x `qp`,
 /// the key tile `keys x qp`, the value tile `keys x ep` (rows as stored: the `P V`
-/// product reads them with `ldmatrix.trans`), each warp's `P` rows [`MMA_ROWS`] x `pp`,
-/// then `xch`: [`MMA_ROWS`] x 4 f32 words through which a row's four lanes exchange their
-/// partial maxima and sums.
+/// product reads them with `ldmatrix.trans`), then `xch`: [`MMA_ROWS`] x 4 f32 words
+/// through which a row's four lanes exchange their partial maxima and sums. (`P` stays
+/// in the lanes' registers.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaTiles {
     /// Keys per tile (64, or 32 where 64 does not fit).
@@ -172,11 +172,8 @@ pub struct MmaTiles {
     pub qp: usize,
     /// Row pitch of the value tile: `e + MMA_PAD`.
     pub ep: usize,
-    /// Row pitch of `P`: `keys + MMA_PAD`.
-    pub pp: usize,
     pub k_at: usize,
     pub v_at: usize,
-    pub p_at: usize,
     pub x_at: usize,
     /// f32 words of the whole array.
     pub words: usize,
@@ -192,10 +189,8 @@ pub struct MmaBack {
     /// Pitch of rows of `d` (queries, keys) and of `e` (`dO`, values).
     pub qp: usize,
     pub ep: usize,
-    /// Pitch of rows of `tile` (`dS`, `P^T`, `dS^T`).
-    pub tp: usize,
     /// Region starts: see [`Attn::mma_dq`] and [`Attn::mma_kv`].
-    pub at: [usize; 5],
+    pub at: [usize; 4],
     pub x_at: usize,
     pub words: usize,
 }
@@ -209,7 +204,7 @@ impl MmaBack {
         regions: &[(usize, usize)],
         f32s: usize,
     ) -> Option<Self> {
-        let mut at = [0; 5];
+        let mut at = [0; 4];
         let mut end = 0;
         for (k, &(rows, pitch)) in regions.iter().enumerate() {
             at[k] = end;
@@ -220,7 +215,6 @@ impl MmaBack {
             tile,
             qp: d + MMA_PAD,
             ep: e + MMA_PAD,
-            tp: tile + MMA_PAD,
             at,
             x_at: end,
             words,
@@ -243,25 +237,19 @@ impl Attn {
 
     /// The `dq` kernel's tiles ([`Body::AttnMmaBack`]): key tiles of 64, 32 or 16 keys,
     /// the first that fits; regions `q [64, qp]`, `dO [64, ep]`, `k [keys, qp]`, `v [keys,
-    /// ep]`, `dS [64, tp]`, then `[m, 1/l, D, -]` f32 per query row. (`dq += dS K` reads
-    /// the key rows as they are, with `ldmatrix.trans`.)
+    /// ep]`, then `[m, 1/l, D, -]` f32 per query row. (`dq += dS K` reads the key rows as
+    /// they are, with `ldmatrix.trans`; `dS` stays in the lanes' registers.)
     pub fn mma_dq(&self) -> Option<MmaBack> {
         if !self.mma_back_widths() || !self.saved {
             return None;
         }
         let (d, e) = (self.d, self.e);
         [64, 32, 16].into_iter().find_map(|tile| {
-            let (qp, ep, tp) = (d + MMA_PAD, e + MMA_PAD, tile + MMA_PAD);
+            let (qp, ep) = (d + MMA_PAD, e + MMA_PAD);
             MmaBack::lay(
                 tile,
                 (d, e),
-                &[
-                    (MMA_ROWS, qp),
-                    (MMA_ROWS, ep),
-                    (tile, qp),
-                    (tile, ep),
-                    (MMA_ROWS, tp),
-                ],
+                &[(MMA_ROWS, qp), (MMA_ROWS, ep), (tile, qp), (tile, ep)],
                 MMA_ROWS * 4,
             )
         })
@@ -269,27 +257,20 @@ impl Attn {
 
     /// The `dk`/`dv` kernel's tiles ([`Body::AttnMmaKv`]): query tiles of 32 or 16, the
     /// first that fits; regions `k [64, qp]`, `v [64, ep]`, `q [queries, qp]`, `dO
-    /// [queries, ep]`, `P^T` and `dS^T` `[64, tp]` each (`dS^T` at `at[4] + 64 tp`), then
-    /// `[m, 1/l, D, -]` f32 per query. (`dV += P^T dO` and `dK += dS^T Q` read the query
-    /// and `dO` rows as they are, with `ldmatrix.trans`.)
+    /// [queries, ep]`, then `[m, 1/l, D, -]` f32 per query. (`dV += P^T dO` and `dK +=
+    /// dS^T Q` read the query and `dO` rows as they are, with `ldmatrix.trans`; `P^T` and
+    /// `dS^T` stay in the lanes' registers.)
     pub fn mma_kv(&self) -> Option<MmaBack> {
         if !self.mma_back_widths() {
             return None;
         }
         let (d, e) = (self.d, self.e);
         [32, 16].into_iter().find_map(|tile| {
-            let (qp, ep, tp) = (d + MMA_PAD, e + MMA_PAD, tile + MMA_PAD);
-            // P^T and dS^T as one region of 128 rows.
+            let (qp, ep) = (d + MMA_PAD, e + MMA_PAD);
             MmaBack::lay(
                 tile,
                 (d, e),
-                &[
-                    (MMA_ROWS, qp),
-                    (MMA_ROWS, ep),
-                    (tile, qp),
-                    (tile, ep),
-                    (2 * MMA_ROWS, tp),
-                ],
+                &[(MMA_ROWS, qp), (MMA_ROWS, ep), (tile, qp), (tile, ep)],
                 tile * 4,
             )
         })
@@ -339,20 +320,17 @@ impl Attn {
             return None;
         }
         [64, 32].into_iter().find_map(|keys| {
-            let (qp, ep, pp) = (d + MMA_PAD, e + MMA_PAD, keys + MMA_PAD);
+            let (qp, ep) = (d + MMA_PAD, e + MMA_PAD);
             let k_at = MMA_ROWS * qp;
             let v_at = k_at + keys * qp;
-            let p_at = v_at + keys * ep;
-            let x_at = p_at + MMA_ROWS * pp;
+            let x_at = v_at + keys * ep;
             let words = x_at / 2 + MMA_ROWS * 4;
             (words * 4 <= SHARED_BYTES).then_some(MmaTiles {
                 keys,
                 qp,
                 ep,
-                pp,
                 k_at,
                 v_at,
-                p_at,
                 x_at,
                 words,
             })

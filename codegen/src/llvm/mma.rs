@@ -13,8 +13,16 @@
 //! 2. folds the tile into the online softmax: the row's new maximum from its four lanes'
 //!    partials (in one order, so the four agree), `exp(m_old - m_new)` rescaling the
 //!    lane's partial sum and its output fragments, `P = exp(S - m_new)` rounded to bf16
-//!    (the lane's sum adds the rounded values) and written to the warp's `P` rows;
-//! 3. adds `P V` to its output fragments: `e / 8` products, `keys / 16` steps each.
+//!    (the lane's sum adds the rounded values) and kept as bf16 pairs in the lane's words:
+//!    the scores' 16 x 8 result fragments, two side by side, are the next product's A
+//!    fragment as they lie ([`a_reg_of`]);
+//! 3. adds `P V` to its output fragments: `e / 8` products, `keys / 16` steps each, `A`
+//!    from the registers ([`MMA_RA`]).
+//!
+//! Steps 2 and 3 wait for their warp only ([`super::team::Sync::Warp`]): a key tile
+//! costs two block barriers (its staging, and the scores that read what every lane
+//! staged), not four. The backward's kernels keep `dS` (and `P^T`, `dS^T`) in registers
+//! the same way.
 //!
 //! At the end a row's four partial sums meet through the exchange words (in lane order)
 //! and each lane stores its output elements times `1 / l`, and the statistics `[m, 1/l]`
@@ -23,7 +31,7 @@
 //!
 //! Every value passes between lanes through shared memory between phases, as in every
 //! team kernel ([`super::team`]), except inside the product, which is the one warp-wide
-//! operation: `nns.mma.bf16(sh, a_base, a_pitch, b_base, b_pitch, lane, c0..c3)` takes
+//! operation (its register form reads `A` from the warp's lanes' words, below): `nns.mma.bf16(sh, a_base, a_pitch, b_base, b_pitch, lane, c0..c3)` takes
 //! its operand tiles from shared memory (`A[m][k]` at `a_base + m * a_pitch + k`; `B[k][n]`
 //! at `b_base + n * b_pitch + k`, or at `b_base + k * b_pitch + n` for
 //! `nns.mma.bf16.kn`: [`BLay`]) and the lane's accumulator fragment. Its body is the
@@ -53,8 +61,20 @@ use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 const MMA: &str = "nns.mma.bf16";
 /// The same product with `B` stored `[k][n]` ([`BLay::Kn`]).
 const MMA_KN: &str = "nns.mma.bf16.kn";
+/// The product with `A` in registers, `B` stored `[k][n]` in shared memory: each lane's
+/// four A-fragment words in its own memory ([`Gen::mma_regs`]).
+const MMA_RA: &str = "nns.mma.bf16.ra";
 /// A lane's 16-byte copy of eight bf16s from a buffer to the shared array (or eight zeros).
 const COPY16: &str = "nns.copy16";
+
+/// The A-fragment register (0..4) of k-step `j / 2` that holds the pair a lane's `C`
+/// fragment of tile `j` (8 columns) has in half `h` (0: row `g`, 1: row `g + 8`): a
+/// product's 16 x 8 results, two tiles side by side, are the next product's 16 x 16 `A`
+/// fragment as they lie (PTX ISA: `c0, c1` row g, columns `2t, 2t + 1`; `a0, a1` row g,
+/// columns `2t, 2t + 1`; `a2, a3` row g + 8; `a4..a7` the same 8 columns on).
+fn a_reg_of(j: usize, h: usize) -> usize {
+    4 * (j / 2) + 2 * (j % 2) + h
+}
 
 /// How a product's `B` tile lies in shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,6 +234,66 @@ impl<'ctx> Gen<'ctx> {
         })
     }
 
+    /// The register-A product's function ([`MMA_RA`]: `local, a_word, words, sh, b_base,
+    /// b_pitch, lane, c0..c3`), declared.
+    fn mma_ra_fn(&self) -> FunctionValue<'ctx> {
+        self.module.get_function(MMA_RA).unwrap_or_else(|| {
+            let i64t = self.ctx.i64_type();
+            let f32t = self.ctx.f32_type();
+            let ptr = self.ctx.ptr_type(AddressSpace::default());
+            let mut params: Vec<BasicMetadataTypeEnum> =
+                vec![ptr.into(), i64t.into(), i64t.into(), ptr.into()];
+            params.extend([BasicMetadataTypeEnum::from(i64t); 3]);
+            params.extend([BasicMetadataTypeEnum::from(f32t); 4]);
+            self.module
+                .add_function(MMA_RA, self.mma_ret().fn_type(&params, false), None)
+        })
+    }
+
+    /// `c + A B` with the lane's A fragment in words `a_word..a_word + 4` of its own
+    /// memory (bf16 pairs, [`a_reg_of`]; `words` the lane's words in all, which the host
+    /// needs to find the other lanes') and `B` stored `[k][n]` at `b` ([`MMA_RA`]).
+    fn mma_regs(
+        &self,
+        l: &Lane<'ctx>,
+        (a_word, words): (usize, usize),
+        (b, bp): (IntValue<'ctx>, usize),
+        wl: IntValue<'ctx>,
+        c: [FloatValue<'ctx>; 4],
+    ) -> R<[FloatValue<'ctx>; 4]> {
+        let mut args: Vec<BasicMetadataValueEnum> = vec![
+            l.local.into(),
+            self.i64c(a_word).into(),
+            self.i64c(words).into(),
+            l.sh.into(),
+            b.into(),
+            self.i64c(bp).into(),
+            wl.into(),
+        ];
+        args.extend(c.iter().map(|&x| BasicMetadataValueEnum::from(x)));
+        let r = e(self.b.build_call(self.mma_ra_fn(), &args, ""))?
+            .try_as_basic_value()
+            .basic()
+            .ok_or("the product returned nothing")?
+            .into_struct_value();
+        self.unpack4(r)
+    }
+
+    /// Word `w` of a lane's own memory set to the bits of `v` (an i32: a bf16 pair).
+    fn lput_bits(&self, l: &Lane<'ctx>, w: usize, v: IntValue<'ctx>) -> R<()> {
+        self.set(self.local_at(l, w)?, v)
+    }
+
+    /// The bf16 pair of `x` (low half) and `y`, each rounded to nearest even, as an i32.
+    fn bf16_pair(&self, x: FloatValue<'ctx>, y: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+        let hi = e(self.b.build_left_shift(
+            self.bf16_bits(y)?,
+            self.ctx.i32_type().const_int(16, false),
+            "",
+        ))?;
+        e(self.b.build_or(self.bf16_bits(x)?, hi, ""))
+    }
+
     /// The 16-byte copy's function ([`COPY16`]: `src`, `dst`, `keep`), declared.
     fn copy16_fn(&self) -> FunctionValue<'ctx> {
         self.module.get_function(COPY16).unwrap_or_else(|| {
@@ -269,6 +349,7 @@ impl<'ctx> Gen<'ctx> {
         for lay in [BLay::Nk, BLay::Kn] {
             self.define_mma(lay, gpu)?;
         }
+        self.define_mma_ra(gpu)?;
         self.define_copy16(gpu)
     }
 
@@ -419,6 +500,85 @@ impl<'ctx> Gen<'ctx> {
         Ok(())
     }
 
+    /// The register-A product's body ([`MMA_RA`]): on the GPU the lane's four words and
+    /// its B fragment by `ldmatrix.trans`; on the host each result element's `A` operands
+    /// from the words of the lanes that hold them (lane `w` of the warp keeps its words
+    /// `(w - lane) * words` f32s from this lane's, the host's lanes' memories lying in
+    /// order in one block).
+    fn define_mma_ra(&self, gpu: bool) -> R<()> {
+        let saved = self.b.get_insert_block();
+        let Some(f) = self.begin_warp_op(MMA_RA) else {
+            return Ok(());
+        };
+        let p = |j: u32| f.get_nth_param(j).ok_or("missing product parameter");
+        let local = p(0)?.into_pointer_value();
+        let (a_word, words) = (p(1)?.into_int_value(), p(2)?.into_int_value());
+        let sh = p(3)?.into_pointer_value();
+        let b = (p(4)?.into_int_value(), p(5)?.into_int_value());
+        let wl = p(6)?.into_int_value();
+        let c: Vec<FloatValue> = (7..11)
+            .map(|j| p(j).map(|v| v.into_float_value()))
+            .collect::<Result<_, _>>()?;
+        let i32t = self.ctx.i32_type();
+        // Word `a_word + r` of warp lane `w`'s memory.
+        let word = |w: IntValue<'ctx>, r: usize| -> R<IntValue<'ctx>> {
+            let delta = self.mul_i(e(self.b.build_int_sub(w, wl, ""))?, words)?;
+            let at = self.add_i(self.add_i(delta, a_word)?, self.i64c(r))?;
+            // SAFETY of the generated code: lane `w` is in this lane's warp, whose lanes'
+            // memories are `words` f32s each, in order.
+            let ptr = e(unsafe {
+                self.b
+                    .build_in_bounds_gep(self.ctx.f32_type(), local, &[at], "")
+            })?;
+            Ok(e(self.b.build_load(i32t, ptr, ""))?.into_int_value())
+        };
+        let g = self.div_i(wl, 4)?;
+        let t = self.rem_i(wl, 4)?;
+        let d = if gpu {
+            let mut args: Vec<BasicMetadataValueEnum> = Vec::new();
+            for r in 0..4 {
+                args.push(word(wl, r)?.into());
+            }
+            for w in self.ldmatrix(sh, ldm_b_row(self, b, wl, BLay::Kn)?, 2, true)? {
+                args.push(w.into());
+            }
+            args.extend(c.iter().map(|&x| BasicMetadataValueEnum::from(x)));
+            let mma = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.mma.m16n8k16.row.col.bf16")
+                .and_then(|i| i.get_declaration(&self.module, &[]))
+                .ok_or("LLVM has no llvm.nvvm.mma.m16n8k16.row.col.bf16")?;
+            e(self.b.build_call(mma, &args, ""))?
+                .try_as_basic_value()
+                .basic()
+                .ok_or("mma returned nothing")?
+                .into_struct_value()
+        } else {
+            // As `define_mma`'s host body, A[row][k] from lane (row % 8, (k % 8) / 2)'s
+            // word (row / 8) + 2 (k / 8).
+            let b_row = |i| ldm_b_row(self, b, i, BLay::Kn);
+            let mut r = self.mma_ret().get_undef();
+            for (i, &ci) in c.iter().enumerate() {
+                let col = self.add_i(self.mul_i(t, self.i64c(2))?, self.i64c(i & 1))?;
+                let mut acc = ci;
+                for k in 0..16 {
+                    let tk = self.i64c((k % 8) / 2);
+                    let wa = self.add_i(self.mul_i(g, self.i64c(4))?, tk)?;
+                    let wa = word(wa, (i >> 1) + 2 * (k / 8))?;
+                    let wb = self.ldm_word(sh, &b_row, (col, tk), k / 8, true)?;
+                    let x = self.pair_half(wa, k % 2)?;
+                    let y = self.pair_half(wb, k % 2)?;
+                    acc = self.fma(x, y, acc)?;
+                }
+                r = e(self.b.build_insert_value(r, acc, i as u32, ""))?.into_struct_value();
+            }
+            r
+        };
+        e(self.b.build_return(Some(&d)))?;
+        if let Some(bb) = saved {
+            self.b.position_at_end(bb);
+        }
+        Ok(())
+    }
+
     /// The 16-byte copy's body: eight bf16s from `src` to `dst` where `keep`, else eight
     /// zeros to `dst`; 16-byte aligned accesses on the GPU (every row a stage copies
     /// starts at a multiple of eight elements of a 256-byte aligned buffer, and of the
@@ -480,22 +640,27 @@ impl<'ctx> Gen<'ctx> {
         }
         Ok(out)
     }
-    /// Stores `x`, `y` rounded to bf16 as the pair at shared element `at` (even).
-    fn put_pair(
+    /// `n` products of a warp's 16 rows as [`Gen::products`], `A` from the lanes' words
+    /// (k-step `s`'s fragment at `a_word + 4 s`, [`Gen::mma_regs`]) and `B` stored `[k][n]`.
+    fn products_regs(
         &self,
-        sh: PointerValue<'ctx>,
-        at: IntValue<'ctx>,
-        x: FloatValue<'ctx>,
-        y: FloatValue<'ctx>,
-    ) -> R<()> {
-        let i32t = self.ctx.i32_type();
-        let lo = self.bf16_bits(x)?;
-        let hi = e(self
-            .b
-            .build_left_shift(self.bf16_bits(y)?, i32t.const_int(16, false), ""))?;
-        let word = e(self.b.build_or(lo, hi, ""))?;
-        let st = e(self.b.build_store(self.sh16(sh, at)?, word))?;
-        e(st.set_alignment(4)).map(|_| ())
+        l: &Lane<'ctx>,
+        (a_word, words): (usize, usize),
+        (b, bp): (IntValue<'ctx>, usize),
+        (n, steps): (usize, usize),
+        wl: IntValue<'ctx>,
+        mut init: impl FnMut(usize) -> R<[FloatValue<'ctx>; 4]>,
+    ) -> R<Vec<[FloatValue<'ctx>; 4]>> {
+        let mut out = Vec::with_capacity(n);
+        for j in 0..n {
+            let mut c = init(j)?;
+            for s in 0..steps {
+                let bb = self.add_i(b, self.i64c(BLay::Kn.offset(bp, j, s)))?;
+                c = self.mma_regs(l, (a_word + 4 * s, words), (bb, bp), wl, c)?;
+            }
+            out.push(c);
+        }
+        Ok(out)
     }
 
     /// The lane's four words `w..w + 4` of its own memory.
@@ -625,12 +790,15 @@ impl<'ctx> Gen<'ctx> {
         let a = *a;
         let (d, ev, kt) = (a.d, a.e, mt.keys);
         let (nk, ne) = (kt / 8, ev / 8);
-        // A lane's memory: S [nk fragments of 4], O [ne of 4], m [2 halves], l [2].
+        // A lane's memory: S [nk fragments of 4], O [ne of 4], m [2 halves], l [2], P
+        // [kt / 16 A fragments of 4 bf16 pairs].
         let (ls, lo) = (0, 4 * nk);
         let lm = lo + 4 * ne;
         let ll = lm + 2;
+        let lp = ll + 2;
+        let words = lp + kt / 4;
         tm.shared = Shared::Tile(mt.words);
-        tm.local = ll + 2;
+        tm.local = words;
         let all = MMA_LANES;
         let neg = f32::NEG_INFINITY;
         // Stage the queries; start the online softmax.
@@ -693,8 +861,9 @@ impl<'ctx> Gen<'ctx> {
                     Ok(())
                 })
             })?;
-            // The online softmax's step: new maxima, rescaling, P to shared as bf16.
-            tm.phase(all, |g, l| {
+            // The online softmax's step: new maxima, rescaling, P as bf16 pairs in the
+            // lane's words (its own rows' maxima exchanged in the warp's words).
+            tm.warp_phase(|g, l| {
                 let m = g.mma_lane(&a, l)?;
                 let (_, _, needed) = tile(g, l, &m)?;
                 g.when(needed, |g| {
@@ -718,23 +887,16 @@ impl<'ctx> Gen<'ctx> {
                                 g.lput(l, w, g.fmul(g.lw(l, w)?, corr)?)?;
                             }
                         }
-                        let prow = g.add_i(g.i64c(mt.p_at), g.mul_i(r, g.i64c(mt.pp))?)?;
                         for j in 0..nk {
-                            let mut bits = Vec::with_capacity(2);
+                            let mut ps = Vec::with_capacity(2);
                             for i in [2 * h, 2 * h + 1] {
                                 let s = g.lw(l, ls + 4 * j + i)?;
                                 let p = g.call(exp, &[g.fsub(s, none)?])?;
-                                let pb = g.bf16_bits(p)?;
-                                sum = g.fadd(sum, g.pair_half(pb, 0)?)?;
-                                bits.push(pb);
+                                let p = g.call(g.round_bf16_fn()?, &[p])?;
+                                sum = g.fadd(sum, p)?;
+                                ps.push(p);
                             }
-                            let i32t = g.ctx.i32_type();
-                            let hi =
-                                e(g.b.build_left_shift(bits[1], i32t.const_int(16, false), ""))?;
-                            let word = e(g.b.build_or(bits[0], hi, ""))?;
-                            let col = g.add_i(g.mul_i(m.t, g.i64c(2))?, g.i64c(8 * j))?;
-                            let st = e(g.b.build_store(g.sh16(l.sh, g.add_i(prow, col)?)?, word))?;
-                            e(st.set_alignment(4))?;
+                            g.lput_bits(l, lp + a_reg_of(j, h), g.bf16_pair(ps[0], ps[1])?)?;
                         }
                         g.lput(l, ll + h, sum)?;
                         g.lput(l, lm + h, mx)?;
@@ -742,21 +904,19 @@ impl<'ctx> Gen<'ctx> {
                     Ok(())
                 })
             })?;
-            // O += P V.
-            tm.phase(all, |g, l| {
+            // O += P V, P from the warp's registers.
+            tm.warp_phase(|g, l| {
                 let m = g.mma_lane(&a, l)?;
                 let (_, _, needed) = tile(g, l, &m)?;
                 g.when(needed, |g| {
-                    let a_row = g.add_i(g.i64c(mt.p_at), g.mul_i(m.w16, g.i64c(mt.pp))?)?;
                     for jn in 0..ne {
                         let mut c = [g.fconst(0.0); 4];
                         for (i, ci) in c.iter_mut().enumerate() {
                             *ci = g.lw(l, lo + 4 * jn + i)?;
                         }
                         for s in 0..kt / 16 {
-                            let ab = g.add_i(a_row, g.i64c(16 * s))?;
                             let bb = g.i64c(mt.v_at + BLay::Kn.offset(mt.ep, jn, s));
-                            c = g.mma(l.sh, (ab, mt.pp), (bb, mt.ep, BLay::Kn), m.wl, c)?;
+                            c = g.mma_regs(l, (lp + 4 * s, words), (bb, mt.ep), m.wl, c)?;
                         }
                         for (i, ci) in c.iter().enumerate() {
                             g.lput(l, lo + 4 * jn + i, *ci)?;
@@ -828,11 +988,12 @@ impl<'ctx> Gen<'ctx> {
             .ok_or("this attention's backward does not take tensor cores")?;
         let a = *a;
         let (d, ev, kb) = (a.d, a.e, mb.tile);
-        let [q_at, do_at, k_at, v_at, ds_at] = mb.at;
+        let [q_at, do_at, k_at, v_at] = mb.at;
         let nk = kb / 8;
-        // A lane's memory: its dq fragments.
-        let lq = 0;
-        tm.local = 4 * (d / 8);
+        // A lane's memory: its dq fragments, then dS as A fragments (kb / 16 of 4 pairs).
+        let (lq, lds) = (0, 4 * (d / 8));
+        let words = lds + kb / 4;
+        tm.local = words;
         tm.shared = Shared::Tile(mb.words);
         let all = MMA_LANES;
         tm.phase(all, |g, l| {
@@ -889,7 +1050,7 @@ impl<'ctx> Gen<'ctx> {
                     g.stage16(l, l.ins[3], first, (n, kb, ev), (v_at, mb.ep))
                 })
             })?;
-            // S = Q K^T and dP = dO V^T; dS = P (dP - D) to shared as bf16.
+            // S = Q K^T and dP = dO V^T; dS = P (dP - D) as bf16 pairs in the lane's words.
             tm.phase(all, |g, l| {
                 let m = g.mma_lane(&a, l)?;
                 let (ts, _, needed) = tile(g, l, &m)?;
@@ -919,7 +1080,6 @@ impl<'ctx> Gen<'ctx> {
                         let st = |c| g.ldf(l.sh, stat_at(g, &mb, r, c)?);
                         let (mx, inv, dsum) = (st(0)?, st(1)?, st(2)?);
                         let lim = g.mma_lim(&a, &m, r)?;
-                        let row = g.add_i(g.i64c(ds_at), g.mul_i(r, g.i64c(mb.tp))?)?;
                         for j in 0..nk {
                             let mut pair = Vec::with_capacity(2);
                             for i in [2 * h, 2 * h + 1] {
@@ -930,23 +1090,22 @@ impl<'ctx> Gen<'ctx> {
                                 let p = g.select_f(seen, p, g.fconst(0.0))?;
                                 pair.push(g.fmul(p, g.fsub(dp[j][i], dsum)?)?);
                             }
-                            let at = g.add_i(row, g.frag_col(m.t, 0, 8 * j)?)?;
-                            g.put_pair(l.sh, at, pair[0], pair[1])?;
+                            let w = g.bf16_pair(pair[0], pair[1])?;
+                            g.lput_bits(l, lds + a_reg_of(j, h), w)?;
                         }
                     }
                     Ok(())
                 })
             })?;
-            // dq += dS K.
-            tm.phase(all, |g, l| {
+            // dq += dS K, dS from the warp's registers.
+            tm.warp_phase(|g, l| {
                 let m = g.mma_lane(&a, l)?;
                 let (_, _, needed) = tile(g, l, &m)?;
                 g.when(needed, |g| {
-                    let da = g.add_i(g.i64c(ds_at), g.mul_i(m.w16, g.i64c(mb.tp))?)?;
-                    let c = g.products(
-                        l.sh,
-                        (da, mb.tp),
-                        (g.i64c(k_at), mb.qp, BLay::Kn),
+                    let c = g.products_regs(
+                        l,
+                        (lds, words),
+                        (g.i64c(k_at), mb.qp),
                         (d / 8, kb / 16),
                         m.wl,
                         |j| g.frag_of(l, lq + 4 * j),
@@ -989,10 +1148,12 @@ impl<'ctx> Gen<'ctx> {
             .ok_or("this attention's backward does not take tensor cores")?;
         let a = *a;
         let (d, ev, qb) = (a.d, a.e, mb.tile);
-        let [k_at, v_at, q_at, do_at, p_at] = mb.at;
-        let ds_at = p_at + MMA_ROWS * mb.tp;
+        let [k_at, v_at, q_at, do_at] = mb.at;
+        // A lane's memory: its dK and dV fragments, then P^T and dS^T as A fragments.
         let (ldk, ldv) = (0, 4 * (d / 8));
-        tm.local = tm_local(d, ev);
+        let (lpt, ldst) = (ldv + 4 * (ev / 8), ldv + 4 * (ev / 8) + qb / 4);
+        let words = tm_local(d, ev, qb);
+        tm.local = words;
         tm.shared = Shared::Tile(mb.words);
         let all = MMA_LANES;
         let k_tiles = a.t.div_ceil(MMA_ROWS);
@@ -1031,7 +1192,7 @@ impl<'ctx> Gen<'ctx> {
             let row = g.add_i(g.mul_i(bg, g.i64c(a.t))?, first)?;
             g.stage16(l, l.ins[2], row, (n, MMA_ROWS, d), (k_at, mb.qp))?;
             g.stage16(l, l.ins[3], row, (n, MMA_ROWS, ev), (v_at, mb.ep))?;
-            for w in 0..tm_local(d, ev) {
+            for w in 0..words {
                 g.lput(l, w, g.fconst(0.0))?;
             }
             Ok(())
@@ -1087,8 +1248,6 @@ impl<'ctx> Gen<'ctx> {
                     for h in 0..2 {
                         let kr = g.add_i(g.add_i(w16, gq)?, g.i64c(8 * h))?;
                         let j = g.add_i(first, kr)?;
-                        let prow = g.add_i(g.i64c(p_at), g.mul_i(kr, g.i64c(mb.tp))?)?;
-                        let drow = g.add_i(g.i64c(ds_at), g.mul_i(kr, g.i64c(mb.tp))?)?;
                         for jq in 0..qb / 8 {
                             let (mut p2, mut d2) = (Vec::new(), Vec::new());
                             for i in [2 * h, 2 * h + 1] {
@@ -1108,27 +1267,26 @@ impl<'ctx> Gen<'ctx> {
                                 d2.push(g.fmul(p, g.fsub(dpt[jq][i], dsum)?)?);
                                 p2.push(p);
                             }
-                            let col = g.frag_col(tq, 0, 8 * jq)?;
-                            g.put_pair(l.sh, g.add_i(prow, col)?, p2[0], p2[1])?;
-                            g.put_pair(l.sh, g.add_i(drow, col)?, d2[0], d2[1])?;
+                            let reg = a_reg_of(jq, h);
+                            g.lput_bits(l, lpt + reg, g.bf16_pair(p2[0], p2[1])?)?;
+                            g.lput_bits(l, ldst + reg, g.bf16_pair(d2[0], d2[1])?)?;
                         }
                     }
                     Ok(())
                 })
             })?;
-            // dV += P^T dO, dK += dS^T Q.
-            tm.phase(all, |g, l| {
-                let (bg, first, wl, w16, ..) = block(g, l)?;
+            // dV += P^T dO, dK += dS^T Q, P^T and dS^T from the warp's registers.
+            tm.warp_phase(|g, l| {
+                let (bg, first, wl, ..) = block(g, l)?;
                 let (_, _, _, needed, _) = queries(g, l, bg, first)?;
                 g.when(needed, |g| {
-                    let dv = (p_at, (do_at, mb.ep), ldv, ev);
-                    let dk = (ds_at, (q_at, mb.qp), ldk, d);
-                    for (a_at, (b_at, bp), lw, n) in [dv, dk] {
-                        let aa = g.add_i(g.i64c(a_at), g.mul_i(w16, g.i64c(mb.tp))?)?;
-                        let c = g.products(
-                            l.sh,
-                            (aa, mb.tp),
-                            (g.i64c(b_at), bp, BLay::Kn),
+                    let dv = (lpt, (do_at, mb.ep), ldv, ev);
+                    let dk = (ldst, (q_at, mb.qp), ldk, d);
+                    for (a_word, (b_at, bp), lw, n) in [dv, dk] {
+                        let c = g.products_regs(
+                            l,
+                            (a_word, words),
+                            (g.i64c(b_at), bp),
                             (n / 8, qb / 16),
                             wl,
                             |j| g.frag_of(l, lw + 4 * j),
@@ -1166,7 +1324,8 @@ impl<'ctx> Gen<'ctx> {
     }
 }
 
-/// The f32 words of a `dk`/`dv` lane's own memory: its `dK` and `dV` fragments.
-fn tm_local(d: usize, e: usize) -> usize {
-    4 * (d / 8) + 4 * (e / 8)
+/// The f32 words of a `dk`/`dv` lane's own memory: its `dK` and `dV` fragments, its
+/// `P^T` and `dS^T` A fragments (`queries / 16` of four words each).
+fn tm_local(d: usize, e: usize, queries: usize) -> usize {
+    4 * (d / 8) + 4 * (e / 8) + 2 * (queries / 4)
 }

@@ -264,6 +264,12 @@ pub(super) fn attention_kernels_use_no_local_memory() {
             );
             assert!(count("ld.global.v4") > 0, "{}: no 16-byte staging", k.name);
             assert_eq!(count("ld.shared.u16"), 0, "{}: 2-byte shared loads", k.name);
+            // P (dS, P^T, dS^T) goes from one product to the next in registers, not as
+            // bf16 pairs through shared memory, and that product's phase waits for its
+            // warp only.
+            let pairs = count("st.shared.u32") + count("st.shared.b32");
+            assert_eq!(pairs, 0, "{}: bf16 pairs stored to shared memory", k.name);
+            assert!(count("bar.warp.sync") > 0, "{}: no warp-only phase", k.name);
             println!(
                 "codegen: {}: {mmas} mma.sync, ldmatrix x4 {a}, x2 {b}, x2.trans {bt} in its PTX",
                 k.name

@@ -5,13 +5,18 @@
 //! ptr out)`, run in the order of its [`Plan`]'s segments: once each, or repeated in a
 //! loop ([`Seg::Loop`], `iter` counting the repetitions; tiled attention's loops over
 //! tiles). Every lane of the team runs a phase before any lane starts the next one: on
-//! the GPU a barrier (`bar.sync 0`) separates them; on the host each phase is a loop over
-//! the lanes, so the host runs the same phases in the order a GPU may interleave them at
-//! worst. Lanes pass values between phases only through the shared array, and within one
-//! phase no lane reads a word another lane writes: that discipline, kept by construction
-//! here, is what makes the host's order and the GPU's agree. A lane may also keep values
-//! in its own memory (`local`, [`Plan::local`] f32 words: an array in the PTX entry, a
-//! slice of one `malloc`ed block on the host), which no other lane touches.
+//! the GPU a barrier (`bar.sync 0`) separates them, or, before a phase that only needs
+//! what its own warp did ([`Sync::Warp`]), a warp's (`bar.warp.sync`); on the host each
+//! phase is a loop over the lanes, so the host runs the same phases in the order a GPU
+//! may interleave them at worst. Lanes pass values between phases only through the shared
+//! array, and within one phase no lane reads a word another lane writes: that discipline,
+//! kept by construction here, is what makes the host's order and the GPU's agree. A lane
+//! may also keep values in its own memory (`local`, [`Plan::local`] f32 words: an array
+//! in the PTX entry, registers once promoted; a slice of one `malloc`ed block on the
+//! host, the lanes' slices in order), which no other lane touches, except through a
+//! warp-wide product whose `A` fragment is in its warp's registers (`super::mma`'s
+//! `nns.mma.bf16.ra`): on the GPU `mma.sync` exchanges them; the host reads the words of
+//! the lanes that hold each operand, written in an earlier phase.
 //!
 //! The reductions' shared array ([`Shared::Stats`]) holds two arrays of `t` f64 partials (one per lane) and
 //! [`STATS`] f64 statistics. A reduction ([`Team::reduce`]) is one phase in which lane
@@ -69,6 +74,18 @@ pub(super) enum Shared {
     Tile(usize),
 }
 
+/// What the GPU waits for before a phase (the host runs every lane of the previous phase
+/// first either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Sync {
+    /// Every lane of the block (`bar.sync 0`).
+    Block,
+    /// The lanes of the lane's warp (`bar.warp.sync`): for a phase that reads, of what
+    /// earlier phases wrote, only what its own warp wrote since the last block barrier,
+    /// and whose writes nobody outside its warp reads before the next one.
+    Warp,
+}
+
 /// A team kernel as its entries run it.
 #[derive(Clone, Debug)]
 pub(super) struct Plan {
@@ -76,6 +93,8 @@ pub(super) struct Plan {
     pub(super) t: usize,
     /// Lanes each phase runs on (`lane < active`).
     pub(super) active: Vec<usize>,
+    /// What each phase waits for on the GPU.
+    pub(super) syncs: Vec<Sync>,
     /// The phases' order.
     pub(super) segs: Vec<Seg>,
     pub(super) shared: Shared,
@@ -97,6 +116,8 @@ pub(super) struct Team<'g, 'ctx> {
     pub(super) t: usize,
     /// Lanes each phase runs on (`lane < active`).
     active: Vec<usize>,
+    /// What each phase waits for on the GPU.
+    syncs: Vec<Sync>,
     stats: usize,
     segs: Vec<Seg>,
     /// The phases of the loop being built.
@@ -116,6 +137,19 @@ impl<'g, 'ctx> Team<'g, 'ctx> {
         body(self)?;
         let phases = self.looping.take().unwrap_or_default();
         self.segs.push(Seg::Loop { n, phases });
+        Ok(())
+    }
+
+    /// Adds a phase run by every lane that waits on the GPU only for its own warp
+    /// ([`Sync::Warp`]: the caller's promise, which the host cannot check).
+    pub(super) fn warp_phase(
+        &mut self,
+        body: impl FnOnce(&Gen<'ctx>, &Lane<'ctx>) -> R<()>,
+    ) -> R<()> {
+        self.phase(self.t, body)?;
+        if let Some(s) = self.syncs.last_mut() {
+            *s = Sync::Warp;
+        }
         Ok(())
     }
 
@@ -174,6 +208,7 @@ impl<'g, 'ctx> Team<'g, 'ctx> {
         e(g.b.build_return(None))?;
         let idx = self.active.len();
         self.active.push(active);
+        self.syncs.push(Sync::Block);
         match &mut self.looping {
             Some(l) => l.push(idx),
             None => self.segs.push(Seg::One(idx)),
@@ -495,6 +530,7 @@ impl<'ctx> Gen<'ctx> {
             k,
             t,
             active: Vec::new(),
+            syncs: Vec::new(),
             stats: 0,
             segs: Vec::new(),
             looping: None,
@@ -537,6 +573,7 @@ impl<'ctx> Gen<'ctx> {
         let plan = Plan {
             t,
             active: tm.active,
+            syncs: tm.syncs,
             segs: tm.segs,
             shared: tm.shared,
             local: tm.local,
@@ -593,12 +630,12 @@ impl<'ctx> Gen<'ctx> {
     }
 
     /// Calls the phases of `plan` in its order for one lane (`call(p, iter)`), with
-    /// `between` before every call but the first (the GPU's barrier; nothing on the host,
-    /// where `call` runs the phase for every lane in turn).
+    /// `between(p)` before every call but the first (the GPU's barrier; nothing on the
+    /// host, where `call` runs the phase for every lane in turn).
     fn run_segs(
         &self,
         plan: &Plan,
-        mut between: impl FnMut(&Self) -> R<()>,
+        mut between: impl FnMut(&Self, usize) -> R<()>,
         mut call: impl FnMut(&Self, usize, IntValue<'ctx>) -> R<()>,
     ) -> R<()> {
         let mut first = true;
@@ -606,7 +643,7 @@ impl<'ctx> Gen<'ctx> {
             match seg {
                 Seg::One(p) => {
                     if !first {
-                        between(self)?;
+                        between(self, *p)?;
                     }
                     first = false;
                     call(self, *p, self.i64c(0))?;
@@ -616,7 +653,7 @@ impl<'ctx> Gen<'ctx> {
                     // phase of a kernel that starts with a loop: harmless).
                     self.for_range(self.i64c(*n), |g, it| {
                         for &p in phases {
-                            between(g)?;
+                            between(g, p)?;
                             call(g, p, it)?;
                         }
                         Ok(())
@@ -683,9 +720,19 @@ impl<'ctx> Gen<'ctx> {
         let barrier = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.barrier0")
             .and_then(|i| i.get_declaration(&self.module, &[]))
             .ok_or("LLVM has no llvm.nvvm.barrier0")?;
+        let warp = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.bar.warp.sync")
+            .and_then(|i| i.get_declaration(&self.module, &[]))
+            .ok_or("LLVM has no llvm.nvvm.bar.warp.sync")?;
+        let all = self.ctx.i32_type().const_all_ones();
         self.run_segs(
             plan,
-            |g| e(g.b.build_call(barrier, &[], "")).map(|_| ()),
+            |g, p| {
+                let call = match plan.syncs[p] {
+                    Sync::Block => g.b.build_call(barrier, &[], ""),
+                    Sync::Warp => g.b.build_call(warp, &[all.into()], ""),
+                };
+                e(call).map(|_| ())
+            },
             |g, p, it| {
                 let mut args: Vec<inkwell::values::BasicMetadataValueEnum> =
                     vec![row.into(), lane.into(), it.into(), shp.into(), local.into()];
@@ -761,7 +808,7 @@ impl<'ctx> Gen<'ctx> {
         self.for_range(n, |g, row| {
             g.run_segs(
                 plan,
-                |_| Ok(()),
+                |_, _| Ok(()),
                 |g, p, it| {
                     let phase = g.phase_fn(name, p)?;
                     g.for_range(g.i64c(plan.active[p]), |g, lane| {
