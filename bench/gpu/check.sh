@@ -108,6 +108,14 @@ if ./nnscaler-rt run attn-check.nnsx --backend cuda --repeat 3 --inputs attn-che
 else
   status=1
 fi
+echo "== the same with f32 attention's forward on tensor cores (NNSCALER_ATTN_F32=tf32x3: three TF32 products)"
+if ./nnscaler-rt run attn-check-tf32x3.nnsx --backend cuda --repeat 3 --inputs attn-check.in.safetensors \
+    --inputs attn-check.params.safetensors -o attn-check-tf32x3.got.safetensors \
+  && "$py" compare.py close attn-check-tf32x3.got.safetensors attn-check.want.safetensors 1e-5; then
+  :
+else
+  status=1
+fi
 # Our profile by family of work beside PyTorch's time for the same work on this GPU
 # (torch_families.py: each family timed alone at the model's shapes), with the ratios.
 side() {
@@ -123,6 +131,9 @@ for spec in nanogpt:64:6:256 gpt2:8:12:1024; do
   "$py" compare.py inputs "attn-$c.nnsx" "attn-$c.in.safetensors" || status=1
   ./nnscaler-rt run "attn-$c-fwd.nnsx" --backend cuda --repeat 20 --inputs "attn-$c.in.safetensors" -o /dev/null || status=1
   ./nnscaler-rt run "attn-$c.nnsx" --backend cuda --repeat 20 --inputs "attn-$c.in.safetensors" -o /dev/null || status=1
+  echo "-- the same, the forward on tensor cores as three TF32 products (NNSCALER_ATTN_F32=tf32x3)"
+  ./nnscaler-rt run "attn-tf32x3-$c-fwd.nnsx" --backend cuda --repeat 20 --inputs "attn-$c.in.safetensors" -o /dev/null || status=1
+  ./nnscaler-rt run "attn-tf32x3-$c.nnsx" --backend cuda --repeat 20 --inputs "attn-$c.in.safetensors" -o /dev/null || status=1
   "$py" torch_ref.py attn "$b" "$h" "$t" 64 || status=1
   "$py" torch_ref.py attn "$b" "$h" "$t" 64 bf16 || status=1
 done
@@ -141,6 +152,12 @@ for e in 2 4 8 16; do
     --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > "rows$e.profile.txt" 2>&1 || status=1
   grep -E '^ran |^(layer_norm|cross_entropy|softmax|log_softmax|sum|mean)[a-z_]* ' "rows$e.profile.txt" | sed "s/^/rows$e: /" || true
 done
+# f32 attention's forward on tensor cores as three TF32 products (NNSCALER_ATTN_F32=tf32x3):
+# the step and its attention families, to choose the default.
+echo "== nanogpt GPU config, f32 attention forward on tensor cores (NNSCALER_ATTN_F32=tf32x3; the step above: register tiles)"
+./nnscaler-rt run nanogpt-gpu-step-tf32x3.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
+  --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > tf32x3.profile.txt 2>&1 || status=1
+grep -E '^ran |^attention' tf32x3.profile.txt | sed "s/^/tf32x3: /" || true
 # Single products through cublasSgemm instead of the strided-batched call with one batch
 # (NNSCALER_CUBLAS=plain): the step and its matrix-product families, to choose the default.
 echo "== nanogpt GPU config, single products through cublasSgemm (NNSCALER_CUBLAS=plain)"

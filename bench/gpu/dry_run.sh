@@ -31,7 +31,7 @@ for a in "$@"; do
 done
 # Too slow on a CPU: only check that the inputs given cover the program's.
 case "${2:-}" in
-  gpt2*.nnsx|attn-nanogpt*.nnsx|attn-gpt2*.nnsx)
+  gpt2*.nnsx|attn-nanogpt*.nnsx|attn-gpt2*.nnsx|attn-tf32x3-*.nnsx)
     # Their inputs are drawn on the GPU machine only (too large to draw here).
     echo "(dry run: running $2 skipped)"; exit 0 ;;
   gemm.nnsx|nanogpt-gpu*.nnsx)

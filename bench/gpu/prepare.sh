@@ -94,6 +94,10 @@ for e in 2 4 8 16; do
   NNSCALER_ROW_ELEMS=$e "$bin/nnscaler" compile big-step.mlir -o "$out/nanogpt-gpu-step-rows$e.nnsx" > /dev/null
 done
 echo "prepared nanogpt-gpu-step-rows{2,4,8,16} (the row-team sweep)"
+# f32 attention's forward on tensor cores as three TF32 products (NNSCALER_ATTN_F32=tf32x3;
+# the register tiles are the default), for check.sh to time against the step above.
+NNSCALER_ATTN_F32=tf32x3 "$bin/nnscaler" compile big-step.mlir -o "$out/nanogpt-gpu-step-tf32x3.nnsx" > /dev/null
+echo "prepared nanogpt-gpu-step-tf32x3"
 
 # A 2048^3 matrix product alone, for the GEMM rate.
 cat > gemm.mlir <<'MLIR'
@@ -132,6 +136,10 @@ attn_mlir attn-nanogpt-fwd 64 6 256 64 0
 attn_mlir attn-nanogpt 64 6 256 64 1
 attn_mlir attn-gpt2-fwd 8 12 1024 64 0
 attn_mlir attn-gpt2 8 12 1024 64 1
+# The same with the f32 forward on tensor cores (three TF32 products; the backward as above).
+for c in attn-nanogpt-fwd attn-nanogpt attn-gpt2-fwd attn-gpt2; do
+  NNSCALER_ATTN_F32=tf32x3 "$bin/nnscaler" compile "$c.mlir" -o "$out/${c/attn-/attn-tf32x3-}.nnsx" > /dev/null
+done
 echo "prepared attention timing cases"
 cat > attn-check.mlir <<'MLIR'
 func.func @train(%q: tensor<2x2x300x64xf32> {nns.name = "q"}, %dy: tensor<2x2x300x64xf32> {nns.name = "dy"},
@@ -147,6 +155,8 @@ func.func @train(%q: tensor<2x2x300x64xf32> {nns.name = "q"}, %dy: tensor<2x2x30
 }
 MLIR
 case_ attn-check attn-check.mlir
+NNSCALER_ATTN_F32=tf32x3 "$bin/nnscaler" compile attn-check.mlir -o "$out/attn-check-tf32x3.nnsx" > /dev/null
+echo "prepared attn-check-tf32x3 (attn-check's inputs and results)"
 # GPT-2 124M (12 layers, 12 heads, width 768, block 1024, batch 8, vocab 50257): timing
 # only, fp32 and mixed precision; parameters drawn on the GPU machine (compare.py params).
 "$bin/nnscaler" import gpt --preset nanogpt-cpu --layers 12 --heads 12 --width 768 --block 1024 --batch 8 --vocab 50257 -o gpt2.mlir

@@ -1052,6 +1052,7 @@ fn to_tensor_cores(k: &mut Kernel) {
     }
     let mut a = a;
     a.bf16 = true;
+    a.tf32x3 = false;
     let rows = crate::kernel::MMA_ROWS;
     match k.body {
         Body::AttnTiles(_) if a.mma_keys().is_some() => {

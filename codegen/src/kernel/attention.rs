@@ -38,6 +38,28 @@ pub struct Attn {
     /// `q`, `k` and `v` are 2-byte bf16 buffers: the forward may run on tensor cores
     /// ([`Attn::mma_keys`]).
     pub bf16: bool,
+    /// `q`, `k` and `v` are f32 and the forward runs on tensor cores each product as
+    /// three TF32 products (`a_hi b_hi + a_hi b_lo + a_lo b_hi`, the split that keeps
+    /// f32's accuracy to about 2^-21): asked for by [`AttnForm::Mma`] on f32 operands, or
+    /// by default where [`attn_f32_tensor_cores`] says so.
+    pub tf32x3: bool,
+}
+
+/// Whether f32 attention's forward takes the tensor cores as three TF32 products
+/// ([`Attn::tf32x3`]) by default: `NNSCALER_ATTN_F32=tf32x3`, a knob for benchmarks (the
+/// next GPU run compares it with the register tiles, the default, before it becomes
+/// one; `bench/gpu/prepare.sh` compiles the nanoGPT step both ways).
+pub fn attn_f32_tensor_cores() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("NNSCALER_ATTN_F32") {
+        Ok(v) if v.trim() == "tf32x3" => true,
+        Ok(v) if v.trim() == "tiles" || v.trim().is_empty() => false,
+        Ok(v) => {
+            eprintln!("nnscaler: NNSCALER_ATTN_F32={v:?} ignored: tf32x3 or tiles");
+            false
+        }
+        Err(_) => false,
+    })
 }
 
 /// Rows per tile of a tiled attention at most, and the lanes of its teams.
@@ -73,9 +95,9 @@ pub const KV_STEP: usize = 4;
 pub const MMA_ROWS: usize = 64;
 /// Lanes of a tensor-core forward block (four warps).
 pub const MMA_LANES: usize = 128;
-/// Elements of padding after every row of the tensor-core forward's shared bf16 tiles: a
-/// row pitch of `width + 8` halves puts the eight rows a fragment load reads in distinct
-/// banks.
+/// Halves (16 bytes) of padding after every row of the tensor-core kernels' shared tiles:
+/// a row pitch of `width + 8` halves (bf16; `2 width + 8` for f32) puts the eight rows an
+/// `ldmatrix` reads in distinct banks.
 pub const MMA_PAD: usize = 8;
 /// The largest static shared array a block may have, in bytes.
 pub const SHARED_BYTES: usize = 48 * 1024;
@@ -166,7 +188,7 @@ pub enum AttnForm {
 /// in the lanes' registers.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaTiles {
-    /// Keys per tile (64, or 32 where 64 does not fit).
+    /// Keys per tile (64, else 32, else 16: the first that fits).
     pub keys: usize,
     /// Row pitch of the query and key tiles: `d + MMA_PAD`.
     pub qp: usize,
@@ -304,23 +326,38 @@ impl Attn {
         self.d.is_multiple_of(4) && self.e.is_multiple_of(4)
     }
 
-    /// The tensor-core forward's tiles, where it takes this attention: bf16 operands,
-    /// query/key widths a multiple of 16 (the products' k) and value widths of 8 (their
-    /// n), up to [`ATTN_TILE_WIDTH`], and tiles that fit [`SHARED_BYTES`].
+    /// 2-byte halves per element of the tensor-core tiles: 1 for bf16, 2 for f32
+    /// ([`Attn::tf32x3`]).
+    pub fn mma_halves(&self) -> usize {
+        if self.bf16 {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// The tensor-core forward's tiles, where it takes this attention: bf16 operands with
+    /// query/key widths a multiple of 16 (the products' k), or f32 ones
+    /// ([`Attn::tf32x3`]) with widths a multiple of 8 (k of a TF32 product), value widths
+    /// of 8 (their n), up to [`ATTN_TILE_WIDTH`], and tiles that fit [`SHARED_BYTES`]. The
+    /// regions' starts and pitches count 2-byte halves.
     pub fn mma_keys(&self) -> Option<MmaTiles> {
         let (d, e) = (self.d, self.e);
-        if !self.bf16
+        let k_step = if self.bf16 { 16 } else { 8 };
+        if !(self.bf16 || self.tf32x3)
             || d == 0
             || e == 0
-            || !d.is_multiple_of(16)
+            || !d.is_multiple_of(k_step)
             || !e.is_multiple_of(8)
             || d > ATTN_TILE_WIDTH
             || e > ATTN_TILE_WIDTH
         {
             return None;
         }
-        [64, 32].into_iter().find_map(|keys| {
-            let (qp, ep) = (d + MMA_PAD, e + MMA_PAD);
+        let es = self.mma_halves();
+        // 16-key tiles only for f32's wider rows (bf16 fits 32 up to the widest).
+        [64, 32, 16].into_iter().find_map(|keys| {
+            let (qp, ep) = (es * d + MMA_PAD, es * e + MMA_PAD);
             let k_at = MMA_ROWS * qp;
             let v_at = k_at + keys * qp;
             let x_at = v_at + keys * ep;
@@ -367,6 +404,7 @@ impl Attn {
             q_offset: attrs.contains_key("seq_axes"),
             saved: false,
             bf16: [q, k, v].iter().all(|b| b.elt == Elt::Bf16),
+            tf32x3: [q, k, v].iter().all(|b| b.elt == Elt::F32) && attn_f32_tensor_cores(),
         })
     }
 }
@@ -455,6 +493,10 @@ pub fn lower_attention_kept(
     let qi = usize::from(grad);
     let mut a = Attn::of(attrs, &ins[qi], &ins[qi + 1], &ins[qi + 2])?;
     let form = form.unwrap_or_else(|| a.form());
+    // The tensor cores asked for on f32 operands: three TF32 products each.
+    if form == AttnForm::Mma && !a.bf16 {
+        a.tf32x3 = [qi, qi + 1, qi + 2].iter().all(|&i| ins[i].elt == Elt::F32);
+    }
     if kept {
         if form == AttnForm::Rows {
             return Err(format!("'{op}': only the tiled kernels keep statistics"));
@@ -477,7 +519,7 @@ pub fn lower_attention_kept(
     };
     if form == AttnForm::Mma && a.mma_keys().is_none() {
         return Err(format!(
-            "'{op}': tensor cores take bf16 operands with widths a multiple of 16 (query/key) and 8 (value), up to {ATTN_TILE_WIDTH}"
+            "'{op}': tensor cores take bf16 (f32) operands with widths a multiple of 16 (8) for the query/key and 8 for the value, up to {ATTN_TILE_WIDTH}, and tiles that fit {SHARED_BYTES} bytes of shared memory"
         ));
     }
     // On a shard of the positions, each kernel's last input is its offset.

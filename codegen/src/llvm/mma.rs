@@ -64,8 +64,31 @@ const MMA_KN: &str = "nns.mma.bf16.kn";
 /// The product with `A` in registers, `B` stored `[k][n]` in shared memory: each lane's
 /// four A-fragment words in its own memory ([`Gen::mma_regs`]).
 const MMA_RA: &str = "nns.mma.bf16.ra";
-/// A lane's 16-byte copy of eight bf16s from a buffer to the shared array (or eight zeros).
+/// An f32 product on tensor cores as three TF32 products (`m16n8k8`: `a_lo b_hi + a_hi
+/// b_lo + a_hi b_hi`), `A` and `B` (stored `[n][k]`) in shared memory as f32.
+const MMA_TF32: &str = "nns.mma.tf32x3";
+/// The same with `A` in the lanes' words (f32, [`tf32_reg_of`]) and `B` the value rows of
+/// the keys `A`'s columns stand for ([`tf32_key_of`]), f32 in shared memory.
+const MMA_TF32_RA: &str = "nns.mma.tf32x3.ra";
+/// A lane's 16-byte copy of eight halves (bf16s, or four f32s) from a buffer to the shared
+/// array (or zeros).
 const COPY16: &str = "nns.copy16";
+
+/// The A-fragment register (0..4) of a TF32 k-step (the 8 keys of tile `j`) that holds
+/// element `i` of a lane's `C` fragment of that tile. A TF32 `A` fragment holds columns
+/// `t` and `t + 4` (PTX ISA, `m16n8k8`, `.tf32`: `a0` row g column t, `a1` row g + 8,
+/// `a2`, `a3` column t + 4), where `C` holds columns `2t`, `2t + 1`; a sum over k may take
+/// its terms in any order, so column `t` stands for key `2t` and `t + 4` for `2t + 1`
+/// ([`tf32_key_of`]), and `c0, c1, c2, c3` are `a0, a2, a1, a3` as they lie.
+fn tf32_reg_of(i: usize) -> usize {
+    (i >> 1) + 2 * (i & 1)
+}
+
+/// The key (0..8 in its tile) column `k` of a TF32 `P` fragment stands for
+/// ([`tf32_reg_of`]): `2 (k % 4) + k / 4`.
+fn tf32_key_of<'ctx>(gen: &Gen<'ctx>, k: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+    gen.add_i(gen.mul_i(gen.rem_i(k, 4)?, gen.i64c(2))?, gen.div_i(k, 4)?)
+}
 
 /// The A-fragment register (0..4) of k-step `j / 2` that holds the pair a lane's `C`
 /// fragment of tile `j` (8 columns) has in half `h` (0: row `g`, 1: row `g + 8`): a
@@ -161,10 +184,10 @@ fn ldm_b_row<'ctx>(
 }
 
 impl<'ctx> Gen<'ctx> {
-    /// The address of bf16 element `i` of the shared array.
+    /// The address of 2-byte half `i` of the shared array (or of a buffer).
     fn sh16(&self, sh: PointerValue<'ctx>, i: IntValue<'ctx>) -> R<PointerValue<'ctx>> {
         // SAFETY of the generated code: every index is inside the kernel's shared array
-        // (the layout of `MmaTiles`).
+        // (the layout of `MmaTiles`), or inside the buffer a tile is staged from.
         e(unsafe {
             self.b
                 .build_in_bounds_gep(self.ctx.i16_type(), sh, &[i], "")
@@ -219,49 +242,58 @@ impl<'ctx> Gen<'ctx> {
             .struct_type(&[f.into(), f.into(), f.into(), f.into()], false)
     }
 
-    /// The warp-wide product's function for `B` laid out as `lay`, declared (its body is
-    /// the target's: [`Gen::define_warp_ops`]).
-    fn mma_fn(&self, lay: BLay) -> FunctionValue<'ctx> {
-        self.module.get_function(lay.symbol()).unwrap_or_else(|| {
+    /// A warp-wide product's function, declared (its body is the target's:
+    /// [`Gen::define_warp_ops`]): `sh, a_base, a_pitch, b_base, b_pitch, lane, c0..c3`, or
+    /// with `regs` (`A` in the lanes' words) `local, a_word, words, sh, b_base, b_pitch,
+    /// lane, c0..c3`.
+    fn product_fn(&self, name: &str, regs: bool) -> FunctionValue<'ctx> {
+        self.module.get_function(name).unwrap_or_else(|| {
             let i64t = self.ctx.i64_type();
             let f32t = self.ctx.f32_type();
             let ptr = self.ctx.ptr_type(AddressSpace::default());
-            let mut params: Vec<BasicMetadataTypeEnum> = vec![ptr.into()];
-            params.extend([BasicMetadataTypeEnum::from(i64t); 5]);
-            params.extend([BasicMetadataTypeEnum::from(f32t); 4]);
-            self.module
-                .add_function(lay.symbol(), self.mma_ret().fn_type(&params, false), None)
-        })
-    }
-
-    /// The register-A product's function ([`MMA_RA`]: `local, a_word, words, sh, b_base,
-    /// b_pitch, lane, c0..c3`), declared.
-    fn mma_ra_fn(&self) -> FunctionValue<'ctx> {
-        self.module.get_function(MMA_RA).unwrap_or_else(|| {
-            let i64t = self.ctx.i64_type();
-            let f32t = self.ctx.f32_type();
-            let ptr = self.ctx.ptr_type(AddressSpace::default());
-            let mut params: Vec<BasicMetadataTypeEnum> =
-                vec![ptr.into(), i64t.into(), i64t.into(), ptr.into()];
+            let mut params: Vec<BasicMetadataTypeEnum> = if regs {
+                vec![ptr.into(), i64t.into(), i64t.into(), ptr.into()]
+            } else {
+                vec![ptr.into(), i64t.into(), i64t.into()]
+            };
             params.extend([BasicMetadataTypeEnum::from(i64t); 3]);
             params.extend([BasicMetadataTypeEnum::from(f32t); 4]);
             self.module
-                .add_function(MMA_RA, self.mma_ret().fn_type(&params, false), None)
+                .add_function(name, self.mma_ret().fn_type(&params, false), None)
         })
     }
 
+    /// Calls product `name` on `args` and the accumulator `c`: the four results.
+    fn call_product(
+        &self,
+        (name, regs): (&str, bool),
+        mut args: Vec<BasicMetadataValueEnum<'ctx>>,
+        c: [FloatValue<'ctx>; 4],
+    ) -> R<[FloatValue<'ctx>; 4]> {
+        args.extend(c.iter().map(|&x| BasicMetadataValueEnum::from(x)));
+        let r = e(self.b.build_call(self.product_fn(name, regs), &args, ""))?
+            .try_as_basic_value()
+            .basic()
+            .ok_or("the product returned nothing")?
+            .into_struct_value();
+        self.unpack4(r)
+    }
+
     /// `c + A B` with the lane's A fragment in words `a_word..a_word + 4` of its own
-    /// memory (bf16 pairs, [`a_reg_of`]; `words` the lane's words in all, which the host
-    /// needs to find the other lanes') and `B` stored `[k][n]` at `b` ([`MMA_RA`]).
+    /// memory (`words` the lane's words in all, which the host needs to find the other
+    /// lanes') and `B` in shared memory at `b`: [`MMA_RA`] (bf16 pairs, [`a_reg_of`]; `B`
+    /// stored `[k][n]`) or [`MMA_TF32_RA`] (f32 words, [`tf32_reg_of`]; `B` the value rows
+    /// of the keys `A`'s columns stand for).
     fn mma_regs(
         &self,
+        name: &str,
         l: &Lane<'ctx>,
         (a_word, words): (usize, usize),
         (b, bp): (IntValue<'ctx>, usize),
         wl: IntValue<'ctx>,
         c: [FloatValue<'ctx>; 4],
     ) -> R<[FloatValue<'ctx>; 4]> {
-        let mut args: Vec<BasicMetadataValueEnum> = vec![
+        let args: Vec<BasicMetadataValueEnum> = vec![
             l.local.into(),
             self.i64c(a_word).into(),
             self.i64c(words).into(),
@@ -270,13 +302,7 @@ impl<'ctx> Gen<'ctx> {
             self.i64c(bp).into(),
             wl.into(),
         ];
-        args.extend(c.iter().map(|&x| BasicMetadataValueEnum::from(x)));
-        let r = e(self.b.build_call(self.mma_ra_fn(), &args, ""))?
-            .try_as_basic_value()
-            .basic()
-            .ok_or("the product returned nothing")?
-            .into_struct_value();
-        self.unpack4(r)
+        self.call_product((name, true), args, c)
     }
 
     /// Word `w` of a lane's own memory set to the bits of `v` (an i32: a bf16 pair).
@@ -316,7 +342,21 @@ impl<'ctx> Gen<'ctx> {
         wl: IntValue<'ctx>,
         c: [FloatValue<'ctx>; 4],
     ) -> R<[FloatValue<'ctx>; 4]> {
-        let mut args: Vec<BasicMetadataValueEnum> = vec![
+        self.shared_product(lay.symbol(), sh, a, (b, bp), wl, c)
+    }
+
+    /// `c + A B` by product `name` ([`MMA`], [`MMA_KN`], [`MMA_TF32`]) of tiles in shared
+    /// memory.
+    fn shared_product(
+        &self,
+        name: &str,
+        sh: PointerValue<'ctx>,
+        a: (IntValue<'ctx>, usize),
+        (b, bp): (IntValue<'ctx>, usize),
+        wl: IntValue<'ctx>,
+        c: [FloatValue<'ctx>; 4],
+    ) -> R<[FloatValue<'ctx>; 4]> {
+        let args: Vec<BasicMetadataValueEnum> = vec![
             sh.into(),
             a.0.into(),
             self.i64c(a.1).into(),
@@ -324,13 +364,7 @@ impl<'ctx> Gen<'ctx> {
             self.i64c(bp).into(),
             wl.into(),
         ];
-        args.extend(c.iter().map(|&x| BasicMetadataValueEnum::from(x)));
-        let r = e(self.b.build_call(self.mma_fn(lay), &args, ""))?
-            .try_as_basic_value()
-            .basic()
-            .ok_or("the product returned nothing")?
-            .into_struct_value();
-        self.unpack4(r)
+        self.call_product((name, false), args, c)
     }
 
     fn unpack4(&self, r: StructValue<'ctx>) -> R<[FloatValue<'ctx>; 4]> {
@@ -350,6 +384,8 @@ impl<'ctx> Gen<'ctx> {
             self.define_mma(lay, gpu)?;
         }
         self.define_mma_ra(gpu)?;
+        self.define_tf32x3(false, gpu)?;
+        self.define_tf32x3(true, gpu)?;
         self.define_copy16(gpu)
     }
 
@@ -579,6 +615,190 @@ impl<'ctx> Gen<'ctx> {
         Ok(())
     }
 
+    /// The TF32 parts of the f32 whose bits are `x`: `hi` (rounded to TF32, nearest, ties
+    /// away: `cvt.rna.tf32.f32`) and `lo` (`x - hi`, rounded the same), as f32 bits. On
+    /// the host the rounding is the same arithmetic on the bits (infinities and NaN kept).
+    fn tf32_parts(&self, x: IntValue<'ctx>, gpu: bool) -> R<(IntValue<'ctx>, IntValue<'ctx>)> {
+        let f32t = self.ctx.f32_type();
+        let round = |bits: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+            if gpu {
+                let cvt = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.f2tf32.rna")
+                    .and_then(|i| i.get_declaration(&self.module, &[]))
+                    .ok_or("LLVM has no llvm.nvvm.f2tf32.rna")?;
+                let f = e(self.b.build_bit_cast(bits, f32t, ""))?;
+                return Ok(e(self.b.build_call(cvt, &[f.into()], ""))?
+                    .try_as_basic_value()
+                    .basic()
+                    .ok_or("cvt returned nothing")?
+                    .into_int_value());
+            }
+            let i32t = self.ctx.i32_type();
+            let exp = e(self
+                .b
+                .build_and(bits, i32t.const_int(0x7f80_0000, false), ""))?;
+            let special = e(self.b.build_int_compare(
+                IntPredicate::EQ,
+                exp,
+                i32t.const_int(0x7f80_0000, false),
+                "",
+            ))?;
+            let up = e(self
+                .b
+                .build_int_add(bits, i32t.const_int(0x1000, false), ""))?;
+            let r = e(self.b.build_and(up, i32t.const_int(0xffff_e000, false), ""))?;
+            Ok(e(self.b.build_select(special, bits, r, ""))?.into_int_value())
+        };
+        let hi = round(x)?;
+        let xf = e(self.b.build_bit_cast(x, f32t, ""))?.into_float_value();
+        let hf = e(self.b.build_bit_cast(hi, f32t, ""))?.into_float_value();
+        let lo = round(
+            e(self
+                .b
+                .build_bit_cast(self.fsub(xf, hf)?, self.ctx.i32_type(), ""))?
+            .into_int_value(),
+        )?;
+        Ok((hi, lo))
+    }
+
+    /// The body of [`MMA_TF32`] (`regs`: [`MMA_TF32_RA`]): on the GPU the lane's A
+    /// fragment (by `ldmatrix.x4`, or its words) and B fragment (by `ldmatrix.x2` of rows
+    /// `[n][k]`, or two 32-bit loads of the value rows its columns stand for), each split
+    /// into TF32 parts, and three `mma.sync.m16n8k8.tf32`, the small terms first; on the
+    /// host each result element as the three 8-step sums, in that order, of the parts of
+    /// the operands the lanes holding them have.
+    fn define_tf32x3(&self, regs: bool, gpu: bool) -> R<()> {
+        let saved = self.b.get_insert_block();
+        let Some(f) = self.begin_warp_op(if regs { MMA_TF32_RA } else { MMA_TF32 }) else {
+            return Ok(());
+        };
+        let p = |j: u32| f.get_nth_param(j).ok_or("missing product parameter");
+        // [local, a_word, words, sh, ...] or [sh, a_base, a_pitch, ...], then b_base,
+        // b_pitch, lane, c0..c3.
+        let (shi, bi) = if regs { (3, 4) } else { (0, 3) };
+        let sh = p(shi)?.into_pointer_value();
+        let a = (p(1)?.into_int_value(), p(2)?.into_int_value());
+        let b = (p(bi)?.into_int_value(), p(bi + 1)?.into_int_value());
+        let wl = p(bi + 2)?.into_int_value();
+        let c: Vec<FloatValue> = (bi + 3..bi + 7)
+            .map(|j| p(j).map(|v| v.into_float_value()))
+            .collect::<Result<_, _>>()?;
+        let i32t = self.ctx.i32_type();
+        // `regs`: word `a + r` of warp lane `w`'s memory (`a.0` the word, `a.1` the
+        // lane's words; the lanes' memories lie in order on the host).
+        let word = |w: IntValue<'ctx>, r: usize| -> R<IntValue<'ctx>> {
+            let local = p(0)?.into_pointer_value();
+            let delta = self.mul_i(e(self.b.build_int_sub(w, wl, ""))?, a.1)?;
+            let at = self.add_i(self.add_i(delta, a.0)?, self.i64c(r))?;
+            // SAFETY of the generated code: lane `w` is in this lane's warp, whose lanes'
+            // memories are `words` f32s each, in order.
+            let ptr = e(unsafe {
+                self.b
+                    .build_in_bounds_gep(self.ctx.f32_type(), local, &[at], "")
+            })?;
+            Ok(e(self.b.build_load(i32t, ptr, ""))?.into_int_value())
+        };
+        // `regs`: B[k][n], the value row of the key column k stands for, f32 column n.
+        let b_at = |k: IntValue<'ctx>, n: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+            let row = self.mul_i(tf32_key_of(self, k)?, b.1)?;
+            let col = self.mul_i(n, self.i64c(2))?;
+            self.add_i(self.add_i(b.0, row)?, col)
+        };
+        let a_row = |i| ldm_a_row(self, a, i);
+        let b_row = |i| ldm_b_row(self, b, i, BLay::Nk);
+        let g = self.div_i(wl, 4)?;
+        let t = self.rem_i(wl, 4)?;
+        let d = if gpu {
+            let av = if regs {
+                (0..4).map(|r| word(wl, r)).collect::<R<Vec<_>>>()?
+            } else {
+                self.ldmatrix(sh, a_row(wl)?, 4, false)?
+            };
+            let bv = if regs {
+                let mut v = Vec::with_capacity(2);
+                for r in 0..2 {
+                    v.push(self.sh_pair(sh, b_at(self.add_i(t, self.i64c(4 * r))?, g)?)?);
+                }
+                v
+            } else {
+                self.ldmatrix(sh, b_row(wl)?, 2, false)?
+            };
+            let ap = av
+                .iter()
+                .map(|&x| self.tf32_parts(x, true))
+                .collect::<R<Vec<_>>>()?;
+            let bp = bv
+                .iter()
+                .map(|&x| self.tf32_parts(x, true))
+                .collect::<R<Vec<_>>>()?;
+            let mma = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.mma.m16n8k8.row.col.tf32")
+                .and_then(|i| i.get_declaration(&self.module, &[]))
+                .ok_or("LLVM has no llvm.nvvm.mma.m16n8k8.row.col.tf32")?;
+            let mut acc: Vec<BasicMetadataValueEnum> =
+                c.iter().map(|&x| BasicMetadataValueEnum::from(x)).collect();
+            let mut r = None;
+            for (ahi, bhi) in [(false, true), (true, false), (true, true)] {
+                let mut args: Vec<BasicMetadataValueEnum> = Vec::new();
+                for &(h, l) in &ap {
+                    args.push(if ahi { h } else { l }.into());
+                }
+                for &(h, l) in &bp {
+                    args.push(if bhi { h } else { l }.into());
+                }
+                args.extend(acc.iter().copied());
+                let d = e(self.b.build_call(mma, &args, ""))?
+                    .try_as_basic_value()
+                    .basic()
+                    .ok_or("mma returned nothing")?
+                    .into_struct_value();
+                acc = self
+                    .unpack4(d)?
+                    .iter()
+                    .map(|&x| BasicMetadataValueEnum::from(x))
+                    .collect();
+                r = Some(d);
+            }
+            r.ok_or("no product")?
+        } else {
+            // Result element i: row g + 8 (i >> 1), column 2t + (i & 1). A[row][k] lies
+            // in lane (row % 8, k % 4), register (row / 8) + 2 (k / 4); B[k][col] in lane
+            // (col, k % 4), register k / 4.
+            let part = |bits: IntValue<'ctx>, hi: bool| -> R<FloatValue<'ctx>> {
+                let (h, l) = self.tf32_parts(bits, false)?;
+                let v = if hi { h } else { l };
+                Ok(e(self.b.build_bit_cast(v, self.ctx.f32_type(), ""))?.into_float_value())
+            };
+            let mut r = self.mma_ret().get_undef();
+            for (i, &ci) in c.iter().enumerate() {
+                let col = self.add_i(self.mul_i(t, self.i64c(2))?, self.i64c(i & 1))?;
+                let mut acc = ci;
+                for (ahi, bhi) in [(false, true), (true, false), (true, true)] {
+                    for k in 0..8 {
+                        let tk = self.i64c(k % 4);
+                        let reg = (i >> 1) + 2 * (k / 4);
+                        let wa = if regs {
+                            word(self.add_i(self.mul_i(g, self.i64c(4))?, tk)?, reg)?
+                        } else {
+                            self.ldm_word(sh, &a_row, (g, tk), reg, false)?
+                        };
+                        let wb = if regs {
+                            self.sh_pair(sh, b_at(self.i64c(k), col)?)?
+                        } else {
+                            self.ldm_word(sh, &b_row, (col, tk), k / 4, false)?
+                        };
+                        acc = self.fma(part(wa, ahi)?, part(wb, bhi)?, acc)?;
+                    }
+                }
+                r = e(self.b.build_insert_value(r, acc, i as u32, ""))?.into_struct_value();
+            }
+            r
+        };
+        e(self.b.build_return(Some(&d)))?;
+        if let Some(bb) = saved {
+            self.b.position_at_end(bb);
+        }
+        Ok(())
+    }
+
     /// The 16-byte copy's body: eight bf16s from `src` to `dst` where `keep`, else eight
     /// zeros to `dst`; 16-byte aligned accesses on the GPU (every row a stage copies
     /// starts at a multiple of eight elements of a 256-byte aligned buffer, and of the
@@ -656,7 +876,7 @@ impl<'ctx> Gen<'ctx> {
             let mut c = init(j)?;
             for s in 0..steps {
                 let bb = self.add_i(b, self.i64c(BLay::Kn.offset(bp, j, s)))?;
-                c = self.mma_regs(l, (a_word + 4 * s, words), (bb, bp), wl, c)?;
+                c = self.mma_regs(MMA_RA, l, (a_word + 4 * s, words), (bb, bp), wl, c)?;
             }
             out.push(c);
         }
@@ -746,9 +966,10 @@ impl<'ctx> Gen<'ctx> {
         )
     }
 
-    /// The team copies `rows x width` bf16 elements of `x`, from row `first` (rows `n..`
-    /// zeros), to shared element `at + r * pitch + c`, eight elements (16 bytes) a lane
-    /// at a time ([`COPY16`]): `width`, `pitch` and `at` are multiples of 8.
+    /// The team copies `rows x width` elements (bf16 or f32) of `x`, from row `first`
+    /// (rows `n..` zeros), to the shared array's halves from `at`, a row every `pitch`
+    /// halves, eight halves (16 bytes) a lane at a time ([`COPY16`]): a row's halves,
+    /// `pitch` and `at` are multiples of 8.
     fn stage16(
         &self,
         l: &Lane<'ctx>,
@@ -757,24 +978,27 @@ impl<'ctx> Gen<'ctx> {
         (n, rows, width): (IntValue<'ctx>, usize, usize),
         (at, pitch): (usize, usize),
     ) -> R<()> {
-        if self.elt_of(x) != Elt::Bf16 {
-            return Err("the tensor-core attention reads 2-byte bf16 buffers only".into());
-        }
-        if !(width.is_multiple_of(8) && pitch.is_multiple_of(8) && at.is_multiple_of(8)) {
+        let es = match self.elt_of(x) {
+            Elt::Bf16 => 1,
+            Elt::F32 => 2,
+            Elt::I64 => return Err("the tensor-core attention reads float buffers".into()),
+        };
+        let wh = width * es;
+        if !(wh.is_multiple_of(8) && pitch.is_multiple_of(8) && at.is_multiple_of(8)) {
             return Err(format!(
-                "a tensor-core tile of width {width}, pitch {pitch} at {at}: not in 16-byte rows"
+                "a tensor-core tile of {wh} halves a row, pitch {pitch} at {at}: not in 16-byte rows"
             ));
         }
-        let per = width / 8;
+        let per = wh / 8;
         let copy = self.copy16_fn();
         self.for_step(l.lane, self.i64c(rows * per), MMA_LANES, |g, w| {
             let r = g.div_i(w, per)?;
             let c = g.mul_i(g.rem_i(w, per)?, g.i64c(8))?;
             let keep = g.ult(r, n)?;
             // A row past the end reads nothing (its address is the buffer's start).
-            let off = g.add_i(g.mul_i(g.add_i(first, r)?, g.i64c(width))?, c)?;
+            let off = g.add_i(g.mul_i(g.add_i(first, r)?, g.i64c(wh))?, c)?;
             let off = e(g.b.build_select(keep, off, g.i64c(0), ""))?.into_int_value();
-            let from = g.at(x, Elt::Bf16, off)?;
+            let from = g.sh16(x, off)?;
             let to = g.add_i(g.add_i(g.i64c(at), g.mul_i(r, g.i64c(pitch))?)?, c)?;
             let to = g.sh16(l.sh, to)?;
             e(g.b.build_call(copy, &[from.into(), to.into(), keep.into()], "")).map(|_| ())
@@ -790,13 +1014,16 @@ impl<'ctx> Gen<'ctx> {
         let a = *a;
         let (d, ev, kt) = (a.d, a.e, mt.keys);
         let (nk, ne) = (kt / 8, ev / 8);
+        // f32 operands: three TF32 products, k-steps of 8 (16 halves, as bf16's 16).
+        let tf = a.tf32x3;
+        let k_step = if tf { 8 } else { 16 };
         // A lane's memory: S [nk fragments of 4], O [ne of 4], m [2 halves], l [2], P
-        // [kt / 16 A fragments of 4 bf16 pairs].
+        // [kt / k_step A fragments of 4 words: bf16 pairs, or f32s].
         let (ls, lo) = (0, 4 * nk);
         let lm = lo + 4 * ne;
         let ll = lm + 2;
         let lp = ll + 2;
-        let words = lp + kt / 4;
+        let words = lp + 4 * kt / k_step;
         tm.shared = Shared::Tile(mt.words);
         tm.local = words;
         let all = MMA_LANES;
@@ -839,10 +1066,14 @@ impl<'ctx> Gen<'ctx> {
                     let a_row = g.mul_i(m.w16, g.i64c(mt.qp))?;
                     for j in 0..nk {
                         let mut c = [g.fconst(0.0); 4];
-                        for s in 0..d / 16 {
+                        for s in 0..d / k_step {
                             let ab = g.add_i(a_row, g.i64c(16 * s))?;
                             let bb = g.i64c(mt.k_at + BLay::Nk.offset(mt.qp, j, s));
-                            c = g.mma(l.sh, (ab, mt.qp), (bb, mt.qp, BLay::Nk), m.wl, c)?;
+                            c = if tf {
+                                g.shared_product(MMA_TF32, l.sh, (ab, mt.qp), (bb, mt.qp), m.wl, c)?
+                            } else {
+                                g.mma(l.sh, (ab, mt.qp), (bb, mt.qp, BLay::Nk), m.wl, c)?
+                            };
                         }
                         for (i, ci) in c.iter().enumerate() {
                             let h = i >> 1;
@@ -892,11 +1123,20 @@ impl<'ctx> Gen<'ctx> {
                             for i in [2 * h, 2 * h + 1] {
                                 let s = g.lw(l, ls + 4 * j + i)?;
                                 let p = g.call(exp, &[g.fsub(s, none)?])?;
-                                let p = g.call(g.round_bf16_fn()?, &[p])?;
+                                let p = if tf {
+                                    // Kept in f32: the product splits it in TF32 parts.
+                                    g.lput(l, lp + 4 * j + tf32_reg_of(i), p)?;
+                                    p
+                                } else {
+                                    g.call(g.round_bf16_fn()?, &[p])?
+                                };
                                 sum = g.fadd(sum, p)?;
                                 ps.push(p);
                             }
-                            g.lput_bits(l, lp + a_reg_of(j, h), g.bf16_pair(ps[0], ps[1])?)?;
+                            if !tf {
+                                let w = g.bf16_pair(ps[0], ps[1])?;
+                                g.lput_bits(l, lp + a_reg_of(j, h), w)?;
+                            }
                         }
                         g.lput(l, ll + h, sum)?;
                         g.lput(l, lm + h, mx)?;
@@ -914,9 +1154,15 @@ impl<'ctx> Gen<'ctx> {
                         for (i, ci) in c.iter_mut().enumerate() {
                             *ci = g.lw(l, lo + 4 * jn + i)?;
                         }
-                        for s in 0..kt / 16 {
-                            let bb = g.i64c(mt.v_at + BLay::Kn.offset(mt.ep, jn, s));
-                            c = g.mma_regs(l, (lp + 4 * s, words), (bb, mt.ep), m.wl, c)?;
+                        for s in 0..kt / k_step {
+                            let (prod, bb) = if tf {
+                                // The 8 value rows of key tile s, f32 columns 8 jn on.
+                                (MMA_TF32_RA, mt.v_at + 8 * s * mt.ep + 16 * jn)
+                            } else {
+                                (MMA_RA, mt.v_at + BLay::Kn.offset(mt.ep, jn, s))
+                            };
+                            let aw = (lp + 4 * s, words);
+                            c = g.mma_regs(prod, l, aw, (g.i64c(bb), mt.ep), m.wl, c)?;
                         }
                         for (i, ci) in c.iter().enumerate() {
                             g.lput(l, lo + 4 * jn + i, *ci)?;

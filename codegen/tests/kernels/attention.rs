@@ -453,6 +453,117 @@ pub(super) fn mma_attention_matches_float64() {
     );
 }
 
+/// The f32 forward on tensor cores, each product as three TF32 products (`Attn::tf32x3`:
+/// `Body::AttnMma` asked for on f32 operands; emulated on the host from the lanes'
+/// fragments, the TF32 parts rounded as `cvt.rna.tf32.f32` rounds them), against attention
+/// in float64, beside the f32 register tiles on the same operands: causal or not, grouped
+/// heads, short last tiles, more keys than queries, widths 8 to 96 (query/key widths a
+/// multiple of 8; at 128 a 64-row f32 query tile leaves no room in 48 KiB), a scale, and
+/// the kept statistics. The fp32 tolerance, 1e-5 of
+/// the tensor's scale, and no further from float64 than twice the tiles (or 1e-6): the
+/// dropped `a_lo b_lo` terms cost about 2^-22 a product, below f32's own rounding of the
+/// sums. Not the default (`NNSCALER_ATTN_F32=tf32x3` makes it one).
+#[test]
+pub(super) fn tf32x3_attention_matches_float64() {
+    use nnscaler_codegen::kernel::{lower_attention_kept, AttnForm};
+    let causal = attrs(&[("causal", AttrValue::Bool(true))]);
+    let shapes: Vec<(Vec<i64>, Vec<i64>, Attrs)> = vec![
+        (vec![2, 4, 9, 8], vec![2, 2, 9, 8], causal.clone()),
+        (vec![1, 3, 130, 64], vec![1, 3, 130, 64], causal.clone()),
+        (vec![1, 2, 65, 32], vec![1, 1, 140, 32], Attrs::new()),
+        (vec![1, 2, 140, 24], vec![1, 2, 33, 24], causal.clone()),
+        (vec![1, 1, 70, 96], vec![1, 1, 70, 96], causal.clone()),
+        (
+            vec![1, 2, 40, 16],
+            vec![1, 2, 40, 16],
+            attrs(&[
+                ("causal", AttrValue::Bool(true)),
+                ("scale", AttrValue::Float(0.3)),
+            ]),
+        ),
+    ];
+    let mut kernels = Vec::new();
+    let mut runs = Vec::new();
+    for (c, (qs, ks, a)) in shapes.iter().enumerate() {
+        let (q, kv) = (ty(qs), ty(ks));
+        let ins = vec![Buf::of(&q), Buf::of(&kv), Buf::of(&kv)];
+        let outs = vec![Buf::of(&q)];
+        let mut pair = Vec::new();
+        for form in [AttnForm::Tiles, AttnForm::Mma] {
+            let name = format!("x{c}_{form:?}");
+            let l = lower_attention_kept(&name, "dnn.attention", a, &ins, &outs, Some(form), true)
+                .unwrap();
+            let body = &l.kernels[0].body;
+            match form {
+                AttnForm::Mma => {
+                    assert!(matches!(body, Body::AttnMma(x) if x.saved && x.tf32x3 && !x.bf16))
+                }
+                _ => assert!(matches!(body, Body::AttnTiles(x) if !x.tf32x3)),
+            }
+            kernels.extend(l.kernels.clone());
+            pair.push(l);
+        }
+        let operands: Vec<Tensor> = [&q, &kv, &kv]
+            .iter()
+            .enumerate()
+            .map(|(i, t)| operand(t, (c * 10 + i) as u64 + 500, -3.0, 3.0, 11))
+            .collect();
+        runs.push((qs.clone(), ks.clone(), a.clone(), pair, operands));
+    }
+    let host = HostKernels::new(&kernels).unwrap();
+    let (mut worst_tiles, mut worst_tc) = (0.0f64, 0.0f64);
+    for (qs, ks, a, pair, operands) in &runs {
+        let what = format!("{qs:?} {ks:?} {a:?}");
+        let ins: Vec<Data> = operands.iter().map(data).collect();
+        let ins: Vec<&Data> = ins.iter().collect();
+        let us = |v: &[i64]| v.iter().map(|&x| x as usize).collect::<Vec<_>>();
+        let scale = match a.get("scale") {
+            Some(AttrValue::Float(f)) => f64::from(*f as f32),
+            _ => f64::from(1.0 / (qs[3] as f32).sqrt()),
+        };
+        let opsv: Vec<&[f32]> = operands.iter().map(|t| t.f().unwrap()).collect();
+        let want = attention_f64(
+            (&us(qs), &us(ks), ks[3] as usize),
+            scale,
+            a.contains_key("causal"),
+            &opsv,
+            false,
+        )
+        .remove(0);
+        let mut outs = Vec::new();
+        for (form, l) in ["tiles", "tensor cores"].iter().zip(pair) {
+            let got = host.run(&l.kernels[0].name, &ins).unwrap();
+            assert_eq!(got.len(), 2, "{what} {form}: the output and the statistics");
+            let out = got[0].f32().unwrap().to_vec();
+            let st = got[1].f32().unwrap().to_vec();
+            outs.push((error_f64(&out, &want), st));
+        }
+        let (et, st_tiles) = (outs[0].0, &outs[0].1);
+        let (ec, st_tc) = (outs[1].0, &outs[1].1);
+        assert!(et <= 1e-5, "{what}: tiles {et:.2e} from float64");
+        assert!(ec <= 1e-5, "{what}: tensor cores {ec:.2e} from float64");
+        assert!(
+            ec <= 2.0 * et.max(5e-7),
+            "{what}: tensor cores {ec:.2e}, tiles {et:.2e} from float64"
+        );
+        // The statistics as the tiles keep them, within f32 roundings of each other.
+        assert_eq!(st_tiles.len(), st_tc.len(), "{what}: statistics");
+        for (i, (&x, &y)) in st_tc.iter().zip(st_tiles).enumerate() {
+            let tol = 1e-5 * f64::from(y.abs()).max(1.0);
+            assert!(
+                x.is_finite() && (f64::from(x) - f64::from(y)).abs() <= tol,
+                "{what}: statistic {i}: tensor cores {x}, tiles {y}"
+            );
+        }
+        worst_tiles = worst_tiles.max(et);
+        worst_tc = worst_tc.max(ec);
+    }
+    println!(
+        "codegen: f32 attention forward on {} cases, from float64 at most: tiles {worst_tiles:.2e}, tensor cores as three TF32 products (emulated lane by lane) {worst_tc:.2e}",
+        runs.len()
+    );
+}
+
 /// The backward on tensor cores (`Body::AttnMmaBack`: statistics and `dq`;
 /// `Body::AttnMmaKv`: `dk`, `dv`) on 2-byte bf16 operands, against the gradients in
 /// float64 of the same bf16 values, beside the f32-register tiles on the same buffers and

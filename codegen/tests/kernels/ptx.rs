@@ -226,6 +226,32 @@ pub(super) fn attention_kernels_use_no_local_memory() {
             }
         }
     }
+    // f32 forwards on tensor cores as three TF32 products (asked for; not the default).
+    for (tag, b, h, s) in [("nanogpt", 64, 6, 256), ("gpt2", 8, 12, 1024)] {
+        let q = Buf {
+            shape: vec![b, h, s, 64],
+            elt: Elt::F32,
+        };
+        for kept in [false, true] {
+            let name = format!("{tag}_tf32x3_{}", if kept { "kfwd" } else { "fwd" });
+            let l = nnscaler_codegen::kernel::lower_attention_kept(
+                &name,
+                "dnn.attention",
+                &causal,
+                &vec![q.clone(); 3],
+                std::slice::from_ref(&q),
+                Some(nnscaler_codegen::kernel::AttnForm::Mma),
+                kept,
+            )
+            .unwrap();
+            assert!(
+                matches!(l.kernels[0].body, Body::AttnMma(a) if a.tf32x3),
+                "{name}: {:?}",
+                l.kernels[0].body
+            );
+            kernels.extend(l.kernels);
+        }
+    }
     let text = ptx(&kernels, Gpu::default()).unwrap();
     // Each tensor-core forward's entry issues its products as mma.sync (bf16 in, f32
     // sums), none of the others does.
@@ -234,8 +260,13 @@ pub(super) fn attention_kernels_use_no_local_memory() {
             .split(".entry ")
             .find(|e| e.starts_with(&format!("{}(", k.name)))
             .unwrap_or_else(|| panic!("no entry {}", k.name));
+        let tf32 = matches!(k.body, Body::AttnMma(a) if a.tf32x3);
         let mmas = body
-            .matches("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
+            .matches(if tf32 {
+                "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+            } else {
+                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+            })
             .count();
         assert_eq!(
             mmas > 0,
@@ -257,11 +288,15 @@ pub(super) fn attention_kernels_use_no_local_memory() {
                 count("ldmatrix.sync.aligned.m8n8.x2.shared.b16"),
                 count("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"),
             );
+            // TF32's value rows are read 32 bits at a time (`.trans` moves 16-bit halves).
             assert!(
-                a > 0 && b > 0 && bt > 0,
+                a > 0 && b > 0 && (bt > 0) != tf32,
                 "{}: ldmatrix {a} {b} {bt}",
                 k.name
             );
+            if tf32 {
+                assert!(count("cvt.rna.tf32.f32") > 0, "{}: no TF32 split", k.name);
+            }
             assert!(count("ld.global.v4") > 0, "{}: no 16-byte staging", k.name);
             assert_eq!(count("ld.shared.u16"), 0, "{}: 2-byte shared loads", k.name);
             // P (dS, P^T, dS^T) goes from one product to the next in registers, not as
