@@ -38,15 +38,15 @@ pub struct Attn {
     /// `q`, `k` and `v` are 2-byte bf16 buffers: the forward may run on tensor cores
     /// ([`Attn::mma_keys`]).
     pub bf16: bool,
-    /// `q`, `k` and `v` are f32 and the forward runs on tensor cores each product as
+    /// `q`, `k` and `v` are f32 and the tensor-core kernels take them, each product as
     /// three TF32 products (`a_hi b_hi + a_hi b_lo + a_lo b_hi`, the split that keeps
     /// f32's accuracy to about 2^-21): asked for by [`AttnForm::Mma`] on f32 operands, or
     /// by default where [`attn_f32_tensor_cores`] says so.
     pub tf32x3: bool,
 }
 
-/// Whether f32 attention's forward takes the tensor cores as three TF32 products
-/// ([`Attn::tf32x3`]) by default: `NNSCALER_ATTN_F32=tf32x3`, a knob for benchmarks (the
+/// Whether f32 attention takes the tensor cores as three TF32 products ([`Attn::tf32x3`])
+/// by default: `NNSCALER_ATTN_F32=tf32x3`, a knob for benchmarks (the
 /// next GPU run compares it with the register tiles, the default, before it becomes
 /// one; `bench/gpu/prepare.sh` compiles the nanoGPT step both ways).
 pub fn attn_f32_tensor_cores() -> bool {
@@ -180,19 +180,21 @@ pub enum AttnForm {
     Mma,
 }
 
-/// The tensor-core forward's shared array ([`Body::AttnMma`]), in bf16 elements from its
-/// start (each region 16-byte aligned, every row too): the query tile [`MMA_ROWS`] x `qp`,
-/// the key tile `keys x qp`, the value tile `keys x ep` (rows as stored: the `P V`
-/// product reads them with `ldmatrix.trans`), then `xch`: [`MMA_ROWS`] x 4 f32 words
-/// through which a row's four lanes exchange their partial maxima and sums. (`P` stays
-/// in the lanes' registers.)
+/// The tensor-core forward's shared array ([`Body::AttnMma`]), in 2-byte halves from its
+/// start (a bf16 element, or half an f32; each region 16-byte aligned, every row too):
+/// the query tile [`MMA_ROWS`] x `qp`, the key tile `keys x qp`, the value tile `keys x
+/// ep` (rows as stored: the bf16 `P V` product reads them with `ldmatrix.trans`, the f32
+/// one 32 bits at a time), then `xch`: [`MMA_ROWS`] x 4 f32 words through which a row's
+/// four lanes exchange their partial maxima and sums. (`P` stays in the lanes'
+/// registers.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaTiles {
     /// Keys per tile (64, else 32, else 16: the first that fits).
     pub keys: usize,
-    /// Row pitch of the query and key tiles: `d + MMA_PAD`.
+    /// Row pitch (halves) of the query and key tiles: `d + MMA_PAD` (bf16), `2 d +
+    /// MMA_PAD` (f32).
     pub qp: usize,
-    /// Row pitch of the value tile: `e + MMA_PAD`.
+    /// Row pitch (halves) of the value tile: `e + MMA_PAD` (bf16), `2 e + MMA_PAD` (f32).
     pub ep: usize,
     pub k_at: usize,
     pub v_at: usize,
@@ -202,13 +204,13 @@ pub struct MmaTiles {
 }
 
 /// The tensor-core backward's shared arrays ([`Body::AttnMmaBack`], [`Body::AttnMmaKv`]),
-/// in bf16 elements from the start, each region 16-byte aligned; `x_at` starts the f32
-/// words (per row: `[m, 1/l, D]` and a spare).
+/// in 2-byte halves from the start (a bf16 element, or half an f32), each region 16-byte
+/// aligned; `x_at` starts the f32 words (per row: `[m, 1/l, D]` and a spare).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaBack {
     /// Keys per tile (`dq`) or queries per tile (`dk`/`dv`).
     pub tile: usize,
-    /// Pitch of rows of `d` (queries, keys) and of `e` (`dO`, values).
+    /// Pitch (halves) of rows of `d` (queries, keys) and of `e` (`dO`, values).
     pub qp: usize,
     pub ep: usize,
     /// Region starts: see [`Attn::mma_dq`] and [`Attn::mma_kv`].
@@ -222,7 +224,7 @@ impl MmaBack {
     /// the f32 words of the whole, or none past [`SHARED_BYTES`].
     fn lay(
         tile: usize,
-        (d, e): (usize, usize),
+        (qp, ep): (usize, usize),
         regions: &[(usize, usize)],
         f32s: usize,
     ) -> Option<Self> {
@@ -235,8 +237,8 @@ impl MmaBack {
         let words = end / 2 + f32s;
         (words * 4 <= SHARED_BYTES).then_some(MmaBack {
             tile,
-            qp: d + MMA_PAD,
-            ep: e + MMA_PAD,
+            qp,
+            ep,
             at,
             x_at: end,
             words,
@@ -245,14 +247,16 @@ impl MmaBack {
 }
 
 impl Attn {
-    /// Widths the tensor-core backward takes: bf16 operands, both widths a multiple of 16
-    /// (each is some product's k), up to [`ATTN_TILE_WIDTH`].
+    /// Widths the tensor-core backward takes: both a multiple of 16 for bf16 operands, of
+    /// 8 for f32 ones ([`Attn::tf32x3`]) (each is some product's k), up to
+    /// [`ATTN_TILE_WIDTH`].
     fn mma_back_widths(&self) -> bool {
-        self.bf16
+        let k = if self.bf16 { 16 } else { 8 };
+        (self.bf16 || self.tf32x3)
             && self.d > 0
             && self.e > 0
-            && self.d.is_multiple_of(16)
-            && self.e.is_multiple_of(16)
+            && self.d.is_multiple_of(k)
+            && self.e.is_multiple_of(k)
             && self.d <= ATTN_TILE_WIDTH
             && self.e <= ATTN_TILE_WIDTH
     }
@@ -265,12 +269,12 @@ impl Attn {
         if !self.mma_back_widths() || !self.saved {
             return None;
         }
-        let (d, e) = (self.d, self.e);
+        let (d, e, es) = (self.d, self.e, self.mma_halves());
         [64, 32, 16].into_iter().find_map(|tile| {
-            let (qp, ep) = (d + MMA_PAD, e + MMA_PAD);
+            let (qp, ep) = (es * d + MMA_PAD, es * e + MMA_PAD);
             MmaBack::lay(
                 tile,
-                (d, e),
+                (qp, ep),
                 &[(MMA_ROWS, qp), (MMA_ROWS, ep), (tile, qp), (tile, ep)],
                 MMA_ROWS * 4,
             )
@@ -286,12 +290,12 @@ impl Attn {
         if !self.mma_back_widths() {
             return None;
         }
-        let (d, e) = (self.d, self.e);
+        let (d, e, es) = (self.d, self.e, self.mma_halves());
         [32, 16].into_iter().find_map(|tile| {
-            let (qp, ep) = (d + MMA_PAD, e + MMA_PAD);
+            let (qp, ep) = (es * d + MMA_PAD, es * e + MMA_PAD);
             MmaBack::lay(
                 tile,
-                (d, e),
+                (qp, ep),
                 &[(MMA_ROWS, qp), (MMA_ROWS, ep), (tile, qp), (tile, ep)],
                 tile * 4,
             )

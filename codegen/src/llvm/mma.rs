@@ -19,6 +19,13 @@
 //! 3. adds `P V` to its output fragments: `e / 8` products, `keys / 16` steps each, `A`
 //!    from the registers ([`MMA_RA`]).
 //!
+//! f32 operands take the same kernels ([`crate::kernel::Attn::tf32x3`]) with f32 tiles
+//! (twice the halves a row) and each product as three TF32 products
+//! ([`MMA_TF32`], [`MMA_TF32_RA`]: `A_lo B_hi + A_hi B_lo + A_hi B_hi`, the parts rounded
+//! by `cvt.rna.tf32.f32`), k-steps of 8; `P` (and the backward's `dS`, `P^T`, `dS^T`)
+//! kept in f32, its TF32 fragment's columns standing for permuted keys
+//! ([`tf32_reg_of`]).
+//!
 //! Steps 2 and 3 wait for their warp only ([`super::team::Sync::Warp`]): a key tile
 //! costs two block barriers (its staging, and the scores that read what every lane
 //! staged), not four. The backward's kernels keep `dS` (and `P^T`, `dS^T`) in registers
@@ -836,51 +843,87 @@ impl<'ctx> Gen<'ctx> {
     }
 
     /// `n` products of a warp's 16 rows: `c_j + A B_j` with `A` at `a` (its row 0, pitch)
-    /// and `B_j` the tile `j` 8 columns on from `b` (pitch, layout), `steps` k-steps of 16
-    /// each; `c_j` from `init(j)`.
+    /// and `B_j` the tile `j` 8 columns on from `b` (pitch; stored `[n][k]`), over `k`
+    /// (a multiple of the k-step: 16 for bf16 tiles, 8 for f32 ones as three TF32
+    /// products, `tf`); `c_j` from `init(j)`. Offsets count halves (a k-step is 16 either
+    /// way).
     #[allow(clippy::too_many_arguments)]
     fn products(
         &self,
         sh: PointerValue<'ctx>,
         (a, ap): (IntValue<'ctx>, usize),
-        (b, bp, lay): (IntValue<'ctx>, usize, BLay),
-        (n, steps): (usize, usize),
+        (b, bp): (IntValue<'ctx>, usize),
+        (n, k, tf): (usize, usize, bool),
         wl: IntValue<'ctx>,
         mut init: impl FnMut(usize) -> R<[FloatValue<'ctx>; 4]>,
     ) -> R<Vec<[FloatValue<'ctx>; 4]>> {
+        let steps = k / if tf { 8 } else { 16 };
         let mut out = Vec::with_capacity(n);
         for j in 0..n {
             let mut c = init(j)?;
             for s in 0..steps {
                 let ab = self.add_i(a, self.i64c(16 * s))?;
-                let bb = self.add_i(b, self.i64c(lay.offset(bp, j, s)))?;
-                c = self.mma(sh, (ab, ap), (bb, bp, lay), wl, c)?;
+                let bb = self.add_i(b, self.i64c(BLay::Nk.offset(bp, j, s)))?;
+                c = if tf {
+                    self.shared_product(MMA_TF32, sh, (ab, ap), (bb, bp), wl, c)?
+                } else {
+                    self.mma(sh, (ab, ap), (bb, bp, BLay::Nk), wl, c)?
+                };
             }
             out.push(c);
         }
         Ok(out)
     }
+
     /// `n` products of a warp's 16 rows as [`Gen::products`], `A` from the lanes' words
-    /// (k-step `s`'s fragment at `a_word + 4 s`, [`Gen::mma_regs`]) and `B` stored `[k][n]`.
+    /// (k-step `s`'s fragment at `a_word + 4 s`, [`Gen::mma_regs`]) over `k` rows of `B`
+    /// stored `[k][n]` at `b` (pitch): [`MMA_RA`], or [`MMA_TF32_RA`] where `tf`.
     fn products_regs(
         &self,
         l: &Lane<'ctx>,
         (a_word, words): (usize, usize),
         (b, bp): (IntValue<'ctx>, usize),
-        (n, steps): (usize, usize),
+        (n, k, tf): (usize, usize, bool),
         wl: IntValue<'ctx>,
         mut init: impl FnMut(usize) -> R<[FloatValue<'ctx>; 4]>,
     ) -> R<Vec<[FloatValue<'ctx>; 4]>> {
+        let steps = k / if tf { 8 } else { 16 };
         let mut out = Vec::with_capacity(n);
         for j in 0..n {
             let mut c = init(j)?;
             for s in 0..steps {
-                let bb = self.add_i(b, self.i64c(BLay::Kn.offset(bp, j, s)))?;
-                c = self.mma_regs(MMA_RA, l, (a_word + 4 * s, words), (bb, bp), wl, c)?;
+                let (prod, off) = if tf {
+                    // The 8 rows of k-step s, f32 columns 8 j on.
+                    (MMA_TF32_RA, 8 * s * bp + 16 * j)
+                } else {
+                    (MMA_RA, BLay::Kn.offset(bp, j, s))
+                };
+                let bb = self.add_i(b, self.i64c(off))?;
+                c = self.mma_regs(prod, l, (a_word + 4 * s, words), (bb, bp), wl, c)?;
             }
             out.push(c);
         }
         Ok(out)
+    }
+
+    /// Keeps a lane's `C`-fragment pair `(x, y)` (elements `2h`, `2h + 1` of tile `j`) as
+    /// the next product's `A` operand in its words from `at`: a bf16 pair in word
+    /// [`a_reg_of`]`(j, h)`, or (`tf`) two f32s in words `4 j +` [`tf32_reg_of`].
+    #[allow(clippy::too_many_arguments)]
+    fn keep_a(
+        &self,
+        l: &Lane<'ctx>,
+        at: usize,
+        (j, h): (usize, usize),
+        (x, y): (FloatValue<'ctx>, FloatValue<'ctx>),
+        tf: bool,
+    ) -> R<()> {
+        if tf {
+            self.lput(l, at + 4 * j + tf32_reg_of(2 * h), x)?;
+            self.lput(l, at + 4 * j + tf32_reg_of(2 * h + 1), y)
+        } else {
+            self.lput_bits(l, at + a_reg_of(j, h), self.bf16_pair(x, y)?)
+        }
     }
 
     /// The lane's four words `w..w + 4` of its own memory.
@@ -1236,9 +1279,12 @@ impl<'ctx> Gen<'ctx> {
         let (d, ev, kb) = (a.d, a.e, mb.tile);
         let [q_at, do_at, k_at, v_at] = mb.at;
         let nk = kb / 8;
-        // A lane's memory: its dq fragments, then dS as A fragments (kb / 16 of 4 pairs).
+        // f32 operands: three TF32 products, k-steps of 8.
+        let tf = a.tf32x3;
+        // A lane's memory: its dq fragments, then dS as A fragments (of 4 words a k-step:
+        // bf16 pairs, or f32s).
         let (lq, lds) = (0, 4 * (d / 8));
-        let words = lds + kb / 4;
+        let words = lds + 4 * kb / if tf { 8 } else { 16 };
         tm.local = words;
         tm.shared = Shared::Tile(mb.words);
         let all = MMA_LANES;
@@ -1306,8 +1352,8 @@ impl<'ctx> Gen<'ctx> {
                     let s = g.products(
                         l.sh,
                         (qa, mb.qp),
-                        (g.i64c(k_at), mb.qp, BLay::Nk),
-                        (nk, d / 16),
+                        (g.i64c(k_at), mb.qp),
+                        (nk, d, tf),
                         m.wl,
                         |_| Ok(zero),
                     )?;
@@ -1315,8 +1361,8 @@ impl<'ctx> Gen<'ctx> {
                     let dp = g.products(
                         l.sh,
                         (oa, mb.ep),
-                        (g.i64c(v_at), mb.ep, BLay::Nk),
-                        (nk, ev / 16),
+                        (g.i64c(v_at), mb.ep),
+                        (nk, ev, tf),
                         m.wl,
                         |_| Ok(zero),
                     )?;
@@ -1336,8 +1382,7 @@ impl<'ctx> Gen<'ctx> {
                                 let p = g.select_f(seen, p, g.fconst(0.0))?;
                                 pair.push(g.fmul(p, g.fsub(dp[j][i], dsum)?)?);
                             }
-                            let w = g.bf16_pair(pair[0], pair[1])?;
-                            g.lput_bits(l, lds + a_reg_of(j, h), w)?;
+                            g.keep_a(l, lds, (j, h), (pair[0], pair[1]), tf)?;
                         }
                     }
                     Ok(())
@@ -1352,7 +1397,7 @@ impl<'ctx> Gen<'ctx> {
                         l,
                         (lds, words),
                         (g.i64c(k_at), mb.qp),
-                        (d / 8, kb / 16),
+                        (d / 8, kb, tf),
                         m.wl,
                         |j| g.frag_of(l, lq + 4 * j),
                     )?;
@@ -1395,10 +1440,13 @@ impl<'ctx> Gen<'ctx> {
         let a = *a;
         let (d, ev, qb) = (a.d, a.e, mb.tile);
         let [k_at, v_at, q_at, do_at] = mb.at;
+        // f32 operands: three TF32 products, k-steps of 8.
+        let tf = a.tf32x3;
         // A lane's memory: its dK and dV fragments, then P^T and dS^T as A fragments.
         let (ldk, ldv) = (0, 4 * (d / 8));
-        let (lpt, ldst) = (ldv + 4 * (ev / 8), ldv + 4 * (ev / 8) + qb / 4);
-        let words = tm_local(d, ev, qb);
+        let a_words = 4 * qb / if tf { 8 } else { 16 };
+        let (lpt, ldst) = (ldv + 4 * (ev / 8), ldv + 4 * (ev / 8) + a_words);
+        let words = ldst + a_words;
         tm.local = words;
         tm.shared = Shared::Tile(mb.words);
         let all = MMA_LANES;
@@ -1466,7 +1514,7 @@ impl<'ctx> Gen<'ctx> {
                     })
                 })
             })?;
-            // S^T = K Q^T and dP^T = V dO^T; P^T and dS^T to shared as bf16.
+            // S^T = K Q^T and dP^T = V dO^T; P^T and dS^T in the lane's words.
             tm.phase(all, |g, l| {
                 let (bg, first, wl, w16, gq, tq) = block(g, l)?;
                 let (_, q0, n, needed, off) = queries(g, l, bg, first)?;
@@ -1476,8 +1524,8 @@ impl<'ctx> Gen<'ctx> {
                     let st = g.products(
                         l.sh,
                         (ka, mb.qp),
-                        (g.i64c(q_at), mb.qp, BLay::Nk),
-                        (qb / 8, d / 16),
+                        (g.i64c(q_at), mb.qp),
+                        (qb / 8, d, tf),
                         wl,
                         |_| Ok(zero),
                     )?;
@@ -1485,8 +1533,8 @@ impl<'ctx> Gen<'ctx> {
                     let dpt = g.products(
                         l.sh,
                         (va, mb.ep),
-                        (g.i64c(do_at), mb.ep, BLay::Nk),
-                        (qb / 8, ev / 16),
+                        (g.i64c(do_at), mb.ep),
+                        (qb / 8, ev, tf),
                         wl,
                         |_| Ok(zero),
                     )?;
@@ -1513,9 +1561,8 @@ impl<'ctx> Gen<'ctx> {
                                 d2.push(g.fmul(p, g.fsub(dpt[jq][i], dsum)?)?);
                                 p2.push(p);
                             }
-                            let reg = a_reg_of(jq, h);
-                            g.lput_bits(l, lpt + reg, g.bf16_pair(p2[0], p2[1])?)?;
-                            g.lput_bits(l, ldst + reg, g.bf16_pair(d2[0], d2[1])?)?;
+                            g.keep_a(l, lpt, (jq, h), (p2[0], p2[1]), tf)?;
+                            g.keep_a(l, ldst, (jq, h), (d2[0], d2[1]), tf)?;
                         }
                     }
                     Ok(())
@@ -1533,7 +1580,7 @@ impl<'ctx> Gen<'ctx> {
                             l,
                             (a_word, words),
                             (g.i64c(b_at), bp),
-                            (n / 8, qb / 16),
+                            (n / 8, qb, tf),
                             wl,
                             |j| g.frag_of(l, lw + 4 * j),
                         )?;
@@ -1568,10 +1615,4 @@ impl<'ctx> Gen<'ctx> {
             Ok(())
         })
     }
-}
-
-/// The f32 words of a `dk`/`dv` lane's own memory: its `dK` and `dV` fragments, its
-/// `P^T` and `dS^T` A fragments (`queries / 16` of four words each).
-fn tm_local(d: usize, e: usize, queries: usize) -> usize {
-    4 * (d / 8) + 4 * (e / 8) + 2 * (queries / 4)
 }

@@ -707,3 +707,136 @@ pub(super) fn mma_attention_backward_matches_float64() {
         runs.len()
     );
 }
+
+/// The f32 backward on tensor cores as three TF32 products (`Body::AttnMmaBack` and
+/// `Body::AttnMmaKv` with `Attn::tf32x3`), against the gradients in float64, beside the
+/// register tiles on the same operands and the same kept forward (the tensor cores' f32
+/// output and statistics): causal or not, grouped heads, short last tiles, more keys than
+/// queries and the reverse, widths 8 to 64, a scale. Held to the fp32 tolerance
+/// (1e-5 of each tensor's scale) and to twice the tiles' distance (or 1e-6).
+#[test]
+pub(super) fn tf32x3_attention_backward_matches_float64() {
+    use nnscaler_codegen::kernel::{lower_attention_kept, AttnForm};
+    let causal = attrs(&[("causal", AttrValue::Bool(true))]);
+    let shapes: Vec<(Vec<i64>, Vec<i64>, Attrs)> = vec![
+        (vec![2, 4, 9, 8], vec![2, 2, 9, 8], causal.clone()),
+        (vec![1, 3, 130, 64], vec![1, 3, 130, 64], causal.clone()),
+        (vec![1, 2, 65, 32], vec![1, 1, 140, 32], Attrs::new()),
+        (vec![1, 2, 140, 24], vec![1, 2, 33, 24], causal.clone()),
+        (
+            vec![1, 2, 40, 16],
+            vec![1, 2, 40, 16],
+            attrs(&[
+                ("causal", AttrValue::Bool(true)),
+                ("scale", AttrValue::Float(0.3)),
+            ]),
+        ),
+    ];
+    let f = |s: &[i64]| Buf {
+        shape: s.iter().map(|&x| x as usize).collect(),
+        elt: Elt::F32,
+    };
+    let mut kernels = Vec::new();
+    let mut runs = Vec::new();
+    for (c, (qs, ks, a)) in shapes.iter().enumerate() {
+        let fwd = lower_attention_kept(
+            &format!("y{c}_fwd"),
+            "dnn.attention",
+            a,
+            &[f(qs), f(ks), f(ks)],
+            &[f(qs)],
+            Some(AttnForm::Mma),
+            true,
+        )
+        .unwrap();
+        assert!(matches!(fwd.kernels[0].body, Body::AttnMma(x) if x.tf32x3));
+        kernels.extend(fwd.kernels.clone());
+        let rows = (qs[0] * qs[1] * qs[2]) as usize;
+        let stats = Buf {
+            shape: vec![rows, 2],
+            elt: Elt::F32,
+        };
+        let ins = vec![f(qs), f(qs), f(ks), f(ks), f(qs), stats];
+        let outs = vec![f(qs), f(ks), f(ks)];
+        let mut pair = Vec::new();
+        for form in [AttnForm::Tiles, AttnForm::Mma] {
+            let l = lower_attention_kept(
+                &format!("y{c}_{form:?}"),
+                "dnn.attention_grad",
+                a,
+                &ins,
+                &outs,
+                Some(form),
+                true,
+            )
+            .unwrap();
+            let tc = l
+                .kernels
+                .iter()
+                .filter(|k| matches!(k.body, Body::AttnMmaBack(x) | Body::AttnMmaKv(x) if x.tf32x3))
+                .count();
+            assert_eq!(tc, if form == AttnForm::Mma { 2 } else { 0 }, "case {c}");
+            kernels.extend(l.kernels.clone());
+            pair.push(l);
+        }
+        let ops: Vec<Vec<f32>> = [qs, qs, ks, ks]
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let n = s.iter().product::<i64>() as usize;
+                values(n, (c * 10 + i + 700) as u64, -3.0, 3.0)
+            })
+            .collect();
+        runs.push((qs.clone(), ks.clone(), a.clone(), fwd, pair, ops));
+    }
+    let host = HostKernels::new(&kernels).unwrap();
+    let (mut worst_tiles, mut worst_tc) = (0.0f64, 0.0f64);
+    for (qs, ks, a, fwd, pair, ops) in &runs {
+        let what = format!("{qs:?} {ks:?} {a:?}");
+        let data: Vec<Data> = ops.iter().map(|v| Data::F32(v.clone())).collect();
+        // The kept forward (tensor cores): its output and its statistics.
+        let kept = host
+            .run(&fwd.kernels[0].name, &[&data[1], &data[2], &data[3]])
+            .unwrap();
+        let ins: Vec<&Data> = data.iter().chain(&kept).collect();
+        let us = |v: &[i64]| v.iter().map(|&x| x as usize).collect::<Vec<_>>();
+        let scale = match a.get("scale") {
+            Some(AttrValue::Float(f)) => f64::from(*f as f32),
+            _ => f64::from(1.0 / (qs[3] as f32).sqrt()),
+        };
+        let fr: Vec<&[f32]> = ops.iter().map(|v| v.as_slice()).collect();
+        let (qd, kd) = (us(qs), us(ks));
+        let want = attention_f64(
+            (&qd, &kd, kd[3]),
+            scale,
+            a.contains_key("causal"),
+            &fr,
+            true,
+        );
+        let mut errs = Vec::new();
+        for (form, l) in ["tiles", "tensor cores"].iter().zip(pair) {
+            let got = host.run_lowered(l, &ins).unwrap();
+            assert_eq!(got.len(), 3, "{what} {form}: dq, dk, dv");
+            let e = got
+                .iter()
+                .zip(&want)
+                .map(|(g, w)| error_f64(g.f32().unwrap(), w))
+                .fold(0.0, f64::max);
+            errs.push(e);
+        }
+        let (et, ec) = (errs[0], errs[1]);
+        println!("codegen: f32 backward {what}: tiles {et:.2e}, tensor cores {ec:.2e}");
+        assert!(et <= 1e-5, "{what}: tiles {et:.2e} from float64");
+        assert!(ec <= 1e-5, "{what}: tensor cores {ec:.2e} from float64");
+        assert!(
+            ec <= 2.0 * et.max(5e-7),
+            "{what}: tensor cores {ec:.2e}, tiles {et:.2e}"
+        );
+        worst_tiles = worst_tiles.max(et);
+        worst_tc = worst_tc.max(ec);
+    }
+    println!(
+        "codegen: f32 attention backward on {} cases, from float64 at most: tiles {worst_tiles:.2e}, tensor cores as three TF32 products {worst_tc:.2e}",
+        runs.len()
+    );
+}

@@ -251,6 +251,30 @@ pub(super) fn attention_kernels_use_no_local_memory() {
             );
             kernels.extend(l.kernels);
         }
+        // The backward reading the kept statistics: dq and dk/dv on tensor cores too.
+        let stats = Buf {
+            shape: vec![b * h * s, 2],
+            elt: Elt::F32,
+        };
+        let mut ins = vec![q.clone(); 5];
+        ins.push(stats);
+        let l = nnscaler_codegen::kernel::lower_attention_kept(
+            &format!("{tag}_tf32x3_kbwd"),
+            "dnn.attention_grad",
+            &causal,
+            &ins,
+            &vec![q.clone(); 3],
+            Some(nnscaler_codegen::kernel::AttnForm::Mma),
+            true,
+        )
+        .unwrap();
+        let tc = l
+            .kernels
+            .iter()
+            .filter(|k| matches!(k.body, Body::AttnMmaBack(a) | Body::AttnMmaKv(a) if a.tf32x3))
+            .count();
+        assert_eq!(tc, 2, "{tag}: the f32 backward's two tensor-core kernels");
+        kernels.extend(l.kernels);
     }
     let text = ptx(&kernels, Gpu::default()).unwrap();
     // Each tensor-core forward's entry issues its products as mma.sync (bf16 in, f32
@@ -260,7 +284,10 @@ pub(super) fn attention_kernels_use_no_local_memory() {
             .split(".entry ")
             .find(|e| e.starts_with(&format!("{}(", k.name)))
             .unwrap_or_else(|| panic!("no entry {}", k.name));
-        let tf32 = matches!(k.body, Body::AttnMma(a) if a.tf32x3);
+        let tf32 = matches!(
+            k.body,
+            Body::AttnMma(a) | Body::AttnMmaBack(a) | Body::AttnMmaKv(a) if a.tf32x3
+        );
         let mmas = body
             .matches(if tf32 {
                 "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
