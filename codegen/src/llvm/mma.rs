@@ -396,18 +396,21 @@ impl<'ctx> Gen<'ctx> {
         self.define_copy16(gpu)
     }
 
-    /// Makes the declared function `name` internal and always inlined and puts the
-    /// builder at its new entry block; `None` where it is not declared or has a body.
-    fn begin_warp_op(&self, name: &str) -> Option<FunctionValue<'ctx>> {
+    /// Makes the declared function `name` internal, always inlined where `inline` (else
+    /// never: the host's emulation of a product is hundreds of instructions, called from
+    /// every product of every kernel), and puts the builder at its new entry block;
+    /// `None` where it is not declared or has a body.
+    fn begin_warp_op(&self, name: &str, inline: bool) -> Option<FunctionValue<'ctx>> {
         let f = self.module.get_function(name)?;
         if f.count_basic_blocks() > 0 {
             return None;
         }
         f.set_linkage(Linkage::Internal);
-        let inline = self
+        let kind = if inline { "alwaysinline" } else { "noinline" };
+        let attr = self
             .ctx
-            .create_enum_attribute(Attribute::get_named_enum_kind_id("alwaysinline"), 0);
-        f.add_attribute(AttributeLoc::Function, inline);
+            .create_enum_attribute(Attribute::get_named_enum_kind_id(kind), 0);
+        f.add_attribute(AttributeLoc::Function, attr);
         let entry = self.ctx.append_basic_block(f, "entry");
         self.b.position_at_end(entry);
         Some(f)
@@ -482,7 +485,7 @@ impl<'ctx> Gen<'ctx> {
     /// The product's body for `B` laid out as `lay` ([`Gen::define_warp_ops`]).
     fn define_mma(&self, lay: BLay, gpu: bool) -> R<()> {
         let saved = self.b.get_insert_block();
-        let Some(f) = self.begin_warp_op(lay.symbol()) else {
+        let Some(f) = self.begin_warp_op(lay.symbol(), gpu) else {
             return Ok(());
         };
         let p = |j: u32| f.get_nth_param(j).ok_or("missing product parameter");
@@ -550,7 +553,7 @@ impl<'ctx> Gen<'ctx> {
     /// order in one block).
     fn define_mma_ra(&self, gpu: bool) -> R<()> {
         let saved = self.b.get_insert_block();
-        let Some(f) = self.begin_warp_op(MMA_RA) else {
+        let Some(f) = self.begin_warp_op(MMA_RA, gpu) else {
             return Ok(());
         };
         let p = |j: u32| f.get_nth_param(j).ok_or("missing product parameter");
@@ -675,7 +678,7 @@ impl<'ctx> Gen<'ctx> {
     /// the operands the lanes holding them have.
     fn define_tf32x3(&self, regs: bool, gpu: bool) -> R<()> {
         let saved = self.b.get_insert_block();
-        let Some(f) = self.begin_warp_op(if regs { MMA_TF32_RA } else { MMA_TF32 }) else {
+        let Some(f) = self.begin_warp_op(if regs { MMA_TF32_RA } else { MMA_TF32 }, gpu) else {
             return Ok(());
         };
         let p = |j: u32| f.get_nth_param(j).ok_or("missing product parameter");
@@ -812,7 +815,7 @@ impl<'ctx> Gen<'ctx> {
     /// shared array's tiles), any alignment on the host.
     fn define_copy16(&self, gpu: bool) -> R<()> {
         let saved = self.b.get_insert_block();
-        let Some(f) = self.begin_warp_op(COPY16) else {
+        let Some(f) = self.begin_warp_op(COPY16, true) else {
             return Ok(());
         };
         let p = |j: u32| f.get_nth_param(j).ok_or("missing copy parameter");
