@@ -182,3 +182,9 @@ cp "$root/test/tools/Inputs/torch_ref.py" "$out/import_ref.py"
 rm -rf "$out/calib"
 "$bin/nnscaler" calibrate --device gpu --prepare "$out/calib" > /dev/null
 du -sh "$out"
+# A device run carries at most 64 MiB: say so here, not there.
+bytes=$(du -sb "$out" | cut -f1)
+if [ "$bytes" -gt $((64 * 1024 * 1024)) ]; then
+  echo "prepare.sh: $out is $bytes bytes, over the 64 MiB a device run carries" >&2
+  exit 1
+fi
