@@ -108,10 +108,26 @@ if ./nnscaler-rt run attn-check.nnsx --backend cuda --repeat 3 --inputs attn-che
 else
   status=1
 fi
-echo "== the same with f32 attention's forward on tensor cores (NNSCALER_ATTN_F32=tf32x3: three TF32 products)"
+echo "== the same with f32 attention on tensor cores (NNSCALER_ATTN_F32=tf32x3: three TF32 products)"
 if ./nnscaler-rt run attn-check-tf32x3.nnsx --backend cuda --repeat 3 --inputs attn-check.in.safetensors \
     --inputs attn-check.params.safetensors -o attn-check-tf32x3.got.safetensors \
   && "$py" compare.py close attn-check-tf32x3.got.safetensors attn-check.want.safetensors 1e-5; then
+  :
+else
+  status=1
+fi
+# The tensor-core kernels kernel by kernel against the host kernels (the same algorithm,
+# emulated lane by lane; each kernel from the host's inputs): f32 as three TF32 products
+# within 1e-4; bf16 within 1e-2 (a sum in another order may round to the neighbouring
+# bf16, 2^-8 of an element), and the bf16 step against the CPU runtime within 3e-2.
+echo "== per kernel: attention on tensor cores (attn-check-tf32x3; attn-bf16, a bf16 training step), GPU against the host kernels"
+./nnscaler-rt compare attn-check-tf32x3.nnsx --inputs attn-check.in.safetensors \
+  --inputs attn-check.params.safetensors || status=1
+./nnscaler-rt compare attn-bf16.nnsx --tolerance 1e-2 --inputs attn-bf16.in.safetensors \
+  --inputs attn-bf16.params.safetensors || status=1
+if ./nnscaler-rt run attn-bf16.nnsx --backend cuda --repeat 3 --inputs attn-bf16.in.safetensors \
+    --inputs attn-bf16.params.safetensors -o attn-bf16.got.safetensors \
+  && "$py" compare.py close attn-bf16.got.safetensors attn-bf16.want.safetensors 3e-2; then
   :
 else
   status=1

@@ -157,6 +157,20 @@ MLIR
 case_ attn-check attn-check.mlir
 NNSCALER_ATTN_F32=tf32x3 "$bin/nnscaler" compile attn-check.mlir -o "$out/attn-check-tf32x3.nnsx" > /dev/null
 echo "prepared attn-check-tf32x3 (attn-check's inputs and results)"
+# bf16 attention on tensor cores in a training step (the forward, and the backward's dq and
+# dk/dv kernels reading its kept statistics), for check.sh's kernel-by-kernel comparison
+# with the host kernels.
+cat > attn-bf16.mlir <<'MLIR'
+func.func @train(%q: tensor<2x2x300x64xf32> {nns.name = "q", nns.param}, %k: tensor<2x2x300x64xf32> {nns.name = "k", nns.param},
+                 %v: tensor<2x2x300x64xf32> {nns.name = "v", nns.param}, %y: tensor<1200xi64> {nns.name = "labels"}) -> (tensor<f32> {nns.name = "loss"}) {
+  %o = "dnn.attention"(%q, %k, %v) {causal = true} : (tensor<2x2x300x64xf32>, tensor<2x2x300x64xf32>, tensor<2x2x300x64xf32>) -> tensor<2x2x300x64xf32>
+  %r = "dnn.reshape"(%o) {shape = [1200, 64]} : (tensor<2x2x300x64xf32>) -> tensor<1200x64xf32>
+  %c = "dnn.cross_entropy"(%r, %y) : (tensor<1200x64xf32>, tensor<1200xi64>) -> tensor<f32>
+  return %c : tensor<f32>
+}
+MLIR
+"$bin/nnscaler-opt" --autocast=bf16 --autodiff attn-bf16.mlir -o attn-bf16-step.mlir 2> /dev/null
+case_ attn-bf16 attn-bf16-step.mlir
 # GPT-2 124M (12 layers, 12 heads, width 768, block 1024, batch 8, vocab 50257): timing
 # only, fp32 and mixed precision; parameters drawn on the GPU machine (compare.py params).
 "$bin/nnscaler" import gpt --preset nanogpt-cpu --layers 12 --heads 12 --width 768 --block 1024 --batch 8 --vocab 50257 -o gpt2.mlir
