@@ -378,7 +378,7 @@ pub enum Body {
     /// order, as [`Body::AttnDkDv`]; `P` recomputed from the statistics. `dout, q, k, v,
     /// stats -> dk, dv`.
     AttnTilesKv(Attn),
-    /// The forward on tensor cores (`llvm/mma.rs`), 2-byte bf16 operands: block `r` is
+    /// The forward on tensor cores (`llvm/mma/`), 2-byte bf16 operands: block `r` is
     /// query tile `r % q_tiles` ([`MMA_ROWS`] rows) of head `r / q_tiles`, four warps of
     /// 16 rows each; `S = Q K^T` and `O += P V` as warp-wide `mma.sync` products
     /// (m16n8k16, bf16 in, f32 sums) of tiles staged in shared memory, the online

@@ -23,7 +23,9 @@
 //! line, `llvm/team/`); attention is FlashAttention-2 (team kernels staging key/value or
 //! query tiles in shared memory, an online softmax in registers, `llvm/tiles.rs`), its
 //! bf16 forward and backward on tensor cores (`mma.sync`, emulated lane by lane on the
-//! host, `llvm/mma.rs`). Not built yet: elementwise chains at HBM speed (issue 40).
+//! host, `llvm/mma/`), and f32 the same way as three TF32 products where
+//! `NNSCALER_ATTN_F32=tf32x3` asks for it. Not built yet: elementwise chains at HBM speed
+//! (issue 40).
 
 pub mod artifact;
 pub mod kernel;

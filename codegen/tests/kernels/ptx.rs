@@ -226,117 +226,10 @@ pub(super) fn attention_kernels_use_no_local_memory() {
             }
         }
     }
-    // f32 forwards on tensor cores as three TF32 products (asked for; not the default).
-    for (tag, b, h, s) in [("nanogpt", 64, 6, 256), ("gpt2", 8, 12, 1024)] {
-        let q = Buf {
-            shape: vec![b, h, s, 64],
-            elt: Elt::F32,
-        };
-        for kept in [false, true] {
-            let name = format!("{tag}_tf32x3_{}", if kept { "kfwd" } else { "fwd" });
-            let l = nnscaler_codegen::kernel::lower_attention_kept(
-                &name,
-                "dnn.attention",
-                &causal,
-                &vec![q.clone(); 3],
-                std::slice::from_ref(&q),
-                Some(nnscaler_codegen::kernel::AttnForm::Mma),
-                kept,
-            )
-            .unwrap();
-            assert!(
-                matches!(l.kernels[0].body, Body::AttnMma(a) if a.tf32x3),
-                "{name}: {:?}",
-                l.kernels[0].body
-            );
-            kernels.extend(l.kernels);
-        }
-        // The backward reading the kept statistics: dq and dk/dv on tensor cores too.
-        let stats = Buf {
-            shape: vec![b * h * s, 2],
-            elt: Elt::F32,
-        };
-        let mut ins = vec![q.clone(); 5];
-        ins.push(stats);
-        let l = nnscaler_codegen::kernel::lower_attention_kept(
-            &format!("{tag}_tf32x3_kbwd"),
-            "dnn.attention_grad",
-            &causal,
-            &ins,
-            &vec![q.clone(); 3],
-            Some(nnscaler_codegen::kernel::AttnForm::Mma),
-            true,
-        )
-        .unwrap();
-        let tc = l
-            .kernels
-            .iter()
-            .filter(|k| matches!(k.body, Body::AttnMmaBack(a) | Body::AttnMmaKv(a) if a.tf32x3))
-            .count();
-        assert_eq!(tc, 2, "{tag}: the f32 backward's two tensor-core kernels");
-        kernels.extend(l.kernels);
-    }
+    kernels.extend(tf32x3_attention_kernels(&causal));
     let text = ptx(&kernels, Gpu::default()).unwrap();
-    // Each tensor-core forward's entry issues its products as mma.sync (bf16 in, f32
-    // sums), none of the others does.
     for k in &kernels {
-        let body = text
-            .split(".entry ")
-            .find(|e| e.starts_with(&format!("{}(", k.name)))
-            .unwrap_or_else(|| panic!("no entry {}", k.name));
-        let tf32 = matches!(
-            k.body,
-            Body::AttnMma(a) | Body::AttnMmaBack(a) | Body::AttnMmaKv(a) if a.tf32x3
-        );
-        let mmas = body
-            .matches(if tf32 {
-                "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
-            } else {
-                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
-            })
-            .count();
-        assert_eq!(
-            mmas > 0,
-            matches!(
-                k.body,
-                Body::AttnMma(_) | Body::AttnMmaBack(_) | Body::AttnMmaKv(_)
-            ),
-            "{}: {mmas} mma.sync",
-            k.name
-        );
-        if mmas > 0 {
-            // Their fragments come from ldmatrix (plain for A and the B tiles stored
-            // [n][k], .trans for those stored [k][n]: values, keys in dq += dS K, queries
-            // and dO in dk/dv), their tiles are staged 16 bytes a lane, and no operand is
-            // read from shared memory two bytes at a time.
-            let count = |s: &str| body.matches(s).count();
-            let (a, b, bt) = (
-                count("ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
-                count("ldmatrix.sync.aligned.m8n8.x2.shared.b16"),
-                count("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"),
-            );
-            // TF32's value rows are read 32 bits at a time (`.trans` moves 16-bit halves).
-            assert!(
-                a > 0 && b > 0 && (bt > 0) != tf32,
-                "{}: ldmatrix {a} {b} {bt}",
-                k.name
-            );
-            if tf32 {
-                assert!(count("cvt.rna.tf32.f32") > 0, "{}: no TF32 split", k.name);
-            }
-            assert!(count("ld.global.v4") > 0, "{}: no 16-byte staging", k.name);
-            assert_eq!(count("ld.shared.u16"), 0, "{}: 2-byte shared loads", k.name);
-            // P (dS, P^T, dS^T) goes from one product to the next in registers, not as
-            // bf16 pairs through shared memory, and that product's phase waits for its
-            // warp only.
-            let pairs = count("st.shared.u32") + count("st.shared.b32");
-            assert_eq!(pairs, 0, "{}: bf16 pairs stored to shared memory", k.name);
-            assert!(count("bar.warp.sync") > 0, "{}: no warp-only phase", k.name);
-            println!(
-                "codegen: {}: {mmas} mma.sync, ldmatrix x4 {a}, x2 {b}, x2.trans {bt} in its PTX",
-                k.name
-            );
-        }
+        check_attention_entry(&text, k);
     }
     if let Some(p) = std::env::var_os("NNSCALER_DUMP_ATTN_PTX") {
         std::fs::write(p, &text).unwrap();
@@ -381,4 +274,124 @@ pub(super) fn attention_kernels_use_no_local_memory() {
         "codegen: {} attention kernels (nanoGPT and GPT-2 shapes, f32 and bf16): no local memory",
         kernels.len()
     );
+}
+
+/// The f32 attention kernels on tensor cores as three TF32 products (asked for; not the
+/// default) at the nanoGPT and GPT-2 shapes: the forward, plain and keeping its
+/// statistics, and the backward reading them (its `dq` and `dk`/`dv` kernels).
+fn tf32x3_attention_kernels(causal: &Attrs) -> Vec<Kernel> {
+    let mut kernels = Vec::new();
+    for (tag, b, h, s) in [("nanogpt", 64, 6, 256), ("gpt2", 8, 12, 1024)] {
+        let q = Buf {
+            shape: vec![b, h, s, 64],
+            elt: Elt::F32,
+        };
+        for kept in [false, true] {
+            let name = format!("{tag}_tf32x3_{}", if kept { "kfwd" } else { "fwd" });
+            let l = nnscaler_codegen::kernel::lower_attention_kept(
+                &name,
+                "dnn.attention",
+                causal,
+                &vec![q.clone(); 3],
+                std::slice::from_ref(&q),
+                Some(nnscaler_codegen::kernel::AttnForm::Mma),
+                kept,
+            )
+            .unwrap();
+            assert!(
+                matches!(l.kernels[0].body, Body::AttnMma(a) if a.tf32x3),
+                "{name}: {:?}",
+                l.kernels[0].body
+            );
+            kernels.extend(l.kernels);
+        }
+        // The backward reading the kept statistics: dq and dk/dv on tensor cores too.
+        let stats = Buf {
+            shape: vec![b * h * s, 2],
+            elt: Elt::F32,
+        };
+        let mut ins = vec![q.clone(); 5];
+        ins.push(stats);
+        let l = nnscaler_codegen::kernel::lower_attention_kept(
+            &format!("{tag}_tf32x3_kbwd"),
+            "dnn.attention_grad",
+            causal,
+            &ins,
+            &vec![q.clone(); 3],
+            Some(nnscaler_codegen::kernel::AttnForm::Mma),
+            true,
+        )
+        .unwrap();
+        let tc = l
+            .kernels
+            .iter()
+            .filter(|k| matches!(k.body, Body::AttnMmaBack(a) | Body::AttnMmaKv(a) if a.tf32x3))
+            .count();
+        assert_eq!(tc, 2, "{tag}: the f32 backward's two tensor-core kernels");
+        kernels.extend(l.kernels);
+    }
+    kernels
+}
+
+/// One attention kernel's PTX entry: a tensor-core kernel issues its products as
+/// `mma.sync` (bf16, or TF32, in; f32 sums), loads their fragments by `ldmatrix`, stages
+/// its tiles 16 bytes a lane and keeps `P` in registers; no other kernel issues one.
+fn check_attention_entry(text: &str, k: &Kernel) {
+    let body = text
+        .split(".entry ")
+        .find(|e| e.starts_with(&format!("{}(", k.name)))
+        .unwrap_or_else(|| panic!("no entry {}", k.name));
+    let tf32 = matches!(
+        k.body,
+        Body::AttnMma(a) | Body::AttnMmaBack(a) | Body::AttnMmaKv(a) if a.tf32x3
+    );
+    let mmas = body
+        .matches(if tf32 {
+            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+        } else {
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+        })
+        .count();
+    assert_eq!(
+        mmas > 0,
+        matches!(
+            k.body,
+            Body::AttnMma(_) | Body::AttnMmaBack(_) | Body::AttnMmaKv(_)
+        ),
+        "{}: {mmas} mma.sync",
+        k.name
+    );
+    if mmas > 0 {
+        // Their fragments come from ldmatrix (plain for A and the B tiles stored
+        // [n][k], .trans for those stored [k][n]: values, keys in dq += dS K, queries
+        // and dO in dk/dv), their tiles are staged 16 bytes a lane, and no operand is
+        // read from shared memory two bytes at a time.
+        let count = |s: &str| body.matches(s).count();
+        let (a, b, bt) = (
+            count("ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
+            count("ldmatrix.sync.aligned.m8n8.x2.shared.b16"),
+            count("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"),
+        );
+        // TF32's value rows are read 32 bits at a time (`.trans` moves 16-bit halves).
+        assert!(
+            a > 0 && b > 0 && (bt > 0) != tf32,
+            "{}: ldmatrix {a} {b} {bt}",
+            k.name
+        );
+        if tf32 {
+            assert!(count("cvt.rna.tf32.f32") > 0, "{}: no TF32 split", k.name);
+        }
+        assert!(count("ld.global.v4") > 0, "{}: no 16-byte staging", k.name);
+        assert_eq!(count("ld.shared.u16"), 0, "{}: 2-byte shared loads", k.name);
+        // P (dS, P^T, dS^T) goes from one product to the next in registers, not as
+        // bf16 pairs through shared memory, and that product's phase waits for its
+        // warp only.
+        let pairs = count("st.shared.u32") + count("st.shared.b32");
+        assert_eq!(pairs, 0, "{}: bf16 pairs stored to shared memory", k.name);
+        assert!(count("bar.warp.sync") > 0, "{}: no warp-only phase", k.name);
+        println!(
+            "codegen: {}: {mmas} mma.sync, ldmatrix x4 {a}, x2 {b}, x2.trans {bt} in its PTX",
+            k.name
+        );
+    }
 }

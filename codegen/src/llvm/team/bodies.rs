@@ -1,4 +1,4 @@
-//! The team kernels' bodies other than attention's (`tiles.rs`, `mma.rs`): reductions
+//! The team kernels' bodies other than attention's (`tiles.rs`, `mma/`): reductions
 //! (whole lines, in parts, by column tiles), the softmax family's lines, layer and RMS
 //! norm and their gradients, cross-entropy's rows and gradients, the embedding gradient by
 //! table row, the mean of row losses; one method per [`Body`] form, which
