@@ -127,6 +127,7 @@ mod attention;
 mod ops;
 mod ptx;
 mod steps;
+mod tensor_cores;
 
 use attention::*;
 use ops::*;

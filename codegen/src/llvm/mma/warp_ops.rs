@@ -6,16 +6,44 @@
 
 use super::*;
 
+/// A product function's parameters ([`Gen::product_fn`]): the shared array, `A` (its base
+/// and pitch, or with `regs` its first word and the lane's words), `B`'s base and pitch,
+/// the lane in its warp, the accumulators.
+struct Product<'ctx> {
+    sh: PointerValue<'ctx>,
+    a: (IntValue<'ctx>, IntValue<'ctx>),
+    b: (IntValue<'ctx>, IntValue<'ctx>),
+    wl: IntValue<'ctx>,
+    c: Vec<FloatValue<'ctx>>,
+}
+
+impl<'ctx> Product<'ctx> {
+    fn of(f: FunctionValue<'ctx>, regs: bool) -> R<Self> {
+        let p = |j: u32| f.get_nth_param(j).ok_or("missing product parameter");
+        // [local, a_word, words, sh, ...] or [sh, a_base, a_pitch, ...], then b_base,
+        // b_pitch, lane, c0..c3.
+        let (shi, bi) = if regs { (3, 4) } else { (0, 3) };
+        Ok(Product {
+            sh: p(shi)?.into_pointer_value(),
+            a: (p(1)?.into_int_value(), p(2)?.into_int_value()),
+            b: (p(bi)?.into_int_value(), p(bi + 1)?.into_int_value()),
+            wl: p(bi + 2)?.into_int_value(),
+            c: (bi + 3..bi + 7)
+                .map(|j| p(j).map(|v| v.into_float_value()))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
 impl<'ctx> Gen<'ctx> {
     /// Gives the warp-wide operations and copies declared by the kernels their target's
     /// bodies: on the GPU `ldmatrix`, `mma.sync` and 16-byte moves; on the host the
     /// product's elements from the registers `ldmatrix` would give the lanes that hold
     /// their operands, and the same moves unaligned.
     pub(crate) fn define_warp_ops(&self, gpu: bool) -> R<()> {
-        for lay in [BLay::Nk, BLay::Kn] {
+        for lay in [Some(BLay::Nk), Some(BLay::Kn), None] {
             self.define_mma(lay, gpu)?;
         }
-        self.define_mma_ra(gpu)?;
         self.define_tf32x3(false, gpu)?;
         self.define_tf32x3(true, gpu)?;
         self.define_copy16(gpu)
@@ -107,62 +135,63 @@ impl<'ctx> Gen<'ctx> {
         e(self.b.build_or(lo, hi, ""))
     }
 
-    /// The product's body for `B` laid out as `lay` ([`Gen::define_warp_ops`]).
-    fn define_mma(&self, lay: BLay, gpu: bool) -> R<()> {
+    /// The bf16 product's body: `A` and `B` (laid out as `lay`) in shared memory ([`MMA`],
+    /// [`MMA_KN`]), or (`lay` `None`: [`MMA_RA`]) `A` in the lanes' words and `B` stored
+    /// `[k][n]`. On the GPU the lane's fragments (`ldmatrix`, or its words, and
+    /// `ldmatrix.trans` for `[k][n]`) and `mma.sync`; on the host each result element as a
+    /// 16-step sum of the operands the lanes holding them have (the registers `ldmatrix`
+    /// would give them, or their words: lane `w` of the warp keeps its words `(w - lane) *
+    /// words` f32s from this lane's, the host's lanes' memories lying in order in one
+    /// block).
+    fn define_mma(&self, lay: Option<BLay>, gpu: bool) -> R<()> {
         let saved = self.b.get_insert_block();
-        let Some(f) = self.begin_warp_op(lay.symbol(), gpu) else {
+        let Some(f) = self.begin_warp_op(lay.map_or(MMA_RA, BLay::symbol), gpu) else {
             return Ok(());
         };
-        let p = |j: u32| f.get_nth_param(j).ok_or("missing product parameter");
-        let sh = p(0)?.into_pointer_value();
-        let a = (p(1)?.into_int_value(), p(2)?.into_int_value());
-        let b = (p(3)?.into_int_value(), p(4)?.into_int_value());
-        let wl = p(5)?.into_int_value();
-        let c: Vec<FloatValue> = (6..10)
-            .map(|j| p(j).map(|v| v.into_float_value()))
-            .collect::<Result<_, _>>()?;
+        let regs = lay.is_none();
+        let lay = lay.unwrap_or(BLay::Kn);
+        let Product { sh, a, b, wl, c } = Product::of(f, regs)?;
+        let word = |w: IntValue<'ctx>, r: usize| {
+            let local = f.get_nth_param(0).ok_or("missing product parameter")?;
+            self.lane_word(local.into_pointer_value(), a, (wl, w), r)
+        };
         let g = self.div_i(wl, 4)?;
         let t = self.rem_i(wl, 4)?;
         let kn = lay == BLay::Kn;
+        let a_row = |i| ldm_a_row(self, a, i);
+        let b_row = |i| ldm_b_row(self, b, i, lay);
         let d = if gpu {
             let mut args: Vec<BasicMetadataValueEnum> = Vec::new();
-            for w in self.ldmatrix(sh, ldm_a_row(self, a, wl)?, 4, false)? {
-                args.push(w.into());
-            }
-            for w in self.ldmatrix(sh, ldm_b_row(self, b, wl, lay)?, 2, kn)? {
+            let av = if regs {
+                (0..4).map(|r| word(wl, r)).collect::<R<Vec<_>>>()?
+            } else {
+                self.ldmatrix(sh, a_row(wl)?, 4, false)?
+            };
+            for w in av.into_iter().chain(self.ldmatrix(sh, b_row(wl)?, 2, kn)?) {
                 args.push(w.into());
             }
             args.extend(c.iter().map(|&x| BasicMetadataValueEnum::from(x)));
-            let mma = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.mma.m16n8k16.row.col.bf16")
-                .and_then(|i| i.get_declaration(&self.module, &[]))
-                .ok_or("LLVM has no llvm.nvvm.mma.m16n8k16.row.col.bf16")?;
-            e(self.b.build_call(mma, &args, ""))?
-                .try_as_basic_value()
-                .basic()
-                .ok_or("mma returned nothing")?
-                .into_struct_value()
+            self.nvvm_mma("llvm.nvvm.mma.m16n8k16.row.col.bf16", &args)?
         } else {
             // Result element i: row g + 8 (i >> 1), column 2t + (i & 1). A[row][k] lies in
             // lane (row % 8, (k % 8) / 2), register (row / 8) + 2 (k / 8), half k % 2;
-            // B[k][col] in lane (col, (k % 8) / 2), register k / 8, half k % 2: each read
-            // from the registers `ldmatrix` gives that lane.
-            let a_row = |i| ldm_a_row(self, a, i);
-            let b_row = |i| ldm_b_row(self, b, i, lay);
-            let mut r = self.mma_ret().get_undef();
-            for (i, &ci) in c.iter().enumerate() {
-                let col = self.add_i(self.mul_i(t, self.i64c(2))?, self.i64c(i & 1))?;
-                let mut acc = ci;
+            // B[k][col] in lane (col, (k % 8) / 2), register k / 8, half k % 2.
+            self.host_product(&c, t, |i, col, mut acc| {
                 for k in 0..16 {
                     let tk = self.i64c((k % 8) / 2);
-                    let wa = self.ldm_word(sh, &a_row, (g, tk), (i >> 1) + 2 * (k / 8), false)?;
+                    let reg = (i >> 1) + 2 * (k / 8);
+                    let wa = if regs {
+                        word(self.add_i(self.mul_i(g, self.i64c(4))?, tk)?, reg)?
+                    } else {
+                        self.ldm_word(sh, &a_row, (g, tk), reg, false)?
+                    };
                     let wb = self.ldm_word(sh, &b_row, (col, tk), k / 8, kn)?;
                     let x = self.pair_half(wa, k % 2)?;
                     let y = self.pair_half(wb, k % 2)?;
                     acc = self.fma(x, y, acc)?;
                 }
-                r = e(self.b.build_insert_value(r, acc, i as u32, ""))?.into_struct_value();
-            }
-            r
+                Ok(acc)
+            })?
         };
         e(self.b.build_return(Some(&d)))?;
         if let Some(bb) = saved {
@@ -171,83 +200,16 @@ impl<'ctx> Gen<'ctx> {
         Ok(())
     }
 
-    /// The register-A product's body ([`MMA_RA`]): on the GPU the lane's four words and
-    /// its B fragment by `ldmatrix.trans`; on the host each result element's `A` operands
-    /// from the words of the lanes that hold them (lane `w` of the warp keeps its words
-    /// `(w - lane) * words` f32s from this lane's, the host's lanes' memories lying in
-    /// order in one block).
-    fn define_mma_ra(&self, gpu: bool) -> R<()> {
-        let saved = self.b.get_insert_block();
-        let Some(f) = self.begin_warp_op(MMA_RA, gpu) else {
-            return Ok(());
-        };
-        let p = |j: u32| f.get_nth_param(j).ok_or("missing product parameter");
-        let local = p(0)?.into_pointer_value();
-        let (a_word, words) = (p(1)?.into_int_value(), p(2)?.into_int_value());
-        let sh = p(3)?.into_pointer_value();
-        let b = (p(4)?.into_int_value(), p(5)?.into_int_value());
-        let wl = p(6)?.into_int_value();
-        let c: Vec<FloatValue> = (7..11)
-            .map(|j| p(j).map(|v| v.into_float_value()))
-            .collect::<Result<_, _>>()?;
-        let i32t = self.ctx.i32_type();
-        // Word `a_word + r` of warp lane `w`'s memory.
-        let word = |w: IntValue<'ctx>, r: usize| -> R<IntValue<'ctx>> {
-            let delta = self.mul_i(e(self.b.build_int_sub(w, wl, ""))?, words)?;
-            let at = self.add_i(self.add_i(delta, a_word)?, self.i64c(r))?;
-            // SAFETY of the generated code: lane `w` is in this lane's warp, whose lanes'
-            // memories are `words` f32s each, in order.
-            let ptr = e(unsafe {
-                self.b
-                    .build_in_bounds_gep(self.ctx.f32_type(), local, &[at], "")
-            })?;
-            Ok(e(self.b.build_load(i32t, ptr, ""))?.into_int_value())
-        };
-        let g = self.div_i(wl, 4)?;
-        let t = self.rem_i(wl, 4)?;
-        let d = if gpu {
-            let mut args: Vec<BasicMetadataValueEnum> = Vec::new();
-            for r in 0..4 {
-                args.push(word(wl, r)?.into());
-            }
-            for w in self.ldmatrix(sh, ldm_b_row(self, b, wl, BLay::Kn)?, 2, true)? {
-                args.push(w.into());
-            }
-            args.extend(c.iter().map(|&x| BasicMetadataValueEnum::from(x)));
-            let mma = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.mma.m16n8k16.row.col.bf16")
-                .and_then(|i| i.get_declaration(&self.module, &[]))
-                .ok_or("LLVM has no llvm.nvvm.mma.m16n8k16.row.col.bf16")?;
-            e(self.b.build_call(mma, &args, ""))?
-                .try_as_basic_value()
-                .basic()
-                .ok_or("mma returned nothing")?
-                .into_struct_value()
-        } else {
-            // As `define_mma`'s host body, A[row][k] from lane (row % 8, (k % 8) / 2)'s
-            // word (row / 8) + 2 (k / 8).
-            let b_row = |i| ldm_b_row(self, b, i, BLay::Kn);
-            let mut r = self.mma_ret().get_undef();
-            for (i, &ci) in c.iter().enumerate() {
-                let col = self.add_i(self.mul_i(t, self.i64c(2))?, self.i64c(i & 1))?;
-                let mut acc = ci;
-                for k in 0..16 {
-                    let tk = self.i64c((k % 8) / 2);
-                    let wa = self.add_i(self.mul_i(g, self.i64c(4))?, tk)?;
-                    let wa = word(wa, (i >> 1) + 2 * (k / 8))?;
-                    let wb = self.ldm_word(sh, &b_row, (col, tk), k / 8, true)?;
-                    let x = self.pair_half(wa, k % 2)?;
-                    let y = self.pair_half(wb, k % 2)?;
-                    acc = self.fma(x, y, acc)?;
-                }
-                r = e(self.b.build_insert_value(r, acc, i as u32, ""))?.into_struct_value();
-            }
-            r
-        };
-        e(self.b.build_return(Some(&d)))?;
-        if let Some(bb) = saved {
-            self.b.position_at_end(bb);
-        }
-        Ok(())
+    /// A call of the NVVM product `name` on `args` (A, B fragments, accumulators).
+    fn nvvm_mma(&self, name: &str, args: &[BasicMetadataValueEnum<'ctx>]) -> R<StructValue<'ctx>> {
+        let mma = inkwell::intrinsics::Intrinsic::find(name)
+            .and_then(|i| i.get_declaration(&self.module, &[]))
+            .ok_or_else(|| format!("LLVM has no {name}"))?;
+        Ok(e(self.b.build_call(mma, args, ""))?
+            .try_as_basic_value()
+            .basic()
+            .ok_or("mma returned nothing")?
+            .into_struct_value())
     }
 
     /// The TF32 parts of the f32 whose bits are `x`: `hi` (rounded to TF32, nearest, ties
@@ -306,31 +268,12 @@ impl<'ctx> Gen<'ctx> {
         let Some(f) = self.begin_warp_op(if regs { MMA_TF32_RA } else { MMA_TF32 }, gpu) else {
             return Ok(());
         };
-        let p = |j: u32| f.get_nth_param(j).ok_or("missing product parameter");
-        // [local, a_word, words, sh, ...] or [sh, a_base, a_pitch, ...], then b_base,
-        // b_pitch, lane, c0..c3.
-        let (shi, bi) = if regs { (3, 4) } else { (0, 3) };
-        let sh = p(shi)?.into_pointer_value();
-        let a = (p(1)?.into_int_value(), p(2)?.into_int_value());
-        let b = (p(bi)?.into_int_value(), p(bi + 1)?.into_int_value());
-        let wl = p(bi + 2)?.into_int_value();
-        let c: Vec<FloatValue> = (bi + 3..bi + 7)
-            .map(|j| p(j).map(|v| v.into_float_value()))
-            .collect::<Result<_, _>>()?;
-        let i32t = self.ctx.i32_type();
+        let Product { sh, a, b, wl, c } = Product::of(f, regs)?;
         // `regs`: word `a + r` of warp lane `w`'s memory (`a.0` the word, `a.1` the
         // lane's words; the lanes' memories lie in order on the host).
-        let word = |w: IntValue<'ctx>, r: usize| -> R<IntValue<'ctx>> {
-            let local = p(0)?.into_pointer_value();
-            let delta = self.mul_i(e(self.b.build_int_sub(w, wl, ""))?, a.1)?;
-            let at = self.add_i(self.add_i(delta, a.0)?, self.i64c(r))?;
-            // SAFETY of the generated code: lane `w` is in this lane's warp, whose lanes'
-            // memories are `words` f32s each, in order.
-            let ptr = e(unsafe {
-                self.b
-                    .build_in_bounds_gep(self.ctx.f32_type(), local, &[at], "")
-            })?;
-            Ok(e(self.b.build_load(i32t, ptr, ""))?.into_int_value())
+        let word = |w: IntValue<'ctx>, r: usize| {
+            let local = f.get_nth_param(0).ok_or("missing product parameter")?;
+            self.lane_word(local.into_pointer_value(), a, (wl, w), r)
         };
         // `regs`: B[k][n], the value row of the key column k stands for, f32 column n.
         let b_at = |k: IntValue<'ctx>, n: IntValue<'ctx>| -> R<IntValue<'ctx>> {
@@ -365,9 +308,6 @@ impl<'ctx> Gen<'ctx> {
                 .iter()
                 .map(|&x| self.tf32_parts(x, true))
                 .collect::<R<Vec<_>>>()?;
-            let mma = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.mma.m16n8k8.row.col.tf32")
-                .and_then(|i| i.get_declaration(&self.module, &[]))
-                .ok_or("LLVM has no llvm.nvvm.mma.m16n8k8.row.col.tf32")?;
             let mut acc: Vec<BasicMetadataValueEnum> =
                 c.iter().map(|&x| BasicMetadataValueEnum::from(x)).collect();
             let mut r = None;
@@ -380,11 +320,7 @@ impl<'ctx> Gen<'ctx> {
                     args.push(if bhi { h } else { l }.into());
                 }
                 args.extend(acc.iter().copied());
-                let d = e(self.b.build_call(mma, &args, ""))?
-                    .try_as_basic_value()
-                    .basic()
-                    .ok_or("mma returned nothing")?
-                    .into_struct_value();
+                let d = self.nvvm_mma("llvm.nvvm.mma.m16n8k8.row.col.tf32", &args)?;
                 acc = self
                     .unpack4(d)?
                     .iter()
@@ -402,10 +338,7 @@ impl<'ctx> Gen<'ctx> {
                 let v = if hi { h } else { l };
                 Ok(e(self.b.build_bit_cast(v, self.ctx.f32_type(), ""))?.into_float_value())
             };
-            let mut r = self.mma_ret().get_undef();
-            for (i, &ci) in c.iter().enumerate() {
-                let col = self.add_i(self.mul_i(t, self.i64c(2))?, self.i64c(i & 1))?;
-                let mut acc = ci;
+            self.host_product(&c, t, |i, col, mut acc| {
                 for (ahi, bhi) in [(false, true), (true, false), (true, true)] {
                     for k in 0..8 {
                         let tk = self.i64c(k % 4);
@@ -423,15 +356,52 @@ impl<'ctx> Gen<'ctx> {
                         acc = self.fma(part(wa, ahi)?, part(wb, bhi)?, acc)?;
                     }
                 }
-                r = e(self.b.build_insert_value(r, acc, i as u32, ""))?.into_struct_value();
-            }
-            r
+                Ok(acc)
+            })?
         };
         e(self.b.build_return(Some(&d)))?;
         if let Some(bb) = saved {
             self.b.position_at_end(bb);
         }
         Ok(())
+    }
+
+    /// Word `a_word + r` of warp lane `w`'s memory, from lane `wl`'s (`local`): on the
+    /// host the lanes' memories lie in order, `words` f32s each; on the GPU only `w = wl`
+    /// is asked for (the lane's own registers).
+    fn lane_word(
+        &self,
+        local: PointerValue<'ctx>,
+        (a_word, words): (IntValue<'ctx>, IntValue<'ctx>),
+        (wl, w): (IntValue<'ctx>, IntValue<'ctx>),
+        r: usize,
+    ) -> R<IntValue<'ctx>> {
+        let delta = self.mul_i(e(self.b.build_int_sub(w, wl, ""))?, words)?;
+        let at = self.add_i(self.add_i(delta, a_word)?, self.i64c(r))?;
+        // SAFETY of the generated code: lane `w` is in this lane's warp, whose lanes'
+        // memories are `words` f32s each, in order.
+        let ptr = e(unsafe {
+            self.b
+                .build_in_bounds_gep(self.ctx.f32_type(), local, &[at], "")
+        })?;
+        Ok(e(self.b.build_load(self.ctx.i32_type(), ptr, ""))?.into_int_value())
+    }
+
+    /// A host product's four results: element `i` (row `g + 8 (i >> 1)`, column `col =
+    /// 2t + (i & 1)`) as `elem(i, col, c_i)`.
+    fn host_product(
+        &self,
+        c: &[FloatValue<'ctx>],
+        t: IntValue<'ctx>,
+        mut elem: impl FnMut(usize, IntValue<'ctx>, FloatValue<'ctx>) -> R<FloatValue<'ctx>>,
+    ) -> R<StructValue<'ctx>> {
+        let mut r = self.mma_ret().get_undef();
+        for (i, &ci) in c.iter().enumerate() {
+            let col = self.add_i(self.mul_i(t, self.i64c(2))?, self.i64c(i & 1))?;
+            let acc = elem(i, col, ci)?;
+            r = e(self.b.build_insert_value(r, acc, i as u32, ""))?.into_struct_value();
+        }
+        Ok(r)
     }
 
     /// The 16-byte copy's body: eight bf16s from `src` to `dst` where `keep`, else eight
