@@ -3,9 +3,9 @@
 //! sums); and the backward's two kernels the same way.
 //!
 //! A block is a tile of [`MMA_ROWS`] query rows of one head, four warps of 16 rows. It
-//! stages its queries in shared memory once; then, a key tile at a time (64 keys, or 32
-//! where the rows are wide: [`crate::kernel::Attn::mma_keys`]), it stages the keys and the
-//! values (rows as stored, 16 bytes a lane: [`COPY16`]), and each warp
+//! stages its queries in shared memory once; then, a key tile at a time (64 keys, else 32
+//! or 16, the first whose tiles fit: [`crate::kernel::Attn::mma_keys`]), it stages the
+//! keys and the values (rows as stored, 16 bytes a lane: [`COPY16`]), and each warp
 //! 1. takes `S = Q K^T` for its 16 rows as `keys / 8` products of 16 x 8 (each `d / 16`
 //!    steps of k), the scores scaled and masked (causal, past the keys) in the products'
 //!    f32 fragments, and writes each of its rows' partial maxima (a row's 16 x 8 fragment
@@ -38,10 +38,11 @@
 //!
 //! Every value passes between lanes through shared memory between phases, as in every
 //! team kernel ([`super::team`]), except inside the product, which is the one warp-wide
-//! operation (its register form reads `A` from the warp's lanes' words, below): `nns.mma.bf16(sh, a_base, a_pitch, b_base, b_pitch, lane, c0..c3)` takes
-//! its operand tiles from shared memory (`A[m][k]` at `a_base + m * a_pitch + k`; `B[k][n]`
-//! at `b_base + n * b_pitch + k`, or at `b_base + k * b_pitch + n` for
-//! `nns.mma.bf16.kn`: [`BLay`]) and the lane's accumulator fragment. Its body is the
+//! operation (its register form reads `A` from the warp's lanes' words): `nns.mma.bf16(sh,
+//! a_base, a_pitch, b_base, b_pitch, lane, c0..c3)` takes its operand tiles from shared
+//! memory (`A[m][k]` at `a_base + m * a_pitch + k`; `B[k][n]` at `b_base + n * b_pitch +
+//! k`, or at `b_base + k * b_pitch + n` for `nns.mma.bf16.kn`: [`BLay`]) and the lane's
+//! accumulator fragment. Its body is the
 //! target's ([`Gen::define_warp_ops`]): on the GPU each lane gives `ldmatrix` the address
 //! of one row ([`ldm_a_row`], [`ldm_b_row`]), which loads the warp's A fragments (`.x4`)
 //! and B fragments (`.x2`, `.trans` for `[k][n]` tiles) from the rows all the lanes gave,
