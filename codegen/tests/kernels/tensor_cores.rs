@@ -464,3 +464,73 @@ pub(super) fn tf32x3_attention_backward_matches_float64() {
         runs.len()
     );
 }
+
+/// A backward without the forward's statistics (`lower_attention` of
+/// `dnn.attention_grad` alone, asking for the tensor cores) recomputes them on the
+/// register tiles (its statistics-and-`dq` kernel) and takes `dk`/`dv` on the tensor
+/// cores: both precisions, against float64 (bf16 within 2^-7 of each tensor's scale, f32
+/// within 1e-5).
+#[test]
+pub(super) fn backwards_without_kept_statistics_take_tensor_cores_for_dk_dv() {
+    let cases: Vec<Shapes> = vec![
+        (vec![1, 3, 130, 64], vec![1, 3, 130, 64], causal()),
+        (vec![1, 2, 65, 32], vec![1, 1, 140, 32], Attrs::new()),
+    ];
+    for p in [Prec::Bf16, Prec::Tf32x3] {
+        let mut kernels = Vec::new();
+        let mut runs = Vec::new();
+        for (c, (qs, ks, a)) in cases.iter().enumerate() {
+            let st = |s: &[i64]| buf(s, p.elt());
+            let l = nnscaler_codegen::kernel::lower_attention(
+                &format!("n{c}_{:?}", p.elt()),
+                "dnn.attention_grad",
+                a,
+                &[st(qs), st(qs), st(ks), st(ks)],
+                &[buf(qs, Elt::F32), buf(ks, Elt::F32), buf(ks, Elt::F32)],
+                Some(AttnForm::Mma),
+            )
+            .unwrap();
+            let kv = l
+                .kernels
+                .iter()
+                .filter(|k| matches!(k.body, Body::AttnMmaKv(x) if x.tf32x3 == (p == Prec::Tf32x3)))
+                .count();
+            assert_eq!(kv, 1, "case {c}: the dk/dv kernel on tensor cores");
+            kernels.extend(l.kernels.clone());
+            let ops: Vec<(Data, Vec<f32>)> = [qs, qs, ks, ks]
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    p.operand(
+                        s.iter().product::<i64>() as usize,
+                        900 + (c * 10 + i) as u64,
+                    )
+                })
+                .collect();
+            runs.push((l, ops));
+        }
+        let host = HostKernels::new(&kernels).unwrap();
+        for ((qs, ks, a), (l, ops)) in cases.iter().zip(&runs) {
+            let ins: Vec<&Data> = ops.iter().map(|(d, _)| d).collect();
+            let fr: Vec<&[f32]> = ops.iter().map(|(_, f)| f.as_slice()).collect();
+            let (qd, kd) = (usizes(qs), usizes(ks));
+            let want = attention_f64(
+                (&qd, &kd, kd[3]),
+                scale_of(qs, a),
+                a.contains_key("causal"),
+                &fr,
+                true,
+            );
+            let got = host.run_lowered(l, &ins).unwrap();
+            let tol = if p == Prec::Bf16 { 2f64.powi(-7) } else { 1e-5 };
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                let err = error_f64(g.f32().unwrap(), w);
+                assert!(
+                    err <= tol,
+                    "{qs:?} {ks:?} {:?}: result {k}: {err:.2e}",
+                    p.elt()
+                );
+            }
+        }
+    }
+}
