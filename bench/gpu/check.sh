@@ -147,7 +147,7 @@ for spec in nanogpt:64:6:256 gpt2:8:12:1024; do
   "$py" compare.py inputs "attn-$c.nnsx" "attn-$c.in.safetensors" || status=1
   ./nnscaler-rt run "attn-$c-fwd.nnsx" --backend cuda --repeat 20 --inputs "attn-$c.in.safetensors" -o /dev/null || status=1
   ./nnscaler-rt run "attn-$c.nnsx" --backend cuda --repeat 20 --inputs "attn-$c.in.safetensors" -o /dev/null || status=1
-  echo "-- the same, the forward on tensor cores as three TF32 products (NNSCALER_ATTN_F32=tf32x3)"
+  echo "-- the same on tensor cores as three TF32 products (NNSCALER_ATTN_F32=tf32x3: forward and backward)"
   ./nnscaler-rt run "attn-tf32x3-$c-fwd.nnsx" --backend cuda --repeat 20 --inputs "attn-$c.in.safetensors" -o /dev/null || status=1
   ./nnscaler-rt run "attn-tf32x3-$c.nnsx" --backend cuda --repeat 20 --inputs "attn-$c.in.safetensors" -o /dev/null || status=1
   "$py" torch_ref.py attn "$b" "$h" "$t" 64 || status=1
@@ -168,9 +168,9 @@ for e in 2 4 8 16; do
     --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > "rows$e.profile.txt" 2>&1 || status=1
   grep -E '^ran |^(layer_norm|cross_entropy|softmax|log_softmax|sum|mean)[a-z_]* ' "rows$e.profile.txt" | sed "s/^/rows$e: /" || true
 done
-# f32 attention's forward on tensor cores as three TF32 products (NNSCALER_ATTN_F32=tf32x3):
+# f32 attention on tensor cores as three TF32 products (NNSCALER_ATTN_F32=tf32x3):
 # the step and its attention families, to choose the default.
-echo "== nanogpt GPU config, f32 attention forward on tensor cores (NNSCALER_ATTN_F32=tf32x3; the step above: register tiles)"
+echo "== nanogpt GPU config, f32 attention on tensor cores (NNSCALER_ATTN_F32=tf32x3; the step above: register tiles)"
 ./nnscaler-rt run nanogpt-gpu-step-tf32x3.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
   --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > tf32x3.profile.txt 2>&1 || status=1
 grep -E '^ran |^attention' tf32x3.profile.txt | sed "s/^/tf32x3: /" || true

@@ -94,7 +94,7 @@ for e in 2 4 8 16; do
   NNSCALER_ROW_ELEMS=$e "$bin/nnscaler" compile big-step.mlir -o "$out/nanogpt-gpu-step-rows$e.nnsx" > /dev/null
 done
 echo "prepared nanogpt-gpu-step-rows{2,4,8,16} (the row-team sweep)"
-# f32 attention's forward on tensor cores as three TF32 products (NNSCALER_ATTN_F32=tf32x3;
+# f32 attention on tensor cores as three TF32 products (NNSCALER_ATTN_F32=tf32x3;
 # the register tiles are the default), for check.sh to time against the step above.
 NNSCALER_ATTN_F32=tf32x3 "$bin/nnscaler" compile big-step.mlir -o "$out/nanogpt-gpu-step-tf32x3.nnsx" > /dev/null
 echo "prepared nanogpt-gpu-step-tf32x3"
@@ -136,7 +136,7 @@ attn_mlir attn-nanogpt-fwd 64 6 256 64 0
 attn_mlir attn-nanogpt 64 6 256 64 1
 attn_mlir attn-gpt2-fwd 8 12 1024 64 0
 attn_mlir attn-gpt2 8 12 1024 64 1
-# The same with the f32 forward on tensor cores (three TF32 products; the backward as above).
+# The same with f32 attention on tensor cores (three TF32 products, forward and backward).
 for c in attn-nanogpt-fwd attn-nanogpt attn-gpt2-fwd attn-gpt2; do
   NNSCALER_ATTN_F32=tf32x3 "$bin/nnscaler" compile "$c.mlir" -o "$out/${c/attn-/attn-tf32x3-}.nnsx" > /dev/null
 done
