@@ -86,7 +86,8 @@ impl<'ctx> Gen<'ctx> {
                     g.stage16(l, l.ins[3], first, (n, kb, ev), (v_at, mb.ep))
                 })
             })?;
-            // S = Q K^T and dP = dO V^T; dS = P (dP - D) as bf16 pairs in the lane's words.
+            // S = Q K^T and dP = dO V^T; dS = P (dP - D) in the lane's words (bf16 pairs,
+            // or f32s).
             tm.phase(all, |g, l| {
                 let m = g.mma_lane(&a, l)?;
                 let (ts, _, needed) = tile(g, l, &m)?;
