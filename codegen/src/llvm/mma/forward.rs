@@ -5,7 +5,8 @@ use super::*;
 
 /// A forward kernel's shape and its lanes' memory: `S` (`nk` fragments of 4 words from
 /// `ls`), `O` (`ne` from `lo`), the rows' maxima (`lm`, 2) and sums (`ll`, 2), `P` (from
-/// `lp`: `kt / k_step` A fragments of 4 words, bf16 pairs or f32s); `words` in all.
+/// `lp`: one A fragment of 4 words a k-step of the key tile, bf16 pairs or f32s); `words`
+/// in all.
 #[derive(Clone, Copy)]
 struct Fwd {
     a: Attn,
@@ -13,7 +14,6 @@ struct Fwd {
     /// f32 operands as three TF32 products (k-steps of 8 elements: 16 halves, as bf16's
     /// 16).
     tf: bool,
-    k_step: usize,
     nk: usize,
     ne: usize,
     ls: usize,
@@ -40,7 +40,6 @@ impl Fwd {
             a: *a,
             mt,
             tf,
-            k_step,
             nk,
             ne,
             ls,
@@ -116,18 +115,11 @@ impl<'ctx> Gen<'ctx> {
             let lims = (0..2)
                 .map(|h| g.mma_lim(a, &m, g.mma_row(&m, h)?))
                 .collect::<R<Vec<_>>>()?;
-            let a_row = g.mul_i(m.w16, g.i64c(mt.qp))?;
-            for j in 0..f.nk {
-                let mut c = [g.fconst(0.0); 4];
-                for s in 0..a.d / f.k_step {
-                    let ab = g.add_i(a_row, g.i64c(16 * s))?;
-                    let bb = g.i64c(mt.k_at + BLay::Nk.offset(mt.qp, j, s));
-                    c = if f.tf {
-                        g.shared_product(MMA_TF32, l.sh, (ab, mt.qp), (bb, mt.qp), m.wl, c)?
-                    } else {
-                        g.mma(l.sh, (ab, mt.qp), (bb, mt.qp, BLay::Nk), m.wl, c)?
-                    };
-                }
+            let q = (g.mul_i(m.w16, g.i64c(mt.qp))?, mt.qp);
+            let k = (g.i64c(mt.k_at), mt.qp);
+            let zero = |_| Ok([g.fconst(0.0); 4]);
+            let scores = g.products(l.sh, q, k, (f.nk, a.d, f.tf), m.wl, zero)?;
+            for (j, c) in scores.iter().enumerate() {
                 for (i, ci) in c.iter().enumerate() {
                     let h = i >> 1;
                     let col = g.add_i(g.mul_i(m.t, g.i64c(2))?, g.i64c(8 * j + (i & 1)))?;

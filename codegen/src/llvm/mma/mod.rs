@@ -387,11 +387,25 @@ impl<'ctx> Gen<'ctx> {
         Ok(out)
     }
 
+    /// `n` products of a warp's 16 rows over `k` (a multiple of the k-step: 16 for bf16
+    /// tiles, 8 for f32 ones as three TF32 products, `tf`): `c_j` from `init(j)`, then
+    /// `c_j = step(j, s, c_j)` for each k-step `s`.
+    fn product_tiles(
+        &self,
+        (n, k, tf): (usize, usize, bool),
+        mut init: impl FnMut(usize) -> R<[FloatValue<'ctx>; 4]>,
+        mut step: impl FnMut(usize, usize, [FloatValue<'ctx>; 4]) -> R<[FloatValue<'ctx>; 4]>,
+    ) -> R<Vec<[FloatValue<'ctx>; 4]>> {
+        let steps = k / if tf { 8 } else { 16 };
+        (0..n)
+            .map(|j| (0..steps).try_fold(init(j)?, |c, s| step(j, s, c)))
+            .collect()
+    }
+
     /// `n` products of a warp's 16 rows: `c_j + A B_j` with `A` at `a` (its row 0, pitch)
     /// and `B_j` the tile `j` 8 columns on from `b` (pitch; stored `[n][k]`), over `k`
-    /// (a multiple of the k-step: 16 for bf16 tiles, 8 for f32 ones as three TF32
-    /// products, `tf`); `c_j` from `init(j)`. Offsets count halves (a k-step is 16 either
-    /// way).
+    /// ([`Gen::product_tiles`]); `c_j` from `init(j)`. Offsets count halves (a k-step is
+    /// 16 either way).
     #[allow(clippy::too_many_arguments)]
     fn products(
         &self,
@@ -400,24 +414,17 @@ impl<'ctx> Gen<'ctx> {
         (b, bp): (IntValue<'ctx>, usize),
         (n, k, tf): (usize, usize, bool),
         wl: IntValue<'ctx>,
-        mut init: impl FnMut(usize) -> R<[FloatValue<'ctx>; 4]>,
+        init: impl FnMut(usize) -> R<[FloatValue<'ctx>; 4]>,
     ) -> R<Vec<[FloatValue<'ctx>; 4]>> {
-        let steps = k / if tf { 8 } else { 16 };
-        let mut out = Vec::with_capacity(n);
-        for j in 0..n {
-            let mut c = init(j)?;
-            for s in 0..steps {
-                let ab = self.add_i(a, self.i64c(16 * s))?;
-                let bb = self.add_i(b, self.i64c(BLay::Nk.offset(bp, j, s)))?;
-                c = if tf {
-                    self.shared_product(MMA_TF32, sh, (ab, ap), (bb, bp), wl, c)?
-                } else {
-                    self.mma(sh, (ab, ap), (bb, bp, BLay::Nk), wl, c)?
-                };
+        self.product_tiles((n, k, tf), init, |j, s, c| {
+            let ab = self.add_i(a, self.i64c(16 * s))?;
+            let bb = self.add_i(b, self.i64c(BLay::Nk.offset(bp, j, s)))?;
+            if tf {
+                self.shared_product(MMA_TF32, sh, (ab, ap), (bb, bp), wl, c)
+            } else {
+                self.mma(sh, (ab, ap), (bb, bp, BLay::Nk), wl, c)
             }
-            out.push(c);
-        }
-        Ok(out)
+        })
     }
 
     /// `n` products of a warp's 16 rows as [`Gen::products`], `A` from the lanes' words
@@ -430,25 +437,18 @@ impl<'ctx> Gen<'ctx> {
         (b, bp): (IntValue<'ctx>, usize),
         (n, k, tf): (usize, usize, bool),
         wl: IntValue<'ctx>,
-        mut init: impl FnMut(usize) -> R<[FloatValue<'ctx>; 4]>,
+        init: impl FnMut(usize) -> R<[FloatValue<'ctx>; 4]>,
     ) -> R<Vec<[FloatValue<'ctx>; 4]>> {
-        let steps = k / if tf { 8 } else { 16 };
-        let mut out = Vec::with_capacity(n);
-        for j in 0..n {
-            let mut c = init(j)?;
-            for s in 0..steps {
-                let (prod, off) = if tf {
-                    // The 8 rows of k-step s, f32 columns 8 j on.
-                    (MMA_TF32_RA, 8 * s * bp + 16 * j)
-                } else {
-                    (MMA_RA, BLay::Kn.offset(bp, j, s))
-                };
-                let bb = self.add_i(b, self.i64c(off))?;
-                c = self.mma_regs(prod, l, (a_word + 4 * s, words), (bb, bp), wl, c)?;
-            }
-            out.push(c);
-        }
-        Ok(out)
+        self.product_tiles((n, k, tf), init, |j, s, c| {
+            let (prod, off) = if tf {
+                // The 8 rows of k-step s, f32 columns 8 j on.
+                (MMA_TF32_RA, 8 * s * bp + 16 * j)
+            } else {
+                (MMA_RA, BLay::Kn.offset(bp, j, s))
+            };
+            let bb = self.add_i(b, self.i64c(off))?;
+            self.mma_regs(prod, l, (a_word + 4 * s, words), (bb, bp), wl, c)
+        })
     }
 
     /// Keeps a lane's `C`-fragment pair `(x, y)` (elements `2h`, `2h + 1` of tile `j`) as

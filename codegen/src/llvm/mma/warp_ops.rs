@@ -69,6 +69,20 @@ impl<'ctx> Gen<'ctx> {
         Some(f)
     }
 
+    /// Returns `ret` from the warp operation being defined and puts the builder back where
+    /// it was before ([`Gen::begin_warp_op`]'s caller kept it as `saved`).
+    fn end_warp_op(
+        &self,
+        ret: Option<&dyn BasicValue<'ctx>>,
+        saved: Option<inkwell::basic_block::BasicBlock<'ctx>>,
+    ) -> R<()> {
+        e(self.b.build_return(ret))?;
+        if let Some(bb) = saved {
+            self.b.position_at_end(bb);
+        }
+        Ok(())
+    }
+
     /// `ldmatrix` of the shared array: `x` 8 x 8 matrices whose rows lane `i` addresses
     /// at `row` (bf16 elements), `.trans` where `trans`; the lane's `x` registers.
     fn ldmatrix(
@@ -193,11 +207,7 @@ impl<'ctx> Gen<'ctx> {
                 Ok(acc)
             })?
         };
-        e(self.b.build_return(Some(&d)))?;
-        if let Some(bb) = saved {
-            self.b.position_at_end(bb);
-        }
-        Ok(())
+        self.end_warp_op(Some(&d), saved)
     }
 
     /// A call of the NVVM product `name` on `args` (A, B fragments, accumulators).
@@ -359,11 +369,7 @@ impl<'ctx> Gen<'ctx> {
                 Ok(acc)
             })?
         };
-        e(self.b.build_return(Some(&d)))?;
-        if let Some(bb) = saved {
-            self.b.position_at_end(bb);
-        }
-        Ok(())
+        self.end_warp_op(Some(&d), saved)
     }
 
     /// Word `a_word + r` of warp lane `w`'s memory, from lane `wl`'s (`local`): on the
@@ -433,10 +439,6 @@ impl<'ctx> Gen<'ctx> {
         phi.add_incoming(&[(&v, load), (&v4.const_zero(), entry)]);
         let st = e(self.b.build_store(dst, phi.as_basic_value()))?;
         e(st.set_alignment(align))?;
-        e(self.b.build_return(None))?;
-        if let Some(bb) = saved {
-            self.b.position_at_end(bb);
-        }
-        Ok(())
+        self.end_warp_op(None, saved)
     }
 }
