@@ -112,6 +112,13 @@ impl<'ctx> Gen<'ctx> {
             .ok_or_else(|| format!("LLVM has no intrinsic {name}"))
     }
 
+    /// The declaration of intrinsic `name`, one that is not overloaded on types.
+    pub(super) fn intrinsic_fixed(&self, name: &str) -> R<FunctionValue<'ctx>> {
+        Intrinsic::find(name)
+            .and_then(|i| i.get_declaration(&self.module, &[]))
+            .ok_or_else(|| format!("LLVM has no intrinsic {name}"))
+    }
+
     /// A stack slot of `ty` at the start of the current function's entry block (where
     /// O3's promotion to registers looks for them).
     pub(super) fn entry_alloca(&self, ty: BasicTypeEnum<'ctx>) -> R<PointerValue<'ctx>> {

@@ -106,9 +106,7 @@ impl<'ctx> Gen<'ctx> {
             "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{x}{}.b16",
             if trans { ".trans" } else { "" }
         );
-        let f = inkwell::intrinsics::Intrinsic::find(&name)
-            .and_then(|i| i.get_declaration(&self.module, &[sh3.get_type().into()]))
-            .ok_or_else(|| format!("LLVM has no {name}"))?;
+        let f = self.intrinsic_of(&name, sh3.get_type().into())?;
         let r = e(self.b.build_call(f, &[p.into()], ""))?
             .try_as_basic_value()
             .basic()
@@ -212,9 +210,7 @@ impl<'ctx> Gen<'ctx> {
 
     /// A call of the NVVM product `name` on `args` (A, B fragments, accumulators).
     fn nvvm_mma(&self, name: &str, args: &[BasicMetadataValueEnum<'ctx>]) -> R<StructValue<'ctx>> {
-        let mma = inkwell::intrinsics::Intrinsic::find(name)
-            .and_then(|i| i.get_declaration(&self.module, &[]))
-            .ok_or_else(|| format!("LLVM has no {name}"))?;
+        let mma = self.intrinsic_fixed(name)?;
         Ok(e(self.b.build_call(mma, args, ""))?
             .try_as_basic_value()
             .basic()
@@ -229,9 +225,7 @@ impl<'ctx> Gen<'ctx> {
         let f32t = self.ctx.f32_type();
         let round = |bits: IntValue<'ctx>| -> R<IntValue<'ctx>> {
             if gpu {
-                let cvt = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.f2tf32.rna")
-                    .and_then(|i| i.get_declaration(&self.module, &[]))
-                    .ok_or("LLVM has no llvm.nvvm.f2tf32.rna")?;
+                let cvt = self.intrinsic_fixed("llvm.nvvm.f2tf32.rna")?;
                 let f = e(self.b.build_bit_cast(bits, f32t, ""))?;
                 return Ok(e(self.b.build_call(cvt, &[f.into()], ""))?
                     .try_as_basic_value()

@@ -717,12 +717,8 @@ impl<'ctx> Gen<'ctx> {
                 .into_pointer_value();
             bufs.push(e(self.b.build_address_space_cast(p, generic, ""))?.into());
         }
-        let barrier = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.barrier0")
-            .and_then(|i| i.get_declaration(&self.module, &[]))
-            .ok_or("LLVM has no llvm.nvvm.barrier0")?;
-        let warp = inkwell::intrinsics::Intrinsic::find("llvm.nvvm.bar.warp.sync")
-            .and_then(|i| i.get_declaration(&self.module, &[]))
-            .ok_or("LLVM has no llvm.nvvm.bar.warp.sync")?;
+        let barrier = self.intrinsic_fixed("llvm.nvvm.barrier0")?;
+        let warp = self.intrinsic_fixed("llvm.nvvm.bar.warp.sync")?;
         let all = self.ctx.i32_type().const_all_ones();
         self.run_segs(
             plan,
