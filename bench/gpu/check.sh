@@ -152,6 +152,14 @@ for spec in nanogpt:64:6:256 gpt2:8:12:1024; do
   ./nnscaler-rt run "attn-tf32x3-$c.nnsx" --backend cuda --repeat 20 --inputs "attn-$c.in.safetensors" -o /dev/null || status=1
   "$py" torch_ref.py attn "$b" "$h" "$t" 64 || status=1
   "$py" torch_ref.py attn "$b" "$h" "$t" 64 bf16 || status=1
+  echo "-- bf16 on tensor cores: a training step of the attention alone (autocast), the forward's key tiles in two buffers (cp.async; the default), then (nanoGPT's shape) in one (NNSCALER_ATTN_BUFFERS=1)"
+  "$py" compare.py inputs "attn-bf16-$c.nnsx" "attn-bf16-$c.in.safetensors" || status=1
+  for v in "" -b1; do
+    [ -e "attn-bf16-$c$v.nnsx" ] || continue
+    ./nnscaler-rt run "attn-bf16-$c$v.nnsx" --backend cuda --repeat 20 --profile --inputs "attn-bf16-$c.in.safetensors" \
+      -o /dev/null > "attn-bf16-$c$v.profile.txt" 2>&1 || status=1
+    grep -E '^ran |^attention' "attn-bf16-$c$v.profile.txt" | sed "s/^/bf16${v:- two buffers}: /" || true
+  done
 done
 echo "== nanogpt GPU config (6 layers, 6 heads, 384 wide, block 256, batch 64; fp32)"
 "$py" compare.py params nanogpt-gpu-step.nnsx nanogpt-gpu-step.params.safetensors

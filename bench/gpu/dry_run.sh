@@ -31,7 +31,7 @@ for a in "$@"; do
 done
 # Too slow on a CPU: only check that the inputs given cover the program's.
 case "${2:-}" in
-  gpt2*.nnsx|attn-nanogpt*.nnsx|attn-gpt2*.nnsx|attn-tf32x3-*.nnsx)
+  gpt2*.nnsx|attn-nanogpt*.nnsx|attn-gpt2*.nnsx|attn-tf32x3-*.nnsx|attn-bf16-nanogpt*.nnsx|attn-bf16-gpt2*.nnsx)
     # Their inputs are drawn on the GPU machine only (too large to draw here).
     echo "(dry run: running $2 skipped)"; exit 0 ;;
   gemm.nnsx|nanogpt-gpu*.nnsx)
@@ -59,7 +59,7 @@ case "${1:-}" in
 esac
 # Timing-only inputs too large to draw here (the runs they feed are skipped).
 case "${1:-} ${2:-} ${3:-}" in
-  "compare.py inputs attn-nanogpt.nnsx"|"compare.py inputs attn-gpt2.nnsx"|"compare.py params gpt2-step.nnsx")
+  "compare.py inputs attn-nanogpt.nnsx"|"compare.py inputs attn-gpt2.nnsx"|"compare.py params gpt2-step.nnsx"|"compare.py inputs attn-bf16-nanogpt.nnsx"|"compare.py inputs attn-bf16-gpt2.nnsx")
     echo "(dry run: compare.py $2 $3 skipped)"; exit 0 ;;
 esac
 exec python3 "$@"

@@ -140,6 +140,29 @@ attn_mlir attn-gpt2 8 12 1024 64 1
 for c in attn-nanogpt-fwd attn-nanogpt attn-gpt2-fwd attn-gpt2; do
   NNSCALER_ATTN_F32=tf32x3 "$bin/nnscaler" compile "$c.mlir" -o "$out/${c/attn-/attn-tf32x3-}.nnsx" > /dev/null
 done
+# bf16 attention on tensor cores at the same shapes: a training step of the attention alone
+# (q, k, v parameters, loss mean(out * w); autocast, then autodiff: the forward keeping its
+# statistics, the backward's two kernels), with the forward's key tiles in two buffers (the
+# default) and, at the nanoGPT shape, in one (NNSCALER_ATTN_BUFFERS=1; GPT-2's would take
+# the folder over 64 MiB), timed by family (--profile).
+attn_bf16_mlir() { # NAME B H T D [one-buffer-too]
+  local ty="tensor<$2x$3x$4x$5xf32>"
+  cat > "$1.mlir" <<MLIR
+func.func @train(%q: $ty {nns.name = "q", nns.param}, %k: $ty {nns.name = "k", nns.param}, %v: $ty {nns.name = "v", nns.param}, %w: $ty {nns.name = "w"}) -> (tensor<f32> {nns.name = "loss"}) {
+  %o = "dnn.attention"(%q, %k, %v) {causal = true} : ($ty, $ty, $ty) -> $ty
+  %p = "dnn.mul"(%o, %w) : ($ty, $ty) -> $ty
+  %l = "dnn.mean"(%p) {dims = array<i64: 0, 1, 2, 3>} : ($ty) -> tensor<f32>
+  return %l : tensor<f32>
+}
+MLIR
+  "$bin/nnscaler-opt" --autocast=bf16 --autodiff "$1.mlir" -o "$1-step.mlir" 2> /dev/null
+  "$bin/nnscaler" compile "$1-step.mlir" -o "$out/$1.nnsx" > /dev/null
+  if [ -n "${6:-}" ]; then
+    NNSCALER_ATTN_BUFFERS=1 "$bin/nnscaler" compile "$1-step.mlir" -o "$out/$1-b1.nnsx" > /dev/null
+  fi
+}
+attn_bf16_mlir attn-bf16-nanogpt 64 6 256 64 b1
+attn_bf16_mlir attn-bf16-gpt2 8 12 1024 64
 echo "prepared attention timing cases"
 cat > attn-check.mlir <<'MLIR'
 func.func @train(%q: tensor<2x2x300x64xf32> {nns.name = "q"}, %dy: tensor<2x2x300x64xf32> {nns.name = "dy"},

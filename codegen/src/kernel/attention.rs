@@ -43,6 +43,10 @@ pub struct Attn {
     /// f32's accuracy to about 2^-21): asked for by [`AttnForm::Mma`] on f32 operands, or
     /// by default where [`attn_f32_tensor_cores`] says so.
     pub tf32x3: bool,
+    /// The tensor-core forward stages its key tiles in two buffers where both fit
+    /// ([`Attn::mma_keys`]): the next tile's copy (`cp.async`) runs during this tile's
+    /// products, one block barrier a tile. By default where [`attn_key_buffers`] says 2.
+    pub double: bool,
 }
 
 /// Whether f32 attention takes the tensor cores as three TF32 products ([`Attn::tf32x3`])
@@ -59,6 +63,22 @@ pub fn attn_f32_tensor_cores() -> bool {
             false
         }
         Err(_) => false,
+    })
+}
+
+/// The key tiles' buffers of the tensor-core forward: `NNSCALER_ATTN_BUFFERS=1|2` at
+/// compile time, 2 (double-buffered, [`Attn::double`]) by default; a knob for benchmarks
+/// (`bench/gpu/prepare.sh` compiles the bf16 attention cases both ways).
+pub fn attn_key_buffers() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| match std::env::var("NNSCALER_ATTN_BUFFERS") {
+        Ok(v) if v.trim() == "1" => 1,
+        Ok(v) if v.trim() == "2" || v.trim().is_empty() => 2,
+        Ok(v) => {
+            eprintln!("nnscaler: NNSCALER_ATTN_BUFFERS={v:?} ignored: 1 or 2");
+            2
+        }
+        Err(_) => 2,
     })
 }
 
@@ -182,11 +202,11 @@ pub enum AttnForm {
 
 /// The tensor-core forward's shared array ([`Body::AttnMma`]), in 2-byte halves from its
 /// start (a bf16 element, or half an f32; each region 16-byte aligned, every row too):
-/// the query tile [`MMA_ROWS`] x `qp`, the key tile `keys x qp`, the value tile `keys x
-/// ep` (rows as stored: the bf16 `P V` product reads them with `ldmatrix.trans`, the f32
-/// one 32 bits at a time), then `xch`: [`MMA_ROWS`] x 4 f32 words through which a row's
-/// four lanes exchange their partial maxima and sums. (`P` stays in the lanes'
-/// registers.)
+/// the query tile [`MMA_ROWS`] x `qp`; `buffers` times the key tile `keys x qp` and the
+/// value tile `keys x ep` (rows as stored: the bf16 `P V` product reads them with
+/// `ldmatrix.trans`, the f32 one 32 bits at a time), buffer `b`'s `kv * b` halves after
+/// the first's; then `xch`: [`MMA_ROWS`] x 4 f32 words through which a row's four lanes
+/// exchange their partial maxima and sums. (`P` stays in the lanes' registers.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaTiles {
     /// Keys per tile (64, else 32, else 16: the first that fits).
@@ -196,8 +216,13 @@ pub struct MmaTiles {
     pub qp: usize,
     /// Row pitch (halves) of the value tile: `e + MMA_PAD` (bf16), `2 e + MMA_PAD` (f32).
     pub ep: usize,
+    /// The first buffer's key and value tiles.
     pub k_at: usize,
     pub v_at: usize,
+    /// Key tile buffers: 2 where [`Attn::double`] and both fit, else 1.
+    pub buffers: usize,
+    /// Halves from one buffer's tiles to the next's: `keys (qp + ep)`.
+    pub kv: usize,
     pub x_at: usize,
     /// f32 words of the whole array.
     pub words: usize,
@@ -359,12 +384,18 @@ impl Attn {
             return None;
         }
         let es = self.mma_halves();
-        // 16-key tiles only for f32's wider rows (bf16 fits 32 up to the widest).
-        [64, 32, 16].into_iter().find_map(|keys| {
+        let most = if self.double { 2 } else { 1 };
+        // The most keys a tile that fit, two buffers before one at each (16-key tiles only
+        // for f32's wider rows: bf16 fits 32 up to the widest).
+        let tiles = [64, 32, 16]
+            .into_iter()
+            .flat_map(|keys| (1..=most).rev().map(move |buffers| (keys, buffers)));
+        tiles.into_iter().find_map(|(keys, buffers)| {
             let (qp, ep) = (es * d + MMA_PAD, es * e + MMA_PAD);
             let k_at = MMA_ROWS * qp;
             let v_at = k_at + keys * qp;
-            let x_at = v_at + keys * ep;
+            let kv = keys * (qp + ep);
+            let x_at = k_at + buffers * kv;
             let words = x_at / 2 + MMA_ROWS * 4;
             (words * 4 <= SHARED_BYTES).then_some(MmaTiles {
                 keys,
@@ -372,6 +403,8 @@ impl Attn {
                 ep,
                 k_at,
                 v_at,
+                buffers,
+                kv,
                 x_at,
                 words,
             })
@@ -409,6 +442,7 @@ impl Attn {
             saved: false,
             bf16: [q, k, v].iter().all(|b| b.elt == Elt::Bf16),
             tf32x3: [q, k, v].iter().all(|b| b.elt == Elt::F32) && attn_f32_tensor_cores(),
+            double: attn_key_buffers() == 2,
         })
     }
 }

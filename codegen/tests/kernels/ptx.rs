@@ -382,6 +382,20 @@ fn check_attention_entry(text: &str, k: &Kernel) {
             assert!(count("cvt.rna.tf32.f32") > 0, "{}: no TF32 split", k.name);
         }
         assert!(count("ld.global.v4") > 0, "{}: no 16-byte staging", k.name);
+        // The forward's key tiles in two buffers where they fit: each tile's copy is
+        // asynchronous (issued a tile ahead), and waited for before the barrier.
+        let double =
+            matches!(k.body, Body::AttnMma(a) if a.mma_keys().is_some_and(|t| t.buffers == 2));
+        let (copies, waits) = (
+            count("cp.async.cg.shared.global"),
+            count("cp.async.wait_all"),
+        );
+        assert_eq!(
+            (copies > 0, waits > 0),
+            (double, double),
+            "{}: {copies} cp.async, {waits} waits",
+            k.name
+        );
         assert_eq!(count("ld.shared.u16"), 0, "{}: 2-byte shared loads", k.name);
         // P (dS, P^T, dS^T) goes from one product to the next in registers, not as
         // bf16 pairs through shared memory, and that product's phase waits for its
@@ -390,7 +404,7 @@ fn check_attention_entry(text: &str, k: &Kernel) {
         assert_eq!(pairs, 0, "{}: bf16 pairs stored to shared memory", k.name);
         assert!(count("bar.warp.sync") > 0, "{}: no warp-only phase", k.name);
         println!(
-            "codegen: {}: {mmas} mma.sync, ldmatrix x4 {a}, x2 {b}, x2.trans {bt} in its PTX",
+            "codegen: {}: {mmas} mma.sync, ldmatrix x4 {a}, x2 {b}, x2.trans {bt}, cp.async {copies} in its PTX",
             k.name
         );
     }

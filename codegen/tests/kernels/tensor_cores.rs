@@ -4,7 +4,7 @@
 //! the same buffers: bf16 operands, and f32 ones as three TF32 products (`Attn::tf32x3`).
 
 use super::*;
-use nnscaler_codegen::kernel::{lower_attention_kept, AttnForm, Lowered};
+use nnscaler_codegen::kernel::{lower_attention_kept, Attn, AttnForm, Lowered};
 
 /// How a case's operands are stored.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -533,4 +533,91 @@ pub(super) fn backwards_without_kept_statistics_take_tensor_cores_for_dk_dv() {
             }
         }
     }
+}
+
+/// The bf16 forward with its key tiles in two buffers (the default where both fit: the
+/// next tile's copy asynchronous, issued before this tile's products) gives the bits of
+/// the same forward staging one tile at a time: on the host the asynchronous copy lands
+/// before its call returns, the earliest a GPU could land it, so a copy into the buffer
+/// the products are reading, or products reading the other buffer, changes the results.
+/// Cases with one key tile, several (short last ones), causal blocks that skip tiles,
+/// grouped heads, and widths where only one buffer fits (128: the single form both
+/// times).
+#[test]
+pub(super) fn double_buffered_key_tiles_give_the_single_buffers_bits() {
+    let cases: Vec<Shapes> = vec![
+        (vec![2, 4, 9, 16], vec![2, 2, 9, 16], causal()),
+        (vec![1, 3, 200, 64], vec![1, 3, 200, 64], causal()),
+        (vec![1, 2, 65, 32], vec![1, 1, 300, 32], Attrs::new()),
+        (vec![1, 2, 140, 16], vec![1, 2, 33, 16], causal()),
+        (vec![1, 1, 70, 128], vec![1, 1, 150, 128], Attrs::new()),
+    ];
+    let mut kernels = Vec::new();
+    let mut runs = Vec::new();
+    for (c, (qs, ks, a)) in cases.iter().enumerate() {
+        let ins = vec![buf(qs, Elt::Bf16), buf(ks, Elt::Bf16), buf(ks, Elt::Bf16)];
+        let outs = vec![buf(qs, Elt::Bf16)];
+        let l = lower_attention_kept(
+            &format!("db{c}"),
+            "dnn.attention",
+            a,
+            &ins,
+            &outs,
+            Some(AttnForm::Mma),
+            true,
+        )
+        .unwrap();
+        let two = l.kernels[0].clone();
+        let Body::AttnMma(x) = two.body else {
+            panic!("case {c}: {:?}", two.body)
+        };
+        let one = Kernel {
+            name: format!("db{c}_single"),
+            body: Body::AttnMma(Attn { double: false, ..x }),
+            ..two.clone()
+        };
+        let tiles = |k: &Kernel| match k.body {
+            Body::AttnMma(a) => a.mma_keys().unwrap(),
+            _ => unreachable!(),
+        };
+        let (t2, t1) = (tiles(&two), tiles(&one));
+        assert_eq!(t1.buffers, 1, "case {c}");
+        assert_eq!(
+            t2.buffers,
+            if qs[3] == 128 { 1 } else { 2 },
+            "case {c}: {t2:?}"
+        );
+        assert_eq!(t1.keys, t2.keys, "case {c}: the same key tiles");
+        let ops: Vec<Data> = [qs, ks, ks]
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let n = s.iter().product::<i64>() as usize;
+                Prec::Bf16.operand(n, 70 + (c * 10 + i) as u64).0
+            })
+            .collect();
+        runs.push((two.name.clone(), one.name.clone(), ops, t2.buffers));
+        kernels.extend([two, one]);
+    }
+    let host = HostKernels::new(&kernels).unwrap();
+    for (c, (two, one, ops, buffers)) in runs.iter().enumerate() {
+        let ins: Vec<&Data> = ops.iter().collect();
+        let (a, b) = (host.run(two, &ins).unwrap(), host.run(one, &ins).unwrap());
+        assert_eq!(a.len(), 2, "case {c}: the output and the statistics");
+        let bits = |d: &Data| match d {
+            Data::Bf16(v) => v.iter().map(|&x| u32::from(x)).collect::<Vec<_>>(),
+            other => other.f32().unwrap().iter().map(|x| x.to_bits()).collect(),
+        };
+        for (k, (x, y)) in a.iter().zip(&b).enumerate() {
+            let (x, y) = (bits(x), bits(y));
+            assert!(
+                !x.is_empty() && x == y,
+                "case {c} ({buffers} buffers): result {k} differs"
+            );
+        }
+    }
+    println!(
+        "codegen: bf16 forward with double-buffered key tiles: the single buffer's bits on {} cases",
+        runs.len()
+    );
 }

@@ -60,6 +60,7 @@ impl<'ctx> Gen<'ctx> {
     pub(in crate::llvm) fn attn_mma(&self, tm: &mut Team<'_, 'ctx>, a: &Attn) -> R<()> {
         let f = Fwd::of(a)?;
         let (a, mt) = (f.a, f.mt);
+        let double = mt.buffers == 2;
         tm.shared = Shared::Tile(mt.words);
         tm.local = f.words;
         let all = MMA_LANES;
@@ -75,19 +76,30 @@ impl<'ctx> Gen<'ctx> {
                 g.lput(l, f.lm + h, g.fconst(NEG))?;
                 g.lput(l, f.ll + h, g.fconst(0.0))?;
             }
+            if double {
+                // The first key tile, into the first buffer.
+                g.fwd_stage(&f, l, g.i64c(0), true)?;
+                g.async_wait()?;
+            }
             Ok(())
         })?;
         tm.repeat(a.t.div_ceil(mt.keys), |tm| {
+            if double {
+                // Past the barrier every lane's copy of this tile has landed, and every
+                // warp is done with the tile before, whose buffer the next tile takes:
+                // its copy runs while this tile's products do.
+                tm.phase(all, |g, l| {
+                    g.fwd_stage(&f, l, g.add_i(l.iter, g.i64c(1))?, true)?;
+                    g.fwd_scores(&f, l)
+                })?;
+                tm.warp_phase(|g, l| g.fwd_softmax(&f, l))?;
+                return tm.warp_phase(|g, l| {
+                    g.fwd_values(&f, l)?;
+                    g.async_wait()
+                });
+            }
             // The key tile's keys and values.
-            tm.phase(all, |g, l| {
-                let m = g.mma_lane(&a, l)?;
-                let (ts, n, needed) = g.mma_key_tile(&a, l, &m, mt.keys)?;
-                g.when(needed, |g| {
-                    let first = g.add_i(m.kv_base, ts)?;
-                    g.stage16(l, l.ins[1], first, (n, mt.keys, a.d), (mt.k_at, mt.qp))?;
-                    g.stage16(l, l.ins[2], first, (n, mt.keys, a.e), (mt.v_at, mt.ep))
-                })
-            })?;
+            tm.phase(all, |g, l| g.fwd_stage(&f, l, l.iter, false))?;
             tm.phase(all, |g, l| g.fwd_scores(&f, l))?;
             tm.warp_phase(|g, l| g.fwd_softmax(&f, l))?;
             tm.warp_phase(|g, l| g.fwd_values(&f, l))
@@ -104,6 +116,37 @@ impl<'ctx> Gen<'ctx> {
         tm.phase(all, |g, l| g.fwd_finish(&f, l))
     }
 
+    /// Key tile `tile`'s keys and values (where the block needs it) into its buffer
+    /// ([`Gen::fwd_buffer`]), by asynchronous copies where `asynchronous`.
+    fn fwd_stage(
+        &self,
+        f: &Fwd,
+        l: &Lane<'ctx>,
+        tile: IntValue<'ctx>,
+        asynchronous: bool,
+    ) -> R<()> {
+        let (a, mt) = (&f.a, &f.mt);
+        let m = self.mma_lane(a, l)?;
+        let (ts, n, needed) = self.mma_key_tile_at(a, &m, mt.keys, tile)?;
+        let copy = self.copy_fn(if asynchronous { COPY16_ASYNC } else { COPY16 });
+        self.when(needed, |g| {
+            let first = g.add_i(m.kv_base, ts)?;
+            let shift = g.fwd_buffer(f, tile)?;
+            let (k, v) = ((mt.k_at, shift, mt.qp), (mt.v_at, shift, mt.ep));
+            g.stage16_by(l, l.ins[1], first, (n, mt.keys, a.d), k, copy)?;
+            g.stage16_by(l, l.ins[2], first, (n, mt.keys, a.e), v, copy)
+        })
+    }
+
+    /// Halves from the first buffer's key and value tiles to those of key tile `tile`:
+    /// with two buffers, even tiles in the first, odd ones in the second.
+    fn fwd_buffer(&self, f: &Fwd, tile: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        match f.mt.buffers {
+            1 => Ok(self.i64c(0)),
+            _ => self.mul_i(self.rem_i(tile, 2)?, self.i64c(f.mt.kv)),
+        }
+    }
+
     /// `S = scale Q K^T` for the key tile, masked (causal, past the keys), into the
     /// lane's words; each of its rows' partial maxima to the exchange words.
     fn fwd_scores(&self, f: &Fwd, l: &Lane<'ctx>) -> R<()> {
@@ -116,7 +159,7 @@ impl<'ctx> Gen<'ctx> {
                 .map(|h| g.mma_lim(a, &m, g.mma_row(&m, h)?))
                 .collect::<R<Vec<_>>>()?;
             let q = (g.mul_i(m.w16, g.i64c(mt.qp))?, mt.qp);
-            let k = (g.i64c(mt.k_at), mt.qp);
+            let k = (g.add_i(g.i64c(mt.k_at), g.fwd_buffer(f, l.iter)?)?, mt.qp);
             let zero = |_| Ok([g.fconst(0.0); 4]);
             let scores = g.products(l.sh, q, k, (f.nk, a.d, f.tf), m.wl, zero)?;
             for (j, c) in scores.iter().enumerate() {
@@ -195,7 +238,7 @@ impl<'ctx> Gen<'ctx> {
         let (_, _, needed) = self.mma_key_tile(a, l, &m, mt.keys)?;
         self.when(needed, |g| {
             let init = |j: usize| g.frag_of(l, f.lo + 4 * j);
-            let v = (g.i64c(mt.v_at), mt.ep);
+            let v = (g.add_i(g.i64c(mt.v_at), g.fwd_buffer(f, l.iter)?)?, mt.ep);
             let c = g.products_regs(l, (f.lp, f.words), v, (f.ne, mt.keys, f.tf), m.wl, init)?;
             for (j, cj) in c.iter().enumerate() {
                 for (i, ci) in cj.iter().enumerate() {

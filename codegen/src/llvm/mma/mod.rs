@@ -28,8 +28,16 @@
 //!
 //! Steps 2 and 3 wait for their warp only ([`super::team::Sync::Warp`]): a key tile
 //! costs two block barriers (its staging, and the scores that read what every lane
-//! staged), not four. The backward's kernels keep `dS` (and `P^T`, `dS^T`) in registers
-//! the same way.
+//! staged), not four. Where two buffers of key and value tiles fit
+//! ([`crate::kernel::MmaTiles::buffers`], [`crate::kernel::Attn::double`]), a tile costs
+//! one: the phase of tile `i`'s scores first issues tile `i + 1`'s copy into the other
+//! buffer ([`COPY16_ASYNC`], `cp.async`), which lands while the warps take tile `i`'s
+//! products; step 3 ends waiting for the lane's copies ([`ASYNC_WAIT`]), and the barrier
+//! before the next scores makes every lane's copy visible to all and every warp done
+//! with tile `i - 1`, whose buffer the copy of `i + 1` reuses. The host, whose copies
+//! land before the call returns, gives the single buffer's bits (a copy into the buffer
+//! being read, or products reading the other, would change them). The backward's
+//! kernels keep `dS` (and `P^T`, `dS^T`) in registers the same way.
 //!
 //! At the end a row's four partial sums meet through the exchange words (in lane order)
 //! and each lane stores its output elements times `1 / l`, and the statistics `[m, 1/l]`
@@ -85,6 +93,12 @@ const MMA_TF32_RA: &str = "nns.mma.tf32x3.ra";
 /// A lane's 16-byte copy of eight halves (bf16s, or four f32s) from a buffer to the shared
 /// array (or zeros).
 const COPY16: &str = "nns.copy16";
+/// The same copy asynchronous on the GPU (`cp.async`, 16 bytes, zeros where it keeps
+/// nothing): the shared array's words are the copy's only after [`ASYNC_WAIT`] and a
+/// barrier. On the host a plain copy, done before the call returns.
+const COPY16_ASYNC: &str = "nns.copy16.async";
+/// Waits for the lane's asynchronous copies (`cp.async.wait_all`; nothing on the host).
+const ASYNC_WAIT: &str = "nns.async.wait";
 
 /// The A-fragment register (0..4) of a TF32 k-step (the 8 keys of tile `j`) that holds
 /// element `i` of a lane's `C` fragment of that tile. A TF32 `A` fragment holds columns
@@ -334,14 +348,29 @@ impl<'ctx> Gen<'ctx> {
 
     /// The 16-byte copy's function ([`COPY16`]: `src`, `dst`, `keep`), declared.
     fn copy16_fn(&self) -> FunctionValue<'ctx> {
-        self.module.get_function(COPY16).unwrap_or_else(|| {
+        self.copy_fn(COPY16)
+    }
+
+    /// The 16-byte copy `name` ([`COPY16`], [`COPY16_ASYNC`]: `src`, `dst`, `keep`),
+    /// declared.
+    fn copy_fn(&self, name: &str) -> FunctionValue<'ctx> {
+        self.module.get_function(name).unwrap_or_else(|| {
             let ptr = self.ctx.ptr_type(AddressSpace::default());
             let ty = self.ctx.void_type().fn_type(
                 &[ptr.into(), ptr.into(), self.ctx.bool_type().into()],
                 false,
             );
-            self.module.add_function(COPY16, ty, None)
+            self.module.add_function(name, ty, None)
         })
+    }
+
+    /// Waits for the lane's asynchronous copies ([`ASYNC_WAIT`]).
+    fn async_wait(&self) -> R<()> {
+        let f = self.module.get_function(ASYNC_WAIT).unwrap_or_else(|| {
+            let ty = self.ctx.void_type().fn_type(&[], false);
+            self.module.add_function(ASYNC_WAIT, ty, None)
+        });
+        e(self.b.build_call(f, &[], "")).map(|_| ())
     }
 
     /// `c + A B` for one m16n8k16 tile pair in shared memory ([`MMA`], [`MMA_KN`]): the
@@ -541,7 +570,18 @@ impl<'ctx> Gen<'ctx> {
         m: &MmaLane<'ctx>,
         keys: usize,
     ) -> R<(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)> {
-        let ts = self.mul_i(l.iter, self.i64c(keys))?;
+        self.mma_key_tile_at(a, m, keys, l.iter)
+    }
+
+    /// [`Gen::mma_key_tile`] of key tile `tile` (not needed past the last).
+    fn mma_key_tile_at(
+        &self,
+        a: &Attn,
+        m: &MmaLane<'ctx>,
+        keys: usize,
+        tile: IntValue<'ctx>,
+    ) -> R<(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)> {
+        let ts = self.mul_i(tile, self.i64c(keys))?;
         let n = self.min_i(self.i64c(keys), self.e_sub(self.i64c(a.t), ts)?)?;
         Ok((ts, n, self.ult(ts, m.need)?))
     }
@@ -566,6 +606,21 @@ impl<'ctx> Gen<'ctx> {
         (n, rows, width): (IntValue<'ctx>, usize, usize),
         (at, pitch): (usize, usize),
     ) -> R<()> {
+        let to = (at, self.i64c(0), pitch);
+        self.stage16_by(l, x, first, (n, rows, width), to, self.copy16_fn())
+    }
+
+    /// [`Gen::stage16`] to halves `at + shift` (`shift` a multiple of 8) by `copy`
+    /// ([`COPY16`], or [`COPY16_ASYNC`] for a tile the team waits for later).
+    fn stage16_by(
+        &self,
+        l: &Lane<'ctx>,
+        x: PointerValue<'ctx>,
+        first: IntValue<'ctx>,
+        (n, rows, width): (IntValue<'ctx>, usize, usize),
+        (at, shift, pitch): (usize, IntValue<'ctx>, usize),
+        copy: FunctionValue<'ctx>,
+    ) -> R<()> {
         let es = match self.elt_of(x) {
             Elt::Bf16 => 1,
             Elt::F32 => 2,
@@ -578,7 +633,7 @@ impl<'ctx> Gen<'ctx> {
             ));
         }
         let per = wh / 8;
-        let copy = self.copy16_fn();
+        let at = self.add_i(self.i64c(at), shift)?;
         self.for_step(l.lane, self.i64c(rows * per), MMA_LANES, |g, w| {
             let r = g.div_i(w, per)?;
             let c = g.mul_i(g.rem_i(w, per)?, g.i64c(8))?;
@@ -587,7 +642,7 @@ impl<'ctx> Gen<'ctx> {
             let off = g.add_i(g.mul_i(g.add_i(first, r)?, g.i64c(wh))?, c)?;
             let off = e(g.b.build_select(keep, off, g.i64c(0), ""))?.into_int_value();
             let from = g.sh16(x, off)?;
-            let to = g.add_i(g.add_i(g.i64c(at), g.mul_i(r, g.i64c(pitch))?)?, c)?;
+            let to = g.add_i(g.add_i(at, g.mul_i(r, g.i64c(pitch))?)?, c)?;
             let to = g.sh16(l.sh, to)?;
             e(g.b.build_call(copy, &[from.into(), to.into(), keep.into()], "")).map(|_| ())
         })

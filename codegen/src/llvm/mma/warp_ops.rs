@@ -46,6 +46,8 @@ impl<'ctx> Gen<'ctx> {
         }
         self.define_tf32x3(false, gpu)?;
         self.define_tf32x3(true, gpu)?;
+        // The host's asynchronous copy is the plain one: declare it before its body.
+        self.define_async(gpu)?;
         self.define_copy16(gpu)
     }
 
@@ -434,5 +436,50 @@ impl<'ctx> Gen<'ctx> {
         let st = e(self.b.build_store(dst, phi.as_basic_value()))?;
         e(st.set_alignment(align))?;
         self.end_warp_op(None, saved)
+    }
+
+    /// The asynchronous copy's body ([`COPY16_ASYNC`]) and its wait's ([`ASYNC_WAIT`]):
+    /// on the GPU `cp.async.cg.shared.global` of 16 bytes, of which it reads `16` where
+    /// `keep`, else none (zeros to `dst`, and `src` is never read), and
+    /// `cp.async.wait_all`; on the host [`COPY16`]'s body and nothing.
+    fn define_async(&self, gpu: bool) -> R<()> {
+        let saved = self.b.get_insert_block();
+        if let Some(f) = self.begin_warp_op(COPY16_ASYNC, true) {
+            let p = |j: u32| f.get_nth_param(j).ok_or("missing copy parameter");
+            let (src, dst) = (p(0)?.into_pointer_value(), p(1)?.into_pointer_value());
+            let keep = p(2)?.into_int_value();
+            if gpu {
+                let (g1, s3) = (AddressSpace::from(1u16), AddressSpace::from(3u16));
+                let src = e(self
+                    .b
+                    .build_address_space_cast(src, self.ctx.ptr_type(g1), ""))?;
+                let dst = e(self
+                    .b
+                    .build_address_space_cast(dst, self.ctx.ptr_type(s3), ""))?;
+                let i32t = self.ctx.i32_type();
+                let bytes =
+                    e(self
+                        .b
+                        .build_select(keep, i32t.const_int(16, false), i32t.const_zero(), ""))?;
+                let cp = self.intrinsic_fixed("llvm.nvvm.cp.async.cg.shared.global.16.s")?;
+                e(self
+                    .b
+                    .build_call(cp, &[dst.into(), src.into(), bytes.into()], ""))?;
+            } else {
+                let copy = self.copy16_fn();
+                e(self
+                    .b
+                    .build_call(copy, &[src.into(), dst.into(), keep.into()], ""))?;
+            }
+            self.end_warp_op(None, saved)?;
+        }
+        if let Some(_f) = self.begin_warp_op(ASYNC_WAIT, true) {
+            if gpu {
+                let wait = self.intrinsic_fixed("llvm.nvvm.cp.async.wait.all")?;
+                e(self.b.build_call(wait, &[], ""))?;
+            }
+            self.end_warp_op(None, saved)?;
+        }
+        Ok(())
     }
 }
