@@ -188,6 +188,12 @@ echo "== nanogpt GPU config, single products through cublasSgemm (NNSCALER_CUBLA
 NNSCALER_CUBLAS=plain ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
   --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > plain.profile.txt 2>&1 || status=1
 grep -E '^nnscaler-rt: matrix|^ran |^(linear|linear_gemm|linear_weight_grad|matmul) ' plain.profile.txt | sed "s/^/plain: /" || true
+# Biases by their element-wise kernels after cuBLAS (NNSCALER_CUBLASLT=0) instead of
+# cuBLASLt's epilogue (the step above): the step and its product and bias families.
+echo "== nanogpt GPU config, biases by their kernels after cuBLAS (NNSCALER_CUBLASLT=0; the step above: cuBLASLt's epilogue)"
+NNSCALER_CUBLASLT=0 ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
+  --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > nolt.profile.txt 2>&1 || status=1
+grep -E '^nnscaler-rt: matrix|^ran |^(linear|linear_bias|linear_weight_grad|matmul) ' nolt.profile.txt | sed "s/^/no cuBLASLt: /" || true
 echo "== nanogpt GPU config in mixed precision (bf16 products, 2-byte bf16 buffers; PyTorch: autocast bf16)"
 # The same parameters and optimizer state (f32 master weights: the same inputs).
 cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-bf16-step.params.safetensors

@@ -433,6 +433,25 @@ fn build(
         .iter()
         .flat_map(|p| &p.steps)
         .any(|s| matches!(s, nx::Step::Collective { op, .. } if op.reduces()));
+    // The kernel adding each biased product's bias, for a runtime whose BLAS call does
+    // not (`nx::Gemm::bias`): in place on `(C, bias, C)`.
+    let mut bias_adds = HashMap::new();
+    for i in 0..kernels.list.len() {
+        let k = &kernels.list[i];
+        if let Body::Gemm(m) = &k.body {
+            if m.bias {
+                let (c, bias) = (k.outputs[0].clone(), k.inputs[2].clone());
+                let add = Kernel {
+                    name: format!("{}_bias", k.name),
+                    body: Body::Map(vec![x(0) + x(1)]),
+                    len: c.len(),
+                    inputs: vec![c.clone(), bias],
+                    outputs: vec![c],
+                };
+                bias_adds.insert(i, kernels.add(&add, "") as u64);
+            }
+        }
+    }
     let reducers = reduces.then(|| {
         let [sum, max] = reducers();
         nx::Reducers {
@@ -488,7 +507,8 @@ fn build(
         kernels: kernels
             .list
             .iter()
-            .map(|k| nx::Kernel {
+            .enumerate()
+            .map(|(i, k)| nx::Kernel {
                 name: k.name.clone(),
                 len: k.len as u64,
                 grid: match k.team() {
@@ -511,6 +531,7 @@ fn build(
                         ta: m.ta,
                         tb: m.tb,
                         b_batched: m.b_batched,
+                        bias: bias_adds.get(&i).copied(),
                     }),
                     _ => None,
                 },

@@ -418,6 +418,10 @@ pub struct Gemm {
     pub tb: bool,
     /// Every product has its own `B` (else one `B` for all).
     pub b_batched: bool,
+    /// A bias of `n` elements (the third input) is added to every row of the result
+    /// after the sum (`dnn.linear`): the sum is rounded to f32, then the bias added, so
+    /// the bits are those of the product stored and the bias added after it.
+    pub bias: bool,
 }
 
 /// Elements of its line a lane of a row team (norms, softmax, cross-entropy, reductions

@@ -976,7 +976,11 @@ impl<'ctx> Gen<'ctx> {
             let p = g.fmul(g.ldf(ins[0], ai)?, g.ldf(ins[1], bi)?)?;
             g.set(acc, g.fadd(g.getf(acc, f32t)?, p)?)
         })?;
-        self.stf(outs[0], i, self.getf(acc, f32t)?)?;
+        let mut v = self.getf(acc, f32t)?;
+        if m.bias {
+            v = self.fadd(v, self.ldf(ins[2], c)?)?;
+        }
+        self.stf(outs[0], i, v)?;
         Ok(())
     }
 

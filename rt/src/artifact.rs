@@ -27,12 +27,12 @@ mod step_serde;
 /// The file's first four bytes.
 pub const MAGIC: &[u8; 4] = b"NNSX";
 /// The format version this build reads and writes.
-pub const VERSION: u32 = 7;
+pub const VERSION: u32 = 8;
 /// Threads per block of a kernel with one thread per index (and of the reducers).
 pub const BLOCK: u32 = 256;
 
 /// A buffer's element type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Elt {
     /// 4-byte float.
@@ -215,6 +215,12 @@ pub struct Gemm {
     pub tb: bool,
     /// Each product has its own B.
     pub b_batched: bool,
+    /// A bias of `n` elements, the kernel's third buffer (C is then the fourth), added to
+    /// every row of the result after the sum (`dnn.linear`): the index of the
+    /// element-wise kernel that adds it in place, launched on `(C, bias, C)`, for a
+    /// runtime whose BLAS call does not add it itself (a cuBLASLt epilogue does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bias: Option<u64>,
 }
 
 /// A kernel: its symbol in `ptx` (and `<name>.host` in `host.so`) and launch geometry.

@@ -2,7 +2,9 @@
 //! (cudarc, which loads `libcuda.so` at run time), kernels launched with the artifact's
 //! grids, one arena per virtual device on one GPU. Matrix products go to cuBLAS
 //! (`cublasSgemmStridedBatched`, fp32 without TF32, row-major by swapping the operands)
-//! when `libcublas.so` loads, else to their generated kernels. Collectives run on the GPU
+//! when `libcublas.so` loads, else to their generated kernels; a product with a bias
+//! (`dnn.linear`) to cuBLASLt with the bias in its epilogue ([`lt`]), else to cuBLAS and
+//! the artifact's kernel for the bias. Collectives run on the GPU
 //! as the moves the host backend runs too (`crate::collective`): device-to-device copies
 //! between the virtual devices' arenas (`cuMemcpy2DAsync`, strided pieces in one call) and
 //! the artifact's reducer kernels; NCCL across several GPUs is not built yet. A pipeline's
@@ -21,6 +23,8 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use std::sync::Arc;
+
+mod lt;
 
 /// Whether a CUDA driver can be loaded here, and how many devices it sees; the reason
 /// when not (tests that need a GPU print it and skip).
@@ -43,6 +47,8 @@ pub struct CudaProgram {
     stream: Arc<CudaStream>,
     fns: Vec<CudaFunction>,
     blas: Option<CudaBlas>,
+    /// cuBLASLt, for products with a bias (`Gemm::bias`), where it loaded.
+    lt: Option<lt::Lt>,
     gemms: String,
 }
 
@@ -175,11 +181,30 @@ impl CudaProgram {
                 ),
             }
         };
+        let biased = art
+            .header
+            .kernels
+            .iter()
+            .any(|k| k.gemm.is_some_and(|g| g.bias.is_some()));
+        let (lt, gemms) = match (&blas, biased) {
+            (Some(_), true) => match lt::Lt::new(stream.clone()) {
+                Ok(l) => (
+                    Some(l),
+                    format!("{gemms}; biases added by cuBLASLt's epilogue"),
+                ),
+                Err(e) => (
+                    None,
+                    format!("{gemms}; biases added by their kernels (cuBLASLt: {e})"),
+                ),
+            },
+            _ => (None, gemms),
+        };
         Ok(CudaProgram {
             stream,
             art,
             fns,
             blas,
+            lt,
             gemms,
         })
     }
@@ -209,11 +234,19 @@ impl CudaProgram {
                 ),
             },
         };
+        let (lt, gemms) = match &self.lt {
+            Some(_) => match lt::Lt::new(stream.clone()) {
+                Ok(l) => (Some(l), gemms),
+                Err(e) => (None, format!("{gemms} (this stream's cuBLASLt: {e})")),
+            },
+            None => (None, gemms),
+        };
         Ok(CudaProgram {
             art: self.art.clone(),
             stream,
             fns: self.fns.clone(),
             blas,
+            lt,
             gemms,
         })
     }
@@ -479,8 +512,6 @@ impl CudaProgram {
             .map_err(|e| format!("CUDA: a collective's copy: {e}"))
     }
 
-    /// Launches kernel `kernel` on buffers at device addresses `ptrs` (a matrix product
-    /// through cuBLAS when it loaded).
     /// Launches kernel `kernel` of program `p` on its buffers `buffers` at device
     /// addresses `ptrs` (a matrix product through cuBLAS when it loaded and takes the
     /// operands' storage, [`gemm_by_blas`]).
@@ -494,11 +525,31 @@ impl CudaProgram {
         let k = &self.art.header.kernels[kernel];
         if let (Some(g), Some(blas)) = (&k.gemm, &self.blas) {
             let bufs = &self.art.header.programs[p].buffers;
-            let elts = [0, 1, 2].map(|j| bufs[buffers[j]].elt);
+            // C is the last buffer: the fourth where a bias is the third.
+            let c = k.buffers - 1;
+            let elts = [0, 1, c].map(|j| bufs[buffers[j]].elt);
             if gemm_by_blas(elts) {
-                return self.gemm_of(blas, g, [ptrs[0], ptrs[1], ptrs[2]], elts);
+                let Some(add) = g.bias else {
+                    return self.gemm_of(blas, g, [ptrs[0], ptrs[1], ptrs[2]], elts);
+                };
+                let (a, b, bias, out) = (ptrs[0], ptrs[1], ptrs[2], ptrs[3]);
+                let bias_elt = bufs[buffers[2]].elt;
+                if let Some(lt) = &self.lt {
+                    if lt.product(g, [a, b, bias, out], elts, bias_elt).is_ok() {
+                        return Ok(());
+                    }
+                }
+                // The product by cuBLAS, then its bias by the artifact's kernel, in place.
+                self.gemm_of(blas, g, [a, b, out], elts)?;
+                return self.launch_kernel(add as usize, &[out, bias, out]);
             }
         }
+        self.launch_kernel(kernel, ptrs)
+    }
+
+    /// Launches the artifact's kernel `kernel` on buffers at device addresses `ptrs`.
+    fn launch_kernel(&self, kernel: usize, ptrs: &[u64]) -> Result<(), String> {
+        let k = &self.art.header.kernels[kernel];
         let n = k.len as i64;
         let mut launch = self.stream.launch_builder(&self.fns[kernel]);
         for p in ptrs {
@@ -1054,6 +1105,7 @@ mod tests {
             ta,
             tb: false,
             b_batched,
+            bias: None,
         };
         assert_eq!(folded(&g(64, false, false)), (1, 64 * 256));
         // A transposed: its rows are not the result's; B per product: not one product.

@@ -347,6 +347,7 @@ pub fn lower(
                     ta: true,
                     tb: false,
                     b_batched: false,
+                    bias: false,
                 }),
                 out0.len(),
             )
@@ -373,6 +374,7 @@ pub fn lower(
                     ta,
                     tb,
                     b_batched: rb > 2,
+                    bias: false,
                 }),
                 out0.len(),
             )
@@ -944,15 +946,11 @@ fn rotary(o: &Op) -> Result<Lowered, String> {
     })
 }
 
-/// `dnn.linear`: the product, then the bias added by an elementwise kernel.
+/// `dnn.linear`: `x W^T` as a product (a BLAS call on a GPU), its bias (if any) added to
+/// every row after the sum in the same kernel (a BLAS epilogue on a GPU, or the product
+/// and an elementwise kernel: `nns.gemm`'s `bias`), as the reference adds it.
 fn linear(o: &Op) -> Result<Lowered, String> {
-    let Op {
-        name, ins, outs, ..
-    } = *o;
-    let out0 = &o.outs[0];
-    let kernel = |body, len| o.kernel(body, len);
-    // x W^T as a pure product (a BLAS call on a GPU), then the bias added by an
-    // elementwise kernel, as the reference adds it to the product.
+    let ins = o.ins;
     let k = *ins[0].shape.last().unwrap_or(&1);
     let gemm = Body::Gemm(Gemm {
         batch: 1,
@@ -962,34 +960,7 @@ fn linear(o: &Op) -> Result<Lowered, String> {
         ta: false,
         tb: true,
         b_batched: false,
+        bias: ins.len() > 2,
     });
-    if ins.len() < 3 {
-        Ok(Lowered::one(kernel(gemm, out0.len())))
-    } else {
-        let product = Buf::f32(&out0.shape);
-        Ok(Lowered {
-            kernels: vec![
-                Kernel {
-                    name: format!("{name}_gemm"),
-                    body: gemm,
-                    inputs: ins[..2].to_vec(),
-                    outputs: vec![product.clone()],
-                    len: out0.len(),
-                },
-                Kernel {
-                    name: format!("{name}_bias"),
-                    body: Body::Map(vec![Expr::Input(0) + Expr::Input(1)]),
-                    inputs: vec![product.clone(), ins[2].clone()],
-                    outputs: outs.to_vec(),
-                    len: out0.len(),
-                },
-            ],
-            temps: vec![product],
-            consts: Vec::new(),
-            launches: vec![
-                (0, vec![Slot::In(0), Slot::In(1), Slot::Temp(0)]),
-                (1, vec![Slot::Temp(0), Slot::In(2), Slot::Out(0)]),
-            ],
-        })
-    }
+    Ok(Lowered::one(o.kernel(gemm, o.outs[0].len())))
 }

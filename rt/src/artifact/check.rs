@@ -340,7 +340,7 @@ impl Artifact {
                     }
                     if let Some(g) = &k.gemm {
                         let bufs: Vec<&Buffer> = buffers.iter().map(|&b| &p.buffers[b]).collect();
-                        gemm_fits(g, &bufs)
+                        gemm_fits(g, &bufs, &h.kernels)
                             .map_err(|e| format!("step {i}, kernel {}: {e}", k.name))?;
                     }
                 }
@@ -414,19 +414,31 @@ fn tiles_results(p: &Program, outputs: &[Port]) -> Result<(), String> {
 
 /// Whether a matrix product's operands, as its shape says (what cuBLAS reads and writes),
 /// lie inside the buffers it is given: `A` (`batch * m * k`), `B` (`k * n`, per product
-/// when `b_batched`), `C` (`batch * m * n`), each at its buffer's element size, by
-/// checked arithmetic.
-fn gemm_fits(g: &Gemm, bufs: &[&Buffer]) -> Result<(), String> {
-    if bufs.len() < 3 {
-        return Err("a matrix product with fewer than 3 buffers".into());
+/// when `b_batched`), a bias (`n`, where it has one), `C` (`batch * m * n`), each at its
+/// buffer's element size, by checked arithmetic; and that the kernel adding its bias
+/// (`Gemm::bias`, of `kernels`) is an element-wise kernel of three buffers whose sizes
+/// `(C, bias, C)` hold.
+fn gemm_fits(g: &Gemm, bufs: &[&Buffer], kernels: &[Kernel]) -> Result<(), String> {
+    let want = if g.bias.is_some() { 4 } else { 3 };
+    if bufs.len() != want {
+        return Err(format!(
+            "a matrix product with {} buffers, not {want}",
+            bufs.len()
+        ));
     }
     let b_count = if g.b_batched { g.batch } else { 1 };
-    let dims = [
-        [g.batch, g.m, g.k],
-        [b_count, g.k, g.n],
-        [g.batch, g.m, g.n],
-    ];
-    for (what, (d, b)) in ["A", "B", "C"].iter().zip(dims.iter().zip(bufs)) {
+    let mut dims = vec![[g.batch, g.m, g.k], [b_count, g.k, g.n]];
+    let mut names = vec!["A", "B"];
+    if g.bias.is_some() {
+        if g.batch != 1 {
+            return Err(format!("a bias on a batch of {} products", g.batch));
+        }
+        dims.push([1, 1, g.n]);
+        names.push("the bias");
+    }
+    dims.push([g.batch, g.m, g.n]);
+    names.push("C");
+    for (what, (d, b)) in names.iter().zip(dims.iter().zip(bufs)) {
         let need = d.iter().try_fold(b.elt.size(), |n, &x| n.checked_mul(x));
         let have = b.bytes();
         match need {
@@ -437,6 +449,23 @@ fn gemm_fits(g: &Gemm, bufs: &[&Buffer]) -> Result<(), String> {
                 g.m, g.n, g.k, g.batch
             ))
             }
+        }
+    }
+    if let Some(add) = g.bias {
+        let c = bufs[3].bytes();
+        let k = usize::try_from(add)
+            .ok()
+            .and_then(|j| kernels.get(j))
+            .ok_or_else(|| format!("its bias's kernel {add} does not exist"))?;
+        let sizes_hold = k.sizes.len() == 3
+            && k.sizes[0] <= c
+            && k.sizes[1] <= bufs[2].bytes()
+            && k.sizes[2] <= c;
+        if k.gemm.is_some() || k.team || k.buffers != 3 || k.outputs != 1 || !sizes_hold {
+            return Err(format!(
+                "its bias's kernel {} is not an element-wise kernel of (C, bias, C)",
+                k.name
+            ));
         }
     }
     Ok(())
@@ -455,4 +484,79 @@ fn collective_shapes(
         return Err("its groups differ in size".into());
     }
     op.check(i, o, n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buf(n: u64, elt: Elt) -> Buffer {
+        Buffer {
+            shape: vec![n],
+            elt,
+            offset: 0,
+        }
+    }
+
+    fn kernel(name: &str, buffers: usize, sizes: Vec<u64>, gemm: Option<Gemm>) -> Kernel {
+        Kernel {
+            name: name.into(),
+            len: 6,
+            grid: 1,
+            block: BLOCK,
+            team: false,
+            buffers,
+            outputs: 1,
+            gemm,
+            sizes,
+        }
+    }
+
+    /// A product with a bias (`x W^T + b`, 2 x 3 over 4): its four buffers, the bias's
+    /// `n` elements, and the kernel that adds the bias where the BLAS does not, which
+    /// must be an element-wise kernel of `(C, bias, C)` whose sizes the buffers hold.
+    #[test]
+    fn a_biased_product_and_its_bias_kernel_fit() {
+        let g = Gemm {
+            batch: 1,
+            m: 2,
+            n: 3,
+            k: 4,
+            ta: false,
+            tb: true,
+            b_batched: false,
+            bias: Some(1),
+        };
+        let (a, w, b, c) = (
+            buf(8, Elt::F32),
+            buf(12, Elt::F32),
+            buf(3, Elt::F32),
+            buf(6, Elt::F32),
+        );
+        let add = kernel("k1", 3, vec![24, 12, 24], None);
+        let mut ks = vec![kernel("k0", 4, vec![32, 48, 12, 24], Some(g)), add];
+        assert_eq!(gemm_fits(&g, &[&a, &w, &b, &c], &ks), Ok(()));
+        // Three buffers: no room for the bias.
+        let e = gemm_fits(&g, &[&a, &w, &c], &ks).unwrap_err();
+        assert!(e.contains("3 buffers, not 4"), "{e}");
+        // A bias of fewer than n elements.
+        let short = buf(2, Elt::F32);
+        let e = gemm_fits(&g, &[&a, &w, &short, &c], &ks).unwrap_err();
+        assert!(e.contains("needs more of the bias"), "{e}");
+        // Its bias kernel missing, a product itself, or writing past C.
+        let far = Gemm { bias: Some(7), ..g };
+        let e = gemm_fits(&far, &[&a, &w, &b, &c], &ks).unwrap_err();
+        assert!(e.contains("its bias's kernel 7 does not exist"), "{e}");
+        ks[1].gemm = Some(g);
+        let e = gemm_fits(&g, &[&a, &w, &b, &c], &ks).unwrap_err();
+        assert!(e.contains("not an element-wise kernel"), "{e}");
+        ks[1] = kernel("k1", 3, vec![24, 12, 28], None);
+        let e = gemm_fits(&g, &[&a, &w, &b, &c], &ks).unwrap_err();
+        assert!(e.contains("not an element-wise kernel"), "{e}");
+        // A bias on a batch of products.
+        let batched = Gemm { batch: 2, ..g };
+        ks[1] = kernel("k1", 3, vec![24, 12, 24], None);
+        let e = gemm_fits(&batched, &[&a, &w, &b, &c], &ks).unwrap_err();
+        assert!(e.contains("a bias on a batch of 2 products"), "{e}");
+    }
 }

@@ -337,6 +337,7 @@ fn round_trip_and_every_corruption_is_named() {
         ta: false,
         tb: false,
         b_batched: false,
+        bias: None,
     });
     b.header.programs[0].steps = vec![Step::Launch {
         kernel: 0,
