@@ -16,6 +16,34 @@ use std::ffi::{c_void, CString};
 
 pub(crate) type HostFn = unsafe extern "C" fn(*const *mut u8, u64);
 
+mod blas;
+
+/// A kernel as the host runs it: its entry in `host.so`, or for an f32 matrix product the
+/// `gemm` crate ([`blas`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HostKernel {
+    f: HostFn,
+    gemm: Option<crate::artifact::Gemm>,
+}
+
+impl HostKernel {
+    /// Runs the kernel on its buffers at `args` over `n` indices.
+    ///
+    /// # Safety
+    /// `args` must hold the kernel's buffers, each of the bytes it was compiled for
+    /// ([`crate::artifact::Kernel::sizes`], checked on reading), and nothing else may use
+    /// them meanwhile (except as the kernel's contract allows: a reducer's `acc`, read and
+    /// written element by element).
+    pub(crate) unsafe fn call(&self, args: &[*mut u8], n: u64) {
+        match &self.gemm {
+            // SAFETY: the caller's contract ([`blas::takes`] chose only f32 products).
+            Some(g) => unsafe { blas::product(g, args) },
+            // SAFETY: the caller's contract.
+            None => unsafe { (self.f)(args.as_ptr(), n) },
+        }
+    }
+}
+
 /// Per program, one arena per device of it (8-byte words; offsets are multiples of 256).
 pub(crate) type Arenas = Vec<Vec<Vec<u64>>>;
 
@@ -107,7 +135,7 @@ pub struct HostProgram {
     lib: *mut c_void,
     /// The memory file the library was loaded from (kept open while it is loaded).
     _memfd: Option<std::fs::File>,
-    fns: Vec<HostFn>,
+    fns: Vec<HostKernel>,
     /// What running as ranks needs of the artifact (its lanes, groups and scratch words),
     /// worked out at the first run as ranks (a training run makes one per step).
     ranks: std::sync::OnceLock<Result<RankSetup, String>>,
@@ -229,7 +257,11 @@ impl HostProgram {
             }
             // SAFETY: the symbol is a kernel entry with this signature (the artifact
             // format's contract for host.so).
-            fns.push(unsafe { std::mem::transmute::<*mut c_void, HostFn>(f) });
+            let f = unsafe { std::mem::transmute::<*mut c_void, HostFn>(f) };
+            fns.push(HostKernel {
+                f,
+                gemm: blas::takes(k),
+            });
         }
         Ok(HostProgram {
             art,
@@ -246,7 +278,7 @@ impl HostProgram {
     }
 
     /// Its kernels' entry points, by kernel.
-    pub(crate) fn fns(&self) -> &[HostFn] {
+    pub(crate) fn fns(&self) -> &[HostKernel] {
         &self.fns
     }
 
@@ -377,7 +409,7 @@ impl HostProgram {
                     // SAFETY: the reducer reads and writes `n` f32s at each pointer,
                     // all inside their places (checked); `dst` is both read and written
                     // element by element, as the kernel's contract allows.
-                    unsafe { (self.fns[k])(args.as_ptr(), n) };
+                    unsafe { self.fns[k].call(&args, n) };
                 }
             }
         }
@@ -391,7 +423,7 @@ impl HostProgram {
 fn run_ranks(
     art: &Artifact,
     lanes: &[Vec<usize>],
-    fns: &[HostFn],
+    fns: &[HostKernel],
     groups: &Groups,
     scratch: usize,
     arenas: &mut Arenas,
@@ -492,7 +524,7 @@ impl HostWire for HostComm {
 /// lasts) and its scratch space.
 pub(crate) struct HostRank<'a, W: HostWire> {
     pub(crate) art: &'a Artifact,
-    pub(crate) fns: &'a [HostFn],
+    pub(crate) fns: &'a [HostKernel],
     pub(crate) comm: &'a W,
     pub(crate) p: usize,
     pub(crate) device: usize,
@@ -535,7 +567,7 @@ impl<W: HostWire> Rank for HostRank<'_, W> {
             .collect();
         // SAFETY: the kernel reads and writes its buffers within their lengths, all in
         // this device's arena, which only this thread uses outside its collectives.
-        unsafe { (self.fns[kernel])(args.as_ptr(), self.art.header.kernels[kernel].len) };
+        unsafe { self.fns[kernel].call(&args, self.art.header.kernels[kernel].len) };
         Ok(())
     }
 
@@ -640,7 +672,7 @@ impl Engine for HostEngine<'_> {
             // SAFETY: the kernel reads and writes its buffers within their lengths (the
             // compiler's contract), all inside this arena, which nothing else uses
             // during the call.
-            unsafe { (self.prog.fns[*kernel])(args.as_ptr(), h.kernels[*kernel].len) };
+            unsafe { self.prog.fns[*kernel].call(&args, h.kernels[*kernel].len) };
         }
         Ok(())
     }

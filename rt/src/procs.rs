@@ -884,7 +884,7 @@ impl Engine for Procs<'_> {
 /// A device's step on the host: its arena made from `writes`, its steps run on this
 /// thread (collectives and messages through `wire`), and the bytes at `reads` returned.
 fn host_device(
-    (art, fns): (&Artifact, &[crate::host::HostFn]),
+    (art, fns): (&Artifact, &[crate::host::HostKernel]),
     wire: &NetWire<'_>,
     l: &Local,
     (lanes, groups, scratch): (&[Vec<usize>], &Groups, usize),
