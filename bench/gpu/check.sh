@@ -48,13 +48,15 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so '; then
   fi
 fi
 status=0
-# Everything printed also goes to check.log, which the summary below reads.
-exec > >(tee check.log) 2>&1
+# Everything printed also goes to check.log, which the summary below reads: in $OUT when
+# the harness sets it, so that a run stopped at its time limit still brings it back whole.
+log=${OUT:-.}/check.log
+exec > >(tee "$log") 2>&1
 # Per kernel: the GPU against the host kernels (which equal the CPU reference op by op),
 # step by step, on gpt-tiny's training step; and on any case below whose results
 # disagree, to name the first kernel that does.
 quick=${QUICK:-}
-echo "== per kernel: gpt-tiny-step, GPU against the host kernels"
+echo "== [${SECONDS} s] per kernel: gpt-tiny-step, GPU against the host kernels"
 [ -n "$quick" ] || ./nnscaler-rt compare gpt-tiny-step.nnsx --inputs gpt-tiny-step.in.safetensors \
   --inputs gpt-tiny-step.params.safetensors || status=1
 # bf16 results: cuBLAS's tensor cores sum in their own order, and a sum a rounding apart
@@ -62,7 +64,7 @@ echo "== per kernel: gpt-tiny-step, GPU against the host kernels"
 cases="gpt-tiny-step gpt-tiny-dptp gpt-tiny-pp nanogpt-cpu-step gpt-tiny-bf16-step gpt-tiny-bf16act-step"
 [ -z "$quick" ] || cases="gpt-tiny-step gpt-tiny-bf16-step"
 for c in $cases; do
-  echo "== $c"
+  echo "== [${SECONDS} s] $c"
   tol=1e-4
   case $c in *bf16*) tol=3e-2 ;; esac
   if ./nnscaler-rt run "$c.nnsx" --backend cuda --repeat 3 --inputs "$c.in.safetensors" \
@@ -80,7 +82,7 @@ done
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 for spec in $([ -n "$quick" ] || echo gpt-tiny-step:1 gpt-tiny-dptp:4 gpt-tiny-pp:8); do
   c=${spec%%:*}; need=${spec##*:}
-  echo "== $c as ranks (NCCL, $need GPU(s))"
+  echo "== [${SECONDS} s] $c as ranks (NCCL, $need GPU(s))"
   if [ "${gpus:-0}" -lt "$need" ]; then
     echo "skipped: $c needs $need GPUs, this machine has ${gpus:-0}"
     continue
@@ -92,7 +94,7 @@ done
 # Ranks as streams: every device a stream and a thread of its own on GPU 0 (any number of
 # devices), collectives by device copies and reducer kernels ordered by events.
 for c in $([ -n "$quick" ] || echo gpt-tiny-dptp gpt-tiny-pp); do
-  echo "== $c as ranks (a stream per device on one GPU)"
+  echo "== [${SECONDS} s] $c as ranks (a stream per device on one GPU)"
   ./nnscaler-rt run "$c.nnsx" --backend cuda --ranks=streams --repeat 3 --inputs "$c.in.safetensors" \
       --inputs "$c.params.safetensors" -o "$c.streams.safetensors" \
     && "$py" compare.py close "$c.streams.safetensors" "$c.want.safetensors" 1e-4 || status=1
@@ -100,7 +102,7 @@ done
 # The tiled attention kernels (FlashAttention-2 form: online softmax, nothing per key kept)
 # against the CPU runtime at head width 64, several tiles: each op within 1e-5 of the
 # tensor's scale.
-echo "== attention kernels (width 64; causal T300, grouped heads T130 x 200) against the CPU runtime"
+echo "== [${SECONDS} s] attention kernels (width 64; causal T300, grouped heads T130 x 200) against the CPU runtime"
 if ./nnscaler-rt run attn-check.nnsx --backend cuda --repeat 3 --inputs attn-check.in.safetensors \
     --inputs attn-check.params.safetensors -o attn-check.got.safetensors \
   && "$py" compare.py close attn-check.got.safetensors attn-check.want.safetensors 1e-5; then
@@ -108,7 +110,7 @@ if ./nnscaler-rt run attn-check.nnsx --backend cuda --repeat 3 --inputs attn-che
 else
   status=1
 fi
-echo "== the same with f32 attention on tensor cores (NNSCALER_ATTN_F32=tf32x3: three TF32 products)"
+echo "== [${SECONDS} s] the same with f32 attention on tensor cores (NNSCALER_ATTN_F32=tf32x3: three TF32 products)"
 if ./nnscaler-rt run attn-check-tf32x3.nnsx --backend cuda --repeat 3 --inputs attn-check.in.safetensors \
     --inputs attn-check.params.safetensors -o attn-check-tf32x3.got.safetensors \
   && "$py" compare.py close attn-check-tf32x3.got.safetensors attn-check.want.safetensors 1e-5; then
@@ -120,7 +122,7 @@ fi
 # emulated lane by lane; each kernel from the host's inputs): f32 as three TF32 products
 # within 1e-4; bf16 within 1e-2 (a sum in another order may round to the neighbouring
 # bf16, 2^-8 of an element), and the bf16 step against the CPU runtime within 3e-2.
-echo "== per kernel: attention on tensor cores (attn-check-tf32x3; attn-bf16, a bf16 training step), GPU against the host kernels"
+echo "== [${SECONDS} s] per kernel: attention on tensor cores (attn-check-tf32x3; attn-bf16, a bf16 training step), GPU against the host kernels"
 ./nnscaler-rt compare attn-check-tf32x3.nnsx --inputs attn-check.in.safetensors \
   --inputs attn-check.params.safetensors || status=1
 ./nnscaler-rt compare attn-bf16.nnsx --tolerance 1e-2 --inputs attn-bf16.in.safetensors \
@@ -143,7 +145,7 @@ side() {
 # Attention alone against PyTorch's scaled_dot_product_attention on the same GPU.
 for spec in nanogpt:64:6:256 gpt2:8:12:1024; do
   IFS=: read -r c b h t <<< "$spec"
-  echo "== attention alone, $c shape (B$b H$h T$t d64, causal, fp32): forward, then forward + backward"
+  echo "== [${SECONDS} s] attention alone, $c shape (B$b H$h T$t d64, causal, fp32): forward, then forward + backward"
   "$py" compare.py inputs "attn-$c.nnsx" "attn-$c.in.safetensors" || status=1
   ./nnscaler-rt run "attn-$c-fwd.nnsx" --backend cuda --repeat 20 --inputs "attn-$c.in.safetensors" -o /dev/null || status=1
   ./nnscaler-rt run "attn-$c.nnsx" --backend cuda --repeat 20 --inputs "attn-$c.in.safetensors" -o /dev/null || status=1
@@ -161,7 +163,7 @@ for spec in nanogpt:64:6:256 gpt2:8:12:1024; do
     grep -E '^ran |^attention' "attn-bf16-$c$v.profile.txt" | sed "s/^/bf16${v:- two buffers}: /" || true
   done
 done
-echo "== nanogpt GPU config (6 layers, 6 heads, 384 wide, block 256, batch 64; fp32)"
+echo "== [${SECONDS} s] nanogpt GPU config (6 layers, 6 heads, 384 wide, block 256, batch 64; fp32)"
 "$py" compare.py params nanogpt-gpu-step.nnsx nanogpt-gpu-step.params.safetensors
 ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
   --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > nanogpt.profile.txt 2>&1 || status=1
@@ -170,7 +172,7 @@ cat nanogpt.profile.txt
 side 6 6 384 256 64 65 nanogpt.profile.txt
 # The row teams' size (elements a lane aims for; the step above is 1): the whole step's
 # time and its row families, on the same inputs, to choose the default from.
-echo "== nanogpt GPU config, row teams swept (NNSCALER_ROW_ELEMS 2, 4, 8, 16; the step above: 1)"
+echo "== [${SECONDS} s] nanogpt GPU config, row teams swept (NNSCALER_ROW_ELEMS 2, 4, 8, 16; the step above: 1)"
 for e in 2 4 8 16; do
   ./nnscaler-rt run "nanogpt-gpu-step-rows$e.nnsx" --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
     --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > "rows$e.profile.txt" 2>&1 || status=1
@@ -178,23 +180,23 @@ for e in 2 4 8 16; do
 done
 # f32 attention on tensor cores as three TF32 products (NNSCALER_ATTN_F32=tf32x3):
 # the step and its attention families, to choose the default.
-echo "== nanogpt GPU config, f32 attention on tensor cores (NNSCALER_ATTN_F32=tf32x3; the step above: register tiles)"
+echo "== [${SECONDS} s] nanogpt GPU config, f32 attention on tensor cores (NNSCALER_ATTN_F32=tf32x3; the step above: register tiles)"
 ./nnscaler-rt run nanogpt-gpu-step-tf32x3.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
   --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > tf32x3.profile.txt 2>&1 || status=1
 grep -E '^ran |^attention' tf32x3.profile.txt | sed "s/^/tf32x3: /" || true
 # Single products through cublasSgemm instead of the strided-batched call with one batch
 # (NNSCALER_CUBLAS=plain): the step and its matrix-product families, to choose the default.
-echo "== nanogpt GPU config, single products through cublasSgemm (NNSCALER_CUBLAS=plain)"
+echo "== [${SECONDS} s] nanogpt GPU config, single products through cublasSgemm (NNSCALER_CUBLAS=plain)"
 NNSCALER_CUBLAS=plain ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
   --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > plain.profile.txt 2>&1 || status=1
 grep -E '^nnscaler-rt: matrix|^ran |^(linear|linear_gemm|linear_weight_grad|matmul) ' plain.profile.txt | sed "s/^/plain: /" || true
 # Biases by their element-wise kernels after cuBLAS (NNSCALER_CUBLASLT=0) instead of
 # cuBLASLt's epilogue (the step above): the step and its product and bias families.
-echo "== nanogpt GPU config, biases by their kernels after cuBLAS (NNSCALER_CUBLASLT=0; the step above: cuBLASLt's epilogue)"
+echo "== [${SECONDS} s] nanogpt GPU config, biases by their kernels after cuBLAS (NNSCALER_CUBLASLT=0; the step above: cuBLASLt's epilogue)"
 NNSCALER_CUBLASLT=0 ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
   --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > nolt.profile.txt 2>&1 || status=1
 grep -E '^nnscaler-rt: matrix|^ran |^(linear|linear_bias|linear_weight_grad|matmul) ' nolt.profile.txt | sed "s/^/no cuBLASLt: /" || true
-echo "== nanogpt GPU config in mixed precision (bf16 products, 2-byte bf16 buffers; PyTorch: autocast bf16)"
+echo "== [${SECONDS} s] nanogpt GPU config in mixed precision (bf16 products, 2-byte bf16 buffers; PyTorch: autocast bf16)"
 # The same parameters and optimizer state (f32 master weights: the same inputs).
 cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-bf16-step.params.safetensors
 ./nnscaler-rt run nanogpt-gpu-bf16-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-bf16-step.in.safetensors \
@@ -202,7 +204,7 @@ cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-bf16-step.params.safetensors
 cat nanogpt-bf16.profile.txt
 "$py" torch_ref.py step 6 6 384 256 64 65 bf16 || status=1
 side 6 6 384 256 64 65 nanogpt-bf16.profile.txt bf16
-echo "== nanogpt GPU config with every activation in bf16 (--autocast=\"bf16 activations=bf16\"; PyTorch: autocast bf16 above)"
+echo "== [${SECONDS} s] nanogpt GPU config with every activation in bf16 (--autocast=\"bf16 activations=bf16\"; PyTorch: autocast bf16 above)"
 cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-act-step.params.safetensors
 ./nnscaler-rt run nanogpt-gpu-act-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-act-step.in.safetensors \
   --inputs nanogpt-gpu-act-step.params.safetensors -o /dev/null > nanogpt-act.profile.txt 2>&1 || status=1
@@ -212,14 +214,14 @@ echo "-- by family, beside PyTorch (eager, bf16; its families timed above)"
 # Launch overhead: the same steps captured once as CUDA graphs and replayed (--graph; the
 # summary's "graph" column), and the fp32 step with TF32 products (--matmul-precision
 # high, as torch_user.py's TF32 row).
-echo "== nanogpt GPU config as CUDA graphs (--graph), and with TF32 products (--matmul-precision high)"
+echo "== [${SECONDS} s] nanogpt GPU config as CUDA graphs (--graph), and with TF32 products (--matmul-precision high)"
 for s in nanogpt-gpu-step nanogpt-gpu-bf16-step nanogpt-gpu-act-step; do
   ./nnscaler-rt run "$s.nnsx" --backend cuda --repeat 5 --graph --inputs "$s.in.safetensors" \
     --inputs "$s.params.safetensors" -o /dev/null 2>&1 | sed 's/^/graph: /' || status=1
 done
 ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --matmul-precision high --inputs nanogpt-gpu-step.in.safetensors \
   --inputs nanogpt-gpu-step.params.safetensors -o /dev/null 2>&1 | sed 's/^/tf32: /' || status=1
-echo "== GPT-2 124M (12 layers, 12 heads, 768 wide, block 1024, batch 8, vocab 50257; fp32, then mixed precision)"
+echo "== [${SECONDS} s] GPT-2 124M (12 layers, 12 heads, 768 wide, block 1024, batch 8, vocab 50257; fp32, then mixed precision)"
 "$py" compare.py params gpt2-step.nnsx gpt2-step.params.safetensors
 ./nnscaler-rt run gpt2-step.nnsx --backend cuda --repeat 5 --profile --inputs gpt2-step.in.safetensors \
   --inputs gpt2-step.params.safetensors -o /dev/null > gpt2.profile.txt 2>&1 || status=1
@@ -231,23 +233,23 @@ side 12 12 768 1024 8 50257 gpt2.profile.txt
 "$py" torch_ref.py step 12 12 768 1024 8 50257 bf16 || status=1
 rm -f gpt2-step.params.safetensors
 if [ -z "$quick" ]; then
-  echo "== what a user runs instead (nn.Module, SDPA; eager fp32, TF32, bf16 autocast + fused AdamW)"
+  echo "== [${SECONDS} s] what a user runs instead (nn.Module, SDPA; eager fp32, TF32, bf16 autocast + fused AdamW)"
   "$py" torch_user.py || status=1
   "$py" torch_user.py --gpt2 || status=1
-  echo "== GEMM 2048^3 fp32"
+  echo "== [${SECONDS} s] GEMM 2048^3 fp32"
   "$py" compare.py inputs gemm.nnsx gemm.in.safetensors
   ./nnscaler-rt run gemm.nnsx --backend cuda --repeat 5 --inputs gemm.in.safetensors -o /dev/null || status=1
   "$py" torch_ref.py gemm 2048 || status=1
 fi
 # The step times above as one table, with the ratios.
 sleep 0.2
-echo "== summary: step times (ms), ours against PyTorch on this GPU"
-"$py" compare.py summary check.log || status=1
+echo "== [${SECONDS} s] summary: step times (ms), ours against PyTorch on this GPU"
+"$py" compare.py summary "$log" || status=1
 # Per-launch kernel times (ncu), into $OUT when set: the attention kernels alone (with
 # their registers and occupancy), and the nanoGPT GPU config's fp32 step.
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 if [ -x "$ncu" ] && [ -n "${OUT:-}" ]; then
-  echo "== ncu: attention kernels (nanoGPT shape), then every launch of the nanoGPT steps"
+  echo "== [${SECONDS} s] ncu: attention kernels (nanoGPT shape), then every launch of the nanoGPT steps"
   timeout 120 "$ncu" --csv --metrics gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed \
     ./nnscaler-rt run attn-nanogpt.nnsx --backend cuda --inputs attn-nanogpt.in.safetensors -o /dev/null > "$OUT/attn-nanogpt.ncu.csv" 2>&1 || true
   grep -E 'attn|atten' "$OUT/attn-nanogpt.ncu.csv" | head -20 || true
@@ -255,10 +257,10 @@ if [ -x "$ncu" ] && [ -n "${OUT:-}" ]; then
     --inputs nanogpt-gpu-step.in.safetensors --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > "$OUT/nanogpt-gpu-step.ncu.csv" 2>&1 || true
   "$py" compare.py families "$OUT/nanogpt-gpu-step.ncu.csv" || true
 else
-  echo "== ncu: skipped (no ncu, or no \$OUT for its files)"
+  echo "== [${SECONDS} s] ncu: skipped (no ncu, or no \$OUT for its files)"
 fi
 if [ -n "$quick" ]; then exit $status; fi
-echo "== the PyTorch importer on this machine's torch: F.scaled_dot_product_attention (its files to \$OUT; nnscaler run checks them where nnscaler is, docs/pytorch.md)"
+echo "== [${SECONDS} s] the PyTorch importer on this machine's torch: F.scaled_dot_product_attention (its files to \$OUT; nnscaler run checks them where nnscaler is, docs/pytorch.md)"
 if "$py" importer.py torch_models.py:gpt_sdpa --input idx=2x8:i64 --input targets=2x8:i64 \
     --params sdpa.params.safetensors > sdpa.mlir; then
   echo "dnn.attention ops: $(grep -c '"dnn.attention"' sdpa.mlir)"
@@ -268,9 +270,9 @@ if "$py" importer.py torch_models.py:gpt_sdpa --input idx=2x8:i64 --input target
 else
   status=1
 fi
-echo "== what the runtime holds outside a program (the cost model's GPU_RESERVED and GPU_FRAGMENTATION)"
+echo "== [${SECONDS} s] what the runtime holds outside a program (the cost model's GPU_RESERVED and GPU_FRAGMENTATION)"
 timeout 120 "$py" memory_reserve.py || status=1
-echo "== calibration benchmarks (fit them with: nnscaler calibrate --device gpu --timings calib-timings.json)"
+echo "== [${SECONDS} s] calibration benchmarks (fit them with: nnscaler calibrate --device gpu --timings calib-timings.json)"
 # 2026-12-04 the 'add' (stream) entry read 0.39 TB/s and 'gelu' 0.37 TB/s where the step's own
 # adds ran at 3.4 TB/s by ncu: each timed run freed the last run's arena and the memory
 # pool unmapped it at the step's synchronize. The pool now keeps freed memory and timed runs
@@ -278,4 +280,5 @@ echo "== calibration benchmarks (fit them with: nnscaler calibrate --device gpu 
 timeout 120 ./nnscaler-rt bench calib/calibrate.json --backend cuda -o calib-timings.json || status=1
 if [ -n "${OUT:-}" ] && [ -f calib-timings.json ]; then cp calib-timings.json "$OUT/"; fi
 cat calib-timings.json 2>/dev/null || true
+echo "check.sh: done in ${SECONDS} s (exit $status)"
 exit $status
