@@ -5,7 +5,9 @@
 #                          the attention kernels, and the timings against PyTorch, without
 #                          the per-kernel comparison, the multi-device cases, what a user
 #                          runs, the GEMM rate and the calibration benchmarks: a second run
-#                          of a session, after a change, in about two minutes)
+#                          of a session, after a change, in about two minutes;
+#                          BUDGET=SECONDS ./check.sh: the optional timings skipped once
+#                          that many seconds have passed, see within() below)
 # Prints: the GPU; per kernel, the GPU against the host kernels step by step
 # (nnscaler-rt compare, on gpt-tiny's step and on any case that disagrees); per case,
 # agreement of the CUDA backend with the CPU runtime (whole
@@ -56,6 +58,16 @@ exec > >(tee "$log") 2>&1
 # step by step, on gpt-tiny's training step; and on any case below whose results
 # disagree, to name the first kernel that does.
 quick=${QUICK:-}
+# BUDGET=SECONDS: the optional timings (the knobs' sweeps, bf16 activations, CUDA graphs,
+# GPT-2, what a user runs, the GEMM rate, ncu, the importer) are skipped once that many
+# seconds have passed, each saying so, so that the correctness cases, the attention and
+# nanoGPT timings, the summary and the calibration fit one device command's time limit.
+within() {
+  if [ -n "${BUDGET:-}" ] && [ "$SECONDS" -ge "$BUDGET" ]; then
+    echo "== [${SECONDS} s] skipped (past BUDGET=$BUDGET s): $1"
+    return 1
+  fi
+}
 echo "== [${SECONDS} s] per kernel: gpt-tiny-step, GPU against the host kernels"
 [ -n "$quick" ] || ./nnscaler-rt compare gpt-tiny-step.nnsx --inputs gpt-tiny-step.in.safetensors \
   --inputs gpt-tiny-step.params.safetensors || status=1
@@ -170,32 +182,34 @@ echo "== [${SECONDS} s] nanogpt GPU config (6 layers, 6 heads, 384 wide, block 2
 cat nanogpt.profile.txt
 "$py" torch_ref.py step 6 6 384 256 64 65 || status=1
 side 6 6 384 256 64 65 nanogpt.profile.txt
-# The row teams' size (elements a lane aims for; the step above is 1): the whole step's
-# time and its row families, on the same inputs, to choose the default from.
-echo "== [${SECONDS} s] nanogpt GPU config, row teams swept (NNSCALER_ROW_ELEMS 2, 4, 8, 16; the step above: 1)"
-for e in 2 4 8 16; do
-  ./nnscaler-rt run "nanogpt-gpu-step-rows$e.nnsx" --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
-    --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > "rows$e.profile.txt" 2>&1 || status=1
-  grep -E '^ran |^(layer_norm|cross_entropy|softmax|log_softmax|sum|mean)[a-z_]* ' "rows$e.profile.txt" | sed "s/^/rows$e: /" || true
-done
-# f32 attention on tensor cores as three TF32 products (NNSCALER_ATTN_F32=tf32x3):
-# the step and its attention families, to choose the default.
-echo "== [${SECONDS} s] nanogpt GPU config, f32 attention on tensor cores (NNSCALER_ATTN_F32=tf32x3; the step above: register tiles)"
-./nnscaler-rt run nanogpt-gpu-step-tf32x3.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
-  --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > tf32x3.profile.txt 2>&1 || status=1
-grep -E '^ran |^attention' tf32x3.profile.txt | sed "s/^/tf32x3: /" || true
-# Single products through cublasSgemm instead of the strided-batched call with one batch
-# (NNSCALER_CUBLAS=plain): the step and its matrix-product families, to choose the default.
-echo "== [${SECONDS} s] nanogpt GPU config, single products through cublasSgemm (NNSCALER_CUBLAS=plain)"
-NNSCALER_CUBLAS=plain ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
-  --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > plain.profile.txt 2>&1 || status=1
-grep -E '^nnscaler-rt: matrix|^ran |^(linear|linear_gemm|linear_weight_grad|matmul) ' plain.profile.txt | sed "s/^/plain: /" || true
-# Biases by their element-wise kernels after cuBLAS (NNSCALER_CUBLASLT=0) instead of
-# cuBLASLt's epilogue (the step above): the step and its product and bias families.
-echo "== [${SECONDS} s] nanogpt GPU config, biases by their kernels after cuBLAS (NNSCALER_CUBLASLT=0; the step above: cuBLASLt's epilogue)"
-NNSCALER_CUBLASLT=0 ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
-  --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > nolt.profile.txt 2>&1 || status=1
-grep -E '^nnscaler-rt: matrix|^ran |^(linear|linear_bias|linear_weight_grad|matmul) ' nolt.profile.txt | sed "s/^/no cuBLASLt: /" || true
+if within "the knobs' sweeps (row teams, tf32x3, cublasSgemm, no cuBLASLt)"; then
+  # The row teams' size (elements a lane aims for; the step above is 1): the whole step's
+  # time and its row families, on the same inputs, to choose the default from.
+  echo "== [${SECONDS} s] nanogpt GPU config, row teams swept (NNSCALER_ROW_ELEMS 2, 4, 8, 16; the step above: 1)"
+  for e in 2 4 8 16; do
+    ./nnscaler-rt run "nanogpt-gpu-step-rows$e.nnsx" --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
+      --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > "rows$e.profile.txt" 2>&1 || status=1
+    grep -E '^ran |^(layer_norm|cross_entropy|softmax|log_softmax|sum|mean)[a-z_]* ' "rows$e.profile.txt" | sed "s/^/rows$e: /" || true
+  done
+  # f32 attention on tensor cores as three TF32 products (NNSCALER_ATTN_F32=tf32x3):
+  # the step and its attention families, to choose the default.
+  echo "== [${SECONDS} s] nanogpt GPU config, f32 attention on tensor cores (NNSCALER_ATTN_F32=tf32x3; the step above: register tiles)"
+  ./nnscaler-rt run nanogpt-gpu-step-tf32x3.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
+    --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > tf32x3.profile.txt 2>&1 || status=1
+  grep -E '^ran |^attention' tf32x3.profile.txt | sed "s/^/tf32x3: /" || true
+  # Single products through cublasSgemm instead of the strided-batched call with one batch
+  # (NNSCALER_CUBLAS=plain): the step and its matrix-product families, to choose the default.
+  echo "== [${SECONDS} s] nanogpt GPU config, single products through cublasSgemm (NNSCALER_CUBLAS=plain)"
+  NNSCALER_CUBLAS=plain ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
+    --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > plain.profile.txt 2>&1 || status=1
+  grep -E '^nnscaler-rt: matrix|^ran |^(linear|linear_gemm|linear_weight_grad|matmul) ' plain.profile.txt | sed "s/^/plain: /" || true
+  # Biases by their element-wise kernels after cuBLAS (NNSCALER_CUBLASLT=0) instead of
+  # cuBLASLt's epilogue (the step above): the step and its product and bias families.
+  echo "== [${SECONDS} s] nanogpt GPU config, biases by their kernels after cuBLAS (NNSCALER_CUBLASLT=0; the step above: cuBLASLt's epilogue)"
+  NNSCALER_CUBLASLT=0 ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-step.in.safetensors \
+    --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > nolt.profile.txt 2>&1 || status=1
+  grep -E '^nnscaler-rt: matrix|^ran |^(linear|linear_bias|linear_weight_grad|matmul) ' nolt.profile.txt | sed "s/^/no cuBLASLt: /" || true
+fi
 echo "== [${SECONDS} s] nanogpt GPU config in mixed precision (bf16 products, 2-byte bf16 buffers; PyTorch: autocast bf16)"
 # The same parameters and optimizer state (f32 master weights: the same inputs).
 cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-bf16-step.params.safetensors
@@ -204,42 +218,46 @@ cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-bf16-step.params.safetensors
 cat nanogpt-bf16.profile.txt
 "$py" torch_ref.py step 6 6 384 256 64 65 bf16 || status=1
 side 6 6 384 256 64 65 nanogpt-bf16.profile.txt bf16
-echo "== [${SECONDS} s] nanogpt GPU config with every activation in bf16 (--autocast=\"bf16 activations=bf16\"; PyTorch: autocast bf16 above)"
-cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-act-step.params.safetensors
-./nnscaler-rt run nanogpt-gpu-act-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-act-step.in.safetensors \
-  --inputs nanogpt-gpu-act-step.params.safetensors -o /dev/null > nanogpt-act.profile.txt 2>&1 || status=1
-cat nanogpt-act.profile.txt
-echo "-- by family, beside PyTorch (eager, bf16; its families timed above)"
-"$py" compare.py side nanogpt-act.profile.txt nanogpt-bf16.profile.txt.torch.txt || status=1
-# Launch overhead: the same steps captured once as CUDA graphs and replayed (--graph; the
-# summary's "graph" column), and the fp32 step with TF32 products (--matmul-precision
-# high, as torch_user.py's TF32 row).
-echo "== [${SECONDS} s] nanogpt GPU config as CUDA graphs (--graph), and with TF32 products (--matmul-precision high)"
-for s in nanogpt-gpu-step nanogpt-gpu-bf16-step nanogpt-gpu-act-step; do
-  ./nnscaler-rt run "$s.nnsx" --backend cuda --repeat 5 --graph --inputs "$s.in.safetensors" \
-    --inputs "$s.params.safetensors" -o /dev/null 2>&1 | sed 's/^/graph: /' || status=1
-done
-./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --matmul-precision high --inputs nanogpt-gpu-step.in.safetensors \
-  --inputs nanogpt-gpu-step.params.safetensors -o /dev/null 2>&1 | sed 's/^/tf32: /' || status=1
-echo "== [${SECONDS} s] GPT-2 124M (12 layers, 12 heads, 768 wide, block 1024, batch 8, vocab 50257; fp32, then mixed precision)"
-"$py" compare.py params gpt2-step.nnsx gpt2-step.params.safetensors
-./nnscaler-rt run gpt2-step.nnsx --backend cuda --repeat 5 --profile --inputs gpt2-step.in.safetensors \
-  --inputs gpt2-step.params.safetensors -o /dev/null > gpt2.profile.txt 2>&1 || status=1
-cat gpt2.profile.txt
-"$py" torch_ref.py step 12 12 768 1024 8 50257 || status=1
-side 12 12 768 1024 8 50257 gpt2.profile.txt
-./nnscaler-rt run gpt2-bf16-step.nnsx --backend cuda --repeat 5 --inputs gpt2-bf16-step.in.safetensors \
-  --inputs gpt2-step.params.safetensors -o /dev/null || status=1
-"$py" torch_ref.py step 12 12 768 1024 8 50257 bf16 || status=1
-rm -f gpt2-step.params.safetensors
-if [ -z "$quick" ]; then
-  echo "== [${SECONDS} s] what a user runs instead (nn.Module, SDPA; eager fp32, TF32, bf16 autocast + fused AdamW)"
-  "$py" torch_user.py || status=1
-  "$py" torch_user.py --gpt2 || status=1
-  echo "== [${SECONDS} s] GEMM 2048^3 fp32"
-  "$py" compare.py inputs gemm.nnsx gemm.in.safetensors
-  ./nnscaler-rt run gemm.nnsx --backend cuda --repeat 5 --inputs gemm.in.safetensors -o /dev/null || status=1
-  "$py" torch_ref.py gemm 2048 || status=1
+if within "bf16 activations, CUDA graphs, TF32"; then
+  echo "== [${SECONDS} s] nanogpt GPU config with every activation in bf16 (--autocast=\"bf16 activations=bf16\"; PyTorch: autocast bf16 above)"
+  cp nanogpt-gpu-step.params.safetensors nanogpt-gpu-act-step.params.safetensors
+  ./nnscaler-rt run nanogpt-gpu-act-step.nnsx --backend cuda --repeat 5 --profile --inputs nanogpt-gpu-act-step.in.safetensors \
+    --inputs nanogpt-gpu-act-step.params.safetensors -o /dev/null > nanogpt-act.profile.txt 2>&1 || status=1
+  cat nanogpt-act.profile.txt
+  echo "-- by family, beside PyTorch (eager, bf16; its families timed above)"
+  "$py" compare.py side nanogpt-act.profile.txt nanogpt-bf16.profile.txt.torch.txt || status=1
+  # Launch overhead: the same steps captured once as CUDA graphs and replayed (--graph; the
+  # summary's "graph" column), and the fp32 step with TF32 products (--matmul-precision
+  # high, as torch_user.py's TF32 row).
+  echo "== [${SECONDS} s] nanogpt GPU config as CUDA graphs (--graph), and with TF32 products (--matmul-precision high)"
+  for s in nanogpt-gpu-step nanogpt-gpu-bf16-step nanogpt-gpu-act-step; do
+    ./nnscaler-rt run "$s.nnsx" --backend cuda --repeat 5 --graph --inputs "$s.in.safetensors" \
+      --inputs "$s.params.safetensors" -o /dev/null 2>&1 | sed 's/^/graph: /' || status=1
+  done
+  ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda --repeat 5 --matmul-precision high --inputs nanogpt-gpu-step.in.safetensors \
+    --inputs nanogpt-gpu-step.params.safetensors -o /dev/null 2>&1 | sed 's/^/tf32: /' || status=1
+fi
+if within "GPT-2 124M, what a user runs, the GEMM rate"; then
+  echo "== [${SECONDS} s] GPT-2 124M (12 layers, 12 heads, 768 wide, block 1024, batch 8, vocab 50257; fp32, then mixed precision)"
+  "$py" compare.py params gpt2-step.nnsx gpt2-step.params.safetensors
+  ./nnscaler-rt run gpt2-step.nnsx --backend cuda --repeat 5 --profile --inputs gpt2-step.in.safetensors \
+    --inputs gpt2-step.params.safetensors -o /dev/null > gpt2.profile.txt 2>&1 || status=1
+  cat gpt2.profile.txt
+  "$py" torch_ref.py step 12 12 768 1024 8 50257 || status=1
+  side 12 12 768 1024 8 50257 gpt2.profile.txt
+  ./nnscaler-rt run gpt2-bf16-step.nnsx --backend cuda --repeat 5 --inputs gpt2-bf16-step.in.safetensors \
+    --inputs gpt2-step.params.safetensors -o /dev/null || status=1
+  "$py" torch_ref.py step 12 12 768 1024 8 50257 bf16 || status=1
+  rm -f gpt2-step.params.safetensors
+  if [ -z "$quick" ]; then
+    echo "== [${SECONDS} s] what a user runs instead (nn.Module, SDPA; eager fp32, TF32, bf16 autocast + fused AdamW)"
+    "$py" torch_user.py || status=1
+    "$py" torch_user.py --gpt2 || status=1
+    echo "== [${SECONDS} s] GEMM 2048^3 fp32"
+    "$py" compare.py inputs gemm.nnsx gemm.in.safetensors
+    ./nnscaler-rt run gemm.nnsx --backend cuda --repeat 5 --inputs gemm.in.safetensors -o /dev/null || status=1
+    "$py" torch_ref.py gemm 2048 || status=1
+  fi
 fi
 # The step times above as one table, with the ratios.
 sleep 0.2
@@ -247,28 +265,32 @@ echo "== [${SECONDS} s] summary: step times (ms), ours against PyTorch on this G
 "$py" compare.py summary "$log" || status=1
 # Per-launch kernel times (ncu), into $OUT when set: the attention kernels alone (with
 # their registers and occupancy), and the nanoGPT GPU config's fp32 step.
-ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-if [ -x "$ncu" ] && [ -n "${OUT:-}" ]; then
-  echo "== [${SECONDS} s] ncu: attention kernels (nanoGPT shape), then every launch of the nanoGPT steps"
-  timeout 120 "$ncu" --csv --metrics gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed \
-    ./nnscaler-rt run attn-nanogpt.nnsx --backend cuda --inputs attn-nanogpt.in.safetensors -o /dev/null > "$OUT/attn-nanogpt.ncu.csv" 2>&1 || true
-  grep -E 'attn|atten' "$OUT/attn-nanogpt.ncu.csv" | head -20 || true
-  timeout 100 "$ncu" --csv --metrics gpu__time_duration.sum ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda \
-    --inputs nanogpt-gpu-step.in.safetensors --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > "$OUT/nanogpt-gpu-step.ncu.csv" 2>&1 || true
-  "$py" compare.py families "$OUT/nanogpt-gpu-step.ncu.csv" || true
-else
-  echo "== [${SECONDS} s] ncu: skipped (no ncu, or no \$OUT for its files)"
+if within "ncu"; then
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  if [ -x "$ncu" ] && [ -n "${OUT:-}" ]; then
+    echo "== [${SECONDS} s] ncu: attention kernels (nanoGPT shape), then every launch of the nanoGPT steps"
+    timeout 120 "$ncu" --csv --metrics gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed \
+      ./nnscaler-rt run attn-nanogpt.nnsx --backend cuda --inputs attn-nanogpt.in.safetensors -o /dev/null > "$OUT/attn-nanogpt.ncu.csv" 2>&1 || true
+    grep -E 'attn|atten' "$OUT/attn-nanogpt.ncu.csv" | head -20 || true
+    timeout 100 "$ncu" --csv --metrics gpu__time_duration.sum ./nnscaler-rt run nanogpt-gpu-step.nnsx --backend cuda \
+      --inputs nanogpt-gpu-step.in.safetensors --inputs nanogpt-gpu-step.params.safetensors -o /dev/null > "$OUT/nanogpt-gpu-step.ncu.csv" 2>&1 || true
+    "$py" compare.py families "$OUT/nanogpt-gpu-step.ncu.csv" || true
+  else
+    echo "== [${SECONDS} s] ncu: skipped (no ncu, or no \$OUT for its files)"
+  fi
 fi
 if [ -n "$quick" ]; then exit $status; fi
-echo "== [${SECONDS} s] the PyTorch importer on this machine's torch: F.scaled_dot_product_attention (its files to \$OUT; nnscaler run checks them where nnscaler is, docs/pytorch.md)"
-if "$py" importer.py torch_models.py:gpt_sdpa --input idx=2x8:i64 --input targets=2x8:i64 \
-    --params sdpa.params.safetensors > sdpa.mlir; then
-  echo "dnn.attention ops: $(grep -c '"dnn.attention"' sdpa.mlir)"
-  "$py" import_ref.py torch_models.py:gpt_sdpa sdpa.params.safetensors sdpa.batch.safetensors \
-    sdpa.want.safetensors idx=2x8:i64 targets=2x8:i64 || status=1
-  if [ -n "${OUT:-}" ]; then cp sdpa.mlir sdpa.params.safetensors sdpa.batch.safetensors sdpa.want.safetensors "$OUT/" 2>/dev/null || true; fi
-else
-  status=1
+if within "the PyTorch importer"; then
+  echo "== [${SECONDS} s] the PyTorch importer on this machine's torch: F.scaled_dot_product_attention (its files to \$OUT; nnscaler run checks them where nnscaler is, docs/pytorch.md)"
+  if "$py" importer.py torch_models.py:gpt_sdpa --input idx=2x8:i64 --input targets=2x8:i64 \
+      --params sdpa.params.safetensors > sdpa.mlir; then
+    echo "dnn.attention ops: $(grep -c '"dnn.attention"' sdpa.mlir)"
+    "$py" import_ref.py torch_models.py:gpt_sdpa sdpa.params.safetensors sdpa.batch.safetensors \
+      sdpa.want.safetensors idx=2x8:i64 targets=2x8:i64 || status=1
+    if [ -n "${OUT:-}" ]; then cp sdpa.mlir sdpa.params.safetensors sdpa.batch.safetensors sdpa.want.safetensors "$OUT/" 2>/dev/null || true; fi
+  else
+    status=1
+  fi
 fi
 echo "== [${SECONDS} s] what the runtime holds outside a program (the cost model's GPU_RESERVED and GPU_FRAGMENTATION)"
 timeout 120 "$py" memory_reserve.py || status=1
