@@ -387,10 +387,10 @@ impl Attn {
         let most = if self.double { 2 } else { 1 };
         // The most keys a tile that fit, two buffers before one at each (16-key tiles only
         // for f32's wider rows: bf16 fits 32 up to the widest).
-        let tiles = [64, 32, 16]
+        let mut tiles = [64, 32, 16]
             .into_iter()
             .flat_map(|keys| (1..=most).rev().map(move |buffers| (keys, buffers)));
-        tiles.into_iter().find_map(|(keys, buffers)| {
+        tiles.find_map(|(keys, buffers)| {
             let (qp, ep) = (es * d + MMA_PAD, es * e + MMA_PAD);
             let k_at = MMA_ROWS * qp;
             let v_at = k_at + keys * qp;

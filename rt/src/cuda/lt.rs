@@ -24,23 +24,29 @@ const WORKSPACE: usize = 32 << 20;
 /// bias's, and whether f32 products may use TF32.
 type Key = (u64, u64, u64, bool, bool, [Elt; 3], Elt, bool);
 
-/// One shape's descriptors and algorithm.
-struct Plan {
+/// A product's descriptor and its matrices' layouts (ours `B`, `A`, `C` in cuBLASLt's
+/// order), destroyed with it.
+struct Descs {
     desc: sys::cublasLtMatmulDesc_t,
-    layouts: [sys::cublasLtMatrixLayout_t; 3],
-    algo: sys::cublasLtMatmulAlgo_t,
+    layouts: Vec<sys::cublasLtMatrixLayout_t>,
 }
 
-impl Drop for Plan {
+impl Drop for Descs {
     fn drop(&mut self) {
-        // SAFETY: made by `Lt::plan`, destroyed once, here.
+        // SAFETY: made by `Lt::plan`, owned here only, destroyed once.
         unsafe {
             let _ = lt::destroy_matmul_desc(self.desc);
-            for l in self.layouts {
+            for &l in &self.layouts {
                 let _ = lt::destroy_matrix_layout(l);
             }
         }
     }
+}
+
+/// One shape's descriptors and algorithm.
+struct Plan {
+    d: Descs,
+    algo: sys::cublasLtMatmulAlgo_t,
 }
 
 /// cuBLASLt on one stream: its handle, workspace and plans.
@@ -142,7 +148,7 @@ impl Lt {
         cublas(
             unsafe {
                 lt::set_matmul_desc_attribute(
-                    plan.desc,
+                    plan.d.desc,
                     sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                     (&bias_ptr as *const u64).cast(),
                     std::mem::size_of::<u64>(),
@@ -158,17 +164,17 @@ impl Lt {
             unsafe {
                 lt::matmul(
                     self.handle,
-                    plan.desc,
+                    plan.d.desc,
                     (&alpha as *const f32).cast(),
                     (&beta as *const f32).cast(),
                     b as *const c_void,
-                    plan.layouts[0],
+                    plan.d.layouts[0],
                     a as *const c_void,
-                    plan.layouts[1],
+                    plan.d.layouts[1],
                     c as *const c_void,
-                    plan.layouts[2],
+                    plan.d.layouts[2],
                     c as *mut c_void,
-                    plan.layouts[2],
+                    plan.d.layouts[2],
                     &plan.algo,
                     self.ws as *mut c_void,
                     WORKSPACE,
@@ -190,84 +196,51 @@ impl Lt {
             lt::create_matmul_desc(compute, sys::cudaDataType::CUDA_R_32F),
             "a product's descriptor",
         )?;
+        // From here the descriptors are destroyed when `d` is, on any error too.
+        let mut d = Descs {
+            desc,
+            layouts: Vec::with_capacity(3),
+        };
         // cuBLASLt's A is our B (op T, 1, where B is stored [n, k]; else N, 0), its B
         // our A.
         let (ta, tb) = (i32::from(g.tb), i32::from(g.ta));
         let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
         let bias_type = data_type(bias_elt);
-        let set = |attr, ptr: *const c_void, size| {
-            // SAFETY: `desc` was made above; the value is read during the call.
-            cublas(
-                unsafe { lt::set_matmul_desc_attribute(desc, attr, ptr, size) },
-                "a product's attribute",
-            )
-        };
         use sys::cublasLtMatmulDescAttributes_t as A;
-        let attrs = [
-            set(A::CUBLASLT_MATMUL_DESC_TRANSA, (&raw const ta).cast(), 4),
-            set(A::CUBLASLT_MATMUL_DESC_TRANSB, (&raw const tb).cast(), 4),
-            set(
+        let attrs: [(A, *const c_void); 4] = [
+            (A::CUBLASLT_MATMUL_DESC_TRANSA, (&raw const ta).cast()),
+            (A::CUBLASLT_MATMUL_DESC_TRANSB, (&raw const tb).cast()),
+            (
                 A::CUBLASLT_MATMUL_DESC_EPILOGUE,
                 (&raw const epilogue).cast(),
-                4,
             ),
-            set(
+            (
                 A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                 (&raw const bias_type).cast(),
-                4,
             ),
         ];
-        let layout = |e: Elt, rows: u64, cols: u64| {
+        for (attr, value) in attrs {
+            // SAFETY: `desc` is live; each value is a 4-byte enum, read during the call.
             cublas(
-                lt::create_matrix_layout(data_type(e), rows, cols, rows as i64),
-                "a matrix layout",
-            )
-        };
+                unsafe { lt::set_matmul_desc_attribute(desc, attr, value, 4) },
+                "a product's attribute",
+            )?;
+        }
         // As stored, column-major: our B ([n, k] if tb, else [k, n]) is k x n (or n x k);
         // our A ([rows, k], or [k, rows] if ta) is k x rows (or rows x k); C^T is n x rows.
-        let made = (|| {
-            for a in attrs {
-                a?;
-            }
-            let lb = if g.tb {
-                layout(elts[1], g.k, g.n)?
-            } else {
-                layout(elts[1], g.n, g.k)?
-            };
-            let la = if g.ta {
-                layout(elts[0], g.m, g.k)?
-            } else {
-                layout(elts[0], g.k, g.m)?
-            };
-            let lc = layout(elts[2], g.n, g.m)?;
-            Ok::<_, String>([lb, la, lc])
-        })();
-        let layouts = match made {
-            Ok(l) => l,
-            Err(e) => {
-                // SAFETY: made above, not used again.
-                unsafe {
-                    let _ = lt::destroy_matmul_desc(desc);
-                }
-                return Err(e);
-            }
-        };
-        let algo = self.algorithm(desc, &layouts);
-        let plan_or_not = algo.map(|algo| Plan {
-            desc,
-            layouts,
-            algo,
-        });
-        if plan_or_not.is_err() {
-            // SAFETY: made above, not used again (no plan owns them).
-            unsafe {
-                let _ = lt::destroy_matmul_desc(desc);
-                for l in layouts {
-                    let _ = lt::destroy_matrix_layout(l);
-                }
-            }
+        let shapes = [
+            (elts[1], if g.tb { (g.k, g.n) } else { (g.n, g.k) }),
+            (elts[0], if g.ta { (g.m, g.k) } else { (g.k, g.m) }),
+            (elts[2], (g.n, g.m)),
+        ];
+        for (e, (rows, cols)) in shapes {
+            d.layouts.push(cublas(
+                lt::create_matrix_layout(data_type(e), rows, cols, rows as i64),
+                "a matrix layout",
+            )?);
         }
-        plan_or_not
+        let algo = self.algorithm(desc, &d.layouts)?;
+        Ok(Plan { d, algo })
     }
 
     /// The fastest algorithm cuBLASLt's heuristic gives for `desc` on `layouts` within
@@ -275,8 +248,11 @@ impl Lt {
     fn algorithm(
         &self,
         desc: sys::cublasLtMatmulDesc_t,
-        [lb, la, lc]: &[sys::cublasLtMatrixLayout_t; 3],
+        layouts: &[sys::cublasLtMatrixLayout_t],
     ) -> Result<sys::cublasLtMatmulAlgo_t, String> {
+        let &[lb, la, lc] = layouts else {
+            return Err("a product needs three layouts".into());
+        };
         let pref = cublas(lt::create_matmul_pref(), "a preference")?;
         let bytes = WORKSPACE as u64;
         // SAFETY: `pref` was made above; the value is read during the calls; the
@@ -293,7 +269,7 @@ impl Lt {
             )
             .and_then(|()| {
                 cublas(
-                    lt::get_matmul_algo_heuristic(self.handle, desc, *lb, *la, *lc, *lc, pref),
+                    lt::get_matmul_algo_heuristic(self.handle, desc, lb, la, lc, lc, pref),
                     "no algorithm for this product",
                 )
             })
